@@ -1,0 +1,269 @@
+package datapath
+
+import (
+	"context"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/knftables"
+)
+
+var (
+	nodeAddr  = netip.MustParseAddr("192.0.2.11")
+	clusterIP = netip.MustParseAddr("10.96.0.10")
+	lbIP      = netip.MustParseAddr("203.0.113.10")
+)
+
+func ep(addr string, local bool) Endpoint {
+	return Endpoint{Addr: netip.MustParseAddr(addr), Port: 8080, Local: local, Ready: true, Serving: true}
+}
+
+func webService(eps ...Endpoint) *Service {
+	return &Service{
+		Key:             ServiceKey{"default", "web"},
+		ClusterIPs:      []netip.Addr{clusterIP, netip.MustParseAddr("fd00:96::10")},
+		LoadBalancerIPs: []netip.Addr{lbIP},
+		Ports:           []ServicePort{{Name: "http", Protocol: TCP, Port: 80, NodePort: 30080, Endpoints: eps}},
+	}
+}
+
+func nodeState(svcs ...*Service) NodeState {
+	st := NodeState{
+		Node:     NodeInfo{Name: "node1", Addresses: []netip.Addr{nodeAddr}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, Registered: true},
+		Services: map[ServiceKey]*Service{},
+	}
+	for _, s := range svcs {
+		st.Services[s.Key] = s
+	}
+	return st
+}
+
+func newFakeDatapath(t *testing.T) (*Datapath, *knftables.Fake, *knftables.Fake) {
+	t.Helper()
+	v4 := knftables.NewFake(knftables.IPv4Family, TableName)
+	v6 := knftables.NewFake(knftables.IPv6Family, TableName)
+	return New(v4, v6, Config{}), v4, v6
+}
+
+// verdict is where a new connection ends up according to the fake ruleset.
+type verdict struct {
+	Rejected  bool
+	Endpoints []string // every endpoint the random choice can pick, by slot
+}
+
+// trace follows a new connection to dst through the table's lookups, the way
+// the kernel would: frontend (or node port) map -> pick chain -> backends.
+func trace(t *testing.T, fake *knftables.Fake, proto string, dst netip.AddrPort) verdict {
+	t.Helper()
+	tbl := fake.Table
+	key := []string{dst.Addr().String(), proto, strconv.Itoa(int(dst.Port()))}
+	frontends, backends, rejects := frontendsMap, backendsMap, noEndpointFrontendsSet
+	if tbl.Sets[nodePortAddressesSet].FindElement(dst.Addr().String()) != nil && tbl.Maps[frontendsMap].FindElement(strings.Join(key, " . ")) == nil {
+		key = key[1:]
+		frontends, backends, rejects = nodePortFrontendsMap, nodePortBackendsMap, noEndpointNodePortsSet
+	}
+	k := strings.Join(key, " . ")
+	if tbl.Sets[rejects].FindElement(k) != nil {
+		return verdict{Rejected: true}
+	}
+	if tbl.Sets[clusterIPsSet].FindElement(dst.Addr().String()) != nil && tbl.Maps[frontends].FindElement(k) == nil {
+		return verdict{Rejected: true}
+	}
+	fe := tbl.Maps[frontends].FindElement(k)
+	if fe == nil {
+		return verdict{}
+	}
+	chain := strings.TrimPrefix(fe.Value[0], "goto ")
+	if tbl.Chains[chain] == nil {
+		t.Fatalf("frontend %s jumps to missing chain %s", k, chain)
+	}
+	_, n := parsePickChain(chain)
+	var v verdict
+	for i := range n {
+		be := tbl.Maps[backends].FindElement(k + " . " + strconv.Itoa(i))
+		if be == nil {
+			t.Fatalf("frontend %s: pick chain %s but no backend in slot %d", k, chain, i)
+		}
+		v.Endpoints = append(v.Endpoints, strings.ReplaceAll(be.Value[0], " . ", ":"))
+	}
+	return v
+}
+
+func TestApplyTracesConnectionsToEndpoints(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, v6 := newFakeDatapath(t)
+	svc := webService(ep("10.244.1.11", true), ep("10.244.2.11", false), ep("fd00:244:1::11", true))
+	if err := dp.Apply(ctx, nodeState(svc)); err != nil {
+		t.Fatal(err)
+	}
+	both := verdict{Endpoints: []string{"10.244.1.11:8080", "10.244.2.11:8080"}}
+	for _, tc := range []struct {
+		name string
+		fake *knftables.Fake
+		dst  string
+		want verdict
+	}{
+		{"cluster IP", v4, "10.96.0.10:80", both},
+		{"load-balancer IP", v4, "203.0.113.10:80", both},
+		{"node port", v4, "192.0.2.11:30080", both},
+		{"wrong port on cluster IP is rejected", v4, "10.96.0.10:81", verdict{Rejected: true}},
+		{"unknown address is left alone", v4, "198.51.100.7:80", verdict{}},
+		{"IPv6 cluster IP uses IPv6 endpoints only", v6, "[fd00:96::10]:80", verdict{Endpoints: []string{"fd00:244:1::11:8080"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := trace(t, tc.fake, "tcp", netip.MustParseAddrPort(tc.dst))
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("connection to %s (-want +got):\n%s", tc.dst, diff)
+			}
+		})
+	}
+	if v4.Table.Sets[localEndpointsSet].FindElement("10.244.1.11") == nil {
+		t.Error("local endpoint 10.244.1.11 missing from local_endpoints: its replies would be masqueraded")
+	}
+	if v4.Table.Sets[localEndpointsSet].FindElement("10.244.2.11") != nil {
+		t.Error("remote endpoint listed as local: external clients reaching it would not be masqueraded")
+	}
+}
+
+func TestApplyRejectsServicesWithoutEndpoints(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newFakeDatapath(t)
+	notReady := ep("10.244.1.11", true)
+	notReady.Ready, notReady.Serving = false, false
+	if err := dp.Apply(ctx, nodeState(webService(notReady))); err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []string{"10.96.0.10:80", "203.0.113.10:80", "192.0.2.11:30080"} {
+		if got := trace(t, v4, "tcp", netip.MustParseAddrPort(dst)); !got.Rejected {
+			t.Errorf("connection to %s: got %+v, want rejected", dst, got)
+		}
+	}
+}
+
+func TestApplyFallsBackToTerminatingEndpoints(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newFakeDatapath(t)
+	draining := ep("10.244.1.11", true)
+	draining.Ready, draining.Terminating = false, true
+	gone := ep("10.244.1.12", true)
+	gone.Ready, gone.Serving, gone.Terminating = false, false, true
+	if err := dp.Apply(ctx, nodeState(webService(draining, gone))); err != nil {
+		t.Fatal(err)
+	}
+	want := verdict{Endpoints: []string{"10.244.1.11:8080"}}
+	if got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(want, got) {
+		t.Errorf("got %+v, want only the serving terminating endpoint %+v", got, want)
+	}
+}
+
+func TestPartialSyncTouchesOnlyWhatChanged(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newFakeDatapath(t)
+	other := &Service{Key: ServiceKey{"default", "db"}, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.20")},
+		Ports: []ServicePort{{Protocol: TCP, Port: 5432, Endpoints: []Endpoint{ep("10.244.2.20", false)}}}}
+	st := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false)), other)
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+
+	// One endpoint more for web: a new pick chain, web's frontends repointed,
+	// one backend slot added per frontend; db untouched.
+	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false), ep("10.244.2.12", false)), other)
+	st2.Services[other.Key] = other
+	if err := dp.Apply(ctx, st2); err != nil {
+		t.Fatal(err)
+	}
+	tx := v4.LastTransaction.String()
+	if strings.Contains(tx, "10.96.0.20") || strings.Contains(tx, "table") {
+		t.Errorf("partial sync rewrote more than the changed service:\n%s", tx)
+	}
+	want := verdict{Endpoints: []string{"10.244.1.11:8080", "10.244.2.11:8080", "10.244.2.12:8080"}}
+	if got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(want, got) {
+		t.Errorf("after scale-up got %+v, want %+v", got, want)
+	}
+
+	// Removing the service removes every trace of it, and only of it.
+	delete(st2.Services, ServiceKey{"default", "web"})
+	if err := dp.Apply(ctx, st2); err != nil {
+		t.Fatal(err)
+	}
+	if got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(verdict{}, got) {
+		t.Errorf("removed service still forwards: %+v", got)
+	}
+	if n := len(v4.Table.Maps[backendsMap].Elements); n != 1 {
+		t.Errorf("backends left: %d, want only db's 1", n)
+	}
+	if got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.20:5432")); len(got.Endpoints) != 1 {
+		t.Errorf("unrelated service lost its endpoint: %+v", got)
+	}
+}
+
+func TestSharedLocalEndpointIsCountedPerService(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newFakeDatapath(t)
+	shared := ep("10.244.1.11", true)
+	a := webService(shared)
+	b := &Service{Key: ServiceKey{"default", "web-alt"}, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.11")},
+		Ports: []ServicePort{{Protocol: TCP, Port: 80, Endpoints: []Endpoint{shared}}}}
+	st := nodeState(a, b)
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	delete(st.Services, a.Key)
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if v4.Table.Sets[localEndpointsSet].FindElement("10.244.1.11") == nil {
+		t.Error("deleting one service removed a local endpoint another service still uses")
+	}
+}
+
+func TestEvenSpreadForEveryEndpointCount(t *testing.T) {
+	ctx := context.Background()
+	for n := 1; n <= 64; n++ {
+		dp, v4, _ := newFakeDatapath(t)
+		var eps []Endpoint
+		for i := range n {
+			eps = append(eps, ep(netip.AddrFrom4([4]byte{10, 244, 3, byte(i + 1)}).String(), false))
+		}
+		if err := dp.Apply(ctx, nodeState(webService(eps...))); err != nil {
+			t.Fatal(err)
+		}
+		got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.10:80"))
+		counts := map[string]int{}
+		for _, e := range got.Endpoints {
+			counts[e]++
+		}
+		// numgen random mod n draws each slot with probability 1/n, and
+		// every endpoint holds exactly one slot.
+		if len(got.Endpoints) != n || len(counts) != n {
+			t.Fatalf("n=%d: %d slots over %d endpoints, want one slot each", n, len(got.Endpoints), len(counts))
+		}
+	}
+}
+
+func TestFailedTransactionForcesFullResync(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newFakeDatapath(t)
+	if err := dp.Apply(ctx, nodeState(webService(ep("10.244.1.11", true)))); err != nil {
+		t.Fatal(err)
+	}
+	// Someone deletes our table behind our back.
+	tx := v4.NewTransaction()
+	tx.Delete(&knftables.Table{})
+	if err := v4.Run(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Apply(ctx, nodeState(webService(ep("10.244.1.12", true)))); err == nil {
+		t.Fatal("partial sync on a deleted table succeeded; want an error")
+	}
+	if err := dp.Apply(ctx, nodeState(webService(ep("10.244.1.12", true)))); err != nil {
+		t.Fatalf("the sync after a failure should rebuild the table: %v", err)
+	}
+	if got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(verdict{Endpoints: []string{"10.244.1.12:8080"}}, got) {
+		t.Errorf("after rebuild got %+v", got)
+	}
+}

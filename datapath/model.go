@@ -1,0 +1,103 @@
+// Package datapath turns what a node must forward (a NodeState) into
+// nftables rules. It talks to the kernel only through knftables.Interface and
+// knows nothing of gRPC, Kubernetes or the server.
+package datapath
+
+import (
+	"net/netip"
+	"time"
+)
+
+// NodeState is everything one node must forward.
+type NodeState struct {
+	Node     NodeInfo
+	Services map[ServiceKey]*Service
+}
+
+// NodeInfo is the node the state is for.
+type NodeInfo struct {
+	Name      string
+	Addresses []netip.Addr
+	Zone      string
+	PodCIDRs  []netip.Prefix
+	Deleting  bool
+	// Registered is false while the server knows no Node of this name.
+	Registered bool
+}
+
+// ServiceKey names a service.
+type ServiceKey struct{ Namespace, Name string }
+
+func (k ServiceKey) String() string { return k.Namespace + "/" + k.Name }
+
+// Protocol is a transport protocol a service port forwards.
+type Protocol uint8
+
+const (
+	TCP Protocol = iota + 1
+	UDP
+	SCTP
+)
+
+// String returns the protocol's nftables name.
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	case SCTP:
+		return "sctp"
+	}
+	return "unknown"
+}
+
+// TrafficPolicy is a service's external or internal traffic policy.
+type TrafficPolicy uint8
+
+const (
+	// Cluster spreads connections over every usable endpoint.
+	Cluster TrafficPolicy = iota
+	// Local sends connections only to endpoints on the node they arrived at.
+	Local
+)
+
+// Service is one service as this node must forward it.
+type Service struct {
+	Key             ServiceKey
+	ClusterIPs      []netip.Addr
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr
+	Ports           []ServicePort
+	// SessionAffinityTimeout is zero when the service has no ClientIP affinity.
+	SessionAffinityTimeout   time.Duration
+	ExternalTrafficPolicy    TrafficPolicy
+	InternalTrafficPolicy    TrafficPolicy
+	HealthCheckNodePort      uint16
+	LoadBalancerSourceRanges []netip.Prefix
+	PreferClose              bool
+}
+
+// ServicePort is one port of a service with the endpoints behind it.
+type ServicePort struct {
+	Name      string
+	Protocol  Protocol
+	Port      uint16
+	NodePort  uint16
+	Endpoints []Endpoint
+}
+
+// Endpoint is one backend of a service port, resolved to an address and port.
+type Endpoint struct {
+	Addr        netip.Addr
+	Port        uint16
+	Local       bool // runs on this node
+	Zone        string
+	HintZones   []string
+	Ready       bool
+	Serving     bool
+	Terminating bool
+}
+
+// AddrPort is the endpoint's destination after DNAT.
+func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }

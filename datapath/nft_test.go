@@ -1,0 +1,63 @@
+package datapath
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// inNewNetns runs the rest of the calling test in a fresh network namespace
+// on a locked OS thread, so the nft processes it starts see only that
+// namespace. The thread is never unlocked: Go discards it when the test ends.
+func inNewNetns(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil || os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("this test needs root and the nft binary, and CI must run it")
+		}
+		t.Skip("needs root and the nft binary (run as root, or via make test)")
+	}
+	runtime.LockOSThread()
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		t.Fatalf("unshare network namespace: %v", err)
+	}
+}
+
+// TestRealNftablesAcceptsTheRuleset loads full and partial syncs into the
+// kernel: the fake does not check nftables syntax, the kernel does.
+func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
+	inNewNetns(t)
+	ctx := context.Background()
+	dp, err := NewForNode(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false), ep("fd00:244:1::11", true)))
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatalf("full sync: %v", err)
+	}
+	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.12", false)))
+	if err := dp.Apply(ctx, st2); err != nil {
+		t.Fatalf("partial sync: %v", err)
+	}
+	if err := dp.Resync(ctx); err != nil {
+		t.Fatalf("resync: %v", err)
+	}
+	out, err := exec.Command("nft", "list", "map", "ip", TableName, backendsMap).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list: %v: %s", err, out)
+	}
+	for _, want := range []string{"10.96.0.10 . tcp . 80 . 1 : 10.244.2.12 . 8080", "203.0.113.10 . tcp . 80 . 0 : 10.244.1.11 . 8080"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("backends map lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "10.244.2.11") {
+		t.Errorf("backends map still has the removed endpoint:\n%s", out)
+	}
+}
