@@ -1,0 +1,117 @@
+// Command weir-agent runs on every node: it streams the node's desired state
+// from weir-server and programs it into nftables.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/weirlb/weir/agent/syncer"
+	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/tlsconfig"
+)
+
+// version is set at build time.
+var version = "dev"
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "weir-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	hostname, _ := os.Hostname()
+	var (
+		serverAddr   = flag.String("server", "127.0.0.1:7443", "address of weir-server")
+		nodeName     = flag.String("node-name", hostname, "this node's name, as the server knows it")
+		plain        = flag.Bool("insecure", false, "talk to the server in plain text (lab and demo only)")
+		caFile       = flag.String("ca-file", "", "CA that signed the server's certificate")
+		certFile     = flag.String("cert-file", "", "this agent's client certificate (PEM)")
+		keyFile      = flag.String("key-file", "", "this agent's private key (PEM)")
+		clusterCIDRs = flag.String("cluster-cidr", "", "comma-separated pod CIDRs of the cluster; their connections are never masqueraded")
+		nodePortAddr = flag.String("nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
+		resync       = flag.Duration("resync-period", time.Minute, "how often the whole nftables table is rewritten")
+		logLevel     = flag.String("log-level", "info", "debug, info, warn or error")
+	)
+	flag.Parse()
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("node", *nodeName)
+	if *nodeName == "" {
+		return fmt.Errorf("--node-name: required")
+	}
+	cfg := datapath.Config{}
+	var err error
+	if cfg.ClusterCIDRs, err = parsePrefixes("--cluster-cidr", *clusterCIDRs); err != nil {
+		return err
+	}
+	if cfg.NodePortAddresses, err = parsePrefixes("--nodeport-addresses", *nodePortAddr); err != nil {
+		return err
+	}
+	dp, err := datapath.NewForNode(cfg)
+	if err != nil {
+		return err
+	}
+
+	creds := insecure.NewCredentials()
+	if !*plain {
+		tlsCfg, err := tlsconfig.Client(tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile})
+		if err != nil {
+			return err
+		}
+		creds = credentials.NewTLS(tlsCfg)
+	}
+	conn, err := grpc.NewClient(*serverAddr,
+		grpc.WithTransportCredentials(creds),
+		// Pings find a dead server (or path) in seconds, not at TCP's pace.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync}, conn, dp, log)
+	log.Info("starting", "server", *serverAddr, "tls", !*plain)
+	if err := s.Run(ctx); err != nil && ctx.Err() == nil {
+		return err
+	}
+	// On exit the rules stay: forwarding must not stop because the agent
+	// restarts. Removing Weir is `nft delete table ip weir; nft delete table ip6 weir`.
+	log.Info("stopped; nftables rules left in place")
+	return nil
+}
+
+func parsePrefixes(flagName, list string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q is not a CIDR", flagName, s)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}

@@ -1,0 +1,183 @@
+// Package nodewire translates a node's desired state between the datapath
+// model and its wire form in the agent stream (weir.v1.SyncResponse). The
+// server encodes, the agent decodes; both sides meet only here.
+package nodewire
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/weirlb/weir/datapath"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// EncodeNode is the wire form of a node.
+func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
+	return &weirv1.NodeInfo{
+		Name:       n.Name,
+		Addresses:  strs(n.Addresses),
+		Zone:       n.Zone,
+		PodCidrs:   strs(n.PodCIDRs),
+		Deleting:   n.Deleting,
+		Registered: n.Registered,
+	}
+}
+
+// DecodeNode reads a node from the wire.
+func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
+	addrs, err := addrs("node.addresses", n.GetAddresses())
+	if err != nil {
+		return datapath.NodeInfo{}, err
+	}
+	cidrs, err := prefixes("node.pod_cidrs", n.GetPodCidrs())
+	if err != nil {
+		return datapath.NodeInfo{}, err
+	}
+	return datapath.NodeInfo{
+		Name: n.GetName(), Addresses: addrs, Zone: n.GetZone(), PodCIDRs: cidrs,
+		Deleting: n.GetDeleting(), Registered: n.GetRegistered(),
+	}, nil
+}
+
+// EncodeService is the wire form of a service as one node forwards it.
+func EncodeService(s *datapath.Service) *weirv1.NodeService {
+	out := &weirv1.NodeService{
+		Namespace:                     s.Key.Namespace,
+		Name:                          s.Key.Name,
+		ClusterIps:                    strs(s.ClusterIPs),
+		ExternalIps:                   strs(s.ExternalIPs),
+		LoadBalancerIps:               strs(s.LoadBalancerIPs),
+		SessionAffinityTimeoutSeconds: int32(s.SessionAffinityTimeout / time.Second),
+		ExternalTrafficPolicy:         encodePolicy(s.ExternalTrafficPolicy),
+		InternalTrafficPolicy:         encodePolicy(s.InternalTrafficPolicy),
+		HealthCheckNodePort:           int32(s.HealthCheckNodePort),
+		LoadBalancerSourceRanges:      strs(s.LoadBalancerSourceRanges),
+	}
+	if s.PreferClose {
+		out.TrafficDistribution = weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE
+	}
+	for _, p := range s.Ports {
+		wp := &weirv1.NodeServicePort{Name: p.Name, Protocol: weirv1.Protocol(p.Protocol), Port: int32(p.Port), NodePort: int32(p.NodePort)}
+		for _, e := range p.Endpoints {
+			wp.Endpoints = append(wp.Endpoints, &weirv1.NodeEndpoint{
+				Address: e.Addr.String(), Port: int32(e.Port), Local: e.Local, Zone: e.Zone, HintZones: e.HintZones,
+				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
+			})
+		}
+		out.Ports = append(out.Ports, wp)
+	}
+	return out
+}
+
+// DecodeService reads a service from the wire, rejecting anything the
+// datapath could not program.
+func DecodeService(s *weirv1.NodeService) (*datapath.Service, error) {
+	key := datapath.ServiceKey{Namespace: s.GetNamespace(), Name: s.GetName()}
+	wrap := func(err error) error { return fmt.Errorf("service %s: %w", key, err) }
+	out := &datapath.Service{
+		Key:                    key,
+		SessionAffinityTimeout: time.Duration(s.GetSessionAffinityTimeoutSeconds()) * time.Second,
+		ExternalTrafficPolicy:  decodePolicy(s.GetExternalTrafficPolicy()),
+		InternalTrafficPolicy:  decodePolicy(s.GetInternalTrafficPolicy()),
+		PreferClose:            s.GetTrafficDistribution() == weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE,
+	}
+	var err error
+	if out.ClusterIPs, err = addrs("cluster_ips", s.GetClusterIps()); err != nil {
+		return nil, wrap(err)
+	}
+	if out.ExternalIPs, err = addrs("external_ips", s.GetExternalIps()); err != nil {
+		return nil, wrap(err)
+	}
+	if out.LoadBalancerIPs, err = addrs("load_balancer_ips", s.GetLoadBalancerIps()); err != nil {
+		return nil, wrap(err)
+	}
+	if out.LoadBalancerSourceRanges, err = prefixes("load_balancer_source_ranges", s.GetLoadBalancerSourceRanges()); err != nil {
+		return nil, wrap(err)
+	}
+	if out.HealthCheckNodePort, err = port16("health_check_node_port", s.GetHealthCheckNodePort(), true); err != nil {
+		return nil, wrap(err)
+	}
+	for i, p := range s.GetPorts() {
+		f := fmt.Sprintf("ports[%d]", i)
+		proto := datapath.Protocol(p.GetProtocol())
+		if proto < datapath.TCP || proto > datapath.SCTP {
+			return nil, wrap(fmt.Errorf("%s.protocol: unknown protocol %v", f, p.GetProtocol()))
+		}
+		sp := datapath.ServicePort{Name: p.GetName(), Protocol: proto}
+		if sp.Port, err = port16(f+".port", p.GetPort(), false); err != nil {
+			return nil, wrap(err)
+		}
+		if sp.NodePort, err = port16(f+".node_port", p.GetNodePort(), true); err != nil {
+			return nil, wrap(err)
+		}
+		for j, e := range p.GetEndpoints() {
+			ef := fmt.Sprintf("%s.endpoints[%d]", f, j)
+			addr, err := netip.ParseAddr(e.GetAddress())
+			if err != nil {
+				return nil, wrap(fmt.Errorf("%s.address: %w", ef, err))
+			}
+			ep := datapath.Endpoint{Addr: addr, Local: e.GetLocal(), Zone: e.GetZone(), HintZones: e.GetHintZones(),
+				Ready: e.GetReady(), Serving: e.GetServing(), Terminating: e.GetTerminating()}
+			if ep.Port, err = port16(ef+".port", e.GetPort(), false); err != nil {
+				return nil, wrap(err)
+			}
+			sp.Endpoints = append(sp.Endpoints, ep)
+		}
+		out.Ports = append(out.Ports, sp)
+	}
+	return out, nil
+}
+
+func encodePolicy(p datapath.TrafficPolicy) weirv1.TrafficPolicy {
+	if p == datapath.Local {
+		return weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	}
+	return weirv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER
+}
+
+func decodePolicy(p weirv1.TrafficPolicy) datapath.TrafficPolicy {
+	if p == weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL {
+		return datapath.Local
+	}
+	return datapath.Cluster
+}
+
+func strs[T fmt.Stringer](xs []T) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = x.String()
+	}
+	return out
+}
+
+func addrs(field string, ss []string) ([]netip.Addr, error) {
+	out := make([]netip.Addr, 0, len(ss))
+	for i, s := range ss {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", field, i, err)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+func prefixes(field string, ss []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(ss))
+	for i, s := range ss {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", field, i, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func port16(field string, p int32, zeroOK bool) (uint16, error) {
+	if (p == 0 && zeroOK) || (p >= 1 && p <= 65535) {
+		return uint16(p), nil
+	}
+	return 0, fmt.Errorf("%s: %d is not a port", field, p)
+}

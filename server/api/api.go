@@ -1,0 +1,158 @@
+// Package api is the gRPC edge of the server: it translates requests into
+// the registry's model types, and registry errors into gRPC status codes
+// that name the field or the reason.
+package api
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+)
+
+// Status turns an error into a gRPC status. field is the request field the
+// resource came in ("service"), so that a field error names its full path.
+func Status(field string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	if fe, ok := model.AsFieldError(err); ok {
+		path := fe.Field
+		if field != "" {
+			path = field + "." + path
+		}
+		st := status.New(codes.InvalidArgument, path+": "+fe.Reason)
+		if d, derr := st.WithDetails(&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: path, Description: fe.Reason}}}); derr == nil {
+			st = d
+		}
+		return st.Err()
+	}
+	switch {
+	case errors.Is(err, registry.ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, registry.ErrAlreadyExists):
+		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, registry.ErrConflict):
+		return status.Error(codes.Aborted, err.Error())
+	case errors.Is(err, registry.ErrInUse):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// resource binds one kind of resource to its collection and translations.
+type resource[T model.Object, P any] struct {
+	field string // the request field that carries it: "service"
+	coll  *registry.Collection[T]
+	from  func(P) (T, error)
+	to    func(T) P
+}
+
+func (r resource[T, P]) create(p P) (P, error) {
+	obj, err := r.from(p)
+	if err != nil {
+		return *new(P), Status(r.field, err)
+	}
+	obj, err = r.coll.Create(obj)
+	if err != nil {
+		return *new(P), Status(r.field, err)
+	}
+	return r.to(obj), nil
+}
+
+func (r resource[T, P]) update(p P) (P, error) {
+	obj, err := r.from(p)
+	if err != nil {
+		return *new(P), Status(r.field, err)
+	}
+	obj, err = r.coll.Update(obj)
+	if err != nil {
+		return *new(P), Status(r.field, err)
+	}
+	return r.to(obj), nil
+}
+
+func (r resource[T, P]) get(namespace, name string) (P, error) {
+	obj, err := r.coll.Get(key(namespace, name))
+	if err != nil {
+		return *new(P), Status("", err)
+	}
+	return r.to(obj), nil
+}
+
+func (r resource[T, P]) list(namespace, selector string) ([]P, string, error) {
+	sel, err := registry.ParseSelector(selector)
+	if err != nil {
+		return nil, "", status.Error(codes.InvalidArgument, "label_selector: "+err.Error())
+	}
+	objs, rev := r.coll.List(namespace, sel)
+	out := make([]P, len(objs))
+	for i, o := range objs {
+		out[i] = r.to(o)
+	}
+	return out, strconv.FormatUint(rev, 10), nil
+}
+
+func (r resource[T, P]) delete(namespace, name, resourceVersion string) error {
+	var rv uint64
+	if resourceVersion != "" {
+		var err error
+		if rv, err = strconv.ParseUint(resourceVersion, 10, 64); err != nil {
+			return status.Errorf(codes.InvalidArgument, "resource_version: %q is not a resource version", resourceVersion)
+		}
+	}
+	return Status("", r.coll.Delete(key(namespace, name), rv))
+}
+
+// watch streams the initial state, a SYNCED marker, then every change.
+func (r resource[T, P]) watch(ctx context.Context, namespace, selector string, send func(weirv1.WatchEventType, P) error) error {
+	sel, err := registry.ParseSelector(selector)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, "label_selector: "+err.Error())
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	initial, events := r.coll.Watch(ctx, namespace, sel)
+	for _, o := range initial {
+		if err := send(weirv1.WatchEventType_WATCH_EVENT_TYPE_ADDED, r.to(o)); err != nil {
+			return err
+		}
+	}
+	if err := send(weirv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED, *new(P)); err != nil {
+		return err
+	}
+	for ev := range events {
+		typ := map[registry.EventType]weirv1.WatchEventType{
+			registry.Added:    weirv1.WatchEventType_WATCH_EVENT_TYPE_ADDED,
+			registry.Modified: weirv1.WatchEventType_WATCH_EVENT_TYPE_MODIFIED,
+			registry.Deleted:  weirv1.WatchEventType_WATCH_EVENT_TYPE_DELETED,
+		}[ev.Type]
+		if err := send(typ, r.to(ev.Object)); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return status.Errorf(codes.ResourceExhausted, "watch fell more than %d events behind; list and watch again", registry.WatchBuffer)
+}
+
+func key(namespace, name string) string {
+	if namespace == "" {
+		return name
+	}
+	return namespace + "/" + name
+}
+

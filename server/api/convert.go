@@ -1,0 +1,259 @@
+package api
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/model"
+)
+
+// The proto types stop here: requests are translated into model types once,
+// and answers back. A value that does not parse is a FieldError naming the
+// field as the API spells it.
+
+func metaFromProto(m *weirv1.ObjectMeta) (model.Meta, error) {
+	out := model.Meta{Namespace: m.GetNamespace(), Name: m.GetName(), Labels: m.GetLabels()}
+	if rv := m.GetResourceVersion(); rv != "" {
+		v, err := strconv.ParseUint(rv, 10, 64)
+		if err != nil {
+			return out, &model.FieldError{Field: "metadata.resource_version", Reason: fmt.Sprintf("%q is not a resource version", rv)}
+		}
+		out.ResourceVersion = v
+	}
+	return out, nil
+}
+
+func metaToProto(m *model.Meta) *weirv1.ObjectMeta {
+	return &weirv1.ObjectMeta{
+		Namespace:       m.Namespace,
+		Name:            m.Name,
+		Labels:          m.Labels,
+		ResourceVersion: strconv.FormatUint(m.ResourceVersion, 10),
+		CreateTime:      timestamppb.New(m.CreateTime),
+		Source:          m.Source,
+	}
+}
+
+func parseAddrs(field string, ss []string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for i, s := range ss {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, &model.FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Reason: fmt.Sprintf("%q is not an IP address", s)}
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+func parsePrefixes(field string, ss []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for i, s := range ss {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, &model.FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Reason: fmt.Sprintf("%q is not a CIDR", s)}
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func strs[T fmt.Stringer](xs []T) []string {
+	var out []string
+	for _, x := range xs {
+		out = append(out, x.String())
+	}
+	return out
+}
+
+var serviceTypes = map[weirv1.ServiceType]model.ServiceType{
+	weirv1.ServiceType_SERVICE_TYPE_UNSPECIFIED:   model.ClusterIP,
+	weirv1.ServiceType_SERVICE_TYPE_CLUSTER_IP:    model.ClusterIP,
+	weirv1.ServiceType_SERVICE_TYPE_NODE_PORT:     model.NodePort,
+	weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER: model.LoadBalancer,
+}
+
+var protocols = map[weirv1.Protocol]model.Protocol{
+	weirv1.Protocol_PROTOCOL_UNSPECIFIED: model.TCP,
+	weirv1.Protocol_PROTOCOL_TCP:         model.TCP,
+	weirv1.Protocol_PROTOCOL_UDP:         model.UDP,
+	weirv1.Protocol_PROTOCOL_SCTP:        model.SCTP,
+}
+
+var policies = map[weirv1.TrafficPolicy]model.TrafficPolicy{
+	weirv1.TrafficPolicy_TRAFFIC_POLICY_UNSPECIFIED: model.PolicyCluster,
+	weirv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER:     model.PolicyCluster,
+	weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL:       model.PolicyLocal,
+}
+
+// lookup maps an enum value, naming the field when it is unknown.
+func lookup[K ~int32, V any](m map[K]V, field string, k K) (V, error) {
+	v, ok := m[k]
+	if !ok {
+		return v, &model.FieldError{Field: field, Reason: fmt.Sprintf("unknown value %d", k)}
+	}
+	return v, nil
+}
+
+// reverse finds the first proto value for a model value (skipping UNSPECIFIED).
+func reverse[K ~int32, V comparable](m map[K]V, v V) K {
+	var best K
+	for k, mv := range m {
+		if mv == v && (best == 0 || k < best) && k != 0 {
+			best = k
+		}
+	}
+	return best
+}
+
+func serviceFromProto(s *weirv1.Service) (*model.Service, error) {
+	meta, err := metaFromProto(s.GetMetadata())
+	if err != nil {
+		return nil, err
+	}
+	spec := s.GetSpec()
+	out := &model.Service{Meta: meta}
+	if out.Type, err = lookup(serviceTypes, "spec.type", spec.GetType()); err != nil {
+		return nil, err
+	}
+	if out.ClusterIPs, err = parseAddrs("spec.cluster_ips", spec.GetClusterIps()); err != nil {
+		return nil, err
+	}
+	if out.ExternalIPs, err = parseAddrs("spec.external_ips", spec.GetExternalIps()); err != nil {
+		return nil, err
+	}
+	if out.LoadBalancerIPs, err = parseAddrs("status.load_balancer_ips", s.GetStatus().GetLoadBalancerIps()); err != nil {
+		return nil, err
+	}
+	if out.LoadBalancerSourceRanges, err = parsePrefixes("spec.load_balancer_source_ranges", spec.GetLoadBalancerSourceRanges()); err != nil {
+		return nil, err
+	}
+	for i, p := range spec.GetPorts() {
+		proto, err := lookup(protocols, fmt.Sprintf("spec.ports[%d].protocol", i), p.GetProtocol())
+		if err != nil {
+			return nil, err
+		}
+		out.Ports = append(out.Ports, model.ServicePort{Name: p.GetName(), Protocol: proto, Port: p.GetPort(), TargetPort: p.GetTargetPort(), NodePort: p.GetNodePort()})
+	}
+	switch spec.GetSessionAffinity() {
+	case weirv1.SessionAffinity_SESSION_AFFINITY_UNSPECIFIED, weirv1.SessionAffinity_SESSION_AFFINITY_NONE:
+		if spec.GetSessionAffinityTimeoutSeconds() != 0 {
+			return nil, &model.FieldError{Field: "spec.session_affinity_timeout_seconds", Reason: "only with session_affinity CLIENT_IP"}
+		}
+	case weirv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP:
+		out.SessionAffinityTimeout = time.Duration(spec.GetSessionAffinityTimeoutSeconds()) * time.Second
+		if out.SessionAffinityTimeout == 0 {
+			out.SessionAffinityTimeout = model.DefaultSessionAffinityTimeout
+		}
+	default:
+		return nil, &model.FieldError{Field: "spec.session_affinity", Reason: fmt.Sprintf("unknown value %d", spec.GetSessionAffinity())}
+	}
+	if out.ExternalTrafficPolicy, err = lookup(policies, "spec.external_traffic_policy", spec.GetExternalTrafficPolicy()); err != nil {
+		return nil, err
+	}
+	if out.InternalTrafficPolicy, err = lookup(policies, "spec.internal_traffic_policy", spec.GetInternalTrafficPolicy()); err != nil {
+		return nil, err
+	}
+	out.HealthCheckNodePort = spec.GetHealthCheckNodePort()
+	switch spec.GetTrafficDistribution() {
+	case weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_UNSPECIFIED:
+	case weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE:
+		out.PreferClose = true
+	default:
+		return nil, &model.FieldError{Field: "spec.traffic_distribution", Reason: fmt.Sprintf("unknown value %d", spec.GetTrafficDistribution())}
+	}
+	return out, nil
+}
+
+func serviceToProto(s *model.Service) *weirv1.Service {
+	spec := &weirv1.ServiceSpec{
+		Type:                     reverse(serviceTypes, s.Type),
+		ClusterIps:               strs(s.ClusterIPs),
+		ExternalIps:              strs(s.ExternalIPs),
+		SessionAffinity:          weirv1.SessionAffinity_SESSION_AFFINITY_NONE,
+		ExternalTrafficPolicy:    reverse(policies, s.ExternalTrafficPolicy),
+		InternalTrafficPolicy:    reverse(policies, s.InternalTrafficPolicy),
+		HealthCheckNodePort:      s.HealthCheckNodePort,
+		LoadBalancerSourceRanges: strs(s.LoadBalancerSourceRanges),
+	}
+	if s.SessionAffinityTimeout > 0 {
+		spec.SessionAffinity = weirv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP
+		spec.SessionAffinityTimeoutSeconds = int32(s.SessionAffinityTimeout / time.Second)
+	}
+	if s.PreferClose {
+		spec.TrafficDistribution = weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE
+	}
+	for _, p := range s.Ports {
+		spec.Ports = append(spec.Ports, &weirv1.ServicePort{Name: p.Name, Protocol: reverse(protocols, p.Protocol), Port: p.Port, TargetPort: p.TargetPort, NodePort: p.NodePort})
+	}
+	return &weirv1.Service{Metadata: metaToProto(&s.Meta), Spec: spec, Status: &weirv1.ServiceStatus{LoadBalancerIps: strs(s.LoadBalancerIPs)}}
+}
+
+func endpointSliceFromProto(s *weirv1.EndpointSlice) (*model.EndpointSlice, error) {
+	meta, err := metaFromProto(s.GetMetadata())
+	if err != nil {
+		return nil, err
+	}
+	out := &model.EndpointSlice{Meta: meta, ServiceName: s.GetServiceName()}
+	for i, e := range s.GetEndpoints() {
+		addrs, err := parseAddrs(fmt.Sprintf("endpoints[%d].addresses", i), e.GetAddresses())
+		if err != nil {
+			return nil, err
+		}
+		var c weirv1.EndpointConditions
+		if e.GetConditions() != nil {
+			c = *e.GetConditions()
+		}
+		out.Endpoints = append(out.Endpoints, model.Endpoint{
+			Addresses: addrs, Ready: c.Ready, Serving: c.Serving, Terminating: c.Terminating,
+			NodeName: e.GetNodeName(), Zone: e.GetZone(), HintZones: e.GetHintZones(),
+		})
+	}
+	for i, p := range s.GetPorts() {
+		proto, err := lookup(protocols, fmt.Sprintf("ports[%d].protocol", i), p.GetProtocol())
+		if err != nil {
+			return nil, err
+		}
+		out.Ports = append(out.Ports, model.EndpointPort{Name: p.GetName(), Protocol: proto, Port: p.GetPort()})
+	}
+	return out, nil
+}
+
+func endpointSliceToProto(s *model.EndpointSlice) *weirv1.EndpointSlice {
+	out := &weirv1.EndpointSlice{Metadata: metaToProto(&s.Meta), ServiceName: s.ServiceName}
+	for _, e := range s.Endpoints {
+		out.Endpoints = append(out.Endpoints, &weirv1.Endpoint{
+			Addresses:  strs(e.Addresses),
+			Conditions: &weirv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating},
+			NodeName:   e.NodeName, Zone: e.Zone, HintZones: e.HintZones,
+		})
+	}
+	for _, p := range s.Ports {
+		out.Ports = append(out.Ports, &weirv1.EndpointPort{Name: p.Name, Protocol: reverse(protocols, p.Protocol), Port: p.Port})
+	}
+	return out
+}
+
+func nodeFromProto(n *weirv1.Node) (*model.Node, error) {
+	meta, err := metaFromProto(n.GetMetadata())
+	if err != nil {
+		return nil, err
+	}
+	out := &model.Node{Meta: meta, Zone: n.GetZone(), Deleting: n.GetDeleting()}
+	if out.Addresses, err = parseAddrs("addresses", n.GetAddresses()); err != nil {
+		return nil, err
+	}
+	if out.PodCIDRs, err = parsePrefixes("pod_cidrs", n.GetPodCidrs()); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func nodeToProto(n *model.Node) *weirv1.Node {
+	return &weirv1.Node{Metadata: metaToProto(&n.Meta), Addresses: strs(n.Addresses), Zone: n.Zone, PodCidrs: strs(n.PodCIDRs), Deleting: n.Deleting}
+}

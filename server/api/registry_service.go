@@ -1,0 +1,116 @@
+package api
+
+import (
+	"context"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+)
+
+// RegistryService implements weir.v1.RegistryService over a registry.
+type RegistryService struct {
+	weirv1.UnimplementedRegistryServiceServer
+	services  resource[*model.Service, *weirv1.Service]
+	endpoints resource[*model.EndpointSlice, *weirv1.EndpointSlice]
+	nodes     resource[*model.Node, *weirv1.Node]
+}
+
+// NewRegistryService serves reg.
+func NewRegistryService(reg *registry.Registry) *RegistryService {
+	return &RegistryService{
+		services:  resource[*model.Service, *weirv1.Service]{"service", reg.Services, serviceFromProto, serviceToProto},
+		endpoints: resource[*model.EndpointSlice, *weirv1.EndpointSlice]{"endpoint_slice", reg.EndpointSlices, endpointSliceFromProto, endpointSliceToProto},
+		nodes:     resource[*model.Node, *weirv1.Node]{"node", reg.Nodes, nodeFromProto, nodeToProto},
+	}
+}
+
+func (s *RegistryService) CreateService(_ context.Context, req *weirv1.CreateServiceRequest) (*weirv1.CreateServiceResponse, error) {
+	obj, err := s.services.create(req.GetService())
+	return &weirv1.CreateServiceResponse{Service: obj}, err
+}
+
+func (s *RegistryService) GetService(_ context.Context, req *weirv1.GetServiceRequest) (*weirv1.GetServiceResponse, error) {
+	obj, err := s.services.get(req.GetNamespace(), req.GetName())
+	return &weirv1.GetServiceResponse{Service: obj}, err
+}
+
+func (s *RegistryService) ListServices(_ context.Context, req *weirv1.ListServicesRequest) (*weirv1.ListServicesResponse, error) {
+	objs, rv, err := s.services.list(req.GetNamespace(), req.GetLabelSelector())
+	return &weirv1.ListServicesResponse{Services: objs, ResourceVersion: rv}, err
+}
+
+func (s *RegistryService) UpdateService(_ context.Context, req *weirv1.UpdateServiceRequest) (*weirv1.UpdateServiceResponse, error) {
+	obj, err := s.services.update(req.GetService())
+	return &weirv1.UpdateServiceResponse{Service: obj}, err
+}
+
+func (s *RegistryService) DeleteService(_ context.Context, req *weirv1.DeleteServiceRequest) (*weirv1.DeleteServiceResponse, error) {
+	return &weirv1.DeleteServiceResponse{}, s.services.delete(req.GetNamespace(), req.GetName(), req.GetResourceVersion())
+}
+
+func (s *RegistryService) WatchServices(req *weirv1.WatchServicesRequest, stream weirv1.RegistryService_WatchServicesServer) error {
+	return s.services.watch(stream.Context(), req.GetNamespace(), req.GetLabelSelector(), func(t weirv1.WatchEventType, o *weirv1.Service) error {
+		return stream.Send(&weirv1.WatchServicesResponse{Type: t, Service: o})
+	})
+}
+
+func (s *RegistryService) CreateEndpointSlice(_ context.Context, req *weirv1.CreateEndpointSliceRequest) (*weirv1.CreateEndpointSliceResponse, error) {
+	obj, err := s.endpoints.create(req.GetEndpointSlice())
+	return &weirv1.CreateEndpointSliceResponse{EndpointSlice: obj}, err
+}
+
+func (s *RegistryService) GetEndpointSlice(_ context.Context, req *weirv1.GetEndpointSliceRequest) (*weirv1.GetEndpointSliceResponse, error) {
+	obj, err := s.endpoints.get(req.GetNamespace(), req.GetName())
+	return &weirv1.GetEndpointSliceResponse{EndpointSlice: obj}, err
+}
+
+func (s *RegistryService) ListEndpointSlices(_ context.Context, req *weirv1.ListEndpointSlicesRequest) (*weirv1.ListEndpointSlicesResponse, error) {
+	objs, rv, err := s.endpoints.list(req.GetNamespace(), req.GetLabelSelector())
+	return &weirv1.ListEndpointSlicesResponse{EndpointSlices: objs, ResourceVersion: rv}, err
+}
+
+func (s *RegistryService) UpdateEndpointSlice(_ context.Context, req *weirv1.UpdateEndpointSliceRequest) (*weirv1.UpdateEndpointSliceResponse, error) {
+	obj, err := s.endpoints.update(req.GetEndpointSlice())
+	return &weirv1.UpdateEndpointSliceResponse{EndpointSlice: obj}, err
+}
+
+func (s *RegistryService) DeleteEndpointSlice(_ context.Context, req *weirv1.DeleteEndpointSliceRequest) (*weirv1.DeleteEndpointSliceResponse, error) {
+	return &weirv1.DeleteEndpointSliceResponse{}, s.endpoints.delete(req.GetNamespace(), req.GetName(), req.GetResourceVersion())
+}
+
+func (s *RegistryService) WatchEndpointSlices(req *weirv1.WatchEndpointSlicesRequest, stream weirv1.RegistryService_WatchEndpointSlicesServer) error {
+	return s.endpoints.watch(stream.Context(), req.GetNamespace(), req.GetLabelSelector(), func(t weirv1.WatchEventType, o *weirv1.EndpointSlice) error {
+		return stream.Send(&weirv1.WatchEndpointSlicesResponse{Type: t, EndpointSlice: o})
+	})
+}
+
+func (s *RegistryService) CreateNode(_ context.Context, req *weirv1.CreateNodeRequest) (*weirv1.CreateNodeResponse, error) {
+	obj, err := s.nodes.create(req.GetNode())
+	return &weirv1.CreateNodeResponse{Node: obj}, err
+}
+
+func (s *RegistryService) GetNode(_ context.Context, req *weirv1.GetNodeRequest) (*weirv1.GetNodeResponse, error) {
+	obj, err := s.nodes.get("", req.GetName())
+	return &weirv1.GetNodeResponse{Node: obj}, err
+}
+
+func (s *RegistryService) ListNodes(_ context.Context, req *weirv1.ListNodesRequest) (*weirv1.ListNodesResponse, error) {
+	objs, rv, err := s.nodes.list("", req.GetLabelSelector())
+	return &weirv1.ListNodesResponse{Nodes: objs, ResourceVersion: rv}, err
+}
+
+func (s *RegistryService) UpdateNode(_ context.Context, req *weirv1.UpdateNodeRequest) (*weirv1.UpdateNodeResponse, error) {
+	obj, err := s.nodes.update(req.GetNode())
+	return &weirv1.UpdateNodeResponse{Node: obj}, err
+}
+
+func (s *RegistryService) DeleteNode(_ context.Context, req *weirv1.DeleteNodeRequest) (*weirv1.DeleteNodeResponse, error) {
+	return &weirv1.DeleteNodeResponse{}, s.nodes.delete("", req.GetName(), req.GetResourceVersion())
+}
+
+func (s *RegistryService) WatchNodes(req *weirv1.WatchNodesRequest, stream weirv1.RegistryService_WatchNodesServer) error {
+	return s.nodes.watch(stream.Context(), "", req.GetLabelSelector(), func(t weirv1.WatchEventType, o *weirv1.Node) error {
+		return stream.Send(&weirv1.WatchNodesResponse{Type: t, Node: o})
+	})
+}

@@ -1,0 +1,137 @@
+// Package model holds the cluster state the server aggregates: services,
+// their endpoints and the nodes, whichever source declared them (the native
+// API or Kubernetes). Sources translate into these types once, at their edge.
+package model
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Meta names a resource and carries its version.
+type Meta struct {
+	Namespace string            `json:"namespace,omitempty"`
+	Name      string            `json:"name"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	// ResourceVersion is the store revision of the resource's last write.
+	ResourceVersion uint64    `json:"resourceVersion"`
+	CreateTime      time.Time `json:"createTime"`
+	// Source is the one source that owns the resource.
+	Source string `json:"source"`
+}
+
+// Key is "namespace/name", or just the name for a cluster-scoped resource.
+func (m *Meta) Key() string {
+	if m.Namespace == "" {
+		return m.Name
+	}
+	return m.Namespace + "/" + m.Name
+}
+
+// GetMeta lets generic code reach the metadata of any resource.
+func (m *Meta) GetMeta() *Meta { return m }
+
+// Sources of cluster state.
+const (
+	SourceNative     = "native"
+	SourceKubernetes = "kubernetes"
+)
+
+// Object is any resource the server stores.
+type Object interface {
+	GetMeta() *Meta
+}
+
+type ServiceType string
+
+const (
+	ClusterIP    ServiceType = "ClusterIP"
+	NodePort     ServiceType = "NodePort"
+	LoadBalancer ServiceType = "LoadBalancer"
+)
+
+type Protocol string
+
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+type TrafficPolicy string
+
+const (
+	PolicyCluster TrafficPolicy = "Cluster"
+	PolicyLocal   TrafficPolicy = "Local"
+)
+
+// DefaultSessionAffinityTimeout is Kubernetes' ClientIP affinity default.
+const DefaultSessionAffinityTimeout = 10800 * time.Second
+
+// Service mirrors a Kubernetes Service.
+type Service struct {
+	Meta
+	Type        ServiceType   `json:"type"`
+	ClusterIPs  []netip.Addr  `json:"clusterIPs"`
+	ExternalIPs []netip.Addr  `json:"externalIPs,omitempty"`
+	Ports       []ServicePort `json:"ports"`
+	// SessionAffinityTimeout is zero without ClientIP affinity.
+	SessionAffinityTimeout   time.Duration  `json:"sessionAffinityTimeout,omitempty"`
+	ExternalTrafficPolicy    TrafficPolicy  `json:"externalTrafficPolicy"`
+	InternalTrafficPolicy    TrafficPolicy  `json:"internalTrafficPolicy"`
+	HealthCheckNodePort      int32          `json:"healthCheckNodePort,omitempty"`
+	LoadBalancerSourceRanges []netip.Prefix `json:"loadBalancerSourceRanges,omitempty"`
+	PreferClose              bool           `json:"preferClose,omitempty"`
+	// LoadBalancerIPs is status.loadBalancer.ingress[].ip.
+	LoadBalancerIPs []netip.Addr `json:"loadBalancerIPs,omitempty"`
+}
+
+type ServicePort struct {
+	Name       string   `json:"name,omitempty"`
+	Protocol   Protocol `json:"protocol"`
+	Port       int32    `json:"port"`
+	TargetPort int32    `json:"targetPort"`
+	NodePort   int32    `json:"nodePort,omitempty"`
+}
+
+// EndpointSlice mirrors a discovery.k8s.io/v1 EndpointSlice.
+type EndpointSlice struct {
+	Meta
+	ServiceName string         `json:"serviceName"`
+	Endpoints   []Endpoint     `json:"endpoints"`
+	Ports       []EndpointPort `json:"ports,omitempty"`
+}
+
+// ServiceKey is the key of the service the slice belongs to.
+func (s *EndpointSlice) ServiceKey() string { return s.Namespace + "/" + s.ServiceName }
+
+// Endpoint conditions follow Kubernetes: nil Ready or Serving means true,
+// nil Terminating means false.
+type Endpoint struct {
+	Addresses   []netip.Addr `json:"addresses"`
+	Ready       *bool        `json:"ready,omitempty"`
+	Serving     *bool        `json:"serving,omitempty"`
+	Terminating *bool        `json:"terminating,omitempty"`
+	NodeName    string       `json:"nodeName,omitempty"`
+	Zone        string       `json:"zone,omitempty"`
+	HintZones   []string     `json:"hintZones,omitempty"`
+}
+
+func (e *Endpoint) IsReady() bool       { return e.Ready == nil || *e.Ready }
+func (e *Endpoint) IsServing() bool     { return e.Serving == nil || *e.Serving }
+func (e *Endpoint) IsTerminating() bool { return e.Terminating != nil && *e.Terminating }
+
+type EndpointPort struct {
+	Name     string   `json:"name,omitempty"`
+	Protocol Protocol `json:"protocol"`
+	Port     int32    `json:"port"`
+}
+
+// Node is a machine that runs an agent.
+type Node struct {
+	Meta
+	Addresses []netip.Addr   `json:"addresses"`
+	Zone      string         `json:"zone,omitempty"`
+	PodCIDRs  []netip.Prefix `json:"podCIDRs,omitempty"`
+	Deleting  bool           `json:"deleting,omitempty"`
+}

@@ -1,0 +1,231 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"time"
+)
+
+// FieldError says which field of a resource is wrong and why. Field paths
+// are spelled as in the API (proto field names), relative to the resource.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+func fieldErr(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// AsFieldError reports whether err carries a FieldError.
+func AsFieldError(err error) (*FieldError, bool) {
+	var fe *FieldError
+	ok := errors.As(err, &fe)
+	return fe, ok
+}
+
+// dns1123Label is what Kubernetes accepts for namespace and service names.
+var dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// dns1123Subdomain is what Kubernetes accepts for node and slice names.
+var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
+
+func validateMeta(m *Meta, namespaced bool, name *regexp.Regexp) error {
+	if namespaced && !dns1123Label.MatchString(m.Namespace) {
+		return fieldErr("metadata.namespace", "%q is not a DNS-1123 label (lowercase letters, digits and '-', at most 63)", m.Namespace)
+	}
+	if !namespaced && m.Namespace != "" {
+		return fieldErr("metadata.namespace", "must be empty: the resource is cluster-scoped")
+	}
+	if !name.MatchString(m.Name) {
+		return fieldErr("metadata.name", "%q is not a valid name (lowercase letters, digits and '-')", m.Name)
+	}
+	return nil
+}
+
+func validPort(p int32) bool { return p >= 1 && p <= 65535 }
+
+func validProtocol(p Protocol) bool { return p == TCP || p == UDP || p == SCTP }
+
+// Validate checks a service on its own; conflicts with other services are
+// the registry's to find.
+func (s *Service) Validate() error {
+	if err := validateMeta(&s.Meta, true, dns1123Label); err != nil {
+		return err
+	}
+	switch s.Type {
+	case ClusterIP, NodePort, LoadBalancer:
+	default:
+		return fieldErr("spec.type", "unknown service type %q", s.Type)
+	}
+	if len(s.ClusterIPs) == 0 {
+		return fieldErr("spec.cluster_ips", "at least one cluster IP is required")
+	}
+	if len(s.ClusterIPs) > 2 || (len(s.ClusterIPs) == 2 && s.ClusterIPs[0].Is4() == s.ClusterIPs[1].Is4()) {
+		return fieldErr("spec.cluster_ips", "at most one address per family")
+	}
+	for i, a := range s.ClusterIPs {
+		if err := validateUnicast(fmt.Sprintf("spec.cluster_ips[%d]", i), a); err != nil {
+			return err
+		}
+	}
+	for i, a := range s.ExternalIPs {
+		if err := validateUnicast(fmt.Sprintf("spec.external_ips[%d]", i), a); err != nil {
+			return err
+		}
+	}
+	for i, a := range s.LoadBalancerIPs {
+		if err := validateUnicast(fmt.Sprintf("status.load_balancer_ips[%d]", i), a); err != nil {
+			return err
+		}
+	}
+	if len(s.Ports) == 0 {
+		return fieldErr("spec.ports", "at least one port is required")
+	}
+	names := map[string]int{}
+	ports := map[string]int{}
+	for i, p := range s.Ports {
+		f := fmt.Sprintf("spec.ports[%d]", i)
+		if len(s.Ports) > 1 && p.Name == "" {
+			return fieldErr(f+".name", "required when the service has more than one port")
+		}
+		if p.Name != "" && !dns1123Label.MatchString(p.Name) {
+			return fieldErr(f+".name", "%q is not a DNS-1123 label", p.Name)
+		}
+		if j, dup := names[p.Name]; dup && p.Name != "" {
+			return fieldErr(f+".name", "duplicate of spec.ports[%d].name %q", j, p.Name)
+		}
+		names[p.Name] = i
+		if !validProtocol(p.Protocol) {
+			return fieldErr(f+".protocol", "unknown protocol %q", p.Protocol)
+		}
+		if !validPort(p.Port) {
+			return fieldErr(f+".port", "%d is not a port (1-65535)", p.Port)
+		}
+		k := fmt.Sprintf("%s/%d", p.Protocol, p.Port)
+		if j, dup := ports[k]; dup {
+			return fieldErr(f+".port", "duplicate of spec.ports[%d]: %s", j, k)
+		}
+		ports[k] = i
+		if p.TargetPort != 0 && !validPort(p.TargetPort) {
+			return fieldErr(f+".target_port", "%d is not a port (1-65535)", p.TargetPort)
+		}
+		if p.NodePort != 0 {
+			if s.Type == ClusterIP {
+				return fieldErr(f+".node_port", "only NODE_PORT and LOAD_BALANCER services have node ports")
+			}
+			if !validPort(p.NodePort) {
+				return fieldErr(f+".node_port", "%d is not a port (1-65535)", p.NodePort)
+			}
+			k := fmt.Sprintf("node/%s/%d", p.Protocol, p.NodePort)
+			if j, dup := ports[k]; dup {
+				return fieldErr(f+".node_port", "duplicate of spec.ports[%d].node_port", j)
+			}
+			ports[k] = i
+		}
+	}
+	if s.SessionAffinityTimeout < 0 || s.SessionAffinityTimeout > 86400*time.Second {
+		return fieldErr("spec.session_affinity_timeout_seconds", "must be between 1 and 86400")
+	}
+	if err := validatePolicy("spec.external_traffic_policy", s.ExternalTrafficPolicy); err != nil {
+		return err
+	}
+	if err := validatePolicy("spec.internal_traffic_policy", s.InternalTrafficPolicy); err != nil {
+		return err
+	}
+	if s.HealthCheckNodePort != 0 {
+		if s.Type != LoadBalancer || s.ExternalTrafficPolicy != PolicyLocal {
+			return fieldErr("spec.health_check_node_port", "only a LOAD_BALANCER service with external_traffic_policy LOCAL has one")
+		}
+		if !validPort(s.HealthCheckNodePort) {
+			return fieldErr("spec.health_check_node_port", "%d is not a port (1-65535)", s.HealthCheckNodePort)
+		}
+	}
+	if len(s.LoadBalancerSourceRanges) > 0 && s.Type != LoadBalancer {
+		return fieldErr("spec.load_balancer_source_ranges", "only LOAD_BALANCER services have them")
+	}
+	return nil
+}
+
+func validatePolicy(field string, p TrafficPolicy) error {
+	if p != PolicyCluster && p != PolicyLocal {
+		return fieldErr(field, "unknown traffic policy %q", p)
+	}
+	return nil
+}
+
+func validateUnicast(field string, a netip.Addr) error {
+	if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a.Zone() != "" {
+		return fieldErr(field, "%q is not a usable unicast address", a)
+	}
+	return nil
+}
+
+// Validate checks an endpoint slice on its own.
+func (s *EndpointSlice) Validate() error {
+	if err := validateMeta(&s.Meta, true, dns1123Subdomain); err != nil {
+		return err
+	}
+	if !dns1123Label.MatchString(s.ServiceName) {
+		return fieldErr("service_name", "%q is not a service name", s.ServiceName)
+	}
+	var is6 *bool
+	for i, ep := range s.Endpoints {
+		f := fmt.Sprintf("endpoints[%d]", i)
+		if len(ep.Addresses) == 0 {
+			return fieldErr(f+".addresses", "at least one address is required")
+		}
+		for j, a := range ep.Addresses {
+			af := fmt.Sprintf("%s.addresses[%d]", f, j)
+			if err := validateUnicast(af, a); err != nil {
+				return err
+			}
+			v6 := a.Is6()
+			if is6 == nil {
+				is6 = &v6
+			} else if *is6 != v6 {
+				return fieldErr(af, "one slice holds addresses of one family")
+			}
+		}
+		if ep.NodeName != "" && !dns1123Subdomain.MatchString(ep.NodeName) {
+			return fieldErr(f+".node_name", "%q is not a node name", ep.NodeName)
+		}
+	}
+	names := map[string]int{}
+	for i, p := range s.Ports {
+		f := fmt.Sprintf("ports[%d]", i)
+		if j, dup := names[p.Name]; dup {
+			return fieldErr(f+".name", "duplicate of ports[%d].name %q", j, p.Name)
+		}
+		names[p.Name] = i
+		if !validProtocol(p.Protocol) {
+			return fieldErr(f+".protocol", "unknown protocol %q", p.Protocol)
+		}
+		if !validPort(p.Port) {
+			return fieldErr(f+".port", "%d is not a port (1-65535)", p.Port)
+		}
+	}
+	return nil
+}
+
+// Validate checks a node on its own.
+func (n *Node) Validate() error {
+	if err := validateMeta(&n.Meta, false, dns1123Subdomain); err != nil {
+		return err
+	}
+	for i, a := range n.Addresses {
+		if err := validateUnicast(fmt.Sprintf("addresses[%d]", i), a); err != nil {
+			return err
+		}
+	}
+	for i, p := range n.PodCIDRs {
+		if !p.IsValid() || p.Masked() != p {
+			return fieldErr(fmt.Sprintf("pod_cidrs[%d]", i), "%q is not a network prefix", p)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,139 @@
+// Package nodestate computes what one node must forward from the cluster
+// state: each service with its endpoints resolved to an address and port and
+// marked local or remote for that node.
+package nodestate
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+)
+
+// ProxyNameLabel marks a service handled by a proxy other than the default
+// one; Weir skips services whose value is not ProxyName, as kube-proxy does.
+const (
+	ProxyNameLabel = "service.kubernetes.io/service-proxy-name"
+	ProxyName      = "weir"
+)
+
+// Node describes the node itself.
+func Node(v registry.View, name string) datapath.NodeInfo {
+	n := v.Node(name)
+	if n == nil {
+		return datapath.NodeInfo{Name: name}
+	}
+	return datapath.NodeInfo{
+		Name:       n.Name,
+		Addresses:  n.Addresses,
+		Zone:       n.Zone,
+		PodCIDRs:   n.PodCIDRs,
+		Deleting:   n.Deleting,
+		Registered: true,
+	}
+}
+
+// Service returns the service as node must forward it, or nil when the node
+// forwards nothing for it (it does not exist, or another proxy owns it).
+func Service(v registry.View, key, node string) *datapath.Service {
+	svc := v.Service(key)
+	if svc == nil {
+		return nil
+	}
+	if name, ok := svc.Labels[ProxyNameLabel]; ok && name != ProxyName {
+		return nil
+	}
+	out := &datapath.Service{
+		Key:                      datapath.ServiceKey{Namespace: svc.Namespace, Name: svc.Name},
+		ClusterIPs:               svc.ClusterIPs,
+		ExternalIPs:              svc.ExternalIPs,
+		LoadBalancerIPs:          svc.LoadBalancerIPs,
+		SessionAffinityTimeout:   svc.SessionAffinityTimeout,
+		ExternalTrafficPolicy:    policy(svc.ExternalTrafficPolicy),
+		InternalTrafficPolicy:    policy(svc.InternalTrafficPolicy),
+		HealthCheckNodePort:      uint16(svc.HealthCheckNodePort),
+		LoadBalancerSourceRanges: svc.LoadBalancerSourceRanges,
+		PreferClose:              svc.PreferClose,
+	}
+	slicesOf := v.EndpointSlicesOf(key)
+	for _, sp := range svc.Ports {
+		port := datapath.ServicePort{
+			Name:      sp.Name,
+			Protocol:  protocol(sp.Protocol),
+			Port:      uint16(sp.Port),
+			NodePort:  uint16(sp.NodePort),
+			Endpoints: endpoints(slicesOf, sp, node),
+		}
+		out.Ports = append(out.Ports, port)
+	}
+	return out
+}
+
+// endpoints resolves the endpoints of one service port across its slices.
+func endpoints(slicesOf []*model.EndpointSlice, sp model.ServicePort, node string) []datapath.Endpoint {
+	seen := map[netip.AddrPort]bool{}
+	var out []datapath.Endpoint
+	for _, slice := range slicesOf {
+		target, ok := targetPort(slice, sp)
+		if !ok {
+			continue
+		}
+		for _, ep := range slice.Endpoints {
+			e := datapath.Endpoint{
+				Addr:        ep.Addresses[0], // as kube-proxy: the others are ignored
+				Port:        target,
+				Local:       node != "" && ep.NodeName == node,
+				Zone:        ep.Zone,
+				HintZones:   ep.HintZones,
+				Ready:       ep.IsReady(),
+				Serving:     ep.IsServing(),
+				Terminating: ep.IsTerminating(),
+			}
+			if seen[e.AddrPort()] {
+				continue
+			}
+			seen[e.AddrPort()] = true
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, func(a, b datapath.Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
+	return out
+}
+
+// targetPort finds the port a slice's endpoints serve sp on: the slice port
+// of the same name and protocol or, for a slice that lists no ports, the
+// service's target port.
+func targetPort(slice *model.EndpointSlice, sp model.ServicePort) (uint16, bool) {
+	if len(slice.Ports) == 0 {
+		if sp.TargetPort != 0 {
+			return uint16(sp.TargetPort), true
+		}
+		return uint16(sp.Port), true
+	}
+	for _, p := range slice.Ports {
+		if p.Name == sp.Name && p.Protocol == sp.Protocol {
+			return uint16(p.Port), true
+		}
+	}
+	return 0, false
+}
+
+func policy(p model.TrafficPolicy) datapath.TrafficPolicy {
+	if p == model.PolicyLocal {
+		return datapath.Local
+	}
+	return datapath.Cluster
+}
+
+func protocol(p model.Protocol) datapath.Protocol {
+	switch p {
+	case model.UDP:
+		return datapath.UDP
+	case model.SCTP:
+		return datapath.SCTP
+	}
+	return datapath.TCP
+}
+

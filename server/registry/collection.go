@@ -1,0 +1,209 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/store"
+)
+
+// Collection is one kind of resource in the registry.
+type Collection[T model.Object] struct {
+	r          *Registry
+	kind       string
+	namespaced bool
+	check      func(T) error
+	items      map[string]T
+	watchers   map[*watcher[T]]struct{}
+}
+
+func newCollection[T model.Object](r *Registry, kind string, namespaced bool, check func(T) error) *Collection[T] {
+	return &Collection[T]{r: r, kind: kind, namespaced: namespaced, check: check, items: map[string]T{}, watchers: map[*watcher[T]]struct{}{}}
+}
+
+func (c *Collection[T]) load() (uint64, error) {
+	return c.r.store.Load(c.kind, func(key string, value []byte) error {
+		var obj T
+		if err := json.Unmarshal(value, &obj); err != nil {
+			return fmt.Errorf("%w: %s %s: %v", store.ErrCorrupt, c.kind, key, err)
+		}
+		c.items[key] = obj
+		return nil
+	})
+}
+
+// Create stores a new resource. It fails with ErrAlreadyExists when one of
+// that name exists.
+func (c *Collection[T]) Create(obj T) (T, error) {
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	m := obj.GetMeta()
+	if m.Source == "" {
+		m.Source = model.SourceNative
+	}
+	if err := c.check(obj); err != nil {
+		return obj, err
+	}
+	key := m.Key()
+	if _, ok := c.items[key]; ok {
+		return obj, fmt.Errorf("%s %s: %w", c.kind, key, ErrAlreadyExists)
+	}
+	m.CreateTime = c.r.now().UTC()
+	if _, err := c.r.commit(c.kind, key, obj, nil); err != nil {
+		return obj, err
+	}
+	c.items[key] = obj
+	c.notify(Added, obj)
+	return obj, nil
+}
+
+// Update replaces a resource. A non-zero ResourceVersion must match the
+// stored one.
+func (c *Collection[T]) Update(obj T) (T, error) {
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	m := obj.GetMeta()
+	key := m.Key()
+	old, ok := c.items[key]
+	if !ok {
+		return obj, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
+	}
+	om := old.GetMeta()
+	if m.ResourceVersion != 0 && m.ResourceVersion != om.ResourceVersion {
+		return obj, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, om.ResourceVersion, m.ResourceVersion, ErrConflict)
+	}
+	if m.Source == "" {
+		m.Source = om.Source
+	}
+	if m.Source != om.Source {
+		return obj, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
+	}
+	if err := c.check(obj); err != nil {
+		return obj, err
+	}
+	m.CreateTime = om.CreateTime
+	if _, err := c.r.commit(c.kind, key, obj, old); err != nil {
+		return obj, err
+	}
+	c.items[key] = obj
+	c.notify(Modified, obj)
+	return obj, nil
+}
+
+// Delete removes a resource. A non-zero resourceVersion must match.
+func (c *Collection[T]) Delete(key string, resourceVersion uint64) error {
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	old, ok := c.items[key]
+	if !ok {
+		return fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
+	}
+	if rv := old.GetMeta().ResourceVersion; resourceVersion != 0 && resourceVersion != rv {
+		return fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, rv, resourceVersion, ErrConflict)
+	}
+	if _, err := c.r.commit(c.kind, key, nil, old); err != nil {
+		return err
+	}
+	delete(c.items, key)
+	c.notify(Deleted, old)
+	return nil
+}
+
+// Get returns one resource.
+func (c *Collection[T]) Get(key string) (T, error) {
+	c.r.mu.RLock()
+	defer c.r.mu.RUnlock()
+	obj, ok := c.items[key]
+	if !ok {
+		return obj, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
+	}
+	return obj, nil
+}
+
+// List returns the resources in namespace (all when empty) that match sel,
+// sorted by key, and the revision they were read at.
+func (c *Collection[T]) List(namespace string, sel Selector) ([]T, uint64) {
+	c.r.mu.RLock()
+	defer c.r.mu.RUnlock()
+	return c.list(namespace, sel), c.r.rev
+}
+
+func (c *Collection[T]) list(namespace string, sel Selector) []T {
+	var out []T
+	for _, obj := range c.items {
+		if matches(obj, namespace, sel) {
+			out = append(out, obj)
+		}
+	}
+	slices.SortFunc(out, func(a, b T) int { return strings.Compare(a.GetMeta().Key(), b.GetMeta().Key()) })
+	return out
+}
+
+func matches(obj model.Object, namespace string, sel Selector) bool {
+	m := obj.GetMeta()
+	return (namespace == "" || m.Namespace == namespace) && sel.Matches(m.Labels)
+}
+
+// EventType says what happened to a watched resource.
+type EventType int
+
+const (
+	Added EventType = iota + 1
+	Modified
+	Deleted
+)
+
+// Event is one change seen by a watcher.
+type Event[T model.Object] struct {
+	Type   EventType
+	Object T
+}
+
+type watcher[T model.Object] struct {
+	namespace string
+	sel       Selector
+	ch        chan Event[T]
+}
+
+// Watch returns the current matching resources and a channel of every later
+// change to them. The channel closes when ctx ends or when the watcher falls
+// WatchBuffer events behind; the caller then lists and watches again.
+func (c *Collection[T]) Watch(ctx context.Context, namespace string, sel Selector) ([]T, <-chan Event[T]) {
+	w := &watcher[T]{namespace: namespace, sel: sel, ch: make(chan Event[T], WatchBuffer)}
+	c.r.mu.Lock()
+	initial := c.list(namespace, sel)
+	c.watchers[w] = struct{}{}
+	c.r.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		c.r.mu.Lock()
+		c.stopWatcher(w)
+		c.r.mu.Unlock()
+	}()
+	return initial, w.ch
+}
+
+func (c *Collection[T]) stopWatcher(w *watcher[T]) {
+	if _, ok := c.watchers[w]; ok {
+		delete(c.watchers, w)
+		close(w.ch)
+	}
+}
+
+// notify tells the watchers; called with the registry's lock held.
+func (c *Collection[T]) notify(typ EventType, obj T) {
+	for w := range c.watchers {
+		if !matches(obj, w.namespace, w.sel) {
+			continue
+		}
+		select {
+		case w.ch <- Event[T]{Type: typ, Object: obj}:
+		default:
+			c.stopWatcher(w)
+		}
+	}
+}

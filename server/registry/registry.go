@@ -1,0 +1,213 @@
+// Package registry is the server's source of truth for cluster state. It
+// validates every write whole, persists it before answering, keeps every
+// resource in memory for reads, and tells watchers and the per-node state
+// engine what changed.
+package registry
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/store"
+)
+
+var (
+	ErrNotFound      = errors.New("not found")
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrConflict: the resource changed since the version the caller read.
+	ErrConflict = errors.New("resource version conflict")
+	// ErrInUse: the write would take something another resource holds.
+	ErrInUse = errors.New("in use")
+)
+
+// Change says what one committed write touched.
+type Change struct {
+	Revision uint64
+	// Services whose forwarding may have changed ("namespace/name").
+	Services []string
+	// Nodes whose own description changed.
+	Nodes []string
+}
+
+// Registry holds every resource. Stored objects are immutable: writes store
+// new objects, so readers may keep what they were given.
+type Registry struct {
+	store *store.Store
+	now   func() time.Time
+
+	mu              sync.RWMutex // guards everything below, and the collections' items
+	rev             uint64
+	slicesByService map[string]map[string]*model.EndpointSlice
+	listeners       []func(Change)
+
+	Services       *Collection[*model.Service]
+	EndpointSlices *Collection[*model.EndpointSlice]
+	Nodes          *Collection[*model.Node]
+}
+
+// Open loads every stored resource.
+func Open(st *store.Store) (*Registry, error) {
+	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}}
+	r.Services = newCollection(r, "services", true, func(s *model.Service) error {
+		if err := s.Validate(); err != nil {
+			return err
+		}
+		return r.checkServiceConflicts(s)
+	})
+	r.EndpointSlices = newCollection(r, "endpointslices", true, (*model.EndpointSlice).Validate)
+	r.Nodes = newCollection(r, "nodes", false, (*model.Node).Validate)
+	for _, load := range []func() (uint64, error){r.Services.load, r.EndpointSlices.load, r.Nodes.load} {
+		rev, err := load()
+		if err != nil {
+			return nil, err
+		}
+		r.rev = max(r.rev, rev)
+	}
+	for _, s := range r.EndpointSlices.items {
+		r.indexSlice(s, nil)
+	}
+	return r, nil
+}
+
+// OnChange registers fn to be called, in commit order and under the
+// registry's lock, after every write. fn must not block or call back.
+func (r *Registry) OnChange(fn func(Change)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.listeners = append(r.listeners, fn)
+}
+
+// Read runs fn with a consistent view of the whole registry.
+func (r *Registry) Read(fn func(View)) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	fn(View{r})
+}
+
+// View is a consistent, read-only view of the registry, valid inside Read.
+type View struct{ r *Registry }
+
+func (v View) Revision() uint64                  { return v.r.rev }
+func (v View) Service(key string) *model.Service { return v.r.Services.items[key] }
+func (v View) Node(name string) *model.Node      { return v.r.Nodes.items[name] }
+
+// ServiceKeys lists every service.
+func (v View) ServiceKeys() []string {
+	keys := make([]string, 0, len(v.r.Services.items))
+	for k := range v.r.Services.items {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// EndpointSlicesOf returns the slices of a service, in a stable order.
+func (v View) EndpointSlicesOf(serviceKey string) []*model.EndpointSlice {
+	m := v.r.slicesByService[serviceKey]
+	out := make([]*model.EndpointSlice, 0, len(m))
+	for _, s := range m {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b *model.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+func (r *Registry) indexSlice(now, old *model.EndpointSlice) {
+	if old != nil {
+		delete(r.slicesByService[old.ServiceKey()], old.Key())
+		if len(r.slicesByService[old.ServiceKey()]) == 0 {
+			delete(r.slicesByService, old.ServiceKey())
+		}
+	}
+	if now != nil {
+		m := r.slicesByService[now.ServiceKey()]
+		if m == nil {
+			m = map[string]*model.EndpointSlice{}
+			r.slicesByService[now.ServiceKey()] = m
+		}
+		m[now.Key()] = now
+	}
+}
+
+// checkServiceConflicts rejects a service that would take a frontend another
+// service holds: two services on one cluster IP, or one node port, would
+// steal each other's connections.
+func (r *Registry) checkServiceConflicts(s *model.Service) error {
+	for key, other := range r.Services.items {
+		if key == s.Key() {
+			continue
+		}
+		for i, ip := range s.ClusterIPs {
+			if slices.Contains(other.ClusterIPs, ip) {
+				return fmt.Errorf("%w: spec.cluster_ips[%d] %s is the cluster IP of service %s", ErrInUse, i, ip, key)
+			}
+		}
+		for i, p := range s.Ports {
+			for _, op := range other.Ports {
+				if p.NodePort != 0 && p.NodePort == op.NodePort && p.Protocol == op.Protocol {
+					return fmt.Errorf("%w: spec.ports[%d].node_port %d/%s is taken by service %s", ErrInUse, i, p.NodePort, p.Protocol, key)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// commit persists one resource write and publishes it. Called with mu held.
+func (r *Registry) commit(kind, key string, obj model.Object, old model.Object) (uint64, error) {
+	op := store.Op{Kind: kind, Key: key}
+	if obj != nil {
+		rev := r.rev + 1
+		obj.GetMeta().ResourceVersion = rev
+		b, err := json.Marshal(obj)
+		if err != nil {
+			return 0, err
+		}
+		op.Value = b
+	}
+	rev, err := r.store.Commit(op)
+	if err != nil {
+		return 0, fmt.Errorf("persisting %s %s: %w", kind, key, err)
+	}
+	if rev != r.rev+1 {
+		// Only this registry writes the store, one write at a time.
+		panic(fmt.Sprintf("store revision %d after %d: another writer?", rev, r.rev))
+	}
+	r.rev = rev
+	ch := Change{Revision: rev}
+	switch o := firstNonNil(obj, old).(type) {
+	case *model.Service:
+		ch.Services = []string{o.Key()}
+	case *model.EndpointSlice:
+		now, _ := obj.(*model.EndpointSlice)
+		was, _ := old.(*model.EndpointSlice)
+		r.indexSlice(now, was)
+		ch.Services = []string{o.ServiceKey()}
+		if was != nil && now != nil && was.ServiceKey() != now.ServiceKey() {
+			ch.Services = append(ch.Services, was.ServiceKey())
+		}
+	case *model.Node:
+		ch.Nodes = []string{o.Name}
+	}
+	for _, fn := range r.listeners {
+		fn(ch)
+	}
+	return rev, nil
+}
+
+func firstNonNil(a, b model.Object) model.Object {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// WatchBuffer is how many events a watcher may fall behind before it is
+// cut off (and must list and watch again), so a slow client never slows the
+// registry.
+const WatchBuffer = 1024

@@ -1,0 +1,93 @@
+// Package server assembles the central server: the persistent registry of
+// cluster state, the per-node state streams to agents, and the gRPC API.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/agentsync"
+	"github.com/weirlb/weir/server/api"
+	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/store"
+)
+
+// Config is how a server runs.
+type Config struct {
+	DataDir string
+	// TLS is nil only when the operator asked for plain text.
+	TLS *tls.Config
+	Log *slog.Logger
+}
+
+// Server is a running central server.
+type Server struct {
+	Registry *registry.Registry
+	Agents   *agentsync.Hub
+	store    *store.Store
+	grpc     *grpc.Server
+	health   *health.Server
+}
+
+// New opens the data dir and builds the gRPC server.
+func New(cfg Config) (*Server, error) {
+	st, err := store.Open(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	reg, err := registry.Open(st)
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("loading state from %s: %w", cfg.DataDir, err)
+	}
+	opts := []grpc.ServerOption{
+		// Agents ping every 10 s so a dead node's stream is noticed; allow it.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	s := &Server{
+		Registry: reg,
+		Agents:   agentsync.New(reg, cfg.Log),
+		store:    st,
+		grpc:     grpc.NewServer(opts...),
+		health:   health.NewServer(),
+	}
+	weirv1.RegisterRegistryServiceServer(s.grpc, api.NewRegistryService(reg))
+	weirv1.RegisterAgentServiceServer(s.grpc, s.Agents)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	return s, nil
+}
+
+// Serve answers on lis until ctx ends, then stops gracefully.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	go func() {
+		<-ctx.Done()
+		s.health.Shutdown()
+		// Agent streams never end by themselves: give unary calls a moment, then cut.
+		timer := time.AfterFunc(2*time.Second, s.grpc.Stop)
+		s.grpc.GracefulStop()
+		timer.Stop()
+	}()
+	err := s.grpc.Serve(lis)
+	if cerr := s.store.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
