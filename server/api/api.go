@@ -155,4 +155,3 @@ func key(namespace, name string) string {
 	}
 	return namespace + "/" + name
 }
-

@@ -136,4 +136,3 @@ func protocol(p model.Protocol) datapath.Protocol {
 	}
 	return datapath.TCP
 }
-
