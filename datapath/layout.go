@@ -97,8 +97,11 @@ func staticObjects(f family, mark uint32) []knftables.Object {
 	objs := []knftables.Object{
 		&knftables.Map{Name: frontendsMap, Type: frontendKey + " : verdict"},
 		&knftables.Map{Name: nodePortFrontendsMap, Type: "inet_proto . inet_service : verdict"},
-		&knftables.Map{Name: backendsMap, TypeOf: ip + " daddr . meta l4proto . th dport . numgen random mod 1 : " + ip + " daddr . th dport"},
-		&knftables.Map{Name: nodePortBackendsMap, TypeOf: "meta l4proto . th dport . numgen random mod 1 : " + ip + " daddr . th dport"},
+		// The values are address . port whatever the protocol: "tcp dport"
+		// only names the port type, because nft 1.0.6 cannot read back a
+		// "th dport" value type when a later rule refers to the map.
+		&knftables.Map{Name: backendsMap, TypeOf: ip + " daddr . meta l4proto . th dport . numgen random mod 1 : " + ip + " daddr . tcp dport"},
+		&knftables.Map{Name: nodePortBackendsMap, TypeOf: "meta l4proto . th dport . numgen random mod 1 : " + ip + " daddr . tcp dport"},
 		&knftables.Set{Name: noEndpointFrontendsSet, Type: frontendKey},
 		&knftables.Set{Name: noEndpointNodePortsSet, Type: "inet_proto . inet_service"},
 		&knftables.Set{Name: clusterIPsSet, Type: addr},

@@ -41,7 +41,9 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if err := dp.Apply(ctx, st); err != nil {
 		t.Fatalf("full sync: %v", err)
 	}
-	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.12", false)))
+	// A new endpoint count makes the partial sync create a pick chain
+	// that refers to maps the kernel already holds.
+	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.12", false), ep("10.244.2.13", false)))
 	if err := dp.Apply(ctx, st2); err != nil {
 		t.Fatalf("partial sync: %v", err)
 	}

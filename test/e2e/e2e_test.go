@@ -1,0 +1,345 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+var (
+	clusterIPv4 = netip.MustParseAddr("10.96.0.10")
+	clusterIPv6 = netip.MustParseAddr("fd00:96::10")
+	lbIP        = netip.MustParseAddr("203.0.113.10")
+)
+
+const nodePort = 30080
+
+// startCluster runs Weir on two nodes with pods [2, 1] and returns it with
+// a cleanup registered even for failing tests.
+func startCluster(t *testing.T) *weirlab.Cluster {
+	t.Helper()
+	lab.SkipUnlessPrivileged(t)
+	ctx := context.Background()
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("server log:\n%s", c.Server.Log())
+			for i, a := range c.Agents {
+				t.Logf("agent %d log:\n%s", i+1, a.Log())
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("tearing down the lab: %v", err)
+		}
+	})
+	// The router sends the load-balancer IP to both nodes (ECMP), as a BGP
+	// speaker would.
+	if _, err := c.Router.Run(ctx, "ip", "route", "add", lbIP.String()+"/32",
+		"nexthop", "via", c.Nodes[0].IPv4.String(), "nexthop", "via", c.Nodes[1].IPv4.String()); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// webService is a dual-stack LoadBalancer service in front of every pod.
+func webService() *weirv1.Service {
+	return &weirv1.Service{
+		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec: &weirv1.ServiceSpec{
+			Type:       weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER,
+			ClusterIps: []string{clusterIPv4.String(), clusterIPv6.String()},
+			Ports:      []*weirv1.ServicePort{{Name: "http", Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: 80, TargetPort: weirlab.PodPort, NodePort: nodePort}},
+		},
+		Status: &weirv1.ServiceStatus{LoadBalancerIps: []string{lbIP.String()}},
+	}
+}
+
+// endpointSlices lists pods as ready endpoints of web, one slice per family.
+func endpointSlices(pods []*lab.Pod) []*weirv1.EndpointSlice {
+	v4 := &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web-v4"}, ServiceName: "web",
+		Ports: []*weirv1.EndpointPort{{Name: "http", Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: weirlab.PodPort}}}
+	v6 := &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web-v6"}, ServiceName: "web", Ports: v4.Ports}
+	for _, p := range pods {
+		v4.Endpoints = append(v4.Endpoints, &weirv1.Endpoint{Addresses: []string{p.IPv4.String()}, NodeName: p.Node.Name})
+		v6.Endpoints = append(v6.Endpoints, &weirv1.Endpoint{Addresses: []string{p.IPv6.String()}, NodeName: p.Node.Name})
+	}
+	return []*weirv1.EndpointSlice{v4, v6}
+}
+
+func createWeb(t *testing.T, c *weirlab.Cluster) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: webService()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range endpointSlices(c.Pods()) {
+		if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// eventually retries f until it succeeds, for at most 10 s.
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still failing after 10 s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// sample makes n connections from ns to dst and returns the replies.
+func sample(t *testing.T, ns *lab.Netns, dst netip.AddrPort, n int) []weirlab.Reply {
+	t.Helper()
+	var out []weirlab.Reply
+	for range n {
+		r, err := weirlab.Get(context.Background(), ns, dst)
+		if err != nil {
+			t.Fatalf("connection from %s to %s: %v", ns, dst, err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func isNodeIP(c *weirlab.Cluster, a netip.Addr) bool {
+	for _, n := range c.Nodes {
+		if n.IPv4 == a {
+			return true
+		}
+	}
+	return false
+}
+
+func podByName(c *weirlab.Cluster, name string) *lab.Pod {
+	for _, p := range c.Pods() {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+func TestServiceFrontendsReachPodsWithClientAddress(t *testing.T) {
+	c := startCluster(t)
+	createWeb(t, c)
+	node1 := c.Nodes[0]
+	n1p1 := c.Nodes[0].Pods[0]
+	lbDst := netip.AddrPortFrom(lbIP, 80)
+	eventually(t, "the load-balancer IP answers", func() error {
+		_, err := weirlab.Get(context.Background(), c.Client, lbDst)
+		return err
+	})
+
+	// External clients: through the router to the LB IP, and straight to
+	// node1's node port. A pod on the node the connection arrived at sees
+	// the client; a pod on the other node sees the node (masquerade keeps
+	// the reply on the DNAT'ing node's path).
+	for _, tc := range []struct {
+		name string
+		dst  netip.AddrPort
+	}{
+		{"load-balancer IP", lbDst},
+		{"node port", netip.AddrPortFrom(node1.IPv4, nodePort)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seen := map[string]int{}
+			for _, r := range sample(t, c.Client, tc.dst, 40) {
+				seen[r.Pod]++
+				pod := podByName(c, r.Pod)
+				if pod == nil {
+					t.Fatalf("reply from unknown pod %q", r.Pod)
+				}
+				got := r.RemoteAddr()
+				if tc.name == "node port" {
+					want := lab.ClientIPv4
+					if pod.Node != node1 {
+						want = node1.IPv4
+					}
+					if got != want {
+						t.Errorf("pod %s on %s saw source %s, want %s", pod.Name, pod.Node.Name, got, want)
+					}
+					continue
+				}
+				// The router picks either node: the pod sees the client
+				// when it runs on that node, else the node that
+				// forwarded it, never its own node.
+				if got != lab.ClientIPv4 && (!isNodeIP(c, got) || got == pod.Node.IPv4) {
+					t.Errorf("pod %s on %s saw source %s, want the client or the other node", pod.Name, pod.Node.Name, got)
+				}
+			}
+			if len(seen) != 3 {
+				t.Errorf("40 connections reached %v; want all 3 pods (uniform random choice)", seen)
+			}
+		})
+	}
+
+	t.Run("cluster IP from a pod keeps the pod's address", func(t *testing.T) {
+		for _, fam := range []struct {
+			vip, src netip.Addr
+		}{{clusterIPv4, n1p1.IPv4}, {clusterIPv6, n1p1.IPv6}} {
+			seen := map[string]int{}
+			for _, r := range sample(t, n1p1.Netns, netip.AddrPortFrom(fam.vip, 80), 40) {
+				seen[r.Pod]++
+				got := r.RemoteAddr()
+				if r.Pod == n1p1.Name {
+					// Hairpin: the pod reached itself, so it must not see
+					// its own address (it would answer itself directly).
+					if got == fam.src {
+						t.Errorf("hairpin connection to %s was not masqueraded", fam.vip)
+					}
+				} else if got != fam.src {
+					t.Errorf("pod %s saw %s via %s, want the caller's %s", r.Pod, got, fam.vip, fam.src)
+				}
+			}
+			if len(seen) != 3 {
+				t.Errorf("40 connections to %s reached %v; want all 3 pods", fam.vip, seen)
+			}
+		}
+	})
+}
+
+func TestServiceWithoutEndpointsRejects(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	svc := webService()
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []netip.AddrPort{
+		netip.AddrPortFrom(clusterIPv4, 80),
+		netip.AddrPortFrom(c.Nodes[0].IPv4, nodePort),
+	} {
+		eventually(t, "connection to "+dst.String()+" is refused", func() error {
+			start := time.Now()
+			_, err := weirlab.Get(ctx, c.Nodes[0].Pods[0].Netns, dst)
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				return errors.New("got " + errString(err) + ", want connection refused")
+			}
+			if d := time.Since(start); d > time.Second {
+				return errors.New("refusal took " + d.String() + ": dropped, not rejected?")
+			}
+			return nil
+		})
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "success"
+	}
+	return err.Error()
+}
+
+// TestForwardingSurvivesServerAndAgentRestarts: the server going away stops
+// nothing; it comes back with every service; an agent killed and restarted
+// converges without a window where the service is unreachable.
+func TestForwardingSurvivesServerAndAgentRestarts(t *testing.T) {
+	c := startCluster(t)
+	createWeb(t, c)
+	ctx := context.Background()
+	dst := netip.AddrPortFrom(c.Nodes[0].IPv4, nodePort)
+	eventually(t, "node port answers", func() error {
+		_, err := weirlab.Get(ctx, c.Client, dst)
+		return err
+	})
+
+	if err := c.Server.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	sample(t, c.Client, dst, 10) // fails the test on any error
+
+	if err := c.StartServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+	if err != nil {
+		t.Fatalf("service lost across restart: %v", err)
+	}
+	if ips := got.GetService().GetSpec().GetClusterIps(); len(ips) != 2 || ips[0] != clusterIPv4.String() {
+		t.Errorf("restored service has cluster IPs %v", ips)
+	}
+	// Agents resync from the restarted server: drop node2's pod and see
+	// node1's agent stop sending there.
+	v4 := endpointSlices(c.Nodes[0].Pods)[0]
+	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: v4}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "node1 stops using the removed endpoint", func() error {
+		for _, r := range sample(t, c.Client, dst, 15) {
+			if r.Pod == "n2p1" {
+				return errors.New("still reached n2p1")
+			}
+		}
+		return nil
+	})
+
+	// Restart node1's agent while a client keeps connecting.
+	var failures, total atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := weirlab.Get(ctx, c.Client, dst); err != nil {
+				failures.Add(1)
+			}
+			total.Add(1)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if err := c.RestartAgent(0); err != nil {
+		t.Fatal(err)
+	}
+	// Give the new agent time to connect and apply its full state.
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	if failures.Load() != 0 || total.Load() < 20 {
+		t.Errorf("%d of %d connections failed across the agent restart; want 0 of at least 20", failures.Load(), total.Load())
+	}
+}
+
+func TestInvalidServiceIsRejectedAndNotStored(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	_, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: &weirv1.Service{
+		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "bad"},
+		Spec:     &weirv1.ServiceSpec{ClusterIps: []string{"10.96.0.300"}, Ports: []*weirv1.ServicePort{{Port: 80}}},
+	}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("got %v, want InvalidArgument", err)
+	}
+	if _, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "bad"}); status.Code(err) != codes.NotFound {
+		t.Errorf("rejected service was stored: %v", err)
+	}
+}

@@ -1,0 +1,241 @@
+// Package weirlab runs Weir itself in a lab: it builds the binaries, starts
+// weir-server in the control namespace and weir-agent on every node, runs an
+// echo server in every pod, and gives callers an API client. The end-to-end
+// tests and the demo share it.
+package weirlab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/lab"
+)
+
+// ServerPort is where the lab's weir-server listens, on lab.ControlIPv4.
+const ServerPort = 7443
+
+// PodPort is where every pod's echo server answers (TCP and UDP).
+const PodPort = 8080
+
+// Binaries are the programs the lab runs.
+type Binaries struct{ Server, Agent, Echo string }
+
+// Build compiles the binaries into dir from the module at root.
+func Build(ctx context.Context, root, dir string) (Binaries, error) {
+	b := Binaries{Server: filepath.Join(dir, "weir-server"), Agent: filepath.Join(dir, "weir-agent"), Echo: filepath.Join(dir, "echo")}
+	for out, pkg := range map[string]string{b.Server: "./server/cmd/weir-server", b.Agent: "./agent/cmd/weir-agent", b.Echo: "./test/cmd/echo"} {
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return b, fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
+		}
+	}
+	return b, nil
+}
+
+// ModuleRoot finds the repository root from the working directory.
+func ModuleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	mod := string(out[:len(out)-1])
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("not inside the weir module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// Cluster is Weir running in a lab.
+type Cluster struct {
+	*lab.Lab
+	Bin      Binaries
+	DataDir  string
+	Server   *lab.Process
+	Agents   []*lab.Process
+	Conn     *grpc.ClientConn
+	Registry weirv1.RegistryServiceClient
+}
+
+// Start builds the lab, starts the server, registers the nodes, and starts
+// the agents and the pods' echo servers. On error everything is torn down.
+func Start(ctx context.Context, cfg lab.Config, bin Binaries) (*Cluster, error) {
+	l, err := lab.New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{Lab: l, Bin: bin, DataDir: filepath.Join(l.Dir, "server-data")}
+	if err := c.start(ctx); err != nil {
+		return nil, errors.Join(err, c.Close())
+	}
+	return c, nil
+}
+
+func (c *Cluster) start(ctx context.Context) error {
+	if err := c.StartServer(ctx); err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return c.Router.DialContext(ctx, "tcp", addr)
+		}))
+	if err != nil {
+		return err
+	}
+	c.Conn, c.Registry = conn, weirv1.NewRegistryServiceClient(conn)
+	for _, n := range c.Nodes {
+		_, err := c.Registry.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{
+			Metadata:  &weirv1.ObjectMeta{Name: n.Name},
+			Addresses: []string{n.IPv4.String(), n.IPv6.String()},
+			PodCidrs:  []string{n.PodCIDRv4.String(), n.PodCIDRv6.String()},
+		}})
+		if err != nil {
+			return fmt.Errorf("registering %s: %w", n.Name, err)
+		}
+	}
+	for i := range c.Nodes {
+		p, err := c.startAgent(i)
+		if err != nil {
+			return err
+		}
+		c.Agents = append(c.Agents, p)
+	}
+	for _, p := range c.Pods() {
+		if _, err := p.Start(c.Bin.Echo, "-name", p.Name, "-listen", ":"+strconv.Itoa(PodPort)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// StartServer starts weir-server on the cluster's data dir and waits until
+// it answers.
+func (c *Cluster) StartServer(ctx context.Context) error {
+	p, err := c.Control.Start(c.Bin.Server, "--insecure", "--data-dir", c.DataDir,
+		"--listen", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String())
+	if err != nil {
+		return err
+	}
+	c.Server = p
+	addr := netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String()
+	return waitFor(ctx, 10*time.Second, func() error {
+		conn, err := c.Router.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	}, func() string { return p.Log() })
+}
+
+// ClusterCIDRs are the lab's pod networks.
+const ClusterCIDRs = "10.244.0.0/16,fd00:244::/32"
+
+func (c *Cluster) startAgent(i int) (*lab.Process, error) {
+	n := c.Nodes[i]
+	return n.Start(c.Bin.Agent, "--insecure", "--node-name", n.Name,
+		"--server", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String(),
+		"--cluster-cidr", ClusterCIDRs)
+}
+
+// RestartAgent kills node i's agent (as a crash would) and starts a new one.
+func (c *Cluster) RestartAgent(i int) error {
+	if err := c.Agents[i].Kill(); err != nil {
+		return err
+	}
+	p, err := c.startAgent(i)
+	if err != nil {
+		return err
+	}
+	c.Agents[i] = p
+	return nil
+}
+
+// Close tears everything down.
+func (c *Cluster) Close() error {
+	if c.Conn != nil {
+		c.Conn.Close()
+	}
+	return c.Lab.Close()
+}
+
+// Reply is what a pod's echo server answers.
+type Reply struct {
+	Pod    string `json:"pod"`
+	Remote string `json:"remote"`
+}
+
+// RemoteAddr is the source address the pod saw.
+func (r Reply) RemoteAddr() netip.Addr {
+	ap, err := netip.ParseAddrPort(r.Remote)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}
+
+// Get makes one HTTP request from ns to dst on a new connection.
+func Get(ctx context.Context, ns *lab.Netns, dst netip.AddrPort) (Reply, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := ns.DialContext(ctx, "tcp", dst.String())
+	if err != nil {
+		return Reply{}, err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintf(conn, "GET / HTTP/1.0\r\nHost: weir\r\n\r\n"); err != nil {
+		return Reply{}, err
+	}
+	raw, err := io.ReadAll(conn)
+	if err != nil {
+		return Reply{}, err
+	}
+	_, body, ok := cutHeader(raw)
+	if !ok {
+		return Reply{}, fmt.Errorf("malformed HTTP answer %q", raw)
+	}
+	var r Reply
+	if err := json.Unmarshal(body, &r); err != nil {
+		return Reply{}, fmt.Errorf("answer %q: %w", body, err)
+	}
+	return r, nil
+}
+
+func cutHeader(raw []byte) (head, body []byte, ok bool) {
+	for i := 0; i+3 < len(raw); i++ {
+		if raw[i] == '\r' && raw[i+1] == '\n' && raw[i+2] == '\r' && raw[i+3] == '\n' {
+			return raw[:i], raw[i+4:], true
+		}
+	}
+	return nil, nil, false
+}
+
+// waitFor polls check until it succeeds or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, check func() error, logs func() string) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("not ready after %s: %w\n%s", timeout, err, logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
