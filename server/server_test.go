@@ -1,0 +1,356 @@
+package server
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// testServer is a real server on a loopback socket.
+type testServer struct {
+	dataDir  string
+	stop     context.CancelFunc
+	done     chan error
+	conn     *grpc.ClientConn
+	registry weirv1.RegistryServiceClient
+	agents   weirv1.AgentServiceClient
+}
+
+func startServer(t *testing.T, dataDir string) *testServer {
+	t.Helper()
+	srv, err := New(Config{DataDir: dataDir, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ts := &testServer{dataDir: dataDir, stop: cancel, done: make(chan error, 1)}
+	go func() { ts.done <- srv.Serve(ctx, lis) }()
+	ts.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.registry = weirv1.NewRegistryServiceClient(ts.conn)
+	ts.agents = weirv1.NewAgentServiceClient(ts.conn)
+	t.Cleanup(ts.shutdown)
+	return ts
+}
+
+func (ts *testServer) shutdown() {
+	if ts.stop == nil {
+		return
+	}
+	ts.conn.Close()
+	ts.stop()
+	<-ts.done
+	ts.stop = nil
+}
+
+func validService() *weirv1.Service {
+	return &weirv1.Service{
+		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web", Labels: map[string]string{"app": "web"}},
+		Spec: &weirv1.ServiceSpec{
+			Type:       weirv1.ServiceType_SERVICE_TYPE_NODE_PORT,
+			ClusterIps: []string{"10.96.0.10"},
+			Ports:      []*weirv1.ServicePort{{Name: "http", Port: 80, TargetPort: 8080, NodePort: 30080}},
+		},
+	}
+}
+
+func TestCreateServiceRejectsBadFieldsAndStoresNothing(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		edit  func(*weirv1.Service)
+		field string
+	}{
+		{"IP that does not parse", func(s *weirv1.Service) { s.Spec.ClusterIps = []string{"10.96.0.300"} }, "service.spec.cluster_ips[0]"},
+		{"port 0", func(s *weirv1.Service) { s.Spec.Ports[0].Port = 0 }, "service.spec.ports[0].port"},
+		{"port 70000", func(s *weirv1.Service) { s.Spec.Ports[0].Port = 70000 }, "service.spec.ports[0].port"},
+		{"duplicate port", func(s *weirv1.Service) {
+			s.Spec.Ports = append(s.Spec.Ports, &weirv1.ServicePort{Name: "http2", Port: 80})
+		}, "service.spec.ports[1].port"},
+		{"node port on a ClusterIP service", func(s *weirv1.Service) { s.Spec.Type = weirv1.ServiceType_SERVICE_TYPE_CLUSTER_IP }, "service.spec.ports[0].node_port"},
+		{"bad name", func(s *weirv1.Service) { s.Metadata.Name = "Web_1" }, "service.metadata.name"},
+		{"two IPv4 cluster IPs", func(s *weirv1.Service) { s.Spec.ClusterIps = []string{"10.96.0.10", "10.96.0.11"} }, "service.spec.cluster_ips"},
+		{"bad external IP", func(s *weirv1.Service) { s.Spec.ExternalIps = []string{"example.com"} }, "service.spec.external_ips[0]"},
+		{"bad source range", func(s *weirv1.Service) {
+			s.Spec.Type = weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER
+			s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/33"}
+		}, "service.spec.load_balancer_source_ranges[0]"},
+		{"unknown protocol", func(s *weirv1.Service) { s.Spec.Ports[0].Protocol = 9 }, "service.spec.ports[0].protocol"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := validService()
+			tc.edit(svc)
+			_, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
+			st := status.Convert(err)
+			if st.Code() != codes.InvalidArgument || !strings.HasPrefix(st.Message(), tc.field+":") {
+				t.Fatalf("got %v %q; want InvalidArgument naming %s", st.Code(), st.Message(), tc.field)
+			}
+			var violations []string
+			for _, d := range st.Details() {
+				if br, ok := d.(*errdetails.BadRequest); ok {
+					for _, v := range br.GetFieldViolations() {
+						violations = append(violations, v.GetField())
+					}
+				}
+			}
+			if !cmp.Equal(violations, []string{tc.field}) {
+				t.Errorf("BadRequest field violations %v, want [%s]", violations, tc.field)
+			}
+			list, err := ts.registry.ListServices(ctx, &weirv1.ListServicesRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := len(list.GetServices()); n != 0 {
+				t.Errorf("a rejected create stored %d services", n)
+			}
+		})
+	}
+}
+
+func TestUpdateWithStaleVersionIsAbortedAndChangesNothing(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx := context.Background()
+	created, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := created.GetService()
+	next := proto.Clone(v1).(*weirv1.Service)
+	next.Spec.Ports[0].Port = 81
+	updated, err := ts.registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: next})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if updated.GetService().GetMetadata().GetResourceVersion() == v1.GetMetadata().GetResourceVersion() {
+		t.Error("update did not change the resource version")
+	}
+	stale := proto.Clone(v1).(*weirv1.Service) // still carries the first version
+	stale.Spec.Ports[0].Port = 82
+	if _, err := ts.registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: stale}); status.Code(err) != codes.Aborted {
+		t.Fatalf("stale update: got %v, want Aborted", err)
+	}
+	got, err := ts.registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := got.GetService().GetSpec().GetPorts()[0].GetPort(); p != 81 {
+		t.Errorf("port is %d after a rejected update, want 81", p)
+	}
+	if _, err := ts.registry.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: "default", Name: "web", ResourceVersion: v1.GetMetadata().GetResourceVersion()}); status.Code(err) != codes.Aborted {
+		t.Errorf("stale delete: got %v, want Aborted", err)
+	}
+}
+
+func TestConflictingFrontendIsRefused(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx := context.Background()
+	if _, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
+		t.Fatal(err)
+	}
+	other := validService()
+	other.Metadata.Name = "other"
+	if _, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: other}); status.Code(err) != codes.FailedPrecondition ||
+		!strings.Contains(status.Convert(err).Message(), "spec.cluster_ips[0]") {
+		t.Errorf("second service on the same cluster IP: got %v, want FailedPrecondition naming spec.cluster_ips[0]", err)
+	}
+}
+
+func TestStateSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	ts := startServer(t, dir)
+	created, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.registry.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: "node1"}, Addresses: []string{"192.0.2.11"}}}); err != nil {
+		t.Fatal(err)
+	}
+	ts.shutdown()
+
+	ts2 := startServer(t, dir)
+	got, err := ts2.registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+	if err != nil {
+		t.Fatalf("service lost across restart: %v", err)
+	}
+	if diff := cmp.Diff(created.GetService(), got.GetService(), protocmp.Transform()); diff != "" {
+		t.Errorf("service changed across restart (-before +after):\n%s", diff)
+	}
+	nodes, err := ts2.registry.ListNodes(ctx, &weirv1.ListNodesRequest{})
+	if err != nil || len(nodes.GetNodes()) != 1 {
+		t.Fatalf("nodes after restart: %v, %v", nodes, err)
+	}
+	// Versions keep growing across restarts, so an agent never mistakes new
+	// state for old.
+	svc := validService()
+	svc.Metadata.Name = "web2"
+	svc.Spec.ClusterIps = []string{"10.96.0.11"}
+	svc.Spec.Ports[0].NodePort = 30081
+	c2, err := ts2.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := created.GetService().GetMetadata().GetResourceVersion(), c2.GetService().GetMetadata().GetResourceVersion(); len(b) < len(a) || (len(a) == len(b) && b <= a) {
+		t.Errorf("resource version went from %s to %s across a restart", a, b)
+	}
+}
+
+func TestHealthAndListSelector(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx := context.Background()
+	h, err := healthpb.NewHealthClient(ts.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("grpc health: %v %v", h, err)
+	}
+	if _, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
+		t.Fatal(err)
+	}
+	for sel, want := range map[string]int{"app=web": 1, "app!=web": 0, "app": 1, "!app": 0, "": 1} {
+		list, err := ts.registry.ListServices(ctx, &weirv1.ListServicesRequest{LabelSelector: sel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.GetServices()) != want {
+			t.Errorf("selector %q listed %d services, want %d", sel, len(list.GetServices()), want)
+		}
+	}
+	if _, err := ts.registry.ListServices(ctx, &weirv1.ListServicesRequest{LabelSelector: "a b"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("bad selector: got %v, want InvalidArgument", err)
+	}
+}
+
+func TestWatchStreamsInitialStateThenChanges(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := ts.registry.WatchServices(ctx, &weirv1.WatchServicesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	next := func() {
+		ev, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev.GetType().String()+" "+ev.GetService().GetMetadata().GetName())
+	}
+	next()
+	next()
+	if _, err := ts.registry.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: "default", Name: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	next()
+	want := []string{"WATCH_EVENT_TYPE_ADDED web", "WATCH_EVENT_TYPE_SYNCED ", "WATCH_EVENT_TYPE_DELETED web"}
+	if !cmp.Equal(got, want) {
+		t.Errorf("watch events %q, want %q", got, want)
+	}
+}
+
+// TestAgentStreamSendsFullStateThenOnlyChanges drives the agent stream as
+// an agent would.
+func TestAgentStreamSendsFullStateThenOnlyChanges(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reg := ts.registry
+	mustCreate := func(name, ip string, nodePort int32) {
+		t.Helper()
+		s := validService()
+		s.Metadata.Name, s.Spec.ClusterIps, s.Spec.Ports[0].NodePort = name, []string{ip}, nodePort
+		if _, err := reg.CreateService(ctx, &weirv1.CreateServiceRequest{Service: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCreate("web", "10.96.0.10", 30080)
+	mustCreate("db", "10.96.0.20", 30081)
+
+	stream, err := ts.agents.Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: "node1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	full, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !full.GetFull() || len(full.GetUpserts()) != 2 || full.GetNode().GetRegistered() {
+		t.Fatalf("first message: full=%v upserts=%d registered=%v; want a full state of 2 services for an unregistered node",
+			full.GetFull(), len(full.GetUpserts()), full.GetNode().GetRegistered())
+	}
+	ack := func(v uint64) {
+		if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: v}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ack(full.GetVersion())
+
+	// An endpoint of web appears on node1: only web is sent, marked local.
+	if _, err := reg.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: &weirv1.EndpointSlice{
+		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web-1"}, ServiceName: "web",
+		Endpoints: []*weirv1.Endpoint{{Addresses: []string{"10.244.1.11"}, NodeName: "node1"}},
+		Ports:     []*weirv1.EndpointPort{{Name: "http", Port: 8080}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	delta, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if delta.GetFull() || len(delta.GetUpserts()) != 1 || delta.GetUpserts()[0].GetName() != "web" || delta.GetVersion() <= full.GetVersion() {
+		t.Fatalf("delta: %v", delta)
+	}
+	eps := delta.GetUpserts()[0].GetPorts()[0].GetEndpoints()
+	if len(eps) != 1 || !eps[0].GetLocal() || eps[0].GetPort() != 8080 || !eps[0].GetReady() {
+		t.Errorf("endpoint as sent to node1: %v; want local, ready, port 8080", eps)
+	}
+	ack(delta.GetVersion())
+
+	// Another node's description changes: nothing for node1. Then db is
+	// deleted: an explicit removal, and nothing else.
+	if _, err := reg.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: "node2"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: "default", Name: "db"}); err != nil {
+		t.Fatal(err)
+	}
+	removal, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cmp.Equal(removal.GetRemovals(), []string{"default/db"}) || len(removal.GetUpserts()) != 0 || removal.GetNode() != nil {
+		t.Errorf("after node2 appeared and db was deleted, node1 got %v; want only the removal of default/db", removal)
+	}
+	stream.CloseSend()
+	if _, err := stream.Recv(); err != nil && err != io.EOF && status.Code(err) != codes.Canceled {
+		t.Logf("stream closed with %v", err)
+	}
+}
