@@ -1,0 +1,46 @@
+# Weir's developer entry points. `make demo` and `make test` need root.
+GO       ?= go
+BIN      ?= bin
+VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -X main.version=$(VERSION)
+BUF      := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.47.2
+STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: all build test unit lint generate check-generated demo deps clean
+
+all: build
+
+build:
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/weir-server ./server/cmd/weir-server
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/weir-agent ./agent/cmd/weir-agent
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/lbctl ./lbctl
+
+deps:
+	./scripts/install-deps.sh
+
+# Everything: lint, generated code up to date, unit and lab tests.
+test: deps lint check-generated
+	$(GO) test -count=1 ./...
+
+# Only the tests, without lint (quicker while iterating).
+unit:
+	$(GO) test -count=1 ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+	$(BUF) lint
+
+generate:
+	$(BUF) generate
+
+# Fails when the committed generated code differs from what buf generates.
+check-generated: generate
+	@git diff --exit-code -- proto/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+
+demo: deps
+	$(GO) run ./test/cmd/demo
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the system packages Weir's demo and tests use, when missing.
+# Debian/Ubuntu, as root. Go itself is expected on PATH.
+set -euo pipefail
+
+need=()
+command -v nft >/dev/null || need+=(nftables)
+command -v ip >/dev/null || need+=(iproute2)
+command -v conntrack >/dev/null || need+=(conntrack)
+command -v git >/dev/null || need+=(git)
+
+if ((${#need[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install-deps: missing ${need[*]}; run as root (or: sudo apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+command -v go >/dev/null || { echo "install-deps: Go 1.26 is required on PATH" >&2; exit 1; }

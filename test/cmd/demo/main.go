@@ -1,0 +1,141 @@
+// Command demo runs Weir's main job end to end in a lab of network
+// namespaces: a server, two node agents, three pods and a client. It
+// creates a LoadBalancer service through the API, sends real HTTP requests
+// from the client, shows which pod answered and the source address that pod
+// saw, and tears everything down. It needs root.
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+var (
+	clusterIP = netip.MustParseAddr("10.96.0.10")
+	lbIP      = netip.MustParseAddr("203.0.113.10")
+)
+
+const nodePort = 30080
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func step(format string, args ...any) { fmt.Printf("==> "+format+"\n", args...) }
+
+func run() error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root (network namespaces and nftables)")
+	}
+	start := time.Now()
+	ctx := context.Background()
+	root, err := weirlab.ModuleRoot()
+	if err != nil {
+		return err
+	}
+	binDir, err := os.MkdirTemp("", "weir-demo-bin-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(binDir)
+	step("building weir-server, weir-agent and the pods' echo server")
+	bin, err := weirlab.Build(ctx, root, binDir)
+	if err != nil {
+		return err
+	}
+
+	step("starting the lab: client -- router -- rack LAN (control, node1, node2); pods n1p1, n1p2 on node1, n2p1 on node2")
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}}, bin)
+	if err != nil {
+		return err
+	}
+	c.CloseOnInterrupt()
+	defer func() {
+		step("tearing the lab down (logs kept in %s)", c.Dir)
+		if err := c.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "demo: teardown:", err)
+		}
+	}()
+	fmt.Printf("    weir-server on %s:%d, weir-agent on node1 (%s) and node2 (%s)\n", lab.ControlIPv4, weirlab.ServerPort, c.Nodes[0].IPv4, c.Nodes[1].IPv4)
+
+	// The router reaches the VIP through both nodes, as the BGP tier would
+	// announce it.
+	if _, err := c.Router.Run(ctx, "ip", "route", "add", lbIP.String()+"/32",
+		"nexthop", "via", c.Nodes[0].IPv4.String(), "nexthop", "via", c.Nodes[1].IPv4.String()); err != nil {
+		return err
+	}
+
+	step("creating LoadBalancer service default/web (cluster IP %s, node port %d, VIP %s) and its endpoints through the gRPC API", clusterIP, nodePort, lbIP)
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: &weirv1.Service{
+		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec: &weirv1.ServiceSpec{
+			Type:       weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER,
+			ClusterIps: []string{clusterIP.String()},
+			Ports:      []*weirv1.ServicePort{{Name: "http", Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: 80, TargetPort: weirlab.PodPort, NodePort: nodePort}},
+		},
+		Status: &weirv1.ServiceStatus{LoadBalancerIps: []string{lbIP.String()}},
+	}}); err != nil {
+		return err
+	}
+	slice := &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web-1"}, ServiceName: "web",
+		Ports: []*weirv1.EndpointPort{{Name: "http", Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: weirlab.PodPort}}}
+	for _, p := range c.Pods() {
+		slice.Endpoints = append(slice.Endpoints, &weirv1.Endpoint{Addresses: []string{p.IPv4.String()}, NodeName: p.Node.Name})
+	}
+	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice}); err != nil {
+		return err
+	}
+
+	vip := netip.AddrPortFrom(lbIP, 80)
+	programmed := time.Now()
+	for {
+		if _, err = weirlab.Get(ctx, c.Client, vip); err == nil {
+			break
+		}
+		if time.Since(programmed) > 10*time.Second {
+			return fmt.Errorf("the VIP did not answer within 10 s: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	fmt.Printf("    the VIP answered %s after the service was created\n", time.Since(programmed).Round(time.Millisecond))
+
+	show := func(what string, ns *lab.Netns, dst netip.AddrPort, n int) error {
+		step("%d HTTP requests from %s to %s (%s)", n, ns.Name, dst, what)
+		for range n {
+			r, err := weirlab.Get(ctx, ns, dst)
+			if err != nil {
+				return err
+			}
+			note := "the client's own address: preserved"
+			if r.RemoteAddr() != lab.ClientIPv4 {
+				note = "a node's address: masqueraded, the pod runs on another node than the one the request reached"
+			}
+			fmt.Printf("    answered by pod %-5s  source the pod saw: %-15s  (%s)\n", r.Pod, r.RemoteAddr(), note)
+		}
+		return nil
+	}
+	if err := show("the load-balancer VIP, through the router", c.Client, vip, 4); err != nil {
+		return err
+	}
+	if err := show("node1's node port", c.Client, netip.AddrPortFrom(c.Nodes[0].IPv4, nodePort), 6); err != nil {
+		return err
+	}
+	step("what node1 programmed (nft list map ip weir backends):")
+	out, err := c.Nodes[0].Run(ctx, "nft", "list", "map", "ip", "weir", "backends")
+	if err != nil {
+		return err
+	}
+	fmt.Print(out)
+	step("done in %s", time.Since(start).Round(100*time.Millisecond))
+	return nil
+}
