@@ -1,0 +1,47 @@
+// Package archtest keeps Weir's dependency direction true: it fails when a
+// package imports what its layer must not know about.
+package archtest
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/weirlb/weir"
+
+// deps lists every package pkg depends on, transitively.
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", module+"/"+pkg).Output()
+	if err != nil {
+		t.Fatalf("go list %s: %v", pkg, err)
+	}
+	return strings.Fields(string(out))
+}
+
+func TestDependencyDirection(t *testing.T) {
+	for _, tc := range []struct {
+		pkg       string
+		forbidden []string
+		why       string
+	}{
+		{"datapath", []string{"google.golang.org/grpc", "google.golang.org/protobuf", "k8s.io/", module + "/server", module + "/agent", module + "/proto"},
+			"the datapath knows nothing of gRPC, Kubernetes or the server"},
+		{"agent/...", []string{"k8s.io/client-go", module + "/server"},
+			"the agent never imports client-go or the server"},
+		{"server/model", []string{"google.golang.org/grpc", module + "/proto"}, "the core model does not know the transport"},
+		{"server/registry", []string{"google.golang.org/grpc", module + "/proto"}, "the core logic does not know the transport"},
+		{"server/nodestate", []string{"google.golang.org/grpc", module + "/proto"}, "the core logic does not know the transport"},
+		{"server/cmd/weir-server", []string{module + "/test", "k8s.io/kubernetes"}, "test-only code stays out of the product"},
+		{"agent/cmd/weir-agent", []string{module + "/test"}, "test-only code stays out of the product"},
+	} {
+		for _, d := range deps(t, tc.pkg) {
+			for _, f := range tc.forbidden {
+				if strings.HasPrefix(d, f) {
+					t.Errorf("%s depends on %s: %s", tc.pkg, d, tc.why)
+				}
+			}
+		}
+	}
+}
