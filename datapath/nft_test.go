@@ -2,13 +2,14 @@ package datapath
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"runtime"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/weirlb/weir/test/lab"
 )
 
 // inNewNetns runs the rest of the calling test in a fresh network namespace
@@ -16,12 +17,7 @@ import (
 // namespace. The thread is never unlocked: Go discards it when the test ends.
 func inNewNetns(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("nft"); err != nil || os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this test needs root and the nft binary, and CI must run it")
-		}
-		t.Skip("needs root and the nft binary (run as root, or via make test)")
-	}
+	lab.SkipUnlessPrivileged(t)
 	runtime.LockOSThread()
 	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 		t.Fatalf("unshare network namespace: %v", err)
