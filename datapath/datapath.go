@@ -225,7 +225,10 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 func (d *Datapath) addElements(txs map[*family]*knftables.Transaction, adds []element) {
 	// Sorted for transactions that read the same every time.
 	slices.SortFunc(adds, func(a, b element) int {
-		return strings.Compare(a.set+" "+a.key, b.set+" "+b.key)
+		if c := strings.Compare(a.set, b.set); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
 	})
 	for _, e := range adds {
 		if _, ok := d.nft[e.family]; !ok {

@@ -15,7 +15,9 @@ import (
 // inNewNetns runs the rest of the calling test in a fresh network namespace
 // on a locked OS thread, so the nft processes it starts see only that
 // namespace. The thread is never unlocked: Go discards it when the test ends.
-func inNewNetns(t *testing.T) {
+func inNewNetns(t *testing.T) { inNewNetnsTB(t) }
+
+func inNewNetnsTB(t testing.TB) {
 	t.Helper()
 	lab.SkipUnlessPrivileged(t)
 	runtime.LockOSThread()
