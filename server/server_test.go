@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -352,5 +354,31 @@ func TestAgentStreamSendsFullStateThenOnlyChanges(t *testing.T) {
 	stream.CloseSend()
 	if _, err := stream.Recv(); err != nil && err != io.EOF && status.Code(err) != codes.Canceled {
 		t.Logf("stream closed with %v", err)
+	}
+}
+
+// TestReflectionListsTheAPI: grpcurl and similar tools discover the API
+// through server reflection.
+func TestReflectionListsTheAPI(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	stream, err := reflectionpb.NewServerReflectionClient(ts.conn).ServerReflectionInfo(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	for _, want := range []string{"weir.v1.RegistryService", "weir.v1.AgentService", "grpc.health.v1.Health"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("reflection lists %v; %s missing", names, want)
+		}
 	}
 }
