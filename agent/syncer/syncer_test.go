@@ -1,0 +1,200 @@
+package syncer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/weirlb/weir/datapath"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// fakeApplier records what it was asked to program and fails on demand.
+type fakeApplier struct {
+	mu      sync.Mutex
+	fail    error
+	applied []datapath.NodeState
+}
+
+func (f *fakeApplier) Apply(_ context.Context, st datapath.NodeState) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
+	f.applied = append(f.applied, st)
+	return nil
+}
+
+func (f *fakeApplier) Resync(context.Context) error { return nil }
+
+func (f *fakeApplier) setFail(err error) {
+	f.mu.Lock()
+	f.fail = err
+	f.mu.Unlock()
+}
+
+func (f *fakeApplier) last() datapath.NodeState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.applied[len(f.applied)-1]
+}
+
+// scriptedServer is an AgentService whose streams the test drives.
+type scriptedServer struct {
+	weirv1.UnimplementedAgentServiceServer
+	streams chan weirv1.AgentService_SyncServer
+	hellos  chan *weirv1.Hello
+	end     chan struct{} // ends the current stream from the server side
+}
+
+func (s *scriptedServer) Sync(stream weirv1.AgentService_SyncServer) error {
+	req, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	s.hellos <- req.GetHello()
+	s.streams <- stream
+	select {
+	case <-stream.Context().Done():
+	case <-s.end:
+	}
+	return nil
+}
+
+func startScripted(t *testing.T) (*scriptedServer, *grpc.ClientConn) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss := &scriptedServer{streams: make(chan weirv1.AgentService_SyncServer, 4), hellos: make(chan *weirv1.Hello, 4), end: make(chan struct{})}
+	g := grpc.NewServer()
+	weirv1.RegisterAgentServiceServer(g, ss)
+	go g.Serve(lis)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); g.Stop() })
+	return ss, conn
+}
+
+func recvAnswer(t *testing.T, stream weirv1.AgentService_SyncServer) *weirv1.SyncRequest {
+	t.Helper()
+	type result struct {
+		req *weirv1.SyncRequest
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() { r, err := stream.Recv(); ch <- result{r, err} }()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		return r.req
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer from the agent")
+		return nil
+	}
+}
+
+func svc(name, ip string) *weirv1.NodeService {
+	return &weirv1.NodeService{Namespace: "default", Name: name, ClusterIps: []string{ip},
+		Ports: []*weirv1.NodeServicePort{{Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: 80}}}
+}
+
+func TestSyncerAcksNacksAndKeepsLastGoodState(t *testing.T) {
+	ss, conn := startScripted(t)
+	dp := &fakeApplier{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := New(Config{NodeName: "node1", ResyncPeriod: 100 * time.Millisecond}, conn, dp, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+
+	if h := <-ss.hellos; h.GetNodeName() != "node1" || h.GetAppliedVersion() != 0 {
+		t.Fatalf("hello %v", h)
+	}
+	stream := <-ss.streams
+	send := func(m *weirv1.SyncResponse) {
+		t.Helper()
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	send(&weirv1.SyncResponse{Version: 5, Full: true, Upserts: []*weirv1.NodeService{svc("web", "10.96.0.10"), svc("db", "10.96.0.20")}})
+	if a := recvAnswer(t, stream); a.GetAck().GetVersion() != 5 {
+		t.Fatalf("answer to version 5: %v, want ACK 5", a)
+	}
+	if n := len(dp.last().Services); n != 2 {
+		t.Fatalf("applied %d services, want 2", n)
+	}
+
+	// A delta the agent cannot decode: NACK, nothing applied.
+	send(&weirv1.SyncResponse{Version: 6, Upserts: []*weirv1.NodeService{svc("web", "not-an-ip")}})
+	if a := recvAnswer(t, stream); a.GetNack().GetVersion() != 6 || a.GetNack().GetError() == "" {
+		t.Fatalf("answer to a bad version 6: %v, want NACK with the error", a)
+	}
+	if got := dp.last().Services[datapath.ServiceKey{Namespace: "default", Name: "web"}].ClusterIPs[0].String(); got != "10.96.0.10" {
+		t.Errorf("after a NACK the applied web has cluster IP %s, want the last good 10.96.0.10", got)
+	}
+
+	// The datapath fails: NACK; when it recovers, the periodic retry ACKs.
+	dp.setFail(errors.New("nft: no space left"))
+	send(&weirv1.SyncResponse{Version: 7, Removals: []string{"default/db"}})
+	if a := recvAnswer(t, stream); a.GetNack().GetVersion() != 7 {
+		t.Fatalf("answer to version 7 with a failing datapath: %v, want NACK 7", a)
+	}
+	dp.setFail(nil)
+	if a := recvAnswer(t, stream); a.GetAck().GetVersion() != 7 {
+		t.Fatalf("after recovery: %v, want ACK 7 from the retry", a)
+	}
+	if n := len(dp.last().Services); n != 1 {
+		t.Errorf("applied %d services after removing db, want 1", n)
+	}
+	if st := s.Status(); st.AppliedVersion != 7 || st.LastError != nil {
+		t.Errorf("status %+v, want applied 7 and no error", st)
+	}
+	cancel()
+	<-done
+}
+
+func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {
+	ss, conn := startScripted(t)
+	dp := &fakeApplier{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := New(Config{NodeName: "node1", MaxBackoff: 100 * time.Millisecond}, conn, dp, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	<-ss.hellos
+	first := <-ss.streams
+	if err := first.Send(&weirv1.SyncResponse{Version: 9, Full: true, Upserts: []*weirv1.NodeService{svc("web", "10.96.0.10")}}); err != nil {
+		t.Fatal(err)
+	}
+	recvAnswer(t, first)
+	// End the stream from the server side (as a server restart would).
+	second := make(chan *weirv1.Hello, 1)
+	go func() { second <- <-ss.hellos }()
+	ss.end <- struct{}{}
+	select {
+	case h := <-second:
+		if h.GetAppliedVersion() != 9 {
+			t.Errorf("reconnect hello says applied %d, want 9", h.GetAppliedVersion())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("agent did not reconnect")
+	}
+	cancel()
+	<-done
+}

@@ -1,0 +1,52 @@
+package nodewire
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/weirlb/weir/datapath"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+func TestServiceRoundTrip(t *testing.T) {
+	in := &datapath.Service{
+		Key:                      datapath.ServiceKey{Namespace: "shop", Name: "cart"},
+		ClusterIPs:               []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")},
+		ExternalIPs:              []netip.Addr{netip.MustParseAddr("198.51.100.50")},
+		LoadBalancerIPs:          []netip.Addr{netip.MustParseAddr("203.0.113.10")},
+		SessionAffinityTimeout:   3 * time.Hour,
+		ExternalTrafficPolicy:    datapath.Local,
+		InternalTrafficPolicy:    datapath.Local,
+		HealthCheckNodePort:      31000,
+		LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+		PreferClose:              true,
+		Ports: []datapath.ServicePort{{Name: "dns", Protocol: datapath.UDP, Port: 53, NodePort: 30053, Endpoints: []datapath.Endpoint{
+			{Addr: netip.MustParseAddr("10.244.1.11"), Port: 5353, Local: true, Zone: "a", HintZones: []string{"a"}, Ready: true, Serving: true},
+			{Addr: netip.MustParseAddr("10.244.2.11"), Port: 5353, Zone: "b", Serving: true, Terminating: true},
+		}}},
+	}
+	out, err := DecodeService(EncodeService(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(in, out, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+		t.Errorf("round trip changed the service (-in +out):\n%s", diff)
+	}
+}
+
+func TestDecodeRejectsWhatTheDatapathCannotProgram(t *testing.T) {
+	for name, s := range map[string]*weirv1.NodeService{
+		"bad cluster IP": {Namespace: "a", Name: "b", ClusterIps: []string{"10.96.0.300"}},
+		"port 0":         {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Protocol: weirv1.Protocol_PROTOCOL_TCP}}},
+		"no protocol":    {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Port: 80}}},
+		"bad endpoint": {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: 80,
+			Endpoints: []*weirv1.NodeEndpoint{{Address: "pod-1", Port: 80}}}}},
+	} {
+		if _, err := DecodeService(s); err == nil {
+			t.Errorf("%s: decoded without error", name)
+		}
+	}
+}
