@@ -1,0 +1,92 @@
+package nodestate
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/store"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func TestServiceResolvesEndpointsForANode(t *testing.T) {
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	reg, err := registry.Open(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCreate := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCreate(reg.Services.Create(&model.Service{
+		Meta: model.Meta{Namespace: "default", Name: "web"}, Type: model.ClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports: []model.ServicePort{
+			{Name: "http", Protocol: model.TCP, Port: 80, TargetPort: 8080},
+			{Name: "metrics", Protocol: model.TCP, Port: 9090},
+		},
+		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyLocal,
+	}))
+	ep := func(ip, node string) model.Endpoint {
+		return model.Endpoint{Addresses: []netip.Addr{netip.MustParseAddr(ip)}, NodeName: node}
+	}
+	terminating := ep("10.244.2.12", "node2")
+	terminating.Ready, terminating.Terminating = ptr(false), ptr(true)
+	// Slice a names its ports; slice b lists none, so the target port applies.
+	mustCreate(reg.EndpointSlices.Create(&model.EndpointSlice{
+		Meta: model.Meta{Namespace: "default", Name: "web-a"}, ServiceName: "web",
+		Endpoints: []model.Endpoint{ep("10.244.1.11", "node1"), terminating},
+		Ports:     []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8081}},
+	}))
+	mustCreate(reg.EndpointSlices.Create(&model.EndpointSlice{
+		Meta: model.Meta{Namespace: "default", Name: "web-b"}, ServiceName: "web",
+		Endpoints: []model.Endpoint{ep("10.244.2.11", "node2"), ep("10.244.1.11", "node1")},
+	}))
+	mustCreate(reg.Services.Create(&model.Service{
+		Meta: model.Meta{Namespace: "default", Name: "other-proxy", Labels: map[string]string{ProxyNameLabel: "someone-else"}}, Type: model.ClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.11")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}},
+		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster,
+	}))
+
+	var got *datapath.Service
+	var skipped *datapath.Service
+	reg.Read(func(v registry.View) {
+		got = Service(v, "default/web", "node1")
+		skipped = Service(v, "default/other-proxy", "node1")
+	})
+	if skipped != nil {
+		t.Errorf("a service labelled for another proxy was forwarded: %+v", skipped)
+	}
+	a := netip.MustParseAddr
+	want := []datapath.ServicePort{
+		{Name: "http", Protocol: datapath.TCP, Port: 80, Endpoints: []datapath.Endpoint{
+			{Addr: a("10.244.1.11"), Port: 8080, Local: true, Ready: true, Serving: true}, // from web-b, target port
+			{Addr: a("10.244.1.11"), Port: 8081, Local: true, Ready: true, Serving: true}, // from web-a, named port
+			{Addr: a("10.244.2.11"), Port: 8080, Ready: true, Serving: true},
+			{Addr: a("10.244.2.12"), Port: 8081, Serving: true, Terminating: true},
+		}},
+		{Name: "metrics", Protocol: datapath.TCP, Port: 9090, Endpoints: []datapath.Endpoint{
+			// web-a names only "http", so it serves no metrics; web-b serves all on the target port.
+			{Addr: a("10.244.1.11"), Port: 9090, Local: true, Ready: true, Serving: true},
+			{Addr: a("10.244.2.11"), Port: 9090, Ready: true, Serving: true},
+		}},
+	}
+	if diff := cmp.Diff(want, got.Ports, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
+		t.Errorf("ports as node1 forwards them (-want +got):\n%s", diff)
+	}
+	if got.InternalTrafficPolicy != datapath.Local {
+		t.Errorf("internal traffic policy lost")
+	}
+}
