@@ -1,0 +1,405 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/netip"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"sigs.k8s.io/yaml"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+func (a *app) applyCmd() *cobra.Command {
+	var (
+		files  []string
+		dryRun bool
+	)
+	cmd := &cobra.Command{
+		Use:   "apply -f FILE",
+		Short: "Create or update the resources described in YAML files",
+		Long: `Create or update the resources described in YAML files.
+
+A file holds documents separated by "---" lines. Each document is one
+resource: "kind: Service", "kind: EndpointSlice" or "kind: Node", then the
+fields of that resource as in the API, spelled as in the proto files
+(metadata, spec, status; service_name, endpoints, ports; addresses, zone,
+pod_cidrs). A document may also be a list, {items: [...]}, as "lbctl get -o
+yaml" prints. Every document is checked before any is sent, and a resource
+that exists is replaced whatever its resource_version.`,
+		Example: `  lbctl apply -f web.yaml
+  lbctl get svc -o yaml | lbctl apply -f -`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			docs, err := a.readDocuments(files)
+			if err != nil {
+				return err
+			}
+			if dryRun {
+				for _, d := range docs {
+					fmt.Fprintf(a.stdout, "%s would be applied (dry run)\n", d.path())
+				}
+				return nil
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			for _, d := range docs {
+				verb := "created"
+				err := d.kind.create(cmd.Context(), c, d.obj)
+				if status.Code(err) == codes.AlreadyExists {
+					verb = "configured"
+					err = d.kind.update(cmd.Context(), c, d.obj)
+				}
+				if err != nil {
+					return d.fail(err)
+				}
+				fmt.Fprintf(a.stdout, "%s %s\n", d.path(), verb)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVarP(&files, "filename", "f", nil, `YAML file to apply ("-" for standard input); may repeat`)
+	f.StringVarP(&a.namespace, "namespace", "n", "default", "namespace of documents that name none")
+	f.BoolVar(&dryRun, "dry-run", false, "check the files and print what would be applied, without sending anything")
+	return cmd
+}
+
+func (a *app) deleteCmd() *cobra.Command {
+	var (
+		files          []string
+		ignoreNotFound bool
+	)
+	cmd := &cobra.Command{
+		Use:   "delete (TYPE NAME | -f FILE)",
+		Short: "Delete one resource, or the resources described in YAML files",
+		Long:  "Delete one resource, or the resources described in YAML files.\n\nTypes: " + describeKinds() + ".",
+		Example: `  lbctl delete service web
+  lbctl delete node node1
+  lbctl delete -f web.yaml`,
+		ValidArgs: plurals(),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var docs []document
+			switch {
+			case len(files) > 0 && len(args) == 0:
+				var err error
+				if docs, err = a.readDocuments(files); err != nil {
+					return err
+				}
+			case len(files) == 0 && len(args) == 2:
+				k, err := kindFor(args[0])
+				if err != nil {
+					return err
+				}
+				obj := k.new()
+				meta := metadata(obj)
+				meta.Name = args[1]
+				if k.namespaced {
+					meta.Namespace = a.namespace
+				}
+				docs = []document{{kind: k, obj: obj}}
+			default:
+				return usageErrorf("delete takes TYPE NAME, or -f FILE")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			for _, d := range docs {
+				m := d.obj.GetMetadata()
+				err := d.kind.delete(cmd.Context(), c, m.GetNamespace(), m.GetName())
+				switch {
+				case status.Code(err) == codes.NotFound && ignoreNotFound:
+					continue
+				case status.Code(err) == codes.NotFound:
+					return fmt.Errorf("%s %s not found", d.kind.singular, d.kind.objRef(d.obj))
+				case err != nil:
+					return fmt.Errorf("deleting %s %s: %w", d.kind.singular, d.kind.objRef(d.obj), plain(d.kind, err))
+				}
+				fmt.Fprintf(a.stdout, "%s deleted\n", d.path())
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVarP(&files, "filename", "f", nil, `YAML file whose resources to delete ("-" for standard input); may repeat`)
+	f.StringVarP(&a.namespace, "namespace", "n", "default", "namespace (ignored for nodes)")
+	f.BoolVar(&ignoreNotFound, "ignore-not-found", false, "treat a resource that does not exist as deleted")
+	return cmd
+}
+
+// document is one resource read from a file.
+type document struct {
+	label string // where it came from: "web.yaml: document 2 (Service default/web)"
+	kind  *kind
+	obj   object
+}
+
+// path is how output lines name the resource: "service/default/web".
+func (d document) path() string { return d.kind.singular + "/" + d.kind.objRef(d.obj) }
+
+// fail says which document the server refused, and why.
+func (d document) fail(err error) error {
+	err = plain(d.kind, err)
+	if exitCode(err) == 3 {
+		return err // the hint stands alone
+	}
+	return fmt.Errorf("%s: %w", d.label, err)
+}
+
+// readDocuments parses and checks every document of every file, so that a
+// mistake anywhere stops the command before anything is sent.
+func (a *app) readDocuments(files []string) ([]document, error) {
+	if len(files) == 0 {
+		return nil, usageErrorf("no file given: use -f FILE (or -f - for standard input)")
+	}
+	var docs []document
+	for _, file := range files {
+		data, err := a.readFile(file)
+		if err != nil {
+			return nil, err
+		}
+		name := file
+		if file == "-" {
+			name = "stdin"
+		}
+		n := 0
+		for _, chunk := range splitDocuments(string(data)) {
+			j, err := yaml.YAMLToJSONStrict([]byte(chunk))
+			if err != nil {
+				return nil, fmt.Errorf("%s: document %d: %v", name, n+1, err)
+			}
+			if string(j) == "null" { // only comments, or nothing
+				continue
+			}
+			n++
+			ds, err := a.parseDocument(fmt.Sprintf("%s: document %d", name, n), j)
+			if err != nil {
+				return nil, err
+			}
+			docs = append(docs, ds...)
+		}
+	}
+	return docs, nil
+}
+
+func (a *app) readFile(file string) ([]byte, error) {
+	if file == "-" {
+		return io.ReadAll(a.stdin)
+	}
+	return os.ReadFile(file)
+}
+
+// splitDocuments cuts a YAML stream at its "---" lines.
+func splitDocuments(data string) []string {
+	var docs []string
+	var cur strings.Builder
+	for _, line := range strings.SplitAfter(data, "\n") {
+		if rest, ok := strings.CutPrefix(line, "---"); ok && (rest == "" || strings.ContainsAny(rest[:1], " \t\r\n")) {
+			docs = append(docs, cur.String())
+			cur.Reset()
+			line = rest // YAML allows content after the marker
+		}
+		cur.WriteString(line)
+	}
+	return append(docs, cur.String())
+}
+
+// parseDocument reads one document: a resource, or a list of them under
+// "items" as get -o yaml prints.
+func (a *app) parseDocument(label string, j []byte) ([]document, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(j, &fields); err != nil {
+		return nil, fmt.Errorf("%s: not a mapping with a kind", label)
+	}
+	items, isList := fields["items"]
+	if _, hasKind := fields["kind"]; hasKind || !isList {
+		d, err := a.parseObject(label, fields)
+		return []document{d}, err
+	}
+	var list []map[string]json.RawMessage
+	if err := json.Unmarshal(items, &list); err != nil {
+		return nil, fmt.Errorf("%s: items: not a list of mappings", label)
+	}
+	var docs []document
+	for i, item := range list {
+		d, err := a.parseObject(fmt.Sprintf("%s, item %d", label, i+1), item)
+		if err != nil {
+			return nil, err
+		}
+		docs = append(docs, d)
+	}
+	return docs, nil
+}
+
+// parseObject turns "kind" plus protojson fields into a resource, and
+// checks it as far as can be done without the server.
+func (a *app) parseObject(label string, fields map[string]json.RawMessage) (document, error) {
+	var name string
+	if err := json.Unmarshal(fields["kind"], &name); err != nil || name == "" {
+		return document{}, fmt.Errorf("%s: kind: want Service, EndpointSlice or Node", label)
+	}
+	k := kindNamed(name)
+	if k == nil {
+		return document{}, fmt.Errorf("%s: kind: %q is not Service, EndpointSlice or Node", label, name)
+	}
+	delete(fields, "kind")
+	body, err := json.Marshal(fields)
+	if err != nil {
+		return document{}, err
+	}
+	obj := k.new()
+	if err := protojson.Unmarshal(body, obj); err != nil {
+		return document{}, fmt.Errorf("%s (%s): %s", label, k.name, protojsonError(obj.ProtoReflect().Descriptor(), body, err))
+	}
+
+	meta := metadata(obj)
+	if k.namespaced && meta.Namespace == "" {
+		meta.Namespace = a.namespace
+	}
+	meta.ResourceVersion = "" // apply replaces whatever is stored
+	if meta.Name == "" {
+		return document{}, fmt.Errorf("%s (%s): metadata.name: required", label, k.name)
+	}
+	d := document{label: fmt.Sprintf("%s (%s %s)", label, k.name, k.objRef(obj)), kind: k, obj: obj}
+	if !k.namespaced && meta.Namespace != "" {
+		return d, fmt.Errorf("%s: metadata.namespace: must be empty: a %s is cluster-scoped", d.label, k.name)
+	}
+	if err := checkFields(obj.ProtoReflect(), ""); err != nil {
+		return d, fmt.Errorf("%s: %w", d.label, err)
+	}
+	return d, nil
+}
+
+// metadata returns o's metadata, creating it when the document had none.
+func metadata(o object) *weirv1.ObjectMeta {
+	m := o.ProtoReflect()
+	return m.Mutable(m.Descriptor().Fields().ByName("metadata")).Message().Interface().(*weirv1.ObjectMeta)
+}
+
+// checkFields catches, before anything is sent, the mistakes that need no
+// server to see: ports out of range and addresses that do not parse. It
+// goes by field name, so it covers all kinds alike. The server checks
+// everything again with its full rules; this only keeps a bad document
+// from failing an apply half-way through. Paths and messages are the
+// server's.
+func checkFields(m protoreflect.Message, path string) error {
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		name := string(fd.Name())
+		p := name
+		if path != "" {
+			p = path + "." + name
+		}
+		switch {
+		case fd.IsMap():
+		case fd.Message() != nil && fd.IsList():
+			l := m.Get(fd).List()
+			for j := range l.Len() {
+				if err := checkFields(l.Get(j).Message(), fmt.Sprintf("%s[%d]", p, j)); err != nil {
+					return err
+				}
+			}
+		case fd.Message() != nil:
+			if m.Has(fd) && fd.Message().ParentFile().Package() == "weir.v1" {
+				if err := checkFields(m.Get(fd).Message(), p); err != nil {
+					return err
+				}
+			}
+		case fd.Kind() == protoreflect.Int32Kind && (name == "port" || strings.HasSuffix(name, "_port")):
+			// "port" is required; the other ports are optional, 0 meaning none.
+			if v := m.Get(fd).Int(); (v != 0 || name == "port") && (v < 1 || v > 65535) {
+				return fmt.Errorf("%s: %d is not a port (1-65535)", p, v)
+			}
+		case fd.IsList() && fd.Kind() == protoreflect.StringKind:
+			l := m.Get(fd).List()
+			for j := range l.Len() {
+				if err := checkAddress(name, fmt.Sprintf("%s[%d]", p, j), l.Get(j).String()); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkAddress parses s when the field's name says it holds addresses or CIDRs.
+func checkAddress(name, path, s string) error {
+	switch {
+	case strings.HasSuffix(name, "_ips") || name == "addresses":
+		if _, err := netip.ParseAddr(s); err != nil {
+			return fmt.Errorf("%s: %q is not an IP address", path, s)
+		}
+	case strings.HasSuffix(name, "_cidrs") || strings.HasSuffix(name, "_ranges"):
+		if _, err := netip.ParsePrefix(s); err != nil {
+			return fmt.Errorf("%s: %q is not a CIDR", path, s)
+		}
+	}
+	return nil
+}
+
+// protojsonNoise is protojson's error prefix: "proto:" then a space that is
+// sometimes a no-break space, then a position in the JSON that lbctl made
+// from the YAML, which would only mislead.
+var protojsonNoise = regexp.MustCompile(`^proto:[\s\x{a0}]*(\(line \d+:\d+\):[\s\x{a0}]*)?`)
+
+// protojsonError explains why body is not a resource. protojson names an
+// unknown field but not where it is; find its path.
+func protojsonError(md protoreflect.MessageDescriptor, body []byte, err error) string {
+	var v any
+	if json.Unmarshal(body, &v) == nil {
+		if p := unknownField(md, v, ""); p != "" {
+			return p + ": unknown field"
+		}
+	}
+	return protojsonNoise.ReplaceAllString(err.Error(), "")
+}
+
+// unknownField is the path of the first field in v that md does not have.
+func unknownField(md protoreflect.MessageDescriptor, v any, path string) string {
+	obj, ok := v.(map[string]any)
+	if !ok || md.ParentFile().Package() != "weir.v1" {
+		return ""
+	}
+	for _, name := range slices.Sorted(maps.Keys(obj)) {
+		p := name
+		if path != "" {
+			p = path + "." + name
+		}
+		fd := md.Fields().ByName(protoreflect.Name(name))
+		if fd == nil {
+			fd = md.Fields().ByJSONName(name) // protojson accepts both spellings
+		}
+		switch {
+		case fd == nil:
+			return p
+		case fd.Message() == nil || fd.IsMap():
+		case fd.IsList():
+			items, _ := obj[name].([]any)
+			for i, item := range items {
+				if q := unknownField(fd.Message(), item, fmt.Sprintf("%s[%d]", p, i)); q != "" {
+					return q
+				}
+			}
+		default:
+			if q := unknownField(fd.Message(), obj[name], p); q != "" {
+				return q
+			}
+		}
+	}
+	return ""
+}

@@ -1,0 +1,328 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"sigs.k8s.io/yaml"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// print writes objs in format. one: a NAME was asked for, so json and yaml
+// show the object itself rather than a list of one.
+func (a *app) print(k *kind, objs []object, format string, one, withNamespace bool) error {
+	var out []byte
+	var err error
+	switch format {
+	case "json":
+		out, err = toJSON(k, objs, one)
+	case "yaml":
+		out, err = toYAML(k, objs, one)
+	default:
+		return a.printTable(k, objs, format == "wide", withNamespace)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = a.stdout.Write(out)
+	return err
+}
+
+// column is one table column: its header and how a resource fills it.
+type column struct {
+	header string
+	value  func(object) string
+}
+
+// col adapts a column function written for one message type.
+func col[T object](header string, value func(T) string) column {
+	return column{header, func(o object) string { return value(o.(T)) }}
+}
+
+func (a *app) printTable(k *kind, objs []object, wide, withNamespace bool) error {
+	var cols []column
+	if withNamespace {
+		cols = append(cols, column{"NAMESPACE", func(o object) string { return o.GetMetadata().GetNamespace() }})
+	}
+	cols = append(cols, column{"NAME", func(o object) string { return o.GetMetadata().GetName() }})
+	cols = append(cols, k.columns...)
+	now := a.now()
+	cols = append(cols, column{"AGE", func(o object) string { return age(now, o.GetMetadata().GetCreateTime()) }})
+	if wide {
+		cols = append(cols, k.wide...)
+		cols = append(cols, column{"LABELS", func(o object) string { return labels(o.GetMetadata().GetLabels()) }})
+	}
+
+	tw := tabwriter.NewWriter(a.stdout, 0, 8, 3, ' ', 0)
+	cells := make([]string, len(cols))
+	for i, c := range cols {
+		cells[i] = c.header
+	}
+	fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	for _, o := range objs {
+		for i, c := range cols {
+			cells[i] = c.value(o)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
+}
+
+var serviceColumns = []column{
+	col("TYPE", func(s *weirv1.Service) string { return serviceType(s.GetSpec().GetType()) }),
+	col("CLUSTER-IPS", func(s *weirv1.Service) string { return list(s.GetSpec().GetClusterIps()) }),
+	col("EXTERNAL-IPS", func(s *weirv1.Service) string {
+		return list(slices.Concat(s.GetSpec().GetExternalIps(), s.GetStatus().GetLoadBalancerIps()))
+	}),
+	col("PORTS", func(s *weirv1.Service) string {
+		var ports []string
+		for _, p := range s.GetSpec().GetPorts() {
+			port := strconv.Itoa(int(p.GetPort()))
+			if p.GetNodePort() != 0 {
+				port += ":" + strconv.Itoa(int(p.GetNodePort()))
+			}
+			ports = append(ports, port+"/"+protocol(p.GetProtocol()))
+		}
+		return list(ports)
+	}),
+}
+
+var serviceWide = []column{
+	col("TRAFFIC-POLICY", func(s *weirv1.Service) string {
+		return policy(s.GetSpec().GetExternalTrafficPolicy()) + "/" + policy(s.GetSpec().GetInternalTrafficPolicy())
+	}),
+	col("HEALTH-CHECK-PORT", func(s *weirv1.Service) string { return port(s.GetSpec().GetHealthCheckNodePort()) }),
+}
+
+var endpointSliceColumns = []column{
+	col("SERVICE", func(s *weirv1.EndpointSlice) string { return s.GetServiceName() }),
+	col("ENDPOINTS", func(s *weirv1.EndpointSlice) string {
+		// Like kubectl's Endpoints: every endpoint with every port, first three shown.
+		var all []string
+		for _, e := range s.GetEndpoints() {
+			addr := ""
+			if len(e.GetAddresses()) > 0 {
+				addr = e.GetAddresses()[0] // the only one used, as by kube-proxy
+			}
+			if len(s.GetPorts()) == 0 {
+				all = append(all, addr)
+			}
+			for _, p := range s.GetPorts() {
+				all = append(all, hostPort(addr, p.GetPort()))
+			}
+		}
+		if len(all) > 3 {
+			return strings.Join(all[:3], ",") + fmt.Sprintf(" + %d more...", len(all)-3)
+		}
+		return list(all)
+	}),
+	col("READY", func(s *weirv1.EndpointSlice) string {
+		ready := 0
+		for _, e := range s.GetEndpoints() {
+			// An unset ready condition means ready, as in Kubernetes.
+			if e.GetConditions() == nil || e.GetConditions().Ready == nil || e.GetConditions().GetReady() {
+				ready++
+			}
+		}
+		return fmt.Sprintf("%d/%d", ready, len(s.GetEndpoints()))
+	}),
+}
+
+var endpointSliceWide = []column{
+	col("PORTS", func(s *weirv1.EndpointSlice) string {
+		var ports []string
+		for _, p := range s.GetPorts() {
+			ports = append(ports, strconv.Itoa(int(p.GetPort()))+"/"+protocol(p.GetProtocol()))
+		}
+		return list(ports)
+	}),
+}
+
+var nodeColumns = []column{
+	col("ADDRESSES", func(n *weirv1.Node) string { return list(n.GetAddresses()) }),
+	col("ZONE", func(n *weirv1.Node) string { return orNone(n.GetZone()) }),
+	col("POD-CIDRS", func(n *weirv1.Node) string { return list(n.GetPodCidrs()) }),
+	col("STATUS", func(n *weirv1.Node) string {
+		if n.GetDeleting() {
+			return "Deleting"
+		}
+		return "Ready"
+	}),
+}
+
+// list joins values with commas; <none> when there are none.
+func list(xs []string) string {
+	return orNone(strings.Join(xs, ","))
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "<none>"
+	}
+	return s
+}
+
+func labels(m map[string]string) string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, k+"="+m[k])
+	}
+	return list(out)
+}
+
+func port(p int32) string {
+	if p == 0 {
+		return "<none>"
+	}
+	return strconv.Itoa(int(p))
+}
+
+func hostPort(addr string, port int32) string {
+	if strings.Contains(addr, ":") {
+		return "[" + addr + "]:" + strconv.Itoa(int(port))
+	}
+	return addr + ":" + strconv.Itoa(int(port))
+}
+
+// The enum spellings below are kubectl's; UNSPECIFIED reads as the API's default.
+
+func serviceType(t weirv1.ServiceType) string {
+	switch t {
+	case weirv1.ServiceType_SERVICE_TYPE_NODE_PORT:
+		return "NodePort"
+	case weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER:
+		return "LoadBalancer"
+	}
+	return "ClusterIP"
+}
+
+func protocol(p weirv1.Protocol) string {
+	if p == weirv1.Protocol_PROTOCOL_UNSPECIFIED {
+		return "TCP"
+	}
+	return strings.TrimPrefix(p.String(), "PROTOCOL_")
+}
+
+func policy(p weirv1.TrafficPolicy) string {
+	if p == weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL {
+		return "Local"
+	}
+	return "Cluster"
+}
+
+// age is kubectl's short form of how long ago ts was.
+func age(now time.Time, ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "<unknown>"
+	}
+	d := max(now.Sub(ts.AsTime()), 0) // a client clock behind the server's reads as 0s
+	switch {
+	case d < 2*time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < 2*time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	case d < 2*365*24*time.Hour:
+		return fmt.Sprintf("%dd", int(d.Hours()/24))
+	}
+	return fmt.Sprintf("%dy", int(d.Hours()/24/365))
+}
+
+// marshal spells fields as in the proto files, the spelling apply reads.
+var marshal = protojson.MarshalOptions{UseProtoNames: true}
+
+// objectJSON is one resource as protojson with a leading kind field.
+func objectJSON(k *kind, o object) ([]byte, error) {
+	b, err := marshal.Marshal(o)
+	if err != nil {
+		return nil, err
+	}
+	// protojson varies its whitespace on purpose; compact it so the splice
+	// below sees exactly "{" and the rest.
+	var body bytes.Buffer
+	if err := json.Compact(&body, b); err != nil {
+		return nil, err
+	}
+	rest := body.Bytes()[1:]
+	out := []byte(`{"kind":"` + k.name + `"`)
+	if len(rest) > 1 {
+		out = append(out, ',')
+	}
+	return append(out, rest...), nil
+}
+
+func toJSON(k *kind, objs []object, one bool) ([]byte, error) {
+	var items [][]byte
+	for _, o := range objs {
+		b, err := objectJSON(k, o)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, b)
+	}
+	var raw []byte
+	if one && len(items) == 1 {
+		raw = items[0]
+	} else {
+		raw = slices.Concat([]byte(`{"items":[`), bytes.Join(items, []byte(",")), []byte("]}"))
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, raw, "", "  "); err != nil {
+		return nil, err
+	}
+	out.WriteByte('\n')
+	return out.Bytes(), nil
+}
+
+// objectYAML is one resource as YAML with kind first. JSONToYAML sorts
+// keys, so kind is written ahead of the converted body rather than in it.
+func objectYAML(k *kind, o object) (string, error) {
+	b, err := marshal.Marshal(o)
+	if err != nil {
+		return "", err
+	}
+	y, err := yaml.JSONToYAML(b)
+	if err != nil {
+		return "", err
+	}
+	out := "kind: " + k.name + "\n"
+	if body := string(y); body != "{}\n" {
+		out += body
+	}
+	return out, nil
+}
+
+func toYAML(k *kind, objs []object, one bool) ([]byte, error) {
+	var items []string
+	for _, o := range objs {
+		y, err := objectYAML(k, o)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, y)
+	}
+	if one && len(items) == 1 {
+		return []byte(items[0]), nil
+	}
+	if len(items) == 0 {
+		return []byte("items: []\n"), nil
+	}
+	var out strings.Builder
+	out.WriteString("items:\n")
+	for _, y := range items {
+		// A list item: "- " before the first line, two spaces before the rest.
+		out.WriteString("- " + strings.ReplaceAll(strings.TrimSuffix(y, "\n"), "\n", "\n  ") + "\n")
+	}
+	return []byte(out.String()), nil
+}
