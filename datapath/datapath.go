@@ -139,7 +139,7 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	}
 	set(nodeKey, nodeElements(state.Node, d.cfg))
 	for key, svc := range state.Services {
-		set(key, serviceElements(svc))
+		set(key, serviceElements(svc, state.Node))
 	}
 	d.addElements(txs, adds)
 	if err := d.run(ctx, txs); err != nil {
@@ -184,12 +184,14 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 			d.contrib[key] = elems
 		}
 	}
-	if !nodeInfoEqual(state.Node, d.node) {
+	nodeChanged := !nodeInfoEqual(state.Node, d.node)
+	if nodeChanged {
 		change(nodeKey, nodeElements(state.Node, d.cfg))
 	}
 	for key, svc := range state.Services {
-		if d.services[key] != svc {
-			change(key, serviceElements(svc))
+		// The node's zone and addresses shape every service's elements.
+		if nodeChanged || d.services[key] != svc {
+			change(key, serviceElements(svc, state.Node))
 		}
 	}
 	for key := range d.services {
@@ -236,8 +238,11 @@ func (d *Datapath) addElements(txs map[*family]*knftables.Transaction, adds []el
 		}
 		tx := d.tx(txs, e.family)
 		if chain, ok := strings.CutPrefix(e.value, "goto "); ok && !d.chains[e.family][chain] {
-			nodePort, n := parsePickChain(chain)
-			for _, obj := range pickChainObjects(*e.family, d.cfg.MasqueradeMark, nodePort, n) {
+			k, n, ok := kindOfChain(chain)
+			if !ok {
+				panic("datapath: verdict to unknown chain " + chain)
+			}
+			for _, obj := range k.pickChainObjects(*e.family, d.cfg.MasqueradeMark, n) {
 				tx.Add(obj)
 			}
 			d.chains[e.family][chain] = true
@@ -279,12 +284,6 @@ func elementObject(e element) *knftables.Element {
 		el.Value = []string{e.value}
 	}
 	return el
-}
-
-func parsePickChain(name string) (nodePort bool, n int) {
-	rest, nodePort := strings.CutPrefix(name, "nodeport_")
-	fmt.Sscanf(strings.TrimPrefix(rest, "pick_"), "%d", &n)
-	return nodePort, n
 }
 
 func nodeInfoEqual(a, b NodeInfo) bool {

@@ -51,45 +51,97 @@ func newFakeDatapath(t *testing.T) (*Datapath, *knftables.Fake, *knftables.Fake)
 // verdict is where a new connection ends up according to the fake ruleset.
 type verdict struct {
 	Rejected  bool
+	Dropped   bool
 	Endpoints []string // every endpoint the random choice can pick, by slot
 }
 
-// trace follows a new connection to dst through the table's lookups, the way
-// the kernel would: frontend (or node port) map -> pick chain -> backends.
-func trace(t *testing.T, fake *knftables.Fake, proto string, dst netip.AddrPort) verdict {
+var (
+	podSource      = netip.MustParseAddr("10.244.1.50") // a pod on this node
+	externalSource = netip.MustParseAddr("198.51.100.2")
+)
+
+// trace follows a new connection from src to dst through the table's
+// lookups the way the kernel would: firewall, then the frontend maps (the
+// external ones first for sources outside the cluster), pick chain, backends.
+func trace(t *testing.T, fake *knftables.Fake, src netip.Addr, proto string, dst netip.AddrPort) verdict {
 	t.Helper()
 	tbl := fake.Table
-	key := []string{dst.Addr().String(), proto, strconv.Itoa(int(dst.Port()))}
-	frontends, backends, rejects := frontendsMap, backendsMap, noEndpointFrontendsSet
-	if tbl.Sets[nodePortAddressesSet].FindElement(dst.Addr().String()) != nil && tbl.Maps[frontendsMap].FindElement(strings.Join(key, " . ")) == nil {
-		key = key[1:]
-		frontends, backends, rejects = nodePortFrontendsMap, nodePortBackendsMap, noEndpointNodePortsSet
-	}
-	k := strings.Join(key, " . ")
-	if tbl.Sets[rejects].FindElement(k) != nil {
-		return verdict{Rejected: true}
-	}
-	if tbl.Sets[clusterIPsSet].FindElement(dst.Addr().String()) != nil && tbl.Maps[frontends].FindElement(k) == nil {
-		return verdict{Rejected: true}
-	}
-	fe := tbl.Maps[frontends].FindElement(k)
-	if fe == nil {
-		return verdict{}
-	}
-	chain := strings.TrimPrefix(fe.Value[0], "goto ")
-	if tbl.Chains[chain] == nil {
-		t.Fatalf("frontend %s jumps to missing chain %s", k, chain)
-	}
-	_, n := parsePickChain(chain)
-	var v verdict
-	for i := range n {
-		be := tbl.Maps[backends].FindElement(k + " . " + strconv.Itoa(i))
-		if be == nil {
-			t.Fatalf("frontend %s: pick chain %s but no backend in slot %d", k, chain, i)
+	ipKey := concat(dst.Addr().String(), proto, port(dst.Port()))
+	npKey := concat(proto, port(dst.Port()))
+	if tbl.Sets[firewallFrontendsSet].FindElement(ipKey) != nil {
+		allowed := false
+		for _, e := range tbl.Sets[firewallAllowSet].Elements {
+			parts := strings.Split(e.Key[0], " . ")
+			if strings.Join(parts[:3], " . ") == ipKey && prefixContains(parts[3], src) {
+				allowed = true
+			}
 		}
-		v.Endpoints = append(v.Endpoints, strings.ReplaceAll(be.Value[0], " . ", ":"))
+		if !allowed {
+			return verdict{Dropped: true}
+		}
 	}
-	return v
+	internal := inIntervalSet(tbl.Sets[clusterCIDRsSet], src) || src == nodeAddr
+	isNodePort := tbl.Sets[nodePortAddressesSet].FindElement(dst.Addr().String()) != nil
+	var kinds []*frontendKind
+	if !internal {
+		kinds = append(kinds, &externalIPKind, &externalNodePortKind)
+	}
+	kinds = append(kinds, &ipKind, &nodePortKind)
+	for _, k := range kinds {
+		key := ipKey
+		if k.nodePort {
+			if !isNodePort {
+				continue
+			}
+			key = npKey
+		}
+		fe := tbl.Maps[k.frontends].FindElement(key)
+		if fe == nil {
+			continue
+		}
+		if fe.Value[0] == "drop" {
+			return verdict{Dropped: true}
+		}
+		chain := strings.TrimPrefix(fe.Value[0], "goto ")
+		if tbl.Chains[chain] == nil {
+			t.Fatalf("frontend %s jumps to missing chain %s", key, chain)
+		}
+		ck, n, ok := kindOfChain(chain)
+		if !ok || ck != k {
+			t.Fatalf("frontend %s of kind %q jumps to %s", key, k.name, chain)
+		}
+		var v verdict
+		for i := range n {
+			be := tbl.Maps[k.backends].FindElement(key + " . " + strconv.Itoa(i))
+			if be == nil {
+				t.Fatalf("frontend %s: pick chain %s but no backend in slot %d", key, chain, i)
+			}
+			v.Endpoints = append(v.Endpoints, strings.ReplaceAll(be.Value[0], " . ", ":"))
+		}
+		return v
+	}
+	if tbl.Sets[noEndpointFrontendsSet].FindElement(ipKey) != nil ||
+		(isNodePort && tbl.Sets[noEndpointNodePortsSet].FindElement(npKey) != nil) ||
+		tbl.Sets[clusterIPsSet].FindElement(dst.Addr().String()) != nil {
+		return verdict{Rejected: true}
+	}
+	return verdict{}
+}
+
+func prefixContains(s string, a netip.Addr) bool {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Contains(a)
+	}
+	return s == a.String()
+}
+
+func inIntervalSet(set *knftables.FakeSet, a netip.Addr) bool {
+	for _, e := range set.Elements {
+		if prefixContains(e.Key[0], a) {
+			return true
+		}
+	}
+	return false
 }
 
 func TestApplyTracesConnectionsToEndpoints(t *testing.T) {
@@ -114,7 +166,7 @@ func TestApplyTracesConnectionsToEndpoints(t *testing.T) {
 		{"IPv6 cluster IP uses IPv6 endpoints only", v6, "[fd00:96::10]:80", verdict{Endpoints: []string{"fd00:244:1::11:8080"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := trace(t, tc.fake, "tcp", netip.MustParseAddrPort(tc.dst))
+			got := trace(t, tc.fake, podSource, "tcp", netip.MustParseAddrPort(tc.dst))
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("connection to %s (-want +got):\n%s", tc.dst, diff)
 			}
@@ -137,7 +189,7 @@ func TestApplyRejectsServicesWithoutEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, dst := range []string{"10.96.0.10:80", "203.0.113.10:80", "192.0.2.11:30080"} {
-		if got := trace(t, v4, "tcp", netip.MustParseAddrPort(dst)); !got.Rejected {
+		if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort(dst)); !got.Rejected {
 			t.Errorf("connection to %s: got %+v, want rejected", dst, got)
 		}
 	}
@@ -154,7 +206,7 @@ func TestApplyFallsBackToTerminatingEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := verdict{Endpoints: []string{"10.244.1.11:8080"}}
-	if got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(want, got) {
+	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(want, got) {
 		t.Errorf("got %+v, want only the serving terminating endpoint %+v", got, want)
 	}
 }
@@ -181,7 +233,7 @@ func TestPartialSyncTouchesOnlyWhatChanged(t *testing.T) {
 		t.Errorf("partial sync rewrote more than the changed service:\n%s", tx)
 	}
 	want := verdict{Endpoints: []string{"10.244.1.11:8080", "10.244.2.11:8080", "10.244.2.12:8080"}}
-	if got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(want, got) {
+	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(want, got) {
 		t.Errorf("after scale-up got %+v, want %+v", got, want)
 	}
 
@@ -190,13 +242,13 @@ func TestPartialSyncTouchesOnlyWhatChanged(t *testing.T) {
 	if err := dp.Apply(ctx, st2); err != nil {
 		t.Fatal(err)
 	}
-	if got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(verdict{}, got) {
+	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(verdict{}, got) {
 		t.Errorf("removed service still forwards: %+v", got)
 	}
-	if n := len(v4.Table.Maps[backendsMap].Elements); n != 1 {
+	if n := len(v4.Table.Maps[ipKind.backends].Elements); n != 1 {
 		t.Errorf("backends left: %d, want only db's 1", n)
 	}
-	if got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.20:5432")); len(got.Endpoints) != 1 {
+	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.20:5432")); len(got.Endpoints) != 1 {
 		t.Errorf("unrelated service lost its endpoint: %+v", got)
 	}
 }
@@ -232,7 +284,7 @@ func TestEvenSpreadForEveryEndpointCount(t *testing.T) {
 		if err := dp.Apply(ctx, nodeState(webService(eps...))); err != nil {
 			t.Fatal(err)
 		}
-		got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.10:80"))
+		got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.10:80"))
 		counts := map[string]int{}
 		for _, e := range got.Endpoints {
 			counts[e]++
@@ -263,7 +315,7 @@ func TestFailedTransactionForcesFullResync(t *testing.T) {
 	if err := dp.Apply(ctx, nodeState(webService(ep("10.244.1.12", true)))); err != nil {
 		t.Fatalf("the sync after a failure should rebuild the table: %v", err)
 	}
-	if got := trace(t, v4, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(verdict{Endpoints: []string{"10.244.1.12:8080"}}, got) {
+	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(verdict{Endpoints: []string{"10.244.1.12:8080"}}, got) {
 		t.Errorf("after rebuild got %+v", got)
 	}
 }

@@ -29,57 +29,105 @@ func concat(parts ...string) string { return strings.Join(parts, " . ") }
 
 func port(p uint16) string { return strconv.Itoa(int(p)) }
 
-// serviceElements is what one service contributes to both families' tables.
-func serviceElements(svc *Service) []element {
+// serviceElements is what one service contributes to both families' tables
+// on a node.
+func serviceElements(svc *Service, node NodeInfo) []element {
 	var out []element
 	for _, f := range []*family{&ipv4, &ipv6} {
-		out = appendServiceElements(out, f, svc)
+		out = appendServiceElements(out, f, svc, node)
 	}
 	return out
 }
 
-func appendServiceElements(out []element, f *family, svc *Service) []element {
+func appendServiceElements(out []element, f *family, svc *Service, node NodeInfo) []element {
 	clusterIPs := addrsOfFamily(svc.ClusterIPs, f.is6)
-	frontends := slices.Concat(clusterIPs, addrsOfFamily(svc.ExternalIPs, f.is6), addrsOfFamily(svc.LoadBalancerIPs, f.is6))
-	if len(frontends) == 0 {
+	externalIPs := slices.Concat(addrsOfFamily(svc.ExternalIPs, f.is6), addrsOfFamily(svc.LoadBalancerIPs, f.is6))
+	if len(clusterIPs)+len(externalIPs) == 0 {
 		// A service without an address of this family has nothing to
 		// forward in it, not even its node ports (as in kube-proxy).
 		return out
 	}
+	add := func(set, key, value string) { out = append(out, element{family: f, set: set, key: key, value: value}) }
+	// pick points a frontend of kind k at the endpoints eps: DNAT to one of
+	// them, or drop when a traffic policy leaves none on this node.
+	pick := func(k *frontendKind, fk string, eps []Endpoint) {
+		if len(eps) == 0 {
+			add(k.frontends, fk, "drop")
+			return
+		}
+		add(k.frontends, fk, "goto "+k.pickChain(len(eps)))
+		for i, ep := range eps {
+			add(k.backends, concat(fk, strconv.Itoa(i)), concat(ep.Addr.String(), port(ep.Port)))
+		}
+	}
 	for _, ip := range clusterIPs {
-		out = append(out, element{family: f, set: clusterIPsSet, key: ip.String()})
+		add(clusterIPsSet, ip.String(), "")
 	}
 	for _, sp := range svc.Ports {
 		proto := sp.Protocol.String()
-		eps := usableEndpoints(sp.Endpoints, f.is6, nil)
-		for _, ip := range frontends {
+		all := usableEndpoints(sp.Endpoints, f.is6, nil)
+		// Connections that may go anywhere use the cluster-wide set, made
+		// close when topology asks; Local policies use this node's own
+		// usable endpoints, with their own terminating fallback.
+		cluster := preferZone(all, node.Zone, svc.PreferClose)
+		local := usableEndpoints(sp.Endpoints, f.is6, func(e Endpoint) bool { return e.Local })
+		internal := cluster
+		if svc.InternalTrafficPolicy == Local {
+			internal = local
+		}
+		externalLocal := svc.ExternalTrafficPolicy == Local
+		for _, ip := range slices.Concat(clusterIPs, externalIPs) {
 			fk := concat(ip.String(), proto, port(sp.Port))
-			if len(eps) == 0 {
-				out = append(out, element{family: f, set: noEndpointFrontendsSet, key: fk})
+			if len(all) == 0 {
+				add(noEndpointFrontendsSet, fk, "")
 				continue
 			}
-			out = append(out, element{family: f, set: frontendsMap, key: fk, value: "goto " + pickChain(false, len(eps))})
-			for i, ep := range eps {
-				out = append(out, element{family: f, set: backendsMap, key: concat(fk, strconv.Itoa(i)), value: concat(ep.Addr.String(), port(ep.Port))})
+			if slices.Contains(clusterIPs, ip) {
+				pick(&ipKind, fk, internal)
+				continue
+			}
+			// External and load-balancer IPs: sources in the cluster are
+			// short-circuited to every endpoint, external ones follow the
+			// external policy.
+			pick(&ipKind, fk, cluster)
+			if externalLocal {
+				pick(&externalIPKind, fk, local)
 			}
 		}
 		if sp.NodePort != 0 {
 			nk := concat(proto, port(sp.NodePort))
-			if len(eps) == 0 {
-				out = append(out, element{family: f, set: noEndpointNodePortsSet, key: nk})
-			} else {
-				out = append(out, element{family: f, set: nodePortFrontendsMap, key: nk, value: "goto " + pickChain(true, len(eps))})
-				for i, ep := range eps {
-					out = append(out, element{family: f, set: nodePortBackendsMap, key: concat(nk, strconv.Itoa(i)), value: concat(ep.Addr.String(), port(ep.Port))})
+			switch {
+			case len(all) == 0:
+				add(noEndpointNodePortsSet, nk, "")
+			default:
+				pick(&nodePortKind, nk, cluster)
+				if externalLocal {
+					pick(&externalNodePortKind, nk, local)
+				}
+			}
+		}
+		if len(svc.LoadBalancerSourceRanges) > 0 {
+			allowLocal := slices.ContainsFunc(svc.LoadBalancerSourceRanges, func(p netip.Prefix) bool {
+				return slices.ContainsFunc(node.Addresses, p.Contains)
+			})
+			for _, ip := range addrsOfFamily(svc.LoadBalancerIPs, f.is6) {
+				fk := concat(ip.String(), proto, port(sp.Port))
+				add(firewallFrontendsSet, fk, "")
+				for _, r := range svc.LoadBalancerSourceRanges {
+					if r.Addr().Is6() == f.is6 {
+						add(firewallAllowSet, concat(fk, prefixString(r)), "")
+					}
+				}
+				if allowLocal {
+					add(firewallAllowLocalSet, fk, "")
 				}
 			}
 		}
 		for _, ep := range sp.Endpoints {
 			if ep.Local && ep.Addr.Is6() == f.is6 {
 				a := ep.Addr.String()
-				out = append(out,
-					element{family: f, set: localEndpointsSet, key: a},
-					element{family: f, set: hairpinSet, key: concat(a, a)})
+				add(localEndpointsSet, a, "")
+				add(hairpinSet, concat(a, a), "")
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 
 	"sigs.k8s.io/knftables"
 )
@@ -12,20 +13,17 @@ import (
 // writes to it; it coexists with other tables by base-chain priority.
 const TableName = "weir"
 
-// The table's maps and sets. Every lookup a packet makes is one hash lookup
-// keyed by what the packet carries, so the per-packet cost does not grow with
-// the number of services, and every change is a handful of element updates
-// rather than rule or chain rewrites (which the kernel charges for per chain
-// in the table).
+// DefaultMasqueradeMark is the packet-mark bit that flags a connection Weir
+// has DNAT'ed. It differs from kube-proxy's 0x4000 so that a kube-proxy
+// running beside Weir never masquerades Weir's connections.
+const DefaultMasqueradeMark = 0x2000
+
+// The table's sets. Every lookup a packet makes is a hash lookup keyed by
+// what the packet carries, so the per-packet cost does not grow with the
+// number of services, and a change is a handful of element updates rather
+// than rule or chain rewrites (which the kernel charges for per chain in
+// the table).
 const (
-	// frontendsMap: cluster, external and load-balancer IP . proto . port -> goto pick_N.
-	frontendsMap = "frontends"
-	// nodePortFrontendsMap: proto . node port -> goto nodeport_pick_N.
-	nodePortFrontendsMap = "nodeport_frontends"
-	// backendsMap: IP . proto . port . slot -> endpoint address . port.
-	backendsMap = "backends"
-	// nodePortBackendsMap: proto . node port . slot -> endpoint address . port.
-	nodePortBackendsMap = "nodeport_backends"
 	// noEndpointFrontendsSet: frontends of service ports with no usable endpoint (rejected).
 	noEndpointFrontendsSet = "no_endpoint_frontends"
 	// noEndpointNodePortsSet: node ports with no usable endpoint (rejected).
@@ -38,14 +36,80 @@ const (
 	localEndpointsSet = "local_endpoints"
 	// hairpinSet: endpoint . endpoint for local endpoints, to catch a pod reaching itself.
 	hairpinSet = "hairpin"
-	// clusterCIDRsSet: sources inside the cluster, which need no masquerade.
+	// clusterCIDRsSet: sources inside the cluster, which need no masquerade
+	// and are never "external" for externalTrafficPolicy.
 	clusterCIDRsSet = "cluster_cidrs"
+	// firewallFrontendsSet: load-balancer IP . proto . port with source ranges.
+	firewallFrontendsSet = "firewall_frontends"
+	// firewallAllowSet: load-balancer IP . proto . port . allowed source range.
+	firewallAllowSet = "firewall_allow"
+	// firewallAllowLocalSet: frontends whose ranges include this node, so
+	// every local source is allowed.
+	firewallAllowLocalSet = "firewall_allow_local"
 )
 
-// DefaultMasqueradeMark is the packet-mark bit that flags a connection Weir
-// has DNAT'ed. It differs from kube-proxy's 0x4000 so that a kube-proxy
-// running beside Weir never masquerades Weir's connections.
-const DefaultMasqueradeMark = 0x2000
+// frontendKind is one way a packet's destination names a service port. Each
+// kind has its own frontend verdict map, backends map and pick chains.
+type frontendKind struct {
+	name      string // prefix of its maps and chains
+	nodePort  bool   // keyed by proto . port on a node-port address
+	external  bool   // consulted only for sources outside the cluster
+	frontends string // frontend -> goto <name>pick_N | drop
+	backends  string // frontend . slot -> endpoint address . port
+}
+
+var (
+	// ipKind: cluster, external and load-balancer IPs, for every source
+	// (but external sources to an externalTrafficPolicy Local frontend).
+	ipKind = frontendKind{name: "", frontends: "frontends", backends: "backends"}
+	// nodePortKind: node ports.
+	nodePortKind = frontendKind{name: "nodeport_", nodePort: true, frontends: "nodeport_frontends", backends: "nodeport_backends"}
+	// externalIPKind: external and load-balancer IPs of Local services, for
+	// external sources: local endpoints only.
+	externalIPKind = frontendKind{name: "external_", external: true, frontends: "external_frontends", backends: "external_backends"}
+	// externalNodePortKind: node ports of Local services, for external sources.
+	externalNodePortKind = frontendKind{name: "external_nodeport_", nodePort: true, external: true, frontends: "external_nodeport_frontends", backends: "external_nodeport_backends"}
+
+	frontendKinds = []*frontendKind{&ipKind, &nodePortKind, &externalIPKind, &externalNodePortKind}
+)
+
+// pickChain is the chain that DNATs to one of n endpoints of this kind,
+// uniformly at random. Chains are shared by every service with n endpoints,
+// so the table holds as many chains as there are distinct endpoint counts.
+func (k *frontendKind) pickChain(n int) string { return k.name + "pick_" + strconv.Itoa(n) }
+
+// kindOfChain finds the kind and endpoint count a pick chain stands for.
+func kindOfChain(chain string) (*frontendKind, int, bool) {
+	for _, k := range frontendKinds {
+		rest, ok := strings.CutPrefix(chain, k.name+"pick_")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.Atoi(rest); err == nil && n > 0 {
+			return k, n, true
+		}
+	}
+	return nil, 0, false
+}
+
+// key is the nftables expression of the packet's frontend for this kind.
+func (k *frontendKind) key(f family) string {
+	if k.nodePort {
+		return "meta l4proto . th dport"
+	}
+	return f.ip + " daddr . meta l4proto . th dport"
+}
+
+func (k *frontendKind) pickChainObjects(f family, mark uint32, n int) []knftables.Object {
+	name := k.pickChain(n)
+	return []knftables.Object{
+		&knftables.Chain{Name: name},
+		&knftables.Rule{Chain: name, Rule: knftables.Concat(
+			"meta mark set meta mark |", fmt.Sprintf("%#x", mark),
+			"dnat", f.ip, "to", k.key(f), ". numgen random mod", n, "map", "@"+k.backends,
+		)},
+	}
+}
 
 // family holds what differs between the IPv4 and IPv6 tables.
 type family struct {
@@ -62,61 +126,59 @@ var (
 
 func (f family) String() string { return string(f.nft) }
 
-// pickChain is the chain that DNATs to one of n endpoints, uniformly at
-// random. Chains are shared by every service with n endpoints, so the table
-// holds as many chains as there are distinct endpoint counts.
-func pickChain(nodePort bool, n int) string {
-	if nodePort {
-		return "nodeport_pick_" + strconv.Itoa(n)
-	}
-	return "pick_" + strconv.Itoa(n)
-}
-
-func pickChainObjects(f family, mark uint32, nodePort bool, n int) []knftables.Object {
-	key, backends := f.ip+" daddr . meta l4proto . th dport", backendsMap
-	if nodePort {
-		key, backends = "meta l4proto . th dport", nodePortBackendsMap
-	}
-	name := pickChain(nodePort, n)
-	return []knftables.Object{
-		&knftables.Chain{Name: name},
-		&knftables.Rule{Chain: name, Rule: knftables.Concat(
-			"meta mark set meta mark |", fmt.Sprintf("%#x", mark),
-			"dnat", f.ip, "to", key, ". numgen random mod", n, "map", "@"+backends,
-		)},
-	}
-}
-
-// staticObjects is the fixed part of the table: sets, maps, base chains and
+// staticObjects is the fixed part of the table: sets, maps, chains and
 // their rules, in the order a transaction must create them.
 func staticObjects(f family, mark uint32) []knftables.Object {
 	addr := f.addrType
 	ip := f.ip
-	frontendKey := addr + " . inet_proto . inet_service"
+	frontendType := addr + " . inet_proto . inet_service"
 	mk := fmt.Sprintf("%#x", mark)
-	objs := []knftables.Object{
-		&knftables.Map{Name: frontendsMap, Type: frontendKey + " : verdict"},
-		&knftables.Map{Name: nodePortFrontendsMap, Type: "inet_proto . inet_service : verdict"},
-		// The values are address . port whatever the protocol: "tcp dport"
-		// only names the port type, because nft 1.0.6 cannot read back a
-		// "th dport" value type when a later rule refers to the map.
-		&knftables.Map{Name: backendsMap, TypeOf: ip + " daddr . meta l4proto . th dport . numgen random mod 1 : " + ip + " daddr . tcp dport"},
-		&knftables.Map{Name: nodePortBackendsMap, TypeOf: "meta l4proto . th dport . numgen random mod 1 : " + ip + " daddr . tcp dport"},
-		&knftables.Set{Name: noEndpointFrontendsSet, Type: frontendKey},
+	interval := []knftables.SetFlag{knftables.IntervalFlag}
+	var objs []knftables.Object
+	for _, k := range frontendKinds {
+		keyType, keyOf := frontendType, ip+" daddr . meta l4proto . th dport"
+		if k.nodePort {
+			keyType, keyOf = "inet_proto . inet_service", "meta l4proto . th dport"
+		}
+		objs = append(objs,
+			&knftables.Map{Name: k.frontends, Type: keyType + " : verdict"},
+			// The values are address . port whatever the protocol: "tcp
+			// dport" only names the port type, because nft 1.0.6 cannot
+			// read back a "th dport" value type when a later rule refers
+			// to the map.
+			&knftables.Map{Name: k.backends, TypeOf: keyOf + " . numgen random mod 1 : " + ip + " daddr . tcp dport"},
+		)
+	}
+	nodePortMatch := "fib daddr type local " + ip + " daddr @" + nodePortAddressesSet + " meta l4proto . th dport"
+	objs = append(objs,
+		&knftables.Set{Name: noEndpointFrontendsSet, Type: frontendType},
 		&knftables.Set{Name: noEndpointNodePortsSet, Type: "inet_proto . inet_service"},
 		&knftables.Set{Name: clusterIPsSet, Type: addr},
-		&knftables.Set{Name: nodePortAddressesSet, Type: addr, Flags: []knftables.SetFlag{knftables.IntervalFlag}},
+		&knftables.Set{Name: nodePortAddressesSet, Type: addr, Flags: interval},
 		&knftables.Set{Name: localEndpointsSet, Type: addr},
 		&knftables.Set{Name: hairpinSet, Type: addr + " . " + addr},
-		&knftables.Set{Name: clusterCIDRsSet, Type: addr, Flags: []knftables.SetFlag{knftables.IntervalFlag}},
+		&knftables.Set{Name: clusterCIDRsSet, Type: addr, Flags: interval},
+		&knftables.Set{Name: firewallFrontendsSet, Type: frontendType},
+		&knftables.Set{Name: firewallAllowSet, Type: frontendType + " . " + addr, Flags: interval},
+		&knftables.Set{Name: firewallAllowLocalSet, Type: frontendType},
 
-		// DNAT: every new connection to a frontend picks an endpoint.
+		// DNAT. Sources inside the cluster (pods, this host) always use
+		// the frontends maps; external sources first try the maps of
+		// externalTrafficPolicy Local frontends, which hold only this
+		// node's endpoints (or drop) so the client address survives.
 		&knftables.Chain{Name: "services"},
-		&knftables.Rule{Chain: "services", Rule: ip + " daddr . meta l4proto . th dport vmap @" + frontendsMap},
-		&knftables.Rule{Chain: "services", Rule: "fib daddr type local " + ip + " daddr @" + nodePortAddressesSet +
-			" meta l4proto . th dport vmap @" + nodePortFrontendsMap},
+		&knftables.Rule{Chain: "services", Rule: ip + " daddr . meta l4proto . th dport vmap @" + ipKind.frontends},
+		&knftables.Rule{Chain: "services", Rule: nodePortMatch + " vmap @" + nodePortKind.frontends},
+		&knftables.Chain{Name: "external_services"},
+		&knftables.Rule{Chain: "external_services", Rule: ip + " daddr . meta l4proto . th dport vmap @" + externalIPKind.frontends},
+		&knftables.Rule{Chain: "external_services", Rule: nodePortMatch + " vmap @" + externalNodePortKind.frontends},
+		&knftables.Rule{Chain: "external_services", Rule: "goto services"},
+		&knftables.Chain{Name: "dispatch"},
+		&knftables.Rule{Chain: "dispatch", Rule: ip + " saddr @" + clusterCIDRsSet + " goto services"},
+		&knftables.Rule{Chain: "dispatch", Rule: "fib saddr type local goto services"},
+		&knftables.Rule{Chain: "dispatch", Rule: "goto external_services"},
 		baseChain("nat_prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority),
-		&knftables.Rule{Chain: "nat_prerouting", Rule: "jump services"},
+		&knftables.Rule{Chain: "nat_prerouting", Rule: "jump dispatch"},
 		baseChain("nat_output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority),
 		&knftables.Rule{Chain: "nat_output", Rule: "jump services"},
 
@@ -133,6 +195,17 @@ func staticObjects(f family, mark uint32) []knftables.Object {
 		baseChain("nat_postrouting", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority),
 		&knftables.Rule{Chain: "nat_postrouting", Rule: "jump masquerading"},
 
+		// loadBalancerSourceRanges: a load-balancer frontend with ranges
+		// drops sources outside them, at priority -110, before DNAT (-100).
+		&knftables.Chain{Name: "firewall"},
+		&knftables.Rule{Chain: "firewall", Rule: ip + " daddr . meta l4proto . th dport . " + ip + " saddr @" + firewallAllowSet + " return"},
+		&knftables.Rule{Chain: "firewall", Rule: "fib saddr type local " + ip + " daddr . meta l4proto . th dport @" + firewallAllowLocalSet + " return"},
+		&knftables.Rule{Chain: "firewall", Rule: ip + " daddr . meta l4proto . th dport @" + firewallFrontendsSet + " drop"},
+		baseChain("filter_prerouting", knftables.FilterType, knftables.PreroutingHook, "-110"),
+		&knftables.Rule{Chain: "filter_prerouting", Rule: "ct state new jump firewall"},
+		baseChain("filter_output_firewall", knftables.FilterType, knftables.OutputHook, "-110"),
+		&knftables.Rule{Chain: "filter_output_firewall", Rule: "ct state new jump firewall"},
+
 		// Reject (not drop) connections that no endpoint can serve, so
 		// clients fail fast instead of timing out.
 		&knftables.Chain{Name: "reject_unserved"},
@@ -140,7 +213,7 @@ func staticObjects(f family, mark uint32) []knftables.Object {
 		&knftables.Rule{Chain: "reject_unserved", Rule: "fib daddr type local " + ip + " daddr @" + nodePortAddressesSet +
 			" meta l4proto . th dport @" + noEndpointNodePortsSet + " reject"},
 		&knftables.Rule{Chain: "reject_unserved", Rule: ip + " daddr @" + clusterIPsSet + " reject"},
-	}
+	)
 	for _, hook := range []knftables.BaseChainHook{knftables.InputHook, knftables.ForwardHook, knftables.OutputHook} {
 		name := "filter_" + string(hook)
 		objs = append(objs,

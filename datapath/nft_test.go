@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"net/netip"
 	"os/exec"
 	"runtime"
 	"strings"
@@ -35,20 +36,27 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false), ep("fd00:244:1::11", true)))
+	local := localService(ep("10.244.1.12", true), ep("10.244.2.12", false), ep("fd00:244:1::12", true))
+	local.Key.Name = "local"
+	local.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.12"), netip.MustParseAddr("fd00:96::12")}
+	local.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.12"), netip.MustParseAddr("2001:db8:113::12")}
+	local.Ports[0].NodePort = 30012
+	local.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:100::/64"), netip.MustParsePrefix("192.0.2.0/24")}
+	local.InternalTrafficPolicy = Local
+	st := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false), ep("fd00:244:1::11", true)), local)
 	if err := dp.Apply(ctx, st); err != nil {
 		t.Fatalf("full sync: %v", err)
 	}
 	// A new endpoint count makes the partial sync create a pick chain
 	// that refers to maps the kernel already holds.
-	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.12", false), ep("10.244.2.13", false)))
+	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.12", false), ep("10.244.2.13", false)), local)
 	if err := dp.Apply(ctx, st2); err != nil {
 		t.Fatalf("partial sync: %v", err)
 	}
 	if err := dp.Resync(ctx); err != nil {
 		t.Fatalf("resync: %v", err)
 	}
-	out, err := exec.Command("nft", "list", "map", "ip", TableName, backendsMap).CombinedOutput()
+	out, err := exec.Command("nft", "list", "map", "ip", TableName, ipKind.backends).CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft list: %v: %s", err, out)
 	}

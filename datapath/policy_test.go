@@ -1,0 +1,152 @@
+package datapath
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// localService is web with externalTrafficPolicy Local.
+func localService(eps ...Endpoint) *Service {
+	s := webService(eps...)
+	s.ExternalTrafficPolicy = Local
+	s.HealthCheckNodePort = 31000
+	return s
+}
+
+func TestExternalTrafficPolicyLocal(t *testing.T) {
+	ctx := context.Background()
+	lb := netip.MustParseAddrPort("203.0.113.10:80")
+	np := netip.MustParseAddrPort("192.0.2.11:30080")
+	both := []string{"10.244.1.11:8080", "10.244.2.11:8080"}
+	for _, tc := range []struct {
+		name string
+		eps  []Endpoint
+		src  netip.Addr
+		dst  netip.AddrPort
+		want verdict
+	}{
+		{"external client to LB IP: local endpoints only", []Endpoint{ep("10.244.1.11", true), ep("10.244.2.11", false)}, externalSource, lb, verdict{Endpoints: []string{"10.244.1.11:8080"}}},
+		{"external client to node port: local endpoints only", []Endpoint{ep("10.244.1.11", true), ep("10.244.2.11", false)}, externalSource, np, verdict{Endpoints: []string{"10.244.1.11:8080"}}},
+		{"external client, no local endpoint: dropped", []Endpoint{ep("10.244.2.11", false)}, externalSource, lb, verdict{Dropped: true}},
+		{"external client, no local endpoint, node port: dropped", []Endpoint{ep("10.244.2.11", false)}, externalSource, np, verdict{Dropped: true}},
+		{"pod to LB IP is short-circuited to every endpoint", []Endpoint{ep("10.244.1.11", true), ep("10.244.2.11", false)}, podSource, lb, verdict{Endpoints: both}},
+		{"pod to LB IP works on a node without local endpoints", []Endpoint{ep("10.244.2.11", false)}, podSource, lb, verdict{Endpoints: []string{"10.244.2.11:8080"}}},
+		{"host to LB IP is short-circuited too", []Endpoint{ep("10.244.2.11", false)}, nodeAddr, lb, verdict{Endpoints: []string{"10.244.2.11:8080"}}},
+		{"cluster IP ignores the external policy", []Endpoint{ep("10.244.1.11", true), ep("10.244.2.11", false)}, externalSource, netip.AddrPortFrom(clusterIP, 80), verdict{Endpoints: both}},
+		{"no endpoints anywhere: rejected", nil, externalSource, lb, verdict{Rejected: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dp, v4, _ := newFakeDatapath(t)
+			if err := dp.Apply(ctx, nodeState(localService(tc.eps...))); err != nil {
+				t.Fatal(err)
+			}
+			if got := trace(t, v4, tc.src, "tcp", tc.dst); !cmp.Equal(tc.want, got) {
+				t.Errorf("%s -> %s: got %+v, want %+v", tc.src, tc.dst, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLocalTerminatingFallbackIsPerSet(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newFakeDatapath(t)
+	draining := ep("10.244.1.11", true)
+	draining.Ready, draining.Terminating = false, true
+	// Cluster-wide a ready endpoint exists (on node2); locally only a
+	// terminating one: external traffic here still drains to it.
+	if err := dp.Apply(ctx, nodeState(localService(draining, ep("10.244.2.11", false)))); err != nil {
+		t.Fatal(err)
+	}
+	if got := trace(t, v4, externalSource, "tcp", netip.MustParseAddrPort("203.0.113.10:80")); !cmp.Equal(verdict{Endpoints: []string{"10.244.1.11:8080"}}, got) {
+		t.Errorf("external, only a terminating local endpoint: got %+v", got)
+	}
+	if got := trace(t, v4, podSource, "tcp", netip.AddrPortFrom(clusterIP, 80)); !cmp.Equal(verdict{Endpoints: []string{"10.244.2.11:8080"}}, got) {
+		t.Errorf("cluster-wide set must use the ready endpoint only: got %+v", got)
+	}
+}
+
+func TestInternalTrafficPolicyLocal(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		eps  []Endpoint
+		want verdict
+	}{
+		{"local endpoints only", []Endpoint{ep("10.244.1.11", true), ep("10.244.2.11", false)}, verdict{Endpoints: []string{"10.244.1.11:8080"}}},
+		{"none here: dropped", []Endpoint{ep("10.244.2.11", false)}, verdict{Dropped: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dp, v4, _ := newFakeDatapath(t)
+			s := webService(tc.eps...)
+			s.InternalTrafficPolicy = Local
+			if err := dp.Apply(ctx, nodeState(s)); err != nil {
+				t.Fatal(err)
+			}
+			if got := trace(t, v4, podSource, "tcp", netip.AddrPortFrom(clusterIP, 80)); !cmp.Equal(tc.want, got) {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newFakeDatapath(t)
+	s := webService(ep("10.244.1.11", true))
+	s.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/28")}
+	if err := dp.Apply(ctx, nodeState(s)); err != nil {
+		t.Fatal(err)
+	}
+	allowed := verdict{Endpoints: []string{"10.244.1.11:8080"}}
+	for _, tc := range []struct {
+		src, dst string
+		want     verdict
+	}{
+		{"198.51.100.2", "203.0.113.10:80", allowed},
+		{"198.51.100.77", "203.0.113.10:80", verdict{Dropped: true}},
+		{"198.51.100.77", "192.0.2.11:30080", allowed}, // ranges apply to load-balancer IPs only
+		{"198.51.100.77", "10.96.0.10:80", allowed},
+	} {
+		if got := trace(t, v4, netip.MustParseAddr(tc.src), "tcp", netip.MustParseAddrPort(tc.dst)); !cmp.Equal(tc.want, got) {
+			t.Errorf("%s -> %s: got %+v, want %+v", tc.src, tc.dst, got, tc.want)
+		}
+	}
+}
+
+func TestTopologyPrefersTheNodesZone(t *testing.T) {
+	ctx := context.Background()
+	zoned := func(addr, zone string, hints ...string) Endpoint {
+		e := ep(addr, false)
+		e.Zone, e.HintZones = zone, hints
+		return e
+	}
+	for _, tc := range []struct {
+		name        string
+		preferClose bool
+		eps         []Endpoint
+		want        []string
+	}{
+		{"PreferClose keeps same-zone endpoints", true, []Endpoint{zoned("10.244.1.11", "a"), zoned("10.244.2.11", "b")}, []string{"10.244.1.11:8080"}},
+		{"PreferClose falls back to all when the zone has none", true, []Endpoint{zoned("10.244.2.11", "b"), zoned("10.244.3.11", "c")}, []string{"10.244.2.11:8080", "10.244.3.11:8080"}},
+		{"hints on every endpoint are followed", false, []Endpoint{zoned("10.244.1.11", "b", "a"), zoned("10.244.2.11", "b", "b")}, []string{"10.244.1.11:8080"}},
+		{"hints on only some endpoints are ignored", false, []Endpoint{zoned("10.244.1.11", "b", "a"), zoned("10.244.2.11", "b")}, []string{"10.244.1.11:8080", "10.244.2.11:8080"}},
+		{"no topology: all", false, []Endpoint{zoned("10.244.1.11", "a"), zoned("10.244.2.11", "b")}, []string{"10.244.1.11:8080", "10.244.2.11:8080"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dp, v4, _ := newFakeDatapath(t)
+			s := webService(tc.eps...)
+			s.PreferClose = tc.preferClose
+			st := nodeState(s)
+			st.Node.Zone = "a"
+			if err := dp.Apply(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			if got := trace(t, v4, podSource, "tcp", netip.AddrPortFrom(clusterIP, 80)); !cmp.Equal(verdict{Endpoints: tc.want}, got) {
+				t.Errorf("got %+v, want %v", got, tc.want)
+			}
+		})
+	}
+}
