@@ -69,11 +69,12 @@ func webService() *weirv1.Service {
 	}
 }
 
-// endpointSlices lists pods as ready endpoints of web, one slice per family.
-func endpointSlices(pods []*lab.Pod) []*weirv1.EndpointSlice {
-	v4 := &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web-v4"}, ServiceName: "web",
+// endpointSlices lists pods as ready endpoints of a service's "http" port,
+// one slice per family.
+func endpointSlices(service string, pods []*lab.Pod) []*weirv1.EndpointSlice {
+	v4 := &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: service + "-v4"}, ServiceName: service,
 		Ports: []*weirv1.EndpointPort{{Name: "http", Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: weirlab.PodPort}}}
-	v6 := &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web-v6"}, ServiceName: "web", Ports: v4.Ports}
+	v6 := &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: service + "-v6"}, ServiceName: service, Ports: v4.Ports}
 	for _, p := range pods {
 		v4.Endpoints = append(v4.Endpoints, &weirv1.Endpoint{Addresses: []string{p.IPv4.String()}, NodeName: p.Node.Name})
 		v6.Endpoints = append(v6.Endpoints, &weirv1.Endpoint{Addresses: []string{p.IPv6.String()}, NodeName: p.Node.Name})
@@ -87,7 +88,7 @@ func createWeb(t *testing.T, c *weirlab.Cluster) {
 	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: webService()}); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range endpointSlices(c.Pods()) {
+	for _, s := range endpointSlices("web", c.Pods()) {
 		if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: s}); err != nil {
 			t.Fatal(err)
 		}
@@ -283,7 +284,7 @@ func TestForwardingSurvivesServerAndAgentRestarts(t *testing.T) {
 	}
 	// Agents resync from the restarted server: drop node2's pod and see
 	// node1's agent stop sending there.
-	v4 := endpointSlices(c.Nodes[0].Pods)[0]
+	v4 := endpointSlices("web", c.Nodes[0].Pods)[0]
 	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: v4}); err != nil {
 		t.Fatal(err)
 	}
