@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"slices"
@@ -24,6 +25,10 @@ type Config struct {
 	ClusterCIDRs []netip.Prefix
 	// MasqueradeMark is the packet-mark bit Weir uses; 0 means DefaultMasqueradeMark.
 	MasqueradeMark uint32
+	// Conntrack clears stale UDP entries after a change; nil leaves them.
+	Conntrack Conntrack
+	// Log receives what the datapath cannot return as an error; nil discards.
+	Log *slog.Logger
 }
 
 // Datapath programs one node's Weir tables (one per family). It keeps what
@@ -61,6 +66,9 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 	if cfg.MasqueradeMark == 0 {
 		cfg.MasqueradeMark = DefaultMasqueradeMark
 	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
 	d := &Datapath{cfg: cfg, nft: map[*family]knftables.Interface{}, needFull: true}
 	if nftIPv4 != nil {
 		d.nft[&ipv4] = nftIPv4
@@ -80,6 +88,9 @@ func NewForNode(cfg Config) (*Datapath, error) {
 	v6, err := knftables.New(knftables.IPv6Family, TableName)
 	if err != nil {
 		return nil, fmt.Errorf("nftables for IPv6: %w", err)
+	}
+	if cfg.Conntrack == nil {
+		cfg.Conntrack = ConntrackTool{}
 	}
 	return New(v4, v6, cfg), nil
 }
@@ -219,6 +230,15 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 	}
 	// A copy: the caller may change its map for the next Apply.
 	d.node, d.services = state.Node, maps.Clone(state.Services)
+	// Only after the new rules are in: a flow cleared earlier could be
+	// re-created on the old path.
+	if d.cfg.Conntrack != nil {
+		for _, flow := range d.staleUDPFlows(before) {
+			if err := d.cfg.Conntrack.ClearUDP(ctx, flow); err != nil {
+				d.cfg.Log.Warn("stale UDP conntrack entries not cleared", "flow", flow.String(), "error", err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -238,11 +258,11 @@ func (d *Datapath) addElements(txs map[*family]*knftables.Transaction, adds []el
 		}
 		tx := d.tx(txs, e.family)
 		if chain, ok := strings.CutPrefix(e.value, "goto "); ok && !d.chains[e.family][chain] {
-			k, n, ok := kindOfChain(chain)
+			k, p, n, ok := kindOfChain(chain)
 			if !ok {
 				panic("datapath: verdict to unknown chain " + chain)
 			}
-			for _, obj := range k.pickChainObjects(*e.family, d.cfg.MasqueradeMark, n) {
+			for _, obj := range k.pickChainObjects(*e.family, d.cfg.MasqueradeMark, p, n) {
 				tx.Add(obj)
 			}
 			d.chains[e.family][chain] = true

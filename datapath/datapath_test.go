@@ -106,13 +106,13 @@ func trace(t *testing.T, fake *knftables.Fake, src netip.Addr, proto string, dst
 		if tbl.Chains[chain] == nil {
 			t.Fatalf("frontend %s jumps to missing chain %s", key, chain)
 		}
-		ck, n, ok := kindOfChain(chain)
-		if !ok || ck != k {
+		ck, p, n, ok := kindOfChain(chain)
+		if !ok || ck != k || p.String() != proto {
 			t.Fatalf("frontend %s of kind %q jumps to %s", key, k.name, chain)
 		}
 		var v verdict
 		for i := range n {
-			be := tbl.Maps[k.backends].FindElement(key + " . " + strconv.Itoa(i))
+			be := tbl.Maps[k.backends(p)].FindElement(key + " . " + strconv.Itoa(i))
 			if be == nil {
 				t.Fatalf("frontend %s: pick chain %s but no backend in slot %d", key, chain, i)
 			}
@@ -245,7 +245,7 @@ func TestPartialSyncTouchesOnlyWhatChanged(t *testing.T) {
 	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(verdict{}, got) {
 		t.Errorf("removed service still forwards: %+v", got)
 	}
-	if n := len(v4.Table.Maps[ipKind.backends].Elements); n != 1 {
+	if n := len(v4.Table.Maps[ipKind.backends(TCP)].Elements); n != 1 {
 		t.Errorf("backends left: %d, want only db's 1", n)
 	}
 	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.20:5432")); len(got.Endpoints) != 1 {

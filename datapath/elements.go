@@ -50,14 +50,14 @@ func appendServiceElements(out []element, f *family, svc *Service, node NodeInfo
 	add := func(set, key, value string) { out = append(out, element{family: f, set: set, key: key, value: value}) }
 	// pick points a frontend of kind k at the endpoints eps: DNAT to one of
 	// them, or drop when a traffic policy leaves none on this node.
-	pick := func(k *frontendKind, fk string, eps []Endpoint) {
+	pick := func(k *frontendKind, p Protocol, fk string, eps []Endpoint) {
 		if len(eps) == 0 {
 			add(k.frontends, fk, "drop")
 			return
 		}
-		add(k.frontends, fk, "goto "+k.pickChain(len(eps)))
+		add(k.frontends, fk, "goto "+k.pickChain(p, len(eps)))
 		for i, ep := range eps {
-			add(k.backends, concat(fk, strconv.Itoa(i)), concat(ep.Addr.String(), port(ep.Port)))
+			add(k.backends(p), concat(fk, strconv.Itoa(i)), concat(ep.Addr.String(), port(ep.Port)))
 		}
 	}
 	for _, ip := range clusterIPs {
@@ -83,15 +83,15 @@ func appendServiceElements(out []element, f *family, svc *Service, node NodeInfo
 				continue
 			}
 			if slices.Contains(clusterIPs, ip) {
-				pick(&ipKind, fk, internal)
+				pick(&ipKind, sp.Protocol, fk, internal)
 				continue
 			}
 			// External and load-balancer IPs: sources in the cluster are
 			// short-circuited to every endpoint, external ones follow the
 			// external policy.
-			pick(&ipKind, fk, cluster)
+			pick(&ipKind, sp.Protocol, fk, cluster)
 			if externalLocal {
-				pick(&externalIPKind, fk, local)
+				pick(&externalIPKind, sp.Protocol, fk, local)
 			}
 		}
 		if sp.NodePort != 0 {
@@ -100,9 +100,9 @@ func appendServiceElements(out []element, f *family, svc *Service, node NodeInfo
 			case len(all) == 0:
 				add(noEndpointNodePortsSet, nk, "")
 			default:
-				pick(&nodePortKind, nk, cluster)
+				pick(&nodePortKind, sp.Protocol, nk, cluster)
 				if externalLocal {
-					pick(&externalNodePortKind, nk, local)
+					pick(&externalNodePortKind, sp.Protocol, nk, local)
 				}
 			}
 		}

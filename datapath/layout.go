@@ -49,47 +49,63 @@ const (
 )
 
 // frontendKind is one way a packet's destination names a service port. Each
-// kind has its own frontend verdict map, backends map and pick chains.
+// kind has its own frontend verdict map, and per protocol a backends map
+// and pick chains.
+//
+// Backends are split by protocol because of nft 1.0.6: a map whose value is
+// "address . port" must name the port type through a protocol ("tcp
+// dport"), which makes nft add that protocol as a match to every rule using
+// the map; the protocol-neutral "th dport" cannot be read back from the
+// kernel (nft list fails on it).
 type frontendKind struct {
 	name      string // prefix of its maps and chains
 	nodePort  bool   // keyed by proto . port on a node-port address
 	external  bool   // consulted only for sources outside the cluster
-	frontends string // frontend -> goto <name>pick_N | drop
-	backends  string // frontend . slot -> endpoint address . port
+	frontends string // frontend -> goto <name><proto>_pick_N | drop
 }
 
 var (
 	// ipKind: cluster, external and load-balancer IPs, for every source
 	// (but external sources to an externalTrafficPolicy Local frontend).
-	ipKind = frontendKind{name: "", frontends: "frontends", backends: "backends"}
+	ipKind = frontendKind{name: "", frontends: "frontends"}
 	// nodePortKind: node ports.
-	nodePortKind = frontendKind{name: "nodeport_", nodePort: true, frontends: "nodeport_frontends", backends: "nodeport_backends"}
+	nodePortKind = frontendKind{name: "nodeport_", nodePort: true, frontends: "nodeport_frontends"}
 	// externalIPKind: external and load-balancer IPs of Local services, for
 	// external sources: local endpoints only.
-	externalIPKind = frontendKind{name: "external_", external: true, frontends: "external_frontends", backends: "external_backends"}
+	externalIPKind = frontendKind{name: "external_", external: true, frontends: "external_frontends"}
 	// externalNodePortKind: node ports of Local services, for external sources.
-	externalNodePortKind = frontendKind{name: "external_nodeport_", nodePort: true, external: true, frontends: "external_nodeport_frontends", backends: "external_nodeport_backends"}
+	externalNodePortKind = frontendKind{name: "external_nodeport_", nodePort: true, external: true, frontends: "external_nodeport_frontends"}
 
 	frontendKinds = []*frontendKind{&ipKind, &nodePortKind, &externalIPKind, &externalNodePortKind}
+	protocols     = []Protocol{TCP, UDP, SCTP}
 )
 
-// pickChain is the chain that DNATs to one of n endpoints of this kind,
-// uniformly at random. Chains are shared by every service with n endpoints,
-// so the table holds as many chains as there are distinct endpoint counts.
-func (k *frontendKind) pickChain(n int) string { return k.name + "pick_" + strconv.Itoa(n) }
+// backends is the map from frontend . slot to endpoint address . port for
+// one protocol.
+func (k *frontendKind) backends(p Protocol) string { return k.name + p.String() + "_backends" }
 
-// kindOfChain finds the kind and endpoint count a pick chain stands for.
-func kindOfChain(chain string) (*frontendKind, int, bool) {
+// pickChain is the chain that DNATs to one of n endpoints of this kind,
+// uniformly at random. Chains are shared by every service port with n
+// endpoints, so the table holds as many chains as there are distinct
+// endpoint counts.
+func (k *frontendKind) pickChain(p Protocol, n int) string {
+	return k.name + p.String() + "_pick_" + strconv.Itoa(n)
+}
+
+// kindOfChain finds what a pick chain stands for.
+func kindOfChain(chain string) (*frontendKind, Protocol, int, bool) {
 	for _, k := range frontendKinds {
-		rest, ok := strings.CutPrefix(chain, k.name+"pick_")
-		if !ok {
-			continue
-		}
-		if n, err := strconv.Atoi(rest); err == nil && n > 0 {
-			return k, n, true
+		for _, p := range protocols {
+			rest, ok := strings.CutPrefix(chain, k.name+p.String()+"_pick_")
+			if !ok {
+				continue
+			}
+			if n, err := strconv.Atoi(rest); err == nil && n > 0 {
+				return k, p, n, true
+			}
 		}
 	}
-	return nil, 0, false
+	return nil, 0, 0, false
 }
 
 // key is the nftables expression of the packet's frontend for this kind.
@@ -100,13 +116,13 @@ func (k *frontendKind) key(f family) string {
 	return f.ip + " daddr . meta l4proto . th dport"
 }
 
-func (k *frontendKind) pickChainObjects(f family, mark uint32, n int) []knftables.Object {
-	name := k.pickChain(n)
+func (k *frontendKind) pickChainObjects(f family, mark uint32, p Protocol, n int) []knftables.Object {
+	name := k.pickChain(p, n)
 	return []knftables.Object{
 		&knftables.Chain{Name: name},
 		&knftables.Rule{Chain: name, Rule: knftables.Concat(
 			"meta mark set meta mark |", fmt.Sprintf("%#x", mark),
-			"dnat", f.ip, "to", k.key(f), ". numgen random mod", n, "map", "@"+k.backends,
+			"dnat", f.ip, "to", k.key(f), ". numgen random mod", n, "map", "@"+k.backends(p),
 		)},
 	}
 }
@@ -140,14 +156,11 @@ func staticObjects(f family, mark uint32) []knftables.Object {
 		if k.nodePort {
 			keyType, keyOf = "inet_proto . inet_service", "meta l4proto . th dport"
 		}
-		objs = append(objs,
-			&knftables.Map{Name: k.frontends, Type: keyType + " : verdict"},
-			// The values are address . port whatever the protocol: "tcp
-			// dport" only names the port type, because nft 1.0.6 cannot
-			// read back a "th dport" value type when a later rule refers
-			// to the map.
-			&knftables.Map{Name: k.backends, TypeOf: keyOf + " . numgen random mod 1 : " + ip + " daddr . tcp dport"},
-		)
+		objs = append(objs, &knftables.Map{Name: k.frontends, Type: keyType + " : verdict"})
+		for _, p := range protocols {
+			objs = append(objs, &knftables.Map{Name: k.backends(p),
+				TypeOf: keyOf + " . numgen random mod 1 : " + ip + " daddr . " + p.String() + " dport"})
+		}
 	}
 	nodePortMatch := "fib daddr type local " + ip + " daddr @" + nodePortAddressesSet + " meta l4proto . th dport"
 	objs = append(objs,

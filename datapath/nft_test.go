@@ -43,20 +43,22 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	local.Ports[0].NodePort = 30012
 	local.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:100::/64"), netip.MustParsePrefix("192.0.2.0/24")}
 	local.InternalTrafficPolicy = Local
-	st := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false), ep("fd00:244:1::11", true)), local)
+	dns := dnsService(UDP, ep("10.244.1.53", true))
+	st := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false), ep("fd00:244:1::11", true)), local, dns)
 	if err := dp.Apply(ctx, st); err != nil {
 		t.Fatalf("full sync: %v", err)
 	}
 	// A new endpoint count makes the partial sync create a pick chain
 	// that refers to maps the kernel already holds.
-	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.12", false), ep("10.244.2.13", false)), local)
+	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.12", false), ep("10.244.2.13", false)), local,
+		dnsService(UDP, ep("10.244.1.53", true), ep("10.244.2.53", false)))
 	if err := dp.Apply(ctx, st2); err != nil {
 		t.Fatalf("partial sync: %v", err)
 	}
 	if err := dp.Resync(ctx); err != nil {
 		t.Fatalf("resync: %v", err)
 	}
-	out, err := exec.Command("nft", "list", "map", "ip", TableName, ipKind.backends).CombinedOutput()
+	out, err := exec.Command("nft", "list", "map", "ip", TableName, ipKind.backends(TCP)).CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft list: %v: %s", err, out)
 	}
@@ -67,5 +69,14 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	}
 	if strings.Contains(string(out), "10.244.2.11") {
 		t.Errorf("backends map still has the removed endpoint:\n%s", out)
+	}
+	// Operators must be able to list the table, and a UDP pick chain made
+	// by a partial sync must not carry a TCP match.
+	if out, err := exec.Command("nft", "list", "ruleset").CombinedOutput(); err != nil {
+		t.Fatalf("nft list ruleset: %v: %s", err, out)
+	}
+	out, err = exec.Command("nft", "list", "chain", "ip", TableName, ipKind.pickChain(UDP, 2)).CombinedOutput()
+	if err != nil || strings.Contains(string(out), "tcp") || !strings.Contains(string(out), "udp_backends") {
+		t.Errorf("UDP pick chain: %v:\n%s", err, out)
 	}
 }

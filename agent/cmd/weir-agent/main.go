@@ -57,7 +57,7 @@ func run() error {
 	if *nodeName == "" {
 		return fmt.Errorf("--node-name: required")
 	}
-	cfg := datapath.Config{}
+	cfg := datapath.Config{Log: log}
 	var err error
 	if cfg.ClusterCIDRs, err = parsePrefixes("--cluster-cidr", *clusterCIDRs); err != nil {
 		return err

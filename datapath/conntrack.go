@@ -1,0 +1,170 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Conntrack deletes stale connection-tracking entries: the seam to the
+// kernel's conntrack table. UDP has no connection teardown, so an entry
+// made before a change keeps steering a client's packets to the old place
+// until it expires; TCP and SCTP entries are left alone, as in kube-proxy.
+type Conntrack interface {
+	ClearUDP(ctx context.Context, flow UDPFlow) error
+}
+
+// UDPFlow selects UDP entries by their original destination and, when
+// Endpoint is valid, by the endpoint they were DNAT'ed to.
+type UDPFlow struct {
+	IPv6 bool
+	// Dst is the frontend address; invalid for a node port (any local address).
+	Dst      netip.Addr
+	Port     uint16
+	Endpoint netip.Addr
+}
+
+func (f UDPFlow) String() string {
+	dst := "*"
+	if f.Dst.IsValid() {
+		dst = f.Dst.String()
+	}
+	s := fmt.Sprintf("udp to %s port %d", dst, f.Port)
+	if f.Endpoint.IsValid() {
+		s += " via " + f.Endpoint.String()
+	}
+	return s
+}
+
+// ConntrackTool is the real Conntrack: the conntrack(8) program.
+type ConntrackTool struct{}
+
+// ClearUDP runs conntrack -D for the flow.
+func (ConntrackTool) ClearUDP(ctx context.Context, f UDPFlow) error {
+	args := []string{"-D", "-p", "udp", "--orig-port-dst", strconv.Itoa(int(f.Port))}
+	if f.IPv6 {
+		args = append(args, "-f", "ipv6")
+	}
+	if f.Dst.IsValid() {
+		args = append(args, "--orig-dst", f.Dst.String())
+	}
+	if f.Endpoint.IsValid() {
+		args = append(args, "--reply-src", f.Endpoint.String())
+	}
+	out, err := exec.CommandContext(ctx, "conntrack", args...).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), " 0 flow entries") {
+		return fmt.Errorf("conntrack %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// FakeConntrack records what it was asked to clear.
+type FakeConntrack struct {
+	mu      sync.Mutex
+	Cleared []UDPFlow
+}
+
+// ClearUDP records f.
+func (c *FakeConntrack) ClearUDP(_ context.Context, f UDPFlow) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.Cleared = append(c.Cleared, f)
+	return nil
+}
+
+// staleUDPFlows finds, from the elements a partial sync changed, the UDP
+// conntrack entries that now point the wrong way: flows to an endpoint that
+// no longer backs their frontend, and flows cached while a frontend had no
+// endpoint (rejected or dropped) that now has one.
+func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement) []UDPFlow {
+	var flows []UDPFlow
+	seen := map[UDPFlow]bool{}
+	emit := func(f UDPFlow) {
+		if !seen[f] {
+			seen[f] = true
+			flows = append(flows, f)
+		}
+	}
+	for id, was := range before {
+		now := d.live[id]
+		parts := strings.Split(id.key, " . ")
+		switch k, isBackends := kindOfMap(id.set); {
+		case k != nil && isBackends && was != nil:
+			// A backend slot lost endpoint was.value; stale unless the
+			// endpoint still holds another slot of the same frontend.
+			frontend := strings.Join(parts[:len(parts)-1], " . ")
+			flow, ok := udpFlow(id.family, frontend, k.nodePort)
+			if !ok || (now != nil && now.value == was.value) || d.backsFrontend(id.family, k, frontend, was.value) {
+				continue
+			}
+			flow.Endpoint = netip.MustParseAddr(strings.Split(was.value, " . ")[0])
+			emit(flow)
+		case k != nil && !isBackends:
+			// drop -> endpoints: flows cached while dropping are stale.
+			if was != nil && was.value == "drop" && now != nil && now.value != "drop" {
+				if flow, ok := udpFlow(id.family, id.key, k.nodePort); ok {
+					emit(flow)
+				}
+			}
+		case id.set == noEndpointFrontendsSet || id.set == noEndpointNodePortsSet:
+			// The first endpoint arrived: flows cached while rejecting are stale.
+			if was != nil && now == nil {
+				if flow, ok := udpFlow(id.family, id.key, id.set == noEndpointNodePortsSet); ok {
+					emit(flow)
+				}
+			}
+		}
+	}
+	return flows
+}
+
+// udpFlow reads a frontend key ("addr . udp . port" or "udp . port").
+func udpFlow(f *family, frontend string, nodePort bool) (UDPFlow, bool) {
+	parts := strings.Split(frontend, " . ")
+	if (nodePort && len(parts) != 2) || (!nodePort && len(parts) != 3) || parts[len(parts)-2] != "udp" {
+		return UDPFlow{}, false
+	}
+	p, err := strconv.Atoi(parts[len(parts)-1])
+	if err != nil {
+		return UDPFlow{}, false
+	}
+	flow := UDPFlow{IPv6: f.is6, Port: uint16(p)}
+	if !nodePort {
+		flow.Dst = netip.MustParseAddr(parts[0])
+	}
+	return flow, true
+}
+
+// backsFrontend reports whether endpoint (as "addr . port") holds a slot of
+// frontend in kind k's backends after the sync.
+func (d *Datapath) backsFrontend(f *family, k *frontendKind, frontend, endpoint string) bool {
+	for i := 0; ; i++ {
+		le := d.live[elemID{f, k.backends(UDP), frontend + " . " + strconv.Itoa(i)}]
+		if le == nil {
+			return false
+		}
+		if le.value == endpoint {
+			return true
+		}
+	}
+}
+
+// kindOfMap finds the frontend kind a map belongs to, and whether it is one
+// of the kind's backends maps.
+func kindOfMap(name string) (k *frontendKind, isBackends bool) {
+	for _, k := range frontendKinds {
+		if k.frontends == name {
+			return k, false
+		}
+		for _, p := range protocols {
+			if k.backends(p) == name {
+				return k, true
+			}
+		}
+	}
+	return nil, false
+}

@@ -1,0 +1,57 @@
+package datapath
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/knftables"
+)
+
+func dnsService(proto Protocol, eps ...Endpoint) *Service {
+	return &Service{
+		Key:        ServiceKey{"kube-system", "dns"},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.53")},
+		Ports:      []ServicePort{{Name: "dns", Protocol: proto, Port: 53, NodePort: 30053, Endpoints: eps}},
+	}
+}
+
+func TestStaleUDPConntrackEntriesAreCleared(t *testing.T) {
+	ctx := context.Background()
+	a, b := ep("10.244.1.11", true), ep("10.244.2.11", false)
+	vip := netip.MustParseAddr("10.96.0.53")
+	for _, tc := range []struct {
+		name        string
+		proto       Protocol
+		before, now []Endpoint
+		want        []UDPFlow
+	}{
+		{"removed endpoint", UDP, []Endpoint{a, b}, []Endpoint{a}, []UDPFlow{
+			{Dst: vip, Port: 53, Endpoint: b.Addr}, {Port: 30053, Endpoint: b.Addr}}},
+		{"removed endpoint whose slot another one takes", UDP, []Endpoint{a, b}, []Endpoint{b}, []UDPFlow{
+			{Dst: vip, Port: 53, Endpoint: a.Addr}, {Port: 30053, Endpoint: a.Addr}}},
+		{"first endpoint of a service that had none", UDP, nil, []Endpoint{a}, []UDPFlow{{Dst: vip, Port: 53}, {Port: 30053}}},
+		{"endpoint added", UDP, []Endpoint{a}, []Endpoint{a, b}, nil},
+		{"TCP entries are left alone", TCP, []Endpoint{a, b}, []Endpoint{a}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ct := &FakeConntrack{}
+			dp := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), Config{Conntrack: ct})
+			if err := dp.Apply(ctx, nodeState(dnsService(tc.proto, tc.before...))); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.Apply(ctx, nodeState(dnsService(tc.proto, tc.now...))); err != nil {
+				t.Fatal(err)
+			}
+			sortFlows := func(f []UDPFlow) { slices.SortFunc(f, func(x, y UDPFlow) int { return strings.Compare(x.String(), y.String()) }) }
+			sortFlows(ct.Cleared)
+			sortFlows(tc.want)
+			if diff := cmp.Diff(tc.want, ct.Cleared, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
+				t.Errorf("cleared flows (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
