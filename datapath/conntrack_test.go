@@ -46,7 +46,9 @@ func TestStaleUDPConntrackEntriesAreCleared(t *testing.T) {
 			if err := dp.Apply(ctx, nodeState(dnsService(tc.proto, tc.now...))); err != nil {
 				t.Fatal(err)
 			}
-			sortFlows := func(f []UDPFlow) { slices.SortFunc(f, func(x, y UDPFlow) int { return strings.Compare(x.String(), y.String()) }) }
+			sortFlows := func(f []UDPFlow) {
+				slices.SortFunc(f, func(x, y UDPFlow) int { return strings.Compare(x.String(), y.String()) })
+			}
 			sortFlows(ct.Cleared)
 			sortFlows(tc.want)
 			if diff := cmp.Diff(tc.want, ct.Cleared, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
