@@ -50,6 +50,8 @@ type Datapath struct {
 	contrib map[ServiceKey][]element
 	live    map[elemID]*liveElement
 	chains  map[*family]map[string]bool // pick chains that exist
+	// owned are the chains and sets each service has to itself.
+	owned map[ServiceKey][]ownedObject
 }
 
 type liveElement struct {
@@ -121,6 +123,7 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	d.contrib = map[ServiceKey][]element{}
 	d.live = map[elemID]*liveElement{}
 	d.chains = map[*family]map[string]bool{}
+	d.owned = map[ServiceKey][]ownedObject{}
 	txs := map[*family]*knftables.Transaction{}
 	for f, nft := range d.nft {
 		tx := nft.NewTransaction()
@@ -149,9 +152,16 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 		}
 	}
 	set(nodeKey, nodeElements(state.Node, d.cfg))
+	var owned []ownedObject
 	for key, svc := range state.Services {
-		set(key, serviceElements(svc, state.Node))
+		c := serviceContribution(svc, state.Node, d.cfg.MasqueradeMark)
+		set(key, c.elems)
+		if len(c.owned) > 0 {
+			d.owned[key] = c.owned
+			owned = append(owned, c.owned...)
+		}
 	}
+	d.changeOwned(txs, nil, owned)
 	d.addElements(txs, adds)
 	if err := d.run(ctx, txs); err != nil {
 		return err
@@ -195,6 +205,17 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 			d.contrib[key] = elems
 		}
 	}
+	var oldOwned, newOwned []ownedObject
+	changeService := func(key ServiceKey, c contribution) {
+		change(key, c.elems)
+		oldOwned = append(oldOwned, d.owned[key]...)
+		newOwned = append(newOwned, c.owned...)
+		if len(c.owned) > 0 {
+			d.owned[key] = c.owned
+		} else {
+			delete(d.owned, key)
+		}
+	}
 	nodeChanged := !nodeInfoEqual(state.Node, d.node)
 	if nodeChanged {
 		change(nodeKey, nodeElements(state.Node, d.cfg))
@@ -202,12 +223,12 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 	for key, svc := range state.Services {
 		// The node's zone and addresses shape every service's elements.
 		if nodeChanged || d.services[key] != svc {
-			change(key, serviceElements(svc, state.Node))
+			changeService(key, serviceContribution(svc, state.Node, d.cfg.MasqueradeMark))
 		}
 	}
 	for key := range d.services {
 		if _, ok := state.Services[key]; !ok {
-			change(key, nil)
+			changeService(key, contribution{})
 		}
 	}
 
@@ -223,6 +244,9 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 			adds = append(adds, element{family: id.family, set: id.set, key: id.key, value: now.value})
 		}
 	}
+	// After the element deletes (which drop references to chains that
+	// go), before the adds (which refer to chains that come).
+	d.changeOwned(txs, oldOwned, newOwned)
 	d.addElements(txs, adds)
 	if err := d.run(ctx, txs); err != nil {
 		d.needFull = true
@@ -240,6 +264,62 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 		}
 	}
 	return nil
+}
+
+// changeOwned turns the owned chains and sets from old into new: new and
+// changed ones are (re)written, vanished ones deleted. Chains are created
+// empty first, so that rules may refer to any of them.
+func (d *Datapath) changeOwned(txs map[*family]*knftables.Transaction, old, new []ownedObject) {
+	oldByID := map[objID]ownedObject{}
+	for _, o := range old {
+		oldByID[o.id()] = o
+	}
+	newByID := map[objID]bool{}
+	var rewrite []ownedObject
+	for _, o := range new {
+		newByID[o.id()] = true
+		was, existed := oldByID[o.id()]
+		if existed && was.definition() == o.definition() {
+			continue
+		}
+		// Sets never change definition (their names carry it), so an
+		// existing one is left as it is, with its clients.
+		d.tx(txs, o.family).Add(o.create())
+		rewrite = append(rewrite, o)
+	}
+	for _, o := range rewrite {
+		if o.set != nil {
+			continue
+		}
+		tx := d.tx(txs, o.family)
+		tx.Flush(&knftables.Chain{Name: o.name})
+		for _, r := range o.rules {
+			tx.Add(&knftables.Rule{Chain: o.name, Rule: r})
+		}
+	}
+	// Vanished: flush chains first (their rules may refer to each other
+	// and to sets), then delete chains, then sets.
+	var gone []ownedObject
+	for id, o := range oldByID {
+		if !newByID[id] {
+			gone = append(gone, o)
+		}
+	}
+	for _, o := range gone {
+		if o.set == nil {
+			d.tx(txs, o.family).Flush(&knftables.Chain{Name: o.name})
+		}
+	}
+	for _, o := range gone {
+		if o.set == nil {
+			d.tx(txs, o.family).Delete(&knftables.Chain{Name: o.name})
+		}
+	}
+	for _, o := range gone {
+		if o.set != nil {
+			d.tx(txs, o.family).Delete(&knftables.Set{Name: o.name})
+		}
+	}
 }
 
 // addElements adds elements to their family's transaction, creating first
@@ -260,7 +340,9 @@ func (d *Datapath) addElements(txs map[*family]*knftables.Transaction, adds []el
 		if chain, ok := strings.CutPrefix(e.value, "goto "); ok && !d.chains[e.family][chain] {
 			k, p, n, ok := kindOfChain(chain)
 			if !ok {
-				panic("datapath: verdict to unknown chain " + chain)
+				// A chain a service owns, created by changeOwned.
+				tx.Add(elementObject(e))
+				continue
 			}
 			for _, obj := range k.pickChainObjects(*e.family, d.cfg.MasqueradeMark, p, n) {
 				tx.Add(obj)

@@ -29,35 +29,48 @@ func concat(parts ...string) string { return strings.Join(parts, " . ") }
 
 func port(p uint16) string { return strconv.Itoa(int(p)) }
 
-// serviceElements is what one service contributes to both families' tables
-// on a node.
-func serviceElements(svc *Service, node NodeInfo) []element {
-	var out []element
-	for _, f := range []*family{&ipv4, &ipv6} {
-		out = appendServiceElements(out, f, svc, node)
-	}
-	return out
+// contribution is what one service adds to a node's tables: elements of
+// the shared sets and maps, and the few chains and sets it owns alone
+// (session affinity).
+type contribution struct {
+	elems []element
+	owned []ownedObject
 }
 
-func appendServiceElements(out []element, f *family, svc *Service, node NodeInfo) []element {
+// serviceContribution is what one service contributes to both families'
+// tables on a node.
+func serviceContribution(svc *Service, node NodeInfo, mark uint32) contribution {
+	var c contribution
+	for _, f := range []*family{&ipv4, &ipv6} {
+		c.addService(f, svc, node, mark)
+	}
+	return c
+}
+
+func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark uint32) {
 	clusterIPs := addrsOfFamily(svc.ClusterIPs, f.is6)
 	externalIPs := slices.Concat(addrsOfFamily(svc.ExternalIPs, f.is6), addrsOfFamily(svc.LoadBalancerIPs, f.is6))
 	if len(clusterIPs)+len(externalIPs) == 0 {
 		// A service without an address of this family has nothing to
 		// forward in it, not even its node ports (as in kube-proxy).
-		return out
+		return
 	}
-	add := func(set, key, value string) { out = append(out, element{family: f, set: set, key: key, value: value}) }
-	// pick points a frontend of kind k at the endpoints eps: DNAT to one of
-	// them, or drop when a traffic policy leaves none on this node.
-	pick := func(k *frontendKind, p Protocol, fk string, eps []Endpoint) {
-		if len(eps) == 0 {
+	add := func(set, key, value string) { c.elems = append(c.elems, element{family: f, set: set, key: key, value: value}) }
+	var aff *affinity
+	// pick points a frontend of kind k at the endpoints eps (the set
+	// called setName): DNAT to one of them, or drop when a traffic policy
+	// leaves none on this node.
+	pick := func(k *frontendKind, p Protocol, fk string, eps []Endpoint, setName string) {
+		switch {
+		case len(eps) == 0:
 			add(k.frontends, fk, "drop")
-			return
-		}
-		add(k.frontends, fk, "goto "+k.pickChain(p, len(eps)))
-		for i, ep := range eps {
-			add(k.backends(p), concat(fk, strconv.Itoa(i)), concat(ep.Addr.String(), port(ep.Port)))
+		case aff != nil:
+			add(k.frontends, fk, "goto "+aff.chainFor(setName, eps))
+		default:
+			add(k.frontends, fk, "goto "+k.pickChain(p, len(eps)))
+			for i, ep := range eps {
+				add(k.backends(p), concat(fk, strconv.Itoa(i)), concat(ep.Addr.String(), port(ep.Port)))
+			}
 		}
 	}
 	for _, ip := range clusterIPs {
@@ -65,15 +78,19 @@ func appendServiceElements(out []element, f *family, svc *Service, node NodeInfo
 	}
 	for _, sp := range svc.Ports {
 		proto := sp.Protocol.String()
+		aff = nil
+		if svc.SessionAffinityTimeout > 0 {
+			aff = newAffinity(f, svc, sp, mark)
+		}
 		all := usableEndpoints(sp.Endpoints, f.is6, nil)
 		// Connections that may go anywhere use the cluster-wide set, made
 		// close when topology asks; Local policies use this node's own
 		// usable endpoints, with their own terminating fallback.
 		cluster := preferZone(all, node.Zone, svc.PreferClose)
 		local := usableEndpoints(sp.Endpoints, f.is6, func(e Endpoint) bool { return e.Local })
-		internal := cluster
+		internal, internalName := cluster, "cluster"
 		if svc.InternalTrafficPolicy == Local {
-			internal = local
+			internal, internalName = local, "local"
 		}
 		externalLocal := svc.ExternalTrafficPolicy == Local
 		for _, ip := range slices.Concat(clusterIPs, externalIPs) {
@@ -83,15 +100,15 @@ func appendServiceElements(out []element, f *family, svc *Service, node NodeInfo
 				continue
 			}
 			if slices.Contains(clusterIPs, ip) {
-				pick(&ipKind, sp.Protocol, fk, internal)
+				pick(&ipKind, sp.Protocol, fk, internal, internalName)
 				continue
 			}
 			// External and load-balancer IPs: sources in the cluster are
 			// short-circuited to every endpoint, external ones follow the
 			// external policy.
-			pick(&ipKind, sp.Protocol, fk, cluster)
+			pick(&ipKind, sp.Protocol, fk, cluster, "cluster")
 			if externalLocal {
-				pick(&externalIPKind, sp.Protocol, fk, local)
+				pick(&externalIPKind, sp.Protocol, fk, local, "local")
 			}
 		}
 		if sp.NodePort != 0 {
@@ -100,9 +117,9 @@ func appendServiceElements(out []element, f *family, svc *Service, node NodeInfo
 			case len(all) == 0:
 				add(noEndpointNodePortsSet, nk, "")
 			default:
-				pick(&nodePortKind, sp.Protocol, nk, cluster)
+				pick(&nodePortKind, sp.Protocol, nk, cluster, "cluster")
 				if externalLocal {
-					pick(&externalNodePortKind, sp.Protocol, nk, local)
+					pick(&externalNodePortKind, sp.Protocol, nk, local, "local")
 				}
 			}
 		}
@@ -130,8 +147,10 @@ func appendServiceElements(out []element, f *family, svc *Service, node NodeInfo
 				add(hairpinSet, concat(a, a), "")
 			}
 		}
+		if aff != nil {
+			c.owned = append(c.owned, aff.objects()...)
+		}
 	}
-	return out
 }
 
 // nodeElements is what the node itself contributes: where node ports are

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -43,6 +44,7 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	local.Ports[0].NodePort = 30012
 	local.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:100::/64"), netip.MustParsePrefix("192.0.2.0/24")}
 	local.InternalTrafficPolicy = Local
+	local.SessionAffinityTimeout = 10800 * time.Second
 	dns := dnsService(UDP, ep("10.244.1.53", true))
 	st := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false), ep("fd00:244:1::11", true)), local, dns)
 	if err := dp.Apply(ctx, st); err != nil {
@@ -50,7 +52,10 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	}
 	// A new endpoint count makes the partial sync create a pick chain
 	// that refers to maps the kernel already holds.
-	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.12", false), ep("10.244.2.13", false)), local,
+	local2 := *local
+	local2.Ports = []ServicePort{local.Ports[0]}
+	local2.Ports[0].Endpoints = []Endpoint{ep("10.244.1.12", true), ep("10.244.2.99", false)}
+	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.12", false), ep("10.244.2.13", false)), &local2,
 		dnsService(UDP, ep("10.244.1.53", true), ep("10.244.2.53", false)))
 	if err := dp.Apply(ctx, st2); err != nil {
 		t.Fatalf("partial sync: %v", err)

@@ -3,7 +3,9 @@ package datapath
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -148,5 +150,79 @@ func TestTopologyPrefersTheNodesZone(t *testing.T) {
 				t.Errorf("got %+v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestSessionAffinityKeepsClientsOnTheirEndpoint(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newFakeDatapath(t)
+	a, b := ep("10.244.1.11", true), ep("10.244.2.11", false)
+	s := localService(a, b)
+	s.SessionAffinityTimeout = 3 * time.Hour
+	if err := dp.Apply(ctx, nodeState(s)); err != nil {
+		t.Fatal(err)
+	}
+	tbl := v4.Table
+	// Every frontend of the port goes through the same per-endpoint client
+	// sets: the cluster set for the cluster IP, node port and cluster
+	// sources, the local set for external sources to the Local frontends.
+	clusterChain := tbl.Maps[ipKind.frontends].FindElement("10.96.0.10 . tcp . 80").Value[0]
+	for _, fe := range []struct{ m, k string }{
+		{ipKind.frontends, "203.0.113.10 . tcp . 80"},
+		{nodePortKind.frontends, "tcp . 30080"},
+	} {
+		if got := tbl.Maps[fe.m].FindElement(fe.k).Value[0]; got != clusterChain {
+			t.Errorf("%s in %s goes to %q, want the same chain as the cluster IP (%q)", fe.k, fe.m, got, clusterChain)
+		}
+	}
+	localChain := tbl.Maps[externalIPKind.frontends].FindElement("203.0.113.10 . tcp . 80").Value[0]
+	if localChain == clusterChain || !strings.HasSuffix(localChain, "_local") {
+		t.Errorf("external sources to the LB IP go to %q; want the local-endpoints chain", localChain)
+	}
+	chain := tbl.Chains[strings.TrimPrefix(clusterChain, "goto ")]
+	if chain == nil || len(chain.Rules) != 3 {
+		t.Fatalf("affinity chain %q: %+v; want one rule per endpoint and a random pick", clusterChain, chain)
+	}
+	sets := 0
+	for name, set := range tbl.Sets {
+		if strings.HasPrefix(name, "affinity_") {
+			sets++
+			if set.Timeout == nil || *set.Timeout != 3*time.Hour {
+				t.Errorf("set %s timeout %v, want 3h", name, set.Timeout)
+			}
+		}
+	}
+	if sets != 2 {
+		t.Errorf("%d client sets, want one per endpoint (2)", sets)
+	}
+
+	// b goes away: its set and chain go with it, and clients it had pick anew.
+	if err := dp.Apply(ctx, nodeState(func() *Service { s := localService(a); s.SessionAffinityTimeout = 3 * time.Hour; return s }())); err != nil {
+		t.Fatal(err)
+	}
+	tbl = v4.Table // the fake replaces its table on every transaction
+	sets = 0
+	for name := range tbl.Sets {
+		if strings.HasPrefix(name, "affinity_") {
+			sets++
+		}
+	}
+	if sets != 1 {
+		t.Errorf("after removing an endpoint: %d client sets, want 1", sets)
+	}
+	// The service goes: nothing of it remains.
+	if err := dp.Apply(ctx, nodeState()); err != nil {
+		t.Fatal(err)
+	}
+	tbl = v4.Table
+	for name := range tbl.Chains {
+		if strings.HasPrefix(name, "affinity_") {
+			t.Errorf("chain %s left after the service was deleted", name)
+		}
+	}
+	for name := range tbl.Sets {
+		if strings.HasPrefix(name, "affinity_") {
+			t.Errorf("set %s left after the service was deleted", name)
+		}
 	}
 }
