@@ -74,7 +74,7 @@ type affinity struct {
 
 func newAffinity(f *family, svc *Service, sp ServicePort, mark uint32) *affinity {
 	return &affinity{
-		f:       f,
+		f: f,
 		// The timeout is part of the name: a set's timeout cannot change
 		// in place, so a new timeout makes new sets.
 		id:      shortHash(svc.Key.String(), sp.Name, sp.Protocol.String(), port(sp.Port), svc.SessionAffinityTimeout.String()),

@@ -55,7 +55,9 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 		// forward in it, not even its node ports (as in kube-proxy).
 		return
 	}
-	add := func(set, key, value string) { c.elems = append(c.elems, element{family: f, set: set, key: key, value: value}) }
+	add := func(set, key, value string) {
+		c.elems = append(c.elems, element{family: f, set: set, key: key, value: value})
+	}
 	var aff *affinity
 	// pick points a frontend of kind k at the endpoints eps (the set
 	// called setName): DNAT to one of them, or drop when a traffic policy
