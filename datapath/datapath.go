@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -36,12 +37,15 @@ type Config struct {
 // elements that changed, never a listing of the table.
 type Datapath struct {
 	cfg Config
-	nft map[*family]knftables.Interface
+	// nft holds, per family, the interface for ordinary transactions and,
+	// after it, any more that a full sync may load through in parallel.
+	nft map[*family][]knftables.Interface
 
 	mu sync.Mutex // guards everything below
 	// needFull is set until a full sync succeeds: at start, and after any
 	// failed transaction, when the kernel's state is no longer known here.
 	needFull bool
+	gen      generation // the generation the chains read
 	node     NodeInfo
 	services map[ServiceKey]*Service
 	// contrib is what each service (and, under the zero key, the node)
@@ -62,6 +66,11 @@ type liveElement struct {
 // nodeKey holds the node's own contribution in Datapath.contrib.
 var nodeKey = ServiceKey{}
 
+// FullSyncChunk is how many elements one transaction of a full sync loads:
+// nft's memory grows with the size of what it parses, about 2.5 KB per
+// element.
+const FullSyncChunk = 20000
+
 // New returns a Datapath programming the given per-family interfaces, which
 // must be for TableName. Either may be nil to leave that family alone.
 func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
@@ -71,30 +80,33 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	d := &Datapath{cfg: cfg, nft: map[*family]knftables.Interface{}, needFull: true}
+	d := &Datapath{cfg: cfg, nft: map[*family][]knftables.Interface{}, needFull: true, gen: genB}
 	if nftIPv4 != nil {
-		d.nft[&ipv4] = nftIPv4
+		d.nft[&ipv4] = []knftables.Interface{nftIPv4}
 	}
 	if nftIPv6 != nil {
-		d.nft[&ipv6] = nftIPv6
+		d.nft[&ipv6] = []knftables.Interface{nftIPv6}
 	}
 	return d
 }
 
-// NewForNode opens the real nftables tables of the current network namespace.
+// NewForNode opens the real nftables tables of the current network
+// namespace, with one loader per CPU for full syncs.
 func NewForNode(cfg Config) (*Datapath, error) {
-	v4, err := knftables.New(knftables.IPv4Family, TableName)
-	if err != nil {
-		return nil, fmt.Errorf("nftables for IPv4: %w", err)
-	}
-	v6, err := knftables.New(knftables.IPv6Family, TableName)
-	if err != nil {
-		return nil, fmt.Errorf("nftables for IPv6: %w", err)
-	}
 	if cfg.Conntrack == nil {
 		cfg.Conntrack = ConntrackTool{}
 	}
-	return New(v4, v6, cfg), nil
+	d := New(nil, nil, cfg)
+	for _, f := range []*family{&ipv4, &ipv6} {
+		for range max(2, min(runtime.NumCPU(), 4)) {
+			nft, err := knftables.New(f.nft, TableName)
+			if err != nil {
+				return nil, fmt.Errorf("nftables for %s: %w", f, err)
+			}
+			d.nft[f] = append(d.nft[f], nft)
+		}
+	}
+	return d, nil
 }
 
 // Apply makes the kernel forward exactly what state describes. Services are
@@ -118,57 +130,237 @@ func (d *Datapath) Resync(ctx context.Context) error {
 	return d.fullSync(ctx, NodeState{Node: d.node, Services: d.services})
 }
 
+// fullSync loads state into a fresh generation and switches to it:
+//  1. one transaction creates the table, the new generation's empty sets
+//     and maps, any missing chain, and the services' own objects;
+//  2. the elements load in chunks, in parallel, while the old generation
+//     still forwards;
+//  3. one transaction points every chain at the new generation and deletes
+//     the old one and anything else the table holds that is not Weir's now.
+//
+// A failure before step 3 leaves the old generation forwarding.
 func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	d.needFull = true
-	d.contrib = map[ServiceKey][]element{}
-	d.live = map[elemID]*liveElement{}
-	d.chains = map[*family]map[string]bool{}
-	d.owned = map[ServiceKey][]ownedObject{}
-	txs := map[*family]*knftables.Transaction{}
-	for f, nft := range d.nft {
-		tx := nft.NewTransaction()
-		// Delete and recreate in one transaction: atomic for packets, and
-		// it leaves nothing behind from an older layout. Connections in
-		// flight keep their NAT bindings, which live in conntrack.
-		tx.Add(&knftables.Table{})
-		tx.Delete(&knftables.Table{})
-		tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for Kubernetes-style services, owned by weir-agent")})
-		for _, obj := range staticObjects(*f, d.cfg.MasqueradeMark) {
-			tx.Add(obj)
-		}
-		txs[f] = tx
-		d.chains[f] = map[string]bool{}
+	next := d.gen.other()
+	existing, err := d.listObjects(ctx)
+	if err != nil {
+		return err
 	}
-	var adds []element
-	set := func(key ServiceKey, elems []element) {
-		d.contrib[key] = elems
-		for _, e := range elems {
-			if le := d.live[e.id()]; le != nil {
+
+	contrib := map[ServiceKey][]element{}
+	live := map[elemID]*liveElement{}
+	owned := map[ServiceKey][]ownedObject{}
+	var elems []element
+	var allOwned []ownedObject
+	collect := func(key ServiceKey, es []element) {
+		contrib[key] = es
+		for _, e := range es {
+			if le := live[e.id()]; le != nil {
 				le.refs++
 				continue
 			}
-			d.live[e.id()] = &liveElement{value: e.value, refs: 1}
-			adds = append(adds, e)
+			live[e.id()] = &liveElement{value: e.value, refs: 1}
+			elems = append(elems, e)
 		}
 	}
-	set(nodeKey, nodeElements(state.Node, d.cfg))
-	var owned []ownedObject
+	collect(nodeKey, nodeElements(state.Node, d.cfg))
 	for key, svc := range state.Services {
 		c := serviceContribution(svc, state.Node, d.cfg.MasqueradeMark)
-		set(key, c.elems)
+		collect(key, c.elems)
 		if len(c.owned) > 0 {
-			d.owned[key] = c.owned
-			owned = append(owned, c.owned...)
+			owned[key] = c.owned
+			allOwned = append(allOwned, c.owned...)
 		}
 	}
-	d.changeOwned(txs, nil, owned)
-	d.addElements(txs, adds)
+	pickChains := map[*family]map[string]bool{}
+	for f := range d.nft {
+		pickChains[f] = map[string]bool{}
+	}
+	for _, e := range elems {
+		if chain, ok := strings.CutPrefix(e.value, "goto "); ok {
+			if _, _, _, isPick := kindOfChain(chain); isPick && pickChains[e.family] != nil {
+				pickChains[e.family][chain] = true
+			}
+		}
+	}
+
+	// 1. Prepare.
+	txs := map[*family]*knftables.Transaction{}
+	for f := range d.nft {
+		tx := d.tx(txs, f)
+		tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for Kubernetes-style services, owned by weir-agent")})
+		for _, obj := range tableSets(*f, next) {
+			// Fresh, even if a failed sync left one behind.
+			tx.Add(obj)
+			tx.Delete(obj)
+			tx.Add(obj)
+		}
+		for _, c := range tableChains(*f, d.cfg.MasqueradeMark, next) {
+			tx.Add(c.chain)
+			if c.base() {
+				// Base chains only jump to fixed chains: rewriting them
+				// here changes nothing for packets.
+				tx.Flush(c.chain)
+				for _, r := range c.rules {
+					tx.Add(&knftables.Rule{Chain: c.chain.Name, Rule: r})
+				}
+			}
+		}
+		for chain := range pickChains[f] {
+			tx.Add(&knftables.Chain{Name: chain})
+		}
+	}
+	d.changeOwned(txs, nil, allOwned)
+	if err := d.run(ctx, txs); err != nil {
+		return err
+	}
+
+	// 2. Load.
+	if err := d.load(ctx, elems, next); err != nil {
+		return err
+	}
+
+	// 3. Switch.
+	txs = map[*family]*knftables.Transaction{}
+	for f := range d.nft {
+		tx := d.tx(txs, f)
+		keep := map[string]bool{}
+		for _, c := range tableChains(*f, d.cfg.MasqueradeMark, next) {
+			keep[c.chain.Name] = true
+			if c.base() {
+				continue
+			}
+			tx.Flush(c.chain)
+			for _, r := range c.rules {
+				tx.Add(&knftables.Rule{Chain: c.chain.Name, Rule: r})
+			}
+		}
+		for chain := range pickChains[f] {
+			keep[chain] = true
+			k, p, n, _ := kindOfChain(chain)
+			tx.Flush(&knftables.Chain{Name: chain})
+			tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*f, d.cfg.MasqueradeMark, p, n, next)})
+		}
+		for _, obj := range tableSets(*f, next) {
+			keep[setName(obj)] = true
+		}
+		for _, o := range allOwned {
+			if o.family == f {
+				keep[o.name] = true
+			}
+		}
+		// Whatever else the table holds goes: the old generation, pick
+		// chains no service needs, and objects of older layouts. Chains
+		// are flushed first, since they may refer to each other.
+		for _, name := range existing[f].chains {
+			if !keep[name] {
+				tx.Flush(&knftables.Chain{Name: name})
+			}
+		}
+		for _, name := range existing[f].chains {
+			if !keep[name] {
+				tx.Delete(&knftables.Chain{Name: name})
+			}
+		}
+		for _, name := range existing[f].maps {
+			if !keep[name] {
+				tx.Delete(&knftables.Map{Name: name})
+			}
+		}
+		for _, name := range existing[f].sets {
+			if !keep[name] {
+				tx.Delete(&knftables.Set{Name: name})
+			}
+		}
+	}
 	if err := d.run(ctx, txs); err != nil {
 		return err
 	}
 	d.needFull = false
+	d.gen = next
+	d.contrib, d.live, d.owned, d.chains = contrib, live, owned, pickChains
 	d.node, d.services = state.Node, maps.Clone(state.Services)
 	return nil
+}
+
+// tableObjects names what a family's table holds.
+type tableObjects struct{ chains, sets, maps []string }
+
+// listObjects lists the names of the table's objects (never their
+// contents, which is what makes a listing slow).
+func (d *Datapath) listObjects(ctx context.Context) (map[*family]tableObjects, error) {
+	out := map[*family]tableObjects{}
+	for f, nfts := range d.nft {
+		var objs tableObjects
+		for _, l := range []struct {
+			kind string
+			into *[]string
+		}{{"chain", &objs.chains}, {"set", &objs.sets}, {"map", &objs.maps}} {
+			names, err := nfts[0].List(ctx, l.kind)
+			if err != nil && !knftables.IsNotFound(err) {
+				return nil, fmt.Errorf("listing %s %ss: %w", f, l.kind, err)
+			}
+			*l.into = names
+		}
+		out[f] = objs
+	}
+	return out, nil
+}
+
+func setName(obj knftables.Object) string {
+	switch o := obj.(type) {
+	case *knftables.Set:
+		return o.Name
+	case *knftables.Map:
+		return o.Name
+	}
+	return ""
+}
+
+// load adds elements to generation g in chunks, spread over the family's
+// interfaces so that several nft processes parse at once.
+func (d *Datapath) load(ctx context.Context, elems []element, g generation) error {
+	type chunk struct {
+		f     *family
+		elems []element
+	}
+	byFamily := map[*family][]element{}
+	for _, e := range elems {
+		byFamily[e.family] = append(byFamily[e.family], e)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for f, es := range byFamily {
+		nfts := d.nft[f]
+		if len(nfts) == 0 {
+			continue
+		}
+		chunks := make(chan []element)
+		for _, nft := range nfts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for c := range chunks {
+					tx := nft.NewTransaction()
+					for _, e := range c {
+						tx.Add(elementObject(e, g))
+					}
+					if err := nft.Run(ctx, tx); err != nil {
+						mu.Lock()
+						errs = append(errs, fmt.Errorf("loading %s table %q: %w", f, TableName, err))
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		for start := 0; start < len(es); start += FullSyncChunk {
+			chunks <- es[start:min(start+FullSyncChunk, len(es))]
+		}
+		close(chunks)
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
@@ -238,7 +430,7 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 		now := d.live[id]
 		if was != nil && (now == nil || now.value != was.value) {
 			tx := d.tx(txs, id.family)
-			tx.Delete(elementObject(element{family: id.family, set: id.set, key: id.key, value: was.value}))
+			tx.Delete(elementObject(element{family: id.family, set: id.set, key: id.key, value: was.value}, d.gen))
 		}
 		if now != nil && (was == nil || now.value != was.value) {
 			adds = append(adds, element{family: id.family, set: id.set, key: id.key, value: now.value})
@@ -338,18 +530,15 @@ func (d *Datapath) addElements(txs map[*family]*knftables.Transaction, adds []el
 		}
 		tx := d.tx(txs, e.family)
 		if chain, ok := strings.CutPrefix(e.value, "goto "); ok && !d.chains[e.family][chain] {
-			k, p, n, ok := kindOfChain(chain)
-			if !ok {
-				// A chain a service owns, created by changeOwned.
-				tx.Add(elementObject(e))
-				continue
+			// Owned chains are made by changeOwned; pick chains here.
+			if k, p, n, isPick := kindOfChain(chain); isPick {
+				tx.Add(&knftables.Chain{Name: chain})
+				tx.Flush(&knftables.Chain{Name: chain})
+				tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*e.family, d.cfg.MasqueradeMark, p, n, d.gen)})
+				d.chains[e.family][chain] = true
 			}
-			for _, obj := range k.pickChainObjects(*e.family, d.cfg.MasqueradeMark, p, n) {
-				tx.Add(obj)
-			}
-			d.chains[e.family][chain] = true
 		}
-		tx.Add(elementObject(e))
+		tx.Add(elementObject(e, d.gen))
 	}
 }
 
@@ -357,7 +546,7 @@ func (d *Datapath) tx(txs map[*family]*knftables.Transaction, f *family) *knftab
 	if tx := txs[f]; tx != nil {
 		return tx
 	}
-	tx := d.nft[f].NewTransaction()
+	tx := d.nft[f][0].NewTransaction()
 	txs[f] = tx
 	return tx
 }
@@ -370,19 +559,20 @@ func (d *Datapath) run(ctx context.Context, txs map[*family]*knftables.Transacti
 		if tx == nil || tx.NumOperations() == 0 {
 			continue
 		}
-		if err := d.nft[f].Run(ctx, tx); err != nil {
+		if err := d.nft[f][0].Run(ctx, tx); err != nil {
 			errs = append(errs, fmt.Errorf("programming %s table %q: %w", f, TableName, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func elementObject(e element) *knftables.Element {
+// elementObject renders an element of generation g.
+func elementObject(e element, g generation) *knftables.Element {
 	el := &knftables.Element{Key: []string{e.key}}
 	if e.value == "" {
-		el.Set = e.set
+		el.Set = g.of(e.set)
 	} else {
-		el.Map = e.set
+		el.Map = g.of(e.set)
 		el.Value = []string{e.value}
 	}
 	return el

@@ -68,9 +68,9 @@ func trace(t *testing.T, fake *knftables.Fake, src netip.Addr, proto string, dst
 	tbl := fake.Table
 	ipKey := concat(dst.Addr().String(), proto, port(dst.Port()))
 	npKey := concat(proto, port(dst.Port()))
-	if tbl.Sets[firewallFrontendsSet].FindElement(ipKey) != nil {
+	if tbl.Sets[genOf(tbl).of(firewallFrontendsSet)].FindElement(ipKey) != nil {
 		allowed := false
-		for _, e := range tbl.Sets[firewallAllowSet].Elements {
+		for _, e := range tbl.Sets[genOf(tbl).of(firewallAllowSet)].Elements {
 			parts := strings.Split(e.Key[0], " . ")
 			if strings.Join(parts[:3], " . ") == ipKey && prefixContains(parts[3], src) {
 				allowed = true
@@ -80,8 +80,8 @@ func trace(t *testing.T, fake *knftables.Fake, src netip.Addr, proto string, dst
 			return verdict{Dropped: true}
 		}
 	}
-	internal := inIntervalSet(tbl.Sets[clusterCIDRsSet], src) || src == nodeAddr
-	isNodePort := tbl.Sets[nodePortAddressesSet].FindElement(dst.Addr().String()) != nil
+	internal := inIntervalSet(tbl.Sets[genOf(tbl).of(clusterCIDRsSet)], src) || src == nodeAddr
+	isNodePort := tbl.Sets[genOf(tbl).of(nodePortAddressesSet)].FindElement(dst.Addr().String()) != nil
 	var kinds []*frontendKind
 	if !internal {
 		kinds = append(kinds, &externalIPKind, &externalNodePortKind)
@@ -95,7 +95,7 @@ func trace(t *testing.T, fake *knftables.Fake, src netip.Addr, proto string, dst
 			}
 			key = npKey
 		}
-		fe := tbl.Maps[k.frontends].FindElement(key)
+		fe := tbl.Maps[genOf(tbl).of(k.frontends)].FindElement(key)
 		if fe == nil {
 			continue
 		}
@@ -112,7 +112,7 @@ func trace(t *testing.T, fake *knftables.Fake, src netip.Addr, proto string, dst
 		}
 		var v verdict
 		for i := range n {
-			be := tbl.Maps[k.backends(p)].FindElement(key + " . " + strconv.Itoa(i))
+			be := tbl.Maps[genOf(tbl).of(k.backends(p))].FindElement(key + " . " + strconv.Itoa(i))
 			if be == nil {
 				t.Fatalf("frontend %s: pick chain %s but no backend in slot %d", key, chain, i)
 			}
@@ -120,9 +120,9 @@ func trace(t *testing.T, fake *knftables.Fake, src netip.Addr, proto string, dst
 		}
 		return v
 	}
-	if tbl.Sets[noEndpointFrontendsSet].FindElement(ipKey) != nil ||
-		(isNodePort && tbl.Sets[noEndpointNodePortsSet].FindElement(npKey) != nil) ||
-		tbl.Sets[clusterIPsSet].FindElement(dst.Addr().String()) != nil {
+	if tbl.Sets[genOf(tbl).of(noEndpointFrontendsSet)].FindElement(ipKey) != nil ||
+		(isNodePort && tbl.Sets[genOf(tbl).of(noEndpointNodePortsSet)].FindElement(npKey) != nil) ||
+		tbl.Sets[genOf(tbl).of(clusterIPsSet)].FindElement(dst.Addr().String()) != nil {
 		return verdict{Rejected: true}
 	}
 	return verdict{}
@@ -172,10 +172,10 @@ func TestApplyTracesConnectionsToEndpoints(t *testing.T) {
 			}
 		})
 	}
-	if v4.Table.Sets[localEndpointsSet].FindElement("10.244.1.11") == nil {
+	if v4.Table.Sets[genOf(v4.Table).of(localEndpointsSet)].FindElement("10.244.1.11") == nil {
 		t.Error("local endpoint 10.244.1.11 missing from local_endpoints: its replies would be masqueraded")
 	}
-	if v4.Table.Sets[localEndpointsSet].FindElement("10.244.2.11") != nil {
+	if v4.Table.Sets[genOf(v4.Table).of(localEndpointsSet)].FindElement("10.244.2.11") != nil {
 		t.Error("remote endpoint listed as local: external clients reaching it would not be masqueraded")
 	}
 }
@@ -245,7 +245,7 @@ func TestPartialSyncTouchesOnlyWhatChanged(t *testing.T) {
 	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(verdict{}, got) {
 		t.Errorf("removed service still forwards: %+v", got)
 	}
-	if n := len(v4.Table.Maps[ipKind.backends(TCP)].Elements); n != 1 {
+	if n := len(v4.Table.Maps[genOf(v4.Table).of(ipKind.backends(TCP))].Elements); n != 1 {
 		t.Errorf("backends left: %d, want only db's 1", n)
 	}
 	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.20:5432")); len(got.Endpoints) != 1 {
@@ -268,7 +268,7 @@ func TestSharedLocalEndpointIsCountedPerService(t *testing.T) {
 	if err := dp.Apply(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	if v4.Table.Sets[localEndpointsSet].FindElement("10.244.1.11") == nil {
+	if v4.Table.Sets[genOf(v4.Table).of(localEndpointsSet)].FindElement("10.244.1.11") == nil {
 		t.Error("deleting one service removed a local endpoint another service still uses")
 	}
 }
@@ -318,4 +318,12 @@ func TestFailedTransactionForcesFullResync(t *testing.T) {
 	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.96.0.10:80")); !cmp.Equal(verdict{Endpoints: []string{"10.244.1.12:8080"}}, got) {
 		t.Errorf("after rebuild got %+v", got)
 	}
+}
+
+// genOf finds the generation a fake table forwards with.
+func genOf(tbl *knftables.FakeTable) generation {
+	if _, ok := tbl.Maps[genA.of(ipKind.frontends)]; ok {
+		return genA
+	}
+	return genB
 }

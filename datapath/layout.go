@@ -116,15 +116,12 @@ func (k *frontendKind) key(f family) string {
 	return f.ip + " daddr . meta l4proto . th dport"
 }
 
-func (k *frontendKind) pickChainObjects(f family, mark uint32, p Protocol, n int) []knftables.Object {
-	name := k.pickChain(p, n)
-	return []knftables.Object{
-		&knftables.Chain{Name: name},
-		&knftables.Rule{Chain: name, Rule: knftables.Concat(
-			"meta mark set meta mark |", fmt.Sprintf("%#x", mark),
-			"dnat", f.ip, "to", k.key(f), ". numgen random mod", n, "map", "@"+k.backends(p),
-		)},
-	}
+// pickChainRule is the one rule of a pick chain, reading generation g.
+func (k *frontendKind) pickChainRule(f family, mark uint32, p Protocol, n int, g generation) string {
+	return knftables.Concat(
+		"meta mark set meta mark |", fmt.Sprintf("%#x", mark),
+		"dnat", f.ip, "to", k.key(f), ". numgen random mod", n, "map", g.ref(k.backends(p)),
+	)
 }
 
 // family holds what differs between the IPv4 and IPv6 tables.
@@ -142,13 +139,36 @@ var (
 
 func (f family) String() string { return string(f.nft) }
 
-// staticObjects is the fixed part of the table: sets, maps, chains and
-// their rules, in the order a transaction must create them.
-func staticObjects(f family, mark uint32) []knftables.Object {
+// generation names one copy of the table's sets and maps. A full sync
+// fills a fresh generation while the current one keeps forwarding, in as
+// many transactions as memory and cores suit, then switches the chains over
+// in one small transaction: atomic for packets, and nft never has to parse
+// the whole table at once.
+type generation string
+
+const (
+	genA generation = "a"
+	genB generation = "b"
+)
+
+func (g generation) other() generation {
+	if g == genA {
+		return genB
+	}
+	return genA
+}
+
+// of names a set or map of this generation.
+func (g generation) of(set string) string { return set + "_" + string(g) }
+
+// ref is a rule's reference to a set or map of this generation.
+func (g generation) ref(set string) string { return "@" + g.of(set) }
+
+// tableSets is every set and map of one generation, named with its suffix.
+func tableSets(f family, g generation) []knftables.Object {
 	addr := f.addrType
 	ip := f.ip
 	frontendType := addr + " . inet_proto . inet_service"
-	mk := fmt.Sprintf("%#x", mark)
 	interval := []knftables.SetFlag{knftables.IntervalFlag}
 	var objs []knftables.Object
 	for _, k := range frontendKinds {
@@ -156,85 +176,99 @@ func staticObjects(f family, mark uint32) []knftables.Object {
 		if k.nodePort {
 			keyType, keyOf = "inet_proto . inet_service", "meta l4proto . th dport"
 		}
-		objs = append(objs, &knftables.Map{Name: k.frontends, Type: keyType + " : verdict"})
+		objs = append(objs, &knftables.Map{Name: g.of(k.frontends), Type: keyType + " : verdict"})
 		for _, p := range protocols {
-			objs = append(objs, &knftables.Map{Name: k.backends(p),
+			objs = append(objs, &knftables.Map{Name: g.of(k.backends(p)),
 				TypeOf: keyOf + " . numgen random mod 1 : " + ip + " daddr . " + p.String() + " dport"})
 		}
 	}
-	nodePortMatch := "fib daddr type local " + ip + " daddr @" + nodePortAddressesSet + " meta l4proto . th dport"
-	objs = append(objs,
-		&knftables.Set{Name: noEndpointFrontendsSet, Type: frontendType},
-		&knftables.Set{Name: noEndpointNodePortsSet, Type: "inet_proto . inet_service"},
-		&knftables.Set{Name: clusterIPsSet, Type: addr},
-		&knftables.Set{Name: nodePortAddressesSet, Type: addr, Flags: interval},
-		&knftables.Set{Name: localEndpointsSet, Type: addr},
-		&knftables.Set{Name: hairpinSet, Type: addr + " . " + addr},
-		&knftables.Set{Name: clusterCIDRsSet, Type: addr, Flags: interval},
-		&knftables.Set{Name: firewallFrontendsSet, Type: frontendType},
-		&knftables.Set{Name: firewallAllowSet, Type: frontendType + " . " + addr, Flags: interval},
-		&knftables.Set{Name: firewallAllowLocalSet, Type: frontendType},
+	for _, s := range []*knftables.Set{
+		{Name: noEndpointFrontendsSet, Type: frontendType},
+		{Name: noEndpointNodePortsSet, Type: "inet_proto . inet_service"},
+		{Name: clusterIPsSet, Type: addr},
+		{Name: nodePortAddressesSet, Type: addr, Flags: interval},
+		{Name: localEndpointsSet, Type: addr},
+		{Name: hairpinSet, Type: addr + " . " + addr},
+		{Name: clusterCIDRsSet, Type: addr, Flags: interval},
+		{Name: firewallFrontendsSet, Type: frontendType},
+		{Name: firewallAllowSet, Type: frontendType + " . " + addr, Flags: interval},
+		{Name: firewallAllowLocalSet, Type: frontendType},
+	} {
+		s.Name = g.of(s.Name)
+		objs = append(objs, s)
+	}
+	return objs
+}
 
+// chainSpec is a chain with its rules.
+type chainSpec struct {
+	chain *knftables.Chain
+	rules []string
+}
+
+func (c chainSpec) base() bool { return c.chain.Hook != nil }
+
+func regularChain(name string, rules ...string) chainSpec {
+	return chainSpec{chain: &knftables.Chain{Name: name}, rules: rules}
+}
+
+// tableChains is the fixed chains of the table with rules that refer to
+// generation g; base chains only jump to fixed chains, so they never change.
+func tableChains(f family, mark uint32, g generation) []chainSpec {
+	ip := f.ip
+	mk := fmt.Sprintf("%#x", mark)
+	frontend := ip + " daddr . meta l4proto . th dport"
+	nodePortMatch := "fib daddr type local " + ip + " daddr " + g.ref(nodePortAddressesSet) + " meta l4proto . th dport"
+	return []chainSpec{
 		// DNAT. Sources inside the cluster (pods, this host) always use
 		// the frontends maps; external sources first try the maps of
 		// externalTrafficPolicy Local frontends, which hold only this
 		// node's endpoints (or drop) so the client address survives.
-		&knftables.Chain{Name: "services"},
-		&knftables.Rule{Chain: "services", Rule: ip + " daddr . meta l4proto . th dport vmap @" + ipKind.frontends},
-		&knftables.Rule{Chain: "services", Rule: nodePortMatch + " vmap @" + nodePortKind.frontends},
-		&knftables.Chain{Name: "external_services"},
-		&knftables.Rule{Chain: "external_services", Rule: ip + " daddr . meta l4proto . th dport vmap @" + externalIPKind.frontends},
-		&knftables.Rule{Chain: "external_services", Rule: nodePortMatch + " vmap @" + externalNodePortKind.frontends},
-		&knftables.Rule{Chain: "external_services", Rule: "goto services"},
-		&knftables.Chain{Name: "dispatch"},
-		&knftables.Rule{Chain: "dispatch", Rule: ip + " saddr @" + clusterCIDRsSet + " goto services"},
-		&knftables.Rule{Chain: "dispatch", Rule: "fib saddr type local goto services"},
-		&knftables.Rule{Chain: "dispatch", Rule: "goto external_services"},
-		baseChain("nat_prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority),
-		&knftables.Rule{Chain: "nat_prerouting", Rule: "jump dispatch"},
-		baseChain("nat_output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority),
-		&knftables.Rule{Chain: "nat_output", Rule: "jump services"},
+		regularChain("services",
+			frontend+" vmap "+g.ref(ipKind.frontends),
+			nodePortMatch+" vmap "+g.ref(nodePortKind.frontends)),
+		regularChain("external_services",
+			frontend+" vmap "+g.ref(externalIPKind.frontends),
+			nodePortMatch+" vmap "+g.ref(externalNodePortKind.frontends),
+			"goto services"),
+		regularChain("dispatch",
+			ip+" saddr "+g.ref(clusterCIDRsSet)+" goto services",
+			"fib saddr type local goto services",
+			"goto external_services"),
+		{baseChain("nat_prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority), []string{"jump dispatch"}},
+		{baseChain("nat_output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority), []string{"jump services"}},
 
 		// SNAT only where the reply would otherwise not come back through
 		// this node: a pod reaching itself (hairpin), and a source outside
 		// the cluster sent to an endpoint on another node.
-		&knftables.Chain{Name: "masquerading"},
-		&knftables.Rule{Chain: "masquerading", Rule: "meta mark & " + mk + " == 0 return"},
-		&knftables.Rule{Chain: "masquerading", Rule: "meta mark set meta mark ^ " + mk},
-		&knftables.Rule{Chain: "masquerading", Rule: ip + " saddr . " + ip + " daddr @" + hairpinSet + " masquerade fully-random"},
-		&knftables.Rule{Chain: "masquerading", Rule: ip + " daddr @" + localEndpointsSet + " return"},
-		&knftables.Rule{Chain: "masquerading", Rule: ip + " saddr @" + clusterCIDRsSet + " return"},
-		&knftables.Rule{Chain: "masquerading", Rule: "masquerade fully-random"},
-		baseChain("nat_postrouting", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority),
-		&knftables.Rule{Chain: "nat_postrouting", Rule: "jump masquerading"},
+		regularChain("masquerading",
+			"meta mark & "+mk+" == 0 return",
+			"meta mark set meta mark ^ "+mk,
+			ip+" saddr . "+ip+" daddr "+g.ref(hairpinSet)+" masquerade fully-random",
+			ip+" daddr "+g.ref(localEndpointsSet)+" return",
+			ip+" saddr "+g.ref(clusterCIDRsSet)+" return",
+			"masquerade fully-random"),
+		{baseChain("nat_postrouting", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority), []string{"jump masquerading"}},
 
 		// loadBalancerSourceRanges: a load-balancer frontend with ranges
 		// drops sources outside them, at priority -110, before DNAT (-100).
-		&knftables.Chain{Name: "firewall"},
-		&knftables.Rule{Chain: "firewall", Rule: ip + " daddr . meta l4proto . th dport . " + ip + " saddr @" + firewallAllowSet + " return"},
-		&knftables.Rule{Chain: "firewall", Rule: "fib saddr type local " + ip + " daddr . meta l4proto . th dport @" + firewallAllowLocalSet + " return"},
-		&knftables.Rule{Chain: "firewall", Rule: ip + " daddr . meta l4proto . th dport @" + firewallFrontendsSet + " drop"},
-		baseChain("filter_prerouting", knftables.FilterType, knftables.PreroutingHook, "-110"),
-		&knftables.Rule{Chain: "filter_prerouting", Rule: "ct state new jump firewall"},
-		baseChain("filter_output_firewall", knftables.FilterType, knftables.OutputHook, "-110"),
-		&knftables.Rule{Chain: "filter_output_firewall", Rule: "ct state new jump firewall"},
+		regularChain("firewall",
+			frontend+" . "+ip+" saddr "+g.ref(firewallAllowSet)+" return",
+			"fib saddr type local "+frontend+" "+g.ref(firewallAllowLocalSet)+" return",
+			frontend+" "+g.ref(firewallFrontendsSet)+" drop"),
+		{baseChain("filter_prerouting", knftables.FilterType, knftables.PreroutingHook, "-110"), []string{"ct state new jump firewall"}},
+		{baseChain("filter_output_firewall", knftables.FilterType, knftables.OutputHook, "-110"), []string{"ct state new jump firewall"}},
 
 		// Reject (not drop) connections that no endpoint can serve, so
 		// clients fail fast instead of timing out.
-		&knftables.Chain{Name: "reject_unserved"},
-		&knftables.Rule{Chain: "reject_unserved", Rule: ip + " daddr . meta l4proto . th dport @" + noEndpointFrontendsSet + " reject"},
-		&knftables.Rule{Chain: "reject_unserved", Rule: "fib daddr type local " + ip + " daddr @" + nodePortAddressesSet +
-			" meta l4proto . th dport @" + noEndpointNodePortsSet + " reject"},
-		&knftables.Rule{Chain: "reject_unserved", Rule: ip + " daddr @" + clusterIPsSet + " reject"},
-	)
-	for _, hook := range []knftables.BaseChainHook{knftables.InputHook, knftables.ForwardHook, knftables.OutputHook} {
-		name := "filter_" + string(hook)
-		objs = append(objs,
-			baseChain(name, knftables.FilterType, hook, "filter - 10"),
-			&knftables.Rule{Chain: name, Rule: "ct state new jump reject_unserved"},
-		)
+		regularChain("reject_unserved",
+			frontend+" "+g.ref(noEndpointFrontendsSet)+" reject",
+			"fib daddr type local "+ip+" daddr "+g.ref(nodePortAddressesSet)+" meta l4proto . th dport "+g.ref(noEndpointNodePortsSet)+" reject",
+			ip+" daddr "+g.ref(clusterIPsSet)+" reject"),
+		{baseChain("filter_input", knftables.FilterType, knftables.InputHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
+		{baseChain("filter_forward", knftables.FilterType, knftables.ForwardHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
+		{baseChain("filter_output", knftables.FilterType, knftables.OutputHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
 	}
-	return objs
 }
 
 func baseChain(name string, typ knftables.BaseChainType, hook knftables.BaseChainHook, prio knftables.BaseChainPriority) *knftables.Chain {

@@ -2,37 +2,62 @@ package datapath
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/weirlb/weir/test/lab"
 )
 
-// inNewNetns runs the rest of the calling test in a fresh network namespace
-// on a locked OS thread, so the nft processes it starts see only that
-// namespace. The thread is never unlocked: Go discards it when the test ends.
-func inNewNetns(t *testing.T) { inNewNetnsTB(t) }
+// insideNetnsEnv marks a test binary re-run inside a test's namespace.
+const insideNetnsEnv = "WEIR_DATAPATH_TEST_NETNS"
 
-func inNewNetnsTB(t testing.TB) {
+// runInNewNetns runs the calling top-level test again, in a fresh network
+// namespace, as a child process: the datapath starts nft from several
+// goroutines, so the whole process, not one thread, must be inside. It
+// returns true in the parent, which should then return (the child's
+// verdict is the test's), and false in the child, which runs the test.
+func runInNewNetns(t *testing.T) bool {
 	t.Helper()
-	lab.SkipUnlessPrivileged(t)
-	runtime.LockOSThread()
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		t.Fatalf("unshare network namespace: %v", err)
+	if os.Getenv(insideNetnsEnv) != "" {
+		return false
 	}
+	lab.SkipUnlessPrivileged(t)
+	ns := fmt.Sprintf("weir-dp-%d-%s", os.Getpid(), shortHash(t.Name()))
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", ns).Run()
+	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.count", "1", "-test.v")
+	cmd.Env = append(os.Environ(), insideNetnsEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("in network namespace %s:\n%s", ns, out)
+	if err != nil {
+		t.Fatalf("the test failed inside its network namespace: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatal("the test did not run inside its network namespace")
+	}
+	return true
 }
 
 // TestRealNftablesAcceptsTheRuleset loads full and partial syncs into the
 // kernel: the fake does not check nftables syntax, the kernel does.
 func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
-	inNewNetns(t)
+	if runInNewNetns(t) {
+		return
+	}
 	ctx := context.Background()
+	// What an older layout left behind must go with the first full sync.
+	for _, cmd := range []string{"add table ip weir", "add map ip weir frontends { type ipv4_addr : verdict ; }", "add chain ip weir old_chain"} {
+		if out, err := exec.Command("sh", "-c", "nft '"+cmd+"'").CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", cmd, err, out)
+		}
+	}
 	dp, err := NewForNode(Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +88,18 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if err := dp.Resync(ctx); err != nil {
 		t.Fatalf("resync: %v", err)
 	}
-	out, err := exec.Command("nft", "list", "map", "ip", TableName, ipKind.backends(TCP)).CombinedOutput()
+	// The resync switched generations; nothing of the old one, nor of the
+	// older layout, remains.
+	listing, err := exec.Command("nft", "list", "table", "ip", TableName).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list table: %v: %s", err, listing)
+	}
+	for _, gone := range []string{dp.gen.other().of(ipKind.frontends), "map frontends {", "old_chain"} {
+		if strings.Contains(string(listing), gone) {
+			t.Errorf("after a resync the table still holds %q", gone)
+		}
+	}
+	out, err := exec.Command("nft", "list", "map", "ip", TableName, dp.gen.of(ipKind.backends(TCP))).CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft list: %v: %s", err, out)
 	}
@@ -81,7 +117,7 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 		t.Fatalf("nft list ruleset: %v: %s", err, out)
 	}
 	out, err = exec.Command("nft", "list", "chain", "ip", TableName, ipKind.pickChain(UDP, 2)).CombinedOutput()
-	if err != nil || strings.Contains(string(out), "tcp") || !strings.Contains(string(out), "udp_backends") {
+	if err != nil || strings.Contains(string(out), "tcp") || !strings.Contains(string(out), dp.gen.of("udp_backends")) {
 		t.Errorf("UDP pick chain: %v:\n%s", err, out)
 	}
 }

@@ -166,16 +166,16 @@ func TestSessionAffinityKeepsClientsOnTheirEndpoint(t *testing.T) {
 	// Every frontend of the port goes through the same per-endpoint client
 	// sets: the cluster set for the cluster IP, node port and cluster
 	// sources, the local set for external sources to the Local frontends.
-	clusterChain := tbl.Maps[ipKind.frontends].FindElement("10.96.0.10 . tcp . 80").Value[0]
+	clusterChain := tbl.Maps[genOf(tbl).of(ipKind.frontends)].FindElement("10.96.0.10 . tcp . 80").Value[0]
 	for _, fe := range []struct{ m, k string }{
 		{ipKind.frontends, "203.0.113.10 . tcp . 80"},
 		{nodePortKind.frontends, "tcp . 30080"},
 	} {
-		if got := tbl.Maps[fe.m].FindElement(fe.k).Value[0]; got != clusterChain {
+		if got := tbl.Maps[genOf(tbl).of(fe.m)].FindElement(fe.k).Value[0]; got != clusterChain {
 			t.Errorf("%s in %s goes to %q, want the same chain as the cluster IP (%q)", fe.k, fe.m, got, clusterChain)
 		}
 	}
-	localChain := tbl.Maps[externalIPKind.frontends].FindElement("203.0.113.10 . tcp . 80").Value[0]
+	localChain := tbl.Maps[genOf(tbl).of(externalIPKind.frontends)].FindElement("203.0.113.10 . tcp . 80").Value[0]
 	if localChain == clusterChain || !strings.HasSuffix(localChain, "_local") {
 		t.Errorf("external sources to the LB IP go to %q; want the local-endpoints chain", localChain)
 	}
