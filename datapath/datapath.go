@@ -40,11 +40,17 @@ type Datapath struct {
 	// nft holds, per family, the interface for ordinary transactions and,
 	// after it, any more that a full sync may load through in parallel.
 	nft map[*family][]knftables.Interface
+	// lister lists object names; over netlink where it can, because nft
+	// reads every element of the table to list even just the names.
+	lister map[*family]knftables.Interface
 
 	mu sync.Mutex // guards everything below
 	// needFull is set until a full sync succeeds: at start, and after any
 	// failed transaction, when the kernel's state is no longer known here.
 	needFull bool
+	// listed is set once the table's objects were listed: after that this
+	// Datapath knows every object it made.
+	listed   bool
 	gen      generation // the generation the chains read
 	node     NodeInfo
 	services map[ServiceKey]*Service
@@ -69,7 +75,7 @@ var nodeKey = ServiceKey{}
 // FullSyncChunk is how many elements one transaction of a full sync loads:
 // nft's memory grows with the size of what it parses, about 2.5 KB per
 // element.
-const FullSyncChunk = 20000
+const FullSyncChunk = 10000
 
 // New returns a Datapath programming the given per-family interfaces, which
 // must be for TableName. Either may be nil to leave that family alone.
@@ -80,12 +86,14 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	d := &Datapath{cfg: cfg, nft: map[*family][]knftables.Interface{}, needFull: true, gen: genB}
+	d := &Datapath{cfg: cfg, nft: map[*family][]knftables.Interface{}, lister: map[*family]knftables.Interface{}, needFull: true, gen: genB}
 	if nftIPv4 != nil {
 		d.nft[&ipv4] = []knftables.Interface{nftIPv4}
+		d.lister[&ipv4] = nftIPv4
 	}
 	if nftIPv6 != nil {
 		d.nft[&ipv6] = []knftables.Interface{nftIPv6}
+		d.lister[&ipv6] = nftIPv6
 	}
 	return d
 }
@@ -104,6 +112,10 @@ func NewForNode(cfg Config) (*Datapath, error) {
 				return nil, fmt.Errorf("nftables for %s: %w", f, err)
 			}
 			d.nft[f] = append(d.nft[f], nft)
+		}
+		d.lister[f] = d.nft[f][0]
+		if nl, err := knftables.New(f.nft, TableName, knftables.UseNetlink); err == nil {
+			d.lister[f] = nl
 		}
 	}
 	return d, nil
@@ -141,16 +153,26 @@ func (d *Datapath) Resync(ctx context.Context) error {
 // A failure before step 3 leaves the old generation forwarding.
 func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	d.needFull = true
-	next := d.gen.other()
-	existing, err := d.listObjects(ctx)
+	existing, err := d.existingObjects(ctx)
 	if err != nil {
 		return err
 	}
+	// A table left by an earlier agent forwards with one generation; load
+	// the other.
+	for _, objs := range existing {
+		if slices.Contains(objs.maps, genA.of(ipKind.frontends)) {
+			d.gen = genA
+		} else if slices.Contains(objs.maps, genB.of(ipKind.frontends)) {
+			d.gen = genB
+		}
+	}
+	next := d.gen.other()
 
-	contrib := map[ServiceKey][]element{}
-	live := map[elemID]*liveElement{}
+	// Sized for the usual dozen elements a service contributes.
+	contrib := make(map[ServiceKey][]element, len(state.Services)+1)
+	live := make(map[elemID]*liveElement, 12*len(state.Services))
 	owned := map[ServiceKey][]ownedObject{}
-	var elems []element
+	elems := make([]element, 0, 12*len(state.Services))
 	var allOwned []ownedObject
 	collect := func(key ServiceKey, es []element) {
 		contrib[key] = es
@@ -212,11 +234,13 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	}
 	d.changeOwned(txs, nil, allOwned)
 	if err := d.run(ctx, txs); err != nil {
+		d.listed = false // what the table holds is no longer known
 		return err
 	}
 
 	// 2. Load.
 	if err := d.load(ctx, elems, next); err != nil {
+		d.listed = false
 		return err
 	}
 
@@ -274,9 +298,11 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 		}
 	}
 	if err := d.run(ctx, txs); err != nil {
+		d.listed = false
 		return err
 	}
 	d.needFull = false
+	d.listed = true
 	d.gen = next
 	d.contrib, d.live, d.owned, d.chains = contrib, live, owned, pickChains
 	d.node, d.services = state.Node, maps.Clone(state.Services)
@@ -286,21 +312,64 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 // tableObjects names what a family's table holds.
 type tableObjects struct{ chains, sets, maps []string }
 
+// existingObjects names what the table holds: listed the first time (an
+// older agent or layout may have left anything), known from then on.
+func (d *Datapath) existingObjects(ctx context.Context) (map[*family]tableObjects, error) {
+	if !d.listed {
+		return d.listObjects(ctx)
+	}
+	out := map[*family]tableObjects{}
+	for f := range d.nft {
+		var objs tableObjects
+		for _, c := range tableChains(*f, d.cfg.MasqueradeMark, d.gen) {
+			objs.chains = append(objs.chains, c.chain.Name)
+		}
+		for chain := range d.chains[f] {
+			objs.chains = append(objs.chains, chain)
+		}
+		for _, obj := range tableSets(*f, d.gen) {
+			if m, ok := obj.(*knftables.Map); ok {
+				objs.maps = append(objs.maps, m.Name)
+			} else {
+				objs.sets = append(objs.sets, setName(obj))
+			}
+		}
+		for _, os := range d.owned {
+			for _, o := range os {
+				switch {
+				case o.family != f:
+				case o.set != nil:
+					objs.sets = append(objs.sets, o.name)
+				default:
+					objs.chains = append(objs.chains, o.name)
+				}
+			}
+		}
+		out[f] = objs
+	}
+	return out, nil
+}
+
 // listObjects lists the names of the table's objects (never their
 // contents, which is what makes a listing slow).
 func (d *Datapath) listObjects(ctx context.Context) (map[*family]tableObjects, error) {
 	out := map[*family]tableObjects{}
-	for f, nfts := range d.nft {
+	for f := range d.nft {
 		var objs tableObjects
 		for _, l := range []struct {
 			kind string
 			into *[]string
 		}{{"chain", &objs.chains}, {"set", &objs.sets}, {"map", &objs.maps}} {
-			names, err := nfts[0].List(ctx, l.kind)
+			names, err := d.lister[f].List(ctx, l.kind)
 			if err != nil && !knftables.IsNotFound(err) {
 				return nil, fmt.Errorf("listing %s %ss: %w", f, l.kind, err)
 			}
 			*l.into = names
+			if len(objs.chains) == 0 {
+				// No chains: no table of ours (Weir's always has chains),
+				// and the netlink lister fails on sets of a missing table.
+				break
+			}
 		}
 		out[f] = objs
 	}
@@ -320,22 +389,10 @@ func setName(obj knftables.Object) string {
 // load adds elements to generation g in chunks, spread over the family's
 // interfaces so that several nft processes parse at once.
 func (d *Datapath) load(ctx context.Context, elems []element, g generation) error {
-	type chunk struct {
-		f     *family
-		elems []element
-	}
-	byFamily := map[*family][]element{}
-	for _, e := range elems {
-		byFamily[e.family] = append(byFamily[e.family], e)
-	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var errs []error
-	for f, es := range byFamily {
-		nfts := d.nft[f]
-		if len(nfts) == 0 {
-			continue
-		}
+	for f, nfts := range d.nft {
 		chunks := make(chan []element)
 		for _, nft := range nfts {
 			wg.Add(1)
@@ -354,8 +411,18 @@ func (d *Datapath) load(ctx context.Context, elems []element, g generation) erro
 				}
 			}()
 		}
-		for start := 0; start < len(es); start += FullSyncChunk {
-			chunks <- es[start:min(start+FullSyncChunk, len(es))]
+		chunk := make([]element, 0, FullSyncChunk)
+		for _, e := range elems {
+			if e.family != f {
+				continue
+			}
+			if chunk = append(chunk, e); len(chunk) == FullSyncChunk {
+				chunks <- chunk
+				chunk = make([]element, 0, FullSyncChunk)
+			}
+		}
+		if len(chunk) > 0 {
+			chunks <- chunk
 		}
 		close(chunks)
 	}
@@ -441,11 +508,22 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 	d.changeOwned(txs, oldOwned, newOwned)
 	d.addElements(txs, adds)
 	if err := d.run(ctx, txs); err != nil {
-		d.needFull = true
+		d.needFull, d.listed = true, false
 		return err
 	}
-	// A copy: the caller may change its map for the next Apply.
-	d.node, d.services = state.Node, maps.Clone(state.Services)
+	// Our own copy, kept in step key by key: the caller may change its map
+	// for the next Apply, and cloning it whole costs more than the change.
+	d.node = state.Node
+	for key := range d.services {
+		if _, ok := state.Services[key]; !ok {
+			delete(d.services, key)
+		}
+	}
+	for key, svc := range state.Services {
+		if d.services[key] != svc {
+			d.services[key] = svc
+		}
+	}
 	// Only after the new rules are in: a flow cleared earlier could be
 	// re-created on the old path.
 	if d.cfg.Conntrack != nil {

@@ -10,6 +10,10 @@ import (
 // that are still serving while terminating (so a rolling update drains
 // instead of failing).
 func usableEndpoints(eps []Endpoint, is6 bool, keep func(Endpoint) bool) []Endpoint {
+	// The common case, every endpoint ready and of this family, needs no copy.
+	if keep == nil && !slices.ContainsFunc(eps, func(e Endpoint) bool { return !e.Ready || e.Addr.Is6() != is6 }) {
+		return eps
+	}
 	var ready, terminating []Endpoint
 	for _, ep := range eps {
 		if ep.Addr.Is6() != is6 || (keep != nil && !keep(ep)) {

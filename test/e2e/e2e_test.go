@@ -328,6 +328,19 @@ func TestForwardingSurvivesServerAndAgentRestarts(t *testing.T) {
 	if failures.Load() != 0 || total.Load() < 20 {
 		t.Errorf("%d of %d connections failed across the agent restart; want 0 of at least 20", failures.Load(), total.Load())
 	}
+	// The new agent took over the table: a later change reaches the kernel.
+	v4all := endpointSlices("web", c.Pods())[0]
+	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: v4all}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the restarted agent programs a new endpoint", func() error {
+		for _, r := range sample(t, c.Client, dst, 15) {
+			if r.Pod == "n2p1" {
+				return nil
+			}
+		}
+		return errors.New("n2p1 not reached")
+	})
 }
 
 func TestInvalidServiceIsRejectedAndNotStored(t *testing.T) {

@@ -1,0 +1,207 @@
+// Command datapath measures the node datapath at scale against the real
+// kernel: a full sync of the datapath issue's workload (services with one
+// TCP port and 10 ready endpoints each, 1 % of them LoadBalancer with a
+// node port), its peak memory with nft, a periodic resync, and the latency
+// of a one-endpoint change and of adding a service on that table.
+//
+//	go run ./test/bench/datapath -services 10000
+//
+// It runs itself inside a network namespace it creates and removes.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/weirlb/weir/datapath"
+)
+
+const insideEnv = "WEIR_BENCH_NETNS"
+
+func main() {
+	services := flag.Int("services", 10000, "services to program")
+	changes := flag.Int("changes", 200, "one-endpoint changes to time")
+	flag.Parse()
+	if os.Getenv(insideEnv) == "" {
+		os.Exit(reexec())
+	}
+	if err := run(*services, *changes); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// reexec runs this program again inside a fresh network namespace, so the
+// nft processes it starts touch only that namespace.
+func reexec() int {
+	ns := fmt.Sprintf("weir-bench-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: ip netns add: %v: %s (run as root)\n", err, out)
+		return 1
+	}
+	defer exec.Command("ip", "netns", "del", ns).Run()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, os.Args[0]}, os.Args[1:]...)...)
+	cmd.Env = append(os.Environ(), insideEnv+"=1")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// rssPeak is the largest resident memory seen, of this process alone and
+// together with the nft processes it runs at that moment.
+type rssPeak struct{ self, total atomic.Int64 }
+
+var peak rssPeak
+
+// sampleRSS samples /proc every 2 ms until the returned func is called:
+// getrusage cannot tell a child's own peak from the memory it shared with
+// this process until it exec'ed.
+func sampleRSS(p *rssPeak) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	me := os.Getpid()
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			self := rssOf(me)
+			total := self
+			entries, _ := os.ReadDir("/proc")
+			for _, e := range entries {
+				pid, err := strconv.Atoi(e.Name())
+				if err != nil || pid == me {
+					continue
+				}
+				stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				// "pid (comm) state ppid ..."
+				if err != nil || !strings.Contains(string(stat), "(nft)") {
+					continue
+				}
+				fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+				if len(fields) > 1 && fields[1] == strconv.Itoa(me) {
+					total += rssOf(pid)
+				}
+			}
+			if self > p.self.Load() {
+				p.self.Store(self)
+			}
+			if total > p.total.Load() {
+				p.total.Store(total)
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// rssOf reads a process's resident memory in bytes.
+func rssOf(pid int) int64 {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func addr4(a, b, c, d int) netip.Addr { return netip.AddrFrom4([4]byte{byte(a), byte(b), byte(c), byte(d)}) }
+
+func service(i int) *datapath.Service {
+	svc := &datapath.Service{
+		Key:        datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)},
+		ClusterIPs: []netip.Addr{addr4(10, 96+i>>16, i>>8, i)},
+		Ports:      []datapath.ServicePort{{Name: "http", Protocol: datapath.TCP, Port: 80}},
+	}
+	if i%100 == 0 {
+		svc.LoadBalancerIPs = []netip.Addr{addr4(203, 0, 113+i>>16, i>>8)}
+		svc.Ports[0].NodePort = uint16(30000 + i/100)
+	}
+	for j := range 10 {
+		svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, datapath.Endpoint{
+			Addr: addr4(10, 128+j, i>>8, i), Port: 8080, Ready: true, Serving: true,
+		})
+	}
+	return svc
+}
+
+func run(n, changes int) error {
+	ctx := context.Background()
+	state := datapath.NodeState{
+		Node:     datapath.NodeInfo{Name: "bench", Addresses: []netip.Addr{addr4(192, 0, 2, 11)}, Registered: true},
+		Services: map[datapath.ServiceKey]*datapath.Service{},
+	}
+	for i := range n {
+		s := service(i)
+		state.Services[s.Key] = s
+	}
+	dp, err := datapath.NewForNode(datapath.Config{})
+	if err != nil {
+		return err
+	}
+	stopSampling := sampleRSS(&peak)
+	fmt.Printf("workload: %d services x 1 TCP port x 10 endpoints, %d LoadBalancer with node ports, IPv4\n", n, (n+99)/100)
+
+	start := time.Now()
+	if err := dp.Apply(ctx, state); err != nil {
+		return err
+	}
+	fmt.Printf("full sync into an empty table:       %v\n", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	if err := dp.Resync(ctx); err != nil {
+		return err
+	}
+	fmt.Printf("full resync replacing the table:     %v\n", time.Since(start).Round(time.Millisecond))
+
+	stopSampling()
+	fmt.Printf("peak RSS during the syncs: this process + its nft processes together %d MiB (this process alone %d MiB)\n",
+		peak.total.Load()>>20, peak.self.Load()>>20)
+
+	// One endpoint of one service changes, as the agent would apply it.
+	var took []time.Duration
+	for c := range changes {
+		key := datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", (c*7919)%n)}
+		svc := *state.Services[key]
+		port := svc.Ports[0]
+		port.Endpoints = slices.Clone(port.Endpoints)
+		port.Endpoints[c%10].Addr = addr4(10, 250, c>>8, c)
+		svc.Ports = []datapath.ServicePort{port}
+		state.Services[key] = &svc
+		start := time.Now()
+		if err := dp.Apply(ctx, state); err != nil {
+			return err
+		}
+		took = append(took, time.Since(start))
+	}
+	slices.Sort(took)
+	fmt.Printf("one endpoint change (%d samples):    p50 %v  p90 %v  p99 %v  max %v\n", len(took),
+		took[len(took)/2].Round(10*time.Microsecond), took[len(took)*9/10].Round(10*time.Microsecond),
+		took[len(took)*99/100].Round(10*time.Microsecond), took[len(took)-1].Round(10*time.Microsecond))
+
+	add := service(n + 1)
+	state.Services[add.Key] = add
+	start = time.Now()
+	if err := dp.Apply(ctx, state); err != nil {
+		return err
+	}
+	fmt.Printf("adding one service:                  %v\n", time.Since(start).Round(10*time.Microsecond))
+	return nil
+}

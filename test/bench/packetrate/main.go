@@ -1,0 +1,249 @@
+// Command packetrate checks, with real packets in a lab, that the datapath's
+// per-packet cost does not grow with the number of services, and that the
+// random endpoint choice is uniform:
+//
+//   - the rate of new TCP connections through a node port with 10,000
+//     services programmed, against the rate with 10 (phases alternate, in
+//     one run, so the ratio survives a noisy machine);
+//   - 10,000 connections to a service with 10 endpoints, counted per
+//     endpoint, and a chi-square test of uniformity at p = 0.001.
+//
+//	go run ./test/bench/packetrate
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/test/lab"
+)
+
+const (
+	programEnv = "WEIR_PACKETRATE_PROGRAM" // set in the child that programs the node
+	nodePort   = 30100
+	podPort    = 8000 // endpoints listen on podPort .. podPort+endpoints-1
+	endpoints  = 10
+)
+
+func main() {
+	many := flag.Int("services", 10000, "services in the large phase")
+	phase := flag.Duration("phase", 4*time.Second, "length of one rate measurement")
+	rounds := flag.Int("rounds", 3, "small/large phase pairs")
+	conns := flag.Int("connections", 10000, "connections for the uniformity test")
+	flag.Parse()
+	if n := os.Getenv(programEnv); n != "" {
+		os.Exit(program(n))
+	}
+	if err := run(*many, *phase, *rounds, *conns); err != nil {
+		fmt.Fprintln(os.Stderr, "packetrate:", err)
+		os.Exit(1)
+	}
+}
+
+// program runs inside the node's namespace: it programs n filler services
+// plus the measured one, then exits, leaving the rules in place.
+func program(arg string) int {
+	n, _ := strconv.Atoi(arg)
+	podIP := netip.MustParseAddr(os.Getenv("WEIR_PACKETRATE_POD"))
+	nodeIP := netip.MustParseAddr(os.Getenv("WEIR_PACKETRATE_NODE"))
+	st := datapath.NodeState{
+		Node:     datapath.NodeInfo{Name: "node1", Addresses: []netip.Addr{nodeIP}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, Registered: true},
+		Services: map[datapath.ServiceKey]*datapath.Service{},
+	}
+	target := &datapath.Service{Key: datapath.ServiceKey{Namespace: "bench", Name: "target"},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.95.0.1")},
+		Ports:      []datapath.ServicePort{{Name: "tcp", Protocol: datapath.TCP, Port: 80, NodePort: nodePort}}}
+	for i := range endpoints {
+		target.Ports[0].Endpoints = append(target.Ports[0].Endpoints, datapath.Endpoint{Addr: podIP, Port: uint16(podPort + i), Local: true, Ready: true, Serving: true})
+	}
+	st.Services[target.Key] = target
+	for i := range n {
+		s := &datapath.Service{Key: datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)},
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})},
+			Ports:      []datapath.ServicePort{{Name: "http", Protocol: datapath.TCP, Port: 80}}}
+		for j := range 10 {
+			s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, datapath.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(128 + j), byte(i >> 8), byte(i)}), Port: 8080, Ready: true, Serving: true})
+		}
+		st.Services[s.Key] = s
+	}
+	dp, err := datapath.NewForNode(datapath.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
+	if err == nil {
+		err = dp.Apply(context.Background(), st)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "program:", err)
+		return 1
+	}
+	return 0
+}
+
+func run(many int, phase time.Duration, rounds, conns int) error {
+	ctx := context.Background()
+	l, err := lab.New(ctx, lab.Config{Nodes: 1, PodsPerNode: []int{1}})
+	if err != nil {
+		return err
+	}
+	l.CloseOnInterrupt()
+	defer l.Close()
+	node, pod := l.Nodes[0], l.Nodes[0].Pods[0]
+
+	// The endpoints: one listener per port in the pod, counting accepts.
+	var accepted [endpoints]atomic.Int64
+	for i := range endpoints {
+		var ln net.Listener
+		if err := pod.Do(func() error {
+			var err error
+			ln, err = net.Listen("tcp", fmt.Sprintf(":%d", podPort+i))
+			return err
+		}); err != nil {
+			return err
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				accepted[i].Add(1)
+				c.Close()
+			}
+		}()
+	}
+
+	programNode := func(n int) error {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cmd := exec.Command("ip", "netns", "exec", node.Netns.Name, self)
+		cmd.Env = append(os.Environ(), programEnv+"="+strconv.Itoa(n), "WEIR_PACKETRATE_POD="+pod.IPv4.String(), "WEIR_PACKETRATE_NODE="+node.IPv4.String())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("programming %d services: %w: %s", n, err, out)
+		}
+		return nil
+	}
+	dst := netip.AddrPortFrom(node.IPv4, nodePort).String()
+	measure := func() (float64, error) {
+		var count atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		end := time.Now().Add(phase)
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- l.Client.Do(func() error {
+					d := net.Dialer{Timeout: time.Second}
+					for time.Now().Before(end) {
+						c, err := d.Dial("tcp", dst)
+						if err != nil {
+							return err
+						}
+						closeAbortively(c)
+						count.Add(1)
+					}
+					return nil
+				})
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				return 0, err
+			}
+		}
+		return float64(count.Load()) / phase.Seconds(), nil
+	}
+
+	fmt.Printf("new TCP connections per second through a node port (4 client workers, %v phases):\n", phase)
+	var small, large []float64
+	for r := range rounds {
+		for _, n := range []int{10, many} {
+			if err := programNode(n); err != nil {
+				return err
+			}
+			rate, err := measure()
+			if err != nil {
+				return err
+			}
+			fmt.Printf("  round %d, %5d services: %8.0f conn/s\n", r+1, n, rate)
+			if n == 10 {
+				small = append(small, rate)
+			} else {
+				large = append(large, rate)
+			}
+		}
+	}
+	ms, ml := mean(small), mean(large)
+	fmt.Printf("mean: 10 services %.0f conn/s, %d services %.0f conn/s: ratio %.3f\n", ms, many, ml, ml/ms)
+
+	// Uniformity over the 10 endpoints, on the large table.
+	for i := range accepted {
+		accepted[i].Store(0)
+	}
+	if err := l.Client.Do(func() error {
+		for range conns {
+			c, err := net.DialTimeout("tcp", dst, time.Second)
+			if err != nil {
+				return err
+			}
+			closeAbortively(c)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	time.Sleep(200 * time.Millisecond) // let the last accepts land
+	var total int64
+	for i := range accepted {
+		total += accepted[i].Load()
+	}
+	expected := float64(total) / endpoints
+	chi2 := 0.0
+	fmt.Printf("%d connections over %d endpoints:", total, endpoints)
+	for i := range accepted {
+		n := float64(accepted[i].Load())
+		chi2 += (n - expected) * (n - expected) / expected
+		fmt.Printf(" %d", accepted[i].Load())
+	}
+	const critical = 27.877 // chi-square, 9 degrees of freedom, p = 0.001
+	verdict := "uniform"
+	if chi2 > critical || math.IsNaN(chi2) {
+		verdict = "NOT uniform"
+	}
+	fmt.Printf("\nchi-square %.2f (critical value at p = 0.001, 9 d.f.: %.3f): %s\n", chi2, critical, verdict)
+	if verdict != "uniform" || total != int64(conns) {
+		return fmt.Errorf("uniformity test failed")
+	}
+	return nil
+}
+
+// closeAbortively resets the connection instead of closing it, so that
+// neither side keeps it in TIME_WAIT: at thousands of connections a second
+// the client would otherwise run out of ports, and the measurement would
+// measure that.
+func closeAbortively(c net.Conn) {
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+}
+
+func mean(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
