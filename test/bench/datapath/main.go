@@ -123,7 +123,9 @@ func rssOf(pid int) int64 {
 	return 0
 }
 
-func addr4(a, b, c, d int) netip.Addr { return netip.AddrFrom4([4]byte{byte(a), byte(b), byte(c), byte(d)}) }
+func addr4(a, b, c, d int) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(a), byte(b), byte(c), byte(d)})
+}
 
 func service(i int) *datapath.Service {
 	svc := &datapath.Service{

@@ -5,10 +5,11 @@
 //   - the rate of new TCP connections through a node port with 10,000
 //     services programmed, against the rate with 10 (phases alternate, in
 //     one run, so the ratio survives a noisy machine);
+//
 //   - 10,000 connections to a service with 10 endpoints, counted per
 //     endpoint, and a chi-square test of uniformity at p = 0.001.
 //
-//	go run ./test/bench/packetrate
+//     go run ./test/bench/packetrate
 package main
 
 import (
