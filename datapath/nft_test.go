@@ -99,6 +99,18 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 			t.Errorf("after a resync the table still holds %q", gone)
 		}
 	}
+	// A restarted agent (a new Datapath) takes over the table it finds.
+	restarted, err := NewForNode(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := restarted.Apply(ctx, st2); err != nil {
+		t.Fatalf("full sync of a restarted agent over an existing table: %v", err)
+	}
+	if restarted.gen == dp.gen {
+		t.Errorf("the restarted agent loaded generation %q, the one in use; want the other", restarted.gen)
+	}
+	dp = restarted
 	out, err := exec.Command("nft", "list", "map", "ip", TableName, dp.gen.of(ipKind.backends(TCP))).CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft list: %v: %s", err, out)
