@@ -286,13 +286,14 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 				tx.Delete(&knftables.Chain{Name: name})
 			}
 		}
+		// Anonymous sets and maps ("__map0") belong to rules and go with them.
 		for _, name := range existing[f].maps {
-			if !keep[name] {
+			if !keep[name] && !strings.HasPrefix(name, "__") {
 				tx.Delete(&knftables.Map{Name: name})
 			}
 		}
 		for _, name := range existing[f].sets {
-			if !keep[name] {
+			if !keep[name] && !strings.HasPrefix(name, "__") {
 				tx.Delete(&knftables.Set{Name: name})
 			}
 		}
