@@ -262,9 +262,15 @@ func tableChains(f family, mark uint32, g generation) []chainSpec {
 		// Reject (not drop) connections that no endpoint can serve, so
 		// clients fail fast instead of timing out.
 		regularChain("reject_unserved",
-			frontend+" "+g.ref(noEndpointFrontendsSet)+" reject",
-			"fib daddr type local "+ip+" daddr "+g.ref(nodePortAddressesSet)+" meta l4proto . th dport "+g.ref(noEndpointNodePortsSet)+" reject",
-			ip+" daddr "+g.ref(clusterIPsSet)+" reject"),
+			frontend+" "+g.ref(noEndpointFrontendsSet)+" goto reject_connection",
+			"fib daddr type local "+ip+" daddr "+g.ref(nodePortAddressesSet)+" meta l4proto . th dport "+g.ref(noEndpointNodePortsSet)+" goto reject_connection",
+			ip+" daddr "+g.ref(clusterIPsSet)+" goto reject_connection"),
+		// A TCP reset refuses at once; ICMP errors are rate-limited by the
+		// kernel (IPv6: one a second per peer), so a client retrying would
+		// wait for its SYN to time out.
+		regularChain("reject_connection",
+			"meta l4proto tcp reject with tcp reset",
+			"reject"),
 		{baseChain("filter_input", knftables.FilterType, knftables.InputHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
 		{baseChain("filter_forward", knftables.FilterType, knftables.ForwardHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
 		{baseChain("filter_output", knftables.FilterType, knftables.OutputHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},

@@ -1,0 +1,89 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+// expectRefused asserts a quick, active refusal (ICMP or TCP reset).
+func expectRefused(t *testing.T, ns *lab.Netns, dst netip.AddrPort) {
+	t.Helper()
+	eventually(t, "connection to "+dst.String()+" is refused", func() error {
+		start := time.Now()
+		_, err := weirlab.Get(context.Background(), ns, dst)
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return errors.New("got " + errString(err) + ", want connection refused")
+		}
+		if d := time.Since(start); d > time.Second {
+			return errors.New("refusal took " + d.String())
+		}
+		return nil
+	})
+}
+
+// TestFamiliesAreProgrammedIndependently: a dual-stack service whose
+// endpoints are all IPv4 works on its IPv4 cluster IP and refuses on its
+// IPv6 one; a port the service does not have is refused on both.
+func TestFamiliesAreProgrammedIndependently(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	svc := lbService("v4only", 30093, []string{"10.96.0.24", "fd00:96::24"}, nil)
+	svc.Spec.Type = weirv1.ServiceType_SERVICE_TYPE_NODE_PORT
+	svc.Status = nil
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+		t.Fatal(err)
+	}
+	v4 := endpointSlices("v4only", c.Pods())[0]
+	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: v4}); err != nil {
+		t.Fatal(err)
+	}
+	client := c.Nodes[0].Pods[1].Netns
+	v4dst := netip.MustParseAddrPort("10.96.0.24:80")
+	eventually(t, "the IPv4 cluster IP answers", func() error {
+		_, err := weirlab.Get(ctx, client, v4dst)
+		return err
+	})
+	expectRefused(t, client, netip.MustParseAddrPort("[fd00:96::24]:80"))
+	expectRefused(t, c.Client, netip.AddrPortFrom(c.Nodes[0].IPv6, 30093))
+	sample(t, c.Client, netip.AddrPortFrom(c.Nodes[0].IPv4, 30093), 3)
+	// Wrong port on an allocated cluster IP: refused, in both families.
+	expectRefused(t, client, netip.MustParseAddrPort("10.96.0.24:81"))
+	expectRefused(t, client, netip.MustParseAddrPort("[fd00:96::24]:81"))
+}
+
+// TestLoadBalancerSourceRangesIPv6 is the IPv6 twin of the IPv4 test.
+func TestLoadBalancerSourceRangesIPv6(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	svc := lbService("fw6", 30094, []string{"fd00:96::25"}, []string{"2001:db8:113::25"})
+	svc.Spec.LoadBalancerSourceRanges = []string{"fd00:244::/32"}
+	createService(t, c, svc, c.Pods())
+	vip := netip.MustParseAddrPort("[2001:db8:113::25]:80")
+	routeVIP(t, c, vip.Addr(), "/128", c.Nodes[0].IPv6)
+	eventually(t, "a pod (inside fd00:244::/32) reaches the VIP", func() error {
+		_, err := weirlab.Get(ctx, c.Nodes[1].Pods[0].Netns, vip)
+		return err
+	})
+	expectDropped(t, c.Client, vip)
+	got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "fw6"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	upd := got.GetService()
+	upd.Spec.LoadBalancerSourceRanges = append(upd.Spec.LoadBalancerSourceRanges, "2001:db8:100::/64")
+	if _, err := c.Registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: upd}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the client is let in once its network is in the ranges", func() error {
+		_, err := weirlab.Get(ctx, c.Client, vip)
+		return err
+	})
+}
