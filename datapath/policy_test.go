@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/knftables"
 )
 
 // localService is web with externalTrafficPolicy Local.
@@ -224,5 +225,37 @@ func TestSessionAffinityKeepsClientsOnTheirEndpoint(t *testing.T) {
 		if strings.HasPrefix(name, "affinity_") {
 			t.Errorf("set %s left after the service was deleted", name)
 		}
+	}
+}
+
+func TestNodePortAddresses(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		cfg      Config
+		node     []netip.Addr
+		want     []string // elements of nodeport_addresses (IPv4)
+	}{
+		{"default: the node's own addresses, never loopback", Config{},
+			[]netip.Addr{nodeAddr, netip.MustParseAddr("127.0.0.1")}, []string{"192.0.2.11"}},
+		{"--nodeport-addresses CIDRs", Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}},
+			[]netip.Addr{nodeAddr}, []string{"198.51.100.0/24"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v4 := knftables.NewFake(knftables.IPv4Family, TableName)
+			dp := New(v4, nil, tc.cfg)
+			st := nodeState(webService(ep("10.244.1.11", true)))
+			st.Node.Addresses = tc.node
+			if err := dp.Apply(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range v4.Table.Sets[genOf(v4.Table).of(nodePortAddressesSet)].Elements {
+				got = append(got, e.Key[0])
+			}
+			if !cmp.Equal(tc.want, got) {
+				t.Errorf("node-port addresses %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
