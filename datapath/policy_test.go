@@ -231,10 +231,10 @@ func TestSessionAffinityKeepsClientsOnTheirEndpoint(t *testing.T) {
 func TestNodePortAddresses(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
-		name     string
-		cfg      Config
-		node     []netip.Addr
-		want     []string // elements of nodeport_addresses (IPv4)
+		name string
+		cfg  Config
+		node []netip.Addr
+		want []string // elements of nodeport_addresses (IPv4)
 	}{
 		{"default: the node's own addresses, never loopback", Config{},
 			[]netip.Addr{nodeAddr, netip.MustParseAddr("127.0.0.1")}, []string{"192.0.2.11"}},
