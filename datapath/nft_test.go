@@ -71,7 +71,11 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	local.InternalTrafficPolicy = Local
 	local.SessionAffinityTimeout = 10800 * time.Second
 	dns := dnsService(UDP, ep("10.244.1.53", true))
-	st := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false), ep("fd00:244:1::11", true)), local, dns)
+	// SCTP: this kernel has no SCTP sockets to test with packets, but the
+	// rules must load.
+	sctp := dnsService(SCTP, ep("10.244.1.54", true), ep("fd00:244:1::54", true))
+	sctp.Key.Name, sctp.ClusterIPs, sctp.Ports[0].NodePort = "sctp", []netip.Addr{netip.MustParseAddr("10.96.0.54"), netip.MustParseAddr("fd00:96::54")}, 30054
+	st := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false), ep("fd00:244:1::11", true)), local, dns, sctp)
 	if err := dp.Apply(ctx, st); err != nil {
 		t.Fatalf("full sync: %v", err)
 	}
@@ -81,7 +85,7 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	local2.Ports = []ServicePort{local.Ports[0]}
 	local2.Ports[0].Endpoints = []Endpoint{ep("10.244.1.12", true), ep("10.244.2.99", false)}
 	st2 := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.12", false), ep("10.244.2.13", false)), &local2,
-		dnsService(UDP, ep("10.244.1.53", true), ep("10.244.2.53", false)))
+		dnsService(UDP, ep("10.244.1.53", true), ep("10.244.2.53", false)), sctp)
 	if err := dp.Apply(ctx, st2); err != nil {
 		t.Fatalf("partial sync: %v", err)
 	}

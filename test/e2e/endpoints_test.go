@@ -1,0 +1,133 @@
+package e2e
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+func clusterIPService(name string, clusterIPs ...string) *weirv1.Service {
+	svc := lbService(name, 0, clusterIPs, nil)
+	svc.Spec.Type = weirv1.ServiceType_SERVICE_TYPE_CLUSTER_IP
+	svc.Status = nil
+	return svc
+}
+
+// onlyPod asserts that every connection from ns to dst reaches want.
+func onlyPod(t *testing.T, ns *lab.Netns, dst netip.AddrPort, want string) {
+	t.Helper()
+	eventually(t, dst.String()+" answers", func() error {
+		_, err := weirlab.Get(context.Background(), ns, dst)
+		return err
+	})
+	for _, r := range sample(t, ns, dst, 15) {
+		if r.Pod != want {
+			t.Fatalf("connection from %s to %s reached %s; want only %s", ns, dst, r.Pod, want)
+		}
+	}
+}
+
+// TestEndpointSelection covers, with real connections in both families,
+// the choice among endpoints: the serving-terminating fallback, topology,
+// and services another proxy owns.
+func TestEndpointSelection(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	n1p1, n1p2, n2p1 := c.Nodes[0].Pods[0], c.Nodes[0].Pods[1], c.Nodes[1].Pods[0]
+	fams := families("10.96.0.30", "fd00:96::30", "203.0.113.30", "2001:db8:113::30")
+
+	// No ready endpoint: the one still serving while terminating takes
+	// the connections; the one that stopped serving takes none.
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: clusterIPService("draining", "10.96.0.30", "fd00:96::30")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range fams {
+		slice := endpointSlices("draining", []*lab.Pod{n1p1, n2p1})[map[string]int{"IPv4": 0, "IPv6": 1}[fam.name]]
+		slice.Endpoints[0].Conditions = &weirv1.EndpointConditions{Ready: proto.Bool(false), Serving: proto.Bool(true), Terminating: proto.Bool(true)}
+		slice.Endpoints[1].Conditions = &weirv1.EndpointConditions{Ready: proto.Bool(false), Serving: proto.Bool(false), Terminating: proto.Bool(true)}
+		if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice}); err != nil {
+			t.Fatal(err)
+		}
+		onlyPod(t, n1p2.Netns, netip.AddrPortFrom(fam.clusterIP, 80), n1p1.Name)
+	}
+
+	// trafficDistribution PreferClose: node1 is in zone a with n1p1, node2
+	// in zone b with n2p1; each node keeps connections in its zone.
+	for i, zone := range []string{"a", "b"} {
+		got, err := c.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: c.Nodes[i].Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := got.GetNode()
+		n.Zone = zone
+		if _, err := c.Registry.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nearby := clusterIPService("close", "10.96.0.31", "fd00:96::31")
+	nearby.Spec.TrafficDistribution = weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE
+	slices := endpointSlices("close", []*lab.Pod{n1p1, n2p1})
+	for _, s := range slices {
+		s.Endpoints[0].Zone, s.Endpoints[1].Zone = "a", "b"
+	}
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: nearby}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slices {
+		if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, fam := range families("10.96.0.31", "fd00:96::31", "203.0.113.31", "2001:db8:113::31") {
+		onlyPod(t, n1p2.Netns, netip.AddrPortFrom(fam.clusterIP, 80), n1p1.Name)
+		onlyPod(t, n2p1.Netns, netip.AddrPortFrom(fam.clusterIP, 80), n2p1.Name)
+	}
+
+	// A service labelled for another proxy gets no rules from Weir: its
+	// cluster IP is not Weir's to answer or refuse.
+	other := clusterIPService("other", "10.96.0.32")
+	other.Metadata.Labels = map[string]string{"service.kubernetes.io/service-proxy-name": "someone-else"}
+	createService(t, c, other, c.Pods())
+	mine := clusterIPService("mine", "10.96.0.33")
+	createService(t, c, mine, c.Pods()) // created after: once it answers, "other" was seen too
+	eventually(t, "the service created after answers", func() error {
+		_, err := weirlab.Get(ctx, n1p2.Netns, netip.MustParseAddrPort("10.96.0.33:80"))
+		return err
+	})
+	expectDropped(t, n1p2.Netns, netip.MustParseAddrPort("10.96.0.32:80"))
+}
+
+// TestExternalClusterPolicyMasqueradesOnlyAcrossNodesIPv6 is the IPv6 twin
+// of the node-port source check: the client's address reaches pods on the
+// receiving node, the node's address the others.
+func TestExternalClusterPolicyMasqueradesOnlyAcrossNodesIPv6(t *testing.T) {
+	c := startCluster(t)
+	createWeb(t, c)
+	node1 := c.Nodes[0]
+	dst := netip.AddrPortFrom(node1.IPv6, nodePort)
+	eventually(t, "the IPv6 node port answers", func() error {
+		_, err := weirlab.Get(context.Background(), c.Client, dst)
+		return err
+	})
+	seen := map[string]bool{}
+	for _, r := range sample(t, c.Client, dst, 30) {
+		seen[r.Pod] = true
+		pod := podByName(c, r.Pod)
+		want := lab.ClientIPv6
+		if pod.Node != node1 {
+			want = node1.IPv6
+		}
+		if r.RemoteAddr() != want {
+			t.Errorf("pod %s on %s saw %s, want %s", pod.Name, pod.Node.Name, r.RemoteAddr(), want)
+		}
+	}
+	if len(seen) != 3 {
+		t.Errorf("30 connections reached %v; want all 3 pods", seen)
+	}
+}
