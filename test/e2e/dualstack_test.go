@@ -87,3 +87,29 @@ func TestLoadBalancerSourceRangesIPv6(t *testing.T) {
 		return err
 	})
 }
+
+// TestExternalIPs: a service's external IPs forward like its other
+// frontends, in both families.
+func TestExternalIPs(t *testing.T) {
+	c := startCluster(t)
+	svc := clusterIPService("ext", "10.96.0.26", "fd00:96::26")
+	svc.Spec.ExternalIps = []string{"203.0.113.26", "2001:db8:113::26"}
+	createService(t, c, svc, c.Pods())
+	for _, fam := range families("10.96.0.26", "fd00:96::26", "203.0.113.26", "2001:db8:113::26") {
+		t.Run(fam.name, func(t *testing.T) {
+			routeVIP(t, c, fam.lbIP, fam.routePrefix, fam.node(c.Nodes[0]))
+			dst := netip.AddrPortFrom(fam.lbIP, 80)
+			eventually(t, "the external IP answers", func() error {
+				_, err := weirlab.Get(context.Background(), c.Client, dst)
+				return err
+			})
+			seen := map[string]bool{}
+			for _, r := range sample(t, c.Client, dst, 30) {
+				seen[r.Pod] = true
+			}
+			if len(seen) != 3 {
+				t.Errorf("30 connections to the external IP reached %v; want all 3 pods", seen)
+			}
+		})
+	}
+}
