@@ -89,8 +89,18 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if err := dp.Apply(ctx, st2); err != nil {
 		t.Fatalf("partial sync: %v", err)
 	}
+	// Someone else empties a chain and deletes a backend: the periodic
+	// resync repairs both.
+	for _, cmd := range []string{"flush chain ip weir services", "delete element ip weir " + dp.gen.of(ipKind.backends(TCP)) + " { 10.96.0.10 . tcp . 80 . 0 }"} {
+		if out, err := exec.Command("sh", "-c", "nft '"+cmd+"'").CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", cmd, err, out)
+		}
+	}
 	if err := dp.Resync(ctx); err != nil {
 		t.Fatalf("resync: %v", err)
+	}
+	if out, _ := exec.Command("nft", "list", "chain", "ip", TableName, "services").CombinedOutput(); !strings.Contains(string(out), "vmap") {
+		t.Errorf("the resync did not repair the flushed chain:\n%s", out)
 	}
 	// The resync switched generations; nothing of the old one, nor of the
 	// older layout, remains.
@@ -119,7 +129,7 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nft list: %v: %s", err, out)
 	}
-	for _, want := range []string{"10.96.0.10 . tcp . 80 . 1 : 10.244.2.12 . 8080", "203.0.113.10 . tcp . 80 . 0 : 10.244.1.11 . 8080"} {
+	for _, want := range []string{"10.96.0.10 . tcp . 80 . 0 : 10.244.1.11 . 8080", "10.96.0.10 . tcp . 80 . 1 : 10.244.2.12 . 8080", "203.0.113.10 . tcp . 80 . 0 : 10.244.1.11 . 8080"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("backends map lacks %q:\n%s", want, out)
 		}

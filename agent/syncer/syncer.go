@@ -34,9 +34,10 @@ type Config struct {
 	NodeName     string
 	AgentVersion string
 	// ResyncPeriod is how often the whole table is rewritten, repairing
-	// rules someone else changed; it is also the retry period after a
-	// failed apply.
+	// rules someone else changed.
 	ResyncPeriod time.Duration
+	// RetryPeriod is how soon a failed apply is tried again.
+	RetryPeriod time.Duration
 	// MaxBackoff caps the wait between reconnection attempts.
 	MaxBackoff time.Duration
 }
@@ -59,7 +60,10 @@ type Syncer struct {
 // New returns a syncer for conn's server.
 func New(cfg Config, conn grpc.ClientConnInterface, dp Applier, log *slog.Logger) *Syncer {
 	if cfg.ResyncPeriod <= 0 {
-		cfg.ResyncPeriod = time.Minute
+		cfg.ResyncPeriod = 5 * time.Minute
+	}
+	if cfg.RetryPeriod <= 0 {
+		cfg.RetryPeriod = 2 * time.Second
 	}
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = 30 * time.Second
@@ -139,8 +143,20 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 		}
 	}()
 
-	ticker := time.NewTicker(s.cfg.ResyncPeriod)
-	defer ticker.Stop()
+	// One timer: the retry of a failed apply when there is one, else the
+	// periodic resync.
+	timer := time.NewTimer(s.cfg.ResyncPeriod)
+	defer timer.Stop()
+	rearm := func() {
+		s.mu.Lock()
+		failing := s.lastErr != nil
+		s.mu.Unlock()
+		if failing {
+			timer.Reset(s.cfg.RetryPeriod)
+		} else {
+			timer.Reset(s.cfg.ResyncPeriod)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -155,8 +171,11 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 			if err := stream.Send(s.handle(ctx, msg)); err != nil {
 				return gotState, err
 			}
-		case <-ticker.C:
-			if answer := s.resync(ctx); answer != nil {
+			rearm()
+		case <-timer.C:
+			answer := s.resync(ctx)
+			rearm()
+			if answer != nil {
 				if err := stream.Send(answer); err != nil {
 					return gotState, err
 				}

@@ -45,7 +45,7 @@ func run() error {
 		keyFile      = flag.String("key-file", "", "this agent's private key (PEM)")
 		clusterCIDRs = flag.String("cluster-cidr", "", "comma-separated pod CIDRs of the cluster; their connections are never masqueraded")
 		nodePortAddr = flag.String("nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
-		resync       = flag.Duration("resync-period", time.Minute, "how often the whole nftables table is rewritten")
+		resync       = flag.Duration("resync-period", 5*time.Minute, "how often the whole nftables table is rewritten, repairing what others changed")
 		logLevel     = flag.String("log-level", "info", "debug, info, warn or error")
 	)
 	flag.Parse()
