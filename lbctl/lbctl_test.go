@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,13 +12,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
-	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/servertest"
 )
 
 const fixture = `# a node, a service on it, and its endpoints
@@ -72,27 +69,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	srv, err := server.New(server.Config{DataDir: t.TempDir(), Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		cancel()
-		<-done
-	})
-	return &env{t: t, addr: lis.Addr().String(), registry: weirv1.NewRegistryServiceClient(conn), now: time.Now()}
+	srv := servertest.Start(t, t.TempDir())
+	return &env{t: t, addr: srv.Addr, registry: srv.Registry, now: time.Now()}
 }
 
 // lbctl runs one command line in-process against the env's server.

@@ -1,10 +1,8 @@
-package server
+package server_test
 
 import (
 	"context"
 	"io"
-	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -12,9 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
@@ -22,49 +18,12 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/servertest"
 )
 
-// testServer is a real server on a loopback socket.
-type testServer struct {
-	dataDir  string
-	stop     context.CancelFunc
-	done     chan error
-	conn     *grpc.ClientConn
-	registry weirv1.RegistryServiceClient
-	agents   weirv1.AgentServiceClient
-}
-
-func startServer(t *testing.T, dataDir string) *testServer {
+func startServer(t *testing.T, dataDir string) *servertest.Server {
 	t.Helper()
-	srv, err := New(Config{DataDir: dataDir, Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ts := &testServer{dataDir: dataDir, stop: cancel, done: make(chan error, 1)}
-	go func() { ts.done <- srv.Serve(ctx, lis) }()
-	ts.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts.registry = weirv1.NewRegistryServiceClient(ts.conn)
-	ts.agents = weirv1.NewAgentServiceClient(ts.conn)
-	t.Cleanup(ts.shutdown)
-	return ts
-}
-
-func (ts *testServer) shutdown() {
-	if ts.stop == nil {
-		return
-	}
-	ts.conn.Close()
-	ts.stop()
-	<-ts.done
-	ts.stop = nil
+	return servertest.Start(t, dataDir)
 }
 
 func validService() *weirv1.Service {
@@ -105,7 +64,7 @@ func TestCreateServiceRejectsBadFieldsAndStoresNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := validService()
 			tc.edit(svc)
-			_, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
+			_, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
 			st := status.Convert(err)
 			if st.Code() != codes.InvalidArgument || !strings.HasPrefix(st.Message(), tc.field+":") {
 				t.Fatalf("got %v %q; want InvalidArgument naming %s", st.Code(), st.Message(), tc.field)
@@ -121,7 +80,7 @@ func TestCreateServiceRejectsBadFieldsAndStoresNothing(t *testing.T) {
 			if !cmp.Equal(violations, []string{tc.field}) {
 				t.Errorf("BadRequest field violations %v, want [%s]", violations, tc.field)
 			}
-			list, err := ts.registry.ListServices(ctx, &weirv1.ListServicesRequest{})
+			list, err := ts.Registry.ListServices(ctx, &weirv1.ListServicesRequest{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -135,14 +94,14 @@ func TestCreateServiceRejectsBadFieldsAndStoresNothing(t *testing.T) {
 func TestUpdateWithStaleVersionIsAbortedAndChangesNothing(t *testing.T) {
 	ts := startServer(t, t.TempDir())
 	ctx := context.Background()
-	created, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()})
+	created, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	v1 := created.GetService()
 	next := proto.Clone(v1).(*weirv1.Service)
 	next.Spec.Ports[0].Port = 81
-	updated, err := ts.registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: next})
+	updated, err := ts.Registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: next})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,17 +110,17 @@ func TestUpdateWithStaleVersionIsAbortedAndChangesNothing(t *testing.T) {
 	}
 	stale := proto.Clone(v1).(*weirv1.Service) // still carries the first version
 	stale.Spec.Ports[0].Port = 82
-	if _, err := ts.registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: stale}); status.Code(err) != codes.Aborted {
+	if _, err := ts.Registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: stale}); status.Code(err) != codes.Aborted {
 		t.Fatalf("stale update: got %v, want Aborted", err)
 	}
-	got, err := ts.registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+	got, err := ts.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p := got.GetService().GetSpec().GetPorts()[0].GetPort(); p != 81 {
 		t.Errorf("port is %d after a rejected update, want 81", p)
 	}
-	if _, err := ts.registry.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: "default", Name: "web", ResourceVersion: v1.GetMetadata().GetResourceVersion()}); status.Code(err) != codes.Aborted {
+	if _, err := ts.Registry.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: "default", Name: "web", ResourceVersion: v1.GetMetadata().GetResourceVersion()}); status.Code(err) != codes.Aborted {
 		t.Errorf("stale delete: got %v, want Aborted", err)
 	}
 }
@@ -169,12 +128,12 @@ func TestUpdateWithStaleVersionIsAbortedAndChangesNothing(t *testing.T) {
 func TestConflictingFrontendIsRefused(t *testing.T) {
 	ts := startServer(t, t.TempDir())
 	ctx := context.Background()
-	if _, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
 		t.Fatal(err)
 	}
 	other := validService()
 	other.Metadata.Name = "other"
-	if _, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: other}); status.Code(err) != codes.FailedPrecondition ||
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: other}); status.Code(err) != codes.FailedPrecondition ||
 		!strings.Contains(status.Convert(err).Message(), "spec.cluster_ips[0]") {
 		t.Errorf("second service on the same cluster IP: got %v, want FailedPrecondition naming spec.cluster_ips[0]", err)
 	}
@@ -184,24 +143,24 @@ func TestStateSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
 	ts := startServer(t, dir)
-	created, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()})
+	created, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ts.registry.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: "node1"}, Addresses: []string{"192.0.2.11"}}}); err != nil {
+	if _, err := ts.Registry.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: "node1"}, Addresses: []string{"192.0.2.11"}}}); err != nil {
 		t.Fatal(err)
 	}
-	ts.shutdown()
+	ts.Stop()
 
 	ts2 := startServer(t, dir)
-	got, err := ts2.registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+	got, err := ts2.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
 	if err != nil {
 		t.Fatalf("service lost across restart: %v", err)
 	}
 	if diff := cmp.Diff(created.GetService(), got.GetService(), protocmp.Transform()); diff != "" {
 		t.Errorf("service changed across restart (-before +after):\n%s", diff)
 	}
-	nodes, err := ts2.registry.ListNodes(ctx, &weirv1.ListNodesRequest{})
+	nodes, err := ts2.Registry.ListNodes(ctx, &weirv1.ListNodesRequest{})
 	if err != nil || len(nodes.GetNodes()) != 1 {
 		t.Fatalf("nodes after restart: %v, %v", nodes, err)
 	}
@@ -211,7 +170,7 @@ func TestStateSurvivesRestart(t *testing.T) {
 	svc.Metadata.Name = "web2"
 	svc.Spec.ClusterIps = []string{"10.96.0.11"}
 	svc.Spec.Ports[0].NodePort = 30081
-	c2, err := ts2.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
+	c2, err := ts2.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,15 +182,15 @@ func TestStateSurvivesRestart(t *testing.T) {
 func TestHealthAndListSelector(t *testing.T) {
 	ts := startServer(t, t.TempDir())
 	ctx := context.Background()
-	h, err := healthpb.NewHealthClient(ts.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	h, err := healthpb.NewHealthClient(ts.Conn).Check(ctx, &healthpb.HealthCheckRequest{})
 	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("grpc health: %v %v", h, err)
 	}
-	if _, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
 		t.Fatal(err)
 	}
 	for sel, want := range map[string]int{"app=web": 1, "app!=web": 0, "app": 1, "!app": 0, "": 1} {
-		list, err := ts.registry.ListServices(ctx, &weirv1.ListServicesRequest{LabelSelector: sel})
+		list, err := ts.Registry.ListServices(ctx, &weirv1.ListServicesRequest{LabelSelector: sel})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +198,7 @@ func TestHealthAndListSelector(t *testing.T) {
 			t.Errorf("selector %q listed %d services, want %d", sel, len(list.GetServices()), want)
 		}
 	}
-	if _, err := ts.registry.ListServices(ctx, &weirv1.ListServicesRequest{LabelSelector: "a b"}); status.Code(err) != codes.InvalidArgument {
+	if _, err := ts.Registry.ListServices(ctx, &weirv1.ListServicesRequest{LabelSelector: "a b"}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("bad selector: got %v, want InvalidArgument", err)
 	}
 }
@@ -248,10 +207,10 @@ func TestWatchStreamsInitialStateThenChanges(t *testing.T) {
 	ts := startServer(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := ts.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
 		t.Fatal(err)
 	}
-	w, err := ts.registry.WatchServices(ctx, &weirv1.WatchServicesRequest{})
+	w, err := ts.Registry.WatchServices(ctx, &weirv1.WatchServicesRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +224,7 @@ func TestWatchStreamsInitialStateThenChanges(t *testing.T) {
 	}
 	next()
 	next()
-	if _, err := ts.registry.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: "default", Name: "web"}); err != nil {
+	if _, err := ts.Registry.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: "default", Name: "web"}); err != nil {
 		t.Fatal(err)
 	}
 	next()
@@ -281,7 +240,7 @@ func TestAgentStreamSendsFullStateThenOnlyChanges(t *testing.T) {
 	ts := startServer(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	reg := ts.registry
+	reg := ts.Registry
 	mustCreate := func(name, ip string, nodePort int32) {
 		t.Helper()
 		s := validService()
@@ -293,7 +252,7 @@ func TestAgentStreamSendsFullStateThenOnlyChanges(t *testing.T) {
 	mustCreate("web", "10.96.0.10", 30080)
 	mustCreate("db", "10.96.0.20", 30081)
 
-	stream, err := ts.agents.Sync(ctx)
+	stream, err := ts.Agents.Sync(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +320,7 @@ func TestAgentStreamSendsFullStateThenOnlyChanges(t *testing.T) {
 // through server reflection.
 func TestReflectionListsTheAPI(t *testing.T) {
 	ts := startServer(t, t.TempDir())
-	stream, err := reflectionpb.NewServerReflectionClient(ts.conn).ServerReflectionInfo(context.Background())
+	stream, err := reflectionpb.NewServerReflectionClient(ts.Conn).ServerReflectionInfo(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

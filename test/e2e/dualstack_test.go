@@ -59,35 +59,6 @@ func TestFamiliesAreProgrammedIndependently(t *testing.T) {
 	expectRefused(t, client, netip.MustParseAddrPort("[fd00:96::24]:81"))
 }
 
-// TestLoadBalancerSourceRangesIPv6 is the IPv6 twin of the IPv4 test.
-func TestLoadBalancerSourceRangesIPv6(t *testing.T) {
-	c := startCluster(t)
-	ctx := context.Background()
-	svc := lbService("fw6", 30094, []string{"fd00:96::25"}, []string{"2001:db8:113::25"})
-	svc.Spec.LoadBalancerSourceRanges = []string{"fd00:244::/32"}
-	createService(t, c, svc, c.Pods())
-	vip := netip.MustParseAddrPort("[2001:db8:113::25]:80")
-	routeVIP(t, c, vip.Addr(), "/128", c.Nodes[0].IPv6)
-	eventually(t, "a pod (inside fd00:244::/32) reaches the VIP", func() error {
-		_, err := weirlab.Get(ctx, c.Nodes[1].Pods[0].Netns, vip)
-		return err
-	})
-	expectDropped(t, c.Client, vip)
-	got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "fw6"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	upd := got.GetService()
-	upd.Spec.LoadBalancerSourceRanges = append(upd.Spec.LoadBalancerSourceRanges, "2001:db8:100::/64")
-	if _, err := c.Registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: upd}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the client is let in once its network is in the ranges", func() error {
-		_, err := weirlab.Get(ctx, c.Client, vip)
-		return err
-	})
-}
-
 // TestExternalIPs: a service's external IPs forward like its other
 // frontends, in both families.
 func TestExternalIPs(t *testing.T) {

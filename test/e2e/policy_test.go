@@ -168,34 +168,41 @@ func TestInternalTrafficPolicyLocal(t *testing.T) {
 	expectDropped(t, n1p2.Netns, dst)
 }
 
-// TestLoadBalancerSourceRanges: only sources in the ranges reach the VIP.
+// TestLoadBalancerSourceRanges: only sources in the ranges reach the VIP,
+// in both families; the node port is not a load-balancer IP and stays open.
 func TestLoadBalancerSourceRanges(t *testing.T) {
 	c := startCluster(t)
 	ctx := context.Background()
-	svc := lbService("fw", 30091, []string{"10.96.0.22"}, []string{"203.0.113.22"})
-	svc.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/8"}
+	svc := lbService("fw", 30091, []string{"10.96.0.22", "fd00:96::22"}, []string{"203.0.113.22", "2001:db8:113::22"})
+	podRanges := map[string]string{"IPv4": "10.0.0.0/8", "IPv6": "fd00:244::/32"}
+	clientRanges := map[string]string{"IPv4": lab.ClientIPv4.String() + "/32", "IPv6": "2001:db8:100::/64"}
+	svc.Spec.LoadBalancerSourceRanges = []string{podRanges["IPv4"], podRanges["IPv6"]}
 	createService(t, c, svc, c.Pods())
-	vip := netip.MustParseAddrPort("203.0.113.22:80")
-	routeVIP(t, c, vip.Addr(), "/32", c.Nodes[0].IPv4)
-	eventually(t, "a pod (inside 10.0.0.0/8) reaches the VIP", func() error {
-		_, err := weirlab.Get(ctx, c.Nodes[1].Pods[0].Netns, vip)
-		return err
-	})
-	expectDropped(t, c.Client, vip)
-	// The node port is not a load-balancer IP: ranges do not apply.
-	sample(t, c.Client, netip.AddrPortFrom(c.Nodes[0].IPv4, 30091), 2)
+	fams := families("10.96.0.22", "fd00:96::22", "203.0.113.22", "2001:db8:113::22")
+	for _, fam := range fams {
+		vip := netip.AddrPortFrom(fam.lbIP, 80)
+		routeVIP(t, c, fam.lbIP, fam.routePrefix, fam.node(c.Nodes[0]))
+		eventually(t, "a pod (inside "+podRanges[fam.name]+") reaches the VIP", func() error {
+			_, err := weirlab.Get(ctx, c.Nodes[1].Pods[0].Netns, vip)
+			return err
+		})
+		expectDropped(t, c.Client, vip)
+		sample(t, c.Client, netip.AddrPortFrom(fam.node(c.Nodes[0]), 30091), 2)
+	}
 
 	got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "fw"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	upd := got.GetService()
-	upd.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/8", lab.ClientIPv4.String() + "/32"}
+	upd.Spec.LoadBalancerSourceRanges = append(upd.Spec.LoadBalancerSourceRanges, clientRanges["IPv4"], clientRanges["IPv6"])
 	if _, err := c.Registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: upd}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the client is let in once its address is in the ranges", func() error {
-		_, err := weirlab.Get(ctx, c.Client, vip)
-		return err
-	})
+	for _, fam := range fams {
+		eventually(t, "the client is let in once its network is in the ranges", func() error {
+			_, err := weirlab.Get(ctx, c.Client, netip.AddrPortFrom(fam.lbIP, 80))
+			return err
+		})
+	}
 }
