@@ -16,8 +16,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
@@ -28,6 +33,22 @@ type Applier interface {
 	Apply(context.Context, datapath.NodeState) error
 	Resync(context.Context) error
 }
+
+// Observer follows what the syncer receives and applies, and has something
+// to report to the server; the node's health (*health.Agent) is one.
+type Observer interface {
+	// Received sees each new desired state before it is applied.
+	Received(datapath.NodeState)
+	// Applied sees each successful apply.
+	Applied(took time.Duration)
+	// Report returns what changed since the last report (everything when
+	// full), or nil.
+	Report(full bool) *health.Report
+}
+
+// ReportPeriod is how often the syncer looks for health changes that no
+// state change caused (a node going stale, say) to report them.
+const ReportPeriod = time.Second
 
 // Config is how the syncer runs.
 type Config struct {
@@ -40,14 +61,49 @@ type Config struct {
 	RetryPeriod time.Duration
 	// MaxBackoff caps the wait between reconnection attempts.
 	MaxBackoff time.Duration
+	// Metrics receives the syncer's metrics when not nil.
+	Metrics prometheus.Registerer
+}
+
+// metrics follow kube-proxy's names where it has them.
+type metrics struct {
+	syncDuration prometheus.Histogram
+	lastSync     prometheus.Gauge
+	failures     prometheus.Counter
+	version      prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "weir_sync_proxy_rules_duration_seconds",
+			Help:    "How long applying a state to the kernel took.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
+		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "weir_sync_proxy_rules_last_timestamp_seconds", Help: "When a state was last applied successfully.",
+		}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weir_sync_proxy_rules_failures_total", Help: "States that could not be applied (each one NACKed).",
+		}),
+		version: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "weir_sync_applied_version", Help: "The last state version applied.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.syncDuration, m.lastSync, m.failures, m.version)
+	}
+	return m
 }
 
 // Syncer keeps one node in step with the server.
 type Syncer struct {
-	cfg  Config
-	conn grpc.ClientConnInterface
-	dp   Applier
-	log  *slog.Logger
+	cfg     Config
+	conn    grpc.ClientConnInterface
+	dp      Applier
+	obs     Observer
+	log     *slog.Logger
+	metrics *metrics
 
 	mu       sync.Mutex // guards the fields below
 	state    datapath.NodeState
@@ -57,8 +113,8 @@ type Syncer struct {
 	synced   time.Time
 }
 
-// New returns a syncer for conn's server.
-func New(cfg Config, conn grpc.ClientConnInterface, dp Applier, log *slog.Logger) *Syncer {
+// New returns a syncer for conn's server. obs may be nil.
+func New(cfg Config, conn grpc.ClientConnInterface, dp Applier, obs Observer, log *slog.Logger) *Syncer {
 	if cfg.ResyncPeriod <= 0 {
 		cfg.ResyncPeriod = 5 * time.Minute
 	}
@@ -68,7 +124,10 @@ func New(cfg Config, conn grpc.ClientConnInterface, dp Applier, log *slog.Logger
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = 30 * time.Second
 	}
-	return &Syncer{cfg: cfg, conn: conn, dp: dp, log: log,
+	if obs == nil {
+		obs = noObserver{}
+	}
+	return &Syncer{cfg: cfg, conn: conn, dp: dp, obs: obs, log: log, metrics: newMetrics(cfg.Metrics),
 		state: datapath.NodeState{Services: map[datapath.ServiceKey]*datapath.Service{}}}
 }
 
@@ -143,6 +202,17 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 		}
 	}()
 
+	reports := time.NewTicker(ReportPeriod)
+	defer reports.Stop()
+	fullReport := true // the first report of a stream is whole
+	sendReport := func() error {
+		r := s.obs.Report(fullReport)
+		if r == nil {
+			return nil
+		}
+		fullReport = false
+		return stream.Send(reportToProto(r))
+	}
 	// One timer: the retry of a failed apply when there is one, else the
 	// periodic resync.
 	timer := time.NewTimer(s.cfg.ResyncPeriod)
@@ -172,6 +242,13 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 				return gotState, err
 			}
 			rearm()
+			if err := sendReport(); err != nil {
+				return gotState, err
+			}
+		case <-reports.C:
+			if err := sendReport(); err != nil {
+				return gotState, err
+			}
 		case <-timer.C:
 			answer := s.resync(ctx)
 			rearm()
@@ -195,18 +272,25 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 		return nack(msg.GetVersion(), err)
 	}
 	s.state, s.received = next, msg.GetVersion()
+	s.obs.Received(next)
 	return s.applyLocked(ctx)
 }
 
 func (s *Syncer) applyLocked(ctx context.Context) *weirv1.SyncRequest {
 	start := time.Now()
 	if err := s.dp.Apply(ctx, s.state); err != nil {
+		s.metrics.failures.Inc()
 		s.lastErr = err
 		s.log.Error("applying state failed; the last good rules stay in place", "version", s.received, "error", err)
 		return nack(s.received, err)
 	}
+	took := time.Since(start)
 	s.applied, s.lastErr, s.synced = s.received, nil, time.Now()
-	s.log.Debug("applied state", "version", s.received, "services", len(s.state.Services), "took", time.Since(start))
+	s.obs.Applied(took)
+	s.metrics.syncDuration.Observe(took.Seconds())
+	s.metrics.lastSync.SetToCurrentTime()
+	s.metrics.version.Set(float64(s.applied))
+	s.log.Debug("applied state", "version", s.received, "services", len(s.state.Services), "took", took)
 	return &weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: s.received}}}
 }
 
@@ -221,12 +305,14 @@ func (s *Syncer) resync(ctx context.Context) *weirv1.SyncRequest {
 		}
 		return nil // already nacked this version
 	}
+	start := time.Now()
 	if err := s.dp.Resync(ctx); err != nil {
 		s.lastErr = err
 		s.log.Error("periodic resync failed", "error", err)
 		return nil
 	}
 	s.synced = time.Now()
+	s.obs.Applied(time.Since(start))
 	return nil
 }
 
@@ -265,4 +351,34 @@ func merge(cur datapath.NodeState, msg *weirv1.SyncResponse) (datapath.NodeState
 		delete(next.Services, datapath.ServiceKey{Namespace: ns, Name: name})
 	}
 	return next, nil
+}
+
+type noObserver struct{}
+
+func (noObserver) Received(datapath.NodeState) {}
+func (noObserver) Applied(time.Duration)       {}
+func (noObserver) Report(bool) *health.Report  { return nil }
+
+// reportToProto is the wire form of a health report.
+func reportToProto(r *health.Report) *weirv1.SyncRequest {
+	out := &weirv1.Report{
+		Full: r.Full,
+		NodeHealth: &weirv1.NodeHealth{
+			HealthzCode: int32(r.Node.HealthzCode), LivezCode: int32(r.Node.LivezCode),
+			NodeEligible: r.Node.NodeEligible,
+		},
+		RemovedServices:  r.Removed,
+		LastSyncDuration: durationpb.New(r.LastSync),
+	}
+	if !r.Node.LastUpdated.IsZero() {
+		out.NodeHealth.LastUpdated = timestamppb.New(r.Node.LastUpdated)
+	}
+	for _, s := range r.Services {
+		out.Services = append(out.Services, &weirv1.ServiceHealth{
+			Namespace: s.Namespace, Name: s.Name,
+			LocalReady: int32(s.LocalReady), LocalServing: int32(s.LocalServing), LocalTerminating: int32(s.LocalTerminating),
+			HealthCheckNodePort: int32(s.HealthCheckNodePort), HealthCheckCode: int32(s.HealthCheckCode), HealthCheckError: s.HealthCheckError,
+		})
+	}
+	return &weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: out}}
 }

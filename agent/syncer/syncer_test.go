@@ -117,7 +117,7 @@ func TestSyncerAcksNacksAndKeepsLastGoodState(t *testing.T) {
 	dp := &fakeApplier{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s := New(Config{NodeName: "node1", ResyncPeriod: time.Hour, RetryPeriod: 100 * time.Millisecond}, conn, dp, slog.New(slog.DiscardHandler))
+	s := New(Config{NodeName: "node1", ResyncPeriod: time.Hour, RetryPeriod: 100 * time.Millisecond}, conn, dp, nil, slog.New(slog.DiscardHandler))
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 
@@ -174,7 +174,7 @@ func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {
 	dp := &fakeApplier{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s := New(Config{NodeName: "node1", MaxBackoff: 100 * time.Millisecond}, conn, dp, slog.New(slog.DiscardHandler))
+	s := New(Config{NodeName: "node1", MaxBackoff: 100 * time.Millisecond}, conn, dp, nil, slog.New(slog.DiscardHandler))
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	<-ss.hellos

@@ -34,6 +34,28 @@ type NodeStatus struct {
 	LastError        string
 	LastErrorVersion uint64
 	LastSeen         time.Time
+	// Health is what the node last reported of its health answers.
+	Health   NodeHealth
+	LastSync time.Duration
+	// Services is, per "namespace/name", what the node sees of a service.
+	Services map[string]ServiceHealth
+}
+
+// NodeHealth is a node's own health answers (port 10256).
+type NodeHealth struct {
+	HealthzCode, LivezCode int
+	LastUpdated            time.Time
+	NodeEligible           bool
+}
+
+// ServiceHealth is one service on one node.
+type ServiceHealth struct {
+	LocalReady, LocalServing, LocalTerminating int
+	HealthCheckNodePort                        int
+	// HealthCheckCode is what the health-check port answers; 0 when it is
+	// not open, and then HealthCheckError says why.
+	HealthCheckCode  int
+	HealthCheckError string
 }
 
 // Hub serves AgentService.
@@ -60,7 +82,9 @@ func (h *Hub) Status() []NodeStatus {
 	defer h.mu.Unlock()
 	out := make([]NodeStatus, 0, len(h.status))
 	for _, s := range h.status {
-		out = append(out, *s)
+		c := *s
+		c.Services = maps.Clone(s.Services)
+		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b NodeStatus) int {
 		if a.Node < b.Node {
@@ -237,6 +261,8 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStat
 			// Recorded, never resent: the same state would fail the same way.
 			st.LastError, st.LastErrorVersion = m.Nack.GetError(), m.Nack.GetVersion()
 			log.Warn("agent rejected state", "version", m.Nack.GetVersion(), "error", m.Nack.GetError())
+		case *weirv1.SyncRequest_Report:
+			recordReport(st, m.Report)
 		}
 		h.mu.Unlock()
 	}
@@ -293,4 +319,30 @@ func (h *Hub) delta(node string, services []string, nodeDirty bool, sent map[str
 		return nil
 	}
 	return msg
+}
+
+// recordReport folds an agent's report into its status. Called with h.mu held.
+func recordReport(st *NodeStatus, r *weirv1.Report) {
+	if nh := r.GetNodeHealth(); nh != nil {
+		st.Health = NodeHealth{
+			HealthzCode: int(nh.GetHealthzCode()), LivezCode: int(nh.GetLivezCode()),
+			NodeEligible: nh.GetNodeEligible(),
+		}
+		if nh.GetLastUpdated() != nil {
+			st.Health.LastUpdated = nh.GetLastUpdated().AsTime()
+		}
+	}
+	st.LastSync = r.GetLastSyncDuration().AsDuration()
+	if r.GetFull() || st.Services == nil {
+		st.Services = map[string]ServiceHealth{}
+	}
+	for _, s := range r.GetServices() {
+		st.Services[s.GetNamespace()+"/"+s.GetName()] = ServiceHealth{
+			LocalReady: int(s.GetLocalReady()), LocalServing: int(s.GetLocalServing()), LocalTerminating: int(s.GetLocalTerminating()),
+			HealthCheckNodePort: int(s.GetHealthCheckNodePort()), HealthCheckCode: int(s.GetHealthCheckCode()), HealthCheckError: s.GetHealthCheckError(),
+		}
+	}
+	for _, key := range r.GetRemovedServices() {
+		delete(st.Services, key)
+	}
 }

@@ -4,9 +4,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -14,11 +17,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/agent/syncer"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/tlsconfig"
@@ -46,6 +53,9 @@ func run() error {
 		clusterCIDRs = flag.String("cluster-cidr", "", "comma-separated pod CIDRs of the cluster; their connections are never masqueraded")
 		nodePortAddr = flag.String("nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
 		resync       = flag.Duration("resync-period", 5*time.Minute, "how often the whole nftables table is rewritten, repairing what others changed")
+		healthzAddr  = flag.String("healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
+		metricsAddr  = flag.String("metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus)")
+		healthTO     = flag.Duration("health-timeout", 60*time.Second, "how long an update may wait to be applied before /healthz fails")
 		logLevel     = flag.String("log-level", "info", "debug, info, warn or error")
 	)
 	flag.Parse()
@@ -90,7 +100,21 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync}, conn, dp, log)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	nodeHealth := health.NewAgent(*healthTO, log, reg)
+	defer nodeHealth.Services.Close()
+	if err := serveHTTP(ctx, *healthzAddr, nodeHealth.Node.Handler(), log); err != nil {
+		return fmt.Errorf("--healthz-bind-address: %w", err)
+	}
+	metricsMux := http.NewServeMux()
+	metricsMux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if err := serveHTTP(ctx, *metricsAddr, metricsMux, log); err != nil {
+		return fmt.Errorf("--metrics-bind-address: %w", err)
+	}
+
+	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, dp, nodeHealth, log)
 	log.Info("starting", "server", *serverAddr, "tls", !*plain)
 	if err := s.Run(ctx); err != nil && ctx.Err() == nil {
 		return err
@@ -98,6 +122,25 @@ func run() error {
 	// On exit the rules stay: forwarding must not stop because the agent
 	// restarts. Removing Weir is `nft delete table ip weir; nft delete table ip6 weir`.
 	log.Info("stopped; nftables rules left in place")
+	return nil
+}
+
+// serveHTTP serves h on addr until ctx ends.
+func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("HTTP server stopped", "address", addr, "error", err)
+		}
+	}()
 	return nil
 }
 

@@ -9,6 +9,8 @@ package weirv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -28,6 +30,7 @@ type SyncRequest struct {
 	//	*SyncRequest_Hello
 	//	*SyncRequest_Ack
 	//	*SyncRequest_Nack
+	//	*SyncRequest_Report
 	Message       isSyncRequest_Message `protobuf_oneof:"message"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -97,6 +100,15 @@ func (x *SyncRequest) GetNack() *Nack {
 	return nil
 }
 
+func (x *SyncRequest) GetReport() *Report {
+	if x != nil {
+		if x, ok := x.Message.(*SyncRequest_Report); ok {
+			return x.Report
+		}
+	}
+	return nil
+}
+
 type isSyncRequest_Message interface {
 	isSyncRequest_Message()
 }
@@ -113,11 +125,17 @@ type SyncRequest_Nack struct {
 	Nack *Nack `protobuf:"bytes,3,opt,name=nack,proto3,oneof"`
 }
 
+type SyncRequest_Report struct {
+	Report *Report `protobuf:"bytes,4,opt,name=report,proto3,oneof"`
+}
+
 func (*SyncRequest_Hello) isSyncRequest_Message() {}
 
 func (*SyncRequest_Ack) isSyncRequest_Message() {}
 
 func (*SyncRequest_Nack) isSyncRequest_Message() {}
+
+func (*SyncRequest_Report) isSyncRequest_Message() {}
 
 type Hello struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -278,6 +296,263 @@ func (x *Nack) GetError() string {
 	return ""
 }
 
+// Report is what the agent sees on its node: its health answers and, per
+// service, its local endpoints. The first report of a stream is whole; later
+// ones carry only what changed.
+type Report struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Full       bool                   `protobuf:"varint,1,opt,name=full,proto3" json:"full,omitempty"`
+	NodeHealth *NodeHealth            `protobuf:"bytes,2,opt,name=node_health,json=nodeHealth,proto3" json:"node_health,omitempty"`
+	// Services whose local state changed (all of them in a full report).
+	Services []*ServiceHealth `protobuf:"bytes,3,rep,name=services,proto3" json:"services,omitempty"`
+	// Services the node no longer reports on, as "namespace/name".
+	RemovedServices []string `protobuf:"bytes,4,rep,name=removed_services,json=removedServices,proto3" json:"removed_services,omitempty"`
+	// How long the last successful apply of state to the kernel took.
+	LastSyncDuration *durationpb.Duration `protobuf:"bytes,5,opt,name=last_sync_duration,json=lastSyncDuration,proto3" json:"last_sync_duration,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Report) Reset() {
+	*x = Report{}
+	mi := &file_weir_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Report) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Report) ProtoMessage() {}
+
+func (x *Report) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Report.ProtoReflect.Descriptor instead.
+func (*Report) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Report) GetFull() bool {
+	if x != nil {
+		return x.Full
+	}
+	return false
+}
+
+func (x *Report) GetNodeHealth() *NodeHealth {
+	if x != nil {
+		return x.NodeHealth
+	}
+	return nil
+}
+
+func (x *Report) GetServices() []*ServiceHealth {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *Report) GetRemovedServices() []string {
+	if x != nil {
+		return x.RemovedServices
+	}
+	return nil
+}
+
+func (x *Report) GetLastSyncDuration() *durationpb.Duration {
+	if x != nil {
+		return x.LastSyncDuration
+	}
+	return nil
+}
+
+// NodeHealth is what the node answers on its health port (10256).
+type NodeHealth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// HTTP status of /healthz and /livez right now.
+	HealthzCode int32                  `protobuf:"varint,1,opt,name=healthz_code,json=healthzCode,proto3" json:"healthz_code,omitempty"`
+	LivezCode   int32                  `protobuf:"varint,2,opt,name=livez_code,json=livezCode,proto3" json:"livez_code,omitempty"`
+	LastUpdated *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=last_updated,json=lastUpdated,proto3" json:"last_updated,omitempty"`
+	// False while the node is being deleted.
+	NodeEligible  bool `protobuf:"varint,4,opt,name=node_eligible,json=nodeEligible,proto3" json:"node_eligible,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeHealth) Reset() {
+	*x = NodeHealth{}
+	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeHealth) ProtoMessage() {}
+
+func (x *NodeHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
+func (*NodeHealth) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *NodeHealth) GetHealthzCode() int32 {
+	if x != nil {
+		return x.HealthzCode
+	}
+	return 0
+}
+
+func (x *NodeHealth) GetLivezCode() int32 {
+	if x != nil {
+		return x.LivezCode
+	}
+	return 0
+}
+
+func (x *NodeHealth) GetLastUpdated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastUpdated
+	}
+	return nil
+}
+
+func (x *NodeHealth) GetNodeEligible() bool {
+	if x != nil {
+		return x.NodeEligible
+	}
+	return false
+}
+
+// ServiceHealth is one service as seen from one node.
+type ServiceHealth struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Namespace        string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name             string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	LocalReady       int32                  `protobuf:"varint,3,opt,name=local_ready,json=localReady,proto3" json:"local_ready,omitempty"`
+	LocalServing     int32                  `protobuf:"varint,4,opt,name=local_serving,json=localServing,proto3" json:"local_serving,omitempty"`
+	LocalTerminating int32                  `protobuf:"varint,5,opt,name=local_terminating,json=localTerminating,proto3" json:"local_terminating,omitempty"`
+	// The service's health-check node port, 0 when it has none.
+	HealthCheckNodePort int32 `protobuf:"varint,6,opt,name=health_check_node_port,json=healthCheckNodePort,proto3" json:"health_check_node_port,omitempty"`
+	// What that port answers (200 or 503); 0 when nothing listens.
+	HealthCheckCode int32 `protobuf:"varint,7,opt,name=health_check_code,json=healthCheckCode,proto3" json:"health_check_code,omitempty"`
+	// Why the port could not be opened, if it could not.
+	HealthCheckError string `protobuf:"bytes,8,opt,name=health_check_error,json=healthCheckError,proto3" json:"health_check_error,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ServiceHealth) Reset() {
+	*x = ServiceHealth{}
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceHealth) ProtoMessage() {}
+
+func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceHealth.ProtoReflect.Descriptor instead.
+func (*ServiceHealth) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ServiceHealth) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ServiceHealth) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServiceHealth) GetLocalReady() int32 {
+	if x != nil {
+		return x.LocalReady
+	}
+	return 0
+}
+
+func (x *ServiceHealth) GetLocalServing() int32 {
+	if x != nil {
+		return x.LocalServing
+	}
+	return 0
+}
+
+func (x *ServiceHealth) GetLocalTerminating() int32 {
+	if x != nil {
+		return x.LocalTerminating
+	}
+	return 0
+}
+
+func (x *ServiceHealth) GetHealthCheckNodePort() int32 {
+	if x != nil {
+		return x.HealthCheckNodePort
+	}
+	return 0
+}
+
+func (x *ServiceHealth) GetHealthCheckCode() int32 {
+	if x != nil {
+		return x.HealthCheckCode
+	}
+	return 0
+}
+
+func (x *ServiceHealth) GetHealthCheckError() string {
+	if x != nil {
+		return x.HealthCheckError
+	}
+	return ""
+}
+
 type SyncResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Versions only grow; they survive server restarts.
@@ -297,7 +572,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[4]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -309,7 +584,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[4]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -322,7 +597,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SyncResponse) GetVersion() uint64 {
@@ -375,7 +650,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +662,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +675,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -468,7 +743,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +755,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +768,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -593,7 +868,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +880,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +893,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -673,7 +948,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +960,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +973,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -761,11 +1036,12 @@ var File_weir_v1_agent_proto protoreflect.FileDescriptor
 
 const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x17weir/v1/resources.proto\"\x87\x01\n" +
+	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\xb2\x01\n" +
 	"\vSyncRequest\x12&\n" +
 	"\x05hello\x18\x01 \x01(\v2\x0e.weir.v1.HelloH\x00R\x05hello\x12 \n" +
 	"\x03ack\x18\x02 \x01(\v2\f.weir.v1.AckH\x00R\x03ack\x12#\n" +
-	"\x04nack\x18\x03 \x01(\v2\r.weir.v1.NackH\x00R\x04nackB\t\n" +
+	"\x04nack\x18\x03 \x01(\v2\r.weir.v1.NackH\x00R\x04nack\x12)\n" +
+	"\x06report\x18\x04 \x01(\v2\x0f.weir.v1.ReportH\x00R\x06reportB\t\n" +
 	"\amessage\"r\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12'\n" +
@@ -775,7 +1051,31 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\"6\n" +
 	"\x04Nack\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\xaf\x01\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xfa\x01\n" +
+	"\x06Report\x12\x12\n" +
+	"\x04full\x18\x01 \x01(\bR\x04full\x124\n" +
+	"\vnode_health\x18\x02 \x01(\v2\x13.weir.v1.NodeHealthR\n" +
+	"nodeHealth\x122\n" +
+	"\bservices\x18\x03 \x03(\v2\x16.weir.v1.ServiceHealthR\bservices\x12)\n" +
+	"\x10removed_services\x18\x04 \x03(\tR\x0fremovedServices\x12G\n" +
+	"\x12last_sync_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\"\xb2\x01\n" +
+	"\n" +
+	"NodeHealth\x12!\n" +
+	"\fhealthz_code\x18\x01 \x01(\x05R\vhealthzCode\x12\x1d\n" +
+	"\n" +
+	"livez_code\x18\x02 \x01(\x05R\tlivezCode\x12=\n" +
+	"\flast_updated\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vlastUpdated\x12#\n" +
+	"\rnode_eligible\x18\x04 \x01(\bR\fnodeEligible\"\xc3\x02\n" +
+	"\rServiceHealth\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
+	"\vlocal_ready\x18\x03 \x01(\x05R\n" +
+	"localReady\x12#\n" +
+	"\rlocal_serving\x18\x04 \x01(\x05R\flocalServing\x12+\n" +
+	"\x11local_terminating\x18\x05 \x01(\x05R\x10localTerminating\x123\n" +
+	"\x16health_check_node_port\x18\x06 \x01(\x05R\x13healthCheckNodePort\x12*\n" +
+	"\x11health_check_code\x18\a \x01(\x05R\x0fhealthCheckCode\x12,\n" +
+	"\x12health_check_error\x18\b \x01(\tR\x10healthCheckError\"\xaf\x01\n" +
 	"\fSyncResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x12\n" +
 	"\x04full\x18\x02 \x01(\bR\x04full\x12%\n" +
@@ -837,40 +1137,50 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_weir_v1_agent_proto_goTypes = []any{
-	(*SyncRequest)(nil),      // 0: weir.v1.SyncRequest
-	(*Hello)(nil),            // 1: weir.v1.Hello
-	(*Ack)(nil),              // 2: weir.v1.Ack
-	(*Nack)(nil),             // 3: weir.v1.Nack
-	(*SyncResponse)(nil),     // 4: weir.v1.SyncResponse
-	(*NodeInfo)(nil),         // 5: weir.v1.NodeInfo
-	(*NodeService)(nil),      // 6: weir.v1.NodeService
-	(*NodeServicePort)(nil),  // 7: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),     // 8: weir.v1.NodeEndpoint
-	(TrafficPolicy)(0),       // 9: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0), // 10: weir.v1.TrafficDistribution
-	(Protocol)(0),            // 11: weir.v1.Protocol
+	(*SyncRequest)(nil),           // 0: weir.v1.SyncRequest
+	(*Hello)(nil),                 // 1: weir.v1.Hello
+	(*Ack)(nil),                   // 2: weir.v1.Ack
+	(*Nack)(nil),                  // 3: weir.v1.Nack
+	(*Report)(nil),                // 4: weir.v1.Report
+	(*NodeHealth)(nil),            // 5: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 6: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 7: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 8: weir.v1.NodeInfo
+	(*NodeService)(nil),           // 9: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 10: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 11: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 14: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 15: weir.v1.TrafficDistribution
+	(Protocol)(0),                 // 16: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	2,  // 1: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
 	3,  // 2: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
-	5,  // 3: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	6,  // 4: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	7,  // 5: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	9,  // 6: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	9,  // 7: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	10, // 8: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	11, // 9: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	8,  // 10: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	0,  // 11: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	4,  // 12: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	12, // [12:13] is the sub-list for method output_type
-	11, // [11:12] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	4,  // 3: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
+	5,  // 4: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	6,  // 5: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	12, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	13, // 7: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	8,  // 8: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	9,  // 9: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	10, // 10: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	14, // 11: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	14, // 12: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	15, // 13: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	16, // 14: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	11, // 15: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	0,  // 16: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	7,  // 17: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	17, // [17:18] is the sub-list for method output_type
+	16, // [16:17] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -883,6 +1193,7 @@ func file_weir_v1_agent_proto_init() {
 		(*SyncRequest_Hello)(nil),
 		(*SyncRequest_Ack)(nil),
 		(*SyncRequest_Nack)(nil),
+		(*SyncRequest_Report)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -890,7 +1201,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

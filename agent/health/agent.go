@@ -1,0 +1,206 @@
+package health
+
+import (
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weirlb/weir/datapath"
+)
+
+// ServiceReport is one service as this node sees it.
+type ServiceReport struct {
+	Namespace, Name                            string
+	LocalReady, LocalServing, LocalTerminating int
+	HealthCheckNodePort                        uint16
+	HealthCheckCode                            int // 0 when nothing listens
+	HealthCheckError                           string
+}
+
+// NodeReport is the node's own health answers.
+type NodeReport struct {
+	HealthzCode, LivezCode int
+	LastUpdated            time.Time
+	NodeEligible           bool
+}
+
+// Report is what changed since the last report, or everything when Full.
+type Report struct {
+	Full     bool
+	Node     NodeReport
+	Services []ServiceReport
+	Removed  []string // "namespace/name"
+	LastSync time.Duration
+}
+
+// Agent is the node's health: it follows the desired state as it arrives
+// (so that a balancer hears about a node losing its last endpoint before
+// the rules are even rewritten) and the datapath's progress.
+type Agent struct {
+	Node     *Node
+	Services *Services
+
+	mu       sync.Mutex // guards the fields below
+	services map[string]ServiceReport
+	reported map[string]ServiceReport
+	lastNode NodeReport
+	lastSync time.Duration
+	// addrs and checks are the latest desired health checks; served is
+	// the local ready count each port answers with. A count only drops
+	// before the rules are applied: a balancer must hear at once that a
+	// node lost its endpoints, but not that it gained one whose rules are
+	// not in yet.
+	addrs  []netip.Addr
+	checks []Service
+	served map[string]int
+}
+
+// NewAgent returns the node's health with the given staleness timeout.
+func NewAgent(timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *Agent {
+	a := &Agent{Node: NewNode(timeout, reg), services: map[string]ServiceReport{}, served: map[string]int{}}
+	a.Services = NewServices(a.Node.Healthy, log, reg)
+	return a
+}
+
+// Received takes a new desired state, before it is applied: health-check
+// answers follow it at once.
+func (a *Agent) Received(st datapath.NodeState) {
+	a.Node.Queued()
+	a.Node.SetEligible(!st.Node.Deleting)
+	reports := map[string]ServiceReport{}
+	var checks []Service
+	for key, svc := range st.Services {
+		r := localCounts(svc)
+		r.Namespace, r.Name = key.Namespace, key.Name
+		if svc.ExternalTrafficPolicy == datapath.Local && svc.HealthCheckNodePort != 0 {
+			r.HealthCheckNodePort = svc.HealthCheckNodePort
+			checks = append(checks, Service{Namespace: key.Namespace, Name: key.Name, Port: svc.HealthCheckNodePort, LocalReady: r.LocalReady})
+		}
+		if r.LocalReady+r.LocalServing+r.LocalTerminating > 0 || r.HealthCheckNodePort != 0 {
+			reports[key.String()] = r
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.addrs, a.checks, a.services = nonLoopback(st.Node.Addresses), checks, reports
+	a.syncChecks(func(c Service) int { return min(c.LocalReady, a.served[c.Namespace+"/"+c.Name]) })
+}
+
+// Applied records a successful apply and how long it took: every
+// health-check port now answers from the applied state.
+func (a *Agent) Applied(took time.Duration) {
+	a.Node.Updated()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.lastSync = took
+	a.syncChecks(func(c Service) int { return c.LocalReady })
+}
+
+// syncChecks opens, closes and updates the listeners, answering with the
+// count ready gives each service. Called with mu held.
+func (a *Agent) syncChecks(ready func(Service) int) {
+	served := make([]Service, len(a.checks))
+	a.served = map[string]int{}
+	for i, c := range a.checks {
+		served[i] = c
+		served[i].LocalReady = ready(c)
+		a.served[c.Namespace+"/"+c.Name] = served[i].LocalReady
+	}
+	results := a.Services.Sync(a.addrs, served)
+	for key, r := range a.services {
+		r.HealthCheckError = ""
+		if res, ok := results[key]; ok && res.Err != nil {
+			r.HealthCheckError = res.Err.Error()
+		}
+		a.services[key] = r
+	}
+}
+
+// Report returns what changed since the last call (everything when full),
+// or nil when nothing did.
+func (a *Agent) Report(full bool) *Report {
+	healthz, livez := a.Node.Codes()
+	st := a.Node.Status()
+	node := NodeReport{HealthzCode: healthz, LivezCode: livez, LastUpdated: st.LastUpdated, NodeEligible: st.NodeEligible}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := &Report{Full: full, Node: node, LastSync: a.lastSync}
+	if full {
+		a.reported = map[string]ServiceReport{}
+	}
+	for key, s := range a.services {
+		if s.HealthCheckNodePort != 0 && s.HealthCheckError == "" {
+			s.HealthCheckCode = http.StatusServiceUnavailable
+			if a.served[key] > 0 && st.Healthy {
+				s.HealthCheckCode = http.StatusOK
+			}
+		}
+		if old, ok := a.reported[key]; !ok || old != s {
+			r.Services = append(r.Services, s)
+			a.reported[key] = s
+		}
+	}
+	for key := range a.reported {
+		if _, ok := a.services[key]; !ok {
+			r.Removed = append(r.Removed, key)
+			delete(a.reported, key)
+		}
+	}
+	if !full && len(r.Services) == 0 && len(r.Removed) == 0 && node == a.lastNode {
+		return nil
+	}
+	a.lastNode = node
+	slices.SortFunc(r.Services, func(x, y ServiceReport) int {
+		if x.Namespace+"/"+x.Name < y.Namespace+"/"+y.Name {
+			return -1
+		}
+		return 1
+	})
+	slices.Sort(r.Removed)
+	return r
+}
+
+// localCounts counts the service's endpoints on this node, by condition.
+// An endpoint backing several ports, or with an address in each family,
+// counts once per family; the larger family count is taken.
+func localCounts(svc *datapath.Service) ServiceReport {
+	var r ServiceReport
+	for _, is6 := range []bool{false, true} {
+		ready, serving, terminating := map[netip.Addr]bool{}, map[netip.Addr]bool{}, map[netip.Addr]bool{}
+		for _, p := range svc.Ports {
+			for _, ep := range p.Endpoints {
+				if !ep.Local || ep.Addr.Is6() != is6 {
+					continue
+				}
+				if ep.Ready {
+					ready[ep.Addr] = true
+				}
+				if ep.Serving {
+					serving[ep.Addr] = true
+				}
+				if ep.Terminating {
+					terminating[ep.Addr] = true
+				}
+			}
+		}
+		r.LocalReady = max(r.LocalReady, len(ready))
+		r.LocalServing = max(r.LocalServing, len(serving))
+		r.LocalTerminating = max(r.LocalTerminating, len(terminating))
+	}
+	return r
+}
+
+func nonLoopback(addrs []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		if !a.IsLoopback() {
+			out = append(out, a)
+		}
+	}
+	return out
+}

@@ -1,0 +1,193 @@
+package health
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/weirlb/weir/datapath"
+)
+
+var loopback = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+
+// freePort finds a port that is free on loopback right now.
+func freePort(t *testing.T) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+type httpAnswer struct {
+	code    int
+	headers http.Header
+	body    string
+}
+
+func get(t *testing.T, port uint16, path string) httpAnswer {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return httpAnswer{resp.StatusCode, resp.Header, string(b)}
+}
+
+func TestServiceHealthCheckAnswersLikeKubeProxy(t *testing.T) {
+	healthy := true
+	s := NewServices(func() bool { return healthy }, slog.New(slog.DiscardHandler), nil)
+	defer s.Close()
+	port := freePort(t)
+	s.Sync(loopback, []Service{{Namespace: "shop", Name: "cart", Port: port, LocalReady: 2}})
+
+	got := get(t, port, "/any/path")
+	wantBody := "{\n\t\"service\": {\n\t\t\"namespace\": \"shop\",\n\t\t\"name\": \"cart\"\n\t},\n\t\"localEndpoints\": 2,\n\t\"serviceProxyHealthy\": true\n}"
+	if got.code != 200 || got.body != wantBody {
+		t.Errorf("got %d %q, want 200 %q", got.code, got.body, wantBody)
+	}
+	for h, want := range map[string]string{"Content-Type": "application/json", "X-Content-Type-Options": "nosniff", "X-Load-Balancing-Endpoint-Weight": "2"} {
+		if v := got.headers.Get(h); v != want {
+			t.Errorf("header %s = %q, want %q", h, v, want)
+		}
+	}
+
+	s.Sync(loopback, []Service{{Namespace: "shop", Name: "cart", Port: port, LocalReady: 0}})
+	if got := get(t, port, "/"); got.code != 503 || got.headers.Get("X-Load-Balancing-Endpoint-Weight") != "0" {
+		t.Errorf("no local endpoint: got %d weight %q, want 503 weight 0", got.code, got.headers.Get("X-Load-Balancing-Endpoint-Weight"))
+	}
+	s.Sync(loopback, []Service{{Namespace: "shop", Name: "cart", Port: port, LocalReady: 1}})
+	healthy = false
+	if got := get(t, port, "/"); got.code != 503 {
+		t.Errorf("agent unhealthy: got %d, want 503", got.code)
+	}
+	healthy = true
+
+	// The service goes: the port closes.
+	s.Sync(loopback, nil)
+	if _, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
+		t.Error("the health-check port is still open after its service went")
+	}
+}
+
+func TestServiceHealthCheckReportsPortsItCannotOpen(t *testing.T) {
+	s := NewServices(func() bool { return true }, slog.New(slog.DiscardHandler), nil)
+	defer s.Close()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := uint16(taken.Addr().(*net.TCPAddr).Port)
+	other := freePort(t)
+	results := s.Sync(loopback, []Service{
+		{Namespace: "a", Name: "held", Port: port, LocalReady: 1},
+		{Namespace: "b", Name: "first", Port: other, LocalReady: 1},
+		{Namespace: "c", Name: "second", Port: other, LocalReady: 1},
+	})
+	if results["a/held"].Err == nil {
+		t.Error("a port another process holds was reported as served")
+	}
+	if (results["b/first"].Err == nil) == (results["c/second"].Err == nil) {
+		t.Errorf("two services on one port: want exactly one error, got %v and %v", results["b/first"].Err, results["c/second"].Err)
+	}
+	// Once the holder lets go, the next sync serves the port.
+	taken.Close()
+	results = s.Sync(loopback, []Service{{Namespace: "a", Name: "held", Port: port, LocalReady: 1}})
+	if results["a/held"].Err != nil || get(t, port, "/").code != 200 {
+		t.Errorf("after the port was freed: %v", results["a/held"].Err)
+	}
+}
+
+func TestNodeHealthz(t *testing.T) {
+	now := time.Unix(1000, 0)
+	n := NewNode(time.Minute, nil)
+	n.now = func() time.Time { return now }
+	n.oldestQueue = now
+	codes := func() [2]int { h, l := n.Codes(); return [2]int{h, l} }
+
+	now = now.Add(2 * time.Minute)
+	if got := codes(); got != [2]int{503, 503} {
+		t.Errorf("never synced for longer than the timeout: %v, want 503/503", got)
+	}
+	n.Updated()
+	if got := codes(); got != [2]int{200, 200} {
+		t.Errorf("synced: %v, want 200/200", got)
+	}
+	n.Queued()
+	now = now.Add(30 * time.Second)
+	if got := codes(); got != [2]int{200, 200} {
+		t.Errorf("update waiting 30 s of a 60 s timeout: %v, want 200/200", got)
+	}
+	now = now.Add(31 * time.Second)
+	if got := codes(); got != [2]int{503, 503} {
+		t.Errorf("update waiting longer than the timeout: %v, want 503/503", got)
+	}
+	n.Updated()
+	n.SetEligible(false)
+	if got := codes(); got != [2]int{503, 200} {
+		t.Errorf("node being deleted: %v, want healthz 503, livez 200", got)
+	}
+}
+
+func TestHealthChecksDropAtOnceButRiseOnlyWhenApplied(t *testing.T) {
+	a := NewAgent(time.Minute, slog.New(slog.DiscardHandler), nil)
+	defer a.Services.Close()
+	port := freePort(t)
+	state := func(ready int) datapath.NodeState {
+		svc := &datapath.Service{Key: datapath.ServiceKey{Namespace: "shop", Name: "cart"},
+			ExternalTrafficPolicy: datapath.Local, HealthCheckNodePort: port,
+			Ports: []datapath.ServicePort{{Protocol: datapath.TCP, Port: 80}}}
+		for i := range ready {
+			svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, datapath.Endpoint{
+				Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)}), Port: 8080, Local: true, Ready: true, Serving: true})
+		}
+		// A terminating local endpoint never counts.
+		svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, datapath.Endpoint{
+			Addr: netip.MustParseAddr("10.244.1.99"), Port: 8080, Local: true, Serving: true, Terminating: true})
+		return datapath.NodeState{Node: datapath.NodeInfo{Addresses: loopback},
+			Services: map[datapath.ServiceKey]*datapath.Service{svc.Key: svc}}
+	}
+	weight := func() string { return get(t, port, "/").headers.Get("X-Load-Balancing-Endpoint-Weight") }
+
+	a.Received(state(2))
+	if w := weight(); w != "0" {
+		t.Errorf("before the first apply: weight %s, want 0", w)
+	}
+	a.Applied(time.Millisecond)
+	if w := weight(); w != "2" {
+		t.Errorf("applied: weight %s, want 2", w)
+	}
+	a.Received(state(0))
+	if got := get(t, port, "/"); got.code != 503 {
+		t.Errorf("last ready endpoint gone, not yet applied: %d, want 503 at once", got.code)
+	}
+	a.Applied(time.Millisecond)
+	a.Received(state(3))
+	if w := weight(); w != "0" {
+		t.Errorf("endpoints back but rules not applied: weight %s, want still 0", w)
+	}
+	a.Applied(time.Millisecond)
+	if w := weight(); w != "3" {
+		t.Errorf("applied: weight %s, want 3", w)
+	}
+
+	r := a.Report(true)
+	want := []ServiceReport{{Namespace: "shop", Name: "cart", LocalReady: 3, LocalServing: 4, LocalTerminating: 1, HealthCheckNodePort: port, HealthCheckCode: 200}}
+	if diff := cmp.Diff(want, r.Services); diff != "" {
+		t.Errorf("report (-want +got):\n%s", diff)
+	}
+	if a.Report(false) != nil {
+		t.Error("a second report with nothing changed is not empty")
+	}
+}
