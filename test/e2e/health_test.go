@@ -129,7 +129,9 @@ func TestNodeHealthz(t *testing.T) {
 	c := startCluster(t)
 	ctx := context.Background()
 	node2 := c.Nodes[1]
-	url := func(path string) string { return fmt.Sprintf("http://%s%s", netip.AddrPortFrom(node2.IPv4, 10256), path) }
+	url := func(path string) string {
+		return fmt.Sprintf("http://%s%s", netip.AddrPortFrom(node2.IPv4, 10256), path)
+	}
 	got := waitCode(t, c.Client, url("/healthz"), 200)
 	var body struct {
 		LastUpdated  string                     `json:"lastUpdated"`

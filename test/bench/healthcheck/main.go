@@ -121,7 +121,9 @@ func run(flaps int) error {
 		}
 	}
 	slices.Sort(took)
-	q := func(p int) time.Duration { return took[min(len(took)-1, len(took)*p/100)].Round(100 * time.Microsecond) }
+	q := func(p int) time.Duration {
+		return took[min(len(took)-1, len(took)*p/100)].Round(100 * time.Microsecond)
+	}
 	fmt.Printf("last ready local endpoint leaves a node -> its health-check port answers 503 (%d moves):\n", len(took))
 	fmt.Printf("  p50 %v  p90 %v  p99 %v  max %v\n", q(50), q(90), q(99), took[len(took)-1].Round(100*time.Microsecond))
 	return nil
