@@ -91,6 +91,7 @@ type ServicePort struct {
 type Endpoint struct {
 	Addr        netip.Addr
 	Port        uint16
+	NodeName    string
 	Local       bool // runs on this node
 	Zone        string
 	HintZones   []string

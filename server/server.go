@@ -10,6 +10,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -30,6 +31,11 @@ type Config struct {
 	// TLS is nil only when the operator asked for plain text.
 	TLS *tls.Config
 	Log *slog.Logger
+	// MinSyncPeriod is the least time between two rounds of deltas to
+	// agents (see agentsync.Config).
+	MinSyncPeriod time.Duration
+	// Metrics receives the server's metrics when not nil.
+	Metrics prometheus.Registerer
 }
 
 // Server is a running central server.
@@ -62,7 +68,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		Registry: reg,
-		Agents:   agentsync.New(reg, cfg.Log),
+		Agents:   agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log}),
 		store:    st,
 		grpc:     grpc.NewServer(opts...),
 		health:   health.NewServer(),
@@ -77,6 +83,7 @@ func New(cfg Config) (*Server, error) {
 
 // Serve answers on lis until ctx ends, then stops gracefully.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	go s.Agents.Run(ctx)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	go func() {
 		<-ctx.Done()

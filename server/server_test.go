@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -290,8 +291,8 @@ func TestAgentStreamSendsFullStateThenOnlyChanges(t *testing.T) {
 		t.Fatalf("delta: %v", delta)
 	}
 	eps := delta.GetUpserts()[0].GetPorts()[0].GetEndpoints()
-	if len(eps) != 1 || !eps[0].GetLocal() || eps[0].GetPort() != 8080 || !eps[0].GetReady() {
-		t.Errorf("endpoint as sent to node1: %v; want local, ready, port 8080", eps)
+	if len(eps) != 1 || eps[0].GetNodeName() != "node1" || eps[0].GetPort() != 8080 || !eps[0].GetReady() {
+		t.Errorf("endpoint as sent: %v; want on node1, ready, port 8080", eps)
 	}
 	ack(delta.GetVersion())
 
@@ -339,5 +340,80 @@ func TestReflectionListsTheAPI(t *testing.T) {
 		if !slices.Contains(names, want) {
 			t.Errorf("reflection lists %v; %s missing", names, want)
 		}
+	}
+}
+
+// agentStream is a test agent's end of AgentService.Sync.
+type agentStream struct {
+	t      *testing.T
+	stream weirv1.AgentService_SyncClient
+}
+
+func connectAgent(t *testing.T, ctx context.Context, ts *servertest.Server, node string, applied uint64) *agentStream {
+	t.Helper()
+	stream, err := ts.Agents.Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: node, AppliedVersion: applied}}}); err != nil {
+		t.Fatal(err)
+	}
+	return &agentStream{t, stream}
+}
+
+func (a *agentStream) recv() *weirv1.SyncResponse {
+	a.t.Helper()
+	msg, err := a.stream.Recv()
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return msg
+}
+
+func (a *agentStream) ack(v uint64) {
+	a.t.Helper()
+	if err := a.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: v}}}); err != nil {
+		a.t.Fatal(err)
+	}
+}
+
+func TestAgentResumesFromTheVersionItApplied(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, name := range []string{"a", "b", "c"} {
+		s := validService()
+		s.Metadata.Name, s.Spec.ClusterIps, s.Spec.Ports[0].NodePort = name, []string{fmt.Sprintf("10.96.0.%d", 10+i)}, int32(30080+i)
+		if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, firstCancel := context.WithCancel(ctx)
+	agent := connectAgent(t, first, ts, "node1", 0)
+	full := agent.recv()
+	agent.ack(full.GetVersion())
+	firstCancel() // the agent goes away...
+
+	// ...and service b changes while it is gone.
+	got, err := ts.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.GetService().Spec.Ports[0].Port = 81
+	if _, err := ts.Registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: got.GetService()}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // let the hub see the old stream end
+
+	resumed := connectAgent(t, ctx, ts, "node1", full.GetVersion())
+	msg := resumed.recv()
+	if msg.GetFull() || len(msg.GetUpserts()) != 1 || msg.GetUpserts()[0].GetName() != "b" {
+		t.Errorf("resuming from the applied version: full=%v upserts=%d; want only b, as a delta", msg.GetFull(), len(msg.GetUpserts()))
+	}
+
+	// An agent claiming a version the server never sent it gets everything.
+	other := connectAgent(t, ctx, ts, "node2", 12345)
+	if msg := other.recv(); !msg.GetFull() || len(msg.GetUpserts()) != 3 {
+		t.Errorf("unknown applied version: full=%v upserts=%d; want a full state of 3", msg.GetFull(), len(msg.GetUpserts()))
 	}
 }

@@ -266,7 +266,7 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.SyncRequest {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	next, err := merge(s.state, msg)
+	next, err := merge(s.state, msg, s.cfg.NodeName)
 	if err != nil {
 		s.log.Error("rejecting state from server", "version", msg.GetVersion(), "error", err)
 		return nack(msg.GetVersion(), err)
@@ -322,7 +322,7 @@ func nack(version uint64, err error) *weirv1.SyncRequest {
 
 // merge returns the state msg leads to from cur, sharing the unchanged
 // services so the datapath sees which ones changed.
-func merge(cur datapath.NodeState, msg *weirv1.SyncResponse) (datapath.NodeState, error) {
+func merge(cur datapath.NodeState, msg *weirv1.SyncResponse, node string) (datapath.NodeState, error) {
 	next := datapath.NodeState{Node: cur.Node}
 	if msg.GetFull() {
 		next.Services = make(map[datapath.ServiceKey]*datapath.Service, len(msg.GetUpserts()))
@@ -337,7 +337,7 @@ func merge(cur datapath.NodeState, msg *weirv1.SyncResponse) (datapath.NodeState
 		next.Node = n
 	}
 	for _, ws := range msg.GetUpserts() {
-		svc, err := nodewire.DecodeService(ws)
+		svc, err := nodewire.DecodeService(ws, node)
 		if err != nil {
 			return cur, err
 		}

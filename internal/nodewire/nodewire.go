@@ -61,7 +61,7 @@ func EncodeService(s *datapath.Service) *weirv1.NodeService {
 		wp := &weirv1.NodeServicePort{Name: p.Name, Protocol: weirv1.Protocol(p.Protocol), Port: int32(p.Port), NodePort: int32(p.NodePort)}
 		for _, e := range p.Endpoints {
 			wp.Endpoints = append(wp.Endpoints, &weirv1.NodeEndpoint{
-				Address: e.Addr.String(), Port: int32(e.Port), Local: e.Local, Zone: e.Zone, HintZones: e.HintZones,
+				Address: e.Addr.String(), Port: int32(e.Port), NodeName: e.NodeName, Zone: e.Zone, HintZones: e.HintZones,
 				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
 			})
 		}
@@ -70,9 +70,10 @@ func EncodeService(s *datapath.Service) *weirv1.NodeService {
 	return out
 }
 
-// DecodeService reads a service from the wire, rejecting anything the
-// datapath could not program.
-func DecodeService(s *weirv1.NodeService) (*datapath.Service, error) {
+// DecodeService reads a service from the wire for the node called node,
+// marking its endpoints local, and rejecting anything the datapath could
+// not program.
+func DecodeService(s *weirv1.NodeService, node string) (*datapath.Service, error) {
 	key := datapath.ServiceKey{Namespace: s.GetNamespace(), Name: s.GetName()}
 	wrap := func(err error) error { return fmt.Errorf("service %s: %w", key, err) }
 	out := &datapath.Service{
@@ -117,7 +118,8 @@ func DecodeService(s *weirv1.NodeService) (*datapath.Service, error) {
 			if err != nil {
 				return nil, wrap(fmt.Errorf("%s.address: %w", ef, err))
 			}
-			ep := datapath.Endpoint{Addr: addr, Local: e.GetLocal(), Zone: e.GetZone(), HintZones: e.GetHintZones(),
+			ep := datapath.Endpoint{Addr: addr, NodeName: e.GetNodeName(), Local: node != "" && e.GetNodeName() == node,
+				Zone: e.GetZone(), HintZones: e.GetHintZones(),
 				Ready: e.GetReady(), Serving: e.GetServing(), Terminating: e.GetTerminating()}
 			if ep.Port, err = port16(ef+".port", e.GetPort(), false); err != nil {
 				return nil, wrap(err)

@@ -24,11 +24,11 @@ func TestServiceRoundTrip(t *testing.T) {
 		LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
 		PreferClose:              true,
 		Ports: []datapath.ServicePort{{Name: "dns", Protocol: datapath.UDP, Port: 53, NodePort: 30053, Endpoints: []datapath.Endpoint{
-			{Addr: netip.MustParseAddr("10.244.1.11"), Port: 5353, Local: true, Zone: "a", HintZones: []string{"a"}, Ready: true, Serving: true},
-			{Addr: netip.MustParseAddr("10.244.2.11"), Port: 5353, Zone: "b", Serving: true, Terminating: true},
+			{Addr: netip.MustParseAddr("10.244.1.11"), Port: 5353, NodeName: "node1", Local: true, Zone: "a", HintZones: []string{"a"}, Ready: true, Serving: true},
+			{Addr: netip.MustParseAddr("10.244.2.11"), Port: 5353, NodeName: "node2", Zone: "b", Serving: true, Terminating: true},
 		}}},
 	}
-	out, err := DecodeService(EncodeService(in))
+	out, err := DecodeService(EncodeService(in), "node1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestDecodeRejectsWhatTheDatapathCannotProgram(t *testing.T) {
 		"bad endpoint": {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: 80,
 			Endpoints: []*weirv1.NodeEndpoint{{Address: "pod-1", Port: 80}}}}},
 	} {
-		if _, err := DecodeService(s); err == nil {
+		if _, err := DecodeService(s, "node1"); err == nil {
 			t.Errorf("%s: decoded without error", name)
 		}
 	}

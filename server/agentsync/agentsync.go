@@ -1,7 +1,8 @@
 // Package agentsync streams each node's desired state to that node's agent
-// and records what every agent applied. After the first full state an agent
-// receives only the services that changed for it; a change that does not
-// affect a node sends it nothing.
+// and records what every agent applied and reports. After the first full
+// state an agent receives only the services that changed; a change that does
+// not affect a node sends it nothing; an agent that reconnects with the
+// version it applied resumes from there.
 package agentsync
 
 import (
@@ -9,114 +10,224 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
-	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
-	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/nodestate"
 	"github.com/weirlb/weir/server/registry"
 )
 
-// NodeStatus is what the server knows of one node's agent.
-type NodeStatus struct {
-	Node           string
-	Connected      bool
-	SentVersion    uint64
-	AppliedVersion uint64
-	// LastError is the agent's last NACK, cleared by the next ACK.
-	LastError        string
-	LastErrorVersion uint64
-	LastSeen         time.Time
-	// Health is what the node last reported of its health answers.
-	Health   NodeHealth
-	LastSync time.Duration
-	// Services is, per "namespace/name", what the node sees of a service.
-	Services map[string]ServiceHealth
-}
-
-// NodeHealth is a node's own health answers (port 10256).
-type NodeHealth struct {
-	HealthzCode, LivezCode int
-	LastUpdated            time.Time
-	NodeEligible           bool
-}
-
-// ServiceHealth is one service on one node.
-type ServiceHealth struct {
-	LocalReady, LocalServing, LocalTerminating int
-	HealthCheckNodePort                        int
-	// HealthCheckCode is what the health-check port answers; 0 when it is
-	// not open, and then HealthCheckError says why.
-	HealthCheckCode  int
-	HealthCheckError string
+// Config tunes the hub.
+type Config struct {
+	// MinSyncPeriod is the least time between two rounds of deltas, like
+	// kube-proxy's minSyncPeriod: a burst of changes goes out together,
+	// while a lone change goes out at once.
+	MinSyncPeriod time.Duration
+	// Metrics receives the hub's metrics when not nil.
+	Metrics prometheus.Registerer
+	Log     *slog.Logger
 }
 
 // Hub serves AgentService.
 type Hub struct {
 	weirv1.UnimplementedAgentServiceServer
-	reg *registry.Registry
-	log *slog.Logger
+	reg     *registry.Registry
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
 
-	mu       sync.Mutex // guards sessions and status
+	// The registry's listener runs under the registry's lock: it only
+	// queues the change here and wakes the fanout goroutine.
+	changesMu sync.Mutex
+	changes   []timedChange
+	wake      chan struct{}
+
+	// The wire form of every service and node, shared by all sessions:
+	// a service is encoded once per change, whatever the number of nodes.
+	// Written only by the fanout goroutine.
+	cacheMu  sync.RWMutex
+	version  uint64 // registry revision the cache reflects
+	services map[string]*weirv1.NodeService
+	nodes    map[string]*weirv1.NodeInfo
+
+	mu       sync.Mutex // guards sessions, status and history
 	sessions map[string]*session
 	status   map[string]*NodeStatus
+	history  map[string]*sentState // what each node was last sent, to resume
 }
 
-// New returns a hub fed by reg's changes.
-func New(reg *registry.Registry, log *slog.Logger) *Hub {
-	h := &Hub{reg: reg, log: log, sessions: map[string]*session{}, status: map[string]*NodeStatus{}}
+type timedChange struct {
+	registry.Change
+	at time.Time
+}
+
+// sentState is what one node has been sent.
+type sentState struct {
+	version  uint64
+	services map[string]*weirv1.NodeService // by key; pointers into the cache
+	node     *weirv1.NodeInfo
+}
+
+// New returns a hub fed by reg's changes; Run must be running for agents to
+// hear about changes.
+func New(reg *registry.Registry, cfg Config) *Hub {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	h := &Hub{
+		reg: reg, cfg: cfg, log: cfg.Log, metrics: newMetrics(cfg.Metrics),
+		wake:     make(chan struct{}, 1),
+		services: map[string]*weirv1.NodeService{},
+		nodes:    map[string]*weirv1.NodeInfo{},
+		sessions: map[string]*session{},
+		status:   map[string]*NodeStatus{},
+		history:  map[string]*sentState{},
+	}
+	// Listen first, then load: a change in between is queued, and
+	// recomputing it again is harmless.
 	reg.OnChange(h.onChange)
+	reg.Read(func(v registry.View) {
+		h.version = v.Revision()
+		for _, key := range v.ServiceKeys() {
+			if svc := nodestate.Service(v, key); svc != nil {
+				h.services[key] = nodewire.EncodeService(svc)
+			}
+		}
+		for _, name := range v.NodeNames() {
+			h.nodes[name] = nodewire.EncodeNode(nodestate.Node(v, name))
+		}
+	})
+	h.metrics.version.Set(float64(h.version))
 	return h
 }
 
-// Status returns every node's status, sorted by node name.
-func (h *Hub) Status() []NodeStatus {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := make([]NodeStatus, 0, len(h.status))
-	for _, s := range h.status {
-		c := *s
-		c.Services = maps.Clone(s.Services)
-		out = append(out, c)
+// onChange runs under the registry's lock: it only queues.
+func (h *Hub) onChange(ch registry.Change) {
+	h.changesMu.Lock()
+	h.changes = append(h.changes, timedChange{ch, time.Now()})
+	h.changesMu.Unlock()
+	select {
+	case h.wake <- struct{}{}:
+	default:
 	}
-	slices.SortFunc(out, func(a, b NodeStatus) int {
-		if a.Node < b.Node {
-			return -1
-		}
-		if a.Node > b.Node {
-			return 1
-		}
-		return 0
-	})
-	return out
 }
 
-// session is one agent's stream. The registry marks what changed; the
-// session's own goroutine computes and sends the delta when it can, so a
-// slow agent coalesces changes instead of holding anyone up.
+// Run turns queued changes into new cache entries and tells the sessions,
+// at most once per MinSyncPeriod, until ctx ends.
+func (h *Hub) Run(ctx context.Context) {
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.wake:
+		}
+		if wait := h.cfg.MinSyncPeriod - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		last = time.Now()
+		h.changesMu.Lock()
+		batch := h.changes
+		h.changes = nil
+		h.changesMu.Unlock()
+		if len(batch) > 0 {
+			h.apply(batch)
+		}
+	}
+}
+
+// apply recomputes what a batch of changes touched and marks the sessions.
+func (h *Hub) apply(batch []timedChange) {
+	services, nodes := map[string]bool{}, map[string]bool{}
+	since := batch[0].at
+	for _, c := range batch {
+		for _, k := range c.Services {
+			services[k] = true
+		}
+		for _, n := range c.Nodes {
+			nodes[n] = true
+		}
+	}
+	newServices := map[string]*weirv1.NodeService{}
+	newNodes := map[string]*weirv1.NodeInfo{}
+	var version uint64
+	h.reg.Read(func(v registry.View) {
+		version = v.Revision()
+		for key := range services {
+			if svc := nodestate.Service(v, key); svc != nil {
+				newServices[key] = nodewire.EncodeService(svc)
+			}
+		}
+		for name := range nodes {
+			newNodes[name] = nodewire.EncodeNode(nodestate.Node(v, name))
+		}
+	})
+	h.cacheMu.Lock()
+	h.version = version
+	for key := range services {
+		msg := newServices[key]
+		if old := h.services[key]; old != nil && msg != nil && proto.Equal(old, msg) {
+			// Unchanged for the agents (a label, say): keep the pointer,
+			// so sessions see nothing to send.
+			continue
+		}
+		if msg == nil {
+			delete(h.services, key)
+		} else {
+			h.services[key] = msg
+		}
+	}
+	for name := range nodes {
+		h.nodes[name] = newNodes[name]
+	}
+	h.cacheMu.Unlock()
+	h.metrics.version.Set(float64(version))
+
+	keys := slices.Collect(maps.Keys(services))
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range h.sessions {
+		s.mark(keys, nodes[s.node], since)
+	}
+}
+
+// session is one agent's stream. The hub marks what changed; the session's
+// own goroutine builds and sends the delta when it can, so a slow agent
+// coalesces changes instead of holding anyone up.
 type session struct {
 	node   string
 	cancel context.CancelFunc
+	done   chan struct{}
 	wake   chan struct{} // capacity 1
 
 	mu        sync.Mutex // guards the pending changes
-	services  map[string]bool
+	pending   map[string]bool
 	nodeDirty bool
+	since     time.Time // when the oldest pending change was accepted
 }
 
-func (s *session) mark(services []string, nodeDirty bool) {
+func (s *session) mark(services []string, nodeDirty bool, since time.Time) {
 	s.mu.Lock()
 	for _, k := range services {
-		s.services[k] = true
+		s.pending[k] = true
 	}
 	s.nodeDirty = s.nodeDirty || nodeDirty
+	if s.since.IsZero() || since.Before(s.since) {
+		s.since = since
+	}
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
@@ -124,22 +235,14 @@ func (s *session) mark(services []string, nodeDirty bool) {
 	}
 }
 
-func (s *session) takePending() (services []string, nodeDirty bool) {
+func (s *session) take() (services []string, nodeDirty bool, since time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	services = slices.Collect(maps.Keys(s.services))
-	clear(s.services)
+	services = slices.Collect(maps.Keys(s.pending))
+	clear(s.pending)
 	nodeDirty, s.nodeDirty = s.nodeDirty, false
-	return services, nodeDirty
-}
-
-// onChange runs under the registry's lock: it only marks sessions.
-func (h *Hub) onChange(ch registry.Change) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, s := range h.sessions {
-		s.mark(ch.Services, slices.Contains(ch.Nodes, s.node))
-	}
+	since, s.since = s.since, time.Time{}
+	return services, nodeDirty, since
 }
 
 // HelloTimeout bounds how long a new stream may stay silent.
@@ -149,18 +252,26 @@ const HelloTimeout = 10 * time.Second
 func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-
 	hello, err := recvHello(stream)
 	if err != nil {
 		return err
 	}
 	node := hello.GetNodeName()
-	s := &session{node: node, cancel: cancel, wake: make(chan struct{}, 1), services: map[string]bool{}}
+	if err := authorizeNode(ctx, node); err != nil {
+		return err
+	}
 	log := h.log.With("node", node, "agent", hello.GetAgentVersion())
+	s := &session{node: node, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1), pending: map[string]bool{}}
+	defer close(s.done)
 
 	h.mu.Lock()
 	if old := h.sessions[node]; old != nil {
-		old.cancel() // the agent reconnected; its old stream is dead or a duplicate
+		// The agent reconnected; its old stream is dead or a duplicate.
+		// Wait for it to record what it sent.
+		old.cancel()
+		h.mu.Unlock()
+		<-old.done
+		h.mu.Lock()
 	}
 	h.sessions[node] = s
 	st := h.status[node]
@@ -169,52 +280,133 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		h.status[node] = st
 	}
 	st.Connected, st.LastSeen = true, time.Now()
+	prev := h.history[node]
+	delete(h.history, node)
+	h.metrics.connected.Inc()
 	h.mu.Unlock()
+
+	sent := &sentState{services: map[string]*weirv1.NodeService{}}
 	defer func() {
 		h.mu.Lock()
 		if h.sessions[node] == s {
 			delete(h.sessions, node)
 			st.Connected = false
 		}
+		h.history[node] = sent
+		h.metrics.connected.Dec()
 		h.mu.Unlock()
 	}()
-	log.Info("agent connected", "applied_version", hello.GetAppliedVersion())
 
+	inflight := newInflight()
 	recvErr := make(chan error, 1)
-	go func() { recvErr <- h.receiveAnswers(stream, st, log) }()
+	go func() { recvErr <- h.receiveAnswers(stream, st, inflight, log) }()
 
-	sent := map[string]*datapath.Service{}
-	var sentNode *datapath.NodeInfo
-	full := true
+	var msg *weirv1.SyncResponse
+	kind := "full"
+	if prev != nil && prev.version != 0 && hello.GetAppliedVersion() == prev.version {
+		// The agent holds exactly what it was last sent: send what changed
+		// since, over every service.
+		sent = prev
+		kind = "resume"
+		msg = h.delta(node, h.allKeys(sent), true, sent)
+	} else {
+		msg = h.full(node, sent)
+	}
+	log.Info("agent connected", "applied_version", hello.GetAppliedVersion(), "start", kind)
 	for {
-		var msg *weirv1.SyncResponse
-		if full {
-			msg = h.fullState(node, sent, &sentNode)
-			full = false
-		} else {
-			services, nodeDirty := s.takePending()
-			msg = h.delta(node, services, nodeDirty, sent, &sentNode)
-		}
 		if msg != nil {
 			if err := stream.Send(msg); err != nil {
 				return err
 			}
+			h.metrics.messages.WithLabelValues(kind).Inc()
+			h.metrics.bytes.Add(float64(proto.Size(msg)))
 			h.mu.Lock()
-			st.SentVersion = msg.Version
+			st.SentVersion = msg.GetVersion()
 			h.mu.Unlock()
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-recvErr:
-			if errors.Is(err, context.Canceled) {
+			if errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled {
 				return nil
 			}
 			log.Info("agent disconnected", "reason", err)
 			return nil
 		case <-s.wake:
 		}
+		services, nodeDirty, since := s.take()
+		msg, kind = h.delta(node, services, nodeDirty, sent), "delta"
+		if msg != nil && !since.IsZero() {
+			inflight.add(msg.GetVersion(), since)
+		}
 	}
+}
+
+// full is node's whole state; it records it as sent.
+func (h *Hub) full(node string, sent *sentState) *weirv1.SyncResponse {
+	h.cacheMu.RLock()
+	defer h.cacheMu.RUnlock()
+	msg := &weirv1.SyncResponse{Version: h.version, Full: true, Node: h.nodeInfo(node)}
+	clear(sent.services)
+	keys := slices.Sorted(maps.Keys(h.services))
+	for _, k := range keys {
+		sent.services[k] = h.services[k]
+		msg.Upserts = append(msg.Upserts, h.services[k])
+	}
+	sent.version, sent.node = msg.Version, msg.Node
+	return msg
+}
+
+// delta is what changed for node among keys, or nil when nothing did; it
+// records it as sent.
+func (h *Hub) delta(node string, keys []string, nodeDirty bool, sent *sentState) *weirv1.SyncResponse {
+	h.cacheMu.RLock()
+	defer h.cacheMu.RUnlock()
+	msg := &weirv1.SyncResponse{Version: h.version}
+	if nodeDirty {
+		if ni := h.nodeInfo(node); !proto.Equal(ni, sent.node) {
+			msg.Node, sent.node = ni, ni
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		now, had := h.services[k], sent.services[k]
+		switch {
+		case now == nil && had != nil:
+			delete(sent.services, k)
+			msg.Removals = append(msg.Removals, k)
+		case now != nil && now != had:
+			sent.services[k] = now
+			msg.Upserts = append(msg.Upserts, now)
+		}
+	}
+	if msg.Node == nil && len(msg.Upserts) == 0 && len(msg.Removals) == 0 {
+		return nil
+	}
+	sent.version = msg.Version
+	return msg
+}
+
+// allKeys is every service key the cache or sent knows.
+func (h *Hub) allKeys(sent *sentState) []string {
+	h.cacheMu.RLock()
+	defer h.cacheMu.RUnlock()
+	keys := slices.Collect(maps.Keys(h.services))
+	for k := range sent.services {
+		if _, ok := h.services[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// nodeInfo is the cached node, or an unregistered one. Called with cacheMu held.
+func (h *Hub) nodeInfo(name string) *weirv1.NodeInfo {
+	if ni := h.nodes[name]; ni != nil {
+		return ni
+	}
+	return &weirv1.NodeInfo{Name: name}
 }
 
 func recvHello(stream weirv1.AgentService_SyncServer) (*weirv1.Hello, error) {
@@ -236,8 +428,8 @@ func recvHello(stream weirv1.AgentService_SyncServer) (*weirv1.Hello, error) {
 		if hello == nil {
 			return nil, status.Error(codes.InvalidArgument, "hello: the first message must be a hello")
 		}
-		if hello.GetNodeName() == "" {
-			return nil, status.Error(codes.InvalidArgument, "hello.node_name: required")
+		if hello.GetNodeName() == "" || strings.ContainsAny(hello.GetNodeName(), "/ ") {
+			return nil, status.Error(codes.InvalidArgument, "hello.node_name: a node name is required")
 		}
 		return hello, nil
 	case <-time.After(HelloTimeout):
@@ -245,21 +437,27 @@ func recvHello(stream weirv1.AgentService_SyncServer) (*weirv1.Hello, error) {
 	}
 }
 
-func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStatus, log *slog.Logger) error {
+func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStatus, inflight *inflight, log *slog.Logger) error {
 	for {
 		req, err := stream.Recv()
 		if err != nil {
 			return err
 		}
+		now := time.Now()
 		h.mu.Lock()
-		st.LastSeen = time.Now()
+		st.LastSeen = now
 		switch m := req.Message.(type) {
 		case *weirv1.SyncRequest_Ack:
 			st.AppliedVersion = m.Ack.GetVersion()
 			st.LastError, st.LastErrorVersion = "", 0
+			for _, since := range inflight.settle(m.Ack.GetVersion()) {
+				h.metrics.programming.Observe(now.Sub(since).Seconds())
+			}
 		case *weirv1.SyncRequest_Nack:
 			// Recorded, never resent: the same state would fail the same way.
 			st.LastError, st.LastErrorVersion = m.Nack.GetError(), m.Nack.GetVersion()
+			inflight.settle(m.Nack.GetVersion())
+			h.metrics.nacks.Inc()
 			log.Warn("agent rejected state", "version", m.Nack.GetVersion(), "error", m.Nack.GetError())
 		case *weirv1.SyncRequest_Report:
 			recordReport(st, m.Report)
@@ -268,81 +466,53 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStat
 	}
 }
 
-// fullState computes everything node forwards and records it as sent.
-func (h *Hub) fullState(node string, sent map[string]*datapath.Service, sentNode **datapath.NodeInfo) *weirv1.SyncResponse {
-	msg := &weirv1.SyncResponse{Full: true}
-	clear(sent)
-	h.reg.Read(func(v registry.View) {
-		msg.Version = v.Revision()
-		n := nodestate.Node(v, node)
-		*sentNode = &n
-		msg.Node = nodewire.EncodeNode(n)
-		keys := v.ServiceKeys()
-		slices.Sort(keys)
-		for _, k := range keys {
-			if svc := nodestate.Service(v, k, node); svc != nil {
-				sent[k] = svc
-				msg.Upserts = append(msg.Upserts, nodewire.EncodeService(svc))
-			}
-		}
-	})
-	return msg
+// inflight remembers, per version sent, when its oldest change was
+// accepted, until the agent answers.
+type inflight struct {
+	mu    sync.Mutex
+	sends []sentAt
 }
 
-// delta computes what changed for node among the given services, or nil
-// when nothing did.
-func (h *Hub) delta(node string, services []string, nodeDirty bool, sent map[string]*datapath.Service, sentNode **datapath.NodeInfo) *weirv1.SyncResponse {
-	msg := &weirv1.SyncResponse{}
-	slices.Sort(services)
-	h.reg.Read(func(v registry.View) {
-		msg.Version = v.Revision()
-		if nodeDirty {
-			if n := nodestate.Node(v, node); !reflect.DeepEqual(&n, *sentNode) {
-				*sentNode = &n
-				msg.Node = nodewire.EncodeNode(n)
-			}
-		}
-		for _, k := range services {
-			svc := nodestate.Service(v, k, node)
-			old, had := sent[k]
-			switch {
-			case svc == nil && had:
-				delete(sent, k)
-				msg.Removals = append(msg.Removals, k)
-			case svc != nil && !reflect.DeepEqual(svc, old):
-				sent[k] = svc
-				msg.Upserts = append(msg.Upserts, nodewire.EncodeService(svc))
-			}
-		}
-	})
-	if msg.Node == nil && len(msg.Upserts) == 0 && len(msg.Removals) == 0 {
-		return nil
-	}
-	return msg
+type sentAt struct {
+	version uint64
+	since   time.Time
 }
 
-// recordReport folds an agent's report into its status. Called with h.mu held.
-func recordReport(st *NodeStatus, r *weirv1.Report) {
-	if nh := r.GetNodeHealth(); nh != nil {
-		st.Health = NodeHealth{
-			HealthzCode: int(nh.GetHealthzCode()), LivezCode: int(nh.GetLivezCode()),
-			NodeEligible: nh.GetNodeEligible(),
+func newInflight() *inflight { return &inflight{} }
+
+func (f *inflight) add(version uint64, since time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sends = append(f.sends, sentAt{version, since})
+}
+
+// settle removes and returns the sends an answer for version covers.
+func (f *inflight) settle(version uint64) []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []time.Time
+	keep := f.sends[:0]
+	for _, s := range f.sends {
+		if s.version <= version {
+			out = append(out, s.since)
+		} else {
+			keep = append(keep, s)
 		}
-		if nh.GetLastUpdated() != nil {
-			st.Health.LastUpdated = nh.GetLastUpdated().AsTime()
-		}
 	}
-	st.LastSync = r.GetLastSyncDuration().AsDuration()
-	if r.GetFull() || st.Services == nil {
-		st.Services = map[string]ServiceHealth{}
+	f.sends = keep
+	return out
+}
+
+// Status returns every node's status, sorted by node name.
+func (h *Hub) Status() []NodeStatus {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]NodeStatus, 0, len(h.status))
+	for _, s := range h.status {
+		c := *s
+		c.Services = maps.Clone(s.Services)
+		out = append(out, c)
 	}
-	for _, s := range r.GetServices() {
-		st.Services[s.GetNamespace()+"/"+s.GetName()] = ServiceHealth{
-			LocalReady: int(s.GetLocalReady()), LocalServing: int(s.GetLocalServing()), LocalTerminating: int(s.GetLocalTerminating()),
-			HealthCheckNodePort: int(s.GetHealthCheckNodePort()), HealthCheckCode: int(s.GetHealthCheckCode()), HealthCheckError: s.GetHealthCheckError(),
-		}
-	}
-	for _, key := range r.GetRemovedServices() {
-		delete(st.Services, key)
-	}
+	slices.SortFunc(out, func(a, b NodeStatus) int { return strings.Compare(a.Node, b.Node) })
+	return out
 }

@@ -35,9 +35,10 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 	}
 }
 
-// Service returns the service as node must forward it, or nil when the node
-// forwards nothing for it (it does not exist, or another proxy owns it).
-func Service(v registry.View, key, node string) *datapath.Service {
+// Service returns the service as the nodes must forward it, or nil when
+// they forward nothing for it (it does not exist, or another proxy owns
+// it). Endpoints carry their node's name; each agent marks its own local.
+func Service(v registry.View, key string) *datapath.Service {
 	svc := v.Service(key)
 	if svc == nil {
 		return nil
@@ -64,7 +65,7 @@ func Service(v registry.View, key, node string) *datapath.Service {
 			Protocol:  protocol(sp.Protocol),
 			Port:      uint16(sp.Port),
 			NodePort:  uint16(sp.NodePort),
-			Endpoints: endpoints(slicesOf, sp, node),
+			Endpoints: endpoints(slicesOf, sp),
 		}
 		out.Ports = append(out.Ports, port)
 	}
@@ -72,7 +73,7 @@ func Service(v registry.View, key, node string) *datapath.Service {
 }
 
 // endpoints resolves the endpoints of one service port across its slices.
-func endpoints(slicesOf []*model.EndpointSlice, sp model.ServicePort, node string) []datapath.Endpoint {
+func endpoints(slicesOf []*model.EndpointSlice, sp model.ServicePort) []datapath.Endpoint {
 	seen := map[netip.AddrPort]bool{}
 	var out []datapath.Endpoint
 	for _, slice := range slicesOf {
@@ -84,7 +85,7 @@ func endpoints(slicesOf []*model.EndpointSlice, sp model.ServicePort, node strin
 			e := datapath.Endpoint{
 				Addr:        ep.Addresses[0], // as kube-proxy: the others are ignored
 				Port:        target,
-				Local:       node != "" && ep.NodeName == node,
+				NodeName:    ep.NodeName,
 				Zone:        ep.Zone,
 				HintZones:   ep.HintZones,
 				Ready:       ep.IsReady(),

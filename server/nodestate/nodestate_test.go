@@ -14,7 +14,7 @@ import (
 
 func ptr[T any](v T) *T { return &v }
 
-func TestServiceResolvesEndpointsForANode(t *testing.T) {
+func TestServiceResolvesEndpoints(t *testing.T) {
 	st, err := store.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -63,8 +63,8 @@ func TestServiceResolvesEndpointsForANode(t *testing.T) {
 	var got *datapath.Service
 	var skipped *datapath.Service
 	reg.Read(func(v registry.View) {
-		got = Service(v, "default/web", "node1")
-		skipped = Service(v, "default/other-proxy", "node1")
+		got = Service(v, "default/web")
+		skipped = Service(v, "default/other-proxy")
 	})
 	if skipped != nil {
 		t.Errorf("a service labelled for another proxy was forwarded: %+v", skipped)
@@ -72,15 +72,15 @@ func TestServiceResolvesEndpointsForANode(t *testing.T) {
 	a := netip.MustParseAddr
 	want := []datapath.ServicePort{
 		{Name: "http", Protocol: datapath.TCP, Port: 80, Endpoints: []datapath.Endpoint{
-			{Addr: a("10.244.1.11"), Port: 8080, Local: true, Ready: true, Serving: true}, // from web-b, target port
-			{Addr: a("10.244.1.11"), Port: 8081, Local: true, Ready: true, Serving: true}, // from web-a, named port
-			{Addr: a("10.244.2.11"), Port: 8080, Ready: true, Serving: true},
-			{Addr: a("10.244.2.12"), Port: 8081, Serving: true, Terminating: true},
+			{Addr: a("10.244.1.11"), Port: 8080, NodeName: "node1", Ready: true, Serving: true}, // from web-b, target port
+			{Addr: a("10.244.1.11"), Port: 8081, NodeName: "node1", Ready: true, Serving: true}, // from web-a, named port
+			{Addr: a("10.244.2.11"), Port: 8080, NodeName: "node2", Ready: true, Serving: true},
+			{Addr: a("10.244.2.12"), Port: 8081, NodeName: "node2", Serving: true, Terminating: true},
 		}},
 		{Name: "metrics", Protocol: datapath.TCP, Port: 9090, Endpoints: []datapath.Endpoint{
 			// web-a names only "http", so it serves no metrics; web-b serves all on the target port.
-			{Addr: a("10.244.1.11"), Port: 9090, Local: true, Ready: true, Serving: true},
-			{Addr: a("10.244.2.11"), Port: 9090, Ready: true, Serving: true},
+			{Addr: a("10.244.1.11"), Port: 9090, NodeName: "node1", Ready: true, Serving: true},
+			{Addr: a("10.244.2.11"), Port: 9090, NodeName: "node2", Ready: true, Serving: true},
 		}},
 	}
 	if diff := cmp.Diff(want, got.Ports, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {

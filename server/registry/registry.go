@@ -106,6 +106,15 @@ func (v View) ServiceKeys() []string {
 	return keys
 }
 
+// NodeNames lists every node.
+func (v View) NodeNames() []string {
+	names := make([]string, 0, len(v.r.Nodes.items))
+	for k := range v.r.Nodes.items {
+		names = append(names, k)
+	}
+	return names
+}
+
 // EndpointSlicesOf returns the slices of a service, in a stable order.
 func (v View) EndpointSlicesOf(serviceKey string) []*model.EndpointSlice {
 	m := v.r.slicesByService[serviceKey]

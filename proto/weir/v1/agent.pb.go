@@ -720,8 +720,8 @@ func (x *NodeInfo) GetRegistered() bool {
 	return false
 }
 
-// NodeService is one service as a particular node must forward it: every
-// endpoint is resolved to an address and port, and marked local or not.
+// NodeService is one service as the nodes must forward it: every endpoint
+// is resolved to an address and port.
 type NodeService struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Namespace       string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -931,12 +931,14 @@ func (x *NodeServicePort) GetEndpoints() []*NodeEndpoint {
 	return nil
 }
 
+// NodeEndpoint is the same for every node: each agent tells its own
+// endpoints by node_name, so the server encodes a service once for all.
 type NodeEndpoint struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Address string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
 	Port    int32                  `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
-	// The endpoint runs on this node.
-	Local         bool     `protobuf:"varint,3,opt,name=local,proto3" json:"local,omitempty"`
+	// The node the endpoint runs on.
+	NodeName      string   `protobuf:"bytes,9,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	Zone          string   `protobuf:"bytes,4,opt,name=zone,proto3" json:"zone,omitempty"`
 	HintZones     []string `protobuf:"bytes,5,rep,name=hint_zones,json=hintZones,proto3" json:"hint_zones,omitempty"`
 	Ready         bool     `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
@@ -990,11 +992,11 @@ func (x *NodeEndpoint) GetPort() int32 {
 	return 0
 }
 
-func (x *NodeEndpoint) GetLocal() bool {
+func (x *NodeEndpoint) GetNodeName() string {
 	if x != nil {
-		return x.Local
+		return x.NodeName
 	}
-	return false
+	return ""
 }
 
 func (x *NodeEndpoint) GetZone() string {
@@ -1111,17 +1113,17 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.weir.v1.ProtocolR\bprotocol\x12\x12\n" +
 	"\x04port\x18\x03 \x01(\x05R\x04port\x12\x1b\n" +
 	"\tnode_port\x18\x04 \x01(\x05R\bnodePort\x123\n" +
-	"\tendpoints\x18\x05 \x03(\v2\x15.weir.v1.NodeEndpointR\tendpoints\"\xd7\x01\n" +
+	"\tendpoints\x18\x05 \x03(\v2\x15.weir.v1.NodeEndpointR\tendpoints\"\xeb\x01\n" +
 	"\fNodeEndpoint\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
-	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x14\n" +
-	"\x05local\x18\x03 \x01(\bR\x05local\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x1b\n" +
+	"\tnode_name\x18\t \x01(\tR\bnodeName\x12\x12\n" +
 	"\x04zone\x18\x04 \x01(\tR\x04zone\x12\x1d\n" +
 	"\n" +
 	"hint_zones\x18\x05 \x03(\tR\thintZones\x12\x14\n" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12\x18\n" +
 	"\aserving\x18\a \x01(\bR\aserving\x12 \n" +
-	"\vterminating\x18\b \x01(\bR\vterminating2G\n" +
+	"\vterminating\x18\b \x01(\bR\vterminatingJ\x04\b\x03\x10\x04R\x05local2G\n" +
 	"\fAgentService\x127\n" +
 	"\x04Sync\x12\x14.weir.v1.SyncRequest\x1a\x15.weir.v1.SyncResponse(\x010\x01B-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
 

@@ -10,9 +10,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/weirlb/weir/internal/tlsconfig"
 	"github.com/weirlb/weir/server"
@@ -34,6 +40,8 @@ func run() error {
 		keyFile  = flag.String("tls-key-file", "", "server private key (PEM)")
 		caFile   = flag.String("client-ca-file", "", "CA that signs agent and operator certificates; requires mTLS")
 		logLevel = flag.String("log-level", "info", "debug, info, warn or error")
+		minSync  = flag.Duration("min-sync-period", 50*time.Millisecond, "least time between two rounds of changes to agents; a lone change goes out at once")
+		metrics  = flag.String("metrics-bind-address", "127.0.0.1:7444", "address of /metrics (Prometheus)")
 	)
 	flag.Parse()
 	var level slog.Level
@@ -49,10 +57,17 @@ func run() error {
 			return err
 		}
 	}
-	srv, err := server.New(server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := server.New(server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg})
 	if err != nil {
 		return err
 	}
+	mln, err := net.Listen("tcp", *metrics)
+	if err != nil {
+		return fmt.Errorf("--metrics-bind-address: %w", err)
+	}
+	go http.Serve(mln, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err

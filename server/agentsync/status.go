@@ -1,0 +1,67 @@
+package agentsync
+
+import (
+	"time"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// NodeStatus is what the server knows of one node's agent.
+type NodeStatus struct {
+	Node           string
+	Connected      bool
+	SentVersion    uint64
+	AppliedVersion uint64
+	// LastError is the agent's last NACK, cleared by the next ACK.
+	LastError        string
+	LastErrorVersion uint64
+	LastSeen         time.Time
+	// Health is what the node last reported of its health answers.
+	Health   NodeHealth
+	LastSync time.Duration
+	// Services is, per "namespace/name", what the node sees of a service.
+	Services map[string]ServiceHealth
+}
+
+// NodeHealth is a node's own health answers (port 10256).
+type NodeHealth struct {
+	HealthzCode, LivezCode int
+	LastUpdated            time.Time
+	NodeEligible           bool
+}
+
+// ServiceHealth is one service on one node.
+type ServiceHealth struct {
+	LocalReady, LocalServing, LocalTerminating int
+	HealthCheckNodePort                        int
+	// HealthCheckCode is what the health-check port answers; 0 when it is
+	// not open, and then HealthCheckError says why.
+	HealthCheckCode  int
+	HealthCheckError string
+}
+
+// recordReport folds an agent's report into its status. Called with h.mu held.
+func recordReport(st *NodeStatus, r *weirv1.Report) {
+	if nh := r.GetNodeHealth(); nh != nil {
+		st.Health = NodeHealth{
+			HealthzCode: int(nh.GetHealthzCode()), LivezCode: int(nh.GetLivezCode()),
+			NodeEligible: nh.GetNodeEligible(),
+		}
+		if nh.GetLastUpdated() != nil {
+			st.Health.LastUpdated = nh.GetLastUpdated().AsTime()
+		}
+	}
+	st.LastSync = r.GetLastSyncDuration().AsDuration()
+	if r.GetFull() || st.Services == nil {
+		st.Services = map[string]ServiceHealth{}
+	}
+	for _, s := range r.GetServices() {
+		st.Services[s.GetNamespace()+"/"+s.GetName()] = ServiceHealth{
+			LocalReady: int(s.GetLocalReady()), LocalServing: int(s.GetLocalServing()), LocalTerminating: int(s.GetLocalTerminating()),
+			HealthCheckNodePort: int(s.GetHealthCheckNodePort()), HealthCheckCode: int(s.GetHealthCheckCode()), HealthCheckError: s.GetHealthCheckError(),
+		}
+	}
+	for _, key := range r.GetRemovedServices() {
+		delete(st.Services, key)
+	}
+}
