@@ -111,6 +111,8 @@ type Syncer struct {
 	applied  uint64 // last version applied successfully
 	lastErr  error  // why state is not applied, if it is not
 	synced   time.Time
+	partial  bool   // state holds the first parts of a version still arriving
+	rejected uint64 // a version refused, whose later parts are ignored
 }
 
 // New returns a syncer for conn's server. obs may be nil.
@@ -178,6 +180,10 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 	}
 	s.mu.Lock()
 	applied := s.applied
+	if s.partial {
+		// A state broke off half-way: ask for a whole one.
+		applied = 0
+	}
 	s.mu.Unlock()
 	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{
 		NodeName: s.cfg.NodeName, AppliedVersion: applied, AgentVersion: s.cfg.AgentVersion,
@@ -238,7 +244,11 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 			return gotState, err
 		case msg := <-msgs:
 			gotState = true
-			if err := stream.Send(s.handle(ctx, msg)); err != nil {
+			answer := s.handle(ctx, msg)
+			if answer == nil {
+				continue // more parts to come
+			}
+			if err := stream.Send(answer); err != nil {
 				return gotState, err
 			}
 			rearm()
@@ -266,12 +276,27 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.SyncRequest {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.rejected != 0 && msg.GetVersion() == s.rejected {
+		return nil // the rest of a version already refused
+	}
 	next, err := merge(s.state, msg, s.cfg.NodeName)
 	if err != nil {
 		s.log.Error("rejecting state from server", "version", msg.GetVersion(), "error", err)
+		if msg.GetMore() || s.partial {
+			// Earlier or later parts make no sense without this one: ask
+			// for a whole state on the next stream.
+			s.partial = true
+		}
+		s.rejected = msg.GetVersion()
 		return nack(msg.GetVersion(), err)
 	}
-	s.state, s.received = next, msg.GetVersion()
+	s.state = next
+	if msg.GetMore() {
+		// Part of a bigger state: apply and answer once it is whole.
+		s.partial = true
+		return nil
+	}
+	s.partial, s.received = false, msg.GetVersion()
 	s.obs.Received(next)
 	return s.applyLocked(ctx)
 }

@@ -198,3 +198,35 @@ func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {
 	cancel()
 	<-done
 }
+
+func TestSyncerAppliesAStateSentInParts(t *testing.T) {
+	ss, conn := startScripted(t)
+	dp := &fakeApplier{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := New(Config{NodeName: "node1"}, conn, dp, nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	<-ss.hellos
+	stream := <-ss.streams
+	for _, m := range []*weirv1.SyncResponse{
+		{Version: 3, Full: true, Upserts: []*weirv1.NodeService{svc("a", "10.96.0.1")}, More: true},
+		{Version: 3, Upserts: []*weirv1.NodeService{svc("b", "10.96.0.2")}, More: true},
+		{Version: 3, Upserts: []*weirv1.NodeService{svc("c", "10.96.0.3")}},
+	} {
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a := recvAnswer(t, stream); a.GetAck().GetVersion() != 3 {
+		t.Fatalf("answer %v, want one ACK of version 3 after the last part", a)
+	}
+	dp.mu.Lock()
+	applies, n := len(dp.applied), len(dp.applied[len(dp.applied)-1].Services)
+	dp.mu.Unlock()
+	if applies != 1 || n != 3 {
+		t.Errorf("applied %d times, last with %d services; want once, with all 3", applies, n)
+	}
+	cancel()
+	<-done
+}

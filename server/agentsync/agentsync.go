@@ -56,8 +56,16 @@ type Hub struct {
 	// Written only by the fanout goroutine.
 	cacheMu  sync.RWMutex
 	version  uint64 // registry revision the cache reflects
-	services map[string]*weirv1.NodeService
+	services map[string]cached
 	nodes    map[string]*weirv1.NodeInfo
+	// removed remembers when services went, so that a session knows what
+	// to remove; horizon is the oldest version a delta can start from.
+	removed map[string]uint64
+	horizon uint64
+
+	// fullSends bounds how many whole states are being sent at once: each
+	// holds the whole encoded state in memory until the agent has read it.
+	fullSends chan struct{}
 
 	mu       sync.Mutex // guards sessions, status and history
 	sessions map[string]*session
@@ -70,11 +78,21 @@ type timedChange struct {
 	at time.Time
 }
 
-// sentState is what one node has been sent.
+// cached is a service's wire form and the version that last changed it.
+type cached struct {
+	msg      *weirv1.NodeService
+	modified uint64
+}
+
+// maxRemoved bounds the remembered removals; past it the horizon moves up
+// and agents further behind get a full state.
+const maxRemoved = 100000
+
+// sentState is what one node has been sent: everything the cache held at
+// version, and the node description node.
 type sentState struct {
-	version  uint64
-	services map[string]*weirv1.NodeService // by key; pointers into the cache
-	node     *weirv1.NodeInfo
+	version uint64
+	node    *weirv1.NodeInfo
 }
 
 // New returns a hub fed by reg's changes; Run must be running for agents to
@@ -85,9 +103,11 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	}
 	h := &Hub{
 		reg: reg, cfg: cfg, log: cfg.Log, metrics: newMetrics(cfg.Metrics),
-		wake:     make(chan struct{}, 1),
-		services: map[string]*weirv1.NodeService{},
-		nodes:    map[string]*weirv1.NodeInfo{},
+		wake:      make(chan struct{}, 1),
+		services:  map[string]cached{},
+		nodes:     map[string]*weirv1.NodeInfo{},
+		removed:   map[string]uint64{},
+		fullSends: make(chan struct{}, 4),
 		sessions: map[string]*session{},
 		status:   map[string]*NodeStatus{},
 		history:  map[string]*sentState{},
@@ -96,10 +116,11 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	// recomputing it again is harmless.
 	reg.OnChange(h.onChange)
 	reg.Read(func(v registry.View) {
-		h.version = v.Revision()
+		// Removals before now are not known: deltas start from here.
+		h.version, h.horizon = v.Revision(), v.Revision()
 		for _, key := range v.ServiceKeys() {
 			if svc := nodestate.Service(v, key); svc != nil {
-				h.services[key] = nodewire.EncodeService(svc)
+				h.services[key] = cached{nodewire.EncodeService(svc), h.version}
 			}
 		}
 		for _, name := range v.NodeNames() {
@@ -179,16 +200,22 @@ func (h *Hub) apply(batch []timedChange) {
 	h.version = version
 	for key := range services {
 		msg := newServices[key]
-		if old := h.services[key]; old != nil && msg != nil && proto.Equal(old, msg) {
-			// Unchanged for the agents (a label, say): keep the pointer,
-			// so sessions see nothing to send.
-			continue
-		}
-		if msg == nil {
+		old, had := h.services[key]
+		switch {
+		case msg == nil && had:
 			delete(h.services, key)
-		} else {
-			h.services[key] = msg
+			h.removed[key] = version
+		case msg == nil:
+		case had && proto.Equal(old.msg, msg):
+			// Unchanged for the agents (a label, say): nothing to send.
+		default:
+			h.services[key] = cached{msg, version}
+			delete(h.removed, key)
 		}
+	}
+	if len(h.removed) > maxRemoved {
+		h.horizon = version
+		clear(h.removed)
 	}
 	for name := range nodes {
 		h.nodes[name] = newNodes[name]
@@ -285,7 +312,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	h.metrics.connected.Inc()
 	h.mu.Unlock()
 
-	sent := &sentState{services: map[string]*weirv1.NodeService{}}
+	sent := &sentState{}
 	defer func() {
 		h.mu.Lock()
 		if h.sessions[node] == s {
@@ -303,26 +330,39 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 
 	var msg *weirv1.SyncResponse
 	kind := "full"
-	if prev != nil && prev.version != 0 && hello.GetAppliedVersion() == prev.version {
-		// The agent holds exactly what it was last sent: send what changed
-		// since, over every service.
-		sent = prev
+	if v := hello.GetAppliedVersion(); h.canResume(v) {
+		// Versions are the store's revisions, the same for every node: an
+		// agent that applied v needs only what changed after v.
+		sent.version = v
+		if prev != nil && prev.version == v {
+			sent.node = prev.node
+		}
 		kind = "resume"
-		msg = h.delta(node, h.allKeys(sent), true, sent)
+		msg = h.delta(node, nil, true, sent)
 	} else {
+		// Whole states are big: a few at a time, so that hundreds of
+		// agents connecting at once do not hold hundreds in memory.
+		select {
+		case h.fullSends <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		msg = h.full(node, sent)
+		err := send(stream, msg)
+		<-h.fullSends
+		if err != nil {
+			return err
+		}
+		h.sent(st, msg, kind)
+		msg = nil
 	}
 	log.Info("agent connected", "applied_version", hello.GetAppliedVersion(), "start", kind)
 	for {
 		if msg != nil {
-			if err := stream.Send(msg); err != nil {
+			if err := send(stream, msg); err != nil {
 				return err
 			}
-			h.metrics.messages.WithLabelValues(kind).Inc()
-			h.metrics.bytes.Add(float64(proto.Size(msg)))
-			h.mu.Lock()
-			st.SentVersion = msg.GetVersion()
-			h.mu.Unlock()
+			h.sent(st, msg, kind)
 		}
 		select {
 		case <-ctx.Done():
@@ -343,23 +383,55 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	}
 }
 
+// ChunkServices is the most services one message carries; a bigger state
+// goes in parts, so that no message nears gRPC's size limits and no send
+// holds a huge buffer.
+const ChunkServices = 500
+
+// send sends msg in parts of at most ChunkServices services.
+func send(stream weirv1.AgentService_SyncServer, msg *weirv1.SyncResponse) error {
+	for len(msg.Upserts) > ChunkServices {
+		part := &weirv1.SyncResponse{Version: msg.Version, Full: msg.Full, Node: msg.Node, Upserts: msg.Upserts[:ChunkServices], More: true}
+		if err := stream.Send(part); err != nil {
+			return err
+		}
+		// Only the first part replaces the agent's state.
+		msg = &weirv1.SyncResponse{Version: msg.Version, Upserts: msg.Upserts[ChunkServices:], Removals: msg.Removals}
+	}
+	return stream.Send(msg)
+}
+
+// sent records a message as sent to the node of st.
+func (h *Hub) sent(st *NodeStatus, msg *weirv1.SyncResponse, kind string) {
+	h.metrics.messages.WithLabelValues(kind).Inc()
+	h.metrics.bytes.Add(float64(proto.Size(msg)))
+	h.mu.Lock()
+	st.SentVersion = msg.GetVersion()
+	h.mu.Unlock()
+}
+
+// canResume reports whether a delta can bring an agent from version v.
+func (h *Hub) canResume(v uint64) bool {
+	h.cacheMu.RLock()
+	defer h.cacheMu.RUnlock()
+	return v != 0 && v >= h.horizon && v <= h.version
+}
+
 // full is node's whole state; it records it as sent.
 func (h *Hub) full(node string, sent *sentState) *weirv1.SyncResponse {
 	h.cacheMu.RLock()
 	defer h.cacheMu.RUnlock()
 	msg := &weirv1.SyncResponse{Version: h.version, Full: true, Node: h.nodeInfo(node)}
-	clear(sent.services)
-	keys := slices.Sorted(maps.Keys(h.services))
-	for _, k := range keys {
-		sent.services[k] = h.services[k]
-		msg.Upserts = append(msg.Upserts, h.services[k])
+	msg.Upserts = make([]*weirv1.NodeService, 0, len(h.services))
+	for _, k := range slices.Sorted(maps.Keys(h.services)) {
+		msg.Upserts = append(msg.Upserts, h.services[k].msg)
 	}
 	sent.version, sent.node = msg.Version, msg.Node
 	return msg
 }
 
-// delta is what changed for node among keys, or nil when nothing did; it
-// records it as sent.
+// delta is what changed for node since sent.version among keys (all keys
+// when nil), or nil when nothing did; it records it as sent.
 func (h *Hub) delta(node string, keys []string, nodeDirty bool, sent *sentState) *weirv1.SyncResponse {
 	h.cacheMu.RLock()
 	defer h.cacheMu.RUnlock()
@@ -369,16 +441,18 @@ func (h *Hub) delta(node string, keys []string, nodeDirty bool, sent *sentState)
 			msg.Node, sent.node = ni, ni
 		}
 	}
+	if keys == nil {
+		keys = slices.Collect(maps.Keys(h.services))
+		keys = slices.AppendSeq(keys, maps.Keys(h.removed))
+	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		now, had := h.services[k], sent.services[k]
-		switch {
-		case now == nil && had != nil:
-			delete(sent.services, k)
+		if c, ok := h.services[k]; ok {
+			if c.modified > sent.version {
+				msg.Upserts = append(msg.Upserts, c.msg)
+			}
+		} else if v, ok := h.removed[k]; ok && v > sent.version {
 			msg.Removals = append(msg.Removals, k)
-		case now != nil && now != had:
-			sent.services[k] = now
-			msg.Upserts = append(msg.Upserts, now)
 		}
 	}
 	if msg.Node == nil && len(msg.Upserts) == 0 && len(msg.Removals) == 0 {
@@ -386,19 +460,6 @@ func (h *Hub) delta(node string, keys []string, nodeDirty bool, sent *sentState)
 	}
 	sent.version = msg.Version
 	return msg
-}
-
-// allKeys is every service key the cache or sent knows.
-func (h *Hub) allKeys(sent *sentState) []string {
-	h.cacheMu.RLock()
-	defer h.cacheMu.RUnlock()
-	keys := slices.Collect(maps.Keys(h.services))
-	for k := range sent.services {
-		if _, ok := h.services[k]; !ok {
-			keys = append(keys, k)
-		}
-	}
-	return keys
 }
 
 // nodeInfo is the cached node, or an unregistered one. Called with cacheMu held.

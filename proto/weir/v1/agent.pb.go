@@ -565,7 +565,10 @@ type SyncResponse struct {
 	// Services added or changed for this node, whole.
 	Upserts []*NodeService `protobuf:"bytes,4,rep,name=upserts,proto3" json:"upserts,omitempty"`
 	// Services this node no longer forwards, as "namespace/name".
-	Removals      []string `protobuf:"bytes,5,rep,name=removals,proto3" json:"removals,omitempty"`
+	Removals []string `protobuf:"bytes,5,rep,name=removals,proto3" json:"removals,omitempty"`
+	// More messages of the same version follow: a big state comes in parts,
+	// and the agent applies and answers once the last (more = false) arrives.
+	More          bool `protobuf:"varint,6,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -633,6 +636,13 @@ func (x *SyncResponse) GetRemovals() []string {
 		return x.Removals
 	}
 	return nil
+}
+
+func (x *SyncResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
 }
 
 type NodeInfo struct {
@@ -1077,13 +1087,14 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x11local_terminating\x18\x05 \x01(\x05R\x10localTerminating\x123\n" +
 	"\x16health_check_node_port\x18\x06 \x01(\x05R\x13healthCheckNodePort\x12*\n" +
 	"\x11health_check_code\x18\a \x01(\x05R\x0fhealthCheckCode\x12,\n" +
-	"\x12health_check_error\x18\b \x01(\tR\x10healthCheckError\"\xaf\x01\n" +
+	"\x12health_check_error\x18\b \x01(\tR\x10healthCheckError\"\xc3\x01\n" +
 	"\fSyncResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x12\n" +
 	"\x04full\x18\x02 \x01(\bR\x04full\x12%\n" +
 	"\x04node\x18\x03 \x01(\v2\x11.weir.v1.NodeInfoR\x04node\x12.\n" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
-	"\bremovals\x18\x05 \x03(\tR\bremovals\"\xa9\x01\n" +
+	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
+	"\x04more\x18\x06 \x01(\bR\x04more\"\xa9\x01\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -41,7 +42,7 @@ func run() error {
 		caFile   = flag.String("client-ca-file", "", "CA that signs agent and operator certificates; requires mTLS")
 		logLevel = flag.String("log-level", "info", "debug, info, warn or error")
 		minSync  = flag.Duration("min-sync-period", 50*time.Millisecond, "least time between two rounds of changes to agents; a lone change goes out at once")
-		metrics  = flag.String("metrics-bind-address", "127.0.0.1:7444", "address of /metrics (Prometheus)")
+		metrics  = flag.String("metrics-bind-address", "127.0.0.1:7444", "address of /metrics (Prometheus) and /debug/pprof/")
 	)
 	flag.Parse()
 	var level slog.Level
@@ -67,7 +68,12 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
-	go http.Serve(mln, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Metrics and profiles share one listener, on loopback unless asked.
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	go http.Serve(mln, mux)
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err

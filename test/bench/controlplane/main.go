@@ -1,0 +1,282 @@
+// Command controlplane measures the server against many agents: it starts
+// weir-server on loopback, loads services and endpoints through the API,
+// connects simulated agents over real gRPC (each its own connection and
+// stream, acknowledging every version at once), then changes one endpoint
+// at a time and measures, per agent, the time from the change's acceptance
+// to the agent receiving it, and how many bytes each agent got per change.
+//
+//	go run ./test/bench/controlplane -services 10000 -agents 500
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+func main() {
+	services := flag.Int("services", 10000, "services (10 endpoints each)")
+	agents := flag.Int("agents", 500, "simulated agents")
+	changes := flag.Int("changes", 100, "single-endpoint changes to time")
+	minSync := flag.Duration("min-sync-period", 50*time.Millisecond, "the server's --min-sync-period")
+	flag.Parse()
+	if err := run(*services, *agents, *changes, *minSync); err != nil {
+		fmt.Fprintln(os.Stderr, "controlplane:", err)
+		os.Exit(1)
+	}
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// agent is one simulated agent: it acknowledges every version and records
+// when each arrived and how big it was.
+type agent struct {
+	name     string
+	mu       sync.Mutex
+	received map[uint64]time.Time
+	bytes    map[uint64]int
+	full     atomic.Int64 // bytes of the first, full state
+	ready    chan struct{}
+}
+
+func (a *agent) run(ctx context.Context, conn *grpc.ClientConn) error {
+	stream, err := weirv1.NewAgentServiceClient(conn).Sync(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: a.name}}}); err != nil {
+		return err
+	}
+	first := true
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		size := proto.Size(msg)
+		a.mu.Lock()
+		a.bytes[msg.GetVersion()] += size
+		total := a.bytes[msg.GetVersion()]
+		if !msg.GetMore() {
+			a.received[msg.GetVersion()] = now
+		}
+		a.mu.Unlock()
+		if msg.GetMore() {
+			continue // a state in parts: answer the last one
+		}
+		if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}}); err != nil {
+			return err
+		}
+		if first {
+			a.full.Store(int64(total))
+			close(a.ready)
+			first = false
+		}
+	}
+}
+
+func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	root, err := weirlab.ModuleRoot()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "weir-bench-cp-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "weir-server")
+	build := exec.Command("go", "build", "-o", bin, "./server/cmd/weir-server")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("build: %v: %s", err, out)
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	mport, err := freePort()
+	if err != nil {
+		return err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	srv := exec.Command(bin, "--insecure", "--data-dir", filepath.Join(dir, "data"), "--listen", addr,
+		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(mport), "--log-level", "warn", "--min-sync-period", minSync.String())
+	srv.Stderr = os.Stderr
+	if err := srv.Start(); err != nil {
+		return err
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	reg := weirv1.NewRegistryServiceClient(conn)
+	for start := time.Now(); ; {
+		if _, err := reg.ListNodes(ctx, &weirv1.ListNodesRequest{}); err == nil {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			return fmt.Errorf("server did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// Load: 8 writers in parallel (the store serialises them anyway).
+	start := time.Now()
+	slice := func(i, gen int) *weirv1.EndpointSlice {
+		s := &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)}, ServiceName: fmt.Sprintf("svc-%d", i),
+			Ports: []*weirv1.EndpointPort{{Name: "http", Port: 8080}}}
+		for j := range 10 {
+			s.Endpoints = append(s.Endpoints, &weirv1.Endpoint{
+				Addresses: []string{fmt.Sprintf("10.%d.%d.%d", 128+j, (i>>8)&255, i&255)},
+				NodeName:  fmt.Sprintf("node-%d", (i*10+j+gen)%nAgents),
+			})
+		}
+		return s
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < nServices; i += 8 {
+				svc := &weirv1.Service{Metadata: &weirv1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)},
+					Spec: &weirv1.ServiceSpec{ClusterIps: []string{fmt.Sprintf("10.%d.%d.%d", 96+i>>16, (i>>8)&255, i&255)},
+						Ports: []*weirv1.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}}}}
+				if _, err := reg.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := reg.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice(i, 0)}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		return err
+	}
+	fmt.Printf("loaded %d services and %d endpoints through the API in %v (server %s)\n", nServices, nServices*10, time.Since(start).Round(time.Millisecond), memory(srv.Process.Pid))
+
+	// Agents: each its own connection and stream.
+	start = time.Now()
+	var all []*agent
+	for i := range nAgents {
+		a := &agent{name: fmt.Sprintf("node-%d", i), received: map[uint64]time.Time{}, bytes: map[uint64]int{}, ready: make(chan struct{})}
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		go func() {
+			if err := a.run(ctx, c); err != nil && ctx.Err() == nil && !strings.Contains(err.Error(), "closing") {
+				fmt.Fprintln(os.Stderr, a.name, err)
+			}
+		}()
+		all = append(all, a)
+	}
+	for _, a := range all {
+		select {
+		case <-a.ready:
+		case <-time.After(5 * time.Minute):
+			return fmt.Errorf("%s got no full state", a.name)
+		}
+	}
+	fmt.Printf("%d agents connected and received their full state (%d KiB each) in %v (server %s)\n", nAgents, all[0].full.Load()>>10, time.Since(start).Round(time.Millisecond), memory(srv.Process.Pid))
+
+	// Changes: one endpoint of one service at a time.
+	var lat []time.Duration
+	var perChange []int
+	for c := range nChanges {
+		i := (c * 7919) % nServices
+		s := slice(i, c+1)
+		accepted := time.Now()
+		resp, err := reg.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: s})
+		if err != nil {
+			return err
+		}
+		v, _ := strconv.ParseUint(resp.GetEndpointSlice().GetMetadata().GetResourceVersion(), 10, 64)
+		deadline := time.Now().Add(10 * time.Second)
+		for _, a := range all {
+			for {
+				a.mu.Lock()
+				at, ok := a.received[v]
+				bytes := a.bytes[v]
+				a.mu.Unlock()
+				if ok {
+					lat = append(lat, at.Sub(accepted))
+					if a == all[0] {
+						perChange = append(perChange, bytes)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("%s never received version %d", a.name, v)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}
+	slices.Sort(lat)
+	slices.Sort(perChange)
+	q := func(p int) time.Duration { return lat[min(len(lat)-1, len(lat)*p/100)].Round(100 * time.Microsecond) }
+	fmt.Printf("one endpoint change -> every agent has it (%d changes x %d agents, changes back to back, min-sync-period %v): p50 %v  p99 %v  max %v\n",
+		nChanges, nAgents, minSync, q(50), q(99), lat[len(lat)-1].Round(100*time.Microsecond))
+	fmt.Printf("bytes per agent per change: median %d (the whole state is %d)\n", perChange[len(perChange)/2], all[0].full.Load())
+	fmt.Printf("server %s\n", memory(srv.Process.Pid))
+	if path := os.Getenv("WEIR_BENCH_HEAP_PROFILE"); path != "" {
+		out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", "-sample_index=inuse_space",
+			fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap", mport)).CombinedOutput()
+		os.WriteFile(path, out, 0o644)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// memory reads a process's resident and peak resident memory.
+func memory(pid int) string {
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	var out []string
+	for line := range strings.SplitSeq(string(status), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") || strings.HasPrefix(line, "VmRSS:") {
+			out = append(out, strings.Join(strings.Fields(line), " "))
+		}
+	}
+	return strings.Join(out, ", ")
+}
