@@ -108,9 +108,9 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 		nodes:     map[string]*weirv1.NodeInfo{},
 		removed:   map[string]uint64{},
 		fullSends: make(chan struct{}, 4),
-		sessions: map[string]*session{},
-		status:   map[string]*NodeStatus{},
-		history:  map[string]*sentState{},
+		sessions:  map[string]*session{},
+		status:    map[string]*NodeStatus{},
+		history:   map[string]*sentState{},
 	}
 	// Listen first, then load: a change in between is queued, and
 	// recomputing it again is harmless.
