@@ -1,0 +1,148 @@
+// Package kubeapi runs a real kube-apiserver, backed by a real etcd, on
+// loopback for Weir's tests.
+//
+// The apiserver is built from the k8s.io/kubernetes module by the separate
+// Go module in ./apiserver, so that heavy dependency never enters Weir's own
+// go.mod; this package only builds and runs processes, using the standard
+// library. etcd comes from Debian's etcd-server package.
+//
+// Typical use:
+//
+//	kubeapi.SkipUnlessAvailable(t)
+//	c, err := kubeapi.Start(ctx)
+//	if err != nil { t.Fatal(err) }
+//	defer c.Close()
+//	// point client-go at c.Kubeconfig, or use c.Host, c.Token and c.CAFile.
+package kubeapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Version is the Kubernetes release the apiserver module is pinned to. It
+// names the cached binary, so bumping it forces a rebuild.
+const Version = "v1.36.3"
+
+// Binary builds the apiserver once per machine and returns its path. The
+// binary is cached as <user cache dir>/weir/kube-apiserver-<Version>
+// ($XDG_CACHE_HOME or ~/.cache) and rebuilt only when missing. The source is
+// found from the caller's module root (`go env GOMOD`), so the caller must
+// run inside the Weir module, as tests do. Concurrent callers, in this or
+// other processes, wait for a single build.
+//
+// The first build takes minutes and about 2 GB of memory.
+func Binary(ctx context.Context) (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("kubeapi: %w", err)
+	}
+	dir := filepath.Join(cache, "weir")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("kubeapi: %w", err)
+	}
+	bin := filepath.Join(dir, "kube-apiserver-"+Version)
+	if isExecutable(bin) {
+		return bin, nil
+	}
+
+	unlock, err := lockFile(ctx, bin+".lock")
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	// Another process may have finished the build while we waited.
+	if isExecutable(bin) {
+		return bin, nil
+	}
+
+	src, err := sourceDir(ctx)
+	if err != nil {
+		return "", err
+	}
+	// Build next to the final path and rename, so no caller ever sees a
+	// half-written binary, even one that skipped the lock.
+	tmpDir, err := os.MkdirTemp(dir, "build-*")
+	if err != nil {
+		return "", fmt.Errorf("kubeapi: %w", err)
+	}
+	defer os.RemoveAll(tmpDir)
+	tmp := filepath.Join(tmpDir, "kube-apiserver")
+
+	const pkg = "k8s.io/component-base/version"
+	minor := strings.Split(Version, ".")[1]
+	// Stamp the release like the official build does, so /version (and so
+	// client-go discovery) reports v1.36.3 rather than v0.0.0-master.
+	ldflags := fmt.Sprintf("-X %s.gitVersion=%s -X %s.gitMajor=1 -X %s.gitMinor=%s -X %s.gitTreeState=clean",
+		pkg, Version, pkg, pkg, minor, pkg)
+	// -buildvcs=false: stamping needs git and would describe Weir's
+	// checkout, not Kubernetes.
+	cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=false", "-ldflags", ldflags, "-o", tmp, ".")
+	cmd.Dir = src
+	// A go.work elsewhere must not pull the apiserver module into Weir's
+	// workspace (or the other way round).
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("kubeapi: go build in %s after %v: %w\n%s", src, time.Since(start).Round(time.Second), err, out)
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		return "", fmt.Errorf("kubeapi: %w", err)
+	}
+	return bin, nil
+}
+
+// sourceDir returns the apiserver module's folder in the caller's checkout.
+func sourceDir(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("kubeapi: go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("kubeapi: not inside a Go module; run from the Weir checkout")
+	}
+	src := filepath.Join(filepath.Dir(gomod), "test", "kubeapi", "apiserver")
+	if _, err := os.Stat(filepath.Join(src, "go.mod")); err != nil {
+		return "", fmt.Errorf("kubeapi: apiserver module not found: %w", err)
+	}
+	return src, nil
+}
+
+// lockFile takes an exclusive flock on path, polling so that ctx can cancel
+// the wait, and returns the function that releases it.
+func lockFile(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("kubeapi: %w", err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			// Closing the file releases the lock.
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("kubeapi: lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("kubeapi: waiting for another build of the apiserver: %w", ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
