@@ -21,6 +21,7 @@ import (
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
 	"github.com/weirlb/weir/server/api"
+	"github.com/weirlb/weir/server/auth"
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/store"
 )
@@ -65,6 +66,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+		if cfg.TLS.ClientCAs != nil {
+			opts = append(opts, auth.ServerOptions()...)
+		}
 	}
 	s := &Server{
 		Registry: reg,

@@ -1,7 +1,10 @@
 package agentsync
 
-import "context"
+import (
+	"context"
 
-// authorizeNode checks that the caller may speak for node. Without
-// authentication configured anyone may.
-var authorizeNode = func(ctx context.Context, node string) error { return nil }
+	"github.com/weirlb/weir/server/auth"
+)
+
+// authorizeNode checks that the caller may speak for node.
+func authorizeNode(ctx context.Context, node string) error { return auth.AuthorizeNode(ctx, node) }

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -23,9 +25,17 @@ import (
 
 	"github.com/weirlb/weir/internal/tlsconfig"
 	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/certs"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "certs" {
+		if err := certsCommand(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "weir-server certs:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "weir-server:", err)
 		os.Exit(1)
@@ -53,6 +63,9 @@ func run() error {
 
 	var tlsCfg *tls.Config
 	if !*insecure {
+		if *caFile == "" {
+			return fmt.Errorf("--client-ca-file is required: every caller authenticates with a certificate (or run with --insecure)")
+		}
 		var err error
 		if tlsCfg, err = tlsconfig.Server(tlsconfig.Files{Cert: *certFile, Key: *keyFile, CA: *caFile}); err != nil {
 			return err
@@ -82,4 +95,45 @@ func run() error {
 	defer stop()
 	log.Info("serving", "address", lis.Addr().String(), "data_dir", *dataDir, "tls", tlsCfg != nil)
 	return srv.Serve(ctx, lis)
+}
+
+// certsCommand issues certificates: "init" makes a CA and the server's
+// certificate, "issue" a client's.
+func certsCommand(args []string) error {
+	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent"
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	fs := flag.NewFlagSet("certs "+args[0], flag.ContinueOnError)
+	dir := fs.String("dir", "/etc/weir/tls", "folder of the CA and the certificates")
+	hosts := fs.String("hosts", "", "comma-separated names and addresses the server answers on (init)")
+	name := fs.String("name", "", "the client's identity: a node name for an agent (issue)")
+	role := fs.String("role", "", "admin, viewer or agent (issue)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	switch args[0] {
+	case "init":
+		if err := certs.InitCA(*dir); err != nil {
+			return err
+		}
+		var hs []string
+		for _, h := range strings.Split(*hosts, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				hs = append(hs, h)
+			}
+		}
+		if err := certs.IssueServer(*dir, hs); err != nil {
+			return err
+		}
+		fmt.Printf("wrote %s/ca.crt, ca.key, server.crt, server.key\n", *dir)
+	case "issue":
+		if err := certs.IssueClient(*dir, *name, *role); err != nil {
+			return err
+		}
+		fmt.Printf("wrote %s/%s.crt and %s.key (role %s)\n", *dir, *name, *name, *role)
+	default:
+		return errors.New(usage)
+	}
+	return nil
 }

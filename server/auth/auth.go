@@ -1,0 +1,119 @@
+// Package auth decides who may call what: every caller presents a client
+// certificate (mTLS) whose CommonName is its identity and whose
+// Organization "weir:<role>" is its role. Admins write, viewers read, and an
+// agent may only stream the state of the node it is named after.
+package auth
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/weirlb/weir/server/certs"
+)
+
+// Identity is an authenticated caller.
+type Identity struct {
+	Name string
+	Role string
+}
+
+type identityKey struct{}
+
+// FromContext returns the caller's identity; ok is false without
+// authentication (plain text).
+func FromContext(ctx context.Context) (Identity, bool) {
+	id, ok := ctx.Value(identityKey{}).(Identity)
+	return id, ok
+}
+
+// rolesFor lists the roles that may call a full method name.
+func rolesFor(method string) []string {
+	svc, name, _ := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+	switch svc {
+	case "weir.v1.RegistryService":
+		if strings.HasPrefix(name, "Get") || strings.HasPrefix(name, "List") || strings.HasPrefix(name, "Watch") {
+			return []string{certs.RoleAdmin, certs.RoleViewer}
+		}
+		return []string{certs.RoleAdmin}
+	case "weir.v1.StatusService":
+		return []string{certs.RoleAdmin, certs.RoleViewer}
+	case "weir.v1.AgentService":
+		return []string{certs.RoleAgent}
+	case "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection":
+		return []string{certs.RoleAdmin, certs.RoleViewer, certs.RoleAgent}
+	}
+	return nil
+}
+
+// authorize finds the caller and checks its role for method.
+func authorize(ctx context.Context, method string) (context.Context, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.Unauthenticated, "no peer")
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return nil, status.Error(codes.Unauthenticated, "a client certificate signed by the server's CA is required")
+	}
+	cert := info.State.VerifiedChains[0][0]
+	id := Identity{Name: cert.Subject.CommonName}
+	for _, o := range cert.Subject.Organization {
+		if r, ok := strings.CutPrefix(o, certs.RolePrefix); ok {
+			id.Role = r
+		}
+	}
+	allowed := rolesFor(method)
+	for _, r := range allowed {
+		if r == id.Role {
+			return context.WithValue(ctx, identityKey{}, id), nil
+		}
+	}
+	return nil, status.Errorf(codes.PermissionDenied, "%s (role %q) may not call %s; it needs one of the roles %v", id.Name, id.Role, method, allowed)
+}
+
+// ServerOptions are the interceptors that enforce the roles.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			ctx, err := authorize(ctx, info.FullMethod)
+			if err != nil {
+				return nil, err
+			}
+			return h(ctx, req)
+		}),
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			ctx, err := authorize(ss.Context(), info.FullMethod)
+			if err != nil {
+				return err
+			}
+			return h(srv, &identityStream{ss, ctx})
+		}),
+	}
+}
+
+type identityStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *identityStream) Context() context.Context { return s.ctx }
+
+// AuthorizeNode checks that the caller may speak for node: only the agent
+// named after it may, when callers are authenticated.
+func AuthorizeNode(ctx context.Context, node string) error {
+	id, ok := FromContext(ctx)
+	if !ok {
+		return nil // plain text: no identities
+	}
+	if id.Name != node {
+		return status.Error(codes.PermissionDenied, fmt.Sprintf("hello.node_name: agent %q may not stream the state of node %q", id.Name, node))
+	}
+	return nil
+}

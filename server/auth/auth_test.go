@@ -1,0 +1,161 @@
+package auth_test
+
+import (
+	"context"
+	"crypto/tls"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/weirlb/weir/internal/tlsconfig"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/certs"
+)
+
+// pki issues a CA, the server's certificate and one client per role.
+func pki(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := certs.InitCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := certs.IssueServer(dir, []string{"127.0.0.1", "weir-server"}); err != nil {
+		t.Fatal(err)
+	}
+	for name, role := range map[string]string{"alice": certs.RoleAdmin, "victor": certs.RoleViewer, "node1": certs.RoleAgent} {
+		if err := certs.IssueClient(dir, name, role); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := certs.InitCA(dir); err == nil {
+		t.Error("init over an existing CA succeeded; want a refusal")
+	}
+	return dir
+}
+
+func startTLSServer(t *testing.T, dir string) string {
+	t.Helper()
+	cfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{DataDir: t.TempDir(), TLS: cfg, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return lis.Addr().String()
+}
+
+func dial(t *testing.T, addr, dir, client string) *grpc.ClientConn {
+	t.Helper()
+	files := tlsconfig.Files{CA: filepath.Join(dir, "ca.crt")}
+	if client != "" {
+		files.Cert, files.Key = filepath.Join(dir, client+".crt"), filepath.Join(dir, client+".key")
+	}
+	cfg, err := tlsconfig.Client(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func node(name string) *weirv1.Node {
+	return &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: name}, Addresses: []string{"192.0.2.11"}}
+}
+
+func TestRolesDecideWhoMayCallWhat(t *testing.T) {
+	dir := pki(t)
+	addr := startTLSServer(t, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	admin := weirv1.NewRegistryServiceClient(dial(t, addr, dir, "alice"))
+	if _, err := admin.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: node("node1")}); err != nil {
+		t.Fatalf("admin create: %v", err)
+	}
+	viewer := weirv1.NewRegistryServiceClient(dial(t, addr, dir, "victor"))
+	if _, err := viewer.ListNodes(ctx, &weirv1.ListNodesRequest{}); err != nil {
+		t.Errorf("viewer list: %v", err)
+	}
+	if _, err := viewer.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: node("node2")}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("viewer create: got %v, want PermissionDenied", err)
+	}
+	if list, _ := admin.ListNodes(ctx, &weirv1.ListNodesRequest{}); len(list.GetNodes()) != 1 {
+		t.Errorf("a refused create changed the registry: %v", list.GetNodes())
+	}
+	agentConn := dial(t, addr, dir, "node1")
+	if _, err := weirv1.NewRegistryServiceClient(agentConn).ListNodes(ctx, &weirv1.ListNodesRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("agent list: got %v, want PermissionDenied", err)
+	}
+
+	// An agent streams its own node's state, and no other's.
+	sync := func(nodeName string) error {
+		stream, err := weirv1.NewAgentServiceClient(agentConn).Sync(ctx)
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: nodeName}}}); err != nil {
+			return err
+		}
+		_, err = stream.Recv()
+		return err
+	}
+	if err := sync("node1"); err != nil {
+		t.Errorf("agent node1 streaming node1: %v", err)
+	}
+	if err := sync("node2"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "node2") {
+		t.Errorf("agent node1 streaming node2: got %v, want PermissionDenied naming node2", err)
+	}
+	s, err := weirv1.NewAgentServiceClient(dial(t, addr, dir, "alice")).Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: "alice"}}})
+	if _, err := s.Recv(); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("admin streaming agent state: got %v, want PermissionDenied", err)
+	}
+}
+
+func TestNoCertificateNoOldTLS(t *testing.T) {
+	dir := pki(t)
+	addr := startTLSServer(t, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	anonymous := weirv1.NewRegistryServiceClient(dial(t, addr, dir, ""))
+	if _, err := anonymous.ListNodes(ctx, &weirv1.ListNodesRequest{}); err == nil {
+		t.Error("a client without a certificate was served")
+	}
+	// TLS 1.2 is refused: the server speaks TLS 1.3 only.
+	cfg, err := tlsconfig.Client(tlsconfig.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "alice.crt"), Key: filepath.Join(dir, "alice.key")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MinVersion, cfg.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
+	conn, err := tls.Dial("tcp", addr, cfg)
+	if err == nil {
+		conn.Close()
+		t.Error("a TLS 1.2 handshake succeeded")
+	}
+}

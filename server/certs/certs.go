@@ -1,0 +1,161 @@
+// Package certs issues the certificates Weir's mTLS uses: a CA, the
+// server's certificate, and client certificates whose subject names an
+// identity (CommonName) and its role (Organization "weir:<role>").
+package certs
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Roles a client certificate can carry.
+const (
+	RoleAdmin  = "admin"  // reads and writes the registry
+	RoleViewer = "viewer" // reads the registry and the status
+	RoleAgent  = "agent"  // streams the state of the node its CommonName names
+)
+
+// RolePrefix marks a role in a certificate's Organization.
+const RolePrefix = "weir:"
+
+// Validity of the certificates issued.
+const (
+	caValidity   = 10 * 365 * 24 * time.Hour
+	certValidity = 365 * 24 * time.Hour
+)
+
+// InitCA writes ca.crt and ca.key into dir, refusing to overwrite a CA.
+func InitCA(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, "ca.key")); err == nil {
+		return fmt.Errorf("%s already holds a CA (ca.key)", dir)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "weir CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(caValidity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return writePair(dir, "ca", der, key)
+}
+
+// IssueServer writes server.crt and server.key for the given host names and
+// IP addresses, signed by dir's CA.
+func IssueServer(dir string, hosts []string) error {
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "weir-server"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	if len(hosts) == 0 {
+		return errors.New("at least one host name or address is required")
+	}
+	return issue(dir, "server", tmpl)
+}
+
+// IssueClient writes <name>.crt and <name>.key for a client with a role.
+func IssueClient(dir, name, role string) error {
+	switch role {
+	case RoleAdmin, RoleViewer, RoleAgent:
+	default:
+		return fmt.Errorf("unknown role %q (admin, viewer or agent)", role)
+	}
+	if name == "" {
+		return errors.New("a name is required")
+	}
+	return issue(dir, name, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: name, Organization: []string{RolePrefix + role}},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+}
+
+func issue(dir, name string, tmpl *x509.Certificate) error {
+	ca, caKey, err := loadCA(dir)
+	if err != nil {
+		return err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl.SerialNumber = serial()
+	tmpl.NotBefore = time.Now().Add(-time.Hour)
+	tmpl.NotAfter = time.Now().Add(certValidity)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return err
+	}
+	return writePair(dir, name, der, key)
+}
+
+func loadCA(dir string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	certPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the CA (run init first): %w", err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, "ca.key"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the CA key: %w", err)
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, nil, errors.New("the CA files are not PEM")
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cert, key, nil
+}
+
+func writePair(dir, name string, der []byte, key *ecdsa.PrivateKey) error {
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, name+".key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	return n
+}
