@@ -19,9 +19,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 
+	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/test/lab"
 )
 
@@ -60,11 +62,14 @@ func ModuleRoot() (string, error) {
 	return filepath.Dir(mod), nil
 }
 
-// Cluster is Weir running in a lab.
+// Cluster is Weir running in a lab, with mTLS: the server, every agent and
+// the caller each hold a certificate from the lab's CA.
 type Cluster struct {
 	*lab.Lab
-	Bin      Binaries
-	DataDir  string
+	Bin     Binaries
+	DataDir string
+	// CertDir holds ca.crt, server.*, admin.* and <node>.* for each node.
+	CertDir  string
 	Server   *lab.Process
 	Agents   []*lab.Process
 	Conn     *grpc.ClientConn
@@ -78,7 +83,7 @@ func Start(ctx context.Context, cfg lab.Config, bin Binaries) (*Cluster, error) 
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Lab: l, Bin: bin, DataDir: filepath.Join(l.Dir, "server-data")}
+	c := &Cluster{Lab: l, Bin: bin, DataDir: filepath.Join(l.Dir, "server-data"), CertDir: filepath.Join(l.Dir, "tls")}
 	if err := c.start(ctx); err != nil {
 		return nil, errors.Join(err, c.Close())
 	}
@@ -86,11 +91,31 @@ func Start(ctx context.Context, cfg lab.Config, bin Binaries) (*Cluster, error) 
 }
 
 func (c *Cluster) start(ctx context.Context) error {
+	if err := certs.InitCA(c.CertDir); err != nil {
+		return err
+	}
+	if err := certs.IssueServer(c.CertDir, []string{lab.ControlIPv4.String(), lab.ControlIPv6.String()}); err != nil {
+		return err
+	}
+	if err := certs.IssueClient(c.CertDir, "admin", certs.RoleAdmin); err != nil {
+		return err
+	}
+	for _, n := range c.Nodes {
+		if err := certs.IssueClient(c.CertDir, n.Name, certs.RoleAgent); err != nil {
+			return err
+		}
+	}
 	if err := c.StartServer(ctx); err != nil {
 		return err
 	}
+	tlsCfg, err := tlsconfig.Client(tlsconfig.Files{
+		CA: c.cert("ca.crt"), Cert: c.cert("admin.crt"), Key: c.cert("admin.key"),
+	})
+	if err != nil {
+		return err
+	}
 	conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String(),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return c.Router.DialContext(ctx, "tcp", addr)
 		}))
@@ -126,7 +151,8 @@ func (c *Cluster) start(ctx context.Context) error {
 // StartServer starts weir-server on the cluster's data dir and waits until
 // it answers.
 func (c *Cluster) StartServer(ctx context.Context) error {
-	p, err := c.Control.Start(c.Bin.Server, "--insecure", "--data-dir", c.DataDir,
+	p, err := c.Control.Start(c.Bin.Server, "--data-dir", c.DataDir,
+		"--tls-cert-file", c.cert("server.crt"), "--tls-key-file", c.cert("server.key"), "--client-ca-file", c.cert("ca.crt"),
 		"--listen", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String())
 	if err != nil {
 		return err
@@ -147,10 +173,13 @@ const ClusterCIDRs = "10.244.0.0/16,fd00:244::/32"
 
 func (c *Cluster) startAgent(i int) (*lab.Process, error) {
 	n := c.Nodes[i]
-	return n.Start(c.Bin.Agent, "--insecure", "--node-name", n.Name,
+	return n.Start(c.Bin.Agent, "--node-name", n.Name,
+		"--ca-file", c.cert("ca.crt"), "--cert-file", c.cert(n.Name+".crt"), "--key-file", c.cert(n.Name+".key"),
 		"--server", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String(),
 		"--cluster-cidr", ClusterCIDRs)
 }
+
+func (c *Cluster) cert(name string) string { return filepath.Join(c.CertDir, name) }
 
 // RestartAgent kills node i's agent (as a crash would) and starts a new one.
 func (c *Cluster) RestartAgent(i int) error {
