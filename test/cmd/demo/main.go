@@ -130,8 +130,8 @@ func run() error {
 	if err := show("node1's node port", c.Client, netip.AddrPortFrom(c.Nodes[0].IPv4, nodePort), 6); err != nil {
 		return err
 	}
-	step("what node1 programmed (nft list map ip weir backends):")
-	out, err := c.Nodes[0].Run(ctx, "nft", "list", "map", "ip", "weir", "backends")
+	step("what node1 programmed: the TCP backends map of its table (nft list table ip weir):")
+	out, err := c.Nodes[0].Run(ctx, "sh", "-c", "nft list table ip weir | sed -n '/map tcp_backends_/,/}/p'")
 	if err != nil {
 		return err
 	}
