@@ -17,11 +17,13 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	clientset "k8s.io/client-go/kubernetes"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
 	"github.com/weirlb/weir/server/api"
 	"github.com/weirlb/weir/server/auth"
+	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/store"
 )
@@ -37,13 +39,18 @@ type Config struct {
 	MinSyncPeriod time.Duration
 	// Metrics receives the server's metrics when not nil.
 	Metrics prometheus.Registerer
+	// Kubernetes, when not nil, mirrors a cluster's services, endpoint
+	// slices and nodes beside the native API.
+	Kubernetes *kubernetes.Config
 }
 
 // Server is a running central server.
 type Server struct {
 	Registry *registry.Registry
 	Agents   *agentsync.Hub
+	kube     *kubernetes.Source
 	store    *store.Store
+	log      *slog.Logger
 	grpc     *grpc.Server
 	health   *health.Server
 }
@@ -74,8 +81,27 @@ func New(cfg Config) (*Server, error) {
 		Registry: reg,
 		Agents:   agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log}),
 		store:    st,
+		log:      cfg.Log,
 		grpc:     grpc.NewServer(opts...),
 		health:   health.NewServer(),
+	}
+	if cfg.Kubernetes != nil {
+		rc, err := kubernetes.RestConfig(cfg.Kubernetes.Kubeconfig)
+		if err != nil {
+			st.Close()
+			return nil, fmt.Errorf("kubernetes client config: %w", err)
+		}
+		client, err := clientset.NewForConfig(rc)
+		if err != nil {
+			st.Close()
+			return nil, err
+		}
+		kc := *cfg.Kubernetes
+		kc.Log = cfg.Log
+		if s.kube, err = kubernetes.New(kc, client, reg); err != nil {
+			st.Close()
+			return nil, err
+		}
 	}
 	weirv1.RegisterRegistryServiceServer(s.grpc, api.NewRegistryService(reg))
 	weirv1.RegisterAgentServiceServer(s.grpc, s.Agents)
@@ -88,6 +114,13 @@ func New(cfg Config) (*Server, error) {
 // Serve answers on lis until ctx ends, then stops gracefully.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	go s.Agents.Run(ctx)
+	if s.kube != nil {
+		go func() {
+			if err := s.kube.Run(ctx); err != nil {
+				s.log.Error("kubernetes source stopped", "error", err)
+			}
+		}()
+	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	go func() {
 		<-ctx.Done()

@@ -65,6 +65,7 @@ func (r resource[T, P]) create(p P) (P, error) {
 	if err != nil {
 		return *new(P), Status(r.field, err)
 	}
+	obj.GetMeta().Source = model.SourceNative // this API is the native source
 	obj, err = r.coll.Create(obj)
 	if err != nil {
 		return *new(P), Status(r.field, err)
@@ -77,6 +78,7 @@ func (r resource[T, P]) update(p P) (P, error) {
 	if err != nil {
 		return *new(P), Status(r.field, err)
 	}
+	obj.GetMeta().Source = model.SourceNative
 	obj, err = r.coll.Update(obj)
 	if err != nil {
 		return *new(P), Status(r.field, err)
@@ -113,7 +115,7 @@ func (r resource[T, P]) delete(namespace, name, resourceVersion string) error {
 			return status.Errorf(codes.InvalidArgument, "resource_version: %q is not a resource version", resourceVersion)
 		}
 	}
-	return Status("", r.coll.Delete(key(namespace, name), rv))
+	return Status("", r.coll.Delete(key(namespace, name), rv, model.SourceNative))
 }
 
 // watch streams the initial state, a SYNCED marker, then every change.

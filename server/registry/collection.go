@@ -49,7 +49,10 @@ func (c *Collection[T]) Create(obj T) (T, error) {
 		return obj, err
 	}
 	key := m.Key()
-	if _, ok := c.items[key]; ok {
+	if old, ok := c.items[key]; ok {
+		if src := old.GetMeta().Source; src != m.Source {
+			return obj, fmt.Errorf("%s %s exists, owned by the %s source: %w", c.kind, key, src, ErrAlreadyExists)
+		}
 		return obj, fmt.Errorf("%s %s: %w", c.kind, key, ErrAlreadyExists)
 	}
 	m.CreateTime = c.r.now().UTC()
@@ -94,13 +97,17 @@ func (c *Collection[T]) Update(obj T) (T, error) {
 	return obj, nil
 }
 
-// Delete removes a resource. A non-zero resourceVersion must match.
-func (c *Collection[T]) Delete(key string, resourceVersion uint64) error {
+// Delete removes a resource that source owns (any source when empty). A
+// non-zero resourceVersion must match.
+func (c *Collection[T]) Delete(key string, resourceVersion uint64, source string) error {
 	c.r.mu.Lock()
 	defer c.r.mu.Unlock()
 	old, ok := c.items[key]
 	if !ok {
 		return fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
+	}
+	if src := old.GetMeta().Source; source != "" && src != source {
+		return fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, src, ErrInUse)
 	}
 	if rv := old.GetMeta().ResourceVersion; resourceVersion != 0 && resourceVersion != rv {
 		return fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, rv, resourceVersion, ErrConflict)

@@ -26,6 +26,7 @@ import (
 	"github.com/weirlb/weir/internal/tlsconfig"
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/certs"
+	"github.com/weirlb/weir/server/kubernetes"
 )
 
 func main() {
@@ -53,6 +54,9 @@ func run() error {
 		logLevel = flag.String("log-level", "info", "debug, info, warn or error")
 		minSync  = flag.Duration("min-sync-period", 50*time.Millisecond, "least time between two rounds of changes to agents; a lone change goes out at once")
 		metrics  = flag.String("metrics-bind-address", "127.0.0.1:7444", "address of /metrics (Prometheus) and /debug/pprof/")
+		kube     = flag.Bool("kubernetes", false, "mirror a Kubernetes cluster's services, endpoint slices and nodes (in-cluster config unless --kubeconfig)")
+		kubecfg  = flag.String("kubeconfig", "", "kubeconfig of the cluster to mirror; implies --kubernetes")
+		proxyNm  = flag.String("service-proxy-name", "", "handle only Kubernetes services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones, as kube-proxy)")
 	)
 	flag.Parse()
 	var level slog.Level
@@ -73,7 +77,11 @@ func run() error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := server.New(server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg})
+	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg}
+	if *kube || *kubecfg != "" {
+		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: *kubecfg, ProxyName: *proxyNm, Resync: 10 * time.Minute}
+	}
+	srv, err := server.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,196 @@
+package kubernetes
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/weirlb/weir/server/model"
+)
+
+// Labels kube-proxy selects on.
+const (
+	// LabelServiceProxyName marks a service for a proxy other than the default.
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	// LabelHeadless marks the endpoint slices of a headless service.
+	LabelHeadless = "service.kubernetes.io/headless"
+	// TaintToBeDeleted is the cluster autoscaler's mark of a node going away.
+	TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+)
+
+// service maps a Service, or returns nil when proxies have nothing to do
+// for it (headless, ExternalName).
+func service(s *corev1.Service) *model.Service {
+	if s.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil
+	}
+	out := &model.Service{
+		Meta:                  meta(s.Namespace, s.Name, s.Labels),
+		Type:                  model.ClusterIP,
+		ExternalTrafficPolicy: model.PolicyCluster,
+		InternalTrafficPolicy: model.PolicyCluster,
+		HealthCheckNodePort:   s.Spec.HealthCheckNodePort,
+	}
+	switch s.Spec.Type {
+	case corev1.ServiceTypeNodePort:
+		out.Type = model.NodePort
+	case corev1.ServiceTypeLoadBalancer:
+		out.Type = model.LoadBalancer
+	}
+	for _, ip := range s.Spec.ClusterIPs {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			out.ClusterIPs = append(out.ClusterIPs, a)
+		}
+	}
+	if len(out.ClusterIPs) == 0 {
+		return nil // headless ("None") or not yet allocated
+	}
+	out.ExternalIPs = addrs(s.Spec.ExternalIPs)
+	for _, p := range s.Spec.Ports {
+		sp := model.ServicePort{Name: p.Name, Protocol: protocol(p.Protocol), Port: p.Port, NodePort: p.NodePort}
+		if p.TargetPort.IntVal != 0 {
+			sp.TargetPort = p.TargetPort.IntVal
+		}
+		if out.Type == model.ClusterIP {
+			sp.NodePort = 0
+		}
+		out.Ports = append(out.Ports, sp)
+	}
+	if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		out.SessionAffinityTimeout = model.DefaultSessionAffinityTimeout
+		if c := s.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			out.SessionAffinityTimeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+		}
+	}
+	if s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && out.Type != model.ClusterIP {
+		out.ExternalTrafficPolicy = model.PolicyLocal
+	} else {
+		out.HealthCheckNodePort = 0
+	}
+	if p := s.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
+		out.InternalTrafficPolicy = model.PolicyLocal
+	}
+	if out.Type == model.LoadBalancer {
+		for _, r := range s.Spec.LoadBalancerSourceRanges {
+			if p, err := netip.ParsePrefix(r); err == nil {
+				out.LoadBalancerSourceRanges = append(out.LoadBalancerSourceRanges, p.Masked())
+			}
+		}
+		for _, ing := range s.Status.LoadBalancer.Ingress {
+			// An ingress with ipMode Proxy is reached through a proxy
+			// that rewrites the destination: nothing to program for it.
+			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
+				continue
+			}
+			if a, err := netip.ParseAddr(ing.IP); err == nil {
+				out.LoadBalancerIPs = append(out.LoadBalancerIPs, a)
+			}
+		}
+	}
+	if d := s.Spec.TrafficDistribution; d != nil && (*d == corev1.ServiceTrafficDistributionPreferClose || *d == "PreferSameZone") {
+		out.PreferClose = true
+	}
+	return out
+}
+
+// endpointSlice maps an EndpointSlice, or returns nil for one no proxy
+// uses (FQDN addresses, or no owning service).
+func endpointSlice(s *discoveryv1.EndpointSlice) *model.EndpointSlice {
+	svc := s.Labels[discoveryv1.LabelServiceName]
+	if svc == "" || s.AddressType == discoveryv1.AddressTypeFQDN {
+		return nil
+	}
+	out := &model.EndpointSlice{Meta: meta(s.Namespace, s.Name, s.Labels), ServiceName: svc}
+	for _, ep := range s.Endpoints {
+		e := model.Endpoint{
+			Addresses:   addrs(ep.Addresses),
+			Ready:       ep.Conditions.Ready,
+			Serving:     ep.Conditions.Serving,
+			Terminating: ep.Conditions.Terminating,
+		}
+		if len(e.Addresses) == 0 {
+			continue
+		}
+		if ep.NodeName != nil {
+			e.NodeName = *ep.NodeName
+		}
+		if ep.Zone != nil {
+			e.Zone = *ep.Zone
+		}
+		if ep.Hints != nil {
+			for _, z := range ep.Hints.ForZones {
+				e.HintZones = append(e.HintZones, z.Name)
+			}
+		}
+		out.Endpoints = append(out.Endpoints, e)
+	}
+	for _, p := range s.Ports {
+		ep := model.EndpointPort{Protocol: model.TCP}
+		if p.Name != nil {
+			ep.Name = *p.Name
+		}
+		if p.Protocol != nil {
+			ep.Protocol = protocol(*p.Protocol)
+		}
+		if p.Port != nil {
+			ep.Port = *p.Port
+		}
+		out.Ports = append(out.Ports, ep)
+	}
+	return out
+}
+
+// node maps a Node: its internal addresses first (the node's primary
+// addresses), then external ones.
+func node(n *corev1.Node) *model.Node {
+	out := &model.Node{
+		Meta:     meta("", n.Name, n.Labels),
+		Zone:     n.Labels[corev1.LabelTopologyZone],
+		Deleting: n.DeletionTimestamp != nil,
+	}
+	for _, t := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
+		for _, a := range n.Status.Addresses {
+			if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == t && !slices.Contains(out.Addresses, ip) {
+				out.Addresses = append(out.Addresses, ip)
+			}
+		}
+	}
+	for _, c := range n.Spec.PodCIDRs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out.PodCIDRs = append(out.PodCIDRs, p.Masked())
+		}
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Key == TaintToBeDeleted {
+			out.Deleting = true
+		}
+	}
+	return out
+}
+
+func meta(namespace, name string, labels map[string]string) model.Meta {
+	return model.Meta{Namespace: namespace, Name: name, Labels: labels, Source: model.SourceKubernetes}
+}
+
+func addrs(ss []string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func protocol(p corev1.Protocol) model.Protocol {
+	switch p {
+	case corev1.ProtocolUDP:
+		return model.UDP
+	case corev1.ProtocolSCTP:
+		return model.SCTP
+	}
+	return model.TCP
+}

@@ -1,0 +1,224 @@
+// Package kubernetes is the server's Kubernetes source: client-go informers
+// on Services, EndpointSlices and Nodes, with kube-proxy's label selectors,
+// mirrored into the registry as resources owned by the "kubernetes" source.
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	clientset "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+)
+
+// Config is how the source watches a cluster.
+type Config struct {
+	// Kubeconfig is a kubeconfig file; empty means the in-cluster config.
+	Kubeconfig string
+	// ProxyName, when set, selects only services labelled
+	// service.kubernetes.io/service-proxy-name=ProxyName; when empty, only
+	// services without that label (kube-proxy's own rule).
+	ProxyName string
+	// Resync is the informers' resync period; 0 disables it.
+	Resync time.Duration
+	Log    *slog.Logger
+}
+
+// RestConfig loads the client configuration cfg names.
+func RestConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		return rest.InClusterConfig()
+	}
+	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+}
+
+// Source mirrors a cluster into the registry.
+type Source struct {
+	cfg     Config
+	reg     *registry.Registry
+	client  clientset.Interface
+	log     *slog.Logger
+	synced  []cache.InformerSynced
+	factory informers.SharedInformerFactory
+	nodes   informers.SharedInformerFactory
+}
+
+// New prepares the informers; Run starts them.
+func New(cfg Config, client clientset.Interface, reg *registry.Registry) (*Source, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	op := selection.DoesNotExist
+	var vals []string
+	if cfg.ProxyName != "" {
+		op, vals = selection.Equals, []string{cfg.ProxyName}
+	}
+	proxyName, err := labels.NewRequirement(LabelServiceProxyName, op, vals)
+	if err != nil {
+		return nil, err
+	}
+	notHeadless, err := labels.NewRequirement(LabelHeadless, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, err
+	}
+	// One selector serves both: services never carry the headless label,
+	// and slices carry the service's proxy-name label (the endpoint-slice
+	// controller copies service labels).
+	sel := labels.NewSelector().Add(*proxyName, *notHeadless).String()
+	s := &Source{cfg: cfg, reg: reg, client: client, log: cfg.Log}
+	s.factory = informers.NewSharedInformerFactoryWithOptions(client, cfg.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+	s.nodes = informers.NewSharedInformerFactory(client, cfg.Resync)
+
+	svcs := s.factory.Core().V1().Services().Informer()
+	slices := s.factory.Discovery().V1().EndpointSlices().Informer()
+	nodes := s.nodes.Core().V1().Nodes().Informer()
+	for _, inf := range []cache.SharedIndexInformer{svcs, slices, nodes} {
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { s.upsert(obj) },
+			UpdateFunc: func(_, obj any) { s.upsert(obj) },
+			DeleteFunc: s.remove,
+		}); err != nil {
+			return nil, err
+		}
+		s.synced = append(s.synced, inf.HasSynced)
+	}
+	return s, nil
+}
+
+// Run watches until ctx ends. Once the informers have synced it removes
+// what the registry holds from the cluster but the cluster no longer has.
+func (s *Source) Run(ctx context.Context) error {
+	s.factory.Start(ctx.Done())
+	s.nodes.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
+		return errors.New("kubernetes informers did not sync")
+	}
+	s.removeGone()
+	s.log.Info("kubernetes source synced")
+	<-ctx.Done()
+	s.factory.Shutdown()
+	s.nodes.Shutdown()
+	return nil
+}
+
+// upsert writes one object into the registry, or removes it when it no
+// longer concerns the proxies (a service turned headless, say).
+func (s *Source) upsert(obj any) {
+	var err error
+	switch o := obj.(type) {
+	case *corev1.Service:
+		if m := service(o); m != nil {
+			err = put(s.reg.Services, m)
+		} else {
+			err = s.delete(s.reg.Services, o.Namespace+"/"+o.Name)
+		}
+	case *discoveryv1.EndpointSlice:
+		if m := endpointSlice(o); m != nil {
+			err = put(s.reg.EndpointSlices, m)
+		} else {
+			err = s.delete(s.reg.EndpointSlices, o.Namespace+"/"+o.Name)
+		}
+	case *corev1.Node:
+		err = put(s.reg.Nodes, node(o))
+	}
+	if err != nil {
+		s.log.Warn("kubernetes object not mirrored", "object", fmt.Sprintf("%T", obj), "error", err)
+	}
+}
+
+func (s *Source) remove(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	var err error
+	switch o := obj.(type) {
+	case *corev1.Service:
+		err = s.delete(s.reg.Services, o.Namespace+"/"+o.Name)
+	case *discoveryv1.EndpointSlice:
+		err = s.delete(s.reg.EndpointSlices, o.Namespace+"/"+o.Name)
+	case *corev1.Node:
+		err = s.delete(s.reg.Nodes, o.Name)
+	}
+	if err != nil {
+		s.log.Warn("kubernetes deletion not mirrored", "error", err)
+	}
+}
+
+// put creates or replaces a resource the kubernetes source owns; one
+// another source owns is left alone (and reported).
+func put[T model.Object](c *registry.Collection[T], obj T) error {
+	key := obj.GetMeta().Key()
+	old, err := c.Get(key)
+	switch {
+	case errors.Is(err, registry.ErrNotFound):
+		_, err = c.Create(obj)
+		return err
+	case err != nil:
+		return err
+	case old.GetMeta().Source != model.SourceKubernetes:
+		return fmt.Errorf("%s is owned by the %s source: %w", key, old.GetMeta().Source, registry.ErrInUse)
+	}
+	_, err = c.Update(obj)
+	return err
+}
+
+// delete removes a resource the kubernetes source owns.
+func (s *Source) delete(c interface {
+	Delete(string, uint64, string) error
+}, key string) error {
+	err := c.Delete(key, 0, model.SourceKubernetes)
+	if errors.Is(err, registry.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// removeGone deletes the registry's kubernetes-owned resources that the
+// informers do not have: they went while the server was not watching.
+func (s *Source) removeGone() {
+	present := map[string]bool{}
+	for _, o := range s.factory.Core().V1().Services().Informer().GetStore().List() {
+		svc := o.(*corev1.Service)
+		present["svc/"+svc.Namespace+"/"+svc.Name] = true
+	}
+	for _, o := range s.factory.Discovery().V1().EndpointSlices().Informer().GetStore().List() {
+		sl := o.(*discoveryv1.EndpointSlice)
+		present["eps/"+sl.Namespace+"/"+sl.Name] = true
+	}
+	for _, o := range s.nodes.Core().V1().Nodes().Informer().GetStore().List() {
+		present["node/"+o.(*corev1.Node).Name] = true
+	}
+	svcs, _ := s.reg.Services.List("", nil)
+	for _, m := range svcs {
+		if m.Source == model.SourceKubernetes && !present["svc/"+m.Key()] {
+			s.delete(s.reg.Services, m.Key())
+		}
+	}
+	eps, _ := s.reg.EndpointSlices.List("", nil)
+	for _, m := range eps {
+		if m.Source == model.SourceKubernetes && !present["eps/"+m.Key()] {
+			s.delete(s.reg.EndpointSlices, m.Key())
+		}
+	}
+	nodes, _ := s.reg.Nodes.List("", nil)
+	for _, m := range nodes {
+		if m.Source == model.SourceKubernetes && !present["node/"+m.Key()] {
+			s.delete(s.reg.Nodes, m.Key())
+		}
+	}
+}

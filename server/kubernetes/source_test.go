@@ -1,0 +1,252 @@
+package kubernetes_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	clientset "k8s.io/client-go/kubernetes"
+
+	"github.com/weirlb/weir/server/kubernetes"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/store"
+	"github.com/weirlb/weir/test/kubeapi"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// startCluster runs a real apiserver and returns a client for it.
+func startCluster(t *testing.T) (*kubeapi.Cluster, clientset.Interface) {
+	t.Helper()
+	kubeapi.SkipUnlessAvailable(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c, err := kubeapi.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	rc, err := kubernetes.RestConfig(c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := clientset.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, client
+}
+
+func openRegistry(t *testing.T) *registry.Registry {
+	t.Helper()
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	reg, err := registry.Open(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestSourceMirrorsTheCluster(t *testing.T) {
+	_, kc := startCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg := openRegistry(t)
+
+	// Left over from an earlier run: gone from the cluster, so the first
+	// sync must remove it; a native service of the same kind stays.
+	leftover := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "gone", Source: model.SourceKubernetes}, Type: model.ClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.9")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}},
+		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster}
+	if _, err := reg.Services.Create(leftover); err != nil {
+		t.Fatal(err)
+	}
+	native := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "native", Source: model.SourceNative}, Type: model.ClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.10")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}},
+		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster}
+	if _, err := reg.Services.Create(native); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", Labels: map[string]string{"app": "web"}},
+		Spec: corev1.ServiceSpec{
+			Type:                  corev1.ServiceTypeLoadBalancer,
+			ClusterIP:             "10.96.1.10",
+			ClusterIPs:            []string{"10.96.1.10"},
+			Ports:                 []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}},
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			SessionAffinity:       corev1.ServiceAffinityClientIP,
+		},
+	}
+	created, err := kc.CoreV1().Services("shop").Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.10"}}
+	if _, err := kc.CoreV1().Services("shop").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*corev1.Service{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "elsewhere", Labels: map[string]string{kubernetes.LabelServiceProxyName: "someone-else"}},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "headless"}, Spec: corev1.ServiceSpec{ClusterIP: "None", Ports: []corev1.ServicePort{{Port: 80}}}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "alias"}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "example.invalid"}},
+	} {
+		if _, err := kc.CoreV1().Services("shop").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "shop", Name: "web-abc", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"10.244.1.11"}, NodeName: ptr("node1"), Zone: ptr("a"), Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}},
+			{Addresses: []string{"10.244.2.11"}, NodeName: ptr("node2"), Conditions: discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}},
+		},
+		Ports: []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)}},
+	}
+	if _, err := kc.DiscoveryV1().EndpointSlices("shop").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	headlessSlice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "shop", Name: "headless-abc", Labels: map[string]string{discoveryv1.LabelServiceName: "headless", kubernetes.LabelHeadless: ""}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.12"}}},
+	}
+	if _, err := kc.DiscoveryV1().EndpointSlices("shop").Create(ctx, headlessSlice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	n := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{corev1.LabelTopologyZone: "a"}},
+		Spec:       corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}, PodCIDR: "10.244.1.0/24", Taints: []corev1.Taint{{Key: kubernetes.TaintToBeDeleted, Effect: corev1.TaintEffectNoSchedule}}},
+	}
+	createdNode, err := kc.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	createdNode.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeExternalIP, Address: "198.51.100.11"}, {Type: corev1.NodeInternalIP, Address: "192.0.2.11"}}
+	if _, err := kc.CoreV1().Nodes().UpdateStatus(ctx, createdNode, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	src, err := kubernetes.New(kubernetes.Config{}, kc, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	eventually(t, "the service, its slice and the node mirrored", func() error {
+		s, err := reg.Services.Get("shop/web")
+		if err != nil {
+			return err
+		}
+		if s.Source != model.SourceKubernetes || s.Type != model.LoadBalancer || s.ExternalTrafficPolicy != model.PolicyLocal ||
+			s.HealthCheckNodePort == 0 || s.SessionAffinityTimeout != model.DefaultSessionAffinityTimeout ||
+			len(s.LoadBalancerIPs) != 1 || s.LoadBalancerIPs[0].String() != "203.0.113.10" || s.Ports[0].TargetPort != 8080 || s.Ports[0].NodePort == 0 {
+			return fmt.Errorf("service %+v", s)
+		}
+		sl, err := reg.EndpointSlices.Get("shop/web-abc")
+		if err != nil {
+			return err
+		}
+		if sl.ServiceName != "web" || len(sl.Endpoints) != 2 || sl.Endpoints[0].NodeName != "node1" || sl.Endpoints[0].Zone != "a" ||
+			!sl.Endpoints[1].IsTerminating() || sl.Ports[0].Port != 8080 {
+			return fmt.Errorf("slice %+v", sl)
+		}
+		nd, err := reg.Nodes.Get("node1")
+		if err != nil {
+			return err
+		}
+		if !nd.Deleting || nd.Zone != "a" || len(nd.Addresses) != 2 || nd.Addresses[0].String() != "192.0.2.11" || nd.PodCIDRs[0].String() != "10.244.1.0/24" {
+			return fmt.Errorf("node %+v", nd)
+		}
+		return nil
+	})
+	eventually(t, "the first sync removes what the cluster no longer has", func() error {
+		if _, err := reg.Services.Get("shop/gone"); !errors.Is(err, registry.ErrNotFound) {
+			return fmt.Errorf("shop/gone still there: %v", err)
+		}
+		return nil
+	})
+	for _, key := range []string{"shop/elsewhere", "shop/headless", "shop/alias"} {
+		if _, err := reg.Services.Get(key); !errors.Is(err, registry.ErrNotFound) {
+			t.Errorf("service %s is in the registry (%v); want it skipped", key, err)
+		}
+	}
+	if _, err := reg.EndpointSlices.Get("shop/headless-abc"); !errors.Is(err, registry.ErrNotFound) {
+		t.Errorf("a headless service's slice was mirrored")
+	}
+	if _, err := reg.Services.Get("shop/native"); err != nil {
+		t.Errorf("the first sync removed a native service: %v", err)
+	}
+
+	// A service is owned by one source: the native API cannot take it over.
+	clash := *native
+	clash.Meta = model.Meta{Namespace: "shop", Name: "web", Source: model.SourceNative}
+	clash.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.9.11")}
+	if _, err := reg.Services.Create(&clash); !errors.Is(err, registry.ErrAlreadyExists) || !strings.Contains(err.Error(), "kubernetes") {
+		t.Errorf("native create over a kubernetes service: %v; want AlreadyExists naming the owner", err)
+	}
+	if _, err := reg.Services.Update(&clash); !errors.Is(err, registry.ErrInUse) {
+		t.Errorf("native update of a kubernetes service: %v; want ErrInUse", err)
+	}
+	if err := reg.Services.Delete("shop/web", 0, model.SourceNative); !errors.Is(err, registry.ErrInUse) {
+		t.Errorf("native delete of a kubernetes service: %v; want ErrInUse", err)
+	}
+
+	// Changes follow: an endpoint goes, then the service.
+	slice.Endpoints = slice.Endpoints[:1]
+	if _, err := kc.DiscoveryV1().EndpointSlices("shop").Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the slice update mirrored", func() error {
+		sl, err := reg.EndpointSlices.Get("shop/web-abc")
+		if err != nil || len(sl.Endpoints) != 1 {
+			return fmt.Errorf("slice %+v, %v", sl, err)
+		}
+		return nil
+	})
+	if err := kc.CoreV1().Services("shop").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the service deletion mirrored", func() error {
+		if _, err := reg.Services.Get("shop/web"); !errors.Is(err, registry.ErrNotFound) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+}
