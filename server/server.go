@@ -105,7 +105,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	weirv1.RegisterRegistryServiceServer(s.grpc, api.NewRegistryService(reg))
 	weirv1.RegisterAgentServiceServer(s.grpc, s.Agents)
-	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents))
+	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg))
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	return s, nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/servertest"
 )
 
@@ -416,4 +418,89 @@ func TestAgentResumesFromTheVersionItApplied(t *testing.T) {
 	if msg := other.recv(); !msg.GetFull() || len(msg.GetUpserts()) != 3 {
 		t.Errorf("unknown applied version: full=%v upserts=%d; want a full state of 3", msg.GetFull(), len(msg.GetUpserts()))
 	}
+}
+
+func TestStatusListsEveryNodeAndWatchesChanges(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, name := range []string{"node1", "node2"} {
+		if _, err := ts.Registry.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: name}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := weirv1.NewStatusServiceClient(ts.Conn)
+	watch, err := status.WatchNodeStatuses(ctx, &weirv1.WatchNodeStatusesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	connected := func(resp *weirv1.WatchNodeStatusesResponse) map[string]bool {
+		out := map[string]bool{}
+		for _, n := range resp.GetNodes() {
+			out[n.GetName()] = n.GetConnected()
+		}
+		return out
+	}
+	first, err := watch.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := connected(first); !cmp.Equal(got, map[string]bool{"node1": false, "node2": false}) {
+		t.Errorf("registered nodes without agents: %v, want both listed as disconnected", got)
+	}
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	agent.ack(agent.recv().GetVersion())
+	for {
+		resp, err := watch.Recv()
+		if err != nil {
+			t.Fatalf("watch ended before node1 connected: %v", err)
+		}
+		if connected(resp)["node1"] {
+			break
+		}
+	}
+}
+
+func TestMetricsProveConvergence(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	ts := servertest.Start(t, t.TempDir(), func(c *server.Config) { c.Metrics = reg })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
+		t.Fatal(err)
+	}
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	agent.ack(agent.recv().GetVersion())
+	if _, err := ts.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: &weirv1.EndpointSlice{
+		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web-1"}, ServiceName: "web",
+		Endpoints: []*weirv1.Endpoint{{Addresses: []string{"10.244.1.11"}}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	agent.ack(agent.recv().GetVersion())
+	want := map[string]float64{"weir_agents_connected": 1, "weir_network_programming_duration_seconds": 1}
+	var got map[string]float64
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = map[string]float64{}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				switch {
+				case m.GetGauge() != nil:
+					got[f.GetName()] += m.GetGauge().GetValue()
+				case m.GetHistogram() != nil:
+					got[f.GetName()] += float64(m.GetHistogram().GetSampleCount())
+				case m.GetCounter() != nil:
+					got[f.GetName()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+		if got["weir_agents_connected"] == want["weir_agents_connected"] && got["weir_network_programming_duration_seconds"] >= 1 {
+			return
+		}
+	}
+	t.Errorf("metrics %v; want one agent connected and one programming latency observed", got)
 }

@@ -67,10 +67,12 @@ type Hub struct {
 	// holds the whole encoded state in memory until the agent has read it.
 	fullSends chan struct{}
 
-	mu       sync.Mutex // guards sessions, status and history
+	mu       sync.Mutex // guards sessions, status, history and changed
 	sessions map[string]*session
 	status   map[string]*NodeStatus
 	history  map[string]*sentState // what each node was last sent, to resume
+	// changed is closed, and replaced, whenever a node's status changes.
+	changed chan struct{}
 }
 
 type timedChange struct {
@@ -111,6 +113,7 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 		sessions:  map[string]*session{},
 		status:    map[string]*NodeStatus{},
 		history:   map[string]*sentState{},
+		changed:   make(chan struct{}),
 	}
 	// Listen first, then load: a change in between is queued, and
 	// recomputing it again is harmless.
@@ -307,6 +310,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		h.status[node] = st
 	}
 	st.Connected, st.LastSeen = true, time.Now()
+	h.statusChanged()
 	prev := h.history[node]
 	delete(h.history, node)
 	h.metrics.connected.Inc()
@@ -318,6 +322,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		if h.sessions[node] == s {
 			delete(h.sessions, node)
 			st.Connected = false
+			h.statusChanged()
 		}
 		h.history[node] = sent
 		h.metrics.connected.Dec()
@@ -407,7 +412,21 @@ func (h *Hub) sent(st *NodeStatus, msg *weirv1.SyncResponse, kind string) {
 	h.metrics.bytes.Add(float64(proto.Size(msg)))
 	h.mu.Lock()
 	st.SentVersion = msg.GetVersion()
+	h.statusChanged()
 	h.mu.Unlock()
+}
+
+// statusChanged wakes the status watchers. Called with h.mu held.
+func (h *Hub) statusChanged() {
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+// StatusChanged returns a channel closed at the next status change.
+func (h *Hub) StatusChanged() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.changed
 }
 
 // canResume reports whether a delta can bring an agent from version v.
@@ -523,6 +542,7 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStat
 		case *weirv1.SyncRequest_Report:
 			recordReport(st, m.Report)
 		}
+		h.statusChanged()
 		h.mu.Unlock()
 	}
 }

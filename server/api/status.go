@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -9,21 +11,72 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
 )
 
-// StatusService implements weir.v1.StatusService over the agent hub.
+// StatusService implements weir.v1.StatusService over the agent hub and
+// the registry.
 type StatusService struct {
 	weirv1.UnimplementedStatusServiceServer
 	hub *agentsync.Hub
+	reg *registry.Registry
 }
 
 // NewStatusService serves what hub knows of the nodes.
-func NewStatusService(hub *agentsync.Hub) *StatusService { return &StatusService{hub: hub} }
+func NewStatusService(hub *agentsync.Hub, reg *registry.Registry) *StatusService {
+	return &StatusService{hub: hub, reg: reg}
+}
+
+// statuses is every node the registry or the hub knows, sorted by name:
+// a registered node whose agent never connected shows as disconnected.
+func (s *StatusService) statuses() []agentsync.NodeStatus {
+	out := s.hub.Status()
+	seen := map[string]bool{}
+	for _, n := range out {
+		seen[n.Node] = true
+	}
+	nodes, _ := s.reg.Nodes.List("", nil)
+	for _, n := range nodes {
+		if !seen[n.Name] {
+			out = append(out, agentsync.NodeStatus{Node: n.Name})
+		}
+	}
+	slices.SortFunc(out, func(a, b agentsync.NodeStatus) int { return strings.Compare(a.Node, b.Node) })
+	return out
+}
 
 func (s *StatusService) ListNodeStatuses(context.Context, *weirv1.ListNodeStatusesRequest) (*weirv1.ListNodeStatusesResponse, error) {
-	out := &weirv1.ListNodeStatusesResponse{}
-	for _, n := range s.hub.Status() {
-		out.Nodes = append(out.Nodes, &weirv1.NodeStatus{
+	return &weirv1.ListNodeStatusesResponse{Nodes: s.nodeStatuses()}, nil
+}
+
+// WatchStatusPeriod is the least time between two statuses sent to a
+// watcher: a burst of reports becomes one message.
+const WatchStatusPeriod = 100 * time.Millisecond
+
+func (s *StatusService) WatchNodeStatuses(_ *weirv1.WatchNodeStatusesRequest, stream weirv1.StatusService_WatchNodeStatusesServer) error {
+	for {
+		changed := s.hub.StatusChanged()
+		if err := stream.Send(&weirv1.WatchNodeStatusesResponse{Nodes: s.nodeStatuses()}); err != nil {
+			return err
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-changed:
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-time.After(WatchStatusPeriod):
+		}
+	}
+}
+
+func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
+	var out []*weirv1.NodeStatus
+	for _, n := range s.statuses() {
+		out = append(out, &weirv1.NodeStatus{
 			Name: n.Node, Connected: n.Connected, SentVersion: n.SentVersion, AppliedVersion: n.AppliedVersion,
 			LastError: n.LastError, LastErrorVersion: n.LastErrorVersion, LastSeen: timestamp(n.LastSeen),
 			Health: &weirv1.NodeHealth{
@@ -33,26 +86,52 @@ func (s *StatusService) ListNodeStatuses(context.Context, *weirv1.ListNodeStatus
 			LastSyncDuration: durationpb.New(n.LastSync),
 		})
 	}
-	return out, nil
+	return out
 }
 
+// GetServiceStatus tells, per node, what it sees of the service and
+// whether it should receive external traffic, with the reason when not.
 func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServiceStatusRequest) (*weirv1.GetServiceStatusResponse, error) {
 	key := req.GetNamespace() + "/" + req.GetName()
+	svc, err := s.reg.Services.Get(key)
+	if err != nil {
+		return nil, Status("", err)
+	}
+	local := svc.ExternalTrafficPolicy == model.PolicyLocal
 	report := &weirv1.ServiceReport{Namespace: req.GetNamespace(), Name: req.GetName()}
-	for _, n := range s.hub.Status() {
-		h, ok := n.Services[key]
-		if !ok {
-			continue
+	for _, n := range s.statuses() {
+		h, seen := n.Services[key]
+		programmed := n.Connected && n.AppliedVersion >= n.SentVersion && n.LastError == ""
+		var reason string
+		switch {
+		case !n.Connected:
+			reason = "Disconnected"
+		case !programmed:
+			reason = "NotProgrammed"
+		case n.Health.LivezCode != 200:
+			reason = "AgentUnhealthy"
+		case !n.Health.NodeEligible:
+			reason = "NodeDeleting"
+		case local && h.HealthCheckError != "":
+			reason = "HealthCheckPortError"
+		case local && h.HealthCheckCode != 200:
+			reason = "NoLocalEndpoints"
 		}
-		report.Nodes = append(report.Nodes, &weirv1.ServiceNodeStatus{
-			Node: n.Node,
-			Health: &weirv1.ServiceHealth{
+		if !seen && reason == "" && local {
+			reason = "NoLocalEndpoints"
+		}
+		st := &weirv1.ServiceNodeStatus{Node: n.Node, Programmed: programmed, ReceivesExternalTraffic: reason == "", Reason: reason}
+		if seen {
+			st.Health = &weirv1.ServiceHealth{
 				Namespace: req.GetNamespace(), Name: req.GetName(),
 				LocalReady: int32(h.LocalReady), LocalServing: int32(h.LocalServing), LocalTerminating: int32(h.LocalTerminating),
 				HealthCheckNodePort: int32(h.HealthCheckNodePort), HealthCheckCode: int32(h.HealthCheckCode), HealthCheckError: h.HealthCheckError,
-			},
-			Programmed: n.Connected && n.AppliedVersion >= n.SentVersion && n.LastError == "",
-		})
+			}
+		}
+		if reason == "" {
+			report.ReceivingNodes = append(report.ReceivingNodes, n.Node)
+		}
+		report.Nodes = append(report.Nodes, st)
 	}
 	return &weirv1.GetServiceStatusResponse{Status: report}, nil
 }

@@ -26,10 +26,14 @@ type Server struct {
 }
 
 // Start serves dataDir in plain text on 127.0.0.1 until the test ends or
-// Stop is called.
-func Start(t testing.TB, dataDir string) *Server {
+// Stop is called; options adjust the server's configuration.
+func Start(t testing.TB, dataDir string, options ...func(*server.Config)) *Server {
 	t.Helper()
-	srv, err := server.New(server.Config{DataDir: dataDir, Log: slog.New(slog.DiscardHandler)})
+	cfg := server.Config{DataDir: dataDir, Log: slog.New(slog.DiscardHandler)}
+	for _, o := range options {
+		o(&cfg)
+	}
+	srv, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,6 +87,22 @@ func TestHealthCheckNodePort(t *testing.T) {
 		}
 	}
 
+	status := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, "the status API sends external traffic to node1 only", func() error {
+		resp, err := status.GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: "default", Name: "hc"})
+		if err != nil {
+			return err
+		}
+		reasons := map[string]string{}
+		for _, n := range resp.GetStatus().GetNodes() {
+			reasons[n.GetNode()] = n.GetReason()
+		}
+		if got := resp.GetStatus().GetReceivingNodes(); len(got) != 1 || got[0] != "node1" || reasons["node2"] != "NoLocalEndpoints" {
+			return fmt.Errorf("receiving %v, reasons %v", got, reasons)
+		}
+		return nil
+	})
+
 	// n1p1 starts terminating (still serving): node1 answers 503 so the
 	// balancer drains it, but connections that still arrive are served.
 	for _, s := range endpointSlices("hc", []*lab.Pod{n1p1}) {
@@ -103,7 +119,6 @@ func TestHealthCheckNodePort(t *testing.T) {
 	}
 
 	// The status API shows, per node, what each answers and why.
-	status := weirv1.NewStatusServiceClient(c.Conn)
 	eventually(t, "the status API shows both nodes draining", func() error {
 		resp, err := status.GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: "default", Name: "hc"})
 		if err != nil {

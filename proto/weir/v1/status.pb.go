@@ -23,6 +23,86 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type WatchNodeStatusesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchNodeStatusesRequest) Reset() {
+	*x = WatchNodeStatusesRequest{}
+	mi := &file_weir_v1_status_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchNodeStatusesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchNodeStatusesRequest) ProtoMessage() {}
+
+func (x *WatchNodeStatusesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchNodeStatusesRequest.ProtoReflect.Descriptor instead.
+func (*WatchNodeStatusesRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{0}
+}
+
+type WatchNodeStatusesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodeStatus          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchNodeStatusesResponse) Reset() {
+	*x = WatchNodeStatusesResponse{}
+	mi := &file_weir_v1_status_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchNodeStatusesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchNodeStatusesResponse) ProtoMessage() {}
+
+func (x *WatchNodeStatusesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchNodeStatusesResponse.ProtoReflect.Descriptor instead.
+func (*WatchNodeStatusesResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WatchNodeStatusesResponse) GetNodes() []*NodeStatus {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 type ListNodeStatusesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -31,7 +111,7 @@ type ListNodeStatusesRequest struct {
 
 func (x *ListNodeStatusesRequest) Reset() {
 	*x = ListNodeStatusesRequest{}
-	mi := &file_weir_v1_status_proto_msgTypes[0]
+	mi := &file_weir_v1_status_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -43,7 +123,7 @@ func (x *ListNodeStatusesRequest) String() string {
 func (*ListNodeStatusesRequest) ProtoMessage() {}
 
 func (x *ListNodeStatusesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[0]
+	mi := &file_weir_v1_status_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -56,7 +136,7 @@ func (x *ListNodeStatusesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodeStatusesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodeStatusesRequest) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{0}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{2}
 }
 
 type ListNodeStatusesResponse struct {
@@ -68,7 +148,7 @@ type ListNodeStatusesResponse struct {
 
 func (x *ListNodeStatusesResponse) Reset() {
 	*x = ListNodeStatusesResponse{}
-	mi := &file_weir_v1_status_proto_msgTypes[1]
+	mi := &file_weir_v1_status_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -80,7 +160,7 @@ func (x *ListNodeStatusesResponse) String() string {
 func (*ListNodeStatusesResponse) ProtoMessage() {}
 
 func (x *ListNodeStatusesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[1]
+	mi := &file_weir_v1_status_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -93,7 +173,7 @@ func (x *ListNodeStatusesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodeStatusesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodeStatusesResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{1}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListNodeStatusesResponse) GetNodes() []*NodeStatus {
@@ -123,7 +203,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_weir_v1_status_proto_msgTypes[2]
+	mi := &file_weir_v1_status_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -135,7 +215,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[2]
+	mi := &file_weir_v1_status_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -148,7 +228,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{2}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NodeStatus) GetName() string {
@@ -224,7 +304,7 @@ type GetServiceStatusRequest struct {
 
 func (x *GetServiceStatusRequest) Reset() {
 	*x = GetServiceStatusRequest{}
-	mi := &file_weir_v1_status_proto_msgTypes[3]
+	mi := &file_weir_v1_status_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -236,7 +316,7 @@ func (x *GetServiceStatusRequest) String() string {
 func (*GetServiceStatusRequest) ProtoMessage() {}
 
 func (x *GetServiceStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[3]
+	mi := &file_weir_v1_status_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -249,7 +329,7 @@ func (x *GetServiceStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServiceStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetServiceStatusRequest) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{3}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetServiceStatusRequest) GetNamespace() string {
@@ -275,7 +355,7 @@ type GetServiceStatusResponse struct {
 
 func (x *GetServiceStatusResponse) Reset() {
 	*x = GetServiceStatusResponse{}
-	mi := &file_weir_v1_status_proto_msgTypes[4]
+	mi := &file_weir_v1_status_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -287,7 +367,7 @@ func (x *GetServiceStatusResponse) String() string {
 func (*GetServiceStatusResponse) ProtoMessage() {}
 
 func (x *GetServiceStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[4]
+	mi := &file_weir_v1_status_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -300,7 +380,7 @@ func (x *GetServiceStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServiceStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetServiceStatusResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{4}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetServiceStatusResponse) GetStatus() *ServiceReport {
@@ -312,17 +392,19 @@ func (x *GetServiceStatusResponse) GetStatus() *ServiceReport {
 
 // ServiceReport is one service across the nodes that report on it.
 type ServiceReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Nodes         []*ServiceNodeStatus   `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Nodes     []*ServiceNodeStatus   `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The nodes a load balancer should send external traffic to now.
+	ReceivingNodes []string `protobuf:"bytes,4,rep,name=receiving_nodes,json=receivingNodes,proto3" json:"receiving_nodes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ServiceReport) Reset() {
 	*x = ServiceReport{}
-	mi := &file_weir_v1_status_proto_msgTypes[5]
+	mi := &file_weir_v1_status_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +416,7 @@ func (x *ServiceReport) String() string {
 func (*ServiceReport) ProtoMessage() {}
 
 func (x *ServiceReport) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[5]
+	mi := &file_weir_v1_status_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +429,7 @@ func (x *ServiceReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceReport.ProtoReflect.Descriptor instead.
 func (*ServiceReport) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{5}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ServiceReport) GetNamespace() string {
@@ -371,19 +453,31 @@ func (x *ServiceReport) GetNodes() []*ServiceNodeStatus {
 	return nil
 }
 
+func (x *ServiceReport) GetReceivingNodes() []string {
+	if x != nil {
+		return x.ReceivingNodes
+	}
+	return nil
+}
+
 type ServiceNodeStatus struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Node   string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	Health *ServiceHealth         `protobuf:"bytes,2,opt,name=health,proto3" json:"health,omitempty"`
 	// Whether the node has applied the newest state it was sent.
-	Programmed    bool `protobuf:"varint,3,opt,name=programmed,proto3" json:"programmed,omitempty"`
+	Programmed              bool `protobuf:"varint,3,opt,name=programmed,proto3" json:"programmed,omitempty"`
+	ReceivesExternalTraffic bool `protobuf:"varint,4,opt,name=receives_external_traffic,json=receivesExternalTraffic,proto3" json:"receives_external_traffic,omitempty"`
+	// Why the node does not receive external traffic, machine-readable:
+	// Disconnected, NotProgrammed, AgentUnhealthy, NodeDeleting,
+	// HealthCheckPortError, NoLocalEndpoints.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServiceNodeStatus) Reset() {
 	*x = ServiceNodeStatus{}
-	mi := &file_weir_v1_status_proto_msgTypes[6]
+	mi := &file_weir_v1_status_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +489,7 @@ func (x *ServiceNodeStatus) String() string {
 func (*ServiceNodeStatus) ProtoMessage() {}
 
 func (x *ServiceNodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[6]
+	mi := &file_weir_v1_status_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +502,7 @@ func (x *ServiceNodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceNodeStatus.ProtoReflect.Descriptor instead.
 func (*ServiceNodeStatus) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{6}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ServiceNodeStatus) GetNode() string {
@@ -432,11 +526,28 @@ func (x *ServiceNodeStatus) GetProgrammed() bool {
 	return false
 }
 
+func (x *ServiceNodeStatus) GetReceivesExternalTraffic() bool {
+	if x != nil {
+		return x.ReceivesExternalTraffic
+	}
+	return false
+}
+
+func (x *ServiceNodeStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_weir_v1_status_proto protoreflect.FileDescriptor
 
 const file_weir_v1_status_proto_rawDesc = "" +
 	"\n" +
-	"\x14weir/v1/status.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x13weir/v1/agent.proto\"\x19\n" +
+	"\x14weir/v1/status.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x13weir/v1/agent.proto\"\x1a\n" +
+	"\x18WatchNodeStatusesRequest\"F\n" +
+	"\x19WatchNodeStatusesResponse\x12)\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"\x19\n" +
 	"\x17ListNodeStatusesRequest\"E\n" +
 	"\x18ListNodeStatusesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"\x86\x03\n" +
@@ -456,19 +567,23 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"J\n" +
 	"\x18GetServiceStatusResponse\x12.\n" +
-	"\x06status\x18\x01 \x01(\v2\x16.weir.v1.ServiceReportR\x06status\"s\n" +
+	"\x06status\x18\x01 \x01(\v2\x16.weir.v1.ServiceReportR\x06status\"\x9c\x01\n" +
 	"\rServiceReport\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x120\n" +
-	"\x05nodes\x18\x03 \x03(\v2\x1a.weir.v1.ServiceNodeStatusR\x05nodes\"w\n" +
+	"\x05nodes\x18\x03 \x03(\v2\x1a.weir.v1.ServiceNodeStatusR\x05nodes\x12'\n" +
+	"\x0freceiving_nodes\x18\x04 \x03(\tR\x0ereceivingNodes\"\xcb\x01\n" +
 	"\x11ServiceNodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12.\n" +
 	"\x06health\x18\x02 \x01(\v2\x16.weir.v1.ServiceHealthR\x06health\x12\x1e\n" +
 	"\n" +
 	"programmed\x18\x03 \x01(\bR\n" +
-	"programmed2\xc1\x01\n" +
+	"programmed\x12:\n" +
+	"\x19receives_external_traffic\x18\x04 \x01(\bR\x17receivesExternalTraffic\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason2\x9f\x02\n" +
 	"\rStatusService\x12W\n" +
-	"\x10ListNodeStatuses\x12 .weir.v1.ListNodeStatusesRequest\x1a!.weir.v1.ListNodeStatusesResponse\x12W\n" +
+	"\x10ListNodeStatuses\x12 .weir.v1.ListNodeStatusesRequest\x1a!.weir.v1.ListNodeStatusesResponse\x12\\\n" +
+	"\x11WatchNodeStatuses\x12!.weir.v1.WatchNodeStatusesRequest\x1a\".weir.v1.WatchNodeStatusesResponse0\x01\x12W\n" +
 	"\x10GetServiceStatus\x12 .weir.v1.GetServiceStatusRequest\x1a!.weir.v1.GetServiceStatusResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
 
 var (
@@ -483,37 +598,42 @@ func file_weir_v1_status_proto_rawDescGZIP() []byte {
 	return file_weir_v1_status_proto_rawDescData
 }
 
-var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_weir_v1_status_proto_goTypes = []any{
-	(*ListNodeStatusesRequest)(nil),  // 0: weir.v1.ListNodeStatusesRequest
-	(*ListNodeStatusesResponse)(nil), // 1: weir.v1.ListNodeStatusesResponse
-	(*NodeStatus)(nil),               // 2: weir.v1.NodeStatus
-	(*GetServiceStatusRequest)(nil),  // 3: weir.v1.GetServiceStatusRequest
-	(*GetServiceStatusResponse)(nil), // 4: weir.v1.GetServiceStatusResponse
-	(*ServiceReport)(nil),            // 5: weir.v1.ServiceReport
-	(*ServiceNodeStatus)(nil),        // 6: weir.v1.ServiceNodeStatus
-	(*timestamppb.Timestamp)(nil),    // 7: google.protobuf.Timestamp
-	(*NodeHealth)(nil),               // 8: weir.v1.NodeHealth
-	(*durationpb.Duration)(nil),      // 9: google.protobuf.Duration
-	(*ServiceHealth)(nil),            // 10: weir.v1.ServiceHealth
+	(*WatchNodeStatusesRequest)(nil),  // 0: weir.v1.WatchNodeStatusesRequest
+	(*WatchNodeStatusesResponse)(nil), // 1: weir.v1.WatchNodeStatusesResponse
+	(*ListNodeStatusesRequest)(nil),   // 2: weir.v1.ListNodeStatusesRequest
+	(*ListNodeStatusesResponse)(nil),  // 3: weir.v1.ListNodeStatusesResponse
+	(*NodeStatus)(nil),                // 4: weir.v1.NodeStatus
+	(*GetServiceStatusRequest)(nil),   // 5: weir.v1.GetServiceStatusRequest
+	(*GetServiceStatusResponse)(nil),  // 6: weir.v1.GetServiceStatusResponse
+	(*ServiceReport)(nil),             // 7: weir.v1.ServiceReport
+	(*ServiceNodeStatus)(nil),         // 8: weir.v1.ServiceNodeStatus
+	(*timestamppb.Timestamp)(nil),     // 9: google.protobuf.Timestamp
+	(*NodeHealth)(nil),                // 10: weir.v1.NodeHealth
+	(*durationpb.Duration)(nil),       // 11: google.protobuf.Duration
+	(*ServiceHealth)(nil),             // 12: weir.v1.ServiceHealth
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
-	2,  // 0: weir.v1.ListNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
-	7,  // 1: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	8,  // 2: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
-	9,  // 3: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
-	5,  // 4: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	6,  // 5: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	10, // 6: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	0,  // 7: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	3,  // 8: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	1,  // 9: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	4,  // 10: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	9,  // [9:11] is the sub-list for method output_type
-	7,  // [7:9] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	4,  // 0: weir.v1.WatchNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
+	4,  // 1: weir.v1.ListNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
+	9,  // 2: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	10, // 3: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
+	11, // 4: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
+	7,  // 5: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
+	8,  // 6: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	12, // 7: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	2,  // 8: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	0,  // 9: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	5,  // 10: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	3,  // 11: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	1,  // 12: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	6,  // 13: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	11, // [11:14] is the sub-list for method output_type
+	8,  // [8:11] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
@@ -528,7 +648,7 @@ func file_weir_v1_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_status_proto_rawDesc), len(file_weir_v1_status_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	StatusService_ListNodeStatuses_FullMethodName = "/weir.v1.StatusService/ListNodeStatuses"
-	StatusService_GetServiceStatus_FullMethodName = "/weir.v1.StatusService/GetServiceStatus"
+	StatusService_ListNodeStatuses_FullMethodName  = "/weir.v1.StatusService/ListNodeStatuses"
+	StatusService_WatchNodeStatuses_FullMethodName = "/weir.v1.StatusService/WatchNodeStatuses"
+	StatusService_GetServiceStatus_FullMethodName  = "/weir.v1.StatusService/GetServiceStatus"
 )
 
 // StatusServiceClient is the client API for StatusService service.
@@ -31,6 +32,8 @@ const (
 // programmed and what it answers to load-balancer health checks.
 type StatusServiceClient interface {
 	ListNodeStatuses(ctx context.Context, in *ListNodeStatusesRequest, opts ...grpc.CallOption) (*ListNodeStatusesResponse, error)
+	// The current statuses, then again whenever one changes.
+	WatchNodeStatuses(ctx context.Context, in *WatchNodeStatusesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchNodeStatusesResponse], error)
 	GetServiceStatus(ctx context.Context, in *GetServiceStatusRequest, opts ...grpc.CallOption) (*GetServiceStatusResponse, error)
 }
 
@@ -52,6 +55,25 @@ func (c *statusServiceClient) ListNodeStatuses(ctx context.Context, in *ListNode
 	return out, nil
 }
 
+func (c *statusServiceClient) WatchNodeStatuses(ctx context.Context, in *WatchNodeStatusesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchNodeStatusesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &StatusService_ServiceDesc.Streams[0], StatusService_WatchNodeStatuses_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchNodeStatusesRequest, WatchNodeStatusesResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type StatusService_WatchNodeStatusesClient = grpc.ServerStreamingClient[WatchNodeStatusesResponse]
+
 func (c *statusServiceClient) GetServiceStatus(ctx context.Context, in *GetServiceStatusRequest, opts ...grpc.CallOption) (*GetServiceStatusResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetServiceStatusResponse)
@@ -70,6 +92,8 @@ func (c *statusServiceClient) GetServiceStatus(ctx context.Context, in *GetServi
 // programmed and what it answers to load-balancer health checks.
 type StatusServiceServer interface {
 	ListNodeStatuses(context.Context, *ListNodeStatusesRequest) (*ListNodeStatusesResponse, error)
+	// The current statuses, then again whenever one changes.
+	WatchNodeStatuses(*WatchNodeStatusesRequest, grpc.ServerStreamingServer[WatchNodeStatusesResponse]) error
 	GetServiceStatus(context.Context, *GetServiceStatusRequest) (*GetServiceStatusResponse, error)
 	mustEmbedUnimplementedStatusServiceServer()
 }
@@ -83,6 +107,9 @@ type UnimplementedStatusServiceServer struct{}
 
 func (UnimplementedStatusServiceServer) ListNodeStatuses(context.Context, *ListNodeStatusesRequest) (*ListNodeStatusesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListNodeStatuses not implemented")
+}
+func (UnimplementedStatusServiceServer) WatchNodeStatuses(*WatchNodeStatusesRequest, grpc.ServerStreamingServer[WatchNodeStatusesResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchNodeStatuses not implemented")
 }
 func (UnimplementedStatusServiceServer) GetServiceStatus(context.Context, *GetServiceStatusRequest) (*GetServiceStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetServiceStatus not implemented")
@@ -126,6 +153,17 @@ func _StatusService_ListNodeStatuses_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _StatusService_WatchNodeStatuses_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchNodeStatusesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(StatusServiceServer).WatchNodeStatuses(m, &grpc.GenericServerStream[WatchNodeStatusesRequest, WatchNodeStatusesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type StatusService_WatchNodeStatusesServer = grpc.ServerStreamingServer[WatchNodeStatusesResponse]
+
 func _StatusService_GetServiceStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetServiceStatusRequest)
 	if err := dec(in); err != nil {
@@ -160,6 +198,12 @@ var StatusService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _StatusService_GetServiceStatus_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchNodeStatuses",
+			Handler:       _StatusService_WatchNodeStatuses_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "weir/v1/status.proto",
 }
