@@ -255,6 +255,17 @@ func TestAgentStreamSendsFullStateThenOnlyChanges(t *testing.T) {
 	mustCreate("web", "10.96.0.10", 30080)
 	mustCreate("db", "10.96.0.20", 30081)
 
+	// An agent of a node nobody registered is turned away, saying why.
+	stranger, err := ts.Agents.Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: "node9"}}})
+	if _, err := stranger.Recv(); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "node9") {
+		t.Errorf("unknown node: got %v, want FailedPrecondition naming it", err)
+	}
+
+	registerNode(t, ts, "node1")
 	stream, err := ts.Agents.Sync(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -266,8 +277,8 @@ func TestAgentStreamSendsFullStateThenOnlyChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !full.GetFull() || len(full.GetUpserts()) != 2 || full.GetNode().GetRegistered() {
-		t.Fatalf("first message: full=%v upserts=%d registered=%v; want a full state of 2 services for an unregistered node",
+	if !full.GetFull() || len(full.GetUpserts()) != 2 || !full.GetNode().GetRegistered() {
+		t.Fatalf("first message: full=%v upserts=%d registered=%v; want a full state of 2 services for node1",
 			full.GetFull(), len(full.GetUpserts()), full.GetNode().GetRegistered())
 	}
 	ack := func(v uint64) {
@@ -345,6 +356,16 @@ func TestReflectionListsTheAPI(t *testing.T) {
 	}
 }
 
+// registerNode creates the node unless it exists: agents of unknown nodes
+// are refused.
+func registerNode(t *testing.T, ts *servertest.Server, name string) {
+	t.Helper()
+	_, err := ts.Registry.CreateNode(context.Background(), &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: name}}})
+	if err != nil && status.Code(err) != codes.AlreadyExists {
+		t.Fatal(err)
+	}
+}
+
 // agentStream is a test agent's end of AgentService.Sync.
 type agentStream struct {
 	t      *testing.T
@@ -353,6 +374,7 @@ type agentStream struct {
 
 func connectAgent(t *testing.T, ctx context.Context, ts *servertest.Server, node string, applied uint64) *agentStream {
 	t.Helper()
+	registerNode(t, ts, node)
 	stream, err := ts.Agents.Sync(ctx)
 	if err != nil {
 		t.Fatal(err)

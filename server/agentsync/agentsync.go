@@ -290,6 +290,13 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	if err := authorizeNode(ctx, node); err != nil {
 		return err
 	}
+	var registered bool
+	h.reg.Read(func(v registry.View) { registered = v.Node(node) != nil })
+	if !registered {
+		// Without its Node the agent would not know its addresses: it
+		// retries until an orchestrator (or Kubernetes) registers it.
+		return status.Errorf(codes.FailedPrecondition, "hello.node_name: node %q is not registered; create it first (RegistryService.CreateNode, or the Kubernetes Node)", node)
+	}
 	log := h.log.With("node", node, "agent", hello.GetAgentVersion())
 	s := &session{node: node, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1), pending: map[string]bool{}}
 	defer close(s.done)

@@ -191,6 +191,12 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	}
 	fmt.Printf("loaded %d services and %d endpoints through the API in %v (server %s)\n", nServices, nServices*10, time.Since(start).Round(time.Millisecond), memory(srv.Process.Pid))
 
+	for i := range nAgents {
+		if _, err := reg.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: fmt.Sprintf("node-%d", i)}}}); err != nil {
+			return err
+		}
+	}
+
 	// Agents: each its own connection and stream.
 	start = time.Now()
 	var all []*agent

@@ -91,6 +91,11 @@ func run(updates int, minSync time.Duration) error {
 		return err
 	}
 
+	if _, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1"}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	time.Sleep(500 * time.Millisecond) // let the source mirror the node
+
 	// The agent: records when each endpoint address first arrives.
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
