@@ -8,6 +8,8 @@ command -v nft >/dev/null || need+=(nftables)
 command -v ip >/dev/null || need+=(iproute2)
 command -v conntrack >/dev/null || need+=(conntrack)
 command -v git >/dev/null || need+=(git)
+# etcd for the real kube-apiserver the Kubernetes-source tests run against.
+[ -x /usr/bin/etcd ] || need+=(etcd-server)
 
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
