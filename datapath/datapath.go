@@ -658,6 +658,6 @@ func elementObject(e element, g generation) *knftables.Element {
 }
 
 func nodeInfoEqual(a, b NodeInfo) bool {
-	return a.Name == b.Name && a.Zone == b.Zone && a.Deleting == b.Deleting && a.Registered == b.Registered &&
+	return a.Name == b.Name && a.Zone == b.Zone && a.Deleting == b.Deleting && a.Drained == b.Drained && a.Registered == b.Registered &&
 		slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.PodCIDRs, b.PodCIDRs)
 }

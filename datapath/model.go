@@ -21,6 +21,8 @@ type NodeInfo struct {
 	Zone      string
 	PodCIDRs  []netip.Prefix
 	Deleting  bool
+	// Drained: an operator took the node out of external traffic.
+	Drained bool
 	// Registered is false while the server knows no Node of this name.
 	Registered bool
 }

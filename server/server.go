@@ -24,6 +24,7 @@ import (
 	"github.com/weirlb/weir/server/api"
 	"github.com/weirlb/weir/server/auth"
 	"github.com/weirlb/weir/server/kubernetes"
+	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/store"
 )
@@ -39,6 +40,8 @@ type Config struct {
 	MinSyncPeriod time.Duration
 	// Metrics receives the server's metrics when not nil.
 	Metrics prometheus.Registerer
+	// Version is the server's build version, as it reports it.
+	Version string
 	// Kubernetes, when not nil, mirrors a cluster's services, endpoint
 	// slices and nodes beside the native API.
 	Kubernetes *kubernetes.Config
@@ -105,7 +108,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	weirv1.RegisterRegistryServiceServer(s.grpc, api.NewRegistryService(reg))
 	weirv1.RegisterAgentServiceServer(s.grpc, s.Agents)
-	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg))
+	info := api.ServerInfo{Version: cfg.Version, Started: time.Now(), Sources: []string{model.SourceNative}}
+	if cfg.Kubernetes != nil {
+		info.Sources = append(info.Sources, model.SourceKubernetes)
+	}
+	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg, info))
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	return s, nil

@@ -526,3 +526,72 @@ func TestMetricsProveConvergence(t *testing.T) {
 	}
 	t.Errorf("metrics %v; want one agent connected and one programming latency observed", got)
 }
+
+func TestValidateOnlyChecksEverythingAndWritesNothing(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx := context.Background()
+	resp, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService(), ValidateOnly: true})
+	if err != nil || resp.GetService().GetMetadata().GetName() != "web" {
+		t.Fatalf("validate-only create of a good service: %v, %v", resp, err)
+	}
+	if _, err := ts.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"}); status.Code(err) != codes.NotFound {
+		t.Errorf("validate-only create stored the service: %v", err)
+	}
+	bad := validService()
+	bad.Spec.Ports[0].Port = 0
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: bad, ValidateOnly: true}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("validate-only create of a bad service: %v, want InvalidArgument", err)
+	}
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
+		t.Fatal(err)
+	}
+	other := validService()
+	other.Metadata.Name = "other" // same cluster IP: a conflict only the registry sees
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: other, ValidateOnly: true}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("validate-only create of a conflicting service: %v, want FailedPrecondition", err)
+	}
+	upd := validService()
+	upd.Spec.Ports[0].Port = 81
+	if _, err := ts.Registry.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: upd, ValidateOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := ts.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+	if p := got.GetService().GetSpec().GetPorts()[0].GetPort(); p != 80 {
+		t.Errorf("validate-only update changed the port to %d", p)
+	}
+}
+
+func TestDrainSurvivesRestartAndReachesAgents(t *testing.T) {
+	dir := t.TempDir()
+	ts := startServer(t, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := ts.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: "nope"}); status.Code(err) != codes.NotFound {
+		t.Errorf("draining an unknown node: %v, want NotFound", err)
+	}
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	full := agent.recv()
+	agent.ack(full.GetVersion())
+	if full.GetNode().GetDrained() {
+		t.Fatal("node drained before anyone drained it")
+	}
+	resp, err := ts.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: "node1"})
+	if err != nil || !resp.GetNode().GetDrained() {
+		t.Fatalf("drain: %v, %v", resp, err)
+	}
+	if msg := agent.recv(); !msg.GetNode().GetDrained() {
+		t.Errorf("the agent was not told its node is drained: %v", msg)
+	}
+	ts.Stop()
+	ts2 := startServer(t, dir)
+	n, err := ts2.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: "node1"})
+	if err != nil || !n.GetNode().GetDrained() {
+		t.Errorf("drain lost across a restart: %v, %v", n, err)
+	}
+	if _, err := ts2.Registry.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: "node1"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := ts2.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: "node1"}); n.GetNode().GetDrained() {
+		t.Error("uncordon did not undo the drain")
+	}
+}

@@ -71,7 +71,10 @@ func NewAgent(timeout time.Duration, log *slog.Logger, reg prometheus.Registerer
 // answers follow it at once.
 func (a *Agent) Received(st datapath.NodeState) {
 	a.Node.Queued()
-	a.Node.SetEligible(!st.Node.Deleting)
+	// A node going away, or drained by an operator, takes no new external
+	// traffic: /healthz fails, and so does every health-check port.
+	a.Node.SetEligible(!st.Node.Deleting && !st.Node.Drained)
+	a.Services.SetDrained(st.Node.Drained)
 	reports := map[string]ServiceReport{}
 	var checks []Service
 	for key, svc := range st.Services {
@@ -136,7 +139,7 @@ func (a *Agent) Report(full bool) *Report {
 	for key, s := range a.services {
 		if s.HealthCheckNodePort != 0 && s.HealthCheckError == "" {
 			s.HealthCheckCode = http.StatusServiceUnavailable
-			if a.served[key] > 0 && st.Healthy {
+			if a.served[key] > 0 && st.Healthy && !a.Services.drained.Load() {
 				s.HealthCheckCode = http.StatusOK
 			}
 		}

@@ -34,7 +34,12 @@ type Services struct {
 	mu      sync.Mutex // guards servers and addrs
 	addrs   []netip.Addr
 	servers map[uint16]*portServer
+	// drained makes every port answer 503.
+	drained atomic.Bool
 }
+
+// SetDrained makes every health-check port answer 503 (or not).
+func (s *Services) SetDrained(drained bool) { s.drained.Store(drained) }
 
 type portServer struct {
 	svc     atomic.Pointer[Service] // swapped on every sync; read per request
@@ -125,7 +130,7 @@ func (s *Services) Sync(addrs []netip.Addr, services []Service) map[string]Resul
 }
 
 func (s *Services) code(svc *Service) int {
-	if svc.LocalReady > 0 && s.proxyHealthy() {
+	if svc.LocalReady > 0 && s.proxyHealthy() && !s.drained.Load() {
 		return http.StatusOK
 	}
 	return http.StatusServiceUnavailable
@@ -181,7 +186,7 @@ func (s *Services) answer(w http.ResponseWriter, svc *Service) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(svc.LocalReady))
-	if svc.LocalReady > 0 && healthy {
+	if svc.LocalReady > 0 && healthy && !s.drained.Load() {
 		w.WriteHeader(http.StatusOK)
 	} else {
 		w.WriteHeader(http.StatusServiceUnavailable)

@@ -20,6 +20,7 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 		Zone:       n.Zone,
 		PodCidrs:   strs(n.PodCIDRs),
 		Deleting:   n.Deleting,
+		Drained:    n.Drained,
 		Registered: n.Registered,
 	}
 }
@@ -36,7 +37,7 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 	}
 	return datapath.NodeInfo{
 		Name: n.GetName(), Addresses: addrs, Zone: n.GetZone(), PodCIDRs: cidrs,
-		Deleting: n.GetDeleting(), Registered: n.GetRegistered(),
+		Deleting: n.GetDeleting(), Drained: n.GetDrained(), Registered: n.GetRegistered(),
 	}, nil
 }
 

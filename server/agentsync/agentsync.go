@@ -591,6 +591,20 @@ func (f *inflight) settle(version uint64) []time.Time {
 	return out
 }
 
+// Version is the newest state version the hub has seen.
+func (h *Hub) Version() uint64 {
+	h.cacheMu.RLock()
+	defer h.cacheMu.RUnlock()
+	return h.version
+}
+
+// Connected counts the agents with an open stream.
+func (h *Hub) Connected() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.sessions)
+}
+
 // Status returns every node's status, sorted by node name.
 func (h *Hub) Status() []NodeStatus {
 	h.mu.Lock()

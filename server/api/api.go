@@ -60,26 +60,34 @@ type resource[T model.Object, P any] struct {
 	to    func(T) P
 }
 
-func (r resource[T, P]) create(p P) (P, error) {
+func (r resource[T, P]) create(p P, validateOnly bool) (P, error) {
 	obj, err := r.from(p)
 	if err != nil {
 		return *new(P), Status(r.field, err)
 	}
 	obj.GetMeta().Source = model.SourceNative // this API is the native source
-	obj, err = r.coll.Create(obj)
+	if validateOnly {
+		obj, err = r.coll.CheckCreate(obj)
+	} else {
+		obj, err = r.coll.Create(obj)
+	}
 	if err != nil {
 		return *new(P), Status(r.field, err)
 	}
 	return r.to(obj), nil
 }
 
-func (r resource[T, P]) update(p P) (P, error) {
+func (r resource[T, P]) update(p P, validateOnly bool) (P, error) {
 	obj, err := r.from(p)
 	if err != nil {
 		return *new(P), Status(r.field, err)
 	}
 	obj.GetMeta().Source = model.SourceNative
-	obj, err = r.coll.Update(obj)
+	if validateOnly {
+		obj, err = r.coll.CheckUpdate(obj)
+	} else {
+		obj, err = r.coll.Update(obj)
+	}
 	if err != nil {
 		return *new(P), Status(r.field, err)
 	}

@@ -14,6 +14,7 @@ type RegistryService struct {
 	services  resource[*model.Service, *weirv1.Service]
 	endpoints resource[*model.EndpointSlice, *weirv1.EndpointSlice]
 	nodes     resource[*model.Node, *weirv1.Node]
+	reg       *registry.Registry
 }
 
 // NewRegistryService serves reg.
@@ -21,12 +22,33 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 	return &RegistryService{
 		services:  resource[*model.Service, *weirv1.Service]{"service", reg.Services, serviceFromProto, serviceToProto},
 		endpoints: resource[*model.EndpointSlice, *weirv1.EndpointSlice]{"endpoint_slice", reg.EndpointSlices, endpointSliceFromProto, endpointSliceToProto},
-		nodes:     resource[*model.Node, *weirv1.Node]{"node", reg.Nodes, nodeFromProto, nodeToProto},
+		nodes: resource[*model.Node, *weirv1.Node]{"node", reg.Nodes, nodeFromProto, func(n *model.Node) *weirv1.Node {
+			p := nodeToProto(n)
+			p.Drained = reg.Drained(n.Name)
+			return p
+		}},
+		reg: reg,
 	}
 }
 
+func (s *RegistryService) DrainNode(_ context.Context, req *weirv1.DrainNodeRequest) (*weirv1.DrainNodeResponse, error) {
+	n, err := s.reg.SetDrained(req.GetName(), true)
+	if err != nil {
+		return nil, Status("", err)
+	}
+	return &weirv1.DrainNodeResponse{Node: s.nodes.to(n)}, nil
+}
+
+func (s *RegistryService) UncordonNode(_ context.Context, req *weirv1.UncordonNodeRequest) (*weirv1.UncordonNodeResponse, error) {
+	n, err := s.reg.SetDrained(req.GetName(), false)
+	if err != nil {
+		return nil, Status("", err)
+	}
+	return &weirv1.UncordonNodeResponse{Node: s.nodes.to(n)}, nil
+}
+
 func (s *RegistryService) CreateService(_ context.Context, req *weirv1.CreateServiceRequest) (*weirv1.CreateServiceResponse, error) {
-	obj, err := s.services.create(req.GetService())
+	obj, err := s.services.create(req.GetService(), req.GetValidateOnly())
 	return &weirv1.CreateServiceResponse{Service: obj}, err
 }
 
@@ -41,7 +63,7 @@ func (s *RegistryService) ListServices(_ context.Context, req *weirv1.ListServic
 }
 
 func (s *RegistryService) UpdateService(_ context.Context, req *weirv1.UpdateServiceRequest) (*weirv1.UpdateServiceResponse, error) {
-	obj, err := s.services.update(req.GetService())
+	obj, err := s.services.update(req.GetService(), req.GetValidateOnly())
 	return &weirv1.UpdateServiceResponse{Service: obj}, err
 }
 
@@ -56,7 +78,7 @@ func (s *RegistryService) WatchServices(req *weirv1.WatchServicesRequest, stream
 }
 
 func (s *RegistryService) CreateEndpointSlice(_ context.Context, req *weirv1.CreateEndpointSliceRequest) (*weirv1.CreateEndpointSliceResponse, error) {
-	obj, err := s.endpoints.create(req.GetEndpointSlice())
+	obj, err := s.endpoints.create(req.GetEndpointSlice(), req.GetValidateOnly())
 	return &weirv1.CreateEndpointSliceResponse{EndpointSlice: obj}, err
 }
 
@@ -71,7 +93,7 @@ func (s *RegistryService) ListEndpointSlices(_ context.Context, req *weirv1.List
 }
 
 func (s *RegistryService) UpdateEndpointSlice(_ context.Context, req *weirv1.UpdateEndpointSliceRequest) (*weirv1.UpdateEndpointSliceResponse, error) {
-	obj, err := s.endpoints.update(req.GetEndpointSlice())
+	obj, err := s.endpoints.update(req.GetEndpointSlice(), req.GetValidateOnly())
 	return &weirv1.UpdateEndpointSliceResponse{EndpointSlice: obj}, err
 }
 
@@ -86,7 +108,7 @@ func (s *RegistryService) WatchEndpointSlices(req *weirv1.WatchEndpointSlicesReq
 }
 
 func (s *RegistryService) CreateNode(_ context.Context, req *weirv1.CreateNodeRequest) (*weirv1.CreateNodeResponse, error) {
-	obj, err := s.nodes.create(req.GetNode())
+	obj, err := s.nodes.create(req.GetNode(), req.GetValidateOnly())
 	return &weirv1.CreateNodeResponse{Node: obj}, err
 }
 
@@ -101,7 +123,7 @@ func (s *RegistryService) ListNodes(_ context.Context, req *weirv1.ListNodesRequ
 }
 
 func (s *RegistryService) UpdateNode(_ context.Context, req *weirv1.UpdateNodeRequest) (*weirv1.UpdateNodeResponse, error) {
-	obj, err := s.nodes.update(req.GetNode())
+	obj, err := s.nodes.update(req.GetNode(), req.GetValidateOnly())
 	return &weirv1.UpdateNodeResponse{Node: obj}, err
 }
 

@@ -19,13 +19,28 @@ import (
 // the registry.
 type StatusService struct {
 	weirv1.UnimplementedStatusServiceServer
-	hub *agentsync.Hub
-	reg *registry.Registry
+	hub  *agentsync.Hub
+	reg  *registry.Registry
+	info ServerInfo
+}
+
+// ServerInfo is what the server says of itself.
+type ServerInfo struct {
+	Version string
+	Started time.Time
+	Sources []string
 }
 
 // NewStatusService serves what hub knows of the nodes.
-func NewStatusService(hub *agentsync.Hub, reg *registry.Registry) *StatusService {
-	return &StatusService{hub: hub, reg: reg}
+func NewStatusService(hub *agentsync.Hub, reg *registry.Registry, info ServerInfo) *StatusService {
+	return &StatusService{hub: hub, reg: reg, info: info}
+}
+
+func (s *StatusService) GetServerInfo(context.Context, *weirv1.GetServerInfoRequest) (*weirv1.GetServerInfoResponse, error) {
+	return &weirv1.GetServerInfoResponse{
+		Version: s.info.Version, StateVersion: s.hub.Version(), AgentsConnected: int32(s.hub.Connected()),
+		Started: timestamp(s.info.Started), Sources: s.info.Sources,
+	}, nil
 }
 
 // statuses is every node the registry or the hub knows, sorted by name:

@@ -134,4 +134,7 @@ type Node struct {
 	Zone      string         `json:"zone,omitempty"`
 	PodCIDRs  []netip.Prefix `json:"podCIDRs,omitempty"`
 	Deleting  bool           `json:"deleting,omitempty"`
+	// Drained is set by an operator, apart from the node's source; it is
+	// kept by the registry, not in the node's own record.
+	Drained bool `json:"-"`
 }

@@ -31,6 +31,7 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 		Zone:       n.Zone,
 		PodCIDRs:   n.PodCIDRs,
 		Deleting:   n.Deleting,
+		Drained:    n.Drained,
 		Registered: true,
 	}
 }

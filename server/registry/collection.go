@@ -38,7 +38,12 @@ func (c *Collection[T]) load() (uint64, error) {
 
 // Create stores a new resource. It fails with ErrAlreadyExists when one of
 // that name exists.
-func (c *Collection[T]) Create(obj T) (T, error) {
+func (c *Collection[T]) Create(obj T) (T, error) { return c.create(obj, false) }
+
+// CheckCreate runs every check Create would, and writes nothing.
+func (c *Collection[T]) CheckCreate(obj T) (T, error) { return c.create(obj, true) }
+
+func (c *Collection[T]) create(obj T, dryRun bool) (T, error) {
 	c.r.mu.Lock()
 	defer c.r.mu.Unlock()
 	m := obj.GetMeta()
@@ -56,6 +61,9 @@ func (c *Collection[T]) Create(obj T) (T, error) {
 		return obj, fmt.Errorf("%s %s: %w", c.kind, key, ErrAlreadyExists)
 	}
 	m.CreateTime = c.r.now().UTC()
+	if dryRun {
+		return obj, nil
+	}
 	if _, err := c.r.commit(c.kind, key, obj, nil); err != nil {
 		return obj, err
 	}
@@ -66,7 +74,12 @@ func (c *Collection[T]) Create(obj T) (T, error) {
 
 // Update replaces a resource. A non-zero ResourceVersion must match the
 // stored one.
-func (c *Collection[T]) Update(obj T) (T, error) {
+func (c *Collection[T]) Update(obj T) (T, error) { return c.update(obj, false) }
+
+// CheckUpdate runs every check Update would, and writes nothing.
+func (c *Collection[T]) CheckUpdate(obj T) (T, error) { return c.update(obj, true) }
+
+func (c *Collection[T]) update(obj T, dryRun bool) (T, error) {
 	c.r.mu.Lock()
 	defer c.r.mu.Unlock()
 	m := obj.GetMeta()
@@ -89,6 +102,10 @@ func (c *Collection[T]) Update(obj T) (T, error) {
 		return obj, err
 	}
 	m.CreateTime = om.CreateTime
+	if dryRun {
+		m.ResourceVersion = om.ResourceVersion
+		return obj, nil
+	}
 	if _, err := c.r.commit(c.kind, key, obj, old); err != nil {
 		return obj, err
 	}

@@ -45,6 +45,9 @@ type Registry struct {
 	rev             uint64
 	slicesByService map[string]map[string]*model.EndpointSlice
 	listeners       []func(Change)
+	// drained holds the nodes an operator drained: Weir's own state, apart
+	// from the Node, which a source such as Kubernetes may own.
+	drained map[string]bool
 
 	Services       *Collection[*model.Service]
 	EndpointSlices *Collection[*model.EndpointSlice]
@@ -53,7 +56,7 @@ type Registry struct {
 
 // Open loads every stored resource.
 func Open(st *store.Store) (*Registry, error) {
-	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}}
+	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}, drained: map[string]bool{}}
 	r.Services = newCollection(r, "services", true, func(s *model.Service) error {
 		if err := s.Validate(); err != nil {
 			return err
@@ -72,7 +75,64 @@ func Open(st *store.Store) (*Registry, error) {
 	for _, s := range r.EndpointSlices.items {
 		r.indexSlice(s, nil)
 	}
+	rev, err := st.Load(drainsKind, func(key string, _ []byte) error {
+		r.drained[key] = true
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.rev = max(r.rev, rev)
 	return r, nil
+}
+
+const drainsKind = "drains"
+
+// SetDrained drains a node (it takes no new external traffic) or undoes it.
+func (r *Registry) SetDrained(node string, drained bool) (*model.Node, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.Nodes.items[node]
+	if !ok {
+		return nil, fmt.Errorf("nodes %s: %w", node, ErrNotFound)
+	}
+	if r.drained[node] != drained {
+		op := store.Op{Kind: drainsKind, Key: node}
+		if drained {
+			op.Value = []byte{1}
+		}
+		rev, err := r.store.Commit(op)
+		if err != nil {
+			return nil, fmt.Errorf("persisting the drain of %s: %w", node, err)
+		}
+		r.rev = rev
+		if drained {
+			r.drained[node] = true
+		} else {
+			delete(r.drained, node)
+		}
+		for _, fn := range r.listeners {
+			fn(Change{Revision: rev, Nodes: []string{node}})
+		}
+	}
+	return r.withDrain(n), nil
+}
+
+// Drained reports whether an operator drained the node.
+func (r *Registry) Drained(node string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.drained[node]
+}
+
+// withDrain is n with its drain state; the stored object is not changed.
+func (r *Registry) withDrain(n *model.Node) *model.Node {
+	if !r.drained[n.Name] {
+		return n
+	}
+	c := *n
+	c.Drained = true
+	return &c
 }
 
 // OnChange registers fn to be called, in commit order and under the
@@ -95,7 +155,12 @@ type View struct{ r *Registry }
 
 func (v View) Revision() uint64                  { return v.r.rev }
 func (v View) Service(key string) *model.Service { return v.r.Services.items[key] }
-func (v View) Node(name string) *model.Node      { return v.r.Nodes.items[name] }
+func (v View) Node(name string) *model.Node {
+	if n := v.r.Nodes.items[name]; n != nil {
+		return v.r.withDrain(n)
+	}
+	return nil
+}
 
 // ServiceKeys lists every service.
 func (v View) ServiceKeys() []string {

@@ -226,3 +226,28 @@ func TestHealthCheckPortInUse(t *testing.T) {
 		t.Errorf("node1's metrics do not count the port it could not open")
 	}
 }
+
+// TestDrainNode: a drained node answers 503 on its health checks and
+// /healthz, so balancers stop sending new traffic, while connections that
+// still arrive are served; uncordon brings it back.
+func TestDrainNode(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	const hcPort = 32102
+	svc := lbService("drain", 30097, []string{"10.96.0.42"}, []string{"203.0.113.42"})
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = hcPort
+	node1 := c.Nodes[0]
+	createService(t, c, svc, []*lab.Pod{node1.Pods[0]})
+	waitCode(t, c.Client, hcURL(node1.IPv4, hcPort), 200)
+	if _, err := c.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: node1.Name}); err != nil {
+		t.Fatal(err)
+	}
+	waitCode(t, c.Client, hcURL(node1.IPv4, hcPort), 503)
+	waitCode(t, c.Client, fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(node1.IPv4, 10256)), 503)
+	sample(t, c.Client, netip.AddrPortFrom(node1.IPv4, 30097), 3) // still served
+	if _, err := c.Registry.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: node1.Name}); err != nil {
+		t.Fatal(err)
+	}
+	waitCode(t, c.Client, hcURL(node1.IPv4, hcPort), 200)
+}

@@ -653,7 +653,9 @@ type NodeInfo struct {
 	PodCidrs  []string               `protobuf:"bytes,4,rep,name=pod_cidrs,json=podCidrs,proto3" json:"pod_cidrs,omitempty"`
 	Deleting  bool                   `protobuf:"varint,5,opt,name=deleting,proto3" json:"deleting,omitempty"`
 	// False when no Node resource of that name exists yet.
-	Registered    bool `protobuf:"varint,6,opt,name=registered,proto3" json:"registered,omitempty"`
+	Registered bool `protobuf:"varint,6,opt,name=registered,proto3" json:"registered,omitempty"`
+	// An operator drained the node: it takes no new external traffic.
+	Drained       bool `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -726,6 +728,13 @@ func (x *NodeInfo) GetDeleting() bool {
 func (x *NodeInfo) GetRegistered() bool {
 	if x != nil {
 		return x.Registered
+	}
+	return false
+}
+
+func (x *NodeInfo) GetDrained() bool {
+	if x != nil {
+		return x.Drained
 	}
 	return false
 }
@@ -1094,7 +1103,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x04node\x18\x03 \x01(\v2\x11.weir.v1.NodeInfoR\x04node\x12.\n" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
-	"\x04more\x18\x06 \x01(\bR\x04more\"\xa9\x01\n" +
+	"\x04more\x18\x06 \x01(\bR\x04more\"\xc3\x01\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
@@ -1103,7 +1112,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\bdeleting\x18\x05 \x01(\bR\bdeleting\x12\x1e\n" +
 	"\n" +
 	"registered\x18\x06 \x01(\bR\n" +
-	"registered\"\x8d\x05\n" +
+	"registered\x12\x18\n" +
+	"\adrained\x18\a \x01(\bR\adrained\"\x8d\x05\n" +
 	"\vNodeService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +

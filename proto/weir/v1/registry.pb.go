@@ -78,8 +78,11 @@ func (WatchEventType) EnumDescriptor() ([]byte, []int) {
 }
 
 type CreateServiceRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Service       *Service               `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service *Service               `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// Check the write whole (fields, conflicts, ownership, version) and
+	// answer as if it were done, without doing it.
+	ValidateOnly  bool `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -119,6 +122,13 @@ func (x *CreateServiceRequest) GetService() *Service {
 		return x.Service
 	}
 	return nil
+}
+
+func (x *CreateServiceRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
 }
 
 type CreateServiceResponse struct {
@@ -369,8 +379,11 @@ func (x *ListServicesResponse) GetResourceVersion() string {
 }
 
 type UpdateServiceRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Service       *Service               `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service *Service               `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// Check the write whole (fields, conflicts, ownership, version) and
+	// answer as if it were done, without doing it.
+	ValidateOnly  bool `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -410,6 +423,13 @@ func (x *UpdateServiceRequest) GetService() *Service {
 		return x.Service
 	}
 	return nil
+}
+
+func (x *UpdateServiceRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
 }
 
 type UpdateServiceResponse struct {
@@ -663,6 +683,9 @@ func (x *WatchServicesResponse) GetService() *Service {
 type CreateEndpointSliceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	EndpointSlice *EndpointSlice         `protobuf:"bytes,1,opt,name=endpoint_slice,json=endpointSlice,proto3" json:"endpoint_slice,omitempty"`
+	// Check the write whole (fields, conflicts, ownership, version) and
+	// answer as if it were done, without doing it.
+	ValidateOnly  bool `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -702,6 +725,13 @@ func (x *CreateEndpointSliceRequest) GetEndpointSlice() *EndpointSlice {
 		return x.EndpointSlice
 	}
 	return nil
+}
+
+func (x *CreateEndpointSliceRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
 }
 
 type CreateEndpointSliceResponse struct {
@@ -954,6 +984,9 @@ func (x *ListEndpointSlicesResponse) GetResourceVersion() string {
 type UpdateEndpointSliceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	EndpointSlice *EndpointSlice         `protobuf:"bytes,1,opt,name=endpoint_slice,json=endpointSlice,proto3" json:"endpoint_slice,omitempty"`
+	// Check the write whole (fields, conflicts, ownership, version) and
+	// answer as if it were done, without doing it.
+	ValidateOnly  bool `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -993,6 +1026,13 @@ func (x *UpdateEndpointSliceRequest) GetEndpointSlice() *EndpointSlice {
 		return x.EndpointSlice
 	}
 	return nil
+}
+
+func (x *UpdateEndpointSliceRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
 }
 
 type UpdateEndpointSliceResponse struct {
@@ -1244,8 +1284,11 @@ func (x *WatchEndpointSlicesResponse) GetEndpointSlice() *EndpointSlice {
 }
 
 type CreateNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Check the write whole (fields, conflicts, ownership, version) and
+	// answer as if it were done, without doing it.
+	ValidateOnly  bool `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1285,6 +1328,13 @@ func (x *CreateNodeRequest) GetNode() *Node {
 		return x.Node
 	}
 	return nil
+}
+
+func (x *CreateNodeRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
 }
 
 type CreateNodeResponse struct {
@@ -1518,8 +1568,11 @@ func (x *ListNodesResponse) GetResourceVersion() string {
 }
 
 type UpdateNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Check the write whole (fields, conflicts, ownership, version) and
+	// answer as if it were done, without doing it.
+	ValidateOnly  bool `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1559,6 +1612,13 @@ func (x *UpdateNodeRequest) GetNode() *Node {
 		return x.Node
 	}
 	return nil
+}
+
+func (x *UpdateNodeRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
 }
 
 type UpdateNodeResponse struct {
@@ -1792,13 +1852,190 @@ func (x *WatchNodesResponse) GetNode() *Node {
 	return nil
 }
 
+type DrainNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeRequest) Reset() {
+	*x = DrainNodeRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeRequest) ProtoMessage() {}
+
+func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
+func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *DrainNodeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DrainNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeResponse) Reset() {
+	*x = DrainNodeResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeResponse) ProtoMessage() {}
+
+func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
+func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *DrainNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type UncordonNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UncordonNodeRequest) Reset() {
+	*x = UncordonNodeRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UncordonNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UncordonNodeRequest) ProtoMessage() {}
+
+func (x *UncordonNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UncordonNodeRequest.ProtoReflect.Descriptor instead.
+func (*UncordonNodeRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *UncordonNodeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type UncordonNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UncordonNodeResponse) Reset() {
+	*x = UncordonNodeResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UncordonNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UncordonNodeResponse) ProtoMessage() {}
+
+func (x *UncordonNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UncordonNodeResponse.ProtoReflect.Descriptor instead.
+func (*UncordonNodeResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *UncordonNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 var File_weir_v1_registry_proto protoreflect.FileDescriptor
 
 const file_weir_v1_registry_proto_rawDesc = "" +
 	"\n" +
-	"\x16weir/v1/registry.proto\x12\aweir.v1\x1a\x17weir/v1/resources.proto\"B\n" +
+	"\x16weir/v1/registry.proto\x12\aweir.v1\x1a\x17weir/v1/resources.proto\"g\n" +
 	"\x14CreateServiceRequest\x12*\n" +
-	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\"C\n" +
+	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"C\n" +
 	"\x15CreateServiceResponse\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\"E\n" +
 	"\x11GetServiceRequest\x12\x1c\n" +
@@ -1811,9 +2048,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"o\n" +
 	"\x14ListServicesResponse\x12,\n" +
 	"\bservices\x18\x01 \x03(\v2\x10.weir.v1.ServiceR\bservices\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"B\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"g\n" +
 	"\x14UpdateServiceRequest\x12*\n" +
-	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\"C\n" +
+	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"C\n" +
 	"\x15UpdateServiceResponse\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\"s\n" +
 	"\x14DeleteServiceRequest\x12\x1c\n" +
@@ -1826,9 +2064,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"p\n" +
 	"\x15WatchServicesResponse\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.weir.v1.WatchEventTypeR\x04type\x12*\n" +
-	"\aservice\x18\x02 \x01(\v2\x10.weir.v1.ServiceR\aservice\"[\n" +
+	"\aservice\x18\x02 \x01(\v2\x10.weir.v1.ServiceR\aservice\"\x80\x01\n" +
 	"\x1aCreateEndpointSliceRequest\x12=\n" +
-	"\x0eendpoint_slice\x18\x01 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\"\\\n" +
+	"\x0eendpoint_slice\x18\x01 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"\\\n" +
 	"\x1bCreateEndpointSliceResponse\x12=\n" +
 	"\x0eendpoint_slice\x18\x01 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\"K\n" +
 	"\x17GetEndpointSliceRequest\x12\x1c\n" +
@@ -1841,9 +2080,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"\x88\x01\n" +
 	"\x1aListEndpointSlicesResponse\x12?\n" +
 	"\x0fendpoint_slices\x18\x01 \x03(\v2\x16.weir.v1.EndpointSliceR\x0eendpointSlices\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"[\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"\x80\x01\n" +
 	"\x1aUpdateEndpointSliceRequest\x12=\n" +
-	"\x0eendpoint_slice\x18\x01 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\"\\\n" +
+	"\x0eendpoint_slice\x18\x01 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"\\\n" +
 	"\x1bUpdateEndpointSliceResponse\x12=\n" +
 	"\x0eendpoint_slice\x18\x01 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\"y\n" +
 	"\x1aDeleteEndpointSliceRequest\x12\x1c\n" +
@@ -1856,9 +2096,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"\x89\x01\n" +
 	"\x1bWatchEndpointSlicesResponse\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.weir.v1.WatchEventTypeR\x04type\x12=\n" +
-	"\x0eendpoint_slice\x18\x02 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\"6\n" +
+	"\x0eendpoint_slice\x18\x02 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\"[\n" +
 	"\x11CreateNodeRequest\x12!\n" +
-	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"7\n" +
+	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"7\n" +
 	"\x12CreateNodeResponse\x12!\n" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"*\n" +
 	"\x0eGetNodeRequest\x12\x12\n" +
@@ -1869,9 +2110,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelectorJ\x04\b\x01\x10\x02\"c\n" +
 	"\x11ListNodesResponse\x12#\n" +
 	"\x05nodes\x18\x01 \x03(\v2\r.weir.v1.NodeR\x05nodes\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"6\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"[\n" +
 	"\x11UpdateNodeRequest\x12!\n" +
-	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"7\n" +
+	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"7\n" +
 	"\x12UpdateNodeResponse\x12!\n" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"X\n" +
 	"\x11DeleteNodeRequest\x12\x12\n" +
@@ -1882,13 +2124,21 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelectorJ\x04\b\x01\x10\x02\"d\n" +
 	"\x12WatchNodesResponse\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.weir.v1.WatchEventTypeR\x04type\x12!\n" +
-	"\x04node\x18\x02 \x01(\v2\r.weir.v1.NodeR\x04node*\xa8\x01\n" +
+	"\x04node\x18\x02 \x01(\v2\r.weir.v1.NodeR\x04node\"&\n" +
+	"\x10DrainNodeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"6\n" +
+	"\x11DrainNodeResponse\x12!\n" +
+	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\")\n" +
+	"\x13UncordonNodeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"9\n" +
+	"\x14UncordonNodeResponse\x12!\n" +
+	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node*\xa8\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +
 	"\x19WATCH_EVENT_TYPE_MODIFIED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_DELETED\x10\x03\x12\x1b\n" +
-	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\xc9\v\n" +
+	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\xda\f\n" +
 	"\x0fRegistryService\x12N\n" +
 	"\rCreateService\x12\x1d.weir.v1.CreateServiceRequest\x1a\x1e.weir.v1.CreateServiceResponse\x12E\n" +
 	"\n" +
@@ -1912,7 +2162,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\n" +
 	"DeleteNode\x12\x1a.weir.v1.DeleteNodeRequest\x1a\x1b.weir.v1.DeleteNodeResponse\x12G\n" +
 	"\n" +
-	"WatchNodes\x12\x1a.weir.v1.WatchNodesRequest\x1a\x1b.weir.v1.WatchNodesResponse0\x01B-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
+	"WatchNodes\x12\x1a.weir.v1.WatchNodesRequest\x1a\x1b.weir.v1.WatchNodesResponse0\x01\x12B\n" +
+	"\tDrainNode\x12\x19.weir.v1.DrainNodeRequest\x1a\x1a.weir.v1.DrainNodeResponse\x12K\n" +
+	"\fUncordonNode\x12\x1c.weir.v1.UncordonNodeRequest\x1a\x1d.weir.v1.UncordonNodeResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
 
 var (
 	file_weir_v1_registry_proto_rawDescOnce sync.Once
@@ -1927,7 +2179,7 @@ func file_weir_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_weir_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_weir_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_weir_v1_registry_proto_goTypes = []any{
 	(WatchEventType)(0),                 // 0: weir.v1.WatchEventType
 	(*CreateServiceRequest)(nil),        // 1: weir.v1.CreateServiceRequest
@@ -1966,76 +2218,86 @@ var file_weir_v1_registry_proto_goTypes = []any{
 	(*DeleteNodeResponse)(nil),          // 34: weir.v1.DeleteNodeResponse
 	(*WatchNodesRequest)(nil),           // 35: weir.v1.WatchNodesRequest
 	(*WatchNodesResponse)(nil),          // 36: weir.v1.WatchNodesResponse
-	(*Service)(nil),                     // 37: weir.v1.Service
-	(*EndpointSlice)(nil),               // 38: weir.v1.EndpointSlice
-	(*Node)(nil),                        // 39: weir.v1.Node
+	(*DrainNodeRequest)(nil),            // 37: weir.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),           // 38: weir.v1.DrainNodeResponse
+	(*UncordonNodeRequest)(nil),         // 39: weir.v1.UncordonNodeRequest
+	(*UncordonNodeResponse)(nil),        // 40: weir.v1.UncordonNodeResponse
+	(*Service)(nil),                     // 41: weir.v1.Service
+	(*EndpointSlice)(nil),               // 42: weir.v1.EndpointSlice
+	(*Node)(nil),                        // 43: weir.v1.Node
 }
 var file_weir_v1_registry_proto_depIdxs = []int32{
-	37, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
-	37, // 1: weir.v1.CreateServiceResponse.service:type_name -> weir.v1.Service
-	37, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
-	37, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
-	37, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
-	37, // 5: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
+	41, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
+	41, // 1: weir.v1.CreateServiceResponse.service:type_name -> weir.v1.Service
+	41, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
+	41, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
+	41, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
+	41, // 5: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
 	0,  // 6: weir.v1.WatchServicesResponse.type:type_name -> weir.v1.WatchEventType
-	37, // 7: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
-	38, // 8: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	38, // 9: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	38, // 10: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	38, // 11: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
-	38, // 12: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	38, // 13: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	41, // 7: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
+	42, // 8: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	42, // 9: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	42, // 10: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	42, // 11: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
+	42, // 12: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	42, // 13: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
 	0,  // 14: weir.v1.WatchEndpointSlicesResponse.type:type_name -> weir.v1.WatchEventType
-	38, // 15: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	39, // 16: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
-	39, // 17: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
-	39, // 18: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
-	39, // 19: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
-	39, // 20: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
-	39, // 21: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
+	42, // 15: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	43, // 16: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
+	43, // 17: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
+	43, // 18: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
+	43, // 19: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
+	43, // 20: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
+	43, // 21: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
 	0,  // 22: weir.v1.WatchNodesResponse.type:type_name -> weir.v1.WatchEventType
-	39, // 23: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
-	1,  // 24: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
-	3,  // 25: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
-	5,  // 26: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
-	7,  // 27: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
-	9,  // 28: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
-	11, // 29: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
-	13, // 30: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
-	15, // 31: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
-	17, // 32: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
-	19, // 33: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
-	21, // 34: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
-	23, // 35: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
-	25, // 36: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
-	27, // 37: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
-	29, // 38: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
-	31, // 39: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
-	33, // 40: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
-	35, // 41: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
-	2,  // 42: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
-	4,  // 43: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
-	6,  // 44: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
-	8,  // 45: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
-	10, // 46: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
-	12, // 47: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
-	14, // 48: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
-	16, // 49: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
-	18, // 50: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
-	20, // 51: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
-	22, // 52: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
-	24, // 53: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
-	26, // 54: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
-	28, // 55: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
-	30, // 56: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
-	32, // 57: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
-	34, // 58: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
-	36, // 59: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
-	42, // [42:60] is the sub-list for method output_type
-	24, // [24:42] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	43, // 23: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
+	43, // 24: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
+	43, // 25: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
+	1,  // 26: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
+	3,  // 27: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
+	5,  // 28: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
+	7,  // 29: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
+	9,  // 30: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
+	11, // 31: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
+	13, // 32: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
+	15, // 33: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
+	17, // 34: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
+	19, // 35: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
+	21, // 36: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
+	23, // 37: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
+	25, // 38: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
+	27, // 39: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
+	29, // 40: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
+	31, // 41: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
+	33, // 42: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
+	35, // 43: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
+	37, // 44: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
+	39, // 45: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
+	2,  // 46: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
+	4,  // 47: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
+	6,  // 48: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
+	8,  // 49: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
+	10, // 50: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
+	12, // 51: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
+	14, // 52: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
+	16, // 53: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
+	18, // 54: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
+	20, // 55: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
+	22, // 56: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
+	24, // 57: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
+	26, // 58: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
+	28, // 59: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
+	30, // 60: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
+	32, // 61: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
+	34, // 62: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
+	36, // 63: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
+	38, // 64: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
+	40, // 65: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
+	46, // [46:66] is the sub-list for method output_type
+	26, // [26:46] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_registry_proto_init() }
@@ -2050,7 +2312,7 @@ func file_weir_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_registry_proto_rawDesc), len(file_weir_v1_registry_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,8 @@ const (
 	RegistryService_UpdateNode_FullMethodName          = "/weir.v1.RegistryService/UpdateNode"
 	RegistryService_DeleteNode_FullMethodName          = "/weir.v1.RegistryService/DeleteNode"
 	RegistryService_WatchNodes_FullMethodName          = "/weir.v1.RegistryService/WatchNodes"
+	RegistryService_DrainNode_FullMethodName           = "/weir.v1.RegistryService/DrainNode"
+	RegistryService_UncordonNode_FullMethodName        = "/weir.v1.RegistryService/UncordonNode"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -66,6 +68,11 @@ type RegistryServiceClient interface {
 	UpdateNode(ctx context.Context, in *UpdateNodeRequest, opts ...grpc.CallOption) (*UpdateNodeResponse, error)
 	DeleteNode(ctx context.Context, in *DeleteNodeRequest, opts ...grpc.CallOption) (*DeleteNodeResponse, error)
 	WatchNodes(ctx context.Context, in *WatchNodesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchNodesResponse], error)
+	// DrainNode stops new external traffic to a node (its health checks
+	// answer 503) while existing connections finish; UncordonNode undoes it.
+	// Both work whichever source owns the node.
+	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error)
+	UncordonNode(ctx context.Context, in *UncordonNodeRequest, opts ...grpc.CallOption) (*UncordonNodeResponse, error)
 }
 
 type registryServiceClient struct {
@@ -283,6 +290,26 @@ func (c *registryServiceClient) WatchNodes(ctx context.Context, in *WatchNodesRe
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RegistryService_WatchNodesClient = grpc.ServerStreamingClient[WatchNodesResponse]
 
+func (c *registryServiceClient) DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainNodeResponse)
+	err := c.cc.Invoke(ctx, RegistryService_DrainNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) UncordonNode(ctx context.Context, in *UncordonNodeRequest, opts ...grpc.CallOption) (*UncordonNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UncordonNodeResponse)
+	err := c.cc.Invoke(ctx, RegistryService_UncordonNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -310,6 +337,11 @@ type RegistryServiceServer interface {
 	UpdateNode(context.Context, *UpdateNodeRequest) (*UpdateNodeResponse, error)
 	DeleteNode(context.Context, *DeleteNodeRequest) (*DeleteNodeResponse, error)
 	WatchNodes(*WatchNodesRequest, grpc.ServerStreamingServer[WatchNodesResponse]) error
+	// DrainNode stops new external traffic to a node (its health checks
+	// answer 503) while existing connections finish; UncordonNode undoes it.
+	// Both work whichever source owns the node.
+	DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error)
+	UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -373,6 +405,12 @@ func (UnimplementedRegistryServiceServer) DeleteNode(context.Context, *DeleteNod
 }
 func (UnimplementedRegistryServiceServer) WatchNodes(*WatchNodesRequest, grpc.ServerStreamingServer[WatchNodesResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchNodes not implemented")
+}
+func (UnimplementedRegistryServiceServer) DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainNode not implemented")
+}
+func (UnimplementedRegistryServiceServer) UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UncordonNode not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -698,6 +736,42 @@ func _RegistryService_WatchNodes_Handler(srv interface{}, stream grpc.ServerStre
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RegistryService_WatchNodesServer = grpc.ServerStreamingServer[WatchNodesResponse]
 
+func _RegistryService_DrainNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).DrainNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_DrainNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).DrainNode(ctx, req.(*DrainNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_UncordonNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UncordonNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).UncordonNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_UncordonNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).UncordonNode(ctx, req.(*UncordonNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -764,6 +838,14 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteNode",
 			Handler:    _RegistryService_DeleteNode_Handler,
+		},
+		{
+			MethodName: "DrainNode",
+			Handler:    _RegistryService_DrainNode_Handler,
+		},
+		{
+			MethodName: "UncordonNode",
+			Handler:    _RegistryService_UncordonNode_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

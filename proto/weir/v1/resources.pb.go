@@ -960,7 +960,9 @@ type Node struct {
 	PodCidrs  []string `protobuf:"bytes,4,rep,name=pod_cidrs,json=podCidrs,proto3" json:"pod_cidrs,omitempty"`
 	// The node is going away (a deletion timestamp, or the cluster
 	// autoscaler's ToBeDeletedByClusterAutoscaler taint).
-	Deleting      bool `protobuf:"varint,5,opt,name=deleting,proto3" json:"deleting,omitempty"`
+	Deleting bool `protobuf:"varint,5,opt,name=deleting,proto3" json:"deleting,omitempty"`
+	// Output only: an operator drained the node (RegistryService.DrainNode).
+	Drained       bool `protobuf:"varint,6,opt,name=drained,proto3" json:"drained,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1026,6 +1028,13 @@ func (x *Node) GetPodCidrs() []string {
 func (x *Node) GetDeleting() bool {
 	if x != nil {
 		return x.Deleting
+	}
+	return false
+}
+
+func (x *Node) GetDrained() bool {
+	if x != nil {
+		return x.Drained
 	}
 	return false
 }
@@ -1099,13 +1108,14 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\fEndpointPort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.weir.v1.ProtocolR\bprotocol\x12\x12\n" +
-	"\x04port\x18\x03 \x01(\x05R\x04port\"\xa2\x01\n" +
+	"\x04port\x18\x03 \x01(\x05R\x04port\"\xbc\x01\n" +
 	"\x04Node\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
 	"\x04zone\x18\x03 \x01(\tR\x04zone\x12\x1b\n" +
 	"\tpod_cidrs\x18\x04 \x03(\tR\bpodCidrs\x12\x1a\n" +
-	"\bdeleting\x18\x05 \x01(\bR\bdeleting*\x84\x01\n" +
+	"\bdeleting\x18\x05 \x01(\bR\bdeleting\x12\x18\n" +
+	"\adrained\x18\x06 \x01(\bR\adrained*\x84\x01\n" +
 	"\vServiceType\x12\x1c\n" +
 	"\x18SERVICE_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17SERVICE_TYPE_CLUSTER_IP\x10\x01\x12\x1a\n" +

@@ -23,6 +23,120 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type GetServerInfoRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetServerInfoRequest) Reset() {
+	*x = GetServerInfoRequest{}
+	mi := &file_weir_v1_status_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetServerInfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetServerInfoRequest) ProtoMessage() {}
+
+func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
+func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{0}
+}
+
+type GetServerInfoResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Version string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// The newest state version (the store's revision).
+	StateVersion    uint64                 `protobuf:"varint,2,opt,name=state_version,json=stateVersion,proto3" json:"state_version,omitempty"`
+	AgentsConnected int32                  `protobuf:"varint,3,opt,name=agents_connected,json=agentsConnected,proto3" json:"agents_connected,omitempty"`
+	Started         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=started,proto3" json:"started,omitempty"`
+	// Sources of cluster state: "native", and "kubernetes" when mirrored.
+	Sources       []string `protobuf:"bytes,5,rep,name=sources,proto3" json:"sources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetServerInfoResponse) Reset() {
+	*x = GetServerInfoResponse{}
+	mi := &file_weir_v1_status_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetServerInfoResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetServerInfoResponse) ProtoMessage() {}
+
+func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetServerInfoResponse.ProtoReflect.Descriptor instead.
+func (*GetServerInfoResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GetServerInfoResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *GetServerInfoResponse) GetStateVersion() uint64 {
+	if x != nil {
+		return x.StateVersion
+	}
+	return 0
+}
+
+func (x *GetServerInfoResponse) GetAgentsConnected() int32 {
+	if x != nil {
+		return x.AgentsConnected
+	}
+	return 0
+}
+
+func (x *GetServerInfoResponse) GetStarted() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Started
+	}
+	return nil
+}
+
+func (x *GetServerInfoResponse) GetSources() []string {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
 type WatchNodeStatusesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -31,7 +145,7 @@ type WatchNodeStatusesRequest struct {
 
 func (x *WatchNodeStatusesRequest) Reset() {
 	*x = WatchNodeStatusesRequest{}
-	mi := &file_weir_v1_status_proto_msgTypes[0]
+	mi := &file_weir_v1_status_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -43,7 +157,7 @@ func (x *WatchNodeStatusesRequest) String() string {
 func (*WatchNodeStatusesRequest) ProtoMessage() {}
 
 func (x *WatchNodeStatusesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[0]
+	mi := &file_weir_v1_status_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -56,7 +170,7 @@ func (x *WatchNodeStatusesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchNodeStatusesRequest.ProtoReflect.Descriptor instead.
 func (*WatchNodeStatusesRequest) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{0}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{2}
 }
 
 type WatchNodeStatusesResponse struct {
@@ -68,7 +182,7 @@ type WatchNodeStatusesResponse struct {
 
 func (x *WatchNodeStatusesResponse) Reset() {
 	*x = WatchNodeStatusesResponse{}
-	mi := &file_weir_v1_status_proto_msgTypes[1]
+	mi := &file_weir_v1_status_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -80,7 +194,7 @@ func (x *WatchNodeStatusesResponse) String() string {
 func (*WatchNodeStatusesResponse) ProtoMessage() {}
 
 func (x *WatchNodeStatusesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[1]
+	mi := &file_weir_v1_status_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -93,7 +207,7 @@ func (x *WatchNodeStatusesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchNodeStatusesResponse.ProtoReflect.Descriptor instead.
 func (*WatchNodeStatusesResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{1}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *WatchNodeStatusesResponse) GetNodes() []*NodeStatus {
@@ -111,7 +225,7 @@ type ListNodeStatusesRequest struct {
 
 func (x *ListNodeStatusesRequest) Reset() {
 	*x = ListNodeStatusesRequest{}
-	mi := &file_weir_v1_status_proto_msgTypes[2]
+	mi := &file_weir_v1_status_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -123,7 +237,7 @@ func (x *ListNodeStatusesRequest) String() string {
 func (*ListNodeStatusesRequest) ProtoMessage() {}
 
 func (x *ListNodeStatusesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[2]
+	mi := &file_weir_v1_status_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -136,7 +250,7 @@ func (x *ListNodeStatusesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodeStatusesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodeStatusesRequest) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{2}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{4}
 }
 
 type ListNodeStatusesResponse struct {
@@ -148,7 +262,7 @@ type ListNodeStatusesResponse struct {
 
 func (x *ListNodeStatusesResponse) Reset() {
 	*x = ListNodeStatusesResponse{}
-	mi := &file_weir_v1_status_proto_msgTypes[3]
+	mi := &file_weir_v1_status_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -160,7 +274,7 @@ func (x *ListNodeStatusesResponse) String() string {
 func (*ListNodeStatusesResponse) ProtoMessage() {}
 
 func (x *ListNodeStatusesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[3]
+	mi := &file_weir_v1_status_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -173,7 +287,7 @@ func (x *ListNodeStatusesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodeStatusesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodeStatusesResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{3}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListNodeStatusesResponse) GetNodes() []*NodeStatus {
@@ -203,7 +317,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_weir_v1_status_proto_msgTypes[4]
+	mi := &file_weir_v1_status_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -215,7 +329,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[4]
+	mi := &file_weir_v1_status_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -228,7 +342,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{4}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NodeStatus) GetName() string {
@@ -304,7 +418,7 @@ type GetServiceStatusRequest struct {
 
 func (x *GetServiceStatusRequest) Reset() {
 	*x = GetServiceStatusRequest{}
-	mi := &file_weir_v1_status_proto_msgTypes[5]
+	mi := &file_weir_v1_status_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -316,7 +430,7 @@ func (x *GetServiceStatusRequest) String() string {
 func (*GetServiceStatusRequest) ProtoMessage() {}
 
 func (x *GetServiceStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[5]
+	mi := &file_weir_v1_status_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -329,7 +443,7 @@ func (x *GetServiceStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServiceStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetServiceStatusRequest) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{5}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetServiceStatusRequest) GetNamespace() string {
@@ -355,7 +469,7 @@ type GetServiceStatusResponse struct {
 
 func (x *GetServiceStatusResponse) Reset() {
 	*x = GetServiceStatusResponse{}
-	mi := &file_weir_v1_status_proto_msgTypes[6]
+	mi := &file_weir_v1_status_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +481,7 @@ func (x *GetServiceStatusResponse) String() string {
 func (*GetServiceStatusResponse) ProtoMessage() {}
 
 func (x *GetServiceStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[6]
+	mi := &file_weir_v1_status_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +494,7 @@ func (x *GetServiceStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServiceStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetServiceStatusResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{6}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetServiceStatusResponse) GetStatus() *ServiceReport {
@@ -404,7 +518,7 @@ type ServiceReport struct {
 
 func (x *ServiceReport) Reset() {
 	*x = ServiceReport{}
-	mi := &file_weir_v1_status_proto_msgTypes[7]
+	mi := &file_weir_v1_status_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -416,7 +530,7 @@ func (x *ServiceReport) String() string {
 func (*ServiceReport) ProtoMessage() {}
 
 func (x *ServiceReport) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[7]
+	mi := &file_weir_v1_status_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -429,7 +543,7 @@ func (x *ServiceReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceReport.ProtoReflect.Descriptor instead.
 func (*ServiceReport) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{7}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ServiceReport) GetNamespace() string {
@@ -477,7 +591,7 @@ type ServiceNodeStatus struct {
 
 func (x *ServiceNodeStatus) Reset() {
 	*x = ServiceNodeStatus{}
-	mi := &file_weir_v1_status_proto_msgTypes[8]
+	mi := &file_weir_v1_status_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +603,7 @@ func (x *ServiceNodeStatus) String() string {
 func (*ServiceNodeStatus) ProtoMessage() {}
 
 func (x *ServiceNodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[8]
+	mi := &file_weir_v1_status_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +616,7 @@ func (x *ServiceNodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceNodeStatus.ProtoReflect.Descriptor instead.
 func (*ServiceNodeStatus) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ServiceNodeStatus) GetNode() string {
@@ -544,7 +658,14 @@ var File_weir_v1_status_proto protoreflect.FileDescriptor
 
 const file_weir_v1_status_proto_rawDesc = "" +
 	"\n" +
-	"\x14weir/v1/status.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x13weir/v1/agent.proto\"\x1a\n" +
+	"\x14weir/v1/status.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x13weir/v1/agent.proto\"\x16\n" +
+	"\x14GetServerInfoRequest\"\xd1\x01\n" +
+	"\x15GetServerInfoResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12#\n" +
+	"\rstate_version\x18\x02 \x01(\x04R\fstateVersion\x12)\n" +
+	"\x10agents_connected\x18\x03 \x01(\x05R\x0fagentsConnected\x124\n" +
+	"\astarted\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x12\x18\n" +
+	"\asources\x18\x05 \x03(\tR\asources\"\x1a\n" +
 	"\x18WatchNodeStatusesRequest\"F\n" +
 	"\x19WatchNodeStatusesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"\x19\n" +
@@ -580,11 +701,12 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"programmed\x18\x03 \x01(\bR\n" +
 	"programmed\x12:\n" +
 	"\x19receives_external_traffic\x18\x04 \x01(\bR\x17receivesExternalTraffic\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason2\x9f\x02\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason2\xef\x02\n" +
 	"\rStatusService\x12W\n" +
 	"\x10ListNodeStatuses\x12 .weir.v1.ListNodeStatusesRequest\x1a!.weir.v1.ListNodeStatusesResponse\x12\\\n" +
 	"\x11WatchNodeStatuses\x12!.weir.v1.WatchNodeStatusesRequest\x1a\".weir.v1.WatchNodeStatusesResponse0\x01\x12W\n" +
-	"\x10GetServiceStatus\x12 .weir.v1.GetServiceStatusRequest\x1a!.weir.v1.GetServiceStatusResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
+	"\x10GetServiceStatus\x12 .weir.v1.GetServiceStatusRequest\x1a!.weir.v1.GetServiceStatusResponse\x12N\n" +
+	"\rGetServerInfo\x12\x1d.weir.v1.GetServerInfoRequest\x1a\x1e.weir.v1.GetServerInfoResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
 
 var (
 	file_weir_v1_status_proto_rawDescOnce sync.Once
@@ -598,42 +720,47 @@ func file_weir_v1_status_proto_rawDescGZIP() []byte {
 	return file_weir_v1_status_proto_rawDescData
 }
 
-var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_weir_v1_status_proto_goTypes = []any{
-	(*WatchNodeStatusesRequest)(nil),  // 0: weir.v1.WatchNodeStatusesRequest
-	(*WatchNodeStatusesResponse)(nil), // 1: weir.v1.WatchNodeStatusesResponse
-	(*ListNodeStatusesRequest)(nil),   // 2: weir.v1.ListNodeStatusesRequest
-	(*ListNodeStatusesResponse)(nil),  // 3: weir.v1.ListNodeStatusesResponse
-	(*NodeStatus)(nil),                // 4: weir.v1.NodeStatus
-	(*GetServiceStatusRequest)(nil),   // 5: weir.v1.GetServiceStatusRequest
-	(*GetServiceStatusResponse)(nil),  // 6: weir.v1.GetServiceStatusResponse
-	(*ServiceReport)(nil),             // 7: weir.v1.ServiceReport
-	(*ServiceNodeStatus)(nil),         // 8: weir.v1.ServiceNodeStatus
-	(*timestamppb.Timestamp)(nil),     // 9: google.protobuf.Timestamp
-	(*NodeHealth)(nil),                // 10: weir.v1.NodeHealth
-	(*durationpb.Duration)(nil),       // 11: google.protobuf.Duration
-	(*ServiceHealth)(nil),             // 12: weir.v1.ServiceHealth
+	(*GetServerInfoRequest)(nil),      // 0: weir.v1.GetServerInfoRequest
+	(*GetServerInfoResponse)(nil),     // 1: weir.v1.GetServerInfoResponse
+	(*WatchNodeStatusesRequest)(nil),  // 2: weir.v1.WatchNodeStatusesRequest
+	(*WatchNodeStatusesResponse)(nil), // 3: weir.v1.WatchNodeStatusesResponse
+	(*ListNodeStatusesRequest)(nil),   // 4: weir.v1.ListNodeStatusesRequest
+	(*ListNodeStatusesResponse)(nil),  // 5: weir.v1.ListNodeStatusesResponse
+	(*NodeStatus)(nil),                // 6: weir.v1.NodeStatus
+	(*GetServiceStatusRequest)(nil),   // 7: weir.v1.GetServiceStatusRequest
+	(*GetServiceStatusResponse)(nil),  // 8: weir.v1.GetServiceStatusResponse
+	(*ServiceReport)(nil),             // 9: weir.v1.ServiceReport
+	(*ServiceNodeStatus)(nil),         // 10: weir.v1.ServiceNodeStatus
+	(*timestamppb.Timestamp)(nil),     // 11: google.protobuf.Timestamp
+	(*NodeHealth)(nil),                // 12: weir.v1.NodeHealth
+	(*durationpb.Duration)(nil),       // 13: google.protobuf.Duration
+	(*ServiceHealth)(nil),             // 14: weir.v1.ServiceHealth
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
-	4,  // 0: weir.v1.WatchNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
-	4,  // 1: weir.v1.ListNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
-	9,  // 2: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	10, // 3: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
-	11, // 4: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
-	7,  // 5: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	8,  // 6: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	12, // 7: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	2,  // 8: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	0,  // 9: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	5,  // 10: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	3,  // 11: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	1,  // 12: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	6,  // 13: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	11, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
+	6,  // 1: weir.v1.WatchNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
+	6,  // 2: weir.v1.ListNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
+	11, // 3: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	12, // 4: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
+	13, // 5: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
+	9,  // 6: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
+	10, // 7: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	14, // 8: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	4,  // 9: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 10: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	7,  // 11: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 12: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	5,  // 13: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 14: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	8,  // 15: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 16: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	13, // [13:17] is the sub-list for method output_type
+	9,  // [9:13] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
@@ -648,7 +775,7 @@ func file_weir_v1_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_status_proto_rawDesc), len(file_weir_v1_status_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

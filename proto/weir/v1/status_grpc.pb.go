@@ -22,6 +22,7 @@ const (
 	StatusService_ListNodeStatuses_FullMethodName  = "/weir.v1.StatusService/ListNodeStatuses"
 	StatusService_WatchNodeStatuses_FullMethodName = "/weir.v1.StatusService/WatchNodeStatuses"
 	StatusService_GetServiceStatus_FullMethodName  = "/weir.v1.StatusService/GetServiceStatus"
+	StatusService_GetServerInfo_FullMethodName     = "/weir.v1.StatusService/GetServerInfo"
 )
 
 // StatusServiceClient is the client API for StatusService service.
@@ -35,6 +36,7 @@ type StatusServiceClient interface {
 	// The current statuses, then again whenever one changes.
 	WatchNodeStatuses(ctx context.Context, in *WatchNodeStatusesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchNodeStatusesResponse], error)
 	GetServiceStatus(ctx context.Context, in *GetServiceStatusRequest, opts ...grpc.CallOption) (*GetServiceStatusResponse, error)
+	GetServerInfo(ctx context.Context, in *GetServerInfoRequest, opts ...grpc.CallOption) (*GetServerInfoResponse, error)
 }
 
 type statusServiceClient struct {
@@ -84,6 +86,16 @@ func (c *statusServiceClient) GetServiceStatus(ctx context.Context, in *GetServi
 	return out, nil
 }
 
+func (c *statusServiceClient) GetServerInfo(ctx context.Context, in *GetServerInfoRequest, opts ...grpc.CallOption) (*GetServerInfoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetServerInfoResponse)
+	err := c.cc.Invoke(ctx, StatusService_GetServerInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // StatusServiceServer is the server API for StatusService service.
 // All implementations must embed UnimplementedStatusServiceServer
 // for forward compatibility.
@@ -95,6 +107,7 @@ type StatusServiceServer interface {
 	// The current statuses, then again whenever one changes.
 	WatchNodeStatuses(*WatchNodeStatusesRequest, grpc.ServerStreamingServer[WatchNodeStatusesResponse]) error
 	GetServiceStatus(context.Context, *GetServiceStatusRequest) (*GetServiceStatusResponse, error)
+	GetServerInfo(context.Context, *GetServerInfoRequest) (*GetServerInfoResponse, error)
 	mustEmbedUnimplementedStatusServiceServer()
 }
 
@@ -113,6 +126,9 @@ func (UnimplementedStatusServiceServer) WatchNodeStatuses(*WatchNodeStatusesRequ
 }
 func (UnimplementedStatusServiceServer) GetServiceStatus(context.Context, *GetServiceStatusRequest) (*GetServiceStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetServiceStatus not implemented")
+}
+func (UnimplementedStatusServiceServer) GetServerInfo(context.Context, *GetServerInfoRequest) (*GetServerInfoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetServerInfo not implemented")
 }
 func (UnimplementedStatusServiceServer) mustEmbedUnimplementedStatusServiceServer() {}
 func (UnimplementedStatusServiceServer) testEmbeddedByValue()                       {}
@@ -182,6 +198,24 @@ func _StatusService_GetServiceStatus_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _StatusService_GetServerInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetServerInfoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StatusServiceServer).GetServerInfo(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: StatusService_GetServerInfo_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StatusServiceServer).GetServerInfo(ctx, req.(*GetServerInfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // StatusService_ServiceDesc is the grpc.ServiceDesc for StatusService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -196,6 +230,10 @@ var StatusService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetServiceStatus",
 			Handler:    _StatusService_GetServiceStatus_Handler,
+		},
+		{
+			MethodName: "GetServerInfo",
+			Handler:    _StatusService_GetServerInfo_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

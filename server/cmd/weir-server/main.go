@@ -29,6 +29,9 @@ import (
 	"github.com/weirlb/weir/server/kubernetes"
 )
 
+// version is set at build time.
+var version = "dev"
+
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "certs" {
 		if err := certsCommand(os.Args[2:]); err != nil {
@@ -77,7 +80,7 @@ func run() error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg}
+	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg, Version: version}
 	if *kube || *kubecfg != "" {
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: *kubecfg, ProxyName: *proxyNm, Resync: 10 * time.Minute}
 	}
