@@ -10,6 +10,8 @@ command -v conntrack >/dev/null || need+=(conntrack)
 command -v git >/dev/null || need+=(git)
 # etcd for the real kube-apiserver the Kubernetes-source tests run against.
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
+# FRR: the real BGP router of the LB-tier lab tests.
+[ -x /usr/lib/frr/bgpd ] || need+=(frr)
 
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then

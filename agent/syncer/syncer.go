@@ -46,6 +46,31 @@ type Observer interface {
 	Report(full bool) *health.Report
 }
 
+// Observers fans events out to several observers; the first that has a
+// report gives it.
+type Observers []Observer
+
+func (os Observers) Received(st datapath.NodeState) {
+	for _, o := range os {
+		o.Received(st)
+	}
+}
+
+func (os Observers) Applied(took time.Duration) {
+	for _, o := range os {
+		o.Applied(took)
+	}
+}
+
+func (os Observers) Report(full bool) *health.Report {
+	for _, o := range os {
+		if r := o.Report(full); r != nil {
+			return r
+		}
+	}
+	return nil
+}
+
 // ReportPeriod is how often the syncer looks for health changes that no
 // state change caused (a node going stale, say) to report them.
 const ReportPeriod = time.Second

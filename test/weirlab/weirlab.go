@@ -68,6 +68,8 @@ type Cluster struct {
 	*lab.Lab
 	Bin     Binaries
 	DataDir string
+	// AgentArgs, when set, adds flags to each node's agent.
+	AgentArgs func(*lab.Node) []string
 	// CertDir holds ca.crt, server.*, admin.* and <node>.* for each node.
 	CertDir  string
 	Server   *lab.Process
@@ -78,12 +80,15 @@ type Cluster struct {
 
 // Start builds the lab, starts the server, registers the nodes, and starts
 // the agents and the pods' echo servers. On error everything is torn down.
-func Start(ctx context.Context, cfg lab.Config, bin Binaries) (*Cluster, error) {
+func Start(ctx context.Context, cfg lab.Config, bin Binaries, options ...func(*Cluster)) (*Cluster, error) {
 	l, err := lab.New(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	c := &Cluster{Lab: l, Bin: bin, DataDir: filepath.Join(l.Dir, "server-data"), CertDir: filepath.Join(l.Dir, "tls")}
+	for _, o := range options {
+		o(c)
+	}
 	if err := c.start(ctx); err != nil {
 		return nil, errors.Join(err, c.Close())
 	}
@@ -173,10 +178,14 @@ const ClusterCIDRs = "10.244.0.0/16,fd00:244::/32"
 
 func (c *Cluster) startAgent(i int) (*lab.Process, error) {
 	n := c.Nodes[i]
-	return n.Start(c.Bin.Agent, "--node-name", n.Name,
-		"--ca-file", c.cert("ca.crt"), "--cert-file", c.cert(n.Name+".crt"), "--key-file", c.cert(n.Name+".key"),
+	args := []string{"--node-name", n.Name,
+		"--ca-file", c.cert("ca.crt"), "--cert-file", c.cert(n.Name + ".crt"), "--key-file", c.cert(n.Name + ".key"),
 		"--server", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String(),
-		"--cluster-cidr", ClusterCIDRs)
+		"--cluster-cidr", ClusterCIDRs}
+	if c.AgentArgs != nil {
+		args = append(args, c.AgentArgs(n)...)
+	}
+	return n.Start(c.Bin.Agent, args...)
 }
 
 func (c *Cluster) cert(name string) string { return filepath.Join(c.CertDir, name) }

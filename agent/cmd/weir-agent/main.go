@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/weirlb/weir/agent/bgp"
 	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/agent/syncer"
 	"github.com/weirlb/weir/datapath"
@@ -56,6 +57,9 @@ func run() error {
 		healthzAddr  = flag.String("healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
 		metricsAddr  = flag.String("metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus)")
 		healthTO     = flag.Duration("health-timeout", 60*time.Second, "how long an update may wait to be applied before /healthz fails")
+		bgpASN       = flag.Uint("bgp-asn", 0, "announce load-balancer IPs over BGP from this AS (0: no BGP)")
+		bgpRouterID  = flag.String("bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
+		bgpPeers     = flag.String("bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN")
 		logLevel     = flag.String("log-level", "info", "debug, info, warn or error")
 	)
 	flag.Parse()
@@ -114,7 +118,30 @@ func run() error {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
 
-	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, dp, nodeHealth, log)
+	observers := syncer.Observers{nodeHealth}
+	if *bgpASN != 0 {
+		cfg := bgp.Config{ASN: uint32(*bgpASN), Log: log.With("component", "bgp")}
+		if cfg.RouterID, err = routerID(*bgpRouterID); err != nil {
+			return err
+		}
+		for _, p := range strings.Split(*bgpPeers, ",") {
+			if p = strings.TrimSpace(p); p == "" {
+				continue
+			}
+			peer, err := bgp.ParsePeer(p)
+			if err != nil {
+				return fmt.Errorf("--bgp-peers: %w", err)
+			}
+			cfg.Peers = append(cfg.Peers, peer)
+		}
+		speaker, err := bgp.Start(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		defer speaker.Close()
+		observers = append(observers, bgp.NewAnnouncer(speaker, nodeHealth.Node.Healthy, log.With("component", "bgp")))
+	}
+	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, dp, observers, log)
 	log.Info("starting", "server", *serverAddr, "tls", !*plain)
 	if err := s.Run(ctx); err != nil && ctx.Err() == nil {
 		return err
@@ -123,6 +150,27 @@ func run() error {
 	// restarts. Removing Weir is `nft delete table ip weir; nft delete table ip6 weir`.
 	log.Info("stopped; nftables rules left in place")
 	return nil
+}
+
+// routerID is id, or the host's first global IPv4 address.
+func routerID(id string) (netip.Addr, error) {
+	if id != "" {
+		a, err := netip.ParseAddr(id)
+		if err != nil || !a.Is4() {
+			return netip.Addr{}, fmt.Errorf("--bgp-router-id: %q is not an IPv4 address", id)
+		}
+		return a, nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && !p.Addr().IsLoopback() {
+			return p.Addr(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("--bgp-router-id: no IPv4 address on this host; set it")
 }
 
 // serveHTTP serves h on addr until ctx ends.

@@ -1,0 +1,177 @@
+// Package bgp announces this node's service VIPs to the upstream routers
+// (MetalLB's "node speaker" placement): a VIP is announced with the node as
+// next hop while the node should receive the VIP's traffic, and withdrawn
+// the moment it should not.
+package bgp
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strconv"
+	"time"
+
+	api "github.com/osrg/gobgp/v3/api"
+	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
+	"github.com/osrg/gobgp/v3/pkg/server"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Peer is an upstream router.
+type Peer struct {
+	Address  netip.Addr
+	Port     uint16 // 0 means 179
+	ASN      uint32
+	HoldTime time.Duration // 0 means 90 s
+	Password string        // TCP MD5, optional
+}
+
+// ParsePeer reads "ADDRESS[:PORT]/ASN" (IPv6 addresses in brackets when a
+// port is given).
+func ParsePeer(s string) (Peer, error) {
+	i := len(s) - 1
+	for i >= 0 && s[i] != '/' {
+		i--
+	}
+	if i < 0 {
+		return Peer{}, fmt.Errorf("peer %q: want ADDRESS[:PORT]/ASN", s)
+	}
+	asn, err := strconv.ParseUint(s[i+1:], 10, 32)
+	if err != nil || asn == 0 {
+		return Peer{}, fmt.Errorf("peer %q: bad ASN", s)
+	}
+	p := Peer{ASN: uint32(asn)}
+	host := s[:i]
+	if ap, err := netip.ParseAddrPort(host); err == nil {
+		p.Address, p.Port = ap.Addr(), ap.Port()
+	} else if a, err := netip.ParseAddr(host); err == nil {
+		p.Address = a
+	} else {
+		return Peer{}, fmt.Errorf("peer %q: bad address", s)
+	}
+	return p, nil
+}
+
+// Config is this node's BGP speaker.
+type Config struct {
+	ASN      uint32
+	RouterID netip.Addr
+	Peers    []Peer
+	Log      *slog.Logger
+}
+
+// Speaker is the seam to a BGP implementation: announce or withdraw a
+// prefix with a next hop.
+type Speaker interface {
+	Announce(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error
+	Withdraw(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error
+	Close()
+}
+
+// GoBGP is the real Speaker, GoBGP as a library. It never listens: it
+// dials its peers.
+type GoBGP struct {
+	s *server.BgpServer
+}
+
+// Start starts a speaker and adds its peers.
+func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := server.NewBgpServer(server.LoggerOption(&logger{cfg.Log}))
+	go s.Serve()
+	if err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
+		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
+	}}); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("starting BGP: %w", err)
+	}
+	for _, p := range cfg.Peers {
+		hold := uint64(90)
+		if p.HoldTime > 0 {
+			hold = uint64(p.HoldTime / time.Second)
+		}
+		peer := &api.Peer{
+			Conf:   &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, AuthPassword: p.Password},
+			Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: max(1, hold/3), ConnectRetry: 1}},
+			AfiSafis: []*api.AfiSafi{
+				{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}, Enabled: true}},
+				{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}, Enabled: true}},
+			},
+		}
+		if p.Port != 0 {
+			peer.Transport = &api.Transport{RemotePort: uint32(p.Port)}
+		}
+		if err := s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
+			s.Stop()
+			return nil, fmt.Errorf("adding peer %s: %w", p.Address, err)
+		}
+	}
+	return &GoBGP{s: s}, nil
+}
+
+func path(prefix netip.Prefix, nextHop netip.Addr) (*api.Path, error) {
+	nlri, err := anypb.New(&api.IPAddressPrefix{Prefix: prefix.Addr().String(), PrefixLen: uint32(prefix.Bits())})
+	if err != nil {
+		return nil, err
+	}
+	origin, _ := anypb.New(&api.OriginAttribute{Origin: 0})
+	fam := &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
+	var hop *anypb.Any
+	if prefix.Addr().Is4() {
+		hop, err = anypb.New(&api.NextHopAttribute{NextHop: nextHop.String()})
+	} else {
+		fam = &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}
+		hop, err = anypb.New(&api.MpReachNLRIAttribute{Family: fam, NextHops: []string{nextHop.String()}, Nlris: []*anypb.Any{nlri}})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &api.Path{Family: fam, Nlri: nlri, Pattrs: []*anypb.Any{origin, hop}}, nil
+}
+
+// Announce advertises prefix with nextHop to every peer.
+func (g *GoBGP) Announce(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error {
+	p, err := path(prefix, nextHop)
+	if err != nil {
+		return err
+	}
+	_, err = g.s.AddPath(ctx, &api.AddPathRequest{Path: p})
+	return err
+}
+
+// Withdraw takes prefix back.
+func (g *GoBGP) Withdraw(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error {
+	p, err := path(prefix, nextHop)
+	if err != nil {
+		return err
+	}
+	return g.s.DeletePath(ctx, &api.DeletePathRequest{Path: p})
+}
+
+// Close ends every session (the routers drop the node's routes at once).
+func (g *GoBGP) Close() {
+	g.s.StopBgp(context.Background(), &api.StopBgpRequest{})
+	g.s.Stop()
+}
+
+// logger sends GoBGP's log to slog.
+type logger struct{ l *slog.Logger }
+
+func (g *logger) attrs(f gobgplog.Fields) []any {
+	out := make([]any, 0, 2*len(f))
+	for k, v := range f {
+		out = append(out, k, v)
+	}
+	return out
+}
+func (g *logger) Panic(msg string, f gobgplog.Fields) { g.l.Error(msg, g.attrs(f)...) }
+func (g *logger) Fatal(msg string, f gobgplog.Fields) { g.l.Error(msg, g.attrs(f)...) }
+func (g *logger) Error(msg string, f gobgplog.Fields) { g.l.Error(msg, g.attrs(f)...) }
+func (g *logger) Warn(msg string, f gobgplog.Fields)  { g.l.Warn(msg, g.attrs(f)...) }
+func (g *logger) Info(msg string, f gobgplog.Fields)  { g.l.Debug(msg, g.attrs(f)...) }
+func (g *logger) Debug(msg string, f gobgplog.Fields) {}
+func (g *logger) SetLevel(gobgplog.LogLevel)          {}
+func (g *logger) GetLevel() gobgplog.LogLevel         { return gobgplog.InfoLevel }

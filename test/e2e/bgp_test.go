@@ -1,0 +1,143 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/frr"
+	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+const (
+	routerASN = 64500
+	nodeASN   = 64512
+)
+
+// startBGPCluster runs Weir with node speakers peering with a real FRR
+// router in the router namespace.
+func startBGPCluster(t *testing.T) (*weirlab.Cluster, *frr.Router) {
+	t.Helper()
+	lab.SkipUnlessPrivileged(t)
+	if _, err := os.Stat("/usr/lib/frr/bgpd"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("FRR is required (Debian package frr)")
+		}
+		t.Skip("needs FRR (apt-get install frr)")
+	}
+	ctx := context.Background()
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, func(c *weirlab.Cluster) {
+		c.AgentArgs = func(n *lab.Node) []string {
+			return []string{"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-router-id", n.IPv4.String(),
+				"--bgp-peers", fmt.Sprintf("%s/%d,%s/%d", lab.RouterLANv4, routerASN, lab.RouterLANv6, routerASN)}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i, a := range c.Agents {
+				t.Logf("agent %d log:\n%s", i+1, a.Log())
+			}
+		}
+		c.Close()
+	})
+	// FRR runs as user frr: its folder must be reachable by it.
+	dir, err := os.MkdirTemp("", "weir-frr-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	r, err := frr.Start(ctx, c.Router, dir, frr.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(), PeerASN: nodeASN,
+		ListenRanges: []string{"192.0.2.0/24", "2001:db8:2::/64"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return c, r
+}
+
+// waitNextHops waits until the router's kernel route for prefix goes
+// through exactly want.
+func waitNextHops(t *testing.T, r *frr.Router, prefix string, want ...string) {
+	t.Helper()
+	slices.Sort(want)
+	var got []string
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		got, _ = r.NextHops(context.Background(), prefix)
+		slices.Sort(got)
+		if slices.Equal(got, want) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	summary, _ := r.Vtysh(context.Background(), "show bgp summary")
+	t.Fatalf("router route for %s goes via %v; want %v\n%s", prefix, got, want, summary)
+}
+
+// TestNodeSpeakersAnnounceWhereEndpointsAre: with externalTrafficPolicy
+// Local, the router reaches the VIP only through nodes with a ready local
+// endpoint (ECMP across them), follows endpoints as they move, and the
+// client's address reaches the pod.
+func TestNodeSpeakersAnnounceWhereEndpointsAre(t *testing.T) {
+	c, r := startBGPCluster(t)
+	ctx := context.Background()
+	node1, node2 := c.Nodes[0], c.Nodes[1]
+	n1p1, n2p1 := node1.Pods[0], node2.Pods[0]
+	svc := lbService("bgp", 30098, []string{"10.96.0.60", "fd00:96::60"}, []string{"203.0.113.60", "2001:db8:113::60"})
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = 32103
+	createService(t, c, svc, []*lab.Pod{n1p1})
+
+	waitNextHops(t, r, "203.0.113.60", node1.IPv4.String())
+	waitNextHops(t, r, "2001:db8:113::60", node1.IPv6.String())
+	for _, dst := range []netip.AddrPort{netip.MustParseAddrPort("203.0.113.60:80"), netip.MustParseAddrPort("[2001:db8:113::60]:80")} {
+		for _, rep := range sample(t, c.Client, dst, 5) {
+			want := lab.ClientIPv4
+			if dst.Addr().Is6() {
+				want = lab.ClientIPv6
+			}
+			if rep.Pod != n1p1.Name || rep.RemoteAddr() != want {
+				t.Errorf("via the router to %s: pod %s saw %s; want n1p1 seeing the client %s", dst, rep.Pod, rep.RemoteAddr(), want)
+			}
+		}
+	}
+
+	// A second endpoint on node2: both nodes, ECMP.
+	for _, s := range endpointSlices("bgp", []*lab.Pod{n1p1, n2p1}) {
+		if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitNextHops(t, r, "203.0.113.60", node1.IPv4.String(), node2.IPv4.String())
+
+	// node1 loses its endpoint: its next hop goes; traffic keeps flowing
+	// to node2's pod with the client's address.
+	for _, s := range endpointSlices("bgp", []*lab.Pod{n2p1}) {
+		if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitNextHops(t, r, "203.0.113.60", node2.IPv4.String())
+	for _, rep := range sample(t, c.Client, netip.MustParseAddrPort("203.0.113.60:80"), 5) {
+		if rep.Pod != n2p1.Name || rep.RemoteAddr() != lab.ClientIPv4 {
+			t.Errorf("after the move: pod %s saw %s", rep.Pod, rep.RemoteAddr())
+		}
+	}
+
+	// Draining node2 withdraws it; a killed agent's session drops at once.
+	if _, err := c.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: node2.Name}); err != nil {
+		t.Fatal(err)
+	}
+	waitNextHops(t, r, "203.0.113.60")
+}

@@ -1,0 +1,182 @@
+// Package frr runs a real FRR router (zebra and bgpd, from Debian's frr
+// package) inside a lab namespace, with its own configuration, pid files
+// and sockets in a private folder, and reads its BGP and kernel state.
+package frr
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/weirlb/weir/test/lab"
+)
+
+// Router is a running FRR instance.
+type Router struct {
+	ns    *lab.Netns
+	Dir   string
+	procs []*lab.Process
+}
+
+// Config is the router's BGP setup: it accepts any speaker from the
+// listen ranges into one peer group (nodes come and go without changes).
+type Config struct {
+	ASN          uint32
+	RouterID     string
+	ListenRanges []string // e.g. 192.0.2.0/24
+	PeerASN      uint32   // the speakers' AS
+	// Extra lines appended to the bgp router block.
+	Extra []string
+}
+
+// Start writes the configuration and starts zebra then bgpd in ns.
+func Start(ctx context.Context, ns *lab.Netns, dir string, cfg Config) (*Router, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	r := &Router{ns: ns, Dir: dir}
+	conf := r.config(cfg)
+	if err := os.WriteFile(filepath.Join(dir, "frr.conf"), []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	// The daemons drop to user frr: the folder must be theirs.
+	if err := chownFRR(dir); err != nil {
+		return nil, err
+	}
+	common := []string{"-f", filepath.Join(dir, "frr.conf"), "-z", filepath.Join(dir, "zserv.api"),
+		"--vty_socket", dir, "-A", "127.0.0.1", "-P", "0", "-u", "frr", "-g", "frr"}
+	zebra, err := ns.Start("/usr/lib/frr/zebra", append(common, "-i", filepath.Join(dir, "zebra.pid"))...)
+	if err != nil {
+		return nil, err
+	}
+	r.procs = append(r.procs, zebra)
+	if err := waitFile(ctx, filepath.Join(dir, "zserv.api")); err != nil {
+		return nil, fmt.Errorf("zebra did not start: %w\n%s", err, zebra.Log())
+	}
+	bgpd, err := ns.Start("/usr/lib/frr/bgpd", append(common, "-i", filepath.Join(dir, "bgpd.pid"))...)
+	if err != nil {
+		return nil, err
+	}
+	r.procs = append(r.procs, bgpd)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := r.Vtysh(ctx, "show bgp summary json"); err == nil {
+			return r, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("bgpd did not answer\n%s", bgpd.Log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (r *Router) config(cfg Config) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "frr defaults traditional\nhostname lab-router\nlog stdout\n!\n")
+	fmt.Fprintf(&b, "router bgp %d\n bgp router-id %s\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n", cfg.ASN, cfg.RouterID)
+	fmt.Fprintf(&b, " bgp bestpath as-path multipath-relax\n timers bgp 3 9\n neighbor NODES peer-group\n neighbor NODES remote-as %d\n neighbor NODES advertisement-interval 0\n", cfg.PeerASN)
+	for _, rg := range cfg.ListenRanges {
+		fmt.Fprintf(&b, " bgp listen range %s peer-group NODES\n", rg)
+	}
+	for _, l := range cfg.Extra {
+		fmt.Fprintf(&b, " %s\n", l)
+	}
+	fmt.Fprintf(&b, " address-family ipv4 unicast\n  neighbor NODES activate\n  maximum-paths 16\n exit-address-family\n")
+	fmt.Fprintf(&b, " address-family ipv6 unicast\n  neighbor NODES activate\n  maximum-paths 16\n exit-address-family\n!\n")
+	return b.String()
+}
+
+// Vtysh runs one vtysh command against this router.
+func (r *Router) Vtysh(ctx context.Context, command string) (string, error) {
+	return r.ns.Run(ctx, "vtysh", "--vty_socket", r.Dir, "-c", command)
+}
+
+// Established counts the BGP sessions in state Established.
+func (r *Router) Established(ctx context.Context) (int, error) {
+	out, err := r.Vtysh(ctx, "show bgp summary json")
+	if err != nil {
+		return 0, err
+	}
+	var sum map[string]struct {
+		Peers map[string]struct {
+			State string `json:"state"`
+		} `json:"peers"`
+	}
+	if err := json.Unmarshal([]byte(out), &sum); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, af := range sum {
+		for _, p := range af.Peers {
+			if p.State == "Established" {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// NextHops lists the kernel route's next hops for prefix (one per ECMP
+// path), from `ip route show`.
+func (r *Router) NextHops(ctx context.Context, prefix string) ([]string, error) {
+	family := "-4"
+	if strings.Contains(prefix, ":") {
+		family = "-6"
+	}
+	out, err := r.ns.Run(ctx, "ip", family, "route", "show", prefix)
+	if err != nil {
+		return nil, err
+	}
+	var hops []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "via" {
+				hops = append(hops, f[i+1])
+			}
+		}
+	}
+	return hops, nil
+}
+
+// Close stops the daemons.
+func (r *Router) Close() {
+	for i := len(r.procs) - 1; i >= 0; i-- {
+		r.procs[i].Stop()
+	}
+}
+
+func chownFRR(dir string) error {
+	u, err := user.Lookup("frr")
+	if err != nil {
+		return fmt.Errorf("user frr (install Debian's frr package): %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chown(p, uid, gid)
+	})
+}
+
+func waitFile(ctx context.Context, path string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%s did not appear", path)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
