@@ -179,4 +179,3 @@ func waitFile(ctx context.Context, path string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
