@@ -1,0 +1,149 @@
+// Command bgpwithdraw measures how fast the routers stop sending a VIP's
+// traffic to a node whose last ready local endpoint went: a pod flaps
+// between two nodes of the lab, whose agents announce the VIP over BGP to a
+// real FRR router; each time, the router's kernel route is polled until the
+// old node's next hop is gone.
+//
+//	go run ./test/bench/bgpwithdraw -flaps 50
+//
+// Times are from sending the endpoint update to the server.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/frr"
+	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+func main() {
+	flaps := flag.Int("flaps", 50, "endpoint moves to time")
+	workQueue := flag.Bool("zebra-work-queue-1", false, "configure FRR's zebra with 'zebra work-queue 1' (trims its batching hold)")
+	flag.Parse()
+	if err := run(*flaps, *workQueue); err != nil {
+		fmt.Fprintln(os.Stderr, "bgpwithdraw:", err)
+		os.Exit(1)
+	}
+}
+
+func run(flaps int, workQueue bool) error {
+	ctx := context.Background()
+	root, err := weirlab.ModuleRoot()
+	if err != nil {
+		return err
+	}
+	binDir, err := os.MkdirTemp("", "weir-bench-bin-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(binDir)
+	bin, err := weirlab.Build(ctx, root, binDir)
+	if err != nil {
+		return err
+	}
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, bin, func(c *weirlab.Cluster) {
+		c.AgentArgs = func(n *lab.Node) []string {
+			return []string{"--bgp-asn", "64512", "--bgp-router-id", n.IPv4.String(), "--bgp-peers", lab.RouterLANv4.String() + "/64500"}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	c.CloseOnInterrupt()
+	defer c.Close()
+	dir, err := os.MkdirTemp("", "weir-frr-")
+	if err != nil {
+		return err
+	}
+	os.Chmod(dir, 0o755)
+	defer os.RemoveAll(dir)
+	cfg := frr.Config{ASN: 64500, RouterID: lab.RouterLANv4.String(), PeerASN: 64512, ListenRanges: []string{"192.0.2.0/24"}}
+	r, err := frr.Start(ctx, c.Router, dir, cfg)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if workQueue {
+		if _, err := r.Vtysh(ctx, "configure terminal\nzebra work-queue 1"); err != nil {
+			return err
+		}
+	}
+
+	svc := &weirv1.Service{
+		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "vip"},
+		Spec: &weirv1.ServiceSpec{
+			Type: weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER, ClusterIps: []string{"10.96.0.70"},
+			Ports:                 []*weirv1.ServicePort{{Name: "http", Port: 80, TargetPort: weirlab.PodPort, NodePort: 30300}},
+			ExternalTrafficPolicy: weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL, HealthCheckNodePort: 32300,
+		},
+		Status: &weirv1.ServiceStatus{LoadBalancerIps: []string{"203.0.113.70"}},
+	}
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+		return err
+	}
+	slice := func(p *lab.Pod) *weirv1.EndpointSlice {
+		return &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "vip"}, ServiceName: "vip",
+			Endpoints: []*weirv1.Endpoint{{Addresses: []string{p.IPv4.String()}, NodeName: p.Node.Name}},
+			Ports:     []*weirv1.EndpointPort{{Name: "http", Port: weirlab.PodPort}}}
+	}
+	pods := []*lab.Pod{c.Nodes[0].Pods[0], c.Nodes[1].Pods[0]}
+	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice(pods[0])}); err != nil {
+		return err
+	}
+	waitHops := func(want func([]string) bool, limit time.Duration) error {
+		deadline := time.Now().Add(limit)
+		for time.Now().Before(deadline) {
+			hops, _ := r.NextHops(ctx, "203.0.113.70")
+			if want(hops) {
+				return nil
+			}
+			time.Sleep(time.Millisecond)
+		}
+		hops, _ := r.NextHops(ctx, "203.0.113.70")
+		return fmt.Errorf("route still via %v after %v", hops, limit)
+	}
+	has := func(ip string) func([]string) bool { return func(h []string) bool { return slices.Contains(h, ip) } }
+	if err := waitHops(has(pods[0].Node.IPv4.String()), 30*time.Second); err != nil {
+		return err
+	}
+	var took []time.Duration
+	for i := range flaps {
+		from, to := pods[i%2], pods[(i+1)%2]
+		start := time.Now()
+		if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: slice(to)}); err != nil {
+			return err
+		}
+		gone := func(h []string) bool { return !slices.Contains(h, from.Node.IPv4.String()) }
+		if err := waitHops(gone, 10*time.Second); err != nil {
+			return err
+		}
+		took = append(took, time.Since(start))
+		if err := waitHops(has(to.Node.IPv4.String()), 10*time.Second); err != nil {
+			return err
+		}
+	}
+	slices.Sort(took)
+	q := func(p int) time.Duration { return took[min(len(took)-1, len(took)*p/100)].Round(100 * time.Microsecond) }
+	fmt.Printf("last local endpoint leaves a node -> its next hop gone from the router's kernel route (%d moves, zebra work-queue 1: %v):\n", len(took), workQueue)
+	fmt.Printf("  p50 %v  p90 %v  p99 %v  max %v\n", q(50), q(90), q(99), took[len(took)-1].Round(100*time.Microsecond))
+
+	// A killed agent: its sessions close, the router drops its routes.
+	owner := pods[flaps%2].Node
+	idx := slices.Index(c.Nodes, owner)
+	start := time.Now()
+	if err := c.Agents[idx].Kill(); err != nil {
+		return err
+	}
+	if err := waitHops(func(h []string) bool { return !slices.Contains(h, owner.IPv4.String()) }, 10*time.Second); err != nil {
+		return err
+	}
+	fmt.Printf("agent killed -> its next hop gone: %v\n", time.Since(start).Round(100*time.Microsecond))
+	return nil
+}
