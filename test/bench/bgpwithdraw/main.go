@@ -130,7 +130,9 @@ func run(flaps int, workQueue bool) error {
 		}
 	}
 	slices.Sort(took)
-	q := func(p int) time.Duration { return took[min(len(took)-1, len(took)*p/100)].Round(100 * time.Microsecond) }
+	q := func(p int) time.Duration {
+		return took[min(len(took)-1, len(took)*p/100)].Round(100 * time.Microsecond)
+	}
 	fmt.Printf("last local endpoint leaves a node -> its next hop gone from the router's kernel route (%d moves, zebra work-queue 1: %v):\n", len(took), workQueue)
 	fmt.Printf("  p50 %v  p90 %v  p99 %v  max %v\n", q(50), q(90), q(99), took[len(took)-1].Round(100*time.Microsecond))
 
