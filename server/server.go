@@ -23,6 +23,7 @@ import (
 	"github.com/weirlb/weir/server/agentsync"
 	"github.com/weirlb/weir/server/api"
 	"github.com/weirlb/weir/server/auth"
+	"github.com/weirlb/weir/server/ipam"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
@@ -52,6 +53,7 @@ type Server struct {
 	Registry *registry.Registry
 	Agents   *agentsync.Hub
 	kube     *kubernetes.Source
+	ipam     *ipam.Allocator
 	store    *store.Store
 	log      *slog.Logger
 	grpc     *grpc.Server
@@ -106,6 +108,11 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	writers := map[string]ipam.Writer{model.SourceNative: ipam.RegistryWriter{Registry: reg}}
+	if s.kube != nil {
+		writers[model.SourceKubernetes] = kubernetes.StatusWriter{Client: s.kube.Client(), Log: cfg.Log}
+	}
+	s.ipam = ipam.New(reg, writers, cfg.Log)
 	weirv1.RegisterRegistryServiceServer(s.grpc, api.NewRegistryService(reg))
 	weirv1.RegisterAgentServiceServer(s.grpc, s.Agents)
 	info := api.ServerInfo{Version: cfg.Version, Started: time.Now(), Sources: []string{model.SourceNative}}
@@ -121,6 +128,7 @@ func New(cfg Config) (*Server, error) {
 // Serve answers on lis until ctx ends, then stops gracefully.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	go s.Agents.Run(ctx)
+	go s.ipam.Run(ctx)
 	if s.kube != nil {
 		go func() {
 			if err := s.kube.Run(ctx); err != nil {

@@ -58,6 +58,9 @@ type resource[T model.Object, P any] struct {
 	coll  *registry.Collection[T]
 	from  func(P) (T, error)
 	to    func(T) P
+	// keepStatus, when set, carries over what an update leaves out of the
+	// status, which Weir itself writes.
+	keepStatus func(now, old T)
 }
 
 func (r resource[T, P]) create(p P, validateOnly bool) (P, error) {
@@ -83,6 +86,11 @@ func (r resource[T, P]) update(p P, validateOnly bool) (P, error) {
 		return *new(P), Status(r.field, err)
 	}
 	obj.GetMeta().Source = model.SourceNative
+	if r.keepStatus != nil {
+		if old, err := r.coll.Get(obj.GetMeta().Key()); err == nil {
+			r.keepStatus(obj, old)
+		}
+	}
 	if validateOnly {
 		obj, err = r.coll.CheckUpdate(obj)
 	} else {

@@ -160,6 +160,10 @@ func serviceFromProto(s *weirv1.Service) (*model.Service, error) {
 		return nil, err
 	}
 	out.HealthCheckNodePort = spec.GetHealthCheckNodePort()
+	if out.RequestedLoadBalancerIPs, err = parseAddrs("spec.load_balancer_ips", spec.GetLoadBalancerIps()); err != nil {
+		return nil, err
+	}
+	out.AddressPool, out.AllowSharedIP = spec.GetAddressPool(), spec.GetAllowSharedIp()
 	switch spec.GetTrafficDistribution() {
 	case weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_UNSPECIFIED:
 	case weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE:
@@ -180,6 +184,9 @@ func serviceToProto(s *model.Service) *weirv1.Service {
 		InternalTrafficPolicy:    reverse(policies, s.InternalTrafficPolicy),
 		HealthCheckNodePort:      s.HealthCheckNodePort,
 		LoadBalancerSourceRanges: strs(s.LoadBalancerSourceRanges),
+		LoadBalancerIps:          strs(s.RequestedLoadBalancerIPs),
+		AddressPool:              s.AddressPool,
+		AllowSharedIp:            s.AllowSharedIP,
 	}
 	if s.SessionAffinityTimeout > 0 {
 		spec.SessionAffinity = weirv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP
@@ -191,7 +198,9 @@ func serviceToProto(s *model.Service) *weirv1.Service {
 	for _, p := range s.Ports {
 		spec.Ports = append(spec.Ports, &weirv1.ServicePort{Name: p.Name, Protocol: reverse(protocols, p.Protocol), Port: p.Port, TargetPort: p.TargetPort, NodePort: p.NodePort})
 	}
-	return &weirv1.Service{Metadata: metaToProto(&s.Meta), Spec: spec, Status: &weirv1.ServiceStatus{LoadBalancerIps: strs(s.LoadBalancerIPs)}}
+	return &weirv1.Service{Metadata: metaToProto(&s.Meta), Spec: spec, Status: &weirv1.ServiceStatus{
+		LoadBalancerIps: strs(s.LoadBalancerIPs), AddressReason: s.AddressReason, AddressMessage: s.AddressMessage,
+	}}
 }
 
 func endpointSliceFromProto(s *weirv1.EndpointSlice) (*model.EndpointSlice, error) {
@@ -256,4 +265,28 @@ func nodeFromProto(n *weirv1.Node) (*model.Node, error) {
 
 func nodeToProto(n *model.Node) *weirv1.Node {
 	return &weirv1.Node{Metadata: metaToProto(&n.Meta), Addresses: strs(n.Addresses), Zone: n.Zone, PodCidrs: strs(n.PodCIDRs), Deleting: n.Deleting}
+}
+
+func poolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
+	meta, err := metaFromProto(p.GetMetadata())
+	if err != nil {
+		return nil, err
+	}
+	out := &model.AddressPool{Meta: meta, ManualOnly: p.GetManualOnly()}
+	for i, a := range p.GetAddresses() {
+		r, err := model.ParseAddressRange(a)
+		if err != nil {
+			return nil, &model.FieldError{Field: fmt.Sprintf("addresses[%d]", i), Reason: err.Error()}
+		}
+		out.Ranges = append(out.Ranges, r)
+	}
+	return out, nil
+}
+
+func poolToProto(p *model.AddressPool) *weirv1.AddressPool {
+	out := &weirv1.AddressPool{Metadata: metaToProto(&p.Meta), ManualOnly: p.ManualOnly}
+	for _, r := range p.Ranges {
+		out.Addresses = append(out.Addresses, r.String())
+	}
+	return out
 }

@@ -14,21 +14,54 @@ type RegistryService struct {
 	services  resource[*model.Service, *weirv1.Service]
 	endpoints resource[*model.EndpointSlice, *weirv1.EndpointSlice]
 	nodes     resource[*model.Node, *weirv1.Node]
+	pools     resource[*model.AddressPool, *weirv1.AddressPool]
 	reg       *registry.Registry
 }
 
 // NewRegistryService serves reg.
 func NewRegistryService(reg *registry.Registry) *RegistryService {
 	return &RegistryService{
-		services:  resource[*model.Service, *weirv1.Service]{"service", reg.Services, serviceFromProto, serviceToProto},
-		endpoints: resource[*model.EndpointSlice, *weirv1.EndpointSlice]{"endpoint_slice", reg.EndpointSlices, endpointSliceFromProto, endpointSliceToProto},
-		nodes: resource[*model.Node, *weirv1.Node]{"node", reg.Nodes, nodeFromProto, func(n *model.Node) *weirv1.Node {
+		services: resource[*model.Service, *weirv1.Service]{field: "service", coll: reg.Services, from: serviceFromProto, to: serviceToProto,
+			keepStatus: func(now, old *model.Service) {
+				// An update without status keeps the assigned addresses,
+				// as Kubernetes keeps status across spec updates.
+				if len(now.LoadBalancerIPs) == 0 {
+					now.LoadBalancerIPs, now.AddressReason, now.AddressMessage = old.LoadBalancerIPs, old.AddressReason, old.AddressMessage
+				}
+			}},
+		endpoints: resource[*model.EndpointSlice, *weirv1.EndpointSlice]{field: "endpoint_slice", coll: reg.EndpointSlices, from: endpointSliceFromProto, to: endpointSliceToProto},
+		nodes: resource[*model.Node, *weirv1.Node]{field: "node", coll: reg.Nodes, from: nodeFromProto, to: func(n *model.Node) *weirv1.Node {
 			p := nodeToProto(n)
 			p.Drained = reg.Drained(n.Name)
 			return p
 		}},
-		reg: reg,
+		pools: resource[*model.AddressPool, *weirv1.AddressPool]{field: "address_pool", coll: reg.Pools, from: poolFromProto, to: poolToProto},
+		reg:   reg,
 	}
+}
+
+func (s *RegistryService) CreateAddressPool(_ context.Context, req *weirv1.CreateAddressPoolRequest) (*weirv1.CreateAddressPoolResponse, error) {
+	obj, err := s.pools.create(req.GetAddressPool(), req.GetValidateOnly())
+	return &weirv1.CreateAddressPoolResponse{AddressPool: obj}, err
+}
+
+func (s *RegistryService) GetAddressPool(_ context.Context, req *weirv1.GetAddressPoolRequest) (*weirv1.GetAddressPoolResponse, error) {
+	obj, err := s.pools.get("", req.GetName())
+	return &weirv1.GetAddressPoolResponse{AddressPool: obj}, err
+}
+
+func (s *RegistryService) ListAddressPools(context.Context, *weirv1.ListAddressPoolsRequest) (*weirv1.ListAddressPoolsResponse, error) {
+	objs, _, err := s.pools.list("", "")
+	return &weirv1.ListAddressPoolsResponse{AddressPools: objs}, err
+}
+
+func (s *RegistryService) UpdateAddressPool(_ context.Context, req *weirv1.UpdateAddressPoolRequest) (*weirv1.UpdateAddressPoolResponse, error) {
+	obj, err := s.pools.update(req.GetAddressPool(), req.GetValidateOnly())
+	return &weirv1.UpdateAddressPoolResponse{AddressPool: obj}, err
+}
+
+func (s *RegistryService) DeleteAddressPool(_ context.Context, req *weirv1.DeleteAddressPoolRequest) (*weirv1.DeleteAddressPoolResponse, error) {
+	return &weirv1.DeleteAddressPoolResponse{}, s.pools.delete("", req.GetName(), req.GetResourceVersion())
 }
 
 func (s *RegistryService) DrainNode(_ context.Context, req *weirv1.DrainNodeRequest) (*weirv1.DrainNodeResponse, error) {

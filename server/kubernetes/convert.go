@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,6 +20,10 @@ const (
 	LabelHeadless = "service.kubernetes.io/headless"
 	// TaintToBeDeleted is the cluster autoscaler's mark of a node going away.
 	TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+	// Annotations a LoadBalancer service asks Weir's address pools with.
+	AnnotationLoadBalancerIPs = "weir.dev/load-balancer-ips" // comma-separated
+	AnnotationAddressPool     = "weir.dev/address-pool"
+	AnnotationAllowSharedIP   = "weir.dev/allow-shared-ip"
 )
 
 // service maps a Service, or returns nil when proxies have nothing to do
@@ -89,6 +94,19 @@ func service(s *corev1.Service) *model.Service {
 				out.LoadBalancerIPs = append(out.LoadBalancerIPs, a)
 			}
 		}
+	}
+	if out.Type == model.LoadBalancer {
+		requested := s.Annotations[AnnotationLoadBalancerIPs]
+		if requested == "" {
+			requested = s.Spec.LoadBalancerIP
+		}
+		for _, ip := range strings.Split(requested, ",") {
+			if a, err := netip.ParseAddr(strings.TrimSpace(ip)); err == nil {
+				out.RequestedLoadBalancerIPs = append(out.RequestedLoadBalancerIPs, a)
+			}
+		}
+		out.AddressPool = s.Annotations[AnnotationAddressPool]
+		out.AllowSharedIP = s.Annotations[AnnotationAllowSharedIP]
 	}
 	if d := s.Spec.TrafficDistribution; d != nil && (*d == corev1.ServiceTrafficDistributionPreferClose || *d == "PreferSameZone") {
 		out.PreferClose = true

@@ -100,6 +100,9 @@ func New(cfg Config, client clientset.Interface, reg *registry.Registry) (*Sourc
 	return s, nil
 }
 
+// Client is the source's Kubernetes client.
+func (s *Source) Client() clientset.Interface { return s.client }
+
 // Run watches until ctx ends. Once the informers have synced it removes
 // what the registry holds from the cluster but the cluster no longer has.
 func (s *Source) Run(ctx context.Context) error {

@@ -4,7 +4,9 @@
 package model
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -84,6 +86,62 @@ type Service struct {
 	PreferClose              bool           `json:"preferClose,omitempty"`
 	// LoadBalancerIPs is status.loadBalancer.ingress[].ip.
 	LoadBalancerIPs []netip.Addr `json:"loadBalancerIPs,omitempty"`
+	// RequestedLoadBalancerIPs are the addresses the service asks for.
+	RequestedLoadBalancerIPs []netip.Addr `json:"requestedLoadBalancerIPs,omitempty"`
+	AddressPool              string       `json:"addressPool,omitempty"`
+	AllowSharedIP            string       `json:"allowSharedIP,omitempty"`
+	// AddressReason and AddressMessage say why no address could be
+	// assigned (status).
+	AddressReason  string `json:"addressReason,omitempty"`
+	AddressMessage string `json:"addressMessage,omitempty"`
+}
+
+// AddressPool is a set of addresses Weir assigns to LoadBalancer services.
+type AddressPool struct {
+	Meta
+	Ranges     []AddressRange `json:"ranges"`
+	ManualOnly bool           `json:"manualOnly,omitempty"`
+}
+
+// AddressRange is the addresses from First to Last, both included.
+type AddressRange struct {
+	First netip.Addr `json:"first"`
+	Last  netip.Addr `json:"last"`
+}
+
+// Contains reports whether a is in the range.
+func (r AddressRange) Contains(a netip.Addr) bool {
+	return a.Is4() == r.First.Is4() && a.Compare(r.First) >= 0 && a.Compare(r.Last) <= 0
+}
+
+// ParseAddressRange reads "a.b.c.d/n" or "first-last".
+func ParseAddressRange(s string) (AddressRange, error) {
+	if first, last, ok := strings.Cut(s, "-"); ok {
+		f, err1 := netip.ParseAddr(strings.TrimSpace(first))
+		l, err2 := netip.ParseAddr(strings.TrimSpace(last))
+		if err1 != nil || err2 != nil || f.Is4() != l.Is4() || f.Compare(l) > 0 {
+			return AddressRange{}, fmt.Errorf("%q is not a range (first-last, same family, first <= last)", s)
+		}
+		return AddressRange{f, l}, nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return AddressRange{}, fmt.Errorf("%q is neither a CIDR nor a first-last range", s)
+	}
+	p = p.Masked()
+	return AddressRange{p.Addr(), lastAddr(p)}, nil
+}
+
+// String renders the range the way it parses.
+func (r AddressRange) String() string { return r.First.String() + "-" + r.Last.String() }
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 1 << (7 - i%8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 type ServicePort struct {

@@ -145,6 +145,14 @@ func (s *Service) Validate() error {
 			return fieldErr("spec.health_check_node_port", "%d is not a port (1-65535)", s.HealthCheckNodePort)
 		}
 	}
+	for i, a := range s.RequestedLoadBalancerIPs {
+		if err := validateUnicast(fmt.Sprintf("spec.load_balancer_ips[%d]", i), a); err != nil {
+			return err
+		}
+	}
+	if (len(s.RequestedLoadBalancerIPs) > 0 || s.AddressPool != "" || s.AllowSharedIP != "") && s.Type != LoadBalancer {
+		return fieldErr("spec.load_balancer_ips", "only LOAD_BALANCER services get load-balancer addresses")
+	}
 	if len(s.LoadBalancerSourceRanges) > 0 && s.Type != LoadBalancer {
 		return fieldErr("spec.load_balancer_source_ranges", "only LOAD_BALANCER services have them")
 	}
@@ -225,6 +233,25 @@ func (n *Node) Validate() error {
 	for i, p := range n.PodCIDRs {
 		if !p.IsValid() || p.Masked() != p {
 			return fieldErr(fmt.Sprintf("pod_cidrs[%d]", i), "%q is not a network prefix", p)
+		}
+	}
+	return nil
+}
+
+// Validate checks a pool on its own; overlaps with other pools are the
+// registry's to find.
+func (p *AddressPool) Validate() error {
+	if err := validateMeta(&p.Meta, false, dns1123Subdomain); err != nil {
+		return err
+	}
+	if len(p.Ranges) == 0 {
+		return fieldErr("addresses", "at least one CIDR or range is required")
+	}
+	for i, r := range p.Ranges {
+		for j := range i {
+			if o := p.Ranges[j]; r.First.Is4() == o.First.Is4() && r.First.Compare(o.Last) <= 0 && o.First.Compare(r.Last) <= 0 {
+				return fieldErr(fmt.Sprintf("addresses[%d]", i), "overlaps addresses[%d]", j)
+			}
 		}
 	}
 	return nil

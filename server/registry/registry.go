@@ -33,6 +33,8 @@ type Change struct {
 	Services []string
 	// Nodes whose own description changed.
 	Nodes []string
+	// Address pools that changed.
+	Pools []string
 }
 
 // Registry holds every resource. Stored objects are immutable: writes store
@@ -52,6 +54,7 @@ type Registry struct {
 	Services       *Collection[*model.Service]
 	EndpointSlices *Collection[*model.EndpointSlice]
 	Nodes          *Collection[*model.Node]
+	Pools          *Collection[*model.AddressPool]
 }
 
 // Open loads every stored resource.
@@ -65,7 +68,13 @@ func Open(st *store.Store) (*Registry, error) {
 	})
 	r.EndpointSlices = newCollection(r, "endpointslices", true, (*model.EndpointSlice).Validate)
 	r.Nodes = newCollection(r, "nodes", false, (*model.Node).Validate)
-	for _, load := range []func() (uint64, error){r.Services.load, r.EndpointSlices.load, r.Nodes.load} {
+	r.Pools = newCollection(r, "addresspools", false, func(p *model.AddressPool) error {
+		if err := p.Validate(); err != nil {
+			return err
+		}
+		return r.checkPoolOverlap(p)
+	})
+	for _, load := range []func() (uint64, error){r.Services.load, r.EndpointSlices.load, r.Nodes.load, r.Pools.load} {
 		rev, err := load()
 		if err != nil {
 			return nil, err
@@ -155,6 +164,10 @@ type View struct{ r *Registry }
 
 func (v View) Revision() uint64                  { return v.r.rev }
 func (v View) Service(key string) *model.Service { return v.r.Services.items[key] }
+
+// Pools lists every address pool, by name.
+func (v View) Pools() []*model.AddressPool { return v.r.Pools.list("", nil) }
+
 func (v View) Node(name string) *model.Node {
 	if n := v.r.Nodes.items[name]; n != nil {
 		return v.r.withDrain(n)
@@ -232,6 +245,24 @@ func (r *Registry) checkServiceConflicts(s *model.Service) error {
 	return nil
 }
 
+// checkPoolOverlap rejects a pool sharing addresses with another: an
+// address must come from one pool only.
+func (r *Registry) checkPoolOverlap(p *model.AddressPool) error {
+	for name, other := range r.Pools.items {
+		if name == p.Name {
+			continue
+		}
+		for i, a := range p.Ranges {
+			for _, b := range other.Ranges {
+				if a.First.Is4() == b.First.Is4() && a.First.Compare(b.Last) <= 0 && b.First.Compare(a.Last) <= 0 {
+					return fmt.Errorf("%w: addresses[%d] %s overlaps pool %s", ErrInUse, i, a, name)
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // commit persists one resource write and publishes it. Called with mu held.
 func (r *Registry) commit(kind, key string, obj model.Object, old model.Object) (uint64, error) {
 	op := store.Op{Kind: kind, Key: key}
@@ -267,6 +298,8 @@ func (r *Registry) commit(kind, key string, obj model.Object, old model.Object) 
 		}
 	case *model.Node:
 		ch.Nodes = []string{o.Name}
+	case *model.AddressPool:
+		ch.Pools = []string{o.Name}
 	}
 	for _, fn := range r.listeners {
 		fn(ch)

@@ -2028,6 +2028,454 @@ func (x *UncordonNodeResponse) GetNode() *Node {
 	return nil
 }
 
+type CreateAddressPoolRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AddressPool   *AddressPool           `protobuf:"bytes,1,opt,name=address_pool,json=addressPool,proto3" json:"address_pool,omitempty"`
+	ValidateOnly  bool                   `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateAddressPoolRequest) Reset() {
+	*x = CreateAddressPoolRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateAddressPoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateAddressPoolRequest) ProtoMessage() {}
+
+func (x *CreateAddressPoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateAddressPoolRequest.ProtoReflect.Descriptor instead.
+func (*CreateAddressPoolRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *CreateAddressPoolRequest) GetAddressPool() *AddressPool {
+	if x != nil {
+		return x.AddressPool
+	}
+	return nil
+}
+
+func (x *CreateAddressPoolRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
+type CreateAddressPoolResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AddressPool   *AddressPool           `protobuf:"bytes,1,opt,name=address_pool,json=addressPool,proto3" json:"address_pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateAddressPoolResponse) Reset() {
+	*x = CreateAddressPoolResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateAddressPoolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateAddressPoolResponse) ProtoMessage() {}
+
+func (x *CreateAddressPoolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateAddressPoolResponse.ProtoReflect.Descriptor instead.
+func (*CreateAddressPoolResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CreateAddressPoolResponse) GetAddressPool() *AddressPool {
+	if x != nil {
+		return x.AddressPool
+	}
+	return nil
+}
+
+type GetAddressPoolRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAddressPoolRequest) Reset() {
+	*x = GetAddressPoolRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAddressPoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAddressPoolRequest) ProtoMessage() {}
+
+func (x *GetAddressPoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAddressPoolRequest.ProtoReflect.Descriptor instead.
+func (*GetAddressPoolRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *GetAddressPoolRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type GetAddressPoolResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AddressPool   *AddressPool           `protobuf:"bytes,1,opt,name=address_pool,json=addressPool,proto3" json:"address_pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAddressPoolResponse) Reset() {
+	*x = GetAddressPoolResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAddressPoolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAddressPoolResponse) ProtoMessage() {}
+
+func (x *GetAddressPoolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAddressPoolResponse.ProtoReflect.Descriptor instead.
+func (*GetAddressPoolResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *GetAddressPoolResponse) GetAddressPool() *AddressPool {
+	if x != nil {
+		return x.AddressPool
+	}
+	return nil
+}
+
+type ListAddressPoolsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAddressPoolsRequest) Reset() {
+	*x = ListAddressPoolsRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAddressPoolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAddressPoolsRequest) ProtoMessage() {}
+
+func (x *ListAddressPoolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAddressPoolsRequest.ProtoReflect.Descriptor instead.
+func (*ListAddressPoolsRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{44}
+}
+
+type ListAddressPoolsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AddressPools  []*AddressPool         `protobuf:"bytes,1,rep,name=address_pools,json=addressPools,proto3" json:"address_pools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAddressPoolsResponse) Reset() {
+	*x = ListAddressPoolsResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAddressPoolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAddressPoolsResponse) ProtoMessage() {}
+
+func (x *ListAddressPoolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAddressPoolsResponse.ProtoReflect.Descriptor instead.
+func (*ListAddressPoolsResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ListAddressPoolsResponse) GetAddressPools() []*AddressPool {
+	if x != nil {
+		return x.AddressPools
+	}
+	return nil
+}
+
+type UpdateAddressPoolRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AddressPool   *AddressPool           `protobuf:"bytes,1,opt,name=address_pool,json=addressPool,proto3" json:"address_pool,omitempty"`
+	ValidateOnly  bool                   `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateAddressPoolRequest) Reset() {
+	*x = UpdateAddressPoolRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateAddressPoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateAddressPoolRequest) ProtoMessage() {}
+
+func (x *UpdateAddressPoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateAddressPoolRequest.ProtoReflect.Descriptor instead.
+func (*UpdateAddressPoolRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *UpdateAddressPoolRequest) GetAddressPool() *AddressPool {
+	if x != nil {
+		return x.AddressPool
+	}
+	return nil
+}
+
+func (x *UpdateAddressPoolRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
+type UpdateAddressPoolResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AddressPool   *AddressPool           `protobuf:"bytes,1,opt,name=address_pool,json=addressPool,proto3" json:"address_pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateAddressPoolResponse) Reset() {
+	*x = UpdateAddressPoolResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateAddressPoolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateAddressPoolResponse) ProtoMessage() {}
+
+func (x *UpdateAddressPoolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateAddressPoolResponse.ProtoReflect.Descriptor instead.
+func (*UpdateAddressPoolResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *UpdateAddressPoolResponse) GetAddressPool() *AddressPool {
+	if x != nil {
+		return x.AddressPool
+	}
+	return nil
+}
+
+type DeleteAddressPoolRequest struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ResourceVersion string                 `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DeleteAddressPoolRequest) Reset() {
+	*x = DeleteAddressPoolRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAddressPoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAddressPoolRequest) ProtoMessage() {}
+
+func (x *DeleteAddressPoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAddressPoolRequest.ProtoReflect.Descriptor instead.
+func (*DeleteAddressPoolRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *DeleteAddressPoolRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteAddressPoolRequest) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
+type DeleteAddressPoolResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAddressPoolResponse) Reset() {
+	*x = DeleteAddressPoolResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAddressPoolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAddressPoolResponse) ProtoMessage() {}
+
+func (x *DeleteAddressPoolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAddressPoolResponse.ProtoReflect.Descriptor instead.
+func (*DeleteAddressPoolResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{49}
+}
+
 var File_weir_v1_registry_proto protoreflect.FileDescriptor
 
 const file_weir_v1_registry_proto_rawDesc = "" +
@@ -2132,13 +2580,34 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x13UncordonNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"9\n" +
 	"\x14UncordonNodeResponse\x12!\n" +
-	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node*\xa8\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"x\n" +
+	"\x18CreateAddressPoolRequest\x127\n" +
+	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"T\n" +
+	"\x19CreateAddressPoolResponse\x127\n" +
+	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\"+\n" +
+	"\x15GetAddressPoolRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"Q\n" +
+	"\x16GetAddressPoolResponse\x127\n" +
+	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\"\x19\n" +
+	"\x17ListAddressPoolsRequest\"U\n" +
+	"\x18ListAddressPoolsResponse\x129\n" +
+	"\raddress_pools\x18\x01 \x03(\v2\x14.weir.v1.AddressPoolR\faddressPools\"x\n" +
+	"\x18UpdateAddressPoolRequest\x127\n" +
+	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"T\n" +
+	"\x19UpdateAddressPoolResponse\x127\n" +
+	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\"Y\n" +
+	"\x18DeleteAddressPoolRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"\x1b\n" +
+	"\x19DeleteAddressPoolResponse*\xa8\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +
 	"\x19WATCH_EVENT_TYPE_MODIFIED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_DELETED\x10\x03\x12\x1b\n" +
-	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\xda\f\n" +
+	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\x9a\x10\n" +
 	"\x0fRegistryService\x12N\n" +
 	"\rCreateService\x12\x1d.weir.v1.CreateServiceRequest\x1a\x1e.weir.v1.CreateServiceResponse\x12E\n" +
 	"\n" +
@@ -2164,7 +2633,12 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\n" +
 	"WatchNodes\x12\x1a.weir.v1.WatchNodesRequest\x1a\x1b.weir.v1.WatchNodesResponse0\x01\x12B\n" +
 	"\tDrainNode\x12\x19.weir.v1.DrainNodeRequest\x1a\x1a.weir.v1.DrainNodeResponse\x12K\n" +
-	"\fUncordonNode\x12\x1c.weir.v1.UncordonNodeRequest\x1a\x1d.weir.v1.UncordonNodeResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
+	"\fUncordonNode\x12\x1c.weir.v1.UncordonNodeRequest\x1a\x1d.weir.v1.UncordonNodeResponse\x12Z\n" +
+	"\x11CreateAddressPool\x12!.weir.v1.CreateAddressPoolRequest\x1a\".weir.v1.CreateAddressPoolResponse\x12Q\n" +
+	"\x0eGetAddressPool\x12\x1e.weir.v1.GetAddressPoolRequest\x1a\x1f.weir.v1.GetAddressPoolResponse\x12W\n" +
+	"\x10ListAddressPools\x12 .weir.v1.ListAddressPoolsRequest\x1a!.weir.v1.ListAddressPoolsResponse\x12Z\n" +
+	"\x11UpdateAddressPool\x12!.weir.v1.UpdateAddressPoolRequest\x1a\".weir.v1.UpdateAddressPoolResponse\x12Z\n" +
+	"\x11DeleteAddressPool\x12!.weir.v1.DeleteAddressPoolRequest\x1a\".weir.v1.DeleteAddressPoolResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
 
 var (
 	file_weir_v1_registry_proto_rawDescOnce sync.Once
@@ -2179,7 +2653,7 @@ func file_weir_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_weir_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_weir_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_weir_v1_registry_proto_goTypes = []any{
 	(WatchEventType)(0),                 // 0: weir.v1.WatchEventType
 	(*CreateServiceRequest)(nil),        // 1: weir.v1.CreateServiceRequest
@@ -2222,82 +2696,109 @@ var file_weir_v1_registry_proto_goTypes = []any{
 	(*DrainNodeResponse)(nil),           // 38: weir.v1.DrainNodeResponse
 	(*UncordonNodeRequest)(nil),         // 39: weir.v1.UncordonNodeRequest
 	(*UncordonNodeResponse)(nil),        // 40: weir.v1.UncordonNodeResponse
-	(*Service)(nil),                     // 41: weir.v1.Service
-	(*EndpointSlice)(nil),               // 42: weir.v1.EndpointSlice
-	(*Node)(nil),                        // 43: weir.v1.Node
+	(*CreateAddressPoolRequest)(nil),    // 41: weir.v1.CreateAddressPoolRequest
+	(*CreateAddressPoolResponse)(nil),   // 42: weir.v1.CreateAddressPoolResponse
+	(*GetAddressPoolRequest)(nil),       // 43: weir.v1.GetAddressPoolRequest
+	(*GetAddressPoolResponse)(nil),      // 44: weir.v1.GetAddressPoolResponse
+	(*ListAddressPoolsRequest)(nil),     // 45: weir.v1.ListAddressPoolsRequest
+	(*ListAddressPoolsResponse)(nil),    // 46: weir.v1.ListAddressPoolsResponse
+	(*UpdateAddressPoolRequest)(nil),    // 47: weir.v1.UpdateAddressPoolRequest
+	(*UpdateAddressPoolResponse)(nil),   // 48: weir.v1.UpdateAddressPoolResponse
+	(*DeleteAddressPoolRequest)(nil),    // 49: weir.v1.DeleteAddressPoolRequest
+	(*DeleteAddressPoolResponse)(nil),   // 50: weir.v1.DeleteAddressPoolResponse
+	(*Service)(nil),                     // 51: weir.v1.Service
+	(*EndpointSlice)(nil),               // 52: weir.v1.EndpointSlice
+	(*Node)(nil),                        // 53: weir.v1.Node
+	(*AddressPool)(nil),                 // 54: weir.v1.AddressPool
 }
 var file_weir_v1_registry_proto_depIdxs = []int32{
-	41, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
-	41, // 1: weir.v1.CreateServiceResponse.service:type_name -> weir.v1.Service
-	41, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
-	41, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
-	41, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
-	41, // 5: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
+	51, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
+	51, // 1: weir.v1.CreateServiceResponse.service:type_name -> weir.v1.Service
+	51, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
+	51, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
+	51, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
+	51, // 5: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
 	0,  // 6: weir.v1.WatchServicesResponse.type:type_name -> weir.v1.WatchEventType
-	41, // 7: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
-	42, // 8: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	42, // 9: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	42, // 10: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	42, // 11: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
-	42, // 12: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	42, // 13: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	51, // 7: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
+	52, // 8: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	52, // 9: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	52, // 10: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	52, // 11: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
+	52, // 12: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	52, // 13: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
 	0,  // 14: weir.v1.WatchEndpointSlicesResponse.type:type_name -> weir.v1.WatchEventType
-	42, // 15: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	43, // 16: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
-	43, // 17: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
-	43, // 18: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
-	43, // 19: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
-	43, // 20: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
-	43, // 21: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
+	52, // 15: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	53, // 16: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
+	53, // 17: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
+	53, // 18: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
+	53, // 19: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
+	53, // 20: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
+	53, // 21: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
 	0,  // 22: weir.v1.WatchNodesResponse.type:type_name -> weir.v1.WatchEventType
-	43, // 23: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
-	43, // 24: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
-	43, // 25: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
-	1,  // 26: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
-	3,  // 27: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
-	5,  // 28: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
-	7,  // 29: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
-	9,  // 30: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
-	11, // 31: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
-	13, // 32: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
-	15, // 33: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
-	17, // 34: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
-	19, // 35: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
-	21, // 36: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
-	23, // 37: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
-	25, // 38: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
-	27, // 39: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
-	29, // 40: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
-	31, // 41: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
-	33, // 42: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
-	35, // 43: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
-	37, // 44: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
-	39, // 45: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
-	2,  // 46: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
-	4,  // 47: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
-	6,  // 48: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
-	8,  // 49: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
-	10, // 50: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
-	12, // 51: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
-	14, // 52: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
-	16, // 53: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
-	18, // 54: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
-	20, // 55: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
-	22, // 56: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
-	24, // 57: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
-	26, // 58: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
-	28, // 59: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
-	30, // 60: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
-	32, // 61: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
-	34, // 62: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
-	36, // 63: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
-	38, // 64: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
-	40, // 65: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
-	46, // [46:66] is the sub-list for method output_type
-	26, // [26:46] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	53, // 23: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
+	53, // 24: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
+	53, // 25: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
+	54, // 26: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	54, // 27: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	54, // 28: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	54, // 29: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
+	54, // 30: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	54, // 31: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	1,  // 32: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
+	3,  // 33: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
+	5,  // 34: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
+	7,  // 35: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
+	9,  // 36: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
+	11, // 37: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
+	13, // 38: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
+	15, // 39: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
+	17, // 40: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
+	19, // 41: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
+	21, // 42: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
+	23, // 43: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
+	25, // 44: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
+	27, // 45: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
+	29, // 46: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
+	31, // 47: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
+	33, // 48: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
+	35, // 49: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
+	37, // 50: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
+	39, // 51: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
+	41, // 52: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
+	43, // 53: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
+	45, // 54: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
+	47, // 55: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
+	49, // 56: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
+	2,  // 57: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
+	4,  // 58: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
+	6,  // 59: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
+	8,  // 60: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
+	10, // 61: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
+	12, // 62: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
+	14, // 63: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
+	16, // 64: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
+	18, // 65: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
+	20, // 66: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
+	22, // 67: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
+	24, // 68: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
+	26, // 69: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
+	28, // 70: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
+	30, // 71: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
+	32, // 72: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
+	34, // 73: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
+	36, // 74: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
+	38, // 75: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
+	40, // 76: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
+	42, // 77: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
+	44, // 78: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
+	46, // 79: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
+	48, // 80: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
+	50, // 81: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
+	57, // [57:82] is the sub-list for method output_type
+	32, // [32:57] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_registry_proto_init() }
@@ -2312,7 +2813,7 @@ func file_weir_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_registry_proto_rawDesc), len(file_weir_v1_registry_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   40,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,6 +39,11 @@ const (
 	RegistryService_WatchNodes_FullMethodName          = "/weir.v1.RegistryService/WatchNodes"
 	RegistryService_DrainNode_FullMethodName           = "/weir.v1.RegistryService/DrainNode"
 	RegistryService_UncordonNode_FullMethodName        = "/weir.v1.RegistryService/UncordonNode"
+	RegistryService_CreateAddressPool_FullMethodName   = "/weir.v1.RegistryService/CreateAddressPool"
+	RegistryService_GetAddressPool_FullMethodName      = "/weir.v1.RegistryService/GetAddressPool"
+	RegistryService_ListAddressPools_FullMethodName    = "/weir.v1.RegistryService/ListAddressPools"
+	RegistryService_UpdateAddressPool_FullMethodName   = "/weir.v1.RegistryService/UpdateAddressPool"
+	RegistryService_DeleteAddressPool_FullMethodName   = "/weir.v1.RegistryService/DeleteAddressPool"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -73,6 +78,11 @@ type RegistryServiceClient interface {
 	// Both work whichever source owns the node.
 	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error)
 	UncordonNode(ctx context.Context, in *UncordonNodeRequest, opts ...grpc.CallOption) (*UncordonNodeResponse, error)
+	CreateAddressPool(ctx context.Context, in *CreateAddressPoolRequest, opts ...grpc.CallOption) (*CreateAddressPoolResponse, error)
+	GetAddressPool(ctx context.Context, in *GetAddressPoolRequest, opts ...grpc.CallOption) (*GetAddressPoolResponse, error)
+	ListAddressPools(ctx context.Context, in *ListAddressPoolsRequest, opts ...grpc.CallOption) (*ListAddressPoolsResponse, error)
+	UpdateAddressPool(ctx context.Context, in *UpdateAddressPoolRequest, opts ...grpc.CallOption) (*UpdateAddressPoolResponse, error)
+	DeleteAddressPool(ctx context.Context, in *DeleteAddressPoolRequest, opts ...grpc.CallOption) (*DeleteAddressPoolResponse, error)
 }
 
 type registryServiceClient struct {
@@ -310,6 +320,56 @@ func (c *registryServiceClient) UncordonNode(ctx context.Context, in *UncordonNo
 	return out, nil
 }
 
+func (c *registryServiceClient) CreateAddressPool(ctx context.Context, in *CreateAddressPoolRequest, opts ...grpc.CallOption) (*CreateAddressPoolResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateAddressPoolResponse)
+	err := c.cc.Invoke(ctx, RegistryService_CreateAddressPool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) GetAddressPool(ctx context.Context, in *GetAddressPoolRequest, opts ...grpc.CallOption) (*GetAddressPoolResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetAddressPoolResponse)
+	err := c.cc.Invoke(ctx, RegistryService_GetAddressPool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListAddressPools(ctx context.Context, in *ListAddressPoolsRequest, opts ...grpc.CallOption) (*ListAddressPoolsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAddressPoolsResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListAddressPools_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) UpdateAddressPool(ctx context.Context, in *UpdateAddressPoolRequest, opts ...grpc.CallOption) (*UpdateAddressPoolResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateAddressPoolResponse)
+	err := c.cc.Invoke(ctx, RegistryService_UpdateAddressPool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) DeleteAddressPool(ctx context.Context, in *DeleteAddressPoolRequest, opts ...grpc.CallOption) (*DeleteAddressPoolResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteAddressPoolResponse)
+	err := c.cc.Invoke(ctx, RegistryService_DeleteAddressPool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -342,6 +402,11 @@ type RegistryServiceServer interface {
 	// Both work whichever source owns the node.
 	DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error)
 	UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error)
+	CreateAddressPool(context.Context, *CreateAddressPoolRequest) (*CreateAddressPoolResponse, error)
+	GetAddressPool(context.Context, *GetAddressPoolRequest) (*GetAddressPoolResponse, error)
+	ListAddressPools(context.Context, *ListAddressPoolsRequest) (*ListAddressPoolsResponse, error)
+	UpdateAddressPool(context.Context, *UpdateAddressPoolRequest) (*UpdateAddressPoolResponse, error)
+	DeleteAddressPool(context.Context, *DeleteAddressPoolRequest) (*DeleteAddressPoolResponse, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -411,6 +476,21 @@ func (UnimplementedRegistryServiceServer) DrainNode(context.Context, *DrainNodeR
 }
 func (UnimplementedRegistryServiceServer) UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UncordonNode not implemented")
+}
+func (UnimplementedRegistryServiceServer) CreateAddressPool(context.Context, *CreateAddressPoolRequest) (*CreateAddressPoolResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateAddressPool not implemented")
+}
+func (UnimplementedRegistryServiceServer) GetAddressPool(context.Context, *GetAddressPoolRequest) (*GetAddressPoolResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetAddressPool not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListAddressPools(context.Context, *ListAddressPoolsRequest) (*ListAddressPoolsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAddressPools not implemented")
+}
+func (UnimplementedRegistryServiceServer) UpdateAddressPool(context.Context, *UpdateAddressPoolRequest) (*UpdateAddressPoolResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateAddressPool not implemented")
+}
+func (UnimplementedRegistryServiceServer) DeleteAddressPool(context.Context, *DeleteAddressPoolRequest) (*DeleteAddressPoolResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteAddressPool not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -772,6 +852,96 @@ func _RegistryService_UncordonNode_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_CreateAddressPool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateAddressPoolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).CreateAddressPool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_CreateAddressPool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).CreateAddressPool(ctx, req.(*CreateAddressPoolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_GetAddressPool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetAddressPoolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).GetAddressPool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_GetAddressPool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).GetAddressPool(ctx, req.(*GetAddressPoolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListAddressPools_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAddressPoolsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListAddressPools(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListAddressPools_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListAddressPools(ctx, req.(*ListAddressPoolsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_UpdateAddressPool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateAddressPoolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).UpdateAddressPool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_UpdateAddressPool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).UpdateAddressPool(ctx, req.(*UpdateAddressPoolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_DeleteAddressPool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteAddressPoolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).DeleteAddressPool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_DeleteAddressPool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).DeleteAddressPool(ctx, req.(*DeleteAddressPoolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -846,6 +1016,26 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UncordonNode",
 			Handler:    _RegistryService_UncordonNode_Handler,
+		},
+		{
+			MethodName: "CreateAddressPool",
+			Handler:    _RegistryService_CreateAddressPool_Handler,
+		},
+		{
+			MethodName: "GetAddressPool",
+			Handler:    _RegistryService_GetAddressPool_Handler,
+		},
+		{
+			MethodName: "ListAddressPools",
+			Handler:    _RegistryService_ListAddressPools_Handler,
+		},
+		{
+			MethodName: "UpdateAddressPool",
+			Handler:    _RegistryService_UpdateAddressPool_Handler,
+		},
+		{
+			MethodName: "DeleteAddressPool",
+			Handler:    _RegistryService_DeleteAddressPool_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

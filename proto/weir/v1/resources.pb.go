@@ -443,8 +443,16 @@ type ServiceSpec struct {
 	// CIDRs allowed to reach the load-balancer IPs; empty allows all.
 	LoadBalancerSourceRanges []string            `protobuf:"bytes,10,rep,name=load_balancer_source_ranges,json=loadBalancerSourceRanges,proto3" json:"load_balancer_source_ranges,omitempty"`
 	TrafficDistribution      TrafficDistribution `protobuf:"varint,11,opt,name=traffic_distribution,json=trafficDistribution,proto3,enum=weir.v1.TrafficDistribution" json:"traffic_distribution,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// Addresses this LOAD_BALANCER service asks Weir to assign (one per
+	// family at most). Empty: Weir picks from an address pool, unless the
+	// status already holds addresses an outside load balancer set.
+	LoadBalancerIps []string `protobuf:"bytes,12,rep,name=load_balancer_ips,json=loadBalancerIps,proto3" json:"load_balancer_ips,omitempty"`
+	// The address pool to pick from; empty: any pool that is not manual-only.
+	AddressPool string `protobuf:"bytes,13,opt,name=address_pool,json=addressPool,proto3" json:"address_pool,omitempty"`
+	// Services with the same key and distinct ports may share an address.
+	AllowSharedIp string `protobuf:"bytes,14,opt,name=allow_shared_ip,json=allowSharedIp,proto3" json:"allow_shared_ip,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServiceSpec) Reset() {
@@ -554,6 +562,27 @@ func (x *ServiceSpec) GetTrafficDistribution() TrafficDistribution {
 	return TrafficDistribution_TRAFFIC_DISTRIBUTION_UNSPECIFIED
 }
 
+func (x *ServiceSpec) GetLoadBalancerIps() []string {
+	if x != nil {
+		return x.LoadBalancerIps
+	}
+	return nil
+}
+
+func (x *ServiceSpec) GetAddressPool() string {
+	if x != nil {
+		return x.AddressPool
+	}
+	return ""
+}
+
+func (x *ServiceSpec) GetAllowSharedIp() string {
+	if x != nil {
+		return x.AllowSharedIp
+	}
+	return ""
+}
+
 type ServicePort struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required when the service has more than one port; matches EndpointPort.name.
@@ -636,10 +665,15 @@ func (x *ServicePort) GetNodePort() int32 {
 
 type ServiceStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The load-balancer ingress addresses (status.loadBalancer.ingress[].ip).
+	// The load-balancer ingress addresses (status.loadBalancer.ingress[].ip):
+	// assigned by Weir from a pool, or set by an outside load balancer.
 	LoadBalancerIps []string `protobuf:"bytes,1,rep,name=load_balancer_ips,json=loadBalancerIps,proto3" json:"load_balancer_ips,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Why Weir could not assign an address, machine-readable
+	// (PoolExhausted, AddressTaken, NotInAnyPool, NoPool), with a message.
+	AddressReason  string `protobuf:"bytes,2,opt,name=address_reason,json=addressReason,proto3" json:"address_reason,omitempty"`
+	AddressMessage string `protobuf:"bytes,3,opt,name=address_message,json=addressMessage,proto3" json:"address_message,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ServiceStatus) Reset() {
@@ -677,6 +711,20 @@ func (x *ServiceStatus) GetLoadBalancerIps() []string {
 		return x.LoadBalancerIps
 	}
 	return nil
+}
+
+func (x *ServiceStatus) GetAddressReason() string {
+	if x != nil {
+		return x.AddressReason
+	}
+	return ""
+}
+
+func (x *ServiceStatus) GetAddressMessage() string {
+	if x != nil {
+		return x.AddressMessage
+	}
+	return ""
 }
 
 // EndpointSlice mirrors discovery.k8s.io/v1 EndpointSlice: some endpoints of one service.
@@ -1039,6 +1087,71 @@ func (x *Node) GetDrained() bool {
 	return false
 }
 
+// AddressPool is a set of addresses Weir assigns to LoadBalancer services
+// (MetalLB's IPAddressPool): CIDRs or "first-last" ranges, IPv4 or IPv6.
+type AddressPool struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Metadata *ObjectMeta            `protobuf:"bytes,1,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	// "203.0.113.0/28", "203.0.113.10-203.0.113.20", "2001:db8:113::/120".
+	Addresses []string `protobuf:"bytes,2,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	// Only services that ask for this pool (or one of its addresses) get
+	// addresses from it.
+	ManualOnly    bool `protobuf:"varint,3,opt,name=manual_only,json=manualOnly,proto3" json:"manual_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddressPool) Reset() {
+	*x = AddressPool{}
+	mi := &file_weir_v1_resources_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddressPool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddressPool) ProtoMessage() {}
+
+func (x *AddressPool) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_resources_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddressPool.ProtoReflect.Descriptor instead.
+func (*AddressPool) Descriptor() ([]byte, []int) {
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *AddressPool) GetMetadata() *ObjectMeta {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *AddressPool) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *AddressPool) GetManualOnly() bool {
+	if x != nil {
+		return x.ManualOnly
+	}
+	return false
+}
+
 var File_weir_v1_resources_proto protoreflect.FileDescriptor
 
 const file_weir_v1_resources_proto_rawDesc = "" +
@@ -1059,7 +1172,7 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\aService\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12(\n" +
 	"\x04spec\x18\x02 \x01(\v2\x14.weir.v1.ServiceSpecR\x04spec\x12.\n" +
-	"\x06status\x18\x03 \x01(\v2\x16.weir.v1.ServiceStatusR\x06status\"\x9a\x05\n" +
+	"\x06status\x18\x03 \x01(\v2\x16.weir.v1.ServiceStatusR\x06status\"\x91\x06\n" +
 	"\vServiceSpec\x12(\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x14.weir.v1.ServiceTypeR\x04type\x12\x1f\n" +
 	"\vcluster_ips\x18\x02 \x03(\tR\n" +
@@ -1073,16 +1186,21 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x16health_check_node_port\x18\t \x01(\x05R\x13healthCheckNodePort\x12=\n" +
 	"\x1bload_balancer_source_ranges\x18\n" +
 	" \x03(\tR\x18loadBalancerSourceRanges\x12O\n" +
-	"\x14traffic_distribution\x18\v \x01(\x0e2\x1c.weir.v1.TrafficDistributionR\x13trafficDistribution\"\xa2\x01\n" +
+	"\x14traffic_distribution\x18\v \x01(\x0e2\x1c.weir.v1.TrafficDistributionR\x13trafficDistribution\x12*\n" +
+	"\x11load_balancer_ips\x18\f \x03(\tR\x0floadBalancerIps\x12!\n" +
+	"\faddress_pool\x18\r \x01(\tR\vaddressPool\x12&\n" +
+	"\x0fallow_shared_ip\x18\x0e \x01(\tR\rallowSharedIp\"\xa2\x01\n" +
 	"\vServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.weir.v1.ProtocolR\bprotocol\x12\x12\n" +
 	"\x04port\x18\x03 \x01(\x05R\x04port\x12\x1f\n" +
 	"\vtarget_port\x18\x04 \x01(\x05R\n" +
 	"targetPort\x12\x1b\n" +
-	"\tnode_port\x18\x05 \x01(\x05R\bnodePort\";\n" +
+	"\tnode_port\x18\x05 \x01(\x05R\bnodePort\"\x8b\x01\n" +
 	"\rServiceStatus\x12*\n" +
-	"\x11load_balancer_ips\x18\x01 \x03(\tR\x0floadBalancerIps\"\xc1\x01\n" +
+	"\x11load_balancer_ips\x18\x01 \x03(\tR\x0floadBalancerIps\x12%\n" +
+	"\x0eaddress_reason\x18\x02 \x01(\tR\raddressReason\x12'\n" +
+	"\x0faddress_message\x18\x03 \x01(\tR\x0eaddressMessage\"\xc1\x01\n" +
 	"\rEndpointSlice\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12!\n" +
 	"\fservice_name\x18\x02 \x01(\tR\vserviceName\x12/\n" +
@@ -1115,7 +1233,12 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x04zone\x18\x03 \x01(\tR\x04zone\x12\x1b\n" +
 	"\tpod_cidrs\x18\x04 \x03(\tR\bpodCidrs\x12\x1a\n" +
 	"\bdeleting\x18\x05 \x01(\bR\bdeleting\x12\x18\n" +
-	"\adrained\x18\x06 \x01(\bR\adrained*\x84\x01\n" +
+	"\adrained\x18\x06 \x01(\bR\adrained\"}\n" +
+	"\vAddressPool\x12/\n" +
+	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x1c\n" +
+	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x1f\n" +
+	"\vmanual_only\x18\x03 \x01(\bR\n" +
+	"manualOnly*\x84\x01\n" +
 	"\vServiceType\x12\x1c\n" +
 	"\x18SERVICE_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17SERVICE_TYPE_CLUSTER_IP\x10\x01\x12\x1a\n" +
@@ -1151,7 +1274,7 @@ func file_weir_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_weir_v1_resources_proto_goTypes = []any{
 	(ServiceType)(0),              // 0: weir.v1.ServiceType
 	(Protocol)(0),                 // 1: weir.v1.Protocol
@@ -1168,12 +1291,13 @@ var file_weir_v1_resources_proto_goTypes = []any{
 	(*EndpointConditions)(nil),    // 12: weir.v1.EndpointConditions
 	(*EndpointPort)(nil),          // 13: weir.v1.EndpointPort
 	(*Node)(nil),                  // 14: weir.v1.Node
-	nil,                           // 15: weir.v1.ObjectMeta.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*AddressPool)(nil),           // 15: weir.v1.AddressPool
+	nil,                           // 16: weir.v1.ObjectMeta.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_weir_v1_resources_proto_depIdxs = []int32{
-	15, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
-	16, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	16, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
+	17, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 2: weir.v1.Service.metadata:type_name -> weir.v1.ObjectMeta
 	7,  // 3: weir.v1.Service.spec:type_name -> weir.v1.ServiceSpec
 	9,  // 4: weir.v1.Service.status:type_name -> weir.v1.ServiceStatus
@@ -1190,11 +1314,12 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	12, // 15: weir.v1.Endpoint.conditions:type_name -> weir.v1.EndpointConditions
 	1,  // 16: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
 	5,  // 17: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	5,  // 18: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }
@@ -1209,7 +1334,7 @@ func file_weir_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_resources_proto_rawDesc), len(file_weir_v1_resources_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,280 @@
+// Package ipam assigns load-balancer addresses to LoadBalancer services
+// from address pools, with MetalLB's rules: a requested address if it is in
+// a pool and free, else the first free address of the service's pool (or of
+// any pool that is not manual-only), one per family of the service; an
+// address may be shared by services that name the same sharing key and use
+// distinct ports. Assignments live in the services' status, so they survive
+// restarts and stay put; addresses outside every pool are an outside load
+// balancer's, and are left alone.
+package ipam
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+)
+
+// Reasons an address could not be assigned.
+const (
+	ReasonPoolExhausted = "PoolExhausted"
+	ReasonAddressTaken  = "AddressTaken"
+	ReasonNotInAnyPool  = "NotInAnyPool"
+	ReasonNoPool        = "NoPool"
+)
+
+// Writer records a service's assignment where its source keeps status.
+type Writer interface {
+	WriteStatus(ctx context.Context, svc *model.Service, ips []netip.Addr, reason, message string) error
+}
+
+// Allocator keeps every LoadBalancer service's addresses assigned.
+type Allocator struct {
+	reg     *registry.Registry
+	log     *slog.Logger
+	writers map[string]Writer
+	wake    chan struct{}
+}
+
+// New returns an allocator over reg; Run does the work.
+func New(reg *registry.Registry, writers map[string]Writer, log *slog.Logger) *Allocator {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Allocator{reg: reg, log: log, writers: writers, wake: make(chan struct{}, 1)}
+	reg.OnChange(func(ch registry.Change) {
+		if len(ch.Services) > 0 || len(ch.Pools) > 0 {
+			select {
+			case a.wake <- struct{}{}:
+			default:
+			}
+		}
+	})
+	return a
+}
+
+// Run assigns after every change to services or pools, until ctx ends.
+func (a *Allocator) Run(ctx context.Context) {
+	a.wake <- struct{}{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.wake:
+		}
+		for _, w := range a.Plan() {
+			writer := a.writers[w.Service.Source]
+			if writer == nil {
+				continue
+			}
+			if err := writer.WriteStatus(ctx, w.Service, w.IPs, w.Reason, w.Message); err != nil {
+				a.log.Warn("writing a load-balancer address failed", "service", w.Service.Key(), "error", err)
+			}
+		}
+		// Writes come back as changes; let them settle before the next round.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Write is one service's new status.
+type Write struct {
+	Service *model.Service
+	IPs     []netip.Addr
+	Reason  string
+	Message string
+}
+
+// Plan computes the status writes that bring every LoadBalancer service to
+// its assignment.
+func (a *Allocator) Plan() []Write {
+	var pools []*model.AddressPool
+	var svcs []*model.Service
+	a.reg.Read(func(v registry.View) {
+		pools = v.Pools()
+		for _, k := range v.ServiceKeys() {
+			if s := v.Service(k); s.Type == model.LoadBalancer {
+				svcs = append(svcs, s)
+			}
+		}
+	})
+	// Older services keep priority over newer ones for the same address.
+	slices.SortFunc(svcs, func(x, y *model.Service) int {
+		return cmp.Or(x.CreateTime.Compare(y.CreateTime), cmp.Compare(x.Key(), y.Key()))
+	})
+	inPool := func(ip netip.Addr) *model.AddressPool {
+		for _, p := range pools {
+			for _, r := range p.Ranges {
+				if r.Contains(ip) {
+					return p
+				}
+			}
+		}
+		return nil
+	}
+	used := map[netip.Addr][]*model.Service{}
+	shareable := func(ip netip.Addr, s *model.Service) bool {
+		for _, o := range used[ip] {
+			if o.Key() == s.Key() {
+				continue
+			}
+			if s.AllowSharedIP == "" || o.AllowSharedIP != s.AllowSharedIP || portsOverlap(o, s) {
+				return false
+			}
+		}
+		return true
+	}
+
+	type want struct {
+		svc     *model.Service
+		ips     []netip.Addr
+		reason  string
+		message string
+	}
+	wants := make([]*want, 0, len(svcs))
+	var pending []*want
+	// First, what already holds: valid addresses in status stay put.
+	for _, s := range svcs {
+		w := &want{svc: s}
+		wants = append(wants, w)
+		managed := len(s.LoadBalancerIPs) > 0
+		for _, ip := range s.LoadBalancerIPs {
+			if inPool(ip) == nil {
+				managed = false
+			}
+		}
+		if len(s.LoadBalancerIPs) > 0 && !managed && len(s.RequestedLoadBalancerIPs) == 0 {
+			// Set by an outside load balancer: not Weir's to change.
+			w.ips, w.reason, w.message = s.LoadBalancerIPs, s.AddressReason, s.AddressMessage
+			continue
+		}
+		keep := managed && (len(s.RequestedLoadBalancerIPs) == 0 || sameAddrs(s.RequestedLoadBalancerIPs, s.LoadBalancerIPs))
+		for _, ip := range s.LoadBalancerIPs {
+			if keep && !shareable(ip, s) {
+				keep = false
+			}
+		}
+		if keep {
+			w.ips = s.LoadBalancerIPs
+			for _, ip := range w.ips {
+				used[ip] = append(used[ip], s)
+			}
+			continue
+		}
+		pending = append(pending, w)
+	}
+	// Then the rest, oldest first.
+	for _, w := range pending {
+		s := w.svc
+		if len(s.RequestedLoadBalancerIPs) > 0 {
+			ok := true
+			for _, ip := range s.RequestedLoadBalancerIPs {
+				switch p := inPool(ip); {
+				case p == nil:
+					w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is in no address pool", ip), false
+				case s.AddressPool != "" && p.Name != s.AddressPool:
+					w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is not in pool %s", ip, s.AddressPool), false
+				case !shareable(ip, s):
+					w.reason, w.message, ok = ReasonAddressTaken, fmt.Sprintf("%s is assigned to %s", ip, used[ip][0].Key()), false
+				}
+			}
+			if ok {
+				w.ips = s.RequestedLoadBalancerIPs
+			}
+		} else {
+			for _, is6 := range families(s) {
+				ip, reason, msg := pick(pools, s, is6, used, shareable)
+				switch {
+				case reason == ReasonNoPool && len(families(s)) > 1:
+					// A dual-stack service gets the families pools have.
+				case reason != "":
+					w.reason, w.message = reason, msg
+				default:
+					w.ips = append(w.ips, ip)
+				}
+			}
+			if w.reason != "" && w.reason != ReasonNoPool {
+				w.ips = nil // all or nothing when a pool is full
+			}
+			if len(w.ips) == 0 && w.reason == "" {
+				w.reason, w.message = ReasonNoPool, "no address pool has addresses for this service"
+			}
+		}
+		for _, ip := range w.ips {
+			used[ip] = append(used[ip], s)
+		}
+	}
+	var out []Write
+	for _, w := range wants {
+		s := w.svc
+		if sameAddrs(w.ips, s.LoadBalancerIPs) && w.reason == s.AddressReason && w.message == s.AddressMessage {
+			continue
+		}
+		out = append(out, Write{Service: s, IPs: w.ips, Reason: w.reason, Message: w.message})
+	}
+	return out
+}
+
+// pick finds the first free address of the family in the pools s may use.
+func pick(pools []*model.AddressPool, s *model.Service, is6 bool, used map[netip.Addr][]*model.Service, shareable func(netip.Addr, *model.Service) bool) (netip.Addr, string, string) {
+	eligible := 0
+	for _, p := range pools {
+		if (s.AddressPool != "" && p.Name != s.AddressPool) || (s.AddressPool == "" && p.ManualOnly) {
+			continue
+		}
+		for _, r := range p.Ranges {
+			if r.First.Is6() != is6 {
+				continue
+			}
+			eligible++
+			// Sharing first: an address already used under the same key.
+			for ip := r.First; ip.IsValid() && ip.Compare(r.Last) <= 0; ip = ip.Next() {
+				if len(used[ip]) > 0 && s.AllowSharedIP != "" && shareable(ip, s) {
+					return ip, "", ""
+				}
+				if len(used[ip]) == 0 {
+					return ip, "", ""
+				}
+			}
+		}
+	}
+	fam := "IPv4"
+	if is6 {
+		fam = "IPv6"
+	}
+	if eligible == 0 {
+		return netip.Addr{}, ReasonNoPool, fmt.Sprintf("no address pool has %s addresses for this service", fam)
+	}
+	return netip.Addr{}, ReasonPoolExhausted, fmt.Sprintf("every %s address of the pools this service may use is assigned", fam)
+}
+
+// families are the address families the service needs, from its cluster IPs.
+func families(s *model.Service) []bool {
+	var out []bool
+	for _, ip := range s.ClusterIPs {
+		out = append(out, ip.Is6())
+	}
+	return out
+}
+
+func portsOverlap(a, b *model.Service) bool {
+	for _, p := range a.Ports {
+		for _, q := range b.Ports {
+			if p.Port == q.Port && p.Protocol == q.Protocol {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func sameAddrs(a, b []netip.Addr) bool { return slices.Equal(a, b) }
