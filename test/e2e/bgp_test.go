@@ -141,3 +141,38 @@ func TestNodeSpeakersAnnounceWhereEndpointsAre(t *testing.T) {
 	}
 	waitNextHops(t, r, "203.0.113.60")
 }
+
+// TestPoolAddressIsAssignedAndAnnounced: a LoadBalancer service with no
+// address gets one from a pool, the nodes announce it, and the client
+// reaches the service through the router.
+func TestPoolAddressIsAssignedAndAnnounced(t *testing.T) {
+	c, r := startBGPCluster(t)
+	ctx := context.Background()
+	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.80/30", "2001:db8:113::80/126"}}}); err != nil {
+		t.Fatal(err)
+	}
+	svc := lbService("pooled", 30099, []string{"10.96.0.61", "fd00:96::61"}, nil)
+	svc.Status = nil
+	createService(t, c, svc, c.Pods())
+	var vips []string
+	eventually(t, "the service gets addresses from the pool", func() error {
+		got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "pooled"})
+		if err != nil {
+			return err
+		}
+		vips = got.GetService().GetStatus().GetLoadBalancerIps()
+		if len(vips) != 2 {
+			return fmt.Errorf("status %v", got.GetService().GetStatus())
+		}
+		return nil
+	})
+	if vips[0] != "203.0.113.80" || vips[1] != "2001:db8:113::80" {
+		t.Errorf("assigned %v, want the first address of each family", vips)
+	}
+	// externalTrafficPolicy Cluster: every healthy node announces.
+	waitNextHops(t, r, vips[0], c.Nodes[0].IPv4.String(), c.Nodes[1].IPv4.String())
+	waitNextHops(t, r, vips[1], c.Nodes[0].IPv6.String(), c.Nodes[1].IPv6.String())
+	sample(t, c.Client, netip.AddrPortFrom(netip.MustParseAddr(vips[0]), 80), 5)
+	sample(t, c.Client, netip.AddrPortFrom(netip.MustParseAddr(vips[1]), 80), 5)
+}
