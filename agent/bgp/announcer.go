@@ -23,12 +23,20 @@ type Announcer struct {
 
 	mu        sync.Mutex // guards the fields below
 	state     datapath.NodeState
-	announced map[netip.Prefix]netip.Addr // prefix -> next hop
+	announced map[netip.Prefix]Announcement
+}
+
+// Announcement is how a prefix is announced.
+type Announcement struct {
+	NextHop netip.Addr
+	// Weight is the node's share of the prefix's traffic (its ready local
+	// endpoints, for externalTrafficPolicy Local); 0 announces no weight.
+	Weight uint32
 }
 
 // NewAnnouncer announces through sp.
 func NewAnnouncer(sp Speaker, proxyHealthy func() bool, log *slog.Logger) *Announcer {
-	return &Announcer{sp: sp, proxyHealthy: proxyHealthy, log: log, announced: map[netip.Prefix]netip.Addr{}}
+	return &Announcer{sp: sp, proxyHealthy: proxyHealthy, log: log, announced: map[netip.Prefix]Announcement{}}
 }
 
 // Received withdraws what st says the node should no longer attract.
@@ -50,10 +58,10 @@ func (a *Announcer) Applied(time.Duration) {
 func (a *Announcer) Report(bool) *health.Report { return nil }
 
 // Announced lists what is announced now.
-func (a *Announcer) Announced() map[netip.Prefix]netip.Addr {
+func (a *Announcer) Announced() map[netip.Prefix]Announcement {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make(map[netip.Prefix]netip.Addr, len(a.announced))
+	out := make(map[netip.Prefix]Announcement, len(a.announced))
 	for p, h := range a.announced {
 		out[p] = h
 	}
@@ -65,35 +73,44 @@ func (a *Announcer) Announced() map[netip.Prefix]netip.Addr {
 func (a *Announcer) sync(rise bool) {
 	ctx := context.Background()
 	want := Wanted(a.state, a.proxyHealthy())
-	for p, hop := range a.announced {
-		if w, ok := want[p]; !ok || w != hop {
-			if err := a.sp.Withdraw(ctx, p, hop); err != nil {
+	for p, had := range a.announced {
+		w, ok := want[p]
+		switch {
+		case !ok || w.NextHop != had.NextHop:
+			if err := a.sp.Withdraw(ctx, p, had.NextHop); err != nil {
 				a.log.Error("BGP withdraw failed", "prefix", p, "error", err)
 				continue
 			}
 			delete(a.announced, p)
+		case w.Weight < had.Weight:
+			// Less weight now: say so at once, like a withdrawal.
+			if err := a.sp.Announce(ctx, p, w.NextHop, w.Weight); err != nil {
+				a.log.Error("BGP announce failed", "prefix", p, "error", err)
+				continue
+			}
+			a.announced[p] = w
 		}
 	}
 	if !rise {
 		return
 	}
-	for p, hop := range want {
-		if _, ok := a.announced[p]; ok {
+	for p, w := range want {
+		if had, ok := a.announced[p]; ok && had == w {
 			continue
 		}
-		if err := a.sp.Announce(ctx, p, hop); err != nil {
+		if err := a.sp.Announce(ctx, p, w.NextHop, w.Weight); err != nil {
 			a.log.Error("BGP announce failed", "prefix", p, "error", err)
 			continue
 		}
-		a.announced[p] = hop
+		a.announced[p] = w
 	}
 }
 
 // Wanted is what a node in state st should announce: every load-balancer
 // IP, as a host prefix, with the node's address of that family as next
 // hop, unless the node should not attract the service's traffic.
-func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]netip.Addr {
-	want := map[netip.Prefix]netip.Addr{}
+func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcement {
+	want := map[netip.Prefix]Announcement{}
 	if st.Node.Deleting || st.Node.Drained || !proxyHealthy {
 		return want
 	}
@@ -103,10 +120,14 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]netip.Add
 			if !ok {
 				continue
 			}
-			if svc.ExternalTrafficPolicy == datapath.Local && !hasReadyLocal(svc, vip.Is6()) {
-				continue
+			a := Announcement{NextHop: hop}
+			if svc.ExternalTrafficPolicy == datapath.Local {
+				// The node gets traffic in proportion to its endpoints.
+				if a.Weight = readyLocal(svc, vip.Is6()); a.Weight == 0 {
+					continue
+				}
 			}
-			want[netip.PrefixFrom(vip, vip.BitLen())] = hop
+			want[netip.PrefixFrom(vip, vip.BitLen())] = a
 		}
 	}
 	return want
@@ -121,13 +142,16 @@ func nodeAddr(addrs []netip.Addr, is6 bool) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-func hasReadyLocal(svc *datapath.Service, is6 bool) bool {
+// readyLocal counts the service's ready endpoints of one family on this
+// node (an endpoint behind several ports counts once).
+func readyLocal(svc *datapath.Service, is6 bool) uint32 {
+	seen := map[netip.Addr]bool{}
 	for _, p := range svc.Ports {
 		for _, ep := range p.Endpoints {
 			if ep.Local && ep.Ready && ep.Addr.Is6() == is6 {
-				return true
+				seen[ep.Addr] = true
 			}
 		}
 	}
-	return false
+	return uint32(len(seen))
 }

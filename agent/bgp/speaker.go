@@ -64,15 +64,23 @@ type Config struct {
 // Speaker is the seam to a BGP implementation: announce or withdraw a
 // prefix with a next hop.
 type Speaker interface {
-	Announce(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error
+	// Announce advertises prefix via nextHop; a weight above 0 rides
+	// along as the link-bandwidth extended community, which routers turn
+	// into weighted ECMP.
+	Announce(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr, weight uint32) error
 	Withdraw(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error
 	Close()
 }
 
+// BandwidthPerWeight is the link bandwidth (bytes/s) one unit of weight
+// announces: only the ratios between nodes matter to the routers.
+const BandwidthPerWeight = 1e6
+
 // GoBGP is the real Speaker, GoBGP as a library. It never listens: it
 // dials its peers.
 type GoBGP struct {
-	s *server.BgpServer
+	s   *server.BgpServer
+	asn uint32
 }
 
 // Start starts a speaker and adds its peers.
@@ -109,10 +117,10 @@ func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
 			return nil, fmt.Errorf("adding peer %s: %w", p.Address, err)
 		}
 	}
-	return &GoBGP{s: s}, nil
+	return &GoBGP{s: s, asn: cfg.ASN}, nil
 }
 
-func path(prefix netip.Prefix, nextHop netip.Addr) (*api.Path, error) {
+func (g *GoBGP) path(prefix netip.Prefix, nextHop netip.Addr, weight uint32) (*api.Path, error) {
 	nlri, err := anypb.New(&api.IPAddressPrefix{Prefix: prefix.Addr().String(), PrefixLen: uint32(prefix.Bits())})
 	if err != nil {
 		return nil, err
@@ -129,12 +137,25 @@ func path(prefix netip.Prefix, nextHop netip.Addr) (*api.Path, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &api.Path{Family: fam, Nlri: nlri, Pattrs: []*anypb.Any{origin, hop}}, nil
+	attrs := []*anypb.Any{origin, hop}
+	if weight > 0 {
+		lb, err := anypb.New(&api.LinkBandwidthExtended{Asn: g.asn, Bandwidth: float32(weight) * BandwidthPerWeight})
+		if err != nil {
+			return nil, err
+		}
+		ext, err := anypb.New(&api.ExtendedCommunitiesAttribute{Communities: []*anypb.Any{lb}})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, ext)
+	}
+	return &api.Path{Family: fam, Nlri: nlri, Pattrs: attrs}, nil
 }
 
-// Announce advertises prefix with nextHop to every peer.
-func (g *GoBGP) Announce(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error {
-	p, err := path(prefix, nextHop)
+// Announce advertises prefix with nextHop to every peer, replacing an
+// earlier announcement of it.
+func (g *GoBGP) Announce(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr, weight uint32) error {
+	p, err := g.path(prefix, nextHop, weight)
 	if err != nil {
 		return err
 	}
@@ -144,7 +165,7 @@ func (g *GoBGP) Announce(ctx context.Context, prefix netip.Prefix, nextHop netip
 
 // Withdraw takes prefix back.
 func (g *GoBGP) Withdraw(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error {
-	p, err := path(prefix, nextHop)
+	p, err := g.path(prefix, nextHop, 0)
 	if err != nil {
 		return err
 	}

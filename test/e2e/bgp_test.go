@@ -176,3 +176,42 @@ func TestPoolAddressIsAssignedAndAnnounced(t *testing.T) {
 	sample(t, c.Client, netip.AddrPortFrom(netip.MustParseAddr(vips[0]), 80), 5)
 	sample(t, c.Client, netip.AddrPortFrom(netip.MustParseAddr(vips[1]), 80), 5)
 }
+
+// TestWeightsFollowLocalEndpoints: a node with two ready local endpoints
+// announces twice the weight of a node with one; the router installs
+// weighted next hops, and new connections split accordingly.
+func TestWeightsFollowLocalEndpoints(t *testing.T) {
+	c, r := startBGPCluster(t)
+	node1, node2 := c.Nodes[0], c.Nodes[1]
+	svc := lbService("weighted", 30101, []string{"10.96.0.62"}, []string{"203.0.113.62"})
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = 32104
+	createService(t, c, svc, c.Pods()) // node1: n1p1, n1p2; node2: n2p1
+	var w map[string]int
+	eventually(t, "weighted next hops 2:1", func() error {
+		var err error
+		if w, err = r.Weights(context.Background(), "203.0.113.62"); err != nil {
+			return err
+		}
+		w1, w2 := w[node1.IPv4.String()], w[node2.IPv4.String()]
+		if len(w) != 2 || w2 == 0 || w1 != 2*w2 && (w1*100/w2 < 190 || w1*100/w2 > 210) {
+			return fmt.Errorf("weights %v", w)
+		}
+		return nil
+	})
+	// Hash on ports too, so that one client's connections spread.
+	if _, err := c.Router.Run(context.Background(), "sysctl", "-w", "net.ipv4.fib_multipath_hash_policy=1"); err != nil {
+		t.Fatal(err)
+	}
+	onNode1 := 0
+	const n = 300
+	for _, rep := range sample(t, c.Client, netip.MustParseAddrPort("203.0.113.62:80"), n) {
+		if podByName(c, rep.Pod).Node == node1 {
+			onNode1++
+		}
+	}
+	// Expected 2/3; four standard deviations either side.
+	if f := float64(onNode1) / n; f < 0.557 || f > 0.776 {
+		t.Errorf("%d of %d connections reached node1 (weights %v); want about two thirds", onNode1, n, w)
+	}
+}

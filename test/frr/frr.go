@@ -145,6 +145,36 @@ func (r *Router) NextHops(ctx context.Context, prefix string) ([]string, error) 
 	return hops, nil
 }
 
+// Weights maps each next hop of prefix's kernel route to its ECMP weight
+// (1 when the route shows none).
+func (r *Router) Weights(ctx context.Context, prefix string) (map[string]int, error) {
+	family := "-4"
+	if strings.Contains(prefix, ":") {
+		family = "-6"
+	}
+	out, err := r.ns.Run(ctx, "ip", family, "route", "show", prefix)
+	if err != nil {
+		return nil, err
+	}
+	weights := map[string]int{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		hop, w := "", 1
+		for i := 0; i+1 < len(f); i++ {
+			switch f[i] {
+			case "via":
+				hop = f[i+1]
+			case "weight":
+				w, _ = strconv.Atoi(f[i+1])
+			}
+		}
+		if hop != "" {
+			weights[hop] = w
+		}
+	}
+	return weights, nil
+}
+
 // Close stops the daemons.
 func (r *Router) Close() {
 	for i := len(r.procs) - 1; i >= 0; i-- {
