@@ -6,7 +6,10 @@ LDFLAGS  := -X main.version=$(VERSION)
 BUF      := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.47.2
 STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build test unit lint generate check-generated demo deps clean
+PREFIX   ?= /usr/local
+SYSTEMD  ?= /etc/systemd/system
+
+.PHONY: all build test unit lint generate check-generated demo deps clean install
 
 all: build
 
@@ -41,6 +44,15 @@ check-generated: generate
 
 demo: deps
 	$(GO) run ./test/cmd/demo
+
+# Bare-metal install: binaries, hardened units, example configuration (kept
+# when one is already there).
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSTEMD) $(DESTDIR)/etc/weir
+	install -m 0755 $(BIN)/weir-server $(BIN)/weir-agent $(BIN)/lbctl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 deploy/systemd/weir-server.service deploy/systemd/weir-agent.service $(DESTDIR)$(SYSTEMD)/
+	[ -e $(DESTDIR)/etc/weir/weir-server.env ] || install -m 0644 deploy/systemd/weir-server.env.example $(DESTDIR)/etc/weir/weir-server.env
+	[ -e $(DESTDIR)/etc/weir/weir-agent.env ] || install -m 0644 deploy/systemd/weir-agent.env.example $(DESTDIR)/etc/weir/weir-agent.env
 
 clean:
 	rm -rf $(BIN)

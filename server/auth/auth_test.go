@@ -31,7 +31,7 @@ func pki(t *testing.T) string {
 	if err := certs.IssueServer(dir, []string{"127.0.0.1", "weir-server"}); err != nil {
 		t.Fatal(err)
 	}
-	for name, role := range map[string]string{"alice": certs.RoleAdmin, "victor": certs.RoleViewer, "node1": certs.RoleAgent} {
+	for name, role := range map[string]string{"alice": certs.RoleAdmin, "victor": certs.RoleViewer, "node1": certs.RoleAgent, certs.FleetAgentName: certs.RoleAgent} {
 		if err := certs.IssueClient(dir, name, role); err != nil {
 			t.Fatal(err)
 		}
@@ -127,6 +127,15 @@ func TestRolesDecideWhoMayCallWhat(t *testing.T) {
 	}
 	if err := sync("node2"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "node2") {
 		t.Errorf("agent node1 streaming node2: got %v, want PermissionDenied naming node2", err)
+	}
+	// The fleet certificate streams any node.
+	fleet, err := weirv1.NewAgentServiceClient(dial(t, addr, dir, certs.FleetAgentName)).Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: "node1"}}})
+	if _, err := fleet.Recv(); err != nil {
+		t.Errorf("the fleet agent certificate streaming node1: %v", err)
 	}
 	s, err := weirv1.NewAgentServiceClient(dial(t, addr, dir, "alice")).Sync(ctx)
 	if err != nil {

@@ -26,6 +26,11 @@ const (
 	RoleAgent  = "agent"  // streams the state of the node its CommonName names
 )
 
+// FleetAgentName is the CommonName of an agent certificate shared by every
+// node (where per-node certificates cannot be issued, as in a DaemonSet):
+// it may stream the state of any node.
+const FleetAgentName = "weir-agents"
+
 // RolePrefix marks a role in a certificate's Organization.
 const RolePrefix = "weir:"
 

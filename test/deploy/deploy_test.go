@@ -1,0 +1,225 @@
+// Package deploy validates what Weir ships for deployment: the Kubernetes
+// manifests, by server-side apply to a real kube-apiserver, and the systemd
+// units, by systemd-analyze verify.
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/weirlb/weir/test/kubeapi"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+func root(t *testing.T) string {
+	t.Helper()
+	r, err := weirlab.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// manifests reads the files kustomization.yaml lists, in its order.
+func manifests(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	dir := filepath.Join(root(t), "deploy", "kubernetes")
+	var k struct {
+		Resources []string `json:"resources"`
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sigsyaml.Unmarshal(raw, &k); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if len(files)-1 != len(k.Resources) {
+		t.Errorf("kustomization.yaml lists %d files, the folder has %d manifests", len(k.Resources), len(files)-1)
+	}
+	var out []*unstructured.Unstructured
+	for _, f := range k.Resources {
+		data, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+		for {
+			var obj map[string]any
+			if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if obj == nil {
+				continue
+			}
+			out = append(out, &unstructured.Unstructured{Object: obj})
+		}
+	}
+	return out
+}
+
+// TestManifestsApplyAsWritten server-side applies every manifest to a real
+// apiserver (the schema) and reads each object back: every field written
+// must be there with the value written.
+func TestManifestsApplyAsWritten(t *testing.T) {
+	kubeapi.SkipUnlessAvailable(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c, err := kubeapi.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := manifests(t)
+	if len(objs) < 8 {
+		t.Fatalf("only %d objects in the manifests", len(objs))
+	}
+	for _, obj := range objs {
+		gvk := obj.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatalf("%s: %v", gvk, err)
+		}
+		ri := dyn.Resource(m.Resource)
+		var client dynamic.ResourceInterface = ri
+		if obj.GetNamespace() != "" {
+			client = ri.Namespace(obj.GetNamespace())
+		}
+		data, err := obj.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := fmt.Sprintf("%s %s/%s", gvk.Kind, obj.GetNamespace(), obj.GetName())
+		if _, err := client.Patch(ctx, obj.GetName(), types.ApplyPatchType, data, metav1ApplyOptions()); err != nil {
+			t.Errorf("server-side apply of %s: %v", name, err)
+			continue
+		}
+		live, err := client.Get(ctx, obj.GetName(), getOptions())
+		if err != nil {
+			t.Errorf("%s after apply: %v", name, err)
+			continue
+		}
+		if path, ok := subset(obj.Object, live.Object, ""); !ok {
+			t.Errorf("%s: %s differs from what the manifest says", name, path)
+		}
+	}
+}
+
+// subset reports whether every field of want is in got with the same value.
+func subset(want, got any, path string) (string, bool) {
+	switch w := want.(type) {
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok {
+			return path, false
+		}
+		for k, v := range w {
+			if p, ok := subset(v, g[k], path+"."+k); !ok {
+				return p, false
+			}
+		}
+		return "", true
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return path, false
+		}
+		for i := range w {
+			if p, ok := subset(w[i], g[i], fmt.Sprintf("%s[%d]", path, i)); !ok {
+				return p, false
+			}
+		}
+		return "", true
+	}
+	// Numbers come back as int64 from the server, float64 from YAML.
+	return path, fmt.Sprint(want) == fmt.Sprint(got) || reflect.DeepEqual(want, got)
+}
+
+// TestSystemdUnitsVerify runs systemd-analyze verify on every shipped unit,
+// pointed at freshly built binaries.
+func TestSystemdUnitsVerify(t *testing.T) {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("systemd-analyze is required (Debian package systemd)")
+		}
+		t.Skip("needs systemd-analyze")
+	}
+	r := root(t)
+	dir := t.TempDir()
+	units, _ := filepath.Glob(filepath.Join(r, "deploy", "systemd", "*.service"))
+	if len(units) == 0 {
+		t.Fatal("no units")
+	}
+	var paths []string
+	for _, u := range units {
+		data, err := os.ReadFile(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(data)
+		for _, binary := range []string{"weir-server", "weir-agent"} {
+			out := filepath.Join(dir, binary)
+			if _, err := os.Stat(out); err != nil {
+				build := exec.Command("go", "build", "-o", out, "./"+map[string]string{"weir-server": "server", "weir-agent": "agent"}[binary]+"/cmd/"+binary)
+				build.Dir = r
+				if b, err := build.CombinedOutput(); err != nil {
+					t.Fatalf("%v: %s", err, b)
+				}
+			}
+			text = strings.ReplaceAll(text, "/usr/local/bin/"+binary, out)
+		}
+		p := filepath.Join(dir, filepath.Base(u))
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
+	out, err := exec.Command("systemd-analyze", append([]string{"verify"}, paths...)...).CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) != 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+func metav1ApplyOptions() metav1.PatchOptions {
+	force := true
+	return metav1.PatchOptions{FieldManager: "weir-deploy-test", Force: &force}
+}
+
+func getOptions() metav1.GetOptions { return metav1.GetOptions{} }
