@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"sigs.k8s.io/yaml"
 
@@ -28,7 +30,7 @@ func (a *app) applyCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "apply -f FILE",
-		Short: "Create or update the resources described in YAML files",
+		Short: "Create or update the resources described in YAML files, all or nothing",
 		Long: `Create or update the resources described in YAML files.
 
 A file holds documents separated by "---" lines. Each document is one
@@ -36,9 +38,19 @@ resource: "kind: Service", "kind: EndpointSlice" or "kind: Node", then the
 fields of that resource as in the API, spelled as in the proto files
 (metadata, spec, status; service_name, endpoints, ports; addresses, zone,
 pod_cidrs). A document may also be a list, {items: [...]}, as "lbctl get -o
-yaml" prints. Every document is checked before any is sent, and a resource
-that exists is replaced whatever its resource_version.`,
+yaml" prints.
+
+All or nothing, as far as the server can tell: every document is checked
+locally, then by the server (validate_only: fields, conflicts such as a
+cluster IP another service holds, ownership), before any is written. A
+resource that exists is replaced whatever its resource_version; one that
+would not change is left alone ("unchanged").
+
+--dry-run stops after the server's checks and prints what would change: a
+line diff of the stored resource against the one the file describes, as
+the server would store it.`,
 		Example: `  lbctl apply -f web.yaml
+  lbctl apply -f web.yaml --dry-run
   lbctl get svc -o yaml | lbctl apply -f -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -46,27 +58,23 @@ that exists is replaced whatever its resource_version.`,
 			if err != nil {
 				return err
 			}
-			if dryRun {
-				for _, d := range docs {
-					fmt.Fprintf(a.stdout, "%s would be applied (dry run)\n", d.path())
-				}
-				return nil
-			}
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			for _, d := range docs {
-				verb := "created"
-				err := d.kind.create(cmd.Context(), c, d.obj)
-				if status.Code(err) == codes.AlreadyExists {
-					verb = "configured"
-					err = d.kind.update(cmd.Context(), c, d.obj)
+			changes, err := plan(cmd.Context(), c, docs)
+			if err != nil {
+				return err
+			}
+			for _, ch := range changes {
+				if dryRun {
+					err = a.printChange(ch)
+				} else {
+					err = a.applyChange(cmd.Context(), c, ch)
 				}
 				if err != nil {
-					return d.fail(err)
+					return err
 				}
-				fmt.Fprintf(a.stdout, "%s %s\n", d.path(), verb)
 			}
 			return nil
 		},
@@ -74,8 +82,90 @@ that exists is replaced whatever its resource_version.`,
 	f := cmd.Flags()
 	f.StringArrayVarP(&files, "filename", "f", nil, `YAML file to apply ("-" for standard input); may repeat`)
 	f.StringVarP(&a.namespace, "namespace", "n", "default", "namespace of documents that name none")
-	f.BoolVar(&dryRun, "dry-run", false, "check the files and print what would be applied, without sending anything")
+	f.BoolVar(&dryRun, "dry-run", false, "let the server check every document, print what would change, write nothing")
 	return cmd
+}
+
+// change is what applying one document does, as the server checked it.
+type change struct {
+	document
+	current object // as stored; nil when the resource does not exist yet
+	desired object // as the server would store the document
+}
+
+// verb says what the change does: created, configured or unchanged.
+func (ch change) verb() string {
+	switch {
+	case ch.current == nil:
+		return "created"
+	case proto.Equal(ch.kind.settable(ch.current), ch.kind.settable(ch.desired)):
+		return "unchanged"
+	}
+	return "configured"
+}
+
+// plan has the server check every document as apply would write it
+// (create, or update when it exists) without writing anything, so that a
+// refusal anywhere stops the command before any write.
+func plan(ctx context.Context, c client, docs []document) ([]change, error) {
+	var out []change
+	for _, d := range docs {
+		m := d.obj.GetMetadata()
+		current, err := d.kind.get(ctx, c, m.GetNamespace(), m.GetName())
+		write := d.kind.update
+		switch {
+		case status.Code(err) == codes.NotFound:
+			current, write = nil, d.kind.create
+		case err != nil:
+			return nil, d.fail(err)
+		}
+		desired, err := write(ctx, c, d.obj, true)
+		if err != nil {
+			return nil, d.fail(err)
+		}
+		out = append(out, change{d, current, desired})
+	}
+	return out, nil
+}
+
+func (a *app) applyChange(ctx context.Context, c client, ch change) error {
+	var err error
+	verb := ch.verb()
+	switch verb {
+	case "created":
+		_, err = ch.kind.create(ctx, c, ch.obj, false)
+	case "configured":
+		_, err = ch.kind.update(ctx, c, ch.obj, false)
+	}
+	if err != nil {
+		return ch.fail(err)
+	}
+	fmt.Fprintf(a.stdout, "%s %s\n", ch.path(), verb)
+	return nil
+}
+
+// printChange tells what applying would do; a change shows as a diff of
+// the YAML of the stored resource and of the one the file describes.
+func (a *app) printChange(ch change) error {
+	verb := ch.verb()
+	if verb == "unchanged" {
+		fmt.Fprintf(a.stdout, "%s unchanged\n", ch.path())
+		return nil
+	}
+	fmt.Fprintf(a.stdout, "%s %s (dry run)\n", ch.path(), verb)
+	if verb == "created" {
+		return nil
+	}
+	before, err := objectYAML(ch.kind, ch.kind.settable(ch.current))
+	if err != nil {
+		return err
+	}
+	after, err := objectYAML(ch.kind, ch.kind.settable(ch.desired))
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(a.stdout, "--- current\n+++ desired\n"+unified(lineDiff(lines(before), lines(after)), 3))
+	return err
 }
 
 func (a *app) deleteCmd() *cobra.Command {
@@ -125,7 +215,7 @@ func (a *app) deleteCmd() *cobra.Command {
 				case status.Code(err) == codes.NotFound && ignoreNotFound:
 					continue
 				case status.Code(err) == codes.NotFound:
-					return fmt.Errorf("%s %s not found", d.kind.singular, d.kind.objRef(d.obj))
+					return explain(d.kind, d.kind.objRef(d.obj), err)
 				case err != nil:
 					return fmt.Errorf("deleting %s %s: %w", d.kind.singular, d.kind.objRef(d.obj), plain(d.kind, err))
 				}
@@ -192,6 +282,15 @@ func (a *app) readDocuments(files []string) ([]document, error) {
 			}
 			docs = append(docs, ds...)
 		}
+	}
+	// A resource twice would pass the server's checks twice, then fail
+	// half-way through as created twice.
+	seen := map[string]string{}
+	for _, d := range docs {
+		if first, ok := seen[d.path()]; ok {
+			return nil, fmt.Errorf("%s: the same resource as %s", d.label, first)
+		}
+		seen[d.path()] = d.label
 	}
 	return docs, nil
 }

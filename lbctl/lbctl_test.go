@@ -8,14 +8,19 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/servertest"
 )
 
@@ -59,9 +64,24 @@ ports:
   port: 8080
 `
 
+// TestMain keeps the tests away from the user's config file and environment.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "lbctl-test-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("LBCTL_CONFIG", filepath.Join(dir, "absent.yaml"))
+	os.Unsetenv("WEIR_SERVER")
+	os.Unsetenv("WEIR_INSECURE")
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 // env is a real server on a loopback port and a clock for AGE.
 type env struct {
 	t        *testing.T
+	srv      *servertest.Server
 	addr     string
 	registry weirv1.RegistryServiceClient
 	now      time.Time
@@ -70,16 +90,21 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	srv := servertest.Start(t, t.TempDir())
-	return &env{t: t, addr: srv.Addr, registry: srv.Registry, now: time.Now()}
+	return &env{t: t, srv: srv, addr: srv.Addr, registry: srv.Registry, now: time.Now()}
+}
+
+// runLbctl runs one command line in-process, as typed: no flags added.
+func runLbctl(ctx context.Context, now time.Time, stdin string, args ...string) (stdout, stderr string, code int) {
+	var out, errOut bytes.Buffer
+	a := &app{stdin: strings.NewReader(stdin), stdout: &out, stderr: &errOut, now: func() time.Time { return now }}
+	code = a.run(ctx, args)
+	return out.String(), errOut.String(), code
 }
 
 // lbctl runs one command line in-process against the env's server.
 func (e *env) lbctl(stdin string, args ...string) (stdout, stderr string, code int) {
 	e.t.Helper()
-	var out, errOut bytes.Buffer
-	a := &app{stdin: strings.NewReader(stdin), stdout: &out, stderr: &errOut, now: func() time.Time { return e.now }}
-	code = a.run(append([]string{"--server", e.addr, "--insecure"}, args...))
-	return out.String(), errOut.String(), code
+	return runLbctl(context.Background(), e.now, stdin, append([]string{"--server", e.addr, "--insecure"}, args...)...)
 }
 
 // mustLbctl runs a command line that must succeed.
@@ -101,16 +126,33 @@ func writeFile(t *testing.T, name, content string) string {
 	return path
 }
 
-func TestApplyCreatesThenConfigures(t *testing.T) {
+func TestApplyCreatesThenLeavesAloneThenConfigures(t *testing.T) {
 	e := newEnv(t)
 	file := writeFile(t, "web.yaml", fixture)
 	want := "node/node1 created\nservice/default/web created\nendpointslice/default/web-1 created\n"
 	if got := e.mustLbctl("", "apply", "-f", file); got != want {
 		t.Errorf("first apply:\n%s\nwant:\n%s", got, want)
 	}
-	want = strings.ReplaceAll(want, "created", "configured")
+	version := func() string {
+		t.Helper()
+		svc, err := e.registry.GetService(context.Background(), &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return svc.GetService().GetMetadata().GetResourceVersion()
+	}
+	before := version()
+	want = strings.ReplaceAll(want, "created", "unchanged")
 	if got := e.mustLbctl("", "apply", "-f", file); got != want {
 		t.Errorf("second apply:\n%s\nwant:\n%s", got, want)
+	}
+	if after := version(); after != before {
+		t.Errorf("an unchanged apply wrote: resource version %s, then %s", before, after)
+	}
+	changed := strings.Replace(fixture, "zone: zone-a", "zone: zone-b", 1)
+	want = "node/node1 configured\nservice/default/web unchanged\nendpointslice/default/web-1 unchanged\n"
+	if got := e.mustLbctl(changed, "apply", "-f", "-"); got != want {
+		t.Errorf("apply with the node changed:\n%s\nwant:\n%s", got, want)
 	}
 }
 
@@ -127,7 +169,12 @@ spec:
   health_check_node_port: 32000
   ports: [{name: https, port: 443, node_port: 30443}, {name: dns, protocol: PROTOCOL_UDP, port: 53}]
 status: {load_balancer_ips: [203.0.113.7]}
+---
+kind: Node
+metadata: {name: node2}
+addresses: [192.0.2.12]
 `, "apply", "-f", "-")
+	e.mustLbctl("", "node", "drain", "node2")
 	svc, err := e.registry.GetService(context.Background(), &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
 	if err != nil {
 		t.Fatal(err)
@@ -153,8 +200,9 @@ NAME    SERVICE   ENDPOINTS                                                     
 web-1   web       10.244.1.5:8080,10.244.1.6:8080,10.244.1.7:8080 + 1 more...   3/4     3h
 `},
 		{[]string{"get", "nodes", "-n", "ignored"}, `
-NAME    ADDRESSES    ZONE     POD-CIDRS       STATUS   AGE
-node1   192.0.2.11   zone-a   10.244.1.0/24   Ready    3h
+NAME    ADDRESSES    ZONE     POD-CIDRS       STATUS          AGE
+node1   192.0.2.11   zone-a   10.244.1.0/24   Ready           3h
+node2   192.0.2.12   <none>   <none>          Ready,Drained   3h
 `},
 		{[]string{"get", "service", "web", "-n", "default"}, `
 NAME   TYPE       CLUSTER-IPS   EXTERNAL-IPS   PORTS          AGE
@@ -187,15 +235,15 @@ func TestYAMLOutputAppliesBack(t *testing.T) {
 			t.Errorf("get %s -o yaml does not start with a list of kinded items:\n%s", typ, out)
 		}
 		got := e.mustLbctl(out, "apply", "-f", "-")
-		if !strings.HasSuffix(got, " configured\n") || strings.Count(got, "\n") != 1 {
-			t.Errorf("applying get %s -o yaml back: %q, want one configured line", typ, got)
+		if !strings.HasSuffix(got, " unchanged\n") || strings.Count(got, "\n") != 1 {
+			t.Errorf("applying get %s -o yaml back: %q, want one unchanged line", typ, got)
 		}
 	}
 	one := e.mustLbctl("", "get", "svc", "web", "-o", "yaml")
 	if !strings.HasPrefix(one, "kind: Service\nmetadata:\n") {
 		t.Errorf("get svc web -o yaml is not one kinded object:\n%s", one)
 	}
-	if got := e.mustLbctl(one, "apply", "-f", "-"); got != "service/default/web configured\n" {
+	if got := e.mustLbctl(one, "apply", "-f", "-"); got != "service/default/web unchanged\n" {
 		t.Errorf("applying one object back: %q", got)
 	}
 }
@@ -256,6 +304,8 @@ func TestBadDocumentStopsEverything(t *testing.T) {
 		{"kind: Node\nmetadata: {name: node9}\naddresses: [not-an-ip]\n", `document 1 (Node node9): addresses[0]: "not-an-ip" is not an IP address`},
 		{"kind: Pod\n", `document 1: kind: "Pod" is not Service, EndpointSlice or Node`},
 		{"---\nkind: Node\nmetadata: {name: a}\n---\nkind: Node\n", "document 2 (Node): metadata.name: required"},
+		{"kind: Node\nmetadata: {name: a}\n---\nitems: [{kind: Node, metadata: {name: a}}]\n",
+			"document 2, item 1 (Node a): the same resource as stdin: document 1 (Node a)"},
 	} {
 		_, errOut, code := e.lbctl(tc.doc, "apply", "-f", "-")
 		if code != 1 || !strings.HasPrefix(errOut, "lbctl: stdin: "+tc.want) {
@@ -300,13 +350,11 @@ func TestUnreachableServer(t *testing.T) {
 	}
 	addr := lis.Addr().String()
 	lis.Close() // nothing listens there now
-	for _, args := range [][]string{{"get", "svc"}, {"version"}, {"apply", "-f", "-"}} {
-		var out, errOut bytes.Buffer
-		a := &app{stdin: strings.NewReader(fixture), stdout: &out, stderr: &errOut, now: time.Now}
-		code := a.run(append([]string{"--server", addr, "--insecure", "--timeout", "5s"}, args...))
-		want := "lbctl: cannot reach the server at " + addr + " (is weir-server running? set --server or WEIR_SERVER)\n"
-		if code != 3 || errOut.String() != want {
-			t.Errorf("lbctl %s: exit %d, stderr %q; want exit 3 and %q", strings.Join(args, " "), code, errOut.String(), want)
+	for _, args := range [][]string{{"get", "svc"}, {"version"}, {"apply", "-f", "-"}, {"status"}, {"get", "svc", "-w"}, {"describe", "node", "n"}} {
+		_, errOut, code := runLbctl(context.Background(), time.Now(), fixture, append([]string{"--server", addr, "--insecure", "--timeout", "5s"}, args...)...)
+		want := "lbctl: cannot reach the server at " + addr + " (is weir-server running? set --server, WEIR_SERVER or a context)\n"
+		if code != 3 || errOut != want {
+			t.Errorf("lbctl %s: exit %d, stderr %q; want exit 3 and %q", strings.Join(args, " "), code, errOut, want)
 		}
 	}
 }
@@ -315,10 +363,8 @@ func TestServerAndInsecureFromEnvironment(t *testing.T) {
 	e := newEnv(t)
 	t.Setenv("WEIR_SERVER", e.addr)
 	t.Setenv("WEIR_INSECURE", "1")
-	var out, errOut bytes.Buffer
-	a := &app{stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, now: time.Now}
-	if code := a.run([]string{"version"}); code != 0 || !strings.Contains(out.String(), e.addr+" (SERVING)") {
-		t.Errorf("with WEIR_SERVER and WEIR_INSECURE: exit %d, %q %q", code, out.String(), errOut.String())
+	if out, errOut, code := runLbctl(context.Background(), time.Now(), "", "version"); code != 0 || !strings.Contains(out, e.addr+" (SERVING)") {
+		t.Errorf("with WEIR_SERVER and WEIR_INSECURE: exit %d, %q %q", code, out, errOut)
 	}
 }
 
@@ -340,5 +386,522 @@ func TestDeleteFromFile(t *testing.T) {
 	}
 	if got := e.mustLbctl("", "delete", "-f", file, "--ignore-not-found"); got != "" {
 		t.Errorf("deleting again with --ignore-not-found printed %q", got)
+	}
+}
+
+// lbFixture is a LoadBalancer service with a health check on two nodes, an
+// endpoint on each: ready on node1, terminating on node2. Its status holds
+// an outside load balancer's address, so that no pool assigns one.
+const lbFixture = `kind: Node
+metadata: {name: node1}
+addresses: [192.0.2.11]
+zone: zone-a
+pod_cidrs: [10.244.1.0/24]
+---
+kind: Node
+metadata: {name: node2, labels: {rack: r2}}
+addresses: [192.0.2.12]
+zone: zone-b
+pod_cidrs: [10.244.2.0/24]
+---
+kind: Service
+metadata: {name: lb, labels: {app: lb}}
+spec:
+  type: SERVICE_TYPE_LOAD_BALANCER
+  cluster_ips: [10.96.0.20]
+  external_traffic_policy: TRAFFIC_POLICY_LOCAL
+  health_check_node_port: 32000
+  ports: [{name: http, port: 80, target_port: 8080, node_port: 30080}]
+status: {load_balancer_ips: [203.0.113.7]}
+---
+kind: EndpointSlice
+metadata: {name: lb-1}
+service_name: lb
+endpoints:
+- {addresses: [10.244.1.5], node_name: node1, zone: zone-a}
+- {addresses: [10.244.2.5], node_name: node2, zone: zone-b, conditions: {ready: false, serving: true, terminating: true}}
+ports: [{name: http, port: 8080}]
+`
+
+// agent plays node's weir-agent: it applies the state it is sent, reports
+// its health and its services', and returns once the server shows it.
+func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealth) {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	e.t.Cleanup(cancel) // before the server stops: cleanups run last first
+	stream, err := e.srv.Agents.Sync(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	send := func(m *weirv1.SyncRequest) {
+		if err := stream.Send(m); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: node}}})
+	for more := true; more; {
+		msg, err := stream.Recv()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if more = msg.GetMore(); !more {
+			send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
+		}
+	}
+	send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: &weirv1.Report{
+		Full:             true,
+		NodeHealth:       &weirv1.NodeHealth{HealthzCode: healthz, LivezCode: 200, NodeEligible: true},
+		Services:         services,
+		LastSyncDuration: durationpb.New(1500 * time.Microsecond),
+	}}})
+	st := weirv1.NewStatusServiceClient(e.srv.Conn)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		resp, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		for _, n := range resp.GetNodes() {
+			if n.GetName() == node && n.GetConnected() && n.GetAppliedVersion() == n.GetSentVersion() && n.GetHealth().GetHealthzCode() == healthz {
+				return
+			}
+		}
+	}
+	e.t.Fatalf("agent of %s: the server does not show it connected, programmed and reporting", node)
+}
+
+// lbEnv is lbFixture applied, with the clock three hours after.
+func lbEnv(t *testing.T) *env {
+	e := newEnv(t)
+	e.mustLbctl(lbFixture, "apply", "-f", "-")
+	svc, err := e.registry.GetService(context.Background(), &weirv1.GetServiceRequest{Namespace: "default", Name: "lb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.now = svc.GetService().GetMetadata().GetCreateTime().AsTime().Add(3*time.Hour + 5*time.Minute)
+	return e
+}
+
+func lbHealth(code, ready int32) *weirv1.ServiceHealth {
+	return &weirv1.ServiceHealth{Namespace: "default", Name: "lb", LocalReady: ready, LocalServing: ready,
+		HealthCheckNodePort: 32000, HealthCheckCode: code}
+}
+
+// golden compares a command's output with the text after want's first newline.
+func golden(t *testing.T, what, got, want string) {
+	t.Helper()
+	if want = want[1:]; got != want {
+		t.Errorf("%s:\n%s\nwant:\n%s\ndiff (-want +got):\n%s", what, got, want, cmp.Diff(want, got))
+	}
+}
+
+func TestDescribeServiceShowsEveryNode(t *testing.T) {
+	e := lbEnv(t)
+	e.agent("node1", 200, lbHealth(200, 1))
+	e.agent("node2", 200, lbHealth(503, 0))
+	for _, args := range [][]string{{"describe", "service", "default/lb"}, {"describe", "svc", "lb", "-n", "default"}} {
+		golden(t, strings.Join(args, " "), e.mustLbctl("", args...), `
+Name:                         lb
+Namespace:                    default
+Labels:                       app=lb
+Source:                       native
+Created:                      3h ago
+Type:                         LoadBalancer
+Cluster IPs:                  10.96.0.20
+External IPs:                 <none>
+LoadBalancer IPs:             203.0.113.7
+LoadBalancer Source Ranges:   <none>
+External Traffic Policy:      Local (health check node port 32000)
+Internal Traffic Policy:      Cluster
+Session Affinity:             None
+Ports:
+  NAME   PORT   PROTOCOL   TARGET PORT   NODE PORT
+  http   80     TCP        8080          30080
+
+Endpoints:
+  NODE    ADDRESS      PORT(S)    READY   SERVING   TERMINATING   ZONE
+  node1   10.244.1.5   8080/TCP   yes     yes       no            zone-a
+  node2   10.244.2.5   8080/TCP   no      yes       yes           zone-b
+
+Nodes:
+  NODE    PROGRAMMED   APPLIED/SENT   LAG   HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
+  node1   yes          4/4            0     200            1             yes                -
+  node2   yes          4/4            0     503            0             no                 NoLocalEndpoints
+
+Receiving external traffic: node1
+`)
+	}
+	_, errOut, code := e.lbctl("", "describe", "service", "default/nope")
+	if code != 1 || errOut != "lbctl: service default/nope not found\n" {
+		t.Errorf("describe of a missing service: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := e.lbctl("", "describe", "eps", "lb-1"); code != 2 {
+		t.Errorf("describe eps: exit %d, %q; want a usage error", code, errOut)
+	}
+}
+
+func TestDescribeNode(t *testing.T) {
+	e := lbEnv(t)
+	// Drained before its agent connects, so that the agent has applied it.
+	e.mustLbctl("", "node", "drain", "node2")
+	e.agent("node2", 503, lbHealth(503, 0))
+	golden(t, "describe node node2", e.mustLbctl("", "describe", "node", "node2"), `
+Name:        node2
+Labels:      rack=r2
+Source:      native
+Created:     3h ago
+Addresses:   192.0.2.12
+Zone:        zone-b
+Pod CIDRs:   10.244.2.0/24
+Deleting:    no
+Drained:     yes
+Agent:
+  Connected:            yes
+  Last Seen:            3h ago
+  Applied/Sent:         5/5
+  Lag:                  0
+  Last Error:           <none>
+  Healthz:              503
+  Livez:                200
+  Last Sync Duration:   1.5ms
+
+Services with health checks:
+  SERVICE      PORT    HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
+  default/lb   32000   503            0             no                 NoLocalEndpoints
+`)
+	golden(t, "describe node node1", e.mustLbctl("", "describe", "node", "node1"), `
+Name:        node1
+Labels:      <none>
+Source:      native
+Created:     3h ago
+Addresses:   192.0.2.11
+Zone:        zone-a
+Pod CIDRs:   10.244.1.0/24
+Deleting:    no
+Drained:     no
+Agent:
+  Connected:            no
+  Last Seen:            <never>
+  Applied/Sent:         -
+  Lag:                  -
+  Last Error:           <none>
+  Healthz:              -
+  Livez:                -
+  Last Sync Duration:   -
+
+Services with health checks:
+  SERVICE      PORT    HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
+  default/lb   32000   -              -             no                 Disconnected
+`)
+}
+
+func TestStatus(t *testing.T) {
+	e := lbEnv(t)
+	e.agent("node1", 200, lbHealth(200, 1))
+	out, errOut, code := e.lbctl("", "status")
+	golden(t, "status", strings.ReplaceAll(out, e.addr, "ADDR"), `
+Server:          ADDR (SERVING)
+Version:         <none>
+State version:   4
+Uptime:          3h
+Sources:         native
+Agents:          1 connected, 2 nodes registered
+
+NAME    CONNECTED   APPLIED/SENT   LAG   HEALTHZ   DRAINED   LAST ERROR
+node1   yes         4/4            0     200       no        <none>
+node2   no          -              -     -         no        <none>
+`)
+	if want := "lbctl: 1 of 2 nodes not ready: node2 has never connected\n"; code != 1 || errOut != want {
+		t.Errorf("status with node2 never connected: exit %d, %q; want exit 1 and %q", code, errOut, want)
+	}
+
+	e.agent("node2", 200)
+	if out, errOut, code := e.lbctl("", "status"); code != 0 || errOut != "" || !strings.Contains(out, "2 connected, 2 nodes registered") {
+		t.Errorf("status with both nodes programmed: exit %d, stderr %q\n%s", code, errOut, out)
+	}
+}
+
+func TestDrainAndUncordon(t *testing.T) {
+	e := newEnv(t)
+	e.mustLbctl(fixture, "apply", "-f", "-")
+	drained := func() bool {
+		t.Helper()
+		n, err := e.registry.GetNode(context.Background(), &weirv1.GetNodeRequest{Name: "node1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.GetNode().GetDrained()
+	}
+	if out := e.mustLbctl("", "node", "drain", "node1"); out != "node/node1 drained\n" || !drained() {
+		t.Errorf("drain: %q, drained %v", out, drained())
+	}
+	if out := e.mustLbctl("", "node", "uncordon", "node1"); out != "node/node1 uncordoned\n" || drained() {
+		t.Errorf("uncordon: %q, drained %v", out, drained())
+	}
+	if _, errOut, code := e.lbctl("", "node", "drain", "nope"); code != 1 || errOut != "lbctl: node nope not found\n" {
+		t.Errorf("draining an unknown node: exit %d, %q", code, errOut)
+	}
+}
+
+func TestApplyIsAllOrNothing(t *testing.T) {
+	e := newEnv(t)
+	e.mustLbctl(fixture, "apply", "-f", "-") // web holds 10.96.0.10
+	// Both documents are fine alone; the second wants web's cluster IP,
+	// which only the server knows.
+	file := writeFile(t, "two.yaml", `kind: Service
+metadata: {name: api}
+spec: {cluster_ips: [10.96.0.30], ports: [{port: 80}]}
+---
+kind: Service
+metadata: {name: other}
+spec: {cluster_ips: [10.96.0.10], ports: [{port: 80}]}
+`)
+	out, errOut, code := e.lbctl("", "apply", "-f", file)
+	want := "lbctl: " + file + ": document 2 (Service default/other): in use: spec.cluster_ips[0] 10.96.0.10 is the cluster IP of service default/web\n"
+	if code != 1 || out != "" || errOut != want {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 and %q", code, out, errOut, want)
+	}
+	if _, errOut, code := e.lbctl("", "get", "svc", "api"); code != 1 || errOut != "lbctl: service default/api not found\n" {
+		t.Errorf("document 1 was written although document 2 was refused: exit %d, %q", code, errOut)
+	}
+}
+
+func TestDryRunShowsTheDiffAndWritesNothing(t *testing.T) {
+	e := newEnv(t)
+	e.mustLbctl(fixture, "apply", "-f", "-")
+	changed := strings.Replace(fixture, "port: 80\n", "port: 81\n", 1) + `---
+kind: Node
+metadata: {name: node2}
+`
+	golden(t, "apply --dry-run", e.mustLbctl(changed, "apply", "--dry-run", "-f", "-"), `
+node/node1 unchanged
+service/default/web configured (dry run)
+--- current
++++ desired
+@@ -12,7 +12,7 @@
+   ports:
+   - name: http
+     node_port: 30080
+-    port: 80
++    port: 81
+     protocol: PROTOCOL_TCP
+     target_port: 8080
+   session_affinity: SESSION_AFFINITY_NONE
+endpointslice/default/web-1 unchanged
+node/node2 created (dry run)
+`)
+	svc, err := e.registry.GetService(context.Background(), &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+	if err != nil || svc.GetService().GetSpec().GetPorts()[0].GetPort() != 80 {
+		t.Errorf("--dry-run changed the service: %v, %v", svc, err)
+	}
+	if _, errOut, code := e.lbctl("", "get", "node", "node2"); code != 1 {
+		t.Errorf("--dry-run created node2: exit %d, %q", code, errOut)
+	}
+}
+
+func TestLineDiff(t *testing.T) {
+	for _, tc := range []struct{ a, b, want string }{
+		{"a\nb\nc\n", "a\nb\nc\n", ""},
+		{"", "x\n", "@@ -0,0 +1 @@\n+x\n"},
+		{"x\ny\n", "y\n", "@@ -1,2 +1 @@\n-x\n y\n"},
+		{"a\nb\nc\nd\ne\nf\ng\nh\ni\nj\n", "a\nB\nc\nd\ne\nf\ng\nh\nI\nj\n",
+			"@@ -1,10 +1,10 @@\n a\n-b\n+B\n c\n d\n e\n f\n g\n h\n-i\n+I\n j\n"},
+		{"1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n11\n12\n", "1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n11\n12\n13\n",
+			"@@ -10,3 +10,4 @@\n 10\n 11\n 12\n+13\n"},
+	} {
+		if got := unified(lineDiff(lines(tc.a), lines(tc.b)), 3); got != tc.want {
+			t.Errorf("diff %q %q:\n%s\nwant:\n%s", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
+
+// syncBuffer is a buffer a running command writes while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// watch starts a watching command line; stop cancels it as Ctrl-C would
+// and returns its exit code and stderr.
+func (e *env) watch(args ...string) (out *syncBuffer, stop func() (int, string)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	out = &syncBuffer{}
+	var errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		a := &app{stdin: strings.NewReader(""), stdout: out, stderr: &errOut, now: func() time.Time { return e.now }}
+		done <- a.run(ctx, append([]string{"--server", e.addr, "--insecure"}, args...))
+	}()
+	e.t.Cleanup(cancel)
+	return out, func() (int, string) {
+		cancel()
+		return <-done, errOut.String()
+	}
+}
+
+// waitFor waits until out holds want.
+func waitFor(t *testing.T, out *syncBuffer, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if strings.Contains(out.String(), want) {
+			return
+		}
+	}
+	t.Fatalf("waited for %q; output so far:\n%s", want, out.String())
+}
+
+func TestGetWatchPrintsStateThenChanges(t *testing.T) {
+	e := newEnv(t)
+	e.mustLbctl(fixture, "apply", "-f", "-")
+	e.now = time.Now()
+	out, stop := e.watch("get", "services", "--watch")
+	waitFor(t, out, "ADDED      web    NodePort   10.96.0.10    <none>         80:30080/TCP   0s\n")
+	e.mustLbctl("kind: Service\nmetadata: {name: db}\nspec: {type: SERVICE_TYPE_NODE_PORT, cluster_ips: [10.96.0.11], ports: [{port: 81, node_port: 30081}]}\n", "apply", "-f", "-")
+	e.mustLbctl(strings.Replace(fixture, "port: 80\n", "port: 81\n", 1), "apply", "-f", "-")
+	e.mustLbctl("", "delete", "service", "db")
+	waitFor(t, out, "DELETED")
+	if code, errOut := stop(); code != 0 || errOut != "" {
+		t.Errorf("watch ended by cancel: exit %d, stderr %q; want exit 0", code, errOut)
+	}
+	golden(t, "get services --watch", out.String(), `
+EVENT      NAME   TYPE       CLUSTER-IPS   EXTERNAL-IPS   PORTS          AGE
+ADDED      web    NodePort   10.96.0.10    <none>         80:30080/TCP   0s
+ADDED      db     NodePort   10.96.0.11    <none>         81:30081/TCP   0s
+MODIFIED   web    NodePort   10.96.0.10    <none>         81:30080/TCP   0s
+DELETED    db     NodePort   10.96.0.11    <none>         81:30081/TCP   0s
+`)
+
+	yamlOut, stop := e.watch("get", "nodes", "-w", "-o", "yaml")
+	waitFor(t, yamlOut, "name: node1\n")
+	e.mustLbctl(strings.Replace(fixture, "zone: zone-a", "zone: zone-b", 1), "apply", "-f", "-")
+	waitFor(t, yamlOut, "---\nkind: Node\n")
+	if code, _ := stop(); code != 0 {
+		t.Errorf("yaml watch: exit %d", code)
+	}
+	docs := splitDocuments(yamlOut.String())
+	if len(docs) != 2 || !strings.Contains(docs[1], "zone: zone-b") {
+		t.Errorf("yaml watch: want two documents, the second in zone-b:\n%s", yamlOut.String())
+	}
+
+	jsonOut, stop := e.watch("get", "endpoints", "-w", "-o", "json")
+	waitFor(t, jsonOut, "}\n")
+	stop()
+	for _, line := range lines(jsonOut.String()) {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(line), &obj); err != nil || obj["kind"] != "EndpointSlice" {
+			t.Errorf("json watch line %q: %v", line, err)
+		}
+	}
+}
+
+func TestContexts(t *testing.T) {
+	e := newEnv(t)
+	dir := t.TempDir()
+	config := filepath.Join(dir, "weir", "lbctl.yaml")
+	t.Setenv("LBCTL_CONFIG", config)
+	run := func(args ...string) (string, string, int) { return runLbctl(context.Background(), e.now, "", args...) }
+	must := func(want string, args ...string) {
+		t.Helper()
+		if out, errOut, code := run(args...); code != 0 || out != want {
+			t.Errorf("lbctl %s: exit %d, stdout %q, stderr %q; want %q", strings.Join(args, " "), code, out, errOut, want)
+		}
+	}
+
+	if _, errOut, code := run("config", "get-contexts"); code != 0 || errOut != "No contexts in "+config+".\n" {
+		t.Errorf("get-contexts without a file: exit %d, %q", code, errOut)
+	}
+	must(`Context "lab" created.`+"\n", "config", "set-context", "lab", "--server", "192.0.2.2:7443",
+		"--ca-file", "/etc/weir/tls/ca.crt", "--cert-file", "/etc/weir/tls/admin.crt", "--key-file", "/etc/weir/tls/admin.key")
+	must(`Context "demo" created.`+"\n", "config", "set-context", "demo", "--server", "127.0.0.1:7443", "--insecure")
+	must(`Switched to context "lab".`+"\n", "config", "use-context", "lab")
+	out, _, _ := run("config", "get-contexts")
+	golden(t, "get-contexts", out, `
+CURRENT   NAME   SERVER           INSECURE   CERT-FILE
+*         lab    192.0.2.2:7443   no         /etc/weir/tls/admin.crt
+          demo   127.0.0.1:7443   yes        <none>
+`)
+	if fi, err := os.Stat(config); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("config file: %v, %v; want mode 0600", fi, err)
+	}
+
+	// --context picks the server; flags and the environment beat the context.
+	must(`Context "demo" modified.`+"\n", "config", "set-context", "demo", "--server", e.addr)
+	want := "Client: dev\nServer: " + e.addr + " (SERVING)\n"
+	must(want, "--context", "demo", "version")
+	must(want, "version", "--server", e.addr, "--insecure")
+	t.Setenv("WEIR_SERVER", e.addr)
+	t.Setenv("WEIR_INSECURE", "1")
+	must(want, "version")
+	t.Setenv("WEIR_SERVER", "")
+	t.Setenv("WEIR_INSECURE", "")
+	// lab's CA file does not exist: proof that lab is in use.
+	if _, errOut, code := run("version"); code != 1 || !strings.Contains(errOut, "/etc/weir/tls/ca.crt") {
+		t.Errorf("version with the current context lab: exit %d, %q; want lab's CA file named", code, errOut)
+	}
+	must(`Switched to context "demo".`+"\n", "config", "use-context", "demo")
+	must(want, "version")
+
+	if _, errOut, code := run("config", "use-context", "nope"); code != 1 || errOut != `lbctl: no context "nope" in `+config+"\n" {
+		t.Errorf("use-context nope: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := run("--context", "nope", "get", "svc"); code != 2 || !strings.Contains(errOut, `--context "nope"`) {
+		t.Errorf("--context nope: exit %d, %q", code, errOut)
+	}
+
+	bad := writeFile(t, "bad.yaml", "current-context: lab\ncontexts:\n- name: lab\n  sever: 192.0.2.2:7443\n")
+	for _, args := range [][]string{{"get", "svc"}, {"config", "get-contexts"}} {
+		_, errOut, code := run(append([]string{"--config", bad}, args...)...)
+		if code != 1 || !strings.HasPrefix(errOut, "lbctl: config file "+bad+": ") || !strings.Contains(errOut, "sever") {
+			t.Errorf("lbctl %s with a misspelt key: exit %d, %q; want exit 1 naming the file and the key", strings.Join(args, " "), code, errOut)
+		}
+	}
+}
+
+// TestViewerMayReadNotWrite runs the server with mTLS; the context names
+// its files relative to the config file.
+func TestViewerMayReadNotWrite(t *testing.T) {
+	dir := t.TempDir()
+	if err := certs.InitCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range []error{certs.IssueServer(dir, []string{"127.0.0.1"}), certs.IssueClient(dir, "victor", certs.RoleViewer)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tlsCfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS = tlsCfg })
+	config := filepath.Join(dir, "lbctl.yaml")
+	if err := os.WriteFile(config, []byte(`current-context: view
+contexts:
+- name: view
+  server: `+srv.Addr+`
+  ca-file: ca.crt
+  cert-file: victor.crt
+  key-file: victor.key
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := runLbctl(context.Background(), time.Now(), "", "--config", config, "get", "nodes"); code != 0 || errOut != "No nodes found.\n" {
+		t.Errorf("viewer get nodes: exit %d, %q", code, errOut)
+	}
+	_, errOut, code := runLbctl(context.Background(), time.Now(), "", "--config", config, "node", "drain", "node1")
+	want := `lbctl: permission denied: victor (role "viewer") may not call /weir.v1.RegistryService/DrainNode; it needs one of the roles [admin]` + "\n"
+	if code != 1 || errOut != want {
+		t.Errorf("viewer drain: exit %d, %q; want %q", code, errOut, want)
 	}
 }

@@ -1,13 +1,21 @@
 // Command lbctl is the operator's command line for Weir. It reads, applies
 // and deletes the services, endpoint slices and nodes that weir-server
-// keeps, through the server's gRPC registry API, in the manner of kubectl:
+// keeps, watches them change, and tells what the agents actually do, in
+// the manner of kubectl:
 //
 //	lbctl apply -f web.yaml
-//	lbctl get services -o wide
-//	lbctl delete service web
+//	lbctl get services -o wide --watch
+//	lbctl describe service default/web
+//	lbctl status
+//	lbctl node drain node1
 //
-// Exit codes: 0 success, 1 a rejected request or bad input, 2 a usage
-// error, 3 the server could not be reached.
+// Where the server is and how to reach it comes from flags, then the
+// environment (WEIR_SERVER, WEIR_INSECURE), then the current context of
+// the config file (see config.go), then the defaults.
+//
+// Exit codes: 0 success, 1 a rejected request, bad input or (status)
+// something wrong on the appliance, 2 a usage error, 3 the server could
+// not be reached.
 package main
 
 import (
@@ -16,10 +24,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -36,8 +47,13 @@ import (
 var version = "dev"
 
 func main() {
+	// Ctrl-C ends a watch through the context: a normal end, exit 0.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	a := &app{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, now: time.Now}
-	os.Exit(a.run(os.Args[1:]))
+	code := a.run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
 }
 
 // app is one invocation: its streams, clock, flags and connection. Tests
@@ -45,23 +61,26 @@ func main() {
 type app struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
-	now            func() time.Time // renders AGE
+	now            func() time.Time // renders AGE and "ago"
 
-	server    string
-	insecure  bool
-	tls       tlsconfig.Files
-	timeout   time.Duration
-	namespace string // -n of get, apply and delete
+	flags       *pflag.FlagSet // the global flags, to tell which were given
+	server      string
+	insecure    bool
+	tls         tlsconfig.Files
+	timeout     time.Duration
+	configFile  string // --config
+	contextName string // --context
+	namespace   string // -n of get, describe, apply and delete
 
 	started bool // a command's own code ran: earlier failures are usage errors
 	conn    *grpc.ClientConn
 }
 
 // run executes one command line and returns the process exit code.
-func (a *app) run(args []string) int {
+func (a *app) run(ctx context.Context, args []string) int {
 	root := a.rootCmd()
 	root.SetArgs(args)
-	err := root.Execute()
+	err := root.ExecuteContext(ctx)
 	if a.conn != nil {
 		a.conn.Close()
 	}
@@ -80,7 +99,7 @@ func (a *app) run(args []string) int {
 func (a *app) rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "lbctl",
-		Short: "Operate a Weir server: get, apply and delete services, endpoint slices and nodes",
+		Short: "Operate a Weir appliance: its services, endpoints and nodes, and what its agents do",
 		// Errors are printed once, by run, as one line; usage is for --help.
 		SilenceUsage:     true,
 		SilenceErrors:    true,
@@ -90,19 +109,20 @@ func (a *app) rootCmd() *cobra.Command {
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 
-	server := os.Getenv("WEIR_SERVER")
-	if server == "" {
-		server = "127.0.0.1:7443"
-	}
 	f := root.PersistentFlags()
-	f.StringVar(&a.server, "server", server, "address of weir-server; env WEIR_SERVER")
-	f.BoolVar(&a.insecure, "insecure", os.Getenv("WEIR_INSECURE") == "1", "talk plain text, not TLS; env WEIR_INSECURE=1")
-	f.StringVar(&a.tls.CA, "ca-file", "", "CA that signed the server's certificate (PEM; default: the system roots)")
-	f.StringVar(&a.tls.Cert, "cert-file", "", "client certificate for mTLS (PEM)")
-	f.StringVar(&a.tls.Key, "key-file", "", "client private key for mTLS (PEM)")
-	f.DurationVar(&a.timeout, "timeout", 10*time.Second, "limit for each call to the server")
+	a.flags = f
+	f.StringVar(&a.server, "server", "", "address of weir-server (default: env WEIR_SERVER, the context's, or "+defaultServer+")")
+	f.BoolVar(&a.insecure, "insecure", false, "talk plain text, not TLS (default: env WEIR_INSECURE=1, or the context's)")
+	f.StringVar(&a.tls.CA, "ca-file", "", "CA that signed the server's certificate (PEM; default: the context's, or the system roots)")
+	f.StringVar(&a.tls.Cert, "cert-file", "", "client certificate for mTLS (PEM; default: the context's)")
+	f.StringVar(&a.tls.Key, "key-file", "", "client private key for mTLS (PEM; default: the context's)")
+	f.DurationVar(&a.timeout, "timeout", 10*time.Second, "limit for each call to the server (not for watches)")
+	f.StringVar(&a.configFile, "config", "", "config file of contexts (default: env LBCTL_CONFIG, or "+defaultConfigHint+")")
+	f.StringVar(&a.contextName, "context", "", "the config file's context to use (default: its current-context)")
+	_ = root.RegisterFlagCompletionFunc("context", a.completeContexts)
 
-	root.AddCommand(a.getCmd(), a.applyCmd(), a.deleteCmd(), a.versionCmd())
+	root.AddCommand(a.getCmd(), a.describeCmd(), a.applyCmd(), a.deleteCmd(), a.statusCmd(),
+		a.nodeCmd(), a.configCmd(), a.versionCmd())
 	return root
 }
 
@@ -117,17 +137,11 @@ func (a *app) versionCmd() *cobra.Command {
 			if clientOnly {
 				return nil
 			}
-			conn, err := a.dial()
+			health, err := a.health(cmd.Context())
 			if err != nil {
 				return err
 			}
-			// The health service answers without touching the registry: a
-			// cheap "is anyone there".
-			resp, err := healthpb.NewHealthClient(conn).Check(cmd.Context(), &healthpb.HealthCheckRequest{})
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(a.stdout, "Server: %s (%s)\n", a.server, resp.GetStatus())
+			fmt.Fprintf(a.stdout, "Server: %s (%s)\n", a.server, health)
 			return nil
 		},
 	}
@@ -135,8 +149,20 @@ func (a *app) versionCmd() *cobra.Command {
 	return cmd
 }
 
-// dial connects once per invocation. grpc.NewClient connects lazily, so
-// an unreachable server shows up as the first call's error.
+// health asks the gRPC health service, which answers without touching the
+// registry: a cheap "is anyone there".
+func (a *app) health(ctx context.Context) (healthpb.HealthCheckResponse_ServingStatus, error) {
+	conn, err := a.dial()
+	if err != nil {
+		return 0, err
+	}
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	return resp.GetStatus(), err
+}
+
+// dial connects once per invocation, where resolveConnection says.
+// grpc.NewClient connects lazily, so an unreachable server shows up as the
+// first call's error.
 func (a *app) dial() (*grpc.ClientConn, error) {
 	if a.conn != nil {
 		return a.conn, nil
@@ -144,19 +170,19 @@ func (a *app) dial() (*grpc.ClientConn, error) {
 	if a.timeout <= 0 {
 		return nil, usageErrorf("--timeout must be positive")
 	}
+	if err := a.resolveConnection(); err != nil {
+		return nil, err
+	}
 	creds := insecure.NewCredentials()
-	if a.insecure {
-		if a.tls != (tlsconfig.Files{}) {
-			return nil, usageErrorf("--insecure (or WEIR_INSECURE=1) does not go with --ca-file, --cert-file or --key-file")
-		}
-	} else {
+	if !a.insecure {
 		cfg, err := tlsconfig.Client(a.tls)
 		if err != nil {
 			return nil, err
 		}
 		creds = credentials.NewTLS(cfg)
 	}
-	conn, err := grpc.NewClient(a.server, grpc.WithTransportCredentials(creds), grpc.WithUnaryInterceptor(a.intercept))
+	conn, err := grpc.NewClient(a.server, grpc.WithTransportCredentials(creds),
+		grpc.WithUnaryInterceptor(a.intercept), grpc.WithStreamInterceptor(a.interceptStream))
 	if err != nil {
 		return nil, usageErrorf("--server %q: %v", a.server, err)
 	}
@@ -165,19 +191,47 @@ func (a *app) dial() (*grpc.ClientConn, error) {
 }
 
 func (a *app) client() (client, error) {
-	conn, err := a.dial()
-	if err != nil {
-		return nil, err
-	}
-	return weirv1.NewRegistryServiceClient(conn), nil
+	c, _, err := a.clients()
+	return c, err
 }
 
-// intercept bounds every call by --timeout and turns "nothing answers at
-// that address" into one error that the exit code and the hint key on.
+// clients are the registry's client and the status service's.
+func (a *app) clients() (client, weirv1.StatusServiceClient, error) {
+	conn, err := a.dial()
+	if err != nil {
+		return nil, nil, err
+	}
+	return weirv1.NewRegistryServiceClient(conn), weirv1.NewStatusServiceClient(conn), nil
+}
+
+// intercept bounds every call by --timeout.
 func (a *app) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	err := invoke(ctx, method, req, reply, cc, opts...)
+	return a.reachable(cc, invoke(ctx, method, req, reply, cc, opts...))
+}
+
+// interceptStream is intercept for watches, without the time limit: a
+// watch lasts until Ctrl-C.
+func (a *app) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, a.reachable(cc, err)
+	}
+	return &clientStream{s, func(err error) error { return a.reachable(cc, err) }}, nil
+}
+
+// clientStream passes a stream's errors through reachable.
+type clientStream struct {
+	grpc.ClientStream
+	check func(error) error
+}
+
+func (s *clientStream) RecvMsg(m any) error { return s.check(s.ClientStream.RecvMsg(m)) }
+
+// reachable turns "nothing answers at that address" into one error that
+// the exit code and the hint key on.
+func (a *app) reachable(cc *grpc.ClientConn, err error) error {
 	switch status.Code(err) {
 	case codes.Unavailable:
 		return &unreachableError{addr: a.server, cause: status.Convert(err).Message(), plainText: a.insecure}
@@ -216,7 +270,7 @@ func (e *unreachableError) Error() string {
 	if e.plainText && strings.Contains(e.cause, "server preface") {
 		return fmt.Sprintf("cannot reach the server at %s: no plain-text gRPC answer (if it serves TLS, drop --insecure and WEIR_INSECURE)", e.addr)
 	}
-	return fmt.Sprintf("cannot reach the server at %s (is weir-server running? set --server or WEIR_SERVER)", e.addr)
+	return fmt.Sprintf("cannot reach the server at %s (is weir-server running? set --server, WEIR_SERVER or a context)", e.addr)
 }
 
 // exitCode maps an error to the process exit code.
@@ -253,6 +307,19 @@ func plain(k *kind, err error) error {
 	switch st.Code() {
 	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.Aborted, codes.FailedPrecondition:
 		return errors.New(msg)
+	case codes.PermissionDenied:
+		// The server names the caller, its role and the roles needed.
+		return errors.New("permission denied: " + msg)
+	case codes.Unauthenticated:
+		return fmt.Errorf("not authenticated: %s (give --cert-file and --key-file, or a context with them)", msg)
 	}
 	return fmt.Errorf("%s (%s)", msg, st.Code())
+}
+
+// explain is plain, with kubectl's words for a resource that is not there.
+func explain(k *kind, ref string, err error) error {
+	if status.Code(err) == codes.NotFound {
+		return fmt.Errorf("%s %s not found", k.singular, ref)
+	}
+	return plain(k, err)
 }

@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -49,33 +50,85 @@ func col[T object](header string, value func(T) string) column {
 	return column{header, func(o object) string { return value(o.(T)) }}
 }
 
-func (a *app) printTable(k *kind, objs []object, wide, withNamespace bool) error {
+// columns are a kind's table columns, as get prints them.
+func (a *app) columns(k *kind, wide, withNamespace bool) []column {
 	var cols []column
 	if withNamespace {
 		cols = append(cols, column{"NAMESPACE", func(o object) string { return o.GetMetadata().GetNamespace() }})
 	}
 	cols = append(cols, column{"NAME", func(o object) string { return o.GetMetadata().GetName() }})
 	cols = append(cols, k.columns...)
-	now := a.now()
-	cols = append(cols, column{"AGE", func(o object) string { return age(now, o.GetMetadata().GetCreateTime()) }})
+	cols = append(cols, column{"AGE", func(o object) string { return age(a.now(), o.GetMetadata().GetCreateTime()) }})
 	if wide {
 		cols = append(cols, k.wide...)
 		cols = append(cols, column{"LABELS", func(o object) string { return labels(o.GetMetadata().GetLabels()) }})
 	}
+	return cols
+}
 
-	tw := tabwriter.NewWriter(a.stdout, 0, 8, 3, ' ', 0)
-	cells := make([]string, len(cols))
+func headers(cols []column) []string {
+	out := make([]string, len(cols))
 	for i, c := range cols {
-		cells[i] = c.header
+		out[i] = c.header
 	}
-	fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	return out
+}
+
+func cells(cols []column, o object) []string {
+	out := make([]string, len(cols))
+	for i, c := range cols {
+		out[i] = c.value(o)
+	}
+	return out
+}
+
+func (a *app) printTable(k *kind, objs []object, wide, withNamespace bool) error {
+	cols := a.columns(k, wide, withNamespace)
+	t := &table{w: a.stdout}
+	t.add(headers(cols)...)
 	for _, o := range objs {
-		for i, c := range cols {
-			cells[i] = c.value(o)
-		}
-		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+		t.add(cells(cols, o)...)
 	}
-	return tw.Flush()
+	return t.flush()
+}
+
+// table aligns cells in columns three spaces apart, as kubectl does. It
+// keeps its column widths across flushes, so that the rows get --watch
+// prints one at a time line up under those before.
+type table struct {
+	w      io.Writer
+	indent string // before every line: describe's tables sit under a title
+	widths []int
+	rows   [][]string
+}
+
+func (t *table) add(cells ...string) { t.rows = append(t.rows, cells) }
+
+// flush writes the rows added since the last flush. The last cell of a
+// row is not padded, so that lines end without blanks.
+func (t *table) flush() error {
+	for _, r := range t.rows {
+		for i, c := range r {
+			if i == len(t.widths) {
+				t.widths = append(t.widths, 0)
+			}
+			t.widths[i] = max(t.widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	var b strings.Builder
+	for _, r := range t.rows {
+		b.WriteString(t.indent)
+		for i, c := range r {
+			b.WriteString(c)
+			if i < len(r)-1 {
+				b.WriteString(strings.Repeat(" ", t.widths[i]-utf8.RuneCountInString(c)+3))
+			}
+		}
+		b.WriteByte('\n')
+	}
+	t.rows = nil
+	_, err := io.WriteString(t.w, b.String())
+	return err
 }
 
 var serviceColumns = []column{
@@ -110,10 +163,7 @@ var endpointSliceColumns = []column{
 		// Like kubectl's Endpoints: every endpoint with every port, first three shown.
 		var all []string
 		for _, e := range s.GetEndpoints() {
-			addr := ""
-			if len(e.GetAddresses()) > 0 {
-				addr = e.GetAddresses()[0] // the only one used, as by kube-proxy
-			}
+			addr := address(e)
 			if len(s.GetPorts()) == 0 {
 				all = append(all, addr)
 			}
@@ -129,8 +179,7 @@ var endpointSliceColumns = []column{
 	col("READY", func(s *weirv1.EndpointSlice) string {
 		ready := 0
 		for _, e := range s.GetEndpoints() {
-			// An unset ready condition means ready, as in Kubernetes.
-			if e.GetConditions() == nil || e.GetConditions().Ready == nil || e.GetConditions().GetReady() {
+			if r, _, _ := conditions(e); r {
 				ready++
 			}
 		}
@@ -153,11 +202,31 @@ var nodeColumns = []column{
 	col("ZONE", func(n *weirv1.Node) string { return orNone(n.GetZone()) }),
 	col("POD-CIDRS", func(n *weirv1.Node) string { return list(n.GetPodCidrs()) }),
 	col("STATUS", func(n *weirv1.Node) string {
+		// As kubectl's "Ready,SchedulingDisabled" for a cordoned node.
+		status := "Ready"
 		if n.GetDeleting() {
-			return "Deleting"
+			status = "Deleting"
 		}
-		return "Ready"
+		if n.GetDrained() {
+			status += ",Drained"
+		}
+		return status
 	}),
+}
+
+// address is an endpoint's first address, the only one used, as by kube-proxy.
+func address(e *weirv1.Endpoint) string {
+	if len(e.GetAddresses()) == 0 {
+		return ""
+	}
+	return e.GetAddresses()[0]
+}
+
+// conditions reads an endpoint's conditions as Kubernetes does: an unset
+// ready or serving means true, an unset terminating false.
+func conditions(e *weirv1.Endpoint) (ready, serving, terminating bool) {
+	c := e.GetConditions()
+	return c == nil || c.Ready == nil || c.GetReady(), c == nil || c.Serving == nil || c.GetServing(), c.GetTerminating()
 }
 
 // list joins values with commas; <none> when there are none.
@@ -178,6 +247,21 @@ func labels(m map[string]string) string {
 		out = append(out, k+"="+m[k])
 	}
 	return list(out)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// ago is age for a moment in the past, or <never>.
+func (a *app) ago(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "<never>"
+	}
+	return age(a.now(), ts) + " ago"
 }
 
 func port(p int32) string {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
@@ -21,7 +22,7 @@ type object interface {
 type client = weirv1.RegistryServiceClient
 
 // kind binds one resource kind to its RPCs and its table columns, so that
-// get, apply and delete each have one path for all kinds.
+// get, describe, apply and delete each have one path for all kinds.
 type kind struct {
 	name       string   // as in documents: "Service"
 	singular   string   // as in messages and output lines: "service"
@@ -29,16 +30,23 @@ type kind struct {
 	aliases    []string // further spellings accepted on the command line
 	field      string   // the request field; server errors name paths from it
 	namespaced bool
+	outputOnly []string // top-level fields the server sets, beside metadata's
 	columns    []column // between NAME and AGE
 	wide       []column // after AGE with -o wide, before LABELS
 
-	new    func() object
-	get    func(ctx context.Context, c client, ns, name string) (object, error)
-	list   func(ctx context.Context, c client, ns, selector string) ([]object, error)
-	create func(ctx context.Context, c client, o object) error
-	update func(ctx context.Context, c client, o object) error
+	new  func() object
+	get  func(ctx context.Context, c client, ns, name string) (object, error)
+	list func(ctx context.Context, c client, ns, selector string) ([]object, error)
+	// create and update answer the resource as the server stores it, or
+	// with validateOnly would store it: normalized, defaults filled in.
+	create func(ctx context.Context, c client, o object, validateOnly bool) (object, error)
+	update func(ctx context.Context, c client, o object, validateOnly bool) (object, error)
 	delete func(ctx context.Context, c client, ns, name string) error
+	watch  func(ctx context.Context, c client, ns, selector string) (events, error)
 }
+
+// events returns a watch's next event; the object is nil for SYNCED.
+type events func() (weirv1.WatchEventType, object, error)
 
 var kinds = []*kind{
 	{
@@ -53,21 +61,25 @@ var kinds = []*kind{
 			r, err := c.ListServices(ctx, &weirv1.ListServicesRequest{Namespace: ns, LabelSelector: sel})
 			return objects(r.GetServices()), err
 		},
-		create: func(ctx context.Context, c client, o object) error {
-			_, err := c.CreateService(ctx, &weirv1.CreateServiceRequest{Service: o.(*weirv1.Service)})
-			return err
+		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.CreateService(ctx, &weirv1.CreateServiceRequest{Service: o.(*weirv1.Service), ValidateOnly: validateOnly})
+			return orNil(r.GetService(), err)
 		},
-		update: func(ctx context.Context, c client, o object) error {
-			_, err := c.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: o.(*weirv1.Service)})
-			return err
+		update: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: o.(*weirv1.Service), ValidateOnly: validateOnly})
+			return orNil(r.GetService(), err)
 		},
 		delete: func(ctx context.Context, c client, ns, name string) error {
 			_, err := c.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: ns, Name: name})
 			return err
 		},
+		watch: func(ctx context.Context, c client, ns, sel string) (events, error) {
+			s, err := c.WatchServices(ctx, &weirv1.WatchServicesRequest{Namespace: ns, LabelSelector: sel})
+			return recv(s, (*weirv1.WatchServicesResponse).GetService), err
+		},
 	},
 	{
-		name: "EndpointSlice", singular: "endpointslice", plural: "endpointslices", aliases: []string{"eps"},
+		name: "EndpointSlice", singular: "endpointslice", plural: "endpointslices", aliases: []string{"eps", "endpoints", "ep"},
 		field: "endpoint_slice", namespaced: true, columns: endpointSliceColumns, wide: endpointSliceWide,
 		new: func() object { return &weirv1.EndpointSlice{} },
 		get: func(ctx context.Context, c client, ns, name string) (object, error) {
@@ -78,22 +90,26 @@ var kinds = []*kind{
 			r, err := c.ListEndpointSlices(ctx, &weirv1.ListEndpointSlicesRequest{Namespace: ns, LabelSelector: sel})
 			return objects(r.GetEndpointSlices()), err
 		},
-		create: func(ctx context.Context, c client, o object) error {
-			_, err := c.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: o.(*weirv1.EndpointSlice)})
-			return err
+		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: o.(*weirv1.EndpointSlice), ValidateOnly: validateOnly})
+			return orNil(r.GetEndpointSlice(), err)
 		},
-		update: func(ctx context.Context, c client, o object) error {
-			_, err := c.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: o.(*weirv1.EndpointSlice)})
-			return err
+		update: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: o.(*weirv1.EndpointSlice), ValidateOnly: validateOnly})
+			return orNil(r.GetEndpointSlice(), err)
 		},
 		delete: func(ctx context.Context, c client, ns, name string) error {
 			_, err := c.DeleteEndpointSlice(ctx, &weirv1.DeleteEndpointSliceRequest{Namespace: ns, Name: name})
 			return err
 		},
+		watch: func(ctx context.Context, c client, ns, sel string) (events, error) {
+			s, err := c.WatchEndpointSlices(ctx, &weirv1.WatchEndpointSlicesRequest{Namespace: ns, LabelSelector: sel})
+			return recv(s, (*weirv1.WatchEndpointSlicesResponse).GetEndpointSlice), err
+		},
 	},
 	{
 		name: "Node", singular: "node", plural: "nodes", aliases: []string{"no"},
-		field: "node", namespaced: false, columns: nodeColumns,
+		field: "node", namespaced: false, outputOnly: []string{"drained"}, columns: nodeColumns,
 		new: func() object { return &weirv1.Node{} },
 		get: func(ctx context.Context, c client, _, name string) (object, error) {
 			r, err := c.GetNode(ctx, &weirv1.GetNodeRequest{Name: name})
@@ -103,17 +119,21 @@ var kinds = []*kind{
 			r, err := c.ListNodes(ctx, &weirv1.ListNodesRequest{LabelSelector: sel})
 			return objects(r.GetNodes()), err
 		},
-		create: func(ctx context.Context, c client, o object) error {
-			_, err := c.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: o.(*weirv1.Node)})
-			return err
+		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: o.(*weirv1.Node), ValidateOnly: validateOnly})
+			return orNil(r.GetNode(), err)
 		},
-		update: func(ctx context.Context, c client, o object) error {
-			_, err := c.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: o.(*weirv1.Node)})
-			return err
+		update: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: o.(*weirv1.Node), ValidateOnly: validateOnly})
+			return orNil(r.GetNode(), err)
 		},
 		delete: func(ctx context.Context, c client, _, name string) error {
 			_, err := c.DeleteNode(ctx, &weirv1.DeleteNodeRequest{Name: name})
 			return err
+		},
+		watch: func(ctx context.Context, c client, _, sel string) (events, error) {
+			s, err := c.WatchNodes(ctx, &weirv1.WatchNodesRequest{LabelSelector: sel})
+			return recv(s, (*weirv1.WatchNodesResponse).GetNode), err
 		},
 	},
 }
@@ -126,7 +146,7 @@ func kindFor(arg string) (*kind, error) {
 			return k, nil
 		}
 	}
-	return nil, usageErrorf("unknown resource type %q (want services, endpointslices or nodes)", arg)
+	return nil, usageErrorf("unknown resource type %q (want %s)", arg, strings.Join(plurals(), ", "))
 }
 
 // kindNamed finds a kind by its name in a document ("Service").
@@ -158,6 +178,35 @@ func objects[T object](xs []T) []object {
 		out[i] = x
 	}
 	return out
+}
+
+// recv adapts one kind's watch stream to events.
+func recv[R interface{ GetType() weirv1.WatchEventType }, T object](s interface{ Recv() (R, error) }, obj func(R) T) events {
+	return func() (weirv1.WatchEventType, object, error) {
+		r, err := s.Recv()
+		if err != nil {
+			return 0, nil, err
+		}
+		if r.GetType() == weirv1.WatchEventType_WATCH_EVENT_TYPE_SYNCED {
+			return r.GetType(), nil, nil // no object, and no typed nil in the interface
+		}
+		return r.GetType(), obj(r), nil
+	}
+}
+
+// settable is o without what the server sets on every write (version,
+// creation time, source) or alone (a node's drained), so that two
+// versions compare equal when a write would change nothing.
+func (k *kind) settable(o object) object {
+	o = proto.Clone(o).(object)
+	if m := o.GetMetadata(); m != nil {
+		m.ResourceVersion, m.CreateTime, m.Source = "", nil, ""
+	}
+	r := o.ProtoReflect()
+	for _, f := range k.outputOnly {
+		r.Clear(r.Descriptor().Fields().ByName(protoreflect.Name(f)))
+	}
+	return o
 }
 
 // orNil keeps a failed call from returning a typed nil inside a non-nil interface.
