@@ -278,6 +278,14 @@ func TestJSONOutputParsesBack(t *testing.T) {
 	if err := json.Unmarshal([]byte(list), &items); err != nil || len(items.Items) != 1 || items.Items[0]["kind"] != "Node" {
 		t.Errorf("get nodes -o json: %v\n%s", err, list)
 	}
+
+	// JSON is YAML: what get prints, apply reads back, and finds unchanged.
+	if got := e.mustLbctl(out, "apply", "-f", "-"); got != "service/default/web unchanged\n" {
+		t.Errorf("applying get svc web -o json back: %q", got)
+	}
+	if got := e.mustLbctl(list, "apply", "-f", "-"); got != "node/node1 unchanged\n" {
+		t.Errorf("applying get nodes -o json back: %q", got)
+	}
 }
 
 func TestBadDocumentStopsEverything(t *testing.T) {
@@ -633,6 +641,10 @@ func TestDrainAndUncordon(t *testing.T) {
 	}
 	if out := e.mustLbctl("", "node", "drain", "node1"); out != "node/node1 drained\n" || !drained() {
 		t.Errorf("drain: %q, drained %v", out, drained())
+	}
+	// drained is output only: a drained node read back is no change.
+	if got := e.mustLbctl(e.mustLbctl("", "get", "node", "node1", "-o", "yaml"), "apply", "-f", "-"); got != "node/node1 unchanged\n" || !drained() {
+		t.Errorf("applying a drained node back: %q, drained %v", got, drained())
 	}
 	if out := e.mustLbctl("", "node", "uncordon", "node1"); out != "node/node1 uncordoned\n" || drained() {
 		t.Errorf("uncordon: %q, drained %v", out, drained())

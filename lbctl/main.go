@@ -49,7 +49,6 @@ var version = "dev"
 func main() {
 	// Ctrl-C ends a watch through the context: a normal end, exit 0.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	a := &app{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, now: time.Now}
 	code := a.run(ctx, os.Args[1:])
 	stop()

@@ -1,0 +1,306 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+func (a *app) describeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "describe (service NAMESPACE/NAME | service NAME -n NAMESPACE | node NAME)",
+		Short: "Show a service or a node in detail, with what the agents report of it",
+		Long: `Show a service or a node in detail.
+
+A service: its spec, its endpoints by node, and per node whether the agent
+has programmed it, what its health check answers, and whether the node
+receives external traffic, with the reason when not.
+
+A node: its addresses and state, its agent (connected, versions, last
+error, health answers) and the services with health checks on it.`,
+		Example: `  lbctl describe service default/web
+  lbctl describe svc web -n default
+  lbctl describe node node1`,
+		Args:      cobra.ExactArgs(2),
+		ValidArgs: []string{"services", "nodes"},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			k, err := kindFor(args[0])
+			if err != nil {
+				return err
+			}
+			var describe func(context.Context, client, weirv1.StatusServiceClient, object) (string, error)
+			switch k.name {
+			case "Service":
+				describe = a.describeService
+			case "Node":
+				describe = a.describeNode
+			default:
+				return usageErrorf("describe shows services and nodes, not %s", k.plural)
+			}
+			ns, name := a.namespace, args[1]
+			if before, after, ok := strings.Cut(name, "/"); ok && k.namespaced {
+				ns, name = before, after
+			}
+			c, st, err := a.clients()
+			if err != nil {
+				return err
+			}
+			obj, err := a.getOne(cmd.Context(), k, c, ns, name)
+			if err != nil {
+				return err
+			}
+			out, err := describe(cmd.Context(), c, st, obj)
+			if err != nil {
+				return plain(k, err)
+			}
+			_, err = io.WriteString(a.stdout, out)
+			return err
+		},
+	}
+	cmd.Flags().StringVarP(&a.namespace, "namespace", "n", "default", "namespace of the service (or NAMESPACE/NAME)")
+	return cmd
+}
+
+func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusServiceClient, o object) (string, error) {
+	svc := o.(*weirv1.Service)
+	ns, name := svc.GetMetadata().GetNamespace(), svc.GetMetadata().GetName()
+	slicesResp, err := c.ListEndpointSlices(ctx, &weirv1.ListEndpointSlicesRequest{Namespace: ns})
+	if err != nil {
+		return "", err
+	}
+	report, err := st.GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: ns, Name: name})
+	if err != nil {
+		return "", err
+	}
+	statuses, err := nodeStatuses(ctx, st)
+	if err != nil {
+		return "", err
+	}
+
+	var b strings.Builder
+	spec := svc.GetSpec()
+	external := policy(spec.GetExternalTrafficPolicy())
+	if spec.GetHealthCheckNodePort() != 0 {
+		external += fmt.Sprintf(" (health check node port %d)", spec.GetHealthCheckNodePort())
+	}
+	lbIPs := list(svc.GetStatus().GetLoadBalancerIps())
+	if r := svc.GetStatus().GetAddressReason(); r != "" {
+		lbIPs += fmt.Sprintf(" (%s: %s)", r, svc.GetStatus().GetAddressMessage()) // why Weir assigned none
+	}
+	affinity := "None"
+	if spec.GetSessionAffinity() == weirv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP {
+		affinity = fmt.Sprintf("ClientIP (timeout %ds)", spec.GetSessionAffinityTimeoutSeconds())
+	}
+	fields(&b, "", slices.Concat(a.metaFields(o),
+		[]string{
+			"Type", serviceType(spec.GetType()),
+			"Cluster IPs", list(spec.GetClusterIps()),
+			"External IPs", list(spec.GetExternalIps()),
+			"LoadBalancer IPs", lbIPs,
+			"LoadBalancer Source Ranges", list(spec.GetLoadBalancerSourceRanges()),
+			"External Traffic Policy", external,
+			"Internal Traffic Policy", policy(spec.GetInternalTrafficPolicy()),
+			"Session Affinity", affinity,
+		})...)
+
+	var ports [][]string
+	for _, p := range spec.GetPorts() {
+		ports = append(ports, []string{orNone(p.GetName()), strconv.Itoa(int(p.GetPort())), protocol(p.GetProtocol()),
+			strconv.Itoa(int(cmp.Or(p.GetTargetPort(), p.GetPort()))), port(p.GetNodePort())})
+	}
+	section(&b, "Ports", []string{"NAME", "PORT", "PROTOCOL", "TARGET PORT", "NODE PORT"}, ports)
+
+	var endpoints [][]string
+	for _, s := range slicesResp.GetEndpointSlices() {
+		if s.GetServiceName() != name {
+			continue
+		}
+		var ports []string
+		for _, p := range s.GetPorts() {
+			ports = append(ports, strconv.Itoa(int(p.GetPort()))+"/"+protocol(p.GetProtocol()))
+		}
+		for _, e := range s.GetEndpoints() {
+			ready, serving, terminating := conditions(e)
+			endpoints = append(endpoints, []string{orNone(e.GetNodeName()), orNone(address(e)),
+				list(ports), yesNo(ready), yesNo(serving), yesNo(terminating), orNone(e.GetZone())})
+		}
+	}
+	slices.SortFunc(endpoints, func(x, y []string) int { return slices.Compare(x, y) })
+	b.WriteString("\n")
+	section(&b, "Endpoints", []string{"NODE", "ADDRESS", "PORT(S)", "READY", "SERVING", "TERMINATING", "ZONE"}, endpoints)
+
+	var nodes [][]string
+	var errs []string
+	for _, n := range report.GetStatus().GetNodes() {
+		appliedSent, lag := versions(statuses[n.GetNode()])
+		nodes = append(nodes, slices.Concat([]string{n.GetNode(), yesNo(n.GetProgrammed()), appliedSent, lag}, healthCells(n)))
+		if e := n.GetHealth().GetHealthCheckError(); e != "" {
+			errs = append(errs, n.GetNode()+": "+e)
+		}
+	}
+	b.WriteString("\n")
+	section(&b, "Nodes", []string{"NODE", "PROGRAMMED", "APPLIED/SENT", "LAG", "HEALTH CHECK", "LOCAL READY", "EXTERNAL TRAFFIC", "REASON"}, nodes)
+	for _, e := range errs {
+		fmt.Fprintf(&b, "  Health check error on %s\n", e)
+	}
+	fmt.Fprintf(&b, "\nReceiving external traffic: %s\n", orNone(strings.Join(report.GetStatus().GetReceivingNodes(), ", ")))
+	return b.String(), nil
+}
+
+func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServiceClient, o object) (string, error) {
+	node := o.(*weirv1.Node)
+	name := node.GetMetadata().GetName()
+	statuses, err := nodeStatuses(ctx, st)
+	if err != nil {
+		return "", err
+	}
+	services, err := c.ListServices(ctx, &weirv1.ListServicesRequest{})
+	if err != nil {
+		return "", err
+	}
+	// Only a service's report tells what the node answers for it.
+	var checks [][]string
+	for _, s := range services.GetServices() {
+		hc := s.GetSpec().GetHealthCheckNodePort()
+		if hc == 0 {
+			continue
+		}
+		m := s.GetMetadata()
+		report, err := st.GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: m.GetNamespace(), Name: m.GetName()})
+		if err != nil {
+			return "", err
+		}
+		for _, n := range report.GetStatus().GetNodes() {
+			if n.GetNode() == name {
+				checks = append(checks, slices.Concat([]string{m.GetNamespace() + "/" + m.GetName(), port(hc)}, healthCells(n)))
+			}
+		}
+	}
+
+	var b strings.Builder
+	fields(&b, "", slices.Concat(a.metaFields(o), []string{
+		"Addresses", list(node.GetAddresses()),
+		"Zone", orNone(node.GetZone()),
+		"Pod CIDRs", list(node.GetPodCidrs()),
+		"Deleting", yesNo(node.GetDeleting()),
+		"Drained", yesNo(node.GetDrained()),
+	})...)
+	n := statuses[name]
+	appliedSent, lag := versions(n)
+	lastError := "<none>"
+	if n.GetLastError() != "" {
+		lastError = fmt.Sprintf("version %d: %s", n.GetLastErrorVersion(), n.GetLastError())
+	}
+	lastSync := "-"
+	if d := n.GetLastSyncDuration().AsDuration(); d > 0 {
+		lastSync = d.Round(time.Microsecond).String()
+	}
+	b.WriteString("Agent:\n")
+	fields(&b, "  ",
+		"Connected", yesNo(n.GetConnected()),
+		"Last Seen", a.ago(n.GetLastSeen()),
+		"Applied/Sent", appliedSent,
+		"Lag", lag,
+		"Last Error", lastError,
+		"Healthz", code(n.GetHealth().GetHealthzCode()),
+		"Livez", code(n.GetHealth().GetLivezCode()),
+		"Last Sync Duration", lastSync,
+	)
+	b.WriteString("\n")
+	section(&b, "Services with health checks", []string{"SERVICE", "PORT", "HEALTH CHECK", "LOCAL READY", "EXTERNAL TRAFFIC", "REASON"}, checks)
+	return b.String(), nil
+}
+
+// metaFields are the fields every resource's page starts with.
+func (a *app) metaFields(o object) []string {
+	m := o.GetMetadata()
+	out := []string{"Name", m.GetName()}
+	if m.GetNamespace() != "" {
+		out = append(out, "Namespace", m.GetNamespace())
+	}
+	return append(out, "Labels", labels(m.GetLabels()), "Source", orNone(m.GetSource()), "Created", a.ago(m.GetCreateTime()))
+}
+
+// fields writes "Key:  value" lines with the values aligned; kv alternates
+// keys and values.
+func fields(b *strings.Builder, indent string, kv ...string) {
+	t := &table{w: b, indent: indent}
+	for i := 0; i < len(kv); i += 2 {
+		t.add(kv[i]+":", kv[i+1])
+	}
+	_ = t.flush() // a strings.Builder takes every write
+}
+
+// section writes a titled table indented under its title, or
+// "Title:  <none>" when it has no rows.
+func section(b *strings.Builder, title string, header []string, rows [][]string) {
+	if len(rows) == 0 {
+		fmt.Fprintf(b, "%s:  <none>\n", title)
+		return
+	}
+	fmt.Fprintf(b, "%s:\n", title)
+	t := &table{w: b, indent: "  "}
+	t.add(header...)
+	for _, r := range rows {
+		t.add(r...)
+	}
+	_ = t.flush()
+}
+
+// nodeStatuses are the agents' statuses by node name.
+func nodeStatuses(ctx context.Context, st weirv1.StatusServiceClient) (map[string]*weirv1.NodeStatus, error) {
+	resp, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*weirv1.NodeStatus{}
+	for _, n := range resp.GetNodes() {
+		out[n.GetName()] = n
+	}
+	return out, nil
+}
+
+// versions is a node's "applied/sent" state versions and the lag between
+// them; "-" for a node that was never sent anything.
+func versions(n *weirv1.NodeStatus) (appliedSent, lag string) {
+	applied, sent := n.GetAppliedVersion(), n.GetSentVersion()
+	if sent == 0 {
+		return "-", "-"
+	}
+	return fmt.Sprintf("%d/%d", applied, sent), strconv.FormatUint(sent-min(applied, sent), 10)
+}
+
+// healthCells are one service on one node: what its health check answers
+// (200, 503, error, or - without one), its local ready endpoints, whether
+// the node receives external traffic for it and, when not, why.
+func healthCells(n *weirv1.ServiceNodeStatus) []string {
+	h := n.GetHealth()
+	check, ready := "-", "-"
+	if h != nil {
+		ready = strconv.Itoa(int(h.GetLocalReady()))
+		switch {
+		case h.GetHealthCheckError() != "":
+			check = "error"
+		case h.GetHealthCheckNodePort() != 0:
+			check = code(h.GetHealthCheckCode())
+		}
+	}
+	return []string{check, ready, yesNo(n.GetReceivesExternalTraffic()), cmp.Or(n.GetReason(), "-")}
+}
+
+// code is an HTTP status code, or - when there is none yet.
+func code(c int32) string {
+	if c == 0 {
+		return "-"
+	}
+	return strconv.Itoa(int(c))
+}

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+func (a *app) nodeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Drain a node, or uncordon it",
+		Long: `Drain a node, or uncordon it.
+
+A drained node's health checks and /healthz answer 503, so that load
+balancers stop sending it new connections; the connections it has carry on
+until they end. Uncordon undoes it. Either works whichever source (native
+or kubernetes) owns the node, and survives server restarts.`,
+	}
+	for _, v := range []struct {
+		use, done, short string
+		call             func(ctx context.Context, c client, name string) error
+	}{
+		{"drain", "drained", "Stop new external traffic to a node; its connections finish", func(ctx context.Context, c client, name string) error {
+			_, err := c.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: name})
+			return err
+		}},
+		{"uncordon", "uncordoned", "Let a drained node receive external traffic again", func(ctx context.Context, c client, name string) error {
+			_, err := c.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: name})
+			return err
+		}},
+	} {
+		cmd.AddCommand(&cobra.Command{
+			Use:   v.use + " NODE",
+			Short: v.short,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := a.client()
+				if err != nil {
+					return err
+				}
+				if err := v.call(cmd.Context(), c, args[0]); err != nil {
+					return explain(kindNamed("Node"), args[0], err)
+				}
+				fmt.Fprintf(a.stdout, "node/%s %s\n", args[0], v.done)
+				return nil
+			},
+		})
+	}
+	return cmd
+}
