@@ -574,7 +574,7 @@ Agent:
 
 Services with health checks:
   SERVICE      PORT    HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
-  default/lb   32000   503            0             no                 NoLocalEndpoints
+  default/lb   32000   503            0             no                 NodeDrained
 `)
 	golden(t, "describe node node1", e.mustLbctl("", "describe", "node", "node1"), `
 Name:        node1

@@ -125,6 +125,8 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 			reason = "NotProgrammed"
 		case n.Health.LivezCode != 200:
 			reason = "AgentUnhealthy"
+		case s.reg.Drained(n.Node):
+			reason = "NodeDrained"
 		case !n.Health.NodeEligible:
 			reason = "NodeDeleting"
 		case local && h.HealthCheckError != "":

@@ -123,6 +123,7 @@ func (r *Registry) SetDrained(node string, drained bool) (*model.Node, error) {
 		for _, fn := range r.listeners {
 			fn(Change{Revision: rev, Nodes: []string{node}})
 		}
+		r.Nodes.notify(Modified, n) // watchers see the drain too
 	}
 	return r.withDrain(n), nil
 }

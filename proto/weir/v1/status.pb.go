@@ -582,8 +582,8 @@ type ServiceNodeStatus struct {
 	Programmed              bool `protobuf:"varint,3,opt,name=programmed,proto3" json:"programmed,omitempty"`
 	ReceivesExternalTraffic bool `protobuf:"varint,4,opt,name=receives_external_traffic,json=receivesExternalTraffic,proto3" json:"receives_external_traffic,omitempty"`
 	// Why the node does not receive external traffic, machine-readable:
-	// Disconnected, NotProgrammed, AgentUnhealthy, NodeDeleting,
-	// HealthCheckPortError, NoLocalEndpoints.
+	// Disconnected, NotProgrammed, AgentUnhealthy, NodeDrained,
+	// NodeDeleting, HealthCheckPortError, NoLocalEndpoints.
 	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
