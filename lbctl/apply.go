@@ -424,7 +424,8 @@ func checkFields(m protoreflect.Message, path string) error {
 			if v := m.Get(fd).Int(); (v != 0 || name == "port") && (v < 1 || v > 65535) {
 				return fmt.Errorf("%s: %d is not a port (1-65535)", p, v)
 			}
-		case fd.IsList() && fd.Kind() == protoreflect.StringKind:
+		case fd.IsList() && fd.Kind() == protoreflect.StringKind && m.Descriptor().FullName() != "weir.v1.AddressPool":
+			// (A pool's addresses are CIDRs and ranges: the server checks them.)
 			l := m.Get(fd).List()
 			for j := range l.Len() {
 				if err := checkAddress(name, fmt.Sprintf("%s[%d]", p, j), l.Get(j).String()); err != nil {

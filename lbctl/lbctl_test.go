@@ -917,3 +917,36 @@ contexts:
 		t.Errorf("viewer drain: exit %d, %q; want %q", code, errOut, want)
 	}
 }
+
+func TestPools(t *testing.T) {
+	e := newEnv(t)
+	const pools = `kind: AddressPool
+metadata:
+  name: public
+addresses:
+- 203.0.113.0/28
+---
+kind: AddressPool
+metadata:
+  name: reserved
+addresses:
+- 198.51.100.10-198.51.100.20
+manual_only: true
+`
+	out := e.mustLbctl(pools, "apply", "-f", "-")
+	if out != "pool/public created\npool/reserved created\n" {
+		t.Errorf("apply: %q", out)
+	}
+	got := e.mustLbctl("", "get", "pools")
+	want := "NAME       ADDRESSES                     AUTO-ASSIGN   AGE\n" +
+		"public     203.0.113.0-203.0.113.15      yes           0s\n" +
+		"reserved   198.51.100.10-198.51.100.20   no            0s\n"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("get pools (-want +got):\n%s", diff)
+	}
+	// An overlapping pool is refused by the server, naming the document.
+	_, stderr, code := e.lbctl("kind: AddressPool\nmetadata:\n  name: clash\naddresses:\n- 203.0.113.8/29\n", "apply", "-f", "-")
+	if code != 1 || !strings.Contains(stderr, "document 1") || !strings.Contains(stderr, "overlaps pool public") {
+		t.Errorf("overlapping pool: exit %d, %q", code, stderr)
+	}
+}

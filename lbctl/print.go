@@ -197,6 +197,16 @@ var endpointSliceWide = []column{
 	}),
 }
 
+var poolColumns = []column{
+	col("ADDRESSES", func(p *weirv1.AddressPool) string { return list(p.GetAddresses()) }),
+	col("AUTO-ASSIGN", func(p *weirv1.AddressPool) string {
+		if p.GetManualOnly() {
+			return "no"
+		}
+		return "yes"
+	}),
+}
+
 var nodeColumns = []column{
 	col("ADDRESSES", func(n *weirv1.Node) string { return list(n.GetAddresses()) }),
 	col("ZONE", func(n *weirv1.Node) string { return orNone(n.GetZone()) }),

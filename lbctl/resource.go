@@ -136,6 +136,34 @@ var kinds = []*kind{
 			return recv(s, (*weirv1.WatchNodesResponse).GetNode), err
 		},
 	},
+	{
+		name: "AddressPool", singular: "pool", plural: "pools", aliases: []string{"addresspool", "addresspools"},
+		field: "address_pool", namespaced: false, columns: poolColumns,
+		new: func() object { return &weirv1.AddressPool{} },
+		get: func(ctx context.Context, c client, _, name string) (object, error) {
+			r, err := c.GetAddressPool(ctx, &weirv1.GetAddressPoolRequest{Name: name})
+			return orNil(r.GetAddressPool(), err)
+		},
+		list: func(ctx context.Context, c client, _, _ string) ([]object, error) {
+			r, err := c.ListAddressPools(ctx, &weirv1.ListAddressPoolsRequest{})
+			return objects(r.GetAddressPools()), err
+		},
+		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: o.(*weirv1.AddressPool), ValidateOnly: validateOnly})
+			return orNil(r.GetAddressPool(), err)
+		},
+		update: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.UpdateAddressPool(ctx, &weirv1.UpdateAddressPoolRequest{AddressPool: o.(*weirv1.AddressPool), ValidateOnly: validateOnly})
+			return orNil(r.GetAddressPool(), err)
+		},
+		delete: func(ctx context.Context, c client, _, name string) error {
+			_, err := c.DeleteAddressPool(ctx, &weirv1.DeleteAddressPoolRequest{Name: name})
+			return err
+		},
+		watch: func(context.Context, client, string, string) (events, error) {
+			return nil, usageErrorf("address pools cannot be watched yet")
+		},
+	},
 }
 
 // kindFor finds a kind by any of its command-line spellings.
