@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	clientset "k8s.io/client-go/kubernetes"
 
+	"github.com/weirlb/weir/server/ipam"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
@@ -246,6 +248,52 @@ func TestSourceMirrorsTheCluster(t *testing.T) {
 	eventually(t, "the service deletion mirrored", func() error {
 		if _, err := reg.Services.Get("shop/web"); !errors.Is(err, registry.ErrNotFound) {
 			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+}
+
+// TestAssignedAddressIsWrittenBack: a Kubernetes LoadBalancer service gets
+// an address from a pool, written into its status.loadBalancer.ingress.
+func TestAssignedAddressIsWrittenBack(t *testing.T) {
+	_, kc := startCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg := openRegistry(t)
+	r, _ := model.ParseAddressRange("203.0.113.200/30")
+	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := kubernetes.New(kubernetes.Config{}, kc, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := ipam.New(reg, map[string]ipam.Writer{
+		model.SourceKubernetes: kubernetes.StatusWriter{Client: kc, Log: slog.New(slog.DiscardHandler)},
+	}, nil)
+	done := make(chan struct{}, 2)
+	go func() { src.Run(ctx); done <- struct{}{} }()
+	go func() { alloc.Run(ctx); done <- struct{}{} }()
+	defer func() { cancel(); <-done; <-done }()
+
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "lb"},
+		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}},
+	}
+	if _, err := kc.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the pool's first address in the service's status, in Kubernetes and in the registry", func() error {
+		got, err := kc.CoreV1().Services("default").Get(ctx, "lb", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if ing := got.Status.LoadBalancer.Ingress; len(ing) != 1 || ing[0].IP != "203.0.113.200" {
+			return fmt.Errorf("ingress %v", ing)
+		}
+		m, err := reg.Services.Get("default/lb")
+		if err != nil || len(m.LoadBalancerIPs) != 1 || m.LoadBalancerIPs[0].String() != "203.0.113.200" {
+			return fmt.Errorf("registry %v, %v", m, err)
 		}
 		return nil
 	})
