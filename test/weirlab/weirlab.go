@@ -49,6 +49,25 @@ func Build(ctx context.Context, root, dir string) (Binaries, error) {
 	return b, nil
 }
 
+// BuildTemp compiles the binaries into a new temporary folder; remove
+// deletes it.
+func BuildTemp(ctx context.Context) (bin Binaries, remove func(), err error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return bin, nil, err
+	}
+	dir, err := os.MkdirTemp("", "weir-bin-")
+	if err != nil {
+		return bin, nil, err
+	}
+	remove = func() { os.RemoveAll(dir) }
+	if bin, err = Build(ctx, root, dir); err != nil {
+		remove()
+		return bin, nil, err
+	}
+	return bin, remove, nil
+}
+
 // ModuleRoot finds the repository root from the working directory.
 func ModuleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()

@@ -38,19 +38,11 @@ func main() {
 
 func run(flaps int) error {
 	ctx := context.Background()
-	root, err := weirlab.ModuleRoot()
+	bin, removeBin, err := weirlab.BuildTemp(ctx)
 	if err != nil {
 		return err
 	}
-	binDir, err := os.MkdirTemp("", "weir-bench-bin-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(binDir)
-	bin, err := weirlab.Build(ctx, root, binDir)
-	if err != nil {
-		return err
-	}
+	defer removeBin()
 	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, bin)
 	if err != nil {
 		return err

@@ -39,20 +39,12 @@ func run() error {
 	}
 	start := time.Now()
 	ctx := context.Background()
-	root, err := weirlab.ModuleRoot()
-	if err != nil {
-		return err
-	}
-	binDir, err := os.MkdirTemp("", "weir-demo-bin-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(binDir)
 	step("building weir-server, weir-agent and the pods' echo server")
-	bin, err := weirlab.Build(ctx, root, binDir)
+	bin, removeBin, err := weirlab.BuildTemp(ctx)
 	if err != nil {
 		return err
 	}
+	defer removeBin()
 
 	step("starting the lab: client -- router -- rack LAN (control, node1, node2); pods n1p1, n1p2 on node1, n2p1 on node2")
 	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}}, bin)
