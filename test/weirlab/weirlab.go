@@ -89,6 +89,8 @@ type Cluster struct {
 	DataDir string
 	// AgentArgs, when set, adds flags to each node's agent.
 	AgentArgs func(*lab.Node) []string
+	// ServerArgs adds flags to the server.
+	ServerArgs []string
 	// CertDir holds ca.crt, server.*, admin.* and <node>.* for each node.
 	CertDir  string
 	Server   *lab.Process
@@ -175,9 +177,10 @@ func (c *Cluster) start(ctx context.Context) error {
 // StartServer starts weir-server on the cluster's data dir and waits until
 // it answers.
 func (c *Cluster) StartServer(ctx context.Context) error {
-	p, err := c.Control.Start(c.Bin.Server, "--data-dir", c.DataDir,
+	args := append([]string{"--data-dir", c.DataDir,
 		"--tls-cert-file", c.cert("server.crt"), "--tls-key-file", c.cert("server.key"), "--client-ca-file", c.cert("ca.crt"),
-		"--listen", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String())
+		"--listen", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String()}, c.ServerArgs...)
+	p, err := c.Control.Start(c.Bin.Server, args...)
 	if err != nil {
 		return err
 	}

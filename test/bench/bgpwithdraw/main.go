@@ -26,14 +26,15 @@ import (
 func main() {
 	flaps := flag.Int("flaps", 50, "endpoint moves to time")
 	workQueue := flag.Bool("zebra-work-queue-1", false, "configure FRR's zebra with 'zebra work-queue 1' (trims its batching hold)")
+	minSync := flag.Duration("min-sync-period", 50*time.Millisecond, "the server's --min-sync-period")
 	flag.Parse()
-	if err := run(*flaps, *workQueue); err != nil {
+	if err := run(*flaps, *workQueue, *minSync); err != nil {
 		fmt.Fprintln(os.Stderr, "bgpwithdraw:", err)
 		os.Exit(1)
 	}
 }
 
-func run(flaps int, workQueue bool) error {
+func run(flaps int, workQueue bool, minSync time.Duration) error {
 	ctx := context.Background()
 	bin, removeBin, err := weirlab.BuildTemp(ctx)
 	if err != nil {
@@ -41,6 +42,7 @@ func run(flaps int, workQueue bool) error {
 	}
 	defer removeBin()
 	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, bin, func(c *weirlab.Cluster) {
+		c.ServerArgs = []string{"--min-sync-period", minSync.String()}
 		c.AgentArgs = func(n *lab.Node) []string {
 			return []string{"--bgp-asn", "64512", "--bgp-router-id", n.IPv4.String(), "--bgp-peers", lab.RouterLANv4.String() + "/64500"}
 		}
@@ -125,7 +127,7 @@ func run(flaps int, workQueue bool) error {
 	q := func(p int) time.Duration {
 		return took[min(len(took)-1, len(took)*p/100)].Round(100 * time.Microsecond)
 	}
-	fmt.Printf("last local endpoint leaves a node -> its next hop gone from the router's kernel route (%d moves, zebra work-queue 1: %v):\n", len(took), workQueue)
+	fmt.Printf("last local endpoint leaves a node -> its next hop gone from the router's kernel route (%d moves, back to back, min-sync-period %v, zebra work-queue 1: %v):\n", len(took), minSync, workQueue)
 	fmt.Printf("  p50 %v  p90 %v  p99 %v  max %v\n", q(50), q(90), q(99), took[len(took)-1].Round(100*time.Microsecond))
 
 	// A killed agent: its sessions close, the router drops its routes.

@@ -29,21 +29,24 @@ const hcPort = 32200
 
 func main() {
 	flaps := flag.Int("flaps", 100, "endpoint moves to time")
+	minSync := flag.Duration("min-sync-period", 50*time.Millisecond, "the server's --min-sync-period")
 	flag.Parse()
-	if err := run(*flaps); err != nil {
+	if err := run(*flaps, *minSync); err != nil {
 		fmt.Fprintln(os.Stderr, "healthcheck:", err)
 		os.Exit(1)
 	}
 }
 
-func run(flaps int) error {
+func run(flaps int, minSync time.Duration) error {
 	ctx := context.Background()
 	bin, removeBin, err := weirlab.BuildTemp(ctx)
 	if err != nil {
 		return err
 	}
 	defer removeBin()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, bin)
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, bin, func(c *weirlab.Cluster) {
+		c.ServerArgs = []string{"--min-sync-period", minSync.String()}
+	})
 	if err != nil {
 		return err
 	}
@@ -116,7 +119,7 @@ func run(flaps int) error {
 	q := func(p int) time.Duration {
 		return took[min(len(took)-1, len(took)*p/100)].Round(100 * time.Microsecond)
 	}
-	fmt.Printf("last ready local endpoint leaves a node -> its health-check port answers 503 (%d moves):\n", len(took))
+	fmt.Printf("last ready local endpoint leaves a node -> its health-check port answers 503 (%d moves, back to back, min-sync-period %v):\n", len(took), minSync)
 	fmt.Printf("  p50 %v  p90 %v  p99 %v  max %v\n", q(50), q(90), q(99), took[len(took)-1].Round(100*time.Microsecond))
 	return nil
 }
