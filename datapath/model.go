@@ -25,6 +25,19 @@ type NodeInfo struct {
 	Drained bool
 	// Registered is false while the server knows no Node of this name.
 	Registered bool
+	// BGPPeers are the routers the node's speaker peers with; the datapath
+	// itself does not use them.
+	BGPPeers []BGPPeer
+}
+
+// BGPPeer is an upstream router of the node.
+type BGPPeer struct {
+	Address  netip.Addr
+	Port     uint16
+	ASN      uint32
+	MyASN    uint32
+	HoldTime time.Duration
+	Password string
 }
 
 // ServiceKey names a service.

@@ -420,8 +420,10 @@ func checkFields(m protoreflect.Message, path string) error {
 				}
 			}
 		case fd.Kind() == protoreflect.Int32Kind && (name == "port" || strings.HasSuffix(name, "_port")):
-			// "port" is required; the other ports are optional, 0 meaning none.
-			if v := m.Get(fd).Int(); (v != 0 || name == "port") && (v < 1 || v > 65535) {
+			// A service's "port" is required; the other ports are
+			// optional, 0 meaning none (or, for a BGP peer, 179).
+			required := name == "port" && m.Descriptor().FullName() != "weir.v1.BgpPeer"
+			if v := m.Get(fd).Int(); (v != 0 || required) && (v < 1 || v > 65535) {
 				return fmt.Errorf("%s: %d is not a port (1-65535)", p, v)
 			}
 		case fd.IsList() && fd.Kind() == protoreflect.StringKind && m.Descriptor().FullName() != "weir.v1.AddressPool":

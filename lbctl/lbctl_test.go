@@ -950,3 +950,43 @@ manual_only: true
 		t.Errorf("overlapping pool: exit %d, %q", code, stderr)
 	}
 }
+
+func TestPeers(t *testing.T) {
+	e := newEnv(t)
+	const peers = `kind: BgpPeer
+metadata:
+  name: tor-a
+address: 192.0.2.1
+asn: 64500
+my_asn: 64512
+password: s3cret
+node_selector:
+  rack: r1
+---
+kind: BgpPeer
+metadata:
+  name: tor-b
+address: 2001:db8::1
+port: 1179
+asn: 64501
+my_asn: 64512
+`
+	if out := e.mustLbctl(peers, "apply", "-f", "-"); out != "peer/tor-a created\npeer/tor-b created\n" {
+		t.Errorf("apply: %q", out)
+	}
+	got := e.mustLbctl("", "get", "peers")
+	want := "NAME    ADDRESS              ASN     MY-ASN   NODES     AGE\n" +
+		"tor-a   192.0.2.1            64500   64512    rack=r1   0s\n" +
+		"tor-b   [2001:db8::1]:1179   64501   64512    all       0s\n"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("get peers (-want +got):\n%s", diff)
+	}
+	// The password is write-only.
+	if out := e.mustLbctl("", "get", "peer", "tor-a", "-o", "yaml"); strings.Contains(out, "s3cret") {
+		t.Errorf("the password was read back:\n%s", out)
+	}
+	_, stderr, code := e.lbctl("kind: BgpPeer\nmetadata:\n  name: bad\naddress: 192.0.2.9\nasn: 64500\n", "apply", "-f", "-")
+	if code != 1 || !strings.Contains(stderr, "my_asn") {
+		t.Errorf("peer without my_asn: exit %d, %q", code, stderr)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,6 +205,23 @@ var poolColumns = []column{
 			return "no"
 		}
 		return "yes"
+	}),
+}
+
+var peerColumns = []column{
+	col("ADDRESS", func(p *weirv1.BgpPeer) string {
+		if p.GetPort() != 0 {
+			return net.JoinHostPort(p.GetAddress(), strconv.Itoa(int(p.GetPort())))
+		}
+		return p.GetAddress()
+	}),
+	col("ASN", func(p *weirv1.BgpPeer) string { return strconv.FormatUint(uint64(p.GetAsn()), 10) }),
+	col("MY-ASN", func(p *weirv1.BgpPeer) string { return strconv.FormatUint(uint64(p.GetMyAsn()), 10) }),
+	col("NODES", func(p *weirv1.BgpPeer) string {
+		if len(p.GetNodeSelector()) == 0 {
+			return "all"
+		}
+		return labels(p.GetNodeSelector())
 	}),
 }
 

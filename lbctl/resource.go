@@ -164,6 +164,34 @@ var kinds = []*kind{
 			return nil, usageErrorf("address pools cannot be watched yet")
 		},
 	},
+	{
+		name: "BgpPeer", singular: "peer", plural: "peers", aliases: []string{"bgppeer", "bgppeers"},
+		field: "bgp_peer", namespaced: false, columns: peerColumns,
+		new: func() object { return &weirv1.BgpPeer{} },
+		get: func(ctx context.Context, c client, _, name string) (object, error) {
+			r, err := c.GetBgpPeer(ctx, &weirv1.GetBgpPeerRequest{Name: name})
+			return orNil(r.GetBgpPeer(), err)
+		},
+		list: func(ctx context.Context, c client, _, _ string) ([]object, error) {
+			r, err := c.ListBgpPeers(ctx, &weirv1.ListBgpPeersRequest{})
+			return objects(r.GetBgpPeers()), err
+		},
+		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: o.(*weirv1.BgpPeer), ValidateOnly: validateOnly})
+			return orNil(r.GetBgpPeer(), err)
+		},
+		update: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: o.(*weirv1.BgpPeer), ValidateOnly: validateOnly})
+			return orNil(r.GetBgpPeer(), err)
+		},
+		delete: func(ctx context.Context, c client, _, name string) error {
+			_, err := c.DeleteBgpPeer(ctx, &weirv1.DeleteBgpPeerRequest{Name: name})
+			return err
+		},
+		watch: func(context.Context, client, string, string) (events, error) {
+			return nil, usageErrorf("BGP peers cannot be watched yet")
+		},
+	},
 }
 
 // kindFor finds a kind by any of its command-line spellings.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -43,8 +44,24 @@ func NewAnnouncer(sp Speaker, proxyHealthy func() bool, log *slog.Logger) *Annou
 func (a *Announcer) Received(st datapath.NodeState) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if !slices.Equal(st.Node.BGPPeers, a.state.Node.BGPPeers) {
+		a.setPeers(st.Node.BGPPeers)
+	}
 	a.state = st
 	a.sync(false)
+}
+
+// setPeers peers with the routers the server chose for this node.
+func (a *Announcer) setPeers(from []datapath.BGPPeer) {
+	peers := make([]Peer, len(from))
+	for i, p := range from {
+		peers[i] = Peer{Address: p.Address, Port: p.Port, ASN: p.ASN, MyASN: p.MyASN, HoldTime: p.HoldTime, Password: p.Password}
+	}
+	if err := a.sp.SetPeers(context.Background(), peers); err != nil {
+		a.log.Error("setting BGP peers failed", "error", err)
+		return
+	}
+	a.log.Info("BGP peers set", "peers", len(peers))
 }
 
 // Applied announces what the applied state says the node should attract.

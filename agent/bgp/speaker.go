@@ -5,11 +5,13 @@
 package bgp
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"strconv"
+	"sync"
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
@@ -23,6 +25,7 @@ type Peer struct {
 	Address  netip.Addr
 	Port     uint16 // 0 means 179
 	ASN      uint32
+	MyASN    uint32        // 0 means the speaker's own AS
 	HoldTime time.Duration // 0 means 90 s
 	Password string        // TCP MD5, optional
 }
@@ -69,6 +72,10 @@ type Speaker interface {
 	// into weighted ECMP.
 	Announce(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr, weight uint32) error
 	Withdraw(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error
+	// SetPeers makes peers the speaker's peers besides its configured
+	// ones: new peers are dialled, changed ones re-dialled, missing ones
+	// dropped.
+	SetPeers(ctx context.Context, peers []Peer) error
 	Close()
 }
 
@@ -81,6 +88,9 @@ const BandwidthPerWeight = 1e6
 type GoBGP struct {
 	s   *server.BgpServer
 	asn uint32
+
+	mu      sync.Mutex // guards dynamic
+	dynamic map[netip.Addr]Peer
 }
 
 // Start starts a speaker and adds its peers.
@@ -97,27 +107,67 @@ func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
 		return nil, fmt.Errorf("starting BGP: %w", err)
 	}
 	for _, p := range cfg.Peers {
-		hold := uint64(90)
-		if p.HoldTime > 0 {
-			hold = uint64(p.HoldTime / time.Second)
-		}
-		peer := &api.Peer{
-			Conf:   &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, AuthPassword: p.Password},
-			Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: max(1, hold/3), ConnectRetry: 1}},
-			AfiSafis: []*api.AfiSafi{
-				{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}, Enabled: true}},
-				{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}, Enabled: true}},
-			},
-		}
-		if p.Port != 0 {
-			peer.Transport = &api.Transport{RemotePort: uint32(p.Port)}
-		}
-		if err := s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
+		if err := addPeer(ctx, s, p); err != nil {
 			s.Stop()
-			return nil, fmt.Errorf("adding peer %s: %w", p.Address, err)
+			return nil, err
 		}
 	}
-	return &GoBGP{s: s, asn: cfg.ASN}, nil
+	return &GoBGP{s: s, asn: cfg.ASN, dynamic: map[netip.Addr]Peer{}}, nil
+}
+
+func addPeer(ctx context.Context, s *server.BgpServer, p Peer) error {
+	hold := uint64(90)
+	if p.HoldTime > 0 {
+		hold = uint64(p.HoldTime / time.Second)
+	}
+	peer := &api.Peer{
+		Conf:   &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, LocalAsn: p.MyASN, AuthPassword: p.Password},
+		Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: max(1, hold/3), ConnectRetry: 1}},
+		AfiSafis: []*api.AfiSafi{
+			{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}, Enabled: true}},
+			{Config: &api.AfiSafiConfig{Family: &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}, Enabled: true}},
+		},
+	}
+	if p.Port != 0 {
+		peer.Transport = &api.Transport{RemotePort: uint32(p.Port)}
+	}
+	if err := s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
+		return fmt.Errorf("adding peer %s: %w", p.Address, err)
+	}
+	return nil
+}
+
+// SetPeers replaces the peers set by the last call. It goes on past a
+// failing peer and returns the first error.
+func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	want := make(map[netip.Addr]Peer, len(peers))
+	for _, p := range peers {
+		want[p.Address] = p
+	}
+	var first error
+	for addr, had := range g.dynamic {
+		if p, ok := want[addr]; ok && p == had {
+			continue
+		}
+		if err := g.s.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
+			first = cmp.Or(first, fmt.Errorf("removing peer %s: %w", addr, err))
+			continue
+		}
+		delete(g.dynamic, addr)
+	}
+	for addr, p := range want {
+		if _, ok := g.dynamic[addr]; ok {
+			continue
+		}
+		if err := addPeer(ctx, g.s, p); err != nil {
+			first = cmp.Or(first, err)
+			continue
+		}
+		g.dynamic[addr] = p
+	}
+	return first
 }
 
 func (g *GoBGP) path(prefix netip.Prefix, nextHop netip.Addr, weight uint32) (*api.Path, error) {

@@ -14,7 +14,7 @@ import (
 
 // EncodeNode is the wire form of a node.
 func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
-	return &weirv1.NodeInfo{
+	out := &weirv1.NodeInfo{
 		Name:       n.Name,
 		Addresses:  strs(n.Addresses),
 		Zone:       n.Zone,
@@ -23,6 +23,11 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 		Drained:    n.Drained,
 		Registered: n.Registered,
 	}
+	for _, p := range n.BGPPeers {
+		out.BgpPeers = append(out.BgpPeers, &weirv1.NodePeer{Address: p.Address.String(), Port: int32(p.Port), Asn: p.ASN, MyAsn: p.MyASN,
+			HoldTimeSeconds: int32(p.HoldTime / time.Second), Password: p.Password})
+	}
+	return out
 }
 
 // DecodeNode reads a node from the wire.
@@ -35,10 +40,23 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 	if err != nil {
 		return datapath.NodeInfo{}, err
 	}
-	return datapath.NodeInfo{
+	info := datapath.NodeInfo{
 		Name: n.GetName(), Addresses: addrs, Zone: n.GetZone(), PodCIDRs: cidrs,
 		Deleting: n.GetDeleting(), Drained: n.GetDrained(), Registered: n.GetRegistered(),
-	}, nil
+	}
+	for i, p := range n.GetBgpPeers() {
+		a, err := netip.ParseAddr(p.GetAddress())
+		if err != nil {
+			return datapath.NodeInfo{}, fmt.Errorf("node.bgp_peers[%d].address: %w", i, err)
+		}
+		port, err := port16(fmt.Sprintf("node.bgp_peers[%d].port", i), p.GetPort(), true)
+		if err != nil {
+			return datapath.NodeInfo{}, err
+		}
+		info.BGPPeers = append(info.BGPPeers, datapath.BGPPeer{Address: a, Port: port, ASN: p.GetAsn(), MyASN: p.GetMyAsn(),
+			HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword()})
+	}
+	return info, nil
 }
 
 // EncodeService is the wire form of a service as one node forwards it.

@@ -177,7 +177,9 @@ func (h *Hub) Run(ctx context.Context) {
 func (h *Hub) apply(batch []timedChange) {
 	services, nodes := map[string]bool{}, map[string]bool{}
 	since := batch[0].at
+	peersChanged := false
 	for _, c := range batch {
+		peersChanged = peersChanged || len(c.Peers) > 0
 		for _, k := range c.Services {
 			services[k] = true
 		}
@@ -190,6 +192,12 @@ func (h *Hub) apply(batch []timedChange) {
 	var version uint64
 	h.reg.Read(func(v registry.View) {
 		version = v.Revision()
+		if peersChanged {
+			// A peer's node selector may pick any node.
+			for _, name := range v.NodeNames() {
+				nodes[name] = true
+			}
+		}
 		for key := range services {
 			if svc := nodestate.Service(v, key); svc != nil {
 				newServices[key] = nodewire.EncodeService(svc)

@@ -290,3 +290,22 @@ func poolToProto(p *model.AddressPool) *weirv1.AddressPool {
 	}
 	return out
 }
+
+func bgpPeerFromProto(p *weirv1.BgpPeer) (*model.BGPPeer, error) {
+	meta, err := metaFromProto(p.GetMetadata())
+	if err != nil {
+		return nil, err
+	}
+	out := &model.BGPPeer{Meta: meta, ASN: p.GetAsn(), MyASN: p.GetMyAsn(), Port: p.GetPort(),
+		HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword(), NodeSelector: p.GetNodeSelector()}
+	if out.Address, err = netip.ParseAddr(p.GetAddress()); err != nil {
+		return nil, &model.FieldError{Field: "address", Reason: fmt.Sprintf("%q is not an IP address", p.GetAddress())}
+	}
+	return out, nil
+}
+
+// bgpPeerToProto leaves the password out: it is write-only.
+func bgpPeerToProto(p *model.BGPPeer) *weirv1.BgpPeer {
+	return &weirv1.BgpPeer{Metadata: metaToProto(&p.Meta), Address: p.Address.String(), Asn: p.ASN, MyAsn: p.MyASN, Port: p.Port,
+		HoldTimeSeconds: int32(p.HoldTime / time.Second), NodeSelector: p.NodeSelector}
+}

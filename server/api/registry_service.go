@@ -15,6 +15,7 @@ type RegistryService struct {
 	endpoints resource[*model.EndpointSlice, *weirv1.EndpointSlice]
 	nodes     resource[*model.Node, *weirv1.Node]
 	pools     resource[*model.AddressPool, *weirv1.AddressPool]
+	peers     resource[*model.BGPPeer, *weirv1.BgpPeer]
 	reg       *registry.Registry
 }
 
@@ -36,8 +37,40 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 			return p
 		}},
 		pools: resource[*model.AddressPool, *weirv1.AddressPool]{field: "address_pool", coll: reg.Pools, from: poolFromProto, to: poolToProto},
-		reg:   reg,
+		peers: resource[*model.BGPPeer, *weirv1.BgpPeer]{field: "bgp_peer", coll: reg.Peers, from: bgpPeerFromProto, to: bgpPeerToProto,
+			keepStatus: func(now, old *model.BGPPeer) {
+				// The password is never read back, so an update that
+				// leaves it out keeps it.
+				if now.Password == "" {
+					now.Password = old.Password
+				}
+			}},
+		reg: reg,
 	}
+}
+
+func (s *RegistryService) CreateBgpPeer(_ context.Context, req *weirv1.CreateBgpPeerRequest) (*weirv1.CreateBgpPeerResponse, error) {
+	obj, err := s.peers.create(req.GetBgpPeer(), req.GetValidateOnly())
+	return &weirv1.CreateBgpPeerResponse{BgpPeer: obj}, err
+}
+
+func (s *RegistryService) GetBgpPeer(_ context.Context, req *weirv1.GetBgpPeerRequest) (*weirv1.GetBgpPeerResponse, error) {
+	obj, err := s.peers.get("", req.GetName())
+	return &weirv1.GetBgpPeerResponse{BgpPeer: obj}, err
+}
+
+func (s *RegistryService) ListBgpPeers(context.Context, *weirv1.ListBgpPeersRequest) (*weirv1.ListBgpPeersResponse, error) {
+	objs, _, err := s.peers.list("", "")
+	return &weirv1.ListBgpPeersResponse{BgpPeers: objs}, err
+}
+
+func (s *RegistryService) UpdateBgpPeer(_ context.Context, req *weirv1.UpdateBgpPeerRequest) (*weirv1.UpdateBgpPeerResponse, error) {
+	obj, err := s.peers.update(req.GetBgpPeer(), req.GetValidateOnly())
+	return &weirv1.UpdateBgpPeerResponse{BgpPeer: obj}, err
+}
+
+func (s *RegistryService) DeleteBgpPeer(_ context.Context, req *weirv1.DeleteBgpPeerRequest) (*weirv1.DeleteBgpPeerResponse, error) {
+	return &weirv1.DeleteBgpPeerResponse{}, s.peers.delete("", req.GetName(), req.GetResourceVersion())
 }
 
 func (s *RegistryService) CreateAddressPool(_ context.Context, req *weirv1.CreateAddressPoolRequest) (*weirv1.CreateAddressPoolResponse, error) {

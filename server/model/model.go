@@ -196,3 +196,25 @@ type Node struct {
 	// kept by the registry, not in the node's own record.
 	Drained bool `json:"-"`
 }
+
+// BGPPeer is an upstream router the nodes' speakers peer with.
+type BGPPeer struct {
+	Meta
+	Address      netip.Addr        `json:"address"`
+	ASN          uint32            `json:"asn"`
+	MyASN        uint32            `json:"myASN"`
+	Port         int32             `json:"port,omitempty"`
+	HoldTime     time.Duration     `json:"holdTime,omitempty"`
+	Password     string            `json:"password,omitempty"`
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+}
+
+// Selects reports whether the peer applies to a node with these labels.
+func (p *BGPPeer) Selects(labels map[string]string) bool {
+	for k, v := range p.NodeSelector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}

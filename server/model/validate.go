@@ -256,3 +256,26 @@ func (p *AddressPool) Validate() error {
 	}
 	return nil
 }
+
+// Validate checks a BGP peer.
+func (p *BGPPeer) Validate() error {
+	if err := validateMeta(&p.Meta, false, dns1123Subdomain); err != nil {
+		return err
+	}
+	if err := validateUnicast("address", p.Address); err != nil {
+		return err
+	}
+	if p.ASN == 0 {
+		return fieldErr("asn", "the router's AS number is required")
+	}
+	if p.MyASN == 0 {
+		return fieldErr("my_asn", "the nodes' AS number is required")
+	}
+	if p.Port != 0 && !validPort(p.Port) {
+		return fieldErr("port", "%d is not a port (1-65535)", p.Port)
+	}
+	if p.HoldTime != 0 && (p.HoldTime < 3*time.Second || p.HoldTime > 65535*time.Second) {
+		return fieldErr("hold_time_seconds", "must be 0 (90 s) or between 3 and 65535")
+	}
+	return nil
+}

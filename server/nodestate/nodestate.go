@@ -25,7 +25,7 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 	if n == nil {
 		return datapath.NodeInfo{Name: name}
 	}
-	return datapath.NodeInfo{
+	info := datapath.NodeInfo{
 		Name:       n.Name,
 		Addresses:  n.Addresses,
 		Zone:       n.Zone,
@@ -34,6 +34,14 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 		Drained:    n.Drained,
 		Registered: true,
 	}
+	for _, p := range v.Peers() {
+		if p.Selects(n.Labels) {
+			info.BGPPeers = append(info.BGPPeers, datapath.BGPPeer{
+				Address: p.Address, Port: uint16(p.Port), ASN: p.ASN, MyASN: p.MyASN, HoldTime: p.HoldTime, Password: p.Password,
+			})
+		}
+	}
+	return info
 }
 
 // Service returns the service as the nodes must forward it, or nil when

@@ -90,3 +90,48 @@ func TestServiceResolvesEndpoints(t *testing.T) {
 		t.Errorf("internal traffic policy lost")
 	}
 }
+
+func TestNodeGetsThePeersThatSelectIt(t *testing.T) {
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	reg, err := registry.Open(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*model.Node{
+		{Meta: model.Meta{Name: "node1", Labels: map[string]string{"rack": "r1"}}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.11")}},
+		{Meta: model.Meta{Name: "node2", Labels: map[string]string{"rack": "r2"}}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12")}},
+	} {
+		if _, err := reg.Nodes.Create(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []*model.BGPPeer{
+		{Meta: model.Meta{Name: "everyone"}, Address: netip.MustParseAddr("192.0.2.1"), ASN: 64500, MyASN: 64512},
+		{Meta: model.Meta{Name: "r1-only"}, Address: netip.MustParseAddr("192.0.2.254"), ASN: 64501, MyASN: 64512, Port: 1179,
+			NodeSelector: map[string]string{"rack": "r1"}},
+	} {
+		if _, err := reg.Peers.Create(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A peer without the nodes' AS is refused.
+	if _, err := reg.Peers.Create(&model.BGPPeer{Meta: model.Meta{Name: "bad"}, Address: netip.MustParseAddr("192.0.2.2"), ASN: 64500}); err == nil {
+		t.Error("a peer without my_asn was accepted")
+	}
+	var got1, got2 []datapath.BGPPeer
+	reg.Read(func(v registry.View) {
+		got1, got2 = Node(v, "node1").BGPPeers, Node(v, "node2").BGPPeers
+	})
+	everyone := datapath.BGPPeer{Address: netip.MustParseAddr("192.0.2.1"), ASN: 64500, MyASN: 64512}
+	r1 := datapath.BGPPeer{Address: netip.MustParseAddr("192.0.2.254"), Port: 1179, ASN: 64501, MyASN: 64512}
+	if diff := cmp.Diff([]datapath.BGPPeer{everyone, r1}, got1, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("node1's peers (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]datapath.BGPPeer{everyone}, got2, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("node2's peers (-want +got):\n%s", diff)
+	}
+}

@@ -35,6 +35,8 @@ type Change struct {
 	Nodes []string
 	// Address pools that changed.
 	Pools []string
+	// BGP peers that changed (every node's description may follow).
+	Peers []string
 }
 
 // Registry holds every resource. Stored objects are immutable: writes store
@@ -55,6 +57,7 @@ type Registry struct {
 	EndpointSlices *Collection[*model.EndpointSlice]
 	Nodes          *Collection[*model.Node]
 	Pools          *Collection[*model.AddressPool]
+	Peers          *Collection[*model.BGPPeer]
 }
 
 // Open loads every stored resource.
@@ -74,7 +77,8 @@ func Open(st *store.Store) (*Registry, error) {
 		}
 		return r.checkPoolOverlap(p)
 	})
-	for _, load := range []func() (uint64, error){r.Services.load, r.EndpointSlices.load, r.Nodes.load, r.Pools.load} {
+	r.Peers = newCollection(r, "bgppeers", false, (*model.BGPPeer).Validate)
+	for _, load := range []func() (uint64, error){r.Services.load, r.EndpointSlices.load, r.Nodes.load, r.Pools.load, r.Peers.load} {
 		rev, err := load()
 		if err != nil {
 			return nil, err
@@ -165,6 +169,9 @@ type View struct{ r *Registry }
 
 func (v View) Revision() uint64                  { return v.r.rev }
 func (v View) Service(key string) *model.Service { return v.r.Services.items[key] }
+
+// Peers lists every BGP peer, by name.
+func (v View) Peers() []*model.BGPPeer { return v.r.Peers.list("", nil) }
 
 // Pools lists every address pool, by name.
 func (v View) Pools() []*model.AddressPool { return v.r.Pools.list("", nil) }
@@ -301,6 +308,8 @@ func (r *Registry) commit(kind, key string, obj model.Object, old model.Object) 
 		ch.Nodes = []string{o.Name}
 	case *model.AddressPool:
 		ch.Pools = []string{o.Name}
+	case *model.BGPPeer:
+		ch.Peers = []string{o.Name}
 	}
 	for _, fn := range r.listeners {
 		fn(ch)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,8 +23,15 @@ const (
 )
 
 // startBGPCluster runs Weir with node speakers peering with a real FRR
-// router in the router namespace.
+// router in the router namespace, configured on the agents' command line.
 func startBGPCluster(t *testing.T) (*weirlab.Cluster, *frr.Router) {
+	return startBGPClusterWith(t, func(n *lab.Node) []string {
+		return []string{"--bgp-peers", fmt.Sprintf("%s/%d,%s/%d", lab.RouterLANv4, routerASN, lab.RouterLANv6, routerASN)}
+	})
+}
+
+// startBGPClusterWith runs node speakers with extra agent flags.
+func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string) (*weirlab.Cluster, *frr.Router) {
 	t.Helper()
 	lab.SkipUnlessPrivileged(t)
 	if _, err := os.Stat("/usr/lib/frr/bgpd"); err != nil {
@@ -35,8 +43,7 @@ func startBGPCluster(t *testing.T) (*weirlab.Cluster, *frr.Router) {
 	ctx := context.Background()
 	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, func(c *weirlab.Cluster) {
 		c.AgentArgs = func(n *lab.Node) []string {
-			return []string{"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-router-id", n.IPv4.String(),
-				"--bgp-peers", fmt.Sprintf("%s/%d,%s/%d", lab.RouterLANv4, routerASN, lab.RouterLANv6, routerASN)}
+			return append([]string{"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-router-id", n.IPv4.String()}, agentArgs(n)...)
 		}
 	})
 	if err != nil {
@@ -214,4 +221,59 @@ func TestWeightsFollowLocalEndpoints(t *testing.T) {
 	if f := float64(onNode1) / n; f < 0.557 || f > 0.776 {
 		t.Errorf("%d of %d connections reached node1 (weights %v); want about two thirds", onNode1, n, w)
 	}
+}
+
+// TestPeersComeFromTheAPI: BgpPeer resources, not flags, decide whom each
+// node peers with: a node selector picks the nodes, an update widens it,
+// and deleting the peer ends the sessions.
+func TestPeersComeFromTheAPI(t *testing.T) {
+	c, r := startBGPClusterWith(t, func(*lab.Node) []string { return nil })
+	ctx := context.Background()
+	node1, node2 := c.Nodes[0], c.Nodes[1]
+	got, err := c.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: node1.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := got.GetNode()
+	n.Metadata.Labels = map[string]string{"rack": "r1"}
+	if _, err := c.Registry.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: n}); err != nil {
+		t.Fatal(err)
+	}
+	svc := lbService("peered", 30102, []string{"10.96.0.63"}, []string{"203.0.113.63"})
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = 32105
+	createService(t, c, svc, c.Pods())
+
+	// A bad peer is refused, naming the field, and changes nothing.
+	_, err = c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: &weirv1.BgpPeer{
+		Metadata: &weirv1.ObjectMeta{Name: "tor"}, Address: lab.RouterLANv4.String(), Asn: routerASN}})
+	if err == nil || !strings.Contains(err.Error(), "my_asn") {
+		t.Fatalf("peer without my_asn: got %v, want an error naming my_asn", err)
+	}
+
+	peer := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: "tor"}, Address: lab.RouterLANv4.String(), Asn: routerASN, MyAsn: nodeASN,
+		HoldTimeSeconds: 9, NodeSelector: map[string]string{"rack": "r1"}}
+	created, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: peer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitNextHops(t, r, "203.0.113.63", node1.IPv4.String())
+	for _, rep := range sample(t, c.Client, netip.MustParseAddrPort("203.0.113.63:80"), 5) {
+		if podByName(c, rep.Pod).Node != node1 || rep.RemoteAddr() != lab.ClientIPv4 {
+			t.Errorf("pod %s saw %s; want a pod of node1 seeing the client %s", rep.Pod, rep.RemoteAddr(), lab.ClientIPv4)
+		}
+	}
+
+	// Every node, now.
+	peer = created.GetBgpPeer()
+	peer.NodeSelector = nil
+	if _, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: peer}); err != nil {
+		t.Fatal(err)
+	}
+	waitNextHops(t, r, "203.0.113.63", node1.IPv4.String(), node2.IPv4.String())
+
+	if _, err := c.Registry.DeleteBgpPeer(ctx, &weirv1.DeleteBgpPeerRequest{Name: "tor"}); err != nil {
+		t.Fatal(err)
+	}
+	waitNextHops(t, r, "203.0.113.63")
 }

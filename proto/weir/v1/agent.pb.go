@@ -655,7 +655,9 @@ type NodeInfo struct {
 	// False when no Node resource of that name exists yet.
 	Registered bool `protobuf:"varint,6,opt,name=registered,proto3" json:"registered,omitempty"`
 	// An operator drained the node: it takes no new external traffic.
-	Drained       bool `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"`
+	Drained bool `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"`
+	// The routers this node's BGP speaker peers with.
+	BgpPeers      []*NodePeer `protobuf:"bytes,8,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -739,6 +741,97 @@ func (x *NodeInfo) GetDrained() bool {
 	return false
 }
 
+func (x *NodeInfo) GetBgpPeers() []*NodePeer {
+	if x != nil {
+		return x.BgpPeers
+	}
+	return nil
+}
+
+type NodePeer struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Address         string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Port            int32                  `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	Asn             uint32                 `protobuf:"varint,3,opt,name=asn,proto3" json:"asn,omitempty"`
+	MyAsn           uint32                 `protobuf:"varint,4,opt,name=my_asn,json=myAsn,proto3" json:"my_asn,omitempty"`
+	HoldTimeSeconds int32                  `protobuf:"varint,5,opt,name=hold_time_seconds,json=holdTimeSeconds,proto3" json:"hold_time_seconds,omitempty"`
+	Password        string                 `protobuf:"bytes,6,opt,name=password,proto3" json:"password,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *NodePeer) Reset() {
+	*x = NodePeer{}
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodePeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodePeer) ProtoMessage() {}
+
+func (x *NodePeer) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
+func (*NodePeer) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *NodePeer) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NodePeer) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *NodePeer) GetAsn() uint32 {
+	if x != nil {
+		return x.Asn
+	}
+	return 0
+}
+
+func (x *NodePeer) GetMyAsn() uint32 {
+	if x != nil {
+		return x.MyAsn
+	}
+	return 0
+}
+
+func (x *NodePeer) GetHoldTimeSeconds() int32 {
+	if x != nil {
+		return x.HoldTimeSeconds
+	}
+	return 0
+}
+
+func (x *NodePeer) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
 // NodeService is one service as the nodes must forward it: every endpoint
 // is resolved to an address and port.
 type NodeService struct {
@@ -762,7 +855,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +867,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +880,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -887,7 +980,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -899,7 +992,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -912,7 +1005,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -969,7 +1062,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -981,7 +1074,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -994,7 +1087,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -1103,7 +1196,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x04node\x18\x03 \x01(\v2\x11.weir.v1.NodeInfoR\x04node\x12.\n" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
-	"\x04more\x18\x06 \x01(\bR\x04more\"\xc3\x01\n" +
+	"\x04more\x18\x06 \x01(\bR\x04more\"\xf3\x01\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
@@ -1113,7 +1206,15 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"registered\x18\x06 \x01(\bR\n" +
 	"registered\x12\x18\n" +
-	"\adrained\x18\a \x01(\bR\adrained\"\x8d\x05\n" +
+	"\adrained\x18\a \x01(\bR\adrained\x12.\n" +
+	"\tbgp_peers\x18\b \x03(\v2\x11.weir.v1.NodePeerR\bbgpPeers\"\xa9\x01\n" +
+	"\bNodePeer\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x10\n" +
+	"\x03asn\x18\x03 \x01(\rR\x03asn\x12\x15\n" +
+	"\x06my_asn\x18\x04 \x01(\rR\x05myAsn\x12*\n" +
+	"\x11hold_time_seconds\x18\x05 \x01(\x05R\x0fholdTimeSeconds\x12\x1a\n" +
+	"\bpassword\x18\x06 \x01(\tR\bpassword\"\x8d\x05\n" +
 	"\vNodeService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -1160,7 +1261,7 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(*SyncRequest)(nil),           // 0: weir.v1.SyncRequest
 	(*Hello)(nil),                 // 1: weir.v1.Hello
@@ -1171,14 +1272,15 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*ServiceHealth)(nil),         // 6: weir.v1.ServiceHealth
 	(*SyncResponse)(nil),          // 7: weir.v1.SyncResponse
 	(*NodeInfo)(nil),              // 8: weir.v1.NodeInfo
-	(*NodeService)(nil),           // 9: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 10: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 11: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 14: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 15: weir.v1.TrafficDistribution
-	(Protocol)(0),                 // 16: weir.v1.Protocol
+	(*NodePeer)(nil),              // 9: weir.v1.NodePeer
+	(*NodeService)(nil),           // 10: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 11: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 12: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 15: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 16: weir.v1.TrafficDistribution
+	(Protocol)(0),                 // 17: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
@@ -1187,23 +1289,24 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	4,  // 3: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
 	5,  // 4: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
 	6,  // 5: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	12, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
-	13, // 7: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	13, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	14, // 7: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
 	8,  // 8: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	9,  // 9: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	10, // 10: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	14, // 11: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	14, // 12: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	15, // 13: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	16, // 14: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	11, // 15: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	0,  // 16: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	7,  // 17: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	17, // [17:18] is the sub-list for method output_type
-	16, // [16:17] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	10, // 9: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	9,  // 10: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	11, // 11: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	15, // 12: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	15, // 13: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	16, // 14: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	17, // 15: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	12, // 16: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	0,  // 17: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	7,  // 18: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	18, // [18:19] is the sub-list for method output_type
+	17, // [17:18] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -1224,7 +1327,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -2476,6 +2476,454 @@ func (*DeleteAddressPoolResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{49}
 }
 
+type CreateBgpPeerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BgpPeer       *BgpPeer               `protobuf:"bytes,1,opt,name=bgp_peer,json=bgpPeer,proto3" json:"bgp_peer,omitempty"`
+	ValidateOnly  bool                   `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateBgpPeerRequest) Reset() {
+	*x = CreateBgpPeerRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateBgpPeerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateBgpPeerRequest) ProtoMessage() {}
+
+func (x *CreateBgpPeerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateBgpPeerRequest.ProtoReflect.Descriptor instead.
+func (*CreateBgpPeerRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *CreateBgpPeerRequest) GetBgpPeer() *BgpPeer {
+	if x != nil {
+		return x.BgpPeer
+	}
+	return nil
+}
+
+func (x *CreateBgpPeerRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
+type CreateBgpPeerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BgpPeer       *BgpPeer               `protobuf:"bytes,1,opt,name=bgp_peer,json=bgpPeer,proto3" json:"bgp_peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateBgpPeerResponse) Reset() {
+	*x = CreateBgpPeerResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateBgpPeerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateBgpPeerResponse) ProtoMessage() {}
+
+func (x *CreateBgpPeerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateBgpPeerResponse.ProtoReflect.Descriptor instead.
+func (*CreateBgpPeerResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *CreateBgpPeerResponse) GetBgpPeer() *BgpPeer {
+	if x != nil {
+		return x.BgpPeer
+	}
+	return nil
+}
+
+type GetBgpPeerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBgpPeerRequest) Reset() {
+	*x = GetBgpPeerRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBgpPeerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBgpPeerRequest) ProtoMessage() {}
+
+func (x *GetBgpPeerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBgpPeerRequest.ProtoReflect.Descriptor instead.
+func (*GetBgpPeerRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *GetBgpPeerRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type GetBgpPeerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BgpPeer       *BgpPeer               `protobuf:"bytes,1,opt,name=bgp_peer,json=bgpPeer,proto3" json:"bgp_peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBgpPeerResponse) Reset() {
+	*x = GetBgpPeerResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBgpPeerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBgpPeerResponse) ProtoMessage() {}
+
+func (x *GetBgpPeerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBgpPeerResponse.ProtoReflect.Descriptor instead.
+func (*GetBgpPeerResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *GetBgpPeerResponse) GetBgpPeer() *BgpPeer {
+	if x != nil {
+		return x.BgpPeer
+	}
+	return nil
+}
+
+type ListBgpPeersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBgpPeersRequest) Reset() {
+	*x = ListBgpPeersRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBgpPeersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBgpPeersRequest) ProtoMessage() {}
+
+func (x *ListBgpPeersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBgpPeersRequest.ProtoReflect.Descriptor instead.
+func (*ListBgpPeersRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{54}
+}
+
+type ListBgpPeersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BgpPeers      []*BgpPeer             `protobuf:"bytes,1,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBgpPeersResponse) Reset() {
+	*x = ListBgpPeersResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBgpPeersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBgpPeersResponse) ProtoMessage() {}
+
+func (x *ListBgpPeersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBgpPeersResponse.ProtoReflect.Descriptor instead.
+func (*ListBgpPeersResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *ListBgpPeersResponse) GetBgpPeers() []*BgpPeer {
+	if x != nil {
+		return x.BgpPeers
+	}
+	return nil
+}
+
+type UpdateBgpPeerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BgpPeer       *BgpPeer               `protobuf:"bytes,1,opt,name=bgp_peer,json=bgpPeer,proto3" json:"bgp_peer,omitempty"`
+	ValidateOnly  bool                   `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateBgpPeerRequest) Reset() {
+	*x = UpdateBgpPeerRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateBgpPeerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateBgpPeerRequest) ProtoMessage() {}
+
+func (x *UpdateBgpPeerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateBgpPeerRequest.ProtoReflect.Descriptor instead.
+func (*UpdateBgpPeerRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *UpdateBgpPeerRequest) GetBgpPeer() *BgpPeer {
+	if x != nil {
+		return x.BgpPeer
+	}
+	return nil
+}
+
+func (x *UpdateBgpPeerRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
+type UpdateBgpPeerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BgpPeer       *BgpPeer               `protobuf:"bytes,1,opt,name=bgp_peer,json=bgpPeer,proto3" json:"bgp_peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateBgpPeerResponse) Reset() {
+	*x = UpdateBgpPeerResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateBgpPeerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateBgpPeerResponse) ProtoMessage() {}
+
+func (x *UpdateBgpPeerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateBgpPeerResponse.ProtoReflect.Descriptor instead.
+func (*UpdateBgpPeerResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *UpdateBgpPeerResponse) GetBgpPeer() *BgpPeer {
+	if x != nil {
+		return x.BgpPeer
+	}
+	return nil
+}
+
+type DeleteBgpPeerRequest struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ResourceVersion string                 `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DeleteBgpPeerRequest) Reset() {
+	*x = DeleteBgpPeerRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteBgpPeerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteBgpPeerRequest) ProtoMessage() {}
+
+func (x *DeleteBgpPeerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteBgpPeerRequest.ProtoReflect.Descriptor instead.
+func (*DeleteBgpPeerRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *DeleteBgpPeerRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteBgpPeerRequest) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
+type DeleteBgpPeerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteBgpPeerResponse) Reset() {
+	*x = DeleteBgpPeerResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteBgpPeerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteBgpPeerResponse) ProtoMessage() {}
+
+func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteBgpPeerResponse.ProtoReflect.Descriptor instead.
+func (*DeleteBgpPeerResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{59}
+}
+
 var File_weir_v1_registry_proto protoreflect.FileDescriptor
 
 const file_weir_v1_registry_proto_rawDesc = "" +
@@ -2601,13 +3049,34 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x18DeleteAddressPoolRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"\x1b\n" +
-	"\x19DeleteAddressPoolResponse*\xa8\x01\n" +
+	"\x19DeleteAddressPoolResponse\"h\n" +
+	"\x14CreateBgpPeerRequest\x12+\n" +
+	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"D\n" +
+	"\x15CreateBgpPeerResponse\x12+\n" +
+	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\"'\n" +
+	"\x11GetBgpPeerRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"A\n" +
+	"\x12GetBgpPeerResponse\x12+\n" +
+	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\"\x15\n" +
+	"\x13ListBgpPeersRequest\"E\n" +
+	"\x14ListBgpPeersResponse\x12-\n" +
+	"\tbgp_peers\x18\x01 \x03(\v2\x10.weir.v1.BgpPeerR\bbgpPeers\"h\n" +
+	"\x14UpdateBgpPeerRequest\x12+\n" +
+	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"D\n" +
+	"\x15UpdateBgpPeerResponse\x12+\n" +
+	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\"U\n" +
+	"\x14DeleteBgpPeerRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"\x17\n" +
+	"\x15DeleteBgpPeerResponse*\xa8\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +
 	"\x19WATCH_EVENT_TYPE_MODIFIED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_DELETED\x10\x03\x12\x1b\n" +
-	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\x9a\x10\n" +
+	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\x9e\x13\n" +
 	"\x0fRegistryService\x12N\n" +
 	"\rCreateService\x12\x1d.weir.v1.CreateServiceRequest\x1a\x1e.weir.v1.CreateServiceResponse\x12E\n" +
 	"\n" +
@@ -2638,7 +3107,13 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0eGetAddressPool\x12\x1e.weir.v1.GetAddressPoolRequest\x1a\x1f.weir.v1.GetAddressPoolResponse\x12W\n" +
 	"\x10ListAddressPools\x12 .weir.v1.ListAddressPoolsRequest\x1a!.weir.v1.ListAddressPoolsResponse\x12Z\n" +
 	"\x11UpdateAddressPool\x12!.weir.v1.UpdateAddressPoolRequest\x1a\".weir.v1.UpdateAddressPoolResponse\x12Z\n" +
-	"\x11DeleteAddressPool\x12!.weir.v1.DeleteAddressPoolRequest\x1a\".weir.v1.DeleteAddressPoolResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
+	"\x11DeleteAddressPool\x12!.weir.v1.DeleteAddressPoolRequest\x1a\".weir.v1.DeleteAddressPoolResponse\x12N\n" +
+	"\rCreateBgpPeer\x12\x1d.weir.v1.CreateBgpPeerRequest\x1a\x1e.weir.v1.CreateBgpPeerResponse\x12E\n" +
+	"\n" +
+	"GetBgpPeer\x12\x1a.weir.v1.GetBgpPeerRequest\x1a\x1b.weir.v1.GetBgpPeerResponse\x12K\n" +
+	"\fListBgpPeers\x12\x1c.weir.v1.ListBgpPeersRequest\x1a\x1d.weir.v1.ListBgpPeersResponse\x12N\n" +
+	"\rUpdateBgpPeer\x12\x1d.weir.v1.UpdateBgpPeerRequest\x1a\x1e.weir.v1.UpdateBgpPeerResponse\x12N\n" +
+	"\rDeleteBgpPeer\x12\x1d.weir.v1.DeleteBgpPeerRequest\x1a\x1e.weir.v1.DeleteBgpPeerResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
 
 var (
 	file_weir_v1_registry_proto_rawDescOnce sync.Once
@@ -2653,7 +3128,7 @@ func file_weir_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_weir_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_weir_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_weir_v1_registry_proto_goTypes = []any{
 	(WatchEventType)(0),                 // 0: weir.v1.WatchEventType
 	(*CreateServiceRequest)(nil),        // 1: weir.v1.CreateServiceRequest
@@ -2706,99 +3181,126 @@ var file_weir_v1_registry_proto_goTypes = []any{
 	(*UpdateAddressPoolResponse)(nil),   // 48: weir.v1.UpdateAddressPoolResponse
 	(*DeleteAddressPoolRequest)(nil),    // 49: weir.v1.DeleteAddressPoolRequest
 	(*DeleteAddressPoolResponse)(nil),   // 50: weir.v1.DeleteAddressPoolResponse
-	(*Service)(nil),                     // 51: weir.v1.Service
-	(*EndpointSlice)(nil),               // 52: weir.v1.EndpointSlice
-	(*Node)(nil),                        // 53: weir.v1.Node
-	(*AddressPool)(nil),                 // 54: weir.v1.AddressPool
+	(*CreateBgpPeerRequest)(nil),        // 51: weir.v1.CreateBgpPeerRequest
+	(*CreateBgpPeerResponse)(nil),       // 52: weir.v1.CreateBgpPeerResponse
+	(*GetBgpPeerRequest)(nil),           // 53: weir.v1.GetBgpPeerRequest
+	(*GetBgpPeerResponse)(nil),          // 54: weir.v1.GetBgpPeerResponse
+	(*ListBgpPeersRequest)(nil),         // 55: weir.v1.ListBgpPeersRequest
+	(*ListBgpPeersResponse)(nil),        // 56: weir.v1.ListBgpPeersResponse
+	(*UpdateBgpPeerRequest)(nil),        // 57: weir.v1.UpdateBgpPeerRequest
+	(*UpdateBgpPeerResponse)(nil),       // 58: weir.v1.UpdateBgpPeerResponse
+	(*DeleteBgpPeerRequest)(nil),        // 59: weir.v1.DeleteBgpPeerRequest
+	(*DeleteBgpPeerResponse)(nil),       // 60: weir.v1.DeleteBgpPeerResponse
+	(*Service)(nil),                     // 61: weir.v1.Service
+	(*EndpointSlice)(nil),               // 62: weir.v1.EndpointSlice
+	(*Node)(nil),                        // 63: weir.v1.Node
+	(*AddressPool)(nil),                 // 64: weir.v1.AddressPool
+	(*BgpPeer)(nil),                     // 65: weir.v1.BgpPeer
 }
 var file_weir_v1_registry_proto_depIdxs = []int32{
-	51, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
-	51, // 1: weir.v1.CreateServiceResponse.service:type_name -> weir.v1.Service
-	51, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
-	51, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
-	51, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
-	51, // 5: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
+	61, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
+	61, // 1: weir.v1.CreateServiceResponse.service:type_name -> weir.v1.Service
+	61, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
+	61, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
+	61, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
+	61, // 5: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
 	0,  // 6: weir.v1.WatchServicesResponse.type:type_name -> weir.v1.WatchEventType
-	51, // 7: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
-	52, // 8: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	52, // 9: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	52, // 10: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	52, // 11: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
-	52, // 12: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	52, // 13: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	61, // 7: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
+	62, // 8: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	62, // 9: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	62, // 10: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	62, // 11: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
+	62, // 12: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	62, // 13: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
 	0,  // 14: weir.v1.WatchEndpointSlicesResponse.type:type_name -> weir.v1.WatchEventType
-	52, // 15: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	53, // 16: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
-	53, // 17: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
-	53, // 18: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
-	53, // 19: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
-	53, // 20: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
-	53, // 21: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
+	62, // 15: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	63, // 16: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
+	63, // 17: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
+	63, // 18: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
+	63, // 19: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
+	63, // 20: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
+	63, // 21: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
 	0,  // 22: weir.v1.WatchNodesResponse.type:type_name -> weir.v1.WatchEventType
-	53, // 23: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
-	53, // 24: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
-	53, // 25: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
-	54, // 26: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	54, // 27: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	54, // 28: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	54, // 29: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
-	54, // 30: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	54, // 31: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	1,  // 32: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
-	3,  // 33: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
-	5,  // 34: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
-	7,  // 35: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
-	9,  // 36: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
-	11, // 37: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
-	13, // 38: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
-	15, // 39: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
-	17, // 40: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
-	19, // 41: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
-	21, // 42: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
-	23, // 43: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
-	25, // 44: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
-	27, // 45: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
-	29, // 46: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
-	31, // 47: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
-	33, // 48: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
-	35, // 49: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
-	37, // 50: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
-	39, // 51: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
-	41, // 52: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
-	43, // 53: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
-	45, // 54: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
-	47, // 55: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
-	49, // 56: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
-	2,  // 57: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
-	4,  // 58: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
-	6,  // 59: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
-	8,  // 60: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
-	10, // 61: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
-	12, // 62: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
-	14, // 63: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
-	16, // 64: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
-	18, // 65: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
-	20, // 66: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
-	22, // 67: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
-	24, // 68: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
-	26, // 69: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
-	28, // 70: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
-	30, // 71: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
-	32, // 72: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
-	34, // 73: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
-	36, // 74: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
-	38, // 75: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
-	40, // 76: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
-	42, // 77: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
-	44, // 78: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
-	46, // 79: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
-	48, // 80: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
-	50, // 81: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
-	57, // [57:82] is the sub-list for method output_type
-	32, // [32:57] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	63, // 23: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
+	63, // 24: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
+	63, // 25: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
+	64, // 26: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	64, // 27: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	64, // 28: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	64, // 29: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
+	64, // 30: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	64, // 31: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	65, // 32: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	65, // 33: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	65, // 34: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	65, // 35: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
+	65, // 36: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	65, // 37: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	1,  // 38: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
+	3,  // 39: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
+	5,  // 40: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
+	7,  // 41: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
+	9,  // 42: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
+	11, // 43: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
+	13, // 44: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
+	15, // 45: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
+	17, // 46: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
+	19, // 47: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
+	21, // 48: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
+	23, // 49: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
+	25, // 50: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
+	27, // 51: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
+	29, // 52: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
+	31, // 53: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
+	33, // 54: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
+	35, // 55: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
+	37, // 56: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
+	39, // 57: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
+	41, // 58: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
+	43, // 59: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
+	45, // 60: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
+	47, // 61: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
+	49, // 62: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
+	51, // 63: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
+	53, // 64: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
+	55, // 65: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
+	57, // 66: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
+	59, // 67: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
+	2,  // 68: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
+	4,  // 69: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
+	6,  // 70: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
+	8,  // 71: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
+	10, // 72: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
+	12, // 73: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
+	14, // 74: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
+	16, // 75: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
+	18, // 76: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
+	20, // 77: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
+	22, // 78: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
+	24, // 79: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
+	26, // 80: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
+	28, // 81: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
+	30, // 82: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
+	32, // 83: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
+	34, // 84: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
+	36, // 85: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
+	38, // 86: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
+	40, // 87: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
+	42, // 88: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
+	44, // 89: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
+	46, // 90: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
+	48, // 91: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
+	50, // 92: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
+	52, // 93: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
+	54, // 94: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
+	56, // 95: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
+	58, // 96: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
+	60, // 97: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
+	68, // [68:98] is the sub-list for method output_type
+	38, // [38:68] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_registry_proto_init() }
@@ -2813,7 +3315,7 @@ func file_weir_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_registry_proto_rawDesc), len(file_weir_v1_registry_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   50,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -44,6 +44,11 @@ const (
 	RegistryService_ListAddressPools_FullMethodName    = "/weir.v1.RegistryService/ListAddressPools"
 	RegistryService_UpdateAddressPool_FullMethodName   = "/weir.v1.RegistryService/UpdateAddressPool"
 	RegistryService_DeleteAddressPool_FullMethodName   = "/weir.v1.RegistryService/DeleteAddressPool"
+	RegistryService_CreateBgpPeer_FullMethodName       = "/weir.v1.RegistryService/CreateBgpPeer"
+	RegistryService_GetBgpPeer_FullMethodName          = "/weir.v1.RegistryService/GetBgpPeer"
+	RegistryService_ListBgpPeers_FullMethodName        = "/weir.v1.RegistryService/ListBgpPeers"
+	RegistryService_UpdateBgpPeer_FullMethodName       = "/weir.v1.RegistryService/UpdateBgpPeer"
+	RegistryService_DeleteBgpPeer_FullMethodName       = "/weir.v1.RegistryService/DeleteBgpPeer"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -83,6 +88,11 @@ type RegistryServiceClient interface {
 	ListAddressPools(ctx context.Context, in *ListAddressPoolsRequest, opts ...grpc.CallOption) (*ListAddressPoolsResponse, error)
 	UpdateAddressPool(ctx context.Context, in *UpdateAddressPoolRequest, opts ...grpc.CallOption) (*UpdateAddressPoolResponse, error)
 	DeleteAddressPool(ctx context.Context, in *DeleteAddressPoolRequest, opts ...grpc.CallOption) (*DeleteAddressPoolResponse, error)
+	CreateBgpPeer(ctx context.Context, in *CreateBgpPeerRequest, opts ...grpc.CallOption) (*CreateBgpPeerResponse, error)
+	GetBgpPeer(ctx context.Context, in *GetBgpPeerRequest, opts ...grpc.CallOption) (*GetBgpPeerResponse, error)
+	ListBgpPeers(ctx context.Context, in *ListBgpPeersRequest, opts ...grpc.CallOption) (*ListBgpPeersResponse, error)
+	UpdateBgpPeer(ctx context.Context, in *UpdateBgpPeerRequest, opts ...grpc.CallOption) (*UpdateBgpPeerResponse, error)
+	DeleteBgpPeer(ctx context.Context, in *DeleteBgpPeerRequest, opts ...grpc.CallOption) (*DeleteBgpPeerResponse, error)
 }
 
 type registryServiceClient struct {
@@ -370,6 +380,56 @@ func (c *registryServiceClient) DeleteAddressPool(ctx context.Context, in *Delet
 	return out, nil
 }
 
+func (c *registryServiceClient) CreateBgpPeer(ctx context.Context, in *CreateBgpPeerRequest, opts ...grpc.CallOption) (*CreateBgpPeerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateBgpPeerResponse)
+	err := c.cc.Invoke(ctx, RegistryService_CreateBgpPeer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) GetBgpPeer(ctx context.Context, in *GetBgpPeerRequest, opts ...grpc.CallOption) (*GetBgpPeerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetBgpPeerResponse)
+	err := c.cc.Invoke(ctx, RegistryService_GetBgpPeer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListBgpPeers(ctx context.Context, in *ListBgpPeersRequest, opts ...grpc.CallOption) (*ListBgpPeersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBgpPeersResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListBgpPeers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) UpdateBgpPeer(ctx context.Context, in *UpdateBgpPeerRequest, opts ...grpc.CallOption) (*UpdateBgpPeerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateBgpPeerResponse)
+	err := c.cc.Invoke(ctx, RegistryService_UpdateBgpPeer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) DeleteBgpPeer(ctx context.Context, in *DeleteBgpPeerRequest, opts ...grpc.CallOption) (*DeleteBgpPeerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteBgpPeerResponse)
+	err := c.cc.Invoke(ctx, RegistryService_DeleteBgpPeer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -407,6 +467,11 @@ type RegistryServiceServer interface {
 	ListAddressPools(context.Context, *ListAddressPoolsRequest) (*ListAddressPoolsResponse, error)
 	UpdateAddressPool(context.Context, *UpdateAddressPoolRequest) (*UpdateAddressPoolResponse, error)
 	DeleteAddressPool(context.Context, *DeleteAddressPoolRequest) (*DeleteAddressPoolResponse, error)
+	CreateBgpPeer(context.Context, *CreateBgpPeerRequest) (*CreateBgpPeerResponse, error)
+	GetBgpPeer(context.Context, *GetBgpPeerRequest) (*GetBgpPeerResponse, error)
+	ListBgpPeers(context.Context, *ListBgpPeersRequest) (*ListBgpPeersResponse, error)
+	UpdateBgpPeer(context.Context, *UpdateBgpPeerRequest) (*UpdateBgpPeerResponse, error)
+	DeleteBgpPeer(context.Context, *DeleteBgpPeerRequest) (*DeleteBgpPeerResponse, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -491,6 +556,21 @@ func (UnimplementedRegistryServiceServer) UpdateAddressPool(context.Context, *Up
 }
 func (UnimplementedRegistryServiceServer) DeleteAddressPool(context.Context, *DeleteAddressPoolRequest) (*DeleteAddressPoolResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteAddressPool not implemented")
+}
+func (UnimplementedRegistryServiceServer) CreateBgpPeer(context.Context, *CreateBgpPeerRequest) (*CreateBgpPeerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateBgpPeer not implemented")
+}
+func (UnimplementedRegistryServiceServer) GetBgpPeer(context.Context, *GetBgpPeerRequest) (*GetBgpPeerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetBgpPeer not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListBgpPeers(context.Context, *ListBgpPeersRequest) (*ListBgpPeersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListBgpPeers not implemented")
+}
+func (UnimplementedRegistryServiceServer) UpdateBgpPeer(context.Context, *UpdateBgpPeerRequest) (*UpdateBgpPeerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateBgpPeer not implemented")
+}
+func (UnimplementedRegistryServiceServer) DeleteBgpPeer(context.Context, *DeleteBgpPeerRequest) (*DeleteBgpPeerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteBgpPeer not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -942,6 +1022,96 @@ func _RegistryService_DeleteAddressPool_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_CreateBgpPeer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateBgpPeerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).CreateBgpPeer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_CreateBgpPeer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).CreateBgpPeer(ctx, req.(*CreateBgpPeerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_GetBgpPeer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetBgpPeerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).GetBgpPeer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_GetBgpPeer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).GetBgpPeer(ctx, req.(*GetBgpPeerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListBgpPeers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListBgpPeersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListBgpPeers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListBgpPeers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListBgpPeers(ctx, req.(*ListBgpPeersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_UpdateBgpPeer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateBgpPeerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).UpdateBgpPeer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_UpdateBgpPeer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).UpdateBgpPeer(ctx, req.(*UpdateBgpPeerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_DeleteBgpPeer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteBgpPeerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).DeleteBgpPeer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_DeleteBgpPeer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).DeleteBgpPeer(ctx, req.(*DeleteBgpPeerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1036,6 +1206,26 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteAddressPool",
 			Handler:    _RegistryService_DeleteAddressPool_Handler,
+		},
+		{
+			MethodName: "CreateBgpPeer",
+			Handler:    _RegistryService_CreateBgpPeer_Handler,
+		},
+		{
+			MethodName: "GetBgpPeer",
+			Handler:    _RegistryService_GetBgpPeer_Handler,
+		},
+		{
+			MethodName: "ListBgpPeers",
+			Handler:    _RegistryService_ListBgpPeers_Handler,
+		},
+		{
+			MethodName: "UpdateBgpPeer",
+			Handler:    _RegistryService_UpdateBgpPeer_Handler,
+		},
+		{
+			MethodName: "DeleteBgpPeer",
+			Handler:    _RegistryService_DeleteBgpPeer_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

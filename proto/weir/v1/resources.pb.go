@@ -1152,6 +1152,114 @@ func (x *AddressPool) GetManualOnly() bool {
 	return false
 }
 
+// BgpPeer is an upstream router the nodes' BGP speakers peer with
+// (MetalLB's BGPPeer).
+type BgpPeer struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Metadata *ObjectMeta            `protobuf:"bytes,1,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	Address  string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// The router's AS.
+	Asn uint32 `protobuf:"varint,3,opt,name=asn,proto3" json:"asn,omitempty"`
+	// The nodes' own AS in this session.
+	MyAsn uint32 `protobuf:"varint,4,opt,name=my_asn,json=myAsn,proto3" json:"my_asn,omitempty"`
+	// 0 means 179.
+	Port int32 `protobuf:"varint,5,opt,name=port,proto3" json:"port,omitempty"`
+	// 0 means 90.
+	HoldTimeSeconds int32 `protobuf:"varint,6,opt,name=hold_time_seconds,json=holdTimeSeconds,proto3" json:"hold_time_seconds,omitempty"`
+	// TCP MD5 signature password; empty for none.
+	Password string `protobuf:"bytes,7,opt,name=password,proto3" json:"password,omitempty"`
+	// Which nodes peer, by label; empty means every node.
+	NodeSelector  map[string]string `protobuf:"bytes,8,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BgpPeer) Reset() {
+	*x = BgpPeer{}
+	mi := &file_weir_v1_resources_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BgpPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BgpPeer) ProtoMessage() {}
+
+func (x *BgpPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_resources_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BgpPeer.ProtoReflect.Descriptor instead.
+func (*BgpPeer) Descriptor() ([]byte, []int) {
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *BgpPeer) GetMetadata() *ObjectMeta {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *BgpPeer) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *BgpPeer) GetAsn() uint32 {
+	if x != nil {
+		return x.Asn
+	}
+	return 0
+}
+
+func (x *BgpPeer) GetMyAsn() uint32 {
+	if x != nil {
+		return x.MyAsn
+	}
+	return 0
+}
+
+func (x *BgpPeer) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *BgpPeer) GetHoldTimeSeconds() int32 {
+	if x != nil {
+		return x.HoldTimeSeconds
+	}
+	return 0
+}
+
+func (x *BgpPeer) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
+func (x *BgpPeer) GetNodeSelector() map[string]string {
+	if x != nil {
+		return x.NodeSelector
+	}
+	return nil
+}
+
 var File_weir_v1_resources_proto protoreflect.FileDescriptor
 
 const file_weir_v1_resources_proto_rawDesc = "" +
@@ -1238,7 +1346,19 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x1f\n" +
 	"\vmanual_only\x18\x03 \x01(\bR\n" +
-	"manualOnly*\x84\x01\n" +
+	"manualOnly\"\xe3\x02\n" +
+	"\aBgpPeer\x12/\n" +
+	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x10\n" +
+	"\x03asn\x18\x03 \x01(\rR\x03asn\x12\x15\n" +
+	"\x06my_asn\x18\x04 \x01(\rR\x05myAsn\x12\x12\n" +
+	"\x04port\x18\x05 \x01(\x05R\x04port\x12*\n" +
+	"\x11hold_time_seconds\x18\x06 \x01(\x05R\x0fholdTimeSeconds\x12\x1a\n" +
+	"\bpassword\x18\a \x01(\tR\bpassword\x12G\n" +
+	"\rnode_selector\x18\b \x03(\v2\".weir.v1.BgpPeer.NodeSelectorEntryR\fnodeSelector\x1a?\n" +
+	"\x11NodeSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x84\x01\n" +
 	"\vServiceType\x12\x1c\n" +
 	"\x18SERVICE_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17SERVICE_TYPE_CLUSTER_IP\x10\x01\x12\x1a\n" +
@@ -1274,7 +1394,7 @@ func file_weir_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_weir_v1_resources_proto_goTypes = []any{
 	(ServiceType)(0),              // 0: weir.v1.ServiceType
 	(Protocol)(0),                 // 1: weir.v1.Protocol
@@ -1292,12 +1412,14 @@ var file_weir_v1_resources_proto_goTypes = []any{
 	(*EndpointPort)(nil),          // 13: weir.v1.EndpointPort
 	(*Node)(nil),                  // 14: weir.v1.Node
 	(*AddressPool)(nil),           // 15: weir.v1.AddressPool
-	nil,                           // 16: weir.v1.ObjectMeta.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*BgpPeer)(nil),               // 16: weir.v1.BgpPeer
+	nil,                           // 17: weir.v1.ObjectMeta.LabelsEntry
+	nil,                           // 18: weir.v1.BgpPeer.NodeSelectorEntry
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_weir_v1_resources_proto_depIdxs = []int32{
-	16, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
-	17, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	17, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
+	19, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 2: weir.v1.Service.metadata:type_name -> weir.v1.ObjectMeta
 	7,  // 3: weir.v1.Service.spec:type_name -> weir.v1.ServiceSpec
 	9,  // 4: weir.v1.Service.status:type_name -> weir.v1.ServiceStatus
@@ -1315,11 +1437,13 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	1,  // 16: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
 	5,  // 17: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
 	5,  // 18: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	5,  // 19: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
+	18, // 20: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }
@@ -1334,7 +1458,7 @@ func file_weir_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_resources_proto_rawDesc), len(file_weir_v1_resources_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
