@@ -14,16 +14,22 @@ import (
 
 func ptr[T any](v T) *T { return &v }
 
-func TestServiceResolvesEndpoints(t *testing.T) {
+func openRegistry(t *testing.T) *registry.Registry {
+	t.Helper()
 	st, err := store.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(func() { st.Close() })
 	reg, err := registry.Open(st)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return reg
+}
+
+func TestServiceResolvesEndpoints(t *testing.T) {
+	reg := openRegistry(t)
 	mustCreate := func(_ any, err error) {
 		t.Helper()
 		if err != nil {
@@ -92,15 +98,7 @@ func TestServiceResolvesEndpoints(t *testing.T) {
 }
 
 func TestNodeGetsThePeersThatSelectIt(t *testing.T) {
-	st, err := store.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	reg, err := registry.Open(st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := openRegistry(t)
 	for _, n := range []*model.Node{
 		{Meta: model.Meta{Name: "node1", Labels: map[string]string{"rack": "r1"}}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.11")}},
 		{Meta: model.Meta{Name: "node2", Labels: map[string]string{"rack": "r2"}}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12")}},
