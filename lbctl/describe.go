@@ -217,6 +217,19 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 	)
 	b.WriteString("\n")
 	section(&b, "Services with health checks", []string{"SERVICE", "PORT", "HEALTH CHECK", "LOCAL READY", "EXTERNAL TRAFFIC", "REASON"}, checks)
+	if sessions := n.GetBgpSessions(); len(sessions) > 0 {
+		// Only nodes that run a BGP speaker have this section.
+		var rows [][]string
+		for _, s := range sessions {
+			up := "-"
+			if s.GetEstablishedSince() != nil {
+				up = age(a.now(), s.GetEstablishedSince())
+			}
+			rows = append(rows, []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), s.GetState(), up})
+		}
+		b.WriteString("\n")
+		section(&b, "BGP sessions", []string{"PEER", "ASN", "STATE", "UP"}, rows)
+	}
 	return b.String(), nil
 }
 

@@ -25,6 +25,7 @@ type Announcer struct {
 	mu        sync.Mutex // guards the fields below
 	state     datapath.NodeState
 	announced map[netip.Prefix]Announcement
+	reported  []health.BGPSession
 }
 
 // Announcement is how a prefix is announced.
@@ -71,8 +72,22 @@ func (a *Announcer) Applied(time.Duration) {
 	a.sync(true)
 }
 
-// Report has nothing to report yet: announcements show in the routers.
-func (a *Announcer) Report(bool) *health.Report { return nil }
+// Report gives the speaker's sessions when they changed (always when
+// full).
+func (a *Announcer) Report(full bool) *health.Report {
+	sessions, err := a.sp.Sessions(context.Background())
+	if err != nil {
+		a.log.Error("listing BGP sessions failed", "error", err)
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !full && slices.Equal(sessions, a.reported) {
+		return nil
+	}
+	a.reported = sessions
+	return &health.Report{Full: full, BGP: &health.BGPReport{Sessions: sessions}}
+}
 
 // Announced lists what is announced now.
 func (a *Announcer) Announced() map[netip.Prefix]Announcement {

@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +20,8 @@ import (
 	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
 	"github.com/osrg/gobgp/v3/pkg/server"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/weirlb/weir/agent/health"
 )
 
 // Peer is an upstream router.
@@ -76,6 +80,8 @@ type Speaker interface {
 	// ones: new peers are dialled, changed ones re-dialled, missing ones
 	// dropped.
 	SetPeers(ctx context.Context, peers []Peer) error
+	// Sessions lists every peer's session, by address.
+	Sessions(ctx context.Context) ([]health.BGPSession, error)
 	Close()
 }
 
@@ -220,6 +226,25 @@ func (g *GoBGP) Withdraw(ctx context.Context, prefix netip.Prefix, nextHop netip
 		return err
 	}
 	return g.s.DeletePath(ctx, &api.DeletePathRequest{Path: p})
+}
+
+// Sessions lists every peer's session, by address.
+func (g *GoBGP) Sessions(ctx context.Context) ([]health.BGPSession, error) {
+	var out []health.BGPSession
+	err := g.s.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+		addr, err := netip.ParseAddr(p.GetState().GetNeighborAddress())
+		if err != nil {
+			return
+		}
+		st := health.BGPSession{PeerAddress: addr, PeerASN: p.GetState().GetPeerAsn(),
+			State: strings.ToLower(p.GetState().GetSessionState().String())}
+		if st.State == "established" && p.GetTimers().GetState().GetUptime() != nil {
+			st.Since = p.GetTimers().GetState().GetUptime().AsTime()
+		}
+		out = append(out, st)
+	})
+	slices.SortFunc(out, func(a, b health.BGPSession) int { return a.PeerAddress.Compare(b.PeerAddress) })
+	return out, err
 }
 
 // Close ends every session (the routers drop the node's routes at once).

@@ -30,12 +30,42 @@ type NodeReport struct {
 }
 
 // Report is what changed since the last report, or everything when Full.
+// Each observer fills its part; a zero part is absent.
 type Report struct {
 	Full     bool
 	Node     NodeReport
 	Services []ServiceReport
 	Removed  []string // "namespace/name"
 	LastSync time.Duration
+	// BGP is every session of the node's speaker, when they changed.
+	BGP *BGPReport
+}
+
+// BGPReport is the node speaker's sessions.
+type BGPReport struct {
+	Sessions []BGPSession
+}
+
+// BGPSession is the speaker's session with one router.
+type BGPSession struct {
+	PeerAddress netip.Addr
+	PeerASN     uint32
+	State       string // idle, connect, active, opensent, openconfirm, established
+	Since       time.Time
+}
+
+// Merge adds o's parts to r.
+func (r *Report) Merge(o *Report) {
+	r.Full = r.Full || o.Full
+	if o.Node != (NodeReport{}) {
+		r.Node = o.Node
+	}
+	r.Services = append(r.Services, o.Services...)
+	r.Removed = append(r.Removed, o.Removed...)
+	r.LastSync = max(r.LastSync, o.LastSync)
+	if o.BGP != nil {
+		r.BGP = o.BGP
+	}
 }
 
 // Agent is the node's health: it follows the desired state as it arrives

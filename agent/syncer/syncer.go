@@ -46,8 +46,8 @@ type Observer interface {
 	Report(full bool) *health.Report
 }
 
-// Observers fans events out to several observers; the first that has a
-// report gives it.
+// Observers fans events out to several observers and merges their
+// reports.
 type Observers []Observer
 
 func (os Observers) Received(st datapath.NodeState) {
@@ -63,12 +63,17 @@ func (os Observers) Applied(took time.Duration) {
 }
 
 func (os Observers) Report(full bool) *health.Report {
+	var out *health.Report
 	for _, o := range os {
-		if r := o.Report(full); r != nil {
-			return r
+		switch r := o.Report(full); {
+		case r == nil:
+		case out == nil:
+			out = r
+		default:
+			out.Merge(r)
 		}
 	}
-	return nil
+	return out
 }
 
 // ReportPeriod is how often the syncer looks for health changes that no
@@ -411,17 +416,28 @@ func (noObserver) Report(bool) *health.Report  { return nil }
 
 // reportToProto is the wire form of a health report.
 func reportToProto(r *health.Report) *weirv1.SyncRequest {
-	out := &weirv1.Report{
-		Full: r.Full,
-		NodeHealth: &weirv1.NodeHealth{
+	out := &weirv1.Report{Full: r.Full, RemovedServices: r.Removed}
+	if r.Node != (health.NodeReport{}) {
+		out.NodeHealth = &weirv1.NodeHealth{
 			HealthzCode: int32(r.Node.HealthzCode), LivezCode: int32(r.Node.LivezCode),
 			NodeEligible: r.Node.NodeEligible,
-		},
-		RemovedServices:  r.Removed,
-		LastSyncDuration: durationpb.New(r.LastSync),
+		}
+		if !r.Node.LastUpdated.IsZero() {
+			out.NodeHealth.LastUpdated = timestamppb.New(r.Node.LastUpdated)
+		}
 	}
-	if !r.Node.LastUpdated.IsZero() {
-		out.NodeHealth.LastUpdated = timestamppb.New(r.Node.LastUpdated)
+	if r.LastSync != 0 {
+		out.LastSyncDuration = durationpb.New(r.LastSync)
+	}
+	if r.BGP != nil {
+		out.Bgp = &weirv1.BgpSessions{Sessions: []*weirv1.BgpSession{}}
+		for _, s := range r.BGP.Sessions {
+			ps := &weirv1.BgpSession{PeerAddress: s.PeerAddress.String(), PeerAsn: s.PeerASN, State: s.State}
+			if !s.Since.IsZero() {
+				ps.EstablishedSince = timestamppb.New(s.Since)
+			}
+			out.Bgp.Sessions = append(out.Bgp.Sessions, ps)
+		}
 	}
 	for _, s := range r.Services {
 		out.Services = append(out.Services, &weirv1.ServiceHealth{

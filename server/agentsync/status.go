@@ -21,6 +21,9 @@ type NodeStatus struct {
 	LastSync time.Duration
 	// Services is, per "namespace/name", what the node sees of a service.
 	Services map[string]ServiceHealth
+	// BGPSessions are the node speaker's sessions as last reported (the
+	// messages are never changed once received).
+	BGPSessions []*weirv1.BgpSession
 }
 
 // NodeHealth is a node's own health answers (port 10256).
@@ -51,7 +54,12 @@ func recordReport(st *NodeStatus, r *weirv1.Report) {
 			st.Health.LastUpdated = nh.GetLastUpdated().AsTime()
 		}
 	}
-	st.LastSync = r.GetLastSyncDuration().AsDuration()
+	if r.GetLastSyncDuration() != nil {
+		st.LastSync = r.GetLastSyncDuration().AsDuration()
+	}
+	if r.GetFull() || r.GetBgp() != nil {
+		st.BGPSessions = r.GetBgp().GetSessions()
+	}
 	if r.GetFull() || st.Services == nil {
 		st.Services = map[string]ServiceHealth{}
 	}

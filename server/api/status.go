@@ -99,6 +99,7 @@ func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 				LastUpdated: timestamp(n.Health.LastUpdated), NodeEligible: n.Health.NodeEligible,
 			},
 			LastSyncDuration: durationpb.New(n.LastSync),
+			BgpSessions:      n.BGPSessions,
 		})
 	}
 	return out
@@ -129,6 +130,9 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 			reason = "NodeDrained"
 		case !n.Health.NodeEligible:
 			reason = "NodeDeleting"
+		case len(svc.LoadBalancerIPs) > 0 && len(n.BGPSessions) > 0 && !anyEstablished(n.BGPSessions):
+			// The node's speaker runs but no router hears it.
+			reason = "BGPSessionsDown"
 		case local && h.HealthCheckError != "":
 			reason = "HealthCheckPortError"
 		case local && h.HealthCheckCode != 200:
@@ -151,6 +155,10 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 		report.Nodes = append(report.Nodes, st)
 	}
 	return &weirv1.GetServiceStatusResponse{Status: report}, nil
+}
+
+func anyEstablished(sessions []*weirv1.BgpSession) bool {
+	return slices.ContainsFunc(sessions, func(s *weirv1.BgpSession) bool { return s.GetState() == "established" })
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp {

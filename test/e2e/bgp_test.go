@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -258,6 +259,7 @@ func TestPeersComeFromTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitNextHops(t, r, "203.0.113.63", node1.IPv4.String())
+	waitSessions(t, c, map[string]string{node1.Name: lab.RouterLANv4.String() + " established", node2.Name: ""})
 	for _, rep := range sample(t, c.Client, netip.MustParseAddrPort("203.0.113.63:80"), 5) {
 		if podByName(c, rep.Pod).Node != node1 || rep.RemoteAddr() != lab.ClientIPv4 {
 			t.Errorf("pod %s saw %s; want a pod of node1 seeing the client %s", rep.Pod, rep.RemoteAddr(), lab.ClientIPv4)
@@ -272,8 +274,61 @@ func TestPeersComeFromTheAPI(t *testing.T) {
 	}
 	waitNextHops(t, r, "203.0.113.63", node1.IPv4.String(), node2.IPv4.String())
 
+	waitSessions(t, c, map[string]string{node1.Name: lab.RouterLANv4.String() + " established", node2.Name: lab.RouterLANv4.String() + " established"})
+
 	if _, err := c.Registry.DeleteBgpPeer(ctx, &weirv1.DeleteBgpPeerRequest{Name: "tor"}); err != nil {
 		t.Fatal(err)
 	}
 	waitNextHops(t, r, "203.0.113.63")
+	waitSessions(t, c, map[string]string{node1.Name: "", node2.Name: ""})
+
+	// A peer nobody answers: the status API says why no router hears the
+	// nodes.
+	if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: &weirv1.BgpPeer{
+		Metadata: &weirv1.ObjectMeta{Name: "wrong-port"}, Address: lab.RouterLANv4.String(), Port: 1790, Asn: routerASN, MyAsn: nodeASN}}); err != nil {
+		t.Fatal(err)
+	}
+	status := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, "both nodes marked BGPSessionsDown for the service", func() error {
+		resp, err := status.GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: "default", Name: "peered"})
+		if err != nil {
+			return err
+		}
+		var reasons []string
+		for _, n := range resp.GetStatus().GetNodes() {
+			reasons = append(reasons, n.GetNode()+" "+n.GetReason())
+		}
+		if want := []string{node1.Name + " BGPSessionsDown", node2.Name + " BGPSessionsDown"}; !slices.Equal(reasons, want) || len(resp.GetStatus().GetReceivingNodes()) != 0 {
+			return fmt.Errorf("reasons %q, receiving %v", reasons, resp.GetStatus().GetReceivingNodes())
+		}
+		return nil
+	})
+}
+
+// waitSessions waits until the status API shows, per node, its BGP
+// sessions as "PEER STATE" lines.
+func waitSessions(t *testing.T, c *weirlab.Cluster, want map[string]string) {
+	t.Helper()
+	status := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, fmt.Sprintf("the status API shows BGP sessions %v", want), func() error {
+		resp, err := status.ListNodeStatuses(context.Background(), &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			return err
+		}
+		got := map[string]string{}
+		for _, n := range resp.GetNodes() {
+			var lines []string
+			for _, s := range n.GetBgpSessions() {
+				if s.GetState() == "established" && s.GetEstablishedSince() == nil {
+					return fmt.Errorf("%s: session with %s established at no time", n.GetName(), s.GetPeerAddress())
+				}
+				lines = append(lines, s.GetPeerAddress()+" "+s.GetState())
+			}
+			got[n.GetName()] = strings.Join(lines, "\n")
+		}
+		if !maps.Equal(got, want) {
+			return fmt.Errorf("sessions %q", got)
+		}
+		return nil
+	})
 }

@@ -309,8 +309,11 @@ type Report struct {
 	RemovedServices []string `protobuf:"bytes,4,rep,name=removed_services,json=removedServices,proto3" json:"removed_services,omitempty"`
 	// How long the last successful apply of state to the kernel took.
 	LastSyncDuration *durationpb.Duration `protobuf:"bytes,5,opt,name=last_sync_duration,json=lastSyncDuration,proto3" json:"last_sync_duration,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The node's BGP sessions, whole, when they changed (and in a full
+	// report); absent when unchanged.
+	Bgp           *BgpSessions `protobuf:"bytes,6,opt,name=bgp,proto3" json:"bgp,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Report) Reset() {
@@ -378,6 +381,129 @@ func (x *Report) GetLastSyncDuration() *durationpb.Duration {
 	return nil
 }
 
+func (x *Report) GetBgp() *BgpSessions {
+	if x != nil {
+		return x.Bgp
+	}
+	return nil
+}
+
+type BgpSessions struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sessions      []*BgpSession          `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BgpSessions) Reset() {
+	*x = BgpSessions{}
+	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BgpSessions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BgpSessions) ProtoMessage() {}
+
+func (x *BgpSessions) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BgpSessions.ProtoReflect.Descriptor instead.
+func (*BgpSessions) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BgpSessions) GetSessions() []*BgpSession {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+// BgpSession is the node speaker's session with one router.
+type BgpSession struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	PeerAddress string                 `protobuf:"bytes,1,opt,name=peer_address,json=peerAddress,proto3" json:"peer_address,omitempty"`
+	PeerAsn     uint32                 `protobuf:"varint,2,opt,name=peer_asn,json=peerAsn,proto3" json:"peer_asn,omitempty"`
+	// The BGP finite-state-machine state, lower case: idle, connect,
+	// active, opensent, openconfirm or established.
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// When the session was last established.
+	EstablishedSince *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=established_since,json=establishedSince,proto3" json:"established_since,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *BgpSession) Reset() {
+	*x = BgpSession{}
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BgpSession) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BgpSession) ProtoMessage() {}
+
+func (x *BgpSession) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BgpSession.ProtoReflect.Descriptor instead.
+func (*BgpSession) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *BgpSession) GetPeerAddress() string {
+	if x != nil {
+		return x.PeerAddress
+	}
+	return ""
+}
+
+func (x *BgpSession) GetPeerAsn() uint32 {
+	if x != nil {
+		return x.PeerAsn
+	}
+	return 0
+}
+
+func (x *BgpSession) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *BgpSession) GetEstablishedSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EstablishedSince
+	}
+	return nil
+}
+
 // NodeHealth is what the node answers on its health port (10256).
 type NodeHealth struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -393,7 +519,7 @@ type NodeHealth struct {
 
 func (x *NodeHealth) Reset() {
 	*x = NodeHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +531,7 @@ func (x *NodeHealth) String() string {
 func (*NodeHealth) ProtoMessage() {}
 
 func (x *NodeHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +544,7 @@ func (x *NodeHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
 func (*NodeHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *NodeHealth) GetHealthzCode() int32 {
@@ -469,7 +595,7 @@ type ServiceHealth struct {
 
 func (x *ServiceHealth) Reset() {
 	*x = ServiceHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +607,7 @@ func (x *ServiceHealth) String() string {
 func (*ServiceHealth) ProtoMessage() {}
 
 func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +620,7 @@ func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceHealth.ProtoReflect.Descriptor instead.
 func (*ServiceHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ServiceHealth) GetNamespace() string {
@@ -575,7 +701,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +713,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +726,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SyncResponse) GetVersion() uint64 {
@@ -664,7 +790,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +802,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +815,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -762,7 +888,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +900,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +913,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -855,7 +981,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +993,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +1006,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -980,7 +1106,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1118,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1131,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -1062,7 +1188,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1200,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1213,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -1165,14 +1291,23 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\"6\n" +
 	"\x04Nack\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\xfa\x01\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xa2\x02\n" +
 	"\x06Report\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x124\n" +
 	"\vnode_health\x18\x02 \x01(\v2\x13.weir.v1.NodeHealthR\n" +
 	"nodeHealth\x122\n" +
 	"\bservices\x18\x03 \x03(\v2\x16.weir.v1.ServiceHealthR\bservices\x12)\n" +
 	"\x10removed_services\x18\x04 \x03(\tR\x0fremovedServices\x12G\n" +
-	"\x12last_sync_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\"\xb2\x01\n" +
+	"\x12last_sync_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x12&\n" +
+	"\x03bgp\x18\x06 \x01(\v2\x14.weir.v1.BgpSessionsR\x03bgp\">\n" +
+	"\vBgpSessions\x12/\n" +
+	"\bsessions\x18\x01 \x03(\v2\x13.weir.v1.BgpSessionR\bsessions\"\xa9\x01\n" +
+	"\n" +
+	"BgpSession\x12!\n" +
+	"\fpeer_address\x18\x01 \x01(\tR\vpeerAddress\x12\x19\n" +
+	"\bpeer_asn\x18\x02 \x01(\rR\apeerAsn\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12G\n" +
+	"\x11established_since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x10establishedSince\"\xb2\x01\n" +
 	"\n" +
 	"NodeHealth\x12!\n" +
 	"\fhealthz_code\x18\x01 \x01(\x05R\vhealthzCode\x12\x1d\n" +
@@ -1261,52 +1396,57 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(*SyncRequest)(nil),           // 0: weir.v1.SyncRequest
 	(*Hello)(nil),                 // 1: weir.v1.Hello
 	(*Ack)(nil),                   // 2: weir.v1.Ack
 	(*Nack)(nil),                  // 3: weir.v1.Nack
 	(*Report)(nil),                // 4: weir.v1.Report
-	(*NodeHealth)(nil),            // 5: weir.v1.NodeHealth
-	(*ServiceHealth)(nil),         // 6: weir.v1.ServiceHealth
-	(*SyncResponse)(nil),          // 7: weir.v1.SyncResponse
-	(*NodeInfo)(nil),              // 8: weir.v1.NodeInfo
-	(*NodePeer)(nil),              // 9: weir.v1.NodePeer
-	(*NodeService)(nil),           // 10: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 11: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 12: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 15: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 16: weir.v1.TrafficDistribution
-	(Protocol)(0),                 // 17: weir.v1.Protocol
+	(*BgpSessions)(nil),           // 5: weir.v1.BgpSessions
+	(*BgpSession)(nil),            // 6: weir.v1.BgpSession
+	(*NodeHealth)(nil),            // 7: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 8: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 9: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 10: weir.v1.NodeInfo
+	(*NodePeer)(nil),              // 11: weir.v1.NodePeer
+	(*NodeService)(nil),           // 12: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 13: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 14: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 17: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 18: weir.v1.TrafficDistribution
+	(Protocol)(0),                 // 19: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	2,  // 1: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
 	3,  // 2: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
 	4,  // 3: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	5,  // 4: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	6,  // 5: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	13, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
-	14, // 7: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	8,  // 8: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	10, // 9: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	9,  // 10: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	11, // 11: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	15, // 12: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	15, // 13: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	16, // 14: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	17, // 15: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	12, // 16: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	0,  // 17: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	7,  // 18: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	18, // [18:19] is the sub-list for method output_type
-	17, // [17:18] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	7,  // 4: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	8,  // 5: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	15, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	5,  // 7: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
+	6,  // 8: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
+	16, // 9: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	16, // 10: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	10, // 11: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	12, // 12: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	11, // 13: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	13, // 14: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	17, // 15: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	17, // 16: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	18, // 17: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	19, // 18: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	14, // 19: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	0,  // 20: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	9,  // 21: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	21, // [21:22] is the sub-list for method output_type
+	20, // [20:21] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -1327,7 +1467,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

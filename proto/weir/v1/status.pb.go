@@ -311,8 +311,11 @@ type NodeStatus struct {
 	LastSeen         *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
 	Health           *NodeHealth            `protobuf:"bytes,8,opt,name=health,proto3" json:"health,omitempty"`
 	LastSyncDuration *durationpb.Duration   `protobuf:"bytes,9,opt,name=last_sync_duration,json=lastSyncDuration,proto3" json:"last_sync_duration,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The node speaker's BGP sessions, as last reported; empty when the
+	// node runs no speaker.
+	BgpSessions   []*BgpSession `protobuf:"bytes,10,rep,name=bgp_sessions,json=bgpSessions,proto3" json:"bgp_sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -404,6 +407,13 @@ func (x *NodeStatus) GetHealth() *NodeHealth {
 func (x *NodeStatus) GetLastSyncDuration() *durationpb.Duration {
 	if x != nil {
 		return x.LastSyncDuration
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetBgpSessions() []*BgpSession {
+	if x != nil {
+		return x.BgpSessions
 	}
 	return nil
 }
@@ -583,7 +593,9 @@ type ServiceNodeStatus struct {
 	ReceivesExternalTraffic bool `protobuf:"varint,4,opt,name=receives_external_traffic,json=receivesExternalTraffic,proto3" json:"receives_external_traffic,omitempty"`
 	// Why the node does not receive external traffic, machine-readable:
 	// Disconnected, NotProgrammed, AgentUnhealthy, NodeDrained,
-	// NodeDeleting, HealthCheckPortError, NoLocalEndpoints.
+	// NodeDeleting, BGPSessionsDown (the node's speaker has peers but no
+	// session is established; load-balancer IPs only), HealthCheckPortError,
+	// NoLocalEndpoints.
 	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -671,7 +683,7 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"\x19\n" +
 	"\x17ListNodeStatusesRequest\"E\n" +
 	"\x18ListNodeStatusesResponse\x12)\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"\x86\x03\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"\xbe\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
@@ -683,7 +695,9 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\x12last_error_version\x18\x06 \x01(\x04R\x10lastErrorVersion\x127\n" +
 	"\tlast_seen\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12+\n" +
 	"\x06health\x18\b \x01(\v2\x13.weir.v1.NodeHealthR\x06health\x12G\n" +
-	"\x12last_sync_duration\x18\t \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\"K\n" +
+	"\x12last_sync_duration\x18\t \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x126\n" +
+	"\fbgp_sessions\x18\n" +
+	" \x03(\v2\x13.weir.v1.BgpSessionR\vbgpSessions\"K\n" +
 	"\x17GetServiceStatusRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"J\n" +
@@ -736,7 +750,8 @@ var file_weir_v1_status_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil),     // 11: google.protobuf.Timestamp
 	(*NodeHealth)(nil),                // 12: weir.v1.NodeHealth
 	(*durationpb.Duration)(nil),       // 13: google.protobuf.Duration
-	(*ServiceHealth)(nil),             // 14: weir.v1.ServiceHealth
+	(*BgpSession)(nil),                // 14: weir.v1.BgpSession
+	(*ServiceHealth)(nil),             // 15: weir.v1.ServiceHealth
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
 	11, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
@@ -745,22 +760,23 @@ var file_weir_v1_status_proto_depIdxs = []int32{
 	11, // 3: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
 	12, // 4: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
 	13, // 5: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
-	9,  // 6: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	10, // 7: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	14, // 8: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	4,  // 9: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 10: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	7,  // 11: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 12: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	5,  // 13: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 14: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	8,  // 15: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 16: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	13, // [13:17] is the sub-list for method output_type
-	9,  // [9:13] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	14, // 6: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
+	9,  // 7: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
+	10, // 8: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	15, // 9: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	4,  // 10: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 11: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	7,  // 12: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 13: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	5,  // 14: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 15: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	8,  // 16: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 17: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	14, // [14:18] is the sub-list for method output_type
+	10, // [10:14] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
