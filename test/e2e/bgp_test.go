@@ -28,11 +28,16 @@ const (
 func startBGPCluster(t *testing.T) (*weirlab.Cluster, *frr.Router) {
 	return startBGPClusterWith(t, func(n *lab.Node) []string {
 		return []string{"--bgp-peers", fmt.Sprintf("%s/%d,%s/%d", lab.RouterLANv4, routerASN, lab.RouterLANv6, routerASN)}
-	})
+	}, labRouter)
 }
 
-// startBGPClusterWith runs node speakers with extra agent flags.
-func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string) (*weirlab.Cluster, *frr.Router) {
+// labRouter accepts the nodes' sessions from the rack LAN.
+var labRouter = frr.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(), PeerASN: nodeASN,
+	ListenRanges: []string{"192.0.2.0/24", "2001:db8:2::/64"}}
+
+// startBGPClusterWith runs node speakers with extra agent flags and the
+// router configured by router.
+func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string, router frr.Config) (*weirlab.Cluster, *frr.Router) {
 	t.Helper()
 	lab.SkipUnlessPrivileged(t)
 	if _, err := os.Stat("/usr/lib/frr/bgpd"); err != nil {
@@ -65,8 +70,7 @@ func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string) (*wei
 	}
 	os.Chmod(dir, 0o755)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	r, err := frr.Start(ctx, c.Router, dir, frr.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(), PeerASN: nodeASN,
-		ListenRanges: []string{"192.0.2.0/24", "2001:db8:2::/64"}})
+	r, err := frr.Start(ctx, c.Router, dir, router)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +232,7 @@ func TestWeightsFollowLocalEndpoints(t *testing.T) {
 // node peers with: a node selector picks the nodes, an update widens it,
 // and deleting the peer ends the sessions.
 func TestPeersComeFromTheAPI(t *testing.T) {
-	c, r := startBGPClusterWith(t, func(*lab.Node) []string { return nil })
+	c, r := startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter)
 	ctx := context.Background()
 	node1, node2 := c.Nodes[0], c.Nodes[1]
 	got, err := c.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: node1.Name})

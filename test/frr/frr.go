@@ -33,6 +33,9 @@ type Config struct {
 	PeerASN      uint32   // the speakers' AS
 	// Extra lines appended to the bgp router block.
 	Extra []string
+	// Text, when set, is the whole configuration, used as it is (the
+	// fields above are then ignored).
+	Text string
 }
 
 // Start writes the configuration and starts zebra then bgpd in ns.
@@ -41,7 +44,10 @@ func Start(ctx context.Context, ns *lab.Netns, dir string, cfg Config) (*Router,
 		return nil, err
 	}
 	r := &Router{ns: ns, Dir: dir}
-	conf := r.config(cfg)
+	conf := cfg.Text
+	if conf == "" {
+		conf = r.config(cfg)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "frr.conf"), []byte(conf), 0o644); err != nil {
 		return nil, err
 	}

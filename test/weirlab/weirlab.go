@@ -34,12 +34,12 @@ const ServerPort = 7443
 const PodPort = 8080
 
 // Binaries are the programs the lab runs.
-type Binaries struct{ Server, Agent, Echo string }
+type Binaries struct{ Server, Agent, Lbctl, Echo string }
 
 // Build compiles the binaries into dir from the module at root.
 func Build(ctx context.Context, root, dir string) (Binaries, error) {
-	b := Binaries{Server: filepath.Join(dir, "weir-server"), Agent: filepath.Join(dir, "weir-agent"), Echo: filepath.Join(dir, "echo")}
-	for out, pkg := range map[string]string{b.Server: "./server/cmd/weir-server", b.Agent: "./agent/cmd/weir-agent", b.Echo: "./test/cmd/echo"} {
+	b := Binaries{Server: filepath.Join(dir, "weir-server"), Agent: filepath.Join(dir, "weir-agent"), Lbctl: filepath.Join(dir, "lbctl"), Echo: filepath.Join(dir, "echo")}
+	for out, pkg := range map[string]string{b.Server: "./server/cmd/weir-server", b.Agent: "./agent/cmd/weir-agent", b.Lbctl: "./lbctl", b.Echo: "./test/cmd/echo"} {
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {

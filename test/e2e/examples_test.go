@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/frr"
+	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+// readShipped reads a file of the repository as it ships.
+func readShipped(t *testing.T, path string) string {
+	t.Helper()
+	root, err := weirlab.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestShippedExamples follows docs/getting-started.md in the lab: the
+// router runs deploy/frr/frr.conf unchanged, `lbctl apply` loads
+// deploy/examples/rack.yaml unchanged, agents run with the example's
+// --bgp-asn, and a LoadBalancer service gets a pool address that the
+// client reaches through the router with its own address preserved.
+func TestShippedExamples(t *testing.T) {
+	c, r := startBGPClusterWith(t, func(*lab.Node) []string { return []string{"--bgp-asn=64512"} },
+		frr.Config{Text: readShipped(t, "deploy/frr/frr.conf")})
+	ctx := context.Background()
+	root, _ := weirlab.ModuleRoot()
+	out, err := c.Router.Run(ctx, bin.Lbctl, "--server", netip.AddrPortFrom(lab.ControlIPv4, weirlab.ServerPort).String(),
+		"--ca-file", filepath.Join(c.CertDir, "ca.crt"), "--cert-file", filepath.Join(c.CertDir, "admin.crt"), "--key-file", filepath.Join(c.CertDir, "admin.key"),
+		"apply", "-f", filepath.Join(root, "deploy/examples/rack.yaml"))
+	if err != nil {
+		t.Fatalf("lbctl apply -f deploy/examples/rack.yaml: %v\n%s", err, out)
+	}
+	if want := "pool/public created\npeer/rack-router-v4 created\npeer/rack-router-v6 created\n"; out != want {
+		t.Errorf("lbctl apply said %q, want %q", out, want)
+	}
+
+	svc := lbService("web", 30110, []string{"10.96.0.80", "fd00:96::80"}, nil)
+	svc.Status = nil
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = 32110
+	n1p1 := c.Nodes[0].Pods[0]
+	createService(t, c, svc, []*lab.Pod{n1p1})
+	var vips []string
+	eventually(t, "the service gets addresses from the example pool", func() error {
+		got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+		if err != nil {
+			return err
+		}
+		if vips = got.GetService().GetStatus().GetLoadBalancerIps(); len(vips) != 2 {
+			return fmt.Errorf("status %v", got.GetService().GetStatus())
+		}
+		return nil
+	})
+	if vips[0] != "203.0.113.10" || vips[1] != "2001:db8:113::10" {
+		t.Errorf("assigned %v, want the first address of each range", vips)
+	}
+	waitNextHops(t, r, vips[0], c.Nodes[0].IPv4.String())
+	waitNextHops(t, r, vips[1], c.Nodes[0].IPv6.String())
+	for _, v := range vips {
+		dst := netip.AddrPortFrom(netip.MustParseAddr(v), 80)
+		want := lab.ClientIPv4
+		if dst.Addr().Is6() {
+			want = lab.ClientIPv6
+		}
+		for _, rep := range sample(t, c.Client, dst, 3) {
+			if rep.Pod != n1p1.Name || rep.RemoteAddr() != want {
+				t.Errorf("via the router to %s: pod %s saw %s; want n1p1 seeing the client %s", dst, rep.Pod, rep.RemoteAddr(), want)
+			}
+		}
+	}
+}
+
+// TestShippedEnvironmentFilesParse: every flag of the systemd example
+// environment files is one the binaries accept, with a value they take.
+func TestShippedEnvironmentFilesParse(t *testing.T) {
+	lab.SkipUnlessPrivileged(t) // the binaries are built only as root
+	for file, binary := range map[string]string{
+		"deploy/systemd/weir-server.env.example": bin.Server,
+		"deploy/systemd/weir-agent.env.example":  bin.Agent,
+	} {
+		var args string
+		for l := range strings.Lines(readShipped(t, file)) {
+			if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok && strings.HasSuffix(k, "_ARGS") {
+				args = strings.Trim(v, `"`)
+			}
+		}
+		if args == "" {
+			t.Errorf("%s: no *_ARGS line", file)
+			continue
+		}
+		// Flags parse before -help stops the program: an unknown flag or a
+		// bad value exits 2, -help alone exits 0.
+		cmd := exec.Command(binary, append(strings.Fields(args), "-help")...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s: %s %s: %v\n%s", file, filepath.Base(binary), args, err, out)
+		}
+	}
+}
