@@ -33,29 +33,34 @@ func readShipped(t *testing.T, path string) string {
 // TestShippedExamples follows docs/getting-started.md in the lab: the
 // router runs deploy/frr/frr.conf unchanged, `lbctl apply` loads
 // deploy/examples/rack.yaml unchanged, agents run with the example's
-// --bgp-asn, and a LoadBalancer service gets a pool address that the
-// client reaches through the router with its own address preserved.
+// --bgp-asn, and deploy/examples/web.yaml's service gets a pool address
+// that the client reaches through the router with its own address
+// preserved.
 func TestShippedExamples(t *testing.T) {
 	c, r := startBGPClusterWith(t, func(*lab.Node) []string { return []string{"--bgp-asn=64512"} },
 		frr.Config{Text: readShipped(t, "deploy/frr/frr.conf")})
 	ctx := context.Background()
-	root, _ := weirlab.ModuleRoot()
-	out, err := c.Router.Run(ctx, bin.Lbctl, "--server", netip.AddrPortFrom(lab.ControlIPv4, weirlab.ServerPort).String(),
-		"--ca-file", filepath.Join(c.CertDir, "ca.crt"), "--cert-file", filepath.Join(c.CertDir, "admin.crt"), "--key-file", filepath.Join(c.CertDir, "admin.key"),
-		"apply", "-f", filepath.Join(root, "deploy/examples/rack.yaml"))
-	if err != nil {
-		t.Fatalf("lbctl apply -f deploy/examples/rack.yaml: %v\n%s", err, out)
+	lbctl := func(file string) string {
+		t.Helper()
+		root, _ := weirlab.ModuleRoot()
+		out, err := c.Router.Run(ctx, bin.Lbctl, "--server", netip.AddrPortFrom(lab.ControlIPv4, weirlab.ServerPort).String(),
+			"--ca-file", filepath.Join(c.CertDir, "ca.crt"), "--cert-file", filepath.Join(c.CertDir, "admin.crt"), "--key-file", filepath.Join(c.CertDir, "admin.key"),
+			"apply", "-f", filepath.Join(root, file))
+		if err != nil {
+			t.Fatalf("lbctl apply -f %s: %v\n%s", file, err, out)
+		}
+		return out
 	}
-	if want := "pool/public created\npeer/rack-router-v4 created\npeer/rack-router-v6 created\n"; out != want {
+	// The lab registered its nodes as the example describes them.
+	want := "node/node1 unchanged\nnode/node2 unchanged\npool/public created\npeer/rack-router-v4 created\npeer/rack-router-v6 created\n"
+	if out := lbctl("deploy/examples/rack.yaml"); out != want {
 		t.Errorf("lbctl apply said %q, want %q", out, want)
 	}
-
-	svc := lbService("web", 30110, []string{"10.96.0.80", "fd00:96::80"}, nil)
-	svc.Status = nil
-	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
-	svc.Spec.HealthCheckNodePort = 32110
+	want = "service/default/web created\nendpointslice/default/web-v4 created\nendpointslice/default/web-v6 created\n"
+	if out := lbctl("deploy/examples/web.yaml"); out != want {
+		t.Errorf("lbctl apply said %q, want %q", out, want)
+	}
 	n1p1 := c.Nodes[0].Pods[0]
-	createService(t, c, svc, []*lab.Pod{n1p1})
 	var vips []string
 	eventually(t, "the service gets addresses from the example pool", func() error {
 		got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
