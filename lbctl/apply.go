@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"sigs.k8s.io/yaml"
 
+	"github.com/weirlb/weir/internal/yamldocs"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -267,7 +268,7 @@ func (a *app) readDocuments(files []string) ([]document, error) {
 			name = "stdin"
 		}
 		n := 0
-		for _, chunk := range splitDocuments(string(data)) {
+		for _, chunk := range yamldocs.Split(string(data)) {
 			j, err := yaml.YAMLToJSONStrict([]byte(chunk))
 			if err != nil {
 				return nil, fmt.Errorf("%s: document %d: %v", name, n+1, err)
@@ -300,21 +301,6 @@ func (a *app) readFile(file string) ([]byte, error) {
 		return io.ReadAll(a.stdin)
 	}
 	return os.ReadFile(file)
-}
-
-// splitDocuments cuts a YAML stream at its "---" lines.
-func splitDocuments(data string) []string {
-	var docs []string
-	var cur strings.Builder
-	for _, line := range strings.SplitAfter(data, "\n") {
-		if rest, ok := strings.CutPrefix(line, "---"); ok && (rest == "" || strings.ContainsAny(rest[:1], " \t\r\n")) {
-			docs = append(docs, cur.String())
-			cur.Reset()
-			line = rest // YAML allows content after the marker
-		}
-		cur.WriteString(line)
-	}
-	return append(docs, cur.String())
 }
 
 // parseDocument reads one document: a resource, or a list of them under

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/weirlb/weir/internal/tlsconfig"
+	"github.com/weirlb/weir/internal/yamldocs"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/certs"
@@ -801,7 +802,7 @@ DELETED    db     NodePort   10.96.0.11    <none>         81:30081/TCP   0s
 	if code, _ := stop(); code != 0 {
 		t.Errorf("yaml watch: exit %d", code)
 	}
-	docs := splitDocuments(yamlOut.String())
+	docs := yamldocs.Split(yamlOut.String())
 	if len(docs) != 2 || !strings.Contains(docs[1], "zone: zone-b") {
 		t.Errorf("yaml watch: want two documents, the second in zone-b:\n%s", yamlOut.String())
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,7 @@ import (
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/resourcefile"
 	"github.com/weirlb/weir/server/store"
 )
 
@@ -46,6 +48,9 @@ type Config struct {
 	// Kubernetes, when not nil, mirrors a cluster's services, endpoint
 	// slices and nodes beside the native API.
 	Kubernetes *kubernetes.Config
+	// ResourcesFile, when set, declares address pools and BGP peers (a
+	// mounted ConfigMap, say); it is re-read when it changes.
+	ResourcesFile string
 }
 
 // Server is a running central server.
@@ -54,14 +59,29 @@ type Server struct {
 	Agents   *agentsync.Hub
 	kube     *kubernetes.Source
 	ipam     *ipam.Allocator
+	resFile  string
 	store    *store.Store
 	log      *slog.Logger
 	grpc     *grpc.Server
 	health   *health.Server
 }
 
+// ResourcesFilePeriod is how often the resources file is checked for
+// changes.
+var ResourcesFilePeriod = 5 * time.Second
+
 // New opens the data dir and builds the gRPC server.
 func New(cfg Config) (*Server, error) {
+	if cfg.ResourcesFile != "" {
+		// A bad file at start-up stops the server: the operator is there.
+		data, err := os.ReadFile(cfg.ResourcesFile)
+		if err == nil {
+			_, err = resourcefile.Parse(cfg.ResourcesFile, data)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--resources-file: %w", err)
+		}
+	}
 	st, err := store.Open(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -119,6 +139,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Kubernetes != nil {
 		info.Sources = append(info.Sources, model.SourceKubernetes)
 	}
+	if cfg.ResourcesFile != "" {
+		s.resFile = cfg.ResourcesFile
+		info.Sources = append(info.Sources, model.SourceFile)
+	}
 	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg, info))
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
@@ -129,6 +153,9 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	go s.Agents.Run(ctx)
 	go s.ipam.Run(ctx)
+	if s.resFile != "" {
+		go resourcefile.Watch(ctx, s.Registry, s.resFile, ResourcesFilePeriod, s.log)
+	}
 	if s.kube != nil {
 		go func() {
 			if err := s.kube.Run(ctx); err != nil {

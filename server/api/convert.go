@@ -267,7 +267,8 @@ func nodeToProto(n *model.Node) *weirv1.Node {
 	return &weirv1.Node{Metadata: metaToProto(&n.Meta), Addresses: strs(n.Addresses), Zone: n.Zone, PodCidrs: strs(n.PodCIDRs), Deleting: n.Deleting}
 }
 
-func poolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
+// PoolFromProto reads an address pool (fields are named as in the API).
+func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 	meta, err := metaFromProto(p.GetMetadata())
 	if err != nil {
 		return nil, err
@@ -291,7 +292,8 @@ func poolToProto(p *model.AddressPool) *weirv1.AddressPool {
 	return out
 }
 
-func bgpPeerFromProto(p *weirv1.BgpPeer) (*model.BGPPeer, error) {
+// BGPPeerFromProto reads a BGP peer (fields are named as in the API).
+func BGPPeerFromProto(p *weirv1.BgpPeer) (*model.BGPPeer, error) {
 	meta, err := metaFromProto(p.GetMetadata())
 	if err != nil {
 		return nil, err

@@ -36,8 +36,8 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 			p.Drained = reg.Drained(n.Name)
 			return p
 		}},
-		pools: resource[*model.AddressPool, *weirv1.AddressPool]{field: "address_pool", coll: reg.Pools, from: poolFromProto, to: poolToProto},
-		peers: resource[*model.BGPPeer, *weirv1.BgpPeer]{field: "bgp_peer", coll: reg.Peers, from: bgpPeerFromProto, to: bgpPeerToProto,
+		pools: resource[*model.AddressPool, *weirv1.AddressPool]{field: "address_pool", coll: reg.Pools, from: PoolFromProto, to: poolToProto},
+		peers: resource[*model.BGPPeer, *weirv1.BgpPeer]{field: "bgp_peer", coll: reg.Peers, from: BGPPeerFromProto, to: bgpPeerToProto,
 			keepStatus: func(now, old *model.BGPPeer) {
 				// The password is never read back, so an update that
 				// leaves it out keeps it.

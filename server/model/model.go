@@ -37,6 +37,8 @@ func (m *Meta) GetMeta() *Meta { return m }
 const (
 	SourceNative     = "native"
 	SourceKubernetes = "kubernetes"
+	// SourceFile is the server's --resources-file (pools and peers).
+	SourceFile = "file"
 )
 
 // Object is any resource the server stores.

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	sigsyaml "sigs.k8s.io/yaml"
 
+	"github.com/weirlb/weir/server/resourcefile"
 	"github.com/weirlb/weir/test/kubeapi"
 	"github.com/weirlb/weir/test/weirlab"
 )
@@ -223,3 +225,42 @@ func metav1ApplyOptions() metav1.PatchOptions {
 }
 
 func getOptions() metav1.GetOptions { return metav1.GetOptions{} }
+
+// TestResourcesConfigMapIsValid: the pools and peers the manifests ship
+// parse and validate as the server reads them, at the path its flag names.
+func TestResourcesConfigMapIsValid(t *testing.T) {
+	var data string
+	var args []any
+	var mounts []any
+	for _, obj := range manifests(t) {
+		switch {
+		case obj.GetKind() == "ConfigMap" && obj.GetName() == "weir-resources":
+			data, _, _ = unstructured.NestedString(obj.Object, "data", "resources.yaml")
+		case obj.GetKind() == "Deployment" && obj.GetName() == "weir-server":
+			containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
+			c := containers[0].(map[string]any)
+			args, _ = c["args"].([]any)
+			mounts, _ = c["volumeMounts"].([]any)
+		}
+	}
+	if data == "" {
+		t.Fatal("no ConfigMap weir-resources with resources.yaml")
+	}
+	r, err := resourcefile.Parse("resources.yaml", []byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Pools) == 0 || len(r.Peers) == 0 {
+		t.Errorf("want pools and peers, got %d and %d", len(r.Pools), len(r.Peers))
+	}
+	if !slices.Contains(args, any("--resources-file=/etc/weir/resources/resources.yaml")) {
+		t.Errorf("the server's args %v do not name the resources file", args)
+	}
+	mounted := slices.ContainsFunc(mounts, func(m any) bool {
+		mm, _ := m.(map[string]any)
+		return mm["name"] == "resources" && mm["mountPath"] == "/etc/weir/resources"
+	})
+	if !mounted {
+		t.Errorf("the resources ConfigMap is not mounted at /etc/weir/resources: %v", mounts)
+	}
+}
