@@ -36,8 +36,8 @@ var labRouter = frr.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(), P
 	ListenRanges: []string{"192.0.2.0/24", "2001:db8:2::/64"}}
 
 // startBGPClusterWith runs node speakers with extra agent flags and the
-// router configured by router.
-func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string, router frr.Config) (*weirlab.Cluster, *frr.Router) {
+// router configured by router; options change the cluster further.
+func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string, router frr.Config, options ...func(*weirlab.Cluster)) (*weirlab.Cluster, *frr.Router) {
 	t.Helper()
 	lab.SkipUnlessPrivileged(t)
 	if _, err := os.Stat("/usr/lib/frr/bgpd"); err != nil {
@@ -47,11 +47,11 @@ func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string, route
 		t.Skip("needs FRR (apt-get install frr)")
 	}
 	ctx := context.Background()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, func(c *weirlab.Cluster) {
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, append([]func(*weirlab.Cluster){func(c *weirlab.Cluster) {
 		c.AgentArgs = func(n *lab.Node) []string {
 			return append([]string{"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-router-id", n.IPv4.String()}, agentArgs(n)...)
 		}
-	})
+	}}, options...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,3 +117,52 @@ func TestShippedEnvironmentFilesParse(t *testing.T) {
 		}
 	}
 }
+
+// TestResourcesFileFeedsPoolsAndPeers: the server started with the
+// Kubernetes manifests' resources file (the weir-resources ConfigMap's
+// content) assigns a pool address, the nodes peer with the router it
+// names, and the client reaches the service through it.
+func TestResourcesFileFeedsPoolsAndPeers(t *testing.T) {
+	var content string
+	for l := range strings.Lines(readShipped(t, "deploy/kubernetes/config.yaml")) {
+		switch {
+		case strings.HasPrefix(l, "  resources.yaml: |"):
+			content = "\n"
+		case content != "" && strings.HasPrefix(l, "    "):
+			content += l[4:]
+		case content != "" && strings.TrimSpace(l) != "":
+			t.Fatalf("unexpected line after resources.yaml: %q", l)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "resources.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, r := startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter, func(c *weirlab.Cluster) {
+		c.ServerArgs = append(c.ServerArgs, "--resources-file", path)
+	})
+	ctx := context.Background()
+	svc := lbService("filed", 30111, []string{"10.96.0.81"}, nil)
+	svc.Status = nil
+	createService(t, c, svc, c.Pods())
+	eventually(t, "the service gets the pool's first address", func() error {
+		got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "filed"})
+		if err != nil {
+			return err
+		}
+		if ips := got.GetService().GetStatus().GetLoadBalancerIps(); len(ips) != 1 || ips[0] != "203.0.113.10" {
+			return fmt.Errorf("status %v", got.GetService().GetStatus())
+		}
+		return nil
+	})
+	waitNextHops(t, r, "203.0.113.10", c.Nodes[0].IPv4.String(), c.Nodes[1].IPv4.String())
+	sample(t, c.Client, netip.MustParseAddrPort("203.0.113.10:80"), 3)
+	// The API reads the file's peer but may not change it.
+	got, err := c.Registry.GetBgpPeer(ctx, &weirv1.GetBgpPeerRequest{Name: "rack-router-v4"})
+	if err != nil || got.GetBgpPeer().GetMetadata().GetSource() != "file" {
+		t.Fatalf("peer: %v, %v", got, err)
+	}
+	if _, err := c.Registry.DeleteBgpPeer(ctx, &weirv1.DeleteBgpPeerRequest{Name: "rack-router-v4"}); err == nil {
+		t.Error("the API deleted the file's peer")
+	}
+}
