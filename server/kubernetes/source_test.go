@@ -20,7 +20,7 @@ import (
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
-	"github.com/weirlb/weir/server/store"
+	"github.com/weirlb/weir/server/registry/registrytest"
 	"github.com/weirlb/weir/test/kubeapi"
 )
 
@@ -48,20 +48,6 @@ func startCluster(t *testing.T) (*kubeapi.Cluster, clientset.Interface) {
 	return c, client
 }
 
-func openRegistry(t *testing.T) *registry.Registry {
-	t.Helper()
-	st, err := store.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	reg, err := registry.Open(st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reg
-}
-
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
@@ -81,7 +67,7 @@ func TestSourceMirrorsTheCluster(t *testing.T) {
 	_, kc := startCluster(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	reg := openRegistry(t)
+	reg := registrytest.Open(t)
 
 	// Left over from an earlier run: gone from the cluster, so the first
 	// sync must remove it; a native service of the same kind stays.
@@ -259,7 +245,7 @@ func TestAssignedAddressIsWrittenBack(t *testing.T) {
 	_, kc := startCluster(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	reg := openRegistry(t)
+	reg := registrytest.Open(t)
 	r, _ := model.ParseAddressRange("203.0.113.200/30")
 	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
 		t.Fatal(err)

@@ -9,27 +9,13 @@ import (
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
-	"github.com/weirlb/weir/server/store"
+	"github.com/weirlb/weir/server/registry/registrytest"
 )
 
 func ptr[T any](v T) *T { return &v }
 
-func openRegistry(t *testing.T) *registry.Registry {
-	t.Helper()
-	st, err := store.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	reg, err := registry.Open(st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reg
-}
-
 func TestServiceResolvesEndpoints(t *testing.T) {
-	reg := openRegistry(t)
+	reg := registrytest.Open(t)
 	mustCreate := func(_ any, err error) {
 		t.Helper()
 		if err != nil {
@@ -98,7 +84,7 @@ func TestServiceResolvesEndpoints(t *testing.T) {
 }
 
 func TestNodeGetsThePeersThatSelectIt(t *testing.T) {
-	reg := openRegistry(t)
+	reg := registrytest.Open(t)
 	for _, n := range []*model.Node{
 		{Meta: model.Meta{Name: "node1", Labels: map[string]string{"rack": "r1"}}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.11")}},
 		{Meta: model.Meta{Name: "node2", Labels: map[string]string{"rack": "r2"}}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12")}},

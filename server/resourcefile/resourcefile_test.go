@@ -13,7 +13,7 @@ import (
 
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
-	"github.com/weirlb/weir/server/store"
+	"github.com/weirlb/weir/server/registry/registrytest"
 )
 
 const rack = `kind: AddressPool
@@ -30,20 +30,6 @@ asn: 64500
 my_asn: 64512
 password: s3cret
 `
-
-func openRegistry(t *testing.T) *registry.Registry {
-	t.Helper()
-	st, err := store.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	reg, err := registry.Open(st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reg
-}
 
 func mustApply(t *testing.T, reg *registry.Registry, content string) {
 	t.Helper()
@@ -71,7 +57,7 @@ func TestParseNamesTheBadDocumentAndField(t *testing.T) {
 }
 
 func TestApplyFollowsTheFile(t *testing.T) {
-	reg := openRegistry(t)
+	reg := registrytest.Open(t)
 	mustApply(t, reg, rack)
 	pool, err := reg.Pools.Get("public")
 	if err != nil || pool.Source != model.SourceFile || pool.Ranges[0].String() != "203.0.113.10-203.0.113.19" {
@@ -118,7 +104,7 @@ func TestApplyFollowsTheFile(t *testing.T) {
 }
 
 func TestWatchAppliesChangesAndKeepsTheLastGoodFile(t *testing.T) {
-	reg := openRegistry(t)
+	reg := registrytest.Open(t)
 	path := filepath.Join(t.TempDir(), "rack.yaml")
 	if err := os.WriteFile(path, []byte(rack), 0o644); err != nil {
 		t.Fatal(err)

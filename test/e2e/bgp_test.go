@@ -63,14 +63,7 @@ func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string, route
 		}
 		c.Close()
 	})
-	// FRR runs as user frr: its folder must be reachable by it.
-	dir, err := os.MkdirTemp("", "weir-frr-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(dir, 0o755)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	r, err := frr.Start(ctx, c.Router, dir, router)
+	r, err := frr.StartTemp(ctx, c.Router, router)
 	if err != nil {
 		t.Fatal(err)
 	}

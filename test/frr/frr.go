@@ -19,9 +19,10 @@ import (
 
 // Router is a running FRR instance.
 type Router struct {
-	ns    *lab.Netns
-	Dir   string
-	procs []*lab.Process
+	ns      *lab.Netns
+	Dir     string
+	procs   []*lab.Process
+	tempDir bool // Close removes Dir
 }
 
 // Config is the router's BGP setup: it accepts any speaker from the
@@ -186,6 +187,25 @@ func (r *Router) Close() {
 	for i := len(r.procs) - 1; i >= 0; i-- {
 		r.procs[i].Stop()
 	}
+	if r.tempDir {
+		os.RemoveAll(r.Dir)
+	}
+}
+
+// StartTemp is Start in a new temporary folder, which Close removes.
+func StartTemp(ctx context.Context, ns *lab.Netns, cfg Config) (*Router, error) {
+	dir, err := os.MkdirTemp("", "weir-frr-")
+	if err != nil {
+		return nil, err
+	}
+	os.Chmod(dir, 0o755) // FRR's daemons run as user frr
+	r, err := Start(ctx, ns, dir, cfg)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	r.tempDir = true
+	return r, nil
 }
 
 func chownFRR(dir string) error {

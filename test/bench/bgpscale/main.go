@@ -99,13 +99,7 @@ func run(nVIPs, nProbes, nChurn int) error {
 	}
 	c.CloseOnInterrupt()
 	defer c.Close()
-	dir, err := os.MkdirTemp("", "weir-frr-")
-	if err != nil {
-		return err
-	}
-	os.Chmod(dir, 0o755)
-	defer os.RemoveAll(dir)
-	r, err := frr.Start(ctx, c.Router, dir, frr.Config{ASN: 64500, RouterID: lab.RouterLANv4.String(), PeerASN: 64512, ListenRanges: []string{"192.0.2.0/24"}})
+	r, err := frr.StartTemp(ctx, c.Router, frr.Config{ASN: 64500, RouterID: lab.RouterLANv4.String(), PeerASN: 64512, ListenRanges: []string{"192.0.2.0/24"}})
 	if err != nil {
 		return err
 	}

@@ -52,14 +52,8 @@ func run(flaps int, workQueue bool, minSync time.Duration) error {
 	}
 	c.CloseOnInterrupt()
 	defer c.Close()
-	dir, err := os.MkdirTemp("", "weir-frr-")
-	if err != nil {
-		return err
-	}
-	os.Chmod(dir, 0o755)
-	defer os.RemoveAll(dir)
 	cfg := frr.Config{ASN: 64500, RouterID: lab.RouterLANv4.String(), PeerASN: 64512, ListenRanges: []string{"192.0.2.0/24"}}
-	r, err := frr.Start(ctx, c.Router, dir, cfg)
+	r, err := frr.StartTemp(ctx, c.Router, cfg)
 	if err != nil {
 		return err
 	}

@@ -89,17 +89,29 @@ func run() error {
 	}
 
 	vip := netip.AddrPortFrom(lbIP, 80)
-	programmed := time.Now()
-	for {
-		if _, err = weirlab.Get(ctx, c.Client, vip); err == nil {
-			break
+	created := time.Now()
+	answers := func(dst netip.AddrPort) error {
+		for {
+			_, err := weirlab.Get(ctx, c.Client, dst)
+			if err == nil {
+				return nil
+			}
+			if time.Since(created) > 10*time.Second {
+				return fmt.Errorf("%s did not answer within 10 s: %w", dst, err)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		if time.Since(programmed) > 10*time.Second {
-			return fmt.Errorf("the VIP did not answer within 10 s: %w", err)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	fmt.Printf("    the VIP answered %s after the service was created\n", time.Since(programmed).Round(time.Millisecond))
+	if err := answers(vip); err != nil {
+		return err
+	}
+	fmt.Printf("    the VIP answered %s after the service was created\n", time.Since(created).Round(time.Millisecond))
+	// The VIP answers as soon as one node forwards it; wait for every node.
+	for _, n := range c.Nodes {
+		if err := answers(netip.AddrPortFrom(n.IPv4, nodePort)); err != nil {
+			return err
+		}
+	}
 
 	show := func(what string, ns *lab.Netns, dst netip.AddrPort, n int) error {
 		step("%d HTTP requests from %s to %s (%s)", n, ns.Name, dst, what)
