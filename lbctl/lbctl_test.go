@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/internal/tlsconfig"
 	"github.com/weirlb/weir/internal/yamldocs"
@@ -86,6 +87,8 @@ type env struct {
 	addr     string
 	registry weirv1.RegistryServiceClient
 	now      time.Time
+	// bgp is, per node, the BGP sessions its agent reports.
+	bgp map[string][]*weirv1.BgpSession
 }
 
 func newEnv(t *testing.T) *env {
@@ -462,6 +465,7 @@ func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealt
 		NodeHealth:       &weirv1.NodeHealth{HealthzCode: healthz, LivezCode: 200, NodeEligible: true},
 		Services:         services,
 		LastSyncDuration: durationpb.New(1500 * time.Microsecond),
+		Bgp:              &weirv1.BgpSessions{Sessions: e.bgp[node]},
 	}}})
 	st := weirv1.NewStatusServiceClient(e.srv.Conn)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
@@ -605,19 +609,26 @@ Services with health checks:
 
 func TestStatus(t *testing.T) {
 	e := lbEnv(t)
+	e.mustLbctl("kind: AddressPool\nmetadata: {name: public}\naddresses: [203.0.113.0/28]\n---\n"+
+		"kind: AddressPool\nmetadata: {name: v6}\naddresses: [\"2001:db8:113::/120\"]\n", "apply", "-f", "-")
+	e.bgp = map[string][]*weirv1.BgpSession{"node1": {
+		{PeerAddress: "192.0.2.1", PeerAsn: 64500, State: "established", EstablishedSince: timestamppb.New(e.now.Add(-time.Hour))},
+		{PeerAddress: "2001:db8:2::1", PeerAsn: 64500, State: "active"},
+	}}
 	e.agent("node1", 200, lbHealth(200, 1))
 	out, errOut, code := e.lbctl("", "status")
 	golden(t, "status", strings.ReplaceAll(out, e.addr, "ADDR"), `
 Server:          ADDR (SERVING)
 Version:         <none>
-State version:   4
+State version:   6
 Uptime:          3h
 Sources:         native
 Agents:          1 connected, 2 nodes registered
+Pools:           public 1/16, v6 0/256
 
-NAME    CONNECTED   APPLIED/SENT   LAG   HEALTHZ   DRAINED   LAST ERROR
-node1   yes         4/4            0     200       no        <none>
-node2   no          -              -     -         no        <none>
+NAME    CONNECTED   APPLIED/SENT   LAG   HEALTHZ   BGP   DRAINED   LAST ERROR
+node1   yes         6/6            0     200       1/2   no        <none>
+node2   no          -              -     -         -     no        <none>
 `)
 	if want := "lbctl: 1 of 2 nodes not ready: node2 has never connected\n"; code != 1 || errOut != want {
 		t.Errorf("status with node2 never connected: exit %d, %q; want exit 1 and %q", code, errOut, want)

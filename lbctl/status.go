@@ -1,9 +1,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -19,8 +23,10 @@ func (a *app) statusCmd() *cobra.Command {
 		Short: "The appliance at a glance: the server, and whether every node's agent is connected and programmed",
 		Long: `The appliance at a glance: the server's address, health, version, state
 version and sources, then every node: whether its agent is connected, the
-state versions it applied and was sent, its /healthz answer, whether it is
-drained, and its last error.
+state versions it applied and was sent, its /healthz answer, its BGP
+sessions (established of configured; - without a speaker), whether it is
+drained, and its last error. Pools shows each address pool's addresses in
+use of its size.
 
 Exit code 0 when every node is connected and has applied all it was sent,
 1 when not (a line on stderr says what), 3 when the server cannot be
@@ -48,6 +54,10 @@ reached.`,
 			if err != nil {
 				return plain(nil, err)
 			}
+			pools, err := a.poolUsage(ctx, c)
+			if err != nil {
+				return plain(nil, err)
+			}
 			drained := map[string]bool{}
 			for _, n := range nodes.GetNodes() {
 				drained[n.GetMetadata().GetName()] = n.GetDrained()
@@ -61,15 +71,16 @@ reached.`,
 				"Uptime", age(a.now(), info.GetStarted()),
 				"Sources", list(info.GetSources()),
 				"Agents", fmt.Sprintf("%d connected, %d nodes registered", info.GetAgentsConnected(), len(nodes.GetNodes())),
+				"Pools", pools,
 			)
 			b.WriteString("\n")
 			var problems []string
 			t := &table{w: &b}
-			t.add("NAME", "CONNECTED", "APPLIED/SENT", "LAG", "HEALTHZ", "DRAINED", "LAST ERROR")
+			t.add("NAME", "CONNECTED", "APPLIED/SENT", "LAG", "HEALTHZ", "BGP", "DRAINED", "LAST ERROR")
 			for _, n := range statuses.GetNodes() {
 				appliedSent, lag := versions(n)
 				t.add(n.GetName(), yesNo(n.GetConnected()), appliedSent, lag, code(n.GetHealth().GetHealthzCode()),
-					yesNo(drained[n.GetName()]), orNone(n.GetLastError()))
+					bgpSessions(n.GetBgpSessions()), yesNo(drained[n.GetName()]), orNone(n.GetLastError()))
 				if p := a.nodeProblem(n); p != "" {
 					problems = append(problems, p)
 				}
@@ -113,4 +124,80 @@ func (a *app) nodeProblem(n *weirv1.NodeStatus) string {
 		return fmt.Sprintf("%s has applied version %d of %d", n.GetName(), n.GetAppliedVersion(), n.GetSentVersion())
 	}
 	return ""
+}
+
+// bgpSessions is "established/configured", or "-" for a node without a
+// BGP speaker.
+func bgpSessions(sessions []*weirv1.BgpSession) string {
+	if len(sessions) == 0 {
+		return "-"
+	}
+	up := 0
+	for _, s := range sessions {
+		if s.GetState() == "established" {
+			up++
+		}
+	}
+	return fmt.Sprintf("%d/%d", up, len(sessions))
+}
+
+// poolUsage says, per pool, how many of its addresses services hold:
+// "public 1/10, reserved 0/11".
+func (a *app) poolUsage(ctx context.Context, c client) (string, error) {
+	pools, err := c.ListAddressPools(ctx, &weirv1.ListAddressPoolsRequest{})
+	if err != nil || len(pools.GetAddressPools()) == 0 {
+		return "<none>", err
+	}
+	services, err := c.ListServices(ctx, &weirv1.ListServicesRequest{})
+	if err != nil {
+		return "", err
+	}
+	var used []netip.Addr
+	for _, svc := range services.GetServices() {
+		for _, ip := range svc.GetStatus().GetLoadBalancerIps() {
+			if a, err := netip.ParseAddr(ip); err == nil && !slices.Contains(used, a) {
+				used = append(used, a)
+			}
+		}
+	}
+	var out []string
+	for _, p := range pools.GetAddressPools() {
+		n, size := 0, new(big.Int)
+		for _, r := range p.GetAddresses() {
+			first, last, ok := addressRange(r)
+			if !ok {
+				continue
+			}
+			span := new(big.Int).Sub(new(big.Int).SetBytes(last.AsSlice()), new(big.Int).SetBytes(first.AsSlice()))
+			size.Add(size, span.Add(span, big.NewInt(1)))
+			for _, u := range used {
+				if u.Is4() == first.Is4() && first.Compare(u) <= 0 && u.Compare(last) <= 0 {
+					n++
+				}
+			}
+		}
+		out = append(out, fmt.Sprintf("%s %d/%s", p.GetMetadata().GetName(), n, size))
+	}
+	return strings.Join(out, ", "), nil
+}
+
+// addressRange reads "FIRST-LAST" or a CIDR, as the server prints pools.
+func addressRange(s string) (first, last netip.Addr, ok bool) {
+	if f, l, found := strings.Cut(s, "-"); found {
+		first, err1 := netip.ParseAddr(f)
+		last, err2 := netip.ParseAddr(l)
+		return first, last, err1 == nil && err2 == nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return first, last, false
+	}
+	p = p.Masked()
+	last = p.Addr()
+	b := last.AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 1 << (7 - i%8)
+	}
+	last, _ = netip.AddrFromSlice(b)
+	return p.Addr(), last, true
 }
