@@ -138,9 +138,16 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 	b.WriteString("\n")
 	section(&b, "Endpoints", []string{"NODE", "ADDRESS", "PORT(S)", "READY", "SERVING", "TERMINATING", "ZONE"}, endpoints)
 
-	var nodes [][]string
+	var nodes, announced [][]string
 	var errs []string
 	for _, n := range report.GetStatus().GetNodes() {
+		for _, an := range n.GetAnnouncements() {
+			weight := "-"
+			if an.GetWeight() > 0 {
+				weight = strconv.FormatUint(uint64(an.GetWeight()), 10)
+			}
+			announced = append(announced, []string{an.GetPrefix(), n.GetNode(), an.GetNextHop(), weight, bgpSessions(statuses[n.GetNode()].GetBgpSessions())})
+		}
 		appliedSent, lag := versions(statuses[n.GetNode()])
 		nodes = append(nodes, slices.Concat([]string{n.GetNode(), yesNo(n.GetProgrammed()), appliedSent, lag}, healthCells(n)))
 		if e := n.GetHealth().GetHealthCheckError(); e != "" {
@@ -153,6 +160,14 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 		fmt.Fprintf(&b, "  Health check error on %s\n", e)
 	}
 	fmt.Fprintf(&b, "\nReceiving external traffic: %s\n", orNone(strings.Join(report.GetStatus().GetReceivingNodes(), ", ")))
+	if len(announced) > 0 {
+		// Only where nodes run BGP speakers: each announced prefix, from
+		// which node, with which next hop and weight, to how many of the
+		// node's routers (established/configured).
+		slices.SortFunc(announced, func(x, y []string) int { return slices.Compare(x, y) })
+		b.WriteString("\n")
+		section(&b, "BGP announcements", []string{"PREFIX", "NODE", "NEXT HOP", "WEIGHT", "SESSIONS"}, announced)
+	}
 	return b.String(), nil
 }
 

@@ -87,8 +87,10 @@ type env struct {
 	addr     string
 	registry weirv1.RegistryServiceClient
 	now      time.Time
-	// bgp is, per node, the BGP sessions its agent reports.
-	bgp map[string][]*weirv1.BgpSession
+	// bgp and announced are, per node, the BGP sessions and
+	// announcements its agent reports.
+	bgp       map[string][]*weirv1.BgpSession
+	announced map[string][]*weirv1.BgpAnnouncement
 }
 
 func newEnv(t *testing.T) *env {
@@ -465,7 +467,7 @@ func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealt
 		NodeHealth:       &weirv1.NodeHealth{HealthzCode: healthz, LivezCode: 200, NodeEligible: true},
 		Services:         services,
 		LastSyncDuration: durationpb.New(1500 * time.Microsecond),
-		Bgp:              &weirv1.BgpSessions{Sessions: e.bgp[node]},
+		Bgp:              &weirv1.BgpSessions{Sessions: e.bgp[node], Announcements: e.announced[node]},
 	}}})
 	st := weirv1.NewStatusServiceClient(e.srv.Conn)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
@@ -1000,5 +1002,22 @@ my_asn: 64512
 	_, stderr, code := e.lbctl("kind: BgpPeer\nmetadata:\n  name: bad\naddress: 192.0.2.9\nasn: 64500\n", "apply", "-f", "-")
 	if code != 1 || !strings.Contains(stderr, "my_asn") {
 		t.Errorf("peer without my_asn: exit %d, %q", code, stderr)
+	}
+}
+
+func TestDescribeServiceShowsAnnouncements(t *testing.T) {
+	e := lbEnv(t)
+	e.bgp = map[string][]*weirv1.BgpSession{"node1": {{PeerAddress: "192.0.2.1", PeerAsn: 64500, State: "established"}}}
+	e.announced = map[string][]*weirv1.BgpAnnouncement{"node1": {
+		{Prefix: "203.0.113.7/32", NextHop: "192.0.2.11", Weight: 1},
+		{Prefix: "203.0.113.99/32", NextHop: "192.0.2.11"}, // another service's
+	}}
+	e.agent("node1", 200, lbHealth(200, 1))
+	out := e.mustLbctl("", "describe", "service", "default/lb")
+	want := "\nBGP announcements:\n" +
+		"  PREFIX           NODE    NEXT HOP     WEIGHT   SESSIONS\n" +
+		"  203.0.113.7/32   node1   192.0.2.11   1        1/1\n"
+	if !strings.HasSuffix(out, want) {
+		t.Errorf("describe service: want it to end with\n%s\ngot\n%s", want, out)
 	}
 }

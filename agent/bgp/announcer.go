@@ -25,7 +25,7 @@ type Announcer struct {
 	mu        sync.Mutex // guards the fields below
 	state     datapath.NodeState
 	announced map[netip.Prefix]Announcement
-	reported  []health.BGPSession
+	reported  health.BGPReport
 }
 
 // Announcement is how a prefix is announced.
@@ -72,8 +72,8 @@ func (a *Announcer) Applied(time.Duration) {
 	a.sync(true)
 }
 
-// Report gives the speaker's sessions when they changed (always when
-// full).
+// Report gives the speaker's sessions and announcements when they
+// changed (always when full).
 func (a *Announcer) Report(full bool) *health.Report {
 	sessions, err := a.sp.Sessions(context.Background())
 	if err != nil {
@@ -82,11 +82,16 @@ func (a *Announcer) Report(full bool) *health.Report {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !full && slices.Equal(sessions, a.reported) {
+	now := health.BGPReport{Sessions: sessions}
+	for p, an := range a.announced {
+		now.Announcements = append(now.Announcements, health.BGPAnnouncement{Prefix: p, NextHop: an.NextHop, Weight: an.Weight})
+	}
+	slices.SortFunc(now.Announcements, func(x, y health.BGPAnnouncement) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
+	if !full && slices.Equal(now.Sessions, a.reported.Sessions) && slices.Equal(now.Announcements, a.reported.Announcements) {
 		return nil
 	}
-	a.reported = sessions
-	return &health.Report{Full: full, BGP: &health.BGPReport{Sessions: sessions}}
+	a.reported = now
+	return &health.Report{Full: full, BGP: &now}
 }
 
 // Announced lists what is announced now.

@@ -41,9 +41,17 @@ type Report struct {
 	BGP *BGPReport
 }
 
-// BGPReport is the node speaker's sessions.
+// BGPReport is the node speaker's sessions and what it announces.
 type BGPReport struct {
-	Sessions []BGPSession
+	Sessions      []BGPSession
+	Announcements []BGPAnnouncement // by prefix
+}
+
+// BGPAnnouncement is one prefix the speaker announces.
+type BGPAnnouncement struct {
+	Prefix  netip.Prefix
+	NextHop netip.Addr
+	Weight  uint32
 }
 
 // BGPSession is the speaker's session with one router.

@@ -438,6 +438,9 @@ func reportToProto(r *health.Report) *weirv1.SyncRequest {
 			}
 			out.Bgp.Sessions = append(out.Bgp.Sessions, ps)
 		}
+		for _, an := range r.BGP.Announcements {
+			out.Bgp.Announcements = append(out.Bgp.Announcements, &weirv1.BgpAnnouncement{Prefix: an.Prefix.String(), NextHop: an.NextHop.String(), Weight: an.Weight})
+		}
 	}
 	for _, s := range r.Services {
 		out.Services = append(out.Services, &weirv1.ServiceHealth{

@@ -24,6 +24,8 @@ type NodeStatus struct {
 	// BGPSessions are the node speaker's sessions as last reported (the
 	// messages are never changed once received).
 	BGPSessions []*weirv1.BgpSession
+	// BGPAnnouncements are what the node's speaker announces, by prefix.
+	BGPAnnouncements []*weirv1.BgpAnnouncement
 }
 
 // NodeHealth is a node's own health answers (port 10256).
@@ -59,6 +61,7 @@ func recordReport(st *NodeStatus, r *weirv1.Report) {
 	}
 	if r.GetFull() || r.GetBgp() != nil {
 		st.BGPSessions = r.GetBgp().GetSessions()
+		st.BGPAnnouncements = r.GetBgp().GetAnnouncements()
 	}
 	if r.GetFull() || st.Services == nil {
 		st.Services = map[string]ServiceHealth{}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -141,7 +142,8 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 		if !seen && reason == "" && local {
 			reason = "NoLocalEndpoints"
 		}
-		st := &weirv1.ServiceNodeStatus{Node: n.Node, Programmed: programmed, ReceivesExternalTraffic: reason == "", Reason: reason}
+		st := &weirv1.ServiceNodeStatus{Node: n.Node, Programmed: programmed, ReceivesExternalTraffic: reason == "", Reason: reason,
+			Announcements: announcementsOf(n.BGPAnnouncements, svc.LoadBalancerIPs)}
 		if seen {
 			st.Health = &weirv1.ServiceHealth{
 				Namespace: req.GetNamespace(), Name: req.GetName(),
@@ -155,6 +157,17 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 		report.Nodes = append(report.Nodes, st)
 	}
 	return &weirv1.GetServiceStatusResponse{Status: report}, nil
+}
+
+// announcementsOf picks the announcements of a service's addresses.
+func announcementsOf(all []*weirv1.BgpAnnouncement, vips []netip.Addr) []*weirv1.BgpAnnouncement {
+	var out []*weirv1.BgpAnnouncement
+	for _, an := range all {
+		if p, err := netip.ParsePrefix(an.GetPrefix()); err == nil && p.IsSingleIP() && slices.Contains(vips, p.Addr()) {
+			out = append(out, an)
+		}
+	}
+	return out
 }
 
 func anyEstablished(sessions []*weirv1.BgpSession) bool {

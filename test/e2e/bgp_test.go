@@ -257,6 +257,26 @@ func TestPeersComeFromTheAPI(t *testing.T) {
 	}
 	waitNextHops(t, r, "203.0.113.63", node1.IPv4.String())
 	waitSessions(t, c, map[string]string{node1.Name: lab.RouterLANv4.String() + " established", node2.Name: ""})
+	// Both speakers announce, weighted by their ready local endpoints;
+	// only node1's reaches a router.
+	status := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, "the status API shows each node's announcement", func() error {
+		resp, err := status.GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: "default", Name: "peered"})
+		if err != nil {
+			return err
+		}
+		var got []string
+		for _, n := range resp.GetStatus().GetNodes() {
+			for _, an := range n.GetAnnouncements() {
+				got = append(got, fmt.Sprintf("%s %s via %s weight %d", n.GetNode(), an.GetPrefix(), an.GetNextHop(), an.GetWeight()))
+			}
+		}
+		want := []string{node1.Name + " 203.0.113.63/32 via " + node1.IPv4.String() + " weight 2", node2.Name + " 203.0.113.63/32 via " + node2.IPv4.String() + " weight 1"}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("announcements %q", got)
+		}
+		return nil
+	})
 	for _, rep := range sample(t, c.Client, netip.MustParseAddrPort("203.0.113.63:80"), 5) {
 		if podByName(c, rep.Pod).Node != node1 || rep.RemoteAddr() != lab.ClientIPv4 {
 			t.Errorf("pod %s saw %s; want a pod of node1 seeing the client %s", rep.Pod, rep.RemoteAddr(), lab.ClientIPv4)
@@ -285,7 +305,6 @@ func TestPeersComeFromTheAPI(t *testing.T) {
 		Metadata: &weirv1.ObjectMeta{Name: "wrong-port"}, Address: lab.RouterLANv4.String(), Port: 1790, Asn: routerASN, MyAsn: nodeASN}}); err != nil {
 		t.Fatal(err)
 	}
-	status := weirv1.NewStatusServiceClient(c.Conn)
 	eventually(t, "both nodes marked BGPSessionsDown for the service", func() error {
 		resp, err := status.GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: "default", Name: "peered"})
 		if err != nil {

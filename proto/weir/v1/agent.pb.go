@@ -389,8 +389,10 @@ func (x *Report) GetBgp() *BgpSessions {
 }
 
 type BgpSessions struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sessions      []*BgpSession          `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Sessions []*BgpSession          `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	// What the node's speaker announces to every established session.
+	Announcements []*BgpAnnouncement `protobuf:"bytes,2,rep,name=announcements,proto3" json:"announcements,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -432,6 +434,75 @@ func (x *BgpSessions) GetSessions() []*BgpSession {
 	return nil
 }
 
+func (x *BgpSessions) GetAnnouncements() []*BgpAnnouncement {
+	if x != nil {
+		return x.Announcements
+	}
+	return nil
+}
+
+// BgpAnnouncement is one prefix a node announces.
+type BgpAnnouncement struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Prefix  string                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	NextHop string                 `protobuf:"bytes,2,opt,name=next_hop,json=nextHop,proto3" json:"next_hop,omitempty"`
+	// The link-bandwidth weight (ready local endpoints); 0 for none.
+	Weight        uint32 `protobuf:"varint,3,opt,name=weight,proto3" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BgpAnnouncement) Reset() {
+	*x = BgpAnnouncement{}
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BgpAnnouncement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BgpAnnouncement) ProtoMessage() {}
+
+func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BgpAnnouncement.ProtoReflect.Descriptor instead.
+func (*BgpAnnouncement) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *BgpAnnouncement) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *BgpAnnouncement) GetNextHop() string {
+	if x != nil {
+		return x.NextHop
+	}
+	return ""
+}
+
+func (x *BgpAnnouncement) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
 // BgpSession is the node speaker's session with one router.
 type BgpSession struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -448,7 +519,7 @@ type BgpSession struct {
 
 func (x *BgpSession) Reset() {
 	*x = BgpSession{}
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -460,7 +531,7 @@ func (x *BgpSession) String() string {
 func (*BgpSession) ProtoMessage() {}
 
 func (x *BgpSession) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -473,7 +544,7 @@ func (x *BgpSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSession.ProtoReflect.Descriptor instead.
 func (*BgpSession) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BgpSession) GetPeerAddress() string {
@@ -519,7 +590,7 @@ type NodeHealth struct {
 
 func (x *NodeHealth) Reset() {
 	*x = NodeHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -531,7 +602,7 @@ func (x *NodeHealth) String() string {
 func (*NodeHealth) ProtoMessage() {}
 
 func (x *NodeHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -544,7 +615,7 @@ func (x *NodeHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
 func (*NodeHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodeHealth) GetHealthzCode() int32 {
@@ -595,7 +666,7 @@ type ServiceHealth struct {
 
 func (x *ServiceHealth) Reset() {
 	*x = ServiceHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +678,7 @@ func (x *ServiceHealth) String() string {
 func (*ServiceHealth) ProtoMessage() {}
 
 func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +691,7 @@ func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceHealth.ProtoReflect.Descriptor instead.
 func (*ServiceHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ServiceHealth) GetNamespace() string {
@@ -701,7 +772,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +784,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +797,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SyncResponse) GetVersion() uint64 {
@@ -790,7 +861,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -802,7 +873,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -815,7 +886,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -888,7 +959,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +971,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +984,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -981,7 +1052,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1064,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1077,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -1106,7 +1177,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1189,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1202,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -1188,7 +1259,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1271,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1284,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -1299,9 +1370,14 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\bservices\x18\x03 \x03(\v2\x16.weir.v1.ServiceHealthR\bservices\x12)\n" +
 	"\x10removed_services\x18\x04 \x03(\tR\x0fremovedServices\x12G\n" +
 	"\x12last_sync_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x12&\n" +
-	"\x03bgp\x18\x06 \x01(\v2\x14.weir.v1.BgpSessionsR\x03bgp\">\n" +
+	"\x03bgp\x18\x06 \x01(\v2\x14.weir.v1.BgpSessionsR\x03bgp\"~\n" +
 	"\vBgpSessions\x12/\n" +
-	"\bsessions\x18\x01 \x03(\v2\x13.weir.v1.BgpSessionR\bsessions\"\xa9\x01\n" +
+	"\bsessions\x18\x01 \x03(\v2\x13.weir.v1.BgpSessionR\bsessions\x12>\n" +
+	"\rannouncements\x18\x02 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements\"\\\n" +
+	"\x0fBgpAnnouncement\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x19\n" +
+	"\bnext_hop\x18\x02 \x01(\tR\anextHop\x12\x16\n" +
+	"\x06weight\x18\x03 \x01(\rR\x06weight\"\xa9\x01\n" +
 	"\n" +
 	"BgpSession\x12!\n" +
 	"\fpeer_address\x18\x01 \x01(\tR\vpeerAddress\x12\x19\n" +
@@ -1396,7 +1472,7 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(*SyncRequest)(nil),           // 0: weir.v1.SyncRequest
 	(*Hello)(nil),                 // 1: weir.v1.Hello
@@ -1404,49 +1480,51 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*Nack)(nil),                  // 3: weir.v1.Nack
 	(*Report)(nil),                // 4: weir.v1.Report
 	(*BgpSessions)(nil),           // 5: weir.v1.BgpSessions
-	(*BgpSession)(nil),            // 6: weir.v1.BgpSession
-	(*NodeHealth)(nil),            // 7: weir.v1.NodeHealth
-	(*ServiceHealth)(nil),         // 8: weir.v1.ServiceHealth
-	(*SyncResponse)(nil),          // 9: weir.v1.SyncResponse
-	(*NodeInfo)(nil),              // 10: weir.v1.NodeInfo
-	(*NodePeer)(nil),              // 11: weir.v1.NodePeer
-	(*NodeService)(nil),           // 12: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 13: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 14: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 17: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 18: weir.v1.TrafficDistribution
-	(Protocol)(0),                 // 19: weir.v1.Protocol
+	(*BgpAnnouncement)(nil),       // 6: weir.v1.BgpAnnouncement
+	(*BgpSession)(nil),            // 7: weir.v1.BgpSession
+	(*NodeHealth)(nil),            // 8: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 9: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 10: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 11: weir.v1.NodeInfo
+	(*NodePeer)(nil),              // 12: weir.v1.NodePeer
+	(*NodeService)(nil),           // 13: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 14: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 15: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 18: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 19: weir.v1.TrafficDistribution
+	(Protocol)(0),                 // 20: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	2,  // 1: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
 	3,  // 2: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
 	4,  // 3: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	7,  // 4: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	8,  // 5: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	15, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	8,  // 4: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	9,  // 5: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	16, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
 	5,  // 7: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
-	6,  // 8: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
-	16, // 9: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	16, // 10: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	10, // 11: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	12, // 12: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	11, // 13: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	13, // 14: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	17, // 15: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	17, // 16: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	18, // 17: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	19, // 18: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	14, // 19: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	0,  // 20: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	9,  // 21: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	21, // [21:22] is the sub-list for method output_type
-	20, // [20:21] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	7,  // 8: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
+	6,  // 9: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
+	17, // 10: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	17, // 11: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	11, // 12: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	13, // 13: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	12, // 14: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	14, // 15: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	18, // 16: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	18, // 17: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	19, // 18: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	20, // 19: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	15, // 20: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	0,  // 21: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	10, // 22: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	22, // [22:23] is the sub-list for method output_type
+	21, // [21:22] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -1467,7 +1545,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

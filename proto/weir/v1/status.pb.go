@@ -596,7 +596,10 @@ type ServiceNodeStatus struct {
 	// NodeDeleting, BGPSessionsDown (the node's speaker has peers but no
 	// session is established; load-balancer IPs only), HealthCheckPortError,
 	// NoLocalEndpoints.
-	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The service's load-balancer IPs the node's BGP speaker announces, as
+	// last reported.
+	Announcements []*BgpAnnouncement `protobuf:"bytes,6,rep,name=announcements,proto3" json:"announcements,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -666,6 +669,13 @@ func (x *ServiceNodeStatus) GetReason() string {
 	return ""
 }
 
+func (x *ServiceNodeStatus) GetAnnouncements() []*BgpAnnouncement {
+	if x != nil {
+		return x.Announcements
+	}
+	return nil
+}
+
 var File_weir_v1_status_proto protoreflect.FileDescriptor
 
 const file_weir_v1_status_proto_rawDesc = "" +
@@ -707,7 +717,7 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x120\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x1a.weir.v1.ServiceNodeStatusR\x05nodes\x12'\n" +
-	"\x0freceiving_nodes\x18\x04 \x03(\tR\x0ereceivingNodes\"\xcb\x01\n" +
+	"\x0freceiving_nodes\x18\x04 \x03(\tR\x0ereceivingNodes\"\x8b\x02\n" +
 	"\x11ServiceNodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12.\n" +
 	"\x06health\x18\x02 \x01(\v2\x16.weir.v1.ServiceHealthR\x06health\x12\x1e\n" +
@@ -715,7 +725,8 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"programmed\x18\x03 \x01(\bR\n" +
 	"programmed\x12:\n" +
 	"\x19receives_external_traffic\x18\x04 \x01(\bR\x17receivesExternalTraffic\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason2\xef\x02\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12>\n" +
+	"\rannouncements\x18\x06 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements2\xef\x02\n" +
 	"\rStatusService\x12W\n" +
 	"\x10ListNodeStatuses\x12 .weir.v1.ListNodeStatusesRequest\x1a!.weir.v1.ListNodeStatusesResponse\x12\\\n" +
 	"\x11WatchNodeStatuses\x12!.weir.v1.WatchNodeStatusesRequest\x1a\".weir.v1.WatchNodeStatusesResponse0\x01\x12W\n" +
@@ -752,6 +763,7 @@ var file_weir_v1_status_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),       // 13: google.protobuf.Duration
 	(*BgpSession)(nil),                // 14: weir.v1.BgpSession
 	(*ServiceHealth)(nil),             // 15: weir.v1.ServiceHealth
+	(*BgpAnnouncement)(nil),           // 16: weir.v1.BgpAnnouncement
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
 	11, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
@@ -764,19 +776,20 @@ var file_weir_v1_status_proto_depIdxs = []int32{
 	9,  // 7: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
 	10, // 8: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
 	15, // 9: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	4,  // 10: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 11: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	7,  // 12: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 13: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	5,  // 14: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 15: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	8,  // 16: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 17: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	16, // 10: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	4,  // 11: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 12: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	7,  // 13: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 14: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	5,  // 15: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 16: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	8,  // 17: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 18: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	15, // [15:19] is the sub-list for method output_type
+	11, // [11:15] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
