@@ -5,6 +5,7 @@ package datapath
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -28,6 +29,27 @@ type NodeInfo struct {
 	// BGPPeers are the routers the node's speaker peers with; the datapath
 	// itself does not use them.
 	BGPPeers []BGPPeer
+	// Advertisements are the BGP attributes of the pools that set them.
+	Advertisements []BGPAdvertisement
+}
+
+// BGPAdvertisement is how the addresses in Ranges are announced.
+type BGPAdvertisement struct {
+	Ranges      []AddressRange
+	Communities []uint32 // ASN<<16 | VALUE
+	LocalPref   uint32
+}
+
+// AddressRange is the addresses from First to Last, both included.
+type AddressRange struct{ First, Last netip.Addr }
+
+// Contains reports whether a is in the range.
+func (r AddressRange) Contains(a netip.Addr) bool {
+	return r.First.Compare(a) <= 0 && a.Compare(r.Last) <= 0 && a.Is4() == r.First.Is4()
+}
+
+func (a BGPAdvertisement) equal(b BGPAdvertisement) bool {
+	return slices.Equal(a.Ranges, b.Ranges) && slices.Equal(a.Communities, b.Communities) && a.LocalPref == b.LocalPref
 }
 
 // BGPPeer is an upstream router of the node.

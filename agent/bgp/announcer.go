@@ -34,6 +34,13 @@ type Announcement struct {
 	// Weight is the node's share of the prefix's traffic (its ready local
 	// endpoints, for externalTrafficPolicy Local); 0 announces no weight.
 	Weight uint32
+	// Communities and LocalPref come from the address's pool.
+	Communities []uint32
+	LocalPref   uint32
+}
+
+func (a Announcement) same(b Announcement) bool {
+	return a.NextHop == b.NextHop && a.Weight == b.Weight && slices.Equal(a.Communities, b.Communities) && a.LocalPref == b.LocalPref
 }
 
 // NewAnnouncer announces through sp.
@@ -121,7 +128,7 @@ func (a *Announcer) sync(rise bool) {
 			delete(a.announced, p)
 		case w.Weight < had.Weight:
 			// Less weight now: say so at once, like a withdrawal.
-			if err := a.sp.Announce(ctx, p, w.NextHop, w.Weight); err != nil {
+			if err := a.sp.Announce(ctx, p, w); err != nil {
 				a.log.Error("BGP announce failed", "prefix", p, "error", err)
 				continue
 			}
@@ -132,10 +139,10 @@ func (a *Announcer) sync(rise bool) {
 		return
 	}
 	for p, w := range want {
-		if had, ok := a.announced[p]; ok && had == w {
+		if had, ok := a.announced[p]; ok && had.same(w) {
 			continue
 		}
-		if err := a.sp.Announce(ctx, p, w.NextHop, w.Weight); err != nil {
+		if err := a.sp.Announce(ctx, p, w); err != nil {
 			a.log.Error("BGP announce failed", "prefix", p, "error", err)
 			continue
 		}
@@ -158,6 +165,12 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcem
 				continue
 			}
 			a := Announcement{NextHop: hop}
+			for _, adv := range st.Node.Advertisements {
+				if slices.ContainsFunc(adv.Ranges, func(r datapath.AddressRange) bool { return r.Contains(vip) }) {
+					a.Communities, a.LocalPref = adv.Communities, adv.LocalPref
+					break
+				}
+			}
 			if svc.ExternalTrafficPolicy == datapath.Local {
 				// The node gets traffic in proportion to its endpoints.
 				if a.Weight = readyLocal(svc, vip.Is6()); a.Weight == 0 {

@@ -74,7 +74,7 @@ type Speaker interface {
 	// Announce advertises prefix via nextHop; a weight above 0 rides
 	// along as the link-bandwidth extended community, which routers turn
 	// into weighted ECMP.
-	Announce(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr, weight uint32) error
+	Announce(ctx context.Context, prefix netip.Prefix, a Announcement) error
 	Withdraw(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error
 	// SetPeers makes peers the speaker's peers besides its configured
 	// ones: new peers are dialled, changed ones re-dialled, missing ones
@@ -176,7 +176,8 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 	return first
 }
 
-func (g *GoBGP) path(prefix netip.Prefix, nextHop netip.Addr, weight uint32) (*api.Path, error) {
+func (g *GoBGP) path(prefix netip.Prefix, a Announcement) (*api.Path, error) {
+	nextHop, weight := a.NextHop, a.Weight
 	nlri, err := anypb.New(&api.IPAddressPrefix{Prefix: prefix.Addr().String(), PrefixLen: uint32(prefix.Bits())})
 	if err != nil {
 		return nil, err
@@ -194,6 +195,20 @@ func (g *GoBGP) path(prefix netip.Prefix, nextHop netip.Addr, weight uint32) (*a
 		return nil, err
 	}
 	attrs := []*anypb.Any{origin, hop}
+	if len(a.Communities) > 0 {
+		c, err := anypb.New(&api.CommunitiesAttribute{Communities: a.Communities})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, c)
+	}
+	if a.LocalPref > 0 {
+		lp, err := anypb.New(&api.LocalPrefAttribute{LocalPref: a.LocalPref})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, lp)
+	}
 	if weight > 0 {
 		lb, err := anypb.New(&api.LinkBandwidthExtended{Asn: g.asn, Bandwidth: float32(weight) * BandwidthPerWeight})
 		if err != nil {
@@ -210,8 +225,8 @@ func (g *GoBGP) path(prefix netip.Prefix, nextHop netip.Addr, weight uint32) (*a
 
 // Announce advertises prefix with nextHop to every peer, replacing an
 // earlier announcement of it.
-func (g *GoBGP) Announce(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr, weight uint32) error {
-	p, err := g.path(prefix, nextHop, weight)
+func (g *GoBGP) Announce(ctx context.Context, prefix netip.Prefix, a Announcement) error {
+	p, err := g.path(prefix, a)
 	if err != nil {
 		return err
 	}
@@ -221,7 +236,7 @@ func (g *GoBGP) Announce(ctx context.Context, prefix netip.Prefix, nextHop netip
 
 // Withdraw takes prefix back.
 func (g *GoBGP) Withdraw(ctx context.Context, prefix netip.Prefix, nextHop netip.Addr) error {
-	p, err := g.path(prefix, nextHop, 0)
+	p, err := g.path(prefix, Announcement{NextHop: nextHop})
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ package nodewire
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/weirlb/weir/datapath"
@@ -26,6 +27,13 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 	for _, p := range n.BGPPeers {
 		out.BgpPeers = append(out.BgpPeers, &weirv1.NodePeer{Address: p.Address.String(), Port: int32(p.Port), Asn: p.ASN, MyAsn: p.MyASN,
 			HoldTimeSeconds: int32(p.HoldTime / time.Second), Password: p.Password})
+	}
+	for _, a := range n.Advertisements {
+		pa := &weirv1.PoolAdvertisement{Communities: a.Communities, LocalPreference: a.LocalPref}
+		for _, r := range a.Ranges {
+			pa.Ranges = append(pa.Ranges, r.First.String()+"-"+r.Last.String())
+		}
+		out.Advertisements = append(out.Advertisements, pa)
 	}
 	return out
 }
@@ -55,6 +63,19 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 		}
 		info.BGPPeers = append(info.BGPPeers, datapath.BGPPeer{Address: a, Port: port, ASN: p.GetAsn(), MyASN: p.GetMyAsn(),
 			HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword()})
+	}
+	for i, pa := range n.GetAdvertisements() {
+		a := datapath.BGPAdvertisement{Communities: pa.GetCommunities(), LocalPref: pa.GetLocalPreference()}
+		for j, r := range pa.GetRanges() {
+			first, last, ok := strings.Cut(r, "-")
+			f, err1 := netip.ParseAddr(first)
+			l, err2 := netip.ParseAddr(last)
+			if !ok || err1 != nil || err2 != nil || f.Is4() != l.Is4() {
+				return datapath.NodeInfo{}, fmt.Errorf("node.advertisements[%d].ranges[%d]: %q is not FIRST-LAST", i, j, r)
+			}
+			a.Ranges = append(a.Ranges, datapath.AddressRange{First: f, Last: l})
+		}
+		info.Advertisements = append(info.Advertisements, a)
 	}
 	return info, nil
 }

@@ -177,9 +177,9 @@ func (h *Hub) Run(ctx context.Context) {
 func (h *Hub) apply(batch []timedChange) {
 	services, nodes := map[string]bool{}, map[string]bool{}
 	since := batch[0].at
-	peersChanged := false
+	allNodes := false
 	for _, c := range batch {
-		peersChanged = peersChanged || len(c.Peers) > 0
+		allNodes = allNodes || len(c.Peers) > 0 || len(c.Pools) > 0
 		for _, k := range c.Services {
 			services[k] = true
 		}
@@ -192,8 +192,9 @@ func (h *Hub) apply(batch []timedChange) {
 	var version uint64
 	h.reg.Read(func(v registry.View) {
 		version = v.Revision()
-		if peersChanged {
-			// A peer's node selector may pick any node.
+		if allNodes {
+			// A peer's node selector may pick any node; a pool's
+			// advertisement concerns every node.
 			for _, name := range v.NodeNames() {
 				nodes[name] = true
 			}

@@ -274,6 +274,14 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 		return nil, err
 	}
 	out := &model.AddressPool{Meta: meta, ManualOnly: p.GetManualOnly()}
+	out.BGP.LocalPref = p.GetBgpAdvertisement().GetLocalPreference()
+	for i, c := range p.GetBgpAdvertisement().GetCommunities() {
+		v, err := model.ParseCommunity(c)
+		if err != nil {
+			return nil, &model.FieldError{Field: fmt.Sprintf("bgp_advertisement.communities[%d]", i), Reason: err.Error()}
+		}
+		out.BGP.Communities = append(out.BGP.Communities, v)
+	}
 	for i, a := range p.GetAddresses() {
 		r, err := model.ParseAddressRange(a)
 		if err != nil {
@@ -286,6 +294,12 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 
 func poolToProto(p *model.AddressPool) *weirv1.AddressPool {
 	out := &weirv1.AddressPool{Metadata: metaToProto(&p.Meta), ManualOnly: p.ManualOnly}
+	if p.BGP.LocalPref != 0 || len(p.BGP.Communities) > 0 {
+		out.BgpAdvertisement = &weirv1.BgpAdvertisement{LocalPreference: p.BGP.LocalPref}
+		for _, c := range p.BGP.Communities {
+			out.BgpAdvertisement.Communities = append(out.BgpAdvertisement.Communities, model.FormatCommunity(c))
+		}
+	}
 	for _, r := range p.Ranges {
 		out.Addresses = append(out.Addresses, r.String())
 	}

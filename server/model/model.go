@@ -6,6 +6,7 @@ package model
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -103,6 +104,43 @@ type AddressPool struct {
 	Meta
 	Ranges     []AddressRange `json:"ranges"`
 	ManualOnly bool           `json:"manualOnly,omitempty"`
+	// BGP is what the nodes attach to the routes of the pool's addresses.
+	BGP BGPAdvertisement `json:"bgp,omitzero"`
+}
+
+// BGPAdvertisement is a pool's BGP path attributes.
+type BGPAdvertisement struct {
+	Communities []uint32 `json:"communities,omitempty"` // ASN<<16 | VALUE
+	LocalPref   uint32   `json:"localPref,omitempty"`
+}
+
+// wellKnownCommunities are RFC 1997's and RFC 3765's names.
+var wellKnownCommunities = map[string]uint32{
+	"no-export": 0xFFFFFF01, "no-advertise": 0xFFFFFF02, "no-export-subconfed": 0xFFFFFF03, "no-peer": 0xFFFFFF04,
+}
+
+// ParseCommunity reads "ASN:VALUE" or a well-known community's name.
+func ParseCommunity(s string) (uint32, error) {
+	if c, ok := wellKnownCommunities[s]; ok {
+		return c, nil
+	}
+	hi, lo, ok := strings.Cut(s, ":")
+	a, err1 := strconv.ParseUint(hi, 10, 16)
+	b, err2 := strconv.ParseUint(lo, 10, 16)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("%q is not a community (ASN:VALUE, each 0-65535, or no-export, no-advertise, no-export-subconfed, no-peer)", s)
+	}
+	return uint32(a)<<16 | uint32(b), nil
+}
+
+// FormatCommunity writes a community as ParseCommunity reads it.
+func FormatCommunity(c uint32) string {
+	for name, v := range wellKnownCommunities {
+		if v == c {
+			return name
+		}
+	}
+	return fmt.Sprintf("%d:%d", c>>16, c&0xFFFF)
 }
 
 // AddressRange is the addresses from First to Last, both included.

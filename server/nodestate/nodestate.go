@@ -41,6 +41,16 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 			})
 		}
 	}
+	for _, p := range v.Pools() {
+		if p.BGP.LocalPref == 0 && len(p.BGP.Communities) == 0 {
+			continue
+		}
+		a := datapath.BGPAdvertisement{Communities: p.BGP.Communities, LocalPref: p.BGP.LocalPref}
+		for _, r := range p.Ranges {
+			a.Ranges = append(a.Ranges, datapath.AddressRange{First: r.First, Last: r.Last})
+		}
+		info.Advertisements = append(info.Advertisements, a)
+	}
 	return info
 }
 

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -154,7 +155,8 @@ func TestPoolAddressIsAssignedAndAnnounced(t *testing.T) {
 	c, r := startBGPCluster(t)
 	ctx := context.Background()
 	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
-		Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.80/30", "2001:db8:113::80/126"}}}); err != nil {
+		Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.80/30", "2001:db8:113::80/126"},
+		BgpAdvertisement: &weirv1.BgpAdvertisement{Communities: []string{"64512:100", "no-export"}}}}); err != nil {
 		t.Fatal(err)
 	}
 	svc := lbService("pooled", 30099, []string{"10.96.0.61", "fd00:96::61"}, nil)
@@ -180,6 +182,60 @@ func TestPoolAddressIsAssignedAndAnnounced(t *testing.T) {
 	waitNextHops(t, r, vips[1], c.Nodes[0].IPv6.String(), c.Nodes[1].IPv6.String())
 	sample(t, c.Client, netip.AddrPortFrom(netip.MustParseAddr(vips[0]), 80), 5)
 	sample(t, c.Client, netip.AddrPortFrom(netip.MustParseAddr(vips[1]), 80), 5)
+
+	// The pool's communities ride on every path; changing them re-announces.
+	waitCommunities(t, r, vips[0], "64512:100 no-export")
+	waitCommunities(t, r, vips[1], "64512:100 no-export")
+	pool, err := c.Registry.GetAddressPool(ctx, &weirv1.GetAddressPoolRequest{Name: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.GetAddressPool().BgpAdvertisement.Communities = []string{"64512:200"}
+	if _, err := c.Registry.UpdateAddressPool(ctx, &weirv1.UpdateAddressPoolRequest{AddressPool: pool.GetAddressPool()}); err != nil {
+		t.Fatal(err)
+	}
+	waitCommunities(t, r, vips[0], "64512:200")
+	// A bad community is refused, naming the field.
+	pool.GetAddressPool().BgpAdvertisement.Communities = []string{"64512:70000"}
+	if _, err := c.Registry.UpdateAddressPool(ctx, &weirv1.UpdateAddressPoolRequest{AddressPool: pool.GetAddressPool()}); err == nil ||
+		!strings.Contains(err.Error(), "bgp_advertisement.communities[0]") {
+		t.Errorf("bad community: %v, want an error naming bgp_advertisement.communities[0]", err)
+	}
+}
+
+// waitCommunities waits until every path the router has for prefix
+// carries exactly the communities want (FRR's spelling).
+func waitCommunities(t *testing.T, r *frr.Router, prefix, want string) {
+	t.Helper()
+	family := "ipv4"
+	if strings.Contains(prefix, ":") {
+		family = "ipv6"
+	}
+	eventually(t, fmt.Sprintf("the router's paths for %s carry %q", prefix, want), func() error {
+		out, err := r.Vtysh(context.Background(), fmt.Sprintf("show bgp %s unicast %s json", family, prefix))
+		if err != nil {
+			return err
+		}
+		var route struct {
+			Paths []struct {
+				Community struct {
+					String string `json:"string"`
+				} `json:"community"`
+			} `json:"paths"`
+		}
+		if err := json.Unmarshal([]byte(out), &route); err != nil {
+			return err
+		}
+		if len(route.Paths) == 0 {
+			return fmt.Errorf("no paths")
+		}
+		for _, p := range route.Paths {
+			if p.Community.String != want {
+				return fmt.Errorf("a path has communities %q", p.Community.String)
+			}
+		}
+		return nil
+	})
 }
 
 // TestWeightsFollowLocalEndpoints: a node with two ready local endpoints

@@ -854,9 +854,11 @@ type NodeInfo struct {
 	// An operator drained the node: it takes no new external traffic.
 	Drained bool `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"`
 	// The routers this node's BGP speaker peers with.
-	BgpPeers      []*NodePeer `protobuf:"bytes,8,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	BgpPeers []*NodePeer `protobuf:"bytes,8,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
+	// How to announce the addresses of each pool that sets it.
+	Advertisements []*PoolAdvertisement `protobuf:"bytes,9,rep,name=advertisements,proto3" json:"advertisements,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
@@ -945,6 +947,76 @@ func (x *NodeInfo) GetBgpPeers() []*NodePeer {
 	return nil
 }
 
+func (x *NodeInfo) GetAdvertisements() []*PoolAdvertisement {
+	if x != nil {
+		return x.Advertisements
+	}
+	return nil
+}
+
+// PoolAdvertisement is a pool's BGP attributes with the pool's addresses.
+type PoolAdvertisement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The pool's ranges, "FIRST-LAST".
+	Ranges []string `protobuf:"bytes,1,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	// Standard communities as 32-bit numbers (ASN << 16 | VALUE).
+	Communities     []uint32 `protobuf:"varint,2,rep,packed,name=communities,proto3" json:"communities,omitempty"`
+	LocalPreference uint32   `protobuf:"varint,3,opt,name=local_preference,json=localPreference,proto3" json:"local_preference,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PoolAdvertisement) Reset() {
+	*x = PoolAdvertisement{}
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolAdvertisement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolAdvertisement) ProtoMessage() {}
+
+func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolAdvertisement.ProtoReflect.Descriptor instead.
+func (*PoolAdvertisement) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PoolAdvertisement) GetRanges() []string {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+func (x *PoolAdvertisement) GetCommunities() []uint32 {
+	if x != nil {
+		return x.Communities
+	}
+	return nil
+}
+
+func (x *PoolAdvertisement) GetLocalPreference() uint32 {
+	if x != nil {
+		return x.LocalPreference
+	}
+	return 0
+}
+
 type NodePeer struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Address         string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
@@ -959,7 +1031,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1043,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1056,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -1052,7 +1124,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1136,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1149,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -1177,7 +1249,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1261,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1274,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -1259,7 +1331,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1343,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1356,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -1407,7 +1479,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x04node\x18\x03 \x01(\v2\x11.weir.v1.NodeInfoR\x04node\x12.\n" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
-	"\x04more\x18\x06 \x01(\bR\x04more\"\xf3\x01\n" +
+	"\x04more\x18\x06 \x01(\bR\x04more\"\xb7\x02\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
@@ -1418,7 +1490,12 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"registered\x18\x06 \x01(\bR\n" +
 	"registered\x12\x18\n" +
 	"\adrained\x18\a \x01(\bR\adrained\x12.\n" +
-	"\tbgp_peers\x18\b \x03(\v2\x11.weir.v1.NodePeerR\bbgpPeers\"\xa9\x01\n" +
+	"\tbgp_peers\x18\b \x03(\v2\x11.weir.v1.NodePeerR\bbgpPeers\x12B\n" +
+	"\x0eadvertisements\x18\t \x03(\v2\x1a.weir.v1.PoolAdvertisementR\x0eadvertisements\"x\n" +
+	"\x11PoolAdvertisement\x12\x16\n" +
+	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12 \n" +
+	"\vcommunities\x18\x02 \x03(\rR\vcommunities\x12)\n" +
+	"\x10local_preference\x18\x03 \x01(\rR\x0flocalPreference\"\xa9\x01\n" +
 	"\bNodePeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x10\n" +
@@ -1472,7 +1549,7 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(*SyncRequest)(nil),           // 0: weir.v1.SyncRequest
 	(*Hello)(nil),                 // 1: weir.v1.Hello
@@ -1486,15 +1563,16 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*ServiceHealth)(nil),         // 9: weir.v1.ServiceHealth
 	(*SyncResponse)(nil),          // 10: weir.v1.SyncResponse
 	(*NodeInfo)(nil),              // 11: weir.v1.NodeInfo
-	(*NodePeer)(nil),              // 12: weir.v1.NodePeer
-	(*NodeService)(nil),           // 13: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 14: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 15: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 18: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 19: weir.v1.TrafficDistribution
-	(Protocol)(0),                 // 20: weir.v1.Protocol
+	(*PoolAdvertisement)(nil),     // 12: weir.v1.PoolAdvertisement
+	(*NodePeer)(nil),              // 13: weir.v1.NodePeer
+	(*NodeService)(nil),           // 14: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 15: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 16: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 19: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 20: weir.v1.TrafficDistribution
+	(Protocol)(0),                 // 21: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
@@ -1503,28 +1581,29 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	4,  // 3: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
 	8,  // 4: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
 	9,  // 5: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	16, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	17, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
 	5,  // 7: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
 	7,  // 8: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
 	6,  // 9: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	17, // 10: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	17, // 11: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	18, // 10: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	18, // 11: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
 	11, // 12: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	13, // 13: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	12, // 14: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	14, // 15: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	18, // 16: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	18, // 17: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	19, // 18: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	20, // 19: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	15, // 20: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	0,  // 21: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	10, // 22: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	22, // [22:23] is the sub-list for method output_type
-	21, // [21:22] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	14, // 13: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	13, // 14: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	12, // 15: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	15, // 16: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	19, // 17: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	19, // 18: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	20, // 19: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	21, // 20: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	16, // 21: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	0,  // 22: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	10, // 23: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	23, // [23:24] is the sub-list for method output_type
+	22, // [22:23] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -1545,7 +1624,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1096,9 +1096,11 @@ type AddressPool struct {
 	Addresses []string `protobuf:"bytes,2,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	// Only services that ask for this pool (or one of its addresses) get
 	// addresses from it.
-	ManualOnly    bool `protobuf:"varint,3,opt,name=manual_only,json=manualOnly,proto3" json:"manual_only,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ManualOnly bool `protobuf:"varint,3,opt,name=manual_only,json=manualOnly,proto3" json:"manual_only,omitempty"`
+	// How the nodes announce the pool's addresses over BGP.
+	BgpAdvertisement *BgpAdvertisement `protobuf:"bytes,4,opt,name=bgp_advertisement,json=bgpAdvertisement,proto3" json:"bgp_advertisement,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AddressPool) Reset() {
@@ -1152,6 +1154,70 @@ func (x *AddressPool) GetManualOnly() bool {
 	return false
 }
 
+func (x *AddressPool) GetBgpAdvertisement() *BgpAdvertisement {
+	if x != nil {
+		return x.BgpAdvertisement
+	}
+	return nil
+}
+
+// BgpAdvertisement is what the nodes attach to the routes of a pool's
+// addresses (MetalLB's BGPAdvertisement).
+type BgpAdvertisement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Standard communities, "ASN:VALUE" (each 0-65535), or no-export,
+	// no-advertise, no-export-subconfed, no-peer.
+	Communities []string `protobuf:"bytes,1,rep,name=communities,proto3" json:"communities,omitempty"`
+	// LOCAL_PREF for internal (same-AS) peers; 0 sends none.
+	LocalPreference uint32 `protobuf:"varint,2,opt,name=local_preference,json=localPreference,proto3" json:"local_preference,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *BgpAdvertisement) Reset() {
+	*x = BgpAdvertisement{}
+	mi := &file_weir_v1_resources_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BgpAdvertisement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BgpAdvertisement) ProtoMessage() {}
+
+func (x *BgpAdvertisement) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_resources_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BgpAdvertisement.ProtoReflect.Descriptor instead.
+func (*BgpAdvertisement) Descriptor() ([]byte, []int) {
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *BgpAdvertisement) GetCommunities() []string {
+	if x != nil {
+		return x.Communities
+	}
+	return nil
+}
+
+func (x *BgpAdvertisement) GetLocalPreference() uint32 {
+	if x != nil {
+		return x.LocalPreference
+	}
+	return 0
+}
+
 // BgpPeer is an upstream router the nodes' BGP speakers peer with
 // (MetalLB's BGPPeer).
 type BgpPeer struct {
@@ -1176,7 +1242,7 @@ type BgpPeer struct {
 
 func (x *BgpPeer) Reset() {
 	*x = BgpPeer{}
-	mi := &file_weir_v1_resources_proto_msgTypes[11]
+	mi := &file_weir_v1_resources_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1254,7 @@ func (x *BgpPeer) String() string {
 func (*BgpPeer) ProtoMessage() {}
 
 func (x *BgpPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[11]
+	mi := &file_weir_v1_resources_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1267,7 @@ func (x *BgpPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpPeer.ProtoReflect.Descriptor instead.
 func (*BgpPeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BgpPeer) GetMetadata() *ObjectMeta {
@@ -1341,12 +1407,16 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x04zone\x18\x03 \x01(\tR\x04zone\x12\x1b\n" +
 	"\tpod_cidrs\x18\x04 \x03(\tR\bpodCidrs\x12\x1a\n" +
 	"\bdeleting\x18\x05 \x01(\bR\bdeleting\x12\x18\n" +
-	"\adrained\x18\x06 \x01(\bR\adrained\"}\n" +
+	"\adrained\x18\x06 \x01(\bR\adrained\"\xc5\x01\n" +
 	"\vAddressPool\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x1f\n" +
 	"\vmanual_only\x18\x03 \x01(\bR\n" +
-	"manualOnly\"\xe3\x02\n" +
+	"manualOnly\x12F\n" +
+	"\x11bgp_advertisement\x18\x04 \x01(\v2\x19.weir.v1.BgpAdvertisementR\x10bgpAdvertisement\"_\n" +
+	"\x10BgpAdvertisement\x12 \n" +
+	"\vcommunities\x18\x01 \x03(\tR\vcommunities\x12)\n" +
+	"\x10local_preference\x18\x02 \x01(\rR\x0flocalPreference\"\xe3\x02\n" +
 	"\aBgpPeer\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x10\n" +
@@ -1394,7 +1464,7 @@ func file_weir_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_weir_v1_resources_proto_goTypes = []any{
 	(ServiceType)(0),              // 0: weir.v1.ServiceType
 	(Protocol)(0),                 // 1: weir.v1.Protocol
@@ -1412,14 +1482,15 @@ var file_weir_v1_resources_proto_goTypes = []any{
 	(*EndpointPort)(nil),          // 13: weir.v1.EndpointPort
 	(*Node)(nil),                  // 14: weir.v1.Node
 	(*AddressPool)(nil),           // 15: weir.v1.AddressPool
-	(*BgpPeer)(nil),               // 16: weir.v1.BgpPeer
-	nil,                           // 17: weir.v1.ObjectMeta.LabelsEntry
-	nil,                           // 18: weir.v1.BgpPeer.NodeSelectorEntry
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*BgpAdvertisement)(nil),      // 16: weir.v1.BgpAdvertisement
+	(*BgpPeer)(nil),               // 17: weir.v1.BgpPeer
+	nil,                           // 18: weir.v1.ObjectMeta.LabelsEntry
+	nil,                           // 19: weir.v1.BgpPeer.NodeSelectorEntry
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 }
 var file_weir_v1_resources_proto_depIdxs = []int32{
-	17, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
-	19, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	18, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
+	20, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 2: weir.v1.Service.metadata:type_name -> weir.v1.ObjectMeta
 	7,  // 3: weir.v1.Service.spec:type_name -> weir.v1.ServiceSpec
 	9,  // 4: weir.v1.Service.status:type_name -> weir.v1.ServiceStatus
@@ -1437,13 +1508,14 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	1,  // 16: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
 	5,  // 17: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
 	5,  // 18: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
-	5,  // 19: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
-	18, // 20: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	16, // 19: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
+	5,  // 20: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
+	19, // 21: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }
@@ -1458,7 +1530,7 @@ func file_weir_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_resources_proto_rawDesc), len(file_weir_v1_resources_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
