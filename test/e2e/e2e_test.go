@@ -93,6 +93,9 @@ func createWeb(t *testing.T, c *weirlab.Cluster) {
 			t.Fatal(err)
 		}
 	}
+	if err := c.WaitServiceProgrammed(ctx, "default", "web"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // eventually retries f until it succeeds, for at most 10 s.

@@ -299,3 +299,31 @@ func waitFor(ctx context.Context, timeout time.Duration, check func() error, log
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// WaitServiceProgrammed waits until every node's agent has the service
+// and has applied all it was sent: a frontend answering through one node
+// says nothing of the others.
+func (c *Cluster) WaitServiceProgrammed(ctx context.Context, namespace, name string) error {
+	status := weirv1.NewStatusServiceClient(c.Conn)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := status.GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: namespace, Name: name})
+		if err != nil {
+			return err
+		}
+		behind := ""
+		for _, n := range resp.GetStatus().GetNodes() {
+			if !n.GetProgrammed() || n.GetHealth() == nil {
+				behind = fmt.Sprintf("%s (programmed %v, has the service %v)", n.GetNode(), n.GetProgrammed(), n.GetHealth() != nil)
+				break
+			}
+		}
+		if behind == "" && len(resp.GetStatus().GetNodes()) == len(c.Nodes) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s/%s not programmed on every node after 10 s: %s", namespace, name, behind)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
