@@ -26,6 +26,9 @@ type Announcer struct {
 	state     datapath.NodeState
 	announced map[netip.Prefix]Announcement
 	reported  health.BGPReport
+	// peersFailed: the last peer set was not applied whole; Report, every
+	// second, tries again.
+	peersFailed bool
 }
 
 // Announcement is how a prefix is announced.
@@ -66,9 +69,13 @@ func (a *Announcer) setPeers(from []datapath.BGPPeer) {
 		peers[i] = Peer{Address: p.Address, Port: p.Port, ASN: p.ASN, MyASN: p.MyASN, HoldTime: p.HoldTime, Password: p.Password}
 	}
 	if err := a.sp.SetPeers(context.Background(), peers); err != nil {
-		a.log.Error("setting BGP peers failed", "error", err)
+		if !a.peersFailed {
+			a.log.Error("setting BGP peers failed; retrying every second", "error", err)
+		}
+		a.peersFailed = true
 		return
 	}
+	a.peersFailed = false
 	a.log.Info("BGP peers set", "peers", len(peers))
 }
 
@@ -89,6 +96,9 @@ func (a *Announcer) Report(full bool) *health.Report {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.peersFailed {
+		a.setPeers(a.state.Node.BGPPeers)
+	}
 	now := health.BGPReport{Sessions: sessions}
 	for p, an := range a.announced {
 		now.Announcements = append(now.Announcements, health.BGPAnnouncement{Prefix: p, NextHop: an.NextHop, Weight: an.Weight})
