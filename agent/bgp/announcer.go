@@ -29,6 +29,8 @@ type Announcer struct {
 	// peersFailed: the last peer set was not applied whole; Report, every
 	// second, tries again.
 	peersFailed bool
+	// changed: announced differs from what was last reported.
+	changed bool
 }
 
 // Announcement is how a prefix is announced.
@@ -99,15 +101,19 @@ func (a *Announcer) Report(full bool) *health.Report {
 	if a.peersFailed {
 		a.setPeers(a.state.Node.BGPPeers)
 	}
-	now := health.BGPReport{Sessions: sessions}
-	for p, an := range a.announced {
-		now.Announcements = append(now.Announcements, health.BGPAnnouncement{Prefix: p, NextHop: an.NextHop, Weight: an.Weight})
-	}
-	slices.SortFunc(now.Announcements, func(x, y health.BGPAnnouncement) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
-	if !full && slices.Equal(now.Sessions, a.reported.Sessions) && slices.Equal(now.Announcements, a.reported.Announcements) {
+	if !full && !a.changed && slices.Equal(sessions, a.reported.Sessions) {
 		return nil
 	}
-	a.reported = now
+	now := health.BGPReport{Sessions: sessions, Announcements: a.reported.Announcements}
+	if a.changed || full {
+		// Rebuilt only when it changed: a node may announce thousands.
+		now.Announcements = make([]health.BGPAnnouncement, 0, len(a.announced))
+		for p, an := range a.announced {
+			now.Announcements = append(now.Announcements, health.BGPAnnouncement{Prefix: p, NextHop: an.NextHop, Weight: an.Weight})
+		}
+		slices.SortFunc(now.Announcements, func(x, y health.BGPAnnouncement) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
+	}
+	a.reported, a.changed = now, false
 	return &health.Report{Full: full, BGP: &now}
 }
 
@@ -136,6 +142,7 @@ func (a *Announcer) sync(rise bool) {
 				continue
 			}
 			delete(a.announced, p)
+			a.changed = true
 		case w.Weight < had.Weight:
 			// Less weight now: say so at once, like a withdrawal.
 			if err := a.sp.Announce(ctx, p, w); err != nil {
@@ -143,6 +150,7 @@ func (a *Announcer) sync(rise bool) {
 				continue
 			}
 			a.announced[p] = w
+			a.changed = true
 		}
 	}
 	if !rise {
@@ -157,6 +165,7 @@ func (a *Announcer) sync(rise bool) {
 			continue
 		}
 		a.announced[p] = w
+		a.changed = true
 	}
 }
 

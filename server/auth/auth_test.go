@@ -3,8 +3,6 @@ package auth_test
 import (
 	"context"
 	"crypto/tls"
-	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,6 +17,7 @@ import (
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/certs"
+	"github.com/weirlb/weir/server/servertest"
 )
 
 // pki issues a CA, the server's certificate and one client per role.
@@ -48,19 +47,7 @@ func startTLSServer(t *testing.T, dir string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{DataDir: t.TempDir(), TLS: cfg, Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, lis) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return lis.Addr().String()
+	return servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS = cfg }).Addr
 }
 
 func dial(t *testing.T, addr, dir, client string) *grpc.ClientConn {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
 	"github.com/weirlb/weir/internal/yamldocs"
@@ -61,32 +62,31 @@ func (r *Resources) add(doc string) error {
 	json.Unmarshal(fields["kind"], &kind)
 	delete(fields, "kind")
 	body, _ := json.Marshal(fields)
-	strict := protojson.UnmarshalOptions{}
 	switch kind {
 	case "AddressPool":
-		p := &weirv1.AddressPool{}
-		if err := strict.Unmarshal(body, p); err != nil {
-			return err
-		}
-		m, err := api.PoolFromProto(p)
-		if err == nil {
-			err = m.Validate()
-		}
+		m, err := decode(body, &weirv1.AddressPool{}, api.PoolFromProto)
 		r.Pools = append(r.Pools, m)
 		return err
 	case "BgpPeer":
-		p := &weirv1.BgpPeer{}
-		if err := strict.Unmarshal(body, p); err != nil {
-			return err
-		}
-		m, err := api.BGPPeerFromProto(p)
-		if err == nil {
-			err = m.Validate()
-		}
+		m, err := decode(body, &weirv1.BgpPeer{}, api.BGPPeerFromProto)
 		r.Peers = append(r.Peers, m)
 		return err
 	}
 	return fmt.Errorf("kind %q: the resources file holds AddressPool and BgpPeer documents", kind)
+}
+
+// decode reads one document's body into msg, then the model, and
+// validates it as the API would.
+func decode[P proto.Message, T interface{ Validate() error }](body []byte, msg P, from func(P) (T, error)) (T, error) {
+	var zero T
+	if err := protojson.Unmarshal(body, msg); err != nil {
+		return zero, err
+	}
+	m, err := from(msg)
+	if err != nil {
+		return zero, err
+	}
+	return m, m.Validate()
 }
 
 // Apply makes the registry's file-owned pools and peers those of r:

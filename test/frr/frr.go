@@ -129,14 +129,19 @@ func (r *Router) Established(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// NextHops lists the kernel route's next hops for prefix (one per ECMP
-// path), from `ip route show`.
-func (r *Router) NextHops(ctx context.Context, prefix string) ([]string, error) {
+// route is `ip route show prefix` in the router's namespace.
+func (r *Router) route(ctx context.Context, prefix string) (string, error) {
 	family := "-4"
 	if strings.Contains(prefix, ":") {
 		family = "-6"
 	}
-	out, err := r.ns.Run(ctx, "ip", family, "route", "show", prefix)
+	return r.ns.Run(ctx, "ip", family, "route", "show", prefix)
+}
+
+// NextHops lists the kernel route's next hops for prefix (one per ECMP
+// path), from `ip route show`.
+func (r *Router) NextHops(ctx context.Context, prefix string) ([]string, error) {
+	out, err := r.route(ctx, prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -155,11 +160,7 @@ func (r *Router) NextHops(ctx context.Context, prefix string) ([]string, error) 
 // Weights maps each next hop of prefix's kernel route to its ECMP weight
 // (1 when the route shows none).
 func (r *Router) Weights(ctx context.Context, prefix string) (map[string]int, error) {
-	family := "-4"
-	if strings.Contains(prefix, ":") {
-		family = "-6"
-	}
-	out, err := r.ns.Run(ctx, "ip", family, "route", "show", prefix)
+	out, err := r.route(ctx, prefix)
 	if err != nil {
 		return nil, err
 	}

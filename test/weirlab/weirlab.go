@@ -68,6 +68,29 @@ func BuildTemp(ctx context.Context) (bin Binaries, remove func(), err error) {
 	return bin, remove, nil
 }
 
+// StartBuilt builds the binaries into a temporary folder and starts a
+// cluster on them that SIGINT tears down; close stops the cluster and
+// removes the binaries. For programs: tests build once in TestMain.
+func StartBuilt(ctx context.Context, cfg lab.Config, options ...func(*Cluster)) (c *Cluster, close func(), err error) {
+	bin, removeBin, err := BuildTemp(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c, err = Start(ctx, cfg, bin, options...); err != nil {
+		removeBin()
+		return nil, nil, err
+	}
+	c.CloseOnInterrupt()
+	return c, func() { c.Close(); removeBin() }, nil
+}
+
+// OnePodSlice is an endpoint slice of one ready pod on the lab's pod port.
+func OnePodSlice(namespace, service string, p *lab.Pod) *weirv1.EndpointSlice {
+	return &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: namespace, Name: service}, ServiceName: service,
+		Endpoints: []*weirv1.Endpoint{{Addresses: []string{p.IPv4.String()}, NodeName: p.Node.Name}},
+		Ports:     []*weirv1.EndpointPort{{Name: "http", Port: PodPort}}}
+}
+
 // ModuleRoot finds the repository root from the working directory.
 func ModuleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()

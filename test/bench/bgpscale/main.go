@@ -84,12 +84,7 @@ func parallel(n int, fn func(i int) error) error {
 
 func run(nVIPs, nProbes, nChurn int) error {
 	ctx := context.Background()
-	bin, removeBin, err := weirlab.BuildTemp(ctx)
-	if err != nil {
-		return err
-	}
-	defer removeBin()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, bin, func(c *weirlab.Cluster) {
+	c, closeCluster, err := weirlab.StartBuilt(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, func(c *weirlab.Cluster) {
 		c.AgentArgs = func(n *lab.Node) []string {
 			return []string{"--bgp-asn", "64512", "--bgp-router-id", n.IPv4.String(), "--bgp-peers", lab.RouterLANv4.String() + "/64500"}
 		}
@@ -97,8 +92,7 @@ func run(nVIPs, nProbes, nChurn int) error {
 	if err != nil {
 		return err
 	}
-	c.CloseOnInterrupt()
-	defer c.Close()
+	defer closeCluster()
 	r, err := frr.StartTemp(ctx, c.Router, frr.Config{ASN: 64500, RouterID: lab.RouterLANv4.String(), PeerASN: 64512, ListenRanges: []string{"192.0.2.0/24"}})
 	if err != nil {
 		return err

@@ -36,12 +36,7 @@ func main() {
 
 func run(flaps int, workQueue bool, minSync time.Duration) error {
 	ctx := context.Background()
-	bin, removeBin, err := weirlab.BuildTemp(ctx)
-	if err != nil {
-		return err
-	}
-	defer removeBin()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, bin, func(c *weirlab.Cluster) {
+	c, closeCluster, err := weirlab.StartBuilt(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, func(c *weirlab.Cluster) {
 		c.ServerArgs = []string{"--min-sync-period", minSync.String()}
 		c.AgentArgs = func(n *lab.Node) []string {
 			return []string{"--bgp-asn", "64512", "--bgp-router-id", n.IPv4.String(), "--bgp-peers", lab.RouterLANv4.String() + "/64500"}
@@ -50,8 +45,7 @@ func run(flaps int, workQueue bool, minSync time.Duration) error {
 	if err != nil {
 		return err
 	}
-	c.CloseOnInterrupt()
-	defer c.Close()
+	defer closeCluster()
 	cfg := frr.Config{ASN: 64500, RouterID: lab.RouterLANv4.String(), PeerASN: 64512, ListenRanges: []string{"192.0.2.0/24"}}
 	r, err := frr.StartTemp(ctx, c.Router, cfg)
 	if err != nil {
@@ -76,11 +70,7 @@ func run(flaps int, workQueue bool, minSync time.Duration) error {
 	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
 		return err
 	}
-	slice := func(p *lab.Pod) *weirv1.EndpointSlice {
-		return &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "vip"}, ServiceName: "vip",
-			Endpoints: []*weirv1.Endpoint{{Addresses: []string{p.IPv4.String()}, NodeName: p.Node.Name}},
-			Ports:     []*weirv1.EndpointPort{{Name: "http", Port: weirlab.PodPort}}}
-	}
+	slice := func(p *lab.Pod) *weirv1.EndpointSlice { return weirlab.OnePodSlice("default", "vip", p) }
 	pods := []*lab.Pod{c.Nodes[0].Pods[0], c.Nodes[1].Pods[0]}
 	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice(pods[0])}); err != nil {
 		return err

@@ -39,19 +39,13 @@ func main() {
 
 func run(flaps int, minSync time.Duration) error {
 	ctx := context.Background()
-	bin, removeBin, err := weirlab.BuildTemp(ctx)
-	if err != nil {
-		return err
-	}
-	defer removeBin()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, bin, func(c *weirlab.Cluster) {
+	c, closeCluster, err := weirlab.StartBuilt(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{1, 1}}, func(c *weirlab.Cluster) {
 		c.ServerArgs = []string{"--min-sync-period", minSync.String()}
 	})
 	if err != nil {
 		return err
 	}
-	c.CloseOnInterrupt()
-	defer c.Close()
+	defer closeCluster()
 
 	svc := &weirv1.Service{
 		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "flap"},
@@ -67,11 +61,7 @@ func run(flaps int, minSync time.Duration) error {
 	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
 		return err
 	}
-	slice := func(p *lab.Pod) *weirv1.EndpointSlice {
-		return &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "flap"}, ServiceName: "flap",
-			Endpoints: []*weirv1.Endpoint{{Addresses: []string{p.IPv4.String()}, NodeName: p.Node.Name}},
-			Ports:     []*weirv1.EndpointPort{{Name: "http", Port: weirlab.PodPort}}}
-	}
+	slice := func(p *lab.Pod) *weirv1.EndpointSlice { return weirlab.OnePodSlice("default", "flap", p) }
 	pods := []*lab.Pod{c.Nodes[0].Pods[0], c.Nodes[1].Pods[0]}
 	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice(pods[0])}); err != nil {
 		return err
