@@ -44,6 +44,13 @@ func createService(t *testing.T, c *weirlab.Cluster, svc *weirv1.Service, endpoi
 			t.Fatal(err)
 		}
 	}
+	if _, other := svc.GetMetadata().GetLabels()["service.kubernetes.io/service-proxy-name"]; other {
+		return // no agent ever has it
+	}
+	// Tests send through particular nodes: each must have the service.
+	if err := c.WaitServiceProgrammed(ctx, svc.GetMetadata().GetNamespace(), svc.GetMetadata().GetName()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func lbService(name string, nodePort int32, clusterIPs, lbIPs []string) *weirv1.Service {
