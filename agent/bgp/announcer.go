@@ -10,6 +10,7 @@ import (
 
 	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/bgpspeaker"
 )
 
 // Announcer decides what the node announces: each load-balancer IP of a
@@ -31,21 +32,6 @@ type Announcer struct {
 	peersFailed bool
 	// changed: announced differs from what was last reported.
 	changed bool
-}
-
-// Announcement is how a prefix is announced.
-type Announcement struct {
-	NextHop netip.Addr
-	// Weight is the node's share of the prefix's traffic (its ready local
-	// endpoints, for externalTrafficPolicy Local); 0 announces no weight.
-	Weight uint32
-	// Communities and LocalPref come from the address's pool.
-	Communities []uint32
-	LocalPref   uint32
-}
-
-func (a Announcement) same(b Announcement) bool {
-	return a.NextHop == b.NextHop && a.Weight == b.Weight && slices.Equal(a.Communities, b.Communities) && a.LocalPref == b.LocalPref
 }
 
 // NewAnnouncer announces through sp.
@@ -101,10 +87,13 @@ func (a *Announcer) Report(full bool) *health.Report {
 	if a.peersFailed {
 		a.setPeers(a.state.Node.BGPPeers)
 	}
-	if !full && !a.changed && slices.Equal(sessions, a.reported.Sessions) {
+	if !full && !a.changed && sameSessions(sessions, a.reported.Sessions) {
 		return nil
 	}
-	now := health.BGPReport{Sessions: sessions, Announcements: a.reported.Announcements}
+	now := health.BGPReport{Announcements: a.reported.Announcements}
+	for _, s := range sessions {
+		now.Sessions = append(now.Sessions, health.BGPSession{PeerAddress: s.PeerAddress, PeerASN: s.PeerASN, State: s.State, Since: s.Since})
+	}
 	if a.changed || full {
 		// Rebuilt only when it changed: a node may announce thousands.
 		now.Announcements = make([]health.BGPAnnouncement, 0, len(a.announced))
@@ -137,7 +126,7 @@ func (a *Announcer) sync(rise bool) {
 		w, ok := want[p]
 		switch {
 		case !ok || w.NextHop != had.NextHop:
-			if err := a.sp.Withdraw(ctx, p, had.NextHop); err != nil {
+			if err := a.sp.Withdraw(ctx, p, had); err != nil {
 				a.log.Error("BGP withdraw failed", "prefix", p, "error", err)
 				continue
 			}
@@ -157,7 +146,7 @@ func (a *Announcer) sync(rise bool) {
 		return
 	}
 	for p, w := range want {
-		if had, ok := a.announced[p]; ok && had.same(w) {
+		if had, ok := a.announced[p]; ok && had.Same(w) {
 			continue
 		}
 		if err := a.sp.Announce(ctx, p, w); err != nil {
@@ -223,4 +212,10 @@ func readyLocal(svc *datapath.Service, is6 bool) uint32 {
 		}
 	}
 	return uint32(len(seen))
+}
+
+func sameSessions(now []bgpspeaker.Session, reported []health.BGPSession) bool {
+	return slices.EqualFunc(now, reported, func(s bgpspeaker.Session, r health.BGPSession) bool {
+		return s.PeerAddress == r.PeerAddress && s.PeerASN == r.PeerASN && s.State == r.State && s.Since.Equal(r.Since)
+	})
 }

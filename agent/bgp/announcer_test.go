@@ -7,8 +7,8 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/bgpspeaker"
 )
 
 // failingSpeaker refuses peer sets until told otherwise and records the
@@ -19,8 +19,8 @@ type failingSpeaker struct {
 }
 
 func (f *failingSpeaker) Announce(context.Context, netip.Prefix, Announcement) error { return nil }
-func (f *failingSpeaker) Withdraw(context.Context, netip.Prefix, netip.Addr) error   { return nil }
-func (f *failingSpeaker) Sessions(context.Context) ([]health.BGPSession, error)      { return nil, nil }
+func (f *failingSpeaker) Withdraw(context.Context, netip.Prefix, Announcement) error { return nil }
+func (f *failingSpeaker) Sessions(context.Context) ([]bgpspeaker.Session, error)     { return nil, nil }
 func (f *failingSpeaker) Close()                                                     {}
 func (f *failingSpeaker) SetPeers(_ context.Context, peers []Peer) error {
 	if f.fail {

@@ -29,6 +29,7 @@ import (
 	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/agent/syncer"
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/bgpspeaker"
 	"github.com/weirlb/weir/internal/tlsconfig"
 )
 
@@ -120,7 +121,7 @@ func run() error {
 
 	observers := syncer.Observers{nodeHealth}
 	if *bgpASN != 0 {
-		cfg := bgp.Config{ASN: uint32(*bgpASN), Log: log.With("component", "bgp")}
+		cfg := bgpspeaker.Config{ASN: uint32(*bgpASN), Log: log.With("component", "bgp")}
 		if cfg.RouterID, err = routerID(*bgpRouterID); err != nil {
 			return err
 		}
@@ -128,13 +129,13 @@ func run() error {
 			if p = strings.TrimSpace(p); p == "" {
 				continue
 			}
-			peer, err := bgp.ParsePeer(p)
+			peer, err := bgpspeaker.ParsePeer(p)
 			if err != nil {
 				return fmt.Errorf("--bgp-peers: %w", err)
 			}
 			cfg.Peers = append(cfg.Peers, peer)
 		}
-		speaker, err := bgp.Start(ctx, cfg)
+		speaker, err := bgpspeaker.Start(ctx, cfg)
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,333 @@
+// Package bgpspeaker is Weir's BGP speaker, GoBGP as a library: it dials
+// the routers (it never listens) and announces host prefixes with a given
+// next hop. The node speakers (agent/bgp) and the load-balancer tier
+// (lbtier) both announce through it.
+package bgpspeaker
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	api "github.com/osrg/gobgp/v3/api"
+	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
+	"github.com/osrg/gobgp/v3/pkg/server"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Peer is an upstream router.
+type Peer struct {
+	Address  netip.Addr
+	Port     uint16 // 0 means 179
+	ASN      uint32
+	MyASN    uint32        // 0 means the speaker's own AS
+	HoldTime time.Duration // 0 means 90 s
+	Password string        // TCP MD5, optional
+}
+
+// ParsePeer reads "ADDRESS[:PORT]/ASN" (IPv6 addresses in brackets when a
+// port is given).
+func ParsePeer(s string) (Peer, error) {
+	i := len(s) - 1
+	for i >= 0 && s[i] != '/' {
+		i--
+	}
+	if i < 0 {
+		return Peer{}, fmt.Errorf("peer %q: want ADDRESS[:PORT]/ASN", s)
+	}
+	asn, err := strconv.ParseUint(s[i+1:], 10, 32)
+	if err != nil || asn == 0 {
+		return Peer{}, fmt.Errorf("peer %q: bad ASN", s)
+	}
+	p := Peer{ASN: uint32(asn)}
+	host := s[:i]
+	if ap, err := netip.ParseAddrPort(host); err == nil {
+		p.Address, p.Port = ap.Addr(), ap.Port()
+	} else if a, err := netip.ParseAddr(host); err == nil {
+		p.Address = a
+	} else {
+		return Peer{}, fmt.Errorf("peer %q: bad address", s)
+	}
+	return p, nil
+}
+
+// Config is a speaker.
+type Config struct {
+	ASN      uint32
+	RouterID netip.Addr
+	Peers    []Peer
+	// GracefulRestart, when above 0, is the restart time the speaker
+	// offers its peers (RFC 4724): a router keeps the speaker's routes
+	// that long while the speaker restarts, and the speaker sends its
+	// whole table before End-of-RIB when it comes back.
+	GracefulRestart time.Duration
+	// AddPath sends every path of a prefix, each with its own path
+	// identifier (RFC 7911), to routers that agree to receive them;
+	// without it a router hears only the best path.
+	AddPath bool
+	Log     *slog.Logger
+}
+
+// Announcement is how a prefix is announced.
+type Announcement struct {
+	NextHop netip.Addr
+	// Weight is the next hop's share of the prefix's traffic (ready
+	// endpoints behind it); it rides along as the link-bandwidth extended
+	// community, which routers turn into weighted ECMP. 0 announces no
+	// weight.
+	Weight uint32
+	// Communities and LocalPref come from the address's pool.
+	Communities []uint32
+	LocalPref   uint32
+	// PathID tells apart several paths of one prefix from this speaker
+	// (ADD-PATH); 0 when there is one.
+	PathID uint32
+}
+
+// Same tells whether a and b announce the same path.
+func (a Announcement) Same(b Announcement) bool {
+	return a.NextHop == b.NextHop && a.Weight == b.Weight && slices.Equal(a.Communities, b.Communities) &&
+		a.LocalPref == b.LocalPref && a.PathID == b.PathID
+}
+
+// Session is the speaker's session with one router.
+type Session struct {
+	PeerAddress netip.Addr
+	PeerASN     uint32
+	State       string // idle, connect, active, opensent, openconfirm, established
+	Since       time.Time
+	// AddPath: the router agreed to receive several paths per prefix.
+	AddPath bool
+}
+
+// BandwidthPerWeight is the link bandwidth (bytes/s) one unit of weight
+// announces: only the ratios between nodes matter to the routers.
+const BandwidthPerWeight = 1e6
+
+// GoBGP is a running speaker.
+type GoBGP struct {
+	s   *server.BgpServer
+	asn uint32
+	cfg Config
+
+	mu      sync.Mutex // guards dynamic
+	dynamic map[netip.Addr]Peer
+}
+
+// Start starts a speaker and adds its peers.
+func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := server.NewBgpServer(server.LoggerOption(&logger{cfg.Log}))
+	go s.Serve()
+	if err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
+		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
+	}}); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("starting BGP: %w", err)
+	}
+	g := &GoBGP{s: s, asn: cfg.ASN, cfg: cfg, dynamic: map[netip.Addr]Peer{}}
+	for _, p := range cfg.Peers {
+		if err := g.addPeer(ctx, p); err != nil {
+			s.Stop()
+			return nil, err
+		}
+	}
+	return g, nil
+}
+
+var families = []*api.Family{
+	{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST},
+	{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST},
+}
+
+func (g *GoBGP) addPeer(ctx context.Context, p Peer) error {
+	hold := uint64(90)
+	if p.HoldTime > 0 {
+		hold = uint64(p.HoldTime / time.Second)
+	}
+	peer := &api.Peer{
+		Conf:   &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, LocalAsn: p.MyASN, AuthPassword: p.Password},
+		Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: max(1, hold/3), ConnectRetry: 1}},
+	}
+	gr := g.cfg.GracefulRestart > 0
+	if gr {
+		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(g.cfg.GracefulRestart / time.Second)}
+	}
+	for _, f := range families {
+		af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: f, Enabled: true}}
+		if gr {
+			af.MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
+		}
+		if g.cfg.AddPath {
+			af.AddPaths = &api.AddPaths{Config: &api.AddPathsConfig{SendMax: 255}}
+		}
+		peer.AfiSafis = append(peer.AfiSafis, af)
+	}
+	if p.Port != 0 {
+		peer.Transport = &api.Transport{RemotePort: uint32(p.Port)}
+	}
+	if err := g.s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
+		return fmt.Errorf("adding peer %s: %w", p.Address, err)
+	}
+	return nil
+}
+
+// SetPeers replaces the peers set by the last call. It goes on past a
+// failing peer and returns the first error.
+func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	want := make(map[netip.Addr]Peer, len(peers))
+	for _, p := range peers {
+		want[p.Address] = p
+	}
+	var first error
+	for addr, had := range g.dynamic {
+		if p, ok := want[addr]; ok && p == had {
+			continue
+		}
+		if err := g.s.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
+			first = cmp.Or(first, fmt.Errorf("removing peer %s: %w", addr, err))
+			continue
+		}
+		delete(g.dynamic, addr)
+	}
+	for addr, p := range want {
+		if _, ok := g.dynamic[addr]; ok {
+			continue
+		}
+		if err := g.addPeer(ctx, p); err != nil {
+			first = cmp.Or(first, err)
+			continue
+		}
+		g.dynamic[addr] = p
+	}
+	return first
+}
+
+func (g *GoBGP) path(prefix netip.Prefix, a Announcement) (*api.Path, error) {
+	nextHop, weight := a.NextHop, a.Weight
+	nlri, err := anypb.New(&api.IPAddressPrefix{Prefix: prefix.Addr().String(), PrefixLen: uint32(prefix.Bits())})
+	if err != nil {
+		return nil, err
+	}
+	origin, _ := anypb.New(&api.OriginAttribute{Origin: 0})
+	fam := &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
+	var hop *anypb.Any
+	if prefix.Addr().Is4() {
+		hop, err = anypb.New(&api.NextHopAttribute{NextHop: nextHop.String()})
+	} else {
+		fam = &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}
+		hop, err = anypb.New(&api.MpReachNLRIAttribute{Family: fam, NextHops: []string{nextHop.String()}, Nlris: []*anypb.Any{nlri}})
+	}
+	if err != nil {
+		return nil, err
+	}
+	attrs := []*anypb.Any{origin, hop}
+	if len(a.Communities) > 0 {
+		c, err := anypb.New(&api.CommunitiesAttribute{Communities: a.Communities})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, c)
+	}
+	if a.LocalPref > 0 {
+		lp, err := anypb.New(&api.LocalPrefAttribute{LocalPref: a.LocalPref})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, lp)
+	}
+	if weight > 0 {
+		lb, err := anypb.New(&api.LinkBandwidthExtended{Asn: g.asn, Bandwidth: float32(weight) * BandwidthPerWeight})
+		if err != nil {
+			return nil, err
+		}
+		ext, err := anypb.New(&api.ExtendedCommunitiesAttribute{Communities: []*anypb.Any{lb}})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, ext)
+	}
+	return &api.Path{Family: fam, Nlri: nlri, Pattrs: attrs, Identifier: a.PathID}, nil
+}
+
+// Announce advertises prefix to every peer, replacing an earlier
+// announcement of it with the same path identifier.
+func (g *GoBGP) Announce(ctx context.Context, prefix netip.Prefix, a Announcement) error {
+	p, err := g.path(prefix, a)
+	if err != nil {
+		return err
+	}
+	_, err = g.s.AddPath(ctx, &api.AddPathRequest{Path: p})
+	return err
+}
+
+// Withdraw takes back the path a announced (its next hop and path
+// identifier tell which).
+func (g *GoBGP) Withdraw(ctx context.Context, prefix netip.Prefix, a Announcement) error {
+	p, err := g.path(prefix, Announcement{NextHop: a.NextHop, PathID: a.PathID})
+	if err != nil {
+		return err
+	}
+	return g.s.DeletePath(ctx, &api.DeletePathRequest{Path: p})
+}
+
+// Sessions lists every peer's session, by address.
+func (g *GoBGP) Sessions(ctx context.Context) ([]Session, error) {
+	var out []Session
+	err := g.s.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+		addr, err := netip.ParseAddr(p.GetState().GetNeighborAddress())
+		if err != nil {
+			return
+		}
+		st := Session{PeerAddress: addr, PeerASN: p.GetState().GetPeerAsn(),
+			State: strings.ToLower(p.GetState().GetSessionState().String())}
+		for _, af := range p.GetAfiSafis() {
+			if af.GetAddPaths().GetState().GetSendMax() > 0 {
+				st.AddPath = st.State == "established"
+			}
+		}
+		if st.State == "established" && p.GetTimers().GetState().GetUptime() != nil {
+			st.Since = p.GetTimers().GetState().GetUptime().AsTime()
+		}
+		out = append(out, st)
+	})
+	slices.SortFunc(out, func(a, b Session) int { return a.PeerAddress.Compare(b.PeerAddress) })
+	return out, err
+}
+
+// Close ends every session: routers drop the speaker's routes at once,
+// or, with graceful restart, keep them for the restart time.
+func (g *GoBGP) Close() {
+	g.s.StopBgp(context.Background(), &api.StopBgpRequest{})
+	g.s.Stop()
+}
+
+// logger sends GoBGP's log to slog.
+type logger struct{ l *slog.Logger }
+
+func (g *logger) attrs(f gobgplog.Fields) []any {
+	out := make([]any, 0, 2*len(f))
+	for k, v := range f {
+		out = append(out, k, v)
+	}
+	return out
+}
+func (g *logger) Panic(msg string, f gobgplog.Fields) { g.l.Error(msg, g.attrs(f)...) }
+func (g *logger) Fatal(msg string, f gobgplog.Fields) { g.l.Error(msg, g.attrs(f)...) }
+func (g *logger) Error(msg string, f gobgplog.Fields) { g.l.Error(msg, g.attrs(f)...) }
+func (g *logger) Warn(msg string, f gobgplog.Fields)  { g.l.Warn(msg, g.attrs(f)...) }
+func (g *logger) Info(msg string, f gobgplog.Fields)  { g.l.Debug(msg, g.attrs(f)...) }
+func (g *logger) Debug(msg string, f gobgplog.Fields) {}
+func (g *logger) SetLevel(gobgplog.LogLevel)          {}
+func (g *logger) GetLevel() gobgplog.LogLevel         { return gobgplog.InfoLevel }
