@@ -143,7 +143,9 @@ func New(cfg Config) (*Server, error) {
 		s.resFile = cfg.ResourcesFile
 		info.Sources = append(info.Sources, model.SourceFile)
 	}
-	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg, info))
+	lbTier := api.NewLoadBalancerTierService(s.Agents, reg)
+	weirv1.RegisterLoadBalancerTierServiceServer(s.grpc, lbTier)
+	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg, info, lbTier))
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	return s, nil

@@ -23,6 +23,9 @@ type StatusService struct {
 	hub  *agentsync.Hub
 	reg  *registry.Registry
 	info ServerInfo
+	// speakers, when set, adds the load-balancer tier's paths to service
+	// statuses.
+	speakers *LoadBalancerTierService
 }
 
 // ServerInfo is what the server says of itself.
@@ -32,9 +35,10 @@ type ServerInfo struct {
 	Sources []string
 }
 
-// NewStatusService serves what hub knows of the nodes.
-func NewStatusService(hub *agentsync.Hub, reg *registry.Registry, info ServerInfo) *StatusService {
-	return &StatusService{hub: hub, reg: reg, info: info}
+// NewStatusService serves what hub knows of the nodes and, when speakers
+// is not nil, what the load-balancer tier does.
+func NewStatusService(hub *agentsync.Hub, reg *registry.Registry, info ServerInfo, speakers *LoadBalancerTierService) *StatusService {
+	return &StatusService{hub: hub, reg: reg, info: info, speakers: speakers}
 }
 
 func (s *StatusService) GetServerInfo(context.Context, *weirv1.GetServerInfoRequest) (*weirv1.GetServerInfoResponse, error) {
@@ -114,35 +118,11 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 	if err != nil {
 		return nil, Status("", err)
 	}
-	local := svc.ExternalTrafficPolicy == model.PolicyLocal
 	report := &weirv1.ServiceReport{Namespace: req.GetNamespace(), Name: req.GetName()}
 	for _, n := range s.statuses() {
 		h, seen := n.Services[key]
-		programmed := n.Connected && n.AppliedVersion >= n.SentVersion && n.LastError == ""
-		var reason string
-		switch {
-		case !n.Connected:
-			reason = "Disconnected"
-		case !programmed:
-			reason = "NotProgrammed"
-		case n.Health.LivezCode != 200:
-			reason = "AgentUnhealthy"
-		case s.reg.Drained(n.Node):
-			reason = "NodeDrained"
-		case !n.Health.NodeEligible:
-			reason = "NodeDeleting"
-		case len(svc.LoadBalancerIPs) > 0 && len(n.BGPSessions) > 0 && !anyEstablished(n.BGPSessions):
-			// The node's speaker runs but no router hears it.
-			reason = "BGPSessionsDown"
-		case local && h.HealthCheckError != "":
-			reason = "HealthCheckPortError"
-		case local && h.HealthCheckCode != 200:
-			reason = "NoLocalEndpoints"
-		}
-		if !seen && reason == "" && local {
-			reason = "NoLocalEndpoints"
-		}
-		st := &weirv1.ServiceNodeStatus{Node: n.Node, Programmed: programmed, ReceivesExternalTraffic: reason == "", Reason: reason,
+		reason := receiveReason(s.reg, svc, key, n)
+		st := &weirv1.ServiceNodeStatus{Node: n.Node, Programmed: programmed(n), ReceivesExternalTraffic: reason == "", Reason: reason,
 			Announcements: announcementsOf(n.BGPAnnouncements, svc.LoadBalancerIPs)}
 		if seen {
 			st.Health = &weirv1.ServiceHealth{
@@ -156,7 +136,42 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 		}
 		report.Nodes = append(report.Nodes, st)
 	}
+	if s.speakers != nil {
+		report.Speakers = s.speakers.pathsOf(key)
+	}
 	return &weirv1.GetServiceStatusResponse{Status: report}, nil
+}
+
+// programmed: the node's agent applied the newest state it was sent.
+func programmed(n agentsync.NodeStatus) bool {
+	return n.Connected && n.AppliedVersion >= n.SentVersion && n.LastError == ""
+}
+
+// receiveReason tells why node n should not receive the service's
+// external traffic now; "" when it should.
+func receiveReason(reg *registry.Registry, svc *model.Service, key string, n agentsync.NodeStatus) string {
+	local := svc.ExternalTrafficPolicy == model.PolicyLocal
+	h, seen := n.Services[key]
+	switch {
+	case !n.Connected:
+		return "Disconnected"
+	case !programmed(n):
+		return "NotProgrammed"
+	case n.Health.LivezCode != 200:
+		return "AgentUnhealthy"
+	case reg.Drained(n.Node):
+		return "NodeDrained"
+	case !n.Health.NodeEligible:
+		return "NodeDeleting"
+	case len(svc.LoadBalancerIPs) > 0 && len(n.BGPSessions) > 0 && !anyEstablished(n.BGPSessions):
+		// The node's speaker runs but no router hears it.
+		return "BGPSessionsDown"
+	case local && h.HealthCheckError != "":
+		return "HealthCheckPortError"
+	case local && (!seen || h.HealthCheckCode != 200):
+		return "NoLocalEndpoints"
+	}
+	return ""
 }
 
 // announcementsOf picks the announcements of a service's addresses.

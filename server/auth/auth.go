@@ -46,8 +46,10 @@ func rolesFor(method string) []string {
 		return []string{certs.RoleAdmin, certs.RoleViewer}
 	case "weir.v1.AgentService":
 		return []string{certs.RoleAgent}
+	case "weir.v1.LoadBalancerTierService":
+		return []string{certs.RoleSpeaker}
 	case "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection":
-		return []string{certs.RoleAdmin, certs.RoleViewer, certs.RoleAgent}
+		return []string{certs.RoleAdmin, certs.RoleViewer, certs.RoleAgent, certs.RoleSpeaker}
 	}
 	return nil
 }
@@ -114,6 +116,16 @@ func AuthorizeNode(ctx context.Context, node string) error {
 	}
 	if id.Name != node && id.Name != certs.FleetAgentName {
 		return status.Error(codes.PermissionDenied, fmt.Sprintf("hello.node_name: agent %q may not stream the state of node %q", id.Name, node))
+	}
+	return nil
+}
+
+// AuthorizeSpeaker checks that the caller may speak for the named
+// load-balancer speaker.
+func AuthorizeSpeaker(ctx context.Context, field, speaker string) error {
+	id, ok := FromContext(ctx)
+	if ok && id.Name != speaker {
+		return status.Error(codes.PermissionDenied, fmt.Sprintf("%s: speaker %q may not act as %q", field, id.Name, speaker))
 	}
 	return nil
 }

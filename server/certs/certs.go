@@ -24,6 +24,9 @@ const (
 	RoleAdmin  = "admin"  // reads and writes the registry
 	RoleViewer = "viewer" // reads the registry and the status
 	RoleAgent  = "agent"  // streams the state of the node its CommonName names
+	// RoleSpeaker is a load-balancer-tier speaker: it watches the targets
+	// and reports as the speaker its CommonName names.
+	RoleSpeaker = "speaker"
 )
 
 // FleetAgentName is the CommonName of an agent certificate shared by every
@@ -91,9 +94,9 @@ func IssueServer(dir string, hosts []string) error {
 // IssueClient writes <name>.crt and <name>.key for a client with a role.
 func IssueClient(dir, name, role string) error {
 	switch role {
-	case RoleAdmin, RoleViewer, RoleAgent:
+	case RoleAdmin, RoleViewer, RoleAgent, RoleSpeaker:
 	default:
-		return fmt.Errorf("unknown role %q (admin, viewer or agent)", role)
+		return fmt.Errorf("unknown role %q (admin, viewer, agent or speaker)", role)
 	}
 	if name == "" {
 		return errors.New("a name is required")

@@ -522,8 +522,11 @@ type ServiceReport struct {
 	Nodes     []*ServiceNodeStatus   `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// The nodes a load balancer should send external traffic to now.
 	ReceivingNodes []string `protobuf:"bytes,4,rep,name=receiving_nodes,json=receivingNodes,proto3" json:"receiving_nodes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What each load-balancer-tier speaker does with the service's
+	// addresses, as last reported.
+	Speakers      []*SpeakerServicePaths `protobuf:"bytes,5,rep,name=speakers,proto3" json:"speakers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServiceReport) Reset() {
@@ -584,6 +587,66 @@ func (x *ServiceReport) GetReceivingNodes() []string {
 	return nil
 }
 
+func (x *ServiceReport) GetSpeakers() []*SpeakerServicePaths {
+	if x != nil {
+		return x.Speakers
+	}
+	return nil
+}
+
+// SpeakerServicePaths is one speaker's paths for one service.
+type SpeakerServicePaths struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Speaker       string                 `protobuf:"bytes,1,opt,name=speaker,proto3" json:"speaker,omitempty"`
+	Paths         []*SpeakerPath         `protobuf:"bytes,2,rep,name=paths,proto3" json:"paths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpeakerServicePaths) Reset() {
+	*x = SpeakerServicePaths{}
+	mi := &file_weir_v1_status_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpeakerServicePaths) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpeakerServicePaths) ProtoMessage() {}
+
+func (x *SpeakerServicePaths) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpeakerServicePaths.ProtoReflect.Descriptor instead.
+func (*SpeakerServicePaths) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SpeakerServicePaths) GetSpeaker() string {
+	if x != nil {
+		return x.Speaker
+	}
+	return ""
+}
+
+func (x *SpeakerServicePaths) GetPaths() []*SpeakerPath {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
 type ServiceNodeStatus struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Node   string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -606,7 +669,7 @@ type ServiceNodeStatus struct {
 
 func (x *ServiceNodeStatus) Reset() {
 	*x = ServiceNodeStatus{}
-	mi := &file_weir_v1_status_proto_msgTypes[10]
+	mi := &file_weir_v1_status_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -618,7 +681,7 @@ func (x *ServiceNodeStatus) String() string {
 func (*ServiceNodeStatus) ProtoMessage() {}
 
 func (x *ServiceNodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[10]
+	mi := &file_weir_v1_status_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -631,7 +694,7 @@ func (x *ServiceNodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceNodeStatus.ProtoReflect.Descriptor instead.
 func (*ServiceNodeStatus) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ServiceNodeStatus) GetNode() string {
@@ -680,7 +743,7 @@ var File_weir_v1_status_proto protoreflect.FileDescriptor
 
 const file_weir_v1_status_proto_rawDesc = "" +
 	"\n" +
-	"\x14weir/v1/status.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x13weir/v1/agent.proto\"\x16\n" +
+	"\x14weir/v1/status.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x13weir/v1/agent.proto\x1a\x14weir/v1/lbtier.proto\"\x16\n" +
 	"\x14GetServerInfoRequest\"\xd1\x01\n" +
 	"\x15GetServerInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12#\n" +
@@ -712,12 +775,16 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"J\n" +
 	"\x18GetServiceStatusResponse\x12.\n" +
-	"\x06status\x18\x01 \x01(\v2\x16.weir.v1.ServiceReportR\x06status\"\x9c\x01\n" +
+	"\x06status\x18\x01 \x01(\v2\x16.weir.v1.ServiceReportR\x06status\"\xd6\x01\n" +
 	"\rServiceReport\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x120\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x1a.weir.v1.ServiceNodeStatusR\x05nodes\x12'\n" +
-	"\x0freceiving_nodes\x18\x04 \x03(\tR\x0ereceivingNodes\"\x8b\x02\n" +
+	"\x0freceiving_nodes\x18\x04 \x03(\tR\x0ereceivingNodes\x128\n" +
+	"\bspeakers\x18\x05 \x03(\v2\x1c.weir.v1.SpeakerServicePathsR\bspeakers\"[\n" +
+	"\x13SpeakerServicePaths\x12\x18\n" +
+	"\aspeaker\x18\x01 \x01(\tR\aspeaker\x12*\n" +
+	"\x05paths\x18\x02 \x03(\v2\x14.weir.v1.SpeakerPathR\x05paths\"\x8b\x02\n" +
 	"\x11ServiceNodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12.\n" +
 	"\x06health\x18\x02 \x01(\v2\x16.weir.v1.ServiceHealthR\x06health\x12\x1e\n" +
@@ -745,7 +812,7 @@ func file_weir_v1_status_proto_rawDescGZIP() []byte {
 	return file_weir_v1_status_proto_rawDescData
 }
 
-var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_weir_v1_status_proto_goTypes = []any{
 	(*GetServerInfoRequest)(nil),      // 0: weir.v1.GetServerInfoRequest
 	(*GetServerInfoResponse)(nil),     // 1: weir.v1.GetServerInfoResponse
@@ -757,39 +824,43 @@ var file_weir_v1_status_proto_goTypes = []any{
 	(*GetServiceStatusRequest)(nil),   // 7: weir.v1.GetServiceStatusRequest
 	(*GetServiceStatusResponse)(nil),  // 8: weir.v1.GetServiceStatusResponse
 	(*ServiceReport)(nil),             // 9: weir.v1.ServiceReport
-	(*ServiceNodeStatus)(nil),         // 10: weir.v1.ServiceNodeStatus
-	(*timestamppb.Timestamp)(nil),     // 11: google.protobuf.Timestamp
-	(*NodeHealth)(nil),                // 12: weir.v1.NodeHealth
-	(*durationpb.Duration)(nil),       // 13: google.protobuf.Duration
-	(*BgpSession)(nil),                // 14: weir.v1.BgpSession
-	(*ServiceHealth)(nil),             // 15: weir.v1.ServiceHealth
-	(*BgpAnnouncement)(nil),           // 16: weir.v1.BgpAnnouncement
+	(*SpeakerServicePaths)(nil),       // 10: weir.v1.SpeakerServicePaths
+	(*ServiceNodeStatus)(nil),         // 11: weir.v1.ServiceNodeStatus
+	(*timestamppb.Timestamp)(nil),     // 12: google.protobuf.Timestamp
+	(*NodeHealth)(nil),                // 13: weir.v1.NodeHealth
+	(*durationpb.Duration)(nil),       // 14: google.protobuf.Duration
+	(*BgpSession)(nil),                // 15: weir.v1.BgpSession
+	(*SpeakerPath)(nil),               // 16: weir.v1.SpeakerPath
+	(*ServiceHealth)(nil),             // 17: weir.v1.ServiceHealth
+	(*BgpAnnouncement)(nil),           // 18: weir.v1.BgpAnnouncement
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
-	11, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
+	12, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
 	6,  // 1: weir.v1.WatchNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
 	6,  // 2: weir.v1.ListNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
-	11, // 3: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	12, // 4: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
-	13, // 5: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
-	14, // 6: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
+	12, // 3: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	13, // 4: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
+	14, // 5: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
+	15, // 6: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
 	9,  // 7: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	10, // 8: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	15, // 9: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	16, // 10: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	4,  // 11: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 12: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	7,  // 13: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 14: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	5,  // 15: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 16: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	8,  // 17: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 18: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	15, // [15:19] is the sub-list for method output_type
-	11, // [11:15] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	11, // 8: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	10, // 9: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
+	16, // 10: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
+	17, // 11: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	18, // 12: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	4,  // 13: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 14: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	7,  // 15: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 16: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	5,  // 17: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 18: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	8,  // 19: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 20: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	17, // [17:21] is the sub-list for method output_type
+	13, // [13:17] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
@@ -798,13 +869,14 @@ func file_weir_v1_status_proto_init() {
 		return
 	}
 	file_weir_v1_agent_proto_init()
+	file_weir_v1_lbtier_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_status_proto_rawDesc), len(file_weir_v1_status_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -120,7 +120,7 @@ func certsCommand(args []string) error {
 	dir := fs.String("dir", "/etc/weir/tls", "folder of the CA and the certificates")
 	hosts := fs.String("hosts", "", "comma-separated names and addresses the server answers on (init)")
 	name := fs.String("name", "", "the client's identity: a node name for an agent (issue)")
-	role := fs.String("role", "", "admin, viewer or agent (issue)")
+	role := fs.String("role", "", "admin, viewer, agent or speaker (issue)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}

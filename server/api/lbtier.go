@@ -1,0 +1,180 @@
+package api
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/agentsync"
+	"github.com/weirlb/weir/server/auth"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+)
+
+// NodeHealthPort is where load balancers probe a node for services of
+// externalTrafficPolicy Cluster: kube-proxy's /healthz port.
+const NodeHealthPort = 10256
+
+// TargetsCoalesce is how long a targets watcher waits after a change for
+// more before it sends: one agent's ACK and report become one message.
+const TargetsCoalesce = 10 * time.Millisecond
+
+// LoadBalancerTierService implements weir.v1.LoadBalancerTierService: it
+// tells the load-balancer speakers which nodes should receive each
+// load-balancer IP (the same decision GetServiceStatus explains) and keeps
+// what they report.
+type LoadBalancerTierService struct {
+	weirv1.UnimplementedLoadBalancerTierServiceServer
+	hub *agentsync.Hub
+	reg *registry.Registry
+
+	mu      sync.Mutex
+	reports map[string]*weirv1.SpeakerStatus // by speaker
+}
+
+// NewLoadBalancerTierService serves targets from what hub and reg know.
+func NewLoadBalancerTierService(hub *agentsync.Hub, reg *registry.Registry) *LoadBalancerTierService {
+	return &LoadBalancerTierService{hub: hub, reg: reg, reports: map[string]*weirv1.SpeakerStatus{}}
+}
+
+func (l *LoadBalancerTierService) WatchTargets(req *weirv1.WatchTargetsRequest, stream weirv1.LoadBalancerTierService_WatchTargetsServer) error {
+	name := req.GetSpeaker()
+	if name == "" {
+		return invalidField("speaker", "a speaker name is required")
+	}
+	if err := auth.AuthorizeSpeaker(stream.Context(), "speaker", name); err != nil {
+		return err
+	}
+	// The speaker's report lives as long as its watch.
+	defer func() {
+		l.mu.Lock()
+		delete(l.reports, name)
+		l.mu.Unlock()
+	}()
+	var last *weirv1.WatchTargetsResponse
+	for {
+		changed := l.hub.StatusChanged()
+		now := &weirv1.WatchTargetsResponse{Vips: l.targets()}
+		if last == nil || !proto.Equal(now, last) {
+			if err := stream.Send(now); err != nil {
+				return err
+			}
+			last = now
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-changed:
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-time.After(TargetsCoalesce):
+		}
+	}
+}
+
+func (l *LoadBalancerTierService) ReportSpeaker(ctx context.Context, req *weirv1.ReportSpeakerRequest) (*weirv1.ReportSpeakerResponse, error) {
+	st := req.GetStatus()
+	if st.GetName() == "" {
+		return nil, invalidField("status.name", "a speaker name is required")
+	}
+	if err := auth.AuthorizeSpeaker(ctx, "status.name", st.GetName()); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	l.reports[st.GetName()] = st
+	l.mu.Unlock()
+	return &weirv1.ReportSpeakerResponse{}, nil
+}
+
+// pathsOf is every speaker's paths of one service ("namespace/name").
+func (l *LoadBalancerTierService) pathsOf(key string) []*weirv1.SpeakerServicePaths {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*weirv1.SpeakerServicePaths
+	for name, st := range l.reports {
+		sp := &weirv1.SpeakerServicePaths{Speaker: name}
+		for _, p := range st.GetPaths() {
+			if p.GetService() == key {
+				sp.Paths = append(sp.Paths, p)
+			}
+		}
+		out = append(out, sp)
+	}
+	slices.SortFunc(out, func(a, b *weirv1.SpeakerServicePaths) int { return strings.Compare(a.Speaker, b.Speaker) })
+	return out
+}
+
+// targets is every load-balancer IP with the nodes that should receive
+// its traffic now, sorted by address.
+func (l *LoadBalancerTierService) targets() []*weirv1.VipTargets {
+	statuses := l.hub.Status()
+	slices.SortFunc(statuses, func(a, b agentsync.NodeStatus) int { return strings.Compare(a.Node, b.Node) })
+	addrs := map[string][]netip.Addr{}
+	nodes, _ := l.reg.Nodes.List("", nil)
+	for _, n := range nodes {
+		addrs[n.Name] = n.Addresses
+	}
+	pools, _ := l.reg.Pools.List("", nil)
+	services, _ := l.reg.Services.List("", nil)
+	var out []*weirv1.VipTargets
+	for _, svc := range services {
+		if len(svc.LoadBalancerIPs) == 0 {
+			continue
+		}
+		key := svc.Namespace + "/" + svc.Name
+		for _, vip := range svc.LoadBalancerIPs {
+			vt := &weirv1.VipTargets{Address: vip.String(), Service: key}
+			if pool := poolOf(pools, vip); pool != nil {
+				vt.Communities, vt.LocalPreference = pool.BGP.Communities, pool.BGP.LocalPref
+			}
+			for _, n := range statuses {
+				hop, ok := addressOfFamily(addrs[n.Node], vip.Is6())
+				if !ok || receiveReason(l.reg, svc, key, n) != "" {
+					continue
+				}
+				t := &weirv1.Target{Node: n.Node, Address: hop.String(), HealthCheckPort: NodeHealthPort, HealthCheckPath: "/healthz"}
+				if svc.ExternalTrafficPolicy == model.PolicyLocal {
+					t.Weight = uint32(n.Services[key].LocalReady)
+					t.HealthCheckPort, t.HealthCheckPath = svc.HealthCheckNodePort, "/"
+				}
+				vt.Targets = append(vt.Targets, t)
+			}
+			out = append(out, vt)
+		}
+	}
+	slices.SortFunc(out, func(a, b *weirv1.VipTargets) int { return strings.Compare(a.Address, b.Address) })
+	return out
+}
+
+func poolOf(pools []*model.AddressPool, a netip.Addr) *model.AddressPool {
+	for _, p := range pools {
+		if slices.ContainsFunc(p.Ranges, func(r model.AddressRange) bool { return r.Contains(a) }) {
+			return p
+		}
+	}
+	return nil
+}
+
+// addressOfFamily is the node's first routable address of one family.
+func addressOfFamily(addrs []netip.Addr, is6 bool) (netip.Addr, bool) {
+	for _, a := range addrs {
+		if a.Is6() == is6 && !a.IsLoopback() && !a.IsLinkLocalUnicast() {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// invalidField is InvalidArgument naming the field, like every other
+// rejected request.
+func invalidField(field, reason string) error {
+	return Status("", &model.FieldError{Field: field, Reason: reason})
+}

@@ -1,0 +1,151 @@
+package server_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// The load-balancer tier gets, per load-balancer IP, the nodes that should
+// receive it (Local: those with ready local endpoints, weighted by them),
+// and what a speaker reports shows in the service's status.
+func TestLoadBalancerTargetsFollowTheAgentsReports(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := ts.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.0/28"},
+		BgpAdvertisement: &weirv1.BgpAdvertisement{Communities: []string{"64512:100"}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	svc := validService()
+	svc.Spec.Type, svc.Spec.ExternalTrafficPolicy, svc.Spec.HealthCheckNodePort = weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER, weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL, 32000
+	svc.Spec.LoadBalancerIps = []string{"203.0.113.5"}
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+		t.Fatal(err)
+	}
+	// Each agent applies whatever it is sent (the IPAM's write of the
+	// address is a second version).
+	agents := map[string]*agentStream{}
+	var sendMu sync.Mutex
+	for i, name := range []string{"node1", "node2"} {
+		if _, err := ts.Registry.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{
+			Metadata: &weirv1.ObjectMeta{Name: name}, Addresses: []string{[]string{"192.0.2.11", "192.0.2.12"}[i]},
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		a := connectAgent(t, ctx, ts, name, 0)
+		agents[name] = a
+		go func() {
+			for {
+				msg, err := a.stream.Recv()
+				if err != nil {
+					return
+				}
+				sendMu.Lock()
+				a.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
+				sendMu.Unlock()
+			}
+		}()
+	}
+	report := func(node string, ready int32) {
+		code := int32(503)
+		if ready > 0 {
+			code = 200
+		}
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		if err := agents[node].stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: &weirv1.Report{
+			Full:       true,
+			NodeHealth: &weirv1.NodeHealth{HealthzCode: 200, LivezCode: 200, NodeEligible: true},
+			Services: []*weirv1.ServiceHealth{{Namespace: "default", Name: "web", LocalReady: ready,
+				HealthCheckNodePort: 32000, HealthCheckCode: code}},
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report("node1", 3)
+	report("node2", 0)
+
+	lb := weirv1.NewLoadBalancerTierServiceClient(ts.Conn)
+	bad, _ := lb.WatchTargets(ctx, &weirv1.WatchTargetsRequest{})
+	if _, err := bad.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a watch without a speaker name: %v, want InvalidArgument", err)
+	}
+	watch, err := lb.WatchTargets(ctx, &weirv1.WatchTargetsRequest{Speaker: "lb1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// wait reads until the VIP's targets are want (node -> weight).
+	wait := func(want map[string]uint32) *weirv1.VipTargets {
+		t.Helper()
+		for {
+			resp, err := watch.Recv()
+			if err != nil {
+				t.Fatalf("waiting for targets %v: %v", want, err)
+			}
+			if len(resp.GetVips()) != 1 {
+				continue
+			}
+			vip := resp.GetVips()[0]
+			got := map[string]uint32{}
+			for _, tg := range vip.GetTargets() {
+				got[tg.GetNode()] = tg.GetWeight()
+			}
+			if len(got) == len(want) {
+				same := true
+				for n, w := range want {
+					if got[n] != w {
+						same = false
+					}
+				}
+				if same {
+					return vip
+				}
+			}
+		}
+	}
+	vip := wait(map[string]uint32{"node1": 3})
+	if vip.GetAddress() != "203.0.113.5" || vip.GetService() != "default/web" || len(vip.GetCommunities()) != 1 || vip.GetCommunities()[0] != 64512<<16|100 {
+		t.Errorf("VIP %v: want 203.0.113.5 of default/web with community 64512:100", vip)
+	}
+	if tg := vip.GetTargets()[0]; tg.GetAddress() != "192.0.2.11" || tg.GetHealthCheckPort() != 32000 || tg.GetHealthCheckPath() != "/" {
+		t.Errorf("target %v: want next hop 192.0.2.11, probed on 32000 /", tg)
+	}
+
+	// node1's last endpoint goes and node2 gets one: the targets follow.
+	if _, err := ts.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: &weirv1.EndpointSlice{
+		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web-1"}, ServiceName: "web",
+		Endpoints: []*weirv1.Endpoint{{Addresses: []string{"10.244.2.11"}, NodeName: "node2"}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	report("node1", 0)
+	report("node2", 1)
+	wait(map[string]uint32{"node2": 1})
+
+	// A speaker's report shows in the service's status, only while it
+	// watches.
+	path := &weirv1.SpeakerPath{Prefix: "203.0.113.5/32", Service: "default/web", Node: "node2", NextHop: "192.0.2.12", Announced: false, Reason: "ProbeFailing"}
+	if _, err := lb.ReportSpeaker(ctx, &weirv1.ReportSpeakerRequest{Status: &weirv1.SpeakerStatus{}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a report without a name: %v, want InvalidArgument", err)
+	}
+	if _, err := lb.ReportSpeaker(ctx, &weirv1.ReportSpeakerRequest{Status: &weirv1.SpeakerStatus{Name: "lb1", Paths: []*weirv1.SpeakerPath{path}}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := weirv1.NewStatusServiceClient(ts.Conn).GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: "default", Name: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := st.GetStatus().GetSpeakers()
+	if len(sp) != 1 || sp[0].GetSpeaker() != "lb1" || len(sp[0].GetPaths()) != 1 || sp[0].GetPaths()[0].GetReason() != "ProbeFailing" {
+		t.Errorf("service status speakers: %v, want lb1's path with reason ProbeFailing", sp)
+	}
+}
