@@ -9,7 +9,7 @@ STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PREFIX   ?= /usr/local
 SYSTEMD  ?= /etc/systemd/system
 
-.PHONY: all build test unit lint generate check-generated demo deps clean install
+.PHONY: all build test unit lint generate check-generated demo deps clean install images
 
 all: build
 
@@ -44,6 +44,11 @@ check-generated: generate
 
 demo: deps
 	$(GO) run ./test/cmd/demo
+
+# Container images for deploy/kubernetes, without pulling any base image:
+# see deploy/container/README.md.
+images:
+	deploy/container/build-images.sh
 
 # Bare-metal install: binaries, hardened units, example configuration (kept
 # when one is already there).

@@ -12,6 +12,8 @@ command -v git >/dev/null || need+=(git)
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
 # FRR: the real BGP router of the LB-tier lab tests.
 [ -x /usr/lib/frr/bgpd ] || need+=(frr)
+# The CA bundle deploy/container/build-images.sh copies into the images.
+[ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
