@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -56,6 +57,43 @@ func ParsePeer(s string) (Peer, error) {
 		return Peer{}, fmt.Errorf("peer %q: bad address", s)
 	}
 	return p, nil
+}
+
+// ParsePeers reads a comma-separated list of ParsePeer's form.
+func ParsePeers(list string) ([]Peer, error) {
+	var out []Peer
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := ParsePeer(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// RouterID is id, or the host's first IPv4 address that is not loopback.
+func RouterID(id string) (netip.Addr, error) {
+	if id != "" {
+		a, err := netip.ParseAddr(id)
+		if err != nil || !a.Is4() {
+			return netip.Addr{}, fmt.Errorf("%q is not an IPv4 address", id)
+		}
+		return a, nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && !p.Addr().IsLoopback() {
+			return p.Addr(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("no IPv4 address on this host; set one")
 }
 
 // Config is a speaker.
@@ -292,11 +330,7 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]Session, error) {
 		}
 		st := Session{PeerAddress: addr, PeerASN: p.GetState().GetPeerAsn(),
 			State: strings.ToLower(p.GetState().GetSessionState().String())}
-		for _, af := range p.GetAfiSafis() {
-			if af.GetAddPaths().GetState().GetSendMax() > 0 {
-				st.AddPath = st.State == "established"
-			}
-		}
+		st.AddPath = g.cfg.AddPath && st.State == "established" && receivesAddPath(p.GetState().GetRemoteCap())
 		if st.State == "established" && p.GetTimers().GetState().GetUptime() != nil {
 			st.Since = p.GetTimers().GetState().GetUptime().AsTime()
 		}
@@ -304,6 +338,23 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]Session, error) {
 	})
 	slices.SortFunc(out, func(a, b Session) int { return a.PeerAddress.Compare(b.PeerAddress) })
 	return out, err
+}
+
+// receivesAddPath: the router's capabilities say it receives several
+// paths per prefix for some family.
+func receivesAddPath(caps []*anypb.Any) bool {
+	for _, c := range caps {
+		var ap api.AddPathCapability
+		if c.UnmarshalTo(&ap) != nil {
+			continue
+		}
+		for _, t := range ap.GetTuples() {
+			if m := t.GetMode(); m == api.AddPathCapabilityTuple_RECEIVE || m == api.AddPathCapabilityTuple_BOTH {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Close ends every session: routers drop the speaker's routes at once,

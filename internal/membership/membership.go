@@ -9,10 +9,13 @@ package membership
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"flag"
 	"fmt"
 	"log"
 	"log/slog"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -89,22 +92,35 @@ func Start(cfg Config) (*Member, error) {
 	return m, nil
 }
 
-// keepJoined contacts the seeds while this member is alone: at start, and
-// after a partition left it by itself.
+// keepJoined contacts, every second, the seeds that are not alive members:
+// at start, after a partition, and when a seed restarted (it came back
+// alone and must be told of the others).
 func (m *Member) keepJoined() {
 	defer m.done.Done()
 	if len(m.join) == 0 {
 		return
 	}
-	wasAlone := true
+	warned := false
 	for {
-		if m.ml.NumMembers() <= 1 {
-			if _, err := m.ml.Join(m.join); err != nil && !wasAlone {
-				m.log.Warn("membership: alone, no seed answers", "seeds", m.join, "error", err)
+		alive := map[string]bool{}
+		for _, n := range m.ml.Members() {
+			if a, ok := netip.AddrFromSlice(n.Addr); ok {
+				alive[netip.AddrPortFrom(a.Unmap(), n.Port).String()] = true
 			}
-			wasAlone = true
+		}
+		var missing []string
+		for _, s := range m.join {
+			if ap, err := netip.ParseAddrPort(s); err != nil || !alive[ap.String()] {
+				missing = append(missing, s)
+			}
+		}
+		if len(missing) > 0 {
+			if _, err := m.ml.Join(missing); err != nil && !warned && m.ml.NumMembers() <= 1 {
+				m.log.Warn("membership: alone, no seed answers", "seeds", missing, "error", err)
+				warned = true
+			}
 		} else {
-			wasAlone = false
+			warned = false
 		}
 		select {
 		case <-m.stop:
@@ -159,4 +175,48 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	}
 	w.l.Log(context.Background(), level, line)
 	return len(p), nil
+}
+
+// Flags are a component's membership settings, as given on its command
+// line.
+type Flags struct {
+	Bind    string // ADDRESS:PORT; empty: no membership
+	Join    string // comma-separated ADDRESS:PORT
+	KeyFile string // base64 AES key
+}
+
+// Start joins as name when f.Bind is set; nil without membership.
+func (f Flags) Start(name string, onChange func(string, bool), log *slog.Logger) (*Member, error) {
+	if f.Bind == "" {
+		return nil, nil
+	}
+	bind, err := netip.ParseAddrPort(f.Bind)
+	if err != nil {
+		return nil, fmt.Errorf("--memberlist-bind-address: %q is not ADDRESS:PORT", f.Bind)
+	}
+	cfg := Config{Name: name, Bind: bind, OnChange: onChange, Log: log}
+	for _, s := range strings.Split(f.Join, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.Join = append(cfg.Join, s)
+		}
+	}
+	if f.KeyFile != "" {
+		raw, err := os.ReadFile(f.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--memberlist-key-file: %w", err)
+		}
+		key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(raw)))
+		if err != nil || (len(key) != 16 && len(key) != 24 && len(key) != 32) {
+			return nil, fmt.Errorf("--memberlist-key-file: want a base64 key of 16, 24 or 32 bytes (openssl rand -base64 32)")
+		}
+		cfg.SecretKey = key
+	}
+	return Start(cfg)
+}
+
+// AddFlags defines the membership flags on fs.
+func (f *Flags) AddFlags(fs *flag.FlagSet, joinHelp string) {
+	fs.StringVar(&f.Bind, "memberlist-bind-address", "", "ADDRESS:PORT (TCP and UDP) of this member of the failure-detection membership; empty: no membership")
+	fs.StringVar(&f.Join, "memberlist-join", "", joinHelp)
+	fs.StringVar(&f.KeyFile, "memberlist-key-file", "", "file with the membership's shared key, base64 (16, 24 or 32 bytes), to encrypt and authenticate the gossip")
 }

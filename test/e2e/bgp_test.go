@@ -88,7 +88,13 @@ func waitNextHops(t *testing.T, r *frr.Router, prefix string, want ...string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	summary, _ := r.Vtysh(context.Background(), "show bgp summary")
-	t.Fatalf("router route for %s goes via %v; want %v\n%s", prefix, got, want, summary)
+	family := "ipv4"
+	if strings.Contains(prefix, ":") {
+		family = "ipv6"
+	}
+	paths, _ := r.Vtysh(context.Background(), "show bgp "+family+" unicast "+prefix)
+	gr, _ := r.Vtysh(context.Background(), "show bgp neighbors graceful-restart")
+	t.Fatalf("router route for %s goes via %v; want %v\n%s\n%s\n%s", prefix, got, want, summary, paths, gr)
 }
 
 // TestNodeSpeakersAnnounceWhereEndpointsAre: with externalTrafficPolicy

@@ -301,35 +301,15 @@ func TestForwardingSurvivesServerAndAgentRestarts(t *testing.T) {
 	})
 
 	// Restart node1's agent while a client keeps connecting.
-	var failures, total atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if _, err := weirlab.Get(ctx, c.Client, dst); err != nil {
-				failures.Add(1)
-			}
-			total.Add(1)
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
+	done := keepConnecting(c.Client, dst)
 	time.Sleep(200 * time.Millisecond)
 	if err := c.RestartAgent(0); err != nil {
 		t.Fatal(err)
 	}
 	// Give the new agent time to connect and apply its full state.
 	time.Sleep(2 * time.Second)
-	close(stop)
-	wg.Wait()
-	if failures.Load() != 0 || total.Load() < 20 {
-		t.Errorf("%d of %d connections failed across the agent restart; want 0 of at least 20", failures.Load(), total.Load())
+	if failures, total := done(); failures != 0 || total < 20 {
+		t.Errorf("%d of %d connections failed across the agent restart; want 0 of at least 20", failures, total)
 	}
 	// The new agent took over the table: a later change reaches the kernel.
 	v4all := endpointSlices("web", c.Pods())[0]
@@ -358,5 +338,34 @@ func TestInvalidServiceIsRejectedAndNotStored(t *testing.T) {
 	}
 	if _, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "bad"}); status.Code(err) != codes.NotFound {
 		t.Errorf("rejected service was stored: %v", err)
+	}
+}
+
+// keepConnecting connects from ns to dst every 10 ms until done is called,
+// which tells how many of how many connections failed.
+func keepConnecting(ns *lab.Netns, dst netip.AddrPort) (done func() (failures, total int64)) {
+	var fails, all atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := weirlab.Get(context.Background(), ns, dst); err != nil {
+				fails.Add(1)
+			}
+			all.Add(1)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return func() (int64, int64) {
+		close(stop)
+		wg.Wait()
+		return fails.Load(), all.Load()
 	}
 }

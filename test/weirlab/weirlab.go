@@ -34,12 +34,14 @@ const ServerPort = 7443
 const PodPort = 8080
 
 // Binaries are the programs the lab runs.
-type Binaries struct{ Server, Agent, Lbctl, Echo string }
+type Binaries struct{ Server, Agent, Speaker, Lbctl, Echo string }
 
 // Build compiles the binaries into dir from the module at root.
 func Build(ctx context.Context, root, dir string) (Binaries, error) {
-	b := Binaries{Server: filepath.Join(dir, "weir-server"), Agent: filepath.Join(dir, "weir-agent"), Lbctl: filepath.Join(dir, "lbctl"), Echo: filepath.Join(dir, "echo")}
-	for out, pkg := range map[string]string{b.Server: "./server/cmd/weir-server", b.Agent: "./agent/cmd/weir-agent", b.Lbctl: "./lbctl", b.Echo: "./test/cmd/echo"} {
+	b := Binaries{Server: filepath.Join(dir, "weir-server"), Agent: filepath.Join(dir, "weir-agent"), Speaker: filepath.Join(dir, "weir-speaker"),
+		Lbctl: filepath.Join(dir, "lbctl"), Echo: filepath.Join(dir, "echo")}
+	for out, pkg := range map[string]string{b.Server: "./server/cmd/weir-server", b.Agent: "./agent/cmd/weir-agent", b.Speaker: "./lbtier/cmd/weir-speaker",
+		b.Lbctl: "./lbctl", b.Echo: "./test/cmd/echo"} {
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -234,6 +236,17 @@ func (c *Cluster) startAgent(i int) (*lab.Process, error) {
 }
 
 func (c *Cluster) cert(name string) string { return filepath.Join(c.CertDir, name) }
+
+// StartSpeaker starts a load-balancer speaker named name in the control
+// namespace (the lab's LB host), with its own certificate; args add flags.
+func (c *Cluster) StartSpeaker(name string, args ...string) (*lab.Process, error) {
+	if err := certs.IssueClient(c.CertDir, name, certs.RoleSpeaker); err != nil {
+		return nil, err
+	}
+	return c.Control.Start(c.Bin.Speaker, append([]string{"--name", name,
+		"--ca-file", c.cert("ca.crt"), "--cert-file", c.cert(name + ".crt"), "--key-file", c.cert(name + ".key"),
+		"--server", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String()}, args...)...)
+}
 
 // RestartAgent kills node i's agent (as a crash would) and starts a new one.
 func (c *Cluster) RestartAgent(i int) error {

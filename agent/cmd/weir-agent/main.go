@@ -20,16 +20,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/weirlb/weir/agent/bgp"
 	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/agent/syncer"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bgpspeaker"
+	"github.com/weirlb/weir/internal/dial"
+	"github.com/weirlb/weir/internal/membership"
 	"github.com/weirlb/weir/internal/tlsconfig"
 )
 
@@ -63,6 +61,8 @@ func run() error {
 		bgpPeers     = flag.String("bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
 		logLevel     = flag.String("log-level", "info", "debug, info, warn or error")
 	)
+	var members membership.Flags
+	members.AddFlags(flag.CommandLine, "comma-separated ADDRESS:PORT of members to join (the load-balancer speakers), so that they learn within a second when this node dies")
 	flag.Parse()
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -85,19 +85,7 @@ func run() error {
 		return err
 	}
 
-	creds := insecure.NewCredentials()
-	if !*plain {
-		tlsCfg, err := tlsconfig.Client(tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile})
-		if err != nil {
-			return err
-		}
-		creds = credentials.NewTLS(tlsCfg)
-	}
-	conn, err := grpc.NewClient(*serverAddr,
-		grpc.WithTransportCredentials(creds),
-		// Pings find a dead server (or path) in seconds, not at TCP's pace.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	conn, err := dial.Server(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile})
 	if err != nil {
 		return err
 	}
@@ -122,18 +110,11 @@ func run() error {
 	observers := syncer.Observers{nodeHealth}
 	if *bgpASN != 0 {
 		cfg := bgpspeaker.Config{ASN: uint32(*bgpASN), Log: log.With("component", "bgp")}
-		if cfg.RouterID, err = routerID(*bgpRouterID); err != nil {
-			return err
+		if cfg.RouterID, err = bgpspeaker.RouterID(*bgpRouterID); err != nil {
+			return fmt.Errorf("--bgp-router-id: %w", err)
 		}
-		for _, p := range strings.Split(*bgpPeers, ",") {
-			if p = strings.TrimSpace(p); p == "" {
-				continue
-			}
-			peer, err := bgpspeaker.ParsePeer(p)
-			if err != nil {
-				return fmt.Errorf("--bgp-peers: %w", err)
-			}
-			cfg.Peers = append(cfg.Peers, peer)
+		if cfg.Peers, err = bgpspeaker.ParsePeers(*bgpPeers); err != nil {
+			return fmt.Errorf("--bgp-peers: %w", err)
 		}
 		speaker, err := bgpspeaker.Start(ctx, cfg)
 		if err != nil {
@@ -141,6 +122,15 @@ func run() error {
 		}
 		defer speaker.Close()
 		observers = append(observers, bgp.NewAnnouncer(speaker, nodeHealth.Node.Healthy, log.With("component", "bgp")))
+	}
+	member, err := members.Start(*nodeName, nil, log.With("component", "membership"))
+	if err != nil {
+		return err
+	}
+	if member != nil {
+		// A stopping agent takes its node out of the load balancers at
+		// once: its health answers stop too.
+		defer member.Leave()
 	}
 	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, dp, observers, log)
 	log.Info("starting", "server", *serverAddr, "tls", !*plain)
@@ -151,27 +141,6 @@ func run() error {
 	// restarts. Removing Weir is `nft delete table ip weir; nft delete table ip6 weir`.
 	log.Info("stopped; nftables rules left in place")
 	return nil
-}
-
-// routerID is id, or the host's first global IPv4 address.
-func routerID(id string) (netip.Addr, error) {
-	if id != "" {
-		a, err := netip.ParseAddr(id)
-		if err != nil || !a.Is4() {
-			return netip.Addr{}, fmt.Errorf("--bgp-router-id: %q is not an IPv4 address", id)
-		}
-		return a, nil
-	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && !p.Addr().IsLoopback() {
-			return p.Addr(), nil
-		}
-	}
-	return netip.Addr{}, fmt.Errorf("--bgp-router-id: no IPv4 address on this host; set it")
 }
 
 // serveHTTP serves h on addr until ctx ends.

@@ -1,0 +1,31 @@
+// Package dial connects a Weir component (agent, speaker) to weir-server.
+package dial
+
+import (
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/weirlb/weir/internal/tlsconfig"
+)
+
+// Server makes a client of the server at addr: mTLS with files, or plain
+// text when plain (labs and demos).
+func Server(addr string, plain bool, files tlsconfig.Files) (*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if !plain {
+		tlsCfg, err := tlsconfig.Client(files)
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tlsCfg)
+	}
+	return grpc.NewClient(addr,
+		grpc.WithTransportCredentials(creds),
+		// Pings find a dead server (or path) in seconds, not at TCP's pace.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+	)
+}

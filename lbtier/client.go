@@ -1,0 +1,91 @@
+package lbtier
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"time"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// Follow feeds s the server's targets until ctx ends, reconnecting with
+// backoff; while the server is away s keeps its last targets (and the
+// routers their paths), as agents keep their rules.
+func Follow(ctx context.Context, client weirv1.LoadBalancerTierServiceClient, s *Speaker, log *slog.Logger) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := follow(ctx, client, s, func() { backoff = 100 * time.Millisecond })
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("targets stream ended; keeping the last targets", "error", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff + rand.N(backoff/2)):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+func follow(ctx context.Context, client weirv1.LoadBalancerTierServiceClient, s *Speaker, connected func()) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.WatchTargets(ctx, &weirv1.WatchTargetsRequest{Speaker: s.cfg.Name})
+	if err != nil {
+		return err
+	}
+	first := true
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if first {
+			// A new watch: the server forgot the last report.
+			connected()
+			s.resendStatus()
+			first = false
+		}
+		s.SetTargets(TargetsFromProto(resp.GetVips(), s.cfg.Log))
+	}
+}
+
+// TargetsFromProto reads the server's targets, skipping (and logging) any
+// that do not parse.
+func TargetsFromProto(vips []*weirv1.VipTargets, log *slog.Logger) []Target {
+	var out []Target
+	for _, v := range vips {
+		vip, err := netip.ParseAddr(v.GetAddress())
+		if err != nil {
+			log.Error("skipping a load-balancer IP that does not parse", "address", v.GetAddress())
+			continue
+		}
+		for _, t := range v.GetTargets() {
+			hop, err := netip.ParseAddr(t.GetAddress())
+			if err != nil || hop.Is6() != vip.Is6() || t.GetHealthCheckPort() <= 0 || t.GetHealthCheckPort() > 65535 {
+				log.Error("skipping a target that does not parse", "vip", vip, "node", t.GetNode(), "address", t.GetAddress())
+				continue
+			}
+			out = append(out, Target{
+				VIP: vip, Service: v.GetService(), Node: t.GetNode(), NextHop: hop, Weight: t.GetWeight(),
+				Probe:       ProbeKey{Addr: hop, Port: uint16(t.GetHealthCheckPort()), Path: t.GetHealthCheckPath()},
+				Communities: v.GetCommunities(), LocalPref: v.GetLocalPreference(),
+			})
+		}
+	}
+	return out
+}
+
+// Reporter sends a speaker's statuses to the server.
+func Reporter(client weirv1.LoadBalancerTierServiceClient, log *slog.Logger) func(*weirv1.SpeakerStatus) {
+	return func(st *weirv1.SpeakerStatus) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if _, err := client.ReportSpeaker(ctx, &weirv1.ReportSpeakerRequest{Status: st}); err != nil {
+			log.Debug("reporting to the server failed; the next change reports again", "error", err)
+		}
+	}
+}
