@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,8 +22,9 @@ const memberPort = 7946
 // startLBTier runs Weir without node speakers: the agents join the
 // membership, and a load-balancer speaker on the control host peers with
 // the FRR router configured by router. speakerArgs add speaker flags.
-// restart kills the speaker (as a crash would) and starts a new one.
-func startLBTier(t *testing.T, router frr.Config, speakerArgs ...string) (c *weirlab.Cluster, r *frr.Router, restart func()) {
+// restart kills the speaker (as a crash would) and starts a new one; log
+// reads the running speaker's log.
+func startLBTier(t *testing.T, router frr.Config, speakerArgs ...string) (c *weirlab.Cluster, r *frr.Router, restart func(), log func() string) {
 	t.Helper()
 	c, r = startBGPClusterWith(t, nil, router, func(c *weirlab.Cluster) {
 		c.AgentArgs = func(n *lab.Node) []string {
@@ -58,7 +60,7 @@ func startLBTier(t *testing.T, router frr.Config, speakerArgs ...string) (c *wei
 			t.Fatal(err)
 		}
 		start()
-	}
+	}, func() string { return sp.Log() }
 }
 
 // speakerPaths is what the speakers report for a service: "speaker node
@@ -86,7 +88,7 @@ func speakerPaths(t *testing.T, c *weirlab.Cluster, service string) (map[string]
 // the speaker's own probes or the server notice; a speaker killed and
 // restarted drops no connection (graceful restart).
 func TestLBTierAnnouncesNodesAsNextHops(t *testing.T) {
-	c, r, restartSpeaker := startLBTier(t, labRouter)
+	c, r, restartSpeaker, _ := startLBTier(t, labRouter)
 	ctx := context.Background()
 	node1, node2 := c.Nodes[0], c.Nodes[1]
 	svc := lbService("tier", 30097, []string{"10.96.0.61", "fd00:96::61"}, []string{"203.0.113.61", "2001:db8:113::61"})
@@ -187,4 +189,60 @@ func TestLBTierAnnouncesNodesAsNextHops(t *testing.T) {
 	// Not asserted: a path the new speaker no longer sends. FRR 8.4 was
 	// seen keeping such a stale ADD-PATH path after the speaker's
 	// End-of-RIB, until its stale-path time (docs/operations.md).
+}
+
+// TestLBTierExplainsWhatItCannotAnnounce: a router that did not negotiate
+// ADD-PATH hears one next hop, and the status says so per path; a node
+// the speaker's own probes cannot reach (its health-check port filtered
+// from the LB host, while the server sees nothing wrong) is taken out.
+func TestLBTierExplainsWhatItCannotAnnounce(t *testing.T) {
+	router := labRouter
+	router.AddressFamilyExtra = []string{"neighbor NODES disable-addpath-rx"}
+	c, r, _, speakerLog := startLBTier(t, router, "--probe-interval", "200ms", "--probe-timeout", "100ms", "--probe-fall", "2")
+	ctx := context.Background()
+	node1, node2 := c.Nodes[0], c.Nodes[1]
+	svc := lbService("tier2", 30096, []string{"10.96.0.62", "fd00:96::62"}, []string{"203.0.113.62", "2001:db8:113::62"})
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = 32105
+	createService(t, c, svc, c.Pods())
+
+	eventually(t, "both paths reported, each AddPathNotNegotiated", func() error {
+		paths, _ := speakerPaths(t, c, "tier2")
+		for _, n := range []string{"node1", "node2"} {
+			if got := paths["lb1 "+n+" 203.0.113.62/32"]; got != "AddPathNotNegotiated" {
+				return fmt.Errorf("%s: reason %q; all %v", n, got, paths)
+			}
+		}
+		return nil
+	})
+	if hops, err := r.NextHops(ctx, "203.0.113.62"); err != nil || len(hops) != 1 {
+		t.Errorf("router next hops without ADD-PATH: %v (%v); want exactly one", hops, err)
+	}
+	if !strings.Contains(speakerLog(), "did not negotiate ADD-PATH") {
+		t.Errorf("the speaker's log does not say the router lacks ADD-PATH")
+	}
+
+	// node1's health-check port stops answering the LB host only.
+	rule := fmt.Sprintf("add table inet labblock; add chain inet labblock in { type filter hook input priority -10; }; add rule inet labblock in ip saddr %s tcp dport %d drop",
+		lab.ControlIPv4, svc.Spec.HealthCheckNodePort)
+	if _, err := node1.Run(ctx, "nft", rule); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "node1's path is ProbeFailing and only node2 is announced", func() error {
+		paths, _ := speakerPaths(t, c, "tier2")
+		if got := paths["lb1 node1 203.0.113.62/32"]; got != "ProbeFailing" {
+			return fmt.Errorf("node1: reason %q; all %v", got, paths)
+		}
+		// One path left: the router hears all of it even without ADD-PATH.
+		if got := paths["lb1 node2 203.0.113.62/32"]; got != "" {
+			return fmt.Errorf("node2: reason %q; all %v", got, paths)
+		}
+		return nil
+	})
+	waitNextHops(t, r, "203.0.113.62", node2.IPv4.String())
+	for _, rep := range sample(t, c.Client, netip.MustParseAddrPort("203.0.113.62:80"), 4) {
+		if rep.RemoteAddr() != lab.ClientIPv4 || rep.Pod != node2.Pods[0].Name {
+			t.Errorf("with node1 out: pod %s saw %s; want node2's pod seeing the client", rep.Pod, rep.RemoteAddr())
+		}
+	}
 }

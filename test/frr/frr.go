@@ -34,6 +34,8 @@ type Config struct {
 	PeerASN      uint32   // the speakers' AS
 	// Extra lines appended to the bgp router block.
 	Extra []string
+	// AddressFamilyExtra lines go into both address-family blocks.
+	AddressFamilyExtra []string
 	// Text, when set, is the whole configuration, used as it is (the
 	// fields above are then ignored).
 	Text string
@@ -94,8 +96,14 @@ func (r *Router) config(cfg Config) string {
 	for _, l := range cfg.Extra {
 		fmt.Fprintf(&b, " %s\n", l)
 	}
-	fmt.Fprintf(&b, " address-family ipv4 unicast\n  neighbor NODES activate\n  maximum-paths 16\n exit-address-family\n")
-	fmt.Fprintf(&b, " address-family ipv6 unicast\n  neighbor NODES activate\n  maximum-paths 16\n exit-address-family\n!\n")
+	for _, af := range []string{"ipv4", "ipv6"} {
+		fmt.Fprintf(&b, " address-family %s unicast\n  neighbor NODES activate\n  maximum-paths 16\n", af)
+		for _, l := range cfg.AddressFamilyExtra {
+			fmt.Fprintf(&b, "  %s\n", l)
+		}
+		fmt.Fprintf(&b, " exit-address-family\n")
+	}
+	fmt.Fprintf(&b, "!\n")
 	return b.String()
 }
 
