@@ -16,6 +16,7 @@ all: build
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/weir-server ./server/cmd/weir-server
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/weir-agent ./agent/cmd/weir-agent
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/weir-speaker ./lbtier/cmd/weir-speaker
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/lbctl ./lbctl
 
 deps:
@@ -54,10 +55,11 @@ images:
 # when one is already there).
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSTEMD) $(DESTDIR)/etc/weir
-	install -m 0755 $(BIN)/weir-server $(BIN)/weir-agent $(BIN)/lbctl $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 deploy/systemd/weir-server.service deploy/systemd/weir-agent.service $(DESTDIR)$(SYSTEMD)/
+	install -m 0755 $(BIN)/weir-server $(BIN)/weir-agent $(BIN)/weir-speaker $(BIN)/lbctl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 deploy/systemd/weir-server.service deploy/systemd/weir-agent.service deploy/systemd/weir-speaker.service $(DESTDIR)$(SYSTEMD)/
 	[ -e $(DESTDIR)/etc/weir/weir-server.env ] || install -m 0644 deploy/systemd/weir-server.env.example $(DESTDIR)/etc/weir/weir-server.env
 	[ -e $(DESTDIR)/etc/weir/weir-agent.env ] || install -m 0644 deploy/systemd/weir-agent.env.example $(DESTDIR)/etc/weir/weir-agent.env
+	[ -e $(DESTDIR)/etc/weir/weir-speaker.env ] || install -m 0644 deploy/systemd/weir-speaker.env.example $(DESTDIR)/etc/weir/weir-speaker.env
 
 clean:
 	rm -rf $(BIN)

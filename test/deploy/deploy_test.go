@@ -196,10 +196,10 @@ func TestSystemdUnitsVerify(t *testing.T) {
 			t.Fatal(err)
 		}
 		text := string(data)
-		for _, binary := range []string{"weir-server", "weir-agent"} {
+		for binary, pkg := range map[string]string{"weir-server": "./server/cmd/weir-server", "weir-agent": "./agent/cmd/weir-agent", "weir-speaker": "./lbtier/cmd/weir-speaker"} {
 			out := filepath.Join(dir, binary)
 			if _, err := os.Stat(out); err != nil {
-				build := exec.Command("go", "build", "-o", out, "./"+map[string]string{"weir-server": "server", "weir-agent": "agent"}[binary]+"/cmd/"+binary)
+				build := exec.Command("go", "build", "-o", out, pkg)
 				build.Dir = r
 				if b, err := build.CombinedOutput(); err != nil {
 					t.Fatalf("%v: %s", err, b)

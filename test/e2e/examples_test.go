@@ -96,8 +96,9 @@ func TestShippedExamples(t *testing.T) {
 func TestShippedEnvironmentFilesParse(t *testing.T) {
 	lab.SkipUnlessPrivileged(t) // the binaries are built only as root
 	for file, binary := range map[string]string{
-		"deploy/systemd/weir-server.env.example": bin.Server,
-		"deploy/systemd/weir-agent.env.example":  bin.Agent,
+		"deploy/systemd/weir-server.env.example":  bin.Server,
+		"deploy/systemd/weir-agent.env.example":   bin.Agent,
+		"deploy/systemd/weir-speaker.env.example": bin.Speaker,
 	} {
 		var args string
 		for l := range strings.Lines(readShipped(t, file)) {

@@ -112,7 +112,7 @@ func run() error {
 // certsCommand issues certificates: "init" makes a CA and the server's
 // certificate, "issue" a client's.
 func certsCommand(args []string) error {
-	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent"
+	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker"
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
