@@ -168,7 +168,28 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 		b.WriteString("\n")
 		section(&b, "BGP announcements", []string{"PREFIX", "NODE", "NEXT HOP", "WEIGHT", "SESSIONS"}, announced)
 	}
+	if tier := speakerRows(report.GetStatus().GetSpeakers()); len(tier) > 0 {
+		// Only with load-balancer speakers: each target node of each
+		// prefix, whether the speaker announces it, and why not.
+		b.WriteString("\n")
+		section(&b, "Load-balancer speakers", []string{"SPEAKER", "PREFIX", "NODE", "NEXT HOP", "WEIGHT", "ANNOUNCED", "PROBE", "REASON"}, tier)
+	}
 	return b.String(), nil
+}
+
+func speakerRows(speakers []*weirv1.SpeakerServicePaths) [][]string {
+	var rows [][]string
+	for _, sp := range speakers {
+		for _, p := range sp.GetPaths() {
+			weight := "-"
+			if p.GetWeight() > 0 {
+				weight = strconv.FormatUint(uint64(p.GetWeight()), 10)
+			}
+			rows = append(rows, []string{sp.GetSpeaker(), p.GetPrefix(), p.GetNode(), p.GetNextHop(), weight,
+				yesNo(p.GetAnnounced()), cmp.Or(p.GetProbe(), "-"), cmp.Or(p.GetReason(), "-")})
+		}
+	}
+	return rows
 }
 
 func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServiceClient, o object) (string, error) {

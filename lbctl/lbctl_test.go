@@ -1021,3 +1021,24 @@ func TestDescribeServiceShowsAnnouncements(t *testing.T) {
 		t.Errorf("describe service: want it to end with\n%s\ngot\n%s", want, out)
 	}
 }
+
+func TestDescribeServiceShowsSpeakerPaths(t *testing.T) {
+	e := lbEnv(t)
+	e.agent("node1", 200, lbHealth(200, 1))
+	lb := weirv1.NewLoadBalancerTierServiceClient(e.srv.Conn)
+	if _, err := lb.ReportSpeaker(context.Background(), &weirv1.ReportSpeakerRequest{Status: &weirv1.SpeakerStatus{Name: "lb1", Paths: []*weirv1.SpeakerPath{
+		{Prefix: "203.0.113.7/32", Service: "default/lb", Node: "node1", NextHop: "192.0.2.11", Weight: 2, Announced: true, Probe: "200"},
+		{Prefix: "203.0.113.7/32", Service: "default/lb", Node: "node2", NextHop: "192.0.2.12", Weight: 1, Probe: "timeout", Reason: "ProbeFailing"},
+		{Prefix: "203.0.113.99/32", Service: "default/other", Node: "node1", NextHop: "192.0.2.11", Announced: true},
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	out := e.mustLbctl("", "describe", "service", "default/lb")
+	want := "\nLoad-balancer speakers:\n" +
+		"  SPEAKER   PREFIX           NODE    NEXT HOP     WEIGHT   ANNOUNCED   PROBE     REASON\n" +
+		"  lb1       203.0.113.7/32   node1   192.0.2.11   2        yes         200       -\n" +
+		"  lb1       203.0.113.7/32   node2   192.0.2.12   1        no          timeout   ProbeFailing\n"
+	if !strings.HasSuffix(out, want) {
+		t.Errorf("describe service: want it to end with\n%s\ngot\n%s", want, out)
+	}
+}
