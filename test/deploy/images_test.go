@@ -19,6 +19,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/weirlb/weir/test/lab"
 )
 
 // requireImageBuild skips the test unless deploy/container/build-images.sh
@@ -27,23 +29,7 @@ import (
 // skip silently.
 func requireImageBuild(t *testing.T) {
 	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root (chroot, private network namespaces)")
-	}
-	for _, tool := range []string{"go", "apt-get", "dpkg-deb", "chroot", "unshare"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			missing = append(missing, tool+" in PATH")
-		}
-	}
-	if len(missing) == 0 {
-		return
-	}
-	msg := "images: needs " + strings.Join(missing, ", ") + "; run as root on Debian, e.g. sudo -E go test"
-	if ci, _ := strconv.ParseBool(os.Getenv("CI")); ci {
-		t.Fatal(msg + "; failing because CI=true")
-	}
-	t.Skip(msg)
+	lab.RequireRoot(t, "images", "chroot, private network namespaces; Debian", "go", "apt-get", "dpkg-deb", "chroot", "unshare")
 }
 
 // checkRuleset uses what the datapath's rules use: concatenated maps keyed
