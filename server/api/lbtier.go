@@ -58,26 +58,14 @@ func (l *LoadBalancerTierService) WatchTargets(req *weirv1.WatchTargetsRequest, 
 		l.mu.Unlock()
 	}()
 	var last *weirv1.WatchTargetsResponse
-	for {
-		changed := l.hub.StatusChanged()
+	return everyStatusChange(stream.Context(), l.hub, TargetsCoalesce, func() error {
 		now := &weirv1.WatchTargetsResponse{Vips: l.targets()}
-		if last == nil || !proto.Equal(now, last) {
-			if err := stream.Send(now); err != nil {
-				return err
-			}
-			last = now
-		}
-		select {
-		case <-stream.Context().Done():
+		if last != nil && proto.Equal(now, last) {
 			return nil
-		case <-changed:
 		}
-		select {
-		case <-stream.Context().Done():
-			return nil
-		case <-time.After(TargetsCoalesce):
-		}
-	}
+		last = now
+		return stream.Send(now)
+	})
 }
 
 func (l *LoadBalancerTierService) ReportSpeaker(ctx context.Context, req *weirv1.ReportSpeakerRequest) (*weirv1.ReportSpeakerResponse, error) {

@@ -75,20 +75,28 @@ func (s *StatusService) ListNodeStatuses(context.Context, *weirv1.ListNodeStatus
 const WatchStatusPeriod = 100 * time.Millisecond
 
 func (s *StatusService) WatchNodeStatuses(_ *weirv1.WatchNodeStatusesRequest, stream weirv1.StatusService_WatchNodeStatusesServer) error {
+	return everyStatusChange(stream.Context(), s.hub, WatchStatusPeriod, func() error {
+		return stream.Send(&weirv1.WatchNodeStatusesResponse{Nodes: s.nodeStatuses()})
+	})
+}
+
+// everyStatusChange calls send now, then after each change of the hub's
+// statuses, waiting gap after a change for more to come, until ctx ends.
+func everyStatusChange(ctx context.Context, hub *agentsync.Hub, gap time.Duration, send func() error) error {
 	for {
-		changed := s.hub.StatusChanged()
-		if err := stream.Send(&weirv1.WatchNodeStatusesResponse{Nodes: s.nodeStatuses()}); err != nil {
+		changed := hub.StatusChanged()
+		if err := send(); err != nil {
 			return err
 		}
 		select {
-		case <-stream.Context().Done():
+		case <-ctx.Done():
 			return nil
 		case <-changed:
 		}
 		select {
-		case <-stream.Context().Done():
+		case <-ctx.Done():
 			return nil
-		case <-time.After(WatchStatusPeriod):
+		case <-time.After(gap):
 		}
 	}
 }

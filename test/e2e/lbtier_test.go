@@ -27,6 +27,7 @@ const memberPort = 7946
 func startLBTier(t *testing.T, router frr.Config, speakerArgs ...string) (c *weirlab.Cluster, r *frr.Router, restart func(), log func() string) {
 	t.Helper()
 	c, r = startBGPClusterWith(t, nil, router, func(c *weirlab.Cluster) {
+		// Replaces the node-speaker flags: the LB tier announces.
 		c.AgentArgs = func(n *lab.Node) []string {
 			return []string{"--memberlist-bind-address", netip.AddrPortFrom(n.IPv4, memberPort).String(),
 				"--memberlist-join", netip.AddrPortFrom(lab.ControlIPv4, memberPort).String()}
