@@ -453,15 +453,22 @@ func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealt
 		}
 	}
 	send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: node}}})
-	for more := true; more; {
+	// Applies whatever comes, the first state and any change after it.
+	var sendMu sync.Mutex
+	ack := func() error {
 		msg, err := stream.Recv()
-		if err != nil {
-			e.t.Fatal(err)
+		if err != nil || msg.GetMore() {
+			return err
 		}
-		if more = msg.GetMore(); !more {
-			send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
-		}
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
 	}
+	go func() {
+		for ack() == nil {
+		}
+	}()
+	sendMu.Lock()
 	send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: &weirv1.Report{
 		Full:             true,
 		NodeHealth:       &weirv1.NodeHealth{HealthzCode: healthz, LivezCode: 200, NodeEligible: true},
@@ -469,6 +476,7 @@ func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealt
 		LastSyncDuration: durationpb.New(1500 * time.Microsecond),
 		Bgp:              &weirv1.BgpSessions{Sessions: e.bgp[node], Announcements: e.announced[node]},
 	}}})
+	sendMu.Unlock()
 	st := weirv1.NewStatusServiceClient(e.srv.Conn)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		resp, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})

@@ -579,17 +579,11 @@ func TestDrainSurvivesRestartAndReachesAgents(t *testing.T) {
 	if err != nil || !resp.GetNode().GetDrained() {
 		t.Fatalf("drain: %v, %v", resp, err)
 	}
-	// (A delta from before the drain may come first: the node's own
-	// registration can reach the stream after the full state.)
-	msg := agent.recv()
-	for i := 0; i < 3 && !msg.GetNode().GetDrained(); i++ {
-		msg = agent.recv()
-	}
-	if !msg.GetNode().GetDrained() {
+	if msg := agent.recv(); !msg.GetNode().GetDrained() {
 		t.Errorf("the agent was not told its node is drained: %v", msg)
 	}
 	ts.Stop()
-	ts2 := startServer(t, dir)
+	ts2 := servertest.Start(t, dir, func(c *server.Config) { c.MinSyncPeriod = time.Second })
 	n, err := ts2.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: "node1"})
 	if err != nil || !n.GetNode().GetDrained() {
 		t.Errorf("drain lost across a restart: %v, %v", n, err)
@@ -599,5 +593,13 @@ func TestDrainSurvivesRestartAndReachesAgents(t *testing.T) {
 	}
 	if n, _ := ts2.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: "node1"}); n.GetNode().GetDrained() {
 		t.Error("uncordon did not undo the drain")
+	}
+	// The fanout holds the second change for MinSyncPeriod; an agent that
+	// connects meanwhile still gets it in its first state.
+	if _, err := ts2.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: "node1"}); err != nil {
+		t.Fatal(err)
+	}
+	if full := connectAgent(t, ctx, ts2, "node1", 0).recv(); !full.GetNode().GetDrained() || !full.GetFull() {
+		t.Errorf("first state after the second drain: %v", full)
 	}
 }

@@ -55,7 +55,8 @@ type Hub struct {
 	// a service is encoded once per change, whatever the number of nodes.
 	// Written only by the fanout goroutine.
 	cacheMu  sync.RWMutex
-	version  uint64 // registry revision the cache reflects
+	version  uint64        // registry revision the cache reflects
+	advanced chan struct{} // closed, and replaced, when version moves on
 	services map[string]cached
 	nodes    map[string]*weirv1.NodeInfo
 	// removed remembers when services went, so that a session knows what
@@ -106,6 +107,7 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	h := &Hub{
 		reg: reg, cfg: cfg, log: cfg.Log, metrics: newMetrics(cfg.Metrics),
 		wake:      make(chan struct{}, 1),
+		advanced:  make(chan struct{}),
 		services:  map[string]cached{},
 		nodes:     map[string]*weirv1.NodeInfo{},
 		removed:   map[string]uint64{},
@@ -163,35 +165,40 @@ func (h *Hub) Run(ctx context.Context) {
 			}
 		}
 		last = time.Now()
+		h.apply()
+	}
+}
+
+// apply recomputes what the queued changes touched and marks the sessions.
+func (h *Hub) apply() {
+	services, nodes := map[string]bool{}, map[string]bool{}
+	newServices := map[string]*weirv1.NodeService{}
+	newNodes := map[string]*weirv1.NodeInfo{}
+	var version uint64
+	var since time.Time
+	h.reg.Read(func(v registry.View) {
+		// The queue is taken under the registry's lock, which every
+		// change holds while queuing: the batch is then exactly the
+		// changes up to this revision, and the cache can claim it.
+		version = v.Revision()
 		h.changesMu.Lock()
 		batch := h.changes
 		h.changes = nil
 		h.changesMu.Unlock()
-		if len(batch) > 0 {
-			h.apply(batch)
+		if len(batch) == 0 {
+			return
 		}
-	}
-}
-
-// apply recomputes what a batch of changes touched and marks the sessions.
-func (h *Hub) apply(batch []timedChange) {
-	services, nodes := map[string]bool{}, map[string]bool{}
-	since := batch[0].at
-	allNodes := false
-	for _, c := range batch {
-		allNodes = allNodes || len(c.Peers) > 0 || len(c.Pools) > 0
-		for _, k := range c.Services {
-			services[k] = true
+		since = batch[0].at
+		allNodes := false
+		for _, c := range batch {
+			allNodes = allNodes || len(c.Peers) > 0 || len(c.Pools) > 0
+			for _, k := range c.Services {
+				services[k] = true
+			}
+			for _, n := range c.Nodes {
+				nodes[n] = true
+			}
 		}
-		for _, n := range c.Nodes {
-			nodes[n] = true
-		}
-	}
-	newServices := map[string]*weirv1.NodeService{}
-	newNodes := map[string]*weirv1.NodeInfo{}
-	var version uint64
-	h.reg.Read(func(v registry.View) {
-		version = v.Revision()
 		if allNodes {
 			// A peer's node selector may pick any node; a pool's
 			// advertisement concerns every node.
@@ -208,8 +215,13 @@ func (h *Hub) apply(batch []timedChange) {
 			newNodes[name] = nodewire.EncodeNode(nodestate.Node(v, name))
 		}
 	})
+	if since.IsZero() {
+		return // nothing was queued
+	}
 	h.cacheMu.Lock()
 	h.version = version
+	close(h.advanced)
+	h.advanced = make(chan struct{})
 	for key := range services {
 		msg := newServices[key]
 		old, had := h.services[key]
@@ -300,11 +312,17 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		return err
 	}
 	var registered bool
-	h.reg.Read(func(v registry.View) { registered = v.Node(node) != nil })
+	var revision uint64
+	h.reg.Read(func(v registry.View) { registered, revision = v.Node(node) != nil, v.Revision() })
 	if !registered {
 		// Without its Node the agent would not know its addresses: it
 		// retries until an orchestrator (or Kubernetes) registers it.
 		return status.Errorf(codes.FailedPrecondition, "hello.node_name: node %q is not registered; create it first (RegistryService.CreateNode, or the Kubernetes Node)", node)
+	}
+	// Everything accepted before the hello goes out in the first message,
+	// not as a delta right after it.
+	if err := h.catchUp(ctx, revision); err != nil {
+		return err
 	}
 	log := h.log.With("node", node, "agent", hello.GetAgentVersion())
 	s := &session{node: node, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1), pending: map[string]bool{}}
@@ -443,6 +461,23 @@ func (h *Hub) StatusChanged() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.changed
+}
+
+// catchUp waits until the cache reflects the registry's revision rev.
+func (h *Hub) catchUp(ctx context.Context, rev uint64) error {
+	for {
+		h.cacheMu.RLock()
+		version, advanced := h.version, h.advanced
+		h.cacheMu.RUnlock()
+		if version >= rev {
+			return nil
+		}
+		select {
+		case <-advanced:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // canResume reports whether a delta can bring an agent from version v.
