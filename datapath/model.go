@@ -38,6 +38,23 @@ type BGPAdvertisement struct {
 	Ranges      []AddressRange
 	Communities []uint32 // ASN<<16 | VALUE
 	LocalPref   uint32
+	// Peers names the peers that hear the routes; empty means all.
+	Peers []string
+	// AggregationLength and AggregationLengthV6 are the prefix lengths
+	// announced; 0 means the host prefix.
+	AggregationLength, AggregationLengthV6 int
+}
+
+// PrefixOf is the prefix announced for address a.
+func (a BGPAdvertisement) PrefixOf(addr netip.Addr) netip.Prefix {
+	bits := a.AggregationLengthV6
+	if addr.Is4() {
+		bits = a.AggregationLength
+	}
+	if bits == 0 {
+		bits = addr.BitLen()
+	}
+	return netip.PrefixFrom(addr, bits).Masked()
 }
 
 // AddressRange is the addresses from First to Last, both included.
@@ -49,7 +66,8 @@ func (r AddressRange) Contains(a netip.Addr) bool {
 }
 
 func (a BGPAdvertisement) equal(b BGPAdvertisement) bool {
-	return slices.Equal(a.Ranges, b.Ranges) && slices.Equal(a.Communities, b.Communities) && a.LocalPref == b.LocalPref
+	return slices.Equal(a.Ranges, b.Ranges) && slices.Equal(a.Communities, b.Communities) && a.LocalPref == b.LocalPref &&
+		slices.Equal(a.Peers, b.Peers) && a.AggregationLength == b.AggregationLength && a.AggregationLengthV6 == b.AggregationLengthV6
 }
 
 // BGPPeer is an upstream router of the node.
@@ -60,6 +78,9 @@ type BGPPeer struct {
 	MyASN    uint32
 	HoldTime time.Duration
 	Password string
+	// Name is the BgpPeer's, which advertisements refer to.
+	Name            string
+	GracefulRestart bool
 }
 
 // ServiceKey names a service.

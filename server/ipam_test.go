@@ -3,10 +3,14 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/servertest"
@@ -107,4 +111,47 @@ func TestAddressPoolsAssignLoadBalancerIPs(t *testing.T) {
 	ts.Stop()
 	ts2 := servertest.Start(t, dir)
 	assigned(t, ts2, want)
+}
+
+// TestPoolAdvertisementIsValidatedAndKept: peers and aggregation lengths
+// round-trip; a length that is no prefix length, or would announce
+// addresses outside the pool, is refused naming the field, and the pool
+// stays as it was.
+func TestPoolAdvertisementIsValidatedAndKept(t *testing.T) {
+	ts := servertest.Start(t, t.TempDir())
+	ctx := context.Background()
+	adv := &weirv1.BgpAdvertisement{Peers: []string{"upstream"}, AggregationLength: 24, AggregationLengthV6: 120}
+	created, err := ts.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.0/24", "2001:db8:113::/120"}, BgpAdvertisement: adv}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := created.GetAddressPool().GetBgpAdvertisement(); !proto.Equal(got, adv) {
+		t.Errorf("stored advertisement %v, want %v", got, adv)
+	}
+	for _, tc := range []struct {
+		name      string
+		addresses []string
+		adv       *weirv1.BgpAdvertisement
+		field     string
+	}{
+		{"not a prefix length", []string{"203.0.113.0/24"}, &weirv1.BgpAdvertisement{AggregationLength: 33}, "bgp_advertisement.aggregation_length"},
+		{"aggregate wider than the pool", []string{"203.0.113.0/25"}, &weirv1.BgpAdvertisement{AggregationLength: 24}, "bgp_advertisement.aggregation_length"},
+		{"range not aligned to the aggregate", []string{"203.0.113.10-203.0.113.20"}, &weirv1.BgpAdvertisement{AggregationLength: 30}, "bgp_advertisement.aggregation_length"},
+		{"IPv6 aggregate wider than the pool", []string{"2001:db8:113::/120"}, &weirv1.BgpAdvertisement{AggregationLengthV6: 112}, "bgp_advertisement.aggregation_length_v6"},
+		{"bad peer name", []string{"203.0.113.0/24"}, &weirv1.BgpAdvertisement{Peers: []string{"Upstream_1"}}, "bgp_advertisement.peers[0]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := proto.Clone(created.GetAddressPool()).(*weirv1.AddressPool)
+			pool.Addresses, pool.BgpAdvertisement = tc.addresses, tc.adv
+			_, err := ts.Registry.UpdateAddressPool(ctx, &weirv1.UpdateAddressPoolRequest{AddressPool: pool})
+			if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), tc.field+":") {
+				t.Errorf("got %v %q; want InvalidArgument naming %s", st.Code(), st.Message(), tc.field)
+			}
+			got, err := ts.Registry.GetAddressPool(ctx, &weirv1.GetAddressPoolRequest{Name: "public"})
+			if err != nil || !proto.Equal(got.GetAddressPool(), created.GetAddressPool()) {
+				t.Errorf("the refused update changed the pool: %v, %v", got, err)
+			}
+		})
+	}
 }

@@ -26,10 +26,11 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 	}
 	for _, p := range n.BGPPeers {
 		out.BgpPeers = append(out.BgpPeers, &weirv1.NodePeer{Address: p.Address.String(), Port: int32(p.Port), Asn: p.ASN, MyAsn: p.MyASN,
-			HoldTimeSeconds: int32(p.HoldTime / time.Second), Password: p.Password})
+			HoldTimeSeconds: int32(p.HoldTime / time.Second), Password: p.Password, Name: p.Name, GracefulRestart: p.GracefulRestart})
 	}
 	for _, a := range n.Advertisements {
-		pa := &weirv1.PoolAdvertisement{Communities: a.Communities, LocalPreference: a.LocalPref}
+		pa := &weirv1.PoolAdvertisement{Communities: a.Communities, LocalPreference: a.LocalPref, Peers: a.Peers,
+			AggregationLength: uint32(a.AggregationLength), AggregationLengthV6: uint32(a.AggregationLengthV6)}
 		for _, r := range a.Ranges {
 			pa.Ranges = append(pa.Ranges, r.First.String()+"-"+r.Last.String())
 		}
@@ -62,10 +63,15 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 			return datapath.NodeInfo{}, err
 		}
 		info.BGPPeers = append(info.BGPPeers, datapath.BGPPeer{Address: a, Port: port, ASN: p.GetAsn(), MyASN: p.GetMyAsn(),
-			HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword()})
+			HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword(),
+			Name: p.GetName(), GracefulRestart: p.GetGracefulRestart()})
 	}
 	for i, pa := range n.GetAdvertisements() {
-		a := datapath.BGPAdvertisement{Communities: pa.GetCommunities(), LocalPref: pa.GetLocalPreference()}
+		a := datapath.BGPAdvertisement{Communities: pa.GetCommunities(), LocalPref: pa.GetLocalPreference(), Peers: pa.GetPeers(),
+			AggregationLength: int(pa.GetAggregationLength()), AggregationLengthV6: int(pa.GetAggregationLengthV6())}
+		if a.AggregationLength > 32 || a.AggregationLengthV6 > 128 {
+			return datapath.NodeInfo{}, fmt.Errorf("node.advertisements[%d]: aggregation lengths %d and %d are not prefix lengths", i, a.AggregationLength, a.AggregationLengthV6)
+		}
 		for j, r := range pa.GetRanges() {
 			first, last, ok := strings.Cut(r, "-")
 			f, err1 := netip.ParseAddr(first)

@@ -274,8 +274,10 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 		return nil, err
 	}
 	out := &model.AddressPool{Meta: meta, ManualOnly: p.GetManualOnly()}
-	out.BGP.LocalPref = p.GetBgpAdvertisement().GetLocalPreference()
-	for i, c := range p.GetBgpAdvertisement().GetCommunities() {
+	adv := p.GetBgpAdvertisement()
+	out.BGP.LocalPref, out.BGP.Peers = adv.GetLocalPreference(), adv.GetPeers()
+	out.BGP.AggregationLength, out.BGP.AggregationLengthV6 = int(adv.GetAggregationLength()), int(adv.GetAggregationLengthV6())
+	for i, c := range adv.GetCommunities() {
 		v, err := model.ParseCommunity(c)
 		if err != nil {
 			return nil, &model.FieldError{Field: fmt.Sprintf("bgp_advertisement.communities[%d]", i), Reason: err.Error()}
@@ -294,8 +296,9 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 
 func poolToProto(p *model.AddressPool) *weirv1.AddressPool {
 	out := &weirv1.AddressPool{Metadata: metaToProto(&p.Meta), ManualOnly: p.ManualOnly}
-	if p.BGP.LocalPref != 0 || len(p.BGP.Communities) > 0 {
-		out.BgpAdvertisement = &weirv1.BgpAdvertisement{LocalPreference: p.BGP.LocalPref}
+	if !p.BGP.IsZero() {
+		out.BgpAdvertisement = &weirv1.BgpAdvertisement{LocalPreference: p.BGP.LocalPref, Peers: p.BGP.Peers,
+			AggregationLength: uint32(p.BGP.AggregationLength), AggregationLengthV6: uint32(p.BGP.AggregationLengthV6)}
 		for _, c := range p.BGP.Communities {
 			out.BgpAdvertisement.Communities = append(out.BgpAdvertisement.Communities, model.FormatCommunity(c))
 		}
@@ -313,7 +316,8 @@ func BGPPeerFromProto(p *weirv1.BgpPeer) (*model.BGPPeer, error) {
 		return nil, err
 	}
 	out := &model.BGPPeer{Meta: meta, ASN: p.GetAsn(), MyASN: p.GetMyAsn(), Port: p.GetPort(),
-		HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword(), NodeSelector: p.GetNodeSelector()}
+		HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword(), NodeSelector: p.GetNodeSelector(),
+		GracefulRestart: p.GetGracefulRestart()}
 	if out.Address, err = netip.ParseAddr(p.GetAddress()); err != nil {
 		return nil, &model.FieldError{Field: "address", Reason: fmt.Sprintf("%q is not an IP address", p.GetAddress())}
 	}
@@ -323,5 +327,5 @@ func BGPPeerFromProto(p *weirv1.BgpPeer) (*model.BGPPeer, error) {
 // bgpPeerToProto leaves the password out: it is write-only.
 func bgpPeerToProto(p *model.BGPPeer) *weirv1.BgpPeer {
 	return &weirv1.BgpPeer{Metadata: metaToProto(&p.Meta), Address: p.Address.String(), Asn: p.ASN, MyAsn: p.MyASN, Port: p.Port,
-		HoldTimeSeconds: int32(p.HoldTime / time.Second), NodeSelector: p.NodeSelector}
+		HoldTimeSeconds: int32(p.HoldTime / time.Second), NodeSelector: p.NodeSelector, GracefulRestart: p.GracefulRestart}
 }

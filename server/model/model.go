@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/weirlb/weir/internal/iprange"
 )
 
 // Meta names a resource and carries its version.
@@ -108,11 +110,26 @@ type AddressPool struct {
 	BGP BGPAdvertisement `json:"bgp,omitzero"`
 }
 
-// BGPAdvertisement is a pool's BGP path attributes.
+// BGPAdvertisement is how a pool's addresses are announced.
 type BGPAdvertisement struct {
 	Communities []uint32 `json:"communities,omitempty"` // ASN<<16 | VALUE
 	LocalPref   uint32   `json:"localPref,omitempty"`
+	// Peers names the BGPPeers that hear the routes; empty means all.
+	Peers []string `json:"peers,omitempty"`
+	// AggregationLength and AggregationLengthV6 are the prefix lengths
+	// announced for each address; 0 means the host prefix.
+	AggregationLength   int `json:"aggregationLength,omitempty"`
+	AggregationLengthV6 int `json:"aggregationLengthV6,omitempty"`
 }
+
+// IsZero reports whether the advertisement is the default one: host
+// prefixes with no attributes, to every peer.
+func (a BGPAdvertisement) IsZero() bool {
+	return len(a.Communities) == 0 && a.LocalPref == 0 && len(a.Peers) == 0 && a.AggregationLength == 0 && a.AggregationLengthV6 == 0
+}
+
+// Prefixes are the fewest CIDRs that make up the range, in order.
+func (r AddressRange) Prefixes() []netip.Prefix { return iprange.Prefixes(r.First, r.Last) }
 
 // wellKnownCommunities are RFC 1997's and RFC 3765's names.
 var wellKnownCommunities = map[string]uint32{
@@ -169,20 +186,11 @@ func ParseAddressRange(s string) (AddressRange, error) {
 		return AddressRange{}, fmt.Errorf("%q is neither a CIDR nor a first-last range", s)
 	}
 	p = p.Masked()
-	return AddressRange{p.Addr(), lastAddr(p)}, nil
+	return AddressRange{p.Addr(), iprange.Last(p)}, nil
 }
 
 // String renders the range the way it parses.
 func (r AddressRange) String() string { return r.First.String() + "-" + r.Last.String() }
-
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 1 << (7 - i%8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
 
 type ServicePort struct {
 	Name       string   `json:"name,omitempty"`
@@ -247,6 +255,8 @@ type BGPPeer struct {
 	HoldTime     time.Duration     `json:"holdTime,omitempty"`
 	Password     string            `json:"password,omitempty"`
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// GracefulRestart offers RFC 4724 graceful restart to the router.
+	GracefulRestart bool `json:"gracefulRestart,omitempty"`
 }
 
 // Selects reports whether the peer applies to a node with these labels.

@@ -254,6 +254,39 @@ func (p *AddressPool) Validate() error {
 			}
 		}
 	}
+	for i, peer := range p.BGP.Peers {
+		if !dns1123Subdomain.MatchString(peer) {
+			return fieldErr(fmt.Sprintf("bgp_advertisement.peers[%d]", i), "%q is not a BGP peer's name", peer)
+		}
+	}
+	for _, agg := range []struct {
+		field string
+		bits  int
+		is4   bool
+	}{{"bgp_advertisement.aggregation_length", p.BGP.AggregationLength, true}, {"bgp_advertisement.aggregation_length_v6", p.BGP.AggregationLengthV6, false}} {
+		if agg.bits == 0 {
+			continue
+		}
+		width := 128
+		if agg.is4 {
+			width = 32
+		}
+		if agg.bits < 1 || agg.bits > width {
+			return fieldErr(agg.field, "%d is not a prefix length (1-%d)", agg.bits, width)
+		}
+		// Each address's aggregate must lie inside the pool: no prefix of
+		// the pool may be longer than the aggregation length.
+		for i, r := range p.Ranges {
+			if r.First.Is4() != agg.is4 {
+				continue
+			}
+			for _, pfx := range r.Prefixes() {
+				if pfx.Bits() > agg.bits {
+					return fieldErr(agg.field, "%d would announce addresses outside the pool: addresses[%d] holds %s, longer than /%d", agg.bits, i, pfx, agg.bits)
+				}
+			}
+		}
+	}
 	return nil
 }
 

@@ -38,14 +38,16 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 		if p.Selects(n.Labels) {
 			info.BGPPeers = append(info.BGPPeers, datapath.BGPPeer{
 				Address: p.Address, Port: uint16(p.Port), ASN: p.ASN, MyASN: p.MyASN, HoldTime: p.HoldTime, Password: p.Password,
+				Name: p.Name, GracefulRestart: p.GracefulRestart,
 			})
 		}
 	}
 	for _, p := range v.Pools() {
-		if p.BGP.LocalPref == 0 && len(p.BGP.Communities) == 0 {
+		if p.BGP.IsZero() {
 			continue
 		}
-		a := datapath.BGPAdvertisement{Communities: p.BGP.Communities, LocalPref: p.BGP.LocalPref}
+		a := datapath.BGPAdvertisement{Communities: p.BGP.Communities, LocalPref: p.BGP.LocalPref, Peers: p.BGP.Peers,
+			AggregationLength: p.BGP.AggregationLength, AggregationLengthV6: p.BGP.AggregationLengthV6}
 		for _, r := range p.Ranges {
 			a.Ranges = append(a.Ranges, datapath.AddressRange{First: r.First, Last: r.Last})
 		}

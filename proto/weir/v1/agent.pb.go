@@ -962,8 +962,13 @@ type PoolAdvertisement struct {
 	// Standard communities as 32-bit numbers (ASN << 16 | VALUE).
 	Communities     []uint32 `protobuf:"varint,2,rep,packed,name=communities,proto3" json:"communities,omitempty"`
 	LocalPreference uint32   `protobuf:"varint,3,opt,name=local_preference,json=localPreference,proto3" json:"local_preference,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Names of the peers that hear these routes; empty means every peer.
+	Peers []string `protobuf:"bytes,4,rep,name=peers,proto3" json:"peers,omitempty"`
+	// Prefix lengths to announce (0 means the host prefix).
+	AggregationLength   uint32 `protobuf:"varint,5,opt,name=aggregation_length,json=aggregationLength,proto3" json:"aggregation_length,omitempty"`
+	AggregationLengthV6 uint32 `protobuf:"varint,6,opt,name=aggregation_length_v6,json=aggregationLengthV6,proto3" json:"aggregation_length_v6,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *PoolAdvertisement) Reset() {
@@ -1017,6 +1022,27 @@ func (x *PoolAdvertisement) GetLocalPreference() uint32 {
 	return 0
 }
 
+func (x *PoolAdvertisement) GetPeers() []string {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
+func (x *PoolAdvertisement) GetAggregationLength() uint32 {
+	if x != nil {
+		return x.AggregationLength
+	}
+	return 0
+}
+
+func (x *PoolAdvertisement) GetAggregationLengthV6() uint32 {
+	if x != nil {
+		return x.AggregationLengthV6
+	}
+	return 0
+}
+
 type NodePeer struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Address         string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
@@ -1025,6 +1051,9 @@ type NodePeer struct {
 	MyAsn           uint32                 `protobuf:"varint,4,opt,name=my_asn,json=myAsn,proto3" json:"my_asn,omitempty"`
 	HoldTimeSeconds int32                  `protobuf:"varint,5,opt,name=hold_time_seconds,json=holdTimeSeconds,proto3" json:"hold_time_seconds,omitempty"`
 	Password        string                 `protobuf:"bytes,6,opt,name=password,proto3" json:"password,omitempty"`
+	// The BgpPeer's name, which advertisements refer to.
+	Name            string `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"`
+	GracefulRestart bool   `protobuf:"varint,8,opt,name=graceful_restart,json=gracefulRestart,proto3" json:"graceful_restart,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1099,6 +1128,20 @@ func (x *NodePeer) GetPassword() string {
 		return x.Password
 	}
 	return ""
+}
+
+func (x *NodePeer) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NodePeer) GetGracefulRestart() bool {
+	if x != nil {
+		return x.GracefulRestart
+	}
+	return false
 }
 
 // NodeService is one service as the nodes must forward it: every endpoint
@@ -1491,18 +1534,23 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"registered\x12\x18\n" +
 	"\adrained\x18\a \x01(\bR\adrained\x12.\n" +
 	"\tbgp_peers\x18\b \x03(\v2\x11.weir.v1.NodePeerR\bbgpPeers\x12B\n" +
-	"\x0eadvertisements\x18\t \x03(\v2\x1a.weir.v1.PoolAdvertisementR\x0eadvertisements\"x\n" +
+	"\x0eadvertisements\x18\t \x03(\v2\x1a.weir.v1.PoolAdvertisementR\x0eadvertisements\"\xf1\x01\n" +
 	"\x11PoolAdvertisement\x12\x16\n" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12 \n" +
 	"\vcommunities\x18\x02 \x03(\rR\vcommunities\x12)\n" +
-	"\x10local_preference\x18\x03 \x01(\rR\x0flocalPreference\"\xa9\x01\n" +
+	"\x10local_preference\x18\x03 \x01(\rR\x0flocalPreference\x12\x14\n" +
+	"\x05peers\x18\x04 \x03(\tR\x05peers\x12-\n" +
+	"\x12aggregation_length\x18\x05 \x01(\rR\x11aggregationLength\x122\n" +
+	"\x15aggregation_length_v6\x18\x06 \x01(\rR\x13aggregationLengthV6\"\xe8\x01\n" +
 	"\bNodePeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x10\n" +
 	"\x03asn\x18\x03 \x01(\rR\x03asn\x12\x15\n" +
 	"\x06my_asn\x18\x04 \x01(\rR\x05myAsn\x12*\n" +
 	"\x11hold_time_seconds\x18\x05 \x01(\x05R\x0fholdTimeSeconds\x12\x1a\n" +
-	"\bpassword\x18\x06 \x01(\tR\bpassword\"\x8d\x05\n" +
+	"\bpassword\x18\x06 \x01(\tR\bpassword\x12\x12\n" +
+	"\x04name\x18\a \x01(\tR\x04name\x12)\n" +
+	"\x10graceful_restart\x18\b \x01(\bR\x0fgracefulRestart\"\x8d\x05\n" +
 	"\vNodeService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +

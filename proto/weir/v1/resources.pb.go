@@ -1170,8 +1170,19 @@ type BgpAdvertisement struct {
 	Communities []string `protobuf:"bytes,1,rep,name=communities,proto3" json:"communities,omitempty"`
 	// LOCAL_PREF for internal (same-AS) peers; 0 sends none.
 	LocalPreference uint32 `protobuf:"varint,2,opt,name=local_preference,json=localPreference,proto3" json:"local_preference,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Names of the BgpPeers that hear the pool's routes; empty means every
+	// peer (peers given on an agent's command line have no name and hear
+	// only pools that name no peer).
+	Peers []string `protobuf:"bytes,3,rep,name=peers,proto3" json:"peers,omitempty"`
+	// Announce, for each IPv4 address, the prefix of this length holding it
+	// instead of the address alone (MetalLB's aggregationLength): a node
+	// announces the prefix while any of its addresses would be announced.
+	// 0 means 32. The prefix must lie inside the pool.
+	AggregationLength uint32 `protobuf:"varint,4,opt,name=aggregation_length,json=aggregationLength,proto3" json:"aggregation_length,omitempty"`
+	// The same for IPv6; 0 means 128.
+	AggregationLengthV6 uint32 `protobuf:"varint,5,opt,name=aggregation_length_v6,json=aggregationLengthV6,proto3" json:"aggregation_length_v6,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *BgpAdvertisement) Reset() {
@@ -1218,6 +1229,27 @@ func (x *BgpAdvertisement) GetLocalPreference() uint32 {
 	return 0
 }
 
+func (x *BgpAdvertisement) GetPeers() []string {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
+func (x *BgpAdvertisement) GetAggregationLength() uint32 {
+	if x != nil {
+		return x.AggregationLength
+	}
+	return 0
+}
+
+func (x *BgpAdvertisement) GetAggregationLengthV6() uint32 {
+	if x != nil {
+		return x.AggregationLengthV6
+	}
+	return 0
+}
+
 // BgpPeer is an upstream router the nodes' BGP speakers peer with
 // (MetalLB's BGPPeer).
 type BgpPeer struct {
@@ -1235,9 +1267,15 @@ type BgpPeer struct {
 	// TCP MD5 signature password; empty for none.
 	Password string `protobuf:"bytes,7,opt,name=password,proto3" json:"password,omitempty"`
 	// Which nodes peer, by label; empty means every node.
-	NodeSelector  map[string]string `protobuf:"bytes,8,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodeSelector map[string]string `protobuf:"bytes,8,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Offer graceful restart (RFC 4724, restart time 120 s): while a node's
+	// agent restarts, say for an upgrade, the router keeps forwarding to the
+	// node on the routes it had. The cost: a node that dies keeps its routes
+	// until the restart time runs out or the router's hold timer, whichever
+	// the router applies, so pair it with the load-balancer tier or BFD.
+	GracefulRestart bool `protobuf:"varint,9,opt,name=graceful_restart,json=gracefulRestart,proto3" json:"graceful_restart,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BgpPeer) Reset() {
@@ -1324,6 +1362,13 @@ func (x *BgpPeer) GetNodeSelector() map[string]string {
 		return x.NodeSelector
 	}
 	return nil
+}
+
+func (x *BgpPeer) GetGracefulRestart() bool {
+	if x != nil {
+		return x.GracefulRestart
+	}
+	return false
 }
 
 var File_weir_v1_resources_proto protoreflect.FileDescriptor
@@ -1413,10 +1458,13 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x1f\n" +
 	"\vmanual_only\x18\x03 \x01(\bR\n" +
 	"manualOnly\x12F\n" +
-	"\x11bgp_advertisement\x18\x04 \x01(\v2\x19.weir.v1.BgpAdvertisementR\x10bgpAdvertisement\"_\n" +
+	"\x11bgp_advertisement\x18\x04 \x01(\v2\x19.weir.v1.BgpAdvertisementR\x10bgpAdvertisement\"\xd8\x01\n" +
 	"\x10BgpAdvertisement\x12 \n" +
 	"\vcommunities\x18\x01 \x03(\tR\vcommunities\x12)\n" +
-	"\x10local_preference\x18\x02 \x01(\rR\x0flocalPreference\"\xe3\x02\n" +
+	"\x10local_preference\x18\x02 \x01(\rR\x0flocalPreference\x12\x14\n" +
+	"\x05peers\x18\x03 \x03(\tR\x05peers\x12-\n" +
+	"\x12aggregation_length\x18\x04 \x01(\rR\x11aggregationLength\x122\n" +
+	"\x15aggregation_length_v6\x18\x05 \x01(\rR\x13aggregationLengthV6\"\x8e\x03\n" +
 	"\aBgpPeer\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x10\n" +
@@ -1425,7 +1473,8 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x04port\x18\x05 \x01(\x05R\x04port\x12*\n" +
 	"\x11hold_time_seconds\x18\x06 \x01(\x05R\x0fholdTimeSeconds\x12\x1a\n" +
 	"\bpassword\x18\a \x01(\tR\bpassword\x12G\n" +
-	"\rnode_selector\x18\b \x03(\v2\".weir.v1.BgpPeer.NodeSelectorEntryR\fnodeSelector\x1a?\n" +
+	"\rnode_selector\x18\b \x03(\v2\".weir.v1.BgpPeer.NodeSelectorEntryR\fnodeSelector\x12)\n" +
+	"\x10graceful_restart\x18\t \x01(\bR\x0fgracefulRestart\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x84\x01\n" +
