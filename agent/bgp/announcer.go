@@ -11,6 +11,7 @@ import (
 	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bgpspeaker"
+	"github.com/weirlb/weir/internal/iprange"
 )
 
 // Announcer decides what the node announces: each load-balancer IP of a
@@ -27,9 +28,15 @@ type Announcer struct {
 	state     datapath.NodeState
 	announced map[netip.Prefix]Announcement
 	reported  health.BGPReport
-	// peersFailed: the last peer set was not applied whole; Report, every
-	// second, tries again.
-	peersFailed bool
+	// peersFailed, rulesFailed: the last peer set or export rules were
+	// not applied whole; Report, every second, tries again.
+	peersFailed, rulesFailed bool
+	// rules are the export rules last given to the speaker.
+	rules []ExportRule
+	// applied: a state was applied since the start. Peers are dialled
+	// only then, so that a router that kept this node's routes through a
+	// restart (graceful restart) gets the whole table before End-of-RIB.
+	applied bool
 	// changed: announced differs from what was last reported.
 	changed bool
 }
@@ -43,18 +50,31 @@ func NewAnnouncer(sp Speaker, proxyHealthy func() bool, log *slog.Logger) *Annou
 func (a *Announcer) Received(st datapath.NodeState) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !slices.Equal(st.Node.BGPPeers, a.state.Node.BGPPeers) {
+	peersChanged := !slices.Equal(st.Node.BGPPeers, a.state.Node.BGPPeers)
+	rulesChanged := peersChanged || !slices.EqualFunc(st.Node.Advertisements, a.state.Node.Advertisements, datapath.BGPAdvertisement.Equal)
+	a.state = st
+	if rulesChanged {
+		// Before anything is announced under them.
+		a.setExportRules()
+	}
+	if peersChanged && a.applied {
 		a.setPeers(st.Node.BGPPeers)
 	}
-	a.state = st
 	a.sync(false)
 }
+
+// PeerGracefulRestart is the restart time offered to peers that ask for
+// graceful restart, FRR's default.
+const PeerGracefulRestart = 120 * time.Second
 
 // setPeers peers with the routers the server chose for this node.
 func (a *Announcer) setPeers(from []datapath.BGPPeer) {
 	peers := make([]Peer, len(from))
 	for i, p := range from {
 		peers[i] = Peer{Address: p.Address, Port: p.Port, ASN: p.ASN, MyASN: p.MyASN, HoldTime: p.HoldTime, Password: p.Password}
+		if p.GracefulRestart {
+			peers[i].GracefulRestart = PeerGracefulRestart
+		}
 	}
 	if err := a.sp.SetPeers(context.Background(), peers); err != nil {
 		if !a.peersFailed {
@@ -67,11 +87,66 @@ func (a *Announcer) setPeers(from []datapath.BGPPeer) {
 	a.log.Info("BGP peers set", "peers", len(peers))
 }
 
+// setExportRules keeps each pool that names its peers to those of the
+// node's peers. What the new rules send to other peers is withdrawn first
+// (under the old rules, which is the only way the routers hear it) and
+// announced again by the next sync.
+func (a *Announcer) setExportRules() {
+	ctx := context.Background()
+	rules := ExportRules(a.state.Node)
+	for p, had := range a.announced {
+		before, allBefore := bgpspeaker.Audience(a.rules, p)
+		after, allAfter := bgpspeaker.Audience(rules, p)
+		if allBefore == allAfter && slices.Equal(before, after) {
+			continue
+		}
+		if err := a.sp.Withdraw(ctx, p, had); err != nil {
+			a.log.Error("BGP withdraw failed", "prefix", p, "error", err)
+			continue
+		}
+		delete(a.announced, p)
+		a.changed = true
+	}
+	if err := a.sp.SetExportRules(ctx, rules); err != nil {
+		if !a.rulesFailed {
+			a.log.Error("setting which peers hear which pools failed; retrying every second", "error", err)
+		}
+		a.rulesFailed = true
+		return
+	}
+	a.rules, a.rulesFailed = rules, false
+}
+
+// ExportRules are the rules for node's advertisements that name peers.
+func ExportRules(node datapath.NodeInfo) []ExportRule {
+	var rules []ExportRule
+	for _, adv := range node.Advertisements {
+		if len(adv.Peers) == 0 {
+			continue
+		}
+		var r ExportRule
+		for _, rg := range adv.Ranges {
+			r.Prefixes = append(r.Prefixes, iprange.Prefixes(rg.First, rg.Last)...)
+		}
+		for _, p := range node.BGPPeers {
+			if slices.Contains(adv.Peers, p.Name) {
+				r.Peers = append(r.Peers, p.Address)
+			}
+		}
+		rules = append(rules, r)
+	}
+	return rules
+}
+
 // Applied announces what the applied state says the node should attract.
 func (a *Announcer) Applied(time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.sync(true)
+	if !a.applied {
+		a.applied = true
+		a.setPeers(a.state.Node.BGPPeers)
+	}
 }
 
 // Report gives the speaker's sessions and announcements when they
@@ -84,6 +159,9 @@ func (a *Announcer) Report(full bool) *health.Report {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.rulesFailed {
+		a.setExportRules()
+	}
 	if a.peersFailed {
 		a.setPeers(a.state.Node.BGPPeers)
 	}
@@ -159,13 +237,17 @@ func (a *Announcer) sync(rise bool) {
 }
 
 // Wanted is what a node in state st should announce: every load-balancer
-// IP, as a host prefix, with the node's address of that family as next
-// hop, unless the node should not attract the service's traffic.
+// IP, as a host prefix or its pool's aggregate, with the node's address of
+// that family as next hop, unless the node should not attract the
+// service's traffic. An aggregate is announced while any of its addresses
+// would be, weighted by all their local endpoints (unweighted when one of
+// them is a Cluster service's, which every node serves alike).
 func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcement {
 	want := map[netip.Prefix]Announcement{}
 	if st.Node.Deleting || st.Node.Drained || !proxyHealthy {
 		return want
 	}
+	unweighted := map[netip.Prefix]bool{}
 	for _, svc := range st.Services {
 		for _, vip := range svc.LoadBalancerIPs {
 			hop, ok := nodeAddr(st.Node.Addresses, vip.Is6())
@@ -173,19 +255,28 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcem
 				continue
 			}
 			a := Announcement{NextHop: hop}
-			for _, adv := range st.Node.Advertisements {
-				if slices.ContainsFunc(adv.Ranges, func(r datapath.AddressRange) bool { return r.Contains(vip) }) {
-					a.Communities, a.LocalPref = adv.Communities, adv.LocalPref
+			adv := datapath.BGPAdvertisement{}
+			for _, pool := range st.Node.Advertisements {
+				if slices.ContainsFunc(pool.Ranges, func(r datapath.AddressRange) bool { return r.Contains(vip) }) {
+					adv = pool
 					break
 				}
 			}
+			a.Communities, a.LocalPref = adv.Communities, adv.LocalPref
+			prefix := adv.PrefixOf(vip)
 			if svc.ExternalTrafficPolicy == datapath.Local {
 				// The node gets traffic in proportion to its endpoints.
 				if a.Weight = readyLocal(svc, vip.Is6()); a.Weight == 0 {
 					continue
 				}
+			} else {
+				unweighted[prefix] = true
 			}
-			want[netip.PrefixFrom(vip, vip.BitLen())] = a
+			a.Weight += want[prefix].Weight
+			if unweighted[prefix] {
+				a.Weight = 0
+			}
+			want[prefix] = a
 		}
 	}
 	return want

@@ -3,9 +3,12 @@ package bgp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bgpspeaker"
@@ -22,6 +25,7 @@ func (f *failingSpeaker) Announce(context.Context, netip.Prefix, Announcement) e
 func (f *failingSpeaker) Withdraw(context.Context, netip.Prefix, Announcement) error { return nil }
 func (f *failingSpeaker) Sessions(context.Context) ([]bgpspeaker.Session, error)     { return nil, nil }
 func (f *failingSpeaker) Close()                                                     {}
+func (f *failingSpeaker) SetExportRules(context.Context, []ExportRule) error         { return nil }
 func (f *failingSpeaker) SetPeers(_ context.Context, peers []Peer) error {
 	if f.fail {
 		return errors.New("peer refused")
@@ -35,6 +39,12 @@ func TestPeersThatFailAreRetried(t *testing.T) {
 	a := NewAnnouncer(sp, func() bool { return true }, slog.New(slog.DiscardHandler))
 	router := datapath.BGPPeer{Address: netip.MustParseAddr("192.0.2.1"), ASN: 64500, MyASN: 64512}
 	a.Received(datapath.NodeState{Node: datapath.NodeInfo{BGPPeers: []datapath.BGPPeer{router}}})
+	sp.fail = false
+	if a.Report(false); sp.peers != nil {
+		t.Fatal("peers dialled before the first state was applied")
+	}
+	sp.fail = true
+	a.Applied(0)
 	if sp.peers != nil {
 		t.Fatal("a refused peer set was recorded")
 	}
@@ -43,5 +53,61 @@ func TestPeersThatFailAreRetried(t *testing.T) {
 	a.Report(false)
 	if len(sp.peers) != 1 || sp.peers[0].Address != router.Address || sp.peers[0].MyASN != 64512 {
 		t.Errorf("after the retry the speaker has %+v; want the router", sp.peers)
+	}
+}
+
+func TestAggregatesAndWeights(t *testing.T) {
+	addr := netip.MustParseAddr
+	svc := func(name string, policy datapath.TrafficPolicy, vip string, ready int) *datapath.Service {
+		s := &datapath.Service{Key: datapath.ServiceKey{Namespace: "default", Name: name}, LoadBalancerIPs: []netip.Addr{addr(vip)},
+			ExternalTrafficPolicy: policy, Ports: []datapath.ServicePort{{}}}
+		for i := range ready {
+			s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, datapath.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)}), Local: true, Ready: true})
+		}
+		return s
+	}
+	node := datapath.NodeInfo{Addresses: []netip.Addr{addr("192.0.2.11")}, Advertisements: []datapath.BGPAdvertisement{
+		{Ranges: []datapath.AddressRange{{First: addr("203.0.113.0"), Last: addr("203.0.113.255")}}, AggregationLength: 24, Communities: []uint32{7}},
+		{Ranges: []datapath.AddressRange{{First: addr("198.51.100.0"), Last: addr("198.51.100.255")}}, AggregationLength: 24},
+	}}
+	st := datapath.NodeState{Node: node, Services: map[datapath.ServiceKey]*datapath.Service{}}
+	for _, s := range []*datapath.Service{
+		svc("a", datapath.Local, "203.0.113.7", 2),
+		svc("b", datapath.Local, "203.0.113.9", 1),
+		svc("none-here", datapath.Local, "203.0.113.10", 0),
+		svc("c", datapath.Local, "198.51.100.7", 3),
+		svc("d", datapath.Cluster, "198.51.100.8", 0),
+		svc("outside", datapath.Local, "192.0.2.200", 1),
+	} {
+		st.Services[s.Key] = s
+	}
+	got := map[string]string{}
+	for p, a := range Wanted(st, true) {
+		got[p.String()] = fmt.Sprintf("via %s weight %d communities %v", a.NextHop, a.Weight, a.Communities)
+	}
+	want := map[string]string{
+		"203.0.113.0/24":  "via 192.0.2.11 weight 3 communities [7]", // both Local services' endpoints
+		"198.51.100.0/24": "via 192.0.2.11 weight 0 communities []",  // a Cluster service in it: unweighted
+		"192.0.2.200/32":  "via 192.0.2.11 weight 1 communities []",  // in no pool: the address alone
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("announcements (-want +got):\n%s", diff)
+	}
+}
+
+func TestExportRulesNameThePoolsPeers(t *testing.T) {
+	addr := netip.MustParseAddr
+	node := datapath.NodeInfo{
+		BGPPeers: []datapath.BGPPeer{{Name: "upstream", Address: addr("192.0.2.1")}, {Name: "collector", Address: addr("192.0.2.2")}, {Address: addr("192.0.2.3")}},
+		Advertisements: []datapath.BGPAdvertisement{
+			{Ranges: []datapath.AddressRange{{First: addr("203.0.113.10"), Last: addr("203.0.113.13")}}, Peers: []string{"upstream"}},
+			{Ranges: []datapath.AddressRange{{First: addr("2001:db8::"), Last: addr("2001:db8::ff")}}, Communities: []uint32{1}},
+			{Ranges: []datapath.AddressRange{{First: addr("198.51.100.0"), Last: addr("198.51.100.255")}}, Peers: []string{"elsewhere"}},
+		},
+	}
+	got := fmt.Sprint(ExportRules(node))
+	want := "[{[203.0.113.10/31 203.0.113.12/31] [192.0.2.1]} {[198.51.100.0/24] []}]"
+	if got != want {
+		t.Errorf("rules %s, want %s", got, want)
 	}
 }

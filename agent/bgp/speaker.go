@@ -19,12 +19,15 @@ type Speaker interface {
 	// ones: new peers are dialled, changed ones re-dialled, missing ones
 	// dropped.
 	SetPeers(ctx context.Context, peers []Peer) error
+	// SetExportRules keeps some routes to some peers.
+	SetExportRules(ctx context.Context, rules []ExportRule) error
 	Sessions(ctx context.Context) ([]bgpspeaker.Session, error)
 	Close()
 }
 
-// Announcement and Peer are the speaker's.
+// Announcement, Peer and ExportRule are the speaker's.
 type (
 	Announcement = bgpspeaker.Announcement
 	Peer         = bgpspeaker.Peer
+	ExportRule   = bgpspeaker.ExportRule
 )

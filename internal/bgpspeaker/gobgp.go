@@ -31,6 +31,9 @@ type Peer struct {
 	MyASN    uint32        // 0 means the speaker's own AS
 	HoldTime time.Duration // 0 means 90 s
 	Password string        // TCP MD5, optional
+	// GracefulRestart, when above 0, is the restart time offered to this
+	// router; 0 means the speaker's Config.GracefulRestart.
+	GracefulRestart time.Duration
 }
 
 // ParsePeer reads "ADDRESS[:PORT]/ASN" (IPv6 addresses in brackets when a
@@ -155,8 +158,97 @@ type GoBGP struct {
 	asn uint32
 	cfg Config
 
-	mu      sync.Mutex // guards dynamic
+	mu      sync.Mutex // guards dynamic and exportRules
 	dynamic map[netip.Addr]Peer
+	// exportRules are the rules in force; nil before the first
+	// SetExportRules.
+	exportRules []ExportRule
+}
+
+// ExportRule keeps the routes inside Prefixes (each prefix and every
+// longer one inside it) to the routers at Peers; no peers means none.
+type ExportRule struct {
+	Prefixes []netip.Prefix
+	Peers    []netip.Addr
+}
+
+func (r ExportRule) equal(o ExportRule) bool {
+	return slices.Equal(r.Prefixes, o.Prefixes) && slices.Equal(r.Peers, o.Peers)
+}
+
+const exportPolicy = "weir-export"
+
+// SetExportRules replaces the rules of the last call. Routes no rule
+// covers go to every router. The rules apply to what is announced from now
+// on: GoBGP sends no withdrawal for a path its new policy refuses, so a
+// caller takes back, before, what the change moves, and announces it again
+// after.
+func (g *GoBGP) SetExportRules(ctx context.Context, rules []ExportRule) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.exportRules != nil && slices.EqualFunc(rules, g.exportRules, ExportRule.equal) {
+		return nil
+	}
+	req := &api.SetPoliciesRequest{}
+	policy := &api.Policy{Name: exportPolicy}
+	for i, r := range rules {
+		neighbors := fmt.Sprintf("weir-rule-%d-peers", i)
+		if len(r.Peers) > 0 {
+			set := &api.DefinedSet{DefinedType: api.DefinedType_NEIGHBOR, Name: neighbors}
+			for _, a := range r.Peers {
+				set.List = append(set.List, netip.PrefixFrom(a, a.BitLen()).String())
+			}
+			req.DefinedSets = append(req.DefinedSets, set)
+		}
+		// A prefix set holds one family.
+		for _, family := range []string{"ipv4", "ipv6"} {
+			set := &api.DefinedSet{DefinedType: api.DefinedType_PREFIX, Name: fmt.Sprintf("weir-rule-%d-%s", i, family)}
+			for _, p := range r.Prefixes {
+				if p.Addr().Is4() == (family == "ipv4") {
+					set.Prefixes = append(set.Prefixes, &api.Prefix{IpPrefix: p.Masked().String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(p.Addr().BitLen())})
+				}
+			}
+			if len(set.Prefixes) == 0 {
+				continue
+			}
+			req.DefinedSets = append(req.DefinedSets, set)
+			st := &api.Statement{Name: set.Name,
+				Conditions: &api.Conditions{PrefixSet: &api.MatchSet{Name: set.Name, Type: api.MatchSet_ANY}},
+				Actions:    &api.Actions{RouteAction: api.RouteAction_REJECT}}
+			if len(r.Peers) > 0 {
+				// Rejected for every router but these.
+				st.Conditions.NeighborSet = &api.MatchSet{Name: neighbors, Type: api.MatchSet_INVERT}
+			}
+			policy.Statements = append(policy.Statements, st)
+		}
+	}
+	req.Policies = []*api.Policy{policy}
+	if err := g.s.SetPolicies(ctx, req); err != nil {
+		return fmt.Errorf("setting the export policy: %w", err)
+	}
+	if g.exportRules == nil {
+		if err := g.s.AddPolicyAssignment(ctx, &api.AddPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
+			Name: "global", Direction: api.PolicyDirection_EXPORT, Policies: []*api.Policy{{Name: exportPolicy}},
+			DefaultAction: api.RouteAction_ACCEPT}}); err != nil {
+			return fmt.Errorf("assigning the export policy: %w", err)
+		}
+	}
+	g.exportRules = slices.Clone(rules)
+	if g.exportRules == nil {
+		g.exportRules = []ExportRule{}
+	}
+	return nil
+}
+
+// Audience is who hears prefix under rules: the peers of the first rule
+// that covers it, or, when none does, every peer (all).
+func Audience(rules []ExportRule, prefix netip.Prefix) (peers []netip.Addr, all bool) {
+	for _, r := range rules {
+		if slices.ContainsFunc(r.Prefixes, func(q netip.Prefix) bool { return q.Bits() <= prefix.Bits() && q.Contains(prefix.Addr()) }) {
+			return r.Peers, false
+		}
+	}
+	return nil, true
 }
 
 // Start starts a speaker and adds its peers.
@@ -196,9 +288,10 @@ func (g *GoBGP) addPeer(ctx context.Context, p Peer) error {
 		Conf:   &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, LocalAsn: p.MyASN, AuthPassword: p.Password},
 		Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: max(1, hold/3), ConnectRetry: 1}},
 	}
-	gr := g.cfg.GracefulRestart > 0
+	restart := cmp.Or(p.GracefulRestart, g.cfg.GracefulRestart)
+	gr := restart > 0
 	if gr {
-		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(g.cfg.GracefulRestart / time.Second)}
+		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(restart / time.Second)}
 	}
 	for _, f := range families {
 		af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: f, Enabled: true}}

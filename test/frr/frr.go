@@ -112,7 +112,8 @@ func (r *Router) Vtysh(ctx context.Context, command string) (string, error) {
 	return r.ns.Run(ctx, "vtysh", "--vty_socket", r.Dir, "-c", command)
 }
 
-// Established counts the BGP sessions in state Established.
+// Established counts the neighbors whose BGP session is Established (a
+// session that carries both families counts once).
 func (r *Router) Established(ctx context.Context) (int, error) {
 	out, err := r.Vtysh(ctx, "show bgp summary json")
 	if err != nil {
@@ -126,15 +127,15 @@ func (r *Router) Established(ctx context.Context) (int, error) {
 	if err := json.Unmarshal([]byte(out), &sum); err != nil {
 		return 0, err
 	}
-	n := 0
+	up := map[string]bool{}
 	for _, af := range sum {
-		for _, p := range af.Peers {
+		for addr, p := range af.Peers {
 			if p.State == "Established" {
-				n++
+				up[addr] = true
 			}
 		}
 	}
-	return n, nil
+	return len(up), nil
 }
 
 // route is `ip route show prefix` in the router's namespace.

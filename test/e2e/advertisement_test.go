@@ -1,0 +1,178 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/frr"
+	"github.com/weirlb/weir/test/lab"
+)
+
+const collectorASN = 64501
+
+// TestAdvertisementPicksPeersAndAggregates: a pool's advertisement sends
+// its routes only to the peers it names, as one aggregate prefix per
+// address block, while a pool that names no peer reaches every router. Two
+// real routers: the lab's upstream router and a second FRR (the
+// "collector") on the rack LAN.
+func TestAdvertisementPicksPeersAndAggregates(t *testing.T) {
+	c, upstream := startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter)
+	ctx := context.Background()
+	collector, err := frr.StartTemp(ctx, c.Control, frr.Config{ASN: collectorASN, RouterID: lab.ControlIPv4.String(), PeerASN: nodeASN,
+		ListenRanges: []string{"192.0.2.0/24", "2001:db8:2::/64"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(collector.Close)
+	node1 := c.Nodes[0]
+	for _, p := range []*weirv1.BgpPeer{
+		{Metadata: &weirv1.ObjectMeta{Name: "upstream"}, Address: lab.RouterLANv4.String(), Asn: routerASN, MyAsn: nodeASN},
+		{Metadata: &weirv1.ObjectMeta{Name: "collector"}, Address: lab.ControlIPv4.String(), Asn: collectorASN, MyAsn: nodeASN},
+	} {
+		if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	public := &weirv1.AddressPool{Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.96/28", "2001:db8:113::60/124"},
+		BgpAdvertisement: &weirv1.BgpAdvertisement{Peers: []string{"upstream"}, AggregationLength: 28, AggregationLengthV6: 124}}
+	created, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: public})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "internal"}, Addresses: []string{"203.0.113.128/28"}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Local, endpoints on node1 only: the aggregates go via node1, to
+	// the upstream router alone; the host prefixes go nowhere.
+	svc := lbService("aggregated", 30110, []string{"10.96.0.70", "fd00:96::70"}, nil)
+	svc.Status = nil
+	svc.Spec.LoadBalancerIps = []string{"203.0.113.97", "2001:db8:113::61"}
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = 32110
+	createService(t, c, svc, node1.Pods)
+	waitNextHops(t, upstream, "203.0.113.96/28", node1.IPv4.String())
+	waitNextHops(t, upstream, "2001:db8:113::60/124", node1.IPv6.String())
+	for _, vip := range []string{"203.0.113.97", "2001:db8:113::61"} {
+		if hops, err := upstream.NextHops(ctx, vip); err != nil || len(hops) > 0 {
+			t.Errorf("the upstream router has a host route for %s via %v (%v); want only the aggregate", vip, hops, err)
+		}
+		for _, rep := range sample(t, c.Client, netip.AddrPortFrom(netip.MustParseAddr(vip), 80), 5) {
+			if podByName(c, rep.Pod).Node != node1 || rep.RemoteAddr().Is4() != netip.MustParseAddr(vip).Is4() || !isClient(rep.RemoteAddr()) {
+				t.Errorf("%s: pod %s saw %s; want a pod of node1 seeing the client", vip, rep.Pod, rep.RemoteAddr())
+			}
+		}
+	}
+
+	// A pool that names no peer reaches both routers: once the collector
+	// has its route, it has had every chance to hear the other.
+	open := lbService("open", 30111, []string{"10.96.0.71"}, nil)
+	open.Status = nil
+	open.Spec.AddressPool = "internal"
+	createService(t, c, open, c.Pods())
+	waitNextHops(t, collector, "203.0.113.128", node1.IPv4.String(), c.Nodes[1].IPv4.String())
+	waitNextHops(t, upstream, "203.0.113.128", node1.IPv4.String(), c.Nodes[1].IPv4.String())
+	for _, prefix := range []string{"203.0.113.96/28", "203.0.113.97", "2001:db8:113::60/124"} {
+		if hops, err := collector.NextHops(ctx, prefix); err != nil || len(hops) > 0 {
+			t.Errorf("the collector, which the pool does not name, has %s via %v (%v)", prefix, hops, err)
+		}
+	}
+
+	// Naming the collector instead moves the routes over without
+	// touching the sessions.
+	pool := created.GetAddressPool()
+	pool.BgpAdvertisement.Peers = []string{"collector"}
+	if _, err := c.Registry.UpdateAddressPool(ctx, &weirv1.UpdateAddressPoolRequest{AddressPool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	waitNextHops(t, collector, "203.0.113.96/28", node1.IPv4.String())
+	waitNextHops(t, collector, "2001:db8:113::60/124", node1.IPv6.String())
+	waitNextHops(t, upstream, "203.0.113.96/28")
+	waitNextHops(t, upstream, "2001:db8:113::60/124")
+	out, err := upstream.Vtysh(ctx, "show bgp neighbors json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var neighbors map[string]struct {
+		State   string `json:"bgpState"`
+		Dropped *int   `json:"connectionsDropped"`
+	}
+	if err := json.Unmarshal([]byte(out), &neighbors); err != nil {
+		t.Fatal(err)
+	}
+	for addr, n := range neighbors {
+		if n.State != "Established" || n.Dropped == nil || *n.Dropped != 0 {
+			t.Errorf("upstream's session with %s: %s, dropped %v times; want never dropped", addr, n.State, n.Dropped)
+		}
+	}
+	if len(neighbors) != 2 {
+		t.Errorf("upstream has %d neighbors; want the two nodes", len(neighbors))
+	}
+}
+
+func isClient(a netip.Addr) bool { return a == lab.ClientIPv4 || a == lab.ClientIPv6 }
+
+// TestGracefulRestartKeepsTrafficThroughAnAgentRestart: with a peer that
+// offers graceful restart, killing and restarting the only node with the
+// service's endpoints drops no connection through the router: it keeps the
+// node's route while the agent comes back, and the node's rules stayed in
+// the kernel. The same restart without graceful restart withdraws the
+// route, which the test checks first so that the second half means
+// something.
+func TestGracefulRestartKeepsTrafficThroughAnAgentRestart(t *testing.T) {
+	c, r := startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter)
+	ctx := context.Background()
+	node1 := c.Nodes[0]
+	peer, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: &weirv1.BgpPeer{
+		Metadata: &weirv1.ObjectMeta{Name: "upstream"}, Address: lab.RouterLANv4.String(), Asn: routerASN, MyAsn: nodeASN}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := lbService("restarts", 30112, []string{"10.96.0.72"}, []string{"203.0.113.72"})
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = 32112
+	createService(t, c, svc, node1.Pods)
+	waitNextHops(t, r, "203.0.113.72", node1.IPv4.String())
+	dst := netip.MustParseAddrPort("203.0.113.72:80")
+
+	restart := func() (failures, total int64) {
+		t.Helper()
+		waitNextHops(t, r, "203.0.113.72", node1.IPv4.String())
+		done := keepConnecting(c.Client, dst)
+		time.Sleep(200 * time.Millisecond)
+		if err := c.RestartAgent(0); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Second)
+		return done()
+	}
+	if failures, total := restart(); failures == 0 {
+		t.Fatalf("without graceful restart, 0 of %d connections failed across the agent restart: the test cannot tell the difference", total)
+	}
+
+	p := peer.GetBgpPeer()
+	p.GracefulRestart = true
+	if _, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: p}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the router sees graceful restart from node1", func() error {
+		out, err := r.Vtysh(ctx, "show bgp neighbors "+node1.IPv4.String()+" json")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, `"remoteGrMode":"Restart"`) {
+			return fmt.Errorf("neighbor: %.600s", out)
+		}
+		return nil
+	})
+	if failures, total := restart(); failures != 0 || total < 100 {
+		t.Errorf("%d of %d connections failed across the agent restart with graceful restart; want 0 of at least 100", failures, total)
+	}
+}
