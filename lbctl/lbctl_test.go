@@ -947,6 +947,10 @@ metadata:
   name: public
 addresses:
 - 203.0.113.0/28
+bgp_advertisement:
+  peers: [tor-a]
+  aggregation_length: 28
+  communities: [no-export]
 ---
 kind: AddressPool
 metadata:
@@ -965,6 +969,13 @@ manual_only: true
 		"reserved   198.51.100.10-198.51.100.20   no            0s\n"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("get pools (-want +got):\n%s", diff)
+	}
+	got = e.mustLbctl("", "get", "pools", "-o", "wide")
+	want = "NAME       ADDRESSES                     AUTO-ASSIGN   AGE   PEERS   AGGREGATION   COMMUNITIES   LABELS\n" +
+		"public     203.0.113.0-203.0.113.15      yes           0s    tor-a   /28,/128      no-export     <none>\n" +
+		"reserved   198.51.100.10-198.51.100.20   no            0s    all     /32,/128      <none>        <none>\n"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("get pools -o wide (-want +got):\n%s", diff)
 	}
 	// An overlapping pool is refused by the server, naming the document.
 	_, stderr, code := e.lbctl("kind: AddressPool\nmetadata:\n  name: clash\naddresses:\n- 203.0.113.8/29\n", "apply", "-f", "-")
@@ -992,6 +1003,7 @@ address: 2001:db8::1
 port: 1179
 asn: 64501
 my_asn: 64512
+graceful_restart: true
 `
 	if out := e.mustLbctl(peers, "apply", "-f", "-"); out != "peer/tor-a created\npeer/tor-b created\n" {
 		t.Errorf("apply: %q", out)
@@ -1002,6 +1014,13 @@ my_asn: 64512
 		"tor-b   [2001:db8::1]:1179   64501   64512    all       0s\n"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("get peers (-want +got):\n%s", diff)
+	}
+	got = e.mustLbctl("", "get", "peers", "-o", "wide")
+	want = "NAME    ADDRESS              ASN     MY-ASN   NODES     AGE   GRACEFUL-RESTART   LABELS\n" +
+		"tor-a   192.0.2.1            64500   64512    rack=r1   0s    no                 <none>\n" +
+		"tor-b   [2001:db8::1]:1179   64501   64512    all       0s    yes                <none>\n"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("get peers -o wide (-want +got):\n%s", diff)
 	}
 	// The password is write-only.
 	if out := e.mustLbctl("", "get", "peer", "tor-a", "-o", "yaml"); strings.Contains(out, "s3cret") {

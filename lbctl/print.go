@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -206,6 +207,24 @@ var poolColumns = []column{
 		}
 		return "yes"
 	}),
+}
+
+var poolWide = []column{
+	col("PEERS", func(p *weirv1.AddressPool) string {
+		if peers := p.GetBgpAdvertisement().GetPeers(); len(peers) > 0 {
+			return list(peers)
+		}
+		return "all"
+	}),
+	col("AGGREGATION", func(p *weirv1.AddressPool) string {
+		adv := p.GetBgpAdvertisement()
+		return fmt.Sprintf("/%d,/%d", cmp.Or(adv.GetAggregationLength(), 32), cmp.Or(adv.GetAggregationLengthV6(), 128))
+	}),
+	col("COMMUNITIES", func(p *weirv1.AddressPool) string { return list(p.GetBgpAdvertisement().GetCommunities()) }),
+}
+
+var peerWide = []column{
+	col("GRACEFUL-RESTART", func(p *weirv1.BgpPeer) string { return yesNo(p.GetGracefulRestart()) }),
 }
 
 var peerColumns = []column{

@@ -138,7 +138,7 @@ var kinds = []*kind{
 	},
 	{
 		name: "AddressPool", singular: "pool", plural: "pools", aliases: []string{"addresspool", "addresspools"},
-		field: "address_pool", namespaced: false, columns: poolColumns,
+		field: "address_pool", namespaced: false, columns: poolColumns, wide: poolWide,
 		new: func() object { return &weirv1.AddressPool{} },
 		get: func(ctx context.Context, c client, _, name string) (object, error) {
 			r, err := c.GetAddressPool(ctx, &weirv1.GetAddressPoolRequest{Name: name})
@@ -166,7 +166,7 @@ var kinds = []*kind{
 	},
 	{
 		name: "BgpPeer", singular: "peer", plural: "peers", aliases: []string{"bgppeer", "bgppeers"},
-		field: "bgp_peer", namespaced: false, columns: peerColumns,
+		field: "bgp_peer", namespaced: false, columns: peerColumns, wide: peerWide,
 		new: func() object { return &weirv1.BgpPeer{} },
 		get: func(ctx context.Context, c client, _, name string) (object, error) {
 			r, err := c.GetBgpPeer(ctx, &weirv1.GetBgpPeerRequest{Name: name})
