@@ -59,10 +59,15 @@ func TargetsFromProto(vips []*weirv1.VipTargets, log *slog.Logger) []Target {
 	var out []Target
 	for _, v := range vips {
 		vip, err := netip.ParseAddr(v.GetAddress())
-		if err != nil {
-			log.Error("skipping a load-balancer IP that does not parse", "address", v.GetAddress())
+		bits := int(v.GetPrefixLength())
+		if bits == 0 {
+			bits = vip.BitLen()
+		}
+		if err != nil || bits > vip.BitLen() {
+			log.Error("skipping a load-balancer IP that does not parse", "address", v.GetAddress(), "prefix_length", v.GetPrefixLength())
 			continue
 		}
+		prefix := netip.PrefixFrom(vip, bits).Masked()
 		for _, t := range v.GetTargets() {
 			hop, err := netip.ParseAddr(t.GetAddress())
 			if err != nil || hop.Is6() != vip.Is6() || t.GetHealthCheckPort() <= 0 || t.GetHealthCheckPort() > 65535 {
@@ -70,7 +75,7 @@ func TargetsFromProto(vips []*weirv1.VipTargets, log *slog.Logger) []Target {
 				continue
 			}
 			out = append(out, Target{
-				VIP: vip, Service: v.GetService(), Node: t.GetNode(), NextHop: hop, Weight: t.GetWeight(),
+				VIP: vip, Prefix: prefix, Service: v.GetService(), Node: t.GetNode(), NextHop: hop, Weight: t.GetWeight(),
 				Probe:       ProbeKey{Addr: hop, Port: uint16(t.GetHealthCheckPort()), Path: t.GetHealthCheckPath()},
 				Communities: v.GetCommunities(), LocalPref: v.GetLocalPreference(),
 			})

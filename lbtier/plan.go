@@ -17,7 +17,10 @@ import (
 // Target is a node that should receive a load-balancer IP's traffic, as
 // the server says.
 type Target struct {
-	VIP     netip.Addr
+	VIP netip.Addr
+	// Prefix is what is announced for VIP: the address alone, or its
+	// pool's aggregate.
+	Prefix  netip.Prefix
 	Service string // "namespace/name"
 	Node    string
 	NextHop netip.Addr
@@ -61,10 +64,13 @@ type Inputs struct {
 	PathID func(node string) uint32
 }
 
-// Plan is what to announce for targets: one path per target whose node
-// passes its probes and is reachable, with the node's path identifier.
+// Plan is what to announce for targets: one path per prefix and node that
+// passes its probes and is reachable, with the node's path identifier. A
+// node's path to an aggregate weighs all its targets' weights together,
+// and nothing when one of them is unweighted.
 func Plan(targets []Target, in Inputs) (map[PathKey]bgpspeaker.Announcement, []PathStatus) {
 	want := map[PathKey]bgpspeaker.Announcement{}
+	unweighted := map[PathKey]bool{}
 	status := make([]PathStatus, 0, len(targets))
 	for _, t := range targets {
 		st := PathStatus{Target: t}
@@ -79,8 +85,12 @@ func Plan(targets []Target, in Inputs) (map[PathKey]bgpspeaker.Announcement, []P
 			st.Reason = ReasonProbeFailing
 		default:
 			st.Announced = true
-			key := PathKey{netip.PrefixFrom(t.VIP, t.VIP.BitLen()), in.PathID(t.Node)}
-			want[key] = bgpspeaker.Announcement{NextHop: t.NextHop, Weight: t.Weight,
+			key := PathKey{t.Prefix, in.PathID(t.Node)}
+			weight := t.Weight + want[key].Weight
+			if unweighted[key] = unweighted[key] || t.Weight == 0; unweighted[key] {
+				weight = 0
+			}
+			want[key] = bgpspeaker.Announcement{NextHop: t.NextHop, Weight: weight,
 				Communities: t.Communities, LocalPref: t.LocalPref, PathID: key.PathID}
 		}
 		status = append(status, st)
@@ -105,10 +115,14 @@ func explainSessions(status []PathStatus, sessions []bgpspeaker.Session) {
 			addPath = addPath && s.AddPath
 		}
 	}
-	perVIP := map[netip.Addr]int{}
+	// Next hops per prefix: an aggregate's may come from several VIPs.
+	hops := map[netip.Prefix]map[string]bool{}
 	for _, st := range status {
 		if st.Announced {
-			perVIP[st.VIP]++
+			if hops[st.Prefix] == nil {
+				hops[st.Prefix] = map[string]bool{}
+			}
+			hops[st.Prefix][st.Node] = true
 		}
 	}
 	for i := range status {
@@ -117,7 +131,7 @@ func explainSessions(status []PathStatus, sessions []bgpspeaker.Session) {
 		case !st.Announced:
 		case established == 0:
 			st.Reason = ReasonNoSessions
-		case !addPath && perVIP[st.VIP] > 1:
+		case !addPath && len(hops[st.Prefix]) > 1:
 			st.Reason = ReasonAddPathNotNegotiate
 		}
 	}

@@ -11,7 +11,7 @@ func TestPlanAnnouncesOnlyWhatPassesEveryCheck(t *testing.T) {
 	vip := netip.MustParseAddr("203.0.113.10")
 	target := func(node, hop string, weight uint32) Target {
 		a := netip.MustParseAddr(hop)
-		return Target{VIP: vip, Service: "default/web", Node: node, NextHop: a, Weight: weight, Probe: ProbeKey{Addr: a, Port: 32000, Path: "/"}}
+		return Target{VIP: vip, Prefix: netip.PrefixFrom(vip, 32), Service: "default/web", Node: node, NextHop: a, Weight: weight, Probe: ProbeKey{Addr: a, Port: 32000, Path: "/"}}
 	}
 	targets := []Target{target("node1", "192.0.2.11", 3), target("node2", "192.0.2.12", 1), target("node3", "192.0.2.13", 1), target("node4", "192.0.2.14", 2)}
 	probes := map[string]ProbeState{
@@ -56,5 +56,33 @@ func TestPlanAnnouncesOnlyWhatPassesEveryCheck(t *testing.T) {
 	explainSessions(one, []bgpspeaker.Session{{State: "active"}})
 	if one[0].Reason != ReasonNoSessions {
 		t.Errorf("no session: reason %q", one[0].Reason)
+	}
+}
+
+// TestPlanAggregates: targets of several addresses in one aggregate make
+// one path per node, weighted by all of them, or unweighted when one is.
+func TestPlanAggregates(t *testing.T) {
+	agg := netip.MustParsePrefix("203.0.113.0/24")
+	target := func(vip, node, hop string, weight uint32) Target {
+		a := netip.MustParseAddr(hop)
+		return Target{VIP: netip.MustParseAddr(vip), Prefix: agg, Node: node, NextHop: a, Weight: weight, Probe: ProbeKey{Addr: a, Port: 10256, Path: "/healthz"}}
+	}
+	want, status := Plan([]Target{
+		target("203.0.113.7", "node1", "192.0.2.11", 2), target("203.0.113.9", "node1", "192.0.2.11", 1),
+		target("203.0.113.7", "node2", "192.0.2.12", 1), target("203.0.113.20", "node2", "192.0.2.12", 0),
+	}, Inputs{
+		Probe:       func(ProbeKey) ProbeState { return ProbeState{Known: true, Up: true} },
+		Unreachable: func(string) bool { return false },
+		PathID:      func(n string) uint32 { return map[string]uint32{"node1": 1, "node2": 2}[n] },
+	})
+	if len(want) != 2 || want[PathKey{agg, 1}].Weight != 3 || want[PathKey{agg, 2}].Weight != 0 {
+		t.Errorf("plan %v: want node1 weighing 3 and node2 unweighted, one path each for %s", want, agg)
+	}
+	// One router without ADD-PATH hears one of the aggregate's two next hops.
+	explainSessions(status, []bgpspeaker.Session{{State: "established"}})
+	for _, st := range status {
+		if st.Reason != ReasonAddPathNotNegotiate {
+			t.Errorf("%s via %s: reason %q, want %s", st.VIP, st.Node, st.Reason, ReasonAddPathNotNegotiate)
+		}
 	}
 }

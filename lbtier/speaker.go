@@ -225,7 +225,7 @@ func (s *Speaker) publish(ctx context.Context) {
 	}
 	for _, p := range status {
 		st.Paths = append(st.Paths, &weirv1.SpeakerPath{
-			Prefix: netip.PrefixFrom(p.VIP, p.VIP.BitLen()).String(), Service: p.Service, Node: p.Node,
+			Prefix: p.Prefix.String(), Service: p.Service, Node: p.Node,
 			NextHop: p.NextHop.String(), Weight: p.Weight, Announced: p.Announced, Reason: p.Reason, Probe: p.Probe,
 		})
 	}

@@ -21,7 +21,7 @@ func TestLoadBalancerTargetsFollowTheAgentsReports(t *testing.T) {
 	defer cancel()
 	if _, err := ts.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
 		Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.0/28"},
-		BgpAdvertisement: &weirv1.BgpAdvertisement{Communities: []string{"64512:100"}},
+		BgpAdvertisement: &weirv1.BgpAdvertisement{Communities: []string{"64512:100"}, AggregationLength: 28},
 	}}); err != nil {
 		t.Fatal(err)
 	}
@@ -113,8 +113,9 @@ func TestLoadBalancerTargetsFollowTheAgentsReports(t *testing.T) {
 		}
 	}
 	vip := wait(map[string]uint32{"node1": 3})
-	if vip.GetAddress() != "203.0.113.5" || vip.GetService() != "default/web" || len(vip.GetCommunities()) != 1 || vip.GetCommunities()[0] != 64512<<16|100 {
-		t.Errorf("VIP %v: want 203.0.113.5 of default/web with community 64512:100", vip)
+	if vip.GetAddress() != "203.0.113.5" || vip.GetService() != "default/web" || len(vip.GetCommunities()) != 1 || vip.GetCommunities()[0] != 64512<<16|100 ||
+		vip.GetPrefixLength() != 28 {
+		t.Errorf("VIP %v: want 203.0.113.5 of default/web with community 64512:100, announced as its /28", vip)
 	}
 	if tg := vip.GetTargets()[0]; tg.GetAddress() != "192.0.2.11" || tg.GetHealthCheckPort() != 32000 || tg.GetHealthCheckPath() != "/" {
 		t.Errorf("target %v: want next hop 192.0.2.11, probed on 32000 /", tg)

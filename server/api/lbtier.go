@@ -122,6 +122,10 @@ func (l *LoadBalancerTierService) targets() []*weirv1.VipTargets {
 			vt := &weirv1.VipTargets{Address: vip.String(), Service: key}
 			if pool := poolOf(pools, vip); pool != nil {
 				vt.Communities, vt.LocalPreference = pool.BGP.Communities, pool.BGP.LocalPref
+				vt.PrefixLength = uint32(pool.BGP.AggregationLength)
+				if vip.Is6() {
+					vt.PrefixLength = uint32(pool.BGP.AggregationLengthV6)
+				}
 			}
 			for _, n := range statuses {
 				hop, ok := addressOfFamily(addrs[n.Node], vip.Is6())

@@ -169,6 +169,27 @@ func TestLBTierAnnouncesNodesAsNextHops(t *testing.T) {
 	}
 	waitNextHops(t, r, "203.0.113.61", node1.IPv4.String(), node2.IPv4.String())
 
+	// A pool with an aggregation length: the speaker announces the
+	// address's /28 through the same nodes.
+	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "aggregated"}, Addresses: []string{"203.0.113.160/28"},
+		BgpAdvertisement: &weirv1.BgpAdvertisement{AggregationLength: 28}}}); err != nil {
+		t.Fatal(err)
+	}
+	agg := lbService("tier-aggregated", 30096, []string{"10.96.0.62"}, nil)
+	agg.Status, agg.Spec.LoadBalancerIps = nil, []string{"203.0.113.161"}
+	agg.Spec.ExternalTrafficPolicy, agg.Spec.HealthCheckNodePort = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL, 32103
+	createService(t, c, agg, c.Nodes[0].Pods)
+	waitNextHops(t, r, "203.0.113.160/28", node1.IPv4.String())
+	if hops, err := r.NextHops(ctx, "203.0.113.161"); err != nil || len(hops) > 0 {
+		t.Errorf("the router has a host route for 203.0.113.161 via %v (%v); want only the aggregate", hops, err)
+	}
+	for _, rep := range sample(t, c.Client, netip.MustParseAddrPort("203.0.113.161:80"), 4) {
+		if podByName(c, rep.Pod).Node != node1 || rep.RemoteAddr() != lab.ClientIPv4 {
+			t.Errorf("via the aggregate: pod %s saw %s; want a pod of node1 seeing the client", rep.Pod, rep.RemoteAddr())
+		}
+	}
+
 	// The speaker is killed and restarted while a client keeps
 	// connecting: the router keeps the paths meanwhile.
 	done := keepConnecting(c.Client, netip.MustParseAddrPort("203.0.113.61:80"))

@@ -122,8 +122,11 @@ type VipTargets struct {
 	// numbers (ASN << 16 | VALUE) and local preference.
 	Communities     []uint32 `protobuf:"varint,4,rep,packed,name=communities,proto3" json:"communities,omitempty"`
 	LocalPreference uint32   `protobuf:"varint,5,opt,name=local_preference,json=localPreference,proto3" json:"local_preference,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The length of the prefix announced for the address: its pool's
+	// aggregation length, 0 for the address alone.
+	PrefixLength  uint32 `protobuf:"varint,6,opt,name=prefix_length,json=prefixLength,proto3" json:"prefix_length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VipTargets) Reset() {
@@ -187,6 +190,13 @@ func (x *VipTargets) GetCommunities() []uint32 {
 func (x *VipTargets) GetLocalPreference() uint32 {
 	if x != nil {
 		return x.LocalPreference
+	}
+	return 0
+}
+
+func (x *VipTargets) GetPrefixLength() uint32 {
+	if x != nil {
+		return x.PrefixLength
 	}
 	return 0
 }
@@ -587,14 +597,15 @@ const file_weir_v1_lbtier_proto_rawDesc = "" +
 	"\x13WatchTargetsRequest\x12\x18\n" +
 	"\aspeaker\x18\x01 \x01(\tR\aspeaker\"?\n" +
 	"\x14WatchTargetsResponse\x12'\n" +
-	"\x04vips\x18\x01 \x03(\v2\x13.weir.v1.VipTargetsR\x04vips\"\xb8\x01\n" +
+	"\x04vips\x18\x01 \x03(\v2\x13.weir.v1.VipTargetsR\x04vips\"\xdd\x01\n" +
 	"\n" +
 	"VipTargets\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12)\n" +
 	"\atargets\x18\x03 \x03(\v2\x0f.weir.v1.TargetR\atargets\x12 \n" +
 	"\vcommunities\x18\x04 \x03(\rR\vcommunities\x12)\n" +
-	"\x10local_preference\x18\x05 \x01(\rR\x0flocalPreference\"\xa6\x01\n" +
+	"\x10local_preference\x18\x05 \x01(\rR\x0flocalPreference\x12#\n" +
+	"\rprefix_length\x18\x06 \x01(\rR\fprefixLength\"\xa6\x01\n" +
 	"\x06Target\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x16\n" +
