@@ -65,7 +65,8 @@ func (r AddressRange) Contains(a netip.Addr) bool {
 	return r.First.Compare(a) <= 0 && a.Compare(r.Last) <= 0 && a.Is4() == r.First.Is4()
 }
 
-func (a BGPAdvertisement) equal(b BGPAdvertisement) bool {
+// Equal reports whether a and b are the same advertisement.
+func (a BGPAdvertisement) Equal(b BGPAdvertisement) bool {
 	return slices.Equal(a.Ranges, b.Ranges) && slices.Equal(a.Communities, b.Communities) && a.LocalPref == b.LocalPref &&
 		slices.Equal(a.Peers, b.Peers) && a.AggregationLength == b.AggregationLength && a.AggregationLengthV6 == b.AggregationLengthV6
 }
