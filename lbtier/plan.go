@@ -70,7 +70,6 @@ type Inputs struct {
 // and nothing when one of them is unweighted.
 func Plan(targets []Target, in Inputs) (map[PathKey]bgpspeaker.Announcement, []PathStatus) {
 	want := map[PathKey]bgpspeaker.Announcement{}
-	unweighted := map[PathKey]bool{}
 	status := make([]PathStatus, 0, len(targets))
 	for _, t := range targets {
 		st := PathStatus{Target: t}
@@ -86,9 +85,9 @@ func Plan(targets []Target, in Inputs) (map[PathKey]bgpspeaker.Announcement, []P
 		default:
 			st.Announced = true
 			key := PathKey{t.Prefix, in.PathID(t.Node)}
-			weight := t.Weight + want[key].Weight
-			if unweighted[key] = unweighted[key] || t.Weight == 0; unweighted[key] {
-				weight = 0
+			weight := t.Weight
+			if other, ok := want[key]; ok {
+				weight = bgpspeaker.AddWeights(weight, other.Weight)
 			}
 			want[key] = bgpspeaker.Announcement{NextHop: t.NextHop, Weight: weight,
 				Communities: t.Communities, LocalPref: t.LocalPref, PathID: key.PathID}

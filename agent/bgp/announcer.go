@@ -247,7 +247,6 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcem
 	if st.Node.Deleting || st.Node.Drained || !proxyHealthy {
 		return want
 	}
-	unweighted := map[netip.Prefix]bool{}
 	for _, svc := range st.Services {
 		for _, vip := range svc.LoadBalancerIPs {
 			hop, ok := nodeAddr(st.Node.Addresses, vip.Is6())
@@ -269,12 +268,9 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcem
 				if a.Weight = readyLocal(svc, vip.Is6()); a.Weight == 0 {
 					continue
 				}
-			} else {
-				unweighted[prefix] = true
 			}
-			a.Weight += want[prefix].Weight
-			if unweighted[prefix] {
-				a.Weight = 0
+			if other, ok := want[prefix]; ok {
+				a.Weight = bgpspeaker.AddWeights(a.Weight, other.Weight)
 			}
 			want[prefix] = a
 		}

@@ -132,6 +132,16 @@ type Announcement struct {
 	PathID uint32
 }
 
+// AddWeights is the weight of one path standing for two announcements of
+// weights a and b (an aggregate's addresses): their sum, or 0 (unweighted)
+// when either is unweighted.
+func AddWeights(a, b uint32) uint32 {
+	if a == 0 || b == 0 {
+		return 0
+	}
+	return a + b
+}
+
 // Same tells whether a and b announce the same path.
 func (a Announcement) Same(b Announcement) bool {
 	return a.NextHop == b.NextHop && a.Weight == b.Weight && slices.Equal(a.Communities, b.Communities) &&
@@ -158,11 +168,11 @@ type GoBGP struct {
 	asn uint32
 	cfg Config
 
-	mu      sync.Mutex // guards dynamic and exportRules
+	mu      sync.Mutex // guards dynamic, exportRules and exportAssigned
 	dynamic map[netip.Addr]Peer
-	// exportRules are the rules in force; nil before the first
-	// SetExportRules.
-	exportRules []ExportRule
+	// exportRules are the rules in force once exportAssigned.
+	exportRules    []ExportRule
+	exportAssigned bool
 }
 
 // ExportRule keeps the routes inside Prefixes (each prefix and every
@@ -186,7 +196,7 @@ const exportPolicy = "weir-export"
 func (g *GoBGP) SetExportRules(ctx context.Context, rules []ExportRule) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.exportRules != nil && slices.EqualFunc(rules, g.exportRules, ExportRule.equal) {
+	if g.exportAssigned && slices.EqualFunc(rules, g.exportRules, ExportRule.equal) {
 		return nil
 	}
 	req := &api.SetPoliciesRequest{}
@@ -226,17 +236,14 @@ func (g *GoBGP) SetExportRules(ctx context.Context, rules []ExportRule) error {
 	if err := g.s.SetPolicies(ctx, req); err != nil {
 		return fmt.Errorf("setting the export policy: %w", err)
 	}
-	if g.exportRules == nil {
+	if !g.exportAssigned {
 		if err := g.s.AddPolicyAssignment(ctx, &api.AddPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
 			Name: "global", Direction: api.PolicyDirection_EXPORT, Policies: []*api.Policy{{Name: exportPolicy}},
 			DefaultAction: api.RouteAction_ACCEPT}}); err != nil {
 			return fmt.Errorf("assigning the export policy: %w", err)
 		}
 	}
-	g.exportRules = slices.Clone(rules)
-	if g.exportRules == nil {
-		g.exportRules = []ExportRule{}
-	}
+	g.exportRules, g.exportAssigned = slices.Clone(rules), true
 	return nil
 }
 
