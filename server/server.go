@@ -51,6 +51,9 @@ type Config struct {
 	// ResourcesFile, when set, declares address pools and BGP peers (a
 	// mounted ConfigMap, say); it is re-read when it changes.
 	ResourcesFile string
+	// ResourcesFileAllowRemovingAll lets the resources file remove every
+	// pool in use, or be emptied (see resourcefile.Watcher).
+	ResourcesFileAllowRemovingAll bool
 }
 
 // Server is a running central server.
@@ -59,7 +62,7 @@ type Server struct {
 	Agents   *agentsync.Hub
 	kube     *kubernetes.Source
 	ipam     *ipam.Allocator
-	resFile  string
+	resFile  *resourcefile.Watcher
 	store    *store.Store
 	log      *slog.Logger
 	grpc     *grpc.Server
@@ -67,8 +70,12 @@ type Server struct {
 }
 
 // ResourcesFilePeriod is how often the resources file is checked for
-// changes.
-var ResourcesFilePeriod = 5 * time.Second
+// changes, and ResourcesFileSettle how long a change must stay the same
+// before it is applied.
+var (
+	ResourcesFilePeriod = 5 * time.Second
+	ResourcesFileSettle = time.Second
+)
 
 // New opens the data dir and builds the gRPC server.
 func New(cfg Config) (*Server, error) {
@@ -140,7 +147,12 @@ func New(cfg Config) (*Server, error) {
 		info.Sources = append(info.Sources, model.SourceKubernetes)
 	}
 	if cfg.ResourcesFile != "" {
-		s.resFile = cfg.ResourcesFile
+		s.resFile = &resourcefile.Watcher{
+			Registry: reg, Path: cfg.ResourcesFile, Log: cfg.Log,
+			Period: ResourcesFilePeriod, Settle: ResourcesFileSettle,
+			AllowRemovingAll: cfg.ResourcesFileAllowRemovingAll,
+			Rejected:         resourcefile.NewRejectedMetric(cfg.Metrics),
+		}
 		info.Sources = append(info.Sources, model.SourceFile)
 	}
 	lbTier := api.NewLoadBalancerTierService(s.Agents, reg)
@@ -155,8 +167,8 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	go s.Agents.Run(ctx)
 	go s.ipam.Run(ctx)
-	if s.resFile != "" {
-		go resourcefile.Watch(ctx, s.Registry, s.resFile, ResourcesFilePeriod, s.log)
+	if s.resFile != nil {
+		go s.resFile.Watch(ctx)
 	}
 	if s.kube != nil {
 		go func() {

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
@@ -146,34 +147,171 @@ func sameSpec[T model.Object](a, b T) bool {
 	return reflect.DeepEqual(strip(a), strip(b))
 }
 
+// Watcher keeps the registry equal to a resources file.
+type Watcher struct {
+	Registry *registry.Registry
+	Path     string
+	// Period is how often the file is checked for changes.
+	Period time.Duration
+	// Settle is how long new content must stay the same before it is
+	// applied: an editor or a shell redirection truncates the file and
+	// writes it again, and a read in between sees a short or empty file.
+	Settle time.Duration
+	// AllowRemovingAll lets a file that holds no pool, or that removes
+	// every pool with addresses in use, be applied. Without it such a file
+	// is refused: it would withdraw every load-balancer address at once,
+	// which is far more often a half-written or emptied file than intent.
+	AllowRemovingAll bool
+	// Rejected counts files refused, by reason ("invalid", "empty",
+	// "removes-all-pools", "not-applied"); nil counts nothing.
+	Rejected *prometheus.CounterVec
+	Log      *slog.Logger
+}
+
+// NewRejectedMetric is the counter Watcher.Rejected expects, registered
+// with reg when it is not nil.
+func NewRejectedMetric(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "weir_resources_file_rejected_total",
+		Help: "Contents of the resources file that were refused, by reason; the last good content stays applied.",
+	}, []string{"reason"})
+	if reg != nil {
+		reg.MustRegister(c)
+	}
+	return c
+}
+
+// ErrRemovesAllPools refuses a file that would withdraw every address in
+// use.
+var ErrRemovesAllPools = errors.New("the file removes every address pool that has addresses in use; " +
+	"if that is meant, start the server with --resources-file-allow-removing-all")
+
+// ErrEmpty refuses a file with no documents while the file's pools or
+// peers are in the registry.
+var ErrEmpty = errors.New("the file holds no pool and no peer, which would remove every one it declared before; " +
+	"if that is meant, start the server with --resources-file-allow-removing-all")
+
 // Watch applies the file now and again whenever its content changes (a
 // ConfigMap's update reaches its mounted file within a minute), checking
-// every period. A file that does not read or validate changes nothing:
-// the last good content stays, and the error is logged.
-func Watch(ctx context.Context, reg *registry.Registry, path string, period time.Duration, log *slog.Logger) {
-	var last []byte
+// every Period. Content is applied only once it has stayed the same for
+// Settle, parses, validates and passes the removal guard; otherwise the
+// last good content stays, the error is logged and counted, and the same
+// content is not retried until it changes.
+func (w *Watcher) Watch(ctx context.Context) {
+	var last []byte // the content last acted on, applied or refused
 	for {
-		data, err := os.ReadFile(path)
+		data, err := w.stableRead(ctx)
 		switch {
+		case ctx.Err() != nil:
+			return
 		case err != nil:
-			log.Error("resources file unreadable", "path", path, "error", err)
-		case bytes.Equal(data, last):
+			w.Log.Error("resources file unreadable", "path", w.Path, "error", err)
+		case last != nil && bytes.Equal(data, last):
 		default:
-			r, err := Parse(path, data)
-			if err == nil {
-				err = Apply(reg, r)
-			}
-			if err != nil {
-				log.Error("resources file not applied", "path", path, "error", err)
+			if reason, err := w.apply(data); err != nil {
+				w.Log.Error("resources file refused; the last good content stays", "path", w.Path, "reason", reason, "error", err)
+				if w.Rejected != nil {
+					w.Rejected.WithLabelValues(reason).Inc()
+				}
 			} else {
-				log.Info("resources file applied", "path", path)
+				w.Log.Info("resources file applied", "path", w.Path)
 			}
 			last = data
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(period):
+		case <-time.After(w.Period):
 		}
 	}
+}
+
+// stableRead reads the file until two reads Settle apart agree.
+func (w *Watcher) stableRead(ctx context.Context) ([]byte, error) {
+	data, err := os.ReadFile(w.Path)
+	for err == nil {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(w.Settle):
+		}
+		var again []byte
+		if again, err = os.ReadFile(w.Path); err == nil && bytes.Equal(again, data) {
+			return data, nil
+		}
+		data = again
+	}
+	return nil, err
+}
+
+func (w *Watcher) apply(data []byte) (reason string, err error) {
+	r, err := Parse(w.Path, data)
+	if err != nil {
+		return "invalid", err
+	}
+	if !w.AllowRemovingAll {
+		if len(r.Pools) == 0 && len(r.Peers) == 0 && holdsFileObjects(w.Registry) {
+			return "empty", ErrEmpty
+		}
+		if removesAllPoolsInUse(w.Registry, r) {
+			return "removes-all-pools", ErrRemovesAllPools
+		}
+	}
+	if err := Apply(w.Registry, r); err != nil {
+		return "not-applied", err
+	}
+	return "", nil
+}
+
+// removesAllPoolsInUse reports whether the file-owned pools that hold an
+// address some service uses are all missing from r. A file that removes
+// some of them is an operator's choice; one that removes every one of them
+// is what an emptied or truncated file looks like.
+func removesAllPoolsInUse(reg *registry.Registry, r *Resources) bool {
+	pools, _ := reg.Pools.List("", nil)
+	services, _ := reg.Services.List("", nil)
+	kept := map[string]bool{}
+	for _, p := range r.Pools {
+		kept[p.Key()] = true
+	}
+	inUse := 0
+	for _, p := range pools {
+		if p.Source != model.SourceFile || !poolInUse(p, services) {
+			continue
+		}
+		if kept[p.Key()] {
+			return false
+		}
+		inUse++
+	}
+	return inUse > 0
+}
+
+func holdsFileObjects(reg *registry.Registry) bool {
+	pools, _ := reg.Pools.List("", nil)
+	peers, _ := reg.Peers.List("", nil)
+	for _, p := range pools {
+		if p.Source == model.SourceFile {
+			return true
+		}
+	}
+	for _, p := range peers {
+		if p.Source == model.SourceFile {
+			return true
+		}
+	}
+	return false
+}
+
+func poolInUse(p *model.AddressPool, services []*model.Service) bool {
+	for _, s := range services {
+		for _, ip := range s.LoadBalancerIPs {
+			for _, rg := range p.Ranges {
+				if rg.Contains(ip) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }

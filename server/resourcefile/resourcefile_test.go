@@ -3,6 +3,7 @@ package resourcefile
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
@@ -103,41 +106,172 @@ func TestApplyFollowsTheFile(t *testing.T) {
 	}
 }
 
+// watch runs a Watcher over path until the test ends.
+func watch(t *testing.T, w *Watcher) {
+	t.Helper()
+	if w.Period == 0 {
+		w.Period = 10 * time.Millisecond
+	}
+	if w.Settle == 0 {
+		w.Settle = 20 * time.Millisecond
+	}
+	w.Log = slog.New(slog.DiscardHandler)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Watch(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestWatchAppliesChangesAndKeepsTheLastGoodFile(t *testing.T) {
 	reg := registrytest.Open(t)
 	path := filepath.Join(t.TempDir(), "rack.yaml")
-	if err := os.WriteFile(path, []byte(rack), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { Watch(ctx, reg, path, 10*time.Millisecond, slog.New(slog.DiscardHandler)); close(done) }()
-	defer func() { cancel(); <-done }()
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
-	}
-	waitFor("the peer", func() bool { _, err := reg.Peers.Get("tor"); return err == nil })
+	writeFile(t, path, rack)
+	rejected := NewRejectedMetric(nil)
+	watch(t, &Watcher{Registry: reg, Path: path, Rejected: rejected})
+	waitFor(t, "the peer", func() bool { _, err := reg.Peers.Get("tor"); return err == nil })
 
-	if err := os.WriteFile(path, []byte(strings.Replace(rack, "asn: 64500", "asn: 64501", 1)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	waitFor("the new ASN", func() bool { p, err := reg.Peers.Get("tor"); return err == nil && p.ASN == 64501 })
+	writeFile(t, path, strings.Replace(rack, "asn: 64500", "asn: 64501", 1))
+	waitFor(t, "the new ASN", func() bool { p, err := reg.Peers.Get("tor"); return err == nil && p.ASN == 64501 })
 
 	// A broken file changes nothing.
-	if err := os.WriteFile(path, []byte("kind: BgpPeer\nmetadata: {name: tor}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(100 * time.Millisecond) // ten periods
+	writeFile(t, path, "kind: BgpPeer\nmetadata: {name: tor}\n")
+	waitFor(t, "the broken file to be refused", func() bool { return testutil.ToFloat64(rejected.WithLabelValues("invalid")) == 1 })
 	if p, err := reg.Peers.Get("tor"); err != nil || p.ASN != 64501 {
 		t.Errorf("after a broken file: %+v, %v; want the last good peer", p, err)
 	}
 	if _, err := reg.Pools.Get("public"); err != nil {
 		t.Errorf("after a broken file the pool is gone: %v", err)
+	}
+}
+
+// TestWatchNeverAppliesAHalfWrittenFile rewrites the file the way a slow
+// `cat > file` does, truncating it and writing it again a line at a time,
+// many times in a row, while the watcher polls much faster than the writer:
+// the pool and the peer must never disappear, and the last content written
+// must be the one applied. The removal guard is off, so that only reading
+// settled content keeps the empty and the pool-only prefixes out.
+func TestWatchNeverAppliesAHalfWrittenFile(t *testing.T) {
+	reg := registrytest.Open(t)
+	path := filepath.Join(t.TempDir(), "rack.yaml")
+	writeFile(t, path, rack)
+	watch(t, &Watcher{Registry: reg, Path: path, Period: time.Millisecond, Settle: 100 * time.Millisecond, AllowRemovingAll: true})
+	waitFor(t, "the peer", func() bool { _, err := reg.Peers.Get("tor"); return err == nil })
+
+	stop := make(chan struct{})
+	lost := make(chan string, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				close(lost)
+				return
+			default:
+			}
+			_, errPool := reg.Pools.Get("public")
+			_, errPeer := reg.Peers.Get("tor")
+			if errPool != nil || errPeer != nil {
+				lost <- fmt.Sprintf("pool: %v, peer: %v", errPool, errPeer)
+				close(lost)
+				return
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+
+	var content string
+	for i := range 30 {
+		content = strings.Replace(rack, "asn: 64500", fmt.Sprintf("asn: %d", 64500+i%2), 1)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.SplitAfter(content, "\n") {
+			if _, err := f.WriteString(line); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		f.Close()
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(stop)
+	if msg, ok := <-lost; ok {
+		t.Fatalf("a half-written file was applied: %s", msg)
+	}
+	want := uint32(64500 + 29%2)
+	waitFor(t, "the last content written", func() bool { p, err := reg.Peers.Get("tor"); return err == nil && p.ASN == want })
+}
+
+// TestWatchRefusesAFileThatRemovesEveryAddressInUse: emptying the file, or
+// leaving out every pool whose addresses services use, is refused and
+// counted unless the operator allowed it; removing one pool of several is
+// not.
+func TestWatchRefusesAFileThatRemovesEveryAddressInUse(t *testing.T) {
+	const twoPools = rack + `---
+kind: AddressPool
+metadata:
+  name: spare
+addresses:
+- 198.51.100.0/28
+`
+	for _, allow := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allow=%v", allow), func(t *testing.T) {
+			reg := registrytest.Open(t)
+			path := filepath.Join(t.TempDir(), "rack.yaml")
+			writeFile(t, path, twoPools)
+			rejected := NewRejectedMetric(nil)
+			watch(t, &Watcher{Registry: reg, Path: path, Rejected: rejected, AllowRemovingAll: allow})
+			waitFor(t, "the pools", func() bool { _, err := reg.Pools.Get("spare"); return err == nil })
+			if _, err := reg.Services.Create(&model.Service{
+				Meta: model.Meta{Namespace: "default", Name: "web"}, Type: model.LoadBalancer,
+				ClusterIPs:            []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+				Ports:                 []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, TargetPort: 8080}},
+				LoadBalancerIPs:       []netip.Addr{netip.MustParseAddr("203.0.113.10")},
+				ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster,
+			}); err != nil {
+				t.Fatal(err)
+			}
+
+			// Dropping the unused pool is an ordinary change.
+			writeFile(t, path, rack)
+			waitFor(t, "the spare pool to go", func() bool { _, err := reg.Pools.Get("spare"); return errors.Is(err, registry.ErrNotFound) })
+
+			for _, tc := range []struct{ reason, content string }{
+				{"removes-all-pools", strings.Split(rack, "---")[1]},
+				{"empty", ""},
+			} {
+				writeFile(t, path, tc.content)
+				if allow {
+					waitFor(t, "the pool in use to go", func() bool { _, err := reg.Pools.Get("public"); return errors.Is(err, registry.ErrNotFound) })
+					writeFile(t, path, rack)
+					waitFor(t, "the pool back", func() bool { _, err := reg.Pools.Get("public"); return err == nil })
+					continue
+				}
+				waitFor(t, tc.reason+" counted", func() bool { return testutil.ToFloat64(rejected.WithLabelValues(tc.reason)) == 1 })
+				if _, err := reg.Pools.Get("public"); err != nil {
+					t.Errorf("%s: the pool in use was removed: %v", tc.reason, err)
+				}
+				if _, err := reg.Peers.Get("tor"); err != nil {
+					t.Errorf("%s: the peer was removed: %v", tc.reason, err)
+				}
+			}
+		})
 	}
 }
 

@@ -60,6 +60,7 @@ func run() error {
 		kube     = flag.Bool("kubernetes", false, "mirror a Kubernetes cluster's services, endpoint slices and nodes (in-cluster config unless --kubeconfig)")
 		kubecfg  = flag.String("kubeconfig", "", "kubeconfig of the cluster to mirror; implies --kubernetes")
 		resFile  = flag.String("resources-file", "", "YAML file of AddressPool and BgpPeer documents (lbctl's format) the server keeps applied, re-read when it changes (a mounted ConfigMap)")
+		resAll   = flag.Bool("resources-file-allow-removing-all", false, "apply a resources file even when it is empty or removes every address pool in use (refused by default: a half-written file looks like that)")
 		proxyNm  = flag.String("service-proxy-name", "", "handle only Kubernetes services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones, as kube-proxy)")
 	)
 	flag.Parse()
@@ -81,7 +82,7 @@ func run() error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg, Version: version, ResourcesFile: *resFile}
+	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg, Version: version, ResourcesFile: *resFile, ResourcesFileAllowRemovingAll: *resAll}
 	if *kube || *kubecfg != "" {
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: *kubecfg, ProxyName: *proxyNm, Resync: 10 * time.Minute}
 	}
