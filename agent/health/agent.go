@@ -128,8 +128,15 @@ func (a *Agent) Received(st datapath.NodeState) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// Counts may drop now, never rise before the rules are in; a service
+	// the change does not touch keeps what it served.
+	served := make(map[string]int, len(checks))
+	for _, c := range checks {
+		key := c.Namespace + "/" + c.Name
+		served[key] = min(c.LocalReady, a.served[key])
+	}
 	a.addrs, a.checks, a.services = nonLoopback(st.Node.Addresses), checks, reports
-	a.syncChecks(func(c Service) int { return min(c.LocalReady, a.served[c.Namespace+"/"+c.Name]) })
+	a.syncChecks(served)
 }
 
 // Applied records a successful apply and how long it took: every
@@ -139,20 +146,24 @@ func (a *Agent) Applied(took time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.lastSync = took
-	a.syncChecks(func(c Service) int { return c.LocalReady })
+	served := make(map[string]int, len(a.checks))
+	for _, c := range a.checks {
+		served[c.Namespace+"/"+c.Name] = c.LocalReady
+	}
+	a.syncChecks(served)
 }
 
-// syncChecks opens, closes and updates the listeners, answering with the
-// count ready gives each service. Called with mu held.
-func (a *Agent) syncChecks(ready func(Service) int) {
-	served := make([]Service, len(a.checks))
-	a.served = map[string]int{}
+// syncChecks opens, closes and updates the listeners, each answering with
+// its service's count in served ("namespace/name"), which it keeps as the
+// counts now served. Called with mu held.
+func (a *Agent) syncChecks(served map[string]int) {
+	checks := make([]Service, len(a.checks))
 	for i, c := range a.checks {
-		served[i] = c
-		served[i].LocalReady = ready(c)
-		a.served[c.Namespace+"/"+c.Name] = served[i].LocalReady
+		checks[i] = c
+		checks[i].LocalReady = served[c.Namespace+"/"+c.Name]
 	}
-	results := a.Services.Sync(a.addrs, served)
+	a.served = served
+	results := a.Services.Sync(a.addrs, checks)
 	for key, r := range a.services {
 		r.HealthCheckError = ""
 		if res, ok := results[key]; ok && res.Err != nil {

@@ -191,3 +191,37 @@ func TestHealthChecksDropAtOnceButRiseOnlyWhenApplied(t *testing.T) {
 		t.Error("a second report with nothing changed is not empty")
 	}
 }
+
+// TestUnrelatedChangesLeaveHealthChecksAlone: a new state that does not
+// touch a service must not move its health check, not even for the moment
+// between receiving the state and applying it. A balancer probing then
+// would mark a healthy node down on every unrelated change.
+func TestUnrelatedChangesLeaveHealthChecksAlone(t *testing.T) {
+	a := NewAgent(time.Minute, slog.New(slog.DiscardHandler), nil)
+	defer a.Services.Close()
+	port := freePort(t)
+	cart := &datapath.Service{Key: datapath.ServiceKey{Namespace: "shop", Name: "cart"},
+		ExternalTrafficPolicy: datapath.Local, HealthCheckNodePort: port,
+		Ports: []datapath.ServicePort{{Protocol: datapath.TCP, Port: 80, Endpoints: []datapath.Endpoint{
+			{Addr: netip.MustParseAddr("10.244.1.10"), Port: 8080, Local: true, Ready: true, Serving: true}}}}}
+	state := func(other int) datapath.NodeState {
+		web := &datapath.Service{Key: datapath.ServiceKey{Namespace: "shop", Name: "web"},
+			Ports: []datapath.ServicePort{{Protocol: datapath.TCP, Port: 80}}}
+		for i := range other {
+			web.Ports[0].Endpoints = append(web.Ports[0].Endpoints, datapath.Endpoint{
+				Addr: netip.AddrFrom4([4]byte{10, 244, 2, byte(10 + i)}), Port: 8080, Ready: true, Serving: true})
+		}
+		return datapath.NodeState{Node: datapath.NodeInfo{Addresses: loopback},
+			Services: map[datapath.ServiceKey]*datapath.Service{cart.Key: cart, web.Key: web}}
+	}
+	a.Received(state(1))
+	a.Applied(time.Millisecond)
+	for other := 2; other < 6; other++ {
+		a.Received(state(other))
+		if got := get(t, port, "/"); got.code != 200 || got.headers.Get("X-Load-Balancing-Endpoint-Weight") != "1" {
+			t.Fatalf("change %d to another service, before it is applied: %d weight %q, want 200 weight 1",
+				other, got.code, got.headers.Get("X-Load-Balancing-Endpoint-Weight"))
+		}
+		a.Applied(time.Millisecond)
+	}
+}
