@@ -41,6 +41,9 @@ type Config struct {
 	// MinSyncPeriod is the least time between two rounds of deltas to
 	// agents (see agentsync.Config).
 	MinSyncPeriod time.Duration
+	// RemovalLogLimit bounds the deleted services remembered for agents
+	// that resume later (see agentsync.Config).
+	RemovalLogLimit int
 	// Metrics receives the server's metrics when not nil.
 	Metrics prometheus.Registerer
 	// Version is the server's build version, as it reports it.
@@ -111,7 +114,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		Registry: reg,
-		Agents:   agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log}),
+		Agents:   agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log, RemovalLogLimit: cfg.RemovalLogLimit}),
 		store:    st,
 		log:      cfg.Log,
 		grpc:     grpc.NewServer(opts...),

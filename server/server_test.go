@@ -603,3 +603,62 @@ func TestDrainSurvivesRestartAndReachesAgents(t *testing.T) {
 		t.Errorf("first state after the second drain: %v", full)
 	}
 }
+
+// TestNoRemovalIsLostWhenTheRemovalLogIsTrimmed: the hub remembers
+// deleted services for agents that resume later, within a limit. Trimming
+// that memory must never cost a connected agent a removal: with the limit
+// at 1, every deletion is still delivered.
+func TestNoRemovalIsLostWhenTheRemovalLogIsTrimmed(t *testing.T) {
+	ts := servertest.Start(t, t.TempDir(), func(c *server.Config) { c.RemovalLogLimit = 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	names := []string{"a", "b", "c", "d"}
+	for i, name := range append(names, "stays") {
+		s := validService()
+		s.Metadata.Name, s.Spec.ClusterIps, s.Spec.Ports[0].NodePort = name, []string{fmt.Sprintf("10.96.0.%d", 10+i)}, int32(30080+i)
+		if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	full := agent.recv()
+	agent.ack(full.GetVersion())
+	for _, name := range names {
+		if _, err := ts.Registry.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: "default", Name: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A last change marks the end of what the agent must have heard.
+	marker := validService()
+	marker.Metadata.Name, marker.Spec.ClusterIps, marker.Spec.Ports[0].NodePort = "marker", []string{"10.96.1.1"}, 30100
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: marker}); err != nil {
+		t.Fatal(err)
+	}
+	var removed []string
+	for done := false; !done; {
+		msg := agent.recv()
+		agent.ack(msg.GetVersion())
+		removed = append(removed, msg.GetRemovals()...)
+		for _, u := range msg.GetUpserts() {
+			done = done || u.GetName() == "marker"
+		}
+	}
+	slices.Sort(removed)
+	if want := []string{"default/a", "default/b", "default/c", "default/d"}; !slices.Equal(removed, want) {
+		t.Errorf("removals the connected agent heard: %v, want %v", removed, want)
+	}
+
+	// An agent resuming from before the trimmed removals cannot be told
+	// them as a delta: it gets a whole state, without the deleted services.
+	late := connectAgent(t, ctx, ts, "node2", full.GetVersion())
+	msg := late.recv()
+	var got []string
+	for _, u := range msg.GetUpserts() {
+		got = append(got, u.GetName())
+	}
+	slices.Sort(got)
+	if !msg.GetFull() || !slices.Equal(got, []string{"marker", "stays"}) {
+		t.Errorf("resuming from before trimmed removals: full=%v services %v, removals %v; want a whole state of marker and stays",
+			msg.GetFull(), got, msg.GetRemovals())
+	}
+}

@@ -10,9 +10,11 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,6 +37,11 @@ type Config struct {
 	// Metrics receives the hub's metrics when not nil.
 	Metrics prometheus.Registerer
 	Log     *slog.Logger
+	// RemovalLogLimit is how many deleted services the hub remembers for
+	// agents that resume later (0: DefaultRemovalLogLimit). Past it, the
+	// removals every connected agent has been sent are forgotten, and an
+	// agent resuming from before them gets a whole state.
+	RemovalLogLimit int
 }
 
 // Hub serves AgentService.
@@ -61,6 +68,8 @@ type Hub struct {
 	nodes    map[string]*weirv1.NodeInfo
 	// removed remembers when services went, so that a session knows what
 	// to remove; horizon is the oldest version a delta can start from.
+	// A removal is forgotten only once every connected session has been
+	// sent a version past it (trimRemoved).
 	removed map[string]uint64
 	horizon uint64
 
@@ -87,14 +96,14 @@ type cached struct {
 	modified uint64
 }
 
-// maxRemoved bounds the remembered removals; past it the horizon moves up
-// and agents further behind get a full state.
-const maxRemoved = 100000
+// DefaultRemovalLogLimit is Config.RemovalLogLimit's default.
+const DefaultRemovalLogLimit = 100000
 
 // sentState is what one node has been sent: everything the cache held at
-// version, and the node description node.
+// version, and the node description node. Only the session's goroutine
+// writes it; version is atomic because trimRemoved reads it.
 type sentState struct {
-	version uint64
+	version atomic.Uint64
 	node    *weirv1.NodeInfo
 }
 
@@ -103,6 +112,9 @@ type sentState struct {
 func New(reg *registry.Registry, cfg Config) *Hub {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.RemovalLogLimit <= 0 {
+		cfg.RemovalLogLimit = DefaultRemovalLogLimit
 	}
 	h := &Hub{
 		reg: reg, cfg: cfg, log: cfg.Log, metrics: newMetrics(cfg.Metrics),
@@ -218,6 +230,9 @@ func (h *Hub) apply() {
 	if since.IsZero() {
 		return // nothing was queued
 	}
+	// Read before the cache moves to version: every session is then still
+	// below this batch's removals, which are all kept.
+	floor := h.oldestSent()
 	h.cacheMu.Lock()
 	h.version = version
 	close(h.advanced)
@@ -237,9 +252,8 @@ func (h *Hub) apply() {
 			delete(h.removed, key)
 		}
 	}
-	if len(h.removed) > maxRemoved {
-		h.horizon = version
-		clear(h.removed)
+	if len(h.removed) > h.cfg.RemovalLogLimit {
+		h.trimRemoved(floor)
 	}
 	for name := range nodes {
 		h.nodes[name] = newNodes[name]
@@ -255,11 +269,37 @@ func (h *Hub) apply() {
 	}
 }
 
+// oldestSent is the lowest version any connected session has been sent; 0
+// while a session has not yet been sent its first state.
+func (h *Hub) oldestSent() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	floor := uint64(math.MaxUint64)
+	for _, s := range h.sessions {
+		floor = min(floor, s.sent.version.Load())
+	}
+	return floor
+}
+
+// trimRemoved forgets the removals at or below floor, which every connected
+// session has been sent, and moves the horizon past them: an agent that
+// resumes from before it gets a whole state. Removals a connected session
+// still needs are kept, whatever the limit. Called with cacheMu held.
+func (h *Hub) trimRemoved(floor uint64) {
+	for key, v := range h.removed {
+		if v <= floor {
+			delete(h.removed, key)
+			h.horizon = max(h.horizon, v)
+		}
+	}
+}
+
 // session is one agent's stream. The hub marks what changed; the session's
 // own goroutine builds and sends the delta when it can, so a slow agent
 // coalesces changes instead of holding anyone up.
 type session struct {
 	node   string
+	sent   *sentState // what the agent has been sent
 	cancel context.CancelFunc
 	done   chan struct{}
 	wake   chan struct{} // capacity 1
@@ -325,7 +365,8 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		return err
 	}
 	log := h.log.With("node", node, "agent", hello.GetAgentVersion())
-	s := &session{node: node, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1), pending: map[string]bool{}}
+	sent := &sentState{}
+	s := &session{node: node, sent: sent, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1), pending: map[string]bool{}}
 	defer close(s.done)
 
 	h.mu.Lock()
@@ -350,7 +391,6 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	h.metrics.connected.Inc()
 	h.mu.Unlock()
 
-	sent := &sentState{}
 	defer func() {
 		h.mu.Lock()
 		if h.sessions[node] == s {
@@ -367,18 +407,16 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- h.receiveAnswers(stream, st, inflight, log) }()
 
-	var msg *weirv1.SyncResponse
-	kind := "full"
-	if v := hello.GetAppliedVersion(); h.canResume(v) {
-		// Versions are the store's revisions, the same for every node: an
-		// agent that applied v needs only what changed after v.
-		sent.version = v
-		if prev != nil && prev.version == v {
-			sent.node = prev.node
-		}
-		kind = "resume"
-		msg = h.delta(node, nil, true, sent)
-	} else {
+	kind := "resume"
+	v := hello.GetAppliedVersion()
+	if prev != nil && prev.version.Load() == v {
+		sent.node = prev.node
+	}
+	// Versions are the store's revisions, the same for every node: an
+	// agent that applied v needs only what changed after v.
+	msg, resumed := h.resume(node, v, sent)
+	if !resumed {
+		kind = "full"
 		// Whole states are big: a few at a time, so that hundreds of
 		// agents connecting at once do not hold hundreds in memory.
 		select {
@@ -480,11 +518,18 @@ func (h *Hub) catchUp(ctx context.Context, rev uint64) error {
 	}
 }
 
-// canResume reports whether a delta can bring an agent from version v.
-func (h *Hub) canResume(v uint64) bool {
+// resume is what brings an agent from version v to the cache's, and true,
+// or false when no delta can (v is 0, older than the horizon, or newer than
+// anything the hub has seen). It checks and builds under one lock, so that
+// no trim falls in between.
+func (h *Hub) resume(node string, v uint64, sent *sentState) (*weirv1.SyncResponse, bool) {
 	h.cacheMu.RLock()
 	defer h.cacheMu.RUnlock()
-	return v != 0 && v >= h.horizon && v <= h.version
+	if v == 0 || v < h.horizon || v > h.version {
+		return nil, false
+	}
+	sent.version.Store(v)
+	return h.deltaLocked(node, nil, true, sent), true
 }
 
 // full is node's whole state; it records it as sent.
@@ -496,7 +541,8 @@ func (h *Hub) full(node string, sent *sentState) *weirv1.SyncResponse {
 	for _, k := range slices.Sorted(maps.Keys(h.services)) {
 		msg.Upserts = append(msg.Upserts, h.services[k].msg)
 	}
-	sent.version, sent.node = msg.Version, msg.Node
+	sent.version.Store(msg.Version)
+	sent.node = msg.Node
 	return msg
 }
 
@@ -505,7 +551,12 @@ func (h *Hub) full(node string, sent *sentState) *weirv1.SyncResponse {
 func (h *Hub) delta(node string, keys []string, nodeDirty bool, sent *sentState) *weirv1.SyncResponse {
 	h.cacheMu.RLock()
 	defer h.cacheMu.RUnlock()
+	return h.deltaLocked(node, keys, nodeDirty, sent)
+}
+
+func (h *Hub) deltaLocked(node string, keys []string, nodeDirty bool, sent *sentState) *weirv1.SyncResponse {
 	msg := &weirv1.SyncResponse{Version: h.version}
+	from := sent.version.Load()
 	if nodeDirty {
 		if ni := h.nodeInfo(node); !proto.Equal(ni, sent.node) {
 			msg.Node, sent.node = ni, ni
@@ -518,17 +569,17 @@ func (h *Hub) delta(node string, keys []string, nodeDirty bool, sent *sentState)
 	slices.Sort(keys)
 	for _, k := range keys {
 		if c, ok := h.services[k]; ok {
-			if c.modified > sent.version {
+			if c.modified > from {
 				msg.Upserts = append(msg.Upserts, c.msg)
 			}
-		} else if v, ok := h.removed[k]; ok && v > sent.version {
+		} else if v, ok := h.removed[k]; ok && v > from {
 			msg.Removals = append(msg.Removals, k)
 		}
 	}
 	if msg.Node == nil && len(msg.Upserts) == 0 && len(msg.Removals) == 0 {
 		return nil
 	}
-	sent.version = msg.Version
+	sent.version.Store(msg.Version)
 	return msg
 }
 
