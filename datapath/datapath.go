@@ -48,10 +48,10 @@ type Datapath struct {
 	// needFull is set until a full sync succeeds: at start, and after any
 	// failed transaction, when the kernel's state is no longer known here.
 	needFull bool
-	// listed is set once the table's objects were listed: after that this
-	// Datapath knows every object it made.
-	listed   bool
-	gen      generation // the generation the chains read
+	// tables is what is known of each family's table. The families are
+	// committed in separate transactions, so one may move on while the
+	// other fails: each keeps its own generation.
+	tables   map[*family]*tableState
 	node     NodeInfo
 	services map[ServiceKey]*Service
 	// contrib is what each service (and, under the zero key, the node)
@@ -59,9 +59,24 @@ type Datapath struct {
 	// endpoint may back several services.
 	contrib map[ServiceKey][]element
 	live    map[elemID]*liveElement
-	chains  map[*family]map[string]bool // pick chains that exist
 	// owned are the chains and sets each service has to itself.
 	owned map[ServiceKey][]ownedObject
+}
+
+// tableState is what this Datapath knows of one family's table.
+type tableState struct {
+	// known is set while the table holds exactly what this Datapath
+	// made; until then the next full sync lists the table's objects and
+	// reads which generation its chains use.
+	known bool
+	gen   generation // the generation the chains read
+	// picks counts, per pick chain that exists, the elements that jump
+	// to it; a chain goes in the transaction that drops its last one.
+	picks map[string]int
+	// rebuild is set after a full sync of the family failed: the next one
+	// replaces the whole table in one transaction, which no leftover,
+	// damaged or foreign object can block.
+	rebuild bool
 }
 
 type liveElement struct {
@@ -86,14 +101,17 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	d := &Datapath{cfg: cfg, nft: map[*family][]knftables.Interface{}, lister: map[*family]knftables.Interface{}, needFull: true, gen: genB}
+	d := &Datapath{cfg: cfg, nft: map[*family][]knftables.Interface{}, lister: map[*family]knftables.Interface{},
+		tables: map[*family]*tableState{}, needFull: true}
 	if nftIPv4 != nil {
 		d.nft[&ipv4] = []knftables.Interface{nftIPv4}
 		d.lister[&ipv4] = nftIPv4
+		d.tables[&ipv4] = &tableState{}
 	}
 	if nftIPv6 != nil {
 		d.nft[&ipv6] = []knftables.Interface{nftIPv6}
 		d.lister[&ipv6] = nftIPv6
+		d.tables[&ipv6] = &tableState{}
 	}
 	return d
 }
@@ -117,6 +135,7 @@ func NewForNode(cfg Config) (*Datapath, error) {
 		if nl, err := knftables.New(f.nft, TableName, knftables.UseNetlink); err == nil {
 			d.lister[f] = nl
 		}
+		d.tables[f] = &tableState{}
 	}
 	return d, nil
 }
@@ -135,54 +154,91 @@ func (d *Datapath) Apply(ctx context.Context, state NodeState) error {
 }
 
 // Resync rewrites the whole table from the last state given to Apply,
-// repairing anything someone else changed or deleted.
+// repairing anything someone else changed, added or deleted: the table is
+// listed again first.
 func (d *Datapath) Resync(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.forget()
 	return d.fullSync(ctx, NodeState{Node: d.node, Services: d.services})
 }
 
-// fullSync loads state into a fresh generation and switches to it:
-//  1. one transaction creates the table, the new generation's empty sets
-//     and maps, any missing chain, and the services' own objects;
-//  2. the elements load in chunks, in parallel, while the old generation
-//     still forwards;
-//  3. one transaction points every chain at the new generation and deletes
-//     the old one and anything else the table holds that is not Weir's now.
-//
-// A failure before step 3 leaves the old generation forwarding.
-func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
+// Cleanup deletes both tables and everything in them, as kube-proxy's
+// --cleanup does; a missing table is no error.
+func (d *Datapath) Cleanup(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.needFull = true
-	existing, err := d.existingObjects(ctx)
-	if err != nil {
-		return err
-	}
-	// A table left by an earlier agent forwards with one generation; load
-	// the other.
-	for _, objs := range existing {
-		if slices.Contains(objs.maps, genA.of(ipKind.frontends)) {
-			d.gen = genA
-		} else if slices.Contains(objs.maps, genB.of(ipKind.frontends)) {
-			d.gen = genB
+	d.forget()
+	var errs []error
+	for _, f := range d.families() {
+		tx := d.nft[f][0].NewTransaction()
+		// Adding first makes the delete work whether or not it exists.
+		tx.Add(&knftables.Table{})
+		tx.Delete(&knftables.Table{})
+		if err := d.nft[f][0].Run(ctx, tx); err != nil {
+			errs = append(errs, fmt.Errorf("deleting %s table %q: %w", f, TableName, err))
 		}
 	}
-	next := d.gen.other()
+	return errors.Join(errs...)
+}
 
+// forget marks every table as unknown: the next full sync lists it.
+func (d *Datapath) forget() {
+	for _, t := range d.tables {
+		t.known = false
+	}
+}
+
+// families are the families this Datapath programs, IPv4 first.
+func (d *Datapath) families() []*family {
+	var out []*family
+	for _, f := range []*family{&ipv4, &ipv6} {
+		if d.nft[f] != nil {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// desired is a whole state as elements and objects, per family.
+type desired struct {
+	contrib map[ServiceKey][]element
+	live    map[elemID]*liveElement
+	owned   map[ServiceKey][]ownedObject
+	elems   map[*family][]element
+	objects map[*family][]ownedObject
+	picks   map[*family]map[string]int // pick chains, with the elements that jump to each
+}
+
+func (d *Datapath) desire(state NodeState) *desired {
 	// Sized for the usual dozen elements a service contributes.
-	contrib := make(map[ServiceKey][]element, len(state.Services)+1)
-	live := make(map[elemID]*liveElement, 12*len(state.Services))
-	owned := map[ServiceKey][]ownedObject{}
-	elems := make([]element, 0, 12*len(state.Services))
-	var allOwned []ownedObject
+	w := &desired{
+		contrib: make(map[ServiceKey][]element, len(state.Services)+1),
+		live:    make(map[elemID]*liveElement, 12*len(state.Services)),
+		owned:   map[ServiceKey][]ownedObject{},
+		elems:   map[*family][]element{},
+		objects: map[*family][]ownedObject{},
+		picks:   map[*family]map[string]int{},
+	}
+	for _, f := range d.families() {
+		w.picks[f] = map[string]int{}
+	}
 	collect := func(key ServiceKey, es []element) {
-		contrib[key] = es
+		w.contrib[key] = es
 		for _, e := range es {
-			if le := live[e.id()]; le != nil {
+			if le := w.live[e.id()]; le != nil {
 				le.refs++
 				continue
 			}
-			live[e.id()] = &liveElement{value: e.value, refs: 1}
-			elems = append(elems, e)
+			w.live[e.id()] = &liveElement{value: e.value, refs: 1}
+			if w.picks[e.family] == nil {
+				continue // a family this Datapath leaves alone
+			}
+			w.elems[e.family] = append(w.elems[e.family], e)
+			if chain, ok := pickChainOf(e.value); ok {
+				w.picks[e.family][chain]++
+			}
 		}
 	}
 	collect(nodeKey, nodeElements(state.Node, d.cfg))
@@ -190,191 +246,360 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 		c := serviceContribution(svc, state.Node, d.cfg.MasqueradeMark)
 		collect(key, c.elems)
 		if len(c.owned) > 0 {
-			owned[key] = c.owned
-			allOwned = append(allOwned, c.owned...)
-		}
-	}
-	pickChains := map[*family]map[string]bool{}
-	for f := range d.nft {
-		pickChains[f] = map[string]bool{}
-	}
-	for _, e := range elems {
-		if chain, ok := strings.CutPrefix(e.value, "goto "); ok {
-			if _, _, _, isPick := kindOfChain(chain); isPick && pickChains[e.family] != nil {
-				pickChains[e.family][chain] = true
+			w.owned[key] = c.owned
+			for _, o := range c.owned {
+				w.objects[o.family] = append(w.objects[o.family], o)
 			}
 		}
 	}
+	return w
+}
+
+// fullSync makes each family's table hold exactly state, whatever it held
+// before: an older agent's generation, an older layout, a half-finished
+// sync, foreign or damaged objects. The families go in parallel, each on
+// its own; the state counts as applied only when both succeed.
+func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
+	d.needFull = true
+	w := d.desire(state)
+	fams := d.families()
+	errs := make([]error, len(fams))
+	var wg sync.WaitGroup
+	for i, f := range fams {
+		wg.Go(func() { errs[i] = d.syncFamily(ctx, f, w) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	d.needFull = false
+	d.contrib, d.live, d.owned = w.contrib, w.live, w.owned
+	d.node, d.services = state.Node, maps.Clone(state.Services)
+	return nil
+}
+
+// syncFamily is one family's full sync: a generation switch, or when that
+// fails (or failed last time) a rebuild. It records the outcome in the
+// family's tableState.
+func (d *Datapath) syncFamily(ctx context.Context, f *family, w *desired) error {
+	t := d.tables[f]
+	var err error
+	if !t.rebuild {
+		err = d.switchGeneration(ctx, f, w)
+	}
+	if t.rebuild || (err != nil && ctx.Err() == nil) {
+		// The table holds something the switch could not get past
+		// (errTableUnknown, an object in the way): replace it whole.
+		if err != nil {
+			d.cfg.Log.Warn("generation switch failed; replacing the table", "family", f.String(), "error", err)
+		}
+		err = d.rebuild(ctx, f, w)
+	}
+	if err != nil {
+		t.known = false
+		t.rebuild = ctx.Err() == nil
+		return err
+	}
+	t.known, t.rebuild, t.picks = true, false, w.picks[f]
+	return nil
+}
+
+// switchGeneration loads w into the generation the table's chains do not
+// use, while that one keeps forwarding, and switches over:
+//  1. one transaction creates the table, the new generation's empty sets
+//     and maps, any missing chain, and the services' own objects;
+//  2. the elements load in chunks, in parallel;
+//  3. one transaction points every chain at the new generation and empties
+//     every chain that is not Weir's now;
+//  4. a last transaction deletes the old generation and whatever else is
+//     not Weir's now: objects that are no longer referenced only after the
+//     switch, as kube-proxy deletes stale chains a sync after flushing them.
+//
+// A failure before step 3 leaves the old generation forwarding; a failure
+// of step 4 leaves forwarding right and only litter, retried later.
+func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) error {
+	t := d.tables[f]
+	existing, err := d.existingObjects(ctx, f)
+	if err != nil {
+		return err
+	}
+	next := t.gen.other()
+	picks := w.picks[f]
 
 	// 1. Prepare.
 	txs := map[*family]*knftables.Transaction{}
-	for f := range d.nft {
-		tx := d.tx(txs, f)
-		tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for Kubernetes-style services, owned by weir-agent")})
-		for _, obj := range tableSets(*f, next) {
-			// Fresh, even if a failed sync left one behind.
-			tx.Add(obj)
-			tx.Delete(obj)
-			tx.Add(obj)
-		}
-		for _, c := range tableChains(*f, d.cfg.MasqueradeMark, next) {
-			tx.Add(c.chain)
-			if c.base() {
-				// Base chains only jump to fixed chains: rewriting them
-				// here changes nothing for packets.
-				tx.Flush(c.chain)
-				for _, r := range c.rules {
-					tx.Add(&knftables.Rule{Chain: c.chain.Name, Rule: r})
-				}
-			}
-		}
-		for chain := range pickChains[f] {
-			tx.Add(&knftables.Chain{Name: chain})
+	tx := d.tx(txs, f)
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for Kubernetes-style services, owned by weir-agent")})
+	for _, obj := range tableSets(*f, next) {
+		// Fresh, even if a failed sync left one behind.
+		tx.Add(obj)
+		tx.Delete(obj)
+		tx.Add(obj)
+	}
+	for _, c := range tableChains(*f, d.cfg.MasqueradeMark, next) {
+		tx.Add(c.chain)
+		if c.base() {
+			// Base chains only jump to fixed chains: rewriting them
+			// here changes nothing for packets.
+			writeChain(tx, c, next)
 		}
 	}
-	d.changeOwned(txs, nil, allOwned)
+	for chain := range picks {
+		tx.Add(&knftables.Chain{Name: chain})
+	}
+	d.changeOwned(txs, nil, w.objects[f])
 	if err := d.run(ctx, txs); err != nil {
-		d.listed = false // what the table holds is no longer known
 		return err
 	}
 
 	// 2. Load.
-	if err := d.load(ctx, elems, next); err != nil {
-		d.listed = false
+	if err := d.load(ctx, f, w.elems[f], next); err != nil {
 		return err
 	}
 
 	// 3. Switch.
-	txs = map[*family]*knftables.Transaction{}
-	for f := range d.nft {
-		tx := d.tx(txs, f)
-		keep := map[string]bool{}
-		for _, c := range tableChains(*f, d.cfg.MasqueradeMark, next) {
-			keep[c.chain.Name] = true
-			if c.base() {
-				continue
-			}
-			tx.Flush(c.chain)
-			for _, r := range c.rules {
-				tx.Add(&knftables.Rule{Chain: c.chain.Name, Rule: r})
-			}
-		}
-		for chain := range pickChains[f] {
-			keep[chain] = true
-			k, p, n, _ := kindOfChain(chain)
-			tx.Flush(&knftables.Chain{Name: chain})
-			tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*f, d.cfg.MasqueradeMark, p, n, next)})
-		}
-		for _, obj := range tableSets(*f, next) {
-			keep[setName(obj)] = true
-		}
-		for _, o := range allOwned {
-			if o.family == f {
-				keep[o.name] = true
-			}
-		}
-		// Whatever else the table holds goes: the old generation, pick
-		// chains no service needs, and objects of older layouts. Chains
-		// are flushed first, since they may refer to each other.
-		for _, name := range existing[f].chains {
-			if !keep[name] {
-				tx.Flush(&knftables.Chain{Name: name})
-			}
-		}
-		for _, name := range existing[f].chains {
-			if !keep[name] {
-				tx.Delete(&knftables.Chain{Name: name})
-			}
-		}
-		// Anonymous sets and maps ("__map0") belong to rules and go with them.
-		for _, name := range existing[f].maps {
-			if !keep[name] && !strings.HasPrefix(name, "__") {
-				tx.Delete(&knftables.Map{Name: name})
-			}
-		}
-		for _, name := range existing[f].sets {
-			if !keep[name] && !strings.HasPrefix(name, "__") {
-				tx.Delete(&knftables.Set{Name: name})
-			}
+	tx = d.nft[f][0].NewTransaction()
+	keep := map[string]bool{}
+	for _, c := range tableChains(*f, d.cfg.MasqueradeMark, next) {
+		keep[c.chain.Name] = true
+		if !c.base() {
+			writeChain(tx, c, next)
 		}
 	}
-	if err := d.run(ctx, txs); err != nil {
-		d.listed = false
-		return err
+	for chain := range picks {
+		keep[chain] = true
+		k, p, n, _ := kindOfChain(chain)
+		tx.Flush(&knftables.Chain{Name: chain})
+		tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*f, d.cfg.MasqueradeMark, p, n, next)})
 	}
-	d.needFull = false
-	d.listed = true
-	d.gen = next
-	d.contrib, d.live, d.owned, d.chains = contrib, live, owned, pickChains
-	d.node, d.services = state.Node, maps.Clone(state.Services)
+	for _, obj := range tableSets(*f, next) {
+		keep[setName(obj)] = true
+	}
+	for _, o := range w.objects[f] {
+		keep[o.name] = true
+	}
+	// Emptied now, so that nothing they hold refers to what goes next.
+	for _, name := range existing.chains {
+		if !keep[name] {
+			tx.Flush(&knftables.Chain{Name: name})
+		}
+	}
+	if err := d.nft[f][0].Run(ctx, tx); err != nil {
+		return fmt.Errorf("programming %s table %q: %w", f, TableName, err)
+	}
+	t.gen = next
+
+	// 4. Delete: maps first (the old generation's verdict maps jump to
+	// chains that may go), then sets, then chains. Anonymous sets and
+	// maps ("__map0") belong to rules and go with them.
+	var gone []knftables.Object
+	for _, name := range existing.maps {
+		if !keep[name] && !strings.HasPrefix(name, "__") {
+			gone = append(gone, &knftables.Map{Name: name})
+		}
+	}
+	for _, name := range existing.sets {
+		if !keep[name] && !strings.HasPrefix(name, "__") {
+			gone = append(gone, &knftables.Set{Name: name})
+		}
+	}
+	for _, name := range existing.chains {
+		if !keep[name] {
+			gone = append(gone, &knftables.Chain{Name: name})
+		}
+	}
+	d.deleteObjects(ctx, f, gone)
 	return nil
+}
+
+// deleteObjects deletes what the table no longer needs, in one transaction
+// or, when that fails, one by one: an object something unexpected still
+// refers to stays, logged, and the table is listed again at the next full
+// sync. Forwarding is right either way.
+func (d *Datapath) deleteObjects(ctx context.Context, f *family, objs []knftables.Object) {
+	if len(objs) == 0 {
+		return
+	}
+	nft := d.nft[f][0]
+	tx := nft.NewTransaction()
+	for _, o := range objs {
+		tx.Delete(o)
+	}
+	if nft.Run(ctx, tx) == nil {
+		return
+	}
+	for _, o := range objs {
+		tx := nft.NewTransaction()
+		tx.Delete(o)
+		if err := nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
+			d.cfg.Log.Warn("a stale object of the table could not be deleted; retried at the next full sync",
+				"family", f.String(), "object", fmt.Sprintf("%T %s", o, objectName(o)), "error", err)
+			d.tables[f].known = false
+		}
+	}
+}
+
+// rebuild replaces the family's table in one transaction: delete it with
+// everything in it, create it with w. Atomic for packets (and conntrack
+// keeps every established flow), but nft parses the whole state at once,
+// so it is the way out of a table the generation switch could not handle,
+// not the usual way.
+func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
+	const g = genA
+	nft := d.nft[f][0]
+	tx := nft.NewTransaction()
+	table := &knftables.Table{Comment: knftables.PtrTo("rules for Kubernetes-style services, owned by weir-agent")}
+	tx.Add(table)
+	tx.Delete(table)
+	tx.Add(table)
+	for _, obj := range tableSets(*f, g) {
+		tx.Add(obj)
+	}
+	chains := tableChains(*f, d.cfg.MasqueradeMark, g)
+	for _, c := range chains {
+		tx.Add(c.chain)
+	}
+	for chain := range w.picks[f] {
+		tx.Add(&knftables.Chain{Name: chain})
+	}
+	txs := map[*family]*knftables.Transaction{f: tx}
+	d.changeOwned(txs, nil, w.objects[f])
+	for _, c := range chains {
+		writeChain(tx, c, g)
+	}
+	for chain := range w.picks[f] {
+		k, p, n, _ := kindOfChain(chain)
+		tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*f, d.cfg.MasqueradeMark, p, n, g)})
+	}
+	for _, e := range w.elems[f] {
+		tx.Add(elementObject(e, g))
+	}
+	if err := nft.Run(ctx, tx); err != nil {
+		return fmt.Errorf("replacing %s table %q: %w", f, TableName, err)
+	}
+	d.tables[f].gen = g
+	return nil
+}
+
+// writeChain (re)writes a fixed chain's rules. The rules of the chains
+// that read a generation carry its name as their comment: that is how a
+// restarted agent learns which generation forwards (liveGeneration).
+func writeChain(tx *knftables.Transaction, c chainSpec, g generation) {
+	tx.Flush(c.chain)
+	for _, r := range c.rules {
+		rule := &knftables.Rule{Chain: c.chain.Name, Rule: r}
+		if !c.base() {
+			rule.Comment = knftables.PtrTo(g.comment())
+		}
+		tx.Add(rule)
+	}
 }
 
 // tableObjects names what a family's table holds.
 type tableObjects struct{ chains, sets, maps []string }
 
-// existingObjects names what the table holds: listed the first time (an
-// older agent or layout may have left anything), known from then on.
-func (d *Datapath) existingObjects(ctx context.Context) (map[*family]tableObjects, error) {
-	if !d.listed {
-		return d.listObjects(ctx)
+// existingObjects names what the family's table holds: listed while the
+// table is not known (an older agent, an older layout or someone else may
+// have left anything), from memory otherwise.
+func (d *Datapath) existingObjects(ctx context.Context, f *family) (tableObjects, error) {
+	t := d.tables[f]
+	if !t.known {
+		return d.listObjects(ctx, f)
 	}
-	out := map[*family]tableObjects{}
-	for f := range d.nft {
-		var objs tableObjects
-		for _, c := range tableChains(*f, d.cfg.MasqueradeMark, d.gen) {
-			objs.chains = append(objs.chains, c.chain.Name)
+	var objs tableObjects
+	for _, c := range tableChains(*f, d.cfg.MasqueradeMark, t.gen) {
+		objs.chains = append(objs.chains, c.chain.Name)
+	}
+	for chain := range t.picks {
+		objs.chains = append(objs.chains, chain)
+	}
+	for _, obj := range tableSets(*f, t.gen) {
+		if m, ok := obj.(*knftables.Map); ok {
+			objs.maps = append(objs.maps, m.Name)
+		} else {
+			objs.sets = append(objs.sets, setName(obj))
 		}
-		for chain := range d.chains[f] {
-			objs.chains = append(objs.chains, chain)
-		}
-		for _, obj := range tableSets(*f, d.gen) {
-			if m, ok := obj.(*knftables.Map); ok {
-				objs.maps = append(objs.maps, m.Name)
-			} else {
-				objs.sets = append(objs.sets, setName(obj))
+	}
+	for _, os := range d.owned {
+		for _, o := range os {
+			switch {
+			case o.family != f:
+			case o.set != nil:
+				objs.sets = append(objs.sets, o.name)
+			default:
+				objs.chains = append(objs.chains, o.name)
 			}
 		}
-		for _, os := range d.owned {
-			for _, o := range os {
-				switch {
-				case o.family != f:
-				case o.set != nil:
-					objs.sets = append(objs.sets, o.name)
-				default:
-					objs.chains = append(objs.chains, o.name)
-				}
-			}
-		}
-		out[f] = objs
 	}
-	return out, nil
+	return objs, nil
 }
 
-// listObjects lists the names of the table's objects (never their
-// contents, which is what makes a listing slow).
-func (d *Datapath) listObjects(ctx context.Context) (map[*family]tableObjects, error) {
-	out := map[*family]tableObjects{}
-	for f := range d.nft {
-		var objs tableObjects
-		for _, l := range []struct {
-			kind string
-			into *[]string
-		}{{"chain", &objs.chains}, {"set", &objs.sets}, {"map", &objs.maps}} {
-			names, err := d.lister[f].List(ctx, l.kind)
-			if err != nil && !knftables.IsNotFound(err) {
-				return nil, fmt.Errorf("listing %s %ss: %w", f, l.kind, err)
-			}
-			*l.into = names
-			if len(objs.chains) == 0 {
-				// No chains: no table of ours (Weir's always has chains),
-				// and the netlink lister fails on sets of a missing table.
-				break
+// listObjects lists the names of the family's objects (never their
+// contents, which is what makes a listing slow) and reads which generation
+// its chains forward with into the family's tableState, or fails with
+// errTableUnknown.
+func (d *Datapath) listObjects(ctx context.Context, f *family) (tableObjects, error) {
+	var objs tableObjects
+	for _, l := range []struct {
+		kind string
+		into *[]string
+	}{{"chain", &objs.chains}, {"set", &objs.sets}, {"map", &objs.maps}} {
+		names, err := d.lister[f].List(ctx, l.kind)
+		if err != nil && !knftables.IsNotFound(err) {
+			return objs, fmt.Errorf("listing %s %ss: %w", f, l.kind, err)
+		}
+		*l.into = names
+		if len(objs.chains) == 0 {
+			// No chains: no table of ours (Weir's always has chains),
+			// and the netlink lister fails on sets of a missing table.
+			break
+		}
+	}
+	t := d.tables[f]
+	if len(objs.chains) == 0 {
+		t.gen = genB // nothing forwards: load generation a
+		return objs, nil
+	}
+	g, err := d.liveGeneration(ctx, f)
+	if err != nil {
+		return objs, err
+	}
+	if g == "" {
+		return objs, errTableUnknown
+	}
+	t.gen = g
+	return objs, nil
+}
+
+// errTableUnknown: the table's chains name no generation (an older agent's
+// table, or one someone flushed), so the switch cannot tell which one to
+// leave alone; the table is rebuilt instead.
+var errTableUnknown = errors.New("the table's chains name no generation")
+
+// liveGeneration is the generation the table's services chain reads,
+// from the comment its rules carry, or "" when they do not agree on one.
+func (d *Datapath) liveGeneration(ctx context.Context, f *family) (generation, error) {
+	rules, err := d.nft[f][0].ListRules(ctx, "services")
+	if knftables.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the %s table's services chain: %w", f, err)
+	}
+	var g generation
+	for _, r := range rules {
+		var rg generation
+		for _, c := range []generation{genA, genB} {
+			if r.Comment != nil && *r.Comment == c.comment() {
+				rg = c
 			}
 		}
-		out[f] = objs
+		if rg == "" || (g != "" && rg != g) {
+			return "", nil
+		}
+		g = rg
 	}
-	return out, nil
+	return g, nil
 }
 
 func setName(obj knftables.Object) string {
@@ -387,46 +612,39 @@ func setName(obj knftables.Object) string {
 	return ""
 }
 
-// load adds elements to generation g in chunks, spread over the family's
-// interfaces so that several nft processes parse at once.
-func (d *Datapath) load(ctx context.Context, elems []element, g generation) error {
+func objectName(obj knftables.Object) string {
+	if c, ok := obj.(*knftables.Chain); ok {
+		return c.Name
+	}
+	return setName(obj)
+}
+
+// load adds a family's elements to generation g in chunks, spread over the
+// family's interfaces so that several nft processes parse at once.
+func (d *Datapath) load(ctx context.Context, f *family, elems []element, g generation) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var errs []error
-	for f, nfts := range d.nft {
-		chunks := make(chan []element)
-		for _, nft := range nfts {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for c := range chunks {
-					tx := nft.NewTransaction()
-					for _, e := range c {
-						tx.Add(elementObject(e, g))
-					}
-					if err := nft.Run(ctx, tx); err != nil {
-						mu.Lock()
-						errs = append(errs, fmt.Errorf("loading %s table %q: %w", f, TableName, err))
-						mu.Unlock()
-					}
+	chunks := make(chan []element)
+	for _, nft := range d.nft[f] {
+		wg.Go(func() {
+			for c := range chunks {
+				tx := nft.NewTransaction()
+				for _, e := range c {
+					tx.Add(elementObject(e, g))
 				}
-			}()
-		}
-		chunk := make([]element, 0, FullSyncChunk)
-		for _, e := range elems {
-			if e.family != f {
-				continue
+				if err := nft.Run(ctx, tx); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("loading %s table %q: %w", f, TableName, err))
+					mu.Unlock()
+				}
 			}
-			if chunk = append(chunk, e); len(chunk) == FullSyncChunk {
-				chunks <- chunk
-				chunk = make([]element, 0, FullSyncChunk)
-			}
-		}
-		if len(chunk) > 0 {
-			chunks <- chunk
-		}
-		close(chunks)
+		})
 	}
+	for c := range slices.Chunk(elems, FullSyncChunk) {
+		chunks <- c
+	}
+	close(chunks)
 	wg.Wait()
 	return errors.Join(errs...)
 }
@@ -494,22 +712,39 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 
 	txs := map[*family]*knftables.Transaction{}
 	var adds []element
+	picks := map[*family]map[string]int{} // change in each pick chain's references
+	countPick := func(f *family, value string, n int) {
+		if chain, ok := pickChainOf(value); ok {
+			if picks[f] == nil {
+				picks[f] = map[string]int{}
+			}
+			picks[f][chain] += n
+		}
+	}
 	for id, was := range before {
 		now := d.live[id]
+		t := d.tables[id.family]
+		if t == nil {
+			continue // a family this Datapath leaves alone
+		}
 		if was != nil && (now == nil || now.value != was.value) {
 			tx := d.tx(txs, id.family)
-			tx.Delete(elementObject(element{family: id.family, set: id.set, key: id.key, value: was.value}, d.gen))
+			tx.Delete(elementObject(element{family: id.family, set: id.set, key: id.key, value: was.value}, t.gen))
+			countPick(id.family, was.value, -1)
 		}
 		if now != nil && (was == nil || now.value != was.value) {
 			adds = append(adds, element{family: id.family, set: id.set, key: id.key, value: now.value})
+			countPick(id.family, now.value, +1)
 		}
 	}
 	// After the element deletes (which drop references to chains that
 	// go), before the adds (which refer to chains that come).
+	d.changePicks(txs, picks)
 	d.changeOwned(txs, oldOwned, newOwned)
 	d.addElements(txs, adds)
 	if err := d.run(ctx, txs); err != nil {
-		d.needFull, d.listed = true, false
+		d.needFull = true
+		d.forget()
 		return err
 	}
 	// Our own copy, kept in step key by key: the caller may change its map
@@ -593,8 +828,7 @@ func (d *Datapath) changeOwned(txs map[*family]*knftables.Transaction, old, new 
 	}
 }
 
-// addElements adds elements to their family's transaction, creating first
-// any pick chain a verdict refers to.
+// addElements adds elements to their family's transaction.
 func (d *Datapath) addElements(txs map[*family]*knftables.Transaction, adds []element) {
 	// Sorted for transactions that read the same every time.
 	slices.SortFunc(adds, func(a, b element) int {
@@ -604,21 +838,50 @@ func (d *Datapath) addElements(txs map[*family]*knftables.Transaction, adds []el
 		return strings.Compare(a.key, b.key)
 	})
 	for _, e := range adds {
-		if _, ok := d.nft[e.family]; !ok {
-			continue
+		if t := d.tables[e.family]; t != nil {
+			d.tx(txs, e.family).Add(elementObject(e, t.gen))
 		}
-		tx := d.tx(txs, e.family)
-		if chain, ok := strings.CutPrefix(e.value, "goto "); ok && !d.chains[e.family][chain] {
-			// Owned chains are made by changeOwned; pick chains here.
-			if k, p, n, isPick := kindOfChain(chain); isPick {
+	}
+}
+
+// changePicks creates the pick chains that gain their first reference and
+// deletes those that lose their last, so that the table holds exactly the
+// pick chains its elements jump to. It runs after the element deletes of
+// the same transaction (which drop the references) and before the adds.
+func (d *Datapath) changePicks(txs map[*family]*knftables.Transaction, change map[*family]map[string]int) {
+	for f, chains := range change {
+		t := d.tables[f]
+		for _, chain := range slices.Sorted(maps.Keys(chains)) {
+			before, existed := t.picks[chain]
+			after := before + chains[chain]
+			switch {
+			case after > 0 && !existed:
+				k, p, n, _ := kindOfChain(chain)
+				tx := d.tx(txs, f)
 				tx.Add(&knftables.Chain{Name: chain})
 				tx.Flush(&knftables.Chain{Name: chain})
-				tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*e.family, d.cfg.MasqueradeMark, p, n, d.gen)})
-				d.chains[e.family][chain] = true
+				tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*f, d.cfg.MasqueradeMark, p, n, t.gen)})
+				t.picks[chain] = after
+			case after <= 0 && existed:
+				tx := d.tx(txs, f)
+				tx.Flush(&knftables.Chain{Name: chain})
+				tx.Delete(&knftables.Chain{Name: chain})
+				delete(t.picks, chain)
+			case after > 0:
+				t.picks[chain] = after
 			}
 		}
-		tx.Add(elementObject(e, d.gen))
 	}
+}
+
+// pickChainOf is the pick chain a verdict jumps to, if it is one.
+func pickChainOf(value string) (string, bool) {
+	chain, ok := strings.CutPrefix(value, "goto ")
+	if !ok {
+		return "", false
+	}
+	_, _, _, isPick := kindOfChain(chain)
+	return chain, isPick
 }
 
 func (d *Datapath) tx(txs map[*family]*knftables.Transaction, f *family) *knftables.Transaction {

@@ -161,6 +161,9 @@ func (g generation) other() generation {
 // of names a set or map of this generation.
 func (g generation) of(set string) string { return set + "_" + string(g) }
 
+// comment marks the rules that read this generation.
+func (g generation) comment() string { return "weir generation " + string(g) }
+
 // ref is a rule's reference to a set or map of this generation.
 func (g generation) ref(set string) string { return "@" + g.of(set) }
 

@@ -91,7 +91,7 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	}
 	// Someone else empties a chain and deletes a backend: the periodic
 	// resync repairs both.
-	for _, cmd := range []string{"flush chain ip weir services", "delete element ip weir " + dp.gen.of(ipKind.backends(TCP)) + " { 10.96.0.10 . tcp . 80 . 0 }"} {
+	for _, cmd := range []string{"flush chain ip weir services", "delete element ip weir " + dp.tables[&ipv4].gen.of(ipKind.backends(TCP)) + " { 10.96.0.10 . tcp . 80 . 0 }"} {
 		if out, err := exec.Command("sh", "-c", "nft '"+cmd+"'").CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v: %s", cmd, err, out)
 		}
@@ -108,7 +108,7 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nft list table: %v: %s", err, listing)
 	}
-	for _, gone := range []string{dp.gen.other().of(ipKind.frontends), "map frontends {", "old_chain"} {
+	for _, gone := range []string{dp.tables[&ipv4].gen.other().of(ipKind.frontends), "map frontends {", "old_chain"} {
 		if strings.Contains(string(listing), gone) {
 			t.Errorf("after a resync the table still holds %q", gone)
 		}
@@ -121,11 +121,11 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if err := restarted.Apply(ctx, st2); err != nil {
 		t.Fatalf("full sync of a restarted agent over an existing table: %v", err)
 	}
-	if restarted.gen == dp.gen {
-		t.Errorf("the restarted agent loaded generation %q, the one in use; want the other", restarted.gen)
+	if restarted.tables[&ipv4].gen == dp.tables[&ipv4].gen {
+		t.Errorf("the restarted agent loaded generation %q, the one in use; want the other", restarted.tables[&ipv4].gen)
 	}
 	dp = restarted
-	out, err := exec.Command("nft", "list", "map", "ip", TableName, dp.gen.of(ipKind.backends(TCP))).CombinedOutput()
+	out, err := exec.Command("nft", "list", "map", "ip", TableName, dp.tables[&ipv4].gen.of(ipKind.backends(TCP))).CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft list: %v: %s", err, out)
 	}
@@ -143,7 +143,7 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 		t.Fatalf("nft list ruleset: %v: %s", err, out)
 	}
 	out, err = exec.Command("nft", "list", "chain", "ip", TableName, ipKind.pickChain(UDP, 2)).CombinedOutput()
-	if err != nil || strings.Contains(string(out), "tcp") || !strings.Contains(string(out), dp.gen.of("udp_backends")) {
+	if err != nil || strings.Contains(string(out), "tcp") || !strings.Contains(string(out), dp.tables[&ipv4].gen.of("udp_backends")) {
 		t.Errorf("UDP pick chain: %v:\n%s", err, out)
 	}
 }

@@ -1,0 +1,352 @@
+package datapath
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestConvergesFromAnyTable walks a random sequence of states, agent
+// restarts, syncs cut off half-way (what SIGKILL or SIGTERM leaves) and
+// damage to the tables (objects deleted, chains flushed, foreign and older
+// objects added, the table flushed or deleted, one family made to fail
+// while the other moves on) against the real kernel. After every step the
+// tables must hold exactly what a fresh agent programs for the same state:
+// at once after a restart or a sync, and after damage once the periodic
+// resync or a restart has run once.
+//
+// WEIR_CONVERGE_STEPS sets the length of the walk (the default runs in
+// seconds; a soak runs thousands) and WEIR_CONVERGE_SEED replays one.
+func TestConvergesFromAnyTable(t *testing.T) {
+	if runInNewNetns(t) {
+		return
+	}
+	steps := envInt(t, "WEIR_CONVERGE_STEPS", 60)
+	seed := uint64(envInt(t, "WEIR_CONVERGE_SEED", int(time.Now().UnixNano()%1e9)))
+	t.Logf("seed %d (WEIR_CONVERGE_SEED=%d replays this walk), %d steps", seed, seed, steps)
+	rng := rand.New(rand.NewPCG(seed, seed))
+	ctx := context.Background()
+
+	newDP := func() *Datapath {
+		dp, err := NewForNode(Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return dp
+	}
+	dp := newDP()
+	state := randomState(rng)
+	if err := dp.Apply(ctx, state); err != nil {
+		t.Fatalf("first sync: %v", err)
+	}
+	counts := map[string]int{}
+	for step := range steps {
+		var what string
+		switch op := rng.IntN(7); op {
+		case 0, 1: // an ordinary change
+			what = "change"
+			state = mutate(rng, state)
+			must(t, step, what, dp.Apply(ctx, state))
+		case 2: // stopped (SIGTERM) or killed (SIGKILL), restarted on a changed state
+			what = "restart"
+			state = randomState(rng)
+			dp = newDP()
+			must(t, step, what, dp.Apply(ctx, state))
+		case 3: // killed in the middle of a sync, restarted
+			what = "killed mid-sync"
+			cut, cancel := context.WithTimeout(ctx, time.Duration(rng.IntN(40000))*time.Microsecond)
+			_ = dp.Apply(cut, randomState(rng))
+			cancel()
+			state = randomState(rng)
+			dp = newDP()
+			must(t, step, what, dp.Apply(ctx, state))
+		default: // damage, then the periodic resync or a restart repairs it
+			damage := damages[rng.IntN(len(damages))]
+			what = "damage: " + damage.name
+			damage.do(t, rng)
+			if rng.IntN(2) == 0 {
+				what += ", resync"
+			} else {
+				what += ", restart"
+				dp = newDP()
+			}
+			// Whatever was done to the table, one attempt repairs it.
+			if strings.HasSuffix(what, "resync") {
+				must(t, step, what, dp.Resync(ctx))
+			} else {
+				must(t, step, what, dp.Apply(ctx, state))
+			}
+		}
+		counts[strings.SplitN(what, ",", 2)[0]]++
+		got := canonicalTables(t)
+		// What a fresh agent programs for the same state; the walk goes
+		// on from its tables.
+		removeTables(t)
+		dp = newDP()
+		must(t, step, "fresh agent", dp.Apply(ctx, state))
+		if diff := cmp.Diff(canonicalTables(t), got); diff != "" {
+			t.Fatalf("step %d (%s): the tables differ from a fresh agent's (-fresh +got):\n%s", step, what, diff)
+		}
+	}
+	t.Logf("steps by kind: %v", counts)
+}
+
+func must(t *testing.T, step int, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("step %d (%s): %v", step, what, err)
+	}
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return n
+}
+
+// randomState is a few services with endpoint counts that come and go, so
+// that the set of pick chains changes from one state to the next.
+func randomState(rng *rand.Rand) NodeState {
+	st := nodeState()
+	for i := range 3 + rng.IntN(6) {
+		st.Services[randomService(rng, i).Key] = randomService(rng, i)
+	}
+	return st
+}
+
+func randomService(rng *rand.Rand, i int) *Service {
+	s := &Service{
+		Key:        ServiceKey{"default", fmt.Sprintf("svc%d", i)},
+		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(10 + i)})},
+		Ports:      []ServicePort{{Name: "p", Protocol: []Protocol{TCP, UDP}[rng.IntN(2)], Port: 80, NodePort: uint16(30080 + i)}},
+	}
+	if rng.IntN(2) == 0 {
+		s.ClusterIPs = append(s.ClusterIPs, netip.MustParseAddr(fmt.Sprintf("fd00:96::%x", 10+i)))
+	}
+	if rng.IntN(3) == 0 {
+		s.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(10 + i)})}
+		s.ExternalTrafficPolicy = TrafficPolicy(rng.IntN(2))
+	}
+	if rng.IntN(5) == 0 {
+		s.SessionAffinityTimeout = time.Duration(1+rng.IntN(100)) * time.Second
+	}
+	for j := range rng.IntN(5) {
+		s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, Endpoint{
+			Addr: netip.AddrFrom4([4]byte{10, 244, byte(1 + rng.IntN(2)), byte(10*i + j)}), Port: 8080,
+			Local: rng.IntN(2) == 0, Ready: true, Serving: true})
+		if rng.IntN(2) == 0 {
+			s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, Endpoint{
+				Addr: netip.MustParseAddr(fmt.Sprintf("fd00:244:1::%x", 16*i+j)), Port: 8080, Local: true, Ready: true, Serving: true})
+		}
+	}
+	return s
+}
+
+// mutate changes one service, adds one or removes one, as a new state
+// with new *Service values only where they changed.
+func mutate(rng *rand.Rand, st NodeState) NodeState {
+	next := NodeState{Node: st.Node, Services: map[ServiceKey]*Service{}}
+	for k, s := range st.Services {
+		next.Services[k] = s
+	}
+	i := rng.IntN(10)
+	key := ServiceKey{"default", fmt.Sprintf("svc%d", i)}
+	if _, ok := next.Services[key]; ok && rng.IntN(3) == 0 {
+		delete(next.Services, key)
+	} else {
+		next.Services[key] = randomService(rng, i)
+	}
+	return next
+}
+
+// damages are what someone else, or an older agent, may do to the tables.
+var damages = []struct {
+	name string
+	do   func(t *testing.T, rng *rand.Rand)
+}{
+	{"delete a map of the live generation", func(t *testing.T, rng *rand.Rand) {
+		g := kernelGeneration(t, "ip")
+		// Rules refer to it: empty them first, as an operator would have to.
+		nft(t, "flush chain ip weir services", "flush chain ip weir external_services",
+			"delete map ip weir "+g.of(nodePortKind.frontends))
+	}},
+	{"flush a chain", func(t *testing.T, rng *rand.Rand) {
+		nft(t, "flush chain ip weir "+[]string{"services", "dispatch", "masquerading", "nat_prerouting", "reject_unserved"}[rng.IntN(5)])
+	}},
+	{"flush the table", func(t *testing.T, rng *rand.Rand) {
+		nft(t, "flush table ip weir", "flush table ip6 weir")
+	}},
+	{"delete the table", func(t *testing.T, rng *rand.Rand) {
+		nft(t, "delete table ip weir")
+	}},
+	{"foreign objects", func(t *testing.T, rng *rand.Rand) {
+		nft(t, "add set ip weir foreign { type ipv4_addr ; elements = { 192.0.2.1 } ; }",
+			"add chain ip weir foreign_chain",
+			"add rule ip weir foreign_chain ip saddr @foreign counter",
+			"add rule ip weir services jump foreign_chain",
+			"add chain ip weir foreign_base { type filter hook input priority 0 ; }")
+	}},
+	{"an older layout's objects", func(t *testing.T, rng *rand.Rand) {
+		nft(t, "add chain ip weir svc-ABCDEF", "add chain ip weir old_pick",
+			"add map ip weir frontends { type ipv4_addr . inet_proto . inet_service : verdict ; elements = { 10.96.9.9 . tcp . 80 : goto svc-ABCDEF } ; }",
+			"add rule ip weir svc-ABCDEF jump old_pick")
+	}},
+	{"both generations, the idle one referenced", func(t *testing.T, rng *rand.Rand) {
+		// The idle generation filled and a chain left reading it: the
+		// next switch must not trip over it.
+		idle := kernelGeneration(t, "ip").other()
+		nft(t, "add map ip weir "+idle.of(ipKind.frontends)+" { type ipv4_addr . inet_proto . inet_service : verdict ; }",
+			"add chain ip weir stale_reader",
+			"add rule ip weir stale_reader ip daddr . meta l4proto . th dport vmap @"+idle.of(ipKind.frontends))
+	}},
+	{"IPv6 fails after IPv4 switched", func(t *testing.T, rng *rand.Rand) {
+		// A rule in the IPv6 table refers to the map the next switch
+		// recreates: that family's sync fails, IPv4's goes through.
+		idle := kernelGeneration(t, "ip6").other()
+		nft(t, "add map ip6 weir "+idle.of(ipKind.frontends)+" { type ipv6_addr . inet_proto . inet_service : verdict ; }",
+			"add chain ip6 weir holder",
+			"add rule ip6 weir holder ip6 daddr . meta l4proto . th dport vmap @"+idle.of(ipKind.frontends))
+	}},
+	{"delete elements", func(t *testing.T, rng *rand.Rand) {
+		nft(t, "flush map ip weir "+kernelGeneration(t, "ip").of(ipKind.frontends))
+	}},
+}
+
+// kernelGeneration is the generation the family's services chain reads,
+// from the kernel.
+func kernelGeneration(t *testing.T, family string) generation {
+	t.Helper()
+	out, err := exec.Command("nft", "list", "chain", family, "weir", "services").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list chain %s weir services: %v: %s", family, err, out)
+	}
+	for _, g := range []generation{genA, genB} {
+		if strings.Contains(string(out), g.ref(ipKind.frontends)+" ") || strings.Contains(string(out), g.ref(ipKind.frontends)+"\n") {
+			return g
+		}
+	}
+	t.Fatalf("the %s services chain reads no generation:\n%s", family, out)
+	return ""
+}
+
+func nft(t *testing.T, cmds ...string) {
+	t.Helper()
+	for _, c := range cmds {
+		if out, err := exec.Command("nft", c).CombinedOutput(); err != nil {
+			t.Fatalf("nft %s: %v: %s", c, err, out)
+		}
+	}
+}
+
+func removeTables(t *testing.T) {
+	t.Helper()
+	for _, f := range []string{"ip", "ip6"} {
+		exec.Command("nft", "delete table "+f+" weir").Run()
+	}
+}
+
+// canonicalTables is both tables as sorted lines of JSON, without handles,
+// with elements sorted and generation names folded into one, so that two
+// tables that forward alike compare equal.
+func canonicalTables(t *testing.T) []string {
+	t.Helper()
+	fold := map[string]string{}
+	for _, f := range []family{ipv4, ipv6} {
+		for _, g := range []generation{genA, genB} {
+			for _, obj := range tableSets(f, g) {
+				name := setName(obj)
+				fold[name] = strings.TrimSuffix(name, "_"+string(g)) + "_G"
+				fold["@"+name] = "@" + fold[name]
+			}
+			fold[g.comment()] = "weir generation G"
+		}
+	}
+	var lines []string
+	for _, f := range []string{"ip", "ip6"} {
+		out, err := exec.Command("nft", "--json", "list", "table", f, "weir").Output()
+		if err != nil {
+			t.Fatalf("nft list table %s weir: %v", f, err)
+		}
+		var doc struct {
+			Nftables []map[string]any `json:"nftables"`
+		}
+		if err := json.Unmarshal(out, &doc); err != nil {
+			t.Fatal(err)
+		}
+		ruleIndex := map[string]int{}
+		for _, obj := range doc.Nftables {
+			for kind, body := range obj {
+				if kind == "metainfo" {
+					continue
+				}
+				m := normalize(body, fold).(map[string]any)
+				if kind == "rule" {
+					chain := m["chain"].(string)
+					m["index"] = ruleIndex[chain]
+					ruleIndex[chain]++
+				}
+				if elems, ok := m["elem"].([]any); ok {
+					slices.SortFunc(elems, func(a, b any) int { return strings.Compare(jsonString(a), jsonString(b)) })
+				}
+				lines = append(lines, kind+" "+jsonString(m))
+			}
+		}
+	}
+	slices.Sort(lines)
+	return lines
+}
+
+// normalize drops handles and folds generation names, recursively. It also
+// reads every "<proto> dport" as "th dport": nft 1.0.6 adds a protocol
+// match to a rule that DNATs through a map typed "tcp dport" depending on
+// what it has cached when it parses the rule, and names the header after
+// it. Every such rule is reached only through a frontend map keyed by the
+// protocol, so the match never changes where a packet goes.
+func normalize(v any, fold map[string]string) any {
+	switch v := v.(type) {
+	case map[string]any:
+		out := map[string]any{}
+		for k, x := range v {
+			if k != "handle" {
+				out[k] = normalize(x, fold)
+			}
+		}
+		if out["field"] == "dport" && out["protocol"] != nil {
+			out["protocol"] = "th"
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = normalize(x, fold)
+		}
+		return out
+	case string:
+		if f, ok := fold[v]; ok {
+			return f
+		}
+	}
+	return v
+}
+
+func jsonString(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
