@@ -16,13 +16,16 @@
 package kubeapi
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -38,8 +41,15 @@ const Version = "v1.36.3"
 // run inside the Weir module, as tests do. Concurrent callers, in this or
 // other processes, wait for a single build.
 //
-// The first build takes minutes and about 2 GB of memory.
-func Binary(ctx context.Context) (string, error) {
+// The first build takes minutes and about 2 GB of memory: build it before
+// the tests that need it (BuildBinary, `make testdeps`), not inside a test's
+// clock.
+func Binary(ctx context.Context) (string, error) { return BuildBinary(ctx, nil) }
+
+// BuildBinary is Binary that, when progress is not nil, says there what it
+// does while it builds: a line when it starts and one every 30 seconds with
+// the packages compiled so far.
+func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		return "", fmt.Errorf("kubeapi: %w", err)
@@ -84,19 +94,71 @@ func Binary(ctx context.Context) (string, error) {
 		pkg, Version, pkg, pkg, minor, pkg)
 	// -buildvcs=false: stamping needs git and would describe Weir's
 	// checkout, not Kubernetes.
-	cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=false", "-ldflags", ldflags, "-o", tmp, ".")
+	// -v names each package as it is compiled: the progress count.
+	cmd := exec.CommandContext(ctx, "go", "build", "-v", "-buildvcs=false", "-ldflags", ldflags, "-o", tmp, ".")
 	cmd.Dir = src
 	// A go.work elsewhere must not pull the apiserver module into Weir's
 	// workspace (or the other way round).
 	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out := &buildLog{}
+	cmd.Stdout, cmd.Stderr = out, out
 	start := time.Now()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("kubeapi: go build in %s after %v: %w\n%s", src, time.Since(start).Round(time.Second), err, out)
+	if progress != nil {
+		fmt.Fprintf(progress, "kubeapi: building kube-apiserver %s into %s (minutes on a new machine)\n", Version, bin)
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(30 * time.Second):
+					fmt.Fprintf(progress, "kubeapi: %d packages compiled, %v\n", out.lines(), time.Since(start).Round(time.Second))
+				}
+			}
+		}()
+	}
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("kubeapi: go build in %s after %v: %w\n%s", src, time.Since(start).Round(time.Second), err, out.tail())
+	}
+	if progress != nil {
+		fmt.Fprintf(progress, "kubeapi: built in %v\n", time.Since(start).Round(time.Second))
 	}
 	if err := os.Rename(tmp, bin); err != nil {
 		return "", fmt.Errorf("kubeapi: %w", err)
 	}
 	return bin, nil
+}
+
+// buildLog collects go build's output: it counts lines for the progress
+// report and keeps the end for an error.
+type buildLog struct {
+	mu  sync.Mutex
+	n   int
+	buf []byte
+}
+
+func (b *buildLog) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.n += bytes.Count(p, []byte("\n"))
+	b.buf = append(b.buf, p...)
+	if len(b.buf) > 64<<10 {
+		b.buf = b.buf[len(b.buf)-32<<10:]
+	}
+	return len(p), nil
+}
+
+func (b *buildLog) lines() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.n
+}
+
+func (b *buildLog) tail() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
 }
 
 // sourceDir returns the apiserver module's folder in the caller's checkout.

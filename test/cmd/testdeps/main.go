@@ -1,0 +1,26 @@
+// Command testdeps builds, before the tests run, the heavy dependencies
+// some tests need and that would otherwise be built inside a test's clock:
+// today the real kube-apiserver (see test/kubeapi). It is what `make
+// testdeps` runs, and it does nothing when they are already built.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/weirlb/weir/test/kubeapi"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	bin, err := kubeapi.BuildBinary(ctx, os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Println("testdeps: kube-apiserver at", bin)
+}
