@@ -26,7 +26,8 @@ func Follow(ctx context.Context, client weirv1.LoadBalancerTierServiceClient, s 
 			return
 		case <-time.After(backoff + rand.N(backoff/2)):
 		}
-		backoff = min(2*backoff, 10*time.Second)
+		// Capped at a second: back soon after the server returns.
+		backoff = min(2*backoff, time.Second)
 	}
 }
 

@@ -89,7 +89,8 @@ type Config struct {
 	ResyncPeriod time.Duration
 	// RetryPeriod is how soon a failed apply is tried again.
 	RetryPeriod time.Duration
-	// MaxBackoff caps the wait between reconnection attempts.
+	// MaxBackoff caps the wait between reconnection attempts (default 1 s,
+	// so that agents are back within a second of a server's return).
 	MaxBackoff time.Duration
 	// Metrics receives the syncer's metrics when not nil.
 	Metrics prometheus.Registerer
@@ -154,7 +155,7 @@ func New(cfg Config, conn grpc.ClientConnInterface, dp Applier, obs Observer, lo
 		cfg.RetryPeriod = 2 * time.Second
 	}
 	if cfg.MaxBackoff <= 0 {
-		cfg.MaxBackoff = 30 * time.Second
+		cfg.MaxBackoff = time.Second
 	}
 	if obs == nil {
 		obs = noObserver{}
@@ -179,14 +180,15 @@ func (s *Syncer) Status() Status {
 
 // Run keeps streaming until ctx ends.
 func (s *Syncer) Run(ctx context.Context) error {
-	backoff := 250 * time.Millisecond
+	const firstBackoff = 100 * time.Millisecond
+	backoff := firstBackoff
 	for {
 		gotState, err := s.session(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if gotState {
-			backoff = 250 * time.Millisecond
+			backoff = firstBackoff
 		}
 		// Jitter, so a restarted server is not hit by every agent at once.
 		wait := backoff/2 + rand.N(backoff/2+1)

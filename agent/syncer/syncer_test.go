@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/dial"
+	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -226,6 +228,63 @@ func TestSyncerAppliesAStateSentInParts(t *testing.T) {
 	dp.mu.Unlock()
 	if applies != 1 || n != 3 {
 		t.Errorf("applied %d times, last with %d services; want once, with all 3", applies, n)
+	}
+	cancel()
+	<-done
+}
+
+// TestSyncerIsBackSoonAfterTheServerReturns: with the dialer and backoff
+// the agent ships with, a server that was away for several seconds (long
+// enough for an unbounded backoff to grow well past it) has the agent's
+// stream back within a second or so of listening again.
+func TestSyncerIsBackSoonAfterTheServerReturns(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	ss := &scriptedServer{streams: make(chan weirv1.AgentService_SyncServer, 4), hellos: make(chan *weirv1.Hello, 4), end: make(chan struct{})}
+	serve := func(lis net.Listener) *grpc.Server {
+		g := grpc.NewServer()
+		weirv1.RegisterAgentServiceServer(g, ss)
+		go g.Serve(lis)
+		return g
+	}
+	g := serve(lis)
+	conn, err := dial.Server(addr, true, tlsconfig.Files{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := New(Config{NodeName: "node1"}, conn, &fakeApplier{}, nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	<-ss.hellos
+	first := <-ss.streams
+	if err := first.Send(&weirv1.SyncResponse{Version: 5, Full: true, Upserts: []*weirv1.NodeService{svc("web", "10.96.0.10")}}); err != nil {
+		t.Fatal(err)
+	}
+	recvAnswer(t, first)
+
+	g.Stop() // the server goes away...
+	time.Sleep(6 * time.Second)
+	lis, err = net.Listen("tcp", addr) // ...and comes back on its address
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	g = serve(lis)
+	defer g.Stop()
+	select {
+	case h := <-ss.hellos:
+		t.Logf("the agent was back %v after the server listened again", time.Since(back).Round(time.Millisecond))
+		if h.GetAppliedVersion() != 5 {
+			t.Errorf("hello after the return says applied %d, want 5", h.GetAppliedVersion())
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatalf("the agent was not back 3 s after the server returned")
 	}
 	cancel()
 	<-done
