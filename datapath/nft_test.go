@@ -146,4 +146,14 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if err != nil || strings.Contains(string(out), "tcp") || !strings.Contains(string(out), dp.tables[&ipv4].gen.of("udp_backends")) {
 		t.Errorf("UDP pick chain: %v:\n%s", err, out)
 	}
+
+	// --cleanup removes both tables, and finds nothing to do a second time.
+	for range 2 {
+		if err := dp.Cleanup(ctx); err != nil {
+			t.Fatalf("cleanup: %v", err)
+		}
+	}
+	if out, _ := exec.Command("nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), TableName) {
+		t.Errorf("after cleanup the tables remain:\n%s", out)
+	}
 }

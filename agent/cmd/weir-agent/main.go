@@ -60,6 +60,7 @@ func run() error {
 		bgpRouterID  = flag.String("bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
 		bgpPeers     = flag.String("bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
 		logLevel     = flag.String("log-level", "info", "debug, info, warn or error")
+		cleanup      = flag.Bool("cleanup", false, "delete every nftables table the agent programs (ip and ip6 weir) and exit, as kube-proxy's --cleanup; the node then forwards no service")
 	)
 	var members membership.Flags
 	members.AddFlags(flag.CommandLine, "comma-separated ADDRESS:PORT of members to join (the load-balancer speakers), so that they learn within a second when this node dies")
@@ -83,6 +84,13 @@ func run() error {
 	dp, err := datapath.NewForNode(cfg)
 	if err != nil {
 		return err
+	}
+	if *cleanup {
+		if err := dp.Cleanup(context.Background()); err != nil {
+			return fmt.Errorf("--cleanup: %w", err)
+		}
+		log.Info("deleted the ip and ip6 weir tables")
+		return nil
 	}
 
 	conn, err := dial.Server(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile})
