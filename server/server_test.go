@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -374,12 +377,24 @@ type agentStream struct {
 
 func connectAgent(t *testing.T, ctx context.Context, ts *servertest.Server, node string, applied uint64) *agentStream {
 	t.Helper()
-	registerNode(t, ts, node)
+	return helloAgent(t, ctx, ts, &weirv1.Hello{NodeName: node, AppliedVersion: applied})
+}
+
+// resumeAgent connects an agent that applied msg, as a restarted agent
+// does: with msg's version and history.
+func resumeAgent(t *testing.T, ctx context.Context, ts *servertest.Server, node string, msg *weirv1.SyncResponse) *agentStream {
+	t.Helper()
+	return helloAgent(t, ctx, ts, &weirv1.Hello{NodeName: node, AppliedVersion: msg.GetVersion(), AppliedHistory: msg.GetHistory()})
+}
+
+func helloAgent(t *testing.T, ctx context.Context, ts *servertest.Server, hello *weirv1.Hello) *agentStream {
+	t.Helper()
+	registerNode(t, ts, hello.GetNodeName())
 	stream, err := ts.Agents.Sync(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: node, AppliedVersion: applied}}}); err != nil {
+	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: hello}}); err != nil {
 		t.Fatal(err)
 	}
 	return &agentStream{t, stream}
@@ -429,7 +444,7 @@ func TestAgentResumesFromTheVersionItApplied(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond) // let the hub see the old stream end
 
-	resumed := connectAgent(t, ctx, ts, "node1", full.GetVersion())
+	resumed := resumeAgent(t, ctx, ts, "node1", full)
 	msg := resumed.recv()
 	if msg.GetFull() || len(msg.GetUpserts()) != 1 || msg.GetUpserts()[0].GetName() != "b" {
 		t.Errorf("resuming from the applied version: full=%v upserts=%d; want only b, as a delta", msg.GetFull(), len(msg.GetUpserts()))
@@ -650,7 +665,7 @@ func TestNoRemovalIsLostWhenTheRemovalLogIsTrimmed(t *testing.T) {
 
 	// An agent resuming from before the trimmed removals cannot be told
 	// them as a delta: it gets a whole state, without the deleted services.
-	late := connectAgent(t, ctx, ts, "node2", full.GetVersion())
+	late := resumeAgent(t, ctx, ts, "node2", full)
 	msg := late.recv()
 	var got []string
 	for _, u := range msg.GetUpserts() {
@@ -660,5 +675,72 @@ func TestNoRemovalIsLostWhenTheRemovalLogIsTrimmed(t *testing.T) {
 	if !msg.GetFull() || !slices.Equal(got, []string{"marker", "stays"}) {
 		t.Errorf("resuming from before trimmed removals: full=%v services %v, removals %v; want a whole state of marker and stays",
 			msg.GetFull(), got, msg.GetRemovals())
+	}
+}
+
+// TestAgentNeverResumesAcrossARestoredStore: a store restored from a copy
+// counts again through versions it had given other content. An agent that
+// applied one of those must get a whole state, not a delta from a version
+// that now means something else.
+func TestAgentNeverResumesAcrossARestoredStore(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	create := func(ts *servertest.Server, names ...string) {
+		t.Helper()
+		for _, name := range names {
+			s := validService()
+			n := int(name[0] - 'a')
+			s.Metadata.Name, s.Spec.ClusterIps, s.Spec.Ports[0].NodePort = name, []string{fmt.Sprintf("10.96.0.%d", 10+n)}, int32(30080+n)
+			if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: s}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ts := startServer(t, dir)
+	registerNode(t, ts, "node1")
+	create(ts, "a")
+	ts.Stop()
+	backup, err := os.ReadFile(filepath.Join(dir, "weir.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ts = startServer(t, dir)
+	create(ts, "b", "c")
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	applied := agent.recv()
+	agent.ack(applied.GetVersion())
+	ts.Stop()
+
+	// The operator restores the copy; new writes reach the version the
+	// agent applied, with other content.
+	if err := os.WriteFile(filepath.Join(dir, "weir.db"), backup, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ts = startServer(t, dir)
+	create(ts, "d", "e")
+	var rev uint64
+	for _, name := range []string{"d", "e"} {
+		got, err := ts.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := strconv.ParseUint(got.GetService().GetMetadata().GetResourceVersion(), 10, 64)
+		rev = max(rev, v)
+	}
+	if rev < applied.GetVersion() {
+		t.Fatalf("the restored store is at %d, below the agent's %d: the test would prove nothing", rev, applied.GetVersion())
+	}
+
+	msg := resumeAgent(t, ctx, ts, "node1", applied).recv()
+	var names []string
+	for _, u := range msg.GetUpserts() {
+		names = append(names, u.GetName())
+	}
+	slices.Sort(names)
+	if !msg.GetFull() || !slices.Equal(names, []string{"a", "d", "e"}) {
+		t.Errorf("agent at version %d of the old history: full=%v services %v; want a whole state of a, d and e",
+			applied.GetVersion(), msg.GetFull(), names)
 	}
 }

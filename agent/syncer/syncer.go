@@ -140,10 +140,13 @@ type Syncer struct {
 	state    datapath.NodeState
 	received uint64 // version of state
 	applied  uint64 // last version applied successfully
-	lastErr  error  // why state is not applied, if it is not
-	synced   time.Time
-	partial  bool   // state holds the first parts of a version still arriving
-	rejected uint64 // a version refused, whose later parts are ignored
+	// receivedHistory and appliedHistory are the histories of received
+	// and applied (SyncResponse.history).
+	receivedHistory, appliedHistory string
+	lastErr                         error // why state is not applied, if it is not
+	synced                          time.Time
+	partial                         bool   // state holds the first parts of a version still arriving
+	rejected                        uint64 // a version refused, whose later parts are ignored
 }
 
 // New returns a syncer for conn's server. obs may be nil.
@@ -211,14 +214,14 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 		return false, err
 	}
 	s.mu.Lock()
-	applied := s.applied
+	applied, history := s.applied, s.appliedHistory
 	if s.partial {
 		// A state broke off half-way: ask for a whole one.
 		applied = 0
 	}
 	s.mu.Unlock()
 	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{
-		NodeName: s.cfg.NodeName, AppliedVersion: applied, AgentVersion: s.cfg.AgentVersion,
+		NodeName: s.cfg.NodeName, AppliedVersion: applied, AppliedHistory: history, AgentVersion: s.cfg.AgentVersion,
 	}}}); err != nil {
 		return false, err
 	}
@@ -328,7 +331,7 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 		s.partial = true
 		return nil
 	}
-	s.partial, s.received = false, msg.GetVersion()
+	s.partial, s.received, s.receivedHistory = false, msg.GetVersion(), msg.GetHistory()
 	s.obs.Received(next)
 	return s.applyLocked(ctx)
 }
@@ -342,7 +345,7 @@ func (s *Syncer) applyLocked(ctx context.Context) *weirv1.SyncRequest {
 		return nack(s.received, err)
 	}
 	took := time.Since(start)
-	s.applied, s.lastErr, s.synced = s.received, nil, time.Now()
+	s.applied, s.appliedHistory, s.lastErr, s.synced = s.received, s.receivedHistory, nil, time.Now()
 	s.obs.Applied(took)
 	s.metrics.syncDuration.Observe(took.Seconds())
 	s.metrics.lastSync.SetToCurrentTime()

@@ -413,8 +413,13 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		sent.node = prev.node
 	}
 	// Versions are the store's revisions, the same for every node: an
-	// agent that applied v needs only what changed after v.
-	msg, resumed := h.resume(node, v, sent)
+	// agent that applied v needs only what changed after v, provided its v
+	// is of this store's history (after a restore from a copy, the same
+	// number may stand for other content).
+	msg, resumed := (*weirv1.SyncResponse)(nil), false
+	if hello.GetAppliedHistory() == h.reg.HistoryAt(v) {
+		msg, resumed = h.resume(node, v, sent)
+	}
 	if !resumed {
 		kind = "full"
 		// Whole states are big: a few at a time, so that hundreds of
@@ -425,7 +430,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 			return ctx.Err()
 		}
 		msg = h.full(node, sent)
-		err := send(stream, msg)
+		err := h.send(stream, msg)
 		<-h.fullSends
 		if err != nil {
 			return err
@@ -436,7 +441,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	log.Info("agent connected", "applied_version", hello.GetAppliedVersion(), "start", kind)
 	for {
 		if msg != nil {
-			if err := send(stream, msg); err != nil {
+			if err := h.send(stream, msg); err != nil {
 				return err
 			}
 			h.sent(st, msg, kind)
@@ -466,14 +471,15 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 const ChunkServices = 500
 
 // send sends msg in parts of at most ChunkServices services.
-func send(stream weirv1.AgentService_SyncServer, msg *weirv1.SyncResponse) error {
+func (h *Hub) send(stream weirv1.AgentService_SyncServer, msg *weirv1.SyncResponse) error {
+	msg.History = h.reg.HistoryAt(msg.Version)
 	for len(msg.Upserts) > ChunkServices {
-		part := &weirv1.SyncResponse{Version: msg.Version, Full: msg.Full, Node: msg.Node, Upserts: msg.Upserts[:ChunkServices], More: true}
+		part := &weirv1.SyncResponse{Version: msg.Version, History: msg.History, Full: msg.Full, Node: msg.Node, Upserts: msg.Upserts[:ChunkServices], More: true}
 		if err := stream.Send(part); err != nil {
 			return err
 		}
 		// Only the first part replaces the agent's state.
-		msg = &weirv1.SyncResponse{Version: msg.Version, Upserts: msg.Upserts[ChunkServices:], Removals: msg.Removals}
+		msg = &weirv1.SyncResponse{Version: msg.Version, History: msg.History, Upserts: msg.Upserts[ChunkServices:], Removals: msg.Removals}
 	}
 	return stream.Send(msg)
 }

@@ -167,7 +167,10 @@ func (r *Registry) Read(fn func(View)) {
 // View is a consistent, read-only view of the registry, valid inside Read.
 type View struct{ r *Registry }
 
-func (v View) Revision() uint64                  { return v.r.rev }
+func (v View) Revision() uint64 { return v.r.rev }
+
+// HistoryAt names the history a revision belongs to (see store.HistoryAt).
+func (r *Registry) HistoryAt(rev uint64) string  { return r.store.HistoryAt(rev) }
 func (v View) Service(key string) *model.Service { return v.r.Services.items[key] }
 
 // Peers lists every BGP peer, by name.

@@ -2,14 +2,24 @@
 // database. Every write is one fsynced transaction that also bumps a
 // revision counter, so an accepted change survives a crash and versions only
 // ever grow, across restarts too.
+//
+// Revisions only grow within one history. A store restored from a copy
+// goes back to the copy's revision and then counts up again through
+// numbers it had already given to other content; so each run of the server
+// that writes starts a new history, recorded with the first revision it
+// wrote, and a revision is named together with its history (HistoryAt).
+// Agents resume only within the history they hold.
 package store
 
 import (
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -18,11 +28,25 @@ import (
 var (
 	metaBucket  = []byte("meta")
 	revisionKey = []byte("revision")
+	historyKey  = []byte("histories")
 )
 
 // Store is the persistent state of one server.
 type Store struct {
 	db *bolt.DB
+	// run names the history this run of the server writes; it is recorded
+	// with its first revision by the first Commit.
+	run string
+
+	mu        sync.Mutex // guards the fields below
+	histories []history  // by first revision
+	recorded  bool       // run is in histories
+}
+
+// history is one history and the first revision it wrote.
+type history struct {
+	first uint64
+	id    string
 }
 
 // Op writes one resource: Value nil deletes it.
@@ -42,7 +66,61 @@ func Open(dir string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	s := &Store{db: db, run: newHistoryID()}
+	if err := db.View(func(tx *bolt.Tx) error {
+		if meta := tx.Bucket(metaBucket); meta != nil {
+			s.histories = decodeHistories(meta.Get(historyKey))
+		}
+		return nil
+	}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return s, nil
+}
+
+func newHistoryID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// HistoryAt names the history revision rev belongs to; "" for revisions
+// written before histories were recorded (and for 0).
+func (s *Store) HistoryAt(rev uint64) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := ""
+	for _, h := range s.histories {
+		if h.first > rev {
+			break
+		}
+		id = h.id
+	}
+	return id
+}
+
+func encodeHistories(hs []history) []byte {
+	var out []byte
+	for _, h := range hs {
+		out = binary.BigEndian.AppendUint64(out, h.first)
+		out = append(out, byte(len(h.id)))
+		out = append(out, h.id...)
+	}
+	return out
+}
+
+func decodeHistories(b []byte) []history {
+	var hs []history
+	for len(b) >= 9 {
+		first, n := binary.BigEndian.Uint64(b), int(b[8])
+		if len(b) < 9+n {
+			break
+		}
+		hs = append(hs, history{first, string(b[9 : 9+n])})
+		b = b[9+n:]
+	}
+	return hs
 }
 
 // Close closes the database.
@@ -51,6 +129,10 @@ func (s *Store) Close() error { return s.db.Close() }
 // Commit applies ops in one transaction and returns the new revision.
 func (s *Store) Commit(ops ...Op) (uint64, error) {
 	var rev uint64
+	// Commits are serialised by bbolt; mu only guards histories for readers.
+	s.mu.Lock()
+	recorded := s.recorded
+	s.mu.Unlock()
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(metaBucket)
 		if err != nil {
@@ -59,6 +141,13 @@ func (s *Store) Commit(ops ...Op) (uint64, error) {
 		rev = revision(meta) + 1
 		if err := meta.Put(revisionKey, binary.BigEndian.AppendUint64(nil, rev)); err != nil {
 			return err
+		}
+		if !recorded {
+			// This run's first write starts its history.
+			hs := append(decodeHistories(meta.Get(historyKey)), history{rev, s.run})
+			if err := meta.Put(historyKey, encodeHistories(hs)); err != nil {
+				return err
+			}
 		}
 		for _, op := range ops {
 			b, err := tx.CreateBucketIfNotExists([]byte(op.Kind))
@@ -76,6 +165,12 @@ func (s *Store) Commit(ops ...Op) (uint64, error) {
 		}
 		return nil
 	})
+	if err == nil && !recorded {
+		s.mu.Lock()
+		s.histories = append(s.histories, history{rev, s.run})
+		s.recorded = true
+		s.mu.Unlock()
+	}
 	return rev, err
 }
 

@@ -143,6 +143,9 @@ type Hello struct {
 	// The last version the agent applied; 0 when it has none.
 	AppliedVersion uint64 `protobuf:"varint,2,opt,name=applied_version,json=appliedVersion,proto3" json:"applied_version,omitempty"`
 	AgentVersion   string `protobuf:"bytes,3,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	// The history of applied_version (SyncResponse.history): the server
+	// resumes from applied_version only within the same history.
+	AppliedHistory string `protobuf:"bytes,4,opt,name=applied_history,json=appliedHistory,proto3" json:"applied_history,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -194,6 +197,13 @@ func (x *Hello) GetAppliedVersion() uint64 {
 func (x *Hello) GetAgentVersion() string {
 	if x != nil {
 		return x.AgentVersion
+	}
+	return ""
+}
+
+func (x *Hello) GetAppliedHistory() string {
+	if x != nil {
+		return x.AppliedHistory
 	}
 	return ""
 }
@@ -765,7 +775,11 @@ type SyncResponse struct {
 	Removals []string `protobuf:"bytes,5,rep,name=removals,proto3" json:"removals,omitempty"`
 	// More messages of the same version follow: a big state comes in parts,
 	// and the agent applies and answers once the last (more = false) arrives.
-	More          bool `protobuf:"varint,6,opt,name=more,proto3" json:"more,omitempty"`
+	More bool `protobuf:"varint,6,opt,name=more,proto3" json:"more,omitempty"`
+	// The history version belongs to. Versions compare only within one
+	// history: a server whose store was restored from a copy counts again
+	// through versions it had given other content, in a new history.
+	History       string `protobuf:"bytes,7,opt,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -840,6 +854,13 @@ func (x *SyncResponse) GetMore() bool {
 		return x.More
 	}
 	return false
+}
+
+func (x *SyncResponse) GetHistory() string {
+	if x != nil {
+		return x.History
+	}
+	return ""
 }
 
 type NodeInfo struct {
@@ -1468,11 +1489,12 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x03ack\x18\x02 \x01(\v2\f.weir.v1.AckH\x00R\x03ack\x12#\n" +
 	"\x04nack\x18\x03 \x01(\v2\r.weir.v1.NackH\x00R\x04nack\x12)\n" +
 	"\x06report\x18\x04 \x01(\v2\x0f.weir.v1.ReportH\x00R\x06reportB\t\n" +
-	"\amessage\"r\n" +
+	"\amessage\"\x9b\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12'\n" +
 	"\x0fapplied_version\x18\x02 \x01(\x04R\x0eappliedVersion\x12#\n" +
-	"\ragent_version\x18\x03 \x01(\tR\fagentVersion\"\x1f\n" +
+	"\ragent_version\x18\x03 \x01(\tR\fagentVersion\x12'\n" +
+	"\x0fapplied_history\x18\x04 \x01(\tR\x0eappliedHistory\"\x1f\n" +
 	"\x03Ack\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\"6\n" +
 	"\x04Nack\x12\x18\n" +
@@ -1515,14 +1537,15 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x11local_terminating\x18\x05 \x01(\x05R\x10localTerminating\x123\n" +
 	"\x16health_check_node_port\x18\x06 \x01(\x05R\x13healthCheckNodePort\x12*\n" +
 	"\x11health_check_code\x18\a \x01(\x05R\x0fhealthCheckCode\x12,\n" +
-	"\x12health_check_error\x18\b \x01(\tR\x10healthCheckError\"\xc3\x01\n" +
+	"\x12health_check_error\x18\b \x01(\tR\x10healthCheckError\"\xdd\x01\n" +
 	"\fSyncResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x12\n" +
 	"\x04full\x18\x02 \x01(\bR\x04full\x12%\n" +
 	"\x04node\x18\x03 \x01(\v2\x11.weir.v1.NodeInfoR\x04node\x12.\n" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
-	"\x04more\x18\x06 \x01(\bR\x04more\"\xb7\x02\n" +
+	"\x04more\x18\x06 \x01(\bR\x04more\x12\x18\n" +
+	"\ahistory\x18\a \x01(\tR\ahistory\"\xb7\x02\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
