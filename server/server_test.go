@@ -744,3 +744,66 @@ func TestAgentNeverResumesAcrossARestoredStore(t *testing.T) {
 			applied.GetVersion(), msg.GetFull(), names)
 	}
 }
+
+// TestAHugeServiceReachesAgentsInParts: one service with 20 ports and
+// 15,000 endpoints is a 7 MB wire form, well past gRPC's default 4 MiB
+// message limit. It must reach an agent in parts that each fit, and a change after
+// it must reach the agent too.
+func TestAHugeServiceReachesAgentsInParts(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	big := validService()
+	big.Metadata.Name, big.Spec.ClusterIps = "big", []string{"10.96.0.50"}
+	big.Spec.Ports = nil
+	var slicePorts []*weirv1.EndpointPort
+	for i := range 20 {
+		name := fmt.Sprintf("p%d", i)
+		big.Spec.Ports = append(big.Spec.Ports, &weirv1.ServicePort{Name: name, Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: int32(8000 + i), TargetPort: int32(9000 + i)})
+		slicePorts = append(slicePorts, &weirv1.EndpointPort{Name: name, Port: int32(9000 + i)})
+	}
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: big}); err != nil {
+		t.Fatal(err)
+	}
+	const slices, perSlice = 15, 1000
+	for s := range slices {
+		slice := &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("big-%d", s)}, ServiceName: "big", Ports: slicePorts}
+		for e := range perSlice {
+			slice.Endpoints = append(slice.Endpoints, &weirv1.Endpoint{Addresses: []string{fmt.Sprintf("10.%d.%d.%d", 100+s/4, (s%4)*64+e/256, e%256)}, NodeName: "node2"})
+		}
+		if _, err := ts.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	endpoints := map[string]int{}
+	parts := 0
+	for {
+		msg := agent.recv() // the client's default limit is 4 MiB: a bigger part fails here
+		parts++
+		for _, u := range msg.GetUpserts() {
+			for _, p := range u.GetPorts() {
+				endpoints[u.GetName()] += len(p.GetEndpoints())
+			}
+		}
+		if !msg.GetMore() {
+			agent.ack(msg.GetVersion())
+			break
+		}
+	}
+	if want := 20 * slices * perSlice; endpoints["big"] != want {
+		t.Errorf("the big service arrived with %d endpoint ports, want %d", endpoints["big"], want)
+	}
+	t.Logf("the whole state came in %d parts", parts)
+
+	// The agent is not stuck on it: the next change arrives.
+	s := validService()
+	s.Metadata.Name, s.Spec.ClusterIps, s.Spec.Ports[0].NodePort = "after", []string{"10.96.0.51"}, 30051
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: s}); err != nil {
+		t.Fatal(err)
+	}
+	if msg := agent.recv(); len(msg.GetUpserts()) != 1 || msg.GetUpserts()[0].GetName() != "after" {
+		t.Errorf("after the big state: %v, want the new service", msg)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -145,8 +146,13 @@ type Syncer struct {
 	receivedHistory, appliedHistory string
 	lastErr                         error // why state is not applied, if it is not
 	synced                          time.Time
-	partial                         bool   // state holds the first parts of a version still arriving
-	rejected                        uint64 // a version refused, whose later parts are ignored
+	partial                         bool // state holds the first parts of a version still arriving
+	// assembling is the version whose parts are arriving, and pieces the
+	// services its parts have carried so far: a service that comes again
+	// in a later part of the same version is joined, not replaced.
+	assembling uint64
+	pieces     map[datapath.ServiceKey]bool
+	rejected   uint64 // a version refused, whose later parts are ignored
 }
 
 // New returns a syncer for conn's server. obs may be nil.
@@ -314,7 +320,10 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 	if s.rejected != 0 && msg.GetVersion() == s.rejected {
 		return nil // the rest of a version already refused
 	}
-	next, err := merge(s.state, msg, s.cfg.NodeName)
+	if !s.partial || msg.GetVersion() != s.assembling {
+		s.assembling, s.pieces = msg.GetVersion(), map[datapath.ServiceKey]bool{}
+	}
+	next, err := merge(s.state, msg, s.cfg.NodeName, s.pieces)
 	if err != nil {
 		s.log.Error("rejecting state from server", "version", msg.GetVersion(), "error", err)
 		if msg.GetMore() || s.partial {
@@ -382,7 +391,11 @@ func nack(version uint64, err error) *weirv1.SyncRequest {
 
 // merge returns the state msg leads to from cur, sharing the unchanged
 // services so the datapath sees which ones changed.
-func merge(cur datapath.NodeState, msg *weirv1.SyncResponse, node string) (datapath.NodeState, error) {
+//
+// pieces holds the services earlier parts of the same version carried; a
+// service bigger than one message comes in several, each with every port
+// and some of the endpoints, and is joined here.
+func merge(cur datapath.NodeState, msg *weirv1.SyncResponse, node string, pieces map[datapath.ServiceKey]bool) (datapath.NodeState, error) {
 	next := datapath.NodeState{Node: cur.Node}
 	if msg.GetFull() {
 		next.Services = make(map[datapath.ServiceKey]*datapath.Service, len(msg.GetUpserts()))
@@ -401,7 +414,11 @@ func merge(cur datapath.NodeState, msg *weirv1.SyncResponse, node string) (datap
 		if err != nil {
 			return cur, err
 		}
+		if pieces[svc.Key] {
+			svc = joinPieces(next.Services[svc.Key], svc)
+		}
 		next.Services[svc.Key] = svc
+		pieces[svc.Key] = true
 	}
 	for _, key := range msg.GetRemovals() {
 		ns, name, ok := strings.Cut(key, "/")
@@ -411,6 +428,24 @@ func merge(cur datapath.NodeState, msg *weirv1.SyncResponse, node string) (datap
 		delete(next.Services, datapath.ServiceKey{Namespace: ns, Name: name})
 	}
 	return next, nil
+}
+
+// joinPieces is a service with the endpoints of both pieces, port by port.
+// Neither piece is changed.
+func joinPieces(a, b *datapath.Service) *datapath.Service {
+	out := *a
+	out.Ports = slices.Clone(a.Ports)
+	for _, bp := range b.Ports {
+		i := slices.IndexFunc(out.Ports, func(p datapath.ServicePort) bool {
+			return p.Name == bp.Name && p.Protocol == bp.Protocol && p.Port == bp.Port
+		})
+		if i < 0 {
+			out.Ports = append(out.Ports, bp)
+			continue
+		}
+		out.Ports[i].Endpoints = append(slices.Clip(out.Ports[i].Endpoints), bp.Endpoints...)
+	}
+	return &out
 }
 
 type noObserver struct{}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -285,6 +286,62 @@ func TestSyncerIsBackSoonAfterTheServerReturns(t *testing.T) {
 		}
 	case <-time.After(3 * time.Second):
 		t.Fatalf("the agent was not back 3 s after the server returned")
+	}
+	cancel()
+	<-done
+}
+
+// TestSyncerJoinsAServiceSentInPieces: a service too big for one message
+// comes in several parts of one version, each with every port and some of
+// the endpoints; the agent applies the union. A later version that carries
+// the service again replaces it.
+func TestSyncerJoinsAServiceSentInPieces(t *testing.T) {
+	ss, conn := startScripted(t)
+	dp := &fakeApplier{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := New(Config{NodeName: "node1"}, conn, dp, nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	<-ss.hellos
+	stream := <-ss.streams
+	piece := func(addrs ...string) *weirv1.NodeService {
+		p := svc("big", "10.96.0.50")
+		for _, a := range addrs {
+			p.Ports[0].Endpoints = append(p.Ports[0].Endpoints, &weirv1.NodeEndpoint{Address: a, Port: 8080, Ready: true, Serving: true})
+		}
+		return p
+	}
+	endpoints := func() []string {
+		var out []string
+		for _, ep := range dp.last().Services[datapath.ServiceKey{Namespace: "default", Name: "big"}].Ports[0].Endpoints {
+			out = append(out, ep.Addr.String())
+		}
+		return out
+	}
+	for _, m := range []*weirv1.SyncResponse{
+		{Version: 4, Full: true, Upserts: []*weirv1.NodeService{piece("10.244.1.1", "10.244.1.2")}, More: true},
+		{Version: 4, Upserts: []*weirv1.NodeService{piece("10.244.1.3")}, More: true},
+		{Version: 4, Upserts: []*weirv1.NodeService{piece("10.244.1.4")}},
+	} {
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a := recvAnswer(t, stream); a.GetAck().GetVersion() != 4 {
+		t.Fatalf("answer %v, want ACK 4", a)
+	}
+	if got, want := endpoints(), []string{"10.244.1.1", "10.244.1.2", "10.244.1.3", "10.244.1.4"}; !slices.Equal(got, want) {
+		t.Errorf("joined pieces: endpoints %v, want %v", got, want)
+	}
+	if err := stream.Send(&weirv1.SyncResponse{Version: 5, Upserts: []*weirv1.NodeService{piece("10.244.1.9")}}); err != nil {
+		t.Fatal(err)
+	}
+	if a := recvAnswer(t, stream); a.GetAck().GetVersion() != 5 {
+		t.Fatalf("answer %v, want ACK 5", a)
+	}
+	if got, want := endpoints(), []string{"10.244.1.9"}; !slices.Equal(got, want) {
+		t.Errorf("the next version's service: endpoints %v, want %v", got, want)
 	}
 	cancel()
 	<-done

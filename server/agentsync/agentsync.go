@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
@@ -465,23 +466,98 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	}
 }
 
-// ChunkServices is the most services one message carries; a bigger state
-// goes in parts, so that no message nears gRPC's size limits and no send
+// ChunkServices is the most services one message carries, and
+// ChunkBytes about the most bytes: a bigger state goes in parts, so that no
+// message nears gRPC's 4 MiB default limit (which an agent would refuse,
+// and then be sent the same message again on every reconnect) and no send
 // holds a huge buffer.
-const ChunkServices = 500
+const (
+	ChunkServices = 500
+	ChunkBytes    = 1 << 20
+)
 
-// send sends msg in parts of at most ChunkServices services.
+// send sends msg in parts of at most ChunkServices services and about
+// ChunkBytes. A service bigger than ChunkBytes goes in several parts, each
+// with every port and some of the endpoints: the agent joins them.
 func (h *Hub) send(stream weirv1.AgentService_SyncServer, msg *weirv1.SyncResponse) error {
 	msg.History = h.reg.HistoryAt(msg.Version)
-	for len(msg.Upserts) > ChunkServices {
-		part := &weirv1.SyncResponse{Version: msg.Version, History: msg.History, Full: msg.Full, Node: msg.Node, Upserts: msg.Upserts[:ChunkServices], More: true}
+	part := &weirv1.SyncResponse{Version: msg.Version, History: msg.History, Full: msg.Full, Node: msg.Node}
+	size := proto.Size(part)
+	flush := func() error {
+		part.More = true
 		if err := stream.Send(part); err != nil {
 			return err
 		}
 		// Only the first part replaces the agent's state.
-		msg = &weirv1.SyncResponse{Version: msg.Version, History: msg.History, Upserts: msg.Upserts[ChunkServices:], Removals: msg.Removals}
+		part = &weirv1.SyncResponse{Version: msg.Version, History: msg.History}
+		size = 0
+		return nil
 	}
-	return stream.Send(msg)
+	for _, svc := range msg.Upserts {
+		for _, piece := range splitService(svc, ChunkBytes) {
+			n := proto.Size(piece)
+			if len(part.Upserts) > 0 && (len(part.Upserts) == ChunkServices || size+n > ChunkBytes) {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			part.Upserts = append(part.Upserts, piece)
+			size += n
+		}
+	}
+	part.Removals = msg.Removals
+	return stream.Send(part)
+}
+
+// splitService cuts a service whose wire form is bigger than limit into
+// pieces of about limit bytes: each has the service's fields and every
+// port, with a share of each port's endpoints. Small services are returned
+// whole, shared.
+func splitService(svc *weirv1.NodeService, limit int) []*weirv1.NodeService {
+	size := proto.Size(svc)
+	if size <= limit {
+		return []*weirv1.NodeService{svc}
+	}
+	endpoints := 0
+	for _, p := range svc.GetPorts() {
+		endpoints += len(p.GetEndpoints())
+	}
+	perPiece := max(1, endpoints*limit/size)
+	var pieces []*weirv1.NodeService
+	next := func() *weirv1.NodeService {
+		// Every field but the ports' endpoints, shared: nothing changes
+		// a cached service.
+		piece := without(svc, "ports")
+		for _, p := range svc.GetPorts() {
+			piece.Ports = append(piece.Ports, without(p, "endpoints"))
+		}
+		pieces = append(pieces, piece)
+		return piece
+	}
+	piece, n := next(), 0
+	for i, p := range svc.GetPorts() {
+		for _, ep := range p.GetEndpoints() {
+			if n == perPiece {
+				piece, n = next(), 0
+			}
+			piece.Ports[i].Endpoints = append(piece.Ports[i].Endpoints, ep)
+			n++
+		}
+	}
+	return pieces
+}
+
+// without is a shallow copy of msg without one field.
+func without[M proto.Message](msg M, field protoreflect.Name) M {
+	src := msg.ProtoReflect()
+	dst := src.New()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Name() != field {
+			dst.Set(fd, v)
+		}
+		return true
+	})
+	return dst.Interface().(M)
 }
 
 // sent records a message as sent to the node of st.

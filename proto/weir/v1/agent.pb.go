@@ -775,6 +775,8 @@ type SyncResponse struct {
 	Removals []string `protobuf:"bytes,5,rep,name=removals,proto3" json:"removals,omitempty"`
 	// More messages of the same version follow: a big state comes in parts,
 	// and the agent applies and answers once the last (more = false) arrives.
+	// A service too big for one message comes in several parts, each with
+	// every port and some of the endpoints; the agent joins them.
 	More bool `protobuf:"varint,6,opt,name=more,proto3" json:"more,omitempty"`
 	// The history version belongs to. Versions compare only within one
 	// history: a server whose store was restored from a copy counts again
