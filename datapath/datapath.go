@@ -183,6 +183,20 @@ func (d *Datapath) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// Forwarding reports whether a table that forwards is in place (an earlier
+// agent's), read from the kernel: what a restarting BGP speaker tells its
+// routers as its forwarding state. Call it before the first Apply.
+func (d *Datapath) Forwarding(ctx context.Context) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, f := range d.families() {
+		if g, err := d.liveGeneration(ctx, f); err == nil && g != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // forget marks every table as unknown: the next full sync lists it.
 func (d *Datapath) forget() {
 	for _, t := range d.tables {

@@ -12,6 +12,8 @@ command -v git >/dev/null || need+=(git)
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
 # FRR: the real BGP router of the LB-tier lab tests.
 [ -x /usr/lib/frr/bgpd ] || need+=(frr)
+# BIRD 2: the second router implementation the BGP lab tests run against.
+command -v bird >/dev/null || [ -x /usr/sbin/bird ] || need+=(bird2)
 # The CA bundle deploy/container/build-images.sh copies into the images.
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 

@@ -113,7 +113,14 @@ type Config struct {
 	// identifier (RFC 7911), to routers that agree to receive them;
 	// without it a router hears only the best path.
 	AddPath bool
-	Log     *slog.Logger
+	// Restarting says the speaker comes back from a restart with the
+	// node's forwarding state kept (the nftables rules stayed): it opens
+	// graceful-restart sessions with the Restart State and Forwarding
+	// State bits set (RFC 4724), so routers keep forwarding on the routes
+	// they hold, and sends its table with End-of-RIB once it has the
+	// routers' own End-of-RIB.
+	Restarting bool
+	Log        *slog.Logger
 }
 
 // Announcement is how a prefix is announced.
@@ -287,6 +294,14 @@ var families = []*api.Family{
 }
 
 func (g *GoBGP) addPeer(ctx context.Context, p Peer) error {
+	if err := g.s.AddPeer(ctx, &api.AddPeerRequest{Peer: g.peerConfig(p)}); err != nil {
+		return fmt.Errorf("adding peer %s: %w", p.Address, err)
+	}
+	return nil
+}
+
+// peerConfig is GoBGP's form of p.
+func (g *GoBGP) peerConfig(p Peer) *api.Peer {
 	hold := uint64(90)
 	if p.HoldTime > 0 {
 		hold = uint64(p.HoldTime / time.Second)
@@ -298,7 +313,8 @@ func (g *GoBGP) addPeer(ctx context.Context, p Peer) error {
 	restart := cmp.Or(p.GracefulRestart, g.cfg.GracefulRestart)
 	gr := restart > 0
 	if gr {
-		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(restart / time.Second)}
+		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(restart / time.Second),
+			LocalRestarting: g.cfg.Restarting}
 	}
 	for _, f := range families {
 		af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: f, Enabled: true}}
@@ -313,10 +329,7 @@ func (g *GoBGP) addPeer(ctx context.Context, p Peer) error {
 	if p.Port != 0 {
 		peer.Transport = &api.Transport{RemotePort: uint32(p.Port)}
 	}
-	if err := g.s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
-		return fmt.Errorf("adding peer %s: %w", p.Address, err)
-	}
-	return nil
+	return peer
 }
 
 // SetPeers replaces the peers set by the last call. It goes on past a
@@ -330,7 +343,20 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 	}
 	var first error
 	for addr, had := range g.dynamic {
-		if p, ok := want[addr]; ok && p == had {
+		p, ok := want[addr]
+		switch {
+		case ok && p == had:
+			continue
+		case ok && p.Port == had.Port:
+			// A changed router is updated in place: what its OPEN does
+			// not carry (hold time, password) takes effect without
+			// closing the session; GoBGP re-opens it only for what the
+			// OPEN must say again (AS, graceful restart).
+			if _, err := g.s.UpdatePeer(ctx, &api.UpdatePeerRequest{Peer: g.peerConfig(p)}); err != nil {
+				first = cmp.Or(first, fmt.Errorf("updating peer %s: %w", addr, err))
+				continue
+			}
+			g.dynamic[addr] = p
 			continue
 		}
 		if err := g.s.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
@@ -349,6 +375,9 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 		}
 		g.dynamic[addr] = p
 	}
+	// Only the sessions of the restart itself say Restart State; routers
+	// added later meet a speaker that has long restarted.
+	g.cfg.Restarting = false
 	return first
 }
 
@@ -457,11 +486,35 @@ func receivesAddPath(caps []*anypb.Any) bool {
 	return false
 }
 
-// Close ends every session: routers drop the speaker's routes at once,
-// or, with graceful restart, keep them for the restart time.
+// Close ends every session with a Cease NOTIFICATION: routers drop the
+// speaker's routes at once, graceful restart or not.
 func (g *GoBGP) Close() {
 	g.s.StopBgp(context.Background(), &api.StopBgpRequest{})
 	g.s.Stop()
+}
+
+// GracefulRestart reports whether any of the speaker's peers is offered
+// graceful restart: a process that stops for a restart should then exit
+// without Close, so that its sessions end without a NOTIFICATION (the
+// TCP connections close with the process) and the routers keep its routes
+// for the restart time (RFC 4724; a Cease would make them flush at once).
+func (g *GoBGP) GracefulRestart() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cfg.GracefulRestart > 0 {
+		return true
+	}
+	for _, p := range g.cfg.Peers {
+		if p.GracefulRestart > 0 {
+			return true
+		}
+	}
+	for _, p := range g.dynamic {
+		if p.GracefulRestart > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // logger sends GoBGP's log to slog.

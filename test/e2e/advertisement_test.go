@@ -5,13 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"strings"
+	"slices"
 	"testing"
 	"time"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/bird"
 	"github.com/weirlb/weir/test/frr"
 	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/weirlab"
 )
 
 const collectorASN = 64501
@@ -120,14 +122,39 @@ func TestAdvertisementPicksPeersAndAggregates(t *testing.T) {
 func isClient(a netip.Addr) bool { return a == lab.ClientIPv4 || a == lab.ClientIPv6 }
 
 // TestGracefulRestartKeepsTrafficThroughAnAgentRestart: with a peer that
-// offers graceful restart, killing and restarting the only node with the
-// service's endpoints drops no connection through the router: it keeps the
-// node's route while the agent comes back, and the node's rules stayed in
-// the kernel. The same restart without graceful restart withdraws the
-// route, which the test checks first so that the second half means
-// something.
+// offers graceful restart, restarting the agent of the only node with the
+// service's endpoints drops no connection through the router, whether the
+// agent is stopped as systemctl restart does (SIGTERM) or dies (SIGKILL):
+// the router keeps the node's route while the agent comes back (the agent
+// ends its sessions without a NOTIFICATION and comes back saying its
+// forwarding state was kept), and the node's rules stayed in the kernel.
+// The same restart without graceful restart withdraws the route, which the
+// test checks first so that the rest means something. Changing the peer's
+// hold time then keeps the route throughout. All of it against FRR and
+// against BIRD.
 func TestGracefulRestartKeepsTrafficThroughAnAgentRestart(t *testing.T) {
-	c, r := startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter)
+	for _, impl := range []string{"FRR", "BIRD"} {
+		t.Run(impl, func(t *testing.T) {
+			var c *weirlab.Cluster
+			var r bgpRouter
+			if impl == "FRR" {
+				c, r = startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter)
+			} else {
+				c = startSpeakingCluster(t, func(*lab.Node) []string { return nil })
+				b, err := bird.Start(context.Background(), c.Router, bird.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(),
+					ListenRanges4: []string{"192.0.2.0/24"}, PeerASN: nodeASN})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(b.Close)
+				r = b
+			}
+			testGracefulRestart(t, c, r)
+		})
+	}
+}
+
+func testGracefulRestart(t *testing.T, c *weirlab.Cluster, r bgpRouter) {
 	ctx := context.Background()
 	node1 := c.Nodes[0]
 	peer, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: &weirv1.BgpPeer{
@@ -142,37 +169,53 @@ func TestGracefulRestartKeepsTrafficThroughAnAgentRestart(t *testing.T) {
 	waitNextHops(t, r, "203.0.113.72", node1.IPv4.String())
 	dst := netip.MustParseAddrPort("203.0.113.72:80")
 
-	restart := func() (failures, total int64) {
+	restart := func(how func(int) error) (failures, total int64) {
 		t.Helper()
 		waitNextHops(t, r, "203.0.113.72", node1.IPv4.String())
 		done := keepConnecting(c.Client, dst)
 		time.Sleep(200 * time.Millisecond)
-		if err := c.RestartAgent(0); err != nil {
+		if err := how(0); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(3 * time.Second)
 		return done()
 	}
-	if failures, total := restart(); failures == 0 {
+	if failures, total := restart(c.StopAndRestartAgent); failures == 0 {
 		t.Fatalf("without graceful restart, 0 of %d connections failed across the agent restart: the test cannot tell the difference", total)
 	}
 
 	p := peer.GetBgpPeer()
 	p.GracefulRestart = true
-	if _, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: p}); err != nil {
+	upd, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: p})
+	if err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the router sees graceful restart from node1", func() error {
-		out, err := r.Vtysh(ctx, "show bgp neighbors "+node1.IPv4.String()+" json")
-		if err != nil {
-			return err
-		}
-		if !strings.Contains(out, `"remoteGrMode":"Restart"`) {
-			return fmt.Errorf("neighbor: %.600s", out)
+		if ok, err := r.GracefulRestartFrom(ctx, node1.IPv4.String()); !ok {
+			return fmt.Errorf("not yet (%v):\n%s", err, r.Describe(ctx, "203.0.113.72"))
 		}
 		return nil
 	})
-	if failures, total := restart(); failures != 0 || total < 100 {
-		t.Errorf("%d of %d connections failed across the agent restart with graceful restart; want 0 of at least 100", failures, total)
+	for _, how := range []struct {
+		name    string
+		restart func(int) error
+	}{{"SIGTERM", c.StopAndRestartAgent}, {"SIGKILL", c.RestartAgent}, {"SIGTERM again", c.StopAndRestartAgent}} {
+		if failures, total := restart(how.restart); failures != 0 || total < 100 {
+			t.Errorf("%s: %d of %d connections failed across the agent restart with graceful restart; want 0 of at least 100", how.name, failures, total)
+		}
+	}
+
+	// A change the OPEN message does not carry is made in place: the
+	// route never leaves the router meanwhile.
+	waitNextHops(t, r, "203.0.113.72", node1.IPv4.String())
+	p = upd.GetBgpPeer()
+	p.HoldTimeSeconds = 30
+	if _, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: p}); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if hops, _ := r.NextHops(ctx, "203.0.113.72"); !slices.Contains(hops, node1.IPv4.String()) {
+			t.Fatalf("changing the peer's hold time took node1's route away (next hops %v):\n%s", hops, r.Describe(ctx, "203.0.113.72"))
+		}
 	}
 }

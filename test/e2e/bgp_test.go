@@ -40,15 +40,27 @@ var labRouter = frr.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(), P
 // router configured by router; options change the cluster further.
 func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string, router frr.Config, options ...func(*weirlab.Cluster)) (*weirlab.Cluster, *frr.Router) {
 	t.Helper()
-	lab.SkipUnlessPrivileged(t)
 	if _, err := os.Stat("/usr/lib/frr/bgpd"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("FRR is required (Debian package frr)")
 		}
 		t.Skip("needs FRR (apt-get install frr)")
 	}
-	ctx := context.Background()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, append([]func(*weirlab.Cluster){func(c *weirlab.Cluster) {
+	c := startSpeakingCluster(t, agentArgs, options...)
+	r, err := frr.StartTemp(context.Background(), c.Router, router)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return c, r
+}
+
+// startSpeakingCluster runs a cluster whose agents speak BGP (AS nodeASN)
+// with extra agent flags, and no router yet.
+func startSpeakingCluster(t *testing.T, agentArgs func(*lab.Node) []string, options ...func(*weirlab.Cluster)) *weirlab.Cluster {
+	t.Helper()
+	lab.SkipUnlessPrivileged(t)
+	c, err := weirlab.Start(context.Background(), lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, append([]func(*weirlab.Cluster){func(c *weirlab.Cluster) {
 		c.AgentArgs = func(n *lab.Node) []string {
 			return append([]string{"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-router-id", n.IPv4.String()}, agentArgs(n)...)
 		}
@@ -64,17 +76,19 @@ func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string, route
 		}
 		c.Close()
 	})
-	r, err := frr.StartTemp(ctx, c.Router, router)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Close)
-	return c, r
+	return c
+}
+
+// bgpRouter is a lab router of either implementation.
+type bgpRouter interface {
+	NextHops(ctx context.Context, prefix string) ([]string, error)
+	GracefulRestartFrom(ctx context.Context, neighbor string) (bool, error)
+	Describe(ctx context.Context, prefix string) string
 }
 
 // waitNextHops waits until the router's kernel route for prefix goes
 // through exactly want.
-func waitNextHops(t *testing.T, r *frr.Router, prefix string, want ...string) {
+func waitNextHops(t *testing.T, r bgpRouter, prefix string, want ...string) {
 	t.Helper()
 	slices.Sort(want)
 	var got []string
@@ -87,14 +101,7 @@ func waitNextHops(t *testing.T, r *frr.Router, prefix string, want ...string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	summary, _ := r.Vtysh(context.Background(), "show bgp summary")
-	family := "ipv4"
-	if strings.Contains(prefix, ":") {
-		family = "ipv6"
-	}
-	paths, _ := r.Vtysh(context.Background(), "show bgp "+family+" unicast "+prefix)
-	gr, _ := r.Vtysh(context.Background(), "show bgp neighbors graceful-restart")
-	t.Fatalf("router route for %s goes via %v; want %v\n%s\n%s\n%s", prefix, got, want, summary, paths, gr)
+	t.Fatalf("router route for %s goes via %v; want %v\n%s", prefix, got, want, r.Describe(context.Background(), prefix))
 }
 
 // TestNodeSpeakersAnnounceWhereEndpointsAre: with externalTrafficPolicy

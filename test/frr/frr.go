@@ -140,30 +140,36 @@ func (r *Router) Established(ctx context.Context) (int, error) {
 
 // route is `ip route show prefix` in the router's namespace.
 func (r *Router) route(ctx context.Context, prefix string) (string, error) {
-	family := "-4"
-	if strings.Contains(prefix, ":") {
-		family = "-6"
-	}
-	return r.ns.Run(ctx, "ip", family, "route", "show", prefix)
+	return lab.Route(ctx, r.ns, prefix)
 }
 
 // NextHops lists the kernel route's next hops for prefix (one per ECMP
 // path), from `ip route show`.
 func (r *Router) NextHops(ctx context.Context, prefix string) ([]string, error) {
-	out, err := r.route(ctx, prefix)
+	return lab.NextHops(ctx, r.ns, prefix)
+}
+
+// GracefulRestartFrom reports whether the neighbor offered graceful restart
+// in its current session.
+func (r *Router) GracefulRestartFrom(ctx context.Context, neighbor string) (bool, error) {
+	out, err := r.Vtysh(ctx, "show bgp neighbors "+neighbor+" json")
 	if err != nil {
-		return nil, err
+		return false, err
 	}
-	var hops []string
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		for i := 0; i+1 < len(f); i++ {
-			if f[i] == "via" {
-				hops = append(hops, f[i+1])
-			}
-		}
+	return strings.Contains(out, `"remoteGrMode":"Restart"`), nil
+}
+
+// Describe is what FRR says of its sessions and of prefix, for a failing
+// test's message.
+func (r *Router) Describe(ctx context.Context, prefix string) string {
+	summary, _ := r.Vtysh(ctx, "show bgp summary")
+	family := "ipv4"
+	if strings.Contains(prefix, ":") {
+		family = "ipv6"
 	}
-	return hops, nil
+	paths, _ := r.Vtysh(ctx, "show bgp "+family+" unicast "+prefix)
+	gr, _ := r.Vtysh(ctx, "show bgp neighbors graceful-restart")
+	return summary + "\n" + paths + "\n" + gr
 }
 
 // Weights maps each next hop of prefix's kernel route to its ECMP weight

@@ -250,7 +250,17 @@ func (c *Cluster) StartSpeaker(name string, args ...string) (*lab.Process, error
 
 // RestartAgent kills node i's agent (as a crash would) and starts a new one.
 func (c *Cluster) RestartAgent(i int) error {
-	if err := c.Agents[i].Kill(); err != nil {
+	return c.restartAgent(i, (*lab.Process).Kill)
+}
+
+// StopAndRestartAgent stops agent i as systemctl restart or a DaemonSet
+// rollout does (SIGTERM, SIGKILL after a grace period) and starts it again.
+func (c *Cluster) StopAndRestartAgent(i int) error {
+	return c.restartAgent(i, (*lab.Process).Stop)
+}
+
+func (c *Cluster) restartAgent(i int, stop func(*lab.Process) error) error {
+	if err := stop(c.Agents[i]); err != nil {
 		return err
 	}
 	p, err := c.startAgent(i)

@@ -117,7 +117,9 @@ func run() error {
 
 	observers := syncer.Observers{nodeHealth}
 	if *bgpASN != 0 {
-		cfg := bgpspeaker.Config{ASN: uint32(*bgpASN), Log: log.With("component", "bgp")}
+		// Rules left by the agent before this one still forward: tell
+		// graceful-restart routers so, and they keep the routes they hold.
+		cfg := bgpspeaker.Config{ASN: uint32(*bgpASN), Restarting: dp.Forwarding(ctx), Log: log.With("component", "bgp")}
 		if cfg.RouterID, err = bgpspeaker.RouterID(*bgpRouterID); err != nil {
 			return fmt.Errorf("--bgp-router-id: %w", err)
 		}
@@ -128,7 +130,17 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		defer speaker.Close()
+		defer func() {
+			if ctx.Err() != nil && speaker.GracefulRestart() {
+				// Stopped (SIGTERM: a restart, an upgrade): the sessions
+				// end with the process, without a NOTIFICATION, so that
+				// graceful-restart routers keep forwarding to this node
+				// on the rules left in place. Drain a node to take it out.
+				log.Info("leaving BGP sessions to graceful restart: routers keep this node's routes for the restart time")
+				return
+			}
+			speaker.Close()
+		}()
 		observers = append(observers, bgp.NewAnnouncer(speaker, nodeHealth.Node.Healthy, log.With("component", "bgp")))
 	}
 	member, err := members.Start(*nodeName, nil, log.With("component", "membership"))

@@ -1,0 +1,170 @@
+// Package bird runs a real BIRD 2 router (Debian's bird2) inside a lab
+// namespace: a second BGP implementation beside FRR, so that what Weir's
+// speakers do is proven against more than one router. It accepts the nodes'
+// sessions from listen ranges (dynamic neighbours, passive), installs the
+// routes in its namespace's kernel (ECMP: merge paths), and offers graceful
+// restart as a helper.
+package bird
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/weirlb/weir/test/lab"
+)
+
+// Router is a running BIRD instance.
+type Router struct {
+	ns   *lab.Netns
+	Dir  string
+	proc *lab.Process
+}
+
+// Config is the router's BGP setup.
+type Config struct {
+	ASN      uint32
+	RouterID string
+	// ListenRanges4 are the IPv4 ranges speakers dial in from.
+	ListenRanges4 []string
+	PeerASN       uint32 // the speakers' AS
+	// HoldTime is the sessions' hold time in seconds (0: 9, for tests).
+	HoldTime int
+}
+
+// Start writes the configuration into a new temporary folder and starts
+// bird in ns, returning once birdc answers.
+func Start(ctx context.Context, ns *lab.Netns, cfg Config) (*Router, error) {
+	dir, err := os.MkdirTemp("", "weir-bird-")
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{ns: ns, Dir: dir}
+	if err := os.WriteFile(filepath.Join(dir, "bird.conf"), []byte(config(cfg, dir)), 0o644); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	// -f: stay in the foreground, so the lab tracks the process.
+	r.proc, err = ns.Start("bird", "-f", "-c", filepath.Join(dir, "bird.conf"), "-s", r.socket(), "-P", filepath.Join(dir, "bird.pid"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := r.Birdc(ctx, "show status"); err == nil {
+			return r, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			log := r.proc.Log()
+			r.Close()
+			return nil, fmt.Errorf("bird did not answer\n%s", log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (r *Router) socket() string { return filepath.Join(r.Dir, "bird.ctl") }
+
+func config(cfg Config, dir string) string {
+	hold := cfg.HoldTime
+	if hold == 0 {
+		hold = 9
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "router id %s;\nlog \"%s\" all;\n", cfg.RouterID, filepath.Join(dir, "bird.log"))
+	b.WriteString("protocol device { scan time 1; }\n")
+	// merge paths: several BGP paths of one prefix become one ECMP route.
+	b.WriteString("protocol kernel { ipv4 { import none; export all; }; merge paths on; }\n")
+	for i, rg := range cfg.ListenRanges4 {
+		fmt.Fprintf(&b, `protocol bgp nodes%d {
+  local as %d;
+  neighbor range %s as %d;
+  dynamic name "node";
+  passive on;
+  graceful restart on;
+  hold time %d;
+  connect retry time 1;
+  error wait time 1, 2;
+  ipv4 { import all; export none; };
+}
+`, i, cfg.ASN, rg, cfg.PeerASN, hold)
+	}
+	return b.String()
+}
+
+// Birdc runs one birdc command against this router.
+func (r *Router) Birdc(ctx context.Context, command string) (string, error) {
+	return r.ns.Run(ctx, "birdc", "-s", r.socket(), command)
+}
+
+// Established counts the BGP sessions that are Established.
+func (r *Router) Established(ctx context.Context) (int, error) {
+	out, err := r.Birdc(ctx, "show protocols")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 6 && f[1] == "BGP" && f[5] == "Established" {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// NextHops lists the kernel route's next hops for prefix in the router's
+// namespace.
+func (r *Router) NextHops(ctx context.Context, prefix string) ([]string, error) {
+	return lab.NextHops(ctx, r.ns, prefix)
+}
+
+// GracefulRestartFrom reports whether the session with neighbor is
+// Established and the neighbor offered graceful restart in it.
+func (r *Router) GracefulRestartFrom(ctx context.Context, neighbor string) (bool, error) {
+	out, err := r.Birdc(ctx, "show protocols all")
+	if err != nil {
+		return false, err
+	}
+	// A protocol's block starts with an unindented line; in the
+	// neighbour's, the capabilities it sent follow "Neighbor capabilities".
+	var block []string
+	check := func() bool {
+		text := strings.Join(block, "\n")
+		if !strings.Contains(text, "Neighbor address: "+neighbor+"\n") || !strings.Contains(text, "Established") {
+			return false
+		}
+		_, theirs, ok := strings.Cut(text, "Neighbor capabilities")
+		return ok && strings.Contains(theirs, "Graceful restart")
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if line != "" && line[0] != ' ' && line[0] != '\t' {
+			if check() {
+				return true, nil
+			}
+			block = nil
+		}
+		block = append(block, line)
+	}
+	return check(), nil
+}
+
+// Describe is what BIRD says of its sessions and of prefix, for a failing
+// test's message.
+func (r *Router) Describe(ctx context.Context, prefix string) string {
+	protocols, _ := r.Birdc(ctx, "show protocols all")
+	route, _ := r.Birdc(ctx, "show route for "+prefix+" all")
+	return protocols + "\n" + route
+}
+
+// Close stops bird and removes its folder.
+func (r *Router) Close() {
+	if r.proc != nil {
+		r.proc.Stop()
+	}
+	os.RemoveAll(r.Dir)
+}
