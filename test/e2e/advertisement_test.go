@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -140,6 +142,12 @@ func TestGracefulRestartKeepsTrafficThroughAnAgentRestart(t *testing.T) {
 			if impl == "FRR" {
 				c, r = startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter)
 			} else {
+				if _, err := exec.LookPath("bird"); err != nil {
+					if os.Getenv("CI") == "true" {
+						t.Fatal("BIRD is required (Debian package bird2)")
+					}
+					t.Skip("needs BIRD (apt-get install bird2)")
+				}
 				c = startSpeakingCluster(t, func(*lab.Node) []string { return nil })
 				b, err := bird.Start(context.Background(), c.Router, bird.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(),
 					ListenRanges4: []string{"192.0.2.0/24"}, PeerASN: nodeASN})
