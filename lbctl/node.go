@@ -15,16 +15,20 @@ func (a *app) nodeCmd() *cobra.Command {
 		Short: "Drain a node, or uncordon it",
 		Long: `Drain a node, or uncordon it.
 
-A drained node's health checks and /healthz answer 503, so that load
-balancers stop sending it new connections; the connections it has carry on
-until they end. Uncordon undoes it. Either works whichever source (native
-or kubernetes) owns the node, and survives server restarts.`,
+A drained node's health checks and /healthz answer 503 and its BGP
+announcements are withdrawn, so that load balancers and routers stop
+sending it new connections. What happens to its established connections
+depends on what sends them: a load balancer that reads the health checks
+keeps them where they are until they end; a BGP ECMP router moves them
+with its hash to other nodes, which reset them (no conntrack entry there).
+Uncordon undoes it. Either works whichever source (native or kubernetes)
+owns the node, and survives server restarts.`,
 	}
 	for _, v := range []struct {
 		use, done, short string
 		call             func(ctx context.Context, c client, name string) error
 	}{
-		{"drain", "drained", "Stop new external traffic to a node; its connections finish", func(ctx context.Context, c client, name string) error {
+		{"drain", "drained", "Stop new external traffic to a node (see lbctl node --help for established connections)", func(ctx context.Context, c client, name string) error {
 			_, err := c.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: name})
 			return err
 		}},

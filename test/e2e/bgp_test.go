@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -417,3 +421,88 @@ func waitSessions(t *testing.T, c *weirlab.Cluster, want map[string]string) {
 		return nil
 	})
 }
+
+// TestDrainBehindAnECMPRouter measures what draining a node does to the
+// connections a BGP ECMP router spreads over the nodes, and checks what
+// docs/operations.md says of it: the router withdraws the drained node at
+// once and new connections avoid it, while established connections the
+// router moves to another node are reset there (that node has no
+// conntrack entry for them); those it leaves where they were carry on.
+func TestDrainBehindAnECMPRouter(t *testing.T) {
+	c, r := startBGPCluster(t)
+	ctx := context.Background()
+	node1, node2 := c.Nodes[0], c.Nodes[1]
+	createService(t, c, lbService("drained", 30113, []string{"10.96.0.73"}, []string{"203.0.113.73"}), c.Pods())
+	waitNextHops(t, r, "203.0.113.73", node1.IPv4.String(), node2.IPv4.String())
+	// Hash on ports too, so that one client's connections spread.
+	if _, err := c.Router.Run(ctx, "sysctl", "-w", "net.ipv4.fib_multipath_hash_policy=1"); err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.MustParseAddrPort("203.0.113.73:80")
+	const n = 60
+	var conns []*keepAlive
+	for range n {
+		k, err := dialKeepAlive(ctx, c.Client, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer k.Close()
+		conns = append(conns, k)
+	}
+	for i, k := range conns {
+		if err := k.Request(); err != nil {
+			t.Fatalf("connection %d before the drain: %v", i, err)
+		}
+	}
+
+	if _, err := c.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: node1.Name}); err != nil {
+		t.Fatal(err)
+	}
+	waitNextHops(t, r, "203.0.113.73", node2.IPv4.String())
+	broken := 0
+	for _, k := range conns {
+		if k.Request() != nil {
+			broken++
+		}
+	}
+	t.Logf("draining node1 broke %d of %d established connections through the router", broken, n)
+	if broken == n {
+		t.Errorf("every established connection broke, also those the router left on node2")
+	}
+	for i := range 20 {
+		if _, err := weirlab.Get(ctx, c.Client, dst); err != nil {
+			t.Errorf("new connection %d after the drain: %v", i, err)
+		}
+	}
+}
+
+// keepAlive is one HTTP/1.1 connection kept open for several requests.
+type keepAlive struct {
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+func dialKeepAlive(ctx context.Context, ns *lab.Netns, dst netip.AddrPort) (*keepAlive, error) {
+	conn, err := ns.DialContext(ctx, "tcp", dst.String())
+	if err != nil {
+		return nil, err
+	}
+	return &keepAlive{conn: conn, r: bufio.NewReader(conn)}, nil
+}
+
+// Request sends one request and reads the whole answer.
+func (k *keepAlive) Request() error {
+	k.conn.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintf(k.conn, "GET / HTTP/1.1\r\nHost: weir\r\n\r\n"); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(k.r, nil)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return err
+}
+
+func (k *keepAlive) Close() { k.conn.Close() }
