@@ -73,7 +73,7 @@ error, health answers) and the services with health checks on it.`,
 func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusServiceClient, o object) (string, error) {
 	svc := o.(*weirv1.Service)
 	ns, name := svc.GetMetadata().GetNamespace(), svc.GetMetadata().GetName()
-	slicesResp, err := c.ListEndpointSlices(ctx, &weirv1.ListEndpointSlicesRequest{Namespace: ns})
+	endpointSlices, err := listEndpointSlices(ctx, c, &weirv1.ListEndpointSlicesRequest{Namespace: ns})
 	if err != nil {
 		return "", err
 	}
@@ -120,7 +120,7 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 	section(&b, "Ports", []string{"NAME", "PORT", "PROTOCOL", "TARGET PORT", "NODE PORT"}, ports)
 
 	var endpoints [][]string
-	for _, s := range slicesResp.GetEndpointSlices() {
+	for _, s := range endpointSlices {
 		if s.GetServiceName() != name {
 			continue
 		}
@@ -199,13 +199,13 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 	if err != nil {
 		return "", err
 	}
-	services, err := c.ListServices(ctx, &weirv1.ListServicesRequest{})
+	services, err := listServices(ctx, c, &weirv1.ListServicesRequest{})
 	if err != nil {
 		return "", err
 	}
 	// Only a service's report tells what the node answers for it.
 	var checks [][]string
-	for _, s := range services.GetServices() {
+	for _, s := range services {
 		hc := s.GetSpec().GetHealthCheckNodePort()
 		if hc == 0 {
 			continue
@@ -307,12 +307,12 @@ func section(b *strings.Builder, title string, header []string, rows [][]string)
 
 // nodeStatuses are the agents' statuses by node name.
 func nodeStatuses(ctx context.Context, st weirv1.StatusServiceClient) (map[string]*weirv1.NodeStatus, error) {
-	resp, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+	statuses, err := listNodeStatuses(ctx, st)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]*weirv1.NodeStatus{}
-	for _, n := range resp.GetNodes() {
+	for _, n := range statuses {
 		out[n.GetName()] = n
 	}
 	return out, nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -1067,5 +1068,22 @@ func TestDescribeServiceShowsSpeakerPaths(t *testing.T) {
 		"  lb1       203.0.113.7/32   node2   192.0.2.12   1        no          timeout   ProbeFailing\n"
 	if !strings.HasSuffix(out, want) {
 		t.Errorf("describe service: want it to end with\n%s\ngot\n%s", want, out)
+	}
+}
+
+// TestGetReadsEveryPage: the server answers lists in pages of at most 500
+// by default; lbctl shows every item.
+func TestGetReadsEveryPage(t *testing.T) {
+	e := newEnv(t)
+	const n = 510
+	for i := range n {
+		if _, err := e.registry.CreateNode(context.Background(), &weirv1.CreateNodeRequest{Node: &weirv1.Node{
+			Metadata: &weirv1.ObjectMeta{Name: fmt.Sprintf("node%03d", i)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := e.mustLbctl("", "get", "nodes")
+	if rows := strings.Count(out, "\n") - 1; rows != n || !strings.Contains(out, "node509") {
+		t.Errorf("lbctl get nodes shows %d rows; want %d, node509 among them", rows, n)
 	}
 }

@@ -58,8 +58,8 @@ var kinds = []*kind{
 			return orNil(r.GetService(), err)
 		},
 		list: func(ctx context.Context, c client, ns, sel string) ([]object, error) {
-			r, err := c.ListServices(ctx, &weirv1.ListServicesRequest{Namespace: ns, LabelSelector: sel})
-			return objects(r.GetServices()), err
+			items, err := listServices(ctx, c, &weirv1.ListServicesRequest{Namespace: ns, LabelSelector: sel})
+			return objects(items), err
 		},
 		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
 			r, err := c.CreateService(ctx, &weirv1.CreateServiceRequest{Service: o.(*weirv1.Service), ValidateOnly: validateOnly})
@@ -87,8 +87,8 @@ var kinds = []*kind{
 			return orNil(r.GetEndpointSlice(), err)
 		},
 		list: func(ctx context.Context, c client, ns, sel string) ([]object, error) {
-			r, err := c.ListEndpointSlices(ctx, &weirv1.ListEndpointSlicesRequest{Namespace: ns, LabelSelector: sel})
-			return objects(r.GetEndpointSlices()), err
+			items, err := listEndpointSlices(ctx, c, &weirv1.ListEndpointSlicesRequest{Namespace: ns, LabelSelector: sel})
+			return objects(items), err
 		},
 		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
 			r, err := c.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: o.(*weirv1.EndpointSlice), ValidateOnly: validateOnly})
@@ -116,8 +116,8 @@ var kinds = []*kind{
 			return orNil(r.GetNode(), err)
 		},
 		list: func(ctx context.Context, c client, _, sel string) ([]object, error) {
-			r, err := c.ListNodes(ctx, &weirv1.ListNodesRequest{LabelSelector: sel})
-			return objects(r.GetNodes()), err
+			items, err := listNodes(ctx, c, &weirv1.ListNodesRequest{LabelSelector: sel})
+			return objects(items), err
 		},
 		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
 			r, err := c.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: o.(*weirv1.Node), ValidateOnly: validateOnly})
@@ -145,8 +145,8 @@ var kinds = []*kind{
 			return orNil(r.GetAddressPool(), err)
 		},
 		list: func(ctx context.Context, c client, _, _ string) ([]object, error) {
-			r, err := c.ListAddressPools(ctx, &weirv1.ListAddressPoolsRequest{})
-			return objects(r.GetAddressPools()), err
+			items, err := listAddressPools(ctx, c)
+			return objects(items), err
 		},
 		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
 			r, err := c.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: o.(*weirv1.AddressPool), ValidateOnly: validateOnly})
@@ -173,8 +173,8 @@ var kinds = []*kind{
 			return orNil(r.GetBgpPeer(), err)
 		},
 		list: func(ctx context.Context, c client, _, _ string) ([]object, error) {
-			r, err := c.ListBgpPeers(ctx, &weirv1.ListBgpPeersRequest{})
-			return objects(r.GetBgpPeers()), err
+			items, err := listBgpPeers(ctx, c)
+			return objects(items), err
 		},
 		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
 			r, err := c.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: o.(*weirv1.BgpPeer), ValidateOnly: validateOnly})

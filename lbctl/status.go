@@ -46,11 +46,11 @@ reached.`,
 			if err != nil {
 				return plain(nil, err)
 			}
-			nodes, err := c.ListNodes(ctx, &weirv1.ListNodesRequest{})
+			nodes, err := listNodes(ctx, c, &weirv1.ListNodesRequest{})
 			if err != nil {
 				return plain(nil, err)
 			}
-			statuses, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+			statuses, err := listNodeStatuses(ctx, st)
 			if err != nil {
 				return plain(nil, err)
 			}
@@ -59,7 +59,7 @@ reached.`,
 				return plain(nil, err)
 			}
 			drained := map[string]bool{}
-			for _, n := range nodes.GetNodes() {
+			for _, n := range nodes {
 				drained[n.GetMetadata().GetName()] = n.GetDrained()
 			}
 
@@ -70,14 +70,14 @@ reached.`,
 				"State version", strconv.FormatUint(info.GetStateVersion(), 10),
 				"Uptime", age(a.now(), info.GetStarted()),
 				"Sources", list(info.GetSources()),
-				"Agents", fmt.Sprintf("%d connected, %d nodes registered", info.GetAgentsConnected(), len(nodes.GetNodes())),
+				"Agents", fmt.Sprintf("%d connected, %d nodes registered", info.GetAgentsConnected(), len(nodes)),
 				"Pools", pools,
 			)
 			b.WriteString("\n")
 			var problems []string
 			t := &table{w: &b}
 			t.add("NAME", "CONNECTED", "APPLIED/SENT", "LAG", "HEALTHZ", "BGP", "DRAINED", "LAST ERROR")
-			for _, n := range statuses.GetNodes() {
+			for _, n := range statuses {
 				appliedSent, lag := versions(n)
 				t.add(n.GetName(), yesNo(n.GetConnected()), appliedSent, lag, code(n.GetHealth().GetHealthzCode()),
 					bgpSessions(n.GetBgpSessions()), yesNo(drained[n.GetName()]), orNone(n.GetLastError()))
@@ -85,7 +85,7 @@ reached.`,
 					problems = append(problems, p)
 				}
 			}
-			if len(statuses.GetNodes()) == 0 {
+			if len(statuses) == 0 {
 				b.WriteString("No nodes registered.\n")
 			} else {
 				_ = t.flush() // a strings.Builder takes every write
@@ -99,7 +99,7 @@ reached.`,
 				summary = append(summary, "the server's health is "+health.String())
 			}
 			if len(problems) > 0 {
-				summary = append(summary, fmt.Sprintf("%d of %d nodes not ready: %s", len(problems), len(statuses.GetNodes()), strings.Join(problems, "; ")))
+				summary = append(summary, fmt.Sprintf("%d of %d nodes not ready: %s", len(problems), len(statuses), strings.Join(problems, "; ")))
 			}
 			if len(summary) > 0 {
 				return errors.New(strings.Join(summary, "; "))
@@ -144,16 +144,16 @@ func bgpSessions(sessions []*weirv1.BgpSession) string {
 // poolUsage says, per pool, how many of its addresses services hold:
 // "public 1/10, reserved 0/11".
 func (a *app) poolUsage(ctx context.Context, c client) (string, error) {
-	pools, err := c.ListAddressPools(ctx, &weirv1.ListAddressPoolsRequest{})
-	if err != nil || len(pools.GetAddressPools()) == 0 {
+	pools, err := listAddressPools(ctx, c)
+	if err != nil || len(pools) == 0 {
 		return "<none>", err
 	}
-	services, err := c.ListServices(ctx, &weirv1.ListServicesRequest{})
+	services, err := listServices(ctx, c, &weirv1.ListServicesRequest{})
 	if err != nil {
 		return "", err
 	}
 	var used []netip.Addr
-	for _, svc := range services.GetServices() {
+	for _, svc := range services {
 		for _, ip := range svc.GetStatus().GetLoadBalancerIps() {
 			if a, err := netip.ParseAddr(ip); err == nil && !slices.Contains(used, a) {
 				used = append(used, a)
@@ -161,7 +161,7 @@ func (a *app) poolUsage(ctx context.Context, c client) (string, error) {
 		}
 	}
 	var out []string
-	for _, p := range pools.GetAddressPools() {
+	for _, p := range pools {
 		n, size := 0, new(big.Int)
 		for _, r := range p.GetAddresses() {
 			first, last, ok := addressRange(r)

@@ -807,3 +807,62 @@ func TestAHugeServiceReachesAgentsInParts(t *testing.T) {
 		t.Errorf("after the big state: %v, want the new service", msg)
 	}
 }
+
+// TestListsArePaged: every List answers in pages, in key order, that join
+// into the whole list even when an item changes between two pages; a bad
+// token or size is refused naming the field.
+func TestListsArePaged(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var want []string
+	for i := range 7 {
+		s := validService()
+		s.Metadata.Name, s.Spec.ClusterIps, s.Spec.Ports[0].NodePort = fmt.Sprintf("s%d", i), []string{fmt.Sprintf("10.96.0.%d", 10+i)}, int32(30080+i)
+		if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: s}); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, s.Metadata.Name)
+	}
+	var got []string
+	var sizes []int
+	token := ""
+	for {
+		r, err := ts.Registry.ListServices(ctx, &weirv1.ListServicesRequest{PageSize: 3, PageToken: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, len(r.GetServices()))
+		for _, s := range r.GetServices() {
+			got = append(got, s.GetMetadata().GetName())
+		}
+		if token = r.GetNextPageToken(); token == "" {
+			break
+		}
+		if len(sizes) == 1 {
+			// Between two pages, an item already read goes: the next page
+			// still starts right after the last one read.
+			if _, err := ts.Registry.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: "default", Name: "s1"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !slices.Equal(got, want) || !slices.Equal(sizes, []int{3, 3, 1}) {
+		t.Errorf("pages %v holding %v; want 3, 3, 1 holding %v", sizes, got, want)
+	}
+	for _, tc := range []struct {
+		req   *weirv1.ListServicesRequest
+		field string
+	}{
+		{&weirv1.ListServicesRequest{PageToken: "not a token!"}, "page_token"},
+		{&weirv1.ListServicesRequest{PageSize: -1}, "page_size"},
+	} {
+		if _, err := ts.Registry.ListServices(ctx, tc.req); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%v: got %v, want InvalidArgument naming %s", tc.req, err, tc.field)
+		}
+	}
+	nodes, err := weirv1.NewStatusServiceClient(ts.Conn).ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{PageSize: 1})
+	if err != nil || len(nodes.GetNodes()) > 1 {
+		t.Errorf("node statuses with page size 1: %v, %v", nodes, err)
+	}
+}

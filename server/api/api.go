@@ -110,17 +110,23 @@ func (r resource[T, P]) get(namespace, name string) (P, error) {
 	return r.to(obj), nil
 }
 
-func (r resource[T, P]) list(namespace, selector string) ([]P, string, error) {
+// list is one page of the objects in namespace (all when "") that
+// selector matches, the revision it was read at, and the next page's token.
+func (r resource[T, P]) list(namespace, selector string, pg pageRequest) ([]P, string, string, error) {
 	sel, err := registry.ParseSelector(selector)
 	if err != nil {
-		return nil, "", status.Error(codes.InvalidArgument, "label_selector: "+err.Error())
+		return nil, "", "", status.Error(codes.InvalidArgument, "label_selector: "+err.Error())
 	}
 	objs, rev := r.coll.List(namespace, sel)
+	objs, next, err := page(objs, func(o T) string { return o.GetMeta().Key() }, pg)
+	if err != nil {
+		return nil, "", "", err
+	}
 	out := make([]P, len(objs))
 	for i, o := range objs {
 		out[i] = r.to(o)
 	}
-	return out, strconv.FormatUint(rev, 10), nil
+	return out, strconv.FormatUint(rev, 10), next, nil
 }
 
 func (r resource[T, P]) delete(namespace, name, resourceVersion string) error {

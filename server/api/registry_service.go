@@ -59,9 +59,9 @@ func (s *RegistryService) GetBgpPeer(_ context.Context, req *weirv1.GetBgpPeerRe
 	return &weirv1.GetBgpPeerResponse{BgpPeer: obj}, err
 }
 
-func (s *RegistryService) ListBgpPeers(context.Context, *weirv1.ListBgpPeersRequest) (*weirv1.ListBgpPeersResponse, error) {
-	objs, _, err := s.peers.list("", "")
-	return &weirv1.ListBgpPeersResponse{BgpPeers: objs}, err
+func (s *RegistryService) ListBgpPeers(_ context.Context, req *weirv1.ListBgpPeersRequest) (*weirv1.ListBgpPeersResponse, error) {
+	objs, _, next, err := s.peers.list("", "", req)
+	return &weirv1.ListBgpPeersResponse{BgpPeers: objs, NextPageToken: next}, err
 }
 
 func (s *RegistryService) UpdateBgpPeer(_ context.Context, req *weirv1.UpdateBgpPeerRequest) (*weirv1.UpdateBgpPeerResponse, error) {
@@ -83,9 +83,9 @@ func (s *RegistryService) GetAddressPool(_ context.Context, req *weirv1.GetAddre
 	return &weirv1.GetAddressPoolResponse{AddressPool: obj}, err
 }
 
-func (s *RegistryService) ListAddressPools(context.Context, *weirv1.ListAddressPoolsRequest) (*weirv1.ListAddressPoolsResponse, error) {
-	objs, _, err := s.pools.list("", "")
-	return &weirv1.ListAddressPoolsResponse{AddressPools: objs}, err
+func (s *RegistryService) ListAddressPools(_ context.Context, req *weirv1.ListAddressPoolsRequest) (*weirv1.ListAddressPoolsResponse, error) {
+	objs, _, next, err := s.pools.list("", "", req)
+	return &weirv1.ListAddressPoolsResponse{AddressPools: objs, NextPageToken: next}, err
 }
 
 func (s *RegistryService) UpdateAddressPool(_ context.Context, req *weirv1.UpdateAddressPoolRequest) (*weirv1.UpdateAddressPoolResponse, error) {
@@ -124,8 +124,8 @@ func (s *RegistryService) GetService(_ context.Context, req *weirv1.GetServiceRe
 }
 
 func (s *RegistryService) ListServices(_ context.Context, req *weirv1.ListServicesRequest) (*weirv1.ListServicesResponse, error) {
-	objs, rv, err := s.services.list(req.GetNamespace(), req.GetLabelSelector())
-	return &weirv1.ListServicesResponse{Services: objs, ResourceVersion: rv}, err
+	objs, rv, next, err := s.services.list(req.GetNamespace(), req.GetLabelSelector(), req)
+	return &weirv1.ListServicesResponse{Services: objs, ResourceVersion: rv, NextPageToken: next}, err
 }
 
 func (s *RegistryService) UpdateService(_ context.Context, req *weirv1.UpdateServiceRequest) (*weirv1.UpdateServiceResponse, error) {
@@ -154,8 +154,8 @@ func (s *RegistryService) GetEndpointSlice(_ context.Context, req *weirv1.GetEnd
 }
 
 func (s *RegistryService) ListEndpointSlices(_ context.Context, req *weirv1.ListEndpointSlicesRequest) (*weirv1.ListEndpointSlicesResponse, error) {
-	objs, rv, err := s.endpoints.list(req.GetNamespace(), req.GetLabelSelector())
-	return &weirv1.ListEndpointSlicesResponse{EndpointSlices: objs, ResourceVersion: rv}, err
+	objs, rv, next, err := s.endpoints.list(req.GetNamespace(), req.GetLabelSelector(), req)
+	return &weirv1.ListEndpointSlicesResponse{EndpointSlices: objs, ResourceVersion: rv, NextPageToken: next}, err
 }
 
 func (s *RegistryService) UpdateEndpointSlice(_ context.Context, req *weirv1.UpdateEndpointSliceRequest) (*weirv1.UpdateEndpointSliceResponse, error) {
@@ -184,8 +184,8 @@ func (s *RegistryService) GetNode(_ context.Context, req *weirv1.GetNodeRequest)
 }
 
 func (s *RegistryService) ListNodes(_ context.Context, req *weirv1.ListNodesRequest) (*weirv1.ListNodesResponse, error) {
-	objs, rv, err := s.nodes.list("", req.GetLabelSelector())
-	return &weirv1.ListNodesResponse{Nodes: objs, ResourceVersion: rv}, err
+	objs, rv, next, err := s.nodes.list("", req.GetLabelSelector(), req)
+	return &weirv1.ListNodesResponse{Nodes: objs, ResourceVersion: rv, NextPageToken: next}, err
 }
 
 func (s *RegistryService) UpdateNode(_ context.Context, req *weirv1.UpdateNodeRequest) (*weirv1.UpdateNodeResponse, error) {

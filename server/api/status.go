@@ -66,8 +66,9 @@ func (s *StatusService) statuses() []agentsync.NodeStatus {
 	return out
 }
 
-func (s *StatusService) ListNodeStatuses(context.Context, *weirv1.ListNodeStatusesRequest) (*weirv1.ListNodeStatusesResponse, error) {
-	return &weirv1.ListNodeStatusesResponse{Nodes: s.nodeStatuses()}, nil
+func (s *StatusService) ListNodeStatuses(_ context.Context, req *weirv1.ListNodeStatusesRequest) (*weirv1.ListNodeStatusesResponse, error) {
+	nodes, next, err := page(s.nodeStatuses(), (*weirv1.NodeStatus).GetName, req)
+	return &weirv1.ListNodeStatusesResponse{Nodes: nodes, NextPageToken: next}, err
 }
 
 // WatchStatusPeriod is the least time between two statuses sent to a

@@ -277,6 +277,11 @@ type ListServicesRequest struct {
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// Kubernetes equality selector, e.g. "app=web,tier!=cache".
 	LabelSelector string `protobuf:"bytes,2,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
+	// At most this many items per page (0: 500; more than 5000 counts as
+	// 5000). A list longer than a page ends with next_page_token.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -325,13 +330,31 @@ func (x *ListServicesRequest) GetLabelSelector() string {
 	return ""
 }
 
+func (x *ListServicesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListServicesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListServicesResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Services []*Service             `protobuf:"bytes,1,rep,name=services,proto3" json:"services,omitempty"`
 	// The store revision the list was read at.
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Pass as page_token for the next page; empty on the last. Pages are
+	// read at their own revisions: items are in key order, and one changed
+	// between two pages shows as it was when its page was read.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListServicesResponse) Reset() {
@@ -374,6 +397,13 @@ func (x *ListServicesResponse) GetServices() []*Service {
 func (x *ListServicesResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
+	}
+	return ""
+}
+
+func (x *ListServicesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
 	}
 	return ""
 }
@@ -880,6 +910,11 @@ type ListEndpointSlicesRequest struct {
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// Kubernetes equality selector, e.g. "app=web,tier!=cache".
 	LabelSelector string `protobuf:"bytes,2,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
+	// At most this many items per page (0: 500; more than 5000 counts as
+	// 5000). A list longer than a page ends with next_page_token.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -928,13 +963,31 @@ func (x *ListEndpointSlicesRequest) GetLabelSelector() string {
 	return ""
 }
 
+func (x *ListEndpointSlicesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListEndpointSlicesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListEndpointSlicesResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	EndpointSlices []*EndpointSlice       `protobuf:"bytes,1,rep,name=endpoint_slices,json=endpointSlices,proto3" json:"endpoint_slices,omitempty"`
 	// The store revision the list was read at.
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Pass as page_token for the next page; empty on the last. Pages are
+	// read at their own revisions: items are in key order, and one changed
+	// between two pages shows as it was when its page was read.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListEndpointSlicesResponse) Reset() {
@@ -977,6 +1030,13 @@ func (x *ListEndpointSlicesResponse) GetEndpointSlices() []*EndpointSlice {
 func (x *ListEndpointSlicesResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
+	}
+	return ""
+}
+
+func (x *ListEndpointSlicesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
 	}
 	return ""
 }
@@ -1473,6 +1533,11 @@ type ListNodesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Kubernetes equality selector, e.g. "app=web,tier!=cache".
 	LabelSelector string `protobuf:"bytes,2,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
+	// At most this many items per page (0: 500; more than 5000 counts as
+	// 5000). A list longer than a page ends with next_page_token.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1514,13 +1579,31 @@ func (x *ListNodesRequest) GetLabelSelector() string {
 	return ""
 }
 
+func (x *ListNodesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListNodesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListNodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Nodes []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// The store revision the list was read at.
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Pass as page_token for the next page; empty on the last. Pages are
+	// read at their own revisions: items are in key order, and one changed
+	// between two pages shows as it was when its page was read.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListNodesResponse) Reset() {
@@ -1563,6 +1646,13 @@ func (x *ListNodesResponse) GetNodes() []*Node {
 func (x *ListNodesResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
+	}
+	return ""
+}
+
+func (x *ListNodesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
 	}
 	return ""
 }
@@ -2213,7 +2303,12 @@ func (x *GetAddressPoolResponse) GetAddressPool() *AddressPool {
 }
 
 type ListAddressPoolsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many items per page (0: 500; more than 5000 counts as
+	// 5000). A list longer than a page ends with next_page_token.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2248,9 +2343,27 @@ func (*ListAddressPoolsRequest) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{44}
 }
 
+func (x *ListAddressPoolsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAddressPoolsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListAddressPoolsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AddressPools  []*AddressPool         `protobuf:"bytes,1,rep,name=address_pools,json=addressPools,proto3" json:"address_pools,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	AddressPools []*AddressPool         `protobuf:"bytes,1,rep,name=address_pools,json=addressPools,proto3" json:"address_pools,omitempty"`
+	// Pass as page_token for the next page; empty on the last. Pages are
+	// read at their own revisions: items are in key order, and one changed
+	// between two pages shows as it was when its page was read.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2290,6 +2403,13 @@ func (x *ListAddressPoolsResponse) GetAddressPools() []*AddressPool {
 		return x.AddressPools
 	}
 	return nil
+}
+
+func (x *ListAddressPoolsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type UpdateAddressPoolRequest struct {
@@ -2661,7 +2781,12 @@ func (x *GetBgpPeerResponse) GetBgpPeer() *BgpPeer {
 }
 
 type ListBgpPeersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many items per page (0: 500; more than 5000 counts as
+	// 5000). A list longer than a page ends with next_page_token.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2696,9 +2821,27 @@ func (*ListBgpPeersRequest) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{54}
 }
 
+func (x *ListBgpPeersRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListBgpPeersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListBgpPeersResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	BgpPeers      []*BgpPeer             `protobuf:"bytes,1,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	BgpPeers []*BgpPeer             `protobuf:"bytes,1,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
+	// Pass as page_token for the next page; empty on the last. Pages are
+	// read at their own revisions: items are in key order, and one changed
+	// between two pages shows as it was when its page was read.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2738,6 +2881,13 @@ func (x *ListBgpPeersResponse) GetBgpPeers() []*BgpPeer {
 		return x.BgpPeers
 	}
 	return nil
+}
+
+func (x *ListBgpPeersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type UpdateBgpPeerRequest struct {
@@ -2938,13 +3088,17 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"@\n" +
 	"\x12GetServiceResponse\x12*\n" +
-	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\"Z\n" +
+	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\"\x96\x01\n" +
 	"\x13ListServicesRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12%\n" +
-	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"o\n" +
+	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x97\x01\n" +
 	"\x14ListServicesResponse\x12,\n" +
 	"\bservices\x18\x01 \x03(\v2\x10.weir.v1.ServiceR\bservices\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"g\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"g\n" +
 	"\x14UpdateServiceRequest\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"C\n" +
@@ -2970,13 +3124,17 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"Y\n" +
 	"\x18GetEndpointSliceResponse\x12=\n" +
-	"\x0eendpoint_slice\x18\x01 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\"`\n" +
+	"\x0eendpoint_slice\x18\x01 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\"\x9c\x01\n" +
 	"\x19ListEndpointSlicesRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12%\n" +
-	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"\x88\x01\n" +
+	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xb0\x01\n" +
 	"\x1aListEndpointSlicesResponse\x12?\n" +
 	"\x0fendpoint_slices\x18\x01 \x03(\v2\x16.weir.v1.EndpointSliceR\x0eendpointSlices\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"\x80\x01\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\x80\x01\n" +
 	"\x1aUpdateEndpointSliceRequest\x12=\n" +
 	"\x0eendpoint_slice\x18\x01 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"\\\n" +
@@ -3001,12 +3159,16 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0eGetNodeRequest\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04nameJ\x04\b\x01\x10\x02\"4\n" +
 	"\x0fGetNodeResponse\x12!\n" +
-	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"?\n" +
+	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"{\n" +
 	"\x10ListNodesRequest\x12%\n" +
-	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelectorJ\x04\b\x01\x10\x02\"c\n" +
+	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageTokenJ\x04\b\x01\x10\x02\"\x8b\x01\n" +
 	"\x11ListNodesResponse\x12#\n" +
 	"\x05nodes\x18\x01 \x03(\v2\r.weir.v1.NodeR\x05nodes\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"[\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"[\n" +
 	"\x11UpdateNodeRequest\x12!\n" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"7\n" +
@@ -3037,10 +3199,14 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x15GetAddressPoolRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"Q\n" +
 	"\x16GetAddressPoolResponse\x127\n" +
-	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\"\x19\n" +
-	"\x17ListAddressPoolsRequest\"U\n" +
+	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\"U\n" +
+	"\x17ListAddressPoolsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"}\n" +
 	"\x18ListAddressPoolsResponse\x129\n" +
-	"\raddress_pools\x18\x01 \x03(\v2\x14.weir.v1.AddressPoolR\faddressPools\"x\n" +
+	"\raddress_pools\x18\x01 \x03(\v2\x14.weir.v1.AddressPoolR\faddressPools\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"x\n" +
 	"\x18UpdateAddressPoolRequest\x127\n" +
 	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"T\n" +
@@ -3058,10 +3224,14 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x11GetBgpPeerRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"A\n" +
 	"\x12GetBgpPeerResponse\x12+\n" +
-	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\"\x15\n" +
-	"\x13ListBgpPeersRequest\"E\n" +
+	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\"Q\n" +
+	"\x13ListBgpPeersRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"m\n" +
 	"\x14ListBgpPeersResponse\x12-\n" +
-	"\tbgp_peers\x18\x01 \x03(\v2\x10.weir.v1.BgpPeerR\bbgpPeers\"h\n" +
+	"\tbgp_peers\x18\x01 \x03(\v2\x10.weir.v1.BgpPeerR\bbgpPeers\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"h\n" +
 	"\x14UpdateBgpPeerRequest\x12+\n" +
 	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"D\n" +

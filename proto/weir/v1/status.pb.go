@@ -218,7 +218,12 @@ func (x *WatchNodeStatusesResponse) GetNodes() []*NodeStatus {
 }
 
 type ListNodeStatusesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many items per page (0: 500; more than 5000 counts as
+	// 5000). A list longer than a page ends with next_page_token.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -253,9 +258,27 @@ func (*ListNodeStatusesRequest) Descriptor() ([]byte, []int) {
 	return file_weir_v1_status_proto_rawDescGZIP(), []int{4}
 }
 
+func (x *ListNodeStatusesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListNodeStatusesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListNodeStatusesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Nodes         []*NodeStatus          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Nodes []*NodeStatus          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Pass as page_token for the next page; empty on the last. Pages are
+	// read at their own revisions: items are in key order, and one changed
+	// between two pages shows as it was when its page was read.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -295,6 +318,13 @@ func (x *ListNodeStatusesResponse) GetNodes() []*NodeStatus {
 		return x.Nodes
 	}
 	return nil
+}
+
+func (x *ListNodeStatusesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // NodeStatus is one node's agent as the server knows it.
@@ -753,10 +783,14 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\asources\x18\x05 \x03(\tR\asources\"\x1a\n" +
 	"\x18WatchNodeStatusesRequest\"F\n" +
 	"\x19WatchNodeStatusesResponse\x12)\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"\x19\n" +
-	"\x17ListNodeStatusesRequest\"E\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"U\n" +
+	"\x17ListNodeStatusesRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"m\n" +
 	"\x18ListNodeStatusesResponse\x12)\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"\xbe\x03\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xbe\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
