@@ -213,6 +213,27 @@ func testGracefulRestart(t *testing.T, c *weirlab.Cluster, r bgpRouter) {
 		}
 	}
 
+	// A rolling restart of every agent in turn, then of the server, under
+	// one connection loop.
+	waitNextHops(t, r, "203.0.113.72", node1.IPv4.String())
+	done := keepConnecting(c.Client, dst)
+	for i := range c.Agents {
+		if err := c.StopAndRestartAgent(i); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if err := c.Server.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if failures, total := done(); failures != 0 || total < 200 {
+		t.Errorf("rolling restart of every agent and the server: %d of %d connections failed; want 0 of at least 200", failures, total)
+	}
+
 	// A change the OPEN message does not carry is made in place: the
 	// route never leaves the router meanwhile.
 	waitNextHops(t, r, "203.0.113.72", node1.IPv4.String())
