@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,8 +53,10 @@ func TestConvergesFromAnyTable(t *testing.T) {
 	if err := dp.Apply(ctx, state); err != nil {
 		t.Fatalf("first sync: %v", err)
 	}
+	probe := startProbe(t)
 	counts := map[string]int{}
 	for step := range steps {
+		probe.excused.Store(false)
 		var what string
 		switch op := rng.IntN(7); op {
 		case 0, 1: // an ordinary change
@@ -74,6 +79,8 @@ func TestConvergesFromAnyTable(t *testing.T) {
 		default: // damage, then the periodic resync or a restart repairs it
 			damage := damages[rng.IntN(len(damages))]
 			what = "damage: " + damage.name
+			// What someone else breaks may stop traffic until the repair.
+			probe.excused.Store(true)
 			damage.do(t, rng)
 			if rng.IntN(2) == 0 {
 				what += ", resync"
@@ -89,17 +96,125 @@ func TestConvergesFromAnyTable(t *testing.T) {
 			}
 		}
 		counts[strings.SplitN(what, ",", 2)[0]]++
+		if failed := probe.failures(); failed != nil {
+			t.Fatalf("step %d (%s): connections to the unchanged service failed: %v", step, what, failed)
+		}
 		got := canonicalTables(t)
 		// What a fresh agent programs for the same state; the walk goes
-		// on from its tables.
+		// on from its tables (the table is gone meanwhile: excused).
+		probe.excused.Store(true)
 		removeTables(t)
 		dp = newDP()
 		must(t, step, "fresh agent", dp.Apply(ctx, state))
+		probe.forgetExcused(t)
 		if diff := cmp.Diff(canonicalTables(t), got); diff != "" {
 			t.Fatalf("step %d (%s): the tables differ from a fresh agent's (-fresh +got):\n%s", step, what, diff)
 		}
 	}
-	t.Logf("steps by kind: %v", counts)
+	t.Logf("steps by kind: %v; %d connections to the unchanged service", counts, probe.total.Load())
+}
+
+// The unchanged service every state holds: a cluster IP whose one endpoint
+// is a listener of this test, reached from a source inside the cluster (so
+// nothing is masqueraded), both on lo.
+var (
+	stableClusterIP = netip.MustParseAddr("10.96.0.200")
+	stableEndpoint  = netip.MustParseAddr("10.244.1.251")
+	probeSource     = netip.MustParseAddr("10.244.1.250")
+)
+
+func stableService() *Service {
+	return &Service{
+		Key:        ServiceKey{"default", "stable"},
+		ClusterIPs: []netip.Addr{stableClusterIP},
+		Ports: []ServicePort{{Name: "p", Protocol: TCP, Port: 80, Endpoints: []Endpoint{
+			{Addr: stableEndpoint, Port: 8080, Local: true, Ready: true, Serving: true}}}},
+	}
+}
+
+// probe connects to the stable service every few milliseconds and keeps
+// the failures that were not excused.
+type probe struct {
+	excused atomic.Bool
+	total   atomic.Int64
+	mu      sync.Mutex
+	failed  []string
+}
+
+func startProbe(t *testing.T) *probe {
+	t.Helper()
+	for _, cmd := range [][]string{
+		{"ip", "link", "set", "lo", "up"},
+		{"ip", "addr", "add", stableEndpoint.String() + "/32", "dev", "lo"},
+		{"ip", "addr", "add", probeSource.String() + "/32", "dev", "lo"},
+		// A route for the cluster IP, which DNAT then sends to lo.
+		{"ip", "route", "add", "10.96.0.0/16", "dev", "lo"},
+	} {
+		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", cmd, err, out)
+		}
+	}
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(stableEndpoint, 8080).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	p := &probe{}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d := net.Dialer{Timeout: 500 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: probeSource.AsSlice()}}
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			excused := p.excused.Load()
+			c, err := d.Dial("tcp", netip.AddrPortFrom(stableClusterIP, 80).String())
+			if err == nil {
+				c.Close()
+			}
+			p.total.Add(1)
+			if err != nil && !excused && !p.excused.Load() {
+				p.mu.Lock()
+				p.failed = append(p.failed, err.Error())
+				p.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done; ln.Close() })
+	return p
+}
+
+// forgetExcused forgets what happened while failures were excused: the
+// failures, and the conntrack entries of connections that began while the
+// table was missing. Those were never DNAT'ed, and a later connection that
+// happens to reuse one's source port would be taken for it and refused.
+func (p *probe) forgetExcused(t *testing.T) {
+	t.Helper()
+	if out, err := exec.Command("conntrack", "-D", "-d", stableClusterIP.String()).CombinedOutput(); err != nil && !strings.Contains(string(out), "0 flow entries") {
+		t.Fatalf("conntrack -D: %v: %s", err, out)
+	}
+	p.failures()
+}
+
+// failures returns and forgets the failures so far.
+func (p *probe) failures() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f := p.failed
+	p.failed = nil
+	return f
 }
 
 func must(t *testing.T, step int, what string, err error) {
@@ -124,7 +239,7 @@ func envInt(t *testing.T, name string, def int) int {
 // randomState is a few services with endpoint counts that come and go, so
 // that the set of pick chains changes from one state to the next.
 func randomState(rng *rand.Rand) NodeState {
-	st := nodeState()
+	st := nodeState(stableService())
 	for i := range 3 + rng.IntN(6) {
 		st.Services[randomService(rng, i).Key] = randomService(rng, i)
 	}
