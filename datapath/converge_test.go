@@ -331,6 +331,9 @@ var damages = []struct {
 			"add chain ip weir stale_reader",
 			"add rule ip weir stale_reader ip daddr . meta l4proto . th dport vmap @"+idle.of(ipKind.frontends))
 	}},
+	{"both generation markers", func(t *testing.T, rng *rand.Rand) {
+		nft(t, "add chain ip weir "+kernelGeneration(t, "ip").other().marker())
+	}},
 	{"IPv6 fails after IPv4 switched", func(t *testing.T, rng *rand.Rand) {
 		// A rule in the IPv6 table refers to the map the next switch
 		// recreates: that family's sync fails, IPv4's goes through.
@@ -391,6 +394,7 @@ func canonicalTables(t *testing.T) []string {
 				fold["@"+name] = "@" + fold[name]
 			}
 			fold[g.comment()] = "weir generation G"
+			fold[g.marker()] = "generation_G"
 		}
 	}
 	var lines []string

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"sigs.k8s.io/knftables"
 )
@@ -190,7 +191,7 @@ func (d *Datapath) Forwarding(ctx context.Context) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, f := range d.families() {
-		if g, err := d.liveGeneration(ctx, f); err == nil && g != "" {
+		if chains, err := d.lister[f].List(ctx, "chain"); err == nil && liveGeneration(chains) != "" {
 			return true
 		}
 	}
@@ -333,10 +334,12 @@ func (d *Datapath) syncFamily(ctx context.Context, f *family, w *desired) error 
 // of step 4 leaves forwarding right and only litter, retried later.
 func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) error {
 	t := d.tables[f]
+	start := time.Now()
 	existing, err := d.existingObjects(ctx, f)
 	if err != nil {
 		return err
 	}
+	listed := time.Since(start)
 	next := t.gen.other()
 	picks := w.picks[f]
 
@@ -366,10 +369,13 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 		return err
 	}
 
+	prepared := time.Since(start)
+
 	// 2. Load.
 	if err := d.load(ctx, f, w.elems[f], next); err != nil {
 		return err
 	}
+	loaded := time.Since(start)
 
 	// 3. Switch.
 	tx = d.nft[f][0].NewTransaction()
@@ -392,6 +398,12 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 	for _, o := range w.objects[f] {
 		keep[o.name] = true
 	}
+	tx.Add(&knftables.Chain{Name: next.marker()})
+	keep[next.marker()] = true
+	if slices.Contains(existing.chains, next.other().marker()) {
+		tx.Delete(&knftables.Chain{Name: next.other().marker()})
+		existing.chains = slices.DeleteFunc(existing.chains, func(c string) bool { return c == next.other().marker() })
+	}
 	// Emptied now, so that nothing they hold refers to what goes next.
 	for _, name := range existing.chains {
 		if !keep[name] {
@@ -402,6 +414,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 		return fmt.Errorf("programming %s table %q: %w", f, TableName, err)
 	}
 	t.gen = next
+	switched := time.Since(start)
 
 	// 4. Delete: maps first (the old generation's verdict maps jump to
 	// chains that may go), then sets, then chains. Anonymous sets and
@@ -423,6 +436,8 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 		}
 	}
 	d.deleteObjects(ctx, f, gone)
+	d.cfg.Log.Debug("generation switched", "family", f.String(), "generation", string(next), "elements", len(w.elems[f]),
+		"listed", listed, "prepared", prepared, "loaded", loaded, "switched", switched, "deleted", time.Since(start))
 	return nil
 }
 
@@ -476,6 +491,7 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	for chain := range w.picks[f] {
 		tx.Add(&knftables.Chain{Name: chain})
 	}
+	tx.Add(&knftables.Chain{Name: g.marker()})
 	txs := map[*family]*knftables.Transaction{f: tx}
 	d.changeOwned(txs, nil, w.objects[f])
 	for _, c := range chains {
@@ -496,8 +512,8 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 }
 
 // writeChain (re)writes a fixed chain's rules. The rules of the chains
-// that read a generation carry its name as their comment: that is how a
-// restarted agent learns which generation forwards (liveGeneration).
+// that read a generation carry its name as their comment, for whoever
+// reads the ruleset.
 func writeChain(tx *knftables.Transaction, c chainSpec, g generation) {
 	tx.Flush(c.chain)
 	for _, r := range c.rules {
@@ -520,7 +536,7 @@ func (d *Datapath) existingObjects(ctx context.Context, f *family) (tableObjects
 	if !t.known {
 		return d.listObjects(ctx, f)
 	}
-	var objs tableObjects
+	objs := tableObjects{chains: []string{t.gen.marker()}}
 	for _, c := range tableChains(*f, d.cfg.MasqueradeMark, t.gen) {
 		objs.chains = append(objs.chains, c.chain.Name)
 	}
@@ -549,8 +565,8 @@ func (d *Datapath) existingObjects(ctx context.Context, f *family) (tableObjects
 }
 
 // listObjects lists the names of the family's objects (never their
-// contents, which is what makes a listing slow) and reads which generation
-// its chains forward with into the family's tableState, or fails with
+// contents, which is what makes a listing slow) and learns from them which
+// generation forwards, into the family's tableState, or fails with
 // errTableUnknown.
 func (d *Datapath) listObjects(ctx context.Context, f *family) (tableObjects, error) {
 	var objs tableObjects
@@ -574,10 +590,7 @@ func (d *Datapath) listObjects(ctx context.Context, f *family) (tableObjects, er
 		t.gen = genB // nothing forwards: load generation a
 		return objs, nil
 	}
-	g, err := d.liveGeneration(ctx, f)
-	if err != nil {
-		return objs, err
-	}
+	g := liveGeneration(objs.chains)
 	if g == "" {
 		return objs, errTableUnknown
 	}
@@ -585,35 +598,22 @@ func (d *Datapath) listObjects(ctx context.Context, f *family) (tableObjects, er
 	return objs, nil
 }
 
-// errTableUnknown: the table's chains name no generation (an older agent's
-// table, or one someone flushed), so the switch cannot tell which one to
-// leave alone; the table is rebuilt instead.
-var errTableUnknown = errors.New("the table's chains name no generation")
+// errTableUnknown: the table has no single generation marker (an older
+// agent's table, or one someone changed), so the switch cannot tell which
+// generation to leave alone; the table is rebuilt instead.
+var errTableUnknown = errors.New("the table names no live generation")
 
-// liveGeneration is the generation the table's services chain reads,
-// from the comment its rules carry, or "" when they do not agree on one.
-func (d *Datapath) liveGeneration(ctx context.Context, f *family) (generation, error) {
-	rules, err := d.nft[f][0].ListRules(ctx, "services")
-	if knftables.IsNotFound(err) {
-		return "", nil
+// liveGeneration is the generation whose marker chain is among chains, or
+// "" when neither or both are.
+func liveGeneration(chains []string) generation {
+	a, b := slices.Contains(chains, genA.marker()), slices.Contains(chains, genB.marker())
+	switch {
+	case a && !b:
+		return genA
+	case b && !a:
+		return genB
 	}
-	if err != nil {
-		return "", fmt.Errorf("reading the %s table's services chain: %w", f, err)
-	}
-	var g generation
-	for _, r := range rules {
-		var rg generation
-		for _, c := range []generation{genA, genB} {
-			if r.Comment != nil && *r.Comment == c.comment() {
-				rg = c
-			}
-		}
-		if rg == "" || (g != "" && rg != g) {
-			return "", nil
-		}
-		g = rg
-	}
-	return g, nil
+	return ""
 }
 
 func setName(obj knftables.Object) string {

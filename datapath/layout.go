@@ -161,8 +161,16 @@ func (g generation) other() generation {
 // of names a set or map of this generation.
 func (g generation) of(set string) string { return set + "_" + string(g) }
 
-// comment marks the rules that read this generation.
+// comment marks the rules that read this generation, for people reading
+// the ruleset.
 func (g generation) comment() string { return "weir generation " + string(g) }
+
+// marker names an empty chain that exists while this generation forwards:
+// the switching transaction replaces one marker with the other, so the
+// names of the table's chains (listed over netlink in milliseconds, where
+// reading rules through nft takes seconds on a large table) tell which
+// generation is live.
+func (g generation) marker() string { return "generation_" + string(g) }
 
 // ref is a rule's reference to a set or map of this generation.
 func (g generation) ref(set string) string { return "@" + g.of(set) }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -30,11 +31,12 @@ const insideEnv = "WEIR_BENCH_NETNS"
 func main() {
 	services := flag.Int("services", 10000, "services to program")
 	changes := flag.Int("changes", 200, "one-endpoint changes to time")
+	restarts := flag.Int("restarts", 10, "agent restarts to time (a new Datapath over the table, with one service changed meanwhile)")
 	flag.Parse()
 	if os.Getenv(insideEnv) == "" {
 		os.Exit(reexec())
 	}
-	if err := run(*services, *changes); err != nil {
+	if err := run(*services, *changes, *restarts); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -145,7 +147,15 @@ func service(i int) *datapath.Service {
 	return svc
 }
 
-func run(n, changes int) error {
+// debugLog shows the datapath's phases when WEIR_BENCH_DEBUG is set.
+var debugLog = func() *slog.Logger {
+	if os.Getenv("WEIR_BENCH_DEBUG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}()
+
+func run(n, changes, restarts int) error {
 	ctx := context.Background()
 	state := datapath.NodeState{
 		Node:     datapath.NodeInfo{Name: "bench", Addresses: []netip.Addr{addr4(192, 0, 2, 11)}, Registered: true},
@@ -155,7 +165,7 @@ func run(n, changes int) error {
 		s := service(i)
 		state.Services[s.Key] = s
 	}
-	dp, err := datapath.NewForNode(datapath.Config{})
+	dp, err := datapath.NewForNode(datapath.Config{Log: debugLog})
 	if err != nil {
 		return err
 	}
@@ -205,5 +215,27 @@ func run(n, changes int) error {
 		return err
 	}
 	fmt.Printf("adding one service:                  %v\n", time.Since(start).Round(10*time.Microsecond))
+
+	// A restarted agent: a new Datapath that finds the table, lists it,
+	// and loads the state (changed a little while it was away) into the
+	// other generation.
+	took = took[:0]
+	for r := range restarts {
+		state.Services[add.Key] = service(n + 2 + r)
+		start := time.Now()
+		dp, err = datapath.NewForNode(datapath.Config{Log: debugLog})
+		if err != nil {
+			return err
+		}
+		if err := dp.Apply(ctx, state); err != nil {
+			return err
+		}
+		took = append(took, time.Since(start))
+	}
+	if len(took) > 0 {
+		slices.Sort(took)
+		fmt.Printf("agent restart to converged (%d):     p50 %v  p99 %v  max %v\n", len(took),
+			took[len(took)/2].Round(time.Millisecond), took[len(took)*99/100].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+	}
 	return nil
 }
