@@ -31,11 +31,14 @@ import (
 	"github.com/weirlb/weir/test/weirlab"
 )
 
+var restartFlag *bool
+
 func main() {
 	services := flag.Int("services", 10000, "services (10 endpoints each)")
 	agents := flag.Int("agents", 500, "simulated agents")
 	changes := flag.Int("changes", 100, "single-endpoint changes to time")
 	minSync := flag.Duration("min-sync-period", 50*time.Millisecond, "the server's --min-sync-period")
+	restartFlag = flag.Bool("server-restart", true, "then run real agent syncers, restart the server and time their return")
 	flag.Parse()
 	if err := run(*services, *agents, *changes, *minSync); err != nil {
 		fmt.Fprintln(os.Stderr, "controlplane:", err)
@@ -127,10 +130,14 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 		return err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	srv := exec.Command(bin, "--insecure", "--data-dir", filepath.Join(dir, "data"), "--listen", addr,
-		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(mport), "--log-level", "warn", "--min-sync-period", minSync.String())
-	srv.Stderr = os.Stderr
-	if err := srv.Start(); err != nil {
+	startServer := func() (*exec.Cmd, error) {
+		srv := exec.Command(bin, "--insecure", "--data-dir", filepath.Join(dir, "data"), "--listen", addr,
+			"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(mport), "--log-level", "warn", "--min-sync-period", minSync.String())
+		srv.Stderr = os.Stderr
+		return srv, srv.Start()
+	}
+	srv, err := startServer()
+	if err != nil {
 		return err
 	}
 	defer func() { srv.Process.Kill(); srv.Wait() }()
@@ -198,6 +205,8 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	}
 
 	// Agents: each its own connection and stream.
+	agentsCtx, stopAgents := context.WithCancel(ctx)
+	defer stopAgents()
 	start = time.Now()
 	var all []*agent
 	for i := range nAgents {
@@ -210,7 +219,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 		defer c.Close()
 		go func() {
 			// run ends only with an error; the expected one is the end of the bench.
-			if err := a.run(ctx, c); ctx.Err() == nil && !strings.Contains(err.Error(), "closing") {
+			if err := a.run(agentsCtx, c); agentsCtx.Err() == nil && !strings.Contains(err.Error(), "closing") {
 				fmt.Fprintln(os.Stderr, a.name, err)
 			}
 		}()
@@ -265,6 +274,12 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 		nChanges, nAgents, minSync, q(50), q(99), lat[len(lat)-1].Round(100*time.Microsecond))
 	fmt.Printf("bytes per agent per change: median %d (the whole state is %d)\n", perChange[len(perChange)/2], all[0].full.Load())
 	fmt.Printf("server %s\n", memory(srv.Process.Pid))
+	if *restartFlag {
+		stopAgents()
+		if srv, err = measureServerRestart(ctx, addr, nAgents, srv, startServer); err != nil {
+			return err
+		}
+	}
 	if path := os.Getenv("WEIR_BENCH_HEAP_PROFILE"); path != "" {
 		out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", "-sample_index=inuse_space",
 			fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap", mport)).CombinedOutput()
