@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"time"
 
+	"google.golang.org/grpc"
+
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -34,7 +36,8 @@ func Follow(ctx context.Context, client weirv1.LoadBalancerTierServiceClient, s 
 func follow(ctx context.Context, client weirv1.LoadBalancerTierServiceClient, s *Speaker, connected func()) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := client.WatchTargets(ctx, &weirv1.WatchTargetsRequest{Speaker: s.cfg.Name})
+	// WaitForReady: back as soon as the server is (see agent/syncer).
+	stream, err := client.WatchTargets(ctx, &weirv1.WatchTargetsRequest{Speaker: s.cfg.Name}, grpc.WaitForReady(true))
 	if err != nil {
 		return err
 	}

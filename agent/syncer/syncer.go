@@ -215,7 +215,11 @@ func (s *Syncer) Run(ctx context.Context) error {
 func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := weirv1.NewAgentServiceClient(s.conn).Sync(ctx)
+	// WaitForReady: while the server is away the call waits for the
+	// connection (which the dialer retries every half second at most)
+	// instead of failing at once, so the stream is back as soon as the
+	// server is.
+	stream, err := weirv1.NewAgentServiceClient(s.conn).Sync(ctx, grpc.WaitForReady(true))
 	if err != nil {
 		return false, err
 	}

@@ -33,7 +33,8 @@ func Server(addr string, plain bool, files tlsconfig.Files) (*grpc.ClientConn, e
 }
 
 // Backoff is how often a component tries to reach a server that is away:
-// soon after it returns, never more than a second late. gRPC's default
+// soon after it returns, at most about half a second late. gRPC's default
 // grows to two minutes, which kept agents away ~15 s after a server
-// restart. The jitter spreads a rack's reconnections.
-var Backoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}
+// restart. The jitter spreads a rack's reconnections; a closed port costs
+// the server's host a reset per try.
+var Backoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond}
