@@ -262,7 +262,12 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 			return nil
 		}
 		fullReport = false
-		return stream.Send(reportToProto(r))
+		for _, part := range splitReport(reportToProto(r).GetReport(), ReportChunk) {
+			if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: part}}); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	// One timer: the retry of a failed apply when there is one, else the
 	// periodic resync.
@@ -457,6 +462,31 @@ type noObserver struct{}
 func (noObserver) Received(datapath.NodeState) {}
 func (noObserver) Applied(time.Duration)       {}
 func (noObserver) Report(bool) *health.Report  { return nil }
+
+// ReportChunk is the most services one report message carries, so that a
+// node with very many services never sends a message the server refuses
+// for its size (and then reconnects to send it again).
+const ReportChunk = 1000
+
+// splitReport cuts a report into messages of at most n services: the first
+// carries everything else (and replaces the server's record when full),
+// the rest only add services, and the last carries the removals.
+func splitReport(r *weirv1.Report, n int) []*weirv1.Report {
+	if len(r.GetServices()) <= n {
+		return []*weirv1.Report{r}
+	}
+	// r is the caller's own, new for this send: its first part is r itself.
+	services, removed := r.Services, r.RemovedServices
+	r.Services, r.RemovedServices = services[:n], nil
+	parts := []*weirv1.Report{r}
+	for rest := services[n:]; len(rest) > 0; {
+		k := min(n, len(rest))
+		parts = append(parts, &weirv1.Report{Services: rest[:k]})
+		rest = rest[k:]
+	}
+	parts[len(parts)-1].RemovedServices = removed
+	return parts
+}
 
 // reportToProto is the wire form of a health report.
 func reportToProto(r *health.Report) *weirv1.SyncRequest {

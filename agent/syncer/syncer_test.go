@@ -3,6 +3,7 @@ package syncer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"slices"
@@ -345,4 +346,31 @@ func TestSyncerJoinsAServiceSentInPieces(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestBigReportsGoInParts: a node with many services reports them in
+// messages of at most ReportChunk services that, applied in order as the
+// server does, give the whole report.
+func TestBigReportsGoInParts(t *testing.T) {
+	r := &weirv1.Report{Full: true, NodeHealth: &weirv1.NodeHealth{HealthzCode: 200}, RemovedServices: []string{"default/gone"}}
+	for i := range 2*ReportChunk + 5 {
+		r.Services = append(r.Services, &weirv1.ServiceHealth{Namespace: "default", Name: fmt.Sprintf("s%d", i)})
+	}
+	parts := splitReport(r, ReportChunk)
+	if len(parts) != 3 || !parts[0].GetFull() || parts[0].GetNodeHealth() == nil || parts[1].GetFull() || parts[2].GetFull() {
+		t.Fatalf("%d parts; want 3, only the first full and with the node's health", len(parts))
+	}
+	seen := 0
+	for i, p := range parts {
+		if len(p.GetServices()) > ReportChunk {
+			t.Errorf("part %d has %d services", i, len(p.GetServices()))
+		}
+		seen += len(p.GetServices())
+		if (len(p.GetRemovedServices()) > 0) != (i == len(parts)-1) {
+			t.Errorf("part %d removals %v; want them in the last part only", i, p.GetRemovedServices())
+		}
+	}
+	if seen != 2*ReportChunk+5 {
+		t.Errorf("parts hold %d services, want %d", seen, 2*ReportChunk+5)
+	}
 }
