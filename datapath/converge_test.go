@@ -324,27 +324,31 @@ var damages = []struct {
 			"add rule ip weir svc-ABCDEF jump old_pick")
 	}},
 	{"both generations, the idle one referenced", func(t *testing.T, rng *rand.Rand) {
-		// The idle generation filled and a chain left reading it: the
-		// next switch must not trip over it.
-		idle := kernelGeneration(t, "ip").other()
-		nft(t, "add map ip weir "+idle.of(ipKind.frontends)+" { type ipv4_addr . inet_proto . inet_service : verdict ; }",
-			"add chain ip weir stale_reader",
-			"add rule ip weir stale_reader ip daddr . meta l4proto . th dport vmap @"+idle.of(ipKind.frontends))
+		holdIdleFrontends(t, "ip")
 	}},
 	{"both generation markers", func(t *testing.T, rng *rand.Rand) {
 		nft(t, "add chain ip weir "+kernelGeneration(t, "ip").other().marker())
 	}},
 	{"IPv6 fails after IPv4 switched", func(t *testing.T, rng *rand.Rand) {
-		// A rule in the IPv6 table refers to the map the next switch
-		// recreates: that family's sync fails, IPv4's goes through.
-		idle := kernelGeneration(t, "ip6").other()
-		nft(t, "add map ip6 weir "+idle.of(ipKind.frontends)+" { type ipv6_addr . inet_proto . inet_service : verdict ; }",
-			"add chain ip6 weir holder",
-			"add rule ip6 weir holder ip6 daddr . meta l4proto . th dport vmap @"+idle.of(ipKind.frontends))
+		// The IPv6 switch cannot recreate the map a rule holds; IPv4's
+		// goes through.
+		holdIdleFrontends(t, "ip6")
 	}},
 	{"delete elements", func(t *testing.T, rng *rand.Rand) {
 		nft(t, "flush map ip weir "+kernelGeneration(t, "ip").of(ipKind.frontends))
 	}},
+}
+
+// holdIdleFrontends fills the family's idle generation's frontends map and
+// leaves a chain reading it: the next switch, which recreates that map,
+// must not trip over it.
+func holdIdleFrontends(t *testing.T, family string) {
+	t.Helper()
+	idle := kernelGeneration(t, family).other().of(ipKind.frontends)
+	addr := map[string]string{"ip": "ipv4_addr", "ip6": "ipv6_addr"}[family]
+	nft(t, "add map "+family+" weir "+idle+" { type "+addr+" . inet_proto . inet_service : verdict ; }",
+		"add chain "+family+" weir stale_reader",
+		"add rule "+family+" weir stale_reader "+family+" daddr . meta l4proto . th dport vmap @"+idle)
 }
 
 // kernelGeneration is the generation the family's services chain reads,

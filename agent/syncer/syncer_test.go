@@ -203,16 +203,23 @@ func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {
 	<-done
 }
 
-func TestSyncerAppliesAStateSentInParts(t *testing.T) {
+// runSyncer runs a syncer for node1 against a scripted server until the
+// test ends, and returns what it applies and its first stream.
+func runSyncer(t *testing.T) (*fakeApplier, weirv1.AgentService_SyncServer) {
+	t.Helper()
 	ss, conn := startScripted(t)
 	dp := &fakeApplier{}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	s := New(Config{NodeName: "node1"}, conn, dp, nil, slog.New(slog.DiscardHandler))
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 	<-ss.hellos
-	stream := <-ss.streams
+	return dp, <-ss.streams
+}
+
+func TestSyncerAppliesAStateSentInParts(t *testing.T) {
+	dp, stream := runSyncer(t)
 	for _, m := range []*weirv1.SyncResponse{
 		{Version: 3, Full: true, Upserts: []*weirv1.NodeService{svc("a", "10.96.0.1")}, More: true},
 		{Version: 3, Upserts: []*weirv1.NodeService{svc("b", "10.96.0.2")}, More: true},
@@ -231,8 +238,6 @@ func TestSyncerAppliesAStateSentInParts(t *testing.T) {
 	if applies != 1 || n != 3 {
 		t.Errorf("applied %d times, last with %d services; want once, with all 3", applies, n)
 	}
-	cancel()
-	<-done
 }
 
 // TestSyncerIsBackSoonAfterTheServerReturns: with the dialer and backoff
@@ -297,15 +302,7 @@ func TestSyncerIsBackSoonAfterTheServerReturns(t *testing.T) {
 // the endpoints; the agent applies the union. A later version that carries
 // the service again replaces it.
 func TestSyncerJoinsAServiceSentInPieces(t *testing.T) {
-	ss, conn := startScripted(t)
-	dp := &fakeApplier{}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	s := New(Config{NodeName: "node1"}, conn, dp, nil, slog.New(slog.DiscardHandler))
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	<-ss.hellos
-	stream := <-ss.streams
+	dp, stream := runSyncer(t)
 	piece := func(addrs ...string) *weirv1.NodeService {
 		p := svc("big", "10.96.0.50")
 		for _, a := range addrs {
@@ -344,8 +341,6 @@ func TestSyncerJoinsAServiceSentInPieces(t *testing.T) {
 	if got, want := endpoints(), []string{"10.244.1.9"}; !slices.Equal(got, want) {
 		t.Errorf("the next version's service: endpoints %v, want %v", got, want)
 	}
-	cancel()
-	<-done
 }
 
 // TestBigReportsGoInParts: a node with many services reports them in
