@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
@@ -864,5 +865,114 @@ func TestListsArePaged(t *testing.T) {
 	nodes, err := weirv1.NewStatusServiceClient(ts.Conn).ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{PageSize: 1})
 	if err != nil || len(nodes.GetNodes()) > 1 {
 		t.Errorf("node statuses with page size 1: %v, %v", nodes, err)
+	}
+}
+
+// TestWaitProgrammedTellsWhenEveryNodeHasAWrite: a write's revision is
+// programmed on a node once the node has applied everything up to it that
+// concerns it; a change that concerns one node only counts on the others
+// at once. WaitProgrammed returns when every connected node is through the
+// revision, names the nodes that are not and why, and returns at once when
+// a node refused it.
+func TestWaitProgrammedTellsWhenEveryNodeHasAWrite(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := weirv1.NewStatusServiceClient(ts.Conn)
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
+		t.Fatal(err)
+	}
+	agents := map[string]*agentStream{}
+	for _, n := range []string{"node1", "node2"} {
+		agents[n] = connectAgent(t, ctx, ts, n, 0)
+		agents[n].ack(agents[n].recv().GetVersion())
+	}
+	wait := func(rev uint64, timeout time.Duration) *weirv1.WaitProgrammedResponse {
+		t.Helper()
+		r, err := st.WaitProgrammed(ctx, &weirv1.WaitProgrammedRequest{Revision: rev, Timeout: durationpb.New(timeout)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	reason := func(r *weirv1.WaitProgrammedResponse, node string) string {
+		for _, n := range r.GetNodes() {
+			if n.GetName() == node {
+				return n.GetReason()
+			}
+		}
+		return "(not listed)"
+	}
+
+	// node1's zone changes: only node1 is sent anything.
+	got, err := ts.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: "node1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := got.GetNode()
+	n.Zone = "a"
+	upd, err := ts.Registry.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, _ := strconv.ParseUint(upd.GetNode().GetMetadata().GetResourceVersion(), 10, 64)
+	if r := wait(rev, 300*time.Millisecond); r.GetProgrammed() || reason(r, "node1") != "applying" {
+		t.Errorf("before node1 applied: %v; want not programmed, node1 applying", r)
+	}
+	agents["node1"].ack(agents["node1"].recv().GetVersion())
+	if r := wait(rev, 5*time.Second); !r.GetProgrammed() || reason(r, "node2") != "" {
+		t.Errorf("after node1 applied: %v; want programmed everywhere (node2 was sent nothing)", r)
+	}
+
+	// node1 refuses the next write: WaitProgrammed says so without
+	// waiting for its timeout.
+	del, err := ts.Registry.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: "default", Name: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, _ = strconv.ParseUint(del.GetResourceVersion(), 10, 64)
+	if rev == 0 {
+		t.Fatalf("a delete returned revision %q", del.GetResourceVersion())
+	}
+	m := agents["node1"].recv()
+	if err := agents["node1"].stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Nack{Nack: &weirv1.Nack{Version: m.GetVersion(), Error: "nft says no"}}}); err != nil {
+		t.Fatal(err)
+	}
+	agents["node2"].ack(agents["node2"].recv().GetVersion())
+	start := time.Now()
+	r := wait(rev, 10*time.Second)
+	if r.GetProgrammed() || !strings.Contains(reason(r, "node1"), "nft says no") || time.Since(start) > 5*time.Second {
+		t.Errorf("after node1 refused: %v after %v; want not programmed, node1's error named, at once", r, time.Since(start))
+	}
+
+	// A drain returns its revision too; it concerns node1 only.
+	drain, err := ts.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: "node1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, _ = strconv.ParseUint(drain.GetResourceVersion(), 10, 64)
+	agents["node1"].ack(agents["node1"].recv().GetVersion())
+	if r := wait(rev, 5*time.Second); !r.GetProgrammed() {
+		t.Errorf("after node1 applied its drain: %v; want programmed", r)
+	}
+
+	// A disconnected node does not hold a wait up, and is named.
+	agents["node2"].stream.CloseSend()
+	again := validService()
+	again.Metadata.Name = "again"
+	created, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: again})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, _ = strconv.ParseUint(created.GetService().GetMetadata().GetResourceVersion(), 10, 64)
+	agents["node1"].ack(agents["node1"].recv().GetVersion())
+	deadline := time.Now().Add(5 * time.Second)
+	for r = wait(rev, time.Second); reason(r, "node2") != "not connected" && time.Now().Before(deadline); r = wait(rev, time.Second) {
+	}
+	if !r.GetProgrammed() || reason(r, "node2") != "not connected" {
+		t.Errorf("node2 gone, node1 applied the write: %v; want programmed, node2 not connected", r)
+	}
+	if _, err := st.WaitProgrammed(ctx, &weirv1.WaitProgrammedRequest{}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "revision") {
+		t.Errorf("no revision: %v; want InvalidArgument naming revision", err)
 	}
 }

@@ -106,6 +106,10 @@ const DefaultRemovalLogLimit = 100000
 type sentState struct {
 	version atomic.Uint64
 	node    *weirv1.NodeInfo
+	// covered is the cache version the last full state or delta was
+	// worked out at: every change up to it that concerns the node was in
+	// what was sent (or concerned it not at all).
+	covered uint64
 }
 
 // New returns a hub fed by reg's changes; Run must be running for agents to
@@ -259,15 +263,17 @@ func (h *Hub) apply() {
 	for name := range nodes {
 		h.nodes[name] = newNodes[name]
 	}
-	h.cacheMu.Unlock()
-	h.metrics.version.Set(float64(version))
-
+	// The sessions are marked before the cache's lock is released: a
+	// session that takes its marks under that lock knows its delta covers
+	// exactly the batches up to the cache's version.
 	keys := slices.Collect(maps.Keys(services))
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	for _, s := range h.sessions {
 		s.mark(keys, nodes[s.node], since)
 	}
+	h.mu.Unlock()
+	h.cacheMu.Unlock()
+	h.metrics.version.Set(float64(version))
 }
 
 // oldestSent is the lowest version any connected session has been sent; 0
@@ -447,6 +453,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 			}
 			h.sent(st, msg, kind)
 		}
+		h.cover(st, sent.covered)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -458,8 +465,10 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 			return nil
 		case <-s.wake:
 		}
+		h.cacheMu.RLock()
 		services, nodeDirty, since := s.take()
-		msg, kind = h.delta(node, services, nodeDirty, sent), "delta"
+		msg, kind = h.deltaLocked(node, services, nodeDirty, sent), "delta"
+		h.cacheMu.RUnlock()
 		if msg != nil && !since.IsZero() {
 			inflight.add(msg.GetVersion(), since)
 		}
@@ -570,6 +579,17 @@ func (h *Hub) sent(st *NodeStatus, msg *weirv1.SyncResponse, kind string) {
 	h.mu.Unlock()
 }
 
+// cover records that the node has been sent everything that concerns it up
+// to the cache version covered.
+func (h *Hub) cover(st *NodeStatus, covered uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if covered > st.Covered {
+		st.Covered = covered
+		h.statusChanged()
+	}
+}
+
 // statusChanged wakes the status watchers. Called with h.mu held.
 func (h *Hub) statusChanged() {
 	close(h.changed)
@@ -624,20 +644,16 @@ func (h *Hub) full(node string, sent *sentState) *weirv1.SyncResponse {
 		msg.Upserts = append(msg.Upserts, h.services[k].msg)
 	}
 	sent.version.Store(msg.Version)
-	sent.node = msg.Node
+	sent.node, sent.covered = msg.Node, h.version
 	return msg
 }
 
-// delta is what changed for node since sent.version among keys (all keys
-// when nil), or nil when nothing did; it records it as sent.
-func (h *Hub) delta(node string, keys []string, nodeDirty bool, sent *sentState) *weirv1.SyncResponse {
-	h.cacheMu.RLock()
-	defer h.cacheMu.RUnlock()
-	return h.deltaLocked(node, keys, nodeDirty, sent)
-}
-
+// deltaLocked is what changed for node since sent.version among keys (all
+// keys when nil), or nil when nothing did; it records it as sent. Called
+// with cacheMu held.
 func (h *Hub) deltaLocked(node string, keys []string, nodeDirty bool, sent *sentState) *weirv1.SyncResponse {
 	msg := &weirv1.SyncResponse{Version: h.version}
+	sent.covered = h.version
 	from := sent.version.Load()
 	if nodeDirty {
 		if ni := h.nodeInfo(node); !proto.Equal(ni, sent.node) {

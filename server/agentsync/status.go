@@ -12,6 +12,9 @@ type NodeStatus struct {
 	Connected      bool
 	SentVersion    uint64
 	AppliedVersion uint64
+	// Covered is the cache version up to which the node has been sent
+	// every change that concerns it.
+	Covered uint64
 	// LastError is the agent's last NACK, cleared by the next ACK.
 	LastError        string
 	LastErrorVersion uint64
@@ -26,6 +29,17 @@ type NodeStatus struct {
 	BGPSessions []*weirv1.BgpSession
 	// BGPAnnouncements are what the node's speaker announces, by prefix.
 	BGPAnnouncements []*weirv1.BgpAnnouncement
+}
+
+// ProgrammedVersion is the highest store revision such that everything up
+// to it that concerns the node is applied in its kernel: what the agent
+// acknowledged, or, once it has acknowledged everything it was sent, what
+// that covered.
+func (s NodeStatus) ProgrammedVersion() uint64 {
+	if s.AppliedVersion >= s.SentVersion {
+		return max(s.AppliedVersion, s.Covered)
+	}
+	return s.AppliedVersion
 }
 
 // NodeHealth is a node's own health answers (port 10256).

@@ -129,15 +129,20 @@ func (r resource[T, P]) list(namespace, selector string, pg pageRequest) ([]P, s
 	return out, strconv.FormatUint(rev, 10), next, nil
 }
 
-func (r resource[T, P]) delete(namespace, name, resourceVersion string) error {
+// delete deletes one object and returns the revision of the deletion.
+func (r resource[T, P]) delete(namespace, name, resourceVersion string) (string, error) {
 	var rv uint64
 	if resourceVersion != "" {
 		var err error
 		if rv, err = strconv.ParseUint(resourceVersion, 10, 64); err != nil {
-			return status.Errorf(codes.InvalidArgument, "resource_version: %q is not a resource version", resourceVersion)
+			return "", status.Errorf(codes.InvalidArgument, "resource_version: %q is not a resource version", resourceVersion)
 		}
 	}
-	return Status("", r.coll.Delete(key(namespace, name), rv, model.SourceNative))
+	rev, err := r.coll.Delete(key(namespace, name), rv, model.SourceNative)
+	if err != nil {
+		return "", Status("", err)
+	}
+	return strconv.FormatUint(rev, 10), nil
 }
 
 // watch streams the initial state, a SYNCED marker, then every change.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"strconv"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
@@ -70,7 +71,8 @@ func (s *RegistryService) UpdateBgpPeer(_ context.Context, req *weirv1.UpdateBgp
 }
 
 func (s *RegistryService) DeleteBgpPeer(_ context.Context, req *weirv1.DeleteBgpPeerRequest) (*weirv1.DeleteBgpPeerResponse, error) {
-	return &weirv1.DeleteBgpPeerResponse{}, s.peers.delete("", req.GetName(), req.GetResourceVersion())
+	rv, err := s.peers.delete("", req.GetName(), req.GetResourceVersion())
+	return &weirv1.DeleteBgpPeerResponse{ResourceVersion: rv}, err
 }
 
 func (s *RegistryService) CreateAddressPool(_ context.Context, req *weirv1.CreateAddressPoolRequest) (*weirv1.CreateAddressPoolResponse, error) {
@@ -94,23 +96,24 @@ func (s *RegistryService) UpdateAddressPool(_ context.Context, req *weirv1.Updat
 }
 
 func (s *RegistryService) DeleteAddressPool(_ context.Context, req *weirv1.DeleteAddressPoolRequest) (*weirv1.DeleteAddressPoolResponse, error) {
-	return &weirv1.DeleteAddressPoolResponse{}, s.pools.delete("", req.GetName(), req.GetResourceVersion())
+	rv, err := s.pools.delete("", req.GetName(), req.GetResourceVersion())
+	return &weirv1.DeleteAddressPoolResponse{ResourceVersion: rv}, err
 }
 
 func (s *RegistryService) DrainNode(_ context.Context, req *weirv1.DrainNodeRequest) (*weirv1.DrainNodeResponse, error) {
-	n, err := s.reg.SetDrained(req.GetName(), true)
+	n, rev, err := s.reg.SetDrained(req.GetName(), true)
 	if err != nil {
 		return nil, Status("", err)
 	}
-	return &weirv1.DrainNodeResponse{Node: s.nodes.to(n)}, nil
+	return &weirv1.DrainNodeResponse{Node: s.nodes.to(n), ResourceVersion: strconv.FormatUint(rev, 10)}, nil
 }
 
 func (s *RegistryService) UncordonNode(_ context.Context, req *weirv1.UncordonNodeRequest) (*weirv1.UncordonNodeResponse, error) {
-	n, err := s.reg.SetDrained(req.GetName(), false)
+	n, rev, err := s.reg.SetDrained(req.GetName(), false)
 	if err != nil {
 		return nil, Status("", err)
 	}
-	return &weirv1.UncordonNodeResponse{Node: s.nodes.to(n)}, nil
+	return &weirv1.UncordonNodeResponse{Node: s.nodes.to(n), ResourceVersion: strconv.FormatUint(rev, 10)}, nil
 }
 
 func (s *RegistryService) CreateService(_ context.Context, req *weirv1.CreateServiceRequest) (*weirv1.CreateServiceResponse, error) {
@@ -134,7 +137,8 @@ func (s *RegistryService) UpdateService(_ context.Context, req *weirv1.UpdateSer
 }
 
 func (s *RegistryService) DeleteService(_ context.Context, req *weirv1.DeleteServiceRequest) (*weirv1.DeleteServiceResponse, error) {
-	return &weirv1.DeleteServiceResponse{}, s.services.delete(req.GetNamespace(), req.GetName(), req.GetResourceVersion())
+	rv, err := s.services.delete(req.GetNamespace(), req.GetName(), req.GetResourceVersion())
+	return &weirv1.DeleteServiceResponse{ResourceVersion: rv}, err
 }
 
 func (s *RegistryService) WatchServices(req *weirv1.WatchServicesRequest, stream weirv1.RegistryService_WatchServicesServer) error {
@@ -164,7 +168,8 @@ func (s *RegistryService) UpdateEndpointSlice(_ context.Context, req *weirv1.Upd
 }
 
 func (s *RegistryService) DeleteEndpointSlice(_ context.Context, req *weirv1.DeleteEndpointSliceRequest) (*weirv1.DeleteEndpointSliceResponse, error) {
-	return &weirv1.DeleteEndpointSliceResponse{}, s.endpoints.delete(req.GetNamespace(), req.GetName(), req.GetResourceVersion())
+	rv, err := s.endpoints.delete(req.GetNamespace(), req.GetName(), req.GetResourceVersion())
+	return &weirv1.DeleteEndpointSliceResponse{ResourceVersion: rv}, err
 }
 
 func (s *RegistryService) WatchEndpointSlices(req *weirv1.WatchEndpointSlicesRequest, stream weirv1.RegistryService_WatchEndpointSlicesServer) error {
@@ -194,7 +199,8 @@ func (s *RegistryService) UpdateNode(_ context.Context, req *weirv1.UpdateNodeRe
 }
 
 func (s *RegistryService) DeleteNode(_ context.Context, req *weirv1.DeleteNodeRequest) (*weirv1.DeleteNodeResponse, error) {
-	return &weirv1.DeleteNodeResponse{}, s.nodes.delete("", req.GetName(), req.GetResourceVersion())
+	rv, err := s.nodes.delete("", req.GetName(), req.GetResourceVersion())
+	return &weirv1.DeleteNodeResponse{ResourceVersion: rv}, err
 }
 
 func (s *RegistryService) WatchNodes(req *weirv1.WatchNodesRequest, stream weirv1.RegistryService_WatchNodesServer) error {

@@ -2,11 +2,14 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -71,6 +74,66 @@ func (s *StatusService) ListNodeStatuses(_ context.Context, req *weirv1.ListNode
 	return &weirv1.ListNodeStatusesResponse{Nodes: nodes, NextPageToken: next}, err
 }
 
+// WaitProgrammed's default and longest waits.
+const (
+	WaitProgrammedDefault = 30 * time.Second
+	WaitProgrammedMax     = 10 * time.Minute
+)
+
+func (s *StatusService) WaitProgrammed(ctx context.Context, req *weirv1.WaitProgrammedRequest) (*weirv1.WaitProgrammedResponse, error) {
+	rev := req.GetRevision()
+	if rev == 0 {
+		return nil, status.Error(codes.InvalidArgument, "revision: required (the resource_version a write returned)")
+	}
+	timeout := WaitProgrammedDefault
+	if t := req.GetTimeout(); t != nil {
+		if err := t.CheckValid(); err != nil || t.AsDuration() < 0 {
+			return nil, status.Error(codes.InvalidArgument, "timeout: must be a duration of 0 or more")
+		}
+		if d := t.AsDuration(); d > 0 {
+			timeout = min(d, WaitProgrammedMax)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		changed := s.hub.StatusChanged()
+		resp, settled := progress(s.statuses(), rev)
+		if settled {
+			return resp, nil
+		}
+		select {
+		case <-ctx.Done():
+			return resp, nil
+		case <-changed:
+		}
+	}
+}
+
+// progress says where every node stands toward revision rev, and whether
+// waiting longer can change the answer: it cannot once every connected
+// node is through rev or has refused a state that holds it.
+func progress(statuses []agentsync.NodeStatus, rev uint64) (*weirv1.WaitProgrammedResponse, bool) {
+	resp := &weirv1.WaitProgrammedResponse{Programmed: true}
+	settled := true
+	for _, n := range statuses {
+		p := &weirv1.NodeProgress{Name: n.Node, Connected: n.Connected, ProgrammedVersion: n.ProgrammedVersion()}
+		switch {
+		case p.ProgrammedVersion >= rev:
+		case !n.Connected:
+			p.Reason = "not connected"
+		case n.LastError != "" && n.LastErrorVersion >= rev:
+			p.Reason = fmt.Sprintf("refused version %d: %s", n.LastErrorVersion, n.LastError)
+			resp.Programmed = false
+		default:
+			p.Reason = "applying"
+			resp.Programmed, settled = false, false
+		}
+		resp.Nodes = append(resp.Nodes, p)
+	}
+	return resp, settled
+}
+
 // WatchStatusPeriod is the least time between two statuses sent to a
 // watcher: a burst of reports becomes one message.
 const WatchStatusPeriod = 100 * time.Millisecond
@@ -107,7 +170,8 @@ func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 	for _, n := range s.statuses() {
 		out = append(out, &weirv1.NodeStatus{
 			Name: n.Node, Connected: n.Connected, SentVersion: n.SentVersion, AppliedVersion: n.AppliedVersion,
-			LastError: n.LastError, LastErrorVersion: n.LastErrorVersion, LastSeen: timestamp(n.LastSeen),
+			ProgrammedVersion: n.ProgrammedVersion(),
+			LastError:         n.LastError, LastErrorVersion: n.LastErrorVersion, LastSeen: timestamp(n.LastSeen),
 			Health: &weirv1.NodeHealth{
 				HealthzCode: int32(n.Health.HealthzCode), LivezCode: int32(n.Health.LivezCode),
 				LastUpdated: timestamp(n.Health.LastUpdated), NodeEligible: n.Health.NodeEligible,

@@ -182,9 +182,9 @@ func put[T model.Object](c *registry.Collection[T], obj T) error {
 
 // delete removes a resource the kubernetes source owns.
 func (s *Source) delete(c interface {
-	Delete(string, uint64, string) error
+	Delete(string, uint64, string) (uint64, error)
 }, key string) error {
-	err := c.Delete(key, 0, model.SourceKubernetes)
+	_, err := c.Delete(key, 0, model.SourceKubernetes)
 	if errors.Is(err, registry.ErrNotFound) {
 		return nil
 	}

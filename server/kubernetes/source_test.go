@@ -212,7 +212,7 @@ func TestSourceMirrorsTheCluster(t *testing.T) {
 	if _, err := reg.Services.Update(&clash); !errors.Is(err, registry.ErrInUse) {
 		t.Errorf("native update of a kubernetes service: %v; want ErrInUse", err)
 	}
-	if err := reg.Services.Delete("shop/web", 0, model.SourceNative); !errors.Is(err, registry.ErrInUse) {
+	if _, err := reg.Services.Delete("shop/web", 0, model.SourceNative); !errors.Is(err, registry.ErrInUse) {
 		t.Errorf("native delete of a kubernetes service: %v; want ErrInUse", err)
 	}
 

@@ -114,27 +114,29 @@ func (c *Collection[T]) update(obj T, dryRun bool) (T, error) {
 	return obj, nil
 }
 
-// Delete removes a resource that source owns (any source when empty). A
-// non-zero resourceVersion must match.
-func (c *Collection[T]) Delete(key string, resourceVersion uint64, source string) error {
+// Delete removes a resource that source owns (any source when empty) and
+// returns the revision of the deletion. A non-zero resourceVersion must
+// match.
+func (c *Collection[T]) Delete(key string, resourceVersion uint64, source string) (uint64, error) {
 	c.r.mu.Lock()
 	defer c.r.mu.Unlock()
 	old, ok := c.items[key]
 	if !ok {
-		return fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
+		return 0, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
 	}
 	if src := old.GetMeta().Source; source != "" && src != source {
-		return fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, src, ErrInUse)
+		return 0, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, src, ErrInUse)
 	}
 	if rv := old.GetMeta().ResourceVersion; resourceVersion != 0 && resourceVersion != rv {
-		return fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, rv, resourceVersion, ErrConflict)
+		return 0, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, rv, resourceVersion, ErrConflict)
 	}
-	if _, err := c.r.commit(c.kind, key, nil, old); err != nil {
-		return err
+	rev, err := c.r.commit(c.kind, key, nil, old)
+	if err != nil {
+		return 0, err
 	}
 	delete(c.items, key)
 	c.notify(Deleted, old)
-	return nil
+	return rev, nil
 }
 
 // Get returns one resource.

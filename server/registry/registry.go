@@ -101,13 +101,15 @@ func Open(st *store.Store) (*Registry, error) {
 
 const drainsKind = "drains"
 
-// SetDrained drains a node (it takes no new external traffic) or undoes it.
-func (r *Registry) SetDrained(node string, drained bool) (*model.Node, error) {
+// SetDrained drains a node (it takes no new external traffic) or undoes it,
+// and returns the node and the revision that holds the change (the current
+// one when the node was already so).
+func (r *Registry) SetDrained(node string, drained bool) (*model.Node, uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n, ok := r.Nodes.items[node]
 	if !ok {
-		return nil, fmt.Errorf("nodes %s: %w", node, ErrNotFound)
+		return nil, 0, fmt.Errorf("nodes %s: %w", node, ErrNotFound)
 	}
 	if r.drained[node] != drained {
 		op := store.Op{Kind: drainsKind, Key: node}
@@ -116,7 +118,7 @@ func (r *Registry) SetDrained(node string, drained bool) (*model.Node, error) {
 		}
 		rev, err := r.store.Commit(op)
 		if err != nil {
-			return nil, fmt.Errorf("persisting the drain of %s: %w", node, err)
+			return nil, 0, fmt.Errorf("persisting the drain of %s: %w", node, err)
 		}
 		r.rev = rev
 		if drained {
@@ -129,7 +131,7 @@ func (r *Registry) SetDrained(node string, drained bool) (*model.Node, error) {
 		}
 		r.Nodes.notify(Modified, n) // watchers see the drain too
 	}
-	return r.withDrain(n), nil
+	return r.withDrain(n), r.rev, nil
 }
 
 // Drained reports whether an operator drained the node.

@@ -124,7 +124,7 @@ func sync[T model.Object](c *registry.Collection[T], want []T) error {
 	all, _ := c.List("", nil)
 	for _, old := range all {
 		if key := old.GetMeta().Key(); old.GetMeta().Source == model.SourceFile && !keep[key] {
-			if err := c.Delete(key, 0, model.SourceFile); err != nil && !errors.Is(err, registry.ErrNotFound) {
+			if _, err := c.Delete(key, 0, model.SourceFile); err != nil && !errors.Is(err, registry.ErrNotFound) {
 				errs = append(errs, err)
 			}
 		}

@@ -568,9 +568,12 @@ func (x *DeleteServiceRequest) GetResourceVersion() string {
 }
 
 type DeleteServiceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The store revision the deletion produced: StatusService.WaitProgrammed
+	// tells when every node forwards without it.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DeleteServiceResponse) Reset() {
@@ -601,6 +604,13 @@ func (x *DeleteServiceResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DeleteServiceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteServiceResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DeleteServiceResponse) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
 }
 
 type WatchServicesRequest struct {
@@ -1201,9 +1211,12 @@ func (x *DeleteEndpointSliceRequest) GetResourceVersion() string {
 }
 
 type DeleteEndpointSliceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The store revision the deletion produced: StatusService.WaitProgrammed
+	// tells when every node forwards without it.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DeleteEndpointSliceResponse) Reset() {
@@ -1234,6 +1247,13 @@ func (x *DeleteEndpointSliceResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DeleteEndpointSliceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteEndpointSliceResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *DeleteEndpointSliceResponse) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
 }
 
 type WatchEndpointSlicesRequest struct {
@@ -1809,9 +1829,12 @@ func (x *DeleteNodeRequest) GetResourceVersion() string {
 }
 
 type DeleteNodeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The store revision the deletion produced: StatusService.WaitProgrammed
+	// tells when every node forwards without it.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DeleteNodeResponse) Reset() {
@@ -1842,6 +1865,13 @@ func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DeleteNodeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteNodeResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DeleteNodeResponse) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
 }
 
 type WatchNodesRequest struct {
@@ -1987,10 +2017,12 @@ func (x *DrainNodeRequest) GetName() string {
 }
 
 type DrainNodeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// The store revision the change produced (see DeleteServiceResponse).
+	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DrainNodeResponse) Reset() {
@@ -2028,6 +2060,13 @@ func (x *DrainNodeResponse) GetNode() *Node {
 		return x.Node
 	}
 	return nil
+}
+
+func (x *DrainNodeResponse) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
 }
 
 type UncordonNodeRequest struct {
@@ -2075,10 +2114,12 @@ func (x *UncordonNodeRequest) GetName() string {
 }
 
 type UncordonNodeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// The store revision the change produced (see DeleteServiceResponse).
+	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *UncordonNodeResponse) Reset() {
@@ -2116,6 +2157,13 @@ func (x *UncordonNodeResponse) GetNode() *Node {
 		return x.Node
 	}
 	return nil
+}
+
+func (x *UncordonNodeResponse) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
 }
 
 type CreateAddressPoolRequest struct {
@@ -2561,9 +2609,12 @@ func (x *DeleteAddressPoolRequest) GetResourceVersion() string {
 }
 
 type DeleteAddressPoolResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The store revision the deletion produced: StatusService.WaitProgrammed
+	// tells when every node forwards without it.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DeleteAddressPoolResponse) Reset() {
@@ -2594,6 +2645,13 @@ func (x *DeleteAddressPoolResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DeleteAddressPoolResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAddressPoolResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *DeleteAddressPoolResponse) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
 }
 
 type CreateBgpPeerRequest struct {
@@ -3039,9 +3097,12 @@ func (x *DeleteBgpPeerRequest) GetResourceVersion() string {
 }
 
 type DeleteBgpPeerResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The store revision the deletion produced: StatusService.WaitProgrammed
+	// tells when every node forwards without it.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DeleteBgpPeerResponse) Reset() {
@@ -3072,6 +3133,13 @@ func (x *DeleteBgpPeerResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DeleteBgpPeerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBgpPeerResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *DeleteBgpPeerResponse) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
 }
 
 var File_weir_v1_registry_proto protoreflect.FileDescriptor
@@ -3107,8 +3175,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x14DeleteServiceRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"\x17\n" +
-	"\x15DeleteServiceResponse\"[\n" +
+	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"B\n" +
+	"\x15DeleteServiceResponse\x12)\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"[\n" +
 	"\x14WatchServicesRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"p\n" +
@@ -3143,8 +3212,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x1aDeleteEndpointSliceRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"\x1d\n" +
-	"\x1bDeleteEndpointSliceResponse\"a\n" +
+	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"H\n" +
+	"\x1bDeleteEndpointSliceResponse\x12)\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"a\n" +
 	"\x1aWatchEndpointSlicesRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"\x89\x01\n" +
@@ -3176,21 +3246,24 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"X\n" +
 	"\x11DeleteNodeRequest\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersionJ\x04\b\x01\x10\x02\"\x14\n" +
-	"\x12DeleteNodeResponse\"@\n" +
+	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersionJ\x04\b\x01\x10\x02\"?\n" +
+	"\x12DeleteNodeResponse\x12)\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"@\n" +
 	"\x11WatchNodesRequest\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelectorJ\x04\b\x01\x10\x02\"d\n" +
 	"\x12WatchNodesResponse\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.weir.v1.WatchEventTypeR\x04type\x12!\n" +
 	"\x04node\x18\x02 \x01(\v2\r.weir.v1.NodeR\x04node\"&\n" +
 	"\x10DrainNodeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"6\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"a\n" +
 	"\x11DrainNodeResponse\x12!\n" +
-	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\")\n" +
+	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12)\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\")\n" +
 	"\x13UncordonNodeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"9\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"d\n" +
 	"\x14UncordonNodeResponse\x12!\n" +
-	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"x\n" +
+	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12)\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"x\n" +
 	"\x18CreateAddressPoolRequest\x127\n" +
 	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"T\n" +
@@ -3214,8 +3287,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\"Y\n" +
 	"\x18DeleteAddressPoolRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"\x1b\n" +
-	"\x19DeleteAddressPoolResponse\"h\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"F\n" +
+	"\x19DeleteAddressPoolResponse\x12)\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"h\n" +
 	"\x14CreateBgpPeerRequest\x12+\n" +
 	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"D\n" +
@@ -3239,8 +3313,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\"U\n" +
 	"\x14DeleteBgpPeerRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"\x17\n" +
-	"\x15DeleteBgpPeerResponse*\xa8\x01\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"B\n" +
+	"\x15DeleteBgpPeerResponse\x12)\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion*\xa8\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +

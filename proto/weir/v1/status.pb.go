@@ -343,9 +343,13 @@ type NodeStatus struct {
 	LastSyncDuration *durationpb.Duration   `protobuf:"bytes,9,opt,name=last_sync_duration,json=lastSyncDuration,proto3" json:"last_sync_duration,omitempty"`
 	// The node speaker's BGP sessions, as last reported; empty when the
 	// node runs no speaker.
-	BgpSessions   []*BgpSession `protobuf:"bytes,10,rep,name=bgp_sessions,json=bgpSessions,proto3" json:"bgp_sessions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	BgpSessions []*BgpSession `protobuf:"bytes,10,rep,name=bgp_sessions,json=bgpSessions,proto3" json:"bgp_sessions,omitempty"`
+	// Everything up to this store revision that concerns the node is in its
+	// kernel (a revision that does not concern the node counts as soon as
+	// the server knows it does not).
+	ProgrammedVersion uint64 `protobuf:"varint,11,opt,name=programmed_version,json=programmedVersion,proto3" json:"programmed_version,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -448,6 +452,193 @@ func (x *NodeStatus) GetBgpSessions() []*BgpSession {
 	return nil
 }
 
+func (x *NodeStatus) GetProgrammedVersion() uint64 {
+	if x != nil {
+		return x.ProgrammedVersion
+	}
+	return 0
+}
+
+type WaitProgrammedRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The store revision to wait for, as a write returned it.
+	Revision uint64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// How long to wait at most; 0 means 30 s, and more than 10 minutes
+	// counts as 10 minutes.
+	Timeout       *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitProgrammedRequest) Reset() {
+	*x = WaitProgrammedRequest{}
+	mi := &file_weir_v1_status_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitProgrammedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitProgrammedRequest) ProtoMessage() {}
+
+func (x *WaitProgrammedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitProgrammedRequest.ProtoReflect.Descriptor instead.
+func (*WaitProgrammedRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *WaitProgrammedRequest) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *WaitProgrammedRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+type WaitProgrammedResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True when every connected node is programmed through the revision.
+	Programmed bool `protobuf:"varint,1,opt,name=programmed,proto3" json:"programmed,omitempty"`
+	// Every node the server knows, with where it stands.
+	Nodes         []*NodeProgress `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitProgrammedResponse) Reset() {
+	*x = WaitProgrammedResponse{}
+	mi := &file_weir_v1_status_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitProgrammedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitProgrammedResponse) ProtoMessage() {}
+
+func (x *WaitProgrammedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitProgrammedResponse.ProtoReflect.Descriptor instead.
+func (*WaitProgrammedResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *WaitProgrammedResponse) GetProgrammed() bool {
+	if x != nil {
+		return x.Programmed
+	}
+	return false
+}
+
+func (x *WaitProgrammedResponse) GetNodes() []*NodeProgress {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// NodeProgress is one node's progress toward a revision.
+type NodeProgress struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Name              string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Connected         bool                   `protobuf:"varint,2,opt,name=connected,proto3" json:"connected,omitempty"`
+	ProgrammedVersion uint64                 `protobuf:"varint,3,opt,name=programmed_version,json=programmedVersion,proto3" json:"programmed_version,omitempty"`
+	// Empty when the node is programmed through the revision; otherwise
+	// why not: "not connected", "refused version N: <error>", "applying".
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeProgress) Reset() {
+	*x = NodeProgress{}
+	mi := &file_weir_v1_status_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeProgress) ProtoMessage() {}
+
+func (x *NodeProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeProgress.ProtoReflect.Descriptor instead.
+func (*NodeProgress) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *NodeProgress) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NodeProgress) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *NodeProgress) GetProgrammedVersion() uint64 {
+	if x != nil {
+		return x.ProgrammedVersion
+	}
+	return 0
+}
+
+func (x *NodeProgress) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type GetServiceStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -458,7 +649,7 @@ type GetServiceStatusRequest struct {
 
 func (x *GetServiceStatusRequest) Reset() {
 	*x = GetServiceStatusRequest{}
-	mi := &file_weir_v1_status_proto_msgTypes[7]
+	mi := &file_weir_v1_status_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -470,7 +661,7 @@ func (x *GetServiceStatusRequest) String() string {
 func (*GetServiceStatusRequest) ProtoMessage() {}
 
 func (x *GetServiceStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[7]
+	mi := &file_weir_v1_status_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -483,7 +674,7 @@ func (x *GetServiceStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServiceStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetServiceStatusRequest) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{7}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetServiceStatusRequest) GetNamespace() string {
@@ -509,7 +700,7 @@ type GetServiceStatusResponse struct {
 
 func (x *GetServiceStatusResponse) Reset() {
 	*x = GetServiceStatusResponse{}
-	mi := &file_weir_v1_status_proto_msgTypes[8]
+	mi := &file_weir_v1_status_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -521,7 +712,7 @@ func (x *GetServiceStatusResponse) String() string {
 func (*GetServiceStatusResponse) ProtoMessage() {}
 
 func (x *GetServiceStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[8]
+	mi := &file_weir_v1_status_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -534,7 +725,7 @@ func (x *GetServiceStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServiceStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetServiceStatusResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetServiceStatusResponse) GetStatus() *ServiceReport {
@@ -561,7 +752,7 @@ type ServiceReport struct {
 
 func (x *ServiceReport) Reset() {
 	*x = ServiceReport{}
-	mi := &file_weir_v1_status_proto_msgTypes[9]
+	mi := &file_weir_v1_status_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +764,7 @@ func (x *ServiceReport) String() string {
 func (*ServiceReport) ProtoMessage() {}
 
 func (x *ServiceReport) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[9]
+	mi := &file_weir_v1_status_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +777,7 @@ func (x *ServiceReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceReport.ProtoReflect.Descriptor instead.
 func (*ServiceReport) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ServiceReport) GetNamespace() string {
@@ -635,7 +826,7 @@ type SpeakerServicePaths struct {
 
 func (x *SpeakerServicePaths) Reset() {
 	*x = SpeakerServicePaths{}
-	mi := &file_weir_v1_status_proto_msgTypes[10]
+	mi := &file_weir_v1_status_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +838,7 @@ func (x *SpeakerServicePaths) String() string {
 func (*SpeakerServicePaths) ProtoMessage() {}
 
 func (x *SpeakerServicePaths) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[10]
+	mi := &file_weir_v1_status_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +851,7 @@ func (x *SpeakerServicePaths) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpeakerServicePaths.ProtoReflect.Descriptor instead.
 func (*SpeakerServicePaths) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SpeakerServicePaths) GetSpeaker() string {
@@ -699,7 +890,7 @@ type ServiceNodeStatus struct {
 
 func (x *ServiceNodeStatus) Reset() {
 	*x = ServiceNodeStatus{}
-	mi := &file_weir_v1_status_proto_msgTypes[11]
+	mi := &file_weir_v1_status_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +902,7 @@ func (x *ServiceNodeStatus) String() string {
 func (*ServiceNodeStatus) ProtoMessage() {}
 
 func (x *ServiceNodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[11]
+	mi := &file_weir_v1_status_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,7 +915,7 @@ func (x *ServiceNodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceNodeStatus.ProtoReflect.Descriptor instead.
 func (*ServiceNodeStatus) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ServiceNodeStatus) GetNode() string {
@@ -790,7 +981,7 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"m\n" +
 	"\x18ListNodeStatusesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xbe\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xed\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
@@ -804,7 +995,21 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\x06health\x18\b \x01(\v2\x13.weir.v1.NodeHealthR\x06health\x12G\n" +
 	"\x12last_sync_duration\x18\t \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x126\n" +
 	"\fbgp_sessions\x18\n" +
-	" \x03(\v2\x13.weir.v1.BgpSessionR\vbgpSessions\"K\n" +
+	" \x03(\v2\x13.weir.v1.BgpSessionR\vbgpSessions\x12-\n" +
+	"\x12programmed_version\x18\v \x01(\x04R\x11programmedVersion\"h\n" +
+	"\x15WaitProgrammedRequest\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"e\n" +
+	"\x16WaitProgrammedResponse\x12\x1e\n" +
+	"\n" +
+	"programmed\x18\x01 \x01(\bR\n" +
+	"programmed\x12+\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x15.weir.v1.NodeProgressR\x05nodes\"\x87\x01\n" +
+	"\fNodeProgress\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tconnected\x18\x02 \x01(\bR\tconnected\x12-\n" +
+	"\x12programmed_version\x18\x03 \x01(\x04R\x11programmedVersion\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"K\n" +
 	"\x17GetServiceStatusRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"J\n" +
@@ -827,12 +1032,13 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"programmed\x12:\n" +
 	"\x19receives_external_traffic\x18\x04 \x01(\bR\x17receivesExternalTraffic\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12>\n" +
-	"\rannouncements\x18\x06 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements2\xef\x02\n" +
+	"\rannouncements\x18\x06 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements2\xc2\x03\n" +
 	"\rStatusService\x12W\n" +
 	"\x10ListNodeStatuses\x12 .weir.v1.ListNodeStatusesRequest\x1a!.weir.v1.ListNodeStatusesResponse\x12\\\n" +
 	"\x11WatchNodeStatuses\x12!.weir.v1.WatchNodeStatusesRequest\x1a\".weir.v1.WatchNodeStatusesResponse0\x01\x12W\n" +
 	"\x10GetServiceStatus\x12 .weir.v1.GetServiceStatusRequest\x1a!.weir.v1.GetServiceStatusResponse\x12N\n" +
-	"\rGetServerInfo\x12\x1d.weir.v1.GetServerInfoRequest\x1a\x1e.weir.v1.GetServerInfoResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
+	"\rGetServerInfo\x12\x1d.weir.v1.GetServerInfoRequest\x1a\x1e.weir.v1.GetServerInfoResponse\x12Q\n" +
+	"\x0eWaitProgrammed\x12\x1e.weir.v1.WaitProgrammedRequest\x1a\x1f.weir.v1.WaitProgrammedResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
 
 var (
 	file_weir_v1_status_proto_rawDescOnce sync.Once
@@ -846,7 +1052,7 @@ func file_weir_v1_status_proto_rawDescGZIP() []byte {
 	return file_weir_v1_status_proto_rawDescData
 }
 
-var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_weir_v1_status_proto_goTypes = []any{
 	(*GetServerInfoRequest)(nil),      // 0: weir.v1.GetServerInfoRequest
 	(*GetServerInfoResponse)(nil),     // 1: weir.v1.GetServerInfoResponse
@@ -855,46 +1061,53 @@ var file_weir_v1_status_proto_goTypes = []any{
 	(*ListNodeStatusesRequest)(nil),   // 4: weir.v1.ListNodeStatusesRequest
 	(*ListNodeStatusesResponse)(nil),  // 5: weir.v1.ListNodeStatusesResponse
 	(*NodeStatus)(nil),                // 6: weir.v1.NodeStatus
-	(*GetServiceStatusRequest)(nil),   // 7: weir.v1.GetServiceStatusRequest
-	(*GetServiceStatusResponse)(nil),  // 8: weir.v1.GetServiceStatusResponse
-	(*ServiceReport)(nil),             // 9: weir.v1.ServiceReport
-	(*SpeakerServicePaths)(nil),       // 10: weir.v1.SpeakerServicePaths
-	(*ServiceNodeStatus)(nil),         // 11: weir.v1.ServiceNodeStatus
-	(*timestamppb.Timestamp)(nil),     // 12: google.protobuf.Timestamp
-	(*NodeHealth)(nil),                // 13: weir.v1.NodeHealth
-	(*durationpb.Duration)(nil),       // 14: google.protobuf.Duration
-	(*BgpSession)(nil),                // 15: weir.v1.BgpSession
-	(*SpeakerPath)(nil),               // 16: weir.v1.SpeakerPath
-	(*ServiceHealth)(nil),             // 17: weir.v1.ServiceHealth
-	(*BgpAnnouncement)(nil),           // 18: weir.v1.BgpAnnouncement
+	(*WaitProgrammedRequest)(nil),     // 7: weir.v1.WaitProgrammedRequest
+	(*WaitProgrammedResponse)(nil),    // 8: weir.v1.WaitProgrammedResponse
+	(*NodeProgress)(nil),              // 9: weir.v1.NodeProgress
+	(*GetServiceStatusRequest)(nil),   // 10: weir.v1.GetServiceStatusRequest
+	(*GetServiceStatusResponse)(nil),  // 11: weir.v1.GetServiceStatusResponse
+	(*ServiceReport)(nil),             // 12: weir.v1.ServiceReport
+	(*SpeakerServicePaths)(nil),       // 13: weir.v1.SpeakerServicePaths
+	(*ServiceNodeStatus)(nil),         // 14: weir.v1.ServiceNodeStatus
+	(*timestamppb.Timestamp)(nil),     // 15: google.protobuf.Timestamp
+	(*NodeHealth)(nil),                // 16: weir.v1.NodeHealth
+	(*durationpb.Duration)(nil),       // 17: google.protobuf.Duration
+	(*BgpSession)(nil),                // 18: weir.v1.BgpSession
+	(*SpeakerPath)(nil),               // 19: weir.v1.SpeakerPath
+	(*ServiceHealth)(nil),             // 20: weir.v1.ServiceHealth
+	(*BgpAnnouncement)(nil),           // 21: weir.v1.BgpAnnouncement
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
-	12, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
+	15, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
 	6,  // 1: weir.v1.WatchNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
 	6,  // 2: weir.v1.ListNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
-	12, // 3: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	13, // 4: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
-	14, // 5: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
-	15, // 6: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
-	9,  // 7: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	11, // 8: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	10, // 9: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
-	16, // 10: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
-	17, // 11: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	18, // 12: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	4,  // 13: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 14: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	7,  // 15: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 16: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	5,  // 17: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 18: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	8,  // 19: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 20: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	17, // [17:21] is the sub-list for method output_type
-	13, // [13:17] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	15, // 3: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	16, // 4: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
+	17, // 5: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
+	18, // 6: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
+	17, // 7: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
+	9,  // 8: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
+	12, // 9: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
+	14, // 10: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	13, // 11: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
+	19, // 12: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
+	20, // 13: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	21, // 14: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	4,  // 15: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 16: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 17: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 18: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 19: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 20: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 21: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 22: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 23: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 24: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	20, // [20:25] is the sub-list for method output_type
+	15, // [15:20] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
@@ -910,7 +1123,7 @@ func file_weir_v1_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_status_proto_rawDesc), len(file_weir_v1_status_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

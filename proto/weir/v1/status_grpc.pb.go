@@ -23,6 +23,7 @@ const (
 	StatusService_WatchNodeStatuses_FullMethodName = "/weir.v1.StatusService/WatchNodeStatuses"
 	StatusService_GetServiceStatus_FullMethodName  = "/weir.v1.StatusService/GetServiceStatus"
 	StatusService_GetServerInfo_FullMethodName     = "/weir.v1.StatusService/GetServerInfo"
+	StatusService_WaitProgrammed_FullMethodName    = "/weir.v1.StatusService/WaitProgrammed"
 )
 
 // StatusServiceClient is the client API for StatusService service.
@@ -37,6 +38,11 @@ type StatusServiceClient interface {
 	WatchNodeStatuses(ctx context.Context, in *WatchNodeStatusesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchNodeStatusesResponse], error)
 	GetServiceStatus(ctx context.Context, in *GetServiceStatusRequest, opts ...grpc.CallOption) (*GetServiceStatusResponse, error)
 	GetServerInfo(ctx context.Context, in *GetServerInfoRequest, opts ...grpc.CallOption) (*GetServerInfoResponse, error)
+	// WaitProgrammed returns once every connected node's kernel holds
+	// everything up to a store revision (what a write returned as its
+	// resource_version), or when that cannot happen without a change (a node
+	// refused it), or at the timeout; it says where every node stands.
+	WaitProgrammed(ctx context.Context, in *WaitProgrammedRequest, opts ...grpc.CallOption) (*WaitProgrammedResponse, error)
 }
 
 type statusServiceClient struct {
@@ -96,6 +102,16 @@ func (c *statusServiceClient) GetServerInfo(ctx context.Context, in *GetServerIn
 	return out, nil
 }
 
+func (c *statusServiceClient) WaitProgrammed(ctx context.Context, in *WaitProgrammedRequest, opts ...grpc.CallOption) (*WaitProgrammedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WaitProgrammedResponse)
+	err := c.cc.Invoke(ctx, StatusService_WaitProgrammed_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // StatusServiceServer is the server API for StatusService service.
 // All implementations must embed UnimplementedStatusServiceServer
 // for forward compatibility.
@@ -108,6 +124,11 @@ type StatusServiceServer interface {
 	WatchNodeStatuses(*WatchNodeStatusesRequest, grpc.ServerStreamingServer[WatchNodeStatusesResponse]) error
 	GetServiceStatus(context.Context, *GetServiceStatusRequest) (*GetServiceStatusResponse, error)
 	GetServerInfo(context.Context, *GetServerInfoRequest) (*GetServerInfoResponse, error)
+	// WaitProgrammed returns once every connected node's kernel holds
+	// everything up to a store revision (what a write returned as its
+	// resource_version), or when that cannot happen without a change (a node
+	// refused it), or at the timeout; it says where every node stands.
+	WaitProgrammed(context.Context, *WaitProgrammedRequest) (*WaitProgrammedResponse, error)
 	mustEmbedUnimplementedStatusServiceServer()
 }
 
@@ -129,6 +150,9 @@ func (UnimplementedStatusServiceServer) GetServiceStatus(context.Context, *GetSe
 }
 func (UnimplementedStatusServiceServer) GetServerInfo(context.Context, *GetServerInfoRequest) (*GetServerInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetServerInfo not implemented")
+}
+func (UnimplementedStatusServiceServer) WaitProgrammed(context.Context, *WaitProgrammedRequest) (*WaitProgrammedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WaitProgrammed not implemented")
 }
 func (UnimplementedStatusServiceServer) mustEmbedUnimplementedStatusServiceServer() {}
 func (UnimplementedStatusServiceServer) testEmbeddedByValue()                       {}
@@ -216,6 +240,24 @@ func _StatusService_GetServerInfo_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _StatusService_WaitProgrammed_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitProgrammedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StatusServiceServer).WaitProgrammed(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: StatusService_WaitProgrammed_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StatusServiceServer).WaitProgrammed(ctx, req.(*WaitProgrammedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // StatusService_ServiceDesc is the grpc.ServiceDesc for StatusService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -234,6 +276,10 @@ var StatusService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetServerInfo",
 			Handler:    _StatusService_GetServerInfo_Handler,
+		},
+		{
+			MethodName: "WaitProgrammed",
+			Handler:    _StatusService_WaitProgrammed_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
