@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
@@ -28,6 +29,7 @@ func (a *app) applyCmd() *cobra.Command {
 	var (
 		files  []string
 		dryRun bool
+		wait   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "apply -f FILE",
@@ -67,15 +69,22 @@ the server would store it.`,
 			if err != nil {
 				return err
 			}
+			// The revision that holds every document as the file says.
+			var rev uint64
 			for _, ch := range changes {
 				if dryRun {
 					err = a.printChange(ch)
 				} else {
-					err = a.applyChange(cmd.Context(), c, ch)
+					var r uint64
+					r, err = a.applyChange(cmd.Context(), c, ch)
+					rev = max(rev, r)
 				}
 				if err != nil {
 					return err
 				}
+			}
+			if wait > 0 && !dryRun && rev > 0 {
+				return a.waitProgrammed(cmd.Context(), rev, wait)
 			}
 			return nil
 		},
@@ -84,6 +93,7 @@ the server would store it.`,
 	f.StringArrayVarP(&files, "filename", "f", nil, `YAML file to apply ("-" for standard input); may repeat`)
 	f.StringVarP(&a.namespace, "namespace", "n", "default", "namespace of documents that name none")
 	f.BoolVar(&dryRun, "dry-run", false, "let the server check every document, print what would change, write nothing")
+	addWaitFlag(f, &wait)
 	return cmd
 }
 
@@ -129,20 +139,23 @@ func plan(ctx context.Context, c client, docs []document) ([]change, error) {
 	return out, nil
 }
 
-func (a *app) applyChange(ctx context.Context, c client, ch change) error {
+// applyChange writes one change and returns the revision that holds it
+// (the stored one when nothing needed writing).
+func (a *app) applyChange(ctx context.Context, c client, ch change) (uint64, error) {
 	var err error
+	stored := ch.current
 	verb := ch.verb()
 	switch verb {
 	case "created":
-		_, err = ch.kind.create(ctx, c, ch.obj, false)
+		stored, err = ch.kind.create(ctx, c, ch.obj, false)
 	case "configured":
-		_, err = ch.kind.update(ctx, c, ch.obj, false)
+		stored, err = ch.kind.update(ctx, c, ch.obj, false)
 	}
 	if err != nil {
-		return ch.fail(err)
+		return 0, ch.fail(err)
 	}
 	fmt.Fprintf(a.stdout, "%s %s\n", ch.path(), verb)
-	return nil
+	return revisionOf(stored.GetMetadata().GetResourceVersion()), nil
 }
 
 // printChange tells what applying would do; a change shows as a diff of
@@ -173,6 +186,7 @@ func (a *app) deleteCmd() *cobra.Command {
 	var (
 		files          []string
 		ignoreNotFound bool
+		wait           time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "delete (TYPE NAME | -f FILE)",
@@ -209,9 +223,11 @@ func (a *app) deleteCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var rev uint64
 			for _, d := range docs {
 				m := d.obj.GetMetadata()
-				err := d.kind.delete(cmd.Context(), c, m.GetNamespace(), m.GetName())
+				rv, err := d.kind.delete(cmd.Context(), c, m.GetNamespace(), m.GetName())
+				rev = max(rev, revisionOf(rv))
 				switch {
 				case status.Code(err) == codes.NotFound && ignoreNotFound:
 					continue
@@ -222,6 +238,9 @@ func (a *app) deleteCmd() *cobra.Command {
 				}
 				fmt.Fprintf(a.stdout, "%s deleted\n", d.path())
 			}
+			if wait > 0 && rev > 0 {
+				return a.waitProgrammed(cmd.Context(), rev, wait)
+			}
 			return nil
 		},
 	}
@@ -229,6 +248,7 @@ func (a *app) deleteCmd() *cobra.Command {
 	f.StringArrayVarP(&files, "filename", "f", nil, `YAML file whose resources to delete ("-" for standard input); may repeat`)
 	f.StringVarP(&a.namespace, "namespace", "n", "default", "namespace (ignored for nodes)")
 	f.BoolVar(&ignoreNotFound, "ignore-not-found", false, "treat a resource that does not exist as deleted")
+	addWaitFlag(f, &wait)
 	return cmd
 }
 

@@ -1087,3 +1087,44 @@ func TestGetReadsEveryPage(t *testing.T) {
 		t.Errorf("lbctl get nodes shows %d rows; want %d, node509 among them", rows, n)
 	}
 }
+
+// TestApplyAndDeleteWaitUntilEveryNodeForwardsTheWrite: with --wait, apply
+// and delete return once every connected node has applied the write; a
+// node that does not in time is named, with exit code 4.
+func TestApplyAndDeleteWaitUntilEveryNodeForwardsTheWrite(t *testing.T) {
+	e := newEnv(t)
+	file := writeFile(t, "web.yaml", fixture)
+	e.mustLbctl("", "apply", "-f", file)
+	e.agent("node1", 200)
+
+	changed := writeFile(t, "web2.yaml", strings.Replace(fixture, "zone: zone-a", "zone: zone-b", 1))
+	out, errOut, code := e.lbctl("", "apply", "-f", changed, "--wait=5s")
+	if code != 0 || !strings.Contains(out, "programmed on 1 connected node(s)") {
+		t.Errorf("apply --wait with an agent that applies: exit %d, %q %q", code, out, errOut)
+	}
+
+	// node2's agent takes states and never applies them.
+	if _, err := e.registry.CreateNode(context.Background(), &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: "node2"}}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stream, err := e.srv.Agents.Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: "node2"}}}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	out, errOut, code = e.lbctl("", "delete", "-f", changed, "--wait=1s")
+	if code != 4 || !strings.Contains(errOut, "node2: applying") || strings.Contains(errOut, "node1:") {
+		t.Errorf("delete --wait with node2 never applying: exit %d, %q %q; want exit 4 naming node2 only", code, out, errOut)
+	}
+}

@@ -15,7 +15,8 @@
 //
 // Exit codes: 0 success, 1 a rejected request, bad input or (status)
 // something wrong on the appliance, 2 a usage error, 3 the server could
-// not be reached.
+// not be reached, 4 a write (--wait) that some connected node does not
+// forward in time.
 package main
 
 import (
@@ -203,9 +204,14 @@ func (a *app) clients() (client, weirv1.StatusServiceClient, error) {
 	return weirv1.NewRegistryServiceClient(conn), weirv1.NewStatusServiceClient(conn), nil
 }
 
-// intercept bounds every call by --timeout.
+// intercept bounds every call by --timeout, and WaitProgrammed by the wait
+// it asks for on top.
 func (a *app) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	limit := a.timeout
+	if w, ok := req.(*weirv1.WaitProgrammedRequest); ok {
+		limit += w.GetTimeout().AsDuration()
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	return a.reachable(cc, invoke(ctx, method, req, reply, cc, opts...))
 }
@@ -276,6 +282,7 @@ func (e *unreachableError) Error() string {
 func exitCode(err error) int {
 	var unreachable *unreachableError
 	var usage *usageError
+	var notProgrammed *notProgrammedError
 	switch {
 	case err == nil:
 		return 0
@@ -283,6 +290,8 @@ func exitCode(err error) int {
 		return 3
 	case errors.As(err, &usage):
 		return 2
+	case errors.As(err, &notProgrammed):
+		return 4
 	}
 	return 1
 }

@@ -41,7 +41,8 @@ type kind struct {
 	// with validateOnly would store it: normalized, defaults filled in.
 	create func(ctx context.Context, c client, o object, validateOnly bool) (object, error)
 	update func(ctx context.Context, c client, o object, validateOnly bool) (object, error)
-	delete func(ctx context.Context, c client, ns, name string) error
+	// delete returns the revision of the deletion.
+	delete func(ctx context.Context, c client, ns, name string) (string, error)
 	watch  func(ctx context.Context, c client, ns, selector string) (events, error)
 }
 
@@ -69,9 +70,9 @@ var kinds = []*kind{
 			r, err := c.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: o.(*weirv1.Service), ValidateOnly: validateOnly})
 			return orNil(r.GetService(), err)
 		},
-		delete: func(ctx context.Context, c client, ns, name string) error {
-			_, err := c.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: ns, Name: name})
-			return err
+		delete: func(ctx context.Context, c client, ns, name string) (string, error) {
+			r, err := c.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: ns, Name: name})
+			return r.GetResourceVersion(), err
 		},
 		watch: func(ctx context.Context, c client, ns, sel string) (events, error) {
 			s, err := c.WatchServices(ctx, &weirv1.WatchServicesRequest{Namespace: ns, LabelSelector: sel})
@@ -98,9 +99,9 @@ var kinds = []*kind{
 			r, err := c.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: o.(*weirv1.EndpointSlice), ValidateOnly: validateOnly})
 			return orNil(r.GetEndpointSlice(), err)
 		},
-		delete: func(ctx context.Context, c client, ns, name string) error {
-			_, err := c.DeleteEndpointSlice(ctx, &weirv1.DeleteEndpointSliceRequest{Namespace: ns, Name: name})
-			return err
+		delete: func(ctx context.Context, c client, ns, name string) (string, error) {
+			r, err := c.DeleteEndpointSlice(ctx, &weirv1.DeleteEndpointSliceRequest{Namespace: ns, Name: name})
+			return r.GetResourceVersion(), err
 		},
 		watch: func(ctx context.Context, c client, ns, sel string) (events, error) {
 			s, err := c.WatchEndpointSlices(ctx, &weirv1.WatchEndpointSlicesRequest{Namespace: ns, LabelSelector: sel})
@@ -127,9 +128,9 @@ var kinds = []*kind{
 			r, err := c.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: o.(*weirv1.Node), ValidateOnly: validateOnly})
 			return orNil(r.GetNode(), err)
 		},
-		delete: func(ctx context.Context, c client, _, name string) error {
-			_, err := c.DeleteNode(ctx, &weirv1.DeleteNodeRequest{Name: name})
-			return err
+		delete: func(ctx context.Context, c client, _, name string) (string, error) {
+			r, err := c.DeleteNode(ctx, &weirv1.DeleteNodeRequest{Name: name})
+			return r.GetResourceVersion(), err
 		},
 		watch: func(ctx context.Context, c client, _, sel string) (events, error) {
 			s, err := c.WatchNodes(ctx, &weirv1.WatchNodesRequest{LabelSelector: sel})
@@ -156,9 +157,9 @@ var kinds = []*kind{
 			r, err := c.UpdateAddressPool(ctx, &weirv1.UpdateAddressPoolRequest{AddressPool: o.(*weirv1.AddressPool), ValidateOnly: validateOnly})
 			return orNil(r.GetAddressPool(), err)
 		},
-		delete: func(ctx context.Context, c client, _, name string) error {
-			_, err := c.DeleteAddressPool(ctx, &weirv1.DeleteAddressPoolRequest{Name: name})
-			return err
+		delete: func(ctx context.Context, c client, _, name string) (string, error) {
+			r, err := c.DeleteAddressPool(ctx, &weirv1.DeleteAddressPoolRequest{Name: name})
+			return r.GetResourceVersion(), err
 		},
 		watch: func(context.Context, client, string, string) (events, error) {
 			return nil, usageErrorf("address pools cannot be watched yet")
@@ -184,9 +185,9 @@ var kinds = []*kind{
 			r, err := c.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: o.(*weirv1.BgpPeer), ValidateOnly: validateOnly})
 			return orNil(r.GetBgpPeer(), err)
 		},
-		delete: func(ctx context.Context, c client, _, name string) error {
-			_, err := c.DeleteBgpPeer(ctx, &weirv1.DeleteBgpPeerRequest{Name: name})
-			return err
+		delete: func(ctx context.Context, c client, _, name string) (string, error) {
+			r, err := c.DeleteBgpPeer(ctx, &weirv1.DeleteBgpPeerRequest{Name: name})
+			return r.GetResourceVersion(), err
 		},
 		watch: func(context.Context, client, string, string) (events, error) {
 			return nil, usageErrorf("BGP peers cannot be watched yet")

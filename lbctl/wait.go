@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// addWaitFlag adds --wait[=TIMEOUT]: after writing, wait until every
+// connected node's kernel holds the write.
+func addWaitFlag(f *pflag.FlagSet, wait *time.Duration) {
+	f.DurationVar(wait, "wait", 0, "after writing, wait up to this long (--wait alone: 30s) until every connected node forwards the change; exit 4 if some do not")
+	f.Lookup("wait").NoOptDefVal = "30s"
+}
+
+// notProgrammedError is a write that some connected node does not forward
+// (yet): exit code 4.
+type notProgrammedError struct{ msg string }
+
+func (e *notProgrammedError) Error() string { return e.msg }
+
+// waitProgrammed waits until every connected node is programmed through
+// revision rev, printing where they stand; an error names the nodes that
+// are not and why.
+func (a *app) waitProgrammed(ctx context.Context, rev uint64, timeout time.Duration) error {
+	_, st, err := a.clients()
+	if err != nil {
+		return err
+	}
+	r, err := st.WaitProgrammed(ctx, &weirv1.WaitProgrammedRequest{Revision: rev, Timeout: durationpb.New(timeout)})
+	if err != nil {
+		return plain(nil, err)
+	}
+	connected := 0
+	var behind, away []string
+	for _, n := range r.GetNodes() {
+		switch {
+		case !n.GetConnected():
+			away = append(away, n.GetName())
+		case n.GetReason() != "":
+			behind = append(behind, fmt.Sprintf("%s: %s (programmed through %d)", n.GetName(), n.GetReason(), n.GetProgrammedVersion()))
+		}
+		if n.GetConnected() {
+			connected++
+		}
+	}
+	if len(away) > 0 {
+		fmt.Fprintf(a.stderr, "not connected, not waited for: %s\n", strings.Join(away, ", "))
+	}
+	if r.GetProgrammed() {
+		fmt.Fprintf(a.stdout, "revision %d programmed on %d connected node(s)\n", rev, connected)
+		return nil
+	}
+	return &notProgrammedError{fmt.Sprintf("revision %d is not programmed on every connected node after %v:\n  %s",
+		rev, timeout, strings.Join(behind, "\n  "))}
+}
+
+// revisionOf reads a resource_version; 0 when there is none.
+func revisionOf(rv string) uint64 {
+	v, _ := strconv.ParseUint(rv, 10, 64)
+	return v
+}
