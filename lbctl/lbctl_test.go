@@ -1124,6 +1124,7 @@ func TestApplyAndDeleteWaitUntilEveryNodeForwardsTheWrite(t *testing.T) {
 		}
 	}()
 	out, errOut, code = e.lbctl("", "delete", "-f", changed, "--wait=1s")
+	t.Logf("delete --wait: exit %d\n%s%s", code, out, errOut)
 	if code != 4 || !strings.Contains(errOut, "node2: applying") || strings.Contains(errOut, "node1:") {
 		t.Errorf("delete --wait with node2 never applying: exit %d, %q %q; want exit 4 naming node2 only", code, out, errOut)
 	}
