@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"sigs.k8s.io/yaml"
 
 	"github.com/weirlb/weir/internal/tlsconfig"
 	"github.com/weirlb/weir/internal/yamldocs"
@@ -1127,5 +1128,61 @@ func TestApplyAndDeleteWaitUntilEveryNodeForwardsTheWrite(t *testing.T) {
 	t.Logf("delete --wait: exit %d\n%s%s", code, out, errOut)
 	if code != 4 || !strings.Contains(errOut, "node2: applying") || strings.Contains(errOut, "node1:") {
 		t.Errorf("delete --wait with node2 never applying: exit %d, %q %q; want exit 4 naming node2 only", code, out, errOut)
+	}
+}
+
+// TestStatusAsJSONAndYAML: scripts read status as a document with the
+// API's field names, and branch on its exit code.
+func TestStatusAsJSONAndYAML(t *testing.T) {
+	e := newEnv(t)
+	e.mustLbctl("", "apply", "-f", writeFile(t, "web.yaml", fixture))
+	e.agent("node1", 200)
+	type doc struct {
+		Server struct {
+			Health string `json:"health"`
+		} `json:"server"`
+		Nodes []struct {
+			Name              string `json:"name"`
+			Connected         bool   `json:"connected"`
+			ProgrammedVersion string `json:"programmed_version"`
+			Drained           bool   `json:"drained"`
+		} `json:"nodes"`
+		Ready    bool     `json:"ready"`
+		Problems []string `json:"problems"`
+	}
+	read := func(output string) (doc, int) {
+		t.Helper()
+		out, errOut, code := e.lbctl("", "status", "-o", output)
+		var d doc
+		raw := []byte(out)
+		if output == "yaml" {
+			var err error
+			if raw, err = yaml.YAMLToJSON(raw); err != nil {
+				t.Fatalf("status -o yaml: %v\n%s", err, out)
+			}
+		}
+		if err := json.Unmarshal(raw, &d); err != nil {
+			t.Fatalf("status -o %s: %v\n%s%s", output, err, out, errOut)
+		}
+		return d, code
+	}
+	for _, output := range []string{"json", "yaml"} {
+		d, code := read(output)
+		if code != 0 || !d.Ready || d.Server.Health != "SERVING" || len(d.Nodes) != 1 || d.Nodes[0].Name != "node1" ||
+			!d.Nodes[0].Connected || d.Nodes[0].ProgrammedVersion == "" || len(d.Problems) != 0 {
+			t.Errorf("status -o %s with node1 programmed: exit %d, %+v", output, code, d)
+		}
+	}
+	// A node whose agent never connected: not ready, exit 1, said why.
+	if _, err := e.registry.CreateNode(context.Background(), &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: "node2"}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.mustLbctl("", "node", "drain", "node1")
+	d, code := read("json")
+	if code != 1 || d.Ready || len(d.Problems) == 0 || !d.Nodes[0].Drained {
+		t.Errorf("status -o json with node2 never connected: exit %d, %+v; want exit 1, not ready, a problem, node1 drained", code, d)
+	}
+	if _, _, code := e.lbctl("", "status", "-o", "wide"); code != 2 {
+		t.Errorf("status -o wide: exit %d, want 2", code)
 	}
 }

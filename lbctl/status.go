@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,12 +14,14 @@ import (
 
 	"github.com/spf13/cobra"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"sigs.k8s.io/yaml"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
 func (a *app) statusCmd() *cobra.Command {
-	return &cobra.Command{
+	var output string
+	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "The appliance at a glance: the server, and whether every node's agent is connected and programmed",
 		Long: `The appliance at a glance: the server's address, health, version, state
@@ -28,11 +31,18 @@ sessions (established of configured; - without a speaker), whether it is
 drained, and its last error. Pools shows each address pool's addresses in
 use of its size.
 
+-o json and -o yaml print the same as one document (server, pools, nodes
+with every field of their status, ready, problems), with field names as in
+the API's status.proto.
+
 Exit code 0 when every node is connected and has applied all it was sent,
 1 when not (a line on stderr says what), 3 when the server cannot be
-reached.`,
+reached; the same whatever the output format.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" && output != "yaml" {
+				return usageErrorf("--output %q: want table, json or yaml", output)
+			}
 			ctx := cmd.Context()
 			health, err := a.health(ctx)
 			if err != nil {
@@ -63,6 +73,34 @@ reached.`,
 				drained[n.GetMetadata().GetName()] = n.GetDrained()
 			}
 
+			var problems []string
+			for _, n := range statuses {
+				if p := a.nodeProblem(n); p != "" {
+					problems = append(problems, p)
+				}
+			}
+			var summary []string
+			if health != healthpb.HealthCheckResponse_SERVING {
+				summary = append(summary, "the server's health is "+health.String())
+			}
+			if len(problems) > 0 {
+				summary = append(summary, fmt.Sprintf("%d of %d nodes not ready: %s", len(problems), len(statuses), strings.Join(problems, "; ")))
+			}
+			var failed error
+			if len(summary) > 0 {
+				failed = errors.New(strings.Join(summary, "; "))
+			}
+			if output != "table" {
+				doc, err := statusDocument(a.server, health, info, pools, statuses, drained, problems)
+				if err != nil {
+					return err
+				}
+				if err := a.printDocument(doc, output); err != nil {
+					return err
+				}
+				return failed
+			}
+
 			var b strings.Builder
 			fields(&b, "",
 				"Server", fmt.Sprintf("%s (%s)", a.server, health),
@@ -74,16 +112,12 @@ reached.`,
 				"Pools", pools,
 			)
 			b.WriteString("\n")
-			var problems []string
 			t := &table{w: &b}
 			t.add("NAME", "CONNECTED", "APPLIED/SENT", "LAG", "HEALTHZ", "BGP", "DRAINED", "LAST ERROR")
 			for _, n := range statuses {
 				appliedSent, lag := versions(n)
 				t.add(n.GetName(), yesNo(n.GetConnected()), appliedSent, lag, code(n.GetHealth().GetHealthzCode()),
 					bgpSessions(n.GetBgpSessions()), yesNo(drained[n.GetName()]), orNone(n.GetLastError()))
-				if p := a.nodeProblem(n); p != "" {
-					problems = append(problems, p)
-				}
 			}
 			if len(statuses) == 0 {
 				b.WriteString("No nodes registered.\n")
@@ -93,20 +127,64 @@ reached.`,
 			if _, err := io.WriteString(a.stdout, b.String()); err != nil {
 				return err
 			}
-
-			var summary []string
-			if health != healthpb.HealthCheckResponse_SERVING {
-				summary = append(summary, "the server's health is "+health.String())
-			}
-			if len(problems) > 0 {
-				summary = append(summary, fmt.Sprintf("%d of %d nodes not ready: %s", len(problems), len(statuses), strings.Join(problems, "; ")))
-			}
-			if len(summary) > 0 {
-				return errors.New(strings.Join(summary, "; "))
-			}
-			return nil
+			return failed
 		},
 	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+// statusDocument is status as one JSON document: field names as in the
+// API (status.proto), each node's status whole plus whether it is drained.
+func statusDocument(server string, health healthpb.HealthCheckResponse_ServingStatus, info *weirv1.GetServerInfoResponse,
+	pools string, statuses []*weirv1.NodeStatus, drained map[string]bool, problems []string) ([]byte, error) {
+	infoJSON, err := marshal.Marshal(info)
+	if err != nil {
+		return nil, err
+	}
+	nodes := []json.RawMessage{}
+	for _, n := range statuses {
+		b, err := marshal.Marshal(n)
+		if err != nil {
+			return nil, err
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, err
+		}
+		m["drained"] = drained[n.GetName()]
+		b, err = json.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		nodes = append(nodes, b)
+	}
+	if problems == nil {
+		problems = []string{}
+	}
+	return json.MarshalIndent(map[string]any{
+		"server":   map[string]any{"address": server, "health": health.String(), "info": json.RawMessage(infoJSON)},
+		"pools":    pools,
+		"nodes":    nodes,
+		"ready":    len(problems) == 0 && health == healthpb.HealthCheckResponse_SERVING,
+		"problems": problems,
+	}, "", "  ")
+}
+
+// printDocument prints a JSON document as json or yaml.
+func (a *app) printDocument(doc []byte, output string) error {
+	if output == "yaml" {
+		y, err := yaml.JSONToYAML(doc)
+		if err != nil {
+			return err
+		}
+		doc = y
+	} else {
+		doc = append(doc, '\n')
+	}
+	_, err := a.stdout.Write(doc)
+	return err
 }
 
 // nodeProblem says what keeps a node's agent from forwarding the current
