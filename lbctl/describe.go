@@ -146,7 +146,12 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 			if an.GetWeight() > 0 {
 				weight = strconv.FormatUint(uint64(an.GetWeight()), 10)
 			}
-			announced = append(announced, []string{an.GetPrefix(), n.GetNode(), an.GetNextHop(), weight, bgpSessions(statuses[n.GetNode()].GetBgpSessions())})
+			sessions := bgpSessions(statuses[n.GetNode()].GetBgpSessions())
+			if stale := a.staleSince(statuses[n.GetNode()]); stale != "" {
+				// What a node that is not connected announces is not known.
+				sessions = stale
+			}
+			announced = append(announced, []string{an.GetPrefix(), n.GetNode(), an.GetNextHop(), weight, sessions})
 		}
 		appliedSent, lag := versions(statuses[n.GetNode()])
 		nodes = append(nodes, slices.Concat([]string{n.GetNode(), yesNo(n.GetProgrammed()), appliedSent, lag}, healthCells(n)))
@@ -261,7 +266,11 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 			if s.GetEstablishedSince() != nil {
 				up = age(a.now(), s.GetEstablishedSince())
 			}
-			rows = append(rows, []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), s.GetState(), up})
+			state := s.GetState()
+			if stale := a.staleSince(n); stale != "" {
+				state, up = stale+" (last reported "+state+")", "-"
+			}
+			rows = append(rows, []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), state, up})
 		}
 		b.WriteString("\n")
 		section(&b, "BGP sessions", []string{"PEER", "ASN", "STATE", "UP"}, rows)
@@ -303,6 +312,19 @@ func section(b *strings.Builder, title string, header []string, rows [][]string)
 		t.add(r...)
 	}
 	_ = t.flush()
+}
+
+// staleSince says, for a node whose agent is not connected, that what it
+// last reported is no longer known to hold ("unknown (agent gone 5s ago)");
+// "" for a connected node.
+func (a *app) staleSince(n *weirv1.NodeStatus) string {
+	if n == nil || n.GetConnected() {
+		return ""
+	}
+	if n.GetLastSeen() == nil {
+		return "unknown (never connected)"
+	}
+	return "unknown (agent gone " + a.ago(n.GetLastSeen()) + ")"
 }
 
 // nodeStatuses are the agents' statuses by node name.

@@ -440,8 +440,9 @@ ports: [{name: http, port: 8080}]
 `
 
 // agent plays node's weir-agent: it applies the state it is sent, reports
-// its health and its services', and returns once the server shows it.
-func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealth) {
+// its health and its services', and returns once the server shows it, with
+// the function that ends its stream.
+func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealth) (stop func()) {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	e.t.Cleanup(cancel) // before the server stops: cleanups run last first
@@ -487,11 +488,12 @@ func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealt
 		}
 		for _, n := range resp.GetNodes() {
 			if n.GetName() == node && n.GetConnected() && n.GetAppliedVersion() == n.GetSentVersion() && n.GetHealth().GetHealthzCode() == healthz {
-				return
+				return cancel
 			}
 		}
 	}
 	e.t.Fatalf("agent of %s: the server does not show it connected, programmed and reporting", node)
+	return cancel
 }
 
 // lbEnv is lbFixture applied, with the clock three hours after.
@@ -1041,13 +1043,28 @@ func TestDescribeServiceShowsAnnouncements(t *testing.T) {
 		{Prefix: "203.0.113.7/32", NextHop: "192.0.2.11", Weight: 1},
 		{Prefix: "203.0.113.99/32", NextHop: "192.0.2.11"}, // another service's
 	}}
-	e.agent("node1", 200, lbHealth(200, 1))
+	stop := e.agent("node1", 200, lbHealth(200, 1))
 	out := e.mustLbctl("", "describe", "service", "default/lb")
 	want := "\nBGP announcements:\n" +
 		"  PREFIX           NODE    NEXT HOP     WEIGHT   SESSIONS\n" +
 		"  203.0.113.7/32   node1   192.0.2.11   1        1/1\n"
 	if !strings.HasSuffix(out, want) {
 		t.Errorf("describe service: want it to end with\n%s\ngot\n%s", want, out)
+	}
+
+	// The agent goes: what it said is no longer shown as current.
+	stop()
+	deadline := time.Now().Add(5 * time.Second)
+	for ; time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if out = e.mustLbctl("", "describe", "service", "default/lb"); strings.Contains(out, "unknown (agent gone") {
+			break
+		}
+	}
+	if !strings.Contains(out, "203.0.113.7/32   node1   192.0.2.11   1        unknown (agent gone") {
+		t.Errorf("describe service after node1's agent went: want its announcement unknown\n%s", out)
+	}
+	if node := e.mustLbctl("", "describe", "node", "node1"); !strings.Contains(node, "unknown (agent gone") || !strings.Contains(node, "(last reported established)") {
+		t.Errorf("describe node after its agent went: want its BGP session unknown\n%s", node)
 	}
 }
 
