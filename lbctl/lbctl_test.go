@@ -1203,3 +1203,40 @@ func TestStatusAsJSONAndYAML(t *testing.T) {
 		t.Errorf("status -o wide: exit %d, want 2", code)
 	}
 }
+
+// TestTLSFailuresAreNamed: a TLS failure says what failed, in words an
+// operator acts on, not "is weir-server running?".
+func TestTLSFailuresAreNamed(t *testing.T) {
+	dir := t.TempDir()
+	other := t.TempDir()
+	for _, err := range []error{certs.InitCA(dir), certs.InitCA(other), certs.IssueServer(dir, []string{"127.0.0.1"}),
+		certs.IssueClient(dir, "victor", certs.RoleViewer), certs.IssueClient(other, "mallory", certs.RoleAdmin)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tlsCfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS = tlsCfg })
+	_, port, _ := net.SplitHostPort(srv.Addr)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no client certificate", []string{"--server", srv.Addr, "--ca-file", filepath.Join(dir, "ca.crt")}, "the server requires a client certificate"},
+		{"a client certificate of another CA", []string{"--server", srv.Addr, "--ca-file", filepath.Join(dir, "ca.crt"),
+			"--cert-file", filepath.Join(other, "mallory.crt"), "--key-file", filepath.Join(other, "mallory.key")}, "the server does not trust the client certificate"},
+		{"the server's certificate from another CA", []string{"--server", srv.Addr, "--ca-file", filepath.Join(other, "ca.crt"),
+			"--cert-file", filepath.Join(dir, "victor.crt"), "--key-file", filepath.Join(dir, "victor.key")}, "the server's certificate is not signed by the CA in --ca-file"},
+		{"a name the certificate is not for", []string{"--server", "localhost:" + port, "--ca-file", filepath.Join(dir, "ca.crt"),
+			"--cert-file", filepath.Join(dir, "victor.crt"), "--key-file", filepath.Join(dir, "victor.key")}, "the server's certificate is not for localhost"},
+	} {
+		_, errOut, code := runLbctl(context.Background(), time.Now(), "", append(tc.args, "get", "nodes")...)
+		if code != 3 || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "is weir-server running") {
+			t.Errorf("%s: exit %d, %q; want exit 3 saying %q", tc.name, code, errOut, tc.want)
+		}
+	}
+}

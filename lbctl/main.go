@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -268,6 +269,9 @@ type unreachableError struct {
 
 func (e *unreachableError) Error() string {
 	// A TLS mismatch also looks like an unreachable server; say what failed.
+	if p := tlsProblem(e.cause, e.addr); p != "" {
+		return fmt.Sprintf("cannot reach the server at %s: %s", e.addr, p)
+	}
 	if _, tlsErr, ok := strings.Cut(e.cause, "authentication handshake failed: "); ok {
 		return fmt.Sprintf("cannot reach the server at %s: TLS handshake failed: %s (check --ca-file, --cert-file and --key-file, or --insecure for a plain-text server)",
 			e.addr, strings.TrimSuffix(tlsErr, `"`))
@@ -276,6 +280,32 @@ func (e *unreachableError) Error() string {
 		return fmt.Sprintf("cannot reach the server at %s: no plain-text gRPC answer (if it serves TLS, drop --insecure and WEIR_INSECURE)", e.addr)
 	}
 	return fmt.Sprintf("cannot reach the server at %s (is weir-server running? set --server, WEIR_SERVER or a context)", e.addr)
+}
+
+// tlsProblem says in an operator's words what TLS failure cause reports,
+// or "" when it is none it knows. With TLS 1.3 a server's refusal of the
+// client certificate arrives as an alert after the handshake, so it reads
+// like a broken connection unless named.
+func tlsProblem(cause, addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	switch {
+	case strings.Contains(cause, "tls: certificate required"):
+		return "the server requires a client certificate: give --cert-file and --key-file (or a context with them)"
+	case strings.Contains(cause, "remote error: tls: expired certificate"):
+		return "the server refused the client certificate (--cert-file) as expired: issue a new one (weir-server certs issue)"
+	case strings.Contains(cause, "remote error: tls: unknown certificate authority"), strings.Contains(cause, "remote error: tls: bad certificate"):
+		return "the server does not trust the client certificate (--cert-file): it is not signed by the CA the server trusts (--client-ca-file)"
+	case strings.Contains(cause, "x509: certificate signed by unknown authority"):
+		return "the server's certificate is not signed by the CA in --ca-file"
+	case strings.Contains(cause, "x509: certificate has expired"):
+		return "the server's certificate has expired (or this machine's clock is wrong)"
+	case strings.Contains(cause, "x509: certificate is valid for"), strings.Contains(cause, "x509: certificate is not valid for any names"):
+		return "the server's certificate is not for " + host + ": connect by a name or address it was issued for (weir-server certs init --hosts)"
+	}
+	return ""
 }
 
 // exitCode maps an error to the process exit code.
