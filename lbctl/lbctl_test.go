@@ -1228,7 +1228,7 @@ func TestTLSFailuresAreNamed(t *testing.T) {
 	}{
 		{"no client certificate", []string{"--server", srv.Addr, "--ca-file", filepath.Join(dir, "ca.crt")}, "the server requires a client certificate"},
 		{"a client certificate of another CA", []string{"--server", srv.Addr, "--ca-file", filepath.Join(dir, "ca.crt"),
-			"--cert-file", filepath.Join(other, "mallory.crt"), "--key-file", filepath.Join(other, "mallory.key")}, "the server does not trust the client certificate"},
+			"--cert-file", filepath.Join(other, "mallory.crt"), "--key-file", filepath.Join(other, "mallory.key")}, "does not trust the client certificate"},
 		{"the server's certificate from another CA", []string{"--server", srv.Addr, "--ca-file", filepath.Join(other, "ca.crt"),
 			"--cert-file", filepath.Join(dir, "victor.crt"), "--key-file", filepath.Join(dir, "victor.key")}, "the server's certificate is not signed by the CA in --ca-file"},
 		{"a name the certificate is not for", []string{"--server", "localhost:" + port, "--ca-file", filepath.Join(dir, "ca.crt"),

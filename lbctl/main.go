@@ -240,12 +240,12 @@ func (s *clientStream) RecvMsg(m any) error { return s.check(s.ClientStream.Recv
 func (a *app) reachable(cc *grpc.ClientConn, err error) error {
 	switch status.Code(err) {
 	case codes.Unavailable:
-		return &unreachableError{addr: a.server, cause: status.Convert(err).Message(), plainText: a.insecure}
+		return &unreachableError{addr: a.server, cause: status.Convert(err).Message(), plainText: a.insecure, clientCert: a.tls.Cert != ""}
 	case codes.DeadlineExceeded:
 		// Only a deadline spent waiting for a connection means unreachable;
 		// a connected server that answers slowly is a different problem.
 		if cc.GetState() != connectivity.Ready {
-			return &unreachableError{addr: a.server, cause: status.Convert(err).Message(), plainText: a.insecure}
+			return &unreachableError{addr: a.server, cause: status.Convert(err).Message(), plainText: a.insecure, clientCert: a.tls.Cert != ""}
 		}
 	}
 	return err
@@ -265,6 +265,7 @@ func usageErrorf(format string, args ...any) error {
 type unreachableError struct {
 	addr, cause string
 	plainText   bool // --insecure
+	clientCert  bool // a client certificate was given
 }
 
 func (e *unreachableError) Error() string {
@@ -275,6 +276,15 @@ func (e *unreachableError) Error() string {
 	if _, tlsErr, ok := strings.Cut(e.cause, "authentication handshake failed: "); ok {
 		return fmt.Sprintf("cannot reach the server at %s: TLS handshake failed: %s (check --ca-file, --cert-file and --key-file, or --insecure for a plain-text server)",
 			e.addr, strings.TrimSuffix(tlsErr, `"`))
+	}
+	if !e.plainText && droppedAfterHandshake(e.cause) {
+		// The server verifies the client certificate after the handshake
+		// (TLS 1.3) and closes the connection when it refuses it; its
+		// alert may not be read before the write that finds it closed.
+		if !e.clientCert {
+			return fmt.Sprintf("cannot reach the server at %s: the server requires a client certificate (it closed the connection after the TLS handshake): give --cert-file and --key-file (or a context with them)", e.addr)
+		}
+		return fmt.Sprintf("cannot reach the server at %s: the server does not trust the client certificate (--cert-file), or it expired (it closed the connection after the TLS handshake)", e.addr)
 	}
 	if e.plainText && strings.Contains(e.cause, "server preface") {
 		return fmt.Sprintf("cannot reach the server at %s: no plain-text gRPC answer (if it serves TLS, drop --insecure and WEIR_INSECURE)", e.addr)
@@ -306,6 +316,17 @@ func tlsProblem(cause, addr string) string {
 		return "the server's certificate is not for " + host + ": connect by a name or address it was issued for (weir-server certs init --hosts)"
 	}
 	return ""
+}
+
+// droppedAfterHandshake reports whether cause is a connection the server
+// closed right after a TLS handshake that succeeded.
+func droppedAfterHandshake(cause string) bool {
+	for _, s := range []string{"broken pipe", "connection reset by peer", "EOF", "connection closed before server preface received"} {
+		if strings.Contains(cause, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // exitCode maps an error to the process exit code.
