@@ -270,10 +270,10 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 			if stale := a.staleSince(n); stale != "" {
 				state, up = stale+" (last reported "+state+")", "-"
 			}
-			rows = append(rows, []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), state, up})
+			rows = append(rows, []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), state, up, orNone(s.GetLastError())})
 		}
 		b.WriteString("\n")
-		section(&b, "BGP sessions", []string{"PEER", "ASN", "STATE", "UP"}, rows)
+		section(&b, "BGP sessions", []string{"PEER", "ASN", "STATE", "UP", "LAST ERROR"}, rows)
 	}
 	return b.String(), nil
 }

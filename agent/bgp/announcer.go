@@ -170,7 +170,7 @@ func (a *Announcer) Report(full bool) *health.Report {
 	}
 	now := health.BGPReport{Announcements: a.reported.Announcements}
 	for _, s := range sessions {
-		now.Sessions = append(now.Sessions, health.BGPSession{PeerAddress: s.PeerAddress, PeerASN: s.PeerASN, State: s.State, Since: s.Since})
+		now.Sessions = append(now.Sessions, health.BGPSession{PeerAddress: s.PeerAddress, PeerASN: s.PeerASN, State: s.State, Since: s.Since, LastError: s.LastError})
 	}
 	if a.changed || full {
 		// Rebuilt only when it changed: a node may announce thousands.
@@ -303,6 +303,6 @@ func readyLocal(svc *datapath.Service, is6 bool) uint32 {
 
 func sameSessions(now []bgpspeaker.Session, reported []health.BGPSession) bool {
 	return slices.EqualFunc(now, reported, func(s bgpspeaker.Session, r health.BGPSession) bool {
-		return s.PeerAddress == r.PeerAddress && s.PeerASN == r.PeerASN && s.State == r.State && s.Since.Equal(r.Since)
+		return s.PeerAddress == r.PeerAddress && s.PeerASN == r.PeerASN && s.State == r.State && s.Since.Equal(r.Since) && s.LastError == r.LastError
 	})
 }

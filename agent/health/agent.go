@@ -60,6 +60,8 @@ type BGPSession struct {
 	PeerASN     uint32
 	State       string // idle, connect, active, opensent, openconfirm, established
 	Since       time.Time
+	// LastError is the session's last NOTIFICATION, from either side.
+	LastError string
 }
 
 // Merge adds o's parts to r.

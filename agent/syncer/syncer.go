@@ -506,7 +506,7 @@ func reportToProto(r *health.Report) *weirv1.SyncRequest {
 	if r.BGP != nil {
 		out.Bgp = &weirv1.BgpSessions{Sessions: []*weirv1.BgpSession{}}
 		for _, s := range r.BGP.Sessions {
-			ps := &weirv1.BgpSession{PeerAddress: s.PeerAddress.String(), PeerAsn: s.PeerASN, State: s.State}
+			ps := &weirv1.BgpSession{PeerAddress: s.PeerAddress.String(), PeerAsn: s.PeerASN, State: s.State, LastError: s.LastError}
 			if !s.Since.IsZero() {
 				ps.EstablishedSince = timestamppb.New(s.Since)
 			}

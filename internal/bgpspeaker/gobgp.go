@@ -19,6 +19,7 @@ import (
 
 	api "github.com/osrg/gobgp/v3/api"
 	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
+	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v3/pkg/server"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -163,6 +164,10 @@ type Session struct {
 	Since       time.Time
 	// AddPath: the router agreed to receive several paths per prefix.
 	AddPath bool
+	// LastError is the session's last NOTIFICATION, from either side
+	// ("the router sent NOTIFICATION code 2(open) subcode 2(bad peer
+	// as)"); "" when there was none.
+	LastError string
 }
 
 // BandwidthPerWeight is the link bandwidth (bytes/s) one unit of weight
@@ -171,9 +176,10 @@ const BandwidthPerWeight = 1e6
 
 // GoBGP is a running speaker.
 type GoBGP struct {
-	s   *server.BgpServer
-	asn uint32
-	cfg Config
+	s     *server.BgpServer
+	asn   uint32
+	cfg   Config
+	notes *notifications
 
 	mu      sync.Mutex // guards dynamic, exportRules and exportAssigned
 	dynamic map[netip.Addr]Peer
@@ -270,7 +276,8 @@ func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := server.NewBgpServer(server.LoggerOption(&logger{cfg.Log}))
+	notes := &notifications{last: map[netip.Addr]string{}}
+	s := server.NewBgpServer(server.LoggerOption(&logger{cfg.Log, notes}))
 	go s.Serve()
 	if err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
 		Asn: cfg.ASN, RouterId: cfg.RouterID.String(), ListenPort: -1,
@@ -278,7 +285,7 @@ func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
 		s.Stop()
 		return nil, fmt.Errorf("starting BGP: %w", err)
 	}
-	g := &GoBGP{s: s, asn: cfg.ASN, cfg: cfg, dynamic: map[netip.Addr]Peer{}}
+	g := &GoBGP{s: s, asn: cfg.ASN, cfg: cfg, dynamic: map[netip.Addr]Peer{}, notes: notes}
 	for _, p := range cfg.Peers {
 		if err := g.addPeer(ctx, p); err != nil {
 			s.Stop()
@@ -458,7 +465,7 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]Session, error) {
 			return
 		}
 		st := Session{PeerAddress: addr, PeerASN: p.GetState().GetPeerAsn(),
-			State: strings.ToLower(p.GetState().GetSessionState().String())}
+			State: strings.ToLower(p.GetState().GetSessionState().String()), LastError: g.notes.get(addr)}
 		st.AddPath = g.cfg.AddPath && st.State == "established" && receivesAddPath(p.GetState().GetRemoteCap())
 		if st.State == "established" && p.GetTimers().GetState().GetUptime() != nil {
 			st.Since = p.GetTimers().GetState().GetUptime().AsTime()
@@ -517,8 +524,51 @@ func (g *GoBGP) GracefulRestart() bool {
 	return false
 }
 
-// logger sends GoBGP's log to slog.
-type logger struct{ l *slog.Logger }
+// logger sends GoBGP's log to slog, and keeps the last NOTIFICATION of
+// each session: GoBGP's API does not say why a session went down, its log
+// does.
+type logger struct {
+	l     *slog.Logger
+	notes *notifications
+}
+
+// notifications is the last NOTIFICATION sent or received per router.
+type notifications struct {
+	mu   sync.Mutex
+	last map[netip.Addr]string
+}
+
+func (n *notifications) get(addr netip.Addr) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.last[addr]
+}
+
+// note records a NOTIFICATION GoBGP logged ("received notification" or
+// "sent notification", with the peer's address and the code and subcode).
+func (n *notifications) note(msg string, f gobgplog.Fields) {
+	who := map[string]string{"received notification": "the router sent", "sent notification": "this speaker sent"}[msg]
+	key, _ := f["Key"].(string)
+	addr, err := netip.ParseAddr(key)
+	code, okCode := f["Code"].(uint8)
+	subcode, okSub := f["Subcode"].(uint8)
+	detail, _ := f["Communicated-Reason"].(string)
+	if e, ok := f["Data"].(*bgp.MessageError); ok {
+		// A NOTIFICATION GoBGP sends for an error it found: the error
+		// carries the codes and says what it was.
+		code, subcode, okCode, okSub, detail = e.TypeCode, e.SubTypeCode, true, true, e.Message
+	}
+	if who == "" || err != nil || !okCode || !okSub {
+		return
+	}
+	text := fmt.Sprintf("%s NOTIFICATION %s", who, bgp.NewNotificationErrorCode(code, subcode))
+	if detail != "" {
+		text += ": " + detail
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.last[addr] = text
+}
 
 func (g *logger) attrs(f gobgplog.Fields) []any {
 	out := make([]any, 0, 2*len(f))
@@ -530,7 +580,10 @@ func (g *logger) attrs(f gobgplog.Fields) []any {
 func (g *logger) Panic(msg string, f gobgplog.Fields) { g.l.Error(msg, g.attrs(f)...) }
 func (g *logger) Fatal(msg string, f gobgplog.Fields) { g.l.Error(msg, g.attrs(f)...) }
 func (g *logger) Error(msg string, f gobgplog.Fields) { g.l.Error(msg, g.attrs(f)...) }
-func (g *logger) Warn(msg string, f gobgplog.Fields)  { g.l.Warn(msg, g.attrs(f)...) }
+func (g *logger) Warn(msg string, f gobgplog.Fields) {
+	g.notes.note(msg, f)
+	g.l.Warn(msg, g.attrs(f)...)
+}
 func (g *logger) Info(msg string, f gobgplog.Fields)  { g.l.Debug(msg, g.attrs(f)...) }
 func (g *logger) Debug(msg string, f gobgplog.Fields) {}
 func (g *logger) SetLevel(gobgplog.LogLevel)          {}

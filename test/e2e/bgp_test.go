@@ -506,3 +506,34 @@ func (k *keepAlive) Request() error {
 }
 
 func (k *keepAlive) Close() { k.conn.Close() }
+
+// TestWrongASNIsNamed: a BgpPeer with the router's AS wrong never comes
+// up, and the node's status says why, in the words of the NOTIFICATION
+// that ended the session ("bad peer as").
+func TestWrongASNIsNamed(t *testing.T) {
+	c, _ := startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter)
+	ctx := context.Background()
+	if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: &weirv1.BgpPeer{
+		Metadata: &weirv1.ObjectMeta{Name: "upstream"}, Address: lab.RouterLANv4.String(), Asn: routerASN + 1, MyAsn: nodeASN}}); err != nil {
+		t.Fatal(err)
+	}
+	st := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, "node1's session names the bad peer AS", func() error {
+		r, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			return err
+		}
+		for _, n := range r.GetNodes() {
+			if n.GetName() != c.Nodes[0].Name {
+				continue
+			}
+			for _, s := range n.GetBgpSessions() {
+				if s.GetState() != "established" && strings.Contains(s.GetLastError(), "bad peer as") {
+					return nil
+				}
+			}
+			return fmt.Errorf("node1's sessions: %v", n.GetBgpSessions())
+		}
+		return fmt.Errorf("node1 has no status")
+	})
+}

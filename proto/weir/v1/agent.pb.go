@@ -523,8 +523,12 @@ type BgpSession struct {
 	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
 	// When the session was last established.
 	EstablishedSince *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=established_since,json=establishedSince,proto3" json:"established_since,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The session's last NOTIFICATION, from either side, with its code,
+	// subcode and meaning ("the router sent NOTIFICATION code 2(open)
+	// subcode 2(bad peer as)"); empty when there was none.
+	LastError     string `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BgpSession) Reset() {
@@ -583,6 +587,13 @@ func (x *BgpSession) GetEstablishedSince() *timestamppb.Timestamp {
 		return x.EstablishedSince
 	}
 	return nil
+}
+
+func (x *BgpSession) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
 }
 
 // NodeHealth is what the node answers on its health port (10256).
@@ -1516,13 +1527,15 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x0fBgpAnnouncement\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x19\n" +
 	"\bnext_hop\x18\x02 \x01(\tR\anextHop\x12\x16\n" +
-	"\x06weight\x18\x03 \x01(\rR\x06weight\"\xa9\x01\n" +
+	"\x06weight\x18\x03 \x01(\rR\x06weight\"\xc8\x01\n" +
 	"\n" +
 	"BgpSession\x12!\n" +
 	"\fpeer_address\x18\x01 \x01(\tR\vpeerAddress\x12\x19\n" +
 	"\bpeer_asn\x18\x02 \x01(\rR\apeerAsn\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12G\n" +
-	"\x11established_since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x10establishedSince\"\xb2\x01\n" +
+	"\x11established_since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x10establishedSince\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError\"\xb2\x01\n" +
 	"\n" +
 	"NodeHealth\x12!\n" +
 	"\fhealthz_code\x18\x01 \x01(\x05R\vhealthzCode\x12\x1d\n" +
