@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -59,4 +60,42 @@ func TestWaitProgrammedMeansInTheKernel(t *testing.T) {
 	if err != nil || !r.GetProgrammed() {
 		t.Fatalf("WaitProgrammed(%d) after the drain: %v, %v", rev, r, err)
 	}
+}
+
+// TestAKilledAgentIsShownStaleAtOnce: an agent killed with SIGKILL is
+// shown as not connected, and its reports as unknown, within a second.
+func TestAKilledAgentIsShownStaleAtOnce(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	st := weirv1.NewStatusServiceClient(c.Conn)
+	node2 := c.Nodes[1].Name
+	connected := func() bool {
+		r, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range r.GetNodes() {
+			if n.GetName() == node2 {
+				return n.GetConnected()
+			}
+		}
+		return false
+	}
+	eventually(t, "node2's agent connected", func() error {
+		if !connected() {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if err := c.Agents[1].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	for connected() {
+		if time.Since(killed) > time.Second {
+			t.Fatal("a second after its agent was killed, node2 still shows connected")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("node2 shown not connected %v after its agent was killed", time.Since(killed).Round(time.Millisecond))
 }
