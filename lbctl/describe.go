@@ -270,10 +270,10 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 			if stale := a.staleSince(n); stale != "" {
 				state, up = stale+" (last reported "+state+")", "-"
 			}
-			rows = append(rows, []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), state, up, orNone(s.GetLastError())})
+			rows = append(rows, []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), state, up, families(s.GetFamilies()), orNone(s.GetLastError())})
 		}
 		b.WriteString("\n")
-		section(&b, "BGP sessions", []string{"PEER", "ASN", "STATE", "UP", "LAST ERROR"}, rows)
+		section(&b, "BGP sessions", []string{"PEER", "ASN", "STATE", "UP", "FAMILIES", "LAST ERROR"}, rows)
 	}
 	return b.String(), nil
 }
@@ -312,6 +312,20 @@ func section(b *strings.Builder, title string, header []string, rows [][]string)
 		t.add(r...)
 	}
 	_ = t.flush()
+}
+
+// families is a session per address family: "ipv4 sent 2 accepted 0;
+// ipv6 not negotiated".
+func families(fs []*weirv1.BgpFamily) string {
+	var out []string
+	for _, f := range fs {
+		if !f.GetNegotiated() {
+			out = append(out, f.GetFamily()+" not negotiated")
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s sent %d accepted %d", f.GetFamily(), f.GetSent(), f.GetAccepted()))
+	}
+	return orNone(strings.Join(out, "; "))
 }
 
 // staleSince says, for a node whose agent is not connected, that what it

@@ -1039,13 +1039,15 @@ graceful_restart: true
 func TestDescribeServiceShowsAnnouncements(t *testing.T) {
 	e := lbEnv(t)
 	e.bgp = map[string][]*weirv1.BgpSession{"node1": {{PeerAddress: "192.0.2.1", PeerAsn: 64500, State: "established",
-		LastError: "the router sent NOTIFICATION code 6(cease) subcode 4(administrative reset)"}}}
+		LastError: "the router sent NOTIFICATION code 6(cease) subcode 4(administrative reset)",
+		Families:  []*weirv1.BgpFamily{{Family: "ipv4", Negotiated: true, Sent: 2}, {Family: "ipv6"}}}}}
 	e.announced = map[string][]*weirv1.BgpAnnouncement{"node1": {
 		{Prefix: "203.0.113.7/32", NextHop: "192.0.2.11", Weight: 1},
 		{Prefix: "203.0.113.99/32", NextHop: "192.0.2.11"}, // another service's
 	}}
 	stop := e.agent("node1", 200, lbHealth(200, 1))
-	if node := e.mustLbctl("", "describe", "node", "node1"); !strings.Contains(node, "the router sent NOTIFICATION code 6(cease) subcode 4(administrative reset)") {
+	if node := e.mustLbctl("", "describe", "node", "node1"); !strings.Contains(node, "the router sent NOTIFICATION code 6(cease) subcode 4(administrative reset)") ||
+		!strings.Contains(node, "ipv4 sent 2 accepted 0; ipv6 not negotiated") {
 		t.Errorf("describe node: want the session's last error\n%s", node)
 	}
 	out := e.mustLbctl("", "describe", "service", "default/lb")

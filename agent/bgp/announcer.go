@@ -170,7 +170,11 @@ func (a *Announcer) Report(full bool) *health.Report {
 	}
 	now := health.BGPReport{Announcements: a.reported.Announcements}
 	for _, s := range sessions {
-		now.Sessions = append(now.Sessions, health.BGPSession{PeerAddress: s.PeerAddress, PeerASN: s.PeerASN, State: s.State, Since: s.Since, LastError: s.LastError})
+		hs := health.BGPSession{PeerAddress: s.PeerAddress, PeerASN: s.PeerASN, State: s.State, Since: s.Since, LastError: s.LastError}
+		for _, f := range s.Families {
+			hs.Families = append(hs.Families, health.BGPFamily(f))
+		}
+		now.Sessions = append(now.Sessions, hs)
 	}
 	if a.changed || full {
 		// Rebuilt only when it changed: a node may announce thousands.
@@ -303,6 +307,7 @@ func readyLocal(svc *datapath.Service, is6 bool) uint32 {
 
 func sameSessions(now []bgpspeaker.Session, reported []health.BGPSession) bool {
 	return slices.EqualFunc(now, reported, func(s bgpspeaker.Session, r health.BGPSession) bool {
-		return s.PeerAddress == r.PeerAddress && s.PeerASN == r.PeerASN && s.State == r.State && s.Since.Equal(r.Since) && s.LastError == r.LastError
+		return s.PeerAddress == r.PeerAddress && s.PeerASN == r.PeerASN && s.State == r.State && s.Since.Equal(r.Since) && s.LastError == r.LastError &&
+			slices.EqualFunc(s.Families, r.Families, func(a bgpspeaker.Family, b health.BGPFamily) bool { return health.BGPFamily(a) == b })
 	})
 }

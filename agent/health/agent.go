@@ -62,6 +62,15 @@ type BGPSession struct {
 	Since       time.Time
 	// LastError is the session's last NOTIFICATION, from either side.
 	LastError string
+	// Families is the session per address family.
+	Families []BGPFamily
+}
+
+// BGPFamily is one address family of a BGP session.
+type BGPFamily struct {
+	Name                     string
+	Negotiated               bool
+	Sent, Received, Accepted uint64
 }
 
 // Merge adds o's parts to r.

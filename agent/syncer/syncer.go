@@ -507,6 +507,9 @@ func reportToProto(r *health.Report) *weirv1.SyncRequest {
 		out.Bgp = &weirv1.BgpSessions{Sessions: []*weirv1.BgpSession{}}
 		for _, s := range r.BGP.Sessions {
 			ps := &weirv1.BgpSession{PeerAddress: s.PeerAddress.String(), PeerAsn: s.PeerASN, State: s.State, LastError: s.LastError}
+			for _, f := range s.Families {
+				ps.Families = append(ps.Families, &weirv1.BgpFamily{Family: f.Name, Negotiated: f.Negotiated, Sent: f.Sent, Received: f.Received, Accepted: f.Accepted})
+			}
 			if !s.Since.IsZero() {
 				ps.EstablishedSince = timestamppb.New(s.Since)
 			}

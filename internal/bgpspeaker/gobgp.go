@@ -168,6 +168,18 @@ type Session struct {
 	// ("the router sent NOTIFICATION code 2(open) subcode 2(bad peer
 	// as)"); "" when there was none.
 	LastError string
+	// Families is the session per address family, IPv4 then IPv6.
+	Families []Family
+}
+
+// Family is one address family of a session.
+type Family struct {
+	Name string // ipv4 or ipv6
+	// Negotiated: both sides agreed to carry it in this session.
+	Negotiated bool
+	// Sent counts the prefixes advertised to the router, Received and
+	// Accepted those it sent and this speaker kept.
+	Sent, Received, Accepted uint64
 }
 
 // BandwidthPerWeight is the link bandwidth (bytes/s) one unit of weight
@@ -459,7 +471,7 @@ func (g *GoBGP) Withdraw(ctx context.Context, prefix netip.Prefix, a Announcemen
 // Sessions lists every peer's session, by address.
 func (g *GoBGP) Sessions(ctx context.Context) ([]Session, error) {
 	var out []Session
-	err := g.s.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+	err := g.s.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
 		addr, err := netip.ParseAddr(p.GetState().GetNeighborAddress())
 		if err != nil {
 			return
@@ -470,6 +482,16 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]Session, error) {
 		if st.State == "established" && p.GetTimers().GetState().GetUptime() != nil {
 			st.Since = p.GetTimers().GetState().GetUptime().AsTime()
 		}
+		for _, af := range p.GetAfiSafis() {
+			fs := af.GetState()
+			name := "ipv4"
+			if fs.GetFamily().GetAfi() == api.Family_AFI_IP6 {
+				name = "ipv6"
+			}
+			st.Families = append(st.Families, Family{Name: name, Negotiated: st.State == "established" && fs.GetEnabled(),
+				Sent: fs.GetAdvertised(), Received: fs.GetReceived(), Accepted: fs.GetAccepted()})
+		}
+		slices.SortFunc(st.Families, func(a, b Family) int { return strings.Compare(a.Name, b.Name) })
 		out = append(out, st)
 	})
 	slices.SortFunc(out, func(a, b Session) int { return a.PeerAddress.Compare(b.PeerAddress) })

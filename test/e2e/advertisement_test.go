@@ -176,6 +176,24 @@ func testGracefulRestart(t *testing.T, c *weirlab.Cluster, r bgpRouter) {
 	createService(t, c, svc, node1.Pods)
 	waitNextHops(t, r, "203.0.113.72", node1.IPv4.String())
 	dst := netip.MustParseAddrPort("203.0.113.72:80")
+	// node1 reports the session per family: IPv4 carries the VIP.
+	st := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, "node1 reports sending the VIP over IPv4", func() error {
+		r, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			return err
+		}
+		for _, n := range r.GetNodes() {
+			for _, s := range n.GetBgpSessions() {
+				for _, f := range s.GetFamilies() {
+					if n.GetName() == node1.Name && f.GetFamily() == "ipv4" && f.GetNegotiated() && f.GetSent() >= 1 {
+						return nil
+					}
+				}
+			}
+		}
+		return fmt.Errorf("statuses: %v", r.GetNodes())
+	})
 
 	restart := func(how func(int) error) (failures, total int64) {
 		t.Helper()

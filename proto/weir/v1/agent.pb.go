@@ -526,7 +526,9 @@ type BgpSession struct {
 	// The session's last NOTIFICATION, from either side, with its code,
 	// subcode and meaning ("the router sent NOTIFICATION code 2(open)
 	// subcode 2(bad peer as)"); empty when there was none.
-	LastError     string `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	LastError string `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// The session per address family.
+	Families      []*BgpFamily `protobuf:"bytes,6,rep,name=families,proto3" json:"families,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -596,6 +598,93 @@ func (x *BgpSession) GetLastError() string {
 	return ""
 }
 
+func (x *BgpSession) GetFamilies() []*BgpFamily {
+	if x != nil {
+		return x.Families
+	}
+	return nil
+}
+
+// BgpFamily is one address family of a BGP session.
+type BgpFamily struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "ipv4" or "ipv6".
+	Family string `protobuf:"bytes,1,opt,name=family,proto3" json:"family,omitempty"`
+	// Both sides agreed to carry the family in the current session.
+	Negotiated bool `protobuf:"varint,2,opt,name=negotiated,proto3" json:"negotiated,omitempty"`
+	// Prefixes advertised to the router; prefixes it sent, and those kept.
+	Sent          uint64 `protobuf:"varint,3,opt,name=sent,proto3" json:"sent,omitempty"`
+	Received      uint64 `protobuf:"varint,4,opt,name=received,proto3" json:"received,omitempty"`
+	Accepted      uint64 `protobuf:"varint,5,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BgpFamily) Reset() {
+	*x = BgpFamily{}
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BgpFamily) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BgpFamily) ProtoMessage() {}
+
+func (x *BgpFamily) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BgpFamily.ProtoReflect.Descriptor instead.
+func (*BgpFamily) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *BgpFamily) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *BgpFamily) GetNegotiated() bool {
+	if x != nil {
+		return x.Negotiated
+	}
+	return false
+}
+
+func (x *BgpFamily) GetSent() uint64 {
+	if x != nil {
+		return x.Sent
+	}
+	return 0
+}
+
+func (x *BgpFamily) GetReceived() uint64 {
+	if x != nil {
+		return x.Received
+	}
+	return 0
+}
+
+func (x *BgpFamily) GetAccepted() uint64 {
+	if x != nil {
+		return x.Accepted
+	}
+	return 0
+}
+
 // NodeHealth is what the node answers on its health port (10256).
 type NodeHealth struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -611,7 +700,7 @@ type NodeHealth struct {
 
 func (x *NodeHealth) Reset() {
 	*x = NodeHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +712,7 @@ func (x *NodeHealth) String() string {
 func (*NodeHealth) ProtoMessage() {}
 
 func (x *NodeHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +725,7 @@ func (x *NodeHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
 func (*NodeHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NodeHealth) GetHealthzCode() int32 {
@@ -687,7 +776,7 @@ type ServiceHealth struct {
 
 func (x *ServiceHealth) Reset() {
 	*x = ServiceHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +788,7 @@ func (x *ServiceHealth) String() string {
 func (*ServiceHealth) ProtoMessage() {}
 
 func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +801,7 @@ func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceHealth.ProtoReflect.Descriptor instead.
 func (*ServiceHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ServiceHealth) GetNamespace() string {
@@ -799,7 +888,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -811,7 +900,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -824,7 +913,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SyncResponse) GetVersion() uint64 {
@@ -897,7 +986,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +998,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1011,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -1007,7 +1096,7 @@ type PoolAdvertisement struct {
 
 func (x *PoolAdvertisement) Reset() {
 	*x = PoolAdvertisement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1108,7 @@ func (x *PoolAdvertisement) String() string {
 func (*PoolAdvertisement) ProtoMessage() {}
 
 func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1121,7 @@ func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolAdvertisement.ProtoReflect.Descriptor instead.
 func (*PoolAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PoolAdvertisement) GetRanges() []string {
@@ -1094,7 +1183,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1195,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1208,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -1201,7 +1290,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1302,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1315,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -1326,7 +1415,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1427,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1440,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -1408,7 +1497,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1509,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1522,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -1527,7 +1616,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x0fBgpAnnouncement\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x19\n" +
 	"\bnext_hop\x18\x02 \x01(\tR\anextHop\x12\x16\n" +
-	"\x06weight\x18\x03 \x01(\rR\x06weight\"\xc8\x01\n" +
+	"\x06weight\x18\x03 \x01(\rR\x06weight\"\xf8\x01\n" +
 	"\n" +
 	"BgpSession\x12!\n" +
 	"\fpeer_address\x18\x01 \x01(\tR\vpeerAddress\x12\x19\n" +
@@ -1535,7 +1624,16 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12G\n" +
 	"\x11established_since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x10establishedSince\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\x05 \x01(\tR\tlastError\"\xb2\x01\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError\x12.\n" +
+	"\bfamilies\x18\x06 \x03(\v2\x12.weir.v1.BgpFamilyR\bfamilies\"\x8f\x01\n" +
+	"\tBgpFamily\x12\x16\n" +
+	"\x06family\x18\x01 \x01(\tR\x06family\x12\x1e\n" +
+	"\n" +
+	"negotiated\x18\x02 \x01(\bR\n" +
+	"negotiated\x12\x12\n" +
+	"\x04sent\x18\x03 \x01(\x04R\x04sent\x12\x1a\n" +
+	"\breceived\x18\x04 \x01(\x04R\breceived\x12\x1a\n" +
+	"\baccepted\x18\x05 \x01(\x04R\baccepted\"\xb2\x01\n" +
 	"\n" +
 	"NodeHealth\x12!\n" +
 	"\fhealthz_code\x18\x01 \x01(\x05R\vhealthzCode\x12\x1d\n" +
@@ -1635,7 +1733,7 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(*SyncRequest)(nil),           // 0: weir.v1.SyncRequest
 	(*Hello)(nil),                 // 1: weir.v1.Hello
@@ -1645,51 +1743,53 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*BgpSessions)(nil),           // 5: weir.v1.BgpSessions
 	(*BgpAnnouncement)(nil),       // 6: weir.v1.BgpAnnouncement
 	(*BgpSession)(nil),            // 7: weir.v1.BgpSession
-	(*NodeHealth)(nil),            // 8: weir.v1.NodeHealth
-	(*ServiceHealth)(nil),         // 9: weir.v1.ServiceHealth
-	(*SyncResponse)(nil),          // 10: weir.v1.SyncResponse
-	(*NodeInfo)(nil),              // 11: weir.v1.NodeInfo
-	(*PoolAdvertisement)(nil),     // 12: weir.v1.PoolAdvertisement
-	(*NodePeer)(nil),              // 13: weir.v1.NodePeer
-	(*NodeService)(nil),           // 14: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 15: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 16: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 19: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 20: weir.v1.TrafficDistribution
-	(Protocol)(0),                 // 21: weir.v1.Protocol
+	(*BgpFamily)(nil),             // 8: weir.v1.BgpFamily
+	(*NodeHealth)(nil),            // 9: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 10: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 11: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 12: weir.v1.NodeInfo
+	(*PoolAdvertisement)(nil),     // 13: weir.v1.PoolAdvertisement
+	(*NodePeer)(nil),              // 14: weir.v1.NodePeer
+	(*NodeService)(nil),           // 15: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 16: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 17: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 20: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 21: weir.v1.TrafficDistribution
+	(Protocol)(0),                 // 22: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	2,  // 1: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
 	3,  // 2: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
 	4,  // 3: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	8,  // 4: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	9,  // 5: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	17, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	9,  // 4: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	10, // 5: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	18, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
 	5,  // 7: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
 	7,  // 8: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
 	6,  // 9: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	18, // 10: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	18, // 11: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	11, // 12: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	14, // 13: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	13, // 14: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	12, // 15: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
-	15, // 16: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	19, // 17: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	19, // 18: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	20, // 19: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	21, // 20: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	16, // 21: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	0,  // 22: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	10, // 23: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	23, // [23:24] is the sub-list for method output_type
-	22, // [22:23] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	19, // 10: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	8,  // 11: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
+	19, // 12: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	12, // 13: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	15, // 14: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	14, // 15: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	13, // 16: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	16, // 17: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	20, // 18: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	20, // 19: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	21, // 20: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	22, // 21: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	17, // 22: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	0,  // 23: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	11, // 24: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	24, // [24:25] is the sub-list for method output_type
+	23, // [23:24] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -1710,7 +1810,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
