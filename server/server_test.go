@@ -923,6 +923,16 @@ func TestWaitProgrammedTellsWhenEveryNodeHasAWrite(t *testing.T) {
 	if r := wait(rev, 5*time.Second); !r.GetProgrammed() || reason(r, "node2") != "" {
 		t.Errorf("after node1 applied: %v; want programmed everywhere (node2 was sent nothing)", r)
 	}
+	// node1's status says how long the change took to reach its kernel.
+	statuses, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range statuses.GetNodes() {
+		if s.GetName() == "node1" && s.GetProgrammingLatency().AsDuration() <= 0 {
+			t.Errorf("node1's programming latency after it applied a change: %v", s.GetProgrammingLatency())
+		}
+	}
 
 	// node1 refuses the next write: WaitProgrammed says so without
 	// waiting for its timeout.

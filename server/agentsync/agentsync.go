@@ -730,8 +730,15 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStat
 		case *weirv1.SyncRequest_Ack:
 			st.AppliedVersion = m.Ack.GetVersion()
 			st.LastError, st.LastErrorVersion = "", 0
+			var longest time.Duration
 			for _, since := range inflight.settle(m.Ack.GetVersion()) {
 				h.metrics.programming.Observe(now.Sub(since).Seconds())
+				longest = max(longest, now.Sub(since))
+			}
+			if longest > 0 {
+				// From the acceptance of the oldest change this answer
+				// covers to this node's kernel.
+				st.ProgrammingLatency = longest
 			}
 		case *weirv1.SyncRequest_Nack:
 			// Recorded, never resent: the same state would fail the same way.

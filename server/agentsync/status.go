@@ -15,6 +15,9 @@ type NodeStatus struct {
 	// Covered is the cache version up to which the node has been sent
 	// every change that concerns it.
 	Covered uint64
+	// ProgrammingLatency is, for the last state the node applied that held
+	// changes, the time from the oldest change's acceptance to the ACK.
+	ProgrammingLatency time.Duration
 	// LastError is the agent's last NACK, cleared by the next ACK.
 	LastError        string
 	LastErrorVersion uint64

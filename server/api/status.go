@@ -170,8 +170,8 @@ func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 	for _, n := range s.statuses() {
 		out = append(out, &weirv1.NodeStatus{
 			Name: n.Node, Connected: n.Connected, SentVersion: n.SentVersion, AppliedVersion: n.AppliedVersion,
-			ProgrammedVersion: n.ProgrammedVersion(),
-			LastError:         n.LastError, LastErrorVersion: n.LastErrorVersion, LastSeen: timestamp(n.LastSeen),
+			ProgrammedVersion: n.ProgrammedVersion(), ProgrammingLatency: durationpb.New(n.ProgrammingLatency),
+			LastError: n.LastError, LastErrorVersion: n.LastErrorVersion, LastSeen: timestamp(n.LastSeen),
 			Health: &weirv1.NodeHealth{
 				HealthzCode: int32(n.Health.HealthzCode), LivezCode: int32(n.Health.LivezCode),
 				LastUpdated: timestamp(n.Health.LastUpdated), NodeEligible: n.Health.NodeEligible,

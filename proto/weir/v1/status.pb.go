@@ -348,8 +348,12 @@ type NodeStatus struct {
 	// kernel (a revision that does not concern the node counts as soon as
 	// the server knows it does not).
 	ProgrammedVersion uint64 `protobuf:"varint,11,opt,name=programmed_version,json=programmedVersion,proto3" json:"programmed_version,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// For the last state the node applied that held changes: from the
+	// server accepting the oldest of them to the node's kernel holding it
+	// (weir_network_programming_duration_seconds has the distribution).
+	ProgrammingLatency *durationpb.Duration `protobuf:"bytes,12,opt,name=programming_latency,json=programmingLatency,proto3" json:"programming_latency,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -457,6 +461,13 @@ func (x *NodeStatus) GetProgrammedVersion() uint64 {
 		return x.ProgrammedVersion
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetProgrammingLatency() *durationpb.Duration {
+	if x != nil {
+		return x.ProgrammingLatency
+	}
+	return nil
 }
 
 type WaitProgrammedRequest struct {
@@ -981,7 +992,7 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"m\n" +
 	"\x18ListNodeStatusesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xed\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb9\x04\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
@@ -996,7 +1007,8 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\x12last_sync_duration\x18\t \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x126\n" +
 	"\fbgp_sessions\x18\n" +
 	" \x03(\v2\x13.weir.v1.BgpSessionR\vbgpSessions\x12-\n" +
-	"\x12programmed_version\x18\v \x01(\x04R\x11programmedVersion\"h\n" +
+	"\x12programmed_version\x18\v \x01(\x04R\x11programmedVersion\x12J\n" +
+	"\x13programming_latency\x18\f \x01(\v2\x19.google.protobuf.DurationR\x12programmingLatency\"h\n" +
 	"\x15WaitProgrammedRequest\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x123\n" +
 	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"e\n" +
@@ -1085,29 +1097,30 @@ var file_weir_v1_status_proto_depIdxs = []int32{
 	16, // 4: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
 	17, // 5: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
 	18, // 6: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
-	17, // 7: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
-	9,  // 8: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
-	12, // 9: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	14, // 10: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	13, // 11: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
-	19, // 12: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
-	20, // 13: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	21, // 14: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	4,  // 15: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 16: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	10, // 17: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 18: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	7,  // 19: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
-	5,  // 20: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 21: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	11, // 22: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 23: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	8,  // 24: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
-	20, // [20:25] is the sub-list for method output_type
-	15, // [15:20] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	17, // 7: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
+	17, // 8: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
+	9,  // 9: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
+	12, // 10: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
+	14, // 11: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	13, // 12: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
+	19, // 13: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
+	20, // 14: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	21, // 15: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	4,  // 16: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 17: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 18: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 19: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 20: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 21: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 22: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 23: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 24: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 25: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	21, // [21:26] is the sub-list for method output_type
+	16, // [16:21] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
