@@ -906,14 +906,12 @@ CURRENT   NAME   SERVER           INSECURE   CERT-FILE
 	}
 }
 
-// TestViewerMayReadNotWrite runs the server with mTLS; the context names
-// its files relative to the config file.
-func TestViewerMayReadNotWrite(t *testing.T) {
-	dir := t.TempDir()
-	if err := certs.InitCA(dir); err != nil {
-		t.Fatal(err)
-	}
-	for _, err := range []error{certs.IssueServer(dir, []string{"127.0.0.1"}), certs.IssueClient(dir, "victor", certs.RoleViewer)} {
+// startTLSServer runs a server with mTLS: a new CA in dir, the server's
+// certificate for 127.0.0.1, and a viewer's client certificate "victor".
+func startTLSServer(t *testing.T) (dir string, srv *servertest.Server) {
+	t.Helper()
+	dir = t.TempDir()
+	for _, err := range []error{certs.InitCA(dir), certs.IssueServer(dir, []string{"127.0.0.1"}), certs.IssueClient(dir, "victor", certs.RoleViewer)} {
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -922,7 +920,13 @@ func TestViewerMayReadNotWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS = tlsCfg })
+	return dir, servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS = tlsCfg })
+}
+
+// TestViewerMayReadNotWrite runs the server with mTLS; the context names
+// its files relative to the config file.
+func TestViewerMayReadNotWrite(t *testing.T) {
+	dir, srv := startTLSServer(t)
 	config := filepath.Join(dir, "lbctl.yaml")
 	if err := os.WriteFile(config, []byte(`current-context: view
 contexts:
@@ -1213,19 +1217,13 @@ func TestStatusAsJSONAndYAML(t *testing.T) {
 // TestTLSFailuresAreNamed: a TLS failure says what failed, in words an
 // operator acts on, not "is weir-server running?".
 func TestTLSFailuresAreNamed(t *testing.T) {
-	dir := t.TempDir()
+	dir, srv := startTLSServer(t)
 	other := t.TempDir()
-	for _, err := range []error{certs.InitCA(dir), certs.InitCA(other), certs.IssueServer(dir, []string{"127.0.0.1"}),
-		certs.IssueClient(dir, "victor", certs.RoleViewer), certs.IssueClient(other, "mallory", certs.RoleAdmin)} {
+	for _, err := range []error{certs.InitCA(other), certs.IssueClient(other, "mallory", certs.RoleAdmin)} {
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	tlsCfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS = tlsCfg })
 	_, port, _ := net.SplitHostPort(srv.Addr)
 	for _, tc := range []struct {
 		name string
