@@ -138,9 +138,16 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 	b.WriteString("\n")
 	section(&b, "Endpoints", []string{"NODE", "ADDRESS", "PORT(S)", "READY", "SERVING", "TERMINATING", "ZONE"}, endpoints)
 
-	var nodes, announced [][]string
-	var errs []string
+	var nodes, announced, families [][]string
+	var errs, why []string
 	for _, n := range report.GetStatus().GetNodes() {
+		if m := n.GetMessage(); m != "" {
+			why = append(why, n.GetNode()+": "+m)
+		}
+		for _, f := range n.GetFamilies() {
+			families = append(families, []string{n.GetNode(), f.GetFamily(), list(f.GetAddresses()),
+				yesNo(f.GetReceivesExternalTraffic()), cmp.Or(f.GetReason(), "-")})
+		}
 		for _, an := range n.GetAnnouncements() {
 			weight := "-"
 			if an.GetWeight() > 0 {
@@ -164,7 +171,16 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 	for _, e := range errs {
 		fmt.Fprintf(&b, "  Health check error on %s\n", e)
 	}
+	for _, w := range why {
+		fmt.Fprintf(&b, "  Not receiving on %s\n", w)
+	}
 	fmt.Fprintf(&b, "\nReceiving external traffic: %s\n", orNone(strings.Join(report.GetStatus().GetReceivingNodes(), ", ")))
+	if len(families) > 0 {
+		// Only where nodes run BGP speakers: each family of the
+		// load-balancer IPs separately, as a router hears it.
+		b.WriteString("\n")
+		section(&b, "External traffic by address family", []string{"NODE", "FAMILY", "ADDRESSES", "RECEIVES", "REASON"}, families)
+	}
 	if len(announced) > 0 {
 		// Only where nodes run BGP speakers: each announced prefix, from
 		// which node, with which next hop and weight, to how many of the

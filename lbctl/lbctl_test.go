@@ -553,6 +553,7 @@ Nodes:
   NODE    PROGRAMMED   APPLIED/SENT   LAG   HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
   node1   yes          4/4            0     200            1             yes                -
   node2   yes          4/4            0     503            0             no                 NoLocalEndpoints
+  Not receiving on node2: no ready endpoint of the service on the node
 
 Receiving external traffic: node1
 `)
@@ -1241,6 +1242,31 @@ func TestTLSFailuresAreNamed(t *testing.T) {
 		_, errOut, code := runLbctl(context.Background(), time.Now(), "", append(tc.args, "get", "nodes")...)
 		if code != 3 || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "is weir-server running") {
 			t.Errorf("%s: exit %d, %q; want exit 3 saying %q", tc.name, code, errOut, tc.want)
+		}
+	}
+}
+
+func TestDescribeServiceNamesTheFamilyARouterRefused(t *testing.T) {
+	e := lbEnv(t)
+	badAS := "the router sent NOTIFICATION code 2(open) subcode 2(bad peer as)"
+	e.bgp = map[string][]*weirv1.BgpSession{"node1": {
+		{PeerAddress: "192.0.2.1", PeerAsn: 64501, State: "active", LastError: badAS,
+			Families: []*weirv1.BgpFamily{{Family: "ipv4"}, {Family: "ipv6"}}},
+		{PeerAddress: "2001:db8:2::1", PeerAsn: 64500, State: "established",
+			Families: []*weirv1.BgpFamily{{Family: "ipv4"}, {Family: "ipv6", Negotiated: true}}},
+	}}
+	e.announced = map[string][]*weirv1.BgpAnnouncement{"node1": {{Prefix: "203.0.113.7/32", NextHop: "192.0.2.11", Weight: 1}}}
+	e.agent("node1", 200, lbHealth(200, 1))
+	out := e.mustLbctl("", "describe", "service", "default/lb")
+	for _, want := range []string{
+		"  Not receiving on node1: ipv4: no established BGP session carries ipv4: 192.0.2.1 (AS 64501) active: " + badAS +
+			"; 2001:db8:2::1 (AS 64500) established without ipv4\n",
+		"External traffic by address family:\n" +
+			"  NODE    FAMILY   ADDRESSES     RECEIVES   REASON\n" +
+			"  node1   ipv4     203.0.113.7   no         BGPSessionsDown\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("describe service: want\n%s\ngot\n%s", want, out)
 		}
 	}
 }

@@ -482,13 +482,17 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]Session, error) {
 		if st.State == "established" && p.GetTimers().GetState().GetUptime() != nil {
 			st.Since = p.GetTimers().GetState().GetUptime().AsTime()
 		}
+		remote := remoteFamilies(p.GetState().GetRemoteCap())
 		for _, af := range p.GetAfiSafis() {
 			fs := af.GetState()
 			name := "ipv4"
 			if fs.GetFamily().GetAfi() == api.Family_AFI_IP6 {
 				name = "ipv6"
 			}
-			st.Families = append(st.Families, Family{Name: name, Negotiated: st.State == "established" && fs.GetEnabled(),
+			// Enabled is only this side's configuration: the family is
+			// carried when the router offered it too.
+			negotiated := st.State == "established" && fs.GetEnabled() && remote[fs.GetFamily().GetAfi()]
+			st.Families = append(st.Families, Family{Name: name, Negotiated: negotiated,
 				Sent: fs.GetAdvertised(), Received: fs.GetReceived(), Accepted: fs.GetAccepted()})
 		}
 		slices.SortFunc(st.Families, func(a, b Family) int { return strings.Compare(a.Name, b.Name) })
@@ -496,6 +500,28 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]Session, error) {
 	})
 	slices.SortFunc(out, func(a, b Session) int { return a.PeerAddress.Compare(b.PeerAddress) })
 	return out, err
+}
+
+// remoteFamilies are the unicast families the router's OPEN offered. A
+// router that sends no multiprotocol capability speaks IPv4 unicast only
+// (RFC 4760).
+func remoteFamilies(caps []*anypb.Any) map[api.Family_Afi]bool {
+	out := map[api.Family_Afi]bool{}
+	multiprotocol := false
+	for _, c := range caps {
+		var mp api.MultiProtocolCapability
+		if c.UnmarshalTo(&mp) != nil {
+			continue
+		}
+		multiprotocol = true
+		if f := mp.GetFamily(); f.GetSafi() == api.Family_SAFI_UNICAST {
+			out[f.GetAfi()] = true
+		}
+	}
+	if !multiprotocol {
+		out[api.Family_AFI_IP] = true
+	}
+	return out
 }
 
 // receivesAddPath: the router's capabilities say it receives several

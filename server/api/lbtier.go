@@ -129,7 +129,7 @@ func (l *LoadBalancerTierService) targets() []*weirv1.VipTargets {
 			}
 			for _, n := range statuses {
 				hop, ok := addressOfFamily(addrs[n.Node], vip.Is6())
-				if !ok || receiveReason(l.reg, svc, key, n) != "" {
+				if !ok || receiveReasons(l.reg, svc, key, n).targetReason(vip) != "" {
 					continue
 				}
 				t := &weirv1.Target{Node: n.Node, Address: hop.String(), HealthCheckPort: NodeHealthPort, HealthCheckPath: "/healthz"}

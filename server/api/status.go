@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -15,7 +14,6 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
-	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
 )
 
@@ -194,8 +192,9 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 	report := &weirv1.ServiceReport{Namespace: req.GetNamespace(), Name: req.GetName()}
 	for _, n := range s.statuses() {
 		h, seen := n.Services[key]
-		reason := receiveReason(s.reg, svc, key, n)
-		st := &weirv1.ServiceNodeStatus{Node: n.Node, Programmed: programmed(n), ReceivesExternalTraffic: reason == "", Reason: reason,
+		r := receiveReasons(s.reg, svc, key, n)
+		st := &weirv1.ServiceNodeStatus{Node: n.Node, Programmed: programmed(n), ReceivesExternalTraffic: r.reason == "",
+			Reason: r.reason, Message: r.message, Families: r.families,
 			Announcements: announcementsOf(n.BGPAnnouncements, svc.LoadBalancerIPs)}
 		if seen {
 			st.Health = &weirv1.ServiceHealth{
@@ -204,7 +203,7 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 				HealthCheckNodePort: int32(h.HealthCheckNodePort), HealthCheckCode: int32(h.HealthCheckCode), HealthCheckError: h.HealthCheckError,
 			}
 		}
-		if reason == "" {
+		if r.reason == "" {
 			report.ReceivingNodes = append(report.ReceivingNodes, n.Node)
 		}
 		report.Nodes = append(report.Nodes, st)
@@ -218,48 +217,6 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 // programmed: the node's agent applied the newest state it was sent.
 func programmed(n agentsync.NodeStatus) bool {
 	return n.Connected && n.AppliedVersion >= n.SentVersion && n.LastError == ""
-}
-
-// receiveReason tells why node n should not receive the service's
-// external traffic now; "" when it should.
-func receiveReason(reg *registry.Registry, svc *model.Service, key string, n agentsync.NodeStatus) string {
-	local := svc.ExternalTrafficPolicy == model.PolicyLocal
-	h, seen := n.Services[key]
-	switch {
-	case !n.Connected:
-		return "Disconnected"
-	case !programmed(n):
-		return "NotProgrammed"
-	case n.Health.LivezCode != 200:
-		return "AgentUnhealthy"
-	case reg.Drained(n.Node):
-		return "NodeDrained"
-	case !n.Health.NodeEligible:
-		return "NodeDeleting"
-	case len(svc.LoadBalancerIPs) > 0 && len(n.BGPSessions) > 0 && !anyEstablished(n.BGPSessions):
-		// The node's speaker runs but no router hears it.
-		return "BGPSessionsDown"
-	case local && h.HealthCheckError != "":
-		return "HealthCheckPortError"
-	case local && (!seen || h.HealthCheckCode != 200):
-		return "NoLocalEndpoints"
-	}
-	return ""
-}
-
-// announcementsOf picks the announcements of a service's addresses.
-func announcementsOf(all []*weirv1.BgpAnnouncement, vips []netip.Addr) []*weirv1.BgpAnnouncement {
-	var out []*weirv1.BgpAnnouncement
-	for _, an := range all {
-		if p, err := netip.ParsePrefix(an.GetPrefix()); err == nil && p.IsSingleIP() && slices.Contains(vips, p.Addr()) {
-			out = append(out, an)
-		}
-	}
-	return out
-}
-
-func anyEstablished(sessions []*weirv1.BgpSession) bool {
-	return slices.ContainsFunc(sessions, func(s *weirv1.BgpSession) bool { return s.GetState() == "established" })
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp {

@@ -511,12 +511,27 @@ func (k *keepAlive) Close() { k.conn.Close() }
 // up, and the node's status says why, in the words of the NOTIFICATION
 // that ended the session ("bad peer as").
 func TestWrongASNIsNamed(t *testing.T) {
-	c, _ := startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter)
+	// The case: the IPv4 peer has a wrong ASN (the router refuses
+	// the session), the IPv6 peer is right. The node must not look as if
+	// it received the service's IPv4 address. The router carries each
+	// family only over sessions of its own transport, so nothing else
+	// carries IPv4.
+	router := labRouter
+	router.FamilyPerTransport = true
+	c, r := startBGPClusterWith(t, func(*lab.Node) []string { return nil }, router)
 	ctx := context.Background()
-	if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: &weirv1.BgpPeer{
-		Metadata: &weirv1.ObjectMeta{Name: "upstream"}, Address: lab.RouterLANv4.String(), Asn: routerASN + 1, MyAsn: nodeASN}}); err != nil {
-		t.Fatal(err)
+	node1 := c.Nodes[0]
+	svc := lbService("wrongas", 30109, []string{"10.96.0.69", "fd00:96::69"}, []string{"203.0.113.69", "2001:db8:113::69"})
+	createService(t, c, svc, c.Pods())
+	for _, p := range []*weirv1.BgpPeer{
+		{Metadata: &weirv1.ObjectMeta{Name: "upstream"}, Address: lab.RouterLANv4.String(), Asn: routerASN + 1, MyAsn: nodeASN},
+		{Metadata: &weirv1.ObjectMeta{Name: "upstream-v6"}, Address: lab.RouterLANv6.String(), Asn: routerASN, MyAsn: nodeASN},
+	} {
+		if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: p}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	waitNextHops(t, r, "2001:db8:113::69", node1.IPv6.String(), c.Nodes[1].IPv6.String())
 	st := weirv1.NewStatusServiceClient(c.Conn)
 	eventually(t, "node1's session names the bad peer AS", func() error {
 		r, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
@@ -524,7 +539,7 @@ func TestWrongASNIsNamed(t *testing.T) {
 			return err
 		}
 		for _, n := range r.GetNodes() {
-			if n.GetName() != c.Nodes[0].Name {
+			if n.GetName() != node1.Name {
 				continue
 			}
 			for _, s := range n.GetBgpSessions() {
@@ -536,4 +551,36 @@ func TestWrongASNIsNamed(t *testing.T) {
 		}
 		return fmt.Errorf("node1 has no status")
 	})
+	eventually(t, "the service's status names the refused family on every node", func() error {
+		resp, err := st.GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: "default", Name: "wrongas"})
+		if err != nil {
+			return err
+		}
+		if got := resp.GetStatus().GetReceivingNodes(); len(got) != 0 {
+			hops, _ := r.NextHops(ctx, "203.0.113.69")
+			return fmt.Errorf("receiving nodes %q; the IPv4 address reaches none (router: %v; %v)", got, hops, resp.GetStatus().GetNodes())
+		}
+		for _, n := range resp.GetStatus().GetNodes() {
+			var fams []string
+			for _, f := range n.GetFamilies() {
+				fams = append(fams, fmt.Sprintf("%s %v %s", f.GetFamily(), f.GetReceivesExternalTraffic(), f.GetReason()))
+			}
+			if want := []string{"ipv4 false BGPSessionsDown", "ipv6 true "}; !slices.Equal(fams, want) {
+				return fmt.Errorf("%s: families %q, want %q", n.GetNode(), fams, want)
+			}
+			if n.GetReason() != "BGPSessionsDown" || !strings.Contains(n.GetMessage(), "bad peer as") {
+				return fmt.Errorf("%s: reason %q, message %q; want BGPSessionsDown naming the bad peer AS", n.GetNode(), n.GetReason(), n.GetMessage())
+			}
+		}
+		return nil
+	})
+	// The same through lbctl, as an operator reads it.
+	out, err := c.Lbctl(ctx, "describe", "service", "default/wrongas")
+	if err != nil {
+		t.Fatalf("lbctl describe: %v\n%s", err, out)
+	}
+	if want := "Not receiving on " + node1.Name + ": ipv4: no established BGP session carries ipv4: " + lab.RouterLANv4.String(); !strings.Contains(out, want) ||
+		!strings.Contains(out, "bad peer as") {
+		t.Errorf("lbctl describe service: want %q and the bad peer AS\n%s", want, out)
+	}
 }

@@ -43,9 +43,7 @@ func TestShippedExamples(t *testing.T) {
 	lbctl := func(file string) string {
 		t.Helper()
 		root, _ := weirlab.ModuleRoot()
-		out, err := c.Router.Run(ctx, bin.Lbctl, "--server", netip.AddrPortFrom(lab.ControlIPv4, weirlab.ServerPort).String(),
-			"--ca-file", filepath.Join(c.CertDir, "ca.crt"), "--cert-file", filepath.Join(c.CertDir, "admin.crt"), "--key-file", filepath.Join(c.CertDir, "admin.key"),
-			"apply", "-f", filepath.Join(root, file))
+		out, err := c.Lbctl(ctx, "apply", "-f", filepath.Join(root, file))
 		if err != nil {
 			t.Fatalf("lbctl apply -f %s: %v\n%s", file, err, out)
 		}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,10 @@ type Config struct {
 	PeerASN      uint32   // the speakers' AS
 	// Extra lines appended to the bgp router block.
 	Extra []string
+	// FamilyPerTransport makes each session carry only the family of its
+	// own addresses (a peer group per family), as many routers are set
+	// up; otherwise every session carries both.
+	FamilyPerTransport bool
 	// AddressFamilyExtra lines go into both address-family blocks.
 	AddressFamilyExtra []string
 	// Text, when set, is the whole configuration, used as it is (the
@@ -89,15 +94,28 @@ func (r *Router) config(cfg Config) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "frr defaults traditional\nhostname lab-router\nlog stdout\n!\n")
 	fmt.Fprintf(&b, "router bgp %d\n bgp router-id %s\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n", cfg.ASN, cfg.RouterID)
-	fmt.Fprintf(&b, " bgp bestpath as-path multipath-relax\n timers bgp 3 9\n neighbor NODES peer-group\n neighbor NODES remote-as %d\n neighbor NODES advertisement-interval 0\n", cfg.PeerASN)
+	fmt.Fprintf(&b, " bgp bestpath as-path multipath-relax\n timers bgp 3 9\n")
+	group := func(af string) string {
+		if cfg.FamilyPerTransport {
+			return "NODES" + strings.TrimPrefix(af, "ip")
+		}
+		return "NODES"
+	}
+	for _, g := range slices.Compact([]string{group("ipv4"), group("ipv6")}) {
+		fmt.Fprintf(&b, " neighbor %s peer-group\n neighbor %s remote-as %d\n neighbor %s advertisement-interval 0\n", g, g, cfg.PeerASN, g)
+	}
 	for _, rg := range cfg.ListenRanges {
-		fmt.Fprintf(&b, " bgp listen range %s peer-group NODES\n", rg)
+		af := "ipv4"
+		if strings.Contains(rg, ":") {
+			af = "ipv6"
+		}
+		fmt.Fprintf(&b, " bgp listen range %s peer-group %s\n", rg, group(af))
 	}
 	for _, l := range cfg.Extra {
 		fmt.Fprintf(&b, " %s\n", l)
 	}
 	for _, af := range []string{"ipv4", "ipv6"} {
-		fmt.Fprintf(&b, " address-family %s unicast\n  neighbor NODES activate\n  maximum-paths 16\n", af)
+		fmt.Fprintf(&b, " address-family %s unicast\n  neighbor %s activate\n  maximum-paths 16\n", af, group(af))
 		for _, l := range cfg.AddressFamilyExtra {
 			fmt.Fprintf(&b, "  %s\n", l)
 		}

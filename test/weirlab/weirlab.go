@@ -248,6 +248,13 @@ func (c *Cluster) StartSpeaker(name string, args ...string) (*lab.Process, error
 		"--server", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String()}, args...)...)
 }
 
+// Lbctl runs lbctl as an operator would, from the rack router's
+// namespace with the admin certificate, and returns its output.
+func (c *Cluster) Lbctl(ctx context.Context, args ...string) (string, error) {
+	return c.Router.Run(ctx, c.Bin.Lbctl, append([]string{"--server", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String(),
+		"--ca-file", c.cert("ca.crt"), "--cert-file", c.cert("admin.crt"), "--key-file", c.cert("admin.key")}, args...)...)
+}
+
 // RestartAgent kills node i's agent (as a crash would) and starts a new one.
 func (c *Cluster) RestartAgent(i int) error {
 	return c.restartAgent(i, (*lab.Process).Kill)

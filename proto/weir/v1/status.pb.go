@@ -889,12 +889,21 @@ type ServiceNodeStatus struct {
 	// Why the node does not receive external traffic, machine-readable:
 	// Disconnected, NotProgrammed, AgentUnhealthy, NodeDrained,
 	// NodeDeleting, BGPSessionsDown (the node's speaker has peers but no
-	// session is established; load-balancer IPs only), HealthCheckPortError,
-	// NoLocalEndpoints.
+	// established session carries a family of the service's load-balancer
+	// IPs), HealthCheckPortError, NoLocalEndpoints, NotAnnounced (sessions
+	// are up but the node's speaker does not announce an address). With
+	// load-balancer IPs and a speaker on the node, the first reason of
+	// families.
 	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	// The service's load-balancer IPs the node's BGP speaker announces, as
-	// last reported.
+	// last reported (host routes, or the aggregates holding them).
 	Announcements []*BgpAnnouncement `protobuf:"bytes,6,rep,name=announcements,proto3" json:"announcements,omitempty"`
+	// The reason in words, naming the sessions, errors or addresses.
+	Message string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// Per address family of the service's load-balancer IPs, when the
+	// node runs a BGP speaker: whether the node receives that family's
+	// addresses, and why not.
+	Families      []*ServiceFamilyStatus `protobuf:"bytes,8,rep,name=families,proto3" json:"families,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -971,6 +980,100 @@ func (x *ServiceNodeStatus) GetAnnouncements() []*BgpAnnouncement {
 	return nil
 }
 
+func (x *ServiceNodeStatus) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ServiceNodeStatus) GetFamilies() []*ServiceFamilyStatus {
+	if x != nil {
+		return x.Families
+	}
+	return nil
+}
+
+// ServiceFamilyStatus is one address family of a service on one node.
+type ServiceFamilyStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "ipv4" or "ipv6".
+	Family string `protobuf:"bytes,1,opt,name=family,proto3" json:"family,omitempty"`
+	// The service's load-balancer IPs of the family.
+	Addresses               []string `protobuf:"bytes,2,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	ReceivesExternalTraffic bool     `protobuf:"varint,3,opt,name=receives_external_traffic,json=receivesExternalTraffic,proto3" json:"receives_external_traffic,omitempty"`
+	// As ServiceNodeStatus.reason, for this family.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message       string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceFamilyStatus) Reset() {
+	*x = ServiceFamilyStatus{}
+	mi := &file_weir_v1_status_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceFamilyStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceFamilyStatus) ProtoMessage() {}
+
+func (x *ServiceFamilyStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceFamilyStatus.ProtoReflect.Descriptor instead.
+func (*ServiceFamilyStatus) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ServiceFamilyStatus) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *ServiceFamilyStatus) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *ServiceFamilyStatus) GetReceivesExternalTraffic() bool {
+	if x != nil {
+		return x.ReceivesExternalTraffic
+	}
+	return false
+}
+
+func (x *ServiceFamilyStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ServiceFamilyStatus) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 var File_weir_v1_status_proto protoreflect.FileDescriptor
 
 const file_weir_v1_status_proto_rawDesc = "" +
@@ -1035,7 +1138,7 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\bspeakers\x18\x05 \x03(\v2\x1c.weir.v1.SpeakerServicePathsR\bspeakers\"[\n" +
 	"\x13SpeakerServicePaths\x12\x18\n" +
 	"\aspeaker\x18\x01 \x01(\tR\aspeaker\x12*\n" +
-	"\x05paths\x18\x02 \x03(\v2\x14.weir.v1.SpeakerPathR\x05paths\"\x8b\x02\n" +
+	"\x05paths\x18\x02 \x03(\v2\x14.weir.v1.SpeakerPathR\x05paths\"\xdf\x02\n" +
 	"\x11ServiceNodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12.\n" +
 	"\x06health\x18\x02 \x01(\v2\x16.weir.v1.ServiceHealthR\x06health\x12\x1e\n" +
@@ -1044,7 +1147,15 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"programmed\x12:\n" +
 	"\x19receives_external_traffic\x18\x04 \x01(\bR\x17receivesExternalTraffic\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12>\n" +
-	"\rannouncements\x18\x06 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements2\xc2\x03\n" +
+	"\rannouncements\x18\x06 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage\x128\n" +
+	"\bfamilies\x18\b \x03(\v2\x1c.weir.v1.ServiceFamilyStatusR\bfamilies\"\xb9\x01\n" +
+	"\x13ServiceFamilyStatus\x12\x16\n" +
+	"\x06family\x18\x01 \x01(\tR\x06family\x12\x1c\n" +
+	"\taddresses\x18\x02 \x03(\tR\taddresses\x12:\n" +
+	"\x19receives_external_traffic\x18\x03 \x01(\bR\x17receivesExternalTraffic\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage2\xc2\x03\n" +
 	"\rStatusService\x12W\n" +
 	"\x10ListNodeStatuses\x12 .weir.v1.ListNodeStatusesRequest\x1a!.weir.v1.ListNodeStatusesResponse\x12\\\n" +
 	"\x11WatchNodeStatuses\x12!.weir.v1.WatchNodeStatusesRequest\x1a\".weir.v1.WatchNodeStatusesResponse0\x01\x12W\n" +
@@ -1064,7 +1175,7 @@ func file_weir_v1_status_proto_rawDescGZIP() []byte {
 	return file_weir_v1_status_proto_rawDescData
 }
 
-var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_weir_v1_status_proto_goTypes = []any{
 	(*GetServerInfoRequest)(nil),      // 0: weir.v1.GetServerInfoRequest
 	(*GetServerInfoResponse)(nil),     // 1: weir.v1.GetServerInfoResponse
@@ -1081,46 +1192,48 @@ var file_weir_v1_status_proto_goTypes = []any{
 	(*ServiceReport)(nil),             // 12: weir.v1.ServiceReport
 	(*SpeakerServicePaths)(nil),       // 13: weir.v1.SpeakerServicePaths
 	(*ServiceNodeStatus)(nil),         // 14: weir.v1.ServiceNodeStatus
-	(*timestamppb.Timestamp)(nil),     // 15: google.protobuf.Timestamp
-	(*NodeHealth)(nil),                // 16: weir.v1.NodeHealth
-	(*durationpb.Duration)(nil),       // 17: google.protobuf.Duration
-	(*BgpSession)(nil),                // 18: weir.v1.BgpSession
-	(*SpeakerPath)(nil),               // 19: weir.v1.SpeakerPath
-	(*ServiceHealth)(nil),             // 20: weir.v1.ServiceHealth
-	(*BgpAnnouncement)(nil),           // 21: weir.v1.BgpAnnouncement
+	(*ServiceFamilyStatus)(nil),       // 15: weir.v1.ServiceFamilyStatus
+	(*timestamppb.Timestamp)(nil),     // 16: google.protobuf.Timestamp
+	(*NodeHealth)(nil),                // 17: weir.v1.NodeHealth
+	(*durationpb.Duration)(nil),       // 18: google.protobuf.Duration
+	(*BgpSession)(nil),                // 19: weir.v1.BgpSession
+	(*SpeakerPath)(nil),               // 20: weir.v1.SpeakerPath
+	(*ServiceHealth)(nil),             // 21: weir.v1.ServiceHealth
+	(*BgpAnnouncement)(nil),           // 22: weir.v1.BgpAnnouncement
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
-	15, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
+	16, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
 	6,  // 1: weir.v1.WatchNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
 	6,  // 2: weir.v1.ListNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
-	15, // 3: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	16, // 4: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
-	17, // 5: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
-	18, // 6: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
-	17, // 7: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
-	17, // 8: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
+	16, // 3: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	17, // 4: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
+	18, // 5: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
+	19, // 6: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
+	18, // 7: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
+	18, // 8: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
 	9,  // 9: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
 	12, // 10: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
 	14, // 11: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
 	13, // 12: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
-	19, // 13: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
-	20, // 14: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	21, // 15: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	4,  // 16: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 17: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	10, // 18: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 19: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	7,  // 20: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
-	5,  // 21: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 22: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	11, // 23: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 24: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	8,  // 25: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
-	21, // [21:26] is the sub-list for method output_type
-	16, // [16:21] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	20, // 13: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
+	21, // 14: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	22, // 15: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	15, // 16: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
+	4,  // 17: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 18: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 19: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 20: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 21: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 22: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 23: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 24: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 25: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 26: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	22, // [22:27] is the sub-list for method output_type
+	17, // [17:22] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
@@ -1136,7 +1249,7 @@ func file_weir_v1_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_status_proto_rawDesc), len(file_weir_v1_status_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

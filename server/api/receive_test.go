@@ -1,0 +1,141 @@
+package api
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/agentsync"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/store"
+)
+
+func testRegistry(t *testing.T) *registry.Registry {
+	t.Helper()
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	reg, err := registry.Open(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+// healthyNode is a connected, programmed, eligible node whose speaker
+// has the given sessions and announcements.
+func healthyNode(sessions []*weirv1.BgpSession, announced ...string) agentsync.NodeStatus {
+	n := agentsync.NodeStatus{Node: "node1", Connected: true, SentVersion: 5, AppliedVersion: 5,
+		Health: agentsync.NodeHealth{HealthzCode: 200, LivezCode: 200, NodeEligible: true}, BGPSessions: sessions}
+	for _, p := range announced {
+		n.BGPAnnouncements = append(n.BGPAnnouncements, &weirv1.BgpAnnouncement{Prefix: p})
+	}
+	return n
+}
+
+func session(peer, state, lastError string, negotiated ...string) *weirv1.BgpSession {
+	s := &weirv1.BgpSession{PeerAddress: peer, PeerAsn: 64512, State: state, LastError: lastError}
+	for _, f := range []string{"ipv4", "ipv6"} {
+		s.Families = append(s.Families, &weirv1.BgpFamily{Family: f, Negotiated: state == "established" && strings.Contains(strings.Join(negotiated, ","), f)})
+	}
+	return s
+}
+
+func TestReceiveReasonsPerFamily(t *testing.T) {
+	reg := testRegistry(t)
+	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"},
+		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("2001:db8:113::5")}}
+	badAS := "the router sent NOTIFICATION code 2(open) subcode 2(bad peer as)"
+	for _, tc := range []struct {
+		name       string
+		node       agentsync.NodeStatus
+		reason     string   // the node's
+		families   []string // "family reason" each
+		messageHas string
+	}{
+		{
+			name:     "both families up and announced",
+			node:     healthyNode([]*weirv1.BgpSession{session("192.0.2.1", "established", "", "ipv4"), session("2001:db8:2::1", "established", "", "ipv6")}, "203.0.113.5/32", "2001:db8:113::5/128"),
+			families: []string{"ipv4 ", "ipv6 "},
+		},
+		{
+			// The case an operator could not see: the IPv6 session is up,
+			// so the node looked as if it received everything.
+			name:       "the IPv4 router refuses the session",
+			node:       healthyNode([]*weirv1.BgpSession{session("192.0.2.1", "active", badAS), session("2001:db8:2::1", "established", "", "ipv6")}, "203.0.113.5/32", "2001:db8:113::5/128"),
+			reason:     "BGPSessionsDown",
+			families:   []string{"ipv4 BGPSessionsDown", "ipv6 "},
+			messageHas: "ipv4: no established BGP session carries ipv4: 192.0.2.1 (AS 64512) active: " + badAS,
+		},
+		{
+			name:       "a session up without the family",
+			node:       healthyNode([]*weirv1.BgpSession{session("192.0.2.1", "established", "", "ipv4")}, "203.0.113.5/32"),
+			reason:     "BGPSessionsDown",
+			families:   []string{"ipv4 ", "ipv6 BGPSessionsDown"},
+			messageHas: "192.0.2.1 (AS 64512) established without ipv6",
+		},
+		{
+			name:       "up but not announced",
+			node:       healthyNode([]*weirv1.BgpSession{session("192.0.2.1", "established", "", "ipv4", "ipv6")}, "2001:db8:113::5/128"),
+			reason:     "NotAnnounced",
+			families:   []string{"ipv4 NotAnnounced", "ipv6 "},
+			messageHas: "does not announce 203.0.113.5",
+		},
+		{
+			name:     "an aggregate carries the address",
+			node:     healthyNode([]*weirv1.BgpSession{session("192.0.2.1", "established", "", "ipv4", "ipv6")}, "203.0.113.0/28", "2001:db8:113::/124"),
+			families: []string{"ipv4 ", "ipv6 "},
+		},
+		{
+			name: "the node's own reason comes first",
+			node: func() agentsync.NodeStatus {
+				n := healthyNode(nil)
+				n.Connected = false
+				n.BGPSessions = []*weirv1.BgpSession{session("192.0.2.1", "active", badAS)}
+				return n
+			}(),
+			reason:   "Disconnected",
+			families: []string{"ipv4 Disconnected", "ipv6 Disconnected"},
+		},
+		{
+			name:   "no speaker on the node",
+			node:   healthyNode(nil),
+			reason: "",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := receiveReasons(reg, svc, "default/web", tc.node)
+			var fams []string
+			for _, f := range r.families {
+				fams = append(fams, f.GetFamily()+" "+f.GetReason())
+				if f.GetReceivesExternalTraffic() != (f.GetReason() == "") {
+					t.Errorf("%s: receives %v with reason %q", f.GetFamily(), f.GetReceivesExternalTraffic(), f.GetReason())
+				}
+			}
+			if r.reason != tc.reason || strings.Join(fams, ",") != strings.Join(tc.families, ",") {
+				t.Errorf("reason %q, families %q; want %q, %q", r.reason, fams, tc.reason, tc.families)
+			}
+			if !strings.Contains(r.message, tc.messageHas) {
+				t.Errorf("message %q does not contain %q", r.message, tc.messageHas)
+			}
+		})
+	}
+}
+
+func TestLoadBalancerTierTargetsIgnoreTheNodesOwnAnnouncements(t *testing.T) {
+	reg := testRegistry(t)
+	v4, v6 := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("2001:db8:113::5")
+	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"}, LoadBalancerIPs: []netip.Addr{v4, v6}}
+	n := healthyNode([]*weirv1.BgpSession{session("2001:db8:2::1", "established", "", "ipv6")})
+	r := receiveReasons(reg, svc, "default/web", n)
+	if got := r.targetReason(v6); got != "" {
+		t.Errorf("ipv6 target reason %q; the tier announces the node itself", got)
+	}
+	if got := r.targetReason(v4); got != "BGPSessionsDown" {
+		t.Errorf("ipv4 target reason %q, want BGPSessionsDown", got)
+	}
+}
