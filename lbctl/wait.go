@@ -51,14 +51,23 @@ func (a *app) waitProgrammed(ctx context.Context, rev uint64, timeout time.Durat
 			connected++
 		}
 	}
+	for _, sp := range r.GetSpeakers() {
+		if sp.GetReason() != "" {
+			behind = append(behind, fmt.Sprintf("speaker %s: %s (programmed through %d)", sp.GetName(), sp.GetReason(), sp.GetProgrammedVersion()))
+		}
+	}
+	where := fmt.Sprintf("%d connected node(s)", connected)
+	if n := len(r.GetSpeakers()); n > 0 {
+		where += fmt.Sprintf(" and %d load-balancer speaker(s)", n)
+	}
 	if len(away) > 0 {
 		fmt.Fprintf(a.stderr, "not connected, not waited for: %s\n", strings.Join(away, ", "))
 	}
 	if r.GetProgrammed() {
-		fmt.Fprintf(a.stdout, "revision %d programmed on %d connected node(s)\n", rev, connected)
+		fmt.Fprintf(a.stdout, "revision %d programmed on %s\n", rev, where)
 		return nil
 	}
-	return &notProgrammedError{fmt.Sprintf("revision %d is not programmed on every connected node after %v:\n  %s",
+	return &notProgrammedError{fmt.Sprintf("revision %d is not programmed on every connected node and speaker after %v:\n  %s",
 		rev, timeout, strings.Join(behind, "\n  "))}
 }
 

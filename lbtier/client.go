@@ -53,7 +53,7 @@ func follow(ctx context.Context, client weirv1.LoadBalancerTierServiceClient, s 
 			s.resendStatus()
 			first = false
 		}
-		s.SetTargets(TargetsFromProto(resp.GetVips(), s.cfg.Log))
+		s.SetTargets(TargetsFromProto(resp.GetVips(), s.cfg.Log), resp.GetRevision())
 	}
 }
 

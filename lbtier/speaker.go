@@ -42,6 +42,8 @@ type Speaker struct {
 	mu          sync.Mutex // guards the fields below
 	targets     []Target
 	haveTargets bool
+	revision    uint64 // of targets
+	applied     uint64 // the revision of the targets the paths follow
 	dead        map[string]bool
 	ids         map[string]uint32
 	announced   map[PathKey]bgpspeaker.Announcement
@@ -68,15 +70,16 @@ func (s *Speaker) poke() {
 	}
 }
 
-// SetTargets takes the server's newest targets.
-func (s *Speaker) SetTargets(targets []Target) {
+// SetTargets takes the server's newest targets, which reflect every
+// write through store revision revision.
+func (s *Speaker) SetTargets(targets []Target, revision uint64) {
 	keys := map[ProbeKey]bool{}
 	for _, t := range targets {
 		keys[t.Probe] = true
 	}
 	s.prober.Set(keys)
 	s.mu.Lock()
-	s.targets, s.haveTargets = targets, true
+	s.targets, s.haveTargets, s.revision = targets, true, revision
 	s.mu.Unlock()
 	s.poke()
 }
@@ -148,12 +151,14 @@ func (s *Speaker) sync(ctx context.Context) {
 		PathID:      s.pathID,
 	})
 	s.status = status
+	failed := false
 	for k, had := range s.announced {
 		if _, ok := want[k]; ok {
 			continue
 		}
 		if err := s.bgp.Withdraw(ctx, k.Prefix, had); err != nil {
 			s.cfg.Log.Error("BGP withdraw failed", "prefix", k.Prefix, "next_hop", had.NextHop, "error", err)
+			failed = true
 			continue
 		}
 		delete(s.announced, k)
@@ -165,10 +170,21 @@ func (s *Speaker) sync(ctx context.Context) {
 		}
 		if err := s.bgp.Announce(ctx, k.Prefix, w); err != nil {
 			s.cfg.Log.Error("BGP announce failed", "prefix", k.Prefix, "next_hop", w.NextHop, "error", err)
+			failed = true
 			continue
 		}
 		s.announced[k] = w
 		s.cfg.Log.Debug("path announced", "prefix", k.Prefix, "path_id", k.PathID, "next_hop", w.NextHop, "weight", w.Weight)
+	}
+	// The targets are applied once every path is decided: announced or
+	// withdrawn without error, and no target waiting for its first probe
+	// in the plan just carried out.
+	decided := !failed
+	for _, st := range status {
+		decided = decided && st.Reason != ReasonProbePending
+	}
+	if decided {
+		s.applied = s.revision
 	}
 }
 
@@ -210,7 +226,7 @@ func (s *Speaker) publish(ctx context.Context) {
 	for _, st := range status {
 		multi = multi || st.Reason == ReasonAddPathNotNegotiate
 	}
-	st := &weirv1.SpeakerStatus{Name: s.cfg.Name}
+	st := &weirv1.SpeakerStatus{Name: s.cfg.Name, AppliedRevision: s.applied}
 	for _, ses := range sessions {
 		if multi && ses.State == "established" && !ses.AddPath && !s.warned[ses.PeerAddress] {
 			s.warned[ses.PeerAddress] = true

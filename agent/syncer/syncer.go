@@ -298,13 +298,17 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 			if answer == nil {
 				continue // more parts to come
 			}
+			// What the node now reports goes first: when the server
+			// hears the ACK, it already knows the health of the state
+			// acknowledged (the load-balancer tier's targets and
+			// WaitProgrammed rely on it).
+			if err := sendReport(); err != nil {
+				return gotState, err
+			}
 			if err := stream.Send(answer); err != nil {
 				return gotState, err
 			}
 			rearm()
-			if err := sendReport(); err != nil {
-				return gotState, err
-			}
 		case <-reports.C:
 			if err := sendReport(); err != nil {
 				return gotState, err

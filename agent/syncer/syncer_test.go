@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/dial"
 	"github.com/weirlb/weir/internal/tlsconfig"
@@ -368,4 +369,70 @@ func TestBigReportsGoInParts(t *testing.T) {
 	if seen != 2*ReportChunk+5 {
 		t.Errorf("parts hold %d services, want %d", seen, 2*ReportChunk+5)
 	}
+}
+
+// countingObserver reports how many services the last state received had.
+type countingObserver struct {
+	mu       sync.Mutex
+	services int
+	reported int
+}
+
+func (o *countingObserver) Received(st datapath.NodeState) {
+	o.mu.Lock()
+	o.services = len(st.Services)
+	o.mu.Unlock()
+}
+
+func (o *countingObserver) Applied(time.Duration) {}
+
+func (o *countingObserver) Report(full bool) *health.Report {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !full && o.services == o.reported {
+		return nil
+	}
+	o.reported = o.services
+	r := &health.Report{Full: full}
+	for i := range o.services {
+		r.Services = append(r.Services, health.ServiceReport{Namespace: "default", Name: fmt.Sprint(i)})
+	}
+	return r
+}
+
+// TestTheReportOfAStateComesBeforeItsAck: when the server hears an ACK,
+// it already has the node's report of the state acknowledged.
+func TestTheReportOfAStateComesBeforeItsAck(t *testing.T) {
+	ss, conn := startScripted(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	obs := &countingObserver{}
+	s := New(Config{NodeName: "node1", ResyncPeriod: time.Hour, RetryPeriod: time.Hour}, conn, &fakeApplier{}, obs, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	<-ss.hellos
+	stream := <-ss.streams
+	for v, services := range [][]*weirv1.NodeService{{svc("web", "10.96.0.10")}, {svc("web", "10.96.0.10"), svc("db", "10.96.0.20")}} {
+		version := uint64(v + 1)
+		if err := stream.Send(&weirv1.SyncResponse{Version: version, Full: true, Upserts: services}); err != nil {
+			t.Fatal(err)
+		}
+		reported := -1
+		for {
+			a := recvAnswer(t, stream)
+			if r := a.GetReport(); r != nil {
+				reported = len(r.GetServices())
+				continue
+			}
+			if a.GetAck().GetVersion() != version {
+				t.Fatalf("answer %v, want ACK %d", a, version)
+			}
+			break
+		}
+		if reported != len(services) {
+			t.Errorf("version %d: before its ACK the agent reported %d services, want %d", version, reported, len(services))
+		}
+	}
+	cancel()
+	<-done
 }

@@ -36,11 +36,20 @@ type LoadBalancerTierService struct {
 
 	mu      sync.Mutex
 	reports map[string]*weirv1.SpeakerStatus // by speaker
+	watches map[string]*speakerWatch         // by speaker, while it watches
+	changed chan struct{}                    // closed at the next report or cover
 }
+
+// speakerWatch is what one speaker's watch was sent, in revisions: sent,
+// of the last targets sent; covered, the newest revision whose targets
+// were the same as those. A speaker that applied the last targets sent is
+// programmed through covered.
+type speakerWatch struct{ sent, covered uint64 }
 
 // NewLoadBalancerTierService serves targets from what hub and reg know.
 func NewLoadBalancerTierService(hub *agentsync.Hub, reg *registry.Registry) *LoadBalancerTierService {
-	return &LoadBalancerTierService{hub: hub, reg: reg, reports: map[string]*weirv1.SpeakerStatus{}}
+	return &LoadBalancerTierService{hub: hub, reg: reg, reports: map[string]*weirv1.SpeakerStatus{},
+		watches: map[string]*speakerWatch{}, changed: make(chan struct{})}
 }
 
 func (l *LoadBalancerTierService) WatchTargets(req *weirv1.WatchTargetsRequest, stream weirv1.LoadBalancerTierService_WatchTargetsServer) error {
@@ -52,20 +61,78 @@ func (l *LoadBalancerTierService) WatchTargets(req *weirv1.WatchTargetsRequest, 
 		return err
 	}
 	// The speaker's report lives as long as its watch.
+	w := &speakerWatch{}
+	l.mu.Lock()
+	l.watches[name] = w
+	l.mu.Unlock()
 	defer func() {
 		l.mu.Lock()
-		delete(l.reports, name)
+		if l.watches[name] == w { // not replaced by a newer watch
+			delete(l.watches, name)
+			delete(l.reports, name)
+		}
+		l.tierChanged()
 		l.mu.Unlock()
 	}()
-	var last *weirv1.WatchTargetsResponse
+	var last []*weirv1.VipTargets
+	var rev uint64
 	return everyStatusChange(stream.Context(), l.hub, TargetsCoalesce, func() error {
-		now := &weirv1.WatchTargetsResponse{Vips: l.targets()}
-		if last != nil && proto.Equal(now, last) {
+		now, through := l.targets()
+		// Per watch, revisions only grow: targets computed later hold
+		// every write an earlier computation held.
+		rev = max(rev, through)
+		if last != nil && slices.EqualFunc(now, last, func(a, b *weirv1.VipTargets) bool { return proto.Equal(a, b) }) {
+			l.record(func() { w.covered = max(w.covered, rev) })
 			return nil
 		}
 		last = now
-		return stream.Send(now)
+		l.record(func() { w.sent, w.covered = rev, rev })
+		return stream.Send(&weirv1.WatchTargetsResponse{Vips: now, Revision: rev})
 	})
+}
+
+// record changes a watch's revisions and wakes the waiters.
+func (l *LoadBalancerTierService) record(change func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	change()
+	l.tierChanged()
+}
+
+// tierChanged wakes WaitProgrammed. Called with l.mu held.
+func (l *LoadBalancerTierService) tierChanged() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// Changed returns a channel closed at the next speaker report or change
+// of what a speaker was sent.
+func (l *LoadBalancerTierService) Changed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.changed
+}
+
+// progress says where every watching speaker stands toward revision rev:
+// programmed when it reported applying targets that hold rev.
+func (l *LoadBalancerTierService) progress(rev uint64) (speakers []*weirv1.NodeProgress, programmed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	programmed = true
+	for name, w := range l.watches {
+		applied := l.reports[name].GetAppliedRevision()
+		through := applied
+		if applied >= w.sent {
+			through = max(applied, w.covered)
+		}
+		p := &weirv1.NodeProgress{Name: name, Connected: true, ProgrammedVersion: through}
+		if through < rev {
+			p.Reason, programmed = "applying", false
+		}
+		speakers = append(speakers, p)
+	}
+	slices.SortFunc(speakers, func(a, b *weirv1.NodeProgress) int { return strings.Compare(a.Name, b.Name) })
+	return speakers, programmed
 }
 
 func (l *LoadBalancerTierService) ReportSpeaker(ctx context.Context, req *weirv1.ReportSpeakerRequest) (*weirv1.ReportSpeakerResponse, error) {
@@ -78,6 +145,7 @@ func (l *LoadBalancerTierService) ReportSpeaker(ctx context.Context, req *weirv1
 	}
 	l.mu.Lock()
 	l.reports[st.GetName()] = st
+	l.tierChanged()
 	l.mu.Unlock()
 	return &weirv1.ReportSpeakerResponse{}, nil
 }
@@ -101,10 +169,20 @@ func (l *LoadBalancerTierService) pathsOf(key string) []*weirv1.SpeakerServicePa
 }
 
 // targets is every load-balancer IP with the nodes that should receive
-// its traffic now, sorted by address.
-func (l *LoadBalancerTierService) targets() []*weirv1.VipTargets {
+// its traffic now, sorted by address, and the store revision they
+// reflect: the registry's, or less while a connected node (that has not
+// refused a state) is not yet programmed through it, since the node
+// becomes a target only once it is.
+func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 	statuses := l.hub.Status()
 	slices.SortFunc(statuses, func(a, b agentsync.NodeStatus) int { return strings.Compare(a.Node, b.Node) })
+	var rev uint64
+	l.reg.Read(func(v registry.View) { rev = v.Revision() })
+	for _, n := range statuses {
+		if n.Connected && n.LastError == "" {
+			rev = min(rev, n.ProgrammedVersion())
+		}
+	}
 	addrs := map[string][]netip.Addr{}
 	nodes, _ := l.reg.Nodes.List("", nil)
 	for _, n := range nodes {
@@ -143,7 +221,7 @@ func (l *LoadBalancerTierService) targets() []*weirv1.VipTargets {
 		}
 	}
 	slices.SortFunc(out, func(a, b *weirv1.VipTargets) int { return strings.Compare(a.Address, b.Address) })
-	return out
+	return out, rev
 }
 
 func poolOf(pools []*model.AddressPool, a netip.Addr) *model.AddressPool {

@@ -96,7 +96,15 @@ func (s *StatusService) WaitProgrammed(ctx context.Context, req *weirv1.WaitProg
 	defer cancel()
 	for {
 		changed := s.hub.StatusChanged()
+		var tierChanged <-chan struct{} // nil without a tier: never ready
 		resp, settled := progress(s.statuses(), rev)
+		if s.speakers != nil {
+			tierChanged = s.speakers.Changed()
+			var ok bool
+			resp.Speakers, ok = s.speakers.progress(rev)
+			// A speaker only follows: it can always still get there.
+			resp.Programmed, settled = resp.Programmed && ok, settled && ok
+		}
 		if settled {
 			return resp, nil
 		}
@@ -104,6 +112,7 @@ func (s *StatusService) WaitProgrammed(ctx context.Context, req *weirv1.WaitProg
 		case <-ctx.Done():
 			return resp, nil
 		case <-changed:
+		case <-tierChanged:
 		}
 	}
 }

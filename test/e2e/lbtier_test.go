@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/weirlb/weir/test/frr"
 	"github.com/weirlb/weir/test/lab"
 	"github.com/weirlb/weir/test/weirlab"
@@ -267,4 +270,72 @@ func TestLBTierExplainsWhatItCannotAnnounce(t *testing.T) {
 			t.Errorf("with node1 out: pod %s saw %s; want node2's pod seeing the client", rep.Pod, rep.RemoteAddr())
 		}
 	}
+}
+
+// TestWaitProgrammedWaitsForTheSpeakers: with a load-balancer tier, a
+// write is programmed only once the speaker announces what it changes.
+// Right after WaitProgrammed says so, the speaker reports the new
+// service's paths announced (it had to probe the new health-check node
+// ports first). Deleting the endpoints with lbctl delete --wait says it
+// waited for the speaker, and right after it the speaker has withdrawn
+// the paths.
+func TestWaitProgrammedWaitsForTheSpeakers(t *testing.T) {
+	c, r, _, speakerLog := startLBTier(t, labRouter, "--probe-interval", "300ms", "--probe-timeout", "200ms")
+	ctx := context.Background()
+	node1, node2 := c.Nodes[0], c.Nodes[1]
+	st := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, "the speaker watches the server and peers with the router", func() error {
+		resp, err := st.WaitProgrammed(ctx, &weirv1.WaitProgrammedRequest{Revision: 1, Timeout: durationpb.New(time.Second)})
+		if err != nil || len(resp.GetSpeakers()) != 1 {
+			return fmt.Errorf("speakers %v, %v; speaker log:\n%s", resp.GetSpeakers(), err, speakerLog())
+		}
+		if n, err := r.Established(ctx); err != nil || n != 2 {
+			return fmt.Errorf("router sessions established: %d (%v)", n, err)
+		}
+		return nil
+	})
+
+	svc := lbService("tierwait", 30115, []string{"10.96.0.75"}, []string{"203.0.113.75"})
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = 32115
+	created, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := revisionOf(created.GetService().GetMetadata())
+	for _, s := range endpointSlices("tierwait", c.Pods())[:1] {
+		created, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev = max(rev, revisionOf(created.GetEndpointSlice().GetMetadata()))
+	}
+	resp, err := st.WaitProgrammed(ctx, &weirv1.WaitProgrammedRequest{Revision: rev, Timeout: durationpb.New(20 * time.Second)})
+	if err != nil || !resp.GetProgrammed() {
+		t.Fatalf("WaitProgrammed(%d): %v, %v", rev, resp, err)
+	}
+	if sp := resp.GetSpeakers(); len(sp) != 1 || sp[0].GetName() != "lb1" || sp[0].GetProgrammedVersion() < rev {
+		t.Errorf("WaitProgrammed(%d) speakers: %v; want lb1 through the revision", rev, sp)
+	}
+	paths, _ := speakerPaths(t, c, "tierwait")
+	want := map[string]string{"lb1 node1 203.0.113.75/32": "", "lb1 node2 203.0.113.75/32": ""}
+	if !maps.Equal(paths, want) {
+		t.Errorf("right after WaitProgrammed(%d) (%v) the speaker reports %v; want both nodes announced", rev, resp, paths)
+	}
+	waitNextHops(t, r, "203.0.113.75", node1.IPv4.String(), node2.IPv4.String())
+
+	out, err := c.Lbctl(ctx, "delete", "endpointslice", "tierwait-v4", "-n", "default", "--wait=20s")
+	if err != nil || !strings.Contains(out, "programmed on 2 connected node(s) and 1 load-balancer speaker(s)") {
+		t.Fatalf("lbctl delete --wait: %v\n%s", err, out)
+	}
+	if paths, _ := speakerPaths(t, c, "tierwait"); len(paths) != 0 {
+		t.Errorf("right after lbctl delete --wait the speaker still reports %v", paths)
+	}
+	waitNextHops(t, r, "203.0.113.75")
+}
+
+// revisionOf reads a resource_version.
+func revisionOf(m *weirv1.ObjectMeta) uint64 {
+	v, _ := strconv.ParseUint(m.GetResourceVersion(), 10, 64)
+	return v
 }

@@ -67,8 +67,12 @@ func (x *WatchTargetsRequest) GetSpeaker() string {
 }
 
 type WatchTargetsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Vips          []*VipTargets          `protobuf:"bytes,1,rep,name=vips,proto3" json:"vips,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Vips  []*VipTargets          `protobuf:"bytes,1,rep,name=vips,proto3" json:"vips,omitempty"`
+	// The targets reflect every write through this store revision, and
+	// every node's state through it: the speaker reports it back as
+	// SpeakerStatus.applied_revision once it announces them.
+	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -108,6 +112,13 @@ func (x *WatchTargetsResponse) GetVips() []*VipTargets {
 		return x.Vips
 	}
 	return nil
+}
+
+func (x *WatchTargetsResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 // VipTargets is one load-balancer IP and the nodes that should receive its
@@ -369,9 +380,12 @@ type SpeakerStatus struct {
 	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Sessions []*SpeakerSession      `protobuf:"bytes,2,rep,name=sessions,proto3" json:"sessions,omitempty"`
 	// One per target of every load-balancer IP the speaker was given.
-	Paths         []*SpeakerPath `protobuf:"bytes,3,rep,name=paths,proto3" json:"paths,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Paths []*SpeakerPath `protobuf:"bytes,3,rep,name=paths,proto3" json:"paths,omitempty"`
+	// The revision of the newest targets the speaker's announcements
+	// follow (WatchTargetsResponse.revision); 0 before any.
+	AppliedRevision uint64 `protobuf:"varint,4,opt,name=applied_revision,json=appliedRevision,proto3" json:"applied_revision,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *SpeakerStatus) Reset() {
@@ -423,6 +437,13 @@ func (x *SpeakerStatus) GetPaths() []*SpeakerPath {
 		return x.Paths
 	}
 	return nil
+}
+
+func (x *SpeakerStatus) GetAppliedRevision() uint64 {
+	if x != nil {
+		return x.AppliedRevision
+	}
+	return 0
 }
 
 // SpeakerSession is a speaker's session with one router.
@@ -595,9 +616,10 @@ const file_weir_v1_lbtier_proto_rawDesc = "" +
 	"\n" +
 	"\x14weir/v1/lbtier.proto\x12\aweir.v1\x1a\x13weir/v1/agent.proto\"/\n" +
 	"\x13WatchTargetsRequest\x12\x18\n" +
-	"\aspeaker\x18\x01 \x01(\tR\aspeaker\"?\n" +
+	"\aspeaker\x18\x01 \x01(\tR\aspeaker\"[\n" +
 	"\x14WatchTargetsResponse\x12'\n" +
-	"\x04vips\x18\x01 \x03(\v2\x13.weir.v1.VipTargetsR\x04vips\"\xdd\x01\n" +
+	"\x04vips\x18\x01 \x03(\v2\x13.weir.v1.VipTargetsR\x04vips\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"\xdd\x01\n" +
 	"\n" +
 	"VipTargets\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
@@ -614,11 +636,12 @@ const file_weir_v1_lbtier_proto_rawDesc = "" +
 	"\x11health_check_path\x18\x05 \x01(\tR\x0fhealthCheckPath\"F\n" +
 	"\x14ReportSpeakerRequest\x12.\n" +
 	"\x06status\x18\x01 \x01(\v2\x16.weir.v1.SpeakerStatusR\x06status\"\x17\n" +
-	"\x15ReportSpeakerResponse\"\x84\x01\n" +
+	"\x15ReportSpeakerResponse\"\xaf\x01\n" +
 	"\rSpeakerStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x123\n" +
 	"\bsessions\x18\x02 \x03(\v2\x17.weir.v1.SpeakerSessionR\bsessions\x12*\n" +
-	"\x05paths\x18\x03 \x03(\v2\x14.weir.v1.SpeakerPathR\x05paths\"Z\n" +
+	"\x05paths\x18\x03 \x03(\v2\x14.weir.v1.SpeakerPathR\x05paths\x12)\n" +
+	"\x10applied_revision\x18\x04 \x01(\x04R\x0fappliedRevision\"Z\n" +
 	"\x0eSpeakerSession\x12-\n" +
 	"\asession\x18\x01 \x01(\v2\x13.weir.v1.BgpSessionR\asession\x12\x19\n" +
 	"\badd_path\x18\x02 \x01(\bR\aaddPath\"\xd2\x01\n" +

@@ -527,10 +527,14 @@ func (x *WaitProgrammedRequest) GetTimeout() *durationpb.Duration {
 
 type WaitProgrammedResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// True when every connected node is programmed through the revision.
+	// True when every connected node, and every load-balancer speaker
+	// watching the server, is programmed through the revision.
 	Programmed bool `protobuf:"varint,1,opt,name=programmed,proto3" json:"programmed,omitempty"`
 	// Every node the server knows, with where it stands.
-	Nodes         []*NodeProgress `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Nodes []*NodeProgress `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Every load-balancer speaker watching the server: programmed when
+	// what it announces reflects every write through the revision.
+	Speakers      []*NodeProgress `protobuf:"bytes,3,rep,name=speakers,proto3" json:"speakers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -575,6 +579,13 @@ func (x *WaitProgrammedResponse) GetProgrammed() bool {
 func (x *WaitProgrammedResponse) GetNodes() []*NodeProgress {
 	if x != nil {
 		return x.Nodes
+	}
+	return nil
+}
+
+func (x *WaitProgrammedResponse) GetSpeakers() []*NodeProgress {
+	if x != nil {
+		return x.Speakers
 	}
 	return nil
 }
@@ -1114,12 +1125,13 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\x13programming_latency\x18\f \x01(\v2\x19.google.protobuf.DurationR\x12programmingLatency\"h\n" +
 	"\x15WaitProgrammedRequest\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x123\n" +
-	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"e\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x98\x01\n" +
 	"\x16WaitProgrammedResponse\x12\x1e\n" +
 	"\n" +
 	"programmed\x18\x01 \x01(\bR\n" +
 	"programmed\x12+\n" +
-	"\x05nodes\x18\x02 \x03(\v2\x15.weir.v1.NodeProgressR\x05nodes\"\x87\x01\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x15.weir.v1.NodeProgressR\x05nodes\x121\n" +
+	"\bspeakers\x18\x03 \x03(\v2\x15.weir.v1.NodeProgressR\bspeakers\"\x87\x01\n" +
 	"\fNodeProgress\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tconnected\x18\x02 \x01(\bR\tconnected\x12-\n" +
@@ -1212,28 +1224,29 @@ var file_weir_v1_status_proto_depIdxs = []int32{
 	18, // 7: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
 	18, // 8: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
 	9,  // 9: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
-	12, // 10: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	14, // 11: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	13, // 12: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
-	20, // 13: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
-	21, // 14: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	22, // 15: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	15, // 16: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
-	4,  // 17: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 18: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	10, // 19: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 20: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	7,  // 21: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
-	5,  // 22: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 23: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	11, // 24: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 25: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	8,  // 26: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	9,  // 10: weir.v1.WaitProgrammedResponse.speakers:type_name -> weir.v1.NodeProgress
+	12, // 11: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
+	14, // 12: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	13, // 13: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
+	20, // 14: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
+	21, // 15: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	22, // 16: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	15, // 17: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
+	4,  // 18: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 19: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 20: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 21: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 22: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 23: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 24: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 25: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 26: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 27: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	23, // [23:28] is the sub-list for method output_type
+	18, // [18:23] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
