@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -200,14 +201,28 @@ comments.`,
 }
 
 func (a *app) getContextsCmd() *cobra.Command {
-	return &cobra.Command{
+	var output string
+	cmd := &cobra.Command{
 		Use:   "get-contexts",
-		Short: "List the contexts; * marks the current one",
+		Short: "List the contexts; * marks the current one (-o json|yaml: the config file's content)",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
 			cfg, path, err := a.loadConfig()
 			if err != nil {
 				return err
+			}
+			if output != "table" {
+				if cfg.Contexts == nil {
+					cfg.Contexts = []contextSpec{}
+				}
+				b, err := json.MarshalIndent(cfg, "", "  ")
+				if err != nil {
+					return err
+				}
+				return a.printDocument(b, output)
 			}
 			if len(cfg.Contexts) == 0 {
 				fmt.Fprintf(a.stderr, "No contexts in %s.\n", path)
@@ -225,6 +240,8 @@ func (a *app) getContextsCmd() *cobra.Command {
 			return t.flush()
 		},
 	}
+	addOutputFlag(cmd, &output)
+	return cmd
 }
 
 func (a *app) useContextCmd() *cobra.Command {

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -11,11 +12,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+	"sigs.k8s.io/yaml"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
 func (a *app) describeCmd() *cobra.Command {
+	var output string
 	cmd := &cobra.Command{
 		Use:   "describe (service NAMESPACE/NAME | service NAME -n NAMESPACE | node NAME)",
 		Short: "Show a service or a node in detail, with what the agents report of it",
@@ -26,10 +30,18 @@ has programmed it, what its health check answers, and whether the node
 receives external traffic, with the reason when not.
 
 A node: its addresses and state, its agent (connected, versions, last
-error, health answers) and the services with health checks on it.`,
+error, health answers) and the services with health checks on it.
+
+-o json and -o yaml print one document: the resource (under "service" or
+"node"), then for a service its endpoint slices ("endpoint_slices") and
+status ("status", the API's ServiceReport); for a node its agent's status
+("status", NodeStatus) and, per service with a health check, what the node
+answers ("health_checks", ServiceReport's per-node entries with the
+service's name).`,
 		Example: `  lbctl describe service default/web
   lbctl describe svc web -n default
-  lbctl describe node node1`,
+  lbctl describe node node1
+  lbctl describe svc web -o json`,
 		Args:      cobra.ExactArgs(2),
 		ValidArgs: []string{"services", "nodes"},
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -37,7 +49,10 @@ error, health answers) and the services with health checks on it.`,
 			if err != nil {
 				return err
 			}
-			var describe func(context.Context, client, weirv1.StatusServiceClient, object) (string, error)
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			var describe func(context.Context, client, weirv1.StatusServiceClient, object, string) (string, error)
 			switch k.name {
 			case "Service":
 				describe = a.describeService
@@ -58,7 +73,7 @@ error, health answers) and the services with health checks on it.`,
 			if err != nil {
 				return err
 			}
-			out, err := describe(cmd.Context(), c, st, obj)
+			out, err := describe(cmd.Context(), c, st, obj, output)
 			if err != nil {
 				return plain(k, err)
 			}
@@ -67,10 +82,57 @@ error, health answers) and the services with health checks on it.`,
 		},
 	}
 	cmd.Flags().StringVarP(&a.namespace, "namespace", "n", "default", "namespace of the service (or NAMESPACE/NAME)")
+	addOutputFlag(cmd, &output)
 	return cmd
 }
 
-func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusServiceClient, o object) (string, error) {
+// describeDocument is describe's -o json|yaml: the resource under its
+// kind's name, with every other part (each a proto message or a list of
+// them) under its own key, field names as in the proto files.
+func describeDocument(k *kind, o object, parts map[string]any, output string) (string, error) {
+	obj, err := objectJSON(k, o)
+	if err != nil {
+		return "", err
+	}
+	doc := map[string]any{strings.ToLower(k.name): json.RawMessage(obj)}
+	for key, part := range parts {
+		raw, err := messagesJSON(part)
+		if err != nil {
+			return "", err
+		}
+		doc[key] = raw
+	}
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	if output == "yaml" {
+		y, err := yaml.JSONToYAML(b)
+		return string(y), err
+	}
+	return string(b) + "\n", nil
+}
+
+// messagesJSON is a proto message, or a list of them, as JSON.
+func messagesJSON(part any) (json.RawMessage, error) {
+	switch v := part.(type) {
+	case proto.Message:
+		return marshal.Marshal(v)
+	case []proto.Message:
+		items := []json.RawMessage{}
+		for _, m := range v {
+			b, err := marshal.Marshal(m)
+			if err != nil {
+				return nil, err
+			}
+			items = append(items, b)
+		}
+		return json.Marshal(items)
+	}
+	return nil, fmt.Errorf("describe: cannot print %T", part)
+}
+
+func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusServiceClient, o object, output string) (string, error) {
 	svc := o.(*weirv1.Service)
 	ns, name := svc.GetMetadata().GetNamespace(), svc.GetMetadata().GetName()
 	endpointSlices, err := listEndpointSlices(ctx, c, &weirv1.ListEndpointSlicesRequest{Namespace: ns})
@@ -84,6 +146,16 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 	statuses, err := nodeStatuses(ctx, st)
 	if err != nil {
 		return "", err
+	}
+	if output != "table" {
+		var mine []proto.Message
+		for _, s := range endpointSlices {
+			if s.GetServiceName() == name {
+				mine = append(mine, s)
+			}
+		}
+		k, _ := kindFor("service")
+		return describeDocument(k, o, map[string]any{"endpoint_slices": mine, "status": report.GetStatus()}, output)
 	}
 
 	var b strings.Builder
@@ -213,7 +285,7 @@ func speakerRows(speakers []*weirv1.SpeakerServicePaths) [][]string {
 	return rows
 }
 
-func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServiceClient, o object) (string, error) {
+func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServiceClient, o object, output string) (string, error) {
 	node := o.(*weirv1.Node)
 	name := node.GetMetadata().GetName()
 	statuses, err := nodeStatuses(ctx, st)
@@ -226,6 +298,7 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 	}
 	// Only a service's report tells what the node answers for it.
 	var checks [][]string
+	var checkStatuses []proto.Message
 	for _, s := range services {
 		hc := s.GetSpec().GetHealthCheckNodePort()
 		if hc == 0 {
@@ -239,8 +312,18 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 		for _, n := range report.GetStatus().GetNodes() {
 			if n.GetNode() == name {
 				checks = append(checks, slices.Concat([]string{m.GetNamespace() + "/" + m.GetName(), port(hc)}, healthCells(n)))
+				checkStatuses = append(checkStatuses, &weirv1.ServiceReport{Namespace: m.GetNamespace(), Name: m.GetName(),
+					Nodes: []*weirv1.ServiceNodeStatus{n}})
 			}
 		}
+	}
+	if output != "table" {
+		status := statuses[name]
+		if status == nil {
+			status = &weirv1.NodeStatus{Name: name}
+		}
+		k, _ := kindFor("node")
+		return describeDocument(k, o, map[string]any{"status": status, "health_checks": checkStatuses}, output)
 	}
 
 	var b strings.Builder

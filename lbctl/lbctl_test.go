@@ -1270,3 +1270,92 @@ func TestDescribeServiceNamesTheFamilyARouterRefused(t *testing.T) {
 		}
 	}
 }
+
+func TestDescribeAsJSONAndYAML(t *testing.T) {
+	e := lbEnv(t)
+	e.bgp = map[string][]*weirv1.BgpSession{"node1": {{PeerAddress: "192.0.2.1", PeerAsn: 64501, State: "active",
+		LastError: "the router sent NOTIFICATION code 2(open) subcode 2(bad peer as)"}}}
+	e.agent("node1", 200, lbHealth(200, 1))
+	var svc struct {
+		Service struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		} `json:"service"`
+		EndpointSlices []struct {
+			ServiceName string `json:"service_name"`
+		} `json:"endpoint_slices"`
+		Status struct {
+			Nodes []struct {
+				Node     string `json:"node"`
+				Reason   string `json:"reason"`
+				Message  string `json:"message"`
+				Families []struct {
+					Family string `json:"family"`
+					Reason string `json:"reason"`
+				} `json:"families"`
+			} `json:"nodes"`
+		} `json:"status"`
+	}
+	out := e.mustLbctl("", "describe", "service", "default/lb", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &svc); err != nil {
+		t.Fatalf("describe -o json does not parse: %v\n%s", err, out)
+	}
+	if svc.Service.Kind != "Service" || svc.Service.Metadata.Name != "lb" || len(svc.EndpointSlices) == 0 || svc.EndpointSlices[0].ServiceName != "lb" {
+		t.Errorf("describe service -o json: %+v", svc)
+	}
+	found := false
+	for _, n := range svc.Status.Nodes {
+		if n.Node == "node1" {
+			found = n.Reason == "BGPSessionsDown" && strings.Contains(n.Message, "bad peer as") &&
+				len(n.Families) == 1 && n.Families[0].Family == "ipv4" && n.Families[0].Reason == "BGPSessionsDown"
+		}
+	}
+	if !found {
+		t.Errorf("describe service -o json: node1 does not say why it receives nothing\n%s", out)
+	}
+
+	out = e.mustLbctl("", "describe", "node", "node1", "-o", "yaml")
+	var node struct {
+		Node struct {
+			Kind string `json:"kind"`
+		} `json:"node"`
+		Status struct {
+			Connected   bool `json:"connected"`
+			BgpSessions []struct {
+				LastError string `json:"last_error"`
+			} `json:"bgp_sessions"`
+		} `json:"status"`
+		HealthChecks []struct {
+			Name string `json:"name"`
+		} `json:"health_checks"`
+	}
+	if err := yaml.Unmarshal([]byte(out), &node); err != nil {
+		t.Fatalf("describe node -o yaml does not parse: %v\n%s", err, out)
+	}
+	if node.Node.Kind != "Node" || !node.Status.Connected || len(node.Status.BgpSessions) != 1 ||
+		!strings.Contains(node.Status.BgpSessions[0].LastError, "bad peer as") || len(node.HealthChecks) != 1 || node.HealthChecks[0].Name != "lb" {
+		t.Errorf("describe node -o yaml: %+v\n%s", node, out)
+	}
+	if _, _, code := e.lbctl("", "describe", "node", "node1", "-o", "wide"); code != 2 {
+		t.Errorf("describe -o wide: exit %d, want 2 (usage)", code)
+	}
+}
+
+func TestVersionAsJSON(t *testing.T) {
+	e := lbEnv(t)
+	var doc struct {
+		Client struct{ Version string } `json:"client"`
+		Server struct {
+			Health string `json:"health"`
+			Info   struct {
+				StateVersion string `json:"state_version"`
+			} `json:"info"`
+		} `json:"server"`
+	}
+	out := e.mustLbctl("", "version", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || doc.Client.Version != "dev" || doc.Server.Health != "SERVING" || doc.Server.Info.StateVersion == "" {
+		t.Errorf("version -o json: %+v (%v)\n%s", doc, err, out)
+	}
+}

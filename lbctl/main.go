@@ -21,6 +21,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -129,25 +130,72 @@ func (a *app) rootCmd() *cobra.Command {
 
 func (a *app) versionCmd() *cobra.Command {
 	var clientOnly bool
+	var output string
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print lbctl's version and whether the server answers",
-		Args:  cobra.NoArgs,
+		Long: `Print lbctl's version and whether the server answers.
+
+-o json and -o yaml print one document: client (version) and, unless
+--client, server (address, health and the server's own GetServerInfo).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(a.stdout, "Client: %s\n", version)
-			if clientOnly {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			doc := map[string]any{"client": map[string]string{"version": version}}
+			if output == "table" {
+				fmt.Fprintf(a.stdout, "Client: %s\n", version)
+			}
+			if !clientOnly {
+				health, err := a.health(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if output == "table" {
+					fmt.Fprintf(a.stdout, "Server: %s (%s)\n", a.server, health)
+					return nil
+				}
+				server := map[string]any{"address": a.server, "health": health.String()}
+				if _, st, err := a.clients(); err == nil {
+					if info, err := st.GetServerInfo(cmd.Context(), &weirv1.GetServerInfoRequest{}); err == nil {
+						b, err := marshal.Marshal(info)
+						if err != nil {
+							return err
+						}
+						server["info"] = json.RawMessage(b)
+					}
+				}
+				doc["server"] = server
+			}
+			if output == "table" {
 				return nil
 			}
-			health, err := a.health(cmd.Context())
+			b, err := json.MarshalIndent(doc, "", "  ")
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "Server: %s (%s)\n", a.server, health)
-			return nil
+			return a.printDocument(b, output)
 		},
 	}
 	cmd.Flags().BoolVar(&clientOnly, "client", false, "print the client version only")
+	addOutputFlag(cmd, &output)
 	return cmd
+}
+
+// checkOutput refuses an -o that addOutputFlag's commands do not print.
+func checkOutput(output string) error {
+	if output != "table" && output != "json" && output != "yaml" {
+		return usageErrorf("--output %q: want table, json or yaml", output)
+	}
+	return nil
+}
+
+// addOutputFlag adds -o table|json|yaml to a command that prints one
+// document.
+func addOutputFlag(cmd *cobra.Command, output *string) {
+	cmd.Flags().StringVarP(output, "output", "o", "table", "output format: table, json or yaml")
+	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
 }
 
 // health asks the gRPC health service, which answers without touching the

@@ -40,8 +40,8 @@ Exit code 0 when every node is connected and has applied all it was sent,
 reached; the same whatever the output format.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" && output != "yaml" {
-				return usageErrorf("--output %q: want table, json or yaml", output)
+			if err := checkOutput(output); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			health, err := a.health(ctx)
@@ -130,8 +130,7 @@ reached; the same whatever the output format.`,
 			return failed
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
-	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	addOutputFlag(cmd, &output)
 	return cmd
 }
 
