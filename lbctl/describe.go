@@ -340,9 +340,12 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 	if n.GetLastError() != "" {
 		lastError = fmt.Sprintf("version %d: %s", n.GetLastErrorVersion(), n.GetLastError())
 	}
-	lastSync := "-"
+	lastSync, latency := "-", "-"
 	if d := n.GetLastSyncDuration().AsDuration(); d > 0 {
 		lastSync = d.Round(time.Microsecond).String()
+	}
+	if d := n.GetProgrammingLatency().AsDuration(); d > 0 {
+		latency = d.Round(time.Microsecond).String()
 	}
 	b.WriteString("Agent:\n")
 	fields(&b, "  ",
@@ -354,6 +357,7 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 		"Healthz", code(n.GetHealth().GetHealthzCode()),
 		"Livez", code(n.GetHealth().GetLivezCode()),
 		"Last Sync Duration", lastSync,
+		"Programming Latency", latency,
 	)
 	b.WriteString("\n")
 	section(&b, "Services with health checks", []string{"SERVICE", "PORT", "HEALTH CHECK", "LOCAL READY", "EXTERNAL TRAFFIC", "REASON"}, checks)

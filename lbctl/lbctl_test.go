@@ -583,14 +583,15 @@ Pod CIDRs:   10.244.2.0/24
 Deleting:    no
 Drained:     yes
 Agent:
-  Connected:            yes
-  Last Seen:            3h ago
-  Applied/Sent:         5/5
-  Lag:                  0
-  Last Error:           <none>
-  Healthz:              503
-  Livez:                200
-  Last Sync Duration:   1.5ms
+  Connected:             yes
+  Last Seen:             3h ago
+  Applied/Sent:          5/5
+  Lag:                   0
+  Last Error:            <none>
+  Healthz:               503
+  Livez:                 200
+  Last Sync Duration:    1.5ms
+  Programming Latency:   -
 
 Services with health checks:
   SERVICE      PORT    HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
@@ -607,14 +608,15 @@ Pod CIDRs:   10.244.1.0/24
 Deleting:    no
 Drained:     no
 Agent:
-  Connected:            no
-  Last Seen:            <never>
-  Applied/Sent:         -
-  Lag:                  -
-  Last Error:           <none>
-  Healthz:              -
-  Livez:                -
-  Last Sync Duration:   -
+  Connected:             no
+  Last Seen:             <never>
+  Applied/Sent:          -
+  Lag:                   -
+  Last Error:            <none>
+  Healthz:               -
+  Livez:                 -
+  Last Sync Duration:    -
+  Programming Latency:   -
 
 Services with health checks:
   SERVICE      PORT    HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
