@@ -1133,6 +1133,10 @@ func TestApplyAndDeleteWaitUntilEveryNodeForwardsTheWrite(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "programmed on 1 connected node(s)") {
 		t.Errorf("apply --wait with an agent that applies: exit %d, %q %q", code, out, errOut)
 	}
+	out, errOut, code = e.lbctl("", "node", "drain", "node1", "--wait=5s")
+	if code != 0 || !strings.HasPrefix(out, "node/node1 drained\nrevision ") || !strings.Contains(out, "programmed on 1 connected node(s)") {
+		t.Errorf("node drain --wait: exit %d, %q %q", code, out, errOut)
+	}
 
 	// node2's agent takes states and never applies them.
 	if _, err := e.registry.CreateNode(context.Background(), &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: "node2"}}}); err != nil {

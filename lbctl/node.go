@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -26,18 +27,20 @@ owns the node, and survives server restarts.`,
 	}
 	for _, v := range []struct {
 		use, done, short string
-		call             func(ctx context.Context, c client, name string) error
+		// call returns the store revision of the change.
+		call func(ctx context.Context, c client, name string) (string, error)
 	}{
-		{"drain", "drained", "Stop new external traffic to a node (see lbctl node --help for established connections)", func(ctx context.Context, c client, name string) error {
-			_, err := c.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: name})
-			return err
+		{"drain", "drained", "Stop new external traffic to a node (see lbctl node --help for established connections)", func(ctx context.Context, c client, name string) (string, error) {
+			r, err := c.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: name})
+			return r.GetResourceVersion(), err
 		}},
-		{"uncordon", "uncordoned", "Let a drained node receive external traffic again", func(ctx context.Context, c client, name string) error {
-			_, err := c.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: name})
-			return err
+		{"uncordon", "uncordoned", "Let a drained node receive external traffic again", func(ctx context.Context, c client, name string) (string, error) {
+			r, err := c.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: name})
+			return r.GetResourceVersion(), err
 		}},
 	} {
-		cmd.AddCommand(&cobra.Command{
+		var wait time.Duration
+		sub := &cobra.Command{
 			Use:   v.use + " NODE",
 			Short: v.short,
 			Args:  cobra.ExactArgs(1),
@@ -46,13 +49,19 @@ owns the node, and survives server restarts.`,
 				if err != nil {
 					return err
 				}
-				if err := v.call(cmd.Context(), c, args[0]); err != nil {
+				rev, err := v.call(cmd.Context(), c, args[0])
+				if err != nil {
 					return explain(kindNamed("Node"), args[0], err)
 				}
 				fmt.Fprintf(a.stdout, "node/%s %s\n", args[0], v.done)
+				if wait > 0 {
+					return a.waitProgrammed(cmd.Context(), revisionOf(rev), wait)
+				}
 				return nil
 			},
-		})
+		}
+		addWaitFlag(sub.Flags(), &wait)
+		cmd.AddCommand(sub)
 	}
 	return cmd
 }

@@ -375,6 +375,11 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 				first = cmp.Or(first, fmt.Errorf("updating peer %s: %w", addr, err))
 				continue
 			}
+			if p.ASN != had.ASN || p.MyASN != had.MyASN || p.Password != had.Password {
+				// What a router refused was the old configuration: its
+				// error no longer says anything of the new one.
+				g.notes.forget(addr)
+			}
 			g.dynamic[addr] = p
 			continue
 		}
@@ -382,6 +387,7 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 			first = cmp.Or(first, fmt.Errorf("removing peer %s: %w", addr, err))
 			continue
 		}
+		g.notes.forget(addr)
 		delete(g.dynamic, addr)
 	}
 	for addr, p := range want {
@@ -590,6 +596,13 @@ func (n *notifications) get(addr netip.Addr) string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.last[addr]
+}
+
+// forget drops a router's last NOTIFICATION.
+func (n *notifications) forget(addr netip.Addr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.last, addr)
 }
 
 // note records a NOTIFICATION GoBGP logged ("received notification" or

@@ -43,20 +43,26 @@ func receiveReasons(reg *registry.Registry, svc *model.Service, key string, n ag
 		for _, a := range addrs {
 			f.Addresses = append(f.Addresses, a.String())
 		}
+		// Only the sessions and the announcements differ by family; the
+		// node's and the endpoints' reasons are said without one.
 		f.Reason, f.Message = nodeReason, nodeMessage
+		prefix := ""
 		if f.Reason == "" {
 			f.Reason, f.Message = sessionReason(n.BGPSessions, fam)
+			prefix = fam + ": "
 		}
 		if f.Reason == "" {
 			f.Reason, f.Message = localReason, localMessage
+			prefix = ""
 		}
 		if f.Reason == "" {
 			f.Reason, f.Message = announceReason(n.BGPAnnouncements, addrs)
+			prefix = fam + ": "
 		}
 		f.ReceivesExternalTraffic = f.Reason == ""
 		r.families = append(r.families, f)
 		if r.reason == "" && f.Reason != "" {
-			r.reason, r.message = f.Reason, fam+": "+f.Message
+			r.reason, r.message = f.Reason, prefix+f.Message
 		}
 	}
 	if len(r.families) == 0 {

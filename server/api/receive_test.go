@@ -98,8 +98,9 @@ func TestReceiveReasonsPerFamily(t *testing.T) {
 				n.BGPSessions = []*weirv1.BgpSession{session("192.0.2.1", "active", badAS)}
 				return n
 			}(),
-			reason:   "Disconnected",
-			families: []string{"ipv4 Disconnected", "ipv6 Disconnected"},
+			reason:     "Disconnected",
+			families:   []string{"ipv4 Disconnected", "ipv6 Disconnected"},
+			messageHas: "the node's agent is not connected",
 		},
 		{
 			name:   "no speaker on the node",
@@ -119,7 +120,7 @@ func TestReceiveReasonsPerFamily(t *testing.T) {
 			if r.reason != tc.reason || strings.Join(fams, ",") != strings.Join(tc.families, ",") {
 				t.Errorf("reason %q, families %q; want %q, %q", r.reason, fams, tc.reason, tc.families)
 			}
-			if !strings.Contains(r.message, tc.messageHas) {
+			if !strings.Contains(r.message, tc.messageHas) || (tc.reason == "Disconnected" && r.message != tc.messageHas) {
 				t.Errorf("message %q does not contain %q", r.message, tc.messageHas)
 			}
 		})

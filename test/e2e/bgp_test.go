@@ -583,4 +583,32 @@ func TestWrongASNIsNamed(t *testing.T) {
 		!strings.Contains(out, "bad peer as") {
 		t.Errorf("lbctl describe service: want %q and the bad peer AS\n%s", want, out)
 	}
+
+	// The ASN fixed: IPv4 reaches both nodes, and the old error is gone.
+	fixed := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: "upstream"}, Address: lab.RouterLANv4.String(), Asn: routerASN, MyAsn: nodeASN}
+	if _, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: fixed}); err != nil {
+		t.Fatal(err)
+	}
+	waitNextHops(t, r, "203.0.113.69", node1.IPv4.String(), c.Nodes[1].IPv4.String())
+	eventually(t, "both families received, no stale error", func() error {
+		resp, err := st.GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: "default", Name: "wrongas"})
+		if err != nil {
+			return err
+		}
+		if got := resp.GetStatus().GetReceivingNodes(); len(got) != 2 {
+			return fmt.Errorf("receiving nodes %q", got)
+		}
+		nodes, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes.GetNodes() {
+			for _, s := range n.GetBgpSessions() {
+				if strings.Contains(s.GetLastError(), "bad peer as") {
+					return fmt.Errorf("%s still shows %q for %s", n.GetName(), s.GetLastError(), s.GetPeerAddress())
+				}
+			}
+		}
+		return nil
+	})
 }
