@@ -15,7 +15,7 @@
 //
 // Exit codes: 0 success, 1 a rejected request, bad input or (status)
 // something wrong on the appliance, 2 a usage error, 3 the server could
-// not be reached, 4 a write (--wait) that some connected node does not
+// not be reached, 4 a write (--wait) that some connected node or speaker does not
 // forward in time.
 package main
 
