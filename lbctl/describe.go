@@ -261,7 +261,7 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 		b.WriteString("\n")
 		section(&b, "BGP announcements", []string{"PREFIX", "NODE", "NEXT HOP", "WEIGHT", "SESSIONS"}, announced)
 	}
-	if tier := speakerRows(report.GetStatus().GetSpeakers()); len(tier) > 0 {
+	if tier := a.speakerRows(report.GetStatus().GetSpeakers()); len(tier) > 0 {
 		// Only with load-balancer speakers: each target node of each
 		// prefix, whether the speaker announces it, and why not.
 		b.WriteString("\n")
@@ -270,7 +270,7 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 	return b.String(), nil
 }
 
-func speakerRows(speakers []*weirv1.SpeakerServicePaths) [][]string {
+func (a *app) speakerRows(speakers []*weirv1.SpeakerServicePaths) [][]string {
 	var rows [][]string
 	for _, sp := range speakers {
 		for _, p := range sp.GetPaths() {
@@ -278,8 +278,13 @@ func speakerRows(speakers []*weirv1.SpeakerServicePaths) [][]string {
 			if p.GetWeight() > 0 {
 				weight = strconv.FormatUint(uint64(p.GetWeight()), 10)
 			}
+			announced := yesNo(p.GetAnnounced())
+			if sp.GetGoneSince() != nil {
+				// What a speaker that left announces is not known.
+				announced = "unknown (speaker gone " + a.ago(sp.GetGoneSince()) + ", last reported " + announced + ")"
+			}
 			rows = append(rows, []string{sp.GetSpeaker(), p.GetPrefix(), p.GetNode(), p.GetNextHop(), weight,
-				yesNo(p.GetAnnounced()), cmp.Or(p.GetProbe(), "-"), cmp.Or(p.GetReason(), "-")})
+				announced, cmp.Or(p.GetProbe(), "-"), cmp.Or(p.GetReason(), "-")})
 		}
 	}
 	return rows

@@ -1085,6 +1085,15 @@ func TestDescribeServiceShowsSpeakerPaths(t *testing.T) {
 	e := lbEnv(t)
 	e.agent("node1", 200, lbHealth(200, 1))
 	lb := weirv1.NewLoadBalancerTierServiceClient(e.srv.Conn)
+	watchCtx, endWatch := context.WithCancel(context.Background())
+	defer endWatch()
+	watch, err := lb.WatchTargets(watchCtx, &weirv1.WatchTargetsRequest{Speaker: "lb1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Recv(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := lb.ReportSpeaker(context.Background(), &weirv1.ReportSpeakerRequest{Status: &weirv1.SpeakerStatus{Name: "lb1", Paths: []*weirv1.SpeakerPath{
 		{Prefix: "203.0.113.7/32", Service: "default/lb", Node: "node1", NextHop: "192.0.2.11", Weight: 2, Announced: true, Probe: "200"},
 		{Prefix: "203.0.113.7/32", Service: "default/lb", Node: "node2", NextHop: "192.0.2.12", Weight: 1, Probe: "timeout", Reason: "ProbeFailing"},
@@ -1099,6 +1108,16 @@ func TestDescribeServiceShowsSpeakerPaths(t *testing.T) {
 		"  lb1       203.0.113.7/32   node2   192.0.2.12   1        no          timeout   ProbeFailing\n"
 	if !strings.HasSuffix(out, want) {
 		t.Errorf("describe service: want it to end with\n%s\ngot\n%s", want, out)
+	}
+
+	// The speaker stops watching: its paths are no longer current.
+	endWatch()
+	deadline := time.Now().Add(5 * time.Second)
+	for ; time.Now().Before(deadline) && !strings.Contains(out, "speaker gone"); time.Sleep(10 * time.Millisecond) {
+		out = e.mustLbctl("", "describe", "service", "default/lb")
+	}
+	if !strings.Contains(out, "lb1       203.0.113.7/32   node1   192.0.2.11   2        unknown (speaker gone 3h ago, last reported yes)") { // the test clock is 3 h ahead
+		t.Errorf("describe service after the speaker left: want its paths unknown\n%s", out)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
@@ -20,6 +21,10 @@ import (
 // NodeHealthPort is where load balancers probe a node for services of
 // externalTrafficPolicy Cluster: kube-proxy's /healthz port.
 const NodeHealthPort = 10256
+
+// GoneSpeakerKept is how long the last report of a speaker that stopped
+// watching is still shown (as not current).
+const GoneSpeakerKept = time.Hour
 
 // TargetsCoalesce is how long a targets watcher waits after a change for
 // more before it sends: one agent's ACK and report become one message.
@@ -37,6 +42,7 @@ type LoadBalancerTierService struct {
 	mu      sync.Mutex
 	reports map[string]*weirv1.SpeakerStatus // by speaker
 	watches map[string]*speakerWatch         // by speaker, while it watches
+	gone    map[string]time.Time             // speakers whose watch ended, kept for GoneSpeakerKept
 	changed chan struct{}                    // closed at the next report or cover
 }
 
@@ -49,7 +55,7 @@ type speakerWatch struct{ sent, covered uint64 }
 // NewLoadBalancerTierService serves targets from what hub and reg know.
 func NewLoadBalancerTierService(hub *agentsync.Hub, reg *registry.Registry) *LoadBalancerTierService {
 	return &LoadBalancerTierService{hub: hub, reg: reg, reports: map[string]*weirv1.SpeakerStatus{},
-		watches: map[string]*speakerWatch{}, changed: make(chan struct{})}
+		watches: map[string]*speakerWatch{}, gone: map[string]time.Time{}, changed: make(chan struct{})}
 }
 
 func (l *LoadBalancerTierService) WatchTargets(req *weirv1.WatchTargetsRequest, stream weirv1.LoadBalancerTierService_WatchTargetsServer) error {
@@ -64,12 +70,14 @@ func (l *LoadBalancerTierService) WatchTargets(req *weirv1.WatchTargetsRequest, 
 	w := &speakerWatch{}
 	l.mu.Lock()
 	l.watches[name] = w
+	delete(l.gone, name)
 	l.mu.Unlock()
 	defer func() {
 		l.mu.Lock()
 		if l.watches[name] == w { // not replaced by a newer watch
+			// Its last report stays, shown as no longer current.
 			delete(l.watches, name)
-			delete(l.reports, name)
+			l.gone[name] = time.Now()
 		}
 		l.tierChanged()
 		l.mu.Unlock()
@@ -157,6 +165,14 @@ func (l *LoadBalancerTierService) pathsOf(key string) []*weirv1.SpeakerServicePa
 	var out []*weirv1.SpeakerServicePaths
 	for name, st := range l.reports {
 		sp := &weirv1.SpeakerServicePaths{Speaker: name}
+		if since, ok := l.gone[name]; ok {
+			if time.Since(since) > GoneSpeakerKept {
+				delete(l.gone, name)
+				delete(l.reports, name)
+				continue
+			}
+			sp.GoneSince = timestamppb.New(since)
+		}
 		for _, p := range st.GetPaths() {
 			if p.GetService() == key {
 				sp.Paths = append(sp.Paths, p)

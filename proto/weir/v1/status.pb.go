@@ -839,9 +839,12 @@ func (x *ServiceReport) GetSpeakers() []*SpeakerServicePaths {
 
 // SpeakerServicePaths is one speaker's paths for one service.
 type SpeakerServicePaths struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Speaker       string                 `protobuf:"bytes,1,opt,name=speaker,proto3" json:"speaker,omitempty"`
-	Paths         []*SpeakerPath         `protobuf:"bytes,2,rep,name=paths,proto3" json:"paths,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Speaker string                 `protobuf:"bytes,1,opt,name=speaker,proto3" json:"speaker,omitempty"`
+	Paths   []*SpeakerPath         `protobuf:"bytes,2,rep,name=paths,proto3" json:"paths,omitempty"`
+	// Set when the speaker stopped watching the server: the paths are what
+	// it last reported, and what it announces now is not known.
+	GoneSince     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=gone_since,json=goneSince,proto3" json:"gone_since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -886,6 +889,13 @@ func (x *SpeakerServicePaths) GetSpeaker() string {
 func (x *SpeakerServicePaths) GetPaths() []*SpeakerPath {
 	if x != nil {
 		return x.Paths
+	}
+	return nil
+}
+
+func (x *SpeakerServicePaths) GetGoneSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.GoneSince
 	}
 	return nil
 }
@@ -1147,10 +1157,12 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x120\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x1a.weir.v1.ServiceNodeStatusR\x05nodes\x12'\n" +
 	"\x0freceiving_nodes\x18\x04 \x03(\tR\x0ereceivingNodes\x128\n" +
-	"\bspeakers\x18\x05 \x03(\v2\x1c.weir.v1.SpeakerServicePathsR\bspeakers\"[\n" +
+	"\bspeakers\x18\x05 \x03(\v2\x1c.weir.v1.SpeakerServicePathsR\bspeakers\"\x96\x01\n" +
 	"\x13SpeakerServicePaths\x12\x18\n" +
 	"\aspeaker\x18\x01 \x01(\tR\aspeaker\x12*\n" +
-	"\x05paths\x18\x02 \x03(\v2\x14.weir.v1.SpeakerPathR\x05paths\"\xdf\x02\n" +
+	"\x05paths\x18\x02 \x03(\v2\x14.weir.v1.SpeakerPathR\x05paths\x129\n" +
+	"\n" +
+	"gone_since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tgoneSince\"\xdf\x02\n" +
 	"\x11ServiceNodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12.\n" +
 	"\x06health\x18\x02 \x01(\v2\x16.weir.v1.ServiceHealthR\x06health\x12\x1e\n" +
@@ -1229,24 +1241,25 @@ var file_weir_v1_status_proto_depIdxs = []int32{
 	14, // 12: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
 	13, // 13: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
 	20, // 14: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
-	21, // 15: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	22, // 16: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	15, // 17: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
-	4,  // 18: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 19: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	10, // 20: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 21: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	7,  // 22: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
-	5,  // 23: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 24: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	11, // 25: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 26: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	8,  // 27: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	16, // 15: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
+	21, // 16: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	22, // 17: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	15, // 18: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
+	4,  // 19: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 20: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 21: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 22: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 23: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 24: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 25: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 26: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 27: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 28: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	24, // [24:29] is the sub-list for method output_type
+	19, // [19:24] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
