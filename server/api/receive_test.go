@@ -8,23 +8,9 @@ import (
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
 	"github.com/weirlb/weir/server/model"
-	"github.com/weirlb/weir/server/registry"
-	"github.com/weirlb/weir/server/store"
+	"github.com/weirlb/weir/server/registry/registrytest"
 )
 
-func testRegistry(t *testing.T) *registry.Registry {
-	t.Helper()
-	st, err := store.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	reg, err := registry.Open(st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reg
-}
 
 // healthyNode is a connected, programmed, eligible node whose speaker
 // has the given sessions and announcements.
@@ -46,7 +32,7 @@ func session(peer, state, lastError string, negotiated ...string) *weirv1.BgpSes
 }
 
 func TestReceiveReasonsPerFamily(t *testing.T) {
-	reg := testRegistry(t)
+	reg := registrytest.Open(t)
 	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"},
 		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("2001:db8:113::5")}}
 	badAS := "the router sent NOTIFICATION code 2(open) subcode 2(bad peer as)"
@@ -128,7 +114,7 @@ func TestReceiveReasonsPerFamily(t *testing.T) {
 }
 
 func TestLoadBalancerTierTargetsIgnoreTheNodesOwnAnnouncements(t *testing.T) {
-	reg := testRegistry(t)
+	reg := registrytest.Open(t)
 	v4, v6 := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("2001:db8:113::5")
 	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"}, LoadBalancerIPs: []netip.Addr{v4, v6}}
 	n := healthyNode([]*weirv1.BgpSession{session("2001:db8:2::1", "established", "", "ipv6")})
