@@ -11,7 +11,6 @@ import (
 	"github.com/weirlb/weir/server/registry/registrytest"
 )
 
-
 // healthyNode is a connected, programmed, eligible node whose speaker
 // has the given sessions and announcements.
 func healthyNode(sessions []*weirv1.BgpSession, announced ...string) agentsync.NodeStatus {
