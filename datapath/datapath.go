@@ -25,13 +25,41 @@ type Config struct {
 	// from them keep their source address even to other nodes' endpoints.
 	// The node's own pod CIDRs are always included.
 	ClusterCIDRs []netip.Prefix
-	// MasqueradeMark is the packet-mark bit Weir uses; 0 means DefaultMasqueradeMark.
+	// MasqueradeMark is the packet-mark bit Weir uses for the connections
+	// it DNATs, and the bit below it for those it masquerades; 0 means
+	// DefaultMasqueradeMark.
 	MasqueradeMark uint32
+	// Masquerade chooses which DNAT'ed connections leave with the node's
+	// address as their source; the zero value is kube-proxy's choice.
+	Masquerade MasqueradeMode
+	// MasqueradeAll masquerades every connection to a cluster IP too, from
+	// any source (kube-proxy's --masquerade-all).
+	MasqueradeAll bool
 	// Conntrack clears stale UDP entries after a change; nil leaves them.
 	Conntrack Conntrack
 	// Log receives what the datapath cannot return as an error; nil discards.
 	Log *slog.Logger
 }
+
+// MasqueradeMode is a policy for the source address an endpoint sees.
+type MasqueradeMode string
+
+const (
+	// MasqueradeKubeProxy is kube-proxy's: connections to node ports,
+	// external IPs and load-balancer IPs of externalTrafficPolicy Cluster
+	// services are masqueraded whatever their source; so are connections
+	// to cluster IPs from outside the cluster CIDRs, connections from the
+	// node itself to a Local service's external addresses, and a pod
+	// reaching itself. The source an endpoint sees does not depend on the
+	// node a connection happened to enter.
+	MasqueradeKubeProxy MasqueradeMode = ""
+	// MasqueradePreserveLocal keeps the client's address wherever the
+	// reply comes back through the same node: only a pod reaching itself,
+	// and a source outside the cluster sent to an endpoint on another
+	// node, are masqueraded (as Cilium does). An endpoint then sees the
+	// client's address or the node's depending on where it runs.
+	MasqueradePreserveLocal MasqueradeMode = "preserve-local"
+)
 
 // Datapath programs one node's Weir tables (one per family). It keeps what
 // it has programmed in memory, so that a change costs a transaction of the
@@ -97,6 +125,11 @@ const FullSyncChunk = 10000
 // must be for TableName. Either may be nil to leave that family alone.
 func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 	if cfg.MasqueradeMark == 0 {
+		cfg.MasqueradeMark = DefaultMasqueradeMark
+	}
+	if cfg.MasqueradeMark&(cfg.MasqueradeMark-1) != 0 || cfg.MasqueradeMark < 2 {
+		// One bit, with a free bit below it: Options.Validate says so to
+		// the operator; a caller that skipped it gets the default.
 		cfg.MasqueradeMark = DefaultMasqueradeMark
 	}
 	if cfg.Log == nil {
@@ -353,7 +386,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 		tx.Delete(obj)
 		tx.Add(obj)
 	}
-	for _, c := range tableChains(*f, d.cfg.MasqueradeMark, next) {
+	for _, c := range tableChains(*f, d.cfg, next) {
 		tx.Add(c.chain)
 		if c.base() {
 			// Base chains only jump to fixed chains: rewriting them
@@ -380,7 +413,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 	// 3. Switch.
 	tx = d.nft[f][0].NewTransaction()
 	keep := map[string]bool{}
-	for _, c := range tableChains(*f, d.cfg.MasqueradeMark, next) {
+	for _, c := range tableChains(*f, d.cfg, next) {
 		keep[c.chain.Name] = true
 		if !c.base() {
 			writeChain(tx, c, next)
@@ -484,7 +517,7 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	for _, obj := range tableSets(*f, g) {
 		tx.Add(obj)
 	}
-	chains := tableChains(*f, d.cfg.MasqueradeMark, g)
+	chains := tableChains(*f, d.cfg, g)
 	for _, c := range chains {
 		tx.Add(c.chain)
 	}
@@ -537,7 +570,7 @@ func (d *Datapath) existingObjects(ctx context.Context, f *family) (tableObjects
 		return d.listObjects(ctx, f)
 	}
 	objs := tableObjects{chains: []string{t.gen.marker()}}
-	for _, c := range tableChains(*f, d.cfg.MasqueradeMark, t.gen) {
+	for _, c := range tableChains(*f, d.cfg, t.gen) {
 		objs.chains = append(objs.chains, c.chain.Name)
 	}
 	for chain := range t.picks {

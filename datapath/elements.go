@@ -111,6 +111,9 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 			pick(&ipKind, sp.Protocol, fk, cluster, "cluster")
 			if externalLocal {
 				pick(&externalIPKind, sp.Protocol, fk, local, "local")
+				add(localFrontendsSet, fk, "")
+			} else {
+				add(masqueradeFrontendsSet, fk, "")
 			}
 		}
 		if sp.NodePort != 0 {
@@ -122,6 +125,9 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 				pick(&nodePortKind, sp.Protocol, nk, cluster, "cluster")
 				if externalLocal {
 					pick(&externalNodePortKind, sp.Protocol, nk, local, "local")
+					add(localNodePortsSet, nk, "")
+				} else {
+					add(masqueradeNodePortsSet, nk, "")
 				}
 			}
 		}

@@ -46,6 +46,15 @@ const (
 	// firewallAllowLocalSet: frontends whose ranges include this node, so
 	// every local source is allowed.
 	firewallAllowLocalSet = "firewall_allow_local"
+	// masqueradeFrontendsSet, masqueradeNodePortsSet: external and
+	// load-balancer IPs, and node ports, of externalTrafficPolicy Cluster
+	// services, masqueraded from every source (kube-proxy's policy).
+	masqueradeFrontendsSet = "masquerade_frontends"
+	masqueradeNodePortsSet = "masquerade_nodeports"
+	// localFrontendsSet, localNodePortsSet: the same of Local services,
+	// masqueraded when the node itself is the source.
+	localFrontendsSet = "local_frontends"
+	localNodePortsSet = "local_nodeports"
 )
 
 // frontendKind is one way a packet's destination names a service port. Each
@@ -204,6 +213,10 @@ func tableSets(f family, g generation) []knftables.Object {
 		{Name: firewallFrontendsSet, Type: frontendType},
 		{Name: firewallAllowSet, Type: frontendType + " . " + addr, Flags: interval},
 		{Name: firewallAllowLocalSet, Type: frontendType},
+		{Name: masqueradeFrontendsSet, Type: frontendType},
+		{Name: masqueradeNodePortsSet, Type: "inet_proto . inet_service"},
+		{Name: localFrontendsSet, Type: frontendType},
+		{Name: localNodePortsSet, Type: "inet_proto . inet_service"},
 	} {
 		s.Name = g.of(s.Name)
 		objs = append(objs, s)
@@ -225,40 +238,78 @@ func regularChain(name string, rules ...string) chainSpec {
 
 // tableChains is the fixed chains of the table with rules that refer to
 // generation g; base chains only jump to fixed chains, so they never change.
-func tableChains(f family, mark uint32, g generation) []chainSpec {
+func tableChains(f family, cfg Config, g generation) []chainSpec {
 	ip := f.ip
-	mk := fmt.Sprintf("%#x", mark)
+	mk := fmt.Sprintf("%#x", cfg.MasqueradeMark)
+	masq := fmt.Sprintf("%#x", cfg.MasqueradeMark>>1)
+	markMasq := "meta mark set meta mark | " + masq
 	frontend := ip + " daddr . meta l4proto . th dport"
 	nodePortMatch := "fib daddr type local " + ip + " daddr " + g.ref(nodePortAddressesSet) + " meta l4proto . th dport"
+
+	// Which connections leave with the node's address, decided where the
+	// destination is still the frontend: marked here, masqueraded in
+	// postrouting. kube-proxy's policy (see MasqueradeKubeProxy).
+	var services, hostServices, masquerading []string
+	switch {
+	case cfg.Masquerade == MasqueradePreserveLocal:
+		// SNAT only where the reply would otherwise not come back
+		// through this node: a pod reaching itself (hairpin), and a
+		// source outside the cluster sent to an endpoint on another node.
+		masquerading = []string{
+			ip + " daddr " + g.ref(localEndpointsSet) + " return",
+			ip + " saddr " + g.ref(clusterCIDRsSet) + " return",
+			"masquerade fully-random",
+		}
+	default:
+		clusterIPs := ip + " saddr != " + g.ref(clusterCIDRsSet) + " " + ip + " daddr " + g.ref(clusterIPsSet) + " " + markMasq
+		if cfg.MasqueradeAll {
+			clusterIPs = ip + " daddr " + g.ref(clusterIPsSet) + " " + markMasq
+		}
+		services = []string{
+			clusterIPs,
+			frontend + " " + g.ref(masqueradeFrontendsSet) + " " + markMasq,
+			nodePortMatch + " " + g.ref(masqueradeNodePortsSet) + " " + markMasq,
+		}
+		// The node itself reaching a Local service's external address is
+		// sent anywhere in the cluster: the reply must come back here.
+		hostServices = []string{
+			frontend + " " + g.ref(localFrontendsSet) + " " + markMasq,
+			nodePortMatch + " " + g.ref(localNodePortsSet) + " " + markMasq,
+		}
+		masquerading = []string{
+			"meta mark & " + masq + " == 0 return",
+			"meta mark set meta mark ^ " + masq,
+			"masquerade fully-random",
+		}
+	}
 	return []chainSpec{
 		// DNAT. Sources inside the cluster (pods, this host) always use
 		// the frontends maps; external sources first try the maps of
 		// externalTrafficPolicy Local frontends, which hold only this
 		// node's endpoints (or drop) so the client address survives.
-		regularChain("services",
+		regularChain("services", append(services,
 			frontend+" vmap "+g.ref(ipKind.frontends),
-			nodePortMatch+" vmap "+g.ref(nodePortKind.frontends)),
+			nodePortMatch+" vmap "+g.ref(nodePortKind.frontends))...),
+		regularChain("host_services", append(hostServices, "goto services")...),
 		regularChain("external_services",
 			frontend+" vmap "+g.ref(externalIPKind.frontends),
 			nodePortMatch+" vmap "+g.ref(externalNodePortKind.frontends),
 			"goto services"),
 		regularChain("dispatch",
 			ip+" saddr "+g.ref(clusterCIDRsSet)+" goto services",
-			"fib saddr type local goto services",
+			"fib saddr type local goto host_services",
 			"goto external_services"),
 		{baseChain("nat_prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority), []string{"jump dispatch"}},
-		{baseChain("nat_output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority), []string{"jump services"}},
+		{baseChain("nat_output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority), []string{"jump host_services"}},
 
-		// SNAT only where the reply would otherwise not come back through
-		// this node: a pod reaching itself (hairpin), and a source outside
-		// the cluster sent to an endpoint on another node.
-		regularChain("masquerading",
-			"meta mark & "+mk+" == 0 return",
-			"meta mark set meta mark ^ "+mk,
-			ip+" saddr . "+ip+" daddr "+g.ref(hairpinSet)+" masquerade fully-random",
-			ip+" daddr "+g.ref(localEndpointsSet)+" return",
-			ip+" saddr "+g.ref(clusterCIDRsSet)+" return",
-			"masquerade fully-random"),
+		// SNAT: a pod reaching itself always (the reply would not go
+		// through the DNAT), then what the policy above decided. The
+		// marks are cleared so that nothing else acts on them.
+		regularChain("masquerading", append([]string{
+			"meta mark & " + mk + " == 0 return",
+			"meta mark set meta mark ^ " + mk,
+			ip + " saddr . " + ip + " daddr " + g.ref(hairpinSet) + " meta mark set meta mark & " + fmt.Sprintf("%#x", ^(cfg.MasqueradeMark>>1)) + " masquerade fully-random",
+		}, masquerading...)...),
 		{baseChain("nat_postrouting", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority), []string{"jump masquerading"}},
 
 		// loadBalancerSourceRanges: a load-balancer frontend with ranges

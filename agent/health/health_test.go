@@ -1,11 +1,13 @@
 package health
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"testing"
 	"time"
@@ -223,5 +225,27 @@ func TestUnrelatedChangesLeaveHealthChecksAlone(t *testing.T) {
 				other, got.code, got.headers.Get("X-Load-Balancing-Endpoint-Weight"))
 		}
 		a.Applied(time.Millisecond)
+	}
+}
+
+// TestLivezCarriesNoNodeEligible: kube-proxy's /healthz answer says
+// whether the node is eligible; its /livez answer does not.
+func TestLivezCarriesNoNodeEligible(t *testing.T) {
+	n := NewNode(time.Minute, nil)
+	n.Updated()
+	h := n.Handler()
+	for path, want := range map[string]bool{"/healthz": true, "/livez": false} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		var body map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if _, has := body["nodeEligible"]; has != want {
+			t.Errorf("%s: nodeEligible present %v, want %v (%s)", path, has, want, rec.Body.String())
+		}
+		if _, has := body["healthy"]; !has {
+			t.Errorf("%s: no healthy field: %s", path, rec.Body.String())
+		}
 	}
 }

@@ -118,11 +118,12 @@ type familyStatus struct {
 	Healthy     bool      `json:"healthy"`
 }
 
-// answer is kube-proxy's /healthz and /livez body.
+// answer is kube-proxy's /healthz and /livez body; nodeEligible is in
+// /healthz's only, as in kube-proxy (a pointer, nil for /livez).
 type answer struct {
 	LastUpdated  time.Time               `json:"lastUpdated"`
 	CurrentTime  time.Time               `json:"currentTime"`
-	NodeEligible bool                    `json:"nodeEligible"`
+	NodeEligible *bool                   `json:"nodeEligible,omitempty"`
 	Healthy      bool                    `json:"healthy"`
 	Status       map[string]familyStatus `json:"status"`
 }
@@ -135,11 +136,14 @@ func (n *Node) Handler() http.Handler {
 			st := n.Status()
 			ok := st.Healthy && (st.NodeEligible || !needEligible)
 			fam := familyStatus{LastUpdated: st.LastUpdated, Healthy: st.Healthy}
-			body, _ := json.Marshal(answer{
-				LastUpdated: st.LastUpdated, CurrentTime: st.CurrentTime,
-				NodeEligible: st.NodeEligible, Healthy: st.Healthy,
+			a := answer{
+				LastUpdated: st.LastUpdated, CurrentTime: st.CurrentTime, Healthy: st.Healthy,
 				Status: map[string]familyStatus{"IPv4": fam, "IPv6": fam},
-			})
+			}
+			if needEligible {
+				a.NodeEligible = &st.NodeEligible
+			}
+			body, _ := json.Marshal(a)
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("X-Content-Type-Options", "nosniff")
 			w.WriteHeader(code(ok))

@@ -28,11 +28,13 @@ const nodePort = 30080
 
 // startCluster runs Weir on two nodes with pods [2, 1] and returns it with
 // a cleanup registered even for failing tests.
-func startCluster(t *testing.T) *weirlab.Cluster {
+func startCluster(t *testing.T, agentArgs ...string) *weirlab.Cluster {
 	t.Helper()
 	lab.SkipUnlessPrivileged(t)
 	ctx := context.Background()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin)
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, func(c *weirlab.Cluster) {
+		c.AgentArgs = func(*lab.Node) []string { return agentArgs }
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,27 +148,129 @@ func podByName(c *weirlab.Cluster, name string) *lab.Pod {
 	return nil
 }
 
-func TestServiceFrontendsReachPodsWithClientAddress(t *testing.T) {
+// TestServiceFrontendsMasqueradeAsKubeProxy: by default a connection to
+// a node port or load-balancer IP of an externalTrafficPolicy Cluster
+// service reaches every pod from an address of the node it entered, never
+// the client's, whichever node the pod runs on (kube-proxy's behaviour);
+// a pod calling a cluster IP keeps its own address.
+func TestServiceFrontendsMasqueradeAsKubeProxy(t *testing.T) {
 	c := startCluster(t)
 	createWeb(t, c)
 	node1 := c.Nodes[0]
-	n1p1 := c.Nodes[0].Pods[0]
 	lbDst := netip.AddrPortFrom(lbIP, 80)
 	eventually(t, "the load-balancer IP answers", func() error {
 		_, err := weirlab.Get(context.Background(), c.Client, lbDst)
 		return err
 	})
-
-	// External clients: through the router to the LB IP, and straight to
-	// node1's node port. A pod on the node the connection arrived at sees
-	// the client; a pod on the other node sees the node (masquerade keeps
-	// the reply on the DNAT'ing node's path).
 	for _, tc := range []struct {
-		name string
-		dst  netip.AddrPort
+		name    string
+		src     *lab.Netns
+		dst     netip.AddrPort
+		entered *lab.Node // nil: either node (the router's ECMP)
 	}{
-		{"load-balancer IP", lbDst},
-		{"node port", netip.AddrPortFrom(node1.IPv4, nodePort)},
+		{"load-balancer IP from outside", c.Client, lbDst, nil},
+		{"node port from outside", c.Client, netip.AddrPortFrom(node1.IPv4, nodePort), node1},
+		{"IPv6 node port from outside", c.Client, netip.AddrPortFrom(node1.IPv6, nodePort), node1},
+		// From a pod too: node ports and load-balancer IPs of Cluster
+		// services are masqueraded whatever the source.
+		{"node port from a pod of the other node", c.Nodes[1].Pods[0].Netns, netip.AddrPortFrom(node1.IPv4, nodePort), node1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seen := map[string]int{}
+			for _, r := range sample(t, tc.src, tc.dst, 40) {
+				seen[r.Pod]++
+				pod := podByName(c, r.Pod)
+				if pod == nil {
+					t.Fatalf("reply from unknown pod %q", r.Pod)
+				}
+				got := r.RemoteAddr()
+				from := nodeOf(c, got, pod)
+				if from == nil || (tc.entered != nil && from != tc.entered) {
+					t.Errorf("pod %s on %s saw source %s; want an address of the node the connection entered", pod.Name, pod.Node.Name, got)
+				}
+			}
+			if len(seen) != 3 {
+				t.Errorf("40 connections reached %v; want all 3 pods (uniform random choice)", seen)
+			}
+		})
+	}
+	clusterIPFromAPod(t, c)
+
+	t.Run("cluster IP from outside the cluster", func(t *testing.T) {
+		// A router with a static route for the service range (here one
+		// address) through node1: node1 bridges into the service, and
+		// masquerades so that replies come back through it.
+		if _, err := c.Router.Run(context.Background(), "ip", "route", "add", clusterIPv4.String()+"/32", "via", node1.IPv4.String()); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range sample(t, c.Client, netip.AddrPortFrom(clusterIPv4, 80), 20) {
+			pod := podByName(c, r.Pod)
+			if nodeOf(c, r.RemoteAddr(), pod) != node1 {
+				t.Errorf("pod %s saw %s; want an address of node1", r.Pod, r.RemoteAddr())
+			}
+		}
+	})
+
+	t.Run("load-balancer IP of a Local service from a pod keeps the pod's address", func(t *testing.T) {
+		svc := lbService("local", 30121, []string{"10.96.0.81"}, []string{"203.0.113.81"})
+		svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+		svc.Spec.HealthCheckNodePort = 32121
+		createService(t, c, svc, c.Pods())
+		caller := c.Nodes[1].Pods[0]
+		eventually(t, "the endpoints are programmed", func() error {
+			_, err := weirlab.Get(context.Background(), caller.Netns, netip.MustParseAddrPort("203.0.113.81:80"))
+			return err
+		})
+		seen := map[string]bool{}
+		for _, r := range sample(t, caller.Netns, netip.MustParseAddrPort("203.0.113.81:80"), 40) {
+			seen[r.Pod] = true
+			if r.Pod != caller.Name && r.RemoteAddr() != caller.IPv4 {
+				t.Errorf("pod %s saw %s; want the calling pod's %s (short-circuited, not masqueraded)", r.Pod, r.RemoteAddr(), caller.IPv4)
+			}
+		}
+		if len(seen) != 3 {
+			t.Errorf("40 connections from a pod reached %v; want every pod (a pod's traffic ignores the Local policy)", seen)
+		}
+	})
+}
+
+// TestMasqueradeAll: with --masquerade-all, a pod calling a cluster IP
+// reaches the endpoints from its node's address, as kube-proxy's flag.
+func TestMasqueradeAll(t *testing.T) {
+	c := startCluster(t, "--masquerade-all")
+	createWeb(t, c)
+	caller := c.Nodes[0].Pods[0]
+	for _, r := range sample(t, caller.Netns, netip.AddrPortFrom(clusterIPv4, 80), 30) {
+		if r.RemoteAddr() == caller.IPv4 {
+			t.Errorf("pod %s saw the caller's own address %s; want it masqueraded", r.Pod, r.RemoteAddr())
+		}
+		if nodeOf(c, r.RemoteAddr(), podByName(c, r.Pod)) != caller.Node {
+			t.Errorf("pod %s saw %s; want an address of the caller's node", r.Pod, r.RemoteAddr())
+		}
+	}
+}
+
+// TestPreserveLocalKeepsTheClientAddressOnTheReceivingNode: with
+// --masquerade-mode preserve-local, a pod on the node the connection
+// entered sees the client; a pod on the other node sees the node that
+// forwarded it (masquerade keeps the reply on the DNAT'ing node's path).
+func TestPreserveLocalKeepsTheClientAddressOnTheReceivingNode(t *testing.T) {
+	c := startCluster(t, "--masquerade-mode", "preserve-local")
+	createWeb(t, c)
+	node1 := c.Nodes[0]
+	lbDst := netip.AddrPortFrom(lbIP, 80)
+	eventually(t, "the load-balancer IP answers", func() error {
+		_, err := weirlab.Get(context.Background(), c.Client, lbDst)
+		return err
+	})
+	for _, tc := range []struct {
+		name   string
+		dst    netip.AddrPort
+		client netip.Addr
+	}{
+		{"load-balancer IP", lbDst, lab.ClientIPv4},
+		{"node port", netip.AddrPortFrom(node1.IPv4, nodePort), lab.ClientIPv4},
+		{"IPv6 node port", netip.AddrPortFrom(node1.IPv6, nodePort), lab.ClientIPv6},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := map[string]int{}
@@ -177,10 +281,13 @@ func TestServiceFrontendsReachPodsWithClientAddress(t *testing.T) {
 					t.Fatalf("reply from unknown pod %q", r.Pod)
 				}
 				got := r.RemoteAddr()
-				if tc.name == "node port" {
-					want := lab.ClientIPv4
+				if tc.name != "load-balancer IP" {
+					want := tc.client
 					if pod.Node != node1 {
 						want = node1.IPv4
+						if tc.client.Is6() {
+							want = node1.IPv6
+						}
 					}
 					if got != want {
 						t.Errorf("pod %s on %s saw source %s, want %s", pod.Name, pod.Node.Name, got, want)
@@ -190,7 +297,7 @@ func TestServiceFrontendsReachPodsWithClientAddress(t *testing.T) {
 				// The router picks either node: the pod sees the client
 				// when it runs on that node, else the node that
 				// forwarded it, never its own node.
-				if got != lab.ClientIPv4 && (!isNodeIP(c, got) || got == pod.Node.IPv4) {
+				if got != tc.client && (!isNodeIP(c, got) || got == pod.Node.IPv4) {
 					t.Errorf("pod %s on %s saw source %s, want the client or the other node", pod.Name, pod.Node.Name, got)
 				}
 			}
@@ -199,7 +306,29 @@ func TestServiceFrontendsReachPodsWithClientAddress(t *testing.T) {
 			}
 		})
 	}
+	clusterIPFromAPod(t, c)
+}
 
+// nodeOf is the node one of whose addresses a is, as a pod on pod's node
+// sees it: another node's LAN address, or its own node's address on the
+// pod's side of the link (169.254.1.1 for IPv4, the node's LAN address
+// for IPv6); nil for any other address.
+func nodeOf(c *weirlab.Cluster, a netip.Addr, pod *lab.Pod) *lab.Node {
+	if a == netip.MustParseAddr("169.254.1.1") {
+		return pod.Node
+	}
+	for _, n := range c.Nodes {
+		if a == n.IPv4 || a == n.IPv6 {
+			return n
+		}
+	}
+	return nil
+}
+
+// clusterIPFromAPod: a pod calling a cluster IP keeps its address in
+// every mode, and one reaching itself is masqueraded.
+func clusterIPFromAPod(t *testing.T, c *weirlab.Cluster) {
+	n1p1 := c.Nodes[0].Pods[0]
 	t.Run("cluster IP from a pod keeps the pod's address", func(t *testing.T) {
 		for _, fam := range []struct {
 			vip, src netip.Addr

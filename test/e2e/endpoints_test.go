@@ -102,32 +102,3 @@ func TestEndpointSelection(t *testing.T) {
 	})
 	expectDropped(t, n1p2.Netns, netip.MustParseAddrPort("10.96.0.32:80"))
 }
-
-// TestExternalClusterPolicyMasqueradesOnlyAcrossNodesIPv6 is the IPv6 twin
-// of the node-port source check: the client's address reaches pods on the
-// receiving node, the node's address the others.
-func TestExternalClusterPolicyMasqueradesOnlyAcrossNodesIPv6(t *testing.T) {
-	c := startCluster(t)
-	createWeb(t, c)
-	node1 := c.Nodes[0]
-	dst := netip.AddrPortFrom(node1.IPv6, nodePort)
-	eventually(t, "the IPv6 node port answers", func() error {
-		_, err := weirlab.Get(context.Background(), c.Client, dst)
-		return err
-	})
-	seen := map[string]bool{}
-	for _, r := range sample(t, c.Client, dst, 30) {
-		seen[r.Pod] = true
-		pod := podByName(c, r.Pod)
-		want := lab.ClientIPv6
-		if pod.Node != node1 {
-			want = node1.IPv6
-		}
-		if r.RemoteAddr() != want {
-			t.Errorf("pod %s on %s saw %s, want %s", pod.Name, pod.Node.Name, r.RemoteAddr(), want)
-		}
-	}
-	if len(seen) != 3 {
-		t.Errorf("30 connections reached %v; want all 3 pods", seen)
-	}
-}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/lab"
 	"github.com/weirlb/weir/test/weirlab"
@@ -36,20 +38,29 @@ func families(clusterIPv4, clusterIPv6, lbIPv4, lbIPv6 string) []family {
 func createService(t *testing.T, c *weirlab.Cluster, svc *weirv1.Service, endpoints []*lab.Pod) {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+	created, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
+	if err != nil {
 		t.Fatal(err)
 	}
+	rev := revisionOf(created.GetService().GetMetadata())
 	for _, s := range endpointSlices(svc.GetMetadata().GetName(), endpoints) {
-		if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: s}); err != nil {
+		created, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: s})
+		if err != nil {
 			t.Fatal(err)
 		}
+		rev = max(rev, revisionOf(created.GetEndpointSlice().GetMetadata()))
 	}
 	if _, other := svc.GetMetadata().GetLabels()["service.kubernetes.io/service-proxy-name"]; other {
 		return // no agent ever has it
 	}
-	// Tests send through particular nodes: each must have the service.
+	// Tests send through particular nodes: each must hold the service and
+	// its endpoints.
 	if err := c.WaitServiceProgrammed(ctx, svc.GetMetadata().GetNamespace(), svc.GetMetadata().GetName()); err != nil {
 		t.Fatal(err)
+	}
+	r, err := weirv1.NewStatusServiceClient(c.Conn).WaitProgrammed(ctx, &weirv1.WaitProgrammedRequest{Revision: rev, Timeout: durationpb.New(10 * time.Second)})
+	if err != nil || !r.GetProgrammed() {
+		t.Fatalf("WaitProgrammed(%d): %v, %v", rev, r, err)
 	}
 }
 

@@ -50,7 +50,9 @@ func run() error {
 		caFile       = flag.String("ca-file", "", "CA that signed the server's certificate")
 		certFile     = flag.String("cert-file", "", "this agent's client certificate (PEM)")
 		keyFile      = flag.String("key-file", "", "this agent's private key (PEM)")
-		clusterCIDRs = flag.String("cluster-cidr", "", "comma-separated pod CIDRs of the cluster; their connections are never masqueraded")
+		clusterCIDRs = flag.String("cluster-cidr", "", "comma-separated pod CIDRs of the cluster: sources in them are local to the cluster (their connections to cluster IPs are not masqueraded)")
+		masqMode     = flag.String("masquerade-mode", "kube-proxy", "which connections endpoints see from the node's address: kube-proxy (as kube-proxy: every connection to a node port, external or load-balancer IP of an externalTrafficPolicy Cluster service, and to a cluster IP from outside --cluster-cidr) or preserve-local (keep the client's address wherever the endpoint is on the node the connection entered; see docs/kube-proxy.md)")
+		masqAll      = flag.Bool("masquerade-all", false, "also masquerade every connection to a cluster IP, from any source (kube-proxy's --masquerade-all)")
 		nodePortAddr = flag.String("nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
 		resync       = flag.Duration("resync-period", 5*time.Minute, "how often the whole nftables table is rewritten, repairing what others changed")
 		healthzAddr  = flag.String("healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
@@ -73,7 +75,18 @@ func run() error {
 	if *nodeName == "" {
 		return fmt.Errorf("--node-name: required")
 	}
-	cfg := datapath.Config{Log: log}
+	cfg := datapath.Config{Log: log, MasqueradeAll: *masqAll}
+	switch *masqMode {
+	case "kube-proxy":
+		cfg.Masquerade = datapath.MasqueradeKubeProxy
+	case string(datapath.MasqueradePreserveLocal):
+		if *masqAll {
+			return fmt.Errorf("--masquerade-all: only with --masquerade-mode kube-proxy")
+		}
+		cfg.Masquerade = datapath.MasqueradePreserveLocal
+	default:
+		return fmt.Errorf("--masquerade-mode %q: want kube-proxy or preserve-local", *masqMode)
+	}
 	var err error
 	if cfg.ClusterCIDRs, err = parsePrefixes("--cluster-cidr", *clusterCIDRs); err != nil {
 		return err

@@ -67,13 +67,18 @@ func run() error {
 		return err
 	}
 
-	step("creating LoadBalancer service default/web (cluster IP %s, node port %d, VIP %s) and its endpoints through the gRPC API", clusterIP, nodePort, lbIP)
+	step("creating LoadBalancer service default/web (cluster IP %s, node port %d, VIP %s, externalTrafficPolicy Local) and its endpoints through the gRPC API", clusterIP, nodePort, lbIP)
 	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: &weirv1.Service{
 		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "web"},
 		Spec: &weirv1.ServiceSpec{
 			Type:       weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER,
 			ClusterIps: []string{clusterIP.String()},
 			Ports:      []*weirv1.ServicePort{{Name: "http", Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: 80, TargetPort: weirlab.PodPort, NodePort: nodePort}},
+			// Local: each node sends external clients to its own pods
+			// only, so the pods see the client's address (with Cluster,
+			// as kube-proxy, they would see a node's).
+			ExternalTrafficPolicy: weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL,
+			HealthCheckNodePort:   32080,
 		},
 		Status: &weirv1.ServiceStatus{LoadBalancerIps: []string{lbIP.String()}},
 	}}); err != nil {
@@ -122,7 +127,7 @@ func run() error {
 			}
 			note := "the client's own address: preserved"
 			if r.RemoteAddr() != lab.ClientIPv4 {
-				note = "a node's address: masqueraded, the pod runs on another node than the one the request reached"
+				note = "a node's address: masqueraded"
 			}
 			fmt.Printf("    answered by pod %-5s  source the pod saw: %-15s  (%s)\n", r.Pod, r.RemoteAddr(), note)
 		}
