@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -250,4 +252,67 @@ func TestDrainNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCode(t, c.Client, hcURL(node1.IPv4, hcPort), 200)
+}
+
+// TestHealthzFailsWhenUpdatesWaitTooLong is kube-proxy's health-timeout
+// contract, end to end: an agent that stops applying (the tests' fault
+// hook holds its applies, as a hung nft would) keeps answering 200 until
+// an update has waited --health-timeout, then /healthz and /livez answer
+// 503, the node's health-check ports too; once it applies again they
+// answer 200 and the held update forwards.
+func TestHealthzFailsWhenUpdatesWaitTooLong(t *testing.T) {
+	const timeout = 3 * time.Second
+	c := startCluster(t, "--health-timeout", timeout.String())
+	ctx := context.Background()
+	node1 := c.Nodes[0]
+	healthz := fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(node1.IPv4, 10256))
+	livez := fmt.Sprintf("http://%s/livez", netip.AddrPortFrom(node1.IPv4, 10256))
+	const hcPort = 32122
+	svc := lbService("stuck", 30122, []string{"10.96.0.82"}, []string{"203.0.113.82"})
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = hcPort
+	createService(t, c, svc, node1.Pods[:1])
+	waitCode(t, c.Client, healthz, 200)
+	waitCode(t, c.Client, hcURL(node1.IPv4, hcPort), 200)
+
+	if err := c.Agents[0].Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the hook is installed before the signal is read
+	// An update for node1: its second pod joins the endpoints.
+	s := endpointSlices("stuck", node1.Pods)[0]
+	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: s}); err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	if got, err := httpGet(t, c.Client, healthz); err != nil || (got.code != 200 && time.Since(changed) < timeout) {
+		t.Errorf("/healthz right after the update: %v %v; want 200 until the update has waited %v", got.code, err, timeout)
+	}
+	waitCode(t, c.Client, healthz, 503)
+	if waited := time.Since(changed); waited < timeout {
+		t.Errorf("/healthz failed after %v, before the update had waited %v", waited, timeout)
+	}
+	waitCode(t, c.Client, livez, 503)
+	waitCode(t, c.Client, hcURL(node1.IPv4, hcPort), 503)
+	// The held update is not forwarded: only the first pod answers.
+	for _, r := range sample(t, c.Client, netip.AddrPortFrom(node1.IPv4, 30122), 10) {
+		if r.Pod != node1.Pods[0].Name {
+			t.Errorf("pod %s answered while the update was held", r.Pod)
+		}
+	}
+
+	if err := c.Agents[0].Signal(syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	waitCode(t, c.Client, healthz, 200)
+	waitCode(t, c.Client, livez, 200)
+	waitCode(t, c.Client, hcURL(node1.IPv4, hcPort), 200)
+	eventually(t, "the held update forwards", func() error {
+		for _, r := range sample(t, c.Client, netip.AddrPortFrom(node1.IPv4, 30122), 20) {
+			if r.Pod == node1.Pods[1].Name {
+				return nil
+			}
+		}
+		return fmt.Errorf("the second pod never answered")
+	})
 }

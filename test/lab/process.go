@@ -75,6 +75,9 @@ func (p *Process) exited() bool {
 	}
 }
 
+// Signal sends sig to the process group.
+func (p *Process) Signal(sig syscall.Signal) error { return p.signal(sig) }
+
 // signal signals the whole group (Setpgid made pgid == pid), so children
 // die with the process.
 func (p *Process) signal(sig syscall.Signal) error {

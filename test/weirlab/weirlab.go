@@ -42,7 +42,12 @@ func Build(ctx context.Context, root, dir string) (Binaries, error) {
 		Lbctl: filepath.Join(dir, "lbctl"), Echo: filepath.Join(dir, "echo")}
 	for out, pkg := range map[string]string{b.Server: "./server/cmd/weir-server", b.Agent: "./agent/cmd/weir-agent", b.Speaker: "./lbtier/cmd/weir-speaker",
 		b.Lbctl: "./lbctl", b.Echo: "./test/cmd/echo"} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+		args := []string{"build", "-o", out, pkg}
+		if out == b.Agent {
+			// The lab's agents have the tests' fault hooks (agent/faults).
+			args = []string{"build", "-tags", "weirfaults", "-o", out, pkg}
+		}
+		cmd := exec.CommandContext(ctx, "go", args...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return b, fmt.Errorf("go build %s: %w\n%s", pkg, err, out)

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/weirlb/weir/agent/bgp"
+	"github.com/weirlb/weir/agent/faults"
 	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/agent/syncer"
 	"github.com/weirlb/weir/datapath"
@@ -165,7 +166,7 @@ func run() error {
 		// once: its health answers stop too.
 		defer member.Leave()
 	}
-	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, dp, observers, log)
+	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, faults.Wrap(dp, log), observers, log)
 	log.Info("starting", "server", *serverAddr, "tls", !*plain)
 	if err := s.Run(ctx); err != nil && ctx.Err() == nil {
 		return err
