@@ -21,10 +21,14 @@ type Config struct {
 	// NodePortAddresses restricts node ports to local addresses in these
 	// CIDRs; empty means the node's own addresses (never loopback).
 	NodePortAddresses []netip.Prefix
-	// ClusterCIDRs are the pod networks of the whole cluster. Connections
-	// from them keep their source address even to other nodes' endpoints.
-	// The node's own pod CIDRs are always included.
+	// ClusterCIDRs are the pod networks of the whole cluster: with
+	// LocalDetection ClusterCIDR, sources in them (or in the node's own pod
+	// CIDRs) are local to the cluster.
 	ClusterCIDRs []netip.Prefix
+	// LocalDetection is how a packet's source is told to be a pod of the
+	// cluster rather than outside it (kube-proxy's --detect-local-mode).
+	// The zero value is ClusterCIDR.
+	LocalDetection LocalDetection
 	// MasqueradeMark is the packet-mark bit Weir uses for the connections
 	// it DNATs, and the bit below it for those it masquerades; 0 means
 	// DefaultMasqueradeMark.
@@ -59,6 +63,36 @@ const (
 	// node, are masqueraded (as Cilium does). An endpoint then sees the
 	// client's address or the node's depending on where it runs.
 	MasqueradePreserveLocal MasqueradeMode = "preserve-local"
+)
+
+// LocalDetection is how the datapath tells traffic from the cluster's pods.
+// Pods reaching a load-balancer, external IP or node port are sent to
+// every endpoint (not only this node's, for a Local service), and, with
+// kube-proxy's masquerading, keep their address to cluster IPs, where a
+// source outside the cluster is masqueraded.
+type LocalDetection struct {
+	Mode LocalDetectionMode
+	// Interface is the bridge (BridgeInterface) or the name prefix of the
+	// pods' interfaces (InterfaceNamePrefix).
+	Interface string
+}
+
+// LocalDetectionMode names kube-proxy's --detect-local-mode values.
+type LocalDetectionMode string
+
+const (
+	// DetectClusterCIDR: sources in Config.ClusterCIDRs or the node's pod
+	// CIDRs. Without either, nothing is local.
+	DetectClusterCIDR LocalDetectionMode = "ClusterCIDR"
+	// DetectNodeCIDR: sources in the node's own pod CIDRs.
+	DetectNodeCIDR LocalDetectionMode = "NodeCIDR"
+	// DetectBridgeInterface: packets that came in on the pods' bridge.
+	DetectBridgeInterface LocalDetectionMode = "BridgeInterface"
+	// DetectInterfaceNamePrefix: packets that came in on an interface
+	// whose name starts with the prefix (veth pairs, one per pod).
+	DetectInterfaceNamePrefix LocalDetectionMode = "InterfaceNamePrefix"
+	// DetectNone: no source is local to the cluster.
+	DetectNone LocalDetectionMode = "None"
 )
 
 // Datapath programs one node's Weir tables (one per family). It keeps what
@@ -131,6 +165,9 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 		// One bit, with a free bit below it: Options.Validate says so to
 		// the operator; a caller that skipped it gets the default.
 		cfg.MasqueradeMark = DefaultMasqueradeMark
+	}
+	if cfg.LocalDetection.Mode == "" {
+		cfg.LocalDetection.Mode = DetectClusterCIDR
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)

@@ -179,7 +179,14 @@ func nodeElements(node NodeInfo, cfg Config) []element {
 				}
 			}
 		}
-		for _, p := range outermostPrefixes(slices.Concat(cfg.ClusterCIDRs, node.PodCIDRs)) {
+		var local []netip.Prefix
+		switch cfg.LocalDetection.Mode {
+		case DetectClusterCIDR, "":
+			local = slices.Concat(cfg.ClusterCIDRs, node.PodCIDRs)
+		case DetectNodeCIDR:
+			local = node.PodCIDRs
+		}
+		for _, p := range outermostPrefixes(local) {
 			if p.Addr().Is6() == f.is6 {
 				out = append(out, element{family: f, set: clusterCIDRsSet, key: prefixString(p)})
 			}

@@ -3,6 +3,7 @@ package datapath
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -245,6 +246,23 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 	markMasq := "meta mark set meta mark | " + masq
 	frontend := ip + " daddr . meta l4proto . th dport"
 	nodePortMatch := "fib daddr type local " + ip + " daddr " + g.ref(nodePortAddressesSet) + " meta l4proto . th dport"
+	// fromPods and notFromPods match a source that is (is not) a pod of
+	// the cluster; "" when nothing can tell (the rules using them go).
+	fromPods, notFromPods := ip+" saddr "+g.ref(clusterCIDRsSet), ip+" saddr != "+g.ref(clusterCIDRsSet)
+	switch cfg.LocalDetection.Mode {
+	case DetectBridgeInterface:
+		fromPods, notFromPods = "iifname "+strconv.Quote(cfg.LocalDetection.Interface), "iifname != "+strconv.Quote(cfg.LocalDetection.Interface)
+	case DetectInterfaceNamePrefix:
+		fromPods, notFromPods = "iifname "+strconv.Quote(cfg.LocalDetection.Interface+"*"), "iifname != "+strconv.Quote(cfg.LocalDetection.Interface+"*")
+	case DetectNone:
+		fromPods, notFromPods = "", ""
+	}
+	only := func(match, rule string) []string {
+		if match == "" {
+			return nil
+		}
+		return []string{match + " " + rule}
+	}
 
 	// Which connections leave with the node's address, decided where the
 	// destination is still the frontend: marked here, masqueraded in
@@ -255,21 +273,20 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 		// SNAT only where the reply would otherwise not come back
 		// through this node: a pod reaching itself (hairpin), and a
 		// source outside the cluster sent to an endpoint on another node.
-		masquerading = []string{
-			ip + " daddr " + g.ref(localEndpointsSet) + " return",
-			ip + " saddr " + g.ref(clusterCIDRsSet) + " return",
-			"masquerade fully-random",
-		}
+		masquerading = slices.Concat(
+			[]string{ip + " daddr " + g.ref(localEndpointsSet) + " return"},
+			only(fromPods, "return"),
+			[]string{"masquerade fully-random"})
 	default:
-		clusterIPs := ip + " saddr != " + g.ref(clusterCIDRsSet) + " " + ip + " daddr " + g.ref(clusterIPsSet) + " " + markMasq
+		// Cluster IPs from outside the cluster; with no way to tell,
+		// none (as kube-proxy without a local-traffic detector).
+		clusterIPs := only(notFromPods, ip+" daddr "+g.ref(clusterIPsSet)+" "+markMasq)
 		if cfg.MasqueradeAll {
-			clusterIPs = ip + " daddr " + g.ref(clusterIPsSet) + " " + markMasq
+			clusterIPs = []string{ip + " daddr " + g.ref(clusterIPsSet) + " " + markMasq}
 		}
-		services = []string{
-			clusterIPs,
-			frontend + " " + g.ref(masqueradeFrontendsSet) + " " + markMasq,
-			nodePortMatch + " " + g.ref(masqueradeNodePortsSet) + " " + markMasq,
-		}
+		services = append(clusterIPs,
+			frontend+" "+g.ref(masqueradeFrontendsSet)+" "+markMasq,
+			nodePortMatch+" "+g.ref(masqueradeNodePortsSet)+" "+markMasq)
 		// The node itself reaching a Local service's external address is
 		// sent anywhere in the cluster: the reply must come back here.
 		hostServices = []string{
@@ -295,10 +312,9 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 			frontend+" vmap "+g.ref(externalIPKind.frontends),
 			nodePortMatch+" vmap "+g.ref(externalNodePortKind.frontends),
 			"goto services"),
-		regularChain("dispatch",
-			ip+" saddr "+g.ref(clusterCIDRsSet)+" goto services",
-			"fib saddr type local goto host_services",
-			"goto external_services"),
+		regularChain("dispatch", slices.Concat(
+			only(fromPods, "goto services"),
+			[]string{"fib saddr type local goto host_services", "goto external_services"})...),
 		{baseChain("nat_prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority), []string{"jump dispatch"}},
 		{baseChain("nat_output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority), []string{"jump host_services"}},
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -496,5 +497,46 @@ func keepConnecting(ns *lab.Netns, dst netip.AddrPort) (done func() (failures, t
 		close(stop)
 		wg.Wait()
 		return fails.Load(), all.Load()
+	}
+}
+
+// TestDetectLocalModes: kube-proxy's --detect-local-mode decides whether a
+// pod calling a Local service's load-balancer IP is short-circuited to
+// every endpoint (a pod of the cluster) or held to its node's own
+// endpoints like an outside client (here: none, so dropped). The service's
+// endpoints are node1's pods; the caller is node2's pod, on interface p1.
+func TestDetectLocalModes(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		local bool
+	}{
+		{[]string{"--detect-local-mode", "ClusterCIDR"}, true},
+		{[]string{"--detect-local-mode", "NodeCIDR"}, true},
+		{[]string{"--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "p"}, true},
+		{[]string{"--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "cali"}, false},
+		{[]string{"--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cbr0"}, false},
+		{[]string{"--detect-local-mode", "None"}, false},
+	} {
+		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
+			c := startCluster(t, tc.args...)
+			node1 := c.Nodes[0]
+			svc := lbService("detect", 30123, []string{"10.96.0.83"}, []string{"203.0.113.83"})
+			svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+			svc.Spec.HealthCheckNodePort = 32123
+			createService(t, c, svc, node1.Pods)
+			caller := c.Nodes[1].Pods[0]
+			vip := netip.MustParseAddrPort("203.0.113.83:80")
+			// The cluster IP answers the caller either way: the rules are in.
+			sample(t, caller.Netns, netip.MustParseAddrPort("10.96.0.83:80"), 3)
+			if !tc.local {
+				expectDropped(t, caller.Netns, vip)
+				return
+			}
+			for _, r := range sample(t, caller.Netns, vip, 10) {
+				if r.RemoteAddr() != caller.IPv4 {
+					t.Errorf("pod %s saw %s; want the caller's %s", r.Pod, r.RemoteAddr(), caller.IPv4)
+				}
+			}
+		})
 	}
 }

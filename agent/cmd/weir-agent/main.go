@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -54,6 +55,9 @@ func run() error {
 		clusterCIDRs = flag.String("cluster-cidr", "", "comma-separated pod CIDRs of the cluster: sources in them are local to the cluster (their connections to cluster IPs are not masqueraded)")
 		masqMode     = flag.String("masquerade-mode", "kube-proxy", "which connections endpoints see from the node's address: kube-proxy (as kube-proxy: every connection to a node port, external or load-balancer IP of an externalTrafficPolicy Cluster service, and to a cluster IP from outside --cluster-cidr) or preserve-local (keep the client's address wherever the endpoint is on the node the connection entered; see docs/kube-proxy.md)")
 		masqAll      = flag.Bool("masquerade-all", false, "also masquerade every connection to a cluster IP, from any source (kube-proxy's --masquerade-all)")
+		detectLocal  = flag.String("detect-local-mode", "ClusterCIDR", "how a source is told to be a pod of the cluster, as kube-proxy's: ClusterCIDR (--cluster-cidr and the node's pod CIDRs), NodeCIDR (the node's pod CIDRs), BridgeInterface (--pod-bridge-interface), InterfaceNamePrefix (--pod-interface-name-prefix) or None")
+		podBridge    = flag.String("pod-bridge-interface", "", "with --detect-local-mode BridgeInterface: the bridge the node's pods are on")
+		podIfPrefix  = flag.String("pod-interface-name-prefix", "", "with --detect-local-mode InterfaceNamePrefix: the name prefix of the pods' interfaces on the node")
 		nodePortAddr = flag.String("nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
 		resync       = flag.Duration("resync-period", 5*time.Minute, "how often the whole nftables table is rewritten, repairing what others changed")
 		healthzAddr  = flag.String("healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
@@ -77,6 +81,7 @@ func run() error {
 		return fmt.Errorf("--node-name: required")
 	}
 	cfg := datapath.Config{Log: log, MasqueradeAll: *masqAll}
+	var err error
 	switch *masqMode {
 	case "kube-proxy":
 		cfg.Masquerade = datapath.MasqueradeKubeProxy
@@ -88,7 +93,9 @@ func run() error {
 	default:
 		return fmt.Errorf("--masquerade-mode %q: want kube-proxy or preserve-local", *masqMode)
 	}
-	var err error
+	if cfg.LocalDetection, err = localDetection(*detectLocal, *podBridge, *podIfPrefix); err != nil {
+		return err
+	}
 	if cfg.ClusterCIDRs, err = parsePrefixes("--cluster-cidr", *clusterCIDRs); err != nil {
 		return err
 	}
@@ -210,3 +217,26 @@ func parsePrefixes(flagName, list string) ([]netip.Prefix, error) {
 	}
 	return out, nil
 }
+
+// localDetection reads --detect-local-mode and the interface it needs.
+func localDetection(mode, bridge, prefix string) (datapath.LocalDetection, error) {
+	d := datapath.LocalDetection{Mode: datapath.LocalDetectionMode(mode)}
+	need := ""
+	switch d.Mode {
+	case datapath.DetectClusterCIDR, datapath.DetectNodeCIDR, datapath.DetectNone:
+	case datapath.DetectBridgeInterface:
+		d.Interface, need = bridge, "--pod-bridge-interface"
+	case datapath.DetectInterfaceNamePrefix:
+		d.Interface, need = prefix, "--pod-interface-name-prefix"
+	default:
+		return d, fmt.Errorf("--detect-local-mode %q: want ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix or None", mode)
+	}
+	if need != "" && !interfaceName.MatchString(d.Interface) {
+		return d, fmt.Errorf("%s %q: with --detect-local-mode %s, an interface name (letters, digits, '.', '-', '_'; at most 15)", need, d.Interface, mode)
+	}
+	return d, nil
+}
+
+// interfaceName is what Linux accepts as an interface name, and nft
+// reads inside quotes unchanged.
+var interfaceName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,15}$`)
