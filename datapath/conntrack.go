@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,11 +77,17 @@ func (c *FakeConntrack) ClearUDP(_ context.Context, f UDPFlow) error {
 	return nil
 }
 
-// staleUDPFlows finds, from the elements a partial sync changed, the UDP
-// conntrack entries that now point the wrong way: flows to an endpoint that
-// no longer backs their frontend, and flows cached while a frontend had no
-// endpoint (rejected or dropped) that now has one.
-func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement) []UDPFlow {
+// staleUDPFlows finds the UDP conntrack entries a partial sync left
+// pointing the wrong way, as kube-proxy judges them: flows to an endpoint
+// of a changed service that served before and no longer does (gone, or
+// not serving), and flows cached while a frontend had no endpoint
+// (rejected or dropped) that now has one. An endpoint that leaves a
+// frontend's backends but still serves (terminating, or out of this
+// node's topology or traffic-policy choice) keeps its flows: that is what
+// lets a UDP service drain gracefully. replaced holds the changed
+// services as they were (nil when new); d.services is already the new
+// state.
+func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement, replaced map[ServiceKey]*Service) []UDPFlow {
 	var flows []UDPFlow
 	seen := map[UDPFlow]bool{}
 	emit := func(f UDPFlow) {
@@ -89,20 +96,28 @@ func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement) []UDPFlow {
 			flows = append(flows, f)
 		}
 	}
+	for key, old := range replaced {
+		if old == nil {
+			continue
+		}
+		was := servingUDPEndpoints(map[ServiceKey]*Service{key: old})
+		var now servingUDP
+		if svc := d.services[key]; svc != nil {
+			now = servingUDPEndpoints(map[ServiceKey]*Service{key: svc})
+		}
+		for frontend, eps := range was {
+			for ep := range eps {
+				if !now[frontend][ep] {
+					flow := frontend
+					flow.Endpoint = ep
+					emit(flow)
+				}
+			}
+		}
+	}
 	for id, was := range before {
 		now := d.live[id]
-		parts := strings.Split(id.key, " . ")
 		switch k, isBackends := kindOfMap(id.set); {
-		case k != nil && isBackends && was != nil:
-			// A backend slot lost endpoint was.value; stale unless the
-			// endpoint still holds another slot of the same frontend.
-			frontend := strings.Join(parts[:len(parts)-1], " . ")
-			flow, ok := udpFlow(id.family, frontend, k.nodePort)
-			if !ok || (now != nil && now.value == was.value) || d.backsFrontend(id.family, k, frontend, was.value) {
-				continue
-			}
-			flow.Endpoint = netip.MustParseAddr(strings.Split(was.value, " . ")[0])
-			emit(flow)
 		case k != nil && !isBackends:
 			// drop -> endpoints: flows cached while dropping are stale.
 			if was != nil && was.value == "drop" && now != nil && now.value != "drop" {
@@ -122,6 +137,45 @@ func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement) []UDPFlow {
 	return flows
 }
 
+// servingUDP is, per UDP frontend (an address and port, or a node port
+// with no address), the endpoint addresses serving it.
+type servingUDP map[UDPFlow]map[netip.Addr]bool
+
+// servingUDPEndpoints reads the serving endpoints of every UDP service
+// port, whatever this node's topology or traffic policies pick.
+func servingUDPEndpoints(services map[ServiceKey]*Service) servingUDP {
+	out := servingUDP{}
+	add := func(f UDPFlow, ep netip.Addr) {
+		if out[f] == nil {
+			out[f] = map[netip.Addr]bool{}
+		}
+		out[f][ep] = true
+	}
+	for _, svc := range services {
+		frontends := slices.Concat(svc.ClusterIPs, svc.ExternalIPs, svc.LoadBalancerIPs)
+		for _, sp := range svc.Ports {
+			if sp.Protocol != UDP {
+				continue
+			}
+			for _, ep := range sp.Endpoints {
+				if !ep.Serving && !ep.Ready {
+					continue
+				}
+				is6 := ep.Addr.Is6()
+				for _, a := range frontends {
+					if a.Is6() == is6 {
+						add(UDPFlow{IPv6: is6, Dst: a, Port: sp.Port}, ep.Addr)
+					}
+				}
+				if sp.NodePort != 0 {
+					add(UDPFlow{IPv6: is6, Port: sp.NodePort}, ep.Addr)
+				}
+			}
+		}
+	}
+	return out
+}
+
 // udpFlow reads a frontend key ("addr . udp . port" or "udp . port").
 func udpFlow(f *family, frontend string, nodePort bool) (UDPFlow, bool) {
 	parts := strings.Split(frontend, " . ")
@@ -137,20 +191,6 @@ func udpFlow(f *family, frontend string, nodePort bool) (UDPFlow, bool) {
 		flow.Dst = netip.MustParseAddr(parts[0])
 	}
 	return flow, true
-}
-
-// backsFrontend reports whether endpoint (as "addr . port") holds a slot of
-// frontend in kind k's backends after the sync.
-func (d *Datapath) backsFrontend(f *family, k *frontendKind, frontend, endpoint string) bool {
-	for i := 0; ; i++ {
-		le := d.live[elemID{f, k.backends(UDP), frontend + " . " + strconv.Itoa(i)}]
-		if le == nil {
-			return false
-		}
-		if le.value == endpoint {
-			return true
-		}
-	}
 }
 
 // kindOfMap finds the frontend kind a map belongs to, and whether it is one

@@ -19,6 +19,11 @@ func dnsService(proto Protocol, eps ...Endpoint) *Service {
 	}
 }
 
+func terminating(e Endpoint, serving bool) Endpoint {
+	e.Ready, e.Serving, e.Terminating = false, serving, true
+	return e
+}
+
 func TestStaleUDPConntrackEntriesAreCleared(t *testing.T) {
 	ctx := context.Background()
 	a, b := ep("10.244.1.11", true), ep("10.244.2.11", false)
@@ -35,6 +40,11 @@ func TestStaleUDPConntrackEntriesAreCleared(t *testing.T) {
 			{Dst: vip, Port: 53, Endpoint: a.Addr}, {Port: 30053, Endpoint: a.Addr}}},
 		{"first endpoint of a service that had none", UDP, nil, []Endpoint{a}, []UDPFlow{{Dst: vip, Port: 53}, {Port: 30053}}},
 		{"endpoint added", UDP, []Endpoint{a}, []Endpoint{a, b}, nil},
+		// kube-proxy keeps the flows of an endpoint that still serves: a
+		// UDP service drains gracefully.
+		{"endpoint terminating but still serving", UDP, []Endpoint{a, b}, []Endpoint{a, terminating(b, true)}, nil},
+		{"endpoint terminating and no longer serving", UDP, []Endpoint{a, b}, []Endpoint{a, terminating(b, false)}, []UDPFlow{
+			{Dst: vip, Port: 53, Endpoint: b.Addr}, {Port: 30053, Endpoint: b.Addr}}},
 		{"TCP entries are left alone", TCP, []Endpoint{a, b}, []Endpoint{a}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -55,5 +65,28 @@ func TestStaleUDPConntrackEntriesAreCleared(t *testing.T) {
 				t.Errorf("cleared flows (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestTrafficPolicyChangesClearNoUDPFlows: an endpoint that leaves a
+// frontend's backends because of the traffic policy still serves the
+// service, so its flows stay (as in kube-proxy).
+func TestTrafficPolicyChangesClearNoUDPFlows(t *testing.T) {
+	ctx := context.Background()
+	a, b := ep("10.244.1.11", true), ep("10.244.2.11", false)
+	for _, policies := range [][2]TrafficPolicy{{Local, Cluster}, {Cluster, Local}} {
+		ct := &FakeConntrack{}
+		dp := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), Config{Conntrack: ct})
+		for _, p := range policies {
+			svc := dnsService(UDP, a, b)
+			svc.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.53")}
+			svc.ExternalTrafficPolicy, svc.InternalTrafficPolicy = p, p
+			if err := dp.Apply(ctx, nodeState(svc)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(ct.Cleared) != 0 {
+			t.Errorf("policy %v to %v cleared %v; want nothing", policies[0], policies[1], ct.Cleared)
+		}
 	}
 }

@@ -782,15 +782,20 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 	if nodeChanged {
 		change(nodeKey, nodeElements(state.Node, d.cfg))
 	}
+	replaced := map[ServiceKey]*Service{} // changed services as they were (nil: new)
 	for key, svc := range state.Services {
 		// The node's zone and addresses shape every service's elements.
 		if nodeChanged || d.services[key] != svc {
 			changeService(key, serviceContribution(svc, state.Node, d.cfg.MasqueradeMark))
+			if d.services[key] != svc {
+				replaced[key] = d.services[key]
+			}
 		}
 	}
-	for key := range d.services {
+	for key, old := range d.services {
 		if _, ok := state.Services[key]; !ok {
 			changeService(key, contribution{})
+			replaced[key] = old
 		}
 	}
 
@@ -847,7 +852,7 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 	// Only after the new rules are in: a flow cleared earlier could be
 	// re-created on the old path.
 	if d.cfg.Conntrack != nil {
-		for _, flow := range d.staleUDPFlows(before) {
+		for _, flow := range d.staleUDPFlows(before, replaced) {
 			if err := d.cfg.Conntrack.ClearUDP(ctx, flow); err != nil {
 				d.cfg.Log.Warn("stale UDP conntrack entries not cleared", "flow", flow.String(), "error", err)
 			}

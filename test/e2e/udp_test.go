@@ -124,3 +124,78 @@ func TestUDPFlowsFollowEndpointChanges(t *testing.T) {
 		})
 	}
 }
+
+// TestUDPFlowsStayOnATerminatingServingEndpoint is kube-proxy's graceful
+// UDP drain: a flow on an endpoint that turns terminating but still serves
+// stays on it (new flows go to the ready endpoint); once the endpoint stops
+// serving, the flow moves.
+func TestUDPFlowsStayOnATerminatingServingEndpoint(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	n1p1, n2p1 := c.Nodes[0].Pods[0], c.Nodes[1].Pods[0]
+	fam := families("10.96.0.54", "fd00:96::54", "203.0.113.54", "2001:db8:113::54")[0]
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: udpService("drain", 30054, "10.96.0.54")}); err != nil {
+		t.Fatal(err)
+	}
+	slice := func(n2 *weirv1.EndpointConditions) *weirv1.EndpointSlice {
+		s := udpSlice("drain", fam, n1p1)
+		if n2 != nil {
+			s.Endpoints = append(s.Endpoints, &weirv1.Endpoint{Addresses: []string{n2p1.IPv4.String()}, NodeName: n2p1.Node.Name, Conditions: n2})
+		}
+		return s
+	}
+	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice(nil)}); err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.MustParseAddrPort("10.96.0.54:53")
+	// A flow on n1p1 alone, then n2p1 joins: the flow stays where it is.
+	client := newUDPClient(t, c.Client, 40060)
+	ask := func(want string) func() error {
+		return func() error {
+			pod, err := client.ask(dst)
+			if err != nil {
+				return err
+			}
+			if pod != want {
+				return fmt.Errorf("answered by %s", pod)
+			}
+			return nil
+		}
+	}
+	if _, err := c.Router.Run(ctx, "ip", "route", "replace", "10.96.0.54/32", "via", c.Nodes[0].IPv4.String()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the flow reaches n1p1", ask(n1p1.Name))
+	yes, no := true, false
+	ready := &weirv1.EndpointConditions{Ready: &yes, Serving: &yes, Terminating: &no}
+	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: slice(ready)}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	// n1p1 terminates but serves: its flow stays; others go to n2p1.
+	s := slice(ready)
+	s.Endpoints[0].Conditions = &weirv1.EndpointConditions{Ready: &no, Serving: &yes, Terminating: &yes}
+	r, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := revisionOf(r.GetEndpointSlice().GetMetadata())
+	if w, err := weirv1.NewStatusServiceClient(c.Conn).WaitProgrammed(ctx, &weirv1.WaitProgrammedRequest{Revision: rev}); err != nil || !w.GetProgrammed() {
+		t.Fatalf("WaitProgrammed: %v %v", w, err)
+	}
+	for range 5 {
+		if err := ask(n1p1.Name)(); err != nil {
+			t.Fatalf("the flow on the terminating, serving endpoint: %v; want it kept there", err)
+		}
+	}
+	other := newUDPClient(t, c.Client, 40061)
+	if pod, err := other.ask(dst); err != nil || pod != n2p1.Name {
+		t.Errorf("a new flow: %s, %v; want the ready n2p1", pod, err)
+	}
+	// It stops serving: the flow moves.
+	s.Endpoints[0].Conditions = &weirv1.EndpointConditions{Ready: &no, Serving: &no, Terminating: &yes}
+	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: s}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the flow moves to n2p1", ask(n2p1.Name))
+}
