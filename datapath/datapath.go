@@ -25,6 +25,10 @@ type Config struct {
 	// LocalDetection ClusterCIDR, sources in them (or in the node's own pod
 	// CIDRs) are local to the cluster.
 	ClusterCIDRs []netip.Prefix
+	// ServiceCIDRs are the ranges cluster IPs are allocated from: a new
+	// connection to an address in them that no service holds is dropped
+	// (kube-proxy's "unallocated ClusterIPs"), never routed out of the node.
+	ServiceCIDRs []netip.Prefix
 	// LocalDetection is how a packet's source is told to be a pod of the
 	// cluster rather than outside it (kube-proxy's --detect-local-mode).
 	// The zero value is ClusterCIDR.

@@ -179,6 +179,11 @@ func nodeElements(node NodeInfo, cfg Config) []element {
 				}
 			}
 		}
+		for _, p := range outermostPrefixes(cfg.ServiceCIDRs) {
+			if p.Addr().Is6() == f.is6 {
+				out = append(out, element{family: f, set: serviceCIDRsSet, key: prefixString(p)})
+			}
+		}
 		var local []netip.Prefix
 		switch cfg.LocalDetection.Mode {
 		case DetectClusterCIDR, "":

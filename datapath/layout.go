@@ -37,6 +37,8 @@ const (
 	localEndpointsSet = "local_endpoints"
 	// hairpinSet: endpoint . endpoint for local endpoints, to catch a pod reaching itself.
 	hairpinSet = "hairpin"
+	// serviceCIDRsSet: the ranges cluster IPs come from.
+	serviceCIDRsSet = "service_cidrs"
 	// clusterCIDRsSet: sources inside the cluster, which need no masquerade
 	// and are never "external" for externalTrafficPolicy.
 	clusterCIDRsSet = "cluster_cidrs"
@@ -211,6 +213,7 @@ func tableSets(f family, g generation) []knftables.Object {
 		{Name: localEndpointsSet, Type: addr},
 		{Name: hairpinSet, Type: addr + " . " + addr},
 		{Name: clusterCIDRsSet, Type: addr, Flags: interval},
+		{Name: serviceCIDRsSet, Type: addr, Flags: interval},
 		{Name: firewallFrontendsSet, Type: frontendType},
 		{Name: firewallAllowSet, Type: frontendType + " . " + addr, Flags: interval},
 		{Name: firewallAllowLocalSet, Type: frontendType},
@@ -342,7 +345,10 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 		regularChain("reject_unserved",
 			frontend+" "+g.ref(noEndpointFrontendsSet)+" goto reject_connection",
 			"fib daddr type local "+ip+" daddr "+g.ref(nodePortAddressesSet)+" meta l4proto . th dport "+g.ref(noEndpointNodePortsSet)+" goto reject_connection",
-			ip+" daddr "+g.ref(clusterIPsSet)+" goto reject_connection"),
+			ip+" daddr "+g.ref(clusterIPsSet)+" goto reject_connection",
+			// An address of the service ranges no service holds: dropped,
+			// not sent out by the default route.
+			ip+" daddr "+g.ref(serviceCIDRsSet)+" drop"),
 		// A TCP reset refuses at once; ICMP errors are rate-limited by the
 		// kernel (IPv6: one a second per peer), so a client retrying would
 		// wait for its SYN to time out.

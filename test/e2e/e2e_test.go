@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -537,6 +539,61 @@ func TestDetectLocalModes(t *testing.T) {
 					t.Errorf("pod %s saw %s; want the caller's %s", r.Pod, r.RemoteAddr(), caller.IPv4)
 				}
 			}
+		})
+	}
+}
+
+// TestUnallocatedClusterIPsAreDropped: with --service-cidr, a connection
+// to an address of the range that no service holds is dropped on the node;
+// without it the node routes it out by its default route (here to the
+// rack router, which answers on that address: the control).
+func TestUnallocatedClusterIPsAreDropped(t *testing.T) {
+	for _, withRanges := range []bool{false, true} {
+		t.Run(fmt.Sprintf("service-cidr %v", withRanges), func(t *testing.T) {
+			var args []string
+			if withRanges {
+				args = []string{"--service-cidr", "10.96.0.0/16,fd00:96::/112"}
+			}
+			c := startCluster(t, args...)
+			createWeb(t, c)
+			ctx := context.Background()
+			unallocated := netip.MustParseAddrPort("10.96.99.99:80")
+			// Something beyond the node answers there.
+			if _, err := c.Router.Run(ctx, "ip", "addr", "add", unallocated.Addr().String()+"/32", "dev", "lo"); err != nil {
+				t.Fatal(err)
+			}
+			var lis net.Listener
+			if err := c.Router.Do(func() error {
+				var err error
+				lis, err = net.Listen("tcp", unallocated.String())
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { lis.Close() })
+			go func() {
+				for {
+					conn, err := lis.Accept()
+					if err != nil {
+						return
+					}
+					conn.Close()
+				}
+			}()
+			pod := c.Nodes[0].Pods[0]
+			// An allocated cluster IP still answers.
+			sample(t, pod.Netns, netip.AddrPortFrom(clusterIPv4, 80), 3)
+			if withRanges {
+				expectDropped(t, pod.Netns, unallocated)
+				return
+			}
+			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			conn, err := pod.Netns.DialContext(dctx, "tcp", unallocated.String())
+			if err != nil {
+				t.Fatalf("without --service-cidr the connection should leave the node and reach the router: %v", err)
+			}
+			conn.Close()
 		})
 	}
 }
