@@ -88,7 +88,7 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 		// Connections that may go anywhere use the cluster-wide set, made
 		// close when topology asks; Local policies use this node's own
 		// usable endpoints, with their own terminating fallback.
-		cluster := preferZone(all, node.Zone, svc.PreferClose)
+		cluster := topology(all, node.Name, node.Zone)
 		local := usableEndpoints(sp.Endpoints, f.is6, func(e Endpoint) bool { return e.Local })
 		internal, internalName := cluster, "cluster"
 		if svc.InternalTrafficPolicy == Local {

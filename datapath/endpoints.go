@@ -43,32 +43,44 @@ func addrsOfFamily(addrs []netip.Addr, is6 bool) []netip.Addr {
 	return out
 }
 
-// preferZone narrows eps to the endpoints meant for zone, following
-// Kubernetes topology: endpoints whose hints name the zone when every
-// endpoint carries hints, or, for trafficDistribution PreferClose without
-// hints, endpoints in the zone. When that leaves none, all are kept.
-func preferZone(eps []Endpoint, zone string, preferClose bool) []Endpoint {
-	if zone == "" || len(eps) == 0 {
-		return eps
+// topology narrows eps to the endpoints meant for this node, as
+// kube-proxy reads the EndpointSlice controller's hints (whatever the
+// service's trafficDistribution says: the hints carry it): when every
+// ready endpoint has node hints and one names this node, the endpoints
+// hinted for the node (PreferSameNode); else when every ready endpoint has
+// zone hints and one names the node's zone, those (PreferClose,
+// PreferSameZone); else all. Without a ready endpoint (the terminating
+// fallback) there is no topology either.
+func topology(eps []Endpoint, node, zone string) []Endpoint {
+	allNodeHints, forNode := true, false
+	allZoneHints, forZone := true, false
+	ready := 0
+	for _, e := range eps {
+		if !e.Ready {
+			continue
+		}
+		ready++
+		allNodeHints = allNodeHints && len(e.HintNodes) > 0
+		forNode = forNode || slices.Contains(e.HintNodes, node)
+		allZoneHints = allZoneHints && len(e.HintZones) > 0
+		forZone = forZone || (zone != "" && slices.Contains(e.HintZones, zone))
 	}
-	allHinted := !slices.ContainsFunc(eps, func(e Endpoint) bool { return len(e.HintZones) == 0 })
 	var keep func(Endpoint) bool
 	switch {
-	case allHinted:
+	case ready == 0:
+		return eps
+	case allNodeHints && forNode:
+		keep = func(e Endpoint) bool { return slices.Contains(e.HintNodes, node) }
+	case allZoneHints && forZone:
 		keep = func(e Endpoint) bool { return slices.Contains(e.HintZones, zone) }
-	case preferClose:
-		keep = func(e Endpoint) bool { return e.Zone == zone }
 	default:
 		return eps
 	}
 	var out []Endpoint
 	for _, e := range eps {
-		if keep(e) {
+		if e.Ready && keep(e) {
 			out = append(out, e)
 		}
-	}
-	if len(out) == 0 {
-		return eps
 	}
 	return out
 }

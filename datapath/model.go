@@ -154,6 +154,7 @@ type Endpoint struct {
 	Local       bool // runs on this node
 	Zone        string
 	HintZones   []string
+	HintNodes   []string
 	Ready       bool
 	Serving     bool
 	Terminating bool

@@ -119,24 +119,37 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	}
 }
 
-func TestTopologyPrefersTheNodesZone(t *testing.T) {
+// TestTopologyFollowsTheHintsAsKubeProxy: the EndpointSlice controller's
+// hints carry the service's trafficDistribution; kube-proxy follows node
+// hints, then zone hints, each only when every ready endpoint has them and
+// one names this node (node1, zone a), and never the zone field itself.
+func TestTopologyFollowsTheHintsAsKubeProxy(t *testing.T) {
 	ctx := context.Background()
-	zoned := func(addr, zone string, hints ...string) Endpoint {
+	hinted := func(addr, zone string, zones, nodes []string) Endpoint {
 		e := ep(addr, false)
-		e.Zone, e.HintZones = zone, hints
+		e.Zone, e.HintZones, e.HintNodes = zone, zones, nodes
 		return e
 	}
+	zoned := func(addr, zone string, hints ...string) Endpoint { return hinted(addr, zone, hints, nil) }
+	z := func(zs ...string) []string { return zs }
 	for _, tc := range []struct {
 		name        string
 		preferClose bool
 		eps         []Endpoint
 		want        []string
 	}{
-		{"PreferClose keeps same-zone endpoints", true, []Endpoint{zoned("10.244.1.11", "a"), zoned("10.244.2.11", "b")}, []string{"10.244.1.11:8080"}},
-		{"PreferClose falls back to all when the zone has none", true, []Endpoint{zoned("10.244.2.11", "b"), zoned("10.244.3.11", "c")}, []string{"10.244.2.11:8080", "10.244.3.11:8080"}},
+		{"PreferClose without hints: every endpoint", true, []Endpoint{zoned("10.244.1.11", "a"), zoned("10.244.2.11", "b")}, []string{"10.244.1.11:8080", "10.244.2.11:8080"}},
 		{"hints on every endpoint are followed", false, []Endpoint{zoned("10.244.1.11", "b", "a"), zoned("10.244.2.11", "b", "b")}, []string{"10.244.1.11:8080"}},
-		{"hints on only some endpoints are ignored", false, []Endpoint{zoned("10.244.1.11", "b", "a"), zoned("10.244.2.11", "b")}, []string{"10.244.1.11:8080", "10.244.2.11:8080"}},
-		{"no topology: all", false, []Endpoint{zoned("10.244.1.11", "a"), zoned("10.244.2.11", "b")}, []string{"10.244.1.11:8080", "10.244.2.11:8080"}},
+		{"hints on only some endpoints are ignored", true, []Endpoint{zoned("10.244.1.11", "b", "a"), zoned("10.244.2.11", "b")}, []string{"10.244.1.11:8080", "10.244.2.11:8080"}},
+		{"no endpoint hinted for this zone: all", false, []Endpoint{zoned("10.244.2.11", "b", "b"), zoned("10.244.3.11", "c", "c")}, []string{"10.244.2.11:8080", "10.244.3.11:8080"}},
+		{"a not-ready endpoint without hints does not count", false, []Endpoint{zoned("10.244.1.11", "a", "a"), zoned("10.244.2.11", "b", "b"), func() Endpoint {
+			e := zoned("10.244.3.11", "c")
+			e.Ready = false
+			return e
+		}()}, []string{"10.244.1.11:8080"}},
+		{"node hints (PreferSameNode) first", false, []Endpoint{hinted("10.244.1.11", "a", z("a"), z("node1")), hinted("10.244.1.12", "a", z("a"), z("node3")), hinted("10.244.2.11", "b", z("b"), z("node2"))}, []string{"10.244.1.11:8080"}},
+		{"no endpoint hinted for this node: zone hints", false, []Endpoint{hinted("10.244.1.11", "a", z("a"), z("node3")), hinted("10.244.1.12", "a", z("a"), z("node3")), hinted("10.244.2.11", "b", z("b"), z("node2"))}, []string{"10.244.1.11:8080", "10.244.1.12:8080"}},
+		{"node hints on only some endpoints: zone hints", false, []Endpoint{hinted("10.244.1.11", "a", z("a"), z("node1")), hinted("10.244.1.12", "a", z("a"), nil), hinted("10.244.2.11", "b", z("b"), z("node2"))}, []string{"10.244.1.11:8080", "10.244.1.12:8080"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dp, v4, _ := newFakeDatapath(t)

@@ -107,7 +107,7 @@ func EncodeService(s *datapath.Service) *weirv1.NodeService {
 		wp := &weirv1.NodeServicePort{Name: p.Name, Protocol: weirv1.Protocol(p.Protocol), Port: int32(p.Port), NodePort: int32(p.NodePort)}
 		for _, e := range p.Endpoints {
 			wp.Endpoints = append(wp.Endpoints, &weirv1.NodeEndpoint{
-				Address: e.Addr.String(), Port: int32(e.Port), NodeName: e.NodeName, Zone: e.Zone, HintZones: e.HintZones,
+				Address: e.Addr.String(), Port: int32(e.Port), NodeName: e.NodeName, Zone: e.Zone, HintZones: e.HintZones, HintNodes: e.HintNodes,
 				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
 			})
 		}
@@ -165,7 +165,7 @@ func DecodeService(s *weirv1.NodeService, node string) (*datapath.Service, error
 				return nil, wrap(fmt.Errorf("%s.address: %w", ef, err))
 			}
 			ep := datapath.Endpoint{Addr: addr, NodeName: e.GetNodeName(), Local: node != "" && e.GetNodeName() == node,
-				Zone: e.GetZone(), HintZones: e.GetHintZones(),
+				Zone: e.GetZone(), HintZones: e.GetHintZones(), HintNodes: e.GetHintNodes(),
 				Ready: e.GetReady(), Serving: e.GetServing(), Terminating: e.GetTerminating()}
 			if ep.Port, err = port16(ef+".port", e.GetPort(), false); err != nil {
 				return nil, wrap(err)

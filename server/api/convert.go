@@ -220,7 +220,7 @@ func endpointSliceFromProto(s *weirv1.EndpointSlice) (*model.EndpointSlice, erro
 		}
 		out.Endpoints = append(out.Endpoints, model.Endpoint{
 			Addresses: addrs, Ready: c.Ready, Serving: c.Serving, Terminating: c.Terminating,
-			NodeName: e.GetNodeName(), Zone: e.GetZone(), HintZones: e.GetHintZones(),
+			NodeName: e.GetNodeName(), Zone: e.GetZone(), HintZones: e.GetHintZones(), HintNodes: e.GetHintNodes(),
 		})
 	}
 	for i, p := range s.GetPorts() {
@@ -239,7 +239,7 @@ func endpointSliceToProto(s *model.EndpointSlice) *weirv1.EndpointSlice {
 		out.Endpoints = append(out.Endpoints, &weirv1.Endpoint{
 			Addresses:  strs(e.Addresses),
 			Conditions: &weirv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating},
-			NodeName:   e.NodeName, Zone: e.Zone, HintZones: e.HintZones,
+			NodeName:   e.NodeName, Zone: e.Zone, HintZones: e.HintZones, HintNodes: e.HintNodes,
 		})
 	}
 	for _, p := range s.Ports {

@@ -142,6 +142,9 @@ func endpointSlice(s *discoveryv1.EndpointSlice) *model.EndpointSlice {
 			for _, z := range ep.Hints.ForZones {
 				e.HintZones = append(e.HintZones, z.Name)
 			}
+			for _, n := range ep.Hints.ForNodes {
+				e.HintNodes = append(e.HintNodes, n.Name)
+			}
 		}
 		out.Endpoints = append(out.Endpoints, e)
 	}

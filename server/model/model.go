@@ -221,6 +221,7 @@ type Endpoint struct {
 	NodeName    string       `json:"nodeName,omitempty"`
 	Zone        string       `json:"zone,omitempty"`
 	HintZones   []string     `json:"hintZones,omitempty"`
+	HintNodes   []string     `json:"hintNodes,omitempty"`
 }
 
 func (e *Endpoint) IsReady() bool       { return e.Ready == nil || *e.Ready }

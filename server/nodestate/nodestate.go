@@ -109,6 +109,7 @@ func endpoints(slicesOf []*model.EndpointSlice, sp model.ServicePort) []datapath
 				NodeName:    ep.NodeName,
 				Zone:        ep.Zone,
 				HintZones:   ep.HintZones,
+				HintNodes:   ep.HintNodes,
 				Ready:       ep.IsReady(),
 				Serving:     ep.IsServing(),
 				Terminating: ep.IsTerminating(),

@@ -1488,6 +1488,7 @@ type NodeEndpoint struct {
 	NodeName      string   `protobuf:"bytes,9,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	Zone          string   `protobuf:"bytes,4,opt,name=zone,proto3" json:"zone,omitempty"`
 	HintZones     []string `protobuf:"bytes,5,rep,name=hint_zones,json=hintZones,proto3" json:"hint_zones,omitempty"`
+	HintNodes     []string `protobuf:"bytes,10,rep,name=hint_nodes,json=hintNodes,proto3" json:"hint_nodes,omitempty"`
 	Ready         bool     `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
 	Serving       bool     `protobuf:"varint,7,opt,name=serving,proto3" json:"serving,omitempty"`
 	Terminating   bool     `protobuf:"varint,8,opt,name=terminating,proto3" json:"terminating,omitempty"`
@@ -1556,6 +1557,13 @@ func (x *NodeEndpoint) GetZone() string {
 func (x *NodeEndpoint) GetHintZones() []string {
 	if x != nil {
 		return x.HintZones
+	}
+	return nil
+}
+
+func (x *NodeEndpoint) GetHintNodes() []string {
+	if x != nil {
+		return x.HintNodes
 	}
 	return nil
 }
@@ -1707,14 +1715,17 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.weir.v1.ProtocolR\bprotocol\x12\x12\n" +
 	"\x04port\x18\x03 \x01(\x05R\x04port\x12\x1b\n" +
 	"\tnode_port\x18\x04 \x01(\x05R\bnodePort\x123\n" +
-	"\tendpoints\x18\x05 \x03(\v2\x15.weir.v1.NodeEndpointR\tendpoints\"\xeb\x01\n" +
+	"\tendpoints\x18\x05 \x03(\v2\x15.weir.v1.NodeEndpointR\tendpoints\"\x8a\x02\n" +
 	"\fNodeEndpoint\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x1b\n" +
 	"\tnode_name\x18\t \x01(\tR\bnodeName\x12\x12\n" +
 	"\x04zone\x18\x04 \x01(\tR\x04zone\x12\x1d\n" +
 	"\n" +
-	"hint_zones\x18\x05 \x03(\tR\thintZones\x12\x14\n" +
+	"hint_zones\x18\x05 \x03(\tR\thintZones\x12\x1d\n" +
+	"\n" +
+	"hint_nodes\x18\n" +
+	" \x03(\tR\thintNodes\x12\x14\n" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12\x18\n" +
 	"\aserving\x18\a \x01(\bR\aserving\x12 \n" +
 	"\vterminating\x18\b \x01(\bR\vterminatingJ\x04\b\x03\x10\x04R\x05local2G\n" +

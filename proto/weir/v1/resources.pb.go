@@ -805,7 +805,10 @@ type Endpoint struct {
 	NodeName   string              `protobuf:"bytes,3,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	Zone       string              `protobuf:"bytes,4,opt,name=zone,proto3" json:"zone,omitempty"`
 	// Topology hints: zones that should consume this endpoint.
-	HintZones     []string `protobuf:"bytes,5,rep,name=hint_zones,json=hintZones,proto3" json:"hint_zones,omitempty"`
+	HintZones []string `protobuf:"bytes,5,rep,name=hint_zones,json=hintZones,proto3" json:"hint_zones,omitempty"`
+	// Topology hints: nodes that should consume this endpoint
+	// (trafficDistribution PreferSameNode).
+	HintNodes     []string `protobuf:"bytes,6,rep,name=hint_nodes,json=hintNodes,proto3" json:"hint_nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -871,6 +874,13 @@ func (x *Endpoint) GetZone() string {
 func (x *Endpoint) GetHintZones() []string {
 	if x != nil {
 		return x.HintZones
+	}
+	return nil
+}
+
+func (x *Endpoint) GetHintNodes() []string {
+	if x != nil {
+		return x.HintNodes
 	}
 	return nil
 }
@@ -1424,7 +1434,7 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12!\n" +
 	"\fservice_name\x18\x02 \x01(\tR\vserviceName\x12/\n" +
 	"\tendpoints\x18\x03 \x03(\v2\x11.weir.v1.EndpointR\tendpoints\x12+\n" +
-	"\x05ports\x18\x04 \x03(\v2\x15.weir.v1.EndpointPortR\x05ports\"\xb5\x01\n" +
+	"\x05ports\x18\x04 \x03(\v2\x15.weir.v1.EndpointPortR\x05ports\"\xd4\x01\n" +
 	"\bEndpoint\x12\x1c\n" +
 	"\taddresses\x18\x01 \x03(\tR\taddresses\x12;\n" +
 	"\n" +
@@ -1433,7 +1443,9 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\tnode_name\x18\x03 \x01(\tR\bnodeName\x12\x12\n" +
 	"\x04zone\x18\x04 \x01(\tR\x04zone\x12\x1d\n" +
 	"\n" +
-	"hint_zones\x18\x05 \x03(\tR\thintZones\"\x9b\x01\n" +
+	"hint_zones\x18\x05 \x03(\tR\thintZones\x12\x1d\n" +
+	"\n" +
+	"hint_nodes\x18\x06 \x03(\tR\thintNodes\"\x9b\x01\n" +
 	"\x12EndpointConditions\x12\x19\n" +
 	"\x05ready\x18\x01 \x01(\bH\x00R\x05ready\x88\x01\x01\x12\x1d\n" +
 	"\aserving\x18\x02 \x01(\bH\x01R\aserving\x88\x01\x01\x12%\n" +
