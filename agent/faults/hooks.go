@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/weirlb/weir/agent/syncer"
+	"github.com/weirlb/weir/datapath"
 )
 
 // wrap holds every apply from SIGUSR1 to SIGUSR2: the agent keeps
@@ -52,4 +53,17 @@ func wrap(a syncer.Applier, log *slog.Logger) syncer.Applier {
 			return ctx.Err()
 		}
 	}}
+}
+
+// applier is an Applier whose applies a hook may hold.
+type applier struct {
+	syncer.Applier
+	gate func(context.Context) error // waits while applies are held
+}
+
+func (a applier) Apply(ctx context.Context, st datapath.NodeState) error {
+	if err := a.gate(ctx); err != nil {
+		return err
+	}
+	return a.Applier.Apply(ctx, st)
 }
