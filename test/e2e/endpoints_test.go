@@ -58,7 +58,8 @@ func TestEndpointSelection(t *testing.T) {
 	}
 
 	// trafficDistribution PreferClose: node1 is in zone a with n1p1, node2
-	// in zone b with n2p1; each node keeps connections in its zone.
+	// in zone b with n2p1; with the hints the EndpointSlice controller
+	// writes, each node keeps connections in its zone.
 	for i, zone := range []string{"a", "b"} {
 		got, err := c.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: c.Nodes[i].Name})
 		if err != nil {
@@ -75,6 +76,7 @@ func TestEndpointSelection(t *testing.T) {
 	slices := endpointSlices("close", []*lab.Pod{n1p1, n2p1})
 	for _, s := range slices {
 		s.Endpoints[0].Zone, s.Endpoints[1].Zone = "a", "b"
+		s.Endpoints[0].HintZones, s.Endpoints[1].HintZones = []string{"a"}, []string{"b"}
 	}
 	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: nearby}); err != nil {
 		t.Fatal(err)
@@ -87,6 +89,22 @@ func TestEndpointSelection(t *testing.T) {
 	for _, fam := range families("10.96.0.31", "fd00:96::31", "203.0.113.31", "2001:db8:113::31") {
 		onlyPod(t, n1p2.Netns, netip.AddrPortFrom(fam.clusterIP, 80), n1p1.Name)
 		onlyPod(t, n2p1.Netns, netip.AddrPortFrom(fam.clusterIP, 80), n2p1.Name)
+	}
+	// Without hints, PreferClose changes nothing (as kube-proxy, which
+	// reads only the hints): both zones' endpoints take connections.
+	unhinted := clusterIPService("unhinted", "10.96.0.34", "fd00:96::34")
+	unhinted.Spec.TrafficDistribution = weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE
+	zonedOnly := endpointSlices("unhinted", []*lab.Pod{n1p1, n2p1})
+	for _, s := range zonedOnly {
+		s.Endpoints[0].Zone, s.Endpoints[1].Zone = "a", "b"
+	}
+	createServiceWithSlices(t, c, unhinted, zonedOnly)
+	seen := map[string]bool{}
+	for _, r := range sample(t, n1p2.Netns, netip.MustParseAddrPort("10.96.0.34:80"), 30) {
+		seen[r.Pod] = true
+	}
+	if !seen[n1p1.Name] || !seen[n2p1.Name] {
+		t.Errorf("PreferClose without hints reached %v from node1; want both zones' pods", seen)
 	}
 
 	// A service labelled for another proxy gets no rules from Weir: its

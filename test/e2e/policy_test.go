@@ -37,13 +37,20 @@ func families(clusterIPv4, clusterIPv6, lbIPv4, lbIPv6 string) []family {
 
 func createService(t *testing.T, c *weirlab.Cluster, svc *weirv1.Service, endpoints []*lab.Pod) {
 	t.Helper()
+	createServiceWithSlices(t, c, svc, endpointSlices(svc.GetMetadata().GetName(), endpoints))
+}
+
+// createServiceWithSlices creates svc and its endpoint slices and waits
+// until every node has programmed them.
+func createServiceWithSlices(t *testing.T, c *weirlab.Cluster, svc *weirv1.Service, slices []*weirv1.EndpointSlice) {
+	t.Helper()
 	ctx := context.Background()
 	created, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rev := revisionOf(created.GetService().GetMetadata())
-	for _, s := range endpointSlices(svc.GetMetadata().GetName(), endpoints) {
+	for _, s := range slices {
 		created, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: s})
 		if err != nil {
 			t.Fatal(err)
