@@ -179,22 +179,12 @@ func TestServiceFrontendsMasqueradeAsKubeProxy(t *testing.T) {
 		{"node port from a pod of the other node", c.Nodes[1].Pods[0].Netns, netip.AddrPortFrom(node1.IPv4, nodePort), node1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			seen := map[string]int{}
-			for _, r := range sample(t, tc.src, tc.dst, 40) {
-				seen[r.Pod]++
-				pod := podByName(c, r.Pod)
-				if pod == nil {
-					t.Fatalf("reply from unknown pod %q", r.Pod)
-				}
-				got := r.RemoteAddr()
+			eachReply(t, c, tc.src, tc.dst, func(pod *lab.Pod, got netip.Addr) {
 				from := nodeOf(c, got, pod)
 				if from == nil || (tc.entered != nil && from != tc.entered) {
 					t.Errorf("pod %s on %s saw source %s; want an address of the node the connection entered", pod.Name, pod.Node.Name, got)
 				}
-			}
-			if len(seen) != 3 {
-				t.Errorf("40 connections reached %v; want all 3 pods (uniform random choice)", seen)
-			}
+			})
 		})
 	}
 	clusterIPFromAPod(t, c)
@@ -276,14 +266,7 @@ func TestPreserveLocalKeepsTheClientAddressOnTheReceivingNode(t *testing.T) {
 		{"IPv6 node port", netip.AddrPortFrom(node1.IPv6, nodePort), lab.ClientIPv6},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			seen := map[string]int{}
-			for _, r := range sample(t, c.Client, tc.dst, 40) {
-				seen[r.Pod]++
-				pod := podByName(c, r.Pod)
-				if pod == nil {
-					t.Fatalf("reply from unknown pod %q", r.Pod)
-				}
-				got := r.RemoteAddr()
+			eachReply(t, c, c.Client, tc.dst, func(pod *lab.Pod, got netip.Addr) {
 				if tc.name != "load-balancer IP" {
 					want := tc.client
 					if pod.Node != node1 {
@@ -295,7 +278,7 @@ func TestPreserveLocalKeepsTheClientAddressOnTheReceivingNode(t *testing.T) {
 					if got != want {
 						t.Errorf("pod %s on %s saw source %s, want %s", pod.Name, pod.Node.Name, got, want)
 					}
-					continue
+					return
 				}
 				// The router picks either node: the pod sees the client
 				// when it runs on that node, else the node that
@@ -303,13 +286,29 @@ func TestPreserveLocalKeepsTheClientAddressOnTheReceivingNode(t *testing.T) {
 				if got != tc.client && (!isNodeIP(c, got) || got == pod.Node.IPv4) {
 					t.Errorf("pod %s on %s saw source %s, want the client or the other node", pod.Name, pod.Node.Name, got)
 				}
-			}
-			if len(seen) != 3 {
-				t.Errorf("40 connections reached %v; want all 3 pods (uniform random choice)", seen)
-			}
+			})
 		})
 	}
 	clusterIPFromAPod(t, c)
+}
+
+// eachReply makes 40 connections from ns to dst and calls check with the
+// pod that answered each and the source it saw; every pod must answer
+// (uniform random choice).
+func eachReply(t *testing.T, c *weirlab.Cluster, ns *lab.Netns, dst netip.AddrPort, check func(pod *lab.Pod, saw netip.Addr)) {
+	t.Helper()
+	seen := map[string]int{}
+	for _, r := range sample(t, ns, dst, 40) {
+		seen[r.Pod]++
+		pod := podByName(c, r.Pod)
+		if pod == nil {
+			t.Fatalf("reply from unknown pod %q", r.Pod)
+		}
+		check(pod, r.RemoteAddr())
+	}
+	if len(seen) != 3 {
+		t.Errorf("40 connections reached %v; want all 3 pods (uniform random choice)", seen)
+	}
 }
 
 // nodeOf is the node one of whose addresses a is, as a pod on pod's node
