@@ -31,7 +31,7 @@ func receiveReasons(reg *registry.Registry, svc *model.Service, key string, n ag
 	localReason, localMessage := localReceiveReason(svc, key, n)
 	if len(n.BGPSessions) == 0 {
 		// No speaker on the node: its addresses reach it some other way.
-		r.reason, r.message = cmpOr2(nodeReason, nodeMessage, localReason, localMessage)
+		r.reason, r.message = firstReason(nodeReason, nodeMessage, localReason, localMessage)
 		return r
 	}
 	for _, fam := range []string{"ipv4", "ipv6"} {
@@ -66,7 +66,7 @@ func receiveReasons(reg *registry.Registry, svc *model.Service, key string, n ag
 		}
 	}
 	if len(r.families) == 0 {
-		r.reason, r.message = cmpOr2(nodeReason, nodeMessage, localReason, localMessage)
+		r.reason, r.message = firstReason(nodeReason, nodeMessage, localReason, localMessage)
 	}
 	return r
 }
@@ -86,8 +86,8 @@ func (r received) targetReason(a netip.Addr) string {
 	return r.reason
 }
 
-// cmpOr2 is the first of two (reason, message) pairs with a reason.
-func cmpOr2(reason1, message1, reason2, message2 string) (string, string) {
+// firstReason is the first of two (reason, message) pairs with a reason.
+func firstReason(reason1, message1, reason2, message2 string) (string, string) {
 	if reason1 != "" {
 		return reason1, message1
 	}
