@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"time"
 )
 
@@ -98,13 +99,32 @@ func IssueClient(dir, name, role string) error {
 	default:
 		return fmt.Errorf("unknown role %q (admin, viewer, agent or speaker)", role)
 	}
-	if name == "" {
-		return errors.New("a name is required")
+	if err := checkClientName(name); err != nil {
+		return err
 	}
 	return issue(dir, name, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: name, Organization: []string{RolePrefix + role}},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
+}
+
+// clientName is what a client certificate's name (its common name and
+// its files' names in the folder) may be: a node name's characters, so
+// that it can neither leave the folder nor contain a path.
+var clientName = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$`)
+
+// checkClientName refuses names that are not clientName, and the names of
+// the CA's and the server's own files, which issuing would overwrite.
+func checkClientName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("a name is required")
+	case name == "ca" || name == "server":
+		return fmt.Errorf("name %q: taken by the %s's own certificate and key in the folder", name, name)
+	case !clientName.MatchString(name):
+		return fmt.Errorf("name %q: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit (a node's name)", name)
+	}
+	return nil
 }
 
 func issue(dir, name string, tmpl *x509.Certificate) error {

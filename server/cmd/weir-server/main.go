@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -71,6 +72,12 @@ func run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
 	var tlsCfg *tls.Config
+	if err := checkInsecure(*insecure, *certFile, *keyFile, *caFile); err != nil {
+		return err
+	}
+	if *insecure && !loopback(*listen) {
+		log.Warn("serving the API in plain text, without authentication, on a non-loopback address: anyone who reaches it can read and change everything; use TLS outside a lab", "listen", *listen)
+	}
 	if !*insecure {
 		if *caFile == "" {
 			return fmt.Errorf("--client-ca-file is required: every caller authenticates with a certificate (or run with --insecure)")
@@ -149,4 +156,23 @@ func certsCommand(args []string) error {
 		return errors.New(usage)
 	}
 	return nil
+}
+
+// checkInsecure refuses --insecure given with TLS flags: which one was
+// meant is not for the server to guess.
+func checkInsecure(insecure bool, certFile, keyFile, caFile string) error {
+	if insecure && (certFile != "" || keyFile != "" || caFile != "") {
+		return fmt.Errorf("--insecure serves plain text: it contradicts --tls-cert-file, --tls-key-file and --client-ca-file; give one or the other")
+	}
+	return nil
+}
+
+// loopback: the listen address is on a loopback interface only.
+func loopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
 }

@@ -1,0 +1,38 @@
+package certs
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestIssueRefusesNamesThatLeaveTheFolderOrOverwriteTheCA: a client name
+// is a node-like name; "ca" and "server" would overwrite the CA's or the
+// server's key, a path would write outside the folder. Nothing is written.
+func TestIssueRefusesNamesThatLeaveTheFolderOrOverwriteTheCA(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tls")
+	if err := InitCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	caKey, err := os.ReadFile(filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"ca", "server", "../evil", "a/b", ".hidden", "Upper", "", "-x"} {
+		if err := IssueClient(dir, name, RoleAdmin); err == nil {
+			t.Errorf("IssueClient(%q): accepted", name)
+		}
+	}
+	if after, _ := os.ReadFile(filepath.Join(dir, "ca.key")); !bytes.Equal(caKey, after) {
+		t.Error("the CA's key changed")
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(dir), "evil.key")); err == nil {
+		t.Error("a key was written outside the folder")
+	}
+	for _, name := range []string{"admin", "node1", "rack-1.node-02", "lb1"} {
+		if err := IssueClient(dir, name, RoleAgent); err != nil {
+			t.Errorf("IssueClient(%q): %v", name, err)
+		}
+	}
+}
