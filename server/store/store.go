@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -56,25 +57,61 @@ type Op struct {
 	Value []byte
 }
 
-// Open opens (or creates) the database in dir.
-func Open(dir string) (*Store, error) {
+// createdMarker is written beside the database when it is created: a
+// folder that has it but no database lost its state, which must not look
+// like a first start.
+const createdMarker = "weir.db.created"
+
+// Open opens (or creates) the database in dir. A database that is empty
+// (0 bytes), missing from a folder that had one, or damaged is an error
+// that says so: starting empty would silently drop every resource.
+func Open(dir string) (s *Store, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
 	path := filepath.Join(dir, "weir.db")
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	marker := filepath.Join(dir, createdMarker)
+	switch fi, err := os.Stat(path); {
+	case err == nil && fi.Size() == 0:
+		return nil, fmt.Errorf("%s is empty (0 bytes): refusing to start with no state; restore it from a copy, or remove it (and %s) to start afresh", path, createdMarker)
+	case errors.Is(err, fs.ErrNotExist):
+		if _, merr := os.Stat(marker); merr == nil {
+			return nil, fmt.Errorf("%s is missing but this folder had one (%s exists): refusing to start with no state; restore it from a copy, or remove %s to start afresh", path, createdMarker, createdMarker)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	// bbolt panics on some damaged pages: say so instead of dying with a
+	// stack trace.
+	var db *bolt.DB
+	defer func() {
+		if r := recover(); r != nil {
+			if db != nil {
+				db.Close()
+			}
+			s, err = nil, fmt.Errorf("%s is damaged (%v): restore it from a copy", path, r)
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
-	s := &Store{db: db, run: newHistoryID()}
+	if err := os.WriteFile(marker, nil, 0o600); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("marking %s as created: %w", path, err)
+	}
+	s = &Store{db: db, run: newHistoryID()}
 	if err := db.View(func(tx *bolt.Tx) error {
+		for err := range tx.Check() {
+			return fmt.Errorf("damaged: %w", err)
+		}
 		if meta := tx.Bucket(metaBucket); meta != nil {
 			s.histories = decodeHistories(meta.Get(historyKey))
 		}
 		return nil
 	}); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("reading %s: %w", path, err)
+		return nil, fmt.Errorf("reading %s: %w (restore it from a copy)", path, err)
 	}
 	return s, nil
 }
