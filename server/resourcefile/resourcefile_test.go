@@ -170,7 +170,10 @@ func TestWatchNeverAppliesAHalfWrittenFile(t *testing.T) {
 	reg := registrytest.Open(t)
 	path := filepath.Join(t.TempDir(), "rack.yaml")
 	writeFile(t, path, rack)
-	watch(t, &Watcher{Registry: reg, Path: path, Period: time.Millisecond, Settle: 100 * time.Millisecond, AllowRemovingAll: true})
+	// The server's settle time: a writer pausing longer than it between
+	// two lines defeats any settle time, and a loaded machine (a cold CI
+	// build beside the test) stalled a 1 ms sleep past 100 ms.
+	watch(t, &Watcher{Registry: reg, Path: path, Period: time.Millisecond, Settle: time.Second, AllowRemovingAll: true})
 	waitFor(t, "the peer", func() bool { _, err := reg.Peers.Get("tor"); return err == nil })
 
 	stop := make(chan struct{})
