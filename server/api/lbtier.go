@@ -212,6 +212,11 @@ func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 			continue
 		}
 		key := svc.Namespace + "/" + svc.Name
+		// Once per node, not per address: the reasons cover every family.
+		reasons := make([]received, len(statuses))
+		for i, n := range statuses {
+			reasons[i] = receiveReasons(l.reg, svc, key, n)
+		}
 		for _, vip := range svc.LoadBalancerIPs {
 			vt := &weirv1.VipTargets{Address: vip.String(), Service: key}
 			if pool := poolOf(pools, vip); pool != nil {
@@ -221,9 +226,9 @@ func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 					vt.PrefixLength = uint32(pool.BGP.AggregationLengthV6)
 				}
 			}
-			for _, n := range statuses {
+			for i, n := range statuses {
 				hop, ok := addressOfFamily(addrs[n.Node], vip.Is6())
-				if !ok || receiveReasons(l.reg, svc, key, n).targetReason(vip) != "" {
+				if !ok || reasons[i].targetReason(vip) != "" {
 					continue
 				}
 				t := &weirv1.Target{Node: n.Node, Address: hop.String(), HealthCheckPort: NodeHealthPort, HealthCheckPath: "/healthz"}
