@@ -157,14 +157,8 @@ func podByName(c *weirlab.Cluster, name string) *lab.Pod {
 // the client's, whichever node the pod runs on (kube-proxy's behaviour);
 // a pod calling a cluster IP keeps its own address.
 func TestServiceFrontendsMasqueradeAsKubeProxy(t *testing.T) {
-	c := startCluster(t)
-	createWeb(t, c)
+	c, lbDst := startWeb(t)
 	node1 := c.Nodes[0]
-	lbDst := netip.AddrPortFrom(lbIP, 80)
-	eventually(t, "the load-balancer IP answers", func() error {
-		_, err := weirlab.Get(context.Background(), c.Client, lbDst)
-		return err
-	})
 	for _, tc := range []struct {
 		name    string
 		src     *lab.Netns
@@ -248,14 +242,8 @@ func TestMasqueradeAll(t *testing.T) {
 // entered sees the client; a pod on the other node sees the node that
 // forwarded it (masquerade keeps the reply on the DNAT'ing node's path).
 func TestPreserveLocalKeepsTheClientAddressOnTheReceivingNode(t *testing.T) {
-	c := startCluster(t, "--masquerade-mode", "preserve-local")
-	createWeb(t, c)
+	c, lbDst := startWeb(t, "--masquerade-mode", "preserve-local")
 	node1 := c.Nodes[0]
-	lbDst := netip.AddrPortFrom(lbIP, 80)
-	eventually(t, "the load-balancer IP answers", func() error {
-		_, err := weirlab.Get(context.Background(), c.Client, lbDst)
-		return err
-	})
 	for _, tc := range []struct {
 		name   string
 		dst    netip.AddrPort
@@ -290,6 +278,20 @@ func TestPreserveLocalKeepsTheClientAddressOnTheReceivingNode(t *testing.T) {
 		})
 	}
 	clusterIPFromAPod(t, c)
+}
+
+// startWeb starts a cluster whose agents get agentArgs, with the web
+// service, and returns once its load-balancer IP answers the client.
+func startWeb(t *testing.T, agentArgs ...string) (*weirlab.Cluster, netip.AddrPort) {
+	t.Helper()
+	c := startCluster(t, agentArgs...)
+	createWeb(t, c)
+	lbDst := netip.AddrPortFrom(lbIP, 80)
+	eventually(t, "the load-balancer IP answers", func() error {
+		_, err := weirlab.Get(context.Background(), c.Client, lbDst)
+		return err
+	})
+	return c, lbDst
 }
 
 // eachReply makes 40 connections from ns to dst and calls check with the
