@@ -3,7 +3,6 @@ package datapath
 import (
 	"context"
 	"net/netip"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -48,101 +47,11 @@ func newFakeDatapath(t *testing.T) (*Datapath, *knftables.Fake, *knftables.Fake)
 	return New(v4, v6, Config{}), v4, v6
 }
 
-// verdict is where a new connection ends up according to the fake ruleset.
-type verdict struct {
-	Rejected  bool
-	Dropped   bool
-	Endpoints []string // every endpoint the random choice can pick, by slot
-}
-
 var (
 	podSource      = netip.MustParseAddr("10.244.1.50") // a pod on this node
+	podSource6     = netip.MustParseAddr("fd00:244:1::50")
 	externalSource = netip.MustParseAddr("198.51.100.2")
 )
-
-// trace follows a new connection from src to dst through the table's
-// lookups the way the kernel would: firewall, then the frontend maps (the
-// external ones first for sources outside the cluster), pick chain, backends.
-func trace(t *testing.T, fake *knftables.Fake, src netip.Addr, proto string, dst netip.AddrPort) verdict {
-	t.Helper()
-	tbl := fake.Table
-	ipKey := concat(dst.Addr().String(), proto, port(dst.Port()))
-	npKey := concat(proto, port(dst.Port()))
-	if tbl.Sets[genOf(tbl).of(firewallFrontendsSet)].FindElement(ipKey) != nil {
-		allowed := false
-		for _, e := range tbl.Sets[genOf(tbl).of(firewallAllowSet)].Elements {
-			parts := strings.Split(e.Key[0], " . ")
-			if strings.Join(parts[:3], " . ") == ipKey && prefixContains(parts[3], src) {
-				allowed = true
-			}
-		}
-		if !allowed {
-			return verdict{Dropped: true}
-		}
-	}
-	internal := inIntervalSet(tbl.Sets[genOf(tbl).of(clusterCIDRsSet)], src) || src == nodeAddr
-	isNodePort := tbl.Sets[genOf(tbl).of(nodePortAddressesSet)].FindElement(dst.Addr().String()) != nil
-	var kinds []*frontendKind
-	if !internal {
-		kinds = append(kinds, &externalIPKind, &externalNodePortKind)
-	}
-	kinds = append(kinds, &ipKind, &nodePortKind)
-	for _, k := range kinds {
-		key := ipKey
-		if k.nodePort {
-			if !isNodePort {
-				continue
-			}
-			key = npKey
-		}
-		fe := tbl.Maps[genOf(tbl).of(k.frontends)].FindElement(key)
-		if fe == nil {
-			continue
-		}
-		if fe.Value[0] == "drop" {
-			return verdict{Dropped: true}
-		}
-		chain := strings.TrimPrefix(fe.Value[0], "goto ")
-		if tbl.Chains[chain] == nil {
-			t.Fatalf("frontend %s jumps to missing chain %s", key, chain)
-		}
-		ck, p, n, ok := kindOfChain(chain)
-		if !ok || ck != k || p.String() != proto {
-			t.Fatalf("frontend %s of kind %q jumps to %s", key, k.name, chain)
-		}
-		var v verdict
-		for i := range n {
-			be := tbl.Maps[genOf(tbl).of(k.backends(p))].FindElement(key + " . " + strconv.Itoa(i))
-			if be == nil {
-				t.Fatalf("frontend %s: pick chain %s but no backend in slot %d", key, chain, i)
-			}
-			v.Endpoints = append(v.Endpoints, strings.ReplaceAll(be.Value[0], " . ", ":"))
-		}
-		return v
-	}
-	if tbl.Sets[genOf(tbl).of(noEndpointFrontendsSet)].FindElement(ipKey) != nil ||
-		(isNodePort && tbl.Sets[genOf(tbl).of(noEndpointNodePortsSet)].FindElement(npKey) != nil) ||
-		tbl.Sets[genOf(tbl).of(clusterIPsSet)].FindElement(dst.Addr().String()) != nil {
-		return verdict{Rejected: true}
-	}
-	return verdict{}
-}
-
-func prefixContains(s string, a netip.Addr) bool {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Contains(a)
-	}
-	return s == a.String()
-}
-
-func inIntervalSet(set *knftables.FakeSet, a netip.Addr) bool {
-	for _, e := range set.Elements {
-		if prefixContains(e.Key[0], a) {
-			return true
-		}
-	}
-	return false
-}
 
 func TestApplyTracesConnectionsToEndpoints(t *testing.T) {
 	ctx := context.Background()
@@ -163,10 +72,15 @@ func TestApplyTracesConnectionsToEndpoints(t *testing.T) {
 		{"node port", v4, "192.0.2.11:30080", both},
 		{"wrong port on cluster IP is rejected", v4, "10.96.0.10:81", verdict{Rejected: true}},
 		{"unknown address is left alone", v4, "198.51.100.7:80", verdict{}},
-		{"IPv6 cluster IP uses IPv6 endpoints only", v6, "[fd00:96::10]:80", verdict{Endpoints: []string{"fd00:244:1::11:8080"}}},
+		{"IPv6 cluster IP uses IPv6 endpoints only", v6, "[fd00:96::10]:80", verdict{Endpoints: []string{"[fd00:244:1::11]:8080"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := trace(t, tc.fake, podSource, "tcp", netip.MustParseAddrPort(tc.dst))
+			dst := netip.MustParseAddrPort(tc.dst)
+			src := podSource
+			if dst.Addr().Is6() {
+				src = podSource6
+			}
+			got := trace(t, tc.fake, src, "tcp", dst)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("connection to %s (-want +got):\n%s", tc.dst, diff)
 			}
