@@ -179,7 +179,7 @@ func nodeElements(node NodeInfo, cfg Config) []element {
 				}
 			}
 		}
-		for _, p := range outermostPrefixes(cfg.ServiceCIDRs) {
+		for _, p := range outermostPrefixes(slices.Concat(cfg.ServiceCIDRs, node.ServiceCIDRs)) {
 			if p.Addr().Is6() == f.is6 {
 				out = append(out, element{family: f, set: serviceCIDRsSet, key: prefixString(p)})
 			}

@@ -3,6 +3,7 @@ package datapath
 import (
 	"context"
 	"net/netip"
+	"reflect"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -181,8 +182,56 @@ func TestUnallocatedServiceAddressesAreDropped(t *testing.T) {
 	}
 }
 
+// The server's service CIDRs (Kubernetes' ServiceCIDR objects) count as
+// the flag's do, and follow the node's changes.
+func TestServiceCIDRsFromTheServer(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newConfiguredFakeDatapath(Config{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}})
+	st := nodeState(webService(ep("10.244.1.11", true)))
+	st.Node.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.100.0.0/16")}
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	for dst, want := range map[string]verdict{"10.96.0.99:80": {Dropped: true}, "10.100.0.1:80": {Dropped: true}, "10.101.0.1:80": {}} {
+		if diff := cmp.Diff(want, trace(t, v4, podSource, "tcp", netip.MustParseAddrPort(dst))); diff != "" {
+			t.Errorf("to %s (-want +got):\n%s", dst, diff)
+		}
+	}
+	st.Node.ServiceCIDRs = nil
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if got := trace(t, v4, podSource, "tcp", netip.MustParseAddrPort("10.100.0.1:80")); got.Dropped {
+		t.Error("a removed service CIDR still drops")
+	}
+}
+
 func newConfiguredFakeDatapath(cfg Config) (*Datapath, *knftables.Fake, *knftables.Fake) {
 	v4 := knftables.NewFake(knftables.IPv4Family, TableName)
 	v6 := knftables.NewFake(knftables.IPv6Family, TableName)
 	return New(v4, v6, cfg), v4, v6
+}
+
+// nodeInfoEqual decides whether the node's elements are worked out again:
+// a field it forgets is a change the datapath never programs.
+func TestNodeInfoEqualSeesEveryField(t *testing.T) {
+	base := NodeInfo{}
+	typ := reflect.TypeOf(base)
+	for i := range typ.NumField() {
+		changed := base
+		f := reflect.ValueOf(&changed).Elem().Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString("x")
+		case reflect.Bool:
+			f.SetBool(true)
+		case reflect.Slice:
+			f.Set(reflect.MakeSlice(f.Type(), 1, 1))
+		default:
+			t.Fatalf("field %s: kind %s not covered by this test", typ.Field(i).Name, f.Kind())
+		}
+		if nodeInfoEqual(base, changed) {
+			t.Errorf("nodeInfoEqual ignores NodeInfo.%s", typ.Field(i).Name)
+		}
+	}
 }

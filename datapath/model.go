@@ -31,6 +31,9 @@ type NodeInfo struct {
 	BGPPeers []BGPPeer
 	// Advertisements are the BGP attributes of the pools that set them.
 	Advertisements []BGPAdvertisement
+	// ServiceCIDRs are the cluster's service ranges as the server knows
+	// them (Kubernetes' ServiceCIDR objects), added to Config.ServiceCIDRs.
+	ServiceCIDRs []netip.Prefix
 }
 
 // BGPAdvertisement is how the addresses in Ranges are announced.

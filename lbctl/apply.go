@@ -37,7 +37,8 @@ func (a *app) applyCmd() *cobra.Command {
 		Long: `Create or update the resources described in YAML files.
 
 A file holds documents separated by "---" lines. Each document is one
-resource: "kind: Service", "kind: EndpointSlice" or "kind: Node", then the
+resource: "kind: Service", "kind: EndpointSlice", "kind: Node",
+"kind: AddressPool", "kind: BgpPeer" or "kind: ServiceCidr", then the
 fields of that resource as in the API, spelled as in the proto files
 (metadata, spec, status; service_name, endpoints, ports; addresses, zone,
 pod_cidrs). A document may also be a list, {items: [...]}, as "lbctl get -o
@@ -355,11 +356,11 @@ func (a *app) parseDocument(label string, j []byte) ([]document, error) {
 func (a *app) parseObject(label string, fields map[string]json.RawMessage) (document, error) {
 	var name string
 	if err := json.Unmarshal(fields["kind"], &name); err != nil || name == "" {
-		return document{}, fmt.Errorf("%s: kind: want Service, EndpointSlice or Node", label)
+		return document{}, fmt.Errorf("%s: kind: want one of %s", label, strings.Join(kindNames(), ", "))
 	}
 	k := kindNamed(name)
 	if k == nil {
-		return document{}, fmt.Errorf("%s: kind: %q is not Service, EndpointSlice or Node", label, name)
+		return document{}, fmt.Errorf("%s: kind: %q is not one of %s", label, name, strings.Join(kindNames(), ", "))
 	}
 	delete(fields, "kind")
 	body, err := json.Marshal(fields)

@@ -318,7 +318,7 @@ func TestBadDocumentStopsEverything(t *testing.T) {
 			`document 1 (Service default/Web_1): metadata.name: "Web_1" is not a valid name`},
 		{"kind: Service\nmetadata: {name: web}\nspec: {prots: []}\n", "document 1 (Service): spec.prots: unknown field"},
 		{"kind: Node\nmetadata: {name: node9}\naddresses: [not-an-ip]\n", `document 1 (Node node9): addresses[0]: "not-an-ip" is not an IP address`},
-		{"kind: Pod\n", `document 1: kind: "Pod" is not Service, EndpointSlice or Node`},
+		{"kind: Pod\n", `document 1: kind: "Pod" is not one of Service, EndpointSlice, Node, AddressPool, BgpPeer, ServiceCidr`},
 		{"---\nkind: Node\nmetadata: {name: a}\n---\nkind: Node\n", "document 2 (Node): metadata.name: required"},
 		{"kind: Node\nmetadata: {name: a}\n---\nitems: [{kind: Node, metadata: {name: a}}]\n",
 			"document 2, item 1 (Node a): the same resource as stdin: document 1 (Node a)"},

@@ -223,6 +223,10 @@ var poolWide = []column{
 	col("COMMUNITIES", func(p *weirv1.AddressPool) string { return list(p.GetBgpAdvertisement().GetCommunities()) }),
 }
 
+var serviceCIDRColumns = []column{
+	col("CIDRS", func(c *weirv1.ServiceCidr) string { return list(c.GetCidrs()) }),
+}
+
 var peerWide = []column{
 	col("GRACEFUL-RESTART", func(p *weirv1.BgpPeer) string { return yesNo(p.GetGracefulRestart()) }),
 }

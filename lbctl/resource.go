@@ -193,6 +193,37 @@ var kinds = []*kind{
 			return nil, usageErrorf("BGP peers cannot be watched yet")
 		},
 	},
+	{
+		name: "ServiceCidr", singular: "servicecidr", plural: "servicecidrs", aliases: []string{"servicecidr"},
+		field: "service_cidr", namespaced: false, columns: serviceCIDRColumns,
+		new: func() object { return &weirv1.ServiceCidr{} },
+		get: func(ctx context.Context, c client, _, name string) (object, error) {
+			r, err := c.GetServiceCidr(ctx, &weirv1.GetServiceCidrRequest{Name: name})
+			return orNil(r.GetServiceCidr(), err)
+		},
+		list: func(ctx context.Context, c client, _, _ string) ([]object, error) {
+			items, err := allPages(func(token string) ([]*weirv1.ServiceCidr, string, error) {
+				r, err := c.ListServiceCidrs(ctx, &weirv1.ListServiceCidrsRequest{PageToken: token})
+				return r.GetServiceCidrs(), r.GetNextPageToken(), err
+			})
+			return objects(items), err
+		},
+		create: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.CreateServiceCidr(ctx, &weirv1.CreateServiceCidrRequest{ServiceCidr: o.(*weirv1.ServiceCidr), ValidateOnly: validateOnly})
+			return orNil(r.GetServiceCidr(), err)
+		},
+		update: func(ctx context.Context, c client, o object, validateOnly bool) (object, error) {
+			r, err := c.UpdateServiceCidr(ctx, &weirv1.UpdateServiceCidrRequest{ServiceCidr: o.(*weirv1.ServiceCidr), ValidateOnly: validateOnly})
+			return orNil(r.GetServiceCidr(), err)
+		},
+		delete: func(ctx context.Context, c client, _, name string) (string, error) {
+			r, err := c.DeleteServiceCidr(ctx, &weirv1.DeleteServiceCidrRequest{Name: name})
+			return r.GetResourceVersion(), err
+		},
+		watch: func(context.Context, client, string, string) (events, error) {
+			return nil, usageErrorf("service CIDRs cannot be watched yet")
+		},
+	},
 }
 
 // kindFor finds a kind by any of its command-line spellings.
@@ -204,6 +235,15 @@ func kindFor(arg string) (*kind, error) {
 		}
 	}
 	return nil, usageErrorf("unknown resource type %q (want %s)", arg, strings.Join(plurals(), ", "))
+}
+
+// kindNames lists the kinds as documents name them.
+func kindNames() []string {
+	var names []string
+	for _, k := range kinds {
+		names = append(names, k.name)
+	}
+	return names
 }
 
 // kindNamed finds a kind by its name in a document ("Service").

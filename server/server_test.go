@@ -986,3 +986,49 @@ func TestWaitProgrammedTellsWhenEveryNodeHasAWrite(t *testing.T) {
 		t.Errorf("no revision: %v; want InvalidArgument naming revision", err)
 	}
 }
+
+// A service CIDR reaches every node's description, is checked at the edge
+// (the field named, nothing stored) and survives a restart.
+func TestServiceCIDRsReachTheAgents(t *testing.T) {
+	dir := t.TempDir()
+	ts := startServer(t, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	full := agent.recv()
+	agent.ack(full.GetVersion())
+	if got := full.GetNode().GetServiceCidrs(); len(got) != 0 {
+		t.Fatalf("service CIDRs before any was created: %v", got)
+	}
+	for _, bad := range []struct {
+		cidrs []string
+		field string
+	}{
+		{[]string{"10.96.0.0/33"}, "cidrs[0]"},
+		{[]string{"10.96.0.1/16"}, "cidrs[0]"},
+		{[]string{"10.96.0.0/16", "10.97.0.0/16"}, "cidrs[1]"},
+		{nil, "cidrs"},
+	} {
+		_, err := ts.Registry.CreateServiceCidr(ctx, &weirv1.CreateServiceCidrRequest{ServiceCidr: &weirv1.ServiceCidr{
+			Metadata: &weirv1.ObjectMeta{Name: "bad"}, Cidrs: bad.cidrs}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), bad.field) {
+			t.Errorf("service CIDR %v: %v, want InvalidArgument naming %s", bad.cidrs, err, bad.field)
+		}
+	}
+	if _, err := ts.Registry.CreateServiceCidr(ctx, &weirv1.CreateServiceCidrRequest{ServiceCidr: &weirv1.ServiceCidr{
+		Metadata: &weirv1.ObjectMeta{Name: "primary"}, Cidrs: []string{"10.96.0.0/16", "fd00:96::/108"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if msg := agent.recv(); !slices.Equal(msg.GetNode().GetServiceCidrs(), []string{"10.96.0.0/16", "fd00:96::/108"}) {
+		t.Errorf("the agent was not sent the service CIDRs: %v", msg.GetNode())
+	}
+	ts.Stop()
+	ts2 := startServer(t, dir)
+	if full := connectAgent(t, ctx, ts2, "node1", 0).recv(); !slices.Equal(full.GetNode().GetServiceCidrs(), []string{"10.96.0.0/16", "fd00:96::/108"}) {
+		t.Errorf("service CIDRs after a restart: %v", full.GetNode())
+	}
+	list, err := ts2.Registry.ListServiceCidrs(ctx, &weirv1.ListServiceCidrsRequest{})
+	if err != nil || len(list.GetServiceCidrs()) != 1 || list.GetServiceCidrs()[0].GetMetadata().GetName() != "primary" {
+		t.Errorf("list: %v, %v", list, err)
+	}
+}

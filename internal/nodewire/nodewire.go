@@ -16,13 +16,14 @@ import (
 // EncodeNode is the wire form of a node.
 func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 	out := &weirv1.NodeInfo{
-		Name:       n.Name,
-		Addresses:  strs(n.Addresses),
-		Zone:       n.Zone,
-		PodCidrs:   strs(n.PodCIDRs),
-		Deleting:   n.Deleting,
-		Drained:    n.Drained,
-		Registered: n.Registered,
+		Name:         n.Name,
+		Addresses:    strs(n.Addresses),
+		Zone:         n.Zone,
+		PodCidrs:     strs(n.PodCIDRs),
+		Deleting:     n.Deleting,
+		Drained:      n.Drained,
+		Registered:   n.Registered,
+		ServiceCidrs: strs(n.ServiceCIDRs),
 	}
 	for _, p := range n.BGPPeers {
 		out.BgpPeers = append(out.BgpPeers, &weirv1.NodePeer{Address: p.Address.String(), Port: int32(p.Port), Asn: p.ASN, MyAsn: p.MyASN,
@@ -49,9 +50,14 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 	if err != nil {
 		return datapath.NodeInfo{}, err
 	}
+	serviceCIDRs, err := prefixes("node.service_cidrs", n.GetServiceCidrs())
+	if err != nil {
+		return datapath.NodeInfo{}, err
+	}
 	info := datapath.NodeInfo{
 		Name: n.GetName(), Addresses: addrs, Zone: n.GetZone(), PodCIDRs: cidrs,
 		Deleting: n.GetDeleting(), Drained: n.GetDrained(), Registered: n.GetRegistered(),
+		ServiceCIDRs: serviceCIDRs,
 	}
 	for i, p := range n.GetBgpPeers() {
 		a, err := netip.ParseAddr(p.GetAddress())

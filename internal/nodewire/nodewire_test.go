@@ -50,3 +50,21 @@ func TestDecodeRejectsWhatTheDatapathCannotProgram(t *testing.T) {
 		}
 	}
 }
+
+func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
+	in := datapath.NodeInfo{Name: "node1", Registered: true,
+		Addresses:    []netip.Addr{netip.MustParseAddr("192.0.2.11")},
+		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/108")},
+	}
+	out, err := DecodeNode(EncodeNode(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(in, out, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+		t.Errorf("round trip changed the node (-in +out):\n%s", diff)
+	}
+	if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", ServiceCidrs: []string{"10.96.0.0/33"}}); err == nil {
+		t.Error("a bad service CIDR decoded without error")
+	}
+}

@@ -208,7 +208,7 @@ func (h *Hub) apply() {
 		since = batch[0].at
 		allNodes := false
 		for _, c := range batch {
-			allNodes = allNodes || len(c.Peers) > 0 || len(c.Pools) > 0
+			allNodes = allNodes || len(c.Peers) > 0 || len(c.Pools) > 0 || len(c.ServiceCIDRs) > 0
 			for _, k := range c.Services {
 				services[k] = true
 			}
@@ -218,7 +218,7 @@ func (h *Hub) apply() {
 		}
 		if allNodes {
 			// A peer's node selector may pick any node; a pool's
-			// advertisement concerns every node.
+			// advertisement and the service CIDRs concern every node.
 			for _, name := range v.NodeNames() {
 				nodes[name] = true
 			}

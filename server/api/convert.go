@@ -329,3 +329,21 @@ func bgpPeerToProto(p *model.BGPPeer) *weirv1.BgpPeer {
 	return &weirv1.BgpPeer{Metadata: metaToProto(&p.Meta), Address: p.Address.String(), Asn: p.ASN, MyAsn: p.MyASN, Port: p.Port,
 		HoldTimeSeconds: int32(p.HoldTime / time.Second), NodeSelector: p.NodeSelector, GracefulRestart: p.GracefulRestart}
 }
+
+// ServiceCIDRFromProto reads a service CIDR; a prefix with host bits set
+// is refused by its validation, not masked here.
+func ServiceCIDRFromProto(c *weirv1.ServiceCidr) (*model.ServiceCIDR, error) {
+	meta, err := metaFromProto(c.GetMetadata())
+	if err != nil {
+		return nil, err
+	}
+	cidrs, err := parsePrefixes("cidrs", c.GetCidrs())
+	if err != nil {
+		return nil, err
+	}
+	return &model.ServiceCIDR{Meta: meta, CIDRs: cidrs}, nil
+}
+
+func serviceCIDRToProto(c *model.ServiceCIDR) *weirv1.ServiceCidr {
+	return &weirv1.ServiceCidr{Metadata: metaToProto(&c.Meta), Cidrs: strs(c.CIDRs)}
+}

@@ -17,6 +17,7 @@ type RegistryService struct {
 	nodes     resource[*model.Node, *weirv1.Node]
 	pools     resource[*model.AddressPool, *weirv1.AddressPool]
 	peers     resource[*model.BGPPeer, *weirv1.BgpPeer]
+	cidrs     resource[*model.ServiceCIDR, *weirv1.ServiceCidr]
 	reg       *registry.Registry
 }
 
@@ -46,8 +47,34 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 					now.Password = old.Password
 				}
 			}},
-		reg: reg,
+		cidrs: resource[*model.ServiceCIDR, *weirv1.ServiceCidr]{field: "service_cidr", coll: reg.ServiceCIDRs, from: ServiceCIDRFromProto, to: serviceCIDRToProto},
+		reg:   reg,
 	}
+}
+
+func (s *RegistryService) CreateServiceCidr(_ context.Context, req *weirv1.CreateServiceCidrRequest) (*weirv1.CreateServiceCidrResponse, error) {
+	obj, err := s.cidrs.create(req.GetServiceCidr(), req.GetValidateOnly())
+	return &weirv1.CreateServiceCidrResponse{ServiceCidr: obj}, err
+}
+
+func (s *RegistryService) GetServiceCidr(_ context.Context, req *weirv1.GetServiceCidrRequest) (*weirv1.GetServiceCidrResponse, error) {
+	obj, err := s.cidrs.get("", req.GetName())
+	return &weirv1.GetServiceCidrResponse{ServiceCidr: obj}, err
+}
+
+func (s *RegistryService) ListServiceCidrs(_ context.Context, req *weirv1.ListServiceCidrsRequest) (*weirv1.ListServiceCidrsResponse, error) {
+	objs, _, next, err := s.cidrs.list("", "", req)
+	return &weirv1.ListServiceCidrsResponse{ServiceCidrs: objs, NextPageToken: next}, err
+}
+
+func (s *RegistryService) UpdateServiceCidr(_ context.Context, req *weirv1.UpdateServiceCidrRequest) (*weirv1.UpdateServiceCidrResponse, error) {
+	obj, err := s.cidrs.update(req.GetServiceCidr(), req.GetValidateOnly())
+	return &weirv1.UpdateServiceCidrResponse{ServiceCidr: obj}, err
+}
+
+func (s *RegistryService) DeleteServiceCidr(_ context.Context, req *weirv1.DeleteServiceCidrRequest) (*weirv1.DeleteServiceCidrResponse, error) {
+	rv, err := s.cidrs.delete("", req.GetName(), req.GetResourceVersion())
+	return &weirv1.DeleteServiceCidrResponse{ResourceVersion: rv}, err
 }
 
 func (s *RegistryService) CreateBgpPeer(_ context.Context, req *weirv1.CreateBgpPeerRequest) (*weirv1.CreateBgpPeerResponse, error) {

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/weirlb/weir/server/model"
 )
@@ -214,4 +215,21 @@ func protocol(p corev1.Protocol) model.Protocol {
 		return model.SCTP
 	}
 	return model.TCP
+}
+
+// serviceCIDR maps a ServiceCIDR; nil when none of its prefixes parse.
+// One being deleted still counts: the apiserver keeps it (by a finalizer)
+// while any service holds an address of it, and kube-proxy drops
+// unallocated addresses until it is gone.
+func serviceCIDR(c *networkingv1.ServiceCIDR) *model.ServiceCIDR {
+	out := &model.ServiceCIDR{Meta: meta("", c.Name, c.Labels)}
+	for _, s := range c.Spec.CIDRs {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out.CIDRs = append(out.CIDRs, p.Masked())
+		}
+	}
+	if len(out.CIDRs) == 0 {
+		return nil
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 // Package kubernetes is the server's Kubernetes source: client-go informers
-// on Services, EndpointSlices and Nodes, with kube-proxy's label selectors,
-// mirrored into the registry as resources owned by the "kubernetes" source.
+// on Services, EndpointSlices, Nodes and ServiceCIDRs, with kube-proxy's
+// label selectors, mirrored into the registry as resources owned by the
+// "kubernetes" source.
 package kubernetes
 
 import (
@@ -12,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
@@ -54,7 +56,11 @@ type Source struct {
 	log     *slog.Logger
 	synced  []cache.InformerSynced
 	factory informers.SharedInformerFactory
-	nodes   informers.SharedInformerFactory
+	// nodes holds the informers without a label selector: nodes and
+	// service CIDRs.
+	nodes informers.SharedInformerFactory
+	// serviceCIDRs is true when the cluster serves ServiceCIDR objects.
+	serviceCIDRs bool
 }
 
 // New prepares the informers; Run starts them.
@@ -87,7 +93,11 @@ func New(cfg Config, client clientset.Interface, reg *registry.Registry) (*Sourc
 	svcs := s.factory.Core().V1().Services().Informer()
 	slices := s.factory.Discovery().V1().EndpointSlices().Informer()
 	nodes := s.nodes.Core().V1().Nodes().Informer()
-	for _, inf := range []cache.SharedIndexInformer{svcs, slices, nodes} {
+	watched := []cache.SharedIndexInformer{svcs, slices, nodes}
+	if s.serviceCIDRsServed() {
+		watched = append(watched, s.nodes.Networking().V1().ServiceCIDRs().Informer())
+	}
+	for _, inf := range watched {
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { s.upsert(obj) },
 			UpdateFunc: func(_, obj any) { s.upsert(obj) },
@@ -98,6 +108,25 @@ func New(cfg Config, client clientset.Interface, reg *registry.Registry) (*Sourc
 		s.synced = append(s.synced, inf.HasSynced)
 	}
 	return s, nil
+}
+
+// serviceCIDRsServed says whether the cluster has ServiceCIDR objects
+// (networking.k8s.io/v1, Kubernetes 1.33 and later); an older cluster's
+// service range is the agents' --service-cidr alone.
+func (s *Source) serviceCIDRsServed() bool {
+	list, err := s.client.Discovery().ServerResourcesForGroupVersion(networkingv1.SchemeGroupVersion.String())
+	if err != nil {
+		s.log.Info("ServiceCIDRs not watched: the cluster does not serve them", "error", err)
+		return false
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "servicecidrs" {
+			s.serviceCIDRs = true
+			return true
+		}
+	}
+	s.log.Info("ServiceCIDRs not watched: the cluster does not serve them")
+	return false
 }
 
 // Client is the source's Kubernetes client.
@@ -138,6 +167,12 @@ func (s *Source) upsert(obj any) {
 		}
 	case *corev1.Node:
 		err = put(s.reg.Nodes, node(o))
+	case *networkingv1.ServiceCIDR:
+		if m := serviceCIDR(o); m != nil {
+			err = put(s.reg.ServiceCIDRs, m)
+		} else {
+			err = s.delete(s.reg.ServiceCIDRs, o.Name)
+		}
 	}
 	if err != nil {
 		s.log.Warn("kubernetes object not mirrored", "object", fmt.Sprintf("%T", obj), "error", err)
@@ -156,6 +191,8 @@ func (s *Source) remove(obj any) {
 		err = s.delete(s.reg.EndpointSlices, o.Namespace+"/"+o.Name)
 	case *corev1.Node:
 		err = s.delete(s.reg.Nodes, o.Name)
+	case *networkingv1.ServiceCIDR:
+		err = s.delete(s.reg.ServiceCIDRs, o.Name)
 	}
 	if err != nil {
 		s.log.Warn("kubernetes deletion not mirrored", "error", err)
@@ -206,6 +243,11 @@ func (s *Source) removeGone() {
 	for _, o := range s.nodes.Core().V1().Nodes().Informer().GetStore().List() {
 		present["node/"+o.(*corev1.Node).Name] = true
 	}
+	if s.serviceCIDRs {
+		for _, o := range s.nodes.Networking().V1().ServiceCIDRs().Informer().GetStore().List() {
+			present["servicecidr/"+o.(*networkingv1.ServiceCIDR).Name] = true
+		}
+	}
 	svcs, _ := s.reg.Services.List("", nil)
 	for _, m := range svcs {
 		if m.Source == model.SourceKubernetes && !present["svc/"+m.Key()] {
@@ -222,6 +264,12 @@ func (s *Source) removeGone() {
 	for _, m := range nodes {
 		if m.Source == model.SourceKubernetes && !present["node/"+m.Key()] {
 			s.delete(s.reg.Nodes, m.Key())
+		}
+	}
+	cidrs, _ := s.reg.ServiceCIDRs.List("", nil)
+	for _, m := range cidrs {
+		if m.Source == model.SourceKubernetes && !present["servicecidr/"+m.Key()] {
+			s.delete(s.reg.ServiceCIDRs, m.Key())
 		}
 	}
 }

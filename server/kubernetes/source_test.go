@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	clientset "k8s.io/client-go/kubernetes"
@@ -81,6 +82,10 @@ func TestSourceMirrorsTheCluster(t *testing.T) {
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.10")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}},
 		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster}
 	if _, err := reg.Services.Create(native); err != nil {
+		t.Fatal(err)
+	}
+	oldRange := &model.ServiceCIDR{Meta: model.Meta{Name: "old-range", Source: model.SourceKubernetes}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.99.0.0/16")}}
+	if _, err := reg.ServiceCIDRs.Create(oldRange); err != nil {
 		t.Fatal(err)
 	}
 
@@ -187,6 +192,51 @@ func TestSourceMirrorsTheCluster(t *testing.T) {
 	eventually(t, "the first sync removes what the cluster no longer has", func() error {
 		if _, err := reg.Services.Get("shop/gone"); !errors.Is(err, registry.ErrNotFound) {
 			return fmt.Errorf("shop/gone still there: %v", err)
+		}
+		if _, err := reg.ServiceCIDRs.Get("old-range"); !errors.Is(err, registry.ErrNotFound) {
+			return fmt.Errorf("service CIDR old-range still there: %v", err)
+		}
+		return nil
+	})
+	// The apiserver makes a ServiceCIDR of its --service-cluster-ip-range.
+	eventually(t, "the apiserver's own ServiceCIDR mirrored", func() error {
+		c, err := reg.ServiceCIDRs.Get("kubernetes")
+		if err != nil {
+			return err
+		}
+		if len(c.CIDRs) != 1 || c.CIDRs[0].String() != kubeapi.ServiceCIDR {
+			return fmt.Errorf("service CIDR %+v", c)
+		}
+		return nil
+	})
+	extra := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "extra"}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.100.0.0/16", "fd00:100::/108"}}}
+	if _, err := kc.NetworkingV1().ServiceCIDRs().Create(ctx, extra, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a new ServiceCIDR mirrored", func() error {
+		c, err := reg.ServiceCIDRs.Get("extra")
+		if err != nil {
+			return err
+		}
+		if len(c.CIDRs) != 2 || c.CIDRs[1].String() != "fd00:100::/108" {
+			return fmt.Errorf("service CIDR %+v", c)
+		}
+		return nil
+	})
+	// Deleted, it stays (terminating) while the apiserver's finalizer
+	// holds it, as kube-proxy keeps it; gone once the finalizer is.
+	if err := kc.NetworkingV1().ServiceCIDRs().Delete(ctx, "extra", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := kc.NetworkingV1().ServiceCIDRs().Get(ctx, "extra", metav1.GetOptions{}); err == nil && len(got.Finalizers) > 0 {
+		got.Finalizers = nil
+		if _, err := kc.NetworkingV1().ServiceCIDRs().Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the ServiceCIDR's deletion mirrored", func() error {
+		if _, err := reg.ServiceCIDRs.Get("extra"); !errors.Is(err, registry.ErrNotFound) {
+			return fmt.Errorf("still there: %v", err)
 		}
 		return nil
 	})

@@ -246,6 +246,14 @@ type Node struct {
 	Drained bool `json:"-"`
 }
 
+// ServiceCIDR is a range cluster IPs are allocated from (Kubernetes'
+// networking.k8s.io ServiceCIDR): the nodes drop new connections to its
+// addresses that no service holds, instead of routing them out.
+type ServiceCIDR struct {
+	Meta
+	CIDRs []netip.Prefix `json:"cidrs"`
+}
+
 // BGPPeer is an upstream router the nodes' speakers peer with.
 type BGPPeer struct {
 	Meta

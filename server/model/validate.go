@@ -238,6 +238,26 @@ func (n *Node) Validate() error {
 	return nil
 }
 
+// Validate checks a service CIDR as Kubernetes does: one or two prefixes,
+// at most one of each family.
+func (c *ServiceCIDR) Validate() error {
+	if err := validateMeta(&c.Meta, false, dns1123Subdomain); err != nil {
+		return err
+	}
+	if len(c.CIDRs) == 0 || len(c.CIDRs) > 2 {
+		return fieldErr("cidrs", "one or two prefixes are required, %d given", len(c.CIDRs))
+	}
+	for i, p := range c.CIDRs {
+		if !p.IsValid() || p.Masked() != p {
+			return fieldErr(fmt.Sprintf("cidrs[%d]", i), "%q is not a network prefix", p)
+		}
+	}
+	if len(c.CIDRs) == 2 && c.CIDRs[0].Addr().Is4() == c.CIDRs[1].Addr().Is4() {
+		return fieldErr("cidrs[1]", "the two prefixes must be of different families")
+	}
+	return nil
+}
+
 // Validate checks a pool on its own; overlaps with other pools are the
 // registry's to find.
 func (p *AddressPool) Validate() error {

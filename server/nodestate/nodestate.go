@@ -42,6 +42,9 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 			})
 		}
 	}
+	for _, c := range v.ServiceCIDRs() {
+		info.ServiceCIDRs = append(info.ServiceCIDRs, c.CIDRs...)
+	}
 	for _, p := range v.Pools() {
 		if p.BGP.IsZero() {
 			continue

@@ -37,6 +37,8 @@ type Change struct {
 	Pools []string
 	// BGP peers that changed (every node's description may follow).
 	Peers []string
+	// Service CIDRs that changed (every node's description follows).
+	ServiceCIDRs []string
 }
 
 // Registry holds every resource. Stored objects are immutable: writes store
@@ -58,6 +60,7 @@ type Registry struct {
 	Nodes          *Collection[*model.Node]
 	Pools          *Collection[*model.AddressPool]
 	Peers          *Collection[*model.BGPPeer]
+	ServiceCIDRs   *Collection[*model.ServiceCIDR]
 }
 
 // Open loads every stored resource.
@@ -78,7 +81,8 @@ func Open(st *store.Store) (*Registry, error) {
 		return r.checkPoolOverlap(p)
 	})
 	r.Peers = newCollection(r, "bgppeers", false, (*model.BGPPeer).Validate)
-	for _, load := range []func() (uint64, error){r.Services.load, r.EndpointSlices.load, r.Nodes.load, r.Pools.load, r.Peers.load} {
+	r.ServiceCIDRs = newCollection(r, "servicecidrs", false, (*model.ServiceCIDR).Validate)
+	for _, load := range []func() (uint64, error){r.Services.load, r.EndpointSlices.load, r.Nodes.load, r.Pools.load, r.Peers.load, r.ServiceCIDRs.load} {
 		rev, err := load()
 		if err != nil {
 			return nil, err
@@ -177,6 +181,9 @@ func (v View) Service(key string) *model.Service { return v.r.Services.items[key
 
 // Peers lists every BGP peer, by name.
 func (v View) Peers() []*model.BGPPeer { return v.r.Peers.list("", nil) }
+
+// ServiceCIDRs lists every service CIDR, by name.
+func (v View) ServiceCIDRs() []*model.ServiceCIDR { return v.r.ServiceCIDRs.list("", nil) }
 
 // Pools lists every address pool, by name.
 func (v View) Pools() []*model.AddressPool { return v.r.Pools.list("", nil) }
@@ -315,6 +322,8 @@ func (r *Registry) commit(kind, key string, obj model.Object, old model.Object) 
 		ch.Pools = []string{o.Name}
 	case *model.BGPPeer:
 		ch.Peers = []string{o.Name}
+	case *model.ServiceCIDR:
+		ch.ServiceCIDRs = []string{o.Name}
 	}
 	for _, fn := range r.listeners {
 		fn(ch)

@@ -980,8 +980,11 @@ type NodeInfo struct {
 	BgpPeers []*NodePeer `protobuf:"bytes,8,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
 	// How to announce the addresses of each pool that sets it.
 	Advertisements []*PoolAdvertisement `protobuf:"bytes,9,rep,name=advertisements,proto3" json:"advertisements,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The ranges cluster IPs come from (the cluster's ServiceCIDR objects):
+	// new connections to their addresses that no service holds are dropped.
+	ServiceCidrs  []string `protobuf:"bytes,10,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
@@ -1073,6 +1076,13 @@ func (x *NodeInfo) GetBgpPeers() []*NodePeer {
 func (x *NodeInfo) GetAdvertisements() []*PoolAdvertisement {
 	if x != nil {
 		return x.Advertisements
+	}
+	return nil
+}
+
+func (x *NodeInfo) GetServiceCidrs() []string {
+	if x != nil {
+		return x.ServiceCidrs
 	}
 	return nil
 }
@@ -1666,7 +1676,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
 	"\x04more\x18\x06 \x01(\bR\x04more\x12\x18\n" +
-	"\ahistory\x18\a \x01(\tR\ahistory\"\xb7\x02\n" +
+	"\ahistory\x18\a \x01(\tR\ahistory\"\xdc\x02\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
@@ -1678,7 +1688,9 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"registered\x12\x18\n" +
 	"\adrained\x18\a \x01(\bR\adrained\x12.\n" +
 	"\tbgp_peers\x18\b \x03(\v2\x11.weir.v1.NodePeerR\bbgpPeers\x12B\n" +
-	"\x0eadvertisements\x18\t \x03(\v2\x1a.weir.v1.PoolAdvertisementR\x0eadvertisements\"\xf1\x01\n" +
+	"\x0eadvertisements\x18\t \x03(\v2\x1a.weir.v1.PoolAdvertisementR\x0eadvertisements\x12#\n" +
+	"\rservice_cidrs\x18\n" +
+	" \x03(\tR\fserviceCidrs\"\xf1\x01\n" +
 	"\x11PoolAdvertisement\x12\x16\n" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12 \n" +
 	"\vcommunities\x18\x02 \x03(\rR\vcommunities\x12)\n" +

@@ -3142,6 +3142,494 @@ func (x *DeleteBgpPeerResponse) GetResourceVersion() string {
 	return ""
 }
 
+type CreateServiceCidrRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ServiceCidr   *ServiceCidr           `protobuf:"bytes,1,opt,name=service_cidr,json=serviceCidr,proto3" json:"service_cidr,omitempty"`
+	ValidateOnly  bool                   `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateServiceCidrRequest) Reset() {
+	*x = CreateServiceCidrRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateServiceCidrRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateServiceCidrRequest) ProtoMessage() {}
+
+func (x *CreateServiceCidrRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateServiceCidrRequest.ProtoReflect.Descriptor instead.
+func (*CreateServiceCidrRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *CreateServiceCidrRequest) GetServiceCidr() *ServiceCidr {
+	if x != nil {
+		return x.ServiceCidr
+	}
+	return nil
+}
+
+func (x *CreateServiceCidrRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
+type CreateServiceCidrResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ServiceCidr   *ServiceCidr           `protobuf:"bytes,1,opt,name=service_cidr,json=serviceCidr,proto3" json:"service_cidr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateServiceCidrResponse) Reset() {
+	*x = CreateServiceCidrResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateServiceCidrResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateServiceCidrResponse) ProtoMessage() {}
+
+func (x *CreateServiceCidrResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateServiceCidrResponse.ProtoReflect.Descriptor instead.
+func (*CreateServiceCidrResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *CreateServiceCidrResponse) GetServiceCidr() *ServiceCidr {
+	if x != nil {
+		return x.ServiceCidr
+	}
+	return nil
+}
+
+type GetServiceCidrRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetServiceCidrRequest) Reset() {
+	*x = GetServiceCidrRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetServiceCidrRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetServiceCidrRequest) ProtoMessage() {}
+
+func (x *GetServiceCidrRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetServiceCidrRequest.ProtoReflect.Descriptor instead.
+func (*GetServiceCidrRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *GetServiceCidrRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type GetServiceCidrResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ServiceCidr   *ServiceCidr           `protobuf:"bytes,1,opt,name=service_cidr,json=serviceCidr,proto3" json:"service_cidr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetServiceCidrResponse) Reset() {
+	*x = GetServiceCidrResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetServiceCidrResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetServiceCidrResponse) ProtoMessage() {}
+
+func (x *GetServiceCidrResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetServiceCidrResponse.ProtoReflect.Descriptor instead.
+func (*GetServiceCidrResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *GetServiceCidrResponse) GetServiceCidr() *ServiceCidr {
+	if x != nil {
+		return x.ServiceCidr
+	}
+	return nil
+}
+
+type ListServiceCidrsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many items per page (0: 500; more than 5000 counts as
+	// 5000). A list longer than a page ends with next_page_token.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServiceCidrsRequest) Reset() {
+	*x = ListServiceCidrsRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServiceCidrsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServiceCidrsRequest) ProtoMessage() {}
+
+func (x *ListServiceCidrsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServiceCidrsRequest.ProtoReflect.Descriptor instead.
+func (*ListServiceCidrsRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *ListServiceCidrsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListServiceCidrsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListServiceCidrsResponse struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ServiceCidrs []*ServiceCidr         `protobuf:"bytes,1,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
+	// Pass as page_token for the next page; empty on the last. Pages are
+	// read at their own revisions: items are in key order, and one changed
+	// between two pages shows as it was when its page was read.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServiceCidrsResponse) Reset() {
+	*x = ListServiceCidrsResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServiceCidrsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServiceCidrsResponse) ProtoMessage() {}
+
+func (x *ListServiceCidrsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServiceCidrsResponse.ProtoReflect.Descriptor instead.
+func (*ListServiceCidrsResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *ListServiceCidrsResponse) GetServiceCidrs() []*ServiceCidr {
+	if x != nil {
+		return x.ServiceCidrs
+	}
+	return nil
+}
+
+func (x *ListServiceCidrsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type UpdateServiceCidrRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ServiceCidr   *ServiceCidr           `protobuf:"bytes,1,opt,name=service_cidr,json=serviceCidr,proto3" json:"service_cidr,omitempty"`
+	ValidateOnly  bool                   `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateServiceCidrRequest) Reset() {
+	*x = UpdateServiceCidrRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateServiceCidrRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateServiceCidrRequest) ProtoMessage() {}
+
+func (x *UpdateServiceCidrRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateServiceCidrRequest.ProtoReflect.Descriptor instead.
+func (*UpdateServiceCidrRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *UpdateServiceCidrRequest) GetServiceCidr() *ServiceCidr {
+	if x != nil {
+		return x.ServiceCidr
+	}
+	return nil
+}
+
+func (x *UpdateServiceCidrRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
+type UpdateServiceCidrResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ServiceCidr   *ServiceCidr           `protobuf:"bytes,1,opt,name=service_cidr,json=serviceCidr,proto3" json:"service_cidr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateServiceCidrResponse) Reset() {
+	*x = UpdateServiceCidrResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateServiceCidrResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateServiceCidrResponse) ProtoMessage() {}
+
+func (x *UpdateServiceCidrResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateServiceCidrResponse.ProtoReflect.Descriptor instead.
+func (*UpdateServiceCidrResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *UpdateServiceCidrResponse) GetServiceCidr() *ServiceCidr {
+	if x != nil {
+		return x.ServiceCidr
+	}
+	return nil
+}
+
+type DeleteServiceCidrRequest struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ResourceVersion string                 `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DeleteServiceCidrRequest) Reset() {
+	*x = DeleteServiceCidrRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteServiceCidrRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteServiceCidrRequest) ProtoMessage() {}
+
+func (x *DeleteServiceCidrRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteServiceCidrRequest.ProtoReflect.Descriptor instead.
+func (*DeleteServiceCidrRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *DeleteServiceCidrRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteServiceCidrRequest) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
+type DeleteServiceCidrResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The store revision the deletion produced: StatusService.WaitProgrammed
+	// tells when every node forwards without it.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DeleteServiceCidrResponse) Reset() {
+	*x = DeleteServiceCidrResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteServiceCidrResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteServiceCidrResponse) ProtoMessage() {}
+
+func (x *DeleteServiceCidrResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteServiceCidrResponse.ProtoReflect.Descriptor instead.
+func (*DeleteServiceCidrResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *DeleteServiceCidrResponse) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
 var File_weir_v1_registry_proto protoreflect.FileDescriptor
 
 const file_weir_v1_registry_proto_rawDesc = "" +
@@ -3315,13 +3803,39 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"B\n" +
 	"\x15DeleteBgpPeerResponse\x12)\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"x\n" +
+	"\x18CreateServiceCidrRequest\x127\n" +
+	"\fservice_cidr\x18\x01 \x01(\v2\x14.weir.v1.ServiceCidrR\vserviceCidr\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"T\n" +
+	"\x19CreateServiceCidrResponse\x127\n" +
+	"\fservice_cidr\x18\x01 \x01(\v2\x14.weir.v1.ServiceCidrR\vserviceCidr\"+\n" +
+	"\x15GetServiceCidrRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"Q\n" +
+	"\x16GetServiceCidrResponse\x127\n" +
+	"\fservice_cidr\x18\x01 \x01(\v2\x14.weir.v1.ServiceCidrR\vserviceCidr\"U\n" +
+	"\x17ListServiceCidrsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"}\n" +
+	"\x18ListServiceCidrsResponse\x129\n" +
+	"\rservice_cidrs\x18\x01 \x03(\v2\x14.weir.v1.ServiceCidrR\fserviceCidrs\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"x\n" +
+	"\x18UpdateServiceCidrRequest\x127\n" +
+	"\fservice_cidr\x18\x01 \x01(\v2\x14.weir.v1.ServiceCidrR\vserviceCidr\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"T\n" +
+	"\x19UpdateServiceCidrResponse\x127\n" +
+	"\fservice_cidr\x18\x01 \x01(\v2\x14.weir.v1.ServiceCidrR\vserviceCidr\"Y\n" +
+	"\x18DeleteServiceCidrRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"F\n" +
+	"\x19DeleteServiceCidrResponse\x12)\n" +
 	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion*\xa8\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +
 	"\x19WATCH_EVENT_TYPE_MODIFIED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_DELETED\x10\x03\x12\x1b\n" +
-	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\x9e\x13\n" +
+	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\xde\x16\n" +
 	"\x0fRegistryService\x12N\n" +
 	"\rCreateService\x12\x1d.weir.v1.CreateServiceRequest\x1a\x1e.weir.v1.CreateServiceResponse\x12E\n" +
 	"\n" +
@@ -3358,7 +3872,12 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"GetBgpPeer\x12\x1a.weir.v1.GetBgpPeerRequest\x1a\x1b.weir.v1.GetBgpPeerResponse\x12K\n" +
 	"\fListBgpPeers\x12\x1c.weir.v1.ListBgpPeersRequest\x1a\x1d.weir.v1.ListBgpPeersResponse\x12N\n" +
 	"\rUpdateBgpPeer\x12\x1d.weir.v1.UpdateBgpPeerRequest\x1a\x1e.weir.v1.UpdateBgpPeerResponse\x12N\n" +
-	"\rDeleteBgpPeer\x12\x1d.weir.v1.DeleteBgpPeerRequest\x1a\x1e.weir.v1.DeleteBgpPeerResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
+	"\rDeleteBgpPeer\x12\x1d.weir.v1.DeleteBgpPeerRequest\x1a\x1e.weir.v1.DeleteBgpPeerResponse\x12Z\n" +
+	"\x11CreateServiceCidr\x12!.weir.v1.CreateServiceCidrRequest\x1a\".weir.v1.CreateServiceCidrResponse\x12Q\n" +
+	"\x0eGetServiceCidr\x12\x1e.weir.v1.GetServiceCidrRequest\x1a\x1f.weir.v1.GetServiceCidrResponse\x12W\n" +
+	"\x10ListServiceCidrs\x12 .weir.v1.ListServiceCidrsRequest\x1a!.weir.v1.ListServiceCidrsResponse\x12Z\n" +
+	"\x11UpdateServiceCidr\x12!.weir.v1.UpdateServiceCidrRequest\x1a\".weir.v1.UpdateServiceCidrResponse\x12Z\n" +
+	"\x11DeleteServiceCidr\x12!.weir.v1.DeleteServiceCidrRequest\x1a\".weir.v1.DeleteServiceCidrResponseB-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
 
 var (
 	file_weir_v1_registry_proto_rawDescOnce sync.Once
@@ -3373,7 +3892,7 @@ func file_weir_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_weir_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_weir_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_weir_v1_registry_proto_goTypes = []any{
 	(WatchEventType)(0),                 // 0: weir.v1.WatchEventType
 	(*CreateServiceRequest)(nil),        // 1: weir.v1.CreateServiceRequest
@@ -3436,116 +3955,143 @@ var file_weir_v1_registry_proto_goTypes = []any{
 	(*UpdateBgpPeerResponse)(nil),       // 58: weir.v1.UpdateBgpPeerResponse
 	(*DeleteBgpPeerRequest)(nil),        // 59: weir.v1.DeleteBgpPeerRequest
 	(*DeleteBgpPeerResponse)(nil),       // 60: weir.v1.DeleteBgpPeerResponse
-	(*Service)(nil),                     // 61: weir.v1.Service
-	(*EndpointSlice)(nil),               // 62: weir.v1.EndpointSlice
-	(*Node)(nil),                        // 63: weir.v1.Node
-	(*AddressPool)(nil),                 // 64: weir.v1.AddressPool
-	(*BgpPeer)(nil),                     // 65: weir.v1.BgpPeer
+	(*CreateServiceCidrRequest)(nil),    // 61: weir.v1.CreateServiceCidrRequest
+	(*CreateServiceCidrResponse)(nil),   // 62: weir.v1.CreateServiceCidrResponse
+	(*GetServiceCidrRequest)(nil),       // 63: weir.v1.GetServiceCidrRequest
+	(*GetServiceCidrResponse)(nil),      // 64: weir.v1.GetServiceCidrResponse
+	(*ListServiceCidrsRequest)(nil),     // 65: weir.v1.ListServiceCidrsRequest
+	(*ListServiceCidrsResponse)(nil),    // 66: weir.v1.ListServiceCidrsResponse
+	(*UpdateServiceCidrRequest)(nil),    // 67: weir.v1.UpdateServiceCidrRequest
+	(*UpdateServiceCidrResponse)(nil),   // 68: weir.v1.UpdateServiceCidrResponse
+	(*DeleteServiceCidrRequest)(nil),    // 69: weir.v1.DeleteServiceCidrRequest
+	(*DeleteServiceCidrResponse)(nil),   // 70: weir.v1.DeleteServiceCidrResponse
+	(*Service)(nil),                     // 71: weir.v1.Service
+	(*EndpointSlice)(nil),               // 72: weir.v1.EndpointSlice
+	(*Node)(nil),                        // 73: weir.v1.Node
+	(*AddressPool)(nil),                 // 74: weir.v1.AddressPool
+	(*BgpPeer)(nil),                     // 75: weir.v1.BgpPeer
+	(*ServiceCidr)(nil),                 // 76: weir.v1.ServiceCidr
 }
 var file_weir_v1_registry_proto_depIdxs = []int32{
-	61, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
-	61, // 1: weir.v1.CreateServiceResponse.service:type_name -> weir.v1.Service
-	61, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
-	61, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
-	61, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
-	61, // 5: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
+	71, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
+	71, // 1: weir.v1.CreateServiceResponse.service:type_name -> weir.v1.Service
+	71, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
+	71, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
+	71, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
+	71, // 5: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
 	0,  // 6: weir.v1.WatchServicesResponse.type:type_name -> weir.v1.WatchEventType
-	61, // 7: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
-	62, // 8: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	62, // 9: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	62, // 10: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	62, // 11: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
-	62, // 12: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	62, // 13: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	71, // 7: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
+	72, // 8: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	72, // 9: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	72, // 10: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	72, // 11: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
+	72, // 12: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	72, // 13: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
 	0,  // 14: weir.v1.WatchEndpointSlicesResponse.type:type_name -> weir.v1.WatchEventType
-	62, // 15: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	63, // 16: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
-	63, // 17: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
-	63, // 18: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
-	63, // 19: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
-	63, // 20: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
-	63, // 21: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
+	72, // 15: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	73, // 16: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
+	73, // 17: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
+	73, // 18: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
+	73, // 19: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
+	73, // 20: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
+	73, // 21: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
 	0,  // 22: weir.v1.WatchNodesResponse.type:type_name -> weir.v1.WatchEventType
-	63, // 23: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
-	63, // 24: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
-	63, // 25: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
-	64, // 26: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	64, // 27: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	64, // 28: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	64, // 29: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
-	64, // 30: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	64, // 31: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	65, // 32: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
-	65, // 33: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	65, // 34: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	65, // 35: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
-	65, // 36: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
-	65, // 37: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	1,  // 38: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
-	3,  // 39: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
-	5,  // 40: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
-	7,  // 41: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
-	9,  // 42: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
-	11, // 43: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
-	13, // 44: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
-	15, // 45: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
-	17, // 46: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
-	19, // 47: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
-	21, // 48: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
-	23, // 49: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
-	25, // 50: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
-	27, // 51: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
-	29, // 52: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
-	31, // 53: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
-	33, // 54: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
-	35, // 55: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
-	37, // 56: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
-	39, // 57: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
-	41, // 58: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
-	43, // 59: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
-	45, // 60: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
-	47, // 61: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
-	49, // 62: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
-	51, // 63: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
-	53, // 64: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
-	55, // 65: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
-	57, // 66: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
-	59, // 67: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
-	2,  // 68: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
-	4,  // 69: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
-	6,  // 70: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
-	8,  // 71: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
-	10, // 72: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
-	12, // 73: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
-	14, // 74: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
-	16, // 75: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
-	18, // 76: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
-	20, // 77: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
-	22, // 78: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
-	24, // 79: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
-	26, // 80: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
-	28, // 81: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
-	30, // 82: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
-	32, // 83: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
-	34, // 84: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
-	36, // 85: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
-	38, // 86: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
-	40, // 87: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
-	42, // 88: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
-	44, // 89: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
-	46, // 90: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
-	48, // 91: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
-	50, // 92: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
-	52, // 93: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
-	54, // 94: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
-	56, // 95: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
-	58, // 96: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
-	60, // 97: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
-	68, // [68:98] is the sub-list for method output_type
-	38, // [38:68] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	73, // 23: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
+	73, // 24: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
+	73, // 25: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
+	74, // 26: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	74, // 27: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	74, // 28: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	74, // 29: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
+	74, // 30: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	74, // 31: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	75, // 32: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	75, // 33: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	75, // 34: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	75, // 35: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
+	75, // 36: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	75, // 37: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	76, // 38: weir.v1.CreateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
+	76, // 39: weir.v1.CreateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	76, // 40: weir.v1.GetServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	76, // 41: weir.v1.ListServiceCidrsResponse.service_cidrs:type_name -> weir.v1.ServiceCidr
+	76, // 42: weir.v1.UpdateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
+	76, // 43: weir.v1.UpdateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	1,  // 44: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
+	3,  // 45: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
+	5,  // 46: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
+	7,  // 47: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
+	9,  // 48: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
+	11, // 49: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
+	13, // 50: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
+	15, // 51: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
+	17, // 52: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
+	19, // 53: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
+	21, // 54: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
+	23, // 55: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
+	25, // 56: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
+	27, // 57: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
+	29, // 58: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
+	31, // 59: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
+	33, // 60: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
+	35, // 61: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
+	37, // 62: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
+	39, // 63: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
+	41, // 64: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
+	43, // 65: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
+	45, // 66: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
+	47, // 67: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
+	49, // 68: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
+	51, // 69: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
+	53, // 70: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
+	55, // 71: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
+	57, // 72: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
+	59, // 73: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
+	61, // 74: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
+	63, // 75: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
+	65, // 76: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
+	67, // 77: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
+	69, // 78: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
+	2,  // 79: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
+	4,  // 80: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
+	6,  // 81: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
+	8,  // 82: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
+	10, // 83: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
+	12, // 84: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
+	14, // 85: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
+	16, // 86: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
+	18, // 87: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
+	20, // 88: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
+	22, // 89: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
+	24, // 90: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
+	26, // 91: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
+	28, // 92: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
+	30, // 93: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
+	32, // 94: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
+	34, // 95: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
+	36, // 96: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
+	38, // 97: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
+	40, // 98: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
+	42, // 99: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
+	44, // 100: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
+	46, // 101: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
+	48, // 102: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
+	50, // 103: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
+	52, // 104: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
+	54, // 105: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
+	56, // 106: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
+	58, // 107: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
+	60, // 108: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
+	62, // 109: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
+	64, // 110: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
+	66, // 111: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
+	68, // 112: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
+	70, // 113: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
+	79, // [79:114] is the sub-list for method output_type
+	44, // [44:79] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_registry_proto_init() }
@@ -3560,7 +4106,7 @@ func file_weir_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_registry_proto_rawDesc), len(file_weir_v1_registry_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   60,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

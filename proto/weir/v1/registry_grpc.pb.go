@@ -49,6 +49,11 @@ const (
 	RegistryService_ListBgpPeers_FullMethodName        = "/weir.v1.RegistryService/ListBgpPeers"
 	RegistryService_UpdateBgpPeer_FullMethodName       = "/weir.v1.RegistryService/UpdateBgpPeer"
 	RegistryService_DeleteBgpPeer_FullMethodName       = "/weir.v1.RegistryService/DeleteBgpPeer"
+	RegistryService_CreateServiceCidr_FullMethodName   = "/weir.v1.RegistryService/CreateServiceCidr"
+	RegistryService_GetServiceCidr_FullMethodName      = "/weir.v1.RegistryService/GetServiceCidr"
+	RegistryService_ListServiceCidrs_FullMethodName    = "/weir.v1.RegistryService/ListServiceCidrs"
+	RegistryService_UpdateServiceCidr_FullMethodName   = "/weir.v1.RegistryService/UpdateServiceCidr"
+	RegistryService_DeleteServiceCidr_FullMethodName   = "/weir.v1.RegistryService/DeleteServiceCidr"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -93,6 +98,14 @@ type RegistryServiceClient interface {
 	ListBgpPeers(ctx context.Context, in *ListBgpPeersRequest, opts ...grpc.CallOption) (*ListBgpPeersResponse, error)
 	UpdateBgpPeer(ctx context.Context, in *UpdateBgpPeerRequest, opts ...grpc.CallOption) (*UpdateBgpPeerResponse, error)
 	DeleteBgpPeer(ctx context.Context, in *DeleteBgpPeerRequest, opts ...grpc.CallOption) (*DeleteBgpPeerResponse, error)
+	// The ranges cluster IPs come from (Kubernetes' ServiceCIDR): nodes drop
+	// new connections to their addresses that no service holds. Under the
+	// Kubernetes source they mirror the cluster's ServiceCIDR objects.
+	CreateServiceCidr(ctx context.Context, in *CreateServiceCidrRequest, opts ...grpc.CallOption) (*CreateServiceCidrResponse, error)
+	GetServiceCidr(ctx context.Context, in *GetServiceCidrRequest, opts ...grpc.CallOption) (*GetServiceCidrResponse, error)
+	ListServiceCidrs(ctx context.Context, in *ListServiceCidrsRequest, opts ...grpc.CallOption) (*ListServiceCidrsResponse, error)
+	UpdateServiceCidr(ctx context.Context, in *UpdateServiceCidrRequest, opts ...grpc.CallOption) (*UpdateServiceCidrResponse, error)
+	DeleteServiceCidr(ctx context.Context, in *DeleteServiceCidrRequest, opts ...grpc.CallOption) (*DeleteServiceCidrResponse, error)
 }
 
 type registryServiceClient struct {
@@ -430,6 +443,56 @@ func (c *registryServiceClient) DeleteBgpPeer(ctx context.Context, in *DeleteBgp
 	return out, nil
 }
 
+func (c *registryServiceClient) CreateServiceCidr(ctx context.Context, in *CreateServiceCidrRequest, opts ...grpc.CallOption) (*CreateServiceCidrResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateServiceCidrResponse)
+	err := c.cc.Invoke(ctx, RegistryService_CreateServiceCidr_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) GetServiceCidr(ctx context.Context, in *GetServiceCidrRequest, opts ...grpc.CallOption) (*GetServiceCidrResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetServiceCidrResponse)
+	err := c.cc.Invoke(ctx, RegistryService_GetServiceCidr_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListServiceCidrs(ctx context.Context, in *ListServiceCidrsRequest, opts ...grpc.CallOption) (*ListServiceCidrsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListServiceCidrsResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListServiceCidrs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) UpdateServiceCidr(ctx context.Context, in *UpdateServiceCidrRequest, opts ...grpc.CallOption) (*UpdateServiceCidrResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateServiceCidrResponse)
+	err := c.cc.Invoke(ctx, RegistryService_UpdateServiceCidr_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) DeleteServiceCidr(ctx context.Context, in *DeleteServiceCidrRequest, opts ...grpc.CallOption) (*DeleteServiceCidrResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteServiceCidrResponse)
+	err := c.cc.Invoke(ctx, RegistryService_DeleteServiceCidr_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -472,6 +535,14 @@ type RegistryServiceServer interface {
 	ListBgpPeers(context.Context, *ListBgpPeersRequest) (*ListBgpPeersResponse, error)
 	UpdateBgpPeer(context.Context, *UpdateBgpPeerRequest) (*UpdateBgpPeerResponse, error)
 	DeleteBgpPeer(context.Context, *DeleteBgpPeerRequest) (*DeleteBgpPeerResponse, error)
+	// The ranges cluster IPs come from (Kubernetes' ServiceCIDR): nodes drop
+	// new connections to their addresses that no service holds. Under the
+	// Kubernetes source they mirror the cluster's ServiceCIDR objects.
+	CreateServiceCidr(context.Context, *CreateServiceCidrRequest) (*CreateServiceCidrResponse, error)
+	GetServiceCidr(context.Context, *GetServiceCidrRequest) (*GetServiceCidrResponse, error)
+	ListServiceCidrs(context.Context, *ListServiceCidrsRequest) (*ListServiceCidrsResponse, error)
+	UpdateServiceCidr(context.Context, *UpdateServiceCidrRequest) (*UpdateServiceCidrResponse, error)
+	DeleteServiceCidr(context.Context, *DeleteServiceCidrRequest) (*DeleteServiceCidrResponse, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -571,6 +642,21 @@ func (UnimplementedRegistryServiceServer) UpdateBgpPeer(context.Context, *Update
 }
 func (UnimplementedRegistryServiceServer) DeleteBgpPeer(context.Context, *DeleteBgpPeerRequest) (*DeleteBgpPeerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteBgpPeer not implemented")
+}
+func (UnimplementedRegistryServiceServer) CreateServiceCidr(context.Context, *CreateServiceCidrRequest) (*CreateServiceCidrResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateServiceCidr not implemented")
+}
+func (UnimplementedRegistryServiceServer) GetServiceCidr(context.Context, *GetServiceCidrRequest) (*GetServiceCidrResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetServiceCidr not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListServiceCidrs(context.Context, *ListServiceCidrsRequest) (*ListServiceCidrsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListServiceCidrs not implemented")
+}
+func (UnimplementedRegistryServiceServer) UpdateServiceCidr(context.Context, *UpdateServiceCidrRequest) (*UpdateServiceCidrResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateServiceCidr not implemented")
+}
+func (UnimplementedRegistryServiceServer) DeleteServiceCidr(context.Context, *DeleteServiceCidrRequest) (*DeleteServiceCidrResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteServiceCidr not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -1112,6 +1198,96 @@ func _RegistryService_DeleteBgpPeer_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_CreateServiceCidr_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateServiceCidrRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).CreateServiceCidr(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_CreateServiceCidr_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).CreateServiceCidr(ctx, req.(*CreateServiceCidrRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_GetServiceCidr_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetServiceCidrRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).GetServiceCidr(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_GetServiceCidr_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).GetServiceCidr(ctx, req.(*GetServiceCidrRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListServiceCidrs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListServiceCidrsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListServiceCidrs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListServiceCidrs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListServiceCidrs(ctx, req.(*ListServiceCidrsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_UpdateServiceCidr_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateServiceCidrRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).UpdateServiceCidr(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_UpdateServiceCidr_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).UpdateServiceCidr(ctx, req.(*UpdateServiceCidrRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_DeleteServiceCidr_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteServiceCidrRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).DeleteServiceCidr(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_DeleteServiceCidr_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).DeleteServiceCidr(ctx, req.(*DeleteServiceCidrRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1226,6 +1402,26 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteBgpPeer",
 			Handler:    _RegistryService_DeleteBgpPeer_Handler,
+		},
+		{
+			MethodName: "CreateServiceCidr",
+			Handler:    _RegistryService_CreateServiceCidr_Handler,
+		},
+		{
+			MethodName: "GetServiceCidr",
+			Handler:    _RegistryService_GetServiceCidr_Handler,
+		},
+		{
+			MethodName: "ListServiceCidrs",
+			Handler:    _RegistryService_ListServiceCidrs_Handler,
+		},
+		{
+			MethodName: "UpdateServiceCidr",
+			Handler:    _RegistryService_UpdateServiceCidr_Handler,
+		},
+		{
+			MethodName: "DeleteServiceCidr",
+			Handler:    _RegistryService_DeleteServiceCidr_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

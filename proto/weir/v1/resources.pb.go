@@ -1260,6 +1260,63 @@ func (x *BgpAdvertisement) GetAggregationLengthV6() uint32 {
 	return 0
 }
 
+// ServiceCidr is a range cluster IPs are allocated from, as Kubernetes'
+// networking.k8s.io/v1 ServiceCIDR: every node drops new connections to
+// an address of it that no service holds (kube-proxy's "unallocated
+// ClusterIPs"), instead of routing them out by its default route.
+type ServiceCidr struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Metadata *ObjectMeta            `protobuf:"bytes,1,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	// One or two prefixes, at most one per address family.
+	Cidrs         []string `protobuf:"bytes,2,rep,name=cidrs,proto3" json:"cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceCidr) Reset() {
+	*x = ServiceCidr{}
+	mi := &file_weir_v1_resources_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceCidr) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceCidr) ProtoMessage() {}
+
+func (x *ServiceCidr) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_resources_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceCidr.ProtoReflect.Descriptor instead.
+func (*ServiceCidr) Descriptor() ([]byte, []int) {
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ServiceCidr) GetMetadata() *ObjectMeta {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *ServiceCidr) GetCidrs() []string {
+	if x != nil {
+		return x.Cidrs
+	}
+	return nil
+}
+
 // BgpPeer is an upstream router the nodes' BGP speakers peer with
 // (MetalLB's BGPPeer).
 type BgpPeer struct {
@@ -1290,7 +1347,7 @@ type BgpPeer struct {
 
 func (x *BgpPeer) Reset() {
 	*x = BgpPeer{}
-	mi := &file_weir_v1_resources_proto_msgTypes[12]
+	mi := &file_weir_v1_resources_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1359,7 @@ func (x *BgpPeer) String() string {
 func (*BgpPeer) ProtoMessage() {}
 
 func (x *BgpPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[12]
+	mi := &file_weir_v1_resources_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1372,7 @@ func (x *BgpPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpPeer.ProtoReflect.Descriptor instead.
 func (*BgpPeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BgpPeer) GetMetadata() *ObjectMeta {
@@ -1476,7 +1533,10 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x10local_preference\x18\x02 \x01(\rR\x0flocalPreference\x12\x14\n" +
 	"\x05peers\x18\x03 \x03(\tR\x05peers\x12-\n" +
 	"\x12aggregation_length\x18\x04 \x01(\rR\x11aggregationLength\x122\n" +
-	"\x15aggregation_length_v6\x18\x05 \x01(\rR\x13aggregationLengthV6\"\x8e\x03\n" +
+	"\x15aggregation_length_v6\x18\x05 \x01(\rR\x13aggregationLengthV6\"T\n" +
+	"\vServiceCidr\x12/\n" +
+	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x14\n" +
+	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\"\x8e\x03\n" +
 	"\aBgpPeer\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x10\n" +
@@ -1525,7 +1585,7 @@ func file_weir_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_weir_v1_resources_proto_goTypes = []any{
 	(ServiceType)(0),              // 0: weir.v1.ServiceType
 	(Protocol)(0),                 // 1: weir.v1.Protocol
@@ -1544,14 +1604,15 @@ var file_weir_v1_resources_proto_goTypes = []any{
 	(*Node)(nil),                  // 14: weir.v1.Node
 	(*AddressPool)(nil),           // 15: weir.v1.AddressPool
 	(*BgpAdvertisement)(nil),      // 16: weir.v1.BgpAdvertisement
-	(*BgpPeer)(nil),               // 17: weir.v1.BgpPeer
-	nil,                           // 18: weir.v1.ObjectMeta.LabelsEntry
-	nil,                           // 19: weir.v1.BgpPeer.NodeSelectorEntry
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*ServiceCidr)(nil),           // 17: weir.v1.ServiceCidr
+	(*BgpPeer)(nil),               // 18: weir.v1.BgpPeer
+	nil,                           // 19: weir.v1.ObjectMeta.LabelsEntry
+	nil,                           // 20: weir.v1.BgpPeer.NodeSelectorEntry
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_weir_v1_resources_proto_depIdxs = []int32{
-	18, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
-	20, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	19, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
+	21, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 2: weir.v1.Service.metadata:type_name -> weir.v1.ObjectMeta
 	7,  // 3: weir.v1.Service.spec:type_name -> weir.v1.ServiceSpec
 	9,  // 4: weir.v1.Service.status:type_name -> weir.v1.ServiceStatus
@@ -1570,13 +1631,14 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	5,  // 17: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
 	5,  // 18: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
 	16, // 19: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
-	5,  // 20: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
-	19, // 21: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	5,  // 20: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
+	5,  // 21: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
+	20, // 22: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }
@@ -1591,7 +1653,7 @@ func file_weir_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_resources_proto_rawDesc), len(file_weir_v1_resources_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
