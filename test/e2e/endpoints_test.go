@@ -90,6 +90,22 @@ func TestEndpointSelection(t *testing.T) {
 		onlyPod(t, n1p2.Netns, netip.AddrPortFrom(fam.clusterIP, 80), n1p1.Name)
 		onlyPod(t, n2p1.Netns, netip.AddrPortFrom(fam.clusterIP, 80), n2p1.Name)
 	}
+	// PreferSameNode: node hints win over zone hints. Both endpoints are
+	// hinted for both zones, so zone hints alone would reach both; the
+	// node hints keep each node's connections on its own pod.
+	sameNode := clusterIPService("samenode", "10.96.0.35", "fd00:96::35")
+	nodeHinted := endpointSlices("samenode", []*lab.Pod{n1p1, n2p1})
+	for _, s := range nodeHinted {
+		s.Endpoints[0].Zone, s.Endpoints[1].Zone = "a", "b"
+		s.Endpoints[0].HintZones, s.Endpoints[1].HintZones = []string{"a", "b"}, []string{"a", "b"}
+		s.Endpoints[0].HintNodes, s.Endpoints[1].HintNodes = []string{c.Nodes[0].Name}, []string{c.Nodes[1].Name}
+	}
+	createServiceWithSlices(t, c, sameNode, nodeHinted)
+	for _, fam := range families("10.96.0.35", "fd00:96::35", "203.0.113.35", "2001:db8:113::35") {
+		onlyPod(t, n1p2.Netns, netip.AddrPortFrom(fam.clusterIP, 80), n1p1.Name)
+		onlyPod(t, n2p1.Netns, netip.AddrPortFrom(fam.clusterIP, 80), n2p1.Name)
+	}
+
 	// Without hints, PreferClose changes nothing (as kube-proxy, which
 	// reads only the hints): both zones' endpoints take connections.
 	unhinted := clusterIPService("unhinted", "10.96.0.34", "fd00:96::34")
