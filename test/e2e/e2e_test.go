@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/lab"
@@ -595,6 +597,24 @@ func TestUnallocatedClusterIPsAreDropped(t *testing.T) {
 				t.Fatalf("without --service-cidr the connection should leave the node and reach the router: %v", err)
 			}
 			conn.Close()
+			// The same range said once on the server (as the Kubernetes
+			// source says the cluster's ServiceCIDR objects) reaches
+			// every node: dropped from then on.
+			created, err := c.Registry.CreateServiceCidr(ctx, &weirv1.CreateServiceCidrRequest{ServiceCidr: &weirv1.ServiceCidr{
+				Metadata: &weirv1.ObjectMeta{Name: "kubernetes"}, Cidrs: []string{"10.96.0.0/16", "fd00:96::/112"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rev, err := strconv.ParseUint(created.GetServiceCidr().GetMetadata().GetResourceVersion(), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := weirv1.NewStatusServiceClient(c.Conn).WaitProgrammed(ctx, &weirv1.WaitProgrammedRequest{Revision: rev, Timeout: durationpb.New(10 * time.Second)})
+			if err != nil || !w.GetProgrammed() {
+				t.Fatalf("WaitProgrammed(%d): %v, %v", rev, w, err)
+			}
+			expectDropped(t, pod.Netns, unallocated)
+			sample(t, pod.Netns, netip.AddrPortFrom(clusterIPv4, 80), 3)
 		})
 	}
 }
