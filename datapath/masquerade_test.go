@@ -49,6 +49,9 @@ func TestMasqueradingFollowsTheRules(t *testing.T) {
 		{"pod to an LB IP: masqueraded", kubeProxy, Cluster, to(pod("10.244.1.50"), lb), verdict{Endpoints: both, Masqueraded: both}},
 		{"pod to a node port: masqueraded", kubeProxy, Cluster, to(pod("10.244.1.50"), nodePort), verdict{Endpoints: both, Masqueraded: both}},
 		{"the node to its node port: masqueraded", kubeProxy, Cluster, to(host, nodePort), verdict{Endpoints: both, Masqueraded: both}},
+		// As kube-proxy's nftables mode: node ports are not served on
+		// loopback (DNAT from 127.0.0.1 needs route_localnet and SNAT).
+		{"the node to 127.0.0.1's node port: not served", kubeProxy, Cluster, to(packet{src: netip.MustParseAddr("127.0.0.1"), proto: "tcp"}, netip.MustParseAddrPort("127.0.0.1:30080")), verdict{}},
 		// The node's address is not a pod's: masqueraded as by kube-proxy
 		// (to the address its route already chose, mostly).
 		{"the node to a cluster IP is outside the cluster", kubeProxy, Cluster, to(host, cluster), verdict{Endpoints: both, Masqueraded: both}},
