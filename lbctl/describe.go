@@ -190,6 +190,14 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 			strconv.Itoa(int(cmp.Or(p.GetTargetPort(), p.GetPort()))), port(p.GetNodePort())})
 	}
 	section(&b, "Ports", []string{"NAME", "PORT", "PROTOCOL", "TARGET PORT", "NODE PORT"}, ports)
+	if cs := svc.GetStatus().GetConflicts(); len(cs) > 0 {
+		var rows [][]string
+		for _, c := range cs {
+			rows = append(rows, []string{c.GetField(), c.GetMessage()})
+		}
+		b.WriteString("\n")
+		section(&b, "Not programmed", []string{"FIELD", "WHY"}, rows)
+	}
 
 	var endpoints [][]string
 	for _, s := range endpointSlices {

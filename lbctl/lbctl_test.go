@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/certs"
+	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/servertest"
 )
 
@@ -97,7 +99,12 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	srv := servertest.Start(t, t.TempDir())
+	// The examples' external IPs are allowed, as an operator would.
+	srv := servertest.Start(t, t.TempDir(), func(c *server.Config) {
+		rules := registry.DefaultServiceRules()
+		rules.ExternalIPCIDRs = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+		c.ServiceRules = &rules
+	})
 	return &env{t: t, srv: srv, addr: srv.Addr, registry: srv.Registry, now: time.Now()}
 }
 
@@ -697,7 +704,7 @@ metadata: {name: other}
 spec: {cluster_ips: [10.96.0.10], ports: [{port: 80}]}
 `)
 	out, errOut, code := e.lbctl("", "apply", "-f", file)
-	want := "lbctl: " + file + ": document 2 (Service default/other): in use: spec.cluster_ips[0] 10.96.0.10 is the cluster IP of service default/web\n"
+	want := "lbctl: " + file + ": document 2 (Service default/other): in use: spec.cluster_ips[0]: 10.96.0.10 is the cluster IP of service default/web\n"
 	if code != 1 || out != "" || errOut != want {
 		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 and %q", code, out, errOut, want)
 	}

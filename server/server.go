@@ -57,6 +57,9 @@ type Config struct {
 	// ResourcesFileAllowRemovingAll lets the resources file remove every
 	// pool in use, or be emptied (see resourcefile.Watcher).
 	ResourcesFileAllowRemovingAll bool
+	// ServiceRules are the node-port range, reserved ports and allowed
+	// external IPs; nil means registry.DefaultServiceRules.
+	ServiceRules *registry.ServiceRules
 }
 
 // Server is a running central server.
@@ -100,6 +103,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("loading state from %s: %w", cfg.DataDir, err)
+	}
+	if cfg.ServiceRules != nil {
+		reg.SetServiceRules(*cfg.ServiceRules)
 	}
 	opts := []grpc.ServerOption{
 		// Agents ping every 10 s so a dead node's stream is noticed; allow it.

@@ -24,7 +24,16 @@ type RegistryService struct {
 // NewRegistryService serves reg.
 func NewRegistryService(reg *registry.Registry) *RegistryService {
 	return &RegistryService{
-		services: resource[*model.Service, *weirv1.Service]{field: "service", coll: reg.Services, from: serviceFromProto, to: serviceToProto,
+		services: resource[*model.Service, *weirv1.Service]{field: "service", coll: reg.Services, from: serviceFromProto,
+			to: func(s *model.Service) *weirv1.Service {
+				p := serviceToProto(s)
+				reg.Read(func(v registry.View) {
+					for _, c := range v.ServiceConflicts(s) {
+						p.Status.Conflicts = append(p.Status.Conflicts, &weirv1.ServiceConflict{Field: c.Field, Message: c.Message})
+					}
+				})
+				return p
+			},
 			keepStatus: func(now, old *model.Service) {
 				// An update without status keeps the assigned addresses,
 				// as Kubernetes keeps status across spec updates.

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/weirlb/weir/server/model"
 )
@@ -34,7 +35,7 @@ func service(s *corev1.Service) *model.Service {
 		return nil
 	}
 	out := &model.Service{
-		Meta:                  meta(s.Namespace, s.Name, s.Labels),
+		Meta:                  meta(&s.ObjectMeta),
 		Type:                  model.ClusterIP,
 		ExternalTrafficPolicy: model.PolicyCluster,
 		InternalTrafficPolicy: model.PolicyCluster,
@@ -122,7 +123,7 @@ func endpointSlice(s *discoveryv1.EndpointSlice) *model.EndpointSlice {
 	if svc == "" || s.AddressType == discoveryv1.AddressTypeFQDN {
 		return nil
 	}
-	out := &model.EndpointSlice{Meta: meta(s.Namespace, s.Name, s.Labels), ServiceName: svc}
+	out := &model.EndpointSlice{Meta: meta(&s.ObjectMeta), ServiceName: svc}
 	for _, ep := range s.Endpoints {
 		e := model.Endpoint{
 			Addresses:   addrs(ep.Addresses),
@@ -169,7 +170,7 @@ func endpointSlice(s *discoveryv1.EndpointSlice) *model.EndpointSlice {
 // addresses), then external ones.
 func node(n *corev1.Node) *model.Node {
 	out := &model.Node{
-		Meta:     meta("", n.Name, n.Labels),
+		Meta:     meta(&n.ObjectMeta),
 		Zone:     n.Labels[corev1.LabelTopologyZone],
 		Deleting: n.DeletionTimestamp != nil,
 	}
@@ -193,8 +194,10 @@ func node(n *corev1.Node) *model.Node {
 	return out
 }
 
-func meta(namespace, name string, labels map[string]string) model.Meta {
-	return model.Meta{Namespace: namespace, Name: name, Labels: labels, Source: model.SourceKubernetes}
+// meta keeps the object's creation time: the older of two services that
+// claim one frontend keeps it, as the cluster created them.
+func meta(m *metav1.ObjectMeta) model.Meta {
+	return model.Meta{Namespace: m.Namespace, Name: m.Name, Labels: m.Labels, Source: model.SourceKubernetes, CreateTime: m.CreationTimestamp.UTC()}
 }
 
 func addrs(ss []string) []netip.Addr {
@@ -222,7 +225,7 @@ func protocol(p corev1.Protocol) model.Protocol {
 // while any service holds an address of it, and kube-proxy drops
 // unallocated addresses until it is gone.
 func serviceCIDR(c *networkingv1.ServiceCIDR) *model.ServiceCIDR {
-	out := &model.ServiceCIDR{Meta: meta("", c.Name, c.Labels)}
+	out := &model.ServiceCIDR{Meta: meta(&c.ObjectMeta)}
 	for _, s := range c.Spec.CIDRs {
 		if p, err := netip.ParsePrefix(s); err == nil {
 			out.CIDRs = append(out.CIDRs, p.Masked())

@@ -137,6 +137,9 @@ func (s *Service) Validate() error {
 	if err := validatePolicy("spec.internal_traffic_policy", s.InternalTrafficPolicy); err != nil {
 		return err
 	}
+	if s.ExternalTrafficPolicy == PolicyLocal && s.Type == ClusterIP && len(s.ExternalIPs) == 0 {
+		return fieldErr("spec.external_traffic_policy", "LOCAL applies only to traffic from outside: NODE_PORT and LOAD_BALANCER services, or those with external IPs")
+	}
 	if s.HealthCheckNodePort != 0 {
 		if s.Type != LoadBalancer || s.ExternalTrafficPolicy != PolicyLocal {
 			return fieldErr("spec.health_check_node_port", "only a LOAD_BALANCER service with external_traffic_policy LOCAL has one")

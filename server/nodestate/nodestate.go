@@ -4,6 +4,7 @@
 package nodestate
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 
@@ -68,6 +69,10 @@ func Service(v registry.View, key string) *datapath.Service {
 		return nil
 	}
 	if name, ok := svc.Labels[ProxyNameLabel]; ok && name != ProxyName {
+		return nil
+	}
+	svc, ok := withoutConflicts(svc, v.ServiceConflicts(svc))
+	if !ok {
 		return nil
 	}
 	out := &datapath.Service{
@@ -161,4 +166,41 @@ func protocol(p model.Protocol) datapath.Protocol {
 		return datapath.SCTP
 	}
 	return datapath.TCP
+}
+
+// withoutConflicts leaves out what the nodes must not program of a service
+// (registry.View.ServiceConflicts): an address with any port another
+// service holds, a node port or health-check node port. False when not
+// even a cluster IP is left: the service is not programmed at all.
+func withoutConflicts(svc *model.Service, lost []registry.Conflict) (*model.Service, bool) {
+	if len(lost) == 0 {
+		return svc, true
+	}
+	drop := map[string]bool{}
+	for _, c := range lost {
+		drop[c.Field] = true
+	}
+	keep := func(field string, addrs []netip.Addr) []netip.Addr {
+		var out []netip.Addr
+		for i, a := range addrs {
+			if !drop[fmt.Sprintf("%s[%d]", field, i)] {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	cp := *svc
+	cp.ClusterIPs = keep("spec.cluster_ips", svc.ClusterIPs)
+	cp.ExternalIPs = keep("spec.external_ips", svc.ExternalIPs)
+	cp.LoadBalancerIPs = keep("status.load_balancer_ips", svc.LoadBalancerIPs)
+	cp.Ports = slices.Clone(svc.Ports)
+	for i := range cp.Ports {
+		if drop[fmt.Sprintf("spec.ports[%d].node_port", i)] {
+			cp.Ports[i].NodePort = 0
+		}
+	}
+	if drop["spec.health_check_node_port"] {
+		cp.HealthCheckNodePort = 0
+	}
+	return &cp, len(cp.ClusterIPs) > 0
 }

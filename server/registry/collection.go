@@ -60,7 +60,11 @@ func (c *Collection[T]) create(obj T, dryRun bool) (T, error) {
 		}
 		return obj, fmt.Errorf("%s %s: %w", c.kind, key, ErrAlreadyExists)
 	}
-	m.CreateTime = c.r.now().UTC()
+	// A source that knows when the resource was made (Kubernetes) says
+	// so; the native API cannot.
+	if m.CreateTime.IsZero() {
+		m.CreateTime = c.r.now().UTC()
+	}
 	if dryRun {
 		return obj, nil
 	}

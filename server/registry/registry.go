@@ -54,6 +54,10 @@ type Registry struct {
 	// drained holds the nodes an operator drained: Weir's own state, apart
 	// from the Node, which a source such as Kubernetes may own.
 	drained map[string]bool
+	// rules are the services' allocation rules; claimIndex finds the
+	// services that may share an address or a node port.
+	rules      ServiceRules
+	claimIndex claimIndex
 
 	Services       *Collection[*model.Service]
 	EndpointSlices *Collection[*model.EndpointSlice]
@@ -65,12 +69,13 @@ type Registry struct {
 
 // Open loads every stored resource.
 func Open(st *store.Store) (*Registry, error) {
-	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}, drained: map[string]bool{}}
+	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}, drained: map[string]bool{},
+		rules: DefaultServiceRules()}
 	r.Services = newCollection(r, "services", true, func(s *model.Service) error {
 		if err := s.Validate(); err != nil {
 			return err
 		}
-		return r.checkServiceConflicts(s)
+		return r.checkServiceClaims(s)
 	})
 	r.EndpointSlices = newCollection(r, "endpointslices", true, (*model.EndpointSlice).Validate)
 	r.Nodes = newCollection(r, "nodes", false, (*model.Node).Validate)
@@ -92,6 +97,9 @@ func Open(st *store.Store) (*Registry, error) {
 	for _, s := range r.EndpointSlices.items {
 		r.indexSlice(s, nil)
 	}
+	for key, s := range r.Services.items {
+		r.claimIndex.update(key, nil, s)
+	}
 	rev, err := st.Load(drainsKind, func(key string, _ []byte) error {
 		r.drained[key] = true
 		return nil
@@ -104,6 +112,15 @@ func Open(st *store.Store) (*Registry, error) {
 }
 
 const drainsKind = "drains"
+
+// SetServiceRules sets the rules native service writes are held to, and
+// that decide what of the Kubernetes source's services the nodes program.
+// It is set before the registry serves.
+func (r *Registry) SetServiceRules(rules ServiceRules) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rules = rules
+}
 
 // SetDrained drains a node (it takes no new external traffic) or undoes it,
 // and returns the node and the revision that holds the change (the current
@@ -241,30 +258,6 @@ func (r *Registry) indexSlice(now, old *model.EndpointSlice) {
 	}
 }
 
-// checkServiceConflicts rejects a service that would take a frontend another
-// service holds: two services on one cluster IP, or one node port, would
-// steal each other's connections.
-func (r *Registry) checkServiceConflicts(s *model.Service) error {
-	for key, other := range r.Services.items {
-		if key == s.Key() {
-			continue
-		}
-		for i, ip := range s.ClusterIPs {
-			if slices.Contains(other.ClusterIPs, ip) {
-				return fmt.Errorf("%w: spec.cluster_ips[%d] %s is the cluster IP of service %s", ErrInUse, i, ip, key)
-			}
-		}
-		for i, p := range s.Ports {
-			for _, op := range other.Ports {
-				if p.NodePort != 0 && p.NodePort == op.NodePort && p.Protocol == op.Protocol {
-					return fmt.Errorf("%w: spec.ports[%d].node_port %d/%s is taken by service %s", ErrInUse, i, p.NodePort, p.Protocol, key)
-				}
-			}
-		}
-	}
-	return nil
-}
-
 // checkPoolOverlap rejects a pool sharing addresses with another: an
 // address must come from one pool only.
 func (r *Registry) checkPoolOverlap(p *model.AddressPool) error {
@@ -307,7 +300,18 @@ func (r *Registry) commit(kind, key string, obj model.Object, old model.Object) 
 	ch := Change{Revision: rev}
 	switch o := firstNonNil(obj, old).(type) {
 	case *model.Service:
+		// A service's claims decide what its neighbours keep (see
+		// View.ServiceConflicts): they are recomputed too.
+		now, _ := obj.(*model.Service)
+		was, _ := old.(*model.Service)
 		ch.Services = []string{o.Key()}
+		if was != nil {
+			ch.Services = append(ch.Services, r.claimIndex.neighbours(was)...)
+		}
+		r.claimIndex.update(o.Key(), was, now)
+		if now != nil {
+			ch.Services = append(ch.Services, r.claimIndex.neighbours(now)...)
+		}
 	case *model.EndpointSlice:
 		now, _ := obj.(*model.EndpointSlice)
 		was, _ := old.(*model.EndpointSlice)

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/lab"
@@ -60,12 +64,41 @@ func TestFamiliesAreProgrammedIndependently(t *testing.T) {
 }
 
 // TestExternalIPs: a service's external IPs forward like its other
-// frontends, in both families.
+// frontends, in both families, from the ranges the operator allows; one
+// that would take another service's cluster IP (CVE-2020-8554's pattern)
+// or come from elsewhere is refused, and the cluster IP keeps forwarding
+// to its own pods.
 func TestExternalIPs(t *testing.T) {
-	c := startCluster(t)
+	c := startClusterWith(t, func(c *weirlab.Cluster) {
+		c.ServerArgs = []string{"--allowed-external-ip-cidrs", "203.0.113.0/24,2001:db8:113::/48,10.96.0.0/16"}
+	})
+	ctx := context.Background()
 	svc := clusterIPService("ext", "10.96.0.26", "fd00:96::26")
 	svc.Spec.ExternalIps = []string{"203.0.113.26", "2001:db8:113::26"}
 	createService(t, c, svc, c.Pods())
+	hijack := clusterIPService("hijack", "10.96.0.27")
+	hijack.Metadata.Namespace = "other"
+	hijack.Spec.ExternalIps = []string{"10.96.0.26"}
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: hijack}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a service whose external IP is another's cluster IP: %v; want it refused", err)
+	} else if !strings.Contains(err.Error(), "spec.external_ips[0]") || !strings.Contains(err.Error(), "default/ext") {
+		t.Errorf("refusal %q does not name the field and the service holding it", err)
+	}
+	outside := clusterIPService("outside", "10.96.0.28")
+	outside.Spec.ExternalIps = []string{"198.51.100.28"}
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: outside}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "spec.external_ips[0]") {
+		t.Errorf("an external IP outside the allowed CIDRs: %v; want InvalidArgument naming spec.external_ips[0]", err)
+	}
+	if _, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "other", Name: "hijack"}); status.Code(err) != codes.NotFound {
+		t.Errorf("the refused service was stored: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, r := range sample(t, c.Nodes[0].Pods[0].Netns, netip.MustParseAddrPort("10.96.0.26:80"), 30) {
+		seen[r.Pod] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("the cluster IP reached %v; want its own 3 pods", seen)
+	}
 	for _, fam := range families("10.96.0.26", "fd00:96::26", "203.0.113.26", "2001:db8:113::26") {
 		t.Run(fam.name, func(t *testing.T) {
 			routeVIP(t, c, fam.lbIP, fam.routePrefix, fam.node(c.Nodes[0]))

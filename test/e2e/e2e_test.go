@@ -35,11 +35,15 @@ const nodePort = 30080
 // a cleanup registered even for failing tests.
 func startCluster(t *testing.T, agentArgs ...string) *weirlab.Cluster {
 	t.Helper()
+	return startClusterWith(t, func(c *weirlab.Cluster) { c.AgentArgs = func(*lab.Node) []string { return agentArgs } })
+}
+
+// startClusterWith is startCluster with the cluster's settings adjusted.
+func startClusterWith(t *testing.T, adjust func(*weirlab.Cluster)) *weirlab.Cluster {
+	t.Helper()
 	lab.SkipUnlessPrivileged(t)
 	ctx := context.Background()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, func(c *weirlab.Cluster) {
-		c.AgentArgs = func(*lab.Node) []string { return agentArgs }
-	})
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, adjust)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -672,8 +672,15 @@ type ServiceStatus struct {
 	// (PoolExhausted, AddressTaken, NotInAnyPool, NoPool), with a message.
 	AddressReason  string `protobuf:"bytes,2,opt,name=address_reason,json=addressReason,proto3" json:"address_reason,omitempty"`
 	AddressMessage string `protobuf:"bytes,3,opt,name=address_message,json=addressMessage,proto3" json:"address_message,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What of the service the nodes do not program, and why: a claim
+	// another service holds (a cluster IP wins over any other use of its
+	// address, else the older service), or one the server's rules refuse
+	// (a reserved port, an external IP outside the allowed CIDRs). Only
+	// services from a source Weir cannot refuse (Kubernetes) have any: a
+	// native write that would conflict is refused.
+	Conflicts     []*ServiceConflict `protobuf:"bytes,4,rep,name=conflicts,proto3" json:"conflicts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServiceStatus) Reset() {
@@ -727,6 +734,66 @@ func (x *ServiceStatus) GetAddressMessage() string {
 	return ""
 }
 
+func (x *ServiceStatus) GetConflicts() []*ServiceConflict {
+	if x != nil {
+		return x.Conflicts
+	}
+	return nil
+}
+
+type ServiceConflict struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The field, as in the API: "spec.external_ips[0]".
+	Field         string `protobuf:"bytes,1,opt,name=field,proto3" json:"field,omitempty"`
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceConflict) Reset() {
+	*x = ServiceConflict{}
+	mi := &file_weir_v1_resources_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceConflict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceConflict) ProtoMessage() {}
+
+func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_resources_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceConflict.ProtoReflect.Descriptor instead.
+func (*ServiceConflict) Descriptor() ([]byte, []int) {
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ServiceConflict) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *ServiceConflict) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // EndpointSlice mirrors discovery.k8s.io/v1 EndpointSlice: some endpoints of one service.
 type EndpointSlice struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -741,7 +808,7 @@ type EndpointSlice struct {
 
 func (x *EndpointSlice) Reset() {
 	*x = EndpointSlice{}
-	mi := &file_weir_v1_resources_proto_msgTypes[5]
+	mi := &file_weir_v1_resources_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -753,7 +820,7 @@ func (x *EndpointSlice) String() string {
 func (*EndpointSlice) ProtoMessage() {}
 
 func (x *EndpointSlice) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[5]
+	mi := &file_weir_v1_resources_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -766,7 +833,7 @@ func (x *EndpointSlice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointSlice.ProtoReflect.Descriptor instead.
 func (*EndpointSlice) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{5}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EndpointSlice) GetMetadata() *ObjectMeta {
@@ -815,7 +882,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_weir_v1_resources_proto_msgTypes[6]
+	mi := &file_weir_v1_resources_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +894,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[6]
+	mi := &file_weir_v1_resources_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +907,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{6}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Endpoint) GetAddresses() []string {
@@ -898,7 +965,7 @@ type EndpointConditions struct {
 
 func (x *EndpointConditions) Reset() {
 	*x = EndpointConditions{}
-	mi := &file_weir_v1_resources_proto_msgTypes[7]
+	mi := &file_weir_v1_resources_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +977,7 @@ func (x *EndpointConditions) String() string {
 func (*EndpointConditions) ProtoMessage() {}
 
 func (x *EndpointConditions) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[7]
+	mi := &file_weir_v1_resources_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +990,7 @@ func (x *EndpointConditions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointConditions.ProtoReflect.Descriptor instead.
 func (*EndpointConditions) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{7}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EndpointConditions) GetReady() bool {
@@ -959,7 +1026,7 @@ type EndpointPort struct {
 
 func (x *EndpointPort) Reset() {
 	*x = EndpointPort{}
-	mi := &file_weir_v1_resources_proto_msgTypes[8]
+	mi := &file_weir_v1_resources_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1038,7 @@ func (x *EndpointPort) String() string {
 func (*EndpointPort) ProtoMessage() {}
 
 func (x *EndpointPort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[8]
+	mi := &file_weir_v1_resources_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1051,7 @@ func (x *EndpointPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointPort.ProtoReflect.Descriptor instead.
 func (*EndpointPort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EndpointPort) GetName() string {
@@ -1027,7 +1094,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_weir_v1_resources_proto_msgTypes[9]
+	mi := &file_weir_v1_resources_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1106,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[9]
+	mi := &file_weir_v1_resources_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1119,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Node) GetMetadata() *ObjectMeta {
@@ -1115,7 +1182,7 @@ type AddressPool struct {
 
 func (x *AddressPool) Reset() {
 	*x = AddressPool{}
-	mi := &file_weir_v1_resources_proto_msgTypes[10]
+	mi := &file_weir_v1_resources_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1194,7 @@ func (x *AddressPool) String() string {
 func (*AddressPool) ProtoMessage() {}
 
 func (x *AddressPool) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[10]
+	mi := &file_weir_v1_resources_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1207,7 @@ func (x *AddressPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressPool.ProtoReflect.Descriptor instead.
 func (*AddressPool) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AddressPool) GetMetadata() *ObjectMeta {
@@ -1197,7 +1264,7 @@ type BgpAdvertisement struct {
 
 func (x *BgpAdvertisement) Reset() {
 	*x = BgpAdvertisement{}
-	mi := &file_weir_v1_resources_proto_msgTypes[11]
+	mi := &file_weir_v1_resources_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1276,7 @@ func (x *BgpAdvertisement) String() string {
 func (*BgpAdvertisement) ProtoMessage() {}
 
 func (x *BgpAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[11]
+	mi := &file_weir_v1_resources_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1289,7 @@ func (x *BgpAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpAdvertisement.ProtoReflect.Descriptor instead.
 func (*BgpAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BgpAdvertisement) GetCommunities() []string {
@@ -1275,7 +1342,7 @@ type ServiceCidr struct {
 
 func (x *ServiceCidr) Reset() {
 	*x = ServiceCidr{}
-	mi := &file_weir_v1_resources_proto_msgTypes[12]
+	mi := &file_weir_v1_resources_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1354,7 @@ func (x *ServiceCidr) String() string {
 func (*ServiceCidr) ProtoMessage() {}
 
 func (x *ServiceCidr) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[12]
+	mi := &file_weir_v1_resources_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1367,7 @@ func (x *ServiceCidr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceCidr.ProtoReflect.Descriptor instead.
 func (*ServiceCidr) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ServiceCidr) GetMetadata() *ObjectMeta {
@@ -1347,7 +1414,7 @@ type BgpPeer struct {
 
 func (x *BgpPeer) Reset() {
 	*x = BgpPeer{}
-	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	mi := &file_weir_v1_resources_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1426,7 @@ func (x *BgpPeer) String() string {
 func (*BgpPeer) ProtoMessage() {}
 
 func (x *BgpPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	mi := &file_weir_v1_resources_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1439,7 @@ func (x *BgpPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpPeer.ProtoReflect.Descriptor instead.
 func (*BgpPeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *BgpPeer) GetMetadata() *ObjectMeta {
@@ -1482,11 +1549,15 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x04port\x18\x03 \x01(\x05R\x04port\x12\x1f\n" +
 	"\vtarget_port\x18\x04 \x01(\x05R\n" +
 	"targetPort\x12\x1b\n" +
-	"\tnode_port\x18\x05 \x01(\x05R\bnodePort\"\x8b\x01\n" +
+	"\tnode_port\x18\x05 \x01(\x05R\bnodePort\"\xc3\x01\n" +
 	"\rServiceStatus\x12*\n" +
 	"\x11load_balancer_ips\x18\x01 \x03(\tR\x0floadBalancerIps\x12%\n" +
 	"\x0eaddress_reason\x18\x02 \x01(\tR\raddressReason\x12'\n" +
-	"\x0faddress_message\x18\x03 \x01(\tR\x0eaddressMessage\"\xc1\x01\n" +
+	"\x0faddress_message\x18\x03 \x01(\tR\x0eaddressMessage\x126\n" +
+	"\tconflicts\x18\x04 \x03(\v2\x18.weir.v1.ServiceConflictR\tconflicts\"A\n" +
+	"\x0fServiceConflict\x12\x14\n" +
+	"\x05field\x18\x01 \x01(\tR\x05field\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xc1\x01\n" +
 	"\rEndpointSlice\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12!\n" +
 	"\fservice_name\x18\x02 \x01(\tR\vserviceName\x12/\n" +
@@ -1585,7 +1656,7 @@ func file_weir_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_weir_v1_resources_proto_goTypes = []any{
 	(ServiceType)(0),              // 0: weir.v1.ServiceType
 	(Protocol)(0),                 // 1: weir.v1.Protocol
@@ -1597,22 +1668,23 @@ var file_weir_v1_resources_proto_goTypes = []any{
 	(*ServiceSpec)(nil),           // 7: weir.v1.ServiceSpec
 	(*ServicePort)(nil),           // 8: weir.v1.ServicePort
 	(*ServiceStatus)(nil),         // 9: weir.v1.ServiceStatus
-	(*EndpointSlice)(nil),         // 10: weir.v1.EndpointSlice
-	(*Endpoint)(nil),              // 11: weir.v1.Endpoint
-	(*EndpointConditions)(nil),    // 12: weir.v1.EndpointConditions
-	(*EndpointPort)(nil),          // 13: weir.v1.EndpointPort
-	(*Node)(nil),                  // 14: weir.v1.Node
-	(*AddressPool)(nil),           // 15: weir.v1.AddressPool
-	(*BgpAdvertisement)(nil),      // 16: weir.v1.BgpAdvertisement
-	(*ServiceCidr)(nil),           // 17: weir.v1.ServiceCidr
-	(*BgpPeer)(nil),               // 18: weir.v1.BgpPeer
-	nil,                           // 19: weir.v1.ObjectMeta.LabelsEntry
-	nil,                           // 20: weir.v1.BgpPeer.NodeSelectorEntry
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*ServiceConflict)(nil),       // 10: weir.v1.ServiceConflict
+	(*EndpointSlice)(nil),         // 11: weir.v1.EndpointSlice
+	(*Endpoint)(nil),              // 12: weir.v1.Endpoint
+	(*EndpointConditions)(nil),    // 13: weir.v1.EndpointConditions
+	(*EndpointPort)(nil),          // 14: weir.v1.EndpointPort
+	(*Node)(nil),                  // 15: weir.v1.Node
+	(*AddressPool)(nil),           // 16: weir.v1.AddressPool
+	(*BgpAdvertisement)(nil),      // 17: weir.v1.BgpAdvertisement
+	(*ServiceCidr)(nil),           // 18: weir.v1.ServiceCidr
+	(*BgpPeer)(nil),               // 19: weir.v1.BgpPeer
+	nil,                           // 20: weir.v1.ObjectMeta.LabelsEntry
+	nil,                           // 21: weir.v1.BgpPeer.NodeSelectorEntry
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
 }
 var file_weir_v1_resources_proto_depIdxs = []int32{
-	19, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
-	21, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	20, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
+	22, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 2: weir.v1.Service.metadata:type_name -> weir.v1.ObjectMeta
 	7,  // 3: weir.v1.Service.spec:type_name -> weir.v1.ServiceSpec
 	9,  // 4: weir.v1.Service.status:type_name -> weir.v1.ServiceStatus
@@ -1623,22 +1695,23 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	3,  // 9: weir.v1.ServiceSpec.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
 	4,  // 10: weir.v1.ServiceSpec.traffic_distribution:type_name -> weir.v1.TrafficDistribution
 	1,  // 11: weir.v1.ServicePort.protocol:type_name -> weir.v1.Protocol
-	5,  // 12: weir.v1.EndpointSlice.metadata:type_name -> weir.v1.ObjectMeta
-	11, // 13: weir.v1.EndpointSlice.endpoints:type_name -> weir.v1.Endpoint
-	13, // 14: weir.v1.EndpointSlice.ports:type_name -> weir.v1.EndpointPort
-	12, // 15: weir.v1.Endpoint.conditions:type_name -> weir.v1.EndpointConditions
-	1,  // 16: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
-	5,  // 17: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
-	5,  // 18: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
-	16, // 19: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
-	5,  // 20: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
-	5,  // 21: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
-	20, // 22: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	10, // 12: weir.v1.ServiceStatus.conflicts:type_name -> weir.v1.ServiceConflict
+	5,  // 13: weir.v1.EndpointSlice.metadata:type_name -> weir.v1.ObjectMeta
+	12, // 14: weir.v1.EndpointSlice.endpoints:type_name -> weir.v1.Endpoint
+	14, // 15: weir.v1.EndpointSlice.ports:type_name -> weir.v1.EndpointPort
+	13, // 16: weir.v1.Endpoint.conditions:type_name -> weir.v1.EndpointConditions
+	1,  // 17: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
+	5,  // 18: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
+	5,  // 19: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
+	17, // 20: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
+	5,  // 21: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
+	5,  // 22: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
+	21, // 23: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }
@@ -1646,14 +1719,14 @@ func file_weir_v1_resources_proto_init() {
 	if File_weir_v1_resources_proto != nil {
 		return
 	}
-	file_weir_v1_resources_proto_msgTypes[7].OneofWrappers = []any{}
+	file_weir_v1_resources_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_resources_proto_rawDesc), len(file_weir_v1_resources_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -28,6 +28,7 @@ import (
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/kubernetes"
+	"github.com/weirlb/weir/server/registry"
 )
 
 // version is set at build time.
@@ -63,6 +64,8 @@ func run() error {
 		resFile  = flag.String("resources-file", "", "YAML file of AddressPool and BgpPeer documents (lbctl's format) the server keeps applied, re-read when it changes (a mounted ConfigMap)")
 		resAll   = flag.Bool("resources-file-allow-removing-all", false, "apply a resources file even when it is empty or removes every address pool in use (refused by default: a half-written file looks like that)")
 		proxyNm  = flag.String("service-proxy-name", "", "handle only Kubernetes services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones, as kube-proxy)")
+		npRange  = flag.String("service-node-port-range", "30000-32767", "node ports and health-check node ports of native services come from this range (as the apiserver's flag)")
+		extCIDRs = flag.String("allowed-external-ip-cidrs", "", "comma-separated CIDRs external IPs may come from (default none: a service's external IP takes an address's traffic on every node; Kubernetes recommends denying them)")
 	)
 	flag.Parse()
 	var level slog.Level
@@ -87,9 +90,21 @@ func run() error {
 			return err
 		}
 	}
+	rules := registry.DefaultServiceRules()
+	var err error
+	if rules.NodePorts, err = registry.ParsePortRange(*npRange); err != nil {
+		return fmt.Errorf("--service-node-port-range: %w", err)
+	}
+	for _, s := range strings.FieldsFunc(*extCIDRs, func(r rune) bool { return r == ',' }) {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil || p.Masked() != p {
+			return fmt.Errorf("--allowed-external-ip-cidrs: %q is not a CIDR", s)
+		}
+		rules.ExternalIPCIDRs = append(rules.ExternalIPCIDRs, p)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg, Version: version, ResourcesFile: *resFile, ResourcesFileAllowRemovingAll: *resAll}
+	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg, Version: version, ResourcesFile: *resFile, ResourcesFileAllowRemovingAll: *resAll, ServiceRules: &rules}
 	if *kube || *kubecfg != "" {
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: *kubecfg, ProxyName: *proxyNm, Resync: 10 * time.Minute}
 	}

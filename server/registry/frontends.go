@@ -1,0 +1,317 @@
+package registry
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/weirlb/weir/server/model"
+)
+
+// ServiceRules are the allocation rules Kubernetes' apiserver enforces on
+// services, which Weir enforces for the native API, where no apiserver
+// stands in front of it.
+type ServiceRules struct {
+	// NodePorts is the range node ports and health-check node ports come
+	// from (the apiserver's --service-node-port-range).
+	NodePorts PortRange
+	// ReservedPorts are ports Weir itself listens on, on every node: never
+	// a node port or a health-check node port, whatever the range says.
+	ReservedPorts map[int32]string
+	// ExternalIPCIDRs are where external IPs may come from; none by
+	// default, as Kubernetes' DenyServiceExternalIPs admission recommends:
+	// an external IP takes traffic for an address on every node.
+	ExternalIPCIDRs []netip.Prefix
+}
+
+// DefaultServiceRules are Kubernetes' defaults and the ports of Weir's
+// agent and server.
+func DefaultServiceRules() ServiceRules {
+	return ServiceRules{
+		NodePorts: PortRange{30000, 32767},
+		ReservedPorts: map[int32]string{
+			179:   "BGP",
+			7443:  "weir-server",
+			7444:  "weir-server's metrics",
+			10249: "weir-agent's metrics",
+			10256: "weir-agent's /healthz",
+		},
+	}
+}
+
+// PortRange is an inclusive range of ports.
+type PortRange struct{ First, Last int32 }
+
+func (r PortRange) Contains(p int32) bool { return r.First <= p && p <= r.Last }
+func (r PortRange) String() string       { return fmt.Sprintf("%d-%d", r.First, r.Last) }
+
+// ParsePortRange reads "30000-32767".
+func ParsePortRange(s string) (PortRange, error) {
+	a, b, ok := strings.Cut(s, "-")
+	first, err1 := strconv.ParseInt(a, 10, 32)
+	last, err2 := strconv.ParseInt(b, 10, 32)
+	if !ok || err1 != nil || err2 != nil || first < 1 || last > 65535 || first > last {
+		return PortRange{}, fmt.Errorf("%q is not a port range (FIRST-LAST, within 1-65535)", s)
+	}
+	return PortRange{int32(first), int32(last)}, nil
+}
+
+// A claim is one thing a service takes that no other service may: a whole
+// address (its cluster IPs), an address, protocol and port (external and
+// load-balancer IPs), or a node port (any protocol: node ports and
+// health-check node ports share one space, as in Kubernetes' allocator).
+type claim struct {
+	kind  claimKind
+	addr  netip.Addr
+	proto model.Protocol
+	port  int32
+	field string // where the service says it, for messages
+}
+
+type claimKind int
+
+const (
+	clusterAddr claimKind = iota
+	frontend
+	nodePort
+)
+
+func claimsOf(s *model.Service) []claim {
+	var out []claim
+	for i, a := range s.ClusterIPs {
+		out = append(out, claim{kind: clusterAddr, addr: a, field: fmt.Sprintf("spec.cluster_ips[%d]", i)})
+	}
+	for _, p := range s.Ports {
+		for i, a := range s.ExternalIPs {
+			out = append(out, claim{kind: frontend, addr: a, proto: p.Protocol, port: p.Port, field: fmt.Sprintf("spec.external_ips[%d]", i)})
+		}
+		for i, a := range s.LoadBalancerIPs {
+			out = append(out, claim{kind: frontend, addr: a, proto: p.Protocol, port: p.Port, field: fmt.Sprintf("status.load_balancer_ips[%d]", i)})
+		}
+	}
+	for i, p := range s.Ports {
+		if p.NodePort != 0 {
+			out = append(out, claim{kind: nodePort, port: p.NodePort, field: fmt.Sprintf("spec.ports[%d].node_port", i)})
+		}
+	}
+	if s.HealthCheckNodePort != 0 {
+		out = append(out, claim{kind: nodePort, port: s.HealthCheckNodePort, field: "spec.health_check_node_port"})
+	}
+	return out
+}
+
+// clashes says whether two services' claims cannot both hold.
+func clashes(a, b claim) bool {
+	switch {
+	case a.kind == nodePort || b.kind == nodePort:
+		return a.kind == b.kind && a.port == b.port
+	case a.addr != b.addr:
+		return false
+	case a.kind == clusterAddr || b.kind == clusterAddr:
+		return true // a cluster IP is its service's on every port
+	default:
+		return a.proto == b.proto && a.port == b.port
+	}
+}
+
+func (c claim) String() string {
+	switch c.kind {
+	case clusterAddr:
+		return c.addr.String()
+	case frontend:
+		return fmt.Sprintf("%s %s/%d", c.addr, c.proto, c.port)
+	}
+	return strconv.Itoa(int(c.port))
+}
+
+// wins says whether a's claim holds against b's (of another service):
+// a cluster IP over any other use of its address, else the older service
+// (by creation time, then key), so every node and every restart decides
+// alike.
+func wins(a *model.Service, ca claim, b *model.Service, cb claim) bool {
+	if (ca.kind == clusterAddr) != (cb.kind == clusterAddr) {
+		return ca.kind == clusterAddr
+	}
+	if c := a.CreateTime.Compare(b.CreateTime); c != 0 {
+		return c < 0
+	}
+	return a.Key() < b.Key()
+}
+
+// Conflict is a claim of a service the nodes do not program.
+type Conflict struct {
+	Field   string // where the service says it: "spec.external_ips[0]"
+	Message string
+}
+
+// claimIndex finds the services that may share a claim with another.
+type claimIndex struct {
+	byAddr map[netip.Addr]map[string]bool
+	byPort map[int32]map[string]bool
+}
+
+func (x *claimIndex) update(key string, old, now *model.Service) {
+	if x.byAddr == nil {
+		x.byAddr, x.byPort = map[netip.Addr]map[string]bool{}, map[int32]map[string]bool{}
+	}
+	if old != nil {
+		for _, c := range claimsOf(old) {
+			x.remove(key, c)
+		}
+	}
+	if now != nil {
+		for _, c := range claimsOf(now) {
+			if c.kind == nodePort {
+				add(x.byPort, c.port, key)
+			} else {
+				add(x.byAddr, c.addr, key)
+			}
+		}
+	}
+}
+
+func (x *claimIndex) remove(key string, c claim) {
+	if c.kind == nodePort {
+		if m := x.byPort[c.port]; m != nil {
+			delete(m, key)
+			if len(m) == 0 {
+				delete(x.byPort, c.port)
+			}
+		}
+		return
+	}
+	if m := x.byAddr[c.addr]; m != nil {
+		delete(m, key)
+		if len(m) == 0 {
+			delete(x.byAddr, c.addr)
+		}
+	}
+}
+
+func add[K comparable](m map[K]map[string]bool, k K, key string) {
+	if m[k] == nil {
+		m[k] = map[string]bool{}
+	}
+	m[k][key] = true
+}
+
+// neighbours lists the other services whose claims share an address or a
+// node port with s's, by key.
+func (x *claimIndex) neighbours(s *model.Service) []string {
+	seen := map[string]bool{}
+	for _, c := range claimsOf(s) {
+		var m map[string]bool
+		if c.kind == nodePort {
+			m = x.byPort[c.port]
+		} else {
+			m = x.byAddr[c.addr]
+		}
+		for k := range m {
+			seen[k] = true
+		}
+	}
+	delete(seen, s.Key())
+	keys := make([]string, 0, len(seen))
+	for k := range seen {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// ruleBreaches lists what of s the rules refuse. A Kubernetes service's
+// node ports come from the apiserver's own range, so only the reserved
+// ports apply to them.
+func (r *Registry) ruleBreaches(s *model.Service) []Conflict {
+	var out []Conflict
+	for _, c := range claimsOf(s) {
+		switch c.kind {
+		case nodePort:
+			if what, ok := r.rules.ReservedPorts[c.port]; ok {
+				out = append(out, Conflict{c.field, fmt.Sprintf("port %d is %s on every node", c.port, what)})
+			} else if s.Source != model.SourceKubernetes && !r.rules.NodePorts.Contains(c.port) {
+				out = append(out, Conflict{c.field, fmt.Sprintf("%d is outside the node-port range %s", c.port, r.rules.NodePorts)})
+			}
+		}
+	}
+	for i, a := range s.ExternalIPs {
+		if !slices.ContainsFunc(r.rules.ExternalIPCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			allowed := "none are allowed (weir-server --allowed-external-ip-cidrs)"
+			if len(r.rules.ExternalIPCIDRs) > 0 {
+				allowed = fmt.Sprintf("allowed: %v", r.rules.ExternalIPCIDRs)
+			}
+			out = append(out, Conflict{fmt.Sprintf("spec.external_ips[%d]", i), fmt.Sprintf("%s is not an allowed external IP; %s", a, allowed)})
+		}
+	}
+	return dedupeConflicts(out)
+}
+
+// conflicts lists s's claims that another service holds: all of them when
+// taken wins false (a write to refuse), else only those the other wins.
+func (r *Registry) conflicts(s *model.Service, lostOnly bool) []Conflict {
+	var out []Conflict
+	mine := claimsOf(s)
+	for _, key := range r.claimIndex.neighbours(s) {
+		other := r.Services.items[key]
+		if other == nil {
+			continue
+		}
+		theirs := claimsOf(other)
+		for _, c := range mine {
+			for _, o := range theirs {
+				if !clashes(c, o) || (lostOnly && wins(s, c, other, o)) {
+					continue
+				}
+				what := "the cluster IP"
+				switch o.kind {
+				case frontend:
+					what = "a frontend (" + strings.SplitN(o.field, "[", 2)[0] + ")"
+				case nodePort:
+					what = strings.TrimPrefix(strings.SplitN(o.field, "[", 2)[0], "spec.")
+					if o.field != "spec.health_check_node_port" {
+						what = "a node port"
+					}
+				}
+				out = append(out, Conflict{c.field, fmt.Sprintf("%s is %s of service %s", c, what, key)})
+			}
+		}
+	}
+	return dedupeConflicts(out)
+}
+
+func dedupeConflicts(cs []Conflict) []Conflict {
+	slices.SortFunc(cs, func(a, b Conflict) int { return cmp.Or(cmp.Compare(a.Field, b.Field), cmp.Compare(a.Message, b.Message)) })
+	return slices.CompactFunc(cs, func(a, b Conflict) bool { return a.Field == b.Field })
+}
+
+// checkServiceClaims refuses a native write that breaks a rule or takes
+// what another service holds. A Kubernetes service is not refused (the
+// cluster has it whatever Weir says): what it loses is left out of what
+// the nodes program and shown in its status (View.ServiceConflicts).
+func (r *Registry) checkServiceClaims(s *model.Service) error {
+	if s.Source == model.SourceKubernetes {
+		return nil
+	}
+	// Within the service: its health-check port is not one of its node ports.
+	for i, p := range s.Ports {
+		if s.HealthCheckNodePort != 0 && p.NodePort == s.HealthCheckNodePort {
+			return &model.FieldError{Field: "spec.health_check_node_port", Reason: fmt.Sprintf("%d is spec.ports[%d].node_port of the same service", p.NodePort, i)}
+		}
+	}
+	if bad := r.ruleBreaches(s); len(bad) > 0 {
+		return &model.FieldError{Field: bad[0].Field, Reason: bad[0].Message}
+	}
+	if taken := r.conflicts(s, false); len(taken) > 0 {
+		return fmt.Errorf("%w: %s: %s", ErrInUse, taken[0].Field, taken[0].Message)
+	}
+	return nil
+}
+
+// ServiceConflicts lists what of a service the nodes do not program: what
+// breaks a rule, and claims an older service (or a cluster IP) holds.
+func (v View) ServiceConflicts(s *model.Service) []Conflict {
+	return dedupeConflicts(append(v.r.ruleBreaches(s), v.r.conflicts(s, true)...))
+}
