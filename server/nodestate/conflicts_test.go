@@ -15,8 +15,8 @@ import (
 
 func svc(ns, name, clusterIP string, edit func(*model.Service)) *model.Service {
 	s := &model.Service{Meta: model.Meta{Namespace: ns, Name: name}, Type: model.LoadBalancer,
-		ClusterIPs: []netip.Addr{netip.MustParseAddr(clusterIP)},
-		Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}},
+		ClusterIPs:            []netip.Addr{netip.MustParseAddr(clusterIP)},
+		Ports:                 []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}},
 		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster}
 	if edit != nil {
 		edit(s)

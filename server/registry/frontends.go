@@ -46,7 +46,7 @@ func DefaultServiceRules() ServiceRules {
 type PortRange struct{ First, Last int32 }
 
 func (r PortRange) Contains(p int32) bool { return r.First <= p && p <= r.Last }
-func (r PortRange) String() string       { return fmt.Sprintf("%d-%d", r.First, r.Last) }
+func (r PortRange) String() string        { return fmt.Sprintf("%d-%d", r.First, r.Last) }
 
 // ParsePortRange reads "30000-32767".
 func ParsePortRange(s string) (PortRange, error) {
@@ -283,7 +283,9 @@ func (r *Registry) conflicts(s *model.Service, lostOnly bool) []Conflict {
 }
 
 func dedupeConflicts(cs []Conflict) []Conflict {
-	slices.SortFunc(cs, func(a, b Conflict) int { return cmp.Or(cmp.Compare(a.Field, b.Field), cmp.Compare(a.Message, b.Message)) })
+	slices.SortFunc(cs, func(a, b Conflict) int {
+		return cmp.Or(cmp.Compare(a.Field, b.Field), cmp.Compare(a.Message, b.Message))
+	})
 	return slices.CompactFunc(cs, func(a, b Conflict) bool { return a.Field == b.Field })
 }
 
