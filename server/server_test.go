@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
@@ -1030,5 +1031,85 @@ func TestServiceCIDRsReachTheAgents(t *testing.T) {
 	list, err := ts2.Registry.ListServiceCidrs(ctx, &weirv1.ListServiceCidrsRequest{})
 	if err != nil || len(list.GetServiceCidrs()) != 1 || list.GetServiceCidrs()[0].GetMetadata().GetName() != "primary" {
 		t.Errorf("list: %v, %v", list, err)
+	}
+}
+
+// Load-balancer addresses can be replaced and cleared by an update that
+// says so (update_mask), are kept by one that does not, and go with the
+// type: the nodes stop forwarding them.
+func TestLoadBalancerAddressesCanBeClearedAndGoWithTheType(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	agent.ack(agent.recv().GetVersion())
+	lbIPs := func(msg *weirv1.SyncResponse) []string {
+		for _, s := range msg.GetUpserts() {
+			if s.GetName() == "web" {
+				return s.GetLoadBalancerIps()
+			}
+		}
+		t.Fatalf("no upsert of web in %v", msg)
+		return nil
+	}
+	svc := validService()
+	svc.Spec.Type = weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER
+	svc.Status = &weirv1.ServiceStatus{LoadBalancerIps: []string{"203.0.113.10"}}
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+		t.Fatal(err)
+	}
+	msg := agent.recv()
+	agent.ack(msg.GetVersion())
+	if got := lbIPs(msg); !slices.Equal(got, []string{"203.0.113.10"}) {
+		t.Fatalf("the node was sent %v", got)
+	}
+	update := func(s *weirv1.Service, mask ...string) (*weirv1.Service, error) {
+		req := &weirv1.UpdateServiceRequest{Service: s}
+		if mask != nil {
+			req.UpdateMask = &fieldmaskpb.FieldMask{Paths: mask}
+		}
+		r, err := ts.Registry.UpdateService(ctx, req)
+		return r.GetService(), err
+	}
+	// Without a mask, no status keeps the addresses.
+	spec := proto.Clone(svc).(*weirv1.Service)
+	spec.Status = nil
+	spec.Metadata.Labels = map[string]string{"app": "web", "v": "2"}
+	got, err := update(spec)
+	if err != nil || !slices.Equal(got.GetStatus().GetLoadBalancerIps(), []string{"203.0.113.10"}) {
+		t.Fatalf("update without status: %v, %v; want the address kept", got, err)
+	}
+	// With the mask, an empty list clears them, and the node stops.
+	got, err = update(spec, "status.load_balancer_ips")
+	if err != nil || len(got.GetStatus().GetLoadBalancerIps()) != 0 {
+		t.Fatalf("clearing: %v, %v", got, err)
+	}
+	msg = agent.recv()
+	agent.ack(msg.GetVersion())
+	if got := lbIPs(msg); len(got) != 0 {
+		t.Errorf("after clearing, the node was sent %v", got)
+	}
+	replaced := proto.Clone(spec).(*weirv1.Service)
+	replaced.Status = &weirv1.ServiceStatus{LoadBalancerIps: []string{"203.0.113.11"}}
+	if got, err = update(replaced, "status.load_balancer_ips"); err != nil || !slices.Equal(got.GetStatus().GetLoadBalancerIps(), []string{"203.0.113.11"}) {
+		t.Fatalf("replacing: %v, %v", got, err)
+	}
+	agent.ack(agent.recv().GetVersion())
+	if _, err := update(spec, "spec.type"); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "update_mask.paths[0]") {
+		t.Errorf("an unknown mask path: %v; want InvalidArgument naming it", err)
+	}
+	// A ClusterIP service has none: said, it is refused; kept, it goes.
+	clusterIP := proto.Clone(replaced).(*weirv1.Service)
+	clusterIP.Spec.Type = weirv1.ServiceType_SERVICE_TYPE_CLUSTER_IP
+	clusterIP.Spec.Ports[0].NodePort = 0
+	if _, err := update(clusterIP); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "status.load_balancer_ips") {
+		t.Errorf("a ClusterIP service with load-balancer addresses: %v; want InvalidArgument", err)
+	}
+	clusterIP.Status = nil
+	if got, err = update(clusterIP); err != nil || len(got.GetStatus().GetLoadBalancerIps()) != 0 {
+		t.Fatalf("type changed to ClusterIP: %v, %v; want the addresses gone", got, err)
+	}
+	if got := lbIPs(agent.recv()); len(got) != 0 {
+		t.Errorf("after the type change, the node was sent %v", got)
 	}
 }

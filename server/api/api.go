@@ -81,14 +81,20 @@ func (r resource[T, P]) create(p P, validateOnly bool) (P, error) {
 }
 
 func (r resource[T, P]) update(p P, validateOnly bool) (P, error) {
+	return r.updateKeeping(p, validateOnly, r.keepStatus)
+}
+
+// updateKeeping is update with keep in place of keepStatus (nil: the
+// request says every field).
+func (r resource[T, P]) updateKeeping(p P, validateOnly bool, keep func(now, old T)) (P, error) {
 	obj, err := r.from(p)
 	if err != nil {
 		return *new(P), Status(r.field, err)
 	}
 	obj.GetMeta().Source = model.SourceNative
-	if r.keepStatus != nil {
+	if keep != nil {
 		if old, err := r.coll.Get(obj.GetMeta().Key()); err == nil {
-			r.keepStatus(obj, old)
+			keep(obj, old)
 		}
 	}
 	if validateOnly {

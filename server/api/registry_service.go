@@ -4,6 +4,9 @@ import (
 	"context"
 	"strconv"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
@@ -36,8 +39,9 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 			},
 			keepStatus: func(now, old *model.Service) {
 				// An update without status keeps the assigned addresses,
-				// as Kubernetes keeps status across spec updates.
-				if len(now.LoadBalancerIPs) == 0 {
+				// as Kubernetes keeps status across spec updates, while
+				// the service stays a load balancer.
+				if len(now.LoadBalancerIPs) == 0 && now.Type == model.LoadBalancer {
 					now.LoadBalancerIPs, now.AddressReason, now.AddressMessage = old.LoadBalancerIPs, old.AddressReason, old.AddressMessage
 				}
 			}},
@@ -168,7 +172,20 @@ func (s *RegistryService) ListServices(_ context.Context, req *weirv1.ListServic
 }
 
 func (s *RegistryService) UpdateService(_ context.Context, req *weirv1.UpdateServiceRequest) (*weirv1.UpdateServiceResponse, error) {
-	obj, err := s.services.update(req.GetService(), req.GetValidateOnly())
+	keep := s.services.keepStatus
+	for i, p := range req.GetUpdateMask().GetPaths() {
+		if p != "status.load_balancer_ips" {
+			return nil, status.Errorf(codes.InvalidArgument, "update_mask.paths[%d]: %q is not a path an update can be told to replace (status.load_balancer_ips)", i, p)
+		}
+		keep = func(now, old *model.Service) {
+			// The request's addresses stand, even none; the reason
+			// Weir assigned none is Weir's to keep.
+			if now.Type == model.LoadBalancer {
+				now.AddressReason, now.AddressMessage = old.AddressReason, old.AddressMessage
+			}
+		}
+	}
+	obj, err := s.services.updateKeeping(req.GetService(), req.GetValidateOnly(), keep)
 	return &weirv1.UpdateServiceResponse{Service: obj}, err
 }
 

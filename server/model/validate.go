@@ -83,6 +83,9 @@ func (s *Service) Validate() error {
 			return err
 		}
 	}
+	if len(s.LoadBalancerIPs) > 0 && s.Type != LoadBalancer {
+		return fieldErr("status.load_balancer_ips", "only LOAD_BALANCER services have load-balancer addresses")
+	}
 	if len(s.Ports) == 0 {
 		return fieldErr("spec.ports", "at least one port is required")
 	}

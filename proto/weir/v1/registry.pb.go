@@ -9,6 +9,7 @@ package weirv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -413,7 +414,13 @@ type UpdateServiceRequest struct {
 	Service *Service               `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
 	// Check the write whole (fields, conflicts, ownership, version) and
 	// answer as if it were done, without doing it.
-	ValidateOnly  bool `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	ValidateOnly bool `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	// Without it, an update that leaves status.load_balancer_ips empty keeps
+	// the addresses the service has (as Kubernetes keeps status across spec
+	// updates). With the path "status.load_balancer_ips" the request's list
+	// replaces them, an empty one clears them. A service that stops being a
+	// LOAD_BALANCER loses them either way.
+	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,3,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -460,6 +467,13 @@ func (x *UpdateServiceRequest) GetValidateOnly() bool {
 		return x.ValidateOnly
 	}
 	return false
+}
+
+func (x *UpdateServiceRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
+	if x != nil {
+		return x.UpdateMask
+	}
+	return nil
 }
 
 type UpdateServiceResponse struct {
@@ -3634,7 +3648,7 @@ var File_weir_v1_registry_proto protoreflect.FileDescriptor
 
 const file_weir_v1_registry_proto_rawDesc = "" +
 	"\n" +
-	"\x16weir/v1/registry.proto\x12\aweir.v1\x1a\x17weir/v1/resources.proto\"g\n" +
+	"\x16weir/v1/registry.proto\x12\aweir.v1\x1a google/protobuf/field_mask.proto\x1a\x17weir/v1/resources.proto\"g\n" +
 	"\x14CreateServiceRequest\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"C\n" +
@@ -3654,10 +3668,12 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x14ListServicesResponse\x12,\n" +
 	"\bservices\x18\x01 \x03(\v2\x10.weir.v1.ServiceR\bservices\x12)\n" +
 	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"g\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xa4\x01\n" +
 	"\x14UpdateServiceRequest\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\x12#\n" +
-	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"C\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\x12;\n" +
+	"\vupdate_mask\x18\x03 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
+	"updateMask\"C\n" +
 	"\x15UpdateServiceResponse\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\"s\n" +
 	"\x14DeleteServiceRequest\x12\x1c\n" +
@@ -3966,11 +3982,12 @@ var file_weir_v1_registry_proto_goTypes = []any{
 	(*DeleteServiceCidrRequest)(nil),    // 69: weir.v1.DeleteServiceCidrRequest
 	(*DeleteServiceCidrResponse)(nil),   // 70: weir.v1.DeleteServiceCidrResponse
 	(*Service)(nil),                     // 71: weir.v1.Service
-	(*EndpointSlice)(nil),               // 72: weir.v1.EndpointSlice
-	(*Node)(nil),                        // 73: weir.v1.Node
-	(*AddressPool)(nil),                 // 74: weir.v1.AddressPool
-	(*BgpPeer)(nil),                     // 75: weir.v1.BgpPeer
-	(*ServiceCidr)(nil),                 // 76: weir.v1.ServiceCidr
+	(*fieldmaskpb.FieldMask)(nil),       // 72: google.protobuf.FieldMask
+	(*EndpointSlice)(nil),               // 73: weir.v1.EndpointSlice
+	(*Node)(nil),                        // 74: weir.v1.Node
+	(*AddressPool)(nil),                 // 75: weir.v1.AddressPool
+	(*BgpPeer)(nil),                     // 76: weir.v1.BgpPeer
+	(*ServiceCidr)(nil),                 // 77: weir.v1.ServiceCidr
 }
 var file_weir_v1_registry_proto_depIdxs = []int32{
 	71, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
@@ -3978,120 +3995,121 @@ var file_weir_v1_registry_proto_depIdxs = []int32{
 	71, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
 	71, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
 	71, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
-	71, // 5: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
-	0,  // 6: weir.v1.WatchServicesResponse.type:type_name -> weir.v1.WatchEventType
-	71, // 7: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
-	72, // 8: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	72, // 9: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	72, // 10: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	72, // 11: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
-	72, // 12: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	72, // 13: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	0,  // 14: weir.v1.WatchEndpointSlicesResponse.type:type_name -> weir.v1.WatchEventType
-	72, // 15: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	73, // 16: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
-	73, // 17: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
-	73, // 18: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
-	73, // 19: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
-	73, // 20: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
-	73, // 21: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
-	0,  // 22: weir.v1.WatchNodesResponse.type:type_name -> weir.v1.WatchEventType
-	73, // 23: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
-	73, // 24: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
-	73, // 25: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
-	74, // 26: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	74, // 27: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	74, // 28: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	74, // 29: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
-	74, // 30: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	74, // 31: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	75, // 32: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
-	75, // 33: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	75, // 34: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	75, // 35: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
-	75, // 36: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
-	75, // 37: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	76, // 38: weir.v1.CreateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
-	76, // 39: weir.v1.CreateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	76, // 40: weir.v1.GetServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	76, // 41: weir.v1.ListServiceCidrsResponse.service_cidrs:type_name -> weir.v1.ServiceCidr
-	76, // 42: weir.v1.UpdateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
-	76, // 43: weir.v1.UpdateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	1,  // 44: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
-	3,  // 45: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
-	5,  // 46: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
-	7,  // 47: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
-	9,  // 48: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
-	11, // 49: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
-	13, // 50: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
-	15, // 51: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
-	17, // 52: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
-	19, // 53: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
-	21, // 54: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
-	23, // 55: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
-	25, // 56: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
-	27, // 57: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
-	29, // 58: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
-	31, // 59: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
-	33, // 60: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
-	35, // 61: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
-	37, // 62: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
-	39, // 63: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
-	41, // 64: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
-	43, // 65: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
-	45, // 66: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
-	47, // 67: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
-	49, // 68: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
-	51, // 69: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
-	53, // 70: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
-	55, // 71: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
-	57, // 72: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
-	59, // 73: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
-	61, // 74: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
-	63, // 75: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
-	65, // 76: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
-	67, // 77: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
-	69, // 78: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
-	2,  // 79: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
-	4,  // 80: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
-	6,  // 81: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
-	8,  // 82: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
-	10, // 83: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
-	12, // 84: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
-	14, // 85: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
-	16, // 86: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
-	18, // 87: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
-	20, // 88: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
-	22, // 89: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
-	24, // 90: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
-	26, // 91: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
-	28, // 92: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
-	30, // 93: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
-	32, // 94: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
-	34, // 95: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
-	36, // 96: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
-	38, // 97: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
-	40, // 98: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
-	42, // 99: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
-	44, // 100: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
-	46, // 101: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
-	48, // 102: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
-	50, // 103: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
-	52, // 104: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
-	54, // 105: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
-	56, // 106: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
-	58, // 107: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
-	60, // 108: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
-	62, // 109: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
-	64, // 110: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
-	66, // 111: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
-	68, // 112: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
-	70, // 113: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
-	79, // [79:114] is the sub-list for method output_type
-	44, // [44:79] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	72, // 5: weir.v1.UpdateServiceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	71, // 6: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
+	0,  // 7: weir.v1.WatchServicesResponse.type:type_name -> weir.v1.WatchEventType
+	71, // 8: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
+	73, // 9: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	73, // 10: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	73, // 11: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	73, // 12: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
+	73, // 13: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	73, // 14: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	0,  // 15: weir.v1.WatchEndpointSlicesResponse.type:type_name -> weir.v1.WatchEventType
+	73, // 16: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	74, // 17: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
+	74, // 18: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
+	74, // 19: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
+	74, // 20: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
+	74, // 21: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
+	74, // 22: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
+	0,  // 23: weir.v1.WatchNodesResponse.type:type_name -> weir.v1.WatchEventType
+	74, // 24: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
+	74, // 25: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
+	74, // 26: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
+	75, // 27: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	75, // 28: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	75, // 29: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	75, // 30: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
+	75, // 31: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	75, // 32: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	76, // 33: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	76, // 34: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	76, // 35: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	76, // 36: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
+	76, // 37: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	76, // 38: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	77, // 39: weir.v1.CreateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
+	77, // 40: weir.v1.CreateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	77, // 41: weir.v1.GetServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	77, // 42: weir.v1.ListServiceCidrsResponse.service_cidrs:type_name -> weir.v1.ServiceCidr
+	77, // 43: weir.v1.UpdateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
+	77, // 44: weir.v1.UpdateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	1,  // 45: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
+	3,  // 46: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
+	5,  // 47: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
+	7,  // 48: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
+	9,  // 49: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
+	11, // 50: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
+	13, // 51: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
+	15, // 52: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
+	17, // 53: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
+	19, // 54: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
+	21, // 55: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
+	23, // 56: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
+	25, // 57: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
+	27, // 58: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
+	29, // 59: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
+	31, // 60: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
+	33, // 61: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
+	35, // 62: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
+	37, // 63: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
+	39, // 64: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
+	41, // 65: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
+	43, // 66: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
+	45, // 67: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
+	47, // 68: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
+	49, // 69: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
+	51, // 70: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
+	53, // 71: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
+	55, // 72: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
+	57, // 73: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
+	59, // 74: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
+	61, // 75: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
+	63, // 76: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
+	65, // 77: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
+	67, // 78: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
+	69, // 79: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
+	2,  // 80: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
+	4,  // 81: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
+	6,  // 82: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
+	8,  // 83: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
+	10, // 84: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
+	12, // 85: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
+	14, // 86: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
+	16, // 87: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
+	18, // 88: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
+	20, // 89: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
+	22, // 90: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
+	24, // 91: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
+	26, // 92: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
+	28, // 93: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
+	30, // 94: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
+	32, // 95: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
+	34, // 96: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
+	36, // 97: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
+	38, // 98: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
+	40, // 99: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
+	42, // 100: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
+	44, // 101: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
+	46, // 102: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
+	48, // 103: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
+	50, // 104: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
+	52, // 105: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
+	54, // 106: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
+	56, // 107: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
+	58, // 108: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
+	60, // 109: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
+	62, // 110: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
+	64, // 111: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
+	66, // 112: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
+	68, // 113: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
+	70, // 114: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
+	80, // [80:115] is the sub-list for method output_type
+	45, // [45:80] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_registry_proto_init() }
