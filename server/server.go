@@ -85,6 +85,9 @@ var (
 
 // New opens the data dir and builds the gRPC server.
 func New(cfg Config) (*Server, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
 	if cfg.ResourcesFile != "" {
 		// A bad file at start-up stops the server: the operator is there.
 		data, err := os.ReadFile(cfg.ResourcesFile)
@@ -112,6 +115,7 @@ func New(cfg Config) (*Server, error) {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	}
+	opts = append(opts, auth.AuditOptions(cfg.Log)...)
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
 		if cfg.TLS.ClientCAs != nil {

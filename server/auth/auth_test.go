@@ -1,10 +1,14 @@
 package auth_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"io"
+	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -154,4 +158,65 @@ func TestNoCertificateNoOldTLS(t *testing.T) {
 		conn.Close()
 		t.Error("a TLS 1.2 handshake succeeded")
 	}
+}
+
+// Every write and every denied call leaves one audit line: who, what,
+// which resource, the result.
+func TestAuditRecordsWritesAndDenials(t *testing.T) {
+	dir := pki(t)
+	cfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&lockedWriter{&mu, &buf}, nil))
+	addr := servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS, c.Log = cfg, log }).Addr
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	admin := weirv1.NewRegistryServiceClient(dial(t, addr, dir, "alice"))
+	viewer := weirv1.NewRegistryServiceClient(dial(t, addr, dir, "victor"))
+	if _, err := admin.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: node("node1")}); err != nil {
+		t.Fatal(err)
+	}
+	admin.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: node("Bad_Name")})
+	viewer.DeleteNode(ctx, &weirv1.DeleteNodeRequest{Name: "node1"})
+	admin.ListNodes(ctx, &weirv1.ListNodesRequest{})
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "msg=audit") {
+			lines = append(lines, l)
+		}
+	}
+	for i, want := range [][]string{
+		{"level=INFO", `who="alice (admin)"`, "method=weir.v1.RegistryService/CreateNode", "result=OK", "resource=node1", "revision=1"},
+		{"level=INFO", `who="alice (admin)"`, "method=weir.v1.RegistryService/CreateNode", "result=InvalidArgument", "resource=Bad_Name", "error="},
+		{"level=WARN", `who="victor (viewer)"`, "method=weir.v1.RegistryService/DeleteNode", "result=PermissionDenied", "resource=node1"},
+	} {
+		if i >= len(lines) {
+			t.Fatalf("audit lines:\n%s\nwant %d", strings.Join(lines, "\n"), i+1)
+		}
+		for _, w := range want {
+			if !strings.Contains(lines[i], w) {
+				t.Errorf("audit line %d %q lacks %q", i, lines[i], w)
+			}
+		}
+	}
+	if len(lines) != 3 {
+		t.Errorf("audit lines:\n%s\nwant 3 (reads are not audited)", strings.Join(lines, "\n"))
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
