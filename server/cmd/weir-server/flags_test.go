@@ -21,3 +21,24 @@ func TestInsecureContradictsTLSFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestPlainTextOnlyOnLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		insecure, remote bool
+		listen           string
+		ok               bool
+	}{
+		{true, false, "127.0.0.1:7443", true},
+		{true, false, "[::1]:7443", true},
+		{true, false, "0.0.0.0:7443", false},
+		{true, false, "10.250.1.1:7443", false},
+		{true, true, "10.250.1.1:7443", true},
+		{false, true, "127.0.0.1:7443", false},
+		{false, false, "0.0.0.0:7443", true},
+	} {
+		err := checkPlainTextListen(tc.insecure, tc.remote, tc.listen)
+		if (err == nil) != tc.ok {
+			t.Errorf("--insecure=%v --insecure-allow-remote=%v --listen %s: %v", tc.insecure, tc.remote, tc.listen, err)
+		}
+	}
+}

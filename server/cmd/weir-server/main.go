@@ -50,22 +50,23 @@ func main() {
 
 func run() error {
 	var (
-		listen   = flag.String("listen", "127.0.0.1:7443", "address of the gRPC API (agents and orchestrators)")
-		dataDir  = flag.String("data-dir", "/var/lib/weir", "folder of the persistent store")
-		insecure = flag.Bool("insecure", false, "serve plain text instead of TLS (lab and demo only)")
-		certFile = flag.String("tls-cert-file", "", "server certificate (PEM)")
-		keyFile  = flag.String("tls-key-file", "", "server private key (PEM)")
-		caFile   = flag.String("client-ca-file", "", "CA that signs agent and operator certificates; requires mTLS")
-		logLevel = flag.String("log-level", "info", "debug, info, warn or error")
-		minSync  = flag.Duration("min-sync-period", 50*time.Millisecond, "least time between two rounds of changes to agents; a lone change goes out at once")
-		metrics  = flag.String("metrics-bind-address", "127.0.0.1:7444", "address of /metrics (Prometheus) and /debug/pprof/")
-		kube     = flag.Bool("kubernetes", false, "mirror a Kubernetes cluster's services, endpoint slices and nodes (in-cluster config unless --kubeconfig)")
-		kubecfg  = flag.String("kubeconfig", "", "kubeconfig of the cluster to mirror; implies --kubernetes")
-		resFile  = flag.String("resources-file", "", "YAML file of AddressPool and BgpPeer documents (lbctl's format) the server keeps applied, re-read when it changes (a mounted ConfigMap)")
-		resAll   = flag.Bool("resources-file-allow-removing-all", false, "apply a resources file even when it is empty or removes every address pool in use (refused by default: a half-written file looks like that)")
-		proxyNm  = flag.String("service-proxy-name", "", "handle only Kubernetes services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones, as kube-proxy)")
-		npRange  = flag.String("service-node-port-range", "30000-32767", "node ports and health-check node ports of native services come from this range (as the apiserver's flag)")
-		extCIDRs = flag.String("allowed-external-ip-cidrs", "", "comma-separated CIDRs external IPs may come from (default none: a service's external IP takes an address's traffic on every node; Kubernetes recommends denying them)")
+		listen         = flag.String("listen", "127.0.0.1:7443", "address of the gRPC API (agents and orchestrators)")
+		dataDir        = flag.String("data-dir", "/var/lib/weir", "folder of the persistent store")
+		insecure       = flag.Bool("insecure", false, "serve plain text instead of TLS, on a loopback address only (lab and demo)")
+		insecureRemote = flag.Bool("insecure-allow-remote", false, "with --insecure, serve plain text on a non-loopback address too: anyone who reaches it can read and change everything")
+		certFile       = flag.String("tls-cert-file", "", "server certificate (PEM)")
+		keyFile        = flag.String("tls-key-file", "", "server private key (PEM)")
+		caFile         = flag.String("client-ca-file", "", "CA that signs agent and operator certificates; requires mTLS")
+		logLevel       = flag.String("log-level", "info", "debug, info, warn or error")
+		minSync        = flag.Duration("min-sync-period", 50*time.Millisecond, "least time between two rounds of changes to agents; a lone change goes out at once")
+		metrics        = flag.String("metrics-bind-address", "127.0.0.1:7444", "address of /metrics (Prometheus) and /debug/pprof/")
+		kube           = flag.Bool("kubernetes", false, "mirror a Kubernetes cluster's services, endpoint slices and nodes (in-cluster config unless --kubeconfig)")
+		kubecfg        = flag.String("kubeconfig", "", "kubeconfig of the cluster to mirror; implies --kubernetes")
+		resFile        = flag.String("resources-file", "", "YAML file of AddressPool and BgpPeer documents (lbctl's format) the server keeps applied, re-read when it changes (a mounted ConfigMap)")
+		resAll         = flag.Bool("resources-file-allow-removing-all", false, "apply a resources file even when it is empty or removes every address pool in use (refused by default: a half-written file looks like that)")
+		proxyNm        = flag.String("service-proxy-name", "", "handle only Kubernetes services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones, as kube-proxy)")
+		npRange        = flag.String("service-node-port-range", "30000-32767", "node ports and health-check node ports of native services come from this range (as the apiserver's flag)")
+		extCIDRs       = flag.String("allowed-external-ip-cidrs", "", "comma-separated CIDRs external IPs may come from (default none: a service's external IP takes an address's traffic on every node; Kubernetes recommends denying them)")
 	)
 	flag.Parse()
 	var level slog.Level
@@ -76,6 +77,9 @@ func run() error {
 
 	var tlsCfg *tls.Config
 	if err := checkInsecure(*insecure, *certFile, *keyFile, *caFile); err != nil {
+		return err
+	}
+	if err := checkPlainTextListen(*insecure, *insecureRemote, *listen); err != nil {
 		return err
 	}
 	if *insecure && !loopback(*listen) {
@@ -178,6 +182,18 @@ func certsCommand(args []string) error {
 func checkInsecure(insecure bool, certFile, keyFile, caFile string) error {
 	if insecure && (certFile != "" || keyFile != "" || caFile != "") {
 		return fmt.Errorf("--insecure serves plain text: it contradicts --tls-cert-file, --tls-key-file and --client-ca-file; give one or the other")
+	}
+	return nil
+}
+
+// checkPlainTextListen refuses plain text off loopback unless the operator
+// said so with a flag that names the risk.
+func checkPlainTextListen(insecure, allowRemote bool, listen string) error {
+	switch {
+	case allowRemote && !insecure:
+		return fmt.Errorf("--insecure-allow-remote means nothing without --insecure")
+	case insecure && !allowRemote && !loopback(listen):
+		return fmt.Errorf("--insecure serves plain text, without authentication, on loopback only: --listen %s is not a loopback address; add --insecure-allow-remote if anyone who reaches it may read and change everything (a lab), or use TLS", listen)
 	}
 	return nil
 }
