@@ -92,8 +92,21 @@ func IssueServer(dir string, hosts []string) error {
 	return issue(dir, "server", tmpl)
 }
 
-// IssueClient writes <name>.crt and <name>.key for a client with a role.
+// IssueClient writes <name>.crt and <name>.key for a client with a role;
+// it refuses to replace a key the folder holds (see ReissueClient).
 func IssueClient(dir, name, role string) error {
+	if err := checkClientName(name); err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(dir, name+".key")); err == nil {
+		return fmt.Errorf("%s already holds a key for %q (%s.key): replacing it cuts off whoever uses it; reissue it on purpose (--force)", dir, name, name)
+	}
+	return ReissueClient(dir, name, role)
+}
+
+// ReissueClient writes <name>.crt and <name>.key, replacing any there
+// (a rotation); the CA's and the server's own files stay refused.
+func ReissueClient(dir, name, role string) error {
 	switch role {
 	case RoleAdmin, RoleViewer, RoleAgent, RoleSpeaker:
 	default:

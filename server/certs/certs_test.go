@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -34,5 +35,31 @@ func TestIssueRefusesNamesThatLeaveTheFolderOrOverwriteTheCA(t *testing.T) {
 		if err := IssueClient(dir, name, RoleAgent); err != nil {
 			t.Errorf("IssueClient(%q): %v", name, err)
 		}
+	}
+}
+
+func TestIssueNeverReplacesAKeyUnasked(t *testing.T) {
+	dir := t.TempDir()
+	if err := InitCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := IssueClient(dir, "node1", RoleAgent); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(filepath.Join(dir, "node1.key"))
+	if err := IssueClient(dir, "node1", RoleAdmin); err == nil || !strings.Contains(err.Error(), "--force") {
+		t.Errorf("issuing over node1's key: %v; want a refusal naming --force", err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(dir, "node1.key")); !bytes.Equal(before, after) {
+		t.Error("node1's key changed")
+	}
+	if err := ReissueClient(dir, "node1", RoleAgent); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(dir, "node1.key")); bytes.Equal(before, after) {
+		t.Error("a reissue kept the old key")
+	}
+	if err := ReissueClient(dir, "ca", RoleAdmin); err == nil {
+		t.Error("a reissue may replace the CA's key")
 	}
 }

@@ -139,7 +139,7 @@ func run() error {
 // certsCommand issues certificates: "init" makes a CA and the server's
 // certificate, "issue" a client's.
 func certsCommand(args []string) error {
-	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker"
+	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker [--force]"
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
@@ -148,6 +148,7 @@ func certsCommand(args []string) error {
 	hosts := fs.String("hosts", "", "comma-separated names and addresses the server answers on (init)")
 	name := fs.String("name", "", "the client's identity: a node name for an agent (issue)")
 	role := fs.String("role", "", "admin, viewer, agent or speaker (issue)")
+	force := fs.Bool("force", false, "replace the name's existing certificate and key (issue)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -167,7 +168,11 @@ func certsCommand(args []string) error {
 		}
 		fmt.Printf("wrote %s/ca.crt, ca.key, server.crt, server.key\n", *dir)
 	case "issue":
-		if err := certs.IssueClient(*dir, *name, *role); err != nil {
+		issue := certs.IssueClient
+		if *force {
+			issue = certs.ReissueClient
+		}
+		if err := issue(*dir, *name, *role); err != nil {
 			return err
 		}
 		fmt.Printf("wrote %s/%s.crt and %s.key (role %s)\n", *dir, *name, *name, *role)
