@@ -36,6 +36,8 @@ type Services struct {
 	servers map[uint16]*portServer
 	// drained makes every port answer 503.
 	drained atomic.Bool
+	// conns bounds the connections every port together holds.
+	conns *ConnLimit
 }
 
 // SetDrained makes every health-check port answer 503 (or not).
@@ -54,6 +56,7 @@ func NewServices(proxyHealthy func() bool, log *slog.Logger, reg prometheus.Regi
 		proxyHealthy: proxyHealthy,
 		log:          log,
 		servers:      map[uint16]*portServer{},
+		conns:        NewConnLimit(MaxServiceConnections),
 		bindErrors: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "weir_service_health_bind_errors",
 			Help: "Health-check node ports that could not be opened.",
@@ -140,10 +143,10 @@ func (s *Services) code(svc *Service) int {
 // (a balancer probing that address would get no answer).
 func (s *Services) open(port uint16) *portServer {
 	ps := &portServer{}
-	ps.http = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	ps.http = NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		svc := ps.svc.Load()
 		s.answer(w, svc)
-	})}
+	}))
 	hosts := []string{""}
 	if len(s.addrs) > 0 {
 		hosts = hosts[:0]
@@ -162,7 +165,7 @@ func (s *Services) open(port uint16) *portServer {
 			s.log.Error("health-check port not served", "port", port, "error", err)
 			return ps
 		}
-		listeners = append(listeners, ln)
+		listeners = append(listeners, s.conns.Listen(ln))
 	}
 	for _, ln := range listeners {
 		go func() {

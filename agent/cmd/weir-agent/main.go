@@ -194,7 +194,8 @@ func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logge
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	srv := health.NewHTTPServer(h)
+	ln = health.NewConnLimit(health.MaxNodeConnections).Listen(ln)
 	go func() {
 		<-ctx.Done()
 		srv.Close()
