@@ -26,6 +26,7 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/agentsync"
 	"github.com/weirlb/weir/server/servertest"
 )
 
@@ -1111,5 +1112,49 @@ func TestLoadBalancerAddressesCanBeClearedAndGoWithTheType(t *testing.T) {
 	}
 	if got := lbIPs(agent.recv()); len(got) != 0 {
 		t.Errorf("after the type change, the node was sent %v", got)
+	}
+}
+
+// An agent's report costs the server no more than the node's share of the
+// cluster: health of services the server does not have is dropped, texts
+// are cut.
+func TestReportsAreBounded(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: validService()}); err != nil {
+		t.Fatal(err)
+	}
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	agent.ack(agent.recv().GetVersion())
+	r := &weirv1.Report{Full: true, NodeHealth: &weirv1.NodeHealth{HealthzCode: 200, LivezCode: 200},
+		Services: []*weirv1.ServiceHealth{{Namespace: "default", Name: "web", HealthCheckError: strings.Repeat("x", 100000)}}}
+	for i := range 5000 {
+		r.Services = append(r.Services, &weirv1.ServiceHealth{Namespace: "junk", Name: strconv.Itoa(i), HealthCheckError: strings.Repeat("y", 500)})
+	}
+	if err := agent.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: r}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var services map[string]agentsync.ServiceHealth
+		for _, st := range ts.Hub.Status() {
+			if st.Node == "node1" {
+				services = st.Services
+			}
+		}
+		if web, ok := services["default/web"]; ok {
+			if len(services) != 1 {
+				t.Errorf("the server kept the health of %d services; want only default/web", len(services))
+			}
+			if len(web.HealthCheckError) > 1100 {
+				t.Errorf("a %d-byte error was kept whole", len(web.HealthCheckError))
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the report never arrived")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -724,6 +724,9 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStat
 			return err
 		}
 		now := time.Now()
+		if r := req.GetReport(); r != nil {
+			h.boundReport(r)
+		}
 		h.mu.Lock()
 		st.LastSeen = now
 		switch m := req.Message.(type) {
@@ -742,7 +745,7 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStat
 			}
 		case *weirv1.SyncRequest_Nack:
 			// Recorded, never resent: the same state would fail the same way.
-			st.LastError, st.LastErrorVersion = m.Nack.GetError(), m.Nack.GetVersion()
+			st.LastError, st.LastErrorVersion = truncate(m.Nack.GetError()), m.Nack.GetVersion()
 			inflight.settle(m.Nack.GetVersion())
 			h.metrics.nacks.Inc()
 			log.Warn("agent rejected state", "version", m.Nack.GetVersion(), "error", m.Nack.GetError())
@@ -817,4 +820,44 @@ func (h *Hub) Status() []NodeStatus {
 	}
 	slices.SortFunc(out, func(a, b NodeStatus) int { return strings.Compare(a.Node, b.Node) })
 	return out
+}
+
+// What an agent's report may hold: the server keeps the last one of every
+// node (an hour after it leaves, too), so a report can cost no more than
+// the node's share of the cluster.
+const (
+	maxReportText     = 1024 // bytes of any error or message
+	maxReportSessions = 256  // BGP sessions
+	maxAnnouncements  = 65536
+)
+
+// boundReport drops what a report says of services the server does not
+// have (they would be kept for nothing), and cuts its texts and lists to
+// the bounds above. It runs before h.mu is taken.
+func (h *Hub) boundReport(r *weirv1.Report) {
+	h.cacheMu.RLock()
+	kept := r.Services[:0]
+	for _, s := range r.GetServices() {
+		if _, ok := h.services[s.GetNamespace()+"/"+s.GetName()]; ok {
+			s.HealthCheckError = truncate(s.GetHealthCheckError())
+			kept = append(kept, s)
+		}
+	}
+	h.cacheMu.RUnlock()
+	r.Services = kept
+	if bgp := r.GetBgp(); bgp != nil {
+		if len(bgp.Sessions) > maxReportSessions {
+			bgp.Sessions = bgp.Sessions[:maxReportSessions]
+		}
+		if len(bgp.Announcements) > maxAnnouncements {
+			bgp.Announcements = bgp.Announcements[:maxAnnouncements]
+		}
+	}
+}
+
+func truncate(s string) string {
+	if len(s) <= maxReportText {
+		return s
+	}
+	return s[:maxReportText] + "…"
 }

@@ -13,6 +13,7 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/agentsync"
 )
 
 // Server is a running server and a client connection to it.
@@ -22,7 +23,9 @@ type Server struct {
 	Conn     *grpc.ClientConn
 	Registry weirv1.RegistryServiceClient
 	Agents   weirv1.AgentServiceClient
-	stop     func()
+	// Hub is the server's agent hub, for tests that look inside.
+	Hub  *agentsync.Hub
+	stop func()
 }
 
 // Start serves dataDir in plain text on 127.0.0.1 until the test ends or
@@ -50,7 +53,7 @@ func Start(t testing.TB, dataDir string, options ...func(*server.Config)) *Serve
 	}
 	s := &Server{
 		Addr: lis.Addr().String(), DataDir: dataDir, Conn: conn,
-		Registry: weirv1.NewRegistryServiceClient(conn), Agents: weirv1.NewAgentServiceClient(conn),
+		Registry: weirv1.NewRegistryServiceClient(conn), Agents: weirv1.NewAgentServiceClient(conn), Hub: srv.Agents,
 	}
 	s.stop = func() {
 		conn.Close()
