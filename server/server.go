@@ -26,6 +26,7 @@ import (
 	"github.com/weirlb/weir/server/auth"
 	"github.com/weirlb/weir/server/ipam"
 	"github.com/weirlb/weir/server/kubernetes"
+	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/resourcefile"
@@ -60,6 +61,8 @@ type Config struct {
 	// ServiceRules are the node-port range, reserved ports and allowed
 	// external IPs; nil means registry.DefaultServiceRules.
 	ServiceRules *registry.ServiceRules
+	// Limits bound what one caller of the API can take (zero: defaults).
+	Limits limits.Config
 }
 
 // Server is a running central server.
@@ -122,6 +125,7 @@ func New(cfg Config) (*Server, error) {
 			opts = append(opts, auth.ServerOptions()...)
 		}
 	}
+	opts = append(opts, limits.ServerOptions(cfg.Limits)...)
 	s := &Server{
 		Registry: reg,
 		Agents:   agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log, RemovalLogLimit: cfg.RemovalLogLimit}),

@@ -67,8 +67,10 @@ func isWrite(method string) bool {
 		!strings.HasPrefix(name, "Get") && !strings.HasPrefix(name, "List") && !strings.HasPrefix(name, "Watch")
 }
 
-// who names the caller from its certificate (whether or not its role
+// Caller names the caller from its certificate (whether or not its role
 // allows the call), else by address.
+func Caller(ctx context.Context) string { return who(ctx) }
+
 func who(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -32,7 +33,43 @@ func AsFieldError(err error) (*FieldError, bool) {
 var dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // dns1123Subdomain is what Kubernetes accepts for node and slice names.
-var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
+var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// Kubernetes' sizes, and Weir's where Kubernetes sets none.
+const (
+	maxSubdomain         = 253  // a DNS-1123 subdomain
+	maxLabelName         = 63   // a label key's name part, and a value
+	maxLabels            = 64   // Weir's: Kubernetes bounds only the object
+	maxServicePorts      = 100  // Weir's, as an EndpointSlice's ports
+	maxSlicePorts        = 100  // Kubernetes'
+	maxSliceEndpoints    = 1000 // Kubernetes'
+	maxEndpointAddresses = 100  // Kubernetes'
+)
+
+// labelName is a label key's name part, or a non-empty value.
+var labelName = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+
+func validateLabels(labels map[string]string) error {
+	if len(labels) > maxLabels {
+		return fieldErr("metadata.labels", "%d labels; at most %d", len(labels), maxLabels)
+	}
+	for k, v := range labels {
+		f := fmt.Sprintf("metadata.labels[%q]", k)
+		prefix, name, hasPrefix := strings.Cut(k, "/")
+		if !hasPrefix {
+			prefix, name = "", k
+		}
+		switch {
+		case hasPrefix && (len(prefix) > maxSubdomain || !dns1123Subdomain.MatchString(prefix)):
+			return fieldErr(f, "the key's prefix %q is not a DNS-1123 subdomain of at most %d characters", prefix, maxSubdomain)
+		case len(name) > maxLabelName || !labelName.MatchString(name):
+			return fieldErr(f, "the key's name %q: at most %d of letters, digits, '-', '_' and '.', starting and ending with a letter or digit", name, maxLabelName)
+		case v != "" && (len(v) > maxLabelName || !labelName.MatchString(v)):
+			return fieldErr(f, "the value: at most %d of letters, digits, '-', '_' and '.', starting and ending with a letter or digit", maxLabelName)
+		}
+	}
+	return nil
+}
 
 func validateMeta(m *Meta, namespaced bool, name *regexp.Regexp) error {
 	if namespaced && !dns1123Label.MatchString(m.Namespace) {
@@ -41,10 +78,10 @@ func validateMeta(m *Meta, namespaced bool, name *regexp.Regexp) error {
 	if !namespaced && m.Namespace != "" {
 		return fieldErr("metadata.namespace", "must be empty: the resource is cluster-scoped")
 	}
-	if !name.MatchString(m.Name) {
-		return fieldErr("metadata.name", "%q is not a valid name (lowercase letters, digits and '-')", m.Name)
+	if len(m.Name) > maxSubdomain || !name.MatchString(m.Name) {
+		return fieldErr("metadata.name", "%q is not a valid name (lowercase letters, digits and '-'; dots between labels where allowed; at most 63 or 253)", m.Name)
 	}
-	return nil
+	return validateLabels(m.Labels)
 }
 
 func validPort(p int32) bool { return p >= 1 && p <= 65535 }
@@ -88,6 +125,9 @@ func (s *Service) Validate() error {
 	}
 	if len(s.Ports) == 0 {
 		return fieldErr("spec.ports", "at least one port is required")
+	}
+	if len(s.Ports) > maxServicePorts {
+		return fieldErr("spec.ports", "%d ports; at most %d", len(s.Ports), maxServicePorts)
 	}
 	names := map[string]int{}
 	ports := map[string]int{}
@@ -187,11 +227,17 @@ func (s *EndpointSlice) Validate() error {
 	if !dns1123Label.MatchString(s.ServiceName) {
 		return fieldErr("service_name", "%q is not a service name", s.ServiceName)
 	}
+	if len(s.Endpoints) > maxSliceEndpoints {
+		return fieldErr("endpoints", "%d endpoints; at most %d in one slice (use more slices)", len(s.Endpoints), maxSliceEndpoints)
+	}
+	if len(s.Ports) > maxSlicePorts {
+		return fieldErr("ports", "%d ports; at most %d", len(s.Ports), maxSlicePorts)
+	}
 	var is6 *bool
 	for i, ep := range s.Endpoints {
 		f := fmt.Sprintf("endpoints[%d]", i)
-		if len(ep.Addresses) == 0 {
-			return fieldErr(f+".addresses", "at least one address is required")
+		if len(ep.Addresses) == 0 || len(ep.Addresses) > maxEndpointAddresses {
+			return fieldErr(f+".addresses", "%d addresses; between 1 and %d", len(ep.Addresses), maxEndpointAddresses)
 		}
 		for j, a := range ep.Addresses {
 			af := fmt.Sprintf("%s.addresses[%d]", f, j)

@@ -59,6 +59,9 @@ func (p *Process) Wait() error {
 
 // Log returns the contents of the process's log file.
 func (p *Process) Log() string {
+	if p == nil {
+		return "(not started)"
+	}
 	b, err := os.ReadFile(p.LogPath)
 	if err != nil {
 		return fmt.Sprintf("(log unavailable: %v)", err)

@@ -245,7 +245,8 @@ func (c *Cluster) cert(name string) string { return filepath.Join(c.CertDir, nam
 // StartSpeaker starts a load-balancer speaker named name in the control
 // namespace (the lab's LB host), with its own certificate; args add flags.
 func (c *Cluster) StartSpeaker(name string, args ...string) (*lab.Process, error) {
-	if err := certs.IssueClient(c.CertDir, name, certs.RoleSpeaker); err != nil {
+	// A speaker restarted under its name gets a fresh certificate.
+	if err := certs.ReissueClient(c.CertDir, name, certs.RoleSpeaker); err != nil {
 		return nil, err
 	}
 	return c.Control.Start(c.Bin.Speaker, append([]string{"--name", name,

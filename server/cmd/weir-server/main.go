@@ -28,6 +28,7 @@ import (
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/kubernetes"
+	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/registry"
 )
 
@@ -65,6 +66,8 @@ func run() error {
 		resFile        = flag.String("resources-file", "", "YAML file of AddressPool and BgpPeer documents (lbctl's format) the server keeps applied, re-read when it changes (a mounted ConfigMap)")
 		resAll         = flag.Bool("resources-file-allow-removing-all", false, "apply a resources file even when it is empty or removes every address pool in use (refused by default: a half-written file looks like that)")
 		proxyNm        = flag.String("service-proxy-name", "", "handle only Kubernetes services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones, as kube-proxy)")
+		apiRate        = flag.Float64("api-calls-per-second", limits.DefaultCallsPerSecond, "each caller's rate of API calls (bursts of twice as many); a caller over it waits, others do not; 0: no limit")
+		apiWatch       = flag.Int("api-watches-per-caller", limits.DefaultMaxWatchesPerCaller, "most Watch streams one caller may hold open")
 		npRange        = flag.String("service-node-port-range", "30000-32767", "node ports and health-check node ports of native services come from this range (as the apiserver's flag)")
 		extCIDRs       = flag.String("allowed-external-ip-cidrs", "", "comma-separated CIDRs external IPs may come from (default none: a service's external IP takes an address's traffic on every node; Kubernetes recommends denying them)")
 	)
@@ -108,7 +111,11 @@ func run() error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg, Version: version, ResourcesFile: *resFile, ResourcesFileAllowRemovingAll: *resAll, ServiceRules: &rules}
+	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg, Version: version, ResourcesFile: *resFile, ResourcesFileAllowRemovingAll: *resAll, ServiceRules: &rules,
+		Limits: limits.Config{CallsPerSecond: *apiRate, Burst: int(2 * *apiRate), MaxWatchesPerCaller: *apiWatch}}
+	if *apiRate == 0 {
+		cfg.Limits.CallsPerSecond = -1
+	}
 	if *kube || *kubecfg != "" {
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: *kubecfg, ProxyName: *proxyNm, Resync: 10 * time.Minute}
 	}

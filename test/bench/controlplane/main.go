@@ -131,7 +131,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	startServer := func() (*exec.Cmd, error) {
-		srv := exec.Command(bin, "--insecure", "--data-dir", filepath.Join(dir, "data"), "--listen", addr,
+		srv := exec.Command(bin, "--insecure", "--api-calls-per-second", "0", "--data-dir", filepath.Join(dir, "data"), "--listen", addr,
 			"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(mport), "--log-level", "warn", "--min-sync-period", minSync.String())
 		srv.Stderr = os.Stderr
 		return srv, srv.Start()
