@@ -14,7 +14,7 @@ SYSTEMD  ?= /etc/systemd/system
 # and said here so that nothing rests on go test's 10-minute default.
 TEST_TIMEOUT ?= 15m
 
-.PHONY: all build test unit lint generate check-generated demo deps testdeps test-cold clean install images
+.PHONY: all build test unit lint generate check-generated demo deps testdeps test-cold fuzz clean install images
 
 all: build
 
@@ -27,9 +27,16 @@ build:
 deps:
 	./scripts/install-deps.sh
 
-# Everything: lint, generated code up to date, unit and lab tests.
+# Everything: lint, generated code up to date, unit and lab tests, and
+# every fuzz target for a few seconds.
 test: deps lint check-generated testdeps
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	GO=$(GO) scripts/fuzz.sh 3s
+
+# Every fuzz target for FUZZTIME each (make fuzz FUZZTIME=10m).
+FUZZTIME ?= 1m
+fuzz:
+	GO=$(GO) scripts/fuzz.sh $(FUZZTIME)
 
 # Only the tests, without lint (quicker while iterating).
 unit: testdeps
