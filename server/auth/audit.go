@@ -1,19 +1,17 @@
 package auth
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-
-	"github.com/weirlb/weir/server/certs"
 )
 
 // AuditOptions log one line (message "audit") for every write the API is
@@ -76,15 +74,8 @@ func who(ctx context.Context) string {
 	if !ok {
 		return "unknown"
 	}
-	if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.VerifiedChains) > 0 && len(info.State.VerifiedChains[0]) > 0 {
-		cert := info.State.VerifiedChains[0][0]
-		role := "none"
-		for _, o := range cert.Subject.Organization {
-			if r, ok := strings.CutPrefix(o, certs.RolePrefix); ok {
-				role = r
-			}
-		}
-		return cert.Subject.CommonName + " (" + role + ")"
+	if id, ok := certIdentity(p); ok {
+		return id.Name + " (" + cmp.Or(id.Role, "none") + ")"
 	}
 	return "unauthenticated " + p.Addr.String()
 }

@@ -60,16 +60,9 @@ func authorize(ctx context.Context, method string) (context.Context, error) {
 	if !ok {
 		return nil, status.Error(codes.Unauthenticated, "no peer")
 	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+	id, ok := certIdentity(p)
+	if !ok {
 		return nil, status.Error(codes.Unauthenticated, "a client certificate signed by the server's CA is required")
-	}
-	cert := info.State.VerifiedChains[0][0]
-	id := Identity{Name: cert.Subject.CommonName}
-	for _, o := range cert.Subject.Organization {
-		if r, ok := strings.CutPrefix(o, certs.RolePrefix); ok {
-			id.Role = r
-		}
 	}
 	allowed := rolesFor(method)
 	for _, r := range allowed {
@@ -78,6 +71,23 @@ func authorize(ctx context.Context, method string) (context.Context, error) {
 		}
 	}
 	return nil, status.Errorf(codes.PermissionDenied, "%s (role %q) may not call %s; it needs one of the roles %v", id.Name, id.Role, method, allowed)
+}
+
+// certIdentity reads the name and role of a peer's verified client
+// certificate; false without one.
+func certIdentity(p *peer.Peer) (Identity, bool) {
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return Identity{}, false
+	}
+	cert := info.State.VerifiedChains[0][0]
+	id := Identity{Name: cert.Subject.CommonName}
+	for _, o := range cert.Subject.Organization {
+		if r, ok := strings.CutPrefix(o, certs.RolePrefix); ok {
+			id.Role = r
+		}
+	}
+	return id, true
 }
 
 // ServerOptions are the interceptors that enforce the roles.
