@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -44,11 +45,13 @@ fields of that resource as in the API, spelled as in the proto files
 pod_cidrs). A document may also be a list, {items: [...]}, as "lbctl get -o
 yaml" prints.
 
-All or nothing, as far as the server can tell: every document is checked
-locally, then by the server (validate_only: fields, conflicts such as a
-cluster IP another service holds, ownership), before any is written. A
-resource that exists is replaced whatever its resource_version; one that
-would not change is left alone ("unchanged").
+All or nothing: every document is checked locally, then by the server
+(fields, conflicts such as a cluster IP another service holds, ownership),
+and the documents that change something go to the server as one write
+(RegistryService.Apply): checked against each other too, stored in one
+transaction at one revision, all of them or none. A resource that exists
+is replaced whatever its resource_version; one that would not change is
+left alone ("unchanged").
 
 --dry-run stops after the server's checks and prints what would change: a
 line diff of the stored resource against the one the file describes, as
@@ -70,15 +73,17 @@ the server would store it.`,
 			if err != nil {
 				return err
 			}
-			// The revision that holds every document as the file says.
-			var rev uint64
+			// Every change in one write: the server checks them against
+			// each other and writes all of them or none.
+			rev, err := applyAll(cmd.Context(), c, changes, dryRun)
+			if err != nil {
+				return err
+			}
 			for _, ch := range changes {
 				if dryRun {
 					err = a.printChange(ch)
 				} else {
-					var r uint64
-					r, err = a.applyChange(cmd.Context(), c, ch)
-					rev = max(rev, r)
+					fmt.Fprintf(a.stdout, "%s %s\n", ch.path(), ch.verb())
 				}
 				if err != nil {
 					return err
@@ -140,23 +145,74 @@ func plan(ctx context.Context, c client, docs []document) ([]change, error) {
 	return out, nil
 }
 
-// applyChange writes one change and returns the revision that holds it
-// (the stored one when nothing needed writing).
-func (a *app) applyChange(ctx context.Context, c client, ch change) (uint64, error) {
-	var err error
-	stored := ch.current
-	verb := ch.verb()
-	switch verb {
-	case "created":
-		stored, err = ch.kind.create(ctx, c, ch.obj, false)
-	case "configured":
-		stored, err = ch.kind.update(ctx, c, ch.obj, false)
+// applyAll writes every change that changes something as one batch (with
+// dryRun, only has the server check them together) and returns the
+// revision that holds every document as the file says.
+func applyAll(ctx context.Context, c client, changes []change, dryRun bool) (uint64, error) {
+	var rev uint64
+	var sent []change
+	req := &weirv1.ApplyRequest{ValidateOnly: dryRun}
+	for _, ch := range changes {
+		if ch.verb() == "unchanged" {
+			rev = max(rev, revisionOf(ch.current.GetMetadata().GetResourceVersion()))
+			continue
+		}
+		sent = append(sent, ch)
+		req.Resources = append(req.Resources, applyResource(ch.obj))
 	}
+	if len(sent) == 0 {
+		return rev, nil
+	}
+	resp, err := c.Apply(ctx, req)
 	if err != nil {
-		return 0, ch.fail(err)
+		return 0, batchFailure(sent, err)
 	}
-	fmt.Fprintf(a.stdout, "%s %s\n", ch.path(), verb)
-	return revisionOf(stored.GetMetadata().GetResourceVersion()), nil
+	if !dryRun {
+		rev = max(rev, revisionOf(resp.GetResourceVersion()))
+	}
+	return rev, nil
+}
+
+// batchIndex finds the resource a batch refusal names, and where its own
+// message starts: "resources[2].service.spec.ports[0]: …", or
+// "resources[2].service: …" for a refusal that names no field.
+var batchIndex = regexp.MustCompile(`^resources\[(\d+)\]\.[a-z_]+(?:\.|: )`)
+
+// batchFailure names the document the server refused, as a write of it
+// alone would have been named.
+func batchFailure(sent []change, err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	m := batchIndex.FindStringSubmatch(st.Message())
+	if m == nil {
+		return plain(nil, err)
+	}
+	i, _ := strconv.Atoi(m[1])
+	if i >= len(sent) {
+		return plain(nil, err)
+	}
+	return sent[i].fail(status.Error(st.Code(), strings.TrimPrefix(st.Message(), m[0])))
+}
+
+// applyResource is a document's resource as the batch carries it.
+func applyResource(o object) *weirv1.ApplyResource {
+	switch r := o.(type) {
+	case *weirv1.Service:
+		return &weirv1.ApplyResource{Resource: &weirv1.ApplyResource_Service{Service: r}}
+	case *weirv1.EndpointSlice:
+		return &weirv1.ApplyResource{Resource: &weirv1.ApplyResource_EndpointSlice{EndpointSlice: r}}
+	case *weirv1.Node:
+		return &weirv1.ApplyResource{Resource: &weirv1.ApplyResource_Node{Node: r}}
+	case *weirv1.AddressPool:
+		return &weirv1.ApplyResource{Resource: &weirv1.ApplyResource_AddressPool{AddressPool: r}}
+	case *weirv1.BgpPeer:
+		return &weirv1.ApplyResource{Resource: &weirv1.ApplyResource_BgpPeer{BgpPeer: r}}
+	case *weirv1.ServiceCidr:
+		return &weirv1.ApplyResource{Resource: &weirv1.ApplyResource_ServiceCidr{ServiceCidr: r}}
+	}
+	panic(fmt.Sprintf("lbctl: %T has no batch form", o))
 }
 
 // printChange tells what applying would do; a change shows as a diff of

@@ -558,8 +558,8 @@ Endpoints:
 
 Nodes:
   NODE    PROGRAMMED   APPLIED/SENT   LAG   HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
-  node1   yes          4/4            0     200            1             yes                -
-  node2   yes          4/4            0     503            0             no                 NoLocalEndpoints
+  node1   yes          1/1            0     200            1             yes                -
+  node2   yes          1/1            0     503            0             no                 NoLocalEndpoints
   Not receiving on node2: no ready endpoint of the service on the node
 
 Receiving external traffic: node1
@@ -592,7 +592,7 @@ Drained:     yes
 Agent:
   Connected:             yes
   Last Seen:             3h ago
-  Applied/Sent:          5/5
+  Applied/Sent:          2/2
   Lag:                   0
   Last Error:            <none>
   Healthz:               503
@@ -644,14 +644,14 @@ func TestStatus(t *testing.T) {
 	golden(t, "status", strings.ReplaceAll(out, e.addr, "ADDR"), `
 Server:          ADDR (SERVING)
 Version:         <none>
-State version:   6
+State version:   2
 Uptime:          3h
 Sources:         native
 Agents:          1 connected, 2 nodes registered
 Pools:           public 1/16, v6 0/256
 
 NAME    CONNECTED   APPLIED/SENT   LAG   HEALTHZ   BGP   DRAINED   LAST ERROR
-node1   yes         6/6            0     200       1/2   no        <none>
+node1   yes         2/2            0     200       1/2   no        <none>
 node2   no          -              -     -         -     no        <none>
 `)
 	if want := "lbctl: 1 of 2 nodes not ready: node2 has never connected\n"; code != 1 || errOut != want {
@@ -711,6 +711,61 @@ spec: {cluster_ips: [10.96.0.10], ports: [{port: 80}]}
 	if _, errOut, code := e.lbctl("", "get", "svc", "api"); code != 1 || errOut != "lbctl: service default/api not found\n" {
 		t.Errorf("document 1 was written although document 2 was refused: exit %d, %q", code, errOut)
 	}
+}
+
+// Documents that each pass alone but conflict with each other (checked
+// one by one, both are fine) are refused together by the server: nothing
+// is written, and the refusal names the second.
+func TestApplyIsAllOrNothingOnTheServer(t *testing.T) {
+	e := newEnv(t)
+	file := writeFile(t, "pair.yaml", `kind: Service
+metadata: {name: first}
+spec: {type: SERVICE_TYPE_NODE_PORT, cluster_ips: [10.96.0.41], ports: [{port: 80, node_port: 30041}]}
+---
+kind: Service
+metadata: {name: second}
+spec: {type: SERVICE_TYPE_NODE_PORT, cluster_ips: [10.96.0.42], ports: [{port: 80, node_port: 30041}]}
+`)
+	out, errOut, code := e.lbctl("", "apply", "-f", file)
+	want := "lbctl: " + file + ": document 2 (Service default/second): in use: spec.ports[0].node_port: 30041 is a node port of service default/first\n"
+	if code != 1 || out != "" || errOut != want {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 and %q", code, out, errOut, want)
+	}
+	if _, errOut, code := e.lbctl("", "get", "svc", "first"); code != 1 || !strings.Contains(errOut, "not found") {
+		t.Errorf("document 1 was written although document 2 was refused: exit %d, %q", code, errOut)
+	}
+	// Fixed, the file goes in as one write: one revision for both.
+	fixed := mustRead(t, file)
+	fixed = fixed[:strings.LastIndex(fixed, "30041")] + "30042" + fixed[strings.LastIndex(fixed, "30041")+5:]
+	if err := os.WriteFile(file, []byte(fixed), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.mustLbctl("", "apply", "-f", file); out != "service/default/first created\nservice/default/second created\n" {
+		t.Errorf("apply: %q", out)
+	}
+	rv := func(name string) string {
+		var svc struct {
+			Metadata struct {
+				ResourceVersion string `json:"resource_version"`
+			} `json:"metadata"`
+		}
+		if err := json.Unmarshal([]byte(e.mustLbctl("", "get", "svc", name, "-o", "json")), &svc); err != nil {
+			t.Fatal(err)
+		}
+		return svc.Metadata.ResourceVersion
+	}
+	if a, b := rv("first"), rv("second"); a != b || a == "" {
+		t.Errorf("the two services were written at revisions %q and %q; want one", a, b)
+	}
+}
+
+func mustRead(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func TestDryRunShowsTheDiffAndWritesNothing(t *testing.T) {

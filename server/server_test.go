@@ -1158,3 +1158,80 @@ func TestReportsAreBounded(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Apply writes several resources as one: one revision, one state to the
+// agents, and a refusal of any leaves every one unwritten.
+func TestApplyIsOneWrite(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	full := agent.recv()
+	agent.ack(full.GetVersion())
+	svc := func(name, ip string, nodePort int32) *weirv1.ApplyResource {
+		s := validService()
+		s.Metadata.Name, s.Spec.ClusterIps, s.Spec.Ports[0].NodePort = name, []string{ip}, nodePort
+		return &weirv1.ApplyResource{Resource: &weirv1.ApplyResource_Service{Service: s}}
+	}
+	slice := &weirv1.ApplyResource{Resource: &weirv1.ApplyResource_EndpointSlice{EndpointSlice: &weirv1.EndpointSlice{
+		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "a-1"}, ServiceName: "a",
+		Endpoints: []*weirv1.Endpoint{{Addresses: []string{"10.244.1.11"}, NodeName: "node1"}}}}}
+
+	// Each fine alone; together they share a node port.
+	_, err := ts.Registry.Apply(ctx, &weirv1.ApplyRequest{Resources: []*weirv1.ApplyResource{svc("a", "10.96.0.51", 30051), slice, svc("b", "10.96.0.52", 30051)}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "resources[2].service") {
+		t.Fatalf("conflicting batch: %v; want FailedPrecondition naming resources[2]", err)
+	}
+	if _, err := ts.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "a"}); status.Code(err) != codes.NotFound {
+		t.Errorf("a refused batch wrote its first resource: %v", err)
+	}
+	// A bad field is named with its place in the batch.
+	bad := svc("c", "10.96.0.53", 22)
+	if _, err := ts.Registry.Apply(ctx, &weirv1.ApplyRequest{Resources: []*weirv1.ApplyResource{bad}}); status.Code(err) != codes.InvalidArgument ||
+		!strings.Contains(err.Error(), "resources[0].service.spec.ports[0].node_port") {
+		t.Errorf("a node port outside the range: %v", err)
+	}
+	if _, err := ts.Registry.Apply(ctx, &weirv1.ApplyRequest{Resources: []*weirv1.ApplyResource{svc("a", "10.96.0.51", 30051), svc("a", "10.96.0.51", 30051)}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("the same resource twice: %v", err)
+	}
+	check, err := ts.Registry.Apply(ctx, &weirv1.ApplyRequest{ValidateOnly: true, Resources: []*weirv1.ApplyResource{svc("a", "10.96.0.51", 30051), slice}})
+	if err != nil || !check.GetResults()[0].GetCreated() {
+		t.Fatalf("validate only: %v, %v", check, err)
+	}
+	if _, err := ts.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "a"}); status.Code(err) != codes.NotFound {
+		t.Errorf("validate_only wrote: %v", err)
+	}
+
+	done, err := ts.Registry.Apply(ctx, &weirv1.ApplyRequest{Resources: []*weirv1.ApplyResource{svc("a", "10.96.0.51", 30051), slice, svc("b", "10.96.0.52", 30052)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv := done.GetResourceVersion()
+	for i, r := range done.GetResults() {
+		var got string
+		switch x := r.GetResource().GetResource().(type) {
+		case *weirv1.ApplyResource_Service:
+			got = x.Service.GetMetadata().GetResourceVersion()
+		case *weirv1.ApplyResource_EndpointSlice:
+			got = x.EndpointSlice.GetMetadata().GetResourceVersion()
+		}
+		if got != rv || !r.GetCreated() {
+			t.Errorf("result %d at revision %s, created %v; want %s, created", i, got, r.GetCreated(), rv)
+		}
+	}
+	// The agent gets both services, with a's endpoint, in one version.
+	msg := agent.recv()
+	if strconv.FormatUint(msg.GetVersion(), 10) != rv || len(msg.GetUpserts()) != 2 {
+		t.Fatalf("the agent was sent version %d with %d services; want %s with 2", msg.GetVersion(), len(msg.GetUpserts()), rv)
+	}
+	for _, u := range msg.GetUpserts() {
+		if u.GetName() == "a" && len(u.GetPorts()[0].GetEndpoints()) != 1 {
+			t.Errorf("service a reached the agent without its endpoint: %v", u)
+		}
+	}
+	// Applied again as is: an update of each, still one revision.
+	again, err := ts.Registry.Apply(ctx, &weirv1.ApplyRequest{Resources: []*weirv1.ApplyResource{svc("a", "10.96.0.51", 30051), svc("b", "10.96.0.52", 30052)}})
+	if err != nil || again.GetResults()[0].GetCreated() {
+		t.Fatalf("applying again: %v, %v", again, err)
+	}
+}

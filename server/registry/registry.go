@@ -292,47 +292,68 @@ func (r *Registry) commit(kind, key string, obj model.Object, old model.Object) 
 	if err != nil {
 		return 0, fmt.Errorf("persisting %s %s: %w", kind, key, err)
 	}
+	r.advance(rev)
+	ch := Change{Revision: rev}
+	r.reindex(obj, old)
+	r.touched(obj, old, &ch)
+	for _, fn := range r.listeners {
+		fn(ch)
+	}
+	return rev, nil
+}
+
+// advance takes the revision of the write just committed.
+func (r *Registry) advance(rev uint64) {
 	if rev != r.rev+1 {
 		// Only this registry writes the store, one write at a time.
 		panic(fmt.Sprintf("store revision %d after %d: another writer?", rev, r.rev))
 	}
 	r.rev = rev
-	ch := Change{Revision: rev}
-	switch o := firstNonNil(obj, old).(type) {
+}
+
+// reindex updates the indexes for a write of obj over old (either may be
+// nil); reindex(old, obj) undoes reindex(obj, old).
+func (r *Registry) reindex(obj, old model.Object) {
+	switch firstNonNil(obj, old).(type) {
 	case *model.Service:
-		// A service's claims decide what its neighbours keep (see
-		// View.ServiceConflicts): they are recomputed too.
 		now, _ := obj.(*model.Service)
 		was, _ := old.(*model.Service)
-		ch.Services = []string{o.Key()}
-		if was != nil {
-			ch.Services = append(ch.Services, r.claimIndex.neighbours(was)...)
-		}
-		r.claimIndex.update(o.Key(), was, now)
-		if now != nil {
-			ch.Services = append(ch.Services, r.claimIndex.neighbours(now)...)
-		}
+		r.claimIndex.update(firstNonNil(obj, old).GetMeta().Key(), was, now)
 	case *model.EndpointSlice:
 		now, _ := obj.(*model.EndpointSlice)
 		was, _ := old.(*model.EndpointSlice)
 		r.indexSlice(now, was)
-		ch.Services = []string{o.ServiceKey()}
+	}
+}
+
+// touched adds to ch what a write of obj over old concerns.
+func (r *Registry) touched(obj, old model.Object, ch *Change) {
+	switch o := firstNonNil(obj, old).(type) {
+	case *model.Service:
+		// A service's claims decide what its neighbours keep (see
+		// View.ServiceConflicts): they are recomputed too.
+		ch.Services = append(ch.Services, o.Key())
+		for _, s := range []model.Object{obj, old} {
+			if s, ok := s.(*model.Service); ok && s != nil {
+				ch.Services = append(ch.Services, r.claimIndex.neighbours(s)...)
+			}
+		}
+	case *model.EndpointSlice:
+		now, _ := obj.(*model.EndpointSlice)
+		was, _ := old.(*model.EndpointSlice)
+		ch.Services = append(ch.Services, o.ServiceKey())
 		if was != nil && now != nil && was.ServiceKey() != now.ServiceKey() {
 			ch.Services = append(ch.Services, was.ServiceKey())
 		}
 	case *model.Node:
-		ch.Nodes = []string{o.Name}
+		ch.Nodes = append(ch.Nodes, o.Name)
 	case *model.AddressPool:
-		ch.Pools = []string{o.Name}
+		ch.Pools = append(ch.Pools, o.Name)
 	case *model.BGPPeer:
-		ch.Peers = []string{o.Name}
+		ch.Peers = append(ch.Peers, o.Name)
 	case *model.ServiceCIDR:
-		ch.ServiceCIDRs = []string{o.Name}
+		ch.ServiceCIDRs = append(ch.ServiceCIDRs, o.Name)
 	}
-	for _, fn := range r.listeners {
-		fn(ch)
-	}
-	return rev, nil
 }
 
 func firstNonNil(a, b model.Object) model.Object {

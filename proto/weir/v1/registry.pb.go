@@ -3644,6 +3644,316 @@ func (x *DeleteServiceCidrResponse) GetResourceVersion() string {
 	return ""
 }
 
+type ApplyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Each is created, or replaces the stored one of its name whole (an
+	// update's rules hold: resource_version, if set, must match; a service
+	// that leaves status out keeps its load-balancer addresses, a peer that
+	// leaves out its password keeps it). Every one is checked against the
+	// others before any is written; one refusal writes none, and the error
+	// names it as resources[i].
+	Resources     []*ApplyResource `protobuf:"bytes,1,rep,name=resources,proto3" json:"resources,omitempty"`
+	ValidateOnly  bool             `protobuf:"varint,2,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyRequest) Reset() {
+	*x = ApplyRequest{}
+	mi := &file_weir_v1_registry_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyRequest) ProtoMessage() {}
+
+func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
+func (*ApplyRequest) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *ApplyRequest) GetResources() []*ApplyResource {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+func (x *ApplyRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
+type ApplyResource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Resource:
+	//
+	//	*ApplyResource_Service
+	//	*ApplyResource_EndpointSlice
+	//	*ApplyResource_Node
+	//	*ApplyResource_AddressPool
+	//	*ApplyResource_BgpPeer
+	//	*ApplyResource_ServiceCidr
+	Resource      isApplyResource_Resource `protobuf_oneof:"resource"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyResource) Reset() {
+	*x = ApplyResource{}
+	mi := &file_weir_v1_registry_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyResource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyResource) ProtoMessage() {}
+
+func (x *ApplyResource) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyResource.ProtoReflect.Descriptor instead.
+func (*ApplyResource) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *ApplyResource) GetResource() isApplyResource_Resource {
+	if x != nil {
+		return x.Resource
+	}
+	return nil
+}
+
+func (x *ApplyResource) GetService() *Service {
+	if x != nil {
+		if x, ok := x.Resource.(*ApplyResource_Service); ok {
+			return x.Service
+		}
+	}
+	return nil
+}
+
+func (x *ApplyResource) GetEndpointSlice() *EndpointSlice {
+	if x != nil {
+		if x, ok := x.Resource.(*ApplyResource_EndpointSlice); ok {
+			return x.EndpointSlice
+		}
+	}
+	return nil
+}
+
+func (x *ApplyResource) GetNode() *Node {
+	if x != nil {
+		if x, ok := x.Resource.(*ApplyResource_Node); ok {
+			return x.Node
+		}
+	}
+	return nil
+}
+
+func (x *ApplyResource) GetAddressPool() *AddressPool {
+	if x != nil {
+		if x, ok := x.Resource.(*ApplyResource_AddressPool); ok {
+			return x.AddressPool
+		}
+	}
+	return nil
+}
+
+func (x *ApplyResource) GetBgpPeer() *BgpPeer {
+	if x != nil {
+		if x, ok := x.Resource.(*ApplyResource_BgpPeer); ok {
+			return x.BgpPeer
+		}
+	}
+	return nil
+}
+
+func (x *ApplyResource) GetServiceCidr() *ServiceCidr {
+	if x != nil {
+		if x, ok := x.Resource.(*ApplyResource_ServiceCidr); ok {
+			return x.ServiceCidr
+		}
+	}
+	return nil
+}
+
+type isApplyResource_Resource interface {
+	isApplyResource_Resource()
+}
+
+type ApplyResource_Service struct {
+	Service *Service `protobuf:"bytes,1,opt,name=service,proto3,oneof"`
+}
+
+type ApplyResource_EndpointSlice struct {
+	EndpointSlice *EndpointSlice `protobuf:"bytes,2,opt,name=endpoint_slice,json=endpointSlice,proto3,oneof"`
+}
+
+type ApplyResource_Node struct {
+	Node *Node `protobuf:"bytes,3,opt,name=node,proto3,oneof"`
+}
+
+type ApplyResource_AddressPool struct {
+	AddressPool *AddressPool `protobuf:"bytes,4,opt,name=address_pool,json=addressPool,proto3,oneof"`
+}
+
+type ApplyResource_BgpPeer struct {
+	BgpPeer *BgpPeer `protobuf:"bytes,5,opt,name=bgp_peer,json=bgpPeer,proto3,oneof"`
+}
+
+type ApplyResource_ServiceCidr struct {
+	ServiceCidr *ServiceCidr `protobuf:"bytes,6,opt,name=service_cidr,json=serviceCidr,proto3,oneof"`
+}
+
+func (*ApplyResource_Service) isApplyResource_Resource() {}
+
+func (*ApplyResource_EndpointSlice) isApplyResource_Resource() {}
+
+func (*ApplyResource_Node) isApplyResource_Resource() {}
+
+func (*ApplyResource_AddressPool) isApplyResource_Resource() {}
+
+func (*ApplyResource_BgpPeer) isApplyResource_Resource() {}
+
+func (*ApplyResource_ServiceCidr) isApplyResource_Resource() {}
+
+type ApplyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The store revision that holds every resource (StatusService.WaitProgrammed).
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	// Per resource, in the request's order: as stored, and whether created.
+	Results       []*ApplyResult `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyResponse) Reset() {
+	*x = ApplyResponse{}
+	mi := &file_weir_v1_registry_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyResponse) ProtoMessage() {}
+
+func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
+func (*ApplyResponse) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *ApplyResponse) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
+func (x *ApplyResponse) GetResults() []*ApplyResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type ApplyResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Resource      *ApplyResource         `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	Created       bool                   `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyResult) Reset() {
+	*x = ApplyResult{}
+	mi := &file_weir_v1_registry_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyResult) ProtoMessage() {}
+
+func (x *ApplyResult) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_registry_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyResult.ProtoReflect.Descriptor instead.
+func (*ApplyResult) Descriptor() ([]byte, []int) {
+	return file_weir_v1_registry_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *ApplyResult) GetResource() *ApplyResource {
+	if x != nil {
+		return x.Resource
+	}
+	return nil
+}
+
+func (x *ApplyResult) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
 var File_weir_v1_registry_proto protoreflect.FileDescriptor
 
 const file_weir_v1_registry_proto_rawDesc = "" +
@@ -3845,13 +4155,31 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"F\n" +
 	"\x19DeleteServiceCidrResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion*\xa8\x01\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"i\n" +
+	"\fApplyRequest\x124\n" +
+	"\tresources\x18\x01 \x03(\v2\x16.weir.v1.ApplyResourceR\tresources\x12#\n" +
+	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"\xd4\x02\n" +
+	"\rApplyResource\x12,\n" +
+	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceH\x00R\aservice\x12?\n" +
+	"\x0eendpoint_slice\x18\x02 \x01(\v2\x16.weir.v1.EndpointSliceH\x00R\rendpointSlice\x12#\n" +
+	"\x04node\x18\x03 \x01(\v2\r.weir.v1.NodeH\x00R\x04node\x129\n" +
+	"\faddress_pool\x18\x04 \x01(\v2\x14.weir.v1.AddressPoolH\x00R\vaddressPool\x12-\n" +
+	"\bbgp_peer\x18\x05 \x01(\v2\x10.weir.v1.BgpPeerH\x00R\abgpPeer\x129\n" +
+	"\fservice_cidr\x18\x06 \x01(\v2\x14.weir.v1.ServiceCidrH\x00R\vserviceCidrB\n" +
+	"\n" +
+	"\bresource\"j\n" +
+	"\rApplyResponse\x12)\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12.\n" +
+	"\aresults\x18\x02 \x03(\v2\x14.weir.v1.ApplyResultR\aresults\"[\n" +
+	"\vApplyResult\x122\n" +
+	"\bresource\x18\x01 \x01(\v2\x16.weir.v1.ApplyResourceR\bresource\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated*\xa8\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +
 	"\x19WATCH_EVENT_TYPE_MODIFIED\x10\x02\x12\x1c\n" +
 	"\x18WATCH_EVENT_TYPE_DELETED\x10\x03\x12\x1b\n" +
-	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\xde\x16\n" +
+	"\x17WATCH_EVENT_TYPE_SYNCED\x10\x042\x96\x17\n" +
 	"\x0fRegistryService\x12N\n" +
 	"\rCreateService\x12\x1d.weir.v1.CreateServiceRequest\x1a\x1e.weir.v1.CreateServiceResponse\x12E\n" +
 	"\n" +
@@ -3888,7 +4216,8 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"GetBgpPeer\x12\x1a.weir.v1.GetBgpPeerRequest\x1a\x1b.weir.v1.GetBgpPeerResponse\x12K\n" +
 	"\fListBgpPeers\x12\x1c.weir.v1.ListBgpPeersRequest\x1a\x1d.weir.v1.ListBgpPeersResponse\x12N\n" +
 	"\rUpdateBgpPeer\x12\x1d.weir.v1.UpdateBgpPeerRequest\x1a\x1e.weir.v1.UpdateBgpPeerResponse\x12N\n" +
-	"\rDeleteBgpPeer\x12\x1d.weir.v1.DeleteBgpPeerRequest\x1a\x1e.weir.v1.DeleteBgpPeerResponse\x12Z\n" +
+	"\rDeleteBgpPeer\x12\x1d.weir.v1.DeleteBgpPeerRequest\x1a\x1e.weir.v1.DeleteBgpPeerResponse\x126\n" +
+	"\x05Apply\x12\x15.weir.v1.ApplyRequest\x1a\x16.weir.v1.ApplyResponse\x12Z\n" +
 	"\x11CreateServiceCidr\x12!.weir.v1.CreateServiceCidrRequest\x1a\".weir.v1.CreateServiceCidrResponse\x12Q\n" +
 	"\x0eGetServiceCidr\x12\x1e.weir.v1.GetServiceCidrRequest\x1a\x1f.weir.v1.GetServiceCidrResponse\x12W\n" +
 	"\x10ListServiceCidrs\x12 .weir.v1.ListServiceCidrsRequest\x1a!.weir.v1.ListServiceCidrsResponse\x12Z\n" +
@@ -3908,7 +4237,7 @@ func file_weir_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_weir_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_weir_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_weir_v1_registry_proto_goTypes = []any{
 	(WatchEventType)(0),                 // 0: weir.v1.WatchEventType
 	(*CreateServiceRequest)(nil),        // 1: weir.v1.CreateServiceRequest
@@ -3981,135 +4310,150 @@ var file_weir_v1_registry_proto_goTypes = []any{
 	(*UpdateServiceCidrResponse)(nil),   // 68: weir.v1.UpdateServiceCidrResponse
 	(*DeleteServiceCidrRequest)(nil),    // 69: weir.v1.DeleteServiceCidrRequest
 	(*DeleteServiceCidrResponse)(nil),   // 70: weir.v1.DeleteServiceCidrResponse
-	(*Service)(nil),                     // 71: weir.v1.Service
-	(*fieldmaskpb.FieldMask)(nil),       // 72: google.protobuf.FieldMask
-	(*EndpointSlice)(nil),               // 73: weir.v1.EndpointSlice
-	(*Node)(nil),                        // 74: weir.v1.Node
-	(*AddressPool)(nil),                 // 75: weir.v1.AddressPool
-	(*BgpPeer)(nil),                     // 76: weir.v1.BgpPeer
-	(*ServiceCidr)(nil),                 // 77: weir.v1.ServiceCidr
+	(*ApplyRequest)(nil),                // 71: weir.v1.ApplyRequest
+	(*ApplyResource)(nil),               // 72: weir.v1.ApplyResource
+	(*ApplyResponse)(nil),               // 73: weir.v1.ApplyResponse
+	(*ApplyResult)(nil),                 // 74: weir.v1.ApplyResult
+	(*Service)(nil),                     // 75: weir.v1.Service
+	(*fieldmaskpb.FieldMask)(nil),       // 76: google.protobuf.FieldMask
+	(*EndpointSlice)(nil),               // 77: weir.v1.EndpointSlice
+	(*Node)(nil),                        // 78: weir.v1.Node
+	(*AddressPool)(nil),                 // 79: weir.v1.AddressPool
+	(*BgpPeer)(nil),                     // 80: weir.v1.BgpPeer
+	(*ServiceCidr)(nil),                 // 81: weir.v1.ServiceCidr
 }
 var file_weir_v1_registry_proto_depIdxs = []int32{
-	71, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
-	71, // 1: weir.v1.CreateServiceResponse.service:type_name -> weir.v1.Service
-	71, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
-	71, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
-	71, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
-	72, // 5: weir.v1.UpdateServiceRequest.update_mask:type_name -> google.protobuf.FieldMask
-	71, // 6: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
+	75, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
+	75, // 1: weir.v1.CreateServiceResponse.service:type_name -> weir.v1.Service
+	75, // 2: weir.v1.GetServiceResponse.service:type_name -> weir.v1.Service
+	75, // 3: weir.v1.ListServicesResponse.services:type_name -> weir.v1.Service
+	75, // 4: weir.v1.UpdateServiceRequest.service:type_name -> weir.v1.Service
+	76, // 5: weir.v1.UpdateServiceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	75, // 6: weir.v1.UpdateServiceResponse.service:type_name -> weir.v1.Service
 	0,  // 7: weir.v1.WatchServicesResponse.type:type_name -> weir.v1.WatchEventType
-	71, // 8: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
-	73, // 9: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	73, // 10: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	73, // 11: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	73, // 12: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
-	73, // 13: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	73, // 14: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	75, // 8: weir.v1.WatchServicesResponse.service:type_name -> weir.v1.Service
+	77, // 9: weir.v1.CreateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	77, // 10: weir.v1.CreateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	77, // 11: weir.v1.GetEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	77, // 12: weir.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> weir.v1.EndpointSlice
+	77, // 13: weir.v1.UpdateEndpointSliceRequest.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	77, // 14: weir.v1.UpdateEndpointSliceResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
 	0,  // 15: weir.v1.WatchEndpointSlicesResponse.type:type_name -> weir.v1.WatchEventType
-	73, // 16: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	74, // 17: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
-	74, // 18: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
-	74, // 19: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
-	74, // 20: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
-	74, // 21: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
-	74, // 22: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
+	77, // 16: weir.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	78, // 17: weir.v1.CreateNodeRequest.node:type_name -> weir.v1.Node
+	78, // 18: weir.v1.CreateNodeResponse.node:type_name -> weir.v1.Node
+	78, // 19: weir.v1.GetNodeResponse.node:type_name -> weir.v1.Node
+	78, // 20: weir.v1.ListNodesResponse.nodes:type_name -> weir.v1.Node
+	78, // 21: weir.v1.UpdateNodeRequest.node:type_name -> weir.v1.Node
+	78, // 22: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
 	0,  // 23: weir.v1.WatchNodesResponse.type:type_name -> weir.v1.WatchEventType
-	74, // 24: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
-	74, // 25: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
-	74, // 26: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
-	75, // 27: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	75, // 28: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	75, // 29: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	75, // 30: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
-	75, // 31: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	75, // 32: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	76, // 33: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
-	76, // 34: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	76, // 35: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	76, // 36: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
-	76, // 37: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
-	76, // 38: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	77, // 39: weir.v1.CreateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
-	77, // 40: weir.v1.CreateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	77, // 41: weir.v1.GetServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	77, // 42: weir.v1.ListServiceCidrsResponse.service_cidrs:type_name -> weir.v1.ServiceCidr
-	77, // 43: weir.v1.UpdateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
-	77, // 44: weir.v1.UpdateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	1,  // 45: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
-	3,  // 46: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
-	5,  // 47: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
-	7,  // 48: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
-	9,  // 49: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
-	11, // 50: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
-	13, // 51: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
-	15, // 52: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
-	17, // 53: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
-	19, // 54: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
-	21, // 55: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
-	23, // 56: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
-	25, // 57: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
-	27, // 58: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
-	29, // 59: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
-	31, // 60: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
-	33, // 61: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
-	35, // 62: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
-	37, // 63: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
-	39, // 64: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
-	41, // 65: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
-	43, // 66: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
-	45, // 67: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
-	47, // 68: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
-	49, // 69: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
-	51, // 70: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
-	53, // 71: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
-	55, // 72: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
-	57, // 73: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
-	59, // 74: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
-	61, // 75: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
-	63, // 76: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
-	65, // 77: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
-	67, // 78: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
-	69, // 79: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
-	2,  // 80: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
-	4,  // 81: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
-	6,  // 82: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
-	8,  // 83: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
-	10, // 84: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
-	12, // 85: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
-	14, // 86: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
-	16, // 87: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
-	18, // 88: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
-	20, // 89: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
-	22, // 90: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
-	24, // 91: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
-	26, // 92: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
-	28, // 93: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
-	30, // 94: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
-	32, // 95: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
-	34, // 96: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
-	36, // 97: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
-	38, // 98: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
-	40, // 99: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
-	42, // 100: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
-	44, // 101: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
-	46, // 102: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
-	48, // 103: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
-	50, // 104: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
-	52, // 105: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
-	54, // 106: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
-	56, // 107: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
-	58, // 108: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
-	60, // 109: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
-	62, // 110: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
-	64, // 111: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
-	66, // 112: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
-	68, // 113: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
-	70, // 114: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
-	80, // [80:115] is the sub-list for method output_type
-	45, // [45:80] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	78, // 24: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
+	78, // 25: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
+	78, // 26: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
+	79, // 27: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	79, // 28: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	79, // 29: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	79, // 30: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
+	79, // 31: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	79, // 32: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	80, // 33: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	80, // 34: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	80, // 35: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	80, // 36: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
+	80, // 37: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	80, // 38: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	81, // 39: weir.v1.CreateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
+	81, // 40: weir.v1.CreateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	81, // 41: weir.v1.GetServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	81, // 42: weir.v1.ListServiceCidrsResponse.service_cidrs:type_name -> weir.v1.ServiceCidr
+	81, // 43: weir.v1.UpdateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
+	81, // 44: weir.v1.UpdateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	72, // 45: weir.v1.ApplyRequest.resources:type_name -> weir.v1.ApplyResource
+	75, // 46: weir.v1.ApplyResource.service:type_name -> weir.v1.Service
+	77, // 47: weir.v1.ApplyResource.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	78, // 48: weir.v1.ApplyResource.node:type_name -> weir.v1.Node
+	79, // 49: weir.v1.ApplyResource.address_pool:type_name -> weir.v1.AddressPool
+	80, // 50: weir.v1.ApplyResource.bgp_peer:type_name -> weir.v1.BgpPeer
+	81, // 51: weir.v1.ApplyResource.service_cidr:type_name -> weir.v1.ServiceCidr
+	74, // 52: weir.v1.ApplyResponse.results:type_name -> weir.v1.ApplyResult
+	72, // 53: weir.v1.ApplyResult.resource:type_name -> weir.v1.ApplyResource
+	1,  // 54: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
+	3,  // 55: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
+	5,  // 56: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
+	7,  // 57: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
+	9,  // 58: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
+	11, // 59: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
+	13, // 60: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
+	15, // 61: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
+	17, // 62: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
+	19, // 63: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
+	21, // 64: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
+	23, // 65: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
+	25, // 66: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
+	27, // 67: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
+	29, // 68: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
+	31, // 69: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
+	33, // 70: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
+	35, // 71: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
+	37, // 72: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
+	39, // 73: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
+	41, // 74: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
+	43, // 75: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
+	45, // 76: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
+	47, // 77: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
+	49, // 78: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
+	51, // 79: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
+	53, // 80: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
+	55, // 81: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
+	57, // 82: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
+	59, // 83: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
+	71, // 84: weir.v1.RegistryService.Apply:input_type -> weir.v1.ApplyRequest
+	61, // 85: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
+	63, // 86: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
+	65, // 87: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
+	67, // 88: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
+	69, // 89: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
+	2,  // 90: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
+	4,  // 91: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
+	6,  // 92: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
+	8,  // 93: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
+	10, // 94: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
+	12, // 95: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
+	14, // 96: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
+	16, // 97: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
+	18, // 98: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
+	20, // 99: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
+	22, // 100: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
+	24, // 101: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
+	26, // 102: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
+	28, // 103: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
+	30, // 104: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
+	32, // 105: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
+	34, // 106: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
+	36, // 107: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
+	38, // 108: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
+	40, // 109: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
+	42, // 110: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
+	44, // 111: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
+	46, // 112: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
+	48, // 113: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
+	50, // 114: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
+	52, // 115: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
+	54, // 116: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
+	56, // 117: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
+	58, // 118: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
+	60, // 119: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
+	73, // 120: weir.v1.RegistryService.Apply:output_type -> weir.v1.ApplyResponse
+	62, // 121: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
+	64, // 122: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
+	66, // 123: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
+	68, // 124: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
+	70, // 125: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
+	90, // [90:126] is the sub-list for method output_type
+	54, // [54:90] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_registry_proto_init() }
@@ -4118,13 +4462,21 @@ func file_weir_v1_registry_proto_init() {
 		return
 	}
 	file_weir_v1_resources_proto_init()
+	file_weir_v1_registry_proto_msgTypes[71].OneofWrappers = []any{
+		(*ApplyResource_Service)(nil),
+		(*ApplyResource_EndpointSlice)(nil),
+		(*ApplyResource_Node)(nil),
+		(*ApplyResource_AddressPool)(nil),
+		(*ApplyResource_BgpPeer)(nil),
+		(*ApplyResource_ServiceCidr)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_registry_proto_rawDesc), len(file_weir_v1_registry_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   70,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

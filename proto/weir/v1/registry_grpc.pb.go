@@ -49,6 +49,7 @@ const (
 	RegistryService_ListBgpPeers_FullMethodName        = "/weir.v1.RegistryService/ListBgpPeers"
 	RegistryService_UpdateBgpPeer_FullMethodName       = "/weir.v1.RegistryService/UpdateBgpPeer"
 	RegistryService_DeleteBgpPeer_FullMethodName       = "/weir.v1.RegistryService/DeleteBgpPeer"
+	RegistryService_Apply_FullMethodName               = "/weir.v1.RegistryService/Apply"
 	RegistryService_CreateServiceCidr_FullMethodName   = "/weir.v1.RegistryService/CreateServiceCidr"
 	RegistryService_GetServiceCidr_FullMethodName      = "/weir.v1.RegistryService/GetServiceCidr"
 	RegistryService_ListServiceCidrs_FullMethodName    = "/weir.v1.RegistryService/ListServiceCidrs"
@@ -98,6 +99,9 @@ type RegistryServiceClient interface {
 	ListBgpPeers(ctx context.Context, in *ListBgpPeersRequest, opts ...grpc.CallOption) (*ListBgpPeersResponse, error)
 	UpdateBgpPeer(ctx context.Context, in *UpdateBgpPeerRequest, opts ...grpc.CallOption) (*UpdateBgpPeerResponse, error)
 	DeleteBgpPeer(ctx context.Context, in *DeleteBgpPeerRequest, opts ...grpc.CallOption) (*DeleteBgpPeerResponse, error)
+	// Creates or replaces several resources as one write: one revision, all
+	// or nothing (what lbctl apply sends).
+	Apply(ctx context.Context, in *ApplyRequest, opts ...grpc.CallOption) (*ApplyResponse, error)
 	// The ranges cluster IPs come from (Kubernetes' ServiceCIDR): nodes drop
 	// new connections to their addresses that no service holds. Under the
 	// Kubernetes source they mirror the cluster's ServiceCIDR objects.
@@ -443,6 +447,16 @@ func (c *registryServiceClient) DeleteBgpPeer(ctx context.Context, in *DeleteBgp
 	return out, nil
 }
 
+func (c *registryServiceClient) Apply(ctx context.Context, in *ApplyRequest, opts ...grpc.CallOption) (*ApplyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyResponse)
+	err := c.cc.Invoke(ctx, RegistryService_Apply_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *registryServiceClient) CreateServiceCidr(ctx context.Context, in *CreateServiceCidrRequest, opts ...grpc.CallOption) (*CreateServiceCidrResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CreateServiceCidrResponse)
@@ -535,6 +549,9 @@ type RegistryServiceServer interface {
 	ListBgpPeers(context.Context, *ListBgpPeersRequest) (*ListBgpPeersResponse, error)
 	UpdateBgpPeer(context.Context, *UpdateBgpPeerRequest) (*UpdateBgpPeerResponse, error)
 	DeleteBgpPeer(context.Context, *DeleteBgpPeerRequest) (*DeleteBgpPeerResponse, error)
+	// Creates or replaces several resources as one write: one revision, all
+	// or nothing (what lbctl apply sends).
+	Apply(context.Context, *ApplyRequest) (*ApplyResponse, error)
 	// The ranges cluster IPs come from (Kubernetes' ServiceCIDR): nodes drop
 	// new connections to their addresses that no service holds. Under the
 	// Kubernetes source they mirror the cluster's ServiceCIDR objects.
@@ -642,6 +659,9 @@ func (UnimplementedRegistryServiceServer) UpdateBgpPeer(context.Context, *Update
 }
 func (UnimplementedRegistryServiceServer) DeleteBgpPeer(context.Context, *DeleteBgpPeerRequest) (*DeleteBgpPeerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteBgpPeer not implemented")
+}
+func (UnimplementedRegistryServiceServer) Apply(context.Context, *ApplyRequest) (*ApplyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Apply not implemented")
 }
 func (UnimplementedRegistryServiceServer) CreateServiceCidr(context.Context, *CreateServiceCidrRequest) (*CreateServiceCidrResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateServiceCidr not implemented")
@@ -1198,6 +1218,24 @@ func _RegistryService_DeleteBgpPeer_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_Apply_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).Apply(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_Apply_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).Apply(ctx, req.(*ApplyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RegistryService_CreateServiceCidr_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CreateServiceCidrRequest)
 	if err := dec(in); err != nil {
@@ -1402,6 +1440,10 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteBgpPeer",
 			Handler:    _RegistryService_DeleteBgpPeer_Handler,
+		},
+		{
+			MethodName: "Apply",
+			Handler:    _RegistryService_Apply_Handler,
 		},
 		{
 			MethodName: "CreateServiceCidr",

@@ -1,0 +1,163 @@
+package registry
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/store"
+)
+
+// BatchError says which object of a batch was refused.
+type BatchError struct {
+	Index int
+	Err   error
+}
+
+func (e *BatchError) Error() string { return e.Err.Error() }
+func (e *BatchError) Unwrap() error { return e.Err }
+
+// Applied is what a batch did to one object.
+type Applied struct {
+	Object  model.Object
+	Created bool
+}
+
+// staged is one object of a batch, in the registry's memory but not yet
+// in the store.
+type staged struct {
+	kind, key string
+	obj, old  model.Object
+	undo      func()
+	notify    func()
+}
+
+// Apply creates or replaces every object (each in its collection, by key)
+// as one write: one store transaction and one revision, so that no reader,
+// agent or restart ever sees some of them without the others. Each is
+// checked as Create or Update would check it, against the registry with
+// the objects before it in place, so two objects that conflict with each
+// other are refused too. Any refusal, or a failed commit, leaves the
+// registry as it was. With dryRun nothing is written.
+func (r *Registry) Apply(objs []model.Object, dryRun bool) (uint64, []Applied, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var done []staged
+	undo := func() {
+		for i := len(done) - 1; i >= 0; i-- {
+			done[i].undo()
+		}
+	}
+	for i, obj := range objs {
+		var s staged
+		var err error
+		switch o := obj.(type) {
+		case *model.Service:
+			s, err = stage(r.Services, o)
+		case *model.EndpointSlice:
+			s, err = stage(r.EndpointSlices, o)
+		case *model.Node:
+			s, err = stage(r.Nodes, o)
+		case *model.AddressPool:
+			s, err = stage(r.Pools, o)
+		case *model.BGPPeer:
+			s, err = stage(r.Peers, o)
+		case *model.ServiceCIDR:
+			s, err = stage(r.ServiceCIDRs, o)
+		default:
+			err = fmt.Errorf("%T is not a resource", obj)
+		}
+		if err != nil {
+			undo()
+			return 0, nil, &BatchError{Index: i, Err: err}
+		}
+		done = append(done, s)
+	}
+	out := make([]Applied, len(done))
+	for i, s := range done {
+		out[i] = Applied{Object: s.obj, Created: s.old == nil}
+	}
+	if dryRun || len(done) == 0 {
+		undo()
+		return r.rev, out, nil
+	}
+	rev := r.rev + 1
+	ops := make([]store.Op, len(done))
+	for i, s := range done {
+		s.obj.GetMeta().ResourceVersion = rev
+		b, err := json.Marshal(s.obj)
+		if err != nil {
+			undo()
+			return 0, nil, &BatchError{Index: i, Err: err}
+		}
+		ops[i] = store.Op{Kind: s.kind, Key: s.key, Value: b}
+	}
+	if _, err := r.store.Commit(ops...); err != nil {
+		undo()
+		return 0, nil, fmt.Errorf("persisting %d resources: %w", len(ops), err)
+	}
+	r.advance(rev)
+	ch := Change{Revision: rev}
+	for _, s := range done {
+		r.touched(s.obj, s.old, &ch)
+		s.notify()
+	}
+	for _, fn := range r.listeners {
+		fn(ch)
+	}
+	return rev, out, nil
+}
+
+// stage checks obj as Create or Update would and puts it in place in
+// memory (items and indexes), returning how to take it out again.
+func stage[T model.Object](c *Collection[T], obj T) (staged, error) {
+	m := obj.GetMeta()
+	if m.Source == "" {
+		m.Source = model.SourceNative
+	}
+	key := m.Key()
+	old, exists := c.items[key]
+	if exists {
+		om := old.GetMeta()
+		if m.ResourceVersion != 0 && m.ResourceVersion != om.ResourceVersion {
+			return staged{}, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, om.ResourceVersion, m.ResourceVersion, ErrConflict)
+		}
+		if om.Source != m.Source {
+			return staged{}, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
+		}
+		m.CreateTime = om.CreateTime
+	} else {
+		if m.ResourceVersion != 0 {
+			return staged{}, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
+		}
+		if m.CreateTime.IsZero() {
+			m.CreateTime = c.r.now().UTC()
+		}
+	}
+	if err := c.check(obj); err != nil {
+		return staged{}, err
+	}
+	s := staged{kind: c.kind, key: key, obj: obj}
+	var oldObj model.Object
+	if exists {
+		oldObj, s.old = old, old
+	}
+	c.items[key] = obj
+	c.r.reindex(obj, oldObj)
+	s.undo = func() {
+		c.r.reindex(oldObj, obj)
+		if exists {
+			c.items[key] = old
+		} else {
+			delete(c.items, key)
+		}
+	}
+	s.notify = func() {
+		if exists {
+			c.notify(Modified, obj)
+		} else {
+			c.notify(Added, obj)
+		}
+	}
+	return s, nil
+}
