@@ -62,6 +62,27 @@ type Op struct {
 // like a first start.
 const createdMarker = "weir.db.created"
 
+// Init lets the next Open start with an empty store where a database was
+// lost (missing or 0 bytes): the operator says so. It refuses a database
+// that holds anything, which only a restore or its removal replaces.
+func Init(dir string) error {
+	path := filepath.Join(dir, "weir.db")
+	switch fi, err := os.Stat(path); {
+	case err == nil && fi.Size() > 0:
+		return fmt.Errorf("%s holds a store: --init starts afresh only where it was lost; remove it yourself to throw it away", path)
+	case err == nil:
+		if err := os.Remove(path); err != nil {
+			return err
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return err
+	}
+	if err := os.Remove(filepath.Join(dir, createdMarker)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
 // Open opens (or creates) the database in dir. A database that is empty
 // (0 bytes), missing from a folder that had one, or damaged is an error
 // that says so: starting empty would silently drop every resource.
@@ -73,10 +94,10 @@ func Open(dir string) (s *Store, err error) {
 	marker := filepath.Join(dir, createdMarker)
 	switch fi, err := os.Stat(path); {
 	case err == nil && fi.Size() == 0:
-		return nil, fmt.Errorf("%s is empty (0 bytes): refusing to start with no state; restore it from a copy, or remove it (and %s) to start afresh", path, createdMarker)
+		return nil, fmt.Errorf("%s is empty (0 bytes): refusing to start with no state; restore it from a copy, or start afresh with --init", path)
 	case errors.Is(err, fs.ErrNotExist):
 		if _, merr := os.Stat(marker); merr == nil {
-			return nil, fmt.Errorf("%s is missing but this folder had one (%s exists): refusing to start with no state; restore it from a copy, or remove %s to start afresh", path, createdMarker, createdMarker)
+			return nil, fmt.Errorf("%s is missing but this folder had one (%s exists): refusing to start with no state; restore it from a copy, or start afresh with --init", path, createdMarker)
 		}
 	case err != nil:
 		return nil, fmt.Errorf("opening %s: %w", path, err)

@@ -73,3 +73,36 @@ func TestOpenRefusesALostOrDamagedDatabase(t *testing.T) {
 		})
 	}
 }
+
+// Init starts afresh only where the database was lost, never over one that
+// holds a store.
+func TestInitStartsAfreshOnlyWhereTheStoreWasLost(t *testing.T) {
+	dir := filled(t, 10)
+	if err := Init(dir); err == nil || !strings.Contains(err.Error(), "holds a store") {
+		t.Fatalf("Init over a full store: %v", err)
+	}
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatalf("the store after a refused Init: %v", err)
+	}
+	s.Close()
+	for _, lose := range []func(string) error{
+		func(path string) error { return os.Remove(path) },
+		func(path string) error { return os.Truncate(path, 0) },
+	} {
+		if err := lose(filepath.Join(dir, "weir.db")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Open(dir); err == nil {
+			t.Fatal("Open of a lost store succeeded without Init")
+		}
+		if err := Init(dir); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Open(dir)
+		if err != nil {
+			t.Fatalf("Open after Init: %v", err)
+		}
+		s.Close()
+	}
+}

@@ -30,6 +30,7 @@ import (
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/store"
 )
 
 // version is set at build time.
@@ -53,6 +54,7 @@ func run() error {
 	var (
 		listen         = flag.String("listen", "127.0.0.1:7443", "address of the gRPC API (agents and orchestrators)")
 		dataDir        = flag.String("data-dir", "/var/lib/weir", "folder of the persistent store")
+		initStore      = flag.Bool("init", false, "start with an empty store where the database was lost (missing or empty, in a folder that had one); never over a store that holds anything")
 		insecure       = flag.Bool("insecure", false, "serve plain text instead of TLS, on a loopback address only (lab and demo)")
 		insecureRemote = flag.Bool("insecure-allow-remote", false, "with --insecure, serve plain text on a non-loopback address too: anyone who reaches it can read and change everything")
 		certFile       = flag.String("tls-cert-file", "", "server certificate (PEM)")
@@ -95,6 +97,11 @@ func run() error {
 		var err error
 		if tlsCfg, err = tlsconfig.Server(tlsconfig.Files{Cert: *certFile, Key: *keyFile, CA: *caFile}); err != nil {
 			return err
+		}
+	}
+	if *initStore {
+		if err := store.Init(*dataDir); err != nil {
+			return fmt.Errorf("--init: %w", err)
 		}
 	}
 	rules := registry.DefaultServiceRules()
