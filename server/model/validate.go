@@ -320,6 +320,14 @@ func (p *AddressPool) Validate() error {
 		return fieldErr("addresses", "at least one CIDR or range is required")
 	}
 	for i, r := range p.Ranges {
+		for _, bad := range notAssignable {
+			lo, hi := bad.prefix.Masked().Addr(), lastOf(bad.prefix)
+			if r.First.Is4() == lo.Is4() && r.First.Compare(hi) <= 0 && lo.Compare(r.Last) <= 0 {
+				return fieldErr(fmt.Sprintf("addresses[%d]", i), "holds %s addresses (%s), which no service can be given", bad.what, bad.prefix)
+			}
+		}
+	}
+	for i, r := range p.Ranges {
 		for j := range i {
 			if o := p.Ranges[j]; r.First.Is4() == o.First.Is4() && r.First.Compare(o.Last) <= 0 && o.First.Compare(r.Last) <= 0 {
 				return fieldErr(fmt.Sprintf("addresses[%d]", i), "overlaps addresses[%d]", j)
@@ -383,4 +391,37 @@ func (p *BGPPeer) Validate() error {
 		return fieldErr("hold_time_seconds", "must be 0 (90 s) or between 3 and 65535")
 	}
 	return nil
+}
+
+// notAssignable are the addresses a pool may not hold: a node cannot
+// answer for them as a service's.
+var notAssignable = []struct {
+	prefix netip.Prefix
+	what   string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), "this-network"},
+	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
+	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
+	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
+	{netip.MustParsePrefix("255.255.255.255/32"), "broadcast"},
+	{netip.MustParsePrefix("::/128"), "unspecified"},
+	{netip.MustParsePrefix("::1/128"), "loopback"},
+	{netip.MustParsePrefix("fe80::/10"), "link-local"},
+	{netip.MustParsePrefix("ff00::/8"), "multicast"},
+}
+
+// lastOf is a prefix's last address.
+func lastOf(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().AsSlice()
+	for i := range a {
+		bits := p.Bits() - 8*i
+		switch {
+		case bits <= 0:
+			a[i] = 0xff
+		case bits < 8:
+			a[i] |= 0xff >> bits
+		}
+	}
+	last, _ := netip.AddrFromSlice(a)
+	return last
 }

@@ -84,3 +84,24 @@ func TestSizesAreBoundedAsKubernetesBoundsThem(t *testing.T) {
 		}
 	}
 }
+
+func TestPoolsHoldOnlyAssignableAddresses(t *testing.T) {
+	pool := func(ranges ...string) *AddressPool {
+		p := &AddressPool{Meta: Meta{Name: "p"}}
+		for _, r := range ranges {
+			pfx := netip.MustParsePrefix(r)
+			p.Ranges = append(p.Ranges, AddressRange{First: pfx.Addr(), Last: lastOf(pfx)})
+		}
+		return p
+	}
+	for _, bad := range []string{"::/0", "224.0.0.0/24", "ff02::/120", "0.0.0.0/0", "127.0.0.0/30", "169.254.1.0/24", "198.51.100.0/24,239.1.1.0/28"} {
+		if err := pool(strings.Split(bad, ",")...).Validate(); err == nil || !strings.Contains(err.Error(), "addresses[") {
+			t.Errorf("pool %s: %v; want refused naming the range", bad, err)
+		}
+	}
+	for _, good := range []string{"203.0.113.0/24", "2001:db8::/64", "10.0.0.0/8"} {
+		if err := pool(good).Validate(); err != nil {
+			t.Errorf("pool %s: %v", good, err)
+		}
+	}
+}
