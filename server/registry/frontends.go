@@ -266,14 +266,13 @@ func (r *Registry) conflicts(s *model.Service, lostOnly bool) []Conflict {
 					continue
 				}
 				what := "the cluster IP"
-				switch o.kind {
-				case frontend:
+				switch {
+				case o.kind == frontend:
 					what = "a frontend (" + strings.SplitN(o.field, "[", 2)[0] + ")"
-				case nodePort:
-					what = strings.TrimPrefix(strings.SplitN(o.field, "[", 2)[0], "spec.")
-					if o.field != "spec.health_check_node_port" {
-						what = "a node port"
-					}
+				case o.field == "spec.health_check_node_port":
+					what = "the health-check node port"
+				case o.kind == nodePort:
+					what = "a node port"
 				}
 				out = append(out, Conflict{c.field, fmt.Sprintf("%s is %s of service %s", c, what, key)})
 			}
