@@ -89,12 +89,14 @@ func TargetsFromProto(vips []*weirv1.VipTargets, log *slog.Logger) []Target {
 }
 
 // Reporter sends a speaker's statuses to the server.
-func Reporter(client weirv1.LoadBalancerTierServiceClient, log *slog.Logger) func(*weirv1.SpeakerStatus) {
-	return func(st *weirv1.SpeakerStatus) {
+func Reporter(client weirv1.LoadBalancerTierServiceClient, log *slog.Logger) func(*weirv1.SpeakerStatus) error {
+	return func(st *weirv1.SpeakerStatus) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if _, err := client.ReportSpeaker(ctx, &weirv1.ReportSpeakerRequest{Status: st}); err != nil {
-			log.Debug("reporting to the server failed; the next change reports again", "error", err)
+		_, err := client.ReportSpeaker(ctx, &weirv1.ReportSpeakerRequest{Status: st})
+		if err != nil {
+			log.Debug("reporting to the server failed; sent again in a second", "error", err)
 		}
+		return err
 	}
 }

@@ -26,8 +26,9 @@ type Config struct {
 	Name   string
 	Probes ProbeConfig
 	// Report hears the speaker's status whenever it changes; it may block
-	// (a newer status replaces one not yet taken).
-	Report func(*weirv1.SpeakerStatus)
+	// (a newer status replaces one not yet taken). A status it fails to
+	// deliver is offered again a second later, unless a newer one came.
+	Report func(*weirv1.SpeakerStatus) error
 	Log    *slog.Logger
 }
 
@@ -256,19 +257,33 @@ func (s *Speaker) publish(ctx context.Context) {
 	s.report <- st
 }
 
-// reporter hands statuses to cfg.Report off the sync path.
+// reporter hands statuses to cfg.Report off the sync path, until the
+// newest is delivered: a lost report would leave the server showing a
+// state the speaker has left until something else changed.
 func (s *Speaker) reporter(ctx context.Context) {
+	var pending *weirv1.SpeakerStatus
+	var retry <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case st := <-s.report:
-			if s.cfg.Report != nil {
-				s.cfg.Report(st)
-			}
+		case pending = <-s.report:
+		case <-retry:
 		}
+		retry = nil
+		if pending == nil || s.cfg.Report == nil {
+			continue
+		}
+		if err := s.cfg.Report(pending); err != nil {
+			retry = time.After(reportRetry)
+			continue
+		}
+		pending = nil
 	}
 }
+
+// reportRetry is how long a failed report waits before it is sent again.
+const reportRetry = time.Second
 
 // resendStatus makes the next publish send the status even if unchanged.
 func (s *Speaker) resendStatus() {

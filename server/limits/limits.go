@@ -29,9 +29,11 @@ type Config struct {
 	// MaxWatchesPerCaller bounds a caller's open Watch* streams, over all
 	// its connections.
 	MaxWatchesPerCaller int
-	// CallsPerSecond and Burst are each caller's rate of unary calls (reads
-	// and writes): a caller over it waits, the others do not. Negative: no
-	// limit.
+	// CallsPerSecond and Burst are each caller's rate of unary calls to
+	// the operators' services (RegistryService, StatusService: reads and
+	// writes): a caller over it waits, the others do not. Negative: no
+	// limit. Agents and speakers are not held to it: their reports are
+	// their state, which a delayed or refused call would leave stale.
 	CallsPerSecond float64
 	Burst          int
 }
@@ -73,6 +75,9 @@ func ServerOptions(cfg Config) []grpc.ServerOption {
 		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
 		grpc.MaxConcurrentStreams(cfg.MaxStreamsPerConnection),
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if svc, _, _ := strings.Cut(strings.TrimPrefix(info.FullMethod, "/"), "/"); svc != "weir.v1.RegistryService" && svc != "weir.v1.StatusService" {
+				return h(ctx, req)
+			}
 			if err := l.get(ctx).rate.Wait(ctx); err != nil {
 				return nil, status.Errorf(codes.ResourceExhausted, "rate limit (%g calls a second per caller): %v", cfg.CallsPerSecond, err)
 			}

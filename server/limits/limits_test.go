@@ -98,3 +98,21 @@ func TestSilentConnectionsAreClosed(t *testing.T) {
 		}
 	}
 }
+
+// A speaker's reports are its state: they are never held to the
+// operators' rate, which would leave its status stale.
+func TestSpeakerReportsAreNotRateLimited(t *testing.T) {
+	ts := start(t, limits.Config{CallsPerSecond: 1, Burst: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	lb := weirv1.NewLoadBalancerTierServiceClient(ts.Conn)
+	start := time.Now()
+	for i := range 20 {
+		if _, err := lb.ReportSpeaker(ctx, &weirv1.ReportSpeakerRequest{Status: &weirv1.SpeakerStatus{Name: "lb1"}}); err != nil {
+			t.Fatalf("report %d: %v", i, err)
+		}
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("20 reports took %v at an operators' rate of 1 a second; they must not wait for it", d)
+	}
+}
