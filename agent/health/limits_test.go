@@ -68,12 +68,17 @@ func TestConnLimitIsSharedByItsListeners(t *testing.T) {
 		}
 		defer c.Close()
 	}
-	time.Sleep(200 * time.Millisecond)
+	// The two slots fill, then nothing more is accepted while they are held.
+	deadline := time.Now().Add(5 * time.Second)
+	for accepted.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
 	if n := accepted.Load(); n != 2 {
 		t.Fatalf("%d connections accepted across the two listeners; want the limit, 2", n)
 	}
 	(<-conns).Close()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline = time.Now().Add(5 * time.Second)
 	for accepted.Load() != 3 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
