@@ -40,7 +40,7 @@ func audit(ctx context.Context, log *slog.Logger, method string, req, resp any, 
 	if !denied && !isWrite(method) {
 		return
 	}
-	attrs := []any{"who", who(ctx), "method", strings.TrimPrefix(method, "/"), "result", code.String()}
+	attrs := []any{"who", Caller(ctx), "method", strings.TrimPrefix(method, "/"), "result", code.String()}
 	if r := resource(req); r != "" {
 		attrs = append(attrs, "resource", r)
 	}
@@ -67,9 +67,7 @@ func isWrite(method string) bool {
 
 // Caller names the caller from its certificate (whether or not its role
 // allows the call), else by address.
-func Caller(ctx context.Context) string { return who(ctx) }
-
-func who(ctx context.Context) string {
+func Caller(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
 		return "unknown"
