@@ -146,8 +146,13 @@ type Hello struct {
 	// The history of applied_version (SyncResponse.history): the server
 	// resumes from applied_version only within the same history.
 	AppliedHistory string `protobuf:"bytes,4,opt,name=applied_history,json=appliedHistory,proto3" json:"applied_history,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Take a stream from a replica that is not current (it has lost its
+	// store): the agent sets it only after every server address it knows
+	// refused it as not current, so that with the whole store away it still
+	// gets the last state rather than none.
+	AcceptStale   bool `protobuf:"varint,5,opt,name=accept_stale,json=acceptStale,proto3" json:"accept_stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -206,6 +211,13 @@ func (x *Hello) GetAppliedHistory() string {
 		return x.AppliedHistory
 	}
 	return ""
+}
+
+func (x *Hello) GetAcceptStale() bool {
+	if x != nil {
+		return x.AcceptStale
+	}
+	return false
 }
 
 type Ack struct {
@@ -1609,12 +1621,13 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x03ack\x18\x02 \x01(\v2\f.weir.v1.AckH\x00R\x03ack\x12#\n" +
 	"\x04nack\x18\x03 \x01(\v2\r.weir.v1.NackH\x00R\x04nack\x12)\n" +
 	"\x06report\x18\x04 \x01(\v2\x0f.weir.v1.ReportH\x00R\x06reportB\t\n" +
-	"\amessage\"\x9b\x01\n" +
+	"\amessage\"\xbe\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12'\n" +
 	"\x0fapplied_version\x18\x02 \x01(\x04R\x0eappliedVersion\x12#\n" +
 	"\ragent_version\x18\x03 \x01(\tR\fagentVersion\x12'\n" +
-	"\x0fapplied_history\x18\x04 \x01(\tR\x0eappliedHistory\"\x1f\n" +
+	"\x0fapplied_history\x18\x04 \x01(\tR\x0eappliedHistory\x12!\n" +
+	"\faccept_stale\x18\x05 \x01(\bR\vacceptStale\"\x1f\n" +
 	"\x03Ack\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\"6\n" +
 	"\x04Nack\x12\x18\n" +

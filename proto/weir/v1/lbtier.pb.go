@@ -24,7 +24,9 @@ const (
 type WatchTargetsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The watching speaker's name: its reports last as long as this watch.
-	Speaker       string `protobuf:"bytes,1,opt,name=speaker,proto3" json:"speaker,omitempty"`
+	Speaker string `protobuf:"bytes,1,opt,name=speaker,proto3" json:"speaker,omitempty"`
+	// As Hello.accept_stale: take targets from a replica that is not current.
+	AcceptStale   bool `protobuf:"varint,2,opt,name=accept_stale,json=acceptStale,proto3" json:"accept_stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -64,6 +66,13 @@ func (x *WatchTargetsRequest) GetSpeaker() string {
 		return x.Speaker
 	}
 	return ""
+}
+
+func (x *WatchTargetsRequest) GetAcceptStale() bool {
+	if x != nil {
+		return x.AcceptStale
+	}
+	return false
 }
 
 type WatchTargetsResponse struct {
@@ -614,9 +623,10 @@ var File_weir_v1_lbtier_proto protoreflect.FileDescriptor
 
 const file_weir_v1_lbtier_proto_rawDesc = "" +
 	"\n" +
-	"\x14weir/v1/lbtier.proto\x12\aweir.v1\x1a\x13weir/v1/agent.proto\"/\n" +
+	"\x14weir/v1/lbtier.proto\x12\aweir.v1\x1a\x13weir/v1/agent.proto\"R\n" +
 	"\x13WatchTargetsRequest\x12\x18\n" +
-	"\aspeaker\x18\x01 \x01(\tR\aspeaker\"[\n" +
+	"\aspeaker\x18\x01 \x01(\tR\aspeaker\x12!\n" +
+	"\faccept_stale\x18\x02 \x01(\bR\vacceptStale\"[\n" +
 	"\x14WatchTargetsResponse\x12'\n" +
 	"\x04vips\x18\x01 \x03(\v2\x13.weir.v1.VipTargetsR\x04vips\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\"\xdd\x01\n" +
