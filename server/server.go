@@ -72,7 +72,7 @@ type Server struct {
 	kube     *kubernetes.Source
 	ipam     *ipam.Allocator
 	resFile  *resourcefile.Watcher
-	store    *store.Store
+	store    store.Backend
 	log      *slog.Logger
 	grpc     *grpc.Server
 	health   *health.Server

@@ -39,9 +39,15 @@ type staged struct {
 // the objects before it in place, so two objects that conflict with each
 // other are refused too. Any refusal, or a failed commit, leaves the
 // registry as it was. With dryRun nothing is written.
-func (r *Registry) Apply(objs []model.Object, dryRun bool) (uint64, []Applied, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (r *Registry) Apply(objs []model.Object, dryRun bool) (rev uint64, out []Applied, err error) {
+	err = r.write(func() error {
+		rev, out, err = r.applyLocked(objs, dryRun)
+		return err
+	})
+	return rev, out, err
+}
+
+func (r *Registry) applyLocked(objs []model.Object, dryRun bool) (uint64, []Applied, error) {
 	var done []staged
 	undo := func() {
 		for i := len(done) - 1; i >= 0; i-- {
@@ -81,24 +87,29 @@ func (r *Registry) Apply(objs []model.Object, dryRun bool) (uint64, []Applied, e
 		undo()
 		return r.rev, out, nil
 	}
-	rev := r.rev + 1
+	guess := r.rev + 1 // as in commit
 	ops := make([]store.Op, len(done))
 	for i, s := range done {
-		s.obj.GetMeta().ResourceVersion = rev
+		m := s.obj.GetMeta()
+		asked := m.ResourceVersion
+		m.ResourceVersion = guess
 		b, err := json.Marshal(s.obj)
+		m.ResourceVersion = asked // a batch tried again is checked as asked
 		if err != nil {
 			undo()
 			return 0, nil, &BatchError{Index: i, Err: err}
 		}
 		ops[i] = store.Op{Kind: s.kind, Key: s.key, Value: b}
 	}
-	if _, err := r.store.Commit(ops...); err != nil {
+	rev, err := r.commitOps(store.Guard{}, ops)
+	if err != nil {
 		undo()
 		return 0, nil, fmt.Errorf("persisting %d resources: %w", len(ops), err)
 	}
 	r.advance(rev)
 	ch := Change{Revision: rev}
 	for _, s := range done {
+		s.obj.GetMeta().ResourceVersion = rev
 		r.touched(s.obj, s.old, &ch)
 		s.notify()
 	}

@@ -25,15 +25,54 @@ func newCollection[T model.Object](r *Registry, kind string, namespaced bool, ch
 	return &Collection[T]{r: r, kind: kind, namespaced: namespaced, check: check, items: map[string]T{}, watchers: map[*watcher[T]]struct{}{}}
 }
 
-func (c *Collection[T]) load() (uint64, error) {
-	return c.r.store.Load(c.kind, func(key string, value []byte) error {
-		var obj T
-		if err := json.Unmarshal(value, &obj); err != nil {
-			return fmt.Errorf("%w: %s %s: %v", store.ErrCorrupt, c.kind, key, err)
+func (c *Collection[T]) decode(key string, rev uint64, value []byte) (T, error) {
+	var obj T
+	if err := json.Unmarshal(value, &obj); err != nil {
+		return obj, fmt.Errorf("%w: %s %s: %v", store.ErrCorrupt, c.kind, key, err)
+	}
+	// A store that keeps a revision per resource (etcd) has the truth;
+	// the one in the value was the writer's guess.
+	if rev != 0 {
+		obj.GetMeta().ResourceVersion = rev
+	}
+	return obj, nil
+}
+
+// putStored puts in place a write read from the store (value nil: a
+// deletion) and tells the watchers; obj and old are nil where there is
+// none. Called with the registry's lock held.
+func (c *Collection[T]) putStored(key string, rev uint64, value []byte) (obj, old model.Object, err error) {
+	prev, existed := c.items[key]
+	if existed {
+		old = prev
+	}
+	if value == nil {
+		if existed {
+			delete(c.items, key)
+			c.notify(Deleted, prev)
 		}
-		c.items[key] = obj
-		return nil
-	})
+		return nil, old, nil
+	}
+	o, err := c.decode(key, rev, value)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.items[key] = o
+	if existed {
+		c.notify(Modified, o)
+	} else {
+		c.notify(Added, o)
+	}
+	return o, old, nil
+}
+
+// revisions lists every resource's version, for a reload to compare.
+func (c *Collection[T]) revisions() map[string]uint64 {
+	out := make(map[string]uint64, len(c.items))
+	for k, obj := range c.items {
+		out[k] = obj.GetMeta().ResourceVersion
+	}
+	return out
 }
 
 // Create stores a new resource. It fails with ErrAlreadyExists when one of
@@ -44,21 +83,23 @@ func (c *Collection[T]) Create(obj T) (T, error) { return c.create(obj, false) }
 func (c *Collection[T]) CheckCreate(obj T) (T, error) { return c.create(obj, true) }
 
 func (c *Collection[T]) create(obj T, dryRun bool) (T, error) {
-	c.r.mu.Lock()
-	defer c.r.mu.Unlock()
+	return obj, c.r.write(func() error { return c.createLocked(obj, dryRun) })
+}
+
+func (c *Collection[T]) createLocked(obj T, dryRun bool) error {
 	m := obj.GetMeta()
 	if m.Source == "" {
 		m.Source = model.SourceNative
 	}
 	if err := c.check(obj); err != nil {
-		return obj, err
+		return err
 	}
 	key := m.Key()
 	if old, ok := c.items[key]; ok {
 		if src := old.GetMeta().Source; src != m.Source {
-			return obj, fmt.Errorf("%s %s exists, owned by the %s source: %w", c.kind, key, src, ErrAlreadyExists)
+			return fmt.Errorf("%s %s exists, owned by the %s source: %w", c.kind, key, src, ErrAlreadyExists)
 		}
-		return obj, fmt.Errorf("%s %s: %w", c.kind, key, ErrAlreadyExists)
+		return fmt.Errorf("%s %s: %w", c.kind, key, ErrAlreadyExists)
 	}
 	// A source that knows when the resource was made (Kubernetes) says
 	// so; the native API cannot.
@@ -66,64 +107,76 @@ func (c *Collection[T]) create(obj T, dryRun bool) (T, error) {
 		m.CreateTime = c.r.now().UTC()
 	}
 	if dryRun {
-		return obj, nil
+		return nil
 	}
-	if _, err := c.r.commit(c.kind, key, obj, nil); err != nil {
-		return obj, err
+	if _, err := c.r.commit(store.Guard{}, c.kind, key, obj, nil); err != nil {
+		return err
 	}
 	c.items[key] = obj
 	c.notify(Added, obj)
-	return obj, nil
+	return nil
 }
 
 // Update replaces a resource. A non-zero ResourceVersion must match the
 // stored one.
-func (c *Collection[T]) Update(obj T) (T, error) { return c.update(obj, false) }
+func (c *Collection[T]) Update(obj T) (T, error) { return c.update(store.Guard{}, obj, false) }
+
+// UpdateGuarded is Update, made only while g holds: the writes of a job
+// that only the leader of the replicas runs.
+func (c *Collection[T]) UpdateGuarded(g store.Guard, obj T) (T, error) { return c.update(g, obj, false) }
 
 // CheckUpdate runs every check Update would, and writes nothing.
-func (c *Collection[T]) CheckUpdate(obj T) (T, error) { return c.update(obj, true) }
+func (c *Collection[T]) CheckUpdate(obj T) (T, error) { return c.update(store.Guard{}, obj, true) }
 
-func (c *Collection[T]) update(obj T, dryRun bool) (T, error) {
-	c.r.mu.Lock()
-	defer c.r.mu.Unlock()
+func (c *Collection[T]) update(g store.Guard, obj T, dryRun bool) (T, error) {
+	return obj, c.r.write(func() error { return c.updateLocked(g, obj, dryRun) })
+}
+
+func (c *Collection[T]) updateLocked(g store.Guard, obj T, dryRun bool) error {
 	m := obj.GetMeta()
 	key := m.Key()
 	old, ok := c.items[key]
 	if !ok {
-		return obj, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
+		return fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
 	}
 	om := old.GetMeta()
 	if m.ResourceVersion != 0 && m.ResourceVersion != om.ResourceVersion {
-		return obj, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, om.ResourceVersion, m.ResourceVersion, ErrConflict)
+		return fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, om.ResourceVersion, m.ResourceVersion, ErrConflict)
 	}
 	if m.Source == "" {
 		m.Source = om.Source
 	}
 	if m.Source != om.Source {
-		return obj, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
+		return fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
 	}
 	if err := c.check(obj); err != nil {
-		return obj, err
+		return err
 	}
 	m.CreateTime = om.CreateTime
 	if dryRun {
 		m.ResourceVersion = om.ResourceVersion
-		return obj, nil
+		return nil
 	}
-	if _, err := c.r.commit(c.kind, key, obj, old); err != nil {
-		return obj, err
+	if _, err := c.r.commit(g, c.kind, key, obj, old); err != nil {
+		return err
 	}
 	c.items[key] = obj
 	c.notify(Modified, obj)
-	return obj, nil
+	return nil
 }
 
 // Delete removes a resource that source owns (any source when empty) and
 // returns the revision of the deletion. A non-zero resourceVersion must
 // match.
-func (c *Collection[T]) Delete(key string, resourceVersion uint64, source string) (uint64, error) {
-	c.r.mu.Lock()
-	defer c.r.mu.Unlock()
+func (c *Collection[T]) Delete(key string, resourceVersion uint64, source string) (rev uint64, err error) {
+	err = c.r.write(func() error {
+		rev, err = c.deleteLocked(key, resourceVersion, source)
+		return err
+	})
+	return rev, err
+}
+
+func (c *Collection[T]) deleteLocked(key string, resourceVersion uint64, source string) (uint64, error) {
 	old, ok := c.items[key]
 	if !ok {
 		return 0, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
@@ -134,7 +187,7 @@ func (c *Collection[T]) Delete(key string, resourceVersion uint64, source string
 	if rv := old.GetMeta().ResourceVersion; resourceVersion != 0 && resourceVersion != rv {
 		return 0, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, rv, resourceVersion, ErrConflict)
 	}
-	rev, err := c.r.commit(c.kind, key, nil, old)
+	rev, err := c.r.commit(store.Guard{}, c.kind, key, nil, old)
 	if err != nil {
 		return 0, err
 	}

@@ -5,9 +5,11 @@
 package registry
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +26,9 @@ var (
 	ErrConflict = errors.New("resource version conflict")
 	// ErrInUse: the write would take something another resource holds.
 	ErrInUse = errors.New("in use")
+	// ErrBehind: this replica could not catch up with the store's writes
+	// in time to decide a write (the store is away or slow).
+	ErrBehind = errors.New("this replica is behind the store")
 )
 
 // Change says what one committed write touched.
@@ -44,11 +49,16 @@ type Change struct {
 // Registry holds every resource. Stored objects are immutable: writes store
 // new objects, so readers may keep what they were given.
 type Registry struct {
-	store *store.Store
+	store store.Backend
 	now   func() time.Time
+	// kinds are the collections by their stored kind, for writes read
+	// back from the store.
+	kinds map[string]storedKind
 
-	mu              sync.RWMutex // guards everything below, and the collections' items
-	rev             uint64
+	mu  sync.RWMutex // guards everything below, and the collections' items
+	rev uint64
+	// advanced is closed, and replaced, whenever rev moves.
+	advanced        chan struct{}
 	slicesByService map[string]map[string]*model.EndpointSlice
 	listeners       []func(Change)
 	// drained holds the nodes an operator drained: Weir's own state, apart
@@ -67,10 +77,16 @@ type Registry struct {
 	ServiceCIDRs   *Collection[*model.ServiceCIDR]
 }
 
+// storedKind is a collection as the store sees it.
+type storedKind interface {
+	putStored(key string, rev uint64, value []byte) (obj, old model.Object, err error)
+	revisions() map[string]uint64
+}
+
 // Open loads every stored resource.
-func Open(st *store.Store) (*Registry, error) {
+func Open(st store.Backend) (*Registry, error) {
 	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}, drained: map[string]bool{},
-		rules: DefaultServiceRules()}
+		rules: DefaultServiceRules(), advanced: make(chan struct{})}
 	r.Services = newCollection(r, "services", true, func(s *model.Service) error {
 		if err := s.Validate(); err != nil {
 			return err
@@ -87,27 +103,31 @@ func Open(st *store.Store) (*Registry, error) {
 	})
 	r.Peers = newCollection(r, "bgppeers", false, (*model.BGPPeer).Validate)
 	r.ServiceCIDRs = newCollection(r, "servicecidrs", false, (*model.ServiceCIDR).Validate)
-	for _, load := range []func() (uint64, error){r.Services.load, r.EndpointSlices.load, r.Nodes.load, r.Pools.load, r.Peers.load, r.ServiceCIDRs.load} {
-		rev, err := load()
-		if err != nil {
-			return nil, err
-		}
-		r.rev = max(r.rev, rev)
+	r.kinds = map[string]storedKind{
+		r.Services.kind: r.Services, r.EndpointSlices.kind: r.EndpointSlices, r.Nodes.kind: r.Nodes,
+		r.Pools.kind: r.Pools, r.Peers.kind: r.Peers, r.ServiceCIDRs.kind: r.ServiceCIDRs,
 	}
+	rev, err := st.Load(func(kind, key string, rev uint64, value []byte) error {
+		if kind == drainsKind {
+			r.drained[key] = true
+			return nil
+		}
+		if k := r.kinds[kind]; k != nil {
+			_, _, err := k.putStored(key, rev, value)
+			return err
+		}
+		return nil // a kind a newer version wrote
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.rev = rev
 	for _, s := range r.EndpointSlices.items {
 		r.indexSlice(s, nil)
 	}
 	for key, s := range r.Services.items {
 		r.claimIndex.update(key, nil, s)
 	}
-	rev, err := st.Load(drainsKind, func(key string, _ []byte) error {
-		r.drained[key] = true
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	r.rev = max(r.rev, rev)
 	return r, nil
 }
 
@@ -125,9 +145,15 @@ func (r *Registry) SetServiceRules(rules ServiceRules) {
 // SetDrained drains a node (it takes no new external traffic) or undoes it,
 // and returns the node and the revision that holds the change (the current
 // one when the node was already so).
-func (r *Registry) SetDrained(node string, drained bool) (*model.Node, uint64, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (r *Registry) SetDrained(node string, drained bool) (n *model.Node, rev uint64, err error) {
+	err = r.write(func() error {
+		n, rev, err = r.setDrainedLocked(node, drained)
+		return err
+	})
+	return n, rev, err
+}
+
+func (r *Registry) setDrainedLocked(node string, drained bool) (*model.Node, uint64, error) {
 	n, ok := r.Nodes.items[node]
 	if !ok {
 		return nil, 0, fmt.Errorf("nodes %s: %w", node, ErrNotFound)
@@ -137,22 +163,31 @@ func (r *Registry) SetDrained(node string, drained bool) (*model.Node, uint64, e
 		if drained {
 			op.Value = []byte{1}
 		}
-		rev, err := r.store.Commit(op)
+		rev, err := r.store.Commit(r.rev, op)
 		if err != nil {
 			return nil, 0, fmt.Errorf("persisting the drain of %s: %w", node, err)
 		}
-		r.rev = rev
-		if drained {
-			r.drained[node] = true
-		} else {
-			delete(r.drained, node)
-		}
+		r.advance(rev)
+		ch := Change{Revision: rev}
+		r.putDrain(op, &ch)
 		for _, fn := range r.listeners {
-			fn(Change{Revision: rev, Nodes: []string{node}})
+			fn(ch)
 		}
-		r.Nodes.notify(Modified, n) // watchers see the drain too
 	}
 	return r.withDrain(n), r.rev, nil
+}
+
+// putDrain puts a drain write in place. Called with mu held.
+func (r *Registry) putDrain(op store.Op, ch *Change) {
+	if op.Value != nil {
+		r.drained[op.Key] = true
+	} else {
+		delete(r.drained, op.Key)
+	}
+	ch.Nodes = append(ch.Nodes, op.Key)
+	if n, ok := r.Nodes.items[op.Key]; ok {
+		r.Nodes.notify(Modified, n) // watchers see the drain too
+	}
 }
 
 // Drained reports whether an operator drained the node.
@@ -277,22 +312,31 @@ func (r *Registry) checkPoolOverlap(p *model.AddressPool) error {
 }
 
 // commit persists one resource write and publishes it. Called with mu held.
-func (r *Registry) commit(kind, key string, obj model.Object, old model.Object) (uint64, error) {
+func (r *Registry) commit(g store.Guard, kind, key string, obj model.Object, old model.Object) (uint64, error) {
 	op := store.Op{Kind: kind, Key: key}
 	if obj != nil {
-		rev := r.rev + 1
-		obj.GetMeta().ResourceVersion = rev
+		m := obj.GetMeta()
+		asked := m.ResourceVersion
+		// The revision the write will have in a store only this server
+		// writes; a shared store says which it was.
+		m.ResourceVersion = r.rev + 1
 		b, err := json.Marshal(obj)
+		// A write tried again (write) is checked against the version
+		// its caller asked for.
+		m.ResourceVersion = asked
 		if err != nil {
 			return 0, err
 		}
 		op.Value = b
 	}
-	rev, err := r.store.Commit(op)
+	rev, err := r.commitOps(g, []store.Op{op})
 	if err != nil {
 		return 0, fmt.Errorf("persisting %s %s: %w", kind, key, err)
 	}
 	r.advance(rev)
+	if obj != nil {
+		obj.GetMeta().ResourceVersion = rev
+	}
 	ch := Change{Revision: rev}
 	r.reindex(obj, old)
 	r.touched(obj, old, &ch)
@@ -302,13 +346,201 @@ func (r *Registry) commit(kind, key string, obj model.Object, old model.Object) 
 	return rev, nil
 }
 
-// advance takes the revision of the write just committed.
+// commitOps writes ops based on the registry's revision, guarded by g
+// where the store shares leaderships (etcd); with a store only this
+// server writes, this server holds every leadership.
+func (r *Registry) commitOps(g store.Guard, ops []store.Op) (uint64, error) {
+	if gs, ok := r.store.(interface {
+		CommitGuarded(store.Guard, uint64, ...store.Op) (uint64, error)
+	}); ok && g.Key != "" {
+		return gs.CommitGuarded(g, r.rev, ops...)
+	}
+	return r.store.Commit(r.rev, ops...)
+}
+
+// advance takes the revision of a write just committed or read back.
+// Called with mu held.
 func (r *Registry) advance(rev uint64) {
-	if rev != r.rev+1 {
-		// Only this registry writes the store, one write at a time.
-		panic(fmt.Sprintf("store revision %d after %d: another writer?", rev, r.rev))
+	if rev <= r.rev {
+		// Every write is based on the last (store.Backend.Commit).
+		panic(fmt.Sprintf("store revision %d after %d", rev, r.rev))
 	}
 	r.rev = rev
+	close(r.advanced)
+	r.advanced = make(chan struct{})
+}
+
+// CatchUpTimeout bounds how long a write waits for this replica to read
+// the writes another replica made first.
+var CatchUpTimeout = 5 * time.Second
+
+// write runs fn with the lock held. When another replica wrote first (the
+// store refused the commit as stale), it waits to read that write back and
+// runs fn again, so every check is made against the state the write will
+// follow.
+func (r *Registry) write(fn func() error) error {
+	for {
+		r.mu.Lock()
+		err := fn()
+		r.mu.Unlock()
+		var stale *store.StaleError
+		if !errors.As(err, &stale) {
+			return err
+		}
+		if err := r.waitFor(stale.Revision, CatchUpTimeout); err != nil {
+			return err
+		}
+	}
+}
+
+// waitFor waits until the registry holds revision rev.
+func (r *Registry) waitFor(rev uint64, timeout time.Duration) error {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		r.mu.RLock()
+		cur, advanced := r.rev, r.advanced
+		r.mu.RUnlock()
+		if cur >= rev {
+			return nil
+		}
+		select {
+		case <-advanced:
+		case <-timer.C:
+			return fmt.Errorf("%w: at revision %d, the store at %d", ErrBehind, cur, rev)
+		}
+	}
+}
+
+// Follow reads back, until ctx ends, the writes other replicas make to a
+// shared store, and publishes them as this registry's own. It returns at
+// once for a store only this server writes.
+func (r *Registry) Follow(ctx context.Context, log *slog.Logger) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := r.store.Watch(ctx, r.Revision(), r.putStored)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, store.ErrCompacted) {
+			log.Warn("the store no longer holds the writes since this replica's revision; reloading", "revision", r.Revision())
+			err = r.reload()
+			if err == nil {
+				backoff = 100 * time.Millisecond
+				continue
+			}
+		}
+		log.Warn("following the store", "error", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// Revision is the revision the registry holds.
+func (r *Registry) Revision() uint64 {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.rev
+}
+
+// putStored puts in place one write read back from the store, unless it
+// is one this registry made (and holds) already.
+func (r *Registry) putStored(rev uint64, ops []store.Op) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rev <= r.rev {
+		return nil
+	}
+	ch := Change{Revision: rev}
+	for _, op := range ops {
+		r.putStoredOp(rev, op, &ch)
+	}
+	r.advance(rev)
+	for _, fn := range r.listeners {
+		fn(ch)
+	}
+	return nil
+}
+
+func (r *Registry) putStoredOp(rev uint64, op store.Op, ch *Change) {
+	if op.Kind == drainsKind {
+		r.putDrain(op, ch)
+		return
+	}
+	k := r.kinds[op.Kind]
+	if k == nil {
+		return // a kind a newer version wrote
+	}
+	obj, old, err := k.putStored(op.Key, rev, op.Value)
+	if err != nil {
+		// Only a writer of another version could store what this one
+		// cannot read: keep the rest, say which.
+		slog.Error("skipping a stored resource this version cannot read", "kind", op.Kind, "key", op.Key, "error", err)
+		return
+	}
+	if obj == nil && old == nil {
+		return
+	}
+	r.reindex(obj, old)
+	r.touched(obj, old, ch)
+}
+
+// reload reads the whole store again and puts in place what differs from
+// memory, as one change: for a replica whose place in the store's history
+// is gone.
+func (r *Registry) reload() error {
+	type stored struct {
+		rev   uint64
+		value []byte
+	}
+	fresh := map[string]map[string]stored{}
+	rev, err := r.store.Load(func(kind, key string, rev uint64, value []byte) error {
+		if fresh[kind] == nil {
+			fresh[kind] = map[string]stored{}
+		}
+		fresh[kind][key] = stored{rev, value}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rev <= r.rev {
+		return nil
+	}
+	ch := Change{Revision: rev}
+	for kind, k := range r.kinds {
+		held := k.revisions()
+		for key := range held {
+			if _, ok := fresh[kind][key]; !ok {
+				r.putStoredOp(rev, store.Op{Kind: kind, Key: key}, &ch)
+			}
+		}
+		for key, s := range fresh[kind] {
+			if held[key] != s.rev {
+				r.putStoredOp(s.rev, store.Op{Kind: kind, Key: key, Value: s.value}, &ch)
+			}
+		}
+	}
+	for key := range r.drained {
+		if _, ok := fresh[drainsKind][key]; !ok {
+			r.putDrain(store.Op{Kind: drainsKind, Key: key}, &ch)
+		}
+	}
+	for key := range fresh[drainsKind] {
+		if !r.drained[key] {
+			r.putDrain(store.Op{Kind: drainsKind, Key: key, Value: []byte{1}}, &ch)
+		}
+	}
+	r.advance(rev)
+	for _, fn := range r.listeners {
+		fn(ch)
+	}
+	return nil
 }
 
 // reindex updates the indexes for a write of obj over old (either may be

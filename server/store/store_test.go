@@ -17,7 +17,7 @@ func filled(t *testing.T, n int) string {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if _, err := s.Commit(Op{Kind: "services", Key: fmt.Sprintf("default/s%d", i), Value: []byte(strings.Repeat("x", 200))}); err != nil {
+		if _, err := s.Commit(uint64(i), Op{Kind: "services", Key: fmt.Sprintf("default/s%d", i), Value: []byte(strings.Repeat("x", 200))}); err != nil {
 			t.Fatal(err)
 		}
 	}

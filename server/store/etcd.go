@@ -1,0 +1,280 @@
+package store
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Etcd keeps the state in an etcd cluster that every replica of the server
+// shares. The registry's revisions are etcd's: a resource's version is the
+// revision of the transaction that last wrote it, the same on every replica.
+//
+// Under the prefix:
+//
+//	PREFIX/r/KIND/KEY  one resource (JSON)
+//	PREFIX/head        written by every commit: its mod revision is the
+//	                   registry's revision, and comparing it makes a commit
+//	                   conditional on the writer having seen every write
+//	PREFIX/id          made with the store; names its history
+//
+// Other keys under the prefix (leases, elections, replicas' reports) are
+// not the registry's and never move its revision.
+type Etcd struct {
+	client  *clientv3.Client
+	prefix  string
+	history string
+}
+
+// EtcdConfig says how to reach etcd.
+type EtcdConfig struct {
+	Endpoints []string
+	// Prefix is where Weir's keys live (default "/weir"): several Weir
+	// control planes may share one etcd cluster under different prefixes.
+	Prefix string
+	TLS    *tls.Config // nil: plain text
+}
+
+// RequestTimeout bounds one etcd request: a store that does not answer
+// within it is treated as away.
+var RequestTimeout = 5 * time.Second
+
+// OpenEtcd connects to etcd and makes the store's identity if it has none.
+func OpenEtcd(ctx context.Context, cfg EtcdConfig) (*Etcd, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, errors.New("no etcd endpoints")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "/weir"
+	}
+	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
+	client, err := clientv3.New(clientv3.Config{
+		Endpoints: cfg.Endpoints,
+		TLS:       cfg.TLS,
+		// A member that stops answering is left within seconds for
+		// another: the client fails over between the endpoints.
+		DialTimeout:          2 * time.Second,
+		DialKeepAliveTime:    2 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
+		Logger:               zap.NewNop(),
+		Context:              context.Background(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)
+	}
+	e := &Etcd{client: client, prefix: cfg.Prefix}
+	ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+	defer cancel()
+	idKey := e.prefix + "/id"
+	resp, err := client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(idKey), "=", 0)).
+		Then(clientv3.OpPut(idKey, newHistoryID())).
+		Commit()
+	if err == nil {
+		var got *clientv3.GetResponse
+		if got, err = client.Get(ctx, idKey); err == nil && len(got.Kvs) == 1 {
+			// The cluster's ID changes when a snapshot is restored into a
+			// new cluster: revisions after it are of a new history.
+			e.history = fmt.Sprintf("%x/%s", resp.Header.ClusterId, got.Kvs[0].Value)
+		}
+	}
+	if err != nil || e.history == "" {
+		client.Close()
+		return nil, fmt.Errorf("etcd %s: reading the store's identity: %v", strings.Join(cfg.Endpoints, ","), err)
+	}
+	return e, nil
+}
+
+// Client is the etcd client, for what replicas share besides the registry
+// (elections, reports).
+func (e *Etcd) Client() *clientv3.Client { return e.client }
+
+// Prefix is the prefix of Weir's keys.
+func (e *Etcd) Prefix() string { return e.prefix }
+
+func (e *Etcd) Close() error { return e.client.Close() }
+
+func (e *Etcd) HistoryAt(rev uint64) string {
+	if rev == 0 {
+		return ""
+	}
+	return e.history
+}
+
+func (e *Etcd) head() string { return e.prefix + "/head" }
+
+func (e *Etcd) resourceKey(kind, key string) string { return e.prefix + "/r/" + kind + "/" + key }
+
+// parseKey splits PREFIX/r/KIND/KEY.
+func (e *Etcd) parseKey(k []byte) (kind, key string, ok bool) {
+	rest, ok := strings.CutPrefix(string(k), e.prefix+"/r/")
+	if !ok {
+		return "", "", false
+	}
+	return strings.Cut(rest, "/")
+}
+
+// Guard makes a write conditional on a leadership: the election key the
+// leader holds, at the revision it was created with. A zero Guard is no
+// condition.
+type Guard struct {
+	Key string
+	Rev int64
+}
+
+// ErrNotLeader: a guarded write from a replica whose leadership ended.
+var ErrNotLeader = errors.New("no longer the leader")
+
+func (e *Etcd) Commit(base uint64, ops ...Op) (uint64, error) {
+	return e.CommitGuarded(Guard{}, base, ops...)
+}
+
+// CommitGuarded is Commit, also conditional on g.
+func (e *Etcd) CommitGuarded(g Guard, base uint64, ops ...Op) (uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
+	defer cancel()
+	conds := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(e.head()), "=", int64(base))}
+	if g.Key != "" {
+		conds = append(conds, clientv3.Compare(clientv3.CreateRevision(g.Key), "=", g.Rev))
+	}
+	writes := make([]clientv3.Op, 0, len(ops)+1)
+	for _, op := range ops {
+		if op.Value == nil {
+			writes = append(writes, clientv3.OpDelete(e.resourceKey(op.Kind, op.Key)))
+		} else {
+			writes = append(writes, clientv3.OpPut(e.resourceKey(op.Kind, op.Key), string(op.Value)))
+		}
+	}
+	writes = append(writes, clientv3.OpPut(e.head(), ""))
+	elses := []clientv3.Op{clientv3.OpGet(e.head())}
+	if g.Key != "" {
+		elses = append(elses, clientv3.OpGet(g.Key))
+	}
+	resp, err := e.client.Txn(ctx).If(conds...).Then(writes...).Else(elses...).Commit()
+	if err != nil {
+		return 0, unavailable(err)
+	}
+	if resp.Succeeded {
+		return uint64(resp.Header.Revision), nil
+	}
+	if g.Key != "" {
+		if kvs := resp.Responses[1].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != g.Rev {
+			return 0, ErrNotLeader
+		}
+	}
+	var cur int64
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+		cur = kvs[0].ModRevision
+	}
+	return 0, &StaleError{Revision: uint64(cur)}
+}
+
+// ErrUnavailable wraps a store that could not be reached or has no quorum.
+var ErrUnavailable = errors.New("store unavailable")
+
+func unavailable(err error) error { return fmt.Errorf("%w: %v", ErrUnavailable, err) }
+
+// pageSize bounds one read of a Load, so that a large store is not read in
+// one message (etcd's default limit is 2 MiB a request).
+const pageSize = 1000
+
+func (e *Etcd) Load(fn func(kind, key string, rev uint64, value []byte) error) (uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*RequestTimeout)
+	defer cancel()
+	head, err := e.client.Get(ctx, e.head())
+	if err != nil {
+		return 0, unavailable(err)
+	}
+	var rev uint64
+	if len(head.Kvs) == 1 {
+		rev = uint64(head.Kvs[0].ModRevision)
+	}
+	// Every page at the revision of the first read: one consistent view.
+	at := head.Header.Revision
+	from, end := e.prefix+"/r/", clientv3.GetPrefixRangeEnd(e.prefix+"/r/")
+	for {
+		page, err := e.client.Get(ctx, from, clientv3.WithRange(end), clientv3.WithRev(at), clientv3.WithLimit(pageSize))
+		if err != nil {
+			return 0, unavailable(err)
+		}
+		for _, kv := range page.Kvs {
+			kind, key, ok := e.parseKey(kv.Key)
+			if !ok {
+				continue
+			}
+			if err := fn(kind, key, uint64(kv.ModRevision), kv.Value); err != nil {
+				return 0, err
+			}
+		}
+		if !page.More || len(page.Kvs) == 0 {
+			return rev, nil
+		}
+		from = string(page.Kvs[len(page.Kvs)-1].Key) + "\x00"
+	}
+}
+
+func (e *Etcd) Watch(ctx context.Context, after uint64, fn func(rev uint64, ops []Op) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Without a leader the member's view is not current: end the watch
+	// rather than wait quietly on a member cut off from the others.
+	ctx = clientv3.WithRequireLeader(ctx)
+	wch := e.client.Watch(ctx, e.prefix+"/r/", clientv3.WithPrefix(), clientv3.WithRev(int64(after)+1), clientv3.WithPrevKV())
+	for resp := range wch {
+		if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
+			return ErrCompacted
+		}
+		if err := resp.Err(); err != nil {
+			return unavailable(err)
+		}
+		// A transaction's events come together, one revision each run.
+		var ops []Op
+		var rev int64
+		for _, ev := range resp.Events {
+			if ev.Kv.ModRevision != rev && ops != nil {
+				if err := fn(uint64(rev), ops); err != nil {
+					return err
+				}
+				ops = nil
+			}
+			rev = ev.Kv.ModRevision
+			kind, key, ok := e.parseKey(ev.Kv.Key)
+			if !ok {
+				continue
+			}
+			op := Op{Kind: kind, Key: key}
+			if ev.Type == clientv3.EventTypePut {
+				op.Value = ev.Kv.Value
+			}
+			ops = append(ops, op)
+		}
+		if ops != nil {
+			if err := fn(uint64(rev), ops); err != nil {
+				return err
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return unavailable(errors.New("watch ended"))
+}
+
+// Reachable reads the store's head with a linearizable read: it fails when
+// this replica cannot reach a member that has a leader, the test of whether
+// what this replica serves is current.
+func (e *Etcd) Reachable(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := e.client.Get(ctx, e.head()); err != nil {
+		return unavailable(err)
+	}
+	return nil
+}
