@@ -123,7 +123,9 @@ func (c *Collection[T]) Update(obj T) (T, error) { return c.update(store.Guard{}
 
 // UpdateGuarded is Update, made only while g holds: the writes of a job
 // that only the leader of the replicas runs.
-func (c *Collection[T]) UpdateGuarded(g store.Guard, obj T) (T, error) { return c.update(g, obj, false) }
+func (c *Collection[T]) UpdateGuarded(g store.Guard, obj T) (T, error) {
+	return c.update(g, obj, false)
+}
 
 // CheckUpdate runs every check Update would, and writes nothing.
 func (c *Collection[T]) CheckUpdate(obj T) (T, error) { return c.update(store.Guard{}, obj, true) }
