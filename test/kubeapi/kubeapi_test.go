@@ -31,7 +31,7 @@ func TestCluster(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 	t.Logf("Start took %v; apiserver at %s", time.Since(start).Round(time.Millisecond), c.Host)
-	pids := []int{c.etcd.cmd.Process.Pid, c.apiserver.cmd.Process.Pid}
+	pids := []int{c.etcd.Pid(), c.apiserver.Pid()}
 
 	client, err := c.HTTPClient()
 	if err != nil {

@@ -1,0 +1,163 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/weirlb/weir/test/etcdcluster"
+)
+
+// startEtcd runs a one-member etcd for the test (Debian's etcd-server,
+// installed when missing and root).
+func startEtcd(t *testing.T) *etcdcluster.Cluster {
+	t.Helper()
+	if _, err := exec.LookPath("etcd"); err != nil && os.Geteuid() != 0 {
+		t.Skip("needs etcd (apt-get install etcd-server) or root to install it")
+	}
+	c, err := etcdcluster.Start(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func openEtcd(t *testing.T, c *etcdcluster.Cluster) *Etcd {
+	t.Helper()
+	e, err := OpenEtcd(context.Background(), EtcdConfig{Endpoints: c.Endpoints(), Prefix: "/test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// TestEtcdWritesFollowTheLastWrite: two replicas share one store; a commit
+// based on a revision that is not the last is refused as stale, naming the
+// last one; each reads the other's writes back, in order, with etcd's
+// revisions; both name the same history.
+func TestEtcdWritesFollowTheLastWrite(t *testing.T) {
+	c := startEtcd(t)
+	a, b := openEtcd(t, c), openEtcd(t, c)
+	if a.HistoryAt(1) != b.HistoryAt(1) || a.HistoryAt(1) == "" {
+		t.Fatalf("histories %q and %q: want one, not empty", a.HistoryAt(1), b.HistoryAt(1))
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type seen struct {
+		rev uint64
+		ops []Op
+	}
+	got := make(chan seen, 10)
+	go b.Watch(ctx, 0, func(rev uint64, ops []Op) error {
+		got <- seen{rev, ops}
+		return nil
+	})
+
+	r1, err := a.Commit(0, Op{Kind: "services", Key: "default/web", Value: []byte(`{"a":1}`)}, Op{Kind: "nodes", Key: "n1", Value: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Commit(0, Op{Kind: "services", Key: "default/web", Value: []byte(`{"b":1}`)})
+	var stale *StaleError
+	if !errors.As(err, &stale) || stale.Revision != r1 {
+		t.Fatalf("commit on base 0 after a write at %d: %v, want stale at %d", r1, err, r1)
+	}
+	r2, err := b.Commit(r1, Op{Kind: "services", Key: "default/web"})
+	if err != nil || r2 <= r1 {
+		t.Fatalf("commit on the last revision: %d, %v", r2, err)
+	}
+	for i, want := range []seen{
+		{r1, []Op{{Kind: "services", Key: "default/web", Value: []byte(`{"a":1}`)}, {Kind: "nodes", Key: "n1", Value: []byte(`{}`)}}},
+		{r2, []Op{{Kind: "services", Key: "default/web"}}},
+	} {
+		select {
+		case s := <-got:
+			if s.rev != want.rev || len(s.ops) != len(want.ops) {
+				t.Fatalf("watch event %d: %+v, want %+v", i, s, want)
+			}
+			for j := range s.ops {
+				if s.ops[j].Kind != want.ops[j].Kind || s.ops[j].Key != want.ops[j].Key || string(s.ops[j].Value) != string(want.ops[j].Value) {
+					t.Errorf("watch event %d op %d: %+v, want %+v", i, j, s.ops[j], want.ops[j])
+				}
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("watch event %d never came", i)
+		}
+	}
+
+	loaded := map[string]uint64{}
+	rev, err := a.Load(func(kind, key string, rev uint64, value []byte) error {
+		loaded[kind+"/"+key] = rev
+		return nil
+	})
+	if err != nil || rev != r2 || len(loaded) != 1 || loaded["nodes/n1"] != r1 {
+		t.Fatalf("Load: rev %d (want %d), %v (want nodes/n1 at %d), %v", rev, r2, loaded, r1, err)
+	}
+
+	// Keys of other kinds under the prefix (an election) move etcd's
+	// revision, not the registry's: a commit on r2 still succeeds.
+	if _, err := a.Client().Put(context.Background(), "/test/election/x", "y"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Commit(r2, Op{Kind: "nodes", Key: "n2", Value: []byte(`{}`)}); err != nil {
+		t.Fatalf("commit after an unrelated key: %v", err)
+	}
+}
+
+// TestEtcdGuardedWritesEndWithTheLeadership: a write guarded by an
+// election key goes through while the key is the one the leader made, and
+// is refused once it is gone or made again by another.
+func TestEtcdGuardedWritesEndWithTheLeadership(t *testing.T) {
+	c := startEtcd(t)
+	e := openEtcd(t, c)
+	cli := e.Client()
+	ctx := context.Background()
+	put, err := cli.Put(ctx, "/test/leader", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := Guard{Key: "/test/leader", Rev: put.Header.Revision}
+	rev, err := e.CommitGuarded(g, 0, Op{Kind: "services", Key: "x", Value: []byte("1")})
+	if err != nil {
+		t.Fatalf("guarded write while leading: %v", err)
+	}
+	cli.Delete(ctx, "/test/leader")
+	if _, err := cli.Put(ctx, "/test/leader", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.CommitGuarded(g, rev, Op{Kind: "services", Key: "x", Value: []byte("2")}); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("guarded write after the leadership passed on: %v, want ErrNotLeader", err)
+	}
+	if resp, _ := cli.Get(ctx, "/test/r/services/x"); len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "1" {
+		t.Errorf("the refused write changed the store: %v", resp.Kvs)
+	}
+}
+
+// TestEtcdWatchSaysWhenHistoryIsGone: a watch from a compacted revision
+// ends with ErrCompacted (the registry then loads again).
+func TestEtcdWatchSaysWhenHistoryIsGone(t *testing.T) {
+	c := startEtcd(t)
+	e := openEtcd(t, c)
+	var rev uint64
+	for i := range 3 {
+		r, err := e.Commit(rev, Op{Kind: "nodes", Key: "n", Value: []byte{byte('0' + i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev = r
+	}
+	if _, err := e.Client().Compact(context.Background(), int64(rev)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.Watch(ctx, 1, func(uint64, []Op) error { return nil }); !errors.Is(err, ErrCompacted) {
+		t.Fatalf("watch from a compacted revision: %v, want ErrCompacted", err)
+	}
+}
