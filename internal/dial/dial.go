@@ -1,4 +1,7 @@
-// Package dial connects a Weir component (agent, speaker) to weir-server.
+// Package dial connects a Weir component (agent, speaker) to weir-server:
+// to one address (Server), or to one of several replicas at a time with a
+// move to the next when the current one goes away or is not current
+// (Servers, Reconnect).
 package dial
 
 import (
@@ -16,6 +19,16 @@ import (
 // Server makes a client of the server at addr: mTLS with files, or plain
 // text when plain (labs and demos).
 func Server(addr string, plain bool, files tlsconfig.Files) (*grpc.ClientConn, error) {
+	opts, err := options(plain, files)
+	if err != nil {
+		return nil, err
+	}
+	return grpc.NewClient(addr, opts...)
+}
+
+// options are the transport and the connection settings of every
+// connection to a server.
+func options(plain bool, files tlsconfig.Files) ([]grpc.DialOption, error) {
 	creds := insecure.NewCredentials()
 	if !plain {
 		tlsCfg, err := tlsconfig.Client(files)
@@ -24,12 +37,12 @@ func Server(addr string, plain bool, files tlsconfig.Files) (*grpc.ClientConn, e
 		}
 		creds = credentials.NewTLS(tlsCfg)
 	}
-	return grpc.NewClient(addr,
+	return []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		// Pings find a dead server (or path) in seconds, not at TCP's pace.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: Backoff, MinConnectTimeout: 5 * time.Second}),
-	)
+	}, nil
 }
 
 // Backoff is how often a component tries to reach a server that is away:
