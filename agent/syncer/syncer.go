@@ -1,7 +1,8 @@
 // Package syncer is the agent's side of the state stream: it keeps the
 // node's desired state as the server sends it, applies every version to the
-// datapath, answers ACK or NACK, and reconnects with backoff when the server
-// goes away, while the kernel keeps forwarding on the last good rules.
+// datapath, answers ACK or NACK, and reconnects (to the next replica, then
+// with backoff) when the server goes away, while the kernel keeps
+// forwarding on the last good rules.
 package syncer
 
 import (
@@ -11,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +25,7 @@ import (
 
 	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/dial"
 	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
@@ -187,39 +188,43 @@ func (s *Syncer) Status() Status {
 	return Status{ReceivedVersion: s.received, AppliedVersion: s.applied, LastError: s.lastErr, LastSync: s.synced}
 }
 
-// Run keeps streaming until ctx ends.
+// Run keeps streaming until ctx ends. When conn is one of several
+// replicas (*dial.Servers), a stream that ends moves it to the next.
 func (s *Syncer) Run(ctx context.Context) error {
-	const firstBackoff = 100 * time.Millisecond
-	backoff := firstBackoff
+	retry := dial.NewReconnect(s.conn, s.cfg.MaxBackoff)
 	for {
-		gotState, err := s.session(ctx)
+		server := retry.Server()
+		gotState, err := s.session(ctx, server, retry.AcceptStale(), retry.WaitForReady())
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if gotState {
-			backoff = firstBackoff
+		wait := retry.Ended(err, gotState)
+		// A move to another replica within a round is Debug: a round of
+		// refusals would otherwise be as many warnings.
+		level := slog.LevelWarn
+		if !gotState && wait == 0 {
+			level = slog.LevelDebug
 		}
-		// Jitter, so a restarted server is not hit by every agent at once.
-		wait := backoff/2 + rand.N(backoff/2+1)
-		s.log.Warn("stream to server ended; keeping the programmed rules and reconnecting", "error", err, "retry_in", wait.Round(time.Millisecond))
+		s.log.Log(ctx, level, "stream to server ended; keeping the programmed rules and reconnecting",
+			"server", server, "error", err, "next", retry.Server(), "retry_in", wait.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, s.cfg.MaxBackoff)
 	}
 }
 
-// session runs one stream; gotState reports whether the server sent anything.
-func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
+// session runs one stream to server (the replica conn is on, or "" for a
+// plain conn); gotState reports whether the server sent anything.
+func (s *Syncer) session(ctx context.Context, server string, acceptStale, waitForReady bool) (gotState bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// WaitForReady: while the server is away the call waits for the
-	// connection (which the dialer retries every half second at most)
-	// instead of failing at once, so the stream is back as soon as the
-	// server is.
-	stream, err := weirv1.NewAgentServiceClient(s.conn).Sync(ctx, grpc.WaitForReady(true))
+	// WaitForReady (with one server): while the server is away the call
+	// waits for the connection (which the dialer retries every half
+	// second at most) instead of failing at once, so the stream is back
+	// as soon as the server is.
+	stream, err := weirv1.NewAgentServiceClient(s.conn).Sync(ctx, grpc.WaitForReady(waitForReady))
 	if err != nil {
 		return false, err
 	}
@@ -232,6 +237,7 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 	s.mu.Unlock()
 	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{
 		NodeName: s.cfg.NodeName, AppliedVersion: applied, AppliedHistory: history, AgentVersion: s.cfg.AgentVersion,
+		AcceptStale: acceptStale,
 	}}}); err != nil {
 		return false, err
 	}
@@ -293,6 +299,9 @@ func (s *Syncer) session(ctx context.Context) (gotState bool, err error) {
 			}
 			return gotState, err
 		case msg := <-msgs:
+			if !gotState {
+				s.log.Info("streaming state from server", "server", server, "accept_stale", acceptStale)
+			}
 			gotState = true
 			answer := s.handle(ctx, msg)
 			if answer == nil {

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/datapath"
@@ -57,7 +59,7 @@ type scriptedServer struct {
 	weirv1.UnimplementedAgentServiceServer
 	streams chan weirv1.AgentService_SyncServer
 	hellos  chan *weirv1.Hello
-	end     chan struct{} // ends the current stream from the server side
+	end     chan error // ends the current stream from the server side, with the error sent
 }
 
 func (s *scriptedServer) Sync(stream weirv1.AgentService_SyncServer) error {
@@ -69,26 +71,36 @@ func (s *scriptedServer) Sync(stream weirv1.AgentService_SyncServer) error {
 	s.streams <- stream
 	select {
 	case <-stream.Context().Done():
-	case <-s.end:
+		return nil
+	case err := <-s.end:
+		return err
 	}
-	return nil
 }
 
-func startScripted(t *testing.T) (*scriptedServer, *grpc.ClientConn) {
+// serveScripted runs a scripted server on a loopback port until the test
+// ends, and returns its address.
+func serveScripted(t *testing.T) (*scriptedServer, string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ss := &scriptedServer{streams: make(chan weirv1.AgentService_SyncServer, 4), hellos: make(chan *weirv1.Hello, 4), end: make(chan struct{})}
+	ss := &scriptedServer{streams: make(chan weirv1.AgentService_SyncServer, 4), hellos: make(chan *weirv1.Hello, 4), end: make(chan error)}
 	g := grpc.NewServer()
 	weirv1.RegisterAgentServiceServer(g, ss)
 	go g.Serve(lis)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	t.Cleanup(g.Stop)
+	return ss, lis.Addr().String()
+}
+
+func startScripted(t *testing.T) (*scriptedServer, *grpc.ClientConn) {
+	t.Helper()
+	ss, addr := serveScripted(t)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close(); g.Stop() })
+	t.Cleanup(func() { conn.Close() })
 	return ss, conn
 }
 
@@ -191,7 +203,7 @@ func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {
 	// End the stream from the server side (as a server restart would).
 	second := make(chan *weirv1.Hello, 1)
 	go func() { second <- <-ss.hellos }()
-	ss.end <- struct{}{}
+	ss.end <- nil
 	select {
 	case h := <-second:
 		if h.GetAppliedVersion() != 9 {
@@ -199,6 +211,48 @@ func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("agent did not reconnect")
+	}
+	cancel()
+	<-done
+}
+
+// TestSyncerMovesToTheNextReplicaWhenItsIsNotCurrent: a replica that
+// ends the stream as not current sends the agent to the next one at once,
+// where it resumes from the version it applied.
+func TestSyncerMovesToTheNextReplicaWhenItsIsNotCurrent(t *testing.T) {
+	a, addrA := serveScripted(t)
+	b, addrB := serveScripted(t)
+	var conn *dial.Servers
+	for conn == nil || conn.Current() != addrA { // each client starts at random
+		if conn != nil {
+			conn.Close()
+		}
+		var err error
+		if conn, err = dial.NewServers(addrA+","+addrB, true, tlsconfig.Files{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := New(Config{NodeName: "node1"}, conn, &fakeApplier{}, nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	<-a.hellos
+	first := <-a.streams
+	if err := first.Send(&weirv1.SyncResponse{Version: 9, Full: true, Upserts: []*weirv1.NodeService{svc("web", "10.96.0.10")}}); err != nil {
+		t.Fatal(err)
+	}
+	recvAnswer(t, first)
+
+	a.end <- status.Error(codes.Unavailable, dial.NotCurrent+": lost the store")
+	select {
+	case h := <-b.hellos:
+		if h.GetAppliedVersion() != 9 || h.GetAcceptStale() {
+			t.Errorf("hello to the next replica says applied %d, accept_stale %v; want 9, false", h.GetAppliedVersion(), h.GetAcceptStale())
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the agent was not on the next replica a second after its own said it is not current")
 	}
 	cancel()
 	<-done
@@ -251,7 +305,7 @@ func TestSyncerIsBackSoonAfterTheServerReturns(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := lis.Addr().String()
-	ss := &scriptedServer{streams: make(chan weirv1.AgentService_SyncServer, 4), hellos: make(chan *weirv1.Hello, 4), end: make(chan struct{})}
+	ss := &scriptedServer{streams: make(chan weirv1.AgentService_SyncServer, 4), hellos: make(chan *weirv1.Hello, 4), end: make(chan error)}
 	serve := func(lis net.Listener) *grpc.Server {
 		g := grpc.NewServer()
 		weirv1.RegisterAgentServiceServer(g, ss)

@@ -46,7 +46,7 @@ func main() {
 func run() error {
 	hostname, _ := os.Hostname()
 	var (
-		serverAddr   = flag.String("server", "127.0.0.1:7443", "address of weir-server")
+		serverAddr   = flag.String("server", "127.0.0.1:7443", "comma-separated HOST:PORT of weir-server's replicas (a DNS name counts as all its addresses); the agent is on one at a time, from a random start, and moves to the next when it goes away or is not current")
 		nodeName     = flag.String("node-name", hostname, "this node's name, as the server knows it")
 		plain        = flag.Bool("insecure", false, "talk to the server in plain text (lab and demo only)")
 		caFile       = flag.String("ca-file", "", "CA that signed the server's certificate")
@@ -118,7 +118,7 @@ func run() error {
 		return nil
 	}
 
-	conn, err := dial.Server(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile})
+	conn, err := dial.NewServers(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile})
 	if err != nil {
 		return err
 	}
@@ -178,7 +178,7 @@ func run() error {
 		defer member.Leave()
 	}
 	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, faults.Wrap(dp, log), observers, log)
-	log.Info("starting", "server", *serverAddr, "tls", !*plain)
+	log.Info("starting", "servers", *serverAddr, "server", conn.Current(), "tls", !*plain)
 	if err := s.Run(ctx); err != nil && ctx.Err() == nil {
 		return err
 	}
