@@ -3,55 +3,60 @@ package lbtier
 import (
 	"context"
 	"log/slog"
-	"math/rand/v2"
 	"net/netip"
 	"time"
 
 	"google.golang.org/grpc"
 
+	"github.com/weirlb/weir/internal/dial"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
-// Follow feeds s the server's targets until ctx ends, reconnecting with
-// backoff; while the server is away s keeps its last targets (and the
+// Follow feeds s the server's targets until ctx ends, reconnecting (to
+// the next replica when conn is one of several, *dial.Servers, then with
+// backoff); while the server is away s keeps its last targets (and the
 // routers their paths), as agents keep their rules.
-func Follow(ctx context.Context, client weirv1.LoadBalancerTierServiceClient, s *Speaker, log *slog.Logger) {
-	backoff := 100 * time.Millisecond
+func Follow(ctx context.Context, conn grpc.ClientConnInterface, s *Speaker, log *slog.Logger) {
+	// Capped at a second: back soon after the server returns.
+	retry := dial.NewReconnect(conn, time.Second)
+	client := weirv1.NewLoadBalancerTierServiceClient(conn)
 	for ctx.Err() == nil {
-		err := follow(ctx, client, s, func() { backoff = 100 * time.Millisecond })
+		server := retry.Server()
+		gotTargets, err := follow(ctx, client, s, server, retry.AcceptStale(), retry.WaitForReady())
 		if ctx.Err() != nil {
 			return
 		}
-		log.Warn("targets stream ended; keeping the last targets", "error", err, "retry_in", backoff)
+		wait := retry.Ended(err, gotTargets)
+		log.Warn("targets stream ended; keeping the last targets", "server", server, "error", err, "next", retry.Server(), "retry_in", wait.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff + rand.N(backoff/2)):
+		case <-time.After(wait):
 		}
-		// Capped at a second: back soon after the server returns.
-		backoff = min(2*backoff, time.Second)
 	}
 }
 
-func follow(ctx context.Context, client weirv1.LoadBalancerTierServiceClient, s *Speaker, connected func()) error {
+// follow runs one watch on server (the replica conn is on, or "");
+// gotTargets reports whether the server sent any.
+func follow(ctx context.Context, client weirv1.LoadBalancerTierServiceClient, s *Speaker, server string, acceptStale, waitForReady bool) (gotTargets bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// WaitForReady: back as soon as the server is (see agent/syncer).
-	stream, err := client.WatchTargets(ctx, &weirv1.WatchTargetsRequest{Speaker: s.cfg.Name}, grpc.WaitForReady(true))
+	// WaitForReady with one server: back as soon as it is (see agent/syncer).
+	stream, err := client.WatchTargets(ctx, &weirv1.WatchTargetsRequest{Speaker: s.cfg.Name, AcceptStale: acceptStale}, grpc.WaitForReady(waitForReady))
 	if err != nil {
-		return err
+		return false, err
 	}
-	first := true
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
-			return err
+			return gotTargets, err
 		}
-		if first {
-			// A new watch: the server forgot the last report.
-			connected()
+		if !gotTargets {
+			// A new watch: the server (maybe another replica) forgot the
+			// last report. Reports go over conn, to this same replica.
+			s.cfg.Log.Info("following targets from server", "server", server, "accept_stale", acceptStale)
 			s.resendStatus()
-			first = false
+			gotTargets = true
 		}
 		s.SetTargets(TargetsFromProto(resp.GetVips(), s.cfg.Log), resp.GetRevision())
 	}

@@ -36,7 +36,7 @@ func main() {
 func run() error {
 	hostname, _ := os.Hostname()
 	var (
-		serverAddr  = flag.String("server", "127.0.0.1:7443", "address of weir-server")
+		serverAddr  = flag.String("server", "127.0.0.1:7443", "comma-separated HOST:PORT of weir-server's replicas (a DNS name counts as all its addresses); the speaker is on one at a time and moves to the next when it goes away")
 		name        = flag.String("name", hostname, "this speaker's name (its certificate's CommonName)")
 		plain       = flag.Bool("insecure", false, "talk to the server in plain text (lab and demo only)")
 		caFile      = flag.String("ca-file", "", "CA that signed the server's certificate")
@@ -83,7 +83,7 @@ func run() error {
 	if len(routers) == 0 {
 		return fmt.Errorf("--bgp-peers: at least one router is required")
 	}
-	conn, err := dial.Server(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile})
+	conn, err := dial.NewServers(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile})
 	if err != nil {
 		return err
 	}
@@ -115,8 +115,8 @@ func run() error {
 	if member != nil {
 		defer member.Leave()
 	}
-	go lbtier.Follow(ctx, client, sp, log)
-	log.Info("starting", "server", *serverAddr, "tls", !*plain, "routers", len(routers), "version", version)
+	go lbtier.Follow(ctx, conn, sp, log)
+	log.Info("starting", "servers", *serverAddr, "server", conn.Current(), "tls", !*plain, "routers", len(routers), "version", version)
 	// After a restart the routers still hold the old paths (graceful
 	// restart) and replace them with what the speaker sends before its
 	// End-of-RIB: wait until that is the real plan.
