@@ -26,8 +26,9 @@ type config struct {
 	Contexts       []contextSpec `json:"contexts"`
 }
 
-// contextSpec is one server and how to reach it. Relative file names are
-// relative to the config file's folder.
+// contextSpec is one server (Server may list its replicas,
+// comma-separated) and how to reach it. Relative file names are relative
+// to the config file's folder.
 type contextSpec struct {
 	Name     string `json:"name"`
 	Server   string `json:"server,omitempty"`
@@ -181,7 +182,8 @@ func (a *app) configCmd() *cobra.Command {
 		Long: `Show and change the contexts of the config file (--config, env
 LBCTL_CONFIG, or ` + defaultConfigHint + `).
 
-A context names a server and how to reach it:
+A context names a server and how to reach it (server may list several
+replicas, comma-separated: lbctl uses the first that answers):
 
   current-context: lab
   contexts:
@@ -264,10 +266,11 @@ func (a *app) useContextCmd() *cobra.Command {
 
 func (a *app) setContextCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "set-context NAME [--server ADDR] [--ca-file FILE] [--cert-file FILE] [--key-file FILE] [--insecure]",
+		Use:   "set-context NAME [--server ADDR[,ADDR...]] [--ca-file FILE] [--cert-file FILE] [--key-file FILE] [--insecure]",
 		Short: "Create a context, or change the settings given of an existing one",
 		Example: `  lbctl config set-context lab --server 192.0.2.2:7443 --ca-file ca.crt --cert-file admin.crt --key-file admin.key
   lbctl config set-context demo --server 127.0.0.1:7443 --insecure
+  lbctl config set-context prod --server weir-1.example:7443,weir-2.example:7443,weir-3.example:7443 --ca-file ca.crt
   lbctl config use-context lab`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeContexts,

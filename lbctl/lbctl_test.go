@@ -382,6 +382,39 @@ func TestUnreachableServer(t *testing.T) {
 	}
 }
 
+// closedAddr is a loopback address where nothing listens.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	return addr
+}
+
+// TestSeveralServers: with several addresses (replicas), lbctl uses one
+// that answers, whichever it tries first; when none does, it names them all.
+func TestSeveralServers(t *testing.T) {
+	e := newEnv(t)
+	closed := closedAddr(t)
+	for range 5 { // each run starts at a random address
+		out, errOut, code := runLbctl(context.Background(), time.Now(), fixture, "--server", closed+","+e.addr, "--insecure", "apply", "-f", "-")
+		if code != 0 {
+			t.Fatalf("apply with --server %s,%s: exit %d, %q", closed, e.addr, code, errOut)
+		}
+		if !strings.Contains(out, "service/default/web") {
+			t.Errorf("apply: %q", out)
+		}
+	}
+	other := closedAddr(t)
+	_, errOut, code := runLbctl(context.Background(), time.Now(), "", "--server", closed+","+other, "--insecure", "--timeout", "5s", "get", "svc")
+	if code != 3 || !strings.HasPrefix(errOut, "lbctl: cannot reach the server at any of ") || !strings.Contains(errOut, closed) || !strings.Contains(errOut, other) {
+		t.Errorf("get svc with two closed addresses: exit %d, %q; want exit 3 naming both", code, errOut)
+	}
+}
+
 func TestServerAndInsecureFromEnvironment(t *testing.T) {
 	e := newEnv(t)
 	t.Setenv("WEIR_SERVER", e.addr)

@@ -25,9 +25,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -40,8 +42,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
+	"github.com/weirlb/weir/internal/dial"
 	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
@@ -74,7 +79,8 @@ type app struct {
 	contextName string // --context
 	namespace   string // -n of get, describe, apply and delete
 
-	started bool // a command's own code ran: earlier failures are usage errors
+	started bool     // a command's own code ran: earlier failures are usage errors
+	addrs   []string // the server addresses of --server, in the order tried
 	conn    *grpc.ClientConn
 }
 
@@ -113,7 +119,7 @@ func (a *app) rootCmd() *cobra.Command {
 
 	f := root.PersistentFlags()
 	a.flags = f
-	f.StringVar(&a.server, "server", "", "address of weir-server (default: env WEIR_SERVER, the context's, or "+defaultServer+")")
+	f.StringVar(&a.server, "server", "", "HOST:PORT of weir-server, or of its replicas, comma-separated: lbctl uses the first that answers (default: env WEIR_SERVER, the context's, or "+defaultServer+")")
 	f.BoolVar(&a.insecure, "insecure", false, "talk plain text, not TLS (default: env WEIR_INSECURE=1, or the context's)")
 	f.StringVar(&a.tls.CA, "ca-file", "", "CA that signed the server's certificate (PEM; default: the context's, or the system roots)")
 	f.StringVar(&a.tls.Cert, "cert-file", "", "client certificate for mTLS (PEM; default: the context's)")
@@ -212,6 +218,10 @@ func (a *app) health(ctx context.Context) (healthpb.HealthCheckResponse_ServingS
 // dial connects once per invocation, where resolveConnection says.
 // grpc.NewClient connects lazily, so an unreachable server shows up as the
 // first call's error.
+//
+// With several addresses (replicas), gRPC's pick_first connects to the
+// first that answers, from a random one so that operators spread over the
+// replicas. A call is sent only once connected, so none is ever sent twice.
 func (a *app) dial() (*grpc.ClientConn, error) {
 	if a.conn != nil {
 		return a.conn, nil
@@ -222,6 +232,10 @@ func (a *app) dial() (*grpc.ClientConn, error) {
 	if err := a.resolveConnection(); err != nil {
 		return nil, err
 	}
+	addrs, err := dial.ParseList(a.server)
+	if err != nil {
+		return nil, usageErrorf("--server %q: %v", a.server, err)
+	}
 	creds := insecure.NewCredentials()
 	if !a.insecure {
 		cfg, err := tlsconfig.Client(a.tls)
@@ -230,7 +244,17 @@ func (a *app) dial() (*grpc.ClientConn, error) {
 		}
 		creds = credentials.NewTLS(cfg)
 	}
-	conn, err := grpc.NewClient(a.server, grpc.WithTransportCredentials(creds),
+	start := rand.N(len(addrs))
+	a.addrs = slices.Concat(addrs[start:], addrs[:start])
+	servers := manual.NewBuilderWithScheme("weir")
+	var state resolver.State
+	for _, addr := range a.addrs {
+		// ServerName: the server's certificate is checked against the
+		// address's own host, as when it is the dial target.
+		state.Addresses = append(state.Addresses, resolver.Address{Addr: addr, ServerName: addr})
+	}
+	servers.InitialState(state)
+	conn, err := grpc.NewClient(servers.Scheme()+":///weir-server", grpc.WithResolvers(servers), grpc.WithTransportCredentials(creds),
 		grpc.WithUnaryInterceptor(a.intercept), grpc.WithStreamInterceptor(a.interceptStream))
 	if err != nil {
 		return nil, usageErrorf("--server %q: %v", a.server, err)
@@ -288,15 +312,19 @@ func (s *clientStream) RecvMsg(m any) error { return s.check(s.ClientStream.Recv
 func (a *app) reachable(cc *grpc.ClientConn, err error) error {
 	switch status.Code(err) {
 	case codes.Unavailable:
-		return &unreachableError{addr: a.server, cause: status.Convert(err).Message(), plainText: a.insecure, clientCert: a.tls.Cert != ""}
+		return a.unreachable(err)
 	case codes.DeadlineExceeded:
 		// Only a deadline spent waiting for a connection means unreachable;
 		// a connected server that answers slowly is a different problem.
 		if cc.GetState() != connectivity.Ready {
-			return &unreachableError{addr: a.server, cause: status.Convert(err).Message(), plainText: a.insecure, clientCert: a.tls.Cert != ""}
+			return a.unreachable(err)
 		}
 	}
 	return err
+}
+
+func (a *app) unreachable(err error) error {
+	return &unreachableError{addrs: a.addrs, cause: status.Convert(err).Message(), plainText: a.insecure, clientCert: a.tls.Cert != ""}
 }
 
 // usageError is a command line lbctl cannot run: exit code 2.
@@ -311,43 +339,52 @@ func usageErrorf(format string, args ...any) error {
 
 // unreachableError is a server that did not answer: exit code 3.
 type unreachableError struct {
-	addr, cause string
-	plainText   bool // --insecure
-	clientCert  bool // a client certificate was given
+	addrs      []string // every address tried
+	cause      string   // the last address's failure
+	plainText  bool     // --insecure
+	clientCert bool     // a client certificate was given
 }
 
 func (e *unreachableError) Error() string {
+	at := "at " + e.addrs[0]
+	if len(e.addrs) > 1 {
+		at = "at any of " + strings.Join(e.addrs, ", ")
+	}
 	// A TLS mismatch also looks like an unreachable server; say what failed.
-	if p := tlsProblem(e.cause, e.addr); p != "" {
-		return fmt.Sprintf("cannot reach the server at %s: %s", e.addr, p)
+	if p := tlsProblem(e.cause, e.addrs); p != "" {
+		return fmt.Sprintf("cannot reach the server %s: %s", at, p)
 	}
 	if _, tlsErr, ok := strings.Cut(e.cause, "authentication handshake failed: "); ok {
-		return fmt.Sprintf("cannot reach the server at %s: TLS handshake failed: %s (check --ca-file, --cert-file and --key-file, or --insecure for a plain-text server)",
-			e.addr, strings.TrimSuffix(tlsErr, `"`))
+		return fmt.Sprintf("cannot reach the server %s: TLS handshake failed: %s (check --ca-file, --cert-file and --key-file, or --insecure for a plain-text server)",
+			at, strings.TrimSuffix(tlsErr, `"`))
 	}
 	if !e.plainText && droppedAfterHandshake(e.cause) {
 		// The server verifies the client certificate after the handshake
 		// (TLS 1.3) and closes the connection when it refuses it; its
 		// alert may not be read before the write that finds it closed.
 		if !e.clientCert {
-			return fmt.Sprintf("cannot reach the server at %s: the server requires a client certificate (it closed the connection after the TLS handshake): give --cert-file and --key-file (or a context with them)", e.addr)
+			return fmt.Sprintf("cannot reach the server %s: the server requires a client certificate (it closed the connection after the TLS handshake): give --cert-file and --key-file (or a context with them)", at)
 		}
-		return fmt.Sprintf("cannot reach the server at %s: the server does not trust the client certificate (--cert-file), or it expired (it closed the connection after the TLS handshake)", e.addr)
+		return fmt.Sprintf("cannot reach the server %s: the server does not trust the client certificate (--cert-file), or it expired (it closed the connection after the TLS handshake)", at)
 	}
 	if e.plainText && strings.Contains(e.cause, "server preface") {
-		return fmt.Sprintf("cannot reach the server at %s: no plain-text gRPC answer (if it serves TLS, drop --insecure and WEIR_INSECURE)", e.addr)
+		return fmt.Sprintf("cannot reach the server %s: no plain-text gRPC answer (if it serves TLS, drop --insecure and WEIR_INSECURE)", at)
 	}
-	return fmt.Sprintf("cannot reach the server at %s (is weir-server running? set --server, WEIR_SERVER or a context)", e.addr)
+	return fmt.Sprintf("cannot reach the server %s (is weir-server running? set --server, WEIR_SERVER or a context)", at)
 }
 
 // tlsProblem says in an operator's words what TLS failure cause reports,
 // or "" when it is none it knows. With TLS 1.3 a server's refusal of the
 // client certificate arrives as an alert after the handshake, so it reads
 // like a broken connection unless named.
-func tlsProblem(cause, addr string) string {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		host = addr
+func tlsProblem(cause string, addrs []string) string {
+	var hosts []string
+	for _, addr := range addrs {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		hosts = append(hosts, host)
 	}
 	switch {
 	case strings.Contains(cause, "tls: certificate required"):
@@ -361,7 +398,7 @@ func tlsProblem(cause, addr string) string {
 	case strings.Contains(cause, "x509: certificate has expired"):
 		return "the server's certificate has expired (or this machine's clock is wrong)"
 	case strings.Contains(cause, "x509: certificate is valid for"), strings.Contains(cause, "x509: certificate is not valid for any names"):
-		return "the server's certificate is not for " + host + ": connect by a name or address it was issued for (weir-server certs init --hosts)"
+		return "the server's certificate is not for " + strings.Join(hosts, " or ") + ": connect by a name or address it was issued for (weir-server certs init --hosts)"
 	}
 	return ""
 }
