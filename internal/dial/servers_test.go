@@ -198,6 +198,31 @@ func TestServersFailOverWithinASecond(t *testing.T) {
 	t.Logf("on %s %v after %s stopped", second.addr, time.Since(stopped).Round(time.Millisecond), first.addr)
 }
 
+// TestServersBackSoonAfterEveryReplicaWasAway: with every replica away
+// for long enough that the waits reached their cap, the client is back
+// within a second or so of one returning (streams to several replicas do
+// not wait for a connection, so the client relies on its own retries).
+func TestServersBackSoonAfterEveryReplicaWasAway(t *testing.T) {
+	rs := startReplicas(t, 2)
+	follow(t, newServers(t, list(rs)), "lb1")
+	first := waitFor(t, rs, "lb1", 5*time.Second)
+	for _, r := range rs {
+		r.g.Stop()
+	}
+	time.Sleep(3 * time.Second)
+	lis, err := net.Listen("tcp", first.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := &replica{addr: first.addr, g: grpc.NewServer()}
+	weirv1.RegisterLoadBalancerTierServiceServer(back.g, back)
+	go back.g.Serve(lis)
+	defer back.g.Stop()
+	start := time.Now()
+	waitFor(t, []*replica{back}, "lb1", 3*time.Second)
+	t.Logf("back on %s %v after it listened again", back.addr, time.Since(start).Round(time.Millisecond))
+}
+
 // TestServersMoveOnFromAReplicaNotCurrent: a replica that refuses as not
 // current sends the client straight on to the next one.
 func TestServersMoveOnFromAReplicaNotCurrent(t *testing.T) {
