@@ -7,8 +7,8 @@ import (
 	"google.golang.org/grpc"
 )
 
-// firstBackoff is the wait after a round of failed attempts that follows a
-// stream that brought state.
+// firstBackoff is the first wait between rounds, and the first again after
+// every stream that brought state.
 const firstBackoff = 100 * time.Millisecond
 
 // Reconnect is what a client that keeps one stream open to the server
