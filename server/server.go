@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,13 +31,24 @@ import (
 	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/replicas"
 	"github.com/weirlb/weir/server/resourcefile"
 	"github.com/weirlb/weir/server/store"
+	"github.com/weirlb/weir/server/store/etcdstore"
 )
 
 // Config is how a server runs.
 type Config struct {
 	DataDir string
+	// Etcd, when not nil, keeps the state in etcd instead of DataDir, for
+	// several replicas of the server (see docs/ha.md).
+	Etcd *etcdstore.Config
+	// Replica names this replica among the others (default: the host
+	// name and the process ID).
+	Replica string
+	// LeaseTTL is how long a dead replica keeps its leadership and its
+	// agents' status (default 2 s).
+	LeaseTTL time.Duration
 	// TLS is nil only when the operator asked for plain text.
 	TLS *tls.Config
 	Log *slog.Logger
@@ -73,6 +86,10 @@ type Server struct {
 	ipam     *ipam.Allocator
 	resFile  *resourcefile.Watcher
 	store    store.Backend
+	replica  *replicas.Config // nil without a shared store
+	leading  sync.WaitGroup   // the leader's jobs while they run
+	leadMu   sync.Mutex       // orders adding to leading with waiting for it
+	stopping bool             // guarded by leadMu: no job starts any more
 	log      *slog.Logger
 	grpc     *grpc.Server
 	health   *health.Server
@@ -101,14 +118,14 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("--resources-file: %w", err)
 		}
 	}
-	st, err := store.Open(cfg.DataDir)
+	st, where, err := openStore(cfg)
 	if err != nil {
 		return nil, err
 	}
 	reg, err := registry.Open(st)
 	if err != nil {
 		st.Close()
-		return nil, fmt.Errorf("loading state from %s: %w", cfg.DataDir, err)
+		return nil, fmt.Errorf("loading state from %s: %w", where, err)
 	}
 	if cfg.ServiceRules != nil {
 		reg.SetServiceRules(*cfg.ServiceRules)
@@ -172,6 +189,23 @@ func New(cfg Config) (*Server, error) {
 		}
 		info.Sources = append(info.Sources, model.SourceFile)
 	}
+	if etcd, ok := st.(*etcdstore.Etcd); ok {
+		name := cfg.Replica
+		if name == "" {
+			host, _ := os.Hostname()
+			name = fmt.Sprintf("%s-%d", host, os.Getpid())
+		}
+		s.replica = &replicas.Config{
+			Store: etcd, Registry: reg, Hub: s.Agents, Name: name, LeaseTTL: cfg.LeaseTTL, Log: cfg.Log,
+			Serving: func(ok bool) {
+				st := healthpb.HealthCheckResponse_SERVING
+				if !ok {
+					st = healthpb.HealthCheckResponse_NOT_SERVING
+				}
+				s.health.SetServingStatus("", st)
+			},
+		}
+	}
 	lbTier := api.NewLoadBalancerTierService(s.Agents, reg)
 	weirv1.RegisterLoadBalancerTierServiceServer(s.grpc, lbTier)
 	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg, info, lbTier))
@@ -180,19 +214,26 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+func openStore(cfg Config) (store.Backend, string, error) {
+	if cfg.Etcd == nil {
+		st, err := store.Open(cfg.DataDir)
+		return st, cfg.DataDir, err
+	}
+	where := "etcd " + strings.Join(cfg.Etcd.Endpoints, ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := etcdstore.Open(ctx, *cfg.Etcd)
+	return st, where, err
+}
+
 // Serve answers on lis until ctx ends, then stops gracefully.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	go s.Agents.Run(ctx)
-	go s.ipam.Run(ctx)
-	if s.resFile != nil {
-		go s.resFile.Watch(ctx)
-	}
-	if s.kube != nil {
-		go func() {
-			if err := s.kube.Run(ctx); err != nil {
-				s.log.Error("kubernetes source stopped", "error", err)
-			}
-		}()
+	go s.Registry.Follow(ctx, s.log)
+	if s.replica != nil {
+		go replicas.Run(ctx, *s.replica, s.lead)
+	} else {
+		go s.lead(ctx)
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	go func() {
@@ -204,8 +245,49 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		timer.Stop()
 	}()
 	err := s.grpc.Serve(lis)
+	s.stopped()
 	if cerr := s.store.Close(); err == nil {
 		err = cerr
 	}
 	return err
+}
+
+// lead runs, until ctx ends, the jobs that must run once among replicas:
+// address assignment, the resources file and the Kubernetes source's
+// writes. A single server runs them from the start; replicas, on the
+// leader only.
+func (s *Server) lead(ctx context.Context) {
+	s.leadMu.Lock()
+	if s.stopping {
+		s.leadMu.Unlock()
+		return
+	}
+	s.leading.Add(1)
+	s.leadMu.Unlock()
+	defer s.leading.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	var jobs sync.WaitGroup
+	jobs.Go(func() { s.ipam.Run(ctx) })
+	if s.resFile != nil {
+		jobs.Go(func() { s.resFile.Watch(ctx) })
+	}
+	if s.kube != nil {
+		jobs.Go(func() {
+			if err := s.kube.Run(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("kubernetes source stopped", "error", err)
+			}
+		})
+	}
+	<-ctx.Done()
+	cancel()
+	// Every job has stopped before another replica may start them.
+	jobs.Wait()
+}
+
+// stopped waits for the leader's jobs, so the store is closed after them.
+func (s *Server) stopped() {
+	s.leadMu.Lock()
+	s.stopping = true
+	s.leadMu.Unlock()
+	s.leading.Wait()
 }

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/weirlb/weir/internal/dial"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -78,10 +80,15 @@ type Hub struct {
 	// holds the whole encoded state in memory until the agent has read it.
 	fullSends chan struct{}
 
-	mu       sync.Mutex // guards sessions, status, history and changed
+	mu       sync.Mutex // guards sessions, status, remote, notCurrent, history and changed
 	sessions map[string]*session
 	status   map[string]*NodeStatus
-	history  map[string]*sentState // what each node was last sent, to resume
+	// remote is the status of nodes connected to other replicas.
+	remote map[string]*NodeStatus
+	// notCurrent says why this replica's state is not current ("" when
+	// it is): agents are then sent elsewhere (see SetNotCurrent).
+	notCurrent string
+	history    map[string]*sentState // what each node was last sent, to resume
 	// changed is closed, and replaced, whenever a node's status changes.
 	changed chan struct{}
 }
@@ -131,6 +138,7 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 		fullSends: make(chan struct{}, 4),
 		sessions:  map[string]*session{},
 		status:    map[string]*NodeStatus{},
+		remote:    map[string]*NodeStatus{},
 		history:   map[string]*sentState{},
 		changed:   make(chan struct{}),
 	}
@@ -308,8 +316,12 @@ type session struct {
 	node   string
 	sent   *sentState // what the agent has been sent
 	cancel context.CancelFunc
-	done   chan struct{}
-	wake   chan struct{} // capacity 1
+	// stale: the agent takes a state from a replica that is not current.
+	stale bool
+	// ended is why the hub ended the session, if it did (set under h.mu).
+	ended error
+	done  chan struct{}
+	wake  chan struct{} // capacity 1
 
 	mu        sync.Mutex // guards the pending changes
 	pending   map[string]bool
@@ -373,10 +385,15 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	}
 	log := h.log.With("node", node, "agent", hello.GetAgentVersion())
 	sent := &sentState{}
-	s := &session{node: node, sent: sent, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1), pending: map[string]bool{}}
+	s := &session{node: node, sent: sent, cancel: cancel, stale: hello.GetAcceptStale(), done: make(chan struct{}), wake: make(chan struct{}, 1), pending: map[string]bool{}}
 	defer close(s.done)
 
 	h.mu.Lock()
+	if h.notCurrent != "" && !s.stale {
+		err := notCurrentError(h.notCurrent)
+		h.mu.Unlock()
+		return err
+	}
 	if old := h.sessions[node]; old != nil {
 		// The agent reconnected; its old stream is dead or a duplicate.
 		// Wait for it to record what it sent.
@@ -434,7 +451,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		select {
 		case h.fullSends <- struct{}{}:
 		case <-ctx.Done():
-			return ctx.Err()
+			return h.endErr(s, ctx.Err())
 		}
 		msg = h.full(node, sent)
 		err := h.send(stream, msg)
@@ -456,7 +473,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		h.cover(st, sent.covered)
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return h.endErr(s, ctx.Err())
 		case err := <-recvErr:
 			if errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled {
 				return nil
@@ -808,18 +825,108 @@ func (h *Hub) Connected() int {
 	return len(h.sessions)
 }
 
-// Status returns every node's status, sorted by node name.
+// Status returns every node's status, sorted by node name: as this
+// replica has it, or as the replica the node is connected to published it
+// (SetRemoteStatus).
 func (h *Hub) Status() []NodeStatus {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]NodeStatus, 0, len(h.status))
-	for _, s := range h.status {
-		c := *s
-		c.Services = maps.Clone(s.Services)
-		out = append(out, c)
+	out := make([]NodeStatus, 0, len(h.status)+len(h.remote))
+	for node, s := range h.status {
+		if r := h.remote[node]; r != nil && !s.Connected {
+			continue
+		}
+		out = append(out, cloneStatus(s))
+	}
+	for node, r := range h.remote {
+		if s := h.status[node]; s == nil || !s.Connected {
+			out = append(out, cloneStatus(r))
+		}
 	}
 	slices.SortFunc(out, func(a, b NodeStatus) int { return strings.Compare(a.Node, b.Node) })
 	return out
+}
+
+func cloneStatus(s *NodeStatus) NodeStatus {
+	c := *s
+	c.Services = maps.Clone(s.Services)
+	return c
+}
+
+// LocalStatus returns the status of the nodes connected to this replica,
+// for the others to see.
+func (h *Hub) LocalStatus() []NodeStatus {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []NodeStatus
+	for node, s := range h.status {
+		if h.sessions[node] != nil {
+			out = append(out, cloneStatus(s))
+		}
+	}
+	return out
+}
+
+// SetRemoteStatus records the status of a node connected to another
+// replica; nil forgets it.
+func (h *Hub) SetRemoteStatus(node string, st *NodeStatus) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if st == nil {
+		delete(h.remote, node)
+	} else {
+		h.remote[node] = st
+	}
+	h.statusChanged()
+}
+
+// notCurrentError refuses or ends a stream because the replica's state is
+// not current; clients then try another replica (dial.IsNotCurrent).
+func notCurrentError(reason string) error {
+	return status.Errorf(codes.Unavailable, "%s: %s", dial.NotCurrent, reason)
+}
+
+// CurrentErr is the error a stream that did not accept a stale state
+// ends with while this replica is not current, or nil.
+func (h *Hub) CurrentErr(acceptStale bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.notCurrent == "" || acceptStale {
+		return nil
+	}
+	return notCurrentError(h.notCurrent)
+}
+
+// SetNotCurrent says why this replica's state is not current (it lost the
+// store), or that it is again (""). While it is not, streams of agents
+// that did not ask for a stale state are ended and refused, so that they
+// move to a replica that is current; the others keep being served the
+// last state, as every agent keeps forwarding it.
+func (h *Hub) SetNotCurrent(reason string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.notCurrent = reason
+	h.statusChanged() // the LB tier's watches check CurrentErr
+	if reason == "" {
+		return
+	}
+	for _, s := range h.sessions {
+		if !s.stale && s.ended == nil {
+			s.ended = notCurrentError(reason)
+			s.cancel()
+		}
+	}
+}
+
+// endErr is what a session ends with when its context is done: the
+// hub's reason if it ended it.
+func (h *Hub) endErr(s *session, err error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s.ended != nil {
+		return s.ended
+	}
+	return err
 }
 
 // What an agent's report may hold: the server keeps the last one of every

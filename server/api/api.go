@@ -15,6 +15,7 @@ import (
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/store"
 )
 
 // Status turns an error into a gRPC status. field is the request field the
@@ -48,6 +49,11 @@ func Status(field string, err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, store.ErrUnavailable), errors.Is(err, registry.ErrBehind):
+		// The store (etcd) is away or this replica cannot catch up with
+		// it. A write that timed out may still have been made: reading
+		// says, and the registry reads it back if it was.
+		return status.Error(codes.Unavailable, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
 }

@@ -66,6 +66,9 @@ func (l *LoadBalancerTierService) WatchTargets(req *weirv1.WatchTargetsRequest, 
 	if err := auth.AuthorizeSpeaker(stream.Context(), "speaker", name); err != nil {
 		return err
 	}
+	if err := l.hub.CurrentErr(req.GetAcceptStale()); err != nil {
+		return err
+	}
 	// The speaker's report lives as long as its watch.
 	w := &speakerWatch{}
 	l.mu.Lock()
@@ -85,6 +88,10 @@ func (l *LoadBalancerTierService) WatchTargets(req *weirv1.WatchTargetsRequest, 
 	var last []*weirv1.VipTargets
 	var rev uint64
 	return everyStatusChange(stream.Context(), l.hub, TargetsCoalesce, func() error {
+		// A replica that lost the store sends its speakers to another.
+		if err := l.hub.CurrentErr(req.GetAcceptStale()); err != nil {
+			return err
+		}
 		now, through := l.targets()
 		// Per watch, revisions only grow: targets computed later hold
 		// every write an earlier computation held.

@@ -60,8 +60,12 @@ func New(reg *registry.Registry, writers map[string]Writer, log *slog.Logger) *A
 }
 
 // Run assigns after every change to services or pools, until ctx ends.
+// It may run again after it stopped (a replica leading again).
 func (a *Allocator) Run(ctx context.Context) {
-	a.wake <- struct{}{}
+	select {
+	case a.wake <- struct{}{}:
+	default: // a round is due already
+	}
 	for {
 		select {
 		case <-ctx.Done():

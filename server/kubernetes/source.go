@@ -61,6 +61,10 @@ type Source struct {
 	nodes informers.SharedInformerFactory
 	// serviceCIDRs is true when the cluster serves ServiceCIDR objects.
 	serviceCIDRs bool
+	// selector picks the services and slices Weir handles.
+	selector string
+	// ran: Run ran before, and needs new informers.
+	ran bool
 }
 
 // New prepares the informers; Run starts them.
@@ -84,17 +88,29 @@ func New(cfg Config, client clientset.Interface, reg *registry.Registry) (*Sourc
 	// One selector serves both: services never carry the headless label,
 	// and slices carry the service's proxy-name label (the endpoint-slice
 	// controller copies service labels).
-	sel := labels.NewSelector().Add(*proxyName, *notHeadless).String()
-	s := &Source{cfg: cfg, reg: reg, client: client, log: cfg.Log}
-	s.factory = informers.NewSharedInformerFactoryWithOptions(client, cfg.Resync,
+	s := &Source{cfg: cfg, reg: reg, client: client, log: cfg.Log, selector: labels.NewSelector().Add(*proxyName, *notHeadless).String()}
+	s.serviceCIDRsServed()
+	if err := s.makeInformers(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// makeInformers makes a fresh set of informers: a set that was shut down
+// cannot start again, and a replica that leads again runs the source
+// again.
+func (s *Source) makeInformers() error {
+	sel := s.selector
+	s.synced = nil
+	s.factory = informers.NewSharedInformerFactoryWithOptions(s.client, s.cfg.Resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
-	s.nodes = informers.NewSharedInformerFactory(client, cfg.Resync)
+	s.nodes = informers.NewSharedInformerFactory(s.client, s.cfg.Resync)
 
 	svcs := s.factory.Core().V1().Services().Informer()
 	slices := s.factory.Discovery().V1().EndpointSlices().Informer()
 	nodes := s.nodes.Core().V1().Nodes().Informer()
 	watched := []cache.SharedIndexInformer{svcs, slices, nodes}
-	if s.serviceCIDRsServed() {
+	if s.serviceCIDRs {
 		watched = append(watched, s.nodes.Networking().V1().ServiceCIDRs().Informer())
 	}
 	for _, inf := range watched {
@@ -103,11 +119,11 @@ func New(cfg Config, client clientset.Interface, reg *registry.Registry) (*Sourc
 			UpdateFunc: func(_, obj any) { s.upsert(obj) },
 			DeleteFunc: s.remove,
 		}); err != nil {
-			return nil, err
+			return err
 		}
 		s.synced = append(s.synced, inf.HasSynced)
 	}
-	return s, nil
+	return nil
 }
 
 // serviceCIDRsServed says whether the cluster has ServiceCIDR objects
@@ -135,6 +151,12 @@ func (s *Source) Client() clientset.Interface { return s.client }
 // Run watches until ctx ends. Once the informers have synced it removes
 // what the registry holds from the cluster but the cluster no longer has.
 func (s *Source) Run(ctx context.Context) error {
+	if s.ran {
+		if err := s.makeInformers(); err != nil {
+			return err
+		}
+	}
+	s.ran = true
 	s.factory.Start(ctx.Done())
 	s.nodes.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {

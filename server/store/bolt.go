@@ -116,7 +116,7 @@ func Open(dir string) (s *Bolt, err error) {
 		db.Close()
 		return nil, fmt.Errorf("marking %s as created: %w", path, err)
 	}
-	s = &Bolt{db: db, run: newHistoryID()}
+	s = &Bolt{db: db, run: NewHistoryID()}
 	if err := db.View(func(tx *bolt.Tx) error {
 		for err := range tx.Check() {
 			return fmt.Errorf("damaged: %w", err)
@@ -132,7 +132,8 @@ func Open(dir string) (s *Bolt, err error) {
 	return s, nil
 }
 
-func newHistoryID() string {
+// NewHistoryID makes a random name for a new history.
+func NewHistoryID() string {
 	b := make([]byte, 8)
 	rand.Read(b)
 	return hex.EncodeToString(b)

@@ -52,3 +52,31 @@ var (
 	// ErrCompacted: the history a watch asked for is gone.
 	ErrCompacted = errors.New("store history compacted")
 )
+
+// Guard makes a write conditional on a leadership: the election key the
+// leader holds, at the revision it was created with. A zero Guard is no
+// condition.
+type Guard struct {
+	Key string
+	Rev int64
+}
+
+// ErrNotLeader: a guarded write from a replica whose leadership ended.
+var ErrNotLeader = errors.New("no longer the leader")
+
+// ErrUnavailable wraps a store that could not be reached or has no quorum.
+var ErrUnavailable = errors.New("store unavailable")
+
+type guardKey struct{}
+
+// WithGuard is ctx carrying the leadership g, for the writes of a job
+// that only the leader runs.
+func WithGuard(ctx context.Context, g Guard) context.Context {
+	return context.WithValue(ctx, guardKey{}, g)
+}
+
+// GuardOf is the leadership ctx carries (zero: none).
+func GuardOf(ctx context.Context) Guard {
+	g, _ := ctx.Value(guardKey{}).(Guard)
+	return g
+}

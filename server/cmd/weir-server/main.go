@@ -31,6 +31,7 @@ import (
 	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/store"
+	"github.com/weirlb/weir/server/store/etcdstore"
 )
 
 // version is set at build time.
@@ -71,6 +72,13 @@ func run() error {
 		apiRate        = flag.Float64("api-calls-per-second", limits.DefaultCallsPerSecond, "each caller's rate of API calls (bursts of twice as many); a caller over it waits, others do not; 0: no limit")
 		apiWatch       = flag.Int("api-watches-per-caller", limits.DefaultMaxWatchesPerCaller, "most Watch streams one caller may hold open")
 		npRange        = flag.String("service-node-port-range", "30000-32767", "node ports and health-check node ports of native services come from this range (as the apiserver's flag)")
+		etcdEndpoints  = flag.String("etcd-endpoints", "", "comma-separated etcd client URLs: keep the state in etcd, shared by several replicas of the server, instead of --data-dir (see docs/ha.md)")
+		etcdPrefix     = flag.String("etcd-prefix", "/weir", "prefix of Weir's keys in etcd")
+		etcdCA         = flag.String("etcd-ca-file", "", "CA of etcd's serving certificates (PEM); with it, etcd is reached over TLS")
+		etcdCert       = flag.String("etcd-cert-file", "", "client certificate for etcd (PEM)")
+		etcdKey        = flag.String("etcd-key-file", "", "client key for etcd (PEM)")
+		replicaName    = flag.String("replica-name", "", "this replica's name among the others sharing etcd (default: host name and process ID)")
+		leaderLease    = flag.Duration("leader-lease", 2*time.Second, "with etcd: how long a replica that died keeps its leadership (address assignment, the sources' writes) and its agents' status; whole seconds")
 		extCIDRs       = flag.String("allowed-external-ip-cidrs", "", "comma-separated CIDRs external IPs may come from (default none: a service's external IP takes an address's traffic on every node; Kubernetes recommends denying them)")
 	)
 	flag.Parse()
@@ -99,7 +107,7 @@ func run() error {
 			return err
 		}
 	}
-	if *initStore {
+	if *initStore && *etcdEndpoints == "" {
 		if err := store.Init(*dataDir); err != nil {
 			return fmt.Errorf("--init: %w", err)
 		}
@@ -122,6 +130,18 @@ func run() error {
 		Limits: limits.Config{CallsPerSecond: *apiRate, Burst: int(2 * *apiRate), MaxWatchesPerCaller: *apiWatch}}
 	if *apiRate == 0 {
 		cfg.Limits.CallsPerSecond = -1
+	}
+	if *etcdEndpoints != "" {
+		cfg.Etcd = &etcdstore.Config{Endpoints: strings.Split(*etcdEndpoints, ","), Prefix: *etcdPrefix}
+		if *etcdCA != "" || *etcdCert != "" {
+			if cfg.Etcd.TLS, err = tlsconfig.Client(tlsconfig.Files{CA: *etcdCA, Cert: *etcdCert, Key: *etcdKey}); err != nil {
+				return fmt.Errorf("--etcd-ca-file, --etcd-cert-file, --etcd-key-file: %w", err)
+			}
+		}
+		cfg.Replica, cfg.LeaseTTL = *replicaName, *leaderLease
+		if *initStore {
+			return errors.New("--init is for the embedded store: an etcd cluster's state is restored with etcdutl")
+		}
 	}
 	if *kube || *kubecfg != "" {
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: *kubecfg, ProxyName: *proxyNm, Resync: 10 * time.Minute}
@@ -146,7 +166,11 @@ func run() error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	log.Info("serving", "address", lis.Addr().String(), "data_dir", *dataDir, "tls", tlsCfg != nil)
+	if cfg.Etcd != nil {
+		log.Info("serving", "address", lis.Addr().String(), "etcd", *etcdEndpoints, "replica", cfg.Replica, "tls", tlsCfg != nil)
+	} else {
+		log.Info("serving", "address", lis.Addr().String(), "data_dir", *dataDir, "tls", tlsCfg != nil)
+	}
 	return srv.Serve(ctx, lis)
 }
 

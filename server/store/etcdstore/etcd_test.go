@@ -1,4 +1,4 @@
-package store
+package etcdstore
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/weirlb/weir/server/store"
 
 	"github.com/weirlb/weir/test/etcdcluster"
 )
@@ -28,7 +30,7 @@ func startEtcd(t *testing.T) *etcdcluster.Cluster {
 
 func openEtcd(t *testing.T, c *etcdcluster.Cluster) *Etcd {
 	t.Helper()
-	e, err := OpenEtcd(context.Background(), EtcdConfig{Endpoints: c.Endpoints(), Prefix: "/test"})
+	e, err := Open(context.Background(), Config{Endpoints: c.Endpoints(), Prefix: "/test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,30 +53,30 @@ func TestEtcdWritesFollowTheLastWrite(t *testing.T) {
 	defer cancel()
 	type seen struct {
 		rev uint64
-		ops []Op
+		ops []store.Op
 	}
 	got := make(chan seen, 10)
-	go b.Watch(ctx, 0, func(rev uint64, ops []Op) error {
+	go b.Watch(ctx, 0, func(rev uint64, ops []store.Op) error {
 		got <- seen{rev, ops}
 		return nil
 	})
 
-	r1, err := a.Commit(0, Op{Kind: "services", Key: "default/web", Value: []byte(`{"a":1}`)}, Op{Kind: "nodes", Key: "n1", Value: []byte(`{}`)})
+	r1, err := a.Commit(0, store.Op{Kind: "services", Key: "default/web", Value: []byte(`{"a":1}`)}, store.Op{Kind: "nodes", Key: "n1", Value: []byte(`{}`)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = b.Commit(0, Op{Kind: "services", Key: "default/web", Value: []byte(`{"b":1}`)})
-	var stale *StaleError
+	_, err = b.Commit(0, store.Op{Kind: "services", Key: "default/web", Value: []byte(`{"b":1}`)})
+	var stale *store.StaleError
 	if !errors.As(err, &stale) || stale.Revision != r1 {
 		t.Fatalf("commit on base 0 after a write at %d: %v, want stale at %d", r1, err, r1)
 	}
-	r2, err := b.Commit(r1, Op{Kind: "services", Key: "default/web"})
+	r2, err := b.Commit(r1, store.Op{Kind: "services", Key: "default/web"})
 	if err != nil || r2 <= r1 {
 		t.Fatalf("commit on the last revision: %d, %v", r2, err)
 	}
 	for i, want := range []seen{
-		{r1, []Op{{Kind: "services", Key: "default/web", Value: []byte(`{"a":1}`)}, {Kind: "nodes", Key: "n1", Value: []byte(`{}`)}}},
-		{r2, []Op{{Kind: "services", Key: "default/web"}}},
+		{r1, []store.Op{{Kind: "services", Key: "default/web", Value: []byte(`{"a":1}`)}, {Kind: "nodes", Key: "n1", Value: []byte(`{}`)}}},
+		{r2, []store.Op{{Kind: "services", Key: "default/web"}}},
 	} {
 		select {
 		case s := <-got:
@@ -105,7 +107,7 @@ func TestEtcdWritesFollowTheLastWrite(t *testing.T) {
 	if _, err := a.Client().Put(context.Background(), "/test/election/x", "y"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Commit(r2, Op{Kind: "nodes", Key: "n2", Value: []byte(`{}`)}); err != nil {
+	if _, err := a.Commit(r2, store.Op{Kind: "nodes", Key: "n2", Value: []byte(`{}`)}); err != nil {
 		t.Fatalf("commit after an unrelated key: %v", err)
 	}
 }
@@ -122,8 +124,8 @@ func TestEtcdGuardedWritesEndWithTheLeadership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := Guard{Key: "/test/leader", Rev: put.Header.Revision}
-	rev, err := e.CommitGuarded(g, 0, Op{Kind: "services", Key: "x", Value: []byte("1")})
+	g := store.Guard{Key: "/test/leader", Rev: put.Header.Revision}
+	rev, err := e.CommitGuarded(g, 0, store.Op{Kind: "services", Key: "x", Value: []byte("1")})
 	if err != nil {
 		t.Fatalf("guarded write while leading: %v", err)
 	}
@@ -131,8 +133,8 @@ func TestEtcdGuardedWritesEndWithTheLeadership(t *testing.T) {
 	if _, err := cli.Put(ctx, "/test/leader", "b"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.CommitGuarded(g, rev, Op{Kind: "services", Key: "x", Value: []byte("2")}); !errors.Is(err, ErrNotLeader) {
-		t.Fatalf("guarded write after the leadership passed on: %v, want ErrNotLeader", err)
+	if _, err := e.CommitGuarded(g, rev, store.Op{Kind: "services", Key: "x", Value: []byte("2")}); !errors.Is(err, store.ErrNotLeader) {
+		t.Fatalf("guarded write after the leadership passed on: %v, want store.ErrNotLeader", err)
 	}
 	if resp, _ := cli.Get(ctx, "/test/r/services/x"); len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "1" {
 		t.Errorf("the refused write changed the store: %v", resp.Kvs)
@@ -140,13 +142,13 @@ func TestEtcdGuardedWritesEndWithTheLeadership(t *testing.T) {
 }
 
 // TestEtcdWatchSaysWhenHistoryIsGone: a watch from a compacted revision
-// ends with ErrCompacted (the registry then loads again).
+// ends with store.ErrCompacted (the registry then loads again).
 func TestEtcdWatchSaysWhenHistoryIsGone(t *testing.T) {
 	c := startEtcd(t)
 	e := openEtcd(t, c)
 	var rev uint64
 	for i := range 3 {
-		r, err := e.Commit(rev, Op{Kind: "nodes", Key: "n", Value: []byte{byte('0' + i)}})
+		r, err := e.Commit(rev, store.Op{Kind: "nodes", Key: "n", Value: []byte{byte('0' + i)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +159,7 @@ func TestEtcdWatchSaysWhenHistoryIsGone(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := e.Watch(ctx, 1, func(uint64, []Op) error { return nil }); !errors.Is(err, ErrCompacted) {
-		t.Fatalf("watch from a compacted revision: %v, want ErrCompacted", err)
+	if err := e.Watch(ctx, 1, func(uint64, []store.Op) error { return nil }); !errors.Is(err, store.ErrCompacted) {
+		t.Fatalf("watch from a compacted revision: %v, want store.ErrCompacted", err)
 	}
 }

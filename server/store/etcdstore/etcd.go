@@ -1,4 +1,6 @@
-package store
+// Package etcdstore keeps the server's state in an etcd cluster that every
+// replica of the server shares (store.Backend).
+package etcdstore
 
 import (
 	"context"
@@ -7,6 +9,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/weirlb/weir/server/store"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -33,8 +37,8 @@ type Etcd struct {
 	history string
 }
 
-// EtcdConfig says how to reach etcd.
-type EtcdConfig struct {
+// Config says how to reach etcd.
+type Config struct {
 	Endpoints []string
 	// Prefix is where Weir's keys live (default "/weir"): several Weir
 	// control planes may share one etcd cluster under different prefixes.
@@ -46,8 +50,8 @@ type EtcdConfig struct {
 // within it is treated as away.
 var RequestTimeout = 5 * time.Second
 
-// OpenEtcd connects to etcd and makes the store's identity if it has none.
-func OpenEtcd(ctx context.Context, cfg EtcdConfig) (*Etcd, error) {
+// Open connects to etcd and makes the store's identity if it has none.
+func Open(ctx context.Context, cfg Config) (*Etcd, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("no etcd endpoints")
 	}
@@ -75,7 +79,7 @@ func OpenEtcd(ctx context.Context, cfg EtcdConfig) (*Etcd, error) {
 	idKey := e.prefix + "/id"
 	resp, err := client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(idKey), "=", 0)).
-		Then(clientv3.OpPut(idKey, newHistoryID())).
+		Then(clientv3.OpPut(idKey, store.NewHistoryID())).
 		Commit()
 	if err == nil {
 		var got *clientv3.GetResponse
@@ -121,23 +125,12 @@ func (e *Etcd) parseKey(k []byte) (kind, key string, ok bool) {
 	return strings.Cut(rest, "/")
 }
 
-// Guard makes a write conditional on a leadership: the election key the
-// leader holds, at the revision it was created with. A zero Guard is no
-// condition.
-type Guard struct {
-	Key string
-	Rev int64
-}
-
-// ErrNotLeader: a guarded write from a replica whose leadership ended.
-var ErrNotLeader = errors.New("no longer the leader")
-
-func (e *Etcd) Commit(base uint64, ops ...Op) (uint64, error) {
-	return e.CommitGuarded(Guard{}, base, ops...)
+func (e *Etcd) Commit(base uint64, ops ...store.Op) (uint64, error) {
+	return e.CommitGuarded(store.Guard{}, base, ops...)
 }
 
 // CommitGuarded is Commit, also conditional on g.
-func (e *Etcd) CommitGuarded(g Guard, base uint64, ops ...Op) (uint64, error) {
+func (e *Etcd) CommitGuarded(g store.Guard, base uint64, ops ...store.Op) (uint64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
 	defer cancel()
 	conds := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(e.head()), "=", int64(base))}
@@ -166,20 +159,17 @@ func (e *Etcd) CommitGuarded(g Guard, base uint64, ops ...Op) (uint64, error) {
 	}
 	if g.Key != "" {
 		if kvs := resp.Responses[1].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != g.Rev {
-			return 0, ErrNotLeader
+			return 0, store.ErrNotLeader
 		}
 	}
 	var cur int64
 	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
 		cur = kvs[0].ModRevision
 	}
-	return 0, &StaleError{Revision: uint64(cur)}
+	return 0, &store.StaleError{Revision: uint64(cur)}
 }
 
-// ErrUnavailable wraps a store that could not be reached or has no quorum.
-var ErrUnavailable = errors.New("store unavailable")
-
-func unavailable(err error) error { return fmt.Errorf("%w: %v", ErrUnavailable, err) }
+func unavailable(err error) error { return fmt.Errorf("%w: %v", store.ErrUnavailable, err) }
 
 // pageSize bounds one read of a Load, so that a large store is not read in
 // one message (etcd's default limit is 2 MiB a request).
@@ -220,7 +210,7 @@ func (e *Etcd) Load(fn func(kind, key string, rev uint64, value []byte) error) (
 	}
 }
 
-func (e *Etcd) Watch(ctx context.Context, after uint64, fn func(rev uint64, ops []Op) error) error {
+func (e *Etcd) Watch(ctx context.Context, after uint64, fn func(rev uint64, ops []store.Op) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Without a leader the member's view is not current: end the watch
@@ -229,13 +219,13 @@ func (e *Etcd) Watch(ctx context.Context, after uint64, fn func(rev uint64, ops 
 	wch := e.client.Watch(ctx, e.prefix+"/r/", clientv3.WithPrefix(), clientv3.WithRev(int64(after)+1), clientv3.WithPrevKV())
 	for resp := range wch {
 		if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
-			return ErrCompacted
+			return store.ErrCompacted
 		}
 		if err := resp.Err(); err != nil {
 			return unavailable(err)
 		}
 		// A transaction's events come together, one revision each run.
-		var ops []Op
+		var ops []store.Op
 		var rev int64
 		for _, ev := range resp.Events {
 			if ev.Kv.ModRevision != rev && ops != nil {
@@ -249,7 +239,7 @@ func (e *Etcd) Watch(ctx context.Context, after uint64, fn func(rev uint64, ops 
 			if !ok {
 				continue
 			}
-			op := Op{Kind: kind, Key: key}
+			op := store.Op{Kind: kind, Key: key}
 			if ev.Type == clientv3.EventTypePut {
 				op.Value = ev.Kv.Value
 			}
@@ -267,14 +257,18 @@ func (e *Etcd) Watch(ctx context.Context, after uint64, fn func(rev uint64, ops 
 	return unavailable(errors.New("watch ended"))
 }
 
-// Reachable reads the store's head with a linearizable read: it fails when
-// this replica cannot reach a member that has a leader, the test of whether
-// what this replica serves is current.
-func (e *Etcd) Reachable(ctx context.Context) error {
+// Head reads the revision of the registry's last write with a
+// linearizable read: it fails when this replica cannot reach a member that
+// has a leader. A replica that can, and holds that revision, is current.
+func (e *Etcd) Head(ctx context.Context) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := e.client.Get(ctx, e.head()); err != nil {
-		return unavailable(err)
+	resp, err := e.client.Get(ctx, e.head())
+	if err != nil {
+		return 0, unavailable(err)
 	}
-	return nil
+	if len(resp.Kvs) == 0 {
+		return 0, nil
+	}
+	return uint64(resp.Kvs[0].ModRevision), nil
 }

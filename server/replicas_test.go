@@ -1,0 +1,284 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/servertest"
+	"github.com/weirlb/weir/server/store/etcdstore"
+	"github.com/weirlb/weir/test/etcdcluster"
+)
+
+// startEtcd runs a real etcd cluster of n members for the test.
+func startEtcd(t *testing.T, n int) *etcdcluster.Cluster {
+	t.Helper()
+	if _, err := exec.LookPath("etcd"); err != nil && os.Geteuid() != 0 {
+		t.Skip("needs etcd (apt-get install etcd-server) or root to install it")
+	}
+	c, err := etcdcluster.Start(context.Background(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// startReplica runs one replica of the server on the etcd cluster.
+func startReplica(t *testing.T, c *etcdcluster.Cluster, name string) *servertest.Server {
+	t.Helper()
+	return servertest.Start(t, "", func(cfg *server.Config) {
+		cfg.Etcd = &etcdstore.Config{Endpoints: c.Endpoints(), Prefix: "/" + strings.ReplaceAll(t.Name(), "/", "-")}
+		cfg.Replica, cfg.LeaseTTL = name, time.Second
+	})
+}
+
+// eventually retries check until it returns nil or the timeout passes.
+func eventually(t *testing.T, timeout time.Duration, check func() error) {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if err = check(); err == nil {
+			return
+		}
+	}
+	t.Fatal(err)
+}
+
+// poolsOf lists a replica's pools as name@version.
+func poolsOf(t *testing.T, ts *servertest.Server) string {
+	t.Helper()
+	resp, err := ts.Registry.ListAddressPools(context.Background(), &weirv1.ListAddressPoolsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range resp.GetAddressPools() {
+		out = append(out, fmt.Sprintf("%s@%s", p.GetMetadata().GetName(), p.GetMetadata().GetResourceVersion()))
+	}
+	return strings.Join(out, " ")
+}
+
+// TestReplicasDecideConflictingWritesOnce: two replicas on one etcd take
+// writes that conflict with each other at the same moment (pools over the
+// same addresses). For every pair exactly one is accepted, whichever
+// replica took it, and both replicas then hold the same pools at the same
+// versions.
+func TestReplicasDecideConflictingWritesOnce(t *testing.T) {
+	c := startEtcd(t, 1)
+	a, b := startReplica(t, c, "a"), startReplica(t, c, "b")
+	ctx := context.Background()
+	const pairs = 20
+	results := make([][2]error, pairs)
+	var wg sync.WaitGroup
+	for i := range pairs {
+		for j, ts := range []*servertest.Server{a, b} {
+			wg.Go(func() {
+				_, results[i][j] = ts.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+					Metadata: &weirv1.ObjectMeta{Name: fmt.Sprintf("%c%d", 'a'+j, i)}, Addresses: []string{fmt.Sprintf("198.18.%d.0/28", i)}}})
+			})
+		}
+	}
+	wg.Wait()
+	for i, r := range results {
+		if (r[0] == nil) == (r[1] == nil) {
+			t.Errorf("pair %d: accepted on a: %v, on b: %v; want exactly one", i, r[0], r[1])
+		}
+		for _, err := range r {
+			if err != nil && status.Code(err) != codes.FailedPrecondition {
+				t.Errorf("pair %d refused with %v, want FailedPrecondition (in use)", i, err)
+			}
+		}
+	}
+	eventually(t, 5*time.Second, func() error {
+		if pa, pb := poolsOf(t, a), poolsOf(t, b); pa != pb || len(strings.Fields(pa)) != pairs {
+			return fmt.Errorf("replica a holds %q\nreplica b holds %q\nwant the same %d pools", pa, pb, pairs)
+		}
+		return nil
+	})
+}
+
+// TestReplicasAssignEachAddressOnce: load-balancer services created
+// through both replicas get addresses from one pool, no address twice.
+// When the leader stops, another replica takes over assignment.
+func TestReplicasAssignEachAddressOnce(t *testing.T) {
+	c := startEtcd(t, 1)
+	replicas := []*servertest.Server{startReplica(t, c, "a"), startReplica(t, c, "b"), startReplica(t, c, "c")}
+	ctx := context.Background()
+	if _, err := replicas[0].Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.0/27"}}}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			svc := &weirv1.Service{
+				Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("s%d", i)},
+				Spec: &weirv1.ServiceSpec{Type: weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER, ClusterIps: []string{fmt.Sprintf("10.96.1.%d", i+1)},
+					Ports: []*weirv1.ServicePort{{Name: "p", Port: 80}}},
+			}
+			if _, err := replicas[i%3].Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	distinct := func(ts *servertest.Server, want int) error {
+		resp, err := ts.Registry.ListServices(ctx, &weirv1.ListServicesRequest{})
+		if err != nil {
+			return err
+		}
+		seen := map[string]string{}
+		for _, s := range resp.GetServices() {
+			for _, ip := range s.GetStatus().GetLoadBalancerIps() {
+				if other, ok := seen[ip]; ok {
+					t.Fatalf("%s assigned to both %s and %s", ip, other, s.GetMetadata().GetName())
+				}
+				if !netip.MustParsePrefix("203.0.113.0/27").Contains(netip.MustParseAddr(ip)) {
+					t.Fatalf("%s assigned outside the pool", ip)
+				}
+				seen[ip] = s.GetMetadata().GetName()
+			}
+		}
+		if len(seen) != want {
+			return fmt.Errorf("%d services have an address, want %d", len(seen), want)
+		}
+		return nil
+	}
+	for _, ts := range replicas {
+		eventually(t, 10*time.Second, func() error { return distinct(ts, n) })
+	}
+
+	// Stop every replica but the last: whichever led, the last one now
+	// does, within the lease and a campaign.
+	replicas[0].Stop()
+	replicas[1].Stop()
+	last := replicas[2]
+	svc := &weirv1.Service{
+		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: "late"},
+		Spec: &weirv1.ServiceSpec{Type: weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER, ClusterIps: []string{"10.96.2.1"},
+			Ports: []*weirv1.ServicePort{{Name: "p", Port: 80}}},
+	}
+	if _, err := last.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, func() error { return distinct(last, n+1) })
+}
+
+// TestAgentStatusIsSeenFromEveryReplica: an agent connected to one
+// replica shows as connected, with what it applied, in every replica's
+// status; when it leaves, it shows as gone there too.
+func TestAgentStatusIsSeenFromEveryReplica(t *testing.T) {
+	c := startEtcd(t, 1)
+	a, b := startReplica(t, c, "a"), startReplica(t, c, "b")
+	ctx, cancel := context.WithCancel(context.Background())
+	agent := helloAgent(t, ctx, a, &weirv1.Hello{NodeName: "n1"})
+	first := agent.recv()
+	agent.ack(first.GetVersion())
+	statusOf := weirv1.NewStatusServiceClient(b.Conn)
+	nodeOnB := func() (*weirv1.NodeStatus, error) {
+		resp, err := statusOf.ListNodeStatuses(context.Background(), &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range resp.GetNodes() {
+			if n.GetName() == "n1" {
+				return n, nil
+			}
+		}
+		return nil, nil
+	}
+	eventually(t, 5*time.Second, func() error {
+		n, err := nodeOnB()
+		if err != nil || !n.GetConnected() || n.GetAppliedVersion() != first.GetVersion() {
+			return fmt.Errorf("replica b shows n1 as %v (%v), want connected with version %d applied", n, err, first.GetVersion())
+		}
+		return nil
+	})
+	cancel()
+	eventually(t, 5*time.Second, func() error {
+		if n, err := nodeOnB(); err != nil || n.GetConnected() {
+			return fmt.Errorf("replica b shows n1 as %v (%v) after it left, want not connected", n, err)
+		}
+		return nil
+	})
+}
+
+// TestReplicaWithoutTheStoreSendsAgentsAway: when etcd is gone, a replica
+// says it is not current (gRPC health) and ends its agents' streams with
+// "replica not current", so that they move to a replica that is; an agent
+// that asks for a stale state is still served the last one. When etcd
+// returns, the replica serves again without a restart.
+func TestReplicaWithoutTheStoreSendsAgentsAway(t *testing.T) {
+	c := startEtcd(t, 1)
+	a := startReplica(t, c, "a")
+	ctx := context.Background()
+	fresh := helloAgent(t, ctx, a, &weirv1.Hello{NodeName: "n1"})
+	fresh.recv()
+	health := healthpb.NewHealthClient(a.Conn)
+	healthIs := func(want healthpb.HealthCheckResponse_ServingStatus) func() error {
+		return func() error {
+			resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
+			if err != nil || resp.GetStatus() != want {
+				return fmt.Errorf("health %v (%v), want %v", resp.GetStatus(), err, want)
+			}
+			return nil
+		}
+	}
+	eventually(t, 5*time.Second, healthIs(healthpb.HealthCheckResponse_SERVING))
+
+	if _, err := a.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "before"}, Addresses: []string{"198.18.0.0/28"}}}); err != nil {
+		t.Fatal(err)
+	}
+	c.Members[0].Kill()
+	eventually(t, 10*time.Second, healthIs(healthpb.HealthCheckResponse_NOT_SERVING))
+	// Writes fail clearly; reads answer with the last state.
+	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+	_, err := a.Registry.CreateAddressPool(wctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "during"}, Addresses: []string{"198.18.1.0/28"}}})
+	wcancel()
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("a write with etcd gone: %v, want Unavailable", err)
+	}
+	if got := poolsOf(t, a); !strings.HasPrefix(got, "before@") || strings.Contains(got, "during") {
+		t.Errorf("pools read with etcd gone: %q, want the last state (before)", got)
+	}
+	if _, err := fresh.stream.Recv(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "replica not current") {
+		t.Fatalf("the agent's stream ended with %v, want Unavailable: replica not current", err)
+	}
+	stream, err := a.Agents.Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: "n1"}}})
+	if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a new stream on a replica that is not current: %v, want Unavailable", err)
+	}
+	stale := helloAgent(t, ctx, a, &weirv1.Hello{NodeName: "n1", AcceptStale: true})
+	if msg := stale.recv(); !msg.GetFull() {
+		t.Fatalf("an agent that accepts a stale state got %v, want the last full state", msg)
+	}
+
+	if err := c.Members[0].Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, healthIs(healthpb.HealthCheckResponse_SERVING))
+	again := helloAgent(t, ctx, a, &weirv1.Hello{NodeName: "n2"})
+	if msg := again.recv(); !msg.GetFull() {
+		t.Fatalf("after the store returned: %v, want a full state", msg)
+	}
+}
