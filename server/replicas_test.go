@@ -208,6 +208,25 @@ func TestAgentStatusIsSeenFromEveryReplica(t *testing.T) {
 		}
 		return nil
 	})
+	// Later versions too: b follows what the agent applies.
+	for i := range 5 {
+		if _, err := b.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+			Metadata: &weirv1.ObjectMeta{Name: fmt.Sprintf("p%d", i)}, Addresses: []string{fmt.Sprintf("198.18.%d.0/28", i)}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: lbSvc(fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.0.%d", 10+i), 80)}); err != nil {
+			t.Fatal(err)
+		}
+		msg := agent.recv()
+		agent.ack(msg.GetVersion())
+		eventually(t, 5*time.Second, func() error {
+			n, err := nodeOnB()
+			if err != nil || !n.GetConnected() || n.GetAppliedVersion() != msg.GetVersion() {
+				return fmt.Errorf("replica b shows n1 as %v (%v), want connected with version %d applied", n, err, msg.GetVersion())
+			}
+			return nil
+		})
+	}
 	cancel()
 	eventually(t, 5*time.Second, func() error {
 		if n, err := nodeOnB(); err != nil || n.GetConnected() {

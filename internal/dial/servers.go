@@ -91,13 +91,19 @@ func NewServers(list string, plain bool, files tlsconfig.Files) (*Servers, error
 	if err != nil {
 		return nil, err
 	}
-	s := &Servers{entries: entries, opts: opts, round: resolve(entries), tried: 1, conns: map[address]*grpc.ClientConn{}}
-	s.pos = rand.N(len(s.round))
+	s := &Servers{entries: entries, opts: opts, round: shuffled(resolve(entries)), tried: 1, conns: map[address]*grpc.ClientConn{}}
 	return s, nil
 }
 
-// resolve returns the addresses of entries, each DNS name's sorted, so
-// that moving by one in the list always reaches another replica.
+// shuffled is the addresses in an order of this client's own: a rack's
+// agents start on different replicas, and those of a replica that goes
+// away move to different ones.
+func shuffled(round []address) []address {
+	rand.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+	return round
+}
+
+// resolve returns the addresses of entries, each once.
 func resolve(entries []string) []address {
 	var out []address
 	seen := map[string]bool{}
@@ -158,10 +164,14 @@ func (s *Servers) Next() (newRound bool) {
 	s.mu.Unlock()
 	// Looked up without the lock: calls to the current replica go on
 	// meanwhile.
-	round := resolve(s.entries)
+	round := shuffled(resolve(s.entries))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.round, s.pos, s.tried = round, (s.pos+1)%len(round), 1
+	// A new order, not starting where the last round ended.
+	if len(round) > 1 && round[0] == s.round[s.pos] {
+		round[0], round[len(round)-1] = round[len(round)-1], round[0]
+	}
+	s.round, s.pos, s.tried = round, 0, 1
 	return true
 }
 

@@ -1,5 +1,5 @@
 // Package etcdcluster runs a real etcd cluster of one or more members on
-// loopback for tests: members can be killed, restarted and cut off, and
+// loopback for tests: members can be killed and restarted, and
 // everything is removed by Close.
 package etcdcluster
 

@@ -69,6 +69,9 @@ func (p *Process) Log() string {
 	return string(b)
 }
 
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool { return p.exited() }
+
 func (p *Process) exited() bool {
 	select {
 	case <-p.done:

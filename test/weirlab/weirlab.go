@@ -16,14 +16,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/certs"
+	"github.com/weirlb/weir/test/etcdcluster"
 	"github.com/weirlb/weir/test/lab"
 )
 
@@ -122,11 +126,21 @@ type Cluster struct {
 	// ServerArgs adds flags to the server.
 	ServerArgs []string
 	// CertDir holds ca.crt, server.*, admin.* and <node>.* for each node.
-	CertDir  string
-	Server   *lab.Process
+	CertDir string
+	Server  *lab.Process
+	// Replicas, when above 1, runs that many replicas of the server, on
+	// a three-member etcd cluster in the control namespace, instead of
+	// one server on DataDir (docs/ha.md). Servers and Etcd are their
+	// processes; Server is the first replica.
+	Replicas int
+	Servers  []*lab.Process
+	Etcd     []*lab.Process
 	Agents   []*lab.Process
 	Conn     *grpc.ClientConn
 	Registry weirv1.RegistryServiceClient
+
+	etcdBin  string
+	etcdArgs func(i int, state string) []string
 }
 
 // Start builds the lab, starts the server, registers the nodes, and starts
@@ -170,7 +184,17 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String(),
+	// Every replica's address: calls go to one that answers (gRPC's
+	// pick_first tries them in order).
+	servers := manual.NewBuilderWithScheme("weirlab")
+	var addrs []resolver.Address
+	for _, a := range strings.Split(c.ServerList(), ",") {
+		addrs = append(addrs, resolver.Address{Addr: a})
+	}
+	servers.InitialState(resolver.State{Addresses: addrs})
+	conn, err := grpc.NewClient(servers.Scheme()+":///servers",
+		grpc.WithResolvers(servers),
+		grpc.WithAuthority(lab.ControlIPv4.String()),
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return c.Router.DialContext(ctx, "tcp", addr)
@@ -204,25 +228,148 @@ func (c *Cluster) start(ctx context.Context) error {
 	return nil
 }
 
-// StartServer starts weir-server on the cluster's data dir and waits until
-// it answers.
+// StartServer starts weir-server on the cluster's data dir, or every
+// replica and their etcd, and waits until they answer.
 func (c *Cluster) StartServer(ctx context.Context) error {
-	args := append([]string{"--data-dir", c.DataDir,
+	if c.Replicas > 1 {
+		if err := c.startEtcd(ctx); err != nil {
+			return err
+		}
+		c.Servers = make([]*lab.Process, c.Replicas)
+		for i := range c.Replicas {
+			if err := c.StartReplica(ctx, i); err != nil {
+				return err
+			}
+		}
+		c.Server = c.Servers[0]
+		return nil
+	}
+	p, err := c.startServer(ctx, ServerPort, "--data-dir", c.DataDir)
+	c.Server = p
+	return err
+}
+
+func (c *Cluster) startServer(ctx context.Context, port uint16, args ...string) (*lab.Process, error) {
+	addr := netip.AddrPortFrom(lab.ControlIPv4, port).String()
+	args = append(append(args,
 		"--tls-cert-file", c.cert("server.crt"), "--tls-key-file", c.cert("server.key"), "--client-ca-file", c.cert("ca.crt"),
-		"--listen", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String()}, c.ServerArgs...)
+		"--listen", addr), c.ServerArgs...)
 	p, err := c.Control.Start(c.Bin.Server, args...)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	c.Server = p
-	addr := netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String()
-	return waitFor(ctx, 10*time.Second, func() error {
+	return p, waitFor(ctx, 10*time.Second, func() error {
 		conn, err := c.Router.DialContext(ctx, "tcp", addr)
 		if err == nil {
 			conn.Close()
 		}
 		return err
 	}, func() string { return p.Log() })
+}
+
+// ServerAddr is where replica i listens (the only server: ServerPort).
+func ServerAddr(i int) netip.AddrPort {
+	return netip.AddrPortFrom(lab.ControlIPv4, uint16(ServerPort+100*i))
+}
+
+// ServerList is every server address, as the clients' --server takes it.
+func (c *Cluster) ServerList() string {
+	var out []string
+	for i := range max(1, c.Replicas) {
+		out = append(out, ServerAddr(i).String())
+	}
+	return strings.Join(out, ",")
+}
+
+// StartReplica starts replica i (again, after KillReplica).
+func (c *Cluster) StartReplica(ctx context.Context, i int) error {
+	p, err := c.startServer(ctx, ServerAddr(i).Port(),
+		"--etcd-endpoints", strings.Join(c.EtcdEndpoints(), ","),
+		"--replica-name", fmt.Sprintf("replica%d", i),
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", 7444+100*i))
+	c.Servers[i] = p
+	return err
+}
+
+// Leader is the replica that leads now, from the replicas' logs, or -1.
+func (c *Cluster) Leader() int {
+	for i, p := range c.Servers {
+		if p == nil || p.Exited() {
+			continue
+		}
+		log := p.Log()
+		if lead := strings.LastIndex(log, `msg="leading:`); lead >= 0 && lead > strings.LastIndex(log, `msg="no longer leading"`) {
+			return i
+		}
+	}
+	return -1
+}
+
+// EtcdEndpoints are the etcd members' client URLs.
+func (c *Cluster) EtcdEndpoints() []string {
+	var out []string
+	for i := range 3 {
+		out = append(out, fmt.Sprintf("http://%s:%d", lab.ControlIPv4, 2379+10*i))
+	}
+	return out
+}
+
+// startEtcd starts three etcd members in the control namespace.
+func (c *Cluster) startEtcd(ctx context.Context) error {
+	bin, err := etcdcluster.Binary(ctx)
+	if err != nil {
+		return err
+	}
+	var initial []string
+	for i := range 3 {
+		initial = append(initial, fmt.Sprintf("m%d=http://%s:%d", i, lab.ControlIPv4, 2380+10*i))
+	}
+	c.Etcd = make([]*lab.Process, 3)
+	c.etcdArgs = func(i int, state string) []string {
+		client, peer := c.EtcdEndpoints()[i], fmt.Sprintf("http://%s:%d", lab.ControlIPv4, 2380+10*i)
+		return []string{"--name", fmt.Sprintf("m%d", i), "--data-dir", filepath.Join(c.Dir, fmt.Sprintf("etcd-m%d", i)),
+			"--listen-client-urls", client, "--advertise-client-urls", client,
+			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", state, "--initial-cluster-token", "weirlab",
+			"--heartbeat-interval", "50", "--election-timeout", "500"}
+	}
+	c.etcdBin = bin
+	for i := range 3 {
+		if c.Etcd[i], err = c.Control.Start(bin, c.etcdArgs(i, "new")...); err != nil {
+			return err
+		}
+	}
+	for i := range 3 {
+		if err := c.waitEtcd(ctx, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) waitEtcd(ctx context.Context, i int) error {
+	client := c.Control.HTTPClient(time.Second)
+	return waitFor(ctx, 30*time.Second, func() error {
+		resp, err := client.Get(c.EtcdEndpoints()[i] + "/health")
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(body), `"true"`) {
+			return fmt.Errorf("etcd m%d: %s", i, body)
+		}
+		return nil
+	}, func() string { return c.Etcd[i].Log() })
+}
+
+// RestartEtcd starts etcd member i again on its data, after a kill.
+func (c *Cluster) RestartEtcd(ctx context.Context, i int) error {
+	var err error
+	if c.Etcd[i], err = c.Control.Start(c.etcdBin, c.etcdArgs(i, "existing")...); err != nil {
+		return err
+	}
+	return c.waitEtcd(ctx, i)
 }
 
 // ClusterCIDRs are the lab's pod networks.
@@ -232,7 +379,7 @@ func (c *Cluster) startAgent(i int) (*lab.Process, error) {
 	n := c.Nodes[i]
 	args := []string{"--node-name", n.Name,
 		"--ca-file", c.cert("ca.crt"), "--cert-file", c.cert(n.Name + ".crt"), "--key-file", c.cert(n.Name + ".key"),
-		"--server", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String(),
+		"--server", c.ServerList(),
 		"--cluster-cidr", ClusterCIDRs}
 	if c.AgentArgs != nil {
 		args = append(args, c.AgentArgs(n)...)
@@ -251,13 +398,13 @@ func (c *Cluster) StartSpeaker(name string, args ...string) (*lab.Process, error
 	}
 	return c.Control.Start(c.Bin.Speaker, append([]string{"--name", name,
 		"--ca-file", c.cert("ca.crt"), "--cert-file", c.cert(name + ".crt"), "--key-file", c.cert(name + ".key"),
-		"--server", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String()}, args...)...)
+		"--server", c.ServerList()}, args...)...)
 }
 
 // Lbctl runs lbctl as an operator would, from the rack router's
 // namespace with the admin certificate, and returns its output.
 func (c *Cluster) Lbctl(ctx context.Context, args ...string) (string, error) {
-	return c.Router.Run(ctx, c.Bin.Lbctl, append([]string{"--server", netip.AddrPortFrom(lab.ControlIPv4, ServerPort).String(),
+	return c.Router.Run(ctx, c.Bin.Lbctl, append([]string{"--server", c.ServerList(),
 		"--ca-file", c.cert("ca.crt"), "--cert-file", c.cert("admin.crt"), "--key-file", c.cert("admin.key")}, args...)...)
 }
 

@@ -130,8 +130,45 @@ func (e *Etcd) Commit(base uint64, ops ...store.Op) (uint64, error) {
 }
 
 // CommitGuarded is Commit, also conditional on g.
+//
+// A commit whose answer is lost (a member that dies, an election in etcd)
+// may or may not have been made. Every commit writes its own ID into the
+// head, so the first head written after base tells: the commit was made
+// if it holds this ID, and can no longer be made otherwise (it was
+// conditional on base). While the head is still at base the commit is
+// tried again, as the same commit.
 func (e *Etcd) CommitGuarded(g store.Guard, base uint64, ops ...store.Op) (uint64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
+	id := store.NewHistoryID()
+	deadline := time.Now().Add(CommitTimeout)
+	for {
+		rev, err := e.commitOnce(g, base, id, ops)
+		if !errors.Is(err, errUnanswered) {
+			return rev, err
+		}
+		rev, made, known := e.outcome(base, id)
+		switch {
+		case known && made:
+			return rev, nil
+		case known && rev != base:
+			// Another write came first: decide again after it.
+			return 0, &store.StaleError{Revision: rev}
+		case time.Now().After(deadline):
+			return 0, unavailable(err)
+		}
+	}
+}
+
+// errUnanswered: a commit sent whose outcome is not known.
+var errUnanswered = errors.New("no answer")
+
+// AttemptTimeout bounds one try of a commit, and CommitTimeout all of them.
+var (
+	AttemptTimeout = 2 * time.Second
+	CommitTimeout  = 10 * time.Second
+)
+
+func (e *Etcd) commitOnce(g store.Guard, base uint64, id string, ops []store.Op) (uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), AttemptTimeout)
 	defer cancel()
 	conds := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(e.head()), "=", int64(base))}
 	if g.Key != "" {
@@ -145,14 +182,14 @@ func (e *Etcd) CommitGuarded(g store.Guard, base uint64, ops ...store.Op) (uint6
 			writes = append(writes, clientv3.OpPut(e.resourceKey(op.Kind, op.Key), string(op.Value)))
 		}
 	}
-	writes = append(writes, clientv3.OpPut(e.head(), ""))
+	writes = append(writes, clientv3.OpPut(e.head(), id))
 	elses := []clientv3.Op{clientv3.OpGet(e.head())}
 	if g.Key != "" {
 		elses = append(elses, clientv3.OpGet(g.Key))
 	}
 	resp, err := e.client.Txn(ctx).If(conds...).Then(writes...).Else(elses...).Commit()
 	if err != nil {
-		return 0, unavailable(err)
+		return 0, fmt.Errorf("%w: %v", errUnanswered, err)
 	}
 	if resp.Succeeded {
 		return uint64(resp.Header.Revision), nil
@@ -167,6 +204,42 @@ func (e *Etcd) CommitGuarded(g store.Guard, base uint64, ops ...store.Op) (uint6
 		cur = kvs[0].ModRevision
 	}
 	return 0, &store.StaleError{Revision: uint64(cur)}
+}
+
+// outcome finds out whether the commit id based on base was made: rev is
+// the head's revision now (the commit's own when made); known is false
+// when the store could not say.
+func (e *Etcd) outcome(base uint64, id string) (rev uint64, made, known bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), AttemptTimeout)
+	defer cancel()
+	head, err := e.client.Get(ctx, e.head())
+	if err != nil {
+		return 0, false, false
+	}
+	if len(head.Kvs) == 0 || uint64(head.Kvs[0].ModRevision) == base {
+		return base, false, true
+	}
+	// The first head written after base is the commit that followed it.
+	return e.firstAfter(ctx, base, uint64(head.Kvs[0].ModRevision), id)
+}
+
+// firstAfter looks for the first head write after base, up to cur.
+func (e *Etcd) firstAfter(ctx context.Context, base, cur uint64, id string) (uint64, bool, bool) {
+	wch := e.client.Watch(ctx, e.head(), clientv3.WithRev(int64(base)+1))
+	for resp := range wch {
+		if resp.Err() != nil {
+			return 0, false, false
+		}
+		for _, ev := range resp.Events {
+			if uint64(ev.Kv.ModRevision) > base {
+				if string(ev.Kv.Value) == id {
+					return uint64(ev.Kv.ModRevision), true, true
+				}
+				return cur, false, true
+			}
+		}
+	}
+	return 0, false, false
 }
 
 func unavailable(err error) error { return fmt.Errorf("%w: %v", store.ErrUnavailable, err) }

@@ -163,3 +163,52 @@ func TestEtcdWatchSaysWhenHistoryIsGone(t *testing.T) {
 		t.Fatalf("watch from a compacted revision: %v, want store.ErrCompacted", err)
 	}
 }
+
+// TestEtcdCommitSurvivesTheLeaderKilled: a commit made just after etcd's
+// leader is killed gets no answer from the member that forwarded it; the
+// store finds out whether it was made and answers for it: made, once.
+func TestEtcdCommitSurvivesTheLeaderKilled(t *testing.T) {
+	if _, err := exec.LookPath("etcd"); err != nil && os.Geteuid() != 0 {
+		t.Skip("needs etcd (apt-get install etcd-server) or root to install it")
+	}
+	c, err := etcdcluster.Start(context.Background(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	e := openEtcd(t, c)
+	rev, err := e.Commit(0, store.Op{Kind: "nodes", Key: "n0", Value: []byte("0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := -1
+	for i, m := range c.Members {
+		st, err := e.Client().Status(context.Background(), m.ClientURL)
+		if err == nil && st.Leader == st.Header.MemberId {
+			leader = i
+		}
+	}
+	if leader < 0 {
+		t.Fatal("no etcd member says it leads")
+	}
+	c.Members[leader].Kill()
+	start := time.Now()
+	got, err := e.Commit(rev, store.Op{Kind: "nodes", Key: "n1", Value: []byte("1")})
+	if err != nil {
+		t.Fatalf("a commit after etcd's leader was killed: %v (after %v)", err, time.Since(start))
+	}
+	t.Logf("committed at %d, %v after the leader was killed", got, time.Since(start).Round(time.Millisecond))
+	var keys []string
+	if _, err := e.Load(func(kind, key string, rev uint64, value []byte) error {
+		keys = append(keys, key)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2 {
+		t.Errorf("stored %v, want n0 and n1", keys)
+	}
+	if _, err := e.Commit(got, store.Op{Kind: "nodes", Key: "n2", Value: []byte("2")}); err != nil {
+		t.Errorf("the next commit, on the revision the store answered: %v", err)
+	}
+}
