@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -11,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -299,5 +303,131 @@ func TestReplicaWithoutTheStoreSendsAgentsAway(t *testing.T) {
 	again := helloAgent(t, ctx, a, &weirv1.Hello{NodeName: "n2"})
 	if msg := again.recv(); !msg.GetFull() {
 		t.Fatalf("after the store returned: %v, want a full state", msg)
+	}
+}
+
+// cuttableProxy forwards TCP to target until cut: then it closes every
+// connection and refuses new ones, as a network partition would.
+type cuttableProxy struct {
+	lis    net.Listener
+	mu     sync.Mutex
+	conns  []net.Conn
+	cutOff bool
+}
+
+func newCuttableProxy(t *testing.T, target string) *cuttableProxy {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cuttableProxy{lis: lis}
+	t.Cleanup(p.cut)
+	go func() {
+		for {
+			in, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			p.mu.Lock()
+			if p.cutOff {
+				in.Close()
+				out.Close()
+			}
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() { io.Copy(in, out); in.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cuttableProxy) url() string { return "http://" + p.lis.Addr().String() }
+
+func (p *cuttableProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutOff = true
+	p.lis.Close()
+	for _, c := range p.conns {
+		c.Close()
+	}
+}
+
+// leaderName is the replica that holds the election, read from etcd.
+func leaderName(t *testing.T, c *etcdcluster.Cluster, prefix string) string {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	resp, err := cli.Get(context.Background(), prefix+"/leader/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
+	if err != nil || len(resp.Kvs) == 0 {
+		return ""
+	}
+	return string(resp.Kvs[0].Value)
+}
+
+// TestReplicaCutOffFromEtcdStepsAside: the leading replica loses its way
+// to etcd while the others keep theirs. It says it is not current and
+// sends its agents away; its leadership passes to another replica, which
+// assigns addresses from then on. (A replica's return to a reachable
+// store is TestReplicaWithoutTheStoreSendsAgentsAway's.)
+func TestReplicaCutOffFromEtcdStepsAside(t *testing.T) {
+	c := startEtcd(t, 1)
+	proxy := newCuttableProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
+	prefix := "/" + t.Name()
+	start := func(name string, endpoint string) *servertest.Server {
+		return servertest.Start(t, "", func(cfg *server.Config) {
+			cfg.Etcd = &etcdstore.Config{Endpoints: []string{endpoint}, Prefix: prefix}
+			cfg.Replica, cfg.LeaseTTL = name, time.Second
+		})
+	}
+	a := start("a", proxy.url())
+	eventually(t, 5*time.Second, func() error {
+		if l := leaderName(t, c, prefix); l != "a" {
+			return fmt.Errorf("leader %q, want a", l)
+		}
+		return nil
+	})
+	b := start("b", c.Members[0].ClientURL)
+	ctx := context.Background()
+	if _, err := b.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.0/28"}}}); err != nil {
+		t.Fatal(err)
+	}
+	agent := helloAgent(t, ctx, a, &weirv1.Hello{NodeName: "n1"})
+	agent.recv()
+
+	proxy.cut()
+	if _, err := agent.stream.Recv(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "replica not current") {
+		t.Fatalf("the agent's stream on the cut-off replica ended with %v, want Unavailable: replica not current", err)
+	}
+	eventually(t, 10*time.Second, func() error {
+		if l := leaderName(t, c, prefix); l != "b" {
+			return fmt.Errorf("leader %q, want b", l)
+		}
+		return nil
+	})
+	if _, err := b.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: lbSvc("web", "10.96.0.50", 80)}); err != nil {
+		t.Fatal(err)
+	}
+	assigned(t, b, map[string]string{"web": "[203.0.113.0]"})
+	for _, ts := range []*servertest.Server{a, b} {
+		resp, err := healthpb.NewHealthClient(ts.Conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		want := healthpb.HealthCheckResponse_SERVING
+		if ts == a {
+			want = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		if err != nil || resp.GetStatus() != want {
+			t.Errorf("health of %s: %v (%v), want %v", map[bool]string{true: "a", false: "b"}[ts == a], resp.GetStatus(), err, want)
+		}
 	}
 }
