@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -210,5 +211,44 @@ func TestEtcdCommitSurvivesTheLeaderKilled(t *testing.T) {
 	}
 	if _, err := e.Commit(got, store.Op{Kind: "nodes", Key: "n2", Value: []byte("2")}); err != nil {
 		t.Errorf("the next commit, on the revision the store answered: %v", err)
+	}
+}
+
+// TestMigrateCopiesAnEmbeddedStore: every resource of a bbolt store,
+// more than one transaction's worth, is in etcd after a migration, and a
+// second migration into the same prefix is refused.
+func TestMigrateCopiesAnEmbeddedStore(t *testing.T) {
+	c := startEtcd(t)
+	bolt, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bolt.Close()
+	var rev uint64
+	for i := range 250 {
+		if rev, err = bolt.Commit(rev, store.Op{Kind: "services", Key: fmt.Sprintf("default/s%d", i), Value: []byte(fmt.Sprintf(`{"i":%d}`, i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rev, err = bolt.Commit(rev, store.Op{Kind: "drains", Key: "n1", Value: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	e := openEtcd(t, c)
+	n, err := Migrate(bolt, e)
+	if err != nil || n != 251 {
+		t.Fatalf("Migrate: %d, %v; want 251 copied", n, err)
+	}
+	got := map[string]string{}
+	if _, err := e.Load(func(kind, key string, _ uint64, value []byte) error {
+		got[kind+"/"+key] = string(value)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 251 || got["services/default/s249"] != `{"i":249}` || got["drains/n1"] != "\x01" {
+		t.Errorf("etcd holds %d resources (s249: %q, drain: %q), want 251 as in bbolt", len(got), got["services/default/s249"], got["drains/n1"])
+	}
+	if _, err := Migrate(bolt, e); err == nil {
+		t.Error("a second migration into a prefix that holds resources was accepted")
 	}
 }
