@@ -10,6 +10,8 @@ command -v conntrack >/dev/null || need+=(conntrack)
 command -v git >/dev/null || need+=(git)
 # etcd for the real kube-apiserver the Kubernetes-source tests run against.
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
+# etcdctl: the HA guide's backups, which its lab test follows.
+command -v etcdctl >/dev/null || need+=(etcd-client)
 # FRR: the real BGP router of the LB-tier lab tests.
 [ -x /usr/lib/frr/bgpd ] || need+=(frr)
 # BIRD 2: the second router implementation the BGP lab tests run against.

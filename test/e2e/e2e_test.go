@@ -41,9 +41,15 @@ func startCluster(t *testing.T, agentArgs ...string) *weirlab.Cluster {
 // startClusterWith is startCluster with the cluster's settings adjusted.
 func startClusterWith(t *testing.T, adjust func(*weirlab.Cluster)) *weirlab.Cluster {
 	t.Helper()
+	return startClusterOn(t, 1, adjust)
+}
+
+// startClusterOn is startClusterWith with servers control hosts.
+func startClusterOn(t *testing.T, servers int, adjust func(*weirlab.Cluster)) *weirlab.Cluster {
+	t.Helper()
 	lab.SkipUnlessPrivileged(t)
 	ctx := context.Background()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, adjust)
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Servers: servers, Dir: t.TempDir()}, bin, adjust)
 	if err != nil {
 		t.Fatal(err)
 	}

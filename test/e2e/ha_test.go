@@ -32,7 +32,7 @@ func assignedService(name string, i int) *weirv1.Service {
 // again soon after, and connections through a node port and a VIP never
 // fail. Then an etcd member is killed, and writes go on.
 func TestReplicasSurviveTheLeaderKilled(t *testing.T) {
-	c := startClusterWith(t, func(c *weirlab.Cluster) { c.Replicas = 3 })
+	c := startClusterOn(t, 3, func(c *weirlab.Cluster) { c.Replicas = 3 })
 	t.Cleanup(func() {
 		if t.Failed() {
 			for i, p := range c.Servers {

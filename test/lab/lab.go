@@ -58,6 +58,10 @@ const (
 type Config struct {
 	Prefix      string // namespace name prefix; default "weir" + 4 random hex chars
 	Nodes       int    // number of nodes (>= 1)
+	// Servers is the number of control hosts (default 1): the first is
+	// Control, at ControlIPv4; the others follow it on the rack LAN
+	// (192.0.2.3, ...), for replicas of the server.
+	Servers int
 	PodsPerNode []int  // pods on each node; len == Nodes (nil means no pods)
 	Dir         string // folder for process logs; default a new os.MkdirTemp (kept after Close)
 }
@@ -67,7 +71,9 @@ type Lab struct {
 	Prefix                  string
 	Dir                     string
 	Client, Router, Control *Netns
-	Nodes                   []*Node
+	// Controls are the control hosts, Control first (Config.Servers).
+	Controls []*Netns
+	Nodes    []*Node
 
 	mu      sync.Mutex
 	closed  bool
@@ -105,6 +111,9 @@ func New(ctx context.Context, cfg Config) (*Lab, error) {
 	if cfg.Nodes < 1 || cfg.Nodes > maxNodes {
 		return nil, fmt.Errorf("lab: Nodes = %d, want 1..%d", cfg.Nodes, maxNodes)
 	}
+	if cfg.Servers > maxServers {
+		return nil, fmt.Errorf("lab: Servers = %d, want at most %d", cfg.Servers, maxServers)
+	}
 	if cfg.PodsPerNode == nil {
 		cfg.PodsPerNode = make([]int, cfg.Nodes)
 	}
@@ -136,6 +145,10 @@ func New(ctx context.Context, cfg Config) (*Lab, error) {
 
 	l := &Lab{Prefix: cfg.Prefix, Dir: cfg.Dir, done: make(chan struct{})}
 	l.Client, l.Router, l.Control = l.netns("client"), l.netns("router"), l.netns("control")
+	l.Controls = []*Netns{l.Control}
+	for i := 2; i <= cfg.Servers; i++ {
+		l.Controls = append(l.Controls, l.netns(fmt.Sprintf("control%d", i)))
+	}
 	for i := 1; i <= cfg.Nodes; i++ {
 		n := &Node{
 			Netns:     l.netns(fmt.Sprintf("node%d", i)),
@@ -165,6 +178,25 @@ func New(ctx context.Context, cfg Config) (*Lab, error) {
 	return l, nil
 }
 
+// maxServers bounds Config.Servers: the control hosts' addresses stay
+// below the nodes' (192.0.2.11 on).
+const maxServers = 8
+
+// ControlAddr is control host i's address on the rack LAN (ControlIPv4
+// for the first).
+func ControlAddr(i int) netip.Addr {
+	a := ControlIPv4.As4()
+	a[3] += byte(i)
+	return netip.AddrFrom4(a)
+}
+
+// ControlAddr6 is control host i's IPv6 address.
+func ControlAddr6(i int) netip.Addr {
+	a := ControlIPv6.As16()
+	a[15] += byte(i)
+	return netip.AddrFrom16(a)
+}
+
 func (l *Lab) netns(role string) *Netns {
 	return &Netns{Name: l.Prefix + "-" + role, lab: l}
 }
@@ -172,7 +204,7 @@ func (l *Lab) netns(role string) *Netns {
 // Namespaces returns every namespace of the lab: client, router, control,
 // nodes, then pods.
 func (l *Lab) Namespaces() []*Netns {
-	all := []*Netns{l.Client, l.Router, l.Control}
+	all := append([]*Netns{l.Client, l.Router}, l.Controls...)
 	for _, n := range l.Nodes {
 		all = append(all, n.Netns)
 	}
@@ -250,8 +282,14 @@ func (l *Lab) build(ctx context.Context) error {
 	// it creates the nodes' eth0, and nodes then create their pods' eth0.
 	rt := []string{"link add br0 type bridge forward_delay 0 mcast_snooping 0"}
 	rt = append(rt, veth("eth-client", l.Client)...)
-	rt = append(rt, veth("lan-control", l.Control)...)
-	rt = append(rt, "link set lan-control master br0")
+	for i, ns := range l.Controls {
+		port := "lan-control"
+		if i > 0 {
+			port = fmt.Sprintf("lan-control%d", i+1)
+		}
+		rt = append(rt, veth(port, ns)...)
+		rt = append(rt, "link set "+port+" master br0")
+	}
 	for _, n := range l.Nodes {
 		port := "lan-" + n.Name
 		rt = append(rt, veth(port, n.Netns)...)
@@ -277,8 +315,10 @@ func (l *Lab) build(ctx context.Context) error {
 	if err := l.Client.ipBatch(ctx, hostConfig(ClientIPv4, ClientIPv6, 24, RouterClientIPv4, RouterClientIPv6)); err != nil {
 		return err
 	}
-	if err := l.Control.ipBatch(ctx, hostConfig(ControlIPv4, ControlIPv6, 24, RouterLANv4, RouterLANv6)); err != nil {
-		return err
+	for i, ns := range l.Controls {
+		if err := ns.ipBatch(ctx, hostConfig(ControlAddr(i), ControlAddr6(i), 24, RouterLANv4, RouterLANv6)); err != nil {
+			return err
+		}
 	}
 	for _, n := range l.Nodes {
 		if err := n.ipBatch(ctx, l.nodeConfig(n)); err != nil {
@@ -309,6 +349,9 @@ func veth(local string, peer *Netns) []string {
 
 func (l *Lab) routerConfig() []string {
 	c := []string{"link set lo up", "link set br0 up", "link set eth-client up", "link set lan-control up"}
+	for i := 2; i <= len(l.Controls); i++ {
+		c = append(c, fmt.Sprintf("link set lan-control%d up", i))
+	}
 	for _, n := range l.Nodes {
 		c = append(c, "link set lan-"+n.Name+" up")
 	}

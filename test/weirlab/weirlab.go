@@ -135,12 +135,16 @@ type Cluster struct {
 	Replicas int
 	Servers  []*lab.Process
 	Etcd     []*lab.Process
+	// ReplicaArgs, when set, are the replicas' flags instead of the
+	// lab's etcd endpoints and replica names; EtcdEnv, member i's
+	// environment instead of the lab's.
+	ReplicaArgs []string
+	EtcdEnv     func(i int, state string) []string
 	Agents   []*lab.Process
 	Conn     *grpc.ClientConn
 	Registry weirv1.RegistryServiceClient
 
-	etcdBin  string
-	etcdArgs func(i int, state string) []string
+	etcdBin string
 }
 
 // Start builds the lab, starts the server, registers the nodes, and starts
@@ -164,7 +168,11 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := certs.InitCA(c.CertDir); err != nil {
 		return err
 	}
-	if err := certs.IssueServer(c.CertDir, []string{lab.ControlIPv4.String(), lab.ControlIPv6.String()}); err != nil {
+	hosts := []string{lab.ControlIPv4.String(), lab.ControlIPv6.String()}
+	for i := 1; i < len(c.Controls); i++ {
+		hosts = append(hosts, lab.ControlAddr(i).String(), lab.ControlAddr6(i).String())
+	}
+	if err := certs.IssueServer(c.CertDir, hosts); err != nil {
 		return err
 	}
 	if err := certs.IssueClient(c.CertDir, "admin", certs.RoleAdmin); err != nil {
@@ -232,6 +240,9 @@ func (c *Cluster) start(ctx context.Context) error {
 // replica and their etcd, and waits until they answer.
 func (c *Cluster) StartServer(ctx context.Context) error {
 	if c.Replicas > 1 {
+		if c.Replicas > len(c.Controls) {
+			return fmt.Errorf("weirlab: %d replicas need as many control hosts (lab.Config.Servers)", c.Replicas)
+		}
 		if err := c.startEtcd(ctx); err != nil {
 			return err
 		}
@@ -244,17 +255,19 @@ func (c *Cluster) StartServer(ctx context.Context) error {
 		c.Server = c.Servers[0]
 		return nil
 	}
-	p, err := c.startServer(ctx, ServerPort, "--data-dir", c.DataDir)
+	p, err := c.startServer(ctx, 0, "--data-dir", c.DataDir)
 	c.Server = p
 	return err
 }
 
-func (c *Cluster) startServer(ctx context.Context, port uint16, args ...string) (*lab.Process, error) {
-	addr := netip.AddrPortFrom(lab.ControlIPv4, port).String()
-	args = append(append(args,
-		"--tls-cert-file", c.cert("server.crt"), "--tls-key-file", c.cert("server.key"), "--client-ca-file", c.cert("ca.crt"),
-		"--listen", addr), c.ServerArgs...)
-	p, err := c.Control.Start(c.Bin.Server, args...)
+// startServer starts weir-server on control host i, listening on
+// ServerAddr(i) unless args say otherwise.
+func (c *Cluster) startServer(ctx context.Context, i int, args ...string) (*lab.Process, error) {
+	addr := ServerAddr(i).String()
+	args = append(append([]string{"--listen", addr,
+		"--tls-cert-file", c.cert("server.crt"), "--tls-key-file", c.cert("server.key"), "--client-ca-file", c.cert("ca.crt")},
+		args...), c.ServerArgs...)
+	p, err := c.Controls[i].Start(c.Bin.Server, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -267,9 +280,9 @@ func (c *Cluster) startServer(ctx context.Context, port uint16, args ...string) 
 	}, func() string { return p.Log() })
 }
 
-// ServerAddr is where replica i listens (the only server: ServerPort).
+// ServerAddr is where the server on control host i listens.
 func ServerAddr(i int) netip.AddrPort {
-	return netip.AddrPortFrom(lab.ControlIPv4, uint16(ServerPort+100*i))
+	return netip.AddrPortFrom(lab.ControlAddr(i), ServerPort)
 }
 
 // ServerList is every server address, as the clients' --server takes it.
@@ -281,12 +294,14 @@ func (c *Cluster) ServerList() string {
 	return strings.Join(out, ",")
 }
 
-// StartReplica starts replica i (again, after KillReplica).
+// StartReplica starts the replica on control host i (again, after a kill),
+// on its own data dir (unused with etcd) and ReplicaArgs.
 func (c *Cluster) StartReplica(ctx context.Context, i int) error {
-	p, err := c.startServer(ctx, ServerAddr(i).Port(),
-		"--etcd-endpoints", strings.Join(c.EtcdEndpoints(), ","),
-		"--replica-name", fmt.Sprintf("replica%d", i),
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", 7444+100*i))
+	args := c.ReplicaArgs
+	if args == nil {
+		args = []string{"--etcd-endpoints", strings.Join(c.EtcdEndpoints(), ","), "--replica-name", fmt.Sprintf("replica%d", i)}
+	}
+	p, err := c.startServer(ctx, i, append([]string{"--data-dir", filepath.Join(c.Dir, fmt.Sprintf("server%d-data", i))}, args...)...)
 	c.Servers[i] = p
 	return err
 }
@@ -305,41 +320,49 @@ func (c *Cluster) Leader() int {
 	return -1
 }
 
-// EtcdEndpoints are the etcd members' client URLs.
+// EtcdEndpoints are the etcd members' client URLs, one on each control
+// host.
 func (c *Cluster) EtcdEndpoints() []string {
 	var out []string
-	for i := range 3 {
-		out = append(out, fmt.Sprintf("http://%s:%d", lab.ControlIPv4, 2379+10*i))
+	for i := range c.Replicas {
+		out = append(out, fmt.Sprintf("http://%s:2379", lab.ControlAddr(i)))
 	}
 	return out
 }
 
-// startEtcd starts three etcd members in the control namespace.
+// etcdEnv is member i's configuration, as etcd's environment variables
+// (the way Debian's /etc/default/etcd gives them).
+func (c *Cluster) etcdEnv(i int, state string) []string {
+	if c.EtcdEnv != nil {
+		return c.EtcdEnv(i, state)
+	}
+	var initial []string
+	for j := range c.Replicas {
+		initial = append(initial, fmt.Sprintf("m%d=http://%s:2380", j, lab.ControlAddr(j)))
+	}
+	peer := fmt.Sprintf("http://%s:2380", lab.ControlAddr(i))
+	return []string{"ETCD_NAME=" + fmt.Sprintf("m%d", i),
+		"ETCD_LISTEN_CLIENT_URLS=" + c.EtcdEndpoints()[i], "ETCD_ADVERTISE_CLIENT_URLS=" + c.EtcdEndpoints()[i],
+		"ETCD_LISTEN_PEER_URLS=" + peer, "ETCD_INITIAL_ADVERTISE_PEER_URLS=" + peer,
+		"ETCD_INITIAL_CLUSTER=" + strings.Join(initial, ","), "ETCD_INITIAL_CLUSTER_STATE=" + state, "ETCD_INITIAL_CLUSTER_TOKEN=weirlab",
+		// Fast elections: a lab, not a WAN.
+		"ETCD_HEARTBEAT_INTERVAL=50", "ETCD_ELECTION_TIMEOUT=500"}
+}
+
+// startEtcd starts an etcd member on each control host.
 func (c *Cluster) startEtcd(ctx context.Context) error {
 	bin, err := etcdcluster.Binary(ctx)
 	if err != nil {
 		return err
 	}
-	var initial []string
-	for i := range 3 {
-		initial = append(initial, fmt.Sprintf("m%d=http://%s:%d", i, lab.ControlIPv4, 2380+10*i))
-	}
-	c.Etcd = make([]*lab.Process, 3)
-	c.etcdArgs = func(i int, state string) []string {
-		client, peer := c.EtcdEndpoints()[i], fmt.Sprintf("http://%s:%d", lab.ControlIPv4, 2380+10*i)
-		return []string{"--name", fmt.Sprintf("m%d", i), "--data-dir", filepath.Join(c.Dir, fmt.Sprintf("etcd-m%d", i)),
-			"--listen-client-urls", client, "--advertise-client-urls", client,
-			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", state, "--initial-cluster-token", "weirlab",
-			"--heartbeat-interval", "50", "--election-timeout", "500"}
-	}
 	c.etcdBin = bin
-	for i := range 3 {
-		if c.Etcd[i], err = c.Control.Start(bin, c.etcdArgs(i, "new")...); err != nil {
+	c.Etcd = make([]*lab.Process, c.Replicas)
+	for i := range c.Replicas {
+		if err := c.runEtcd(i, "new"); err != nil {
 			return err
 		}
 	}
-	for i := range 3 {
+	for i := range c.Replicas {
 		if err := c.waitEtcd(ctx, i); err != nil {
 			return err
 		}
@@ -347,8 +370,17 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	return nil
 }
 
+// runEtcd starts member i with its environment, its data in the lab's
+// folder (the flag wins over the environment's ETCD_DATA_DIR).
+func (c *Cluster) runEtcd(i int, state string) error {
+	args := append(c.etcdEnv(i, state), c.etcdBin, "--data-dir", filepath.Join(c.Dir, fmt.Sprintf("etcd%d", i)))
+	var err error
+	c.Etcd[i], err = c.Controls[i].Start("env", args...)
+	return err
+}
+
 func (c *Cluster) waitEtcd(ctx context.Context, i int) error {
-	client := c.Control.HTTPClient(time.Second)
+	client := c.Controls[i].HTTPClient(time.Second)
 	return waitFor(ctx, 30*time.Second, func() error {
 		resp, err := client.Get(c.EtcdEndpoints()[i] + "/health")
 		if err != nil {
@@ -357,7 +389,7 @@ func (c *Cluster) waitEtcd(ctx context.Context, i int) error {
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if !strings.Contains(string(body), `"true"`) {
-			return fmt.Errorf("etcd m%d: %s", i, body)
+			return fmt.Errorf("etcd member %d: %s", i, body)
 		}
 		return nil
 	}, func() string { return c.Etcd[i].Log() })
@@ -365,8 +397,7 @@ func (c *Cluster) waitEtcd(ctx context.Context, i int) error {
 
 // RestartEtcd starts etcd member i again on its data, after a kill.
 func (c *Cluster) RestartEtcd(ctx context.Context, i int) error {
-	var err error
-	if c.Etcd[i], err = c.Control.Start(c.etcdBin, c.etcdArgs(i, "existing")...); err != nil {
+	if err := c.runEtcd(i, "existing"); err != nil {
 		return err
 	}
 	return c.waitEtcd(ctx, i)
