@@ -56,12 +56,12 @@ const (
 
 // Config describes a lab.
 type Config struct {
-	Prefix      string // namespace name prefix; default "weir" + 4 random hex chars
-	Nodes       int    // number of nodes (>= 1)
+	Prefix string // namespace name prefix; default "weir" + 4 random hex chars
+	Nodes  int    // number of nodes (>= 1)
 	// Servers is the number of control hosts (default 1): the first is
 	// Control, at ControlIPv4; the others follow it on the rack LAN
 	// (192.0.2.3, ...), for replicas of the server.
-	Servers int
+	Servers     int
 	PodsPerNode []int  // pods on each node; len == Nodes (nil means no pods)
 	Dir         string // folder for process logs; default a new os.MkdirTemp (kept after Close)
 }

@@ -140,9 +140,9 @@ type Cluster struct {
 	// environment instead of the lab's.
 	ReplicaArgs []string
 	EtcdEnv     func(i int, state string) []string
-	Agents   []*lab.Process
-	Conn     *grpc.ClientConn
-	Registry weirv1.RegistryServiceClient
+	Agents      []*lab.Process
+	Conn        *grpc.ClientConn
+	Registry    weirv1.RegistryServiceClient
 
 	etcdBin string
 }
