@@ -30,14 +30,7 @@ func ptr[T any](v T) *T { return &v }
 // startCluster runs a real apiserver and returns a client for it.
 func startCluster(t *testing.T) (*kubeapi.Cluster, clientset.Interface) {
 	t.Helper()
-	kubeapi.SkipUnlessAvailable(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	c, err := kubeapi.Start(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := kubeapi.StartForTest(t)
 	rc, err := kubernetes.RestConfig(c.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)

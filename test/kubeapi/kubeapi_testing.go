@@ -1,12 +1,29 @@
 package kubeapi
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
+
+// StartForTest starts a cluster for t, closed when t ends, or skips t as
+// SkipUnlessAvailable does.
+func StartForTest(t testing.TB) *Cluster {
+	t.Helper()
+	SkipUnlessAvailable(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c, err := Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
 
 // SkipUnlessAvailable skips the test unless Start can work here: etcd is
 // installed or we are root (to apt-get it), and the go tool is in PATH to
