@@ -5,6 +5,7 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -87,9 +88,12 @@ type Server struct {
 	resFile  *resourcefile.Watcher
 	store    store.Backend
 	replica  *replicas.Config // nil without a shared store
-	leading  sync.WaitGroup   // the leader's jobs while they run
-	leadMu   sync.Mutex       // orders adding to leading with waiting for it
-	stopping bool             // guarded by leadMu: no job starts any more
+	// election is nil unless Kubernetes replicas, each with its own
+	// store, elect the one that assigns addresses with a Lease.
+	election *kubernetes.LeaderElection
+	running  sync.WaitGroup // the jobs started by run, while they run
+	runMu    sync.Mutex     // orders adding to running with waiting for it
+	stopping bool           // guarded by runMu: no job starts any more
 	log      *slog.Logger
 	grpc     *grpc.Server
 	health   *health.Server
@@ -107,6 +111,14 @@ var (
 func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if k := cfg.Kubernetes; k != nil && k.LeaderElection != nil {
+		if cfg.Etcd != nil {
+			return nil, errors.New("leader election by Lease is for Kubernetes replicas with stores of their own; replicas sharing etcd elect their leader there")
+		}
+		if err := k.LeaderElection.Check(); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.ResourcesFile != "" {
 		// A bad file at start-up stops the server: the operator is there.
@@ -167,6 +179,13 @@ func New(cfg Config) (*Server, error) {
 		if s.kube, err = kubernetes.New(kc, client, reg); err != nil {
 			st.Close()
 			return nil, err
+		}
+		if kc.LeaderElection != nil {
+			le := *kc.LeaderElection
+			if le.Log == nil {
+				le.Log = cfg.Log
+			}
+			s.election = &le
 		}
 	}
 	writers := map[string]ipam.Writer{model.SourceNative: ipam.RegistryWriter{Registry: reg}}
@@ -230,9 +249,12 @@ func openStore(cfg Config) (store.Backend, string, error) {
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	go s.Agents.Run(ctx)
 	go s.Registry.Follow(ctx, s.log)
-	if s.replica != nil {
+	switch {
+	case s.replica != nil:
 		go replicas.Run(ctx, *s.replica, s.lead)
-	} else {
+	case s.election != nil:
+		go s.leadByLease(ctx)
+	default:
 		go s.lead(ctx)
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -252,42 +274,66 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	return err
 }
 
-// lead runs, until ctx ends, the jobs that must run once among replicas:
-// address assignment, the resources file and the Kubernetes source's
-// writes. A single server runs them from the start; replicas, on the
-// leader only.
+// lead runs, until ctx ends, the jobs that must run once among replicas
+// sharing a store: address assignment, the resources file and the
+// Kubernetes source's writes. A single server runs them from the start;
+// replicas, on the leader only.
 func (s *Server) lead(ctx context.Context) {
-	s.leadMu.Lock()
-	if s.stopping {
-		s.leadMu.Unlock()
-		return
-	}
-	s.leading.Add(1)
-	s.leadMu.Unlock()
-	defer s.leading.Done()
-	ctx, cancel := context.WithCancel(ctx)
-	var jobs sync.WaitGroup
-	jobs.Go(func() { s.ipam.Run(ctx) })
+	s.run(ctx, append(s.sources(), s.ipam.Run)...)
+}
+
+// leadByLease runs the jobs of a Kubernetes replica with a store of its
+// own: every replica reads the cluster and the resources file into its
+// own registry, and only the holder of the Lease assigns addresses, as it
+// writes them to the cluster.
+func (s *Server) leadByLease(ctx context.Context) {
+	s.run(ctx, append(s.sources(), func(ctx context.Context) {
+		if err := kubernetes.RunLeased(ctx, s.kube.Client(), *s.election, s.ipam.Run); err != nil {
+			s.log.Error("leader election stopped: this replica assigns no addresses", "error", err)
+		}
+	})...)
+}
+
+// sources are the jobs that fill the registry from outside: the resources
+// file and the Kubernetes source.
+func (s *Server) sources() []func(context.Context) {
+	var jobs []func(context.Context)
 	if s.resFile != nil {
-		jobs.Go(func() { s.resFile.Watch(ctx) })
+		jobs = append(jobs, s.resFile.Watch)
 	}
 	if s.kube != nil {
-		jobs.Go(func() {
+		jobs = append(jobs, func(ctx context.Context) {
 			if err := s.kube.Run(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error("kubernetes source stopped", "error", err)
 			}
 		})
 	}
-	<-ctx.Done()
-	cancel()
-	// Every job has stopped before another replica may start them.
-	jobs.Wait()
+	return jobs
 }
 
-// stopped waits for the leader's jobs, so the store is closed after them.
+// run runs jobs until ctx ends and returns once every one has returned,
+// so that another replica may start them, and the store close after them.
+func (s *Server) run(ctx context.Context, jobs ...func(context.Context)) {
+	s.runMu.Lock()
+	if s.stopping {
+		s.runMu.Unlock()
+		return
+	}
+	s.running.Add(1)
+	s.runMu.Unlock()
+	defer s.running.Done()
+	var wg sync.WaitGroup
+	for _, job := range jobs {
+		wg.Go(func() { job(ctx) })
+	}
+	wg.Wait()
+}
+
+// stopped waits for the jobs run started, so the store is closed after
+// them.
 func (s *Server) stopped() {
-	s.leadMu.Lock()
+	s.runMu.Lock()
 	s.stopping = true
-	s.leadMu.Unlock()
-	s.leading.Wait()
+	s.runMu.Unlock()
+	s.running.Wait()
 }

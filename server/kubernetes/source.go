@@ -37,7 +37,12 @@ type Config struct {
 	ProxyName string
 	// Resync is the informers' resync period; 0 disables it.
 	Resync time.Duration
-	Log    *slog.Logger
+	// LeaderElection, when not nil, lets several server replicas mirror
+	// the cluster, each into its own registry, with only the holder of a
+	// Lease writing back to the cluster (the server's concern: the source
+	// itself runs on every replica).
+	LeaderElection *LeaderElection
+	Log            *slog.Logger
 }
 
 // RestConfig loads the client configuration cfg names.

@@ -42,3 +42,21 @@ func TestPlainTextOnlyOnLoopback(t *testing.T) {
 		}
 	}
 }
+
+func TestLeaderElectNeedsKubernetesWithoutEtcd(t *testing.T) {
+	for _, tc := range []struct {
+		leaderElect, kube, etcd bool
+		ok                      bool
+	}{
+		{false, false, false, true},
+		{false, true, true, true},
+		{true, true, false, true},
+		{true, false, false, false},
+		{true, true, true, false},
+	} {
+		err := checkLeaderElect(tc.leaderElect, tc.kube, tc.etcd)
+		if (err == nil) != tc.ok {
+			t.Errorf("--leader-elect=%v --kubernetes=%v --etcd-endpoints set=%v: %v", tc.leaderElect, tc.kube, tc.etcd, err)
+		}
+	}
+}

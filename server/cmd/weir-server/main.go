@@ -79,6 +79,11 @@ func run() error {
 		etcdKey        = flag.String("etcd-key-file", "", "client key for etcd (PEM)")
 		replicaName    = flag.String("replica-name", "", "this replica's name among the others sharing etcd (default: host name and process ID)")
 		leaderLease    = flag.Duration("leader-lease", 2*time.Second, "with etcd: how long a replica that died keeps its leadership (address assignment, the sources' writes) and its agents' status; whole seconds")
+		leaderElect    = flag.Bool("leader-elect", false, "with --kubernetes: run as one of several replicas, each with its own --data-dir, that mirror the cluster; only the holder of a coordination.k8s.io Lease assigns addresses and writes them to Services")
+		leLease        = flag.Duration("leader-elect-lease-duration", 15*time.Second, "with --leader-elect: how long a replica that died keeps the Lease")
+		leRenew        = flag.Duration("leader-elect-renew-deadline", 10*time.Second, "with --leader-elect: how long the leader tries to renew the Lease before it stops leading")
+		leRetry        = flag.Duration("leader-elect-retry-period", 2*time.Second, "with --leader-elect: how often replicas try to take or renew the Lease")
+		leNamespace    = flag.String("leader-elect-namespace", "", "with --leader-elect: namespace of the Lease "+kubernetes.LeaseName+" (default: the pod's own, else "+kubernetes.DefaultNamespace+")")
 		extCIDRs       = flag.String("allowed-external-ip-cidrs", "", "comma-separated CIDRs external IPs may come from (default none: a service's external IP takes an address's traffic on every node; Kubernetes recommends denying them)")
 	)
 	flag.Parse()
@@ -145,6 +150,15 @@ func run() error {
 	}
 	if *kube || *kubecfg != "" {
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: *kubecfg, ProxyName: *proxyNm, Resync: 10 * time.Minute}
+	}
+	if err := checkLeaderElect(*leaderElect, cfg.Kubernetes != nil, cfg.Etcd != nil); err != nil {
+		return err
+	}
+	if *leaderElect {
+		cfg.Kubernetes.LeaderElection = &kubernetes.LeaderElection{
+			Namespace: *leNamespace, Name: kubernetes.LeaseName,
+			LeaseDuration: *leLease, RenewDeadline: *leRenew, RetryPeriod: *leRetry,
+		}
 	}
 	srv, err := server.New(cfg)
 	if err != nil {
@@ -216,6 +230,18 @@ func certsCommand(args []string) error {
 		fmt.Printf("wrote %s/%s.crt and %s.key (role %s)\n", *dir, *name, *name, *role)
 	default:
 		return errors.New(usage)
+	}
+	return nil
+}
+
+// checkLeaderElect refuses --leader-elect where there is no Lease to
+// elect with, or where replicas elect through etcd already.
+func checkLeaderElect(leaderElect, kube, etcd bool) error {
+	switch {
+	case leaderElect && !kube:
+		return errors.New("--leader-elect elects with a Kubernetes Lease: it needs --kubernetes")
+	case leaderElect && etcd:
+		return errors.New("--leader-elect is for replicas with stores of their own; replicas sharing --etcd-endpoints elect their leader in etcd")
 	}
 	return nil
 }
