@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -25,6 +26,8 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	sigsyaml "sigs.k8s.io/yaml"
@@ -141,6 +144,128 @@ func TestManifestsApplyAsWritten(t *testing.T) {
 		if path, ok := subset(obj.Object, live.Object, ""); !ok {
 			t.Errorf("%s: %s differs from what the manifest says", name, path)
 		}
+	}
+	checkServerAccess(ctx, t, rc)
+}
+
+// checkServerAccess asks the apiserver's RBAC whether the server's
+// ServiceAccount may do what the server does, and no more than it needs
+// of Leases.
+func checkServerAccess(ctx context.Context, t *testing.T, rc *rest.Config) {
+	t.Helper()
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sa = "system:serviceaccount:weir-system:weir-server"
+	for _, tc := range []struct {
+		attrs authorizationv1.ResourceAttributes
+		want  bool
+	}{
+		{authorizationv1.ResourceAttributes{Verb: "watch", Resource: "services"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "shop", Resource: "services", Subresource: "status"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "shop", Resource: "services"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "create", Namespace: "weir-system", Group: "coordination.k8s.io", Resource: "leases"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Group: "coordination.k8s.io", Resource: "leases", Name: "weir-server"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "weir-system", Group: "coordination.k8s.io", Resource: "leases", Name: "weir-server"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "weir-system", Group: "coordination.k8s.io", Resource: "leases", Name: "someone-else"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "kube-system", Group: "coordination.k8s.io", Resource: "leases", Name: "weir-server"}, false},
+	} {
+		what := fmt.Sprintf("%s %s/%s %s/%s", tc.attrs.Verb, tc.attrs.Group, tc.attrs.Resource, tc.attrs.Namespace, tc.attrs.Name)
+		if tc.attrs.Subresource != "" {
+			what += " (" + tc.attrs.Subresource + ")"
+		}
+		// The authorizer learns of roles through its informers: a moment.
+		var allowed bool
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			r, err := kc.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+				Spec: authorizationv1.SubjectAccessReviewSpec{User: sa, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:weir-system"}, ResourceAttributes: &tc.attrs},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			allowed = r.Status.Allowed
+			if allowed == tc.want || time.Now().After(deadline) {
+				break
+			}
+		}
+		if allowed != tc.want {
+			t.Errorf("weir-server may %s: %v, want %v", what, allowed, tc.want)
+		}
+	}
+}
+
+// TestServerRunsAsReplicas: the server runs as three replicas with a store
+// each and leader election; a disruption takes at most one, the
+// scheduler spreads them over nodes, and agents reach them through the
+// server's headless Service.
+func TestServerRunsAsReplicas(t *testing.T) {
+	var deploy, pdb, svc *unstructured.Unstructured
+	var weirServer string
+	for _, obj := range manifests(t) {
+		switch {
+		case obj.GetKind() == "Deployment" && obj.GetName() == "weir-server":
+			deploy = obj
+		case obj.GetKind() == "PodDisruptionBudget":
+			pdb = obj
+		case obj.GetKind() == "Service" && obj.GetName() == "weir-server":
+			svc = obj
+		case obj.GetKind() == "ConfigMap" && obj.GetName() == "weir-config":
+			weirServer, _, _ = unstructured.NestedString(obj.Object, "data", "WEIR_SERVER")
+		case obj.GetKind() == "PersistentVolumeClaim":
+			t.Errorf("PersistentVolumeClaim %s: the replicas' stores are their own (emptyDir)", obj.GetName())
+		}
+	}
+	if deploy == nil || pdb == nil || svc == nil {
+		t.Fatalf("want the server's Deployment, a PodDisruptionBudget and the Service weir-server; got %v, %v, %v", deploy != nil, pdb != nil, svc != nil)
+	}
+	// Numbers are float64 as YAML is read.
+	if n, _, _ := unstructured.NestedFieldNoCopy(deploy.Object, "spec", "replicas"); fmt.Sprint(n) != "3" {
+		t.Errorf("the server runs %v replicas, want 3", n)
+	}
+	containers, _, _ := unstructured.NestedSlice(deploy.Object, "spec", "template", "spec", "containers")
+	args, _ := containers[0].(map[string]any)["args"].([]any)
+	for _, want := range []string{"--kubernetes", "--leader-elect"} {
+		if !slices.Contains(args, any(want)) {
+			t.Errorf("the server's args %v lack %s", args, want)
+		}
+	}
+	volumes, _, _ := unstructured.NestedSlice(deploy.Object, "spec", "template", "spec", "volumes")
+	for _, v := range volumes {
+		if v := v.(map[string]any); v["name"] == "data" && v["emptyDir"] == nil {
+			t.Errorf("the data volume %v is not an emptyDir: every replica has a store of its own", v)
+		}
+	}
+	pods, _, _ := unstructured.NestedStringMap(deploy.Object, "spec", "selector", "matchLabels")
+	for what, obj := range map[string]*unstructured.Unstructured{"the PodDisruptionBudget": pdb, "the Service": svc} {
+		path := []string{"spec", "selector", "matchLabels"}
+		if obj == svc {
+			path = []string{"spec", "selector"}
+		}
+		if sel, _, _ := unstructured.NestedStringMap(obj.Object, path...); !reflect.DeepEqual(sel, pods) {
+			t.Errorf("%s selects %v, the server's pods are %v", what, sel, pods)
+		}
+	}
+	maxUnavailable, _, _ := unstructured.NestedFieldNoCopy(pdb.Object, "spec", "maxUnavailable")
+	minAvailable, _, _ := unstructured.NestedFieldNoCopy(pdb.Object, "spec", "minAvailable")
+	if fmt.Sprint(maxUnavailable) != "1" && fmt.Sprint(minAvailable) != "2" {
+		t.Errorf("the PodDisruptionBudget allows maxUnavailable %v, minAvailable %v; want one replica down at most", maxUnavailable, minAvailable)
+	}
+	terms, _, _ := unstructured.NestedSlice(deploy.Object, "spec", "template", "spec", "affinity", "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
+	spread := slices.ContainsFunc(terms, func(term any) bool {
+		key, _, _ := unstructured.NestedString(term.(map[string]any), "podAffinityTerm", "topologyKey")
+		sel, _, _ := unstructured.NestedStringMap(term.(map[string]any), "podAffinityTerm", "labelSelector", "matchLabels")
+		return key == "kubernetes.io/hostname" && reflect.DeepEqual(sel, pods)
+	})
+	if !spread {
+		t.Errorf("no pod anti-affinity spreads the replicas over nodes: %v", terms)
+	}
+	if ip, _, _ := unstructured.NestedString(svc.Object, "spec", "clusterIP"); ip != "None" {
+		t.Errorf("the Service weir-server has cluster IP %q: want it headless, its name resolving to every replica", ip)
+	}
+	if !strings.HasPrefix(weirServer, "weir-server.weir-system.svc:") {
+		t.Errorf("WEIR_SERVER %q is not the server's Service", weirServer)
 	}
 }
 
