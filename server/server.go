@@ -92,6 +92,8 @@ type Server struct {
 	// store, elect the one that assigns addresses with a Lease.
 	election *kubernetes.LeaderElection
 	running  sync.WaitGroup // the jobs started by run, while they run
+	failMu   sync.Mutex     // guards fail
+	fail     func(error)    // stops Serve with an error, once it runs
 	runMu    sync.Mutex     // orders adding to running with waiting for it
 	stopping bool           // guarded by runMu: no job starts any more
 	log      *slog.Logger
@@ -223,6 +225,7 @@ func New(cfg Config) (*Server, error) {
 				}
 				s.health.SetServingStatus("", st)
 			},
+			WentBack: s.stopWith,
 		}
 	}
 	lbTier := api.NewLoadBalancerTierService(s.Agents, reg)
@@ -245,8 +248,17 @@ func openStore(cfg Config) (store.Backend, string, error) {
 	return st, where, err
 }
 
-// Serve answers on lis until ctx ends, then stops gracefully.
+// Serve answers on lis until ctx ends, or the server fails (its store
+// went back below what it holds), then stops gracefully.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	s.failMu.Lock()
+	s.fail = func(err error) {
+		s.log.Error("stopping", "error", err)
+		cancel(err)
+	}
+	s.failMu.Unlock()
 	go s.Agents.Run(ctx)
 	go s.Registry.Follow(ctx, s.log)
 	switch {
@@ -270,6 +282,9 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	s.stopped()
 	if cerr := s.store.Close(); err == nil {
 		err = cerr
+	}
+	if cause := context.Cause(ctx); err == nil && cause != nil && cause != context.Canceled {
+		err = cause
 	}
 	return err
 }
@@ -336,4 +351,13 @@ func (s *Server) stopped() {
 	s.stopping = true
 	s.runMu.Unlock()
 	s.running.Wait()
+}
+
+// stopWith stops a serving server with err, which Serve returns.
+func (s *Server) stopWith(err error) {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	if s.fail != nil {
+		s.fail(err)
+	}
 }

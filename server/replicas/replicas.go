@@ -7,6 +7,7 @@ package replicas
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -33,6 +34,11 @@ type Config struct {
 	StaleAfter time.Duration
 	// Serving is told whether the replica is current (gRPC health).
 	Serving func(bool)
+	// WentBack is told when the store is at a revision below the one the
+	// replica holds: it was restored from a snapshot, and what the
+	// replica holds is of another history. The server stops (its
+	// supervisor starts it again on the restored store).
+	WentBack func(error)
 	Log     *slog.Logger
 }
 
@@ -123,12 +129,17 @@ func watchCurrency(ctx context.Context, cfg Config) {
 	defer tick.Stop()
 	lastGood, current := time.Now(), true
 	for {
-		head, err := cfg.Store.Head(ctx)
+		// held first: a write between the two reads then only makes the
+		// store look ahead (for a moment), never behind.
 		held := cfg.Registry.Revision()
+		head, err := cfg.Store.Head(ctx)
 		reason := ""
 		switch {
 		case err != nil:
 			reason = "cannot reach the store: " + err.Error()
+		case head < held:
+			cfg.WentBack(fmt.Errorf("the store is at revision %d, below the %d this replica holds: restored from a snapshot? restart to load it", head, held))
+			return
 		case held < head:
 			reason = "behind the store"
 		default:

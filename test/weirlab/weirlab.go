@@ -240,24 +240,30 @@ func (c *Cluster) start(ctx context.Context) error {
 // replica and their etcd, and waits until they answer.
 func (c *Cluster) StartServer(ctx context.Context) error {
 	if c.Replicas > 1 {
-		if c.Replicas > len(c.Controls) {
-			return fmt.Errorf("weirlab: %d replicas need as many control hosts (lab.Config.Servers)", c.Replicas)
-		}
-		if err := c.startEtcd(ctx); err != nil {
+		if err := c.StartEtcd(ctx); err != nil {
 			return err
 		}
-		c.Servers = make([]*lab.Process, c.Replicas)
-		for i := range c.Replicas {
-			if err := c.StartReplica(ctx, i); err != nil {
-				return err
-			}
-		}
-		c.Server = c.Servers[0]
-		return nil
+		return c.StartReplicas(ctx)
 	}
 	p, err := c.startServer(ctx, 0, "--data-dir", c.DataDir)
 	c.Server = p
 	return err
+}
+
+// StartReplicas starts a replica on each of the first Replicas control
+// hosts (etcd must run: StartEtcd).
+func (c *Cluster) StartReplicas(ctx context.Context) error {
+	if c.Replicas > len(c.Controls) {
+		return fmt.Errorf("weirlab: %d replicas need as many control hosts (lab.Config.Servers)", c.Replicas)
+	}
+	c.Servers = make([]*lab.Process, c.Replicas)
+	for i := range c.Replicas {
+		if err := c.StartReplica(ctx, i); err != nil {
+			return err
+		}
+	}
+	c.Server = c.Servers[0]
+	return nil
 }
 
 // startServer starts weir-server on control host i, listening on
@@ -349,8 +355,12 @@ func (c *Cluster) etcdEnv(i int, state string) []string {
 		"ETCD_HEARTBEAT_INTERVAL=50", "ETCD_ELECTION_TIMEOUT=500"}
 }
 
-// startEtcd starts an etcd member on each control host.
-func (c *Cluster) startEtcd(ctx context.Context) error {
+// StartEtcd starts an etcd member on each of the first Replicas control
+// hosts.
+func (c *Cluster) StartEtcd(ctx context.Context) error {
+	if c.Replicas > len(c.Controls) {
+		return fmt.Errorf("weirlab: %d etcd members need as many control hosts (lab.Config.Servers)", c.Replicas)
+	}
 	bin, err := etcdcluster.Binary(ctx)
 	if err != nil {
 		return err
@@ -371,9 +381,16 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 }
 
 // runEtcd starts member i with its environment, its data in the lab's
-// folder (the flag wins over the environment's ETCD_DATA_DIR).
+// folder whatever ETCD_DATA_DIR the environment says (etcd refuses a flag
+// and a variable for the same setting).
 func (c *Cluster) runEtcd(i int, state string) error {
-	args := append(c.etcdEnv(i, state), c.etcdBin, "--data-dir", filepath.Join(c.Dir, fmt.Sprintf("etcd%d", i)))
+	var args []string
+	for _, kv := range c.etcdEnv(i, state) {
+		if !strings.HasPrefix(kv, "ETCD_DATA_DIR=") {
+			args = append(args, kv)
+		}
+	}
+	args = append(args, "ETCD_DATA_DIR="+c.EtcdDataDir(i), c.etcdBin)
 	var err error
 	c.Etcd[i], err = c.Controls[i].Start("env", args...)
 	return err
@@ -395,7 +412,11 @@ func (c *Cluster) waitEtcd(ctx context.Context, i int) error {
 	}, func() string { return c.Etcd[i].Log() })
 }
 
-// RestartEtcd starts etcd member i again on its data, after a kill.
+// EtcdDataDir is where etcd member i keeps its data.
+func (c *Cluster) EtcdDataDir(i int) string { return filepath.Join(c.Dir, fmt.Sprintf("etcd%d", i)) }
+
+// RestartEtcd starts etcd member i again on its data, after a kill; with
+// an empty data dir and state "existing" it joins as a new member.
 func (c *Cluster) RestartEtcd(ctx context.Context, i int) error {
 	if err := c.runEtcd(i, "existing"); err != nil {
 		return err

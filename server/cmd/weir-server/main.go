@@ -31,13 +31,19 @@ import (
 	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/store"
-	"github.com/weirlb/weir/server/store/etcdstore"
 )
 
 // version is set at build time.
 var version = "dev"
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "store" {
+		if err := storeCommand(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "weir-server store:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "certs" {
 		if err := certsCommand(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "weir-server certs:", err)
@@ -72,11 +78,8 @@ func run() error {
 		apiRate        = flag.Float64("api-calls-per-second", limits.DefaultCallsPerSecond, "each caller's rate of API calls (bursts of twice as many); a caller over it waits, others do not; 0: no limit")
 		apiWatch       = flag.Int("api-watches-per-caller", limits.DefaultMaxWatchesPerCaller, "most Watch streams one caller may hold open")
 		npRange        = flag.String("service-node-port-range", "30000-32767", "node ports and health-check node ports of native services come from this range (as the apiserver's flag)")
-		etcdEndpoints  = flag.String("etcd-endpoints", "", "comma-separated etcd client URLs: keep the state in etcd, shared by several replicas of the server, instead of --data-dir (see docs/ha.md)")
-		etcdPrefix     = flag.String("etcd-prefix", "/weir", "prefix of Weir's keys in etcd")
-		etcdCA         = flag.String("etcd-ca-file", "", "CA of etcd's serving certificates (PEM); with it, etcd is reached over TLS")
-		etcdCert       = flag.String("etcd-cert-file", "", "client certificate for etcd (PEM)")
-		etcdKey        = flag.String("etcd-key-file", "", "client key for etcd (PEM)")
+		etcdFlags      = addEtcdFlags(flag.CommandLine)
+		etcdEndpoints  = etcdFlags.endpoints
 		replicaName    = flag.String("replica-name", "", "this replica's name among the others sharing etcd (default: host name and process ID)")
 		leaderLease    = flag.Duration("leader-lease", 2*time.Second, "with etcd: how long a replica that died keeps its leadership (address assignment, the sources' writes) and its agents' status; whole seconds")
 		leaderElect    = flag.Bool("leader-elect", false, "with --kubernetes: run as one of several replicas, each with its own --data-dir, that mirror the cluster; only the holder of a coordination.k8s.io Lease assigns addresses and writes them to Services")
@@ -136,16 +139,13 @@ func run() error {
 	if *apiRate == 0 {
 		cfg.Limits.CallsPerSecond = -1
 	}
-	if *etcdEndpoints != "" {
-		cfg.Etcd = &etcdstore.Config{Endpoints: strings.Split(*etcdEndpoints, ","), Prefix: *etcdPrefix}
-		if *etcdCA != "" || *etcdCert != "" {
-			if cfg.Etcd.TLS, err = tlsconfig.Client(tlsconfig.Files{CA: *etcdCA, Cert: *etcdCert, Key: *etcdKey}); err != nil {
-				return fmt.Errorf("--etcd-ca-file, --etcd-cert-file, --etcd-key-file: %w", err)
-			}
-		}
+	if cfg.Etcd, err = etcdFlags.config(); err != nil {
+		return err
+	}
+	if cfg.Etcd != nil {
 		cfg.Replica, cfg.LeaseTTL = *replicaName, *leaderLease
 		if *initStore {
-			return errors.New("--init is for the embedded store: an etcd cluster's state is restored with etcdutl")
+			return errors.New("--init is for the embedded store: an etcd cluster's state is restored from a snapshot (docs/ha.md)")
 		}
 	}
 	if *kube || *kubecfg != "" {
@@ -191,34 +191,41 @@ func run() error {
 // certsCommand issues certificates: "init" makes a CA and the server's
 // certificate, "issue" a client's.
 func certsCommand(args []string) error {
-	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker [--force]"
+	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs server --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker [--force]"
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
 	fs := flag.NewFlagSet("certs "+args[0], flag.ContinueOnError)
 	dir := fs.String("dir", "/etc/weir/tls", "folder of the CA and the certificates")
-	hosts := fs.String("hosts", "", "comma-separated names and addresses the server answers on (init)")
+	hosts := fs.String("hosts", "", "comma-separated names and addresses the server answers on (init, server)")
 	name := fs.String("name", "", "the client's identity: a node name for an agent (issue)")
 	role := fs.String("role", "", "admin, viewer, agent or speaker (issue)")
 	force := fs.Bool("force", false, "replace the name's existing certificate and key (issue)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
+	var hs []string
+	for _, h := range strings.Split(*hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hs = append(hs, h)
+		}
+	}
 	switch args[0] {
 	case "init":
 		if err := certs.InitCA(*dir); err != nil {
 			return err
 		}
-		var hs []string
-		for _, h := range strings.Split(*hosts, ",") {
-			if h = strings.TrimSpace(h); h != "" {
-				hs = append(hs, h)
-			}
-		}
 		if err := certs.IssueServer(*dir, hs); err != nil {
 			return err
 		}
 		fmt.Printf("wrote %s/ca.crt, ca.key, server.crt, server.key\n", *dir)
+	case "server":
+		// A new server certificate from the existing CA: for more
+		// addresses (replicas), or a rotation. Clients keep trusting it.
+		if err := certs.IssueServer(*dir, hs); err != nil {
+			return err
+		}
+		fmt.Printf("wrote %s/server.crt, server.key\n", *dir)
 	case "issue":
 		issue := certs.IssueClient
 		if *force {
