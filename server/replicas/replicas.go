@@ -39,7 +39,7 @@ type Config struct {
 	// replica holds is of another history. The server stops (its
 	// supervisor starts it again on the restored store).
 	WentBack func(error)
-	Log     *slog.Logger
+	Log      *slog.Logger
 }
 
 // Lead runs the leader-only jobs until ctx ends; it is called each time
