@@ -230,7 +230,7 @@ func TestMigrateCopiesAnEmbeddedStore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if rev, err = bolt.Commit(rev, store.Op{Kind: "drains", Key: "n1", Value: []byte{1}}); err != nil {
+	if _, err = bolt.Commit(rev, store.Op{Kind: "drains", Key: "n1", Value: []byte{1}}); err != nil {
 		t.Fatal(err)
 	}
 	e := openEtcd(t, c)
