@@ -6,6 +6,7 @@ package etcdcluster
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -22,9 +23,14 @@ type Member struct {
 	PeerURL   string
 	dir       string
 	bin       string
-	cluster   string // --initial-cluster
+	cluster   string   // --initial-cluster
+	tls       []string // the client TLS flags, if clients must use TLS
 	proc      *testproc.Process
 }
+
+// TLS makes members serve clients over TLS with certFile and keyFile, and
+// require client certificates signed by caFile.
+type TLS struct{ CAFile, CertFile, KeyFile string }
 
 // Cluster is N members on 127.0.0.1.
 type Cluster struct {
@@ -34,7 +40,11 @@ type Cluster struct {
 
 // Start starts n members under a new temporary directory and returns once
 // every member is healthy. The caller must call Close.
-func Start(ctx context.Context, n int) (_ *Cluster, err error) {
+func Start(ctx context.Context, n int) (*Cluster, error) { return StartTLS(ctx, n, nil) }
+
+// StartTLS is Start with clients on TLS (peers stay in plain text, on
+// loopback).
+func StartTLS(ctx context.Context, n int, tls *TLS) (_ *Cluster, err error) {
 	bin, err := Binary(ctx)
 	if err != nil {
 		return nil, err
@@ -55,12 +65,19 @@ func Start(ctx context.Context, n int) (_ *Cluster, err error) {
 	}
 	var initial []string
 	for i := range n {
+		scheme := "http"
+		if tls != nil {
+			scheme = "https"
+		}
 		m := &Member{
 			Name:      "m" + strconv.Itoa(i),
-			ClientURL: "http://127.0.0.1:" + strconv.Itoa(ports[2*i]),
+			ClientURL: scheme + "://127.0.0.1:" + strconv.Itoa(ports[2*i]),
 			PeerURL:   "http://127.0.0.1:" + strconv.Itoa(ports[2*i+1]),
 			dir:       dir,
 			bin:       bin,
+		}
+		if tls != nil {
+			m.tls = []string{"--cert-file=" + tls.CertFile, "--key-file=" + tls.KeyFile, "--trusted-ca-file=" + tls.CAFile, "--client-cert-auth"}
 		}
 		c.Members = append(c.Members, m)
 		initial = append(initial, m.Name+"="+m.PeerURL)
@@ -74,15 +91,30 @@ func Start(ctx context.Context, n int) (_ *Cluster, err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for _, m := range c.Members {
-		if err := m.proc.WaitFor(ctx, func() bool { return Healthy(ctx, m.ClientURL) }); err != nil {
+		if err := m.waitHealthy(ctx); err != nil {
 			return nil, err
 		}
 	}
 	return c, nil
 }
 
+// waitHealthy waits for the member to answer: /health, or with TLS (where
+// /health needs a client certificate) its client port.
+func (m *Member) waitHealthy(ctx context.Context) error {
+	if m.tls == nil {
+		return m.proc.WaitFor(ctx, func() bool { return Healthy(ctx, m.ClientURL) })
+	}
+	return m.proc.WaitFor(ctx, func() bool {
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(m.ClientURL, "https://"), time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
 func (m *Member) start(state string) error {
-	p, err := testproc.Start(m.dir, m.Name, m.bin,
+	p, err := testproc.Start(m.dir, m.Name, m.bin, append([]string{
 		"--name="+m.Name,
 		"--data-dir="+filepath.Join(m.dir, m.Name),
 		"--listen-client-urls="+m.ClientURL,
@@ -96,7 +128,7 @@ func (m *Member) start(state string) error {
 		"--heartbeat-interval=50",
 		"--election-timeout=500",
 		"--logger=zap",
-	)
+	}, m.tls...)...)
 	if err != nil {
 		return err
 	}
@@ -117,7 +149,7 @@ func (m *Member) Restart(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return m.proc.WaitFor(ctx, func() bool { return Healthy(ctx, m.ClientURL) })
+	return m.waitHealthy(ctx)
 }
 
 // Pid is the member's process ID.

@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/weirlb/weir/internal/tlsconfig"
+	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/store"
 
 	"github.com/weirlb/weir/test/etcdcluster"
@@ -250,5 +254,53 @@ func TestMigrateCopiesAnEmbeddedStore(t *testing.T) {
 	}
 	if _, err := Migrate(bolt, e); err == nil {
 		t.Error("a second migration into a prefix that holds resources was accepted")
+	}
+}
+
+// TestEtcdOverTLS: with etcd serving clients over TLS and asking for a
+// client certificate, the store connects with --etcd-ca-file,
+// --etcd-cert-file and --etcd-key-file's files and works; without a
+// client certificate it is refused at Open, with the endpoints named.
+func TestEtcdOverTLS(t *testing.T) {
+	if _, err := exec.LookPath("etcd"); err != nil && os.Geteuid() != 0 {
+		t.Skip("needs etcd (apt-get install etcd-server) or root to install it")
+	}
+	dir := t.TempDir()
+	if err := certs.InitCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := certs.IssueServer(dir, []string{"127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := certs.IssueClient(dir, "weir-server", certs.RoleAdmin); err != nil {
+		t.Fatal(err)
+	}
+	c, err := etcdcluster.StartTLS(context.Background(), 1, &etcdcluster.TLS{
+		CAFile: filepath.Join(dir, "ca.crt"), CertFile: filepath.Join(dir, "server.crt"), KeyFile: filepath.Join(dir, "server.key")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tlsCfg, err := tlsconfig.Client(tlsconfig.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "weir-server.crt"), Key: filepath.Join(dir, "weir-server.key")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := Open(context.Background(), Config{Endpoints: c.Endpoints(), TLS: tlsCfg})
+	if err != nil {
+		t.Fatalf("Open over TLS: %v", err)
+	}
+	defer e.Close()
+	if _, err := e.Commit(0, store.Op{Kind: "nodes", Key: "n1", Value: []byte("{}")}); err != nil {
+		t.Fatalf("commit over TLS: %v", err)
+	}
+
+	noCert, err := tlsconfig.Client(tlsconfig.Files{CA: filepath.Join(dir, "ca.crt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := Open(ctx, Config{Endpoints: c.Endpoints(), TLS: noCert}); err == nil || !strings.Contains(err.Error(), c.Endpoints()[0]) {
+		t.Errorf("Open without a client certificate: %v, want an error naming %s", err, c.Endpoints()[0])
 	}
 }

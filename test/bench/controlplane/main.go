@@ -4,8 +4,12 @@
 // stream, acknowledging every version at once), then changes one endpoint
 // at a time and measures, per agent, the time from the change's acceptance
 // to the agent receiving it, and how many bytes each agent got per change.
+// With -replicas N it runs N replicas on a three-member etcd cluster
+// instead, the agents spread over them, writes through each in turn, and
+// then kills one replica and times its agents' return on the others.
 //
 //	go run ./test/bench/controlplane -services 10000 -agents 500
+//	go run ./test/bench/controlplane -services 10000 -agents 1500 -replicas 3
 package main
 
 import (
@@ -28,17 +32,22 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/etcdcluster"
 	"github.com/weirlb/weir/test/weirlab"
 )
 
-var restartFlag *bool
+var (
+	restartFlag *bool
+	replicas    int
+)
 
 func main() {
 	services := flag.Int("services", 10000, "services (10 endpoints each)")
 	agents := flag.Int("agents", 500, "simulated agents")
 	changes := flag.Int("changes", 100, "single-endpoint changes to time")
 	minSync := flag.Duration("min-sync-period", 50*time.Millisecond, "the server's --min-sync-period")
-	restartFlag = flag.Bool("server-restart", true, "then run real agent syncers, restart the server and time their return")
+	restartFlag = flag.Bool("server-restart", true, "then run real agent syncers, restart the server and time their return (one server)")
+	flag.IntVar(&replicas, "replicas", 1, "replicas of the server on a three-member etcd cluster (1: one server on its embedded store)")
 	flag.Parse()
 	if err := run(*services, *agents, *changes, *minSync); err != nil {
 		fmt.Fprintln(os.Stderr, "controlplane:", err)
@@ -64,6 +73,13 @@ type agent struct {
 	bytes    map[uint64]int
 	full     atomic.Int64 // bytes of the first, full state
 	ready    chan struct{}
+	// applied and history are what the agent last acknowledged, to
+	// resume on another replica; back is when a later stream's first
+	// message came, and whether it was a whole state.
+	applied  uint64
+	history  string
+	back     time.Time
+	backFull bool
 }
 
 func (a *agent) run(ctx context.Context, conn *grpc.ClientConn) error {
@@ -71,10 +87,14 @@ func (a *agent) run(ctx context.Context, conn *grpc.ClientConn) error {
 	if err != nil {
 		return err
 	}
-	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: a.name}}}); err != nil {
+	a.mu.Lock()
+	hello := &weirv1.Hello{NodeName: a.name, AppliedVersion: a.applied, AppliedHistory: a.history}
+	resuming := a.applied != 0
+	a.mu.Unlock()
+	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: hello}}); err != nil {
 		return err
 	}
-	first := true
+	first := !resuming
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
@@ -83,6 +103,12 @@ func (a *agent) run(ctx context.Context, conn *grpc.ClientConn) error {
 		now := time.Now()
 		size := proto.Size(msg)
 		a.mu.Lock()
+		if resuming && a.back.IsZero() {
+			a.back, a.backFull = now, msg.GetFull()
+		}
+		if !msg.GetMore() {
+			a.applied, a.history = msg.GetVersion(), msg.GetHistory()
+		}
 		a.bytes[msg.GetVersion()] += size
 		total := a.bytes[msg.GetVersion()]
 		if !msg.GetMore() {
@@ -121,40 +147,80 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("build: %v: %s", err, out)
 	}
-	port, err := freePort()
-	if err != nil {
-		return err
+	var etcd *etcdcluster.Cluster
+	if replicas > 1 {
+		if etcd, err = etcdcluster.Start(ctx, 3); err != nil {
+			return err
+		}
+		defer etcd.Close()
 	}
-	mport, err := freePort()
-	if err != nil {
-		return err
+	servers := make([]*server, max(1, replicas))
+	for i := range servers {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		mport, err := freePort()
+		if err != nil {
+			return err
+		}
+		sv := &server{addr: "127.0.0.1:" + strconv.Itoa(port), mport: mport}
+		args := []string{"--insecure", "--api-calls-per-second", "0", "--listen", sv.addr,
+			"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(mport), "--log-level", "warn", "--min-sync-period", minSync.String()}
+		if etcd != nil {
+			args = append(args, "--etcd-endpoints", strings.Join(etcd.Endpoints(), ","), "--replica-name", fmt.Sprintf("replica%d", i))
+		} else {
+			args = append(args, "--data-dir", filepath.Join(dir, "data"))
+		}
+		sv.start = func() (*exec.Cmd, error) {
+			cmd := exec.Command(bin, args...)
+			cmd.Stderr = os.Stderr
+			return cmd, cmd.Start()
+		}
+		if sv.cmd, err = sv.start(); err != nil {
+			return err
+		}
+		defer func() { sv.cmd.Process.Kill(); sv.cmd.Wait() }()
+		servers[i] = sv
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	startServer := func() (*exec.Cmd, error) {
-		srv := exec.Command(bin, "--insecure", "--api-calls-per-second", "0", "--data-dir", filepath.Join(dir, "data"), "--listen", addr,
-			"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(mport), "--log-level", "warn", "--min-sync-period", minSync.String())
-		srv.Stderr = os.Stderr
-		return srv, srv.Start()
+	addr, mport, startServer := servers[0].addr, servers[0].mport, servers[0].start
+	srv := servers[0].cmd
+	memories := func() string {
+		var out []string
+		for i, sv := range servers {
+			if sv.cmd.ProcessState == nil {
+				out = append(out, fmt.Sprintf("replica %d: %s", i, memory(sv.cmd.Process.Pid)))
+			}
+		}
+		if len(servers) == 1 {
+			return memory(srv.Process.Pid)
+		}
+		return strings.Join(out, "; ")
 	}
-	srv, err := startServer()
-	if err != nil {
-		return err
-	}
-	defer func() { srv.Process.Kill(); srv.Wait() }()
 
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
 	reg := weirv1.NewRegistryServiceClient(conn)
-	for start := time.Now(); ; {
-		if _, err := reg.ListNodes(ctx, &weirv1.ListNodesRequest{}); err == nil {
-			break
+	var regs []weirv1.RegistryServiceClient
+	for _, sv := range servers {
+		c, err := grpc.NewClient(sv.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
 		}
-		if time.Since(start) > 10*time.Second {
-			return fmt.Errorf("server did not start")
+		defer c.Close()
+		r := weirv1.NewRegistryServiceClient(c)
+		for start := time.Now(); ; {
+			if _, err := r.ListNodes(ctx, &weirv1.ListNodesRequest{}); err == nil {
+				break
+			}
+			if time.Since(start) > 30*time.Second {
+				return fmt.Errorf("server %s did not start", sv.addr)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		time.Sleep(20 * time.Millisecond)
+		regs = append(regs, r)
 	}
 
 	// Load: 8 writers in parallel (the store serialises them anyway).
@@ -196,7 +262,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	for err := range errs {
 		return err
 	}
-	fmt.Printf("loaded %d services and %d endpoints through the API in %v (server %s)\n", nServices, nServices*10, time.Since(start).Round(time.Millisecond), memory(srv.Process.Pid))
+	fmt.Printf("loaded %d services and %d endpoints through the API in %v (%s)\n", nServices, nServices*10, time.Since(start).Round(time.Millisecond), memories())
 
 	for i := range nAgents {
 		if _, err := reg.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{Metadata: &weirv1.ObjectMeta{Name: fmt.Sprintf("node-%d", i)}}}); err != nil {
@@ -211,16 +277,22 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	var all []*agent
 	for i := range nAgents {
 		a := &agent{name: fmt.Sprintf("node-%d", i), received: map[uint64]time.Time{}, bytes: map[uint64]int{}, ready: make(chan struct{})}
-		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
 		go func() {
-			// run ends only with an error; the expected one is the end of the bench.
-			if err := a.run(agentsCtx, c); agentsCtx.Err() == nil && !strings.Contains(err.Error(), "closing") {
-				fmt.Fprintln(os.Stderr, a.name, err)
+			// Agent i is on replica i mod N; when its replica goes, on the
+			// next one.
+			for k := i; agentsCtx.Err() == nil; k++ {
+				c, err := grpc.NewClient(servers[k%len(servers)].addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+					grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
+				if err != nil {
+					fmt.Fprintln(os.Stderr, a.name, err)
+					return
+				}
+				err = a.run(agentsCtx, c)
+				c.Close()
+				if agentsCtx.Err() == nil && len(servers) == 1 {
+					fmt.Fprintln(os.Stderr, a.name, err)
+					return
+				}
 			}
 		}()
 		all = append(all, a)
@@ -232,7 +304,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 			return fmt.Errorf("%s got no full state", a.name)
 		}
 	}
-	fmt.Printf("%d agents connected and received their full state (%d KiB each) in %v (server %s)\n", nAgents, all[0].full.Load()>>10, time.Since(start).Round(time.Millisecond), memory(srv.Process.Pid))
+	fmt.Printf("%d agents connected and received their full state (%d KiB each) in %v (%s)\n", nAgents, all[0].full.Load()>>10, time.Since(start).Round(time.Millisecond), memories())
 
 	// Changes: one endpoint of one service at a time.
 	var lat []time.Duration
@@ -241,7 +313,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 		i := (c * 7919) % nServices
 		s := slice(i, c+1)
 		accepted := time.Now()
-		resp, err := reg.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: s})
+		resp, err := regs[c%len(regs)].UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: s})
 		if err != nil {
 			return err
 		}
@@ -273,10 +345,15 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	fmt.Printf("one endpoint change -> every agent has it (%d changes x %d agents, changes back to back, min-sync-period %v): p50 %v  p99 %v  max %v\n",
 		nChanges, nAgents, minSync, q(50), q(99), lat[len(lat)-1].Round(100*time.Microsecond))
 	fmt.Printf("bytes per agent per change: median %d (the whole state is %d)\n", perChange[len(perChange)/2], all[0].full.Load())
-	fmt.Printf("server %s\n", memory(srv.Process.Pid))
+	fmt.Printf("%s\n", memories())
+	if len(servers) > 1 {
+		return measureReplicaLoss(servers, all)
+	}
 	if *restartFlag {
 		stopAgents()
-		if srv, err = measureServerRestart(ctx, addr, nAgents, srv, startServer); err != nil {
+		srv, err = measureServerRestart(ctx, addr, nAgents, srv, startServer)
+		servers[0].cmd = srv // the restarted server is the one to stop at the end
+		if err != nil {
 			return err
 		}
 	}
@@ -287,6 +364,58 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 		if err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// server is one server process.
+type server struct {
+	addr  string
+	mport int
+	cmd   *exec.Cmd
+	start func() (*exec.Cmd, error)
+}
+
+// measureReplicaLoss kills replica 0 and times its agents' return on the
+// others: until each has its first message there, a delta from the
+// version it holds or a whole state.
+func measureReplicaLoss(servers []*server, all []*agent) error {
+	var gone []*agent
+	for i, a := range all {
+		if i%len(servers) == 0 {
+			gone = append(gone, a)
+		}
+	}
+	servers[0].cmd.Process.Kill()
+	killed := time.Now()
+	servers[0].cmd.Wait()
+	var lat []time.Duration
+	full := 0
+	deadline := time.Now().Add(2 * time.Minute)
+	for _, a := range gone {
+		for {
+			a.mu.Lock()
+			back, wasFull := a.back, a.backFull
+			a.mu.Unlock()
+			if !back.IsZero() {
+				lat = append(lat, back.Sub(killed))
+				if wasFull {
+					full++
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s not back 2 minutes after its replica was killed", a.name)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	slices.Sort(lat)
+	q := func(p int) time.Duration { return lat[min(len(lat)-1, len(lat)*p/100)].Round(100 * time.Microsecond) }
+	fmt.Printf("replica 0 killed: its %d agents on the others, first message there: p50 %v  p99 %v  max %v; %d of them sent a whole state, the rest resumed\n",
+		len(gone), q(50), q(99), lat[len(lat)-1].Round(100*time.Microsecond), full)
+	for i, sv := range servers[1:] {
+		fmt.Printf("replica %d: %s\n", i+1, memory(sv.cmd.Process.Pid))
 	}
 	return nil
 }
