@@ -115,14 +115,14 @@ func (m *Member) waitHealthy(ctx context.Context) error {
 
 func (m *Member) start(state string) error {
 	p, err := testproc.Start(m.dir, m.Name, m.bin, append([]string{
-		"--name="+m.Name,
-		"--data-dir="+filepath.Join(m.dir, m.Name),
-		"--listen-client-urls="+m.ClientURL,
-		"--advertise-client-urls="+m.ClientURL,
-		"--listen-peer-urls="+m.PeerURL,
-		"--initial-advertise-peer-urls="+m.PeerURL,
-		"--initial-cluster="+m.cluster,
-		"--initial-cluster-state="+state,
+		"--name=" + m.Name,
+		"--data-dir=" + filepath.Join(m.dir, m.Name),
+		"--listen-client-urls=" + m.ClientURL,
+		"--advertise-client-urls=" + m.ClientURL,
+		"--listen-peer-urls=" + m.PeerURL,
+		"--initial-advertise-peer-urls=" + m.PeerURL,
+		"--initial-cluster=" + m.cluster,
+		"--initial-cluster-state=" + state,
 		"--initial-cluster-token=weir-test",
 		// Fast elections: a lab on loopback, not a WAN.
 		"--heartbeat-interval=50",
