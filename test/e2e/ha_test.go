@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/weirlab"
 )
@@ -30,7 +33,8 @@ func assignedService(name string, i int) *weirv1.Service {
 // acknowledged write is lost, no address is assigned twice, another
 // replica leads within the lease, every agent is connected and up to date
 // again soon after, and connections through a node port and a VIP never
-// fail. Then an etcd member is killed, and writes go on.
+// fail. Then an etcd member is killed, and writes go on; then a second,
+// and writes fail while reads and forwarding go on, until they are back.
 func TestReplicasSurviveTheLeaderKilled(t *testing.T) {
 	c := startClusterOn(t, 3, func(c *weirlab.Cluster) { c.Replicas = 3 })
 	t.Cleanup(func() {
@@ -98,14 +102,14 @@ func TestReplicasSurviveTheLeaderKilled(t *testing.T) {
 	// Watch for both at once: a new leader, and every agent of the dead
 	// replica on another with everything written before the kill applied
 	// (it notices at once: the connection is reset).
-	status := weirv1.NewStatusServiceClient(c.Conn)
+	statusOf := weirv1.NewStatusServiceClient(c.Conn)
 	var newLeader, agentsBack time.Duration
 	for newLeader == 0 || agentsBack == 0 {
 		if l := c.Leader(); newLeader == 0 && l >= 0 && l != leader {
 			newLeader = time.Since(killed)
 		}
 		if agentsBack == 0 {
-			resp, err := status.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+			resp, err := statusOf.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
 			back := err == nil && len(resp.GetNodes()) == len(c.Nodes)
 			for _, n := range resp.GetNodes() {
 				back = back && n.GetConnected() && n.GetAppliedVersion() >= beforeRev && n.GetLastSeen().AsTime().After(killed)
@@ -177,6 +181,27 @@ func TestReplicasSurviveTheLeaderKilled(t *testing.T) {
 	// One etcd member down: the other two are a quorum.
 	c.Etcd[0].Kill()
 	createWithPods(t, c, assignedService("one-member-down", 998))
+
+	// Two of three down: no quorum. Writes fail clearly, reads answer
+	// with the last state, nodes keep forwarding (the loops below); with
+	// the members back, everything catches up without a restart.
+	c.Etcd[1].Kill()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	_, err = c.Registry.CreateService(wctx, &weirv1.CreateServiceRequest{Service: assignedService("no-quorum", 996)})
+	cancel()
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("a write without etcd's quorum: %v, want Unavailable", err)
+	}
+	if _, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"}); err != nil {
+		t.Errorf("a read without etcd's quorum: %v", err)
+	}
+	time.Sleep(3 * time.Second) // the replicas see they are not current; agents go round
+	for _, i := range []int{0, 1} {
+		if err := c.RestartEtcd(ctx, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	createWithPods(t, c, assignedService("quorum-back", 995))
 
 	for what, done := range map[string]func() (int64, int64){"the node port": nodePortLoop, "the VIP": vipLoop} {
 		if fails, all := done(); fails != 0 || all < 100 {
