@@ -269,16 +269,26 @@ func TestReplicaWithoutTheStoreSendsAgentsAway(t *testing.T) {
 	}
 	c.Members[0].Kill()
 	eventually(t, 10*time.Second, healthIs(healthpb.HealthCheckResponse_NOT_SERVING))
-	// Writes fail clearly; reads answer with the last state.
-	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
-	_, err := a.Registry.CreateAddressPool(wctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
-		Metadata: &weirv1.ObjectMeta{Name: "during"}, Addresses: []string{"198.18.1.0/28"}}})
-	wcancel()
-	if status.Code(err) != codes.Unavailable {
-		t.Errorf("a write with etcd gone: %v, want Unavailable", err)
-	}
+	// Writes fail clearly; reads answer with the last state at once,
+	// even while a write waits on the store.
+	wrote := make(chan error, 1)
+	go func() {
+		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+		defer wcancel()
+		_, err := a.Registry.CreateAddressPool(wctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+			Metadata: &weirv1.ObjectMeta{Name: "during"}, Addresses: []string{"198.18.1.0/28"}}})
+		wrote <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
 	if got := poolsOf(t, a); !strings.HasPrefix(got, "before@") || strings.Contains(got, "during") {
 		t.Errorf("pools read with etcd gone: %q, want the last state (before)", got)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("a read took %v while a write waited on the store, want at once", took)
+	}
+	if err := <-wrote; status.Code(err) != codes.Unavailable {
+		t.Errorf("a write with etcd gone: %v, want Unavailable", err)
 	}
 	if _, err := fresh.stream.Recv(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "replica not current") {
 		t.Fatalf("the agent's stream ended with %v, want Unavailable: replica not current", err)

@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"encoding/json"
 	"fmt"
 
 	"github.com/weirlb/weir/server/model"
@@ -39,21 +38,61 @@ type staged struct {
 // the objects before it in place, so two objects that conflict with each
 // other are refused too. Any refusal, or a failed commit, leaves the
 // registry as it was. With dryRun nothing is written.
-func (r *Registry) Apply(objs []model.Object, dryRun bool) (rev uint64, out []Applied, err error) {
-	err = r.write(func() error {
-		rev, out, err = r.applyLocked(objs, dryRun)
-		return err
+func (r *Registry) Apply(objs []model.Object, dryRun bool) (uint64, []Applied, error) {
+	var out []Applied
+	rev, err := r.write(func() (*pending, error) {
+		done, err := r.stageAll(objs)
+		if err != nil {
+			return nil, err
+		}
+		out = make([]Applied, len(done))
+		for i, s := range done {
+			out[i] = Applied{Object: s.obj, Created: s.old == nil}
+		}
+		// Out of memory again until the store holds them.
+		defer unstage(done)
+		if dryRun || len(done) == 0 {
+			return nil, nil
+		}
+		ops := make([]store.Op, len(done))
+		for i, s := range done {
+			b, err := r.encode(s.obj)
+			if err != nil {
+				return nil, &BatchError{Index: i, Err: err}
+			}
+			ops[i] = store.Op{Kind: s.kind, Key: s.key, Value: b}
+		}
+		return &pending{ops: ops, what: fmt.Sprintf("%d resources", len(ops)), publish: func(rev uint64, readBack bool) {
+			defer func() {
+				for _, a := range out {
+					a.Object.GetMeta().ResourceVersion = rev
+				}
+			}()
+			if readBack {
+				return
+			}
+			// The registry is as it was when they were checked (with the
+			// versions they were checked at): staging them again cannot
+			// fail.
+			again, err := r.stageAll(objs)
+			if err != nil {
+				panic(fmt.Sprintf("registry: a batch refused when published at revision %d: %v", rev, err))
+			}
+			ch := Change{Revision: rev}
+			for _, s := range again {
+				r.touched(s.obj, s.old, &ch)
+				s.notify()
+			}
+			r.notifyListeners(ch)
+		}}, nil
 	})
 	return rev, out, err
 }
 
-func (r *Registry) applyLocked(objs []model.Object, dryRun bool) (uint64, []Applied, error) {
+// stageAll stages every object in order, or none (BatchError names the
+// one refused). Called with mu held.
+func (r *Registry) stageAll(objs []model.Object) ([]staged, error) {
 	var done []staged
-	undo := func() {
-		for i := len(done) - 1; i >= 0; i-- {
-			done[i].undo()
-		}
-	}
 	for i, obj := range objs {
 		var s staged
 		var err error
@@ -74,49 +113,19 @@ func (r *Registry) applyLocked(objs []model.Object, dryRun bool) (uint64, []Appl
 			err = fmt.Errorf("%T is not a resource", obj)
 		}
 		if err != nil {
-			undo()
-			return 0, nil, &BatchError{Index: i, Err: err}
+			unstage(done)
+			return nil, &BatchError{Index: i, Err: err}
 		}
 		done = append(done, s)
 	}
-	out := make([]Applied, len(done))
-	for i, s := range done {
-		out[i] = Applied{Object: s.obj, Created: s.old == nil}
+	return done, nil
+}
+
+// unstage takes staged objects out again, last first.
+func unstage(done []staged) {
+	for i := len(done) - 1; i >= 0; i-- {
+		done[i].undo()
 	}
-	if dryRun || len(done) == 0 {
-		undo()
-		return r.rev, out, nil
-	}
-	guess := r.rev + 1 // as in commit
-	ops := make([]store.Op, len(done))
-	for i, s := range done {
-		m := s.obj.GetMeta()
-		asked := m.ResourceVersion
-		m.ResourceVersion = guess
-		b, err := json.Marshal(s.obj)
-		m.ResourceVersion = asked // a batch tried again is checked as asked
-		if err != nil {
-			undo()
-			return 0, nil, &BatchError{Index: i, Err: err}
-		}
-		ops[i] = store.Op{Kind: s.kind, Key: s.key, Value: b}
-	}
-	rev, err := r.commitOps(store.Guard{}, ops)
-	if err != nil {
-		undo()
-		return 0, nil, fmt.Errorf("persisting %d resources: %w", len(ops), err)
-	}
-	r.advance(rev)
-	ch := Change{Revision: rev}
-	for _, s := range done {
-		s.obj.GetMeta().ResourceVersion = rev
-		r.touched(s.obj, s.old, &ch)
-		s.notify()
-	}
-	for _, fn := range r.listeners {
-		fn(ch)
-	}
-	return rev, out, nil
 }
 
 // stage checks obj as Create or Update would and puts it in place in

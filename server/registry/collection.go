@@ -83,23 +83,24 @@ func (c *Collection[T]) Create(obj T) (T, error) { return c.create(obj, false) }
 func (c *Collection[T]) CheckCreate(obj T) (T, error) { return c.create(obj, true) }
 
 func (c *Collection[T]) create(obj T, dryRun bool) (T, error) {
-	return obj, c.r.write(func() error { return c.createLocked(obj, dryRun) })
+	_, err := c.r.write(func() (*pending, error) { return c.decideCreate(obj, dryRun) })
+	return obj, err
 }
 
-func (c *Collection[T]) createLocked(obj T, dryRun bool) error {
+func (c *Collection[T]) decideCreate(obj T, dryRun bool) (*pending, error) {
 	m := obj.GetMeta()
 	if m.Source == "" {
 		m.Source = model.SourceNative
 	}
 	if err := c.check(obj); err != nil {
-		return err
+		return nil, err
 	}
 	key := m.Key()
 	if old, ok := c.items[key]; ok {
 		if src := old.GetMeta().Source; src != m.Source {
-			return fmt.Errorf("%s %s exists, owned by the %s source: %w", c.kind, key, src, ErrAlreadyExists)
+			return nil, fmt.Errorf("%s %s exists, owned by the %s source: %w", c.kind, key, src, ErrAlreadyExists)
 		}
-		return fmt.Errorf("%s %s: %w", c.kind, key, ErrAlreadyExists)
+		return nil, fmt.Errorf("%s %s: %w", c.kind, key, ErrAlreadyExists)
 	}
 	// A source that knows when the resource was made (Kubernetes) says
 	// so; the native API cannot.
@@ -107,14 +108,12 @@ func (c *Collection[T]) createLocked(obj T, dryRun bool) error {
 		m.CreateTime = c.r.now().UTC()
 	}
 	if dryRun {
-		return nil
+		return nil, nil
 	}
-	if _, err := c.r.commit(store.Guard{}, c.kind, key, obj, nil); err != nil {
-		return err
-	}
-	c.items[key] = obj
-	c.notify(Added, obj)
-	return nil
+	return c.r.pendingWrite(store.Guard{}, c.kind, key, obj, nil, func() {
+		c.items[key] = obj
+		c.notify(Added, obj)
+	})
 }
 
 // Update replaces a resource. A non-zero ResourceVersion must match the
@@ -131,71 +130,61 @@ func (c *Collection[T]) UpdateGuarded(g store.Guard, obj T) (T, error) {
 func (c *Collection[T]) CheckUpdate(obj T) (T, error) { return c.update(store.Guard{}, obj, true) }
 
 func (c *Collection[T]) update(g store.Guard, obj T, dryRun bool) (T, error) {
-	return obj, c.r.write(func() error { return c.updateLocked(g, obj, dryRun) })
+	_, err := c.r.write(func() (*pending, error) { return c.decideUpdate(g, obj, dryRun) })
+	return obj, err
 }
 
-func (c *Collection[T]) updateLocked(g store.Guard, obj T, dryRun bool) error {
+func (c *Collection[T]) decideUpdate(g store.Guard, obj T, dryRun bool) (*pending, error) {
 	m := obj.GetMeta()
 	key := m.Key()
 	old, ok := c.items[key]
 	if !ok {
-		return fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
+		return nil, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
 	}
 	om := old.GetMeta()
 	if m.ResourceVersion != 0 && m.ResourceVersion != om.ResourceVersion {
-		return fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, om.ResourceVersion, m.ResourceVersion, ErrConflict)
+		return nil, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, om.ResourceVersion, m.ResourceVersion, ErrConflict)
 	}
 	if m.Source == "" {
 		m.Source = om.Source
 	}
 	if m.Source != om.Source {
-		return fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
+		return nil, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
 	}
 	if err := c.check(obj); err != nil {
-		return err
+		return nil, err
 	}
 	m.CreateTime = om.CreateTime
 	if dryRun {
 		m.ResourceVersion = om.ResourceVersion
-		return nil
+		return nil, nil
 	}
-	if _, err := c.r.commit(g, c.kind, key, obj, old); err != nil {
-		return err
-	}
-	c.items[key] = obj
-	c.notify(Modified, obj)
-	return nil
+	return c.r.pendingWrite(g, c.kind, key, obj, old, func() {
+		c.items[key] = obj
+		c.notify(Modified, obj)
+	})
 }
 
 // Delete removes a resource that source owns (any source when empty) and
 // returns the revision of the deletion. A non-zero resourceVersion must
 // match.
-func (c *Collection[T]) Delete(key string, resourceVersion uint64, source string) (rev uint64, err error) {
-	err = c.r.write(func() error {
-		rev, err = c.deleteLocked(key, resourceVersion, source)
-		return err
+func (c *Collection[T]) Delete(key string, resourceVersion uint64, source string) (uint64, error) {
+	return c.r.write(func() (*pending, error) {
+		old, ok := c.items[key]
+		if !ok {
+			return nil, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
+		}
+		if src := old.GetMeta().Source; source != "" && src != source {
+			return nil, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, src, ErrInUse)
+		}
+		if rv := old.GetMeta().ResourceVersion; resourceVersion != 0 && resourceVersion != rv {
+			return nil, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, rv, resourceVersion, ErrConflict)
+		}
+		return c.r.pendingWrite(store.Guard{}, c.kind, key, nil, old, func() {
+			delete(c.items, key)
+			c.notify(Deleted, old)
+		})
 	})
-	return rev, err
-}
-
-func (c *Collection[T]) deleteLocked(key string, resourceVersion uint64, source string) (uint64, error) {
-	old, ok := c.items[key]
-	if !ok {
-		return 0, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
-	}
-	if src := old.GetMeta().Source; source != "" && src != source {
-		return 0, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, src, ErrInUse)
-	}
-	if rv := old.GetMeta().ResourceVersion; resourceVersion != 0 && resourceVersion != rv {
-		return 0, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, rv, resourceVersion, ErrConflict)
-	}
-	rev, err := c.r.commit(store.Guard{}, c.kind, key, nil, old)
-	if err != nil {
-		return 0, err
-	}
-	delete(c.items, key)
-	c.notify(Deleted, old)
-	return rev, nil
 }
 
 // Get returns one resource.

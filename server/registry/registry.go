@@ -55,6 +55,11 @@ type Registry struct {
 	// back from the store.
 	kinds map[string]storedKind
 
+	// writeMu lets one write of this replica through at a time, from its
+	// decision to its publication; mu is not held while the store
+	// commits, so reads, streams and the store's read-back go on then.
+	writeMu sync.Mutex
+
 	mu  sync.RWMutex // guards everything below, and the collections' items
 	rev uint64
 	// advanced is closed, and replaced, whenever rev moves.
@@ -146,35 +151,32 @@ func (r *Registry) SetServiceRules(rules ServiceRules) {
 // and returns the node and the revision that holds the change (the current
 // one when the node was already so).
 func (r *Registry) SetDrained(node string, drained bool) (n *model.Node, rev uint64, err error) {
-	err = r.write(func() error {
-		n, rev, err = r.setDrainedLocked(node, drained)
-		return err
-	})
-	return n, rev, err
-}
-
-func (r *Registry) setDrainedLocked(node string, drained bool) (*model.Node, uint64, error) {
-	n, ok := r.Nodes.items[node]
-	if !ok {
-		return nil, 0, fmt.Errorf("nodes %s: %w", node, ErrNotFound)
-	}
-	if r.drained[node] != drained {
+	rev, err = r.write(func() (*pending, error) {
+		var ok bool
+		if n, ok = r.Nodes.items[node]; !ok {
+			return nil, fmt.Errorf("nodes %s: %w", node, ErrNotFound)
+		}
+		if r.drained[node] == drained {
+			return nil, nil
+		}
 		op := store.Op{Kind: drainsKind, Key: node}
 		if drained {
 			op.Value = []byte{1}
 		}
-		rev, err := r.store.Commit(r.rev, op)
-		if err != nil {
-			return nil, 0, fmt.Errorf("persisting the drain of %s: %w", node, err)
-		}
-		r.advance(rev)
-		ch := Change{Revision: rev}
-		r.putDrain(op, &ch)
-		for _, fn := range r.listeners {
-			fn(ch)
-		}
+		return &pending{ops: []store.Op{op}, what: "the drain of " + node, publish: func(rev uint64, readBack bool) {
+			if !readBack {
+				ch := Change{Revision: rev}
+				r.putDrain(op, &ch)
+				r.notifyListeners(ch)
+			}
+		}}, nil
+	})
+	if err != nil {
+		return nil, 0, err
 	}
-	return r.withDrain(n), r.rev, nil
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.withDrain(n), rev, nil
 }
 
 // putDrain puts a drain write in place. Called with mu held.
@@ -311,51 +313,74 @@ func (r *Registry) checkPoolOverlap(p *model.AddressPool) error {
 	return nil
 }
 
-// commit persists one resource write and publishes it. Called with mu held.
-func (r *Registry) commit(g store.Guard, kind, key string, obj model.Object, old model.Object) (uint64, error) {
+// pending is a write decided against the registry and not yet in the
+// store.
+type pending struct {
+	guard store.Guard
+	ops   []store.Op
+	what  string // for errors: "services default/web"
+	// publish puts the write in place once the store holds it at rev;
+	// readBack says the registry has read it back from the store already
+	// (a replica's Follow can be first), and then only the versions of
+	// the caller's objects are set. Called with mu held.
+	publish func(rev uint64, readBack bool)
+}
+
+// pendingWrite is one resource write: put puts obj in place of old (either
+// may be nil) in its collection, and tells the collection's watchers.
+// Called with mu held.
+func (r *Registry) pendingWrite(g store.Guard, kind, key string, obj, old model.Object, put func()) (*pending, error) {
 	op := store.Op{Kind: kind, Key: key}
 	if obj != nil {
-		m := obj.GetMeta()
-		asked := m.ResourceVersion
-		// The revision the write will have in a store only this server
-		// writes; a shared store says which it was.
-		m.ResourceVersion = r.rev + 1
-		b, err := json.Marshal(obj)
-		// A write tried again (write) is checked against the version
-		// its caller asked for.
-		m.ResourceVersion = asked
-		if err != nil {
-			return 0, err
+		var err error
+		if op.Value, err = r.encode(obj); err != nil {
+			return nil, err
 		}
-		op.Value = b
 	}
-	rev, err := r.commitOps(g, []store.Op{op})
-	if err != nil {
-		return 0, fmt.Errorf("persisting %s %s: %w", kind, key, err)
-	}
-	r.advance(rev)
-	if obj != nil {
-		obj.GetMeta().ResourceVersion = rev
-	}
-	ch := Change{Revision: rev}
-	r.reindex(obj, old)
-	r.touched(obj, old, &ch)
+	return &pending{guard: g, ops: []store.Op{op}, what: kind + " " + key, publish: func(rev uint64, readBack bool) {
+		if obj != nil {
+			obj.GetMeta().ResourceVersion = rev
+		}
+		if readBack {
+			return
+		}
+		put()
+		ch := Change{Revision: rev}
+		r.reindex(obj, old)
+		r.touched(obj, old, &ch)
+		r.notifyListeners(ch)
+	}}, nil
+}
+
+// encode is obj as stored, with the revision the write will have in a
+// store only this server writes (a shared store says which it was: see
+// Collection.decode); obj keeps the version its caller asked for, which a
+// write tried again is checked against. Called with mu held.
+func (r *Registry) encode(obj model.Object) ([]byte, error) {
+	m := obj.GetMeta()
+	asked := m.ResourceVersion
+	m.ResourceVersion = r.rev + 1
+	b, err := json.Marshal(obj)
+	m.ResourceVersion = asked
+	return b, err
+}
+
+func (r *Registry) notifyListeners(ch Change) {
 	for _, fn := range r.listeners {
 		fn(ch)
 	}
-	return rev, nil
 }
 
-// commitOps writes ops based on the registry's revision, guarded by g
+// commitOps writes ops based on revision base, guarded by g
 // where the store shares leaderships (etcd); with a store only this
 // server writes, this server holds every leadership.
-func (r *Registry) commitOps(g store.Guard, ops []store.Op) (uint64, error) {
+func (r *Registry) commitOps(g store.Guard, base uint64, ops []store.Op) (uint64, error) {
 	if gs, ok := r.store.(interface {
 		CommitGuarded(store.Guard, uint64, ...store.Op) (uint64, error)
 	}); ok && g.Key != "" {
-		return gs.CommitGuarded(g, r.rev, ops...)
+		return gs.CommitGuarded(g, base, ops...)
 	}
-	return r.store.Commit(r.rev, ops...)
+	return r.store.Commit(base, ops...)
 }
 
 // advance takes the revision of a write just committed or read back.
@@ -374,22 +399,43 @@ func (r *Registry) advance(rev uint64) {
 // the writes another replica made first.
 var CatchUpTimeout = 5 * time.Second
 
-// write runs fn with the lock held. When another replica wrote first (the
-// store refused the commit as stale), it waits to read that write back and
-// runs fn again, so every check is made against the state the write will
-// follow.
-func (r *Registry) write(fn func() error) error {
+// write makes one write of this replica: decide, under mu, checks the
+// request against the registry and says what to store (nil: nothing);
+// the store then commits it, without mu; and the write is published under
+// mu. When another replica wrote first (the store refused the commit as
+// stale), it waits to read that write back and decides again, so every
+// check is made against the state the write follows. It returns the
+// write's revision (the registry's, when there was nothing to write).
+func (r *Registry) write(decide func() (*pending, error)) (uint64, error) {
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
 	for {
 		r.mu.Lock()
-		err := fn()
+		p, err := decide()
+		base := r.rev
 		r.mu.Unlock()
+		if err != nil || p == nil {
+			return base, err
+		}
+		rev, err := r.commitOps(p.guard, base, p.ops)
 		var stale *store.StaleError
-		if !errors.As(err, &stale) {
-			return err
+		if errors.As(err, &stale) {
+			if err := r.waitFor(stale.Revision, CatchUpTimeout); err != nil {
+				return 0, err
+			}
+			continue
 		}
-		if err := r.waitFor(stale.Revision, CatchUpTimeout); err != nil {
-			return err
+		if err != nil {
+			return 0, fmt.Errorf("persisting %s: %w", p.what, err)
 		}
+		r.mu.Lock()
+		readBack := r.rev >= rev
+		if !readBack {
+			r.advance(rev)
+		}
+		p.publish(rev, readBack)
+		r.mu.Unlock()
+		return rev, nil
 	}
 }
 
@@ -459,9 +505,7 @@ func (r *Registry) putStored(rev uint64, ops []store.Op) error {
 		r.putStoredOp(rev, op, &ch)
 	}
 	r.advance(rev)
-	for _, fn := range r.listeners {
-		fn(ch)
-	}
+	r.notifyListeners(ch)
 	return nil
 }
 
