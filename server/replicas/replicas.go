@@ -121,39 +121,55 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 // watchCurrency checks, twice a second, that the replica reaches the store
-// and holds its last write. When it has not for StaleAfter, the replica is
-// not current: its health says so and its agents are sent to another
-// replica. When it is again, both come back.
+// and keeps up with it: a replica that holds a head it read at time T had
+// every write made before T. When that T is StaleAfter old (the store is
+// out of reach, or the replica has fallen behind), the replica is not
+// current: its health says so and its agents are sent to another
+// replica. When it is again, both come back. A store below what the
+// replica holds went back (a restore): the server stops.
 func watchCurrency(ctx context.Context, cfg Config) {
 	tick := time.NewTicker(StaleCheckPeriod)
 	defer tick.Stop()
+	type seen struct {
+		rev uint64
+		at  time.Time // the head was read after this
+	}
+	var heads []seen // read, not yet held
 	lastGood, current := time.Now(), true
+	reason := ""
 	for {
 		// held first: a write between the two reads then only makes the
-		// store look ahead (for a moment), never behind.
+		// store look ahead, never behind.
 		held := cfg.Registry.Revision()
+		at := time.Now()
 		head, err := cfg.Store.Head(ctx)
-		reason := ""
 		switch {
 		case err != nil:
 			reason = "cannot reach the store: " + err.Error()
 		case head < held:
 			cfg.WentBack(fmt.Errorf("the store is at revision %d, below the %d this replica holds: restored from a snapshot? restart to load it", head, held))
 			return
-		case held < head:
-			reason = "behind the store"
 		default:
-			lastGood = time.Now()
+			heads = append(heads, seen{head, at})
 		}
+		held = cfg.Registry.Revision()
+		for len(heads) > 0 && heads[0].rev <= held {
+			lastGood = heads[0].at
+			heads = heads[1:]
+		}
+		if len(heads) > 0 {
+			reason = fmt.Sprintf("behind the store: holds revision %d, the store was at %d %v ago", held, heads[0].rev, time.Since(heads[0].at).Round(time.Millisecond))
+		}
+		fresh := time.Since(lastGood) < cfg.StaleAfter
 		switch {
-		case reason == "" && !current:
+		case fresh && !current:
 			current = true
 			cfg.Log.Info("the replica is current again", "revision", held)
 			cfg.Hub.SetNotCurrent("")
 			cfg.Serving(true)
-		case reason != "" && current && time.Since(lastGood) >= cfg.StaleAfter:
+		case !fresh && current:
 			current = false
-			cfg.Log.Warn("the replica is not current: agents are sent to another", "reason", reason, "revision", held, "store", head)
+			cfg.Log.Warn("the replica is not current: agents are sent to another", "reason", reason)
 			cfg.Hub.SetNotCurrent(reason)
 			cfg.Serving(false)
 		}
