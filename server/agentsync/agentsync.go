@@ -678,8 +678,18 @@ func (h *Hub) deltaLocked(node string, keys []string, nodeDirty bool, sent *sent
 		}
 	}
 	if keys == nil {
-		keys = slices.Collect(maps.Keys(h.services))
-		keys = slices.AppendSeq(keys, maps.Keys(h.removed))
+		// Every key: only those changed since from are sorted (a resume
+		// after a short absence sorts a few, not the whole state).
+		for k, c := range h.services {
+			if c.modified > from {
+				keys = append(keys, k)
+			}
+		}
+		for k, v := range h.removed {
+			if v > from {
+				keys = append(keys, k)
+			}
+		}
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
