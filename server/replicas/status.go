@@ -22,12 +22,16 @@ func statusPrefix(cfg Config) string { return cfg.Store.Prefix() + "/agents/" }
 // PublishPeriod bounds how often a replica publishes what changed.
 var PublishPeriod = 200 * time.Millisecond
 
+// statusBatch is how many nodes' status one transaction publishes (etcd
+// takes 128 operations in one by default).
+const statusBatch = 100
+
 func publishStatus(ctx context.Context, cfg Config, sess *concurrency.Session) {
 	cli := cfg.Store.Client()
 	done := map[string]string{}
 	for {
 		changed := cfg.Hub.StatusChanged()
-		now := map[string]string{}
+		now, failed := map[string]string{}, false
 		for _, st := range cfg.Hub.LocalStatus() {
 			b, err := json.Marshal(published{Replica: cfg.Name, Status: st})
 			if err != nil {
@@ -35,15 +39,33 @@ func publishStatus(ctx context.Context, cfg Config, sess *concurrency.Session) {
 			}
 			now[st.Node] = string(b)
 		}
-		for node, v := range now {
-			if done[node] == v {
-				continue
+		// What changed goes in transactions of statusBatch: one etcd
+		// proposal (and fsync) each, not one a node.
+		var nodes []string
+		var puts []clientv3.Op
+		flush := func() {
+			if len(puts) == 0 || failed {
+				return
 			}
-			if _, err := cli.Put(ctx, statusPrefix(cfg)+node, v, clientv3.WithLease(sess.Lease())); err != nil {
-				break // the next round tries again
+			if _, err := cli.Txn(ctx).Then(puts...).Commit(); err != nil {
+				failed = true
+				return
 			}
-			done[node] = v
+			for _, node := range nodes {
+				done[node] = now[node]
+			}
+			nodes, puts = nodes[:0], puts[:0]
 		}
+		for node, v := range now {
+			if done[node] != v {
+				nodes = append(nodes, node)
+				puts = append(puts, clientv3.OpPut(statusPrefix(cfg)+node, v, clientv3.WithLease(sess.Lease())))
+				if len(puts) == statusBatch {
+					flush()
+				}
+			}
+		}
+		flush()
 		for node := range maps.Clone(done) {
 			if _, ok := now[node]; ok {
 				continue
@@ -53,12 +75,21 @@ func publishStatus(ctx context.Context, cfg Config, sess *concurrency.Session) {
 			key := statusPrefix(cfg) + node
 			if _, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(key), "=", sess.Lease())).Then(clientv3.OpDelete(key)).Commit(); err == nil {
 				delete(done, node)
+			} else {
+				failed = true
 			}
 		}
-		select {
-		case <-ctx.Done():
+		if failed {
+			// etcd away: try again in a second, changed or not.
+			sleep(ctx, time.Second)
+		} else {
+			select {
+			case <-ctx.Done():
+			case <-changed:
+			}
+		}
+		if ctx.Err() != nil {
 			return
-		case <-changed:
 		}
 		sleep(ctx, PublishPeriod)
 	}
