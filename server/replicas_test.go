@@ -6,8 +6,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -25,20 +23,6 @@ import (
 	"github.com/weirlb/weir/server/store/etcdstore"
 	"github.com/weirlb/weir/test/etcdcluster"
 )
-
-// startEtcd runs a real etcd cluster of n members for the test.
-func startEtcd(t *testing.T, n int) *etcdcluster.Cluster {
-	t.Helper()
-	if _, err := exec.LookPath("etcd"); err != nil && os.Geteuid() != 0 {
-		t.Skip("needs etcd (apt-get install etcd-server) or root to install it")
-	}
-	c, err := etcdcluster.Start(context.Background(), n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
 
 // startReplica runs one replica of the server on the etcd cluster.
 func startReplica(t *testing.T, c *etcdcluster.Cluster, name string) *servertest.Server {
@@ -81,7 +65,7 @@ func poolsOf(t *testing.T, ts *servertest.Server) string {
 // replica took it, and both replicas then hold the same pools at the same
 // versions.
 func TestReplicasDecideConflictingWritesOnce(t *testing.T) {
-	c := startEtcd(t, 1)
+	c := etcdcluster.StartForTest(t, 1, nil)
 	a, b := startReplica(t, c, "a"), startReplica(t, c, "b")
 	ctx := context.Background()
 	const pairs = 20
@@ -118,7 +102,7 @@ func TestReplicasDecideConflictingWritesOnce(t *testing.T) {
 // through both replicas get addresses from one pool, no address twice.
 // When the leader stops, another replica takes over assignment.
 func TestReplicasAssignEachAddressOnce(t *testing.T) {
-	c := startEtcd(t, 1)
+	c := etcdcluster.StartForTest(t, 1, nil)
 	replicas := []*servertest.Server{startReplica(t, c, "a"), startReplica(t, c, "b"), startReplica(t, c, "c")}
 	ctx := context.Background()
 	if _, err := replicas[0].Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
@@ -186,7 +170,7 @@ func TestReplicasAssignEachAddressOnce(t *testing.T) {
 // replica shows as connected, with what it applied, in every replica's
 // status; when it leaves, it shows as gone there too.
 func TestAgentStatusIsSeenFromEveryReplica(t *testing.T) {
-	c := startEtcd(t, 1)
+	c := etcdcluster.StartForTest(t, 1, nil)
 	a, b := startReplica(t, c, "a"), startReplica(t, c, "b")
 	ctx, cancel := context.WithCancel(context.Background())
 	agent := helloAgent(t, ctx, a, &weirv1.Hello{NodeName: "n1"})
@@ -246,7 +230,7 @@ func TestAgentStatusIsSeenFromEveryReplica(t *testing.T) {
 // that asks for a stale state is still served the last one. When etcd
 // returns, the replica serves again without a restart.
 func TestReplicaWithoutTheStoreSendsAgentsAway(t *testing.T) {
-	c := startEtcd(t, 1)
+	c := etcdcluster.StartForTest(t, 1, nil)
 	a := startReplica(t, c, "a")
 	ctx := context.Background()
 	fresh := helloAgent(t, ctx, a, &weirv1.Hello{NodeName: "n1"})
@@ -391,7 +375,7 @@ func leaderName(t *testing.T, c *etcdcluster.Cluster, prefix string) string {
 // assigns addresses from then on. (A replica's return to a reachable
 // store is TestReplicaWithoutTheStoreSendsAgentsAway's.)
 func TestReplicaCutOffFromEtcdStepsAside(t *testing.T) {
-	c := startEtcd(t, 1)
+	c := etcdcluster.StartForTest(t, 1, nil)
 	proxy := newCuttableProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
 	prefix := "/" + t.Name()
 	start := func(name string, endpoint string) *servertest.Server {

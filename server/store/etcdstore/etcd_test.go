@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,21 +15,6 @@ import (
 
 	"github.com/weirlb/weir/test/etcdcluster"
 )
-
-// startEtcd runs a one-member etcd for the test (Debian's etcd-server,
-// installed when missing and root).
-func startEtcd(t *testing.T) *etcdcluster.Cluster {
-	t.Helper()
-	if _, err := exec.LookPath("etcd"); err != nil && os.Geteuid() != 0 {
-		t.Skip("needs etcd (apt-get install etcd-server) or root to install it")
-	}
-	c, err := etcdcluster.Start(context.Background(), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
 
 func openEtcd(t *testing.T, c *etcdcluster.Cluster) *Etcd {
 	t.Helper()
@@ -48,7 +31,7 @@ func openEtcd(t *testing.T, c *etcdcluster.Cluster) *Etcd {
 // last one; each reads the other's writes back, in order, with etcd's
 // revisions; both name the same history.
 func TestEtcdWritesFollowTheLastWrite(t *testing.T) {
-	c := startEtcd(t)
+	c := etcdcluster.StartForTest(t, 1, nil)
 	a, b := openEtcd(t, c), openEtcd(t, c)
 	if a.HistoryAt(1) != b.HistoryAt(1) || a.HistoryAt(1) == "" {
 		t.Fatalf("histories %q and %q: want one, not empty", a.HistoryAt(1), b.HistoryAt(1))
@@ -121,7 +104,7 @@ func TestEtcdWritesFollowTheLastWrite(t *testing.T) {
 // election key goes through while the key is the one the leader made, and
 // is refused once it is gone or made again by another.
 func TestEtcdGuardedWritesEndWithTheLeadership(t *testing.T) {
-	c := startEtcd(t)
+	c := etcdcluster.StartForTest(t, 1, nil)
 	e := openEtcd(t, c)
 	cli := e.Client()
 	ctx := context.Background()
@@ -149,7 +132,7 @@ func TestEtcdGuardedWritesEndWithTheLeadership(t *testing.T) {
 // TestEtcdWatchSaysWhenHistoryIsGone: a watch from a compacted revision
 // ends with store.ErrCompacted (the registry then loads again).
 func TestEtcdWatchSaysWhenHistoryIsGone(t *testing.T) {
-	c := startEtcd(t)
+	c := etcdcluster.StartForTest(t, 1, nil)
 	e := openEtcd(t, c)
 	var rev uint64
 	for i := range 3 {
@@ -173,14 +156,7 @@ func TestEtcdWatchSaysWhenHistoryIsGone(t *testing.T) {
 // leader is killed gets no answer from the member that forwarded it; the
 // store finds out whether it was made and answers for it: made, once.
 func TestEtcdCommitSurvivesTheLeaderKilled(t *testing.T) {
-	if _, err := exec.LookPath("etcd"); err != nil && os.Geteuid() != 0 {
-		t.Skip("needs etcd (apt-get install etcd-server) or root to install it")
-	}
-	c, err := etcdcluster.Start(context.Background(), 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := etcdcluster.StartForTest(t, 3, nil)
 	e := openEtcd(t, c)
 	rev, err := e.Commit(0, store.Op{Kind: "nodes", Key: "n0", Value: []byte("0")})
 	if err != nil {
@@ -222,7 +198,7 @@ func TestEtcdCommitSurvivesTheLeaderKilled(t *testing.T) {
 // more than one transaction's worth, is in etcd after a migration, and a
 // second migration into the same prefix is refused.
 func TestMigrateCopiesAnEmbeddedStore(t *testing.T) {
-	c := startEtcd(t)
+	c := etcdcluster.StartForTest(t, 1, nil)
 	bolt, err := store.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -262,9 +238,6 @@ func TestMigrateCopiesAnEmbeddedStore(t *testing.T) {
 // --etcd-cert-file and --etcd-key-file's files and works; without a
 // client certificate it is refused at Open, with the endpoints named.
 func TestEtcdOverTLS(t *testing.T) {
-	if _, err := exec.LookPath("etcd"); err != nil && os.Geteuid() != 0 {
-		t.Skip("needs etcd (apt-get install etcd-server) or root to install it")
-	}
 	dir := t.TempDir()
 	if err := certs.InitCA(dir); err != nil {
 		t.Fatal(err)
@@ -275,12 +248,8 @@ func TestEtcdOverTLS(t *testing.T) {
 	if err := certs.IssueClient(dir, "weir-server", certs.RoleAdmin); err != nil {
 		t.Fatal(err)
 	}
-	c, err := etcdcluster.StartTLS(context.Background(), 1, &etcdcluster.TLS{
+	c := etcdcluster.StartForTest(t, 1, &etcdcluster.TLS{
 		CAFile: filepath.Join(dir, "ca.crt"), CertFile: filepath.Join(dir, "server.crt"), KeyFile: filepath.Join(dir, "server.key")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	tlsCfg, err := tlsconfig.Client(tlsconfig.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "weir-server.crt"), Key: filepath.Join(dir, "weir-server.key")})
 	if err != nil {
 		t.Fatal(err)
