@@ -138,6 +138,11 @@ type Service struct {
 	HealthCheckNodePort      uint16
 	LoadBalancerSourceRanges []netip.Prefix
 	PreferClose              bool
+	// Announcers are, for each load-balancer IP whose pool limits how
+	// many nodes announce it, the nodes chosen to; nodes not among them
+	// do not announce it. An address not here may be announced by any
+	// node. Forwarding does not depend on it.
+	Announcers map[netip.Addr][]string
 }
 
 // ServicePort is one port of a service with the endpoints behind it.

@@ -255,6 +255,16 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 		fmt.Fprintf(&b, "  Not receiving on %s\n", w)
 	}
 	fmt.Fprintf(&b, "\nReceiving external traffic: %s\n", orNone(strings.Join(report.GetStatus().GetReceivingNodes(), ", ")))
+	if chosen := svc.GetStatus().GetAnnouncers(); len(chosen) > 0 {
+		// Only where a pool limits its announcing nodes: the nodes
+		// chosen for each address, which alone announce it.
+		var rows [][]string
+		for _, c := range chosen {
+			rows = append(rows, []string{c.GetAddress(), strconv.Itoa(len(c.GetNodes())), orNone(strings.Join(c.GetNodes(), ", "))})
+		}
+		b.WriteString("\n")
+		section(&b, "Announcing nodes (the pool's limit)", []string{"ADDRESS", "COUNT", "NODES"}, rows)
+	}
 	if len(families) > 0 {
 		// Only where nodes run BGP speakers: each family of the
 		// load-balancer IPs separately, as a router hears it.

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -1477,5 +1478,62 @@ func TestVersionAsJSON(t *testing.T) {
 	out := e.mustLbctl("", "version", "-o", "json")
 	if err := json.Unmarshal([]byte(out), &doc); err != nil || doc.Client.Version != "dev" || doc.Server.Health != "SERVING" || doc.Server.Info.StateVersion == "" {
 		t.Errorf("version -o json: %+v (%v)\n%s", doc, err, out)
+	}
+}
+
+// TestDescribeServiceShowsItsAnnouncers: a pool that limits its announcing
+// nodes to two of three: describe and get show the two chosen for the
+// service's address; draining one of them brings in the third and keeps
+// the other (the choice moves only what the drained node held).
+func TestDescribeServiceShowsItsAnnouncers(t *testing.T) {
+	e := newEnv(t)
+	e.mustLbctl(`kind: AddressPool
+metadata: {name: public}
+addresses: [203.0.113.0/28]
+bgp_advertisement: {max_announcing_nodes: 2}
+---
+kind: Node
+metadata: {name: node1}
+addresses: [192.0.2.11]
+---
+kind: Node
+metadata: {name: node2}
+addresses: [192.0.2.12]
+---
+kind: Node
+metadata: {name: node3}
+addresses: [192.0.2.13]
+---
+kind: Service
+metadata: {name: web}
+spec:
+  type: SERVICE_TYPE_LOAD_BALANCER
+  cluster_ips: [10.96.0.30]
+  ports: [{name: http, port: 80, node_port: 30081}]
+status: {load_balancer_ips: [203.0.113.5]}
+`, "apply", "-f", "-")
+	chosen := func() []string {
+		t.Helper()
+		out := e.mustLbctl("", "describe", "service", "default/web")
+		_, section, ok := strings.Cut(out, "Announcing nodes (the pool's limit):\n")
+		if !ok {
+			t.Fatalf("describe service: no announcing nodes\n%s", out)
+		}
+		// "  ADDRESS       COUNT   NODES" then one row.
+		rows := strings.Split(section, "\n")
+		f := strings.Fields(rows[1])
+		if len(f) < 3 || f[0] != "203.0.113.5" || f[1] != "2" {
+			t.Fatalf("describe service: want two nodes for 203.0.113.5\n%s", section)
+		}
+		return strings.Split(strings.Join(f[2:], ""), ",")
+	}
+	before := chosen()
+	if y := e.mustLbctl("", "get", "service", "web", "-o", "yaml"); !strings.Contains(y, "announcers:") || !strings.Contains(y, "- "+before[0]) {
+		t.Errorf("get -o yaml: want status.announcers with %v\n%s", before, y)
+	}
+	e.mustLbctl("", "node", "drain", before[0])
+	after := chosen()
+	if slices.Contains(after, before[0]) || !slices.Contains(after, before[1]) {
+		t.Errorf("after draining %s: announcers %v, want %s kept and the third node in", before[0], after, before[1])
 	}
 }

@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -148,5 +150,93 @@ func TestLoadBalancerTargetsFollowTheAgentsReports(t *testing.T) {
 	sp := st.GetStatus().GetSpeakers()
 	if len(sp) != 1 || sp[0].GetSpeaker() != "lb1" || len(sp[0].GetPaths()) != 1 || sp[0].GetPaths()[0].GetReason() != "ProbeFailing" {
 		t.Errorf("service status speakers: %v, want lb1's path with reason ProbeFailing", sp)
+	}
+}
+
+// The load-balancer tier keeps a pool's limit on announcing nodes too: a
+// Cluster service's address gets two of three healthy nodes as targets,
+// and when one of them turns unhealthy the third takes its place while
+// the other stays.
+func TestLoadBalancerTargetsKeepThePoolsLimit(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := ts.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.0/28"},
+		BgpAdvertisement: &weirv1.BgpAdvertisement{MaxAnnouncingNodes: 2},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	svc := validService()
+	svc.Spec.Type, svc.Spec.LoadBalancerIps = weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER, []string{"203.0.113.5"}
+	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+		t.Fatal(err)
+	}
+	agents := map[string]*agentStream{}
+	var sendMu sync.Mutex
+	for i, name := range []string{"node1", "node2", "node3"} {
+		if _, err := ts.Registry.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{
+			Metadata: &weirv1.ObjectMeta{Name: name}, Addresses: []string{fmt.Sprintf("192.0.2.%d", 11+i)},
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		a := connectAgent(t, ctx, ts, name, 0)
+		agents[name] = a
+		go func() {
+			for {
+				msg, err := a.stream.Recv()
+				if err != nil {
+					return
+				}
+				sendMu.Lock()
+				a.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
+				sendMu.Unlock()
+			}
+		}()
+	}
+	health := func(node string, code int32) {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		if err := agents[node].stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: &weirv1.Report{
+			Full: true, NodeHealth: &weirv1.NodeHealth{HealthzCode: code, LivezCode: code, NodeEligible: true},
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []string{"node1", "node2", "node3"} {
+		health(n, 200)
+	}
+	watch, err := weirv1.NewLoadBalancerTierServiceClient(ts.Conn).WatchTargets(ctx, &weirv1.WatchTargetsRequest{Speaker: "lb1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// targets reads until the address has two targets not including skip.
+	targets := func(skip string) []string {
+		t.Helper()
+		for {
+			resp, err := watch.Recv()
+			if err != nil {
+				t.Fatalf("waiting for two targets without %q: %v", skip, err)
+			}
+			if len(resp.GetVips()) != 1 {
+				continue
+			}
+			var nodes []string
+			for _, tg := range resp.GetVips()[0].GetTargets() {
+				nodes = append(nodes, tg.GetNode())
+			}
+			if len(nodes) == 2 && !slices.Contains(nodes, skip) {
+				return nodes
+			}
+			if len(nodes) > 2 {
+				t.Fatalf("targets %v: more than the pool's limit of 2", nodes)
+			}
+		}
+	}
+	before := targets("")
+	health(before[0], 503)
+	after := targets(before[0])
+	if !slices.Contains(after, before[1]) {
+		t.Errorf("%s turned unhealthy: targets went from %v to %v, want %s kept", before[0], before, after, before[1])
 	}
 }

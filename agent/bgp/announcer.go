@@ -245,7 +245,9 @@ func (a *Announcer) sync(rise bool) {
 // that family as next hop, unless the node should not attract the
 // service's traffic. An aggregate is announced while any of its addresses
 // would be, weighted by all their local endpoints (unweighted when one of
-// them is a Cluster service's, which every node serves alike).
+// them is a Cluster service's, which every node serves alike). Where the
+// pool limits its announcing nodes, only the nodes chosen for an address
+// announce it.
 func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcement {
 	want := map[netip.Prefix]Announcement{}
 	if st.Node.Deleting || st.Node.Drained || !proxyHealthy {
@@ -256,6 +258,9 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcem
 			hop, ok := nodeAddr(st.Node.Addresses, vip.Is6())
 			if !ok {
 				continue
+			}
+			if chosen, limited := svc.Announcers[vip]; limited && !slices.Contains(chosen, st.Node.Name) {
+				continue // the pool's other nodes announce it (max_announcing_nodes)
 			}
 			a := Announcement{NextHop: hop}
 			adv := datapath.BGPAdvertisement{}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -92,6 +93,38 @@ func TestAggregatesAndWeights(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("announcements (-want +got):\n%s", diff)
+	}
+}
+
+// TestOnlyTheChosenNodesAnnounce: where the server chose a service's
+// announcers (the pool's max_announcing_nodes), a node announces the
+// address only when it is among them.
+func TestOnlyTheChosenNodesAnnounce(t *testing.T) {
+	addr := netip.MustParseAddr
+	svc := func(name, vip string, announcers ...string) *datapath.Service {
+		s := &datapath.Service{Key: datapath.ServiceKey{Namespace: "default", Name: name}, LoadBalancerIPs: []netip.Addr{addr(vip)},
+			ExternalTrafficPolicy: datapath.Cluster}
+		if announcers != nil {
+			s.Announcers = map[netip.Addr][]string{addr(vip): announcers}
+		}
+		return s
+	}
+	st := datapath.NodeState{Node: datapath.NodeInfo{Name: "node2", Addresses: []netip.Addr{addr("192.0.2.12")}},
+		Services: map[datapath.ServiceKey]*datapath.Service{}}
+	for _, s := range []*datapath.Service{
+		svc("mine", "203.0.113.1", "node1", "node2"),
+		svc("theirs", "203.0.113.2", "node1", "node3"),
+		svc("unlimited", "203.0.113.3"),
+	} {
+		st.Services[s.Key] = s
+	}
+	var got []string
+	for p := range Wanted(st, true) {
+		got = append(got, p.String())
+	}
+	slices.Sort(got)
+	if want := []string{"203.0.113.1/32", "203.0.113.3/32"}; !slices.Equal(got, want) {
+		t.Errorf("node2 announces %v, want %v", got, want)
 	}
 }
 

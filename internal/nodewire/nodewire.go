@@ -109,6 +109,11 @@ func EncodeService(s *datapath.Service) *weirv1.NodeService {
 	if s.PreferClose {
 		out.TrafficDistribution = weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE
 	}
+	for _, ip := range s.LoadBalancerIPs { // in the addresses' order
+		if nodes, ok := s.Announcers[ip]; ok {
+			out.Announcers = append(out.Announcers, &weirv1.AddressAnnouncers{Address: ip.String(), Nodes: nodes})
+		}
+	}
 	for _, p := range s.Ports {
 		wp := &weirv1.NodeServicePort{Name: p.Name, Protocol: weirv1.Protocol(p.Protocol), Port: int32(p.Port), NodePort: int32(p.NodePort)}
 		for _, e := range p.Endpoints {
@@ -150,6 +155,16 @@ func DecodeService(s *weirv1.NodeService, node string) (*datapath.Service, error
 	}
 	if out.HealthCheckNodePort, err = port16("health_check_node_port", s.GetHealthCheckNodePort(), true); err != nil {
 		return nil, wrap(err)
+	}
+	for i, a := range s.GetAnnouncers() {
+		ip, err := netip.ParseAddr(a.GetAddress())
+		if err != nil {
+			return nil, wrap(fmt.Errorf("announcers[%d].address: %w", i, err))
+		}
+		if out.Announcers == nil {
+			out.Announcers = map[netip.Addr][]string{}
+		}
+		out.Announcers[ip] = a.GetNodes()
 	}
 	for i, p := range s.GetPorts() {
 		f := fmt.Sprintf("ports[%d]", i)

@@ -23,6 +23,7 @@ func TestServiceRoundTrip(t *testing.T) {
 		HealthCheckNodePort:      31000,
 		LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
 		PreferClose:              true,
+		Announcers:               map[netip.Addr][]string{netip.MustParseAddr("203.0.113.10"): {"node1", "node7"}},
 		Ports: []datapath.ServicePort{{Name: "dns", Protocol: datapath.UDP, Port: 53, NodePort: 30053, Endpoints: []datapath.Endpoint{
 			{Addr: netip.MustParseAddr("10.244.1.11"), Port: 5353, NodeName: "node1", Local: true, Zone: "a", HintZones: []string{"a"}, Ready: true, Serving: true},
 			{Addr: netip.MustParseAddr("10.244.2.11"), Port: 5353, NodeName: "node2", Zone: "b", Serving: true, Terminating: true},
@@ -44,6 +45,7 @@ func TestDecodeRejectsWhatTheDatapathCannotProgram(t *testing.T) {
 		"no protocol":    {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Port: 80}}},
 		"bad endpoint": {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: 80,
 			Endpoints: []*weirv1.NodeEndpoint{{Address: "pod-1", Port: 80}}}}},
+		"bad announced address": {Namespace: "a", Name: "b", Announcers: []*weirv1.AddressAnnouncers{{Address: "vip", Nodes: []string{"node1"}}}},
 	} {
 		if _, err := DecodeService(s, "node1"); err == nil {
 			t.Errorf("%s: decoded without error", name)

@@ -214,14 +214,23 @@ func (h *Hub) apply() {
 			return
 		}
 		since = batch[0].at
-		allNodes := false
+		allNodes, nodeSet := false, false
 		for _, c := range batch {
 			allNodes = allNodes || len(c.Peers) > 0 || len(c.Pools) > 0 || len(c.ServiceCIDRs) > 0
+			nodeSet = nodeSet || len(c.Nodes) > 0 || len(c.Peers) > 0 || len(c.Pools) > 0
 			for _, k := range c.Services {
 				services[k] = true
 			}
 			for _, n := range c.Nodes {
 				nodes[n] = true
+			}
+		}
+		if nodeSet && nodestate.LimitsAnnouncers(v) {
+			// Which nodes announce a load-balancer IP depends on the
+			// nodes, peers and pools: every such service is worked out
+			// again, and only those whose announcers moved are sent.
+			for _, key := range v.LoadBalancerServiceKeys() {
+				services[key] = true
 			}
 		}
 		if allNodes {

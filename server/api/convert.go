@@ -277,6 +277,7 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 	adv := p.GetBgpAdvertisement()
 	out.BGP.LocalPref, out.BGP.Peers = adv.GetLocalPreference(), adv.GetPeers()
 	out.BGP.AggregationLength, out.BGP.AggregationLengthV6 = int(adv.GetAggregationLength()), int(adv.GetAggregationLengthV6())
+	out.BGP.MaxAnnouncingNodes = int(adv.GetMaxAnnouncingNodes())
 	for i, c := range adv.GetCommunities() {
 		v, err := model.ParseCommunity(c)
 		if err != nil {
@@ -298,7 +299,8 @@ func poolToProto(p *model.AddressPool) *weirv1.AddressPool {
 	out := &weirv1.AddressPool{Metadata: metaToProto(&p.Meta), ManualOnly: p.ManualOnly}
 	if !p.BGP.IsZero() {
 		out.BgpAdvertisement = &weirv1.BgpAdvertisement{LocalPreference: p.BGP.LocalPref, Peers: p.BGP.Peers,
-			AggregationLength: uint32(p.BGP.AggregationLength), AggregationLengthV6: uint32(p.BGP.AggregationLengthV6)}
+			AggregationLength: uint32(p.BGP.AggregationLength), AggregationLengthV6: uint32(p.BGP.AggregationLengthV6),
+			MaxAnnouncingNodes: uint32(p.BGP.MaxAnnouncingNodes)}
 		for _, c := range p.BGP.Communities {
 			out.BgpAdvertisement.Communities = append(out.BgpAdvertisement.Communities, model.FormatCommunity(c))
 		}

@@ -13,8 +13,10 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
+	"github.com/weirlb/weir/server/announcers"
 	"github.com/weirlb/weir/server/auth"
 	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/nodestate"
 	"github.com/weirlb/weir/server/registry"
 )
 
@@ -245,11 +247,31 @@ func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 				}
 				vt.Targets = append(vt.Targets, t)
 			}
+			if pool := poolOf(pools, vip); pool != nil && svc.ExternalTrafficPolicy != model.PolicyLocal {
+				vt.Targets = withinLimit(vt.Targets, nodestate.AnnouncedPrefix(pool, vip), pool.BGP.MaxAnnouncingNodes)
+			}
 			out = append(out, vt)
 		}
 	}
 	slices.SortFunc(out, func(a, b *weirv1.VipTargets) int { return strings.Compare(a.Address, b.Address) })
 	return out, rev
+}
+
+// withinLimit keeps the targets the pool's announcer limit chooses for
+// prefix among those that receive its traffic now: the same rendezvous
+// choice the nodes' own speakers follow, over the healthy nodes only, so
+// a node that fails is replaced by the next in the prefix's order and the
+// other prefixes keep theirs.
+func withinLimit(targets []*weirv1.Target, prefix netip.Prefix, limit int) []*weirv1.Target {
+	if limit <= 0 || len(targets) <= limit {
+		return targets
+	}
+	names := make([]string, len(targets))
+	for i, t := range targets {
+		names[i] = t.Node
+	}
+	chosen := announcers.Choose(prefix.String(), names, limit)
+	return slices.DeleteFunc(targets, func(t *weirv1.Target) bool { return !slices.Contains(chosen, t.Node) })
 }
 
 func poolOf(pools []*model.AddressPool, a netip.Addr) *model.AddressPool {

@@ -9,6 +9,7 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/nodestate"
 	"github.com/weirlb/weir/server/registry"
 )
 
@@ -33,6 +34,12 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 				reg.Read(func(v registry.View) {
 					for _, c := range v.ServiceConflicts(s) {
 						p.Status.Conflicts = append(p.Status.Conflicts, &weirv1.ServiceConflict{Field: c.Field, Message: c.Message})
+					}
+					chosen := nodestate.Announcers(v, s)
+					for _, ip := range s.LoadBalancerIPs {
+						if nodes, ok := chosen[ip]; ok {
+							p.Status.Announcers = append(p.Status.Announcers, &weirv1.AddressAnnouncers{Address: ip.String(), Nodes: nodes})
+						}
 					}
 				})
 				return p

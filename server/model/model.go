@@ -120,12 +120,16 @@ type BGPAdvertisement struct {
 	// announced for each address; 0 means the host prefix.
 	AggregationLength   int `json:"aggregationLength,omitempty"`
 	AggregationLengthV6 int `json:"aggregationLengthV6,omitempty"`
+	// MaxAnnouncingNodes limits how many nodes announce each address of
+	// a service with externalTrafficPolicy Cluster; 0 means every node.
+	MaxAnnouncingNodes int `json:"maxAnnouncingNodes,omitempty"`
 }
 
 // IsZero reports whether the advertisement is the default one: host
 // prefixes with no attributes, to every peer.
 func (a BGPAdvertisement) IsZero() bool {
-	return len(a.Communities) == 0 && a.LocalPref == 0 && len(a.Peers) == 0 && a.AggregationLength == 0 && a.AggregationLengthV6 == 0
+	return len(a.Communities) == 0 && a.LocalPref == 0 && len(a.Peers) == 0 && a.AggregationLength == 0 && a.AggregationLengthV6 == 0 &&
+		a.MaxAnnouncingNodes == 0
 }
 
 // Prefixes are the fewest CIDRs that make up the range, in order.

@@ -86,6 +86,7 @@ func Service(v registry.View, key string) *datapath.Service {
 		HealthCheckNodePort:      uint16(svc.HealthCheckNodePort),
 		LoadBalancerSourceRanges: svc.LoadBalancerSourceRanges,
 		PreferClose:              svc.PreferClose,
+		Announcers:               Announcers(v, svc),
 	}
 	slicesOf := v.EndpointSlicesOf(key)
 	for _, sp := range svc.Ports {

@@ -258,6 +258,17 @@ func (v View) ServiceKeys() []string {
 	return keys
 }
 
+// LoadBalancerServiceKeys lists the services with load-balancer IPs.
+func (v View) LoadBalancerServiceKeys() []string {
+	var keys []string
+	for k, s := range v.r.Services.items {
+		if len(s.LoadBalancerIPs) > 0 {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
 // NodeNames lists every node.
 func (v View) NodeNames() []string {
 	names := make([]string, 0, len(v.r.Nodes.items))

@@ -44,13 +44,25 @@ var labRouter = frr.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(), P
 // router configured by router; options change the cluster further.
 func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string, router frr.Config, options ...func(*weirlab.Cluster)) (*weirlab.Cluster, *frr.Router) {
 	t.Helper()
+	return startBGPClusterOf(t, speakingLab(t), agentArgs, router, options...)
+}
+
+// speakingLab is the lab the BGP tests run in unless they say otherwise:
+// two nodes, with two pods and one.
+func speakingLab(t *testing.T) lab.Config {
+	return lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}
+}
+
+// startBGPClusterOf is startBGPClusterWith in the lab cfg.
+func startBGPClusterOf(t *testing.T, cfg lab.Config, agentArgs func(*lab.Node) []string, router frr.Config, options ...func(*weirlab.Cluster)) (*weirlab.Cluster, *frr.Router) {
+	t.Helper()
 	if _, err := os.Stat("/usr/lib/frr/bgpd"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("FRR is required (Debian package frr)")
 		}
 		t.Skip("needs FRR (apt-get install frr)")
 	}
-	c := startSpeakingCluster(t, agentArgs, options...)
+	c := startSpeakingClusterOf(t, cfg, agentArgs, options...)
 	r, err := frr.StartTemp(context.Background(), c.Router, router)
 	if err != nil {
 		t.Fatal(err)
@@ -63,8 +75,13 @@ func startBGPClusterWith(t *testing.T, agentArgs func(*lab.Node) []string, route
 // with extra agent flags, and no router yet.
 func startSpeakingCluster(t *testing.T, agentArgs func(*lab.Node) []string, options ...func(*weirlab.Cluster)) *weirlab.Cluster {
 	t.Helper()
+	return startSpeakingClusterOf(t, speakingLab(t), agentArgs, options...)
+}
+
+func startSpeakingClusterOf(t *testing.T, cfg lab.Config, agentArgs func(*lab.Node) []string, options ...func(*weirlab.Cluster)) *weirlab.Cluster {
+	t.Helper()
 	lab.SkipUnlessPrivileged(t)
-	c, err := weirlab.Start(context.Background(), lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: t.TempDir()}, bin, append([]func(*weirlab.Cluster){func(c *weirlab.Cluster) {
+	c, err := weirlab.Start(context.Background(), cfg, bin, append([]func(*weirlab.Cluster){func(c *weirlab.Cluster) {
 		c.AgentArgs = func(n *lab.Node) []string {
 			return append([]string{"--bgp-asn", strconv.Itoa(nodeASN), "--bgp-router-id", n.IPv4.String()}, agentArgs(n)...)
 		}
@@ -474,6 +491,108 @@ func TestDrainBehindAnECMPRouter(t *testing.T) {
 			t.Errorf("new connection %d after the drain: %v", i, err)
 		}
 	}
+}
+
+// TestAnnouncersWithinTheRoutersWidth: a pool limited to two announcing
+// nodes in a three-node lab: the router reaches each Cluster service's
+// address through exactly the two nodes the server names in its status,
+// connections through it work; draining one of them brings the third
+// into the addresses it announced and leaves the others' next hops alone.
+func TestAnnouncersWithinTheRoutersWidth(t *testing.T) {
+	c, r := startBGPClusterOf(t, lab.Config{Nodes: 3, PodsPerNode: []int{1, 1, 1}, Dir: t.TempDir()}, func(n *lab.Node) []string {
+		return []string{"--bgp-peers", fmt.Sprintf("%s/%d", lab.RouterLANv4, routerASN)}
+	}, labRouter)
+	ctx := context.Background()
+	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "limited"}, Addresses: []string{"203.0.113.96/29"},
+		BgpAdvertisement: &weirv1.BgpAdvertisement{MaxAnnouncingNodes: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	hop := map[string]string{}
+	for _, n := range c.Nodes {
+		hop[n.Name] = n.IPv4.String()
+	}
+	// announcers reads the status of each service: its address and the
+	// next hops its announcers give.
+	announcers := func(name string) (vip string, hops []string) {
+		t.Helper()
+		var nodes []string
+		eventually(t, name+" gets an address and its announcers", func() error {
+			got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: name})
+			if err != nil {
+				return err
+			}
+			st := got.GetService().GetStatus()
+			if len(st.GetLoadBalancerIps()) != 1 || len(st.GetAnnouncers()) != 1 || len(st.GetAnnouncers()[0].GetNodes()) != 2 {
+				return fmt.Errorf("status %v", st)
+			}
+			vip, nodes = st.GetLoadBalancerIps()[0], st.GetAnnouncers()[0].GetNodes()
+			return nil
+		})
+		for _, n := range nodes {
+			hops = append(hops, hop[n])
+		}
+		return vip, hops
+	}
+	const services = 4
+	names := make([]string, services)
+	vips := make([]string, services)
+	hops := make([][]string, services)
+	for i := range services {
+		names[i] = fmt.Sprintf("limited-%d", i)
+		svc := lbService(names[i], int32(30120+i), []string{fmt.Sprintf("10.96.0.%d", 120+i)}, nil)
+		svc.Status = nil
+		createService(t, c, svc, c.Pods())
+		vips[i], hops[i] = announcers(names[i])
+	}
+	for i := range services {
+		waitNextHops(t, r, vips[i], hops[i]...)
+		sample(t, c.Client, netip.AddrPortFrom(netip.MustParseAddr(vips[i]), 80), 3)
+	}
+
+	// Drain one announcer of the first address.
+	var drained string
+	for n, h := range hop {
+		if h == hops[0][0] {
+			drained = n
+		}
+	}
+	if _, err := c.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: drained}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range services {
+		if !slices.Contains(hops[i], hop[drained]) {
+			// Not the drained node's: the same two, untouched.
+			if _, now := announcers(names[i]); !slices.Equal(now, hops[i]) {
+				t.Errorf("%s (%s) was not %s's, yet its announcers moved from %v to %v", names[i], vips[i], drained, hops[i], now)
+			}
+			waitNextHops(t, r, vips[i], hops[i]...)
+			continue
+		}
+		// The drained node's: the other announcer stays, the third joins.
+		var want []string
+		for n, h := range hop {
+			if n != drained {
+				want = append(want, h)
+			}
+		}
+		eventually(t, names[i]+"'s announcers without "+drained, func() error {
+			if _, now := announcers(names[i]); !slices.Equal(sorted(now), sorted(want)) {
+				return fmt.Errorf("announcers %v", now)
+			}
+			return nil
+		})
+		waitNextHops(t, r, vips[i], want...)
+	}
+	for i := range services {
+		sample(t, c.Client, netip.AddrPortFrom(netip.MustParseAddr(vips[i]), 80), 3)
+	}
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }
 
 // keepAlive is one HTTP/1.1 connection kept open for several requests.

@@ -1306,8 +1306,13 @@ type NodeService struct {
 	HealthCheckNodePort           int32               `protobuf:"varint,10,opt,name=health_check_node_port,json=healthCheckNodePort,proto3" json:"health_check_node_port,omitempty"`
 	LoadBalancerSourceRanges      []string            `protobuf:"bytes,11,rep,name=load_balancer_source_ranges,json=loadBalancerSourceRanges,proto3" json:"load_balancer_source_ranges,omitempty"`
 	TrafficDistribution           TrafficDistribution `protobuf:"varint,12,opt,name=traffic_distribution,json=trafficDistribution,proto3,enum=weir.v1.TrafficDistribution" json:"traffic_distribution,omitempty"`
-	unknownFields                 protoimpl.UnknownFields
-	sizeCache                     protoimpl.SizeCache
+	// For each load-balancer IP whose pool limits how many nodes announce
+	// it (BgpAdvertisement.max_announcing_nodes), the nodes chosen to; a
+	// node not among them does not announce the address. Absent for an
+	// address every node may announce.
+	Announcers    []*AddressAnnouncers `protobuf:"bytes,13,rep,name=announcers,proto3" json:"announcers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeService) Reset() {
@@ -1422,6 +1427,13 @@ func (x *NodeService) GetTrafficDistribution() TrafficDistribution {
 		return x.TrafficDistribution
 	}
 	return TrafficDistribution_TRAFFIC_DISTRIBUTION_UNSPECIFIED
+}
+
+func (x *NodeService) GetAnnouncers() []*AddressAnnouncers {
+	if x != nil {
+		return x.Announcers
+	}
+	return nil
 }
 
 type NodeServicePort struct {
@@ -1719,7 +1731,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x11hold_time_seconds\x18\x05 \x01(\x05R\x0fholdTimeSeconds\x12\x1a\n" +
 	"\bpassword\x18\x06 \x01(\tR\bpassword\x12\x12\n" +
 	"\x04name\x18\a \x01(\tR\x04name\x12)\n" +
-	"\x10graceful_restart\x18\b \x01(\bR\x0fgracefulRestart\"\x8d\x05\n" +
+	"\x10graceful_restart\x18\b \x01(\bR\x0fgracefulRestart\"\xc9\x05\n" +
 	"\vNodeService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -1734,7 +1746,10 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x16health_check_node_port\x18\n" +
 	" \x01(\x05R\x13healthCheckNodePort\x12=\n" +
 	"\x1bload_balancer_source_ranges\x18\v \x03(\tR\x18loadBalancerSourceRanges\x12O\n" +
-	"\x14traffic_distribution\x18\f \x01(\x0e2\x1c.weir.v1.TrafficDistributionR\x13trafficDistribution\"\xba\x01\n" +
+	"\x14traffic_distribution\x18\f \x01(\x0e2\x1c.weir.v1.TrafficDistributionR\x13trafficDistribution\x12:\n" +
+	"\n" +
+	"announcers\x18\r \x03(\v2\x1a.weir.v1.AddressAnnouncersR\n" +
+	"announcers\"\xba\x01\n" +
 	"\x0fNodeServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.weir.v1.ProtocolR\bprotocol\x12\x12\n" +
@@ -1793,7 +1808,8 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 	(TrafficPolicy)(0),            // 20: weir.v1.TrafficPolicy
 	(TrafficDistribution)(0),      // 21: weir.v1.TrafficDistribution
-	(Protocol)(0),                 // 22: weir.v1.Protocol
+	(*AddressAnnouncers)(nil),     // 22: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 23: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
@@ -1817,15 +1833,16 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	20, // 18: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
 	20, // 19: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
 	21, // 20: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	22, // 21: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	17, // 22: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	0,  // 23: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	11, // 24: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	24, // [24:25] is the sub-list for method output_type
-	23, // [23:24] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	22, // 21: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	23, // 22: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	17, // 23: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	0,  // 24: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	11, // 25: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	25, // [25:26] is the sub-list for method output_type
+	24, // [24:25] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }

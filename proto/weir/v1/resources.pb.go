@@ -678,7 +678,10 @@ type ServiceStatus struct {
 	// (a reserved port, an external IP outside the allowed CIDRs). Only
 	// services from a source Weir cannot refuse (Kubernetes) have any: a
 	// native write that would conflict is refused.
-	Conflicts     []*ServiceConflict `protobuf:"bytes,4,rep,name=conflicts,proto3" json:"conflicts,omitempty"`
+	Conflicts []*ServiceConflict `protobuf:"bytes,4,rep,name=conflicts,proto3" json:"conflicts,omitempty"`
+	// Output only: for each load-balancer IP whose pool limits how many
+	// nodes announce it, the nodes chosen to.
+	Announcers    []*AddressAnnouncers `protobuf:"bytes,5,rep,name=announcers,proto3" json:"announcers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -741,6 +744,66 @@ func (x *ServiceStatus) GetConflicts() []*ServiceConflict {
 	return nil
 }
 
+func (x *ServiceStatus) GetAnnouncers() []*AddressAnnouncers {
+	if x != nil {
+		return x.Announcers
+	}
+	return nil
+}
+
+// AddressAnnouncers is the nodes chosen to announce one address.
+type AddressAnnouncers struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Nodes         []string               `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddressAnnouncers) Reset() {
+	*x = AddressAnnouncers{}
+	mi := &file_weir_v1_resources_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddressAnnouncers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddressAnnouncers) ProtoMessage() {}
+
+func (x *AddressAnnouncers) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_resources_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddressAnnouncers.ProtoReflect.Descriptor instead.
+func (*AddressAnnouncers) Descriptor() ([]byte, []int) {
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *AddressAnnouncers) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *AddressAnnouncers) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 type ServiceConflict struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The field, as in the API: "spec.external_ips[0]".
@@ -752,7 +815,7 @@ type ServiceConflict struct {
 
 func (x *ServiceConflict) Reset() {
 	*x = ServiceConflict{}
-	mi := &file_weir_v1_resources_proto_msgTypes[5]
+	mi := &file_weir_v1_resources_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +827,7 @@ func (x *ServiceConflict) String() string {
 func (*ServiceConflict) ProtoMessage() {}
 
 func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[5]
+	mi := &file_weir_v1_resources_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +840,7 @@ func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceConflict.ProtoReflect.Descriptor instead.
 func (*ServiceConflict) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{5}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ServiceConflict) GetField() string {
@@ -808,7 +871,7 @@ type EndpointSlice struct {
 
 func (x *EndpointSlice) Reset() {
 	*x = EndpointSlice{}
-	mi := &file_weir_v1_resources_proto_msgTypes[6]
+	mi := &file_weir_v1_resources_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +883,7 @@ func (x *EndpointSlice) String() string {
 func (*EndpointSlice) ProtoMessage() {}
 
 func (x *EndpointSlice) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[6]
+	mi := &file_weir_v1_resources_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +896,7 @@ func (x *EndpointSlice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointSlice.ProtoReflect.Descriptor instead.
 func (*EndpointSlice) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{6}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EndpointSlice) GetMetadata() *ObjectMeta {
@@ -882,7 +945,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_weir_v1_resources_proto_msgTypes[7]
+	mi := &file_weir_v1_resources_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +957,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[7]
+	mi := &file_weir_v1_resources_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +970,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{7}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Endpoint) GetAddresses() []string {
@@ -965,7 +1028,7 @@ type EndpointConditions struct {
 
 func (x *EndpointConditions) Reset() {
 	*x = EndpointConditions{}
-	mi := &file_weir_v1_resources_proto_msgTypes[8]
+	mi := &file_weir_v1_resources_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1040,7 @@ func (x *EndpointConditions) String() string {
 func (*EndpointConditions) ProtoMessage() {}
 
 func (x *EndpointConditions) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[8]
+	mi := &file_weir_v1_resources_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1053,7 @@ func (x *EndpointConditions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointConditions.ProtoReflect.Descriptor instead.
 func (*EndpointConditions) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EndpointConditions) GetReady() bool {
@@ -1026,7 +1089,7 @@ type EndpointPort struct {
 
 func (x *EndpointPort) Reset() {
 	*x = EndpointPort{}
-	mi := &file_weir_v1_resources_proto_msgTypes[9]
+	mi := &file_weir_v1_resources_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1101,7 @@ func (x *EndpointPort) String() string {
 func (*EndpointPort) ProtoMessage() {}
 
 func (x *EndpointPort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[9]
+	mi := &file_weir_v1_resources_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1114,7 @@ func (x *EndpointPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointPort.ProtoReflect.Descriptor instead.
 func (*EndpointPort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EndpointPort) GetName() string {
@@ -1094,7 +1157,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_weir_v1_resources_proto_msgTypes[10]
+	mi := &file_weir_v1_resources_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1169,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[10]
+	mi := &file_weir_v1_resources_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1182,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Node) GetMetadata() *ObjectMeta {
@@ -1182,7 +1245,7 @@ type AddressPool struct {
 
 func (x *AddressPool) Reset() {
 	*x = AddressPool{}
-	mi := &file_weir_v1_resources_proto_msgTypes[11]
+	mi := &file_weir_v1_resources_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1194,7 +1257,7 @@ func (x *AddressPool) String() string {
 func (*AddressPool) ProtoMessage() {}
 
 func (x *AddressPool) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[11]
+	mi := &file_weir_v1_resources_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1207,7 +1270,7 @@ func (x *AddressPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressPool.ProtoReflect.Descriptor instead.
 func (*AddressPool) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AddressPool) GetMetadata() *ObjectMeta {
@@ -1258,13 +1321,23 @@ type BgpAdvertisement struct {
 	AggregationLength uint32 `protobuf:"varint,4,opt,name=aggregation_length,json=aggregationLength,proto3" json:"aggregation_length,omitempty"`
 	// The same for IPv6; 0 means 128.
 	AggregationLengthV6 uint32 `protobuf:"varint,5,opt,name=aggregation_length_v6,json=aggregationLengthV6,proto3" json:"aggregation_length_v6,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// At most this many nodes announce each address of the pool that
+	// belongs to a service with externalTrafficPolicy Cluster, so that a
+	// router's ECMP width (often 8 to 64 next hops) holds them all; 0 means
+	// every node. The nodes are chosen per address by rendezvous hashing
+	// over the nodes that may announce it (not being deleted, not drained,
+	// peering with a router that hears the pool), so a node that comes or
+	// goes moves only the addresses it announces. Services with
+	// externalTrafficPolicy Local are announced by the nodes with their
+	// endpoints, whatever the limit.
+	MaxAnnouncingNodes uint32 `protobuf:"varint,6,opt,name=max_announcing_nodes,json=maxAnnouncingNodes,proto3" json:"max_announcing_nodes,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *BgpAdvertisement) Reset() {
 	*x = BgpAdvertisement{}
-	mi := &file_weir_v1_resources_proto_msgTypes[12]
+	mi := &file_weir_v1_resources_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1349,7 @@ func (x *BgpAdvertisement) String() string {
 func (*BgpAdvertisement) ProtoMessage() {}
 
 func (x *BgpAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[12]
+	mi := &file_weir_v1_resources_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1362,7 @@ func (x *BgpAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpAdvertisement.ProtoReflect.Descriptor instead.
 func (*BgpAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BgpAdvertisement) GetCommunities() []string {
@@ -1327,6 +1400,13 @@ func (x *BgpAdvertisement) GetAggregationLengthV6() uint32 {
 	return 0
 }
 
+func (x *BgpAdvertisement) GetMaxAnnouncingNodes() uint32 {
+	if x != nil {
+		return x.MaxAnnouncingNodes
+	}
+	return 0
+}
+
 // ServiceCidr is a range cluster IPs are allocated from, as Kubernetes'
 // networking.k8s.io/v1 ServiceCIDR: every node drops new connections to
 // an address of it that no service holds (kube-proxy's "unallocated
@@ -1342,7 +1422,7 @@ type ServiceCidr struct {
 
 func (x *ServiceCidr) Reset() {
 	*x = ServiceCidr{}
-	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	mi := &file_weir_v1_resources_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1434,7 @@ func (x *ServiceCidr) String() string {
 func (*ServiceCidr) ProtoMessage() {}
 
 func (x *ServiceCidr) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	mi := &file_weir_v1_resources_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1447,7 @@ func (x *ServiceCidr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceCidr.ProtoReflect.Descriptor instead.
 func (*ServiceCidr) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ServiceCidr) GetMetadata() *ObjectMeta {
@@ -1414,7 +1494,7 @@ type BgpPeer struct {
 
 func (x *BgpPeer) Reset() {
 	*x = BgpPeer{}
-	mi := &file_weir_v1_resources_proto_msgTypes[14]
+	mi := &file_weir_v1_resources_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1426,7 +1506,7 @@ func (x *BgpPeer) String() string {
 func (*BgpPeer) ProtoMessage() {}
 
 func (x *BgpPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[14]
+	mi := &file_weir_v1_resources_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1439,7 +1519,7 @@ func (x *BgpPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpPeer.ProtoReflect.Descriptor instead.
 func (*BgpPeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BgpPeer) GetMetadata() *ObjectMeta {
@@ -1549,12 +1629,18 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x04port\x18\x03 \x01(\x05R\x04port\x12\x1f\n" +
 	"\vtarget_port\x18\x04 \x01(\x05R\n" +
 	"targetPort\x12\x1b\n" +
-	"\tnode_port\x18\x05 \x01(\x05R\bnodePort\"\xc3\x01\n" +
+	"\tnode_port\x18\x05 \x01(\x05R\bnodePort\"\xff\x01\n" +
 	"\rServiceStatus\x12*\n" +
 	"\x11load_balancer_ips\x18\x01 \x03(\tR\x0floadBalancerIps\x12%\n" +
 	"\x0eaddress_reason\x18\x02 \x01(\tR\raddressReason\x12'\n" +
 	"\x0faddress_message\x18\x03 \x01(\tR\x0eaddressMessage\x126\n" +
-	"\tconflicts\x18\x04 \x03(\v2\x18.weir.v1.ServiceConflictR\tconflicts\"A\n" +
+	"\tconflicts\x18\x04 \x03(\v2\x18.weir.v1.ServiceConflictR\tconflicts\x12:\n" +
+	"\n" +
+	"announcers\x18\x05 \x03(\v2\x1a.weir.v1.AddressAnnouncersR\n" +
+	"announcers\"C\n" +
+	"\x11AddressAnnouncers\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05nodes\x18\x02 \x03(\tR\x05nodes\"A\n" +
 	"\x0fServiceConflict\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\xc1\x01\n" +
@@ -1598,13 +1684,14 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x1f\n" +
 	"\vmanual_only\x18\x03 \x01(\bR\n" +
 	"manualOnly\x12F\n" +
-	"\x11bgp_advertisement\x18\x04 \x01(\v2\x19.weir.v1.BgpAdvertisementR\x10bgpAdvertisement\"\xd8\x01\n" +
+	"\x11bgp_advertisement\x18\x04 \x01(\v2\x19.weir.v1.BgpAdvertisementR\x10bgpAdvertisement\"\x8a\x02\n" +
 	"\x10BgpAdvertisement\x12 \n" +
 	"\vcommunities\x18\x01 \x03(\tR\vcommunities\x12)\n" +
 	"\x10local_preference\x18\x02 \x01(\rR\x0flocalPreference\x12\x14\n" +
 	"\x05peers\x18\x03 \x03(\tR\x05peers\x12-\n" +
 	"\x12aggregation_length\x18\x04 \x01(\rR\x11aggregationLength\x122\n" +
-	"\x15aggregation_length_v6\x18\x05 \x01(\rR\x13aggregationLengthV6\"T\n" +
+	"\x15aggregation_length_v6\x18\x05 \x01(\rR\x13aggregationLengthV6\x120\n" +
+	"\x14max_announcing_nodes\x18\x06 \x01(\rR\x12maxAnnouncingNodes\"T\n" +
 	"\vServiceCidr\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x14\n" +
 	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\"\x8e\x03\n" +
@@ -1656,7 +1743,7 @@ func file_weir_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_weir_v1_resources_proto_goTypes = []any{
 	(ServiceType)(0),              // 0: weir.v1.ServiceType
 	(Protocol)(0),                 // 1: weir.v1.Protocol
@@ -1668,23 +1755,24 @@ var file_weir_v1_resources_proto_goTypes = []any{
 	(*ServiceSpec)(nil),           // 7: weir.v1.ServiceSpec
 	(*ServicePort)(nil),           // 8: weir.v1.ServicePort
 	(*ServiceStatus)(nil),         // 9: weir.v1.ServiceStatus
-	(*ServiceConflict)(nil),       // 10: weir.v1.ServiceConflict
-	(*EndpointSlice)(nil),         // 11: weir.v1.EndpointSlice
-	(*Endpoint)(nil),              // 12: weir.v1.Endpoint
-	(*EndpointConditions)(nil),    // 13: weir.v1.EndpointConditions
-	(*EndpointPort)(nil),          // 14: weir.v1.EndpointPort
-	(*Node)(nil),                  // 15: weir.v1.Node
-	(*AddressPool)(nil),           // 16: weir.v1.AddressPool
-	(*BgpAdvertisement)(nil),      // 17: weir.v1.BgpAdvertisement
-	(*ServiceCidr)(nil),           // 18: weir.v1.ServiceCidr
-	(*BgpPeer)(nil),               // 19: weir.v1.BgpPeer
-	nil,                           // 20: weir.v1.ObjectMeta.LabelsEntry
-	nil,                           // 21: weir.v1.BgpPeer.NodeSelectorEntry
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*AddressAnnouncers)(nil),     // 10: weir.v1.AddressAnnouncers
+	(*ServiceConflict)(nil),       // 11: weir.v1.ServiceConflict
+	(*EndpointSlice)(nil),         // 12: weir.v1.EndpointSlice
+	(*Endpoint)(nil),              // 13: weir.v1.Endpoint
+	(*EndpointConditions)(nil),    // 14: weir.v1.EndpointConditions
+	(*EndpointPort)(nil),          // 15: weir.v1.EndpointPort
+	(*Node)(nil),                  // 16: weir.v1.Node
+	(*AddressPool)(nil),           // 17: weir.v1.AddressPool
+	(*BgpAdvertisement)(nil),      // 18: weir.v1.BgpAdvertisement
+	(*ServiceCidr)(nil),           // 19: weir.v1.ServiceCidr
+	(*BgpPeer)(nil),               // 20: weir.v1.BgpPeer
+	nil,                           // 21: weir.v1.ObjectMeta.LabelsEntry
+	nil,                           // 22: weir.v1.BgpPeer.NodeSelectorEntry
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_weir_v1_resources_proto_depIdxs = []int32{
-	20, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
-	22, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	21, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
+	23, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 2: weir.v1.Service.metadata:type_name -> weir.v1.ObjectMeta
 	7,  // 3: weir.v1.Service.spec:type_name -> weir.v1.ServiceSpec
 	9,  // 4: weir.v1.Service.status:type_name -> weir.v1.ServiceStatus
@@ -1695,23 +1783,24 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	3,  // 9: weir.v1.ServiceSpec.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
 	4,  // 10: weir.v1.ServiceSpec.traffic_distribution:type_name -> weir.v1.TrafficDistribution
 	1,  // 11: weir.v1.ServicePort.protocol:type_name -> weir.v1.Protocol
-	10, // 12: weir.v1.ServiceStatus.conflicts:type_name -> weir.v1.ServiceConflict
-	5,  // 13: weir.v1.EndpointSlice.metadata:type_name -> weir.v1.ObjectMeta
-	12, // 14: weir.v1.EndpointSlice.endpoints:type_name -> weir.v1.Endpoint
-	14, // 15: weir.v1.EndpointSlice.ports:type_name -> weir.v1.EndpointPort
-	13, // 16: weir.v1.Endpoint.conditions:type_name -> weir.v1.EndpointConditions
-	1,  // 17: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
-	5,  // 18: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
-	5,  // 19: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
-	17, // 20: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
-	5,  // 21: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
-	5,  // 22: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
-	21, // 23: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
-	24, // [24:24] is the sub-list for method output_type
-	24, // [24:24] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	11, // 12: weir.v1.ServiceStatus.conflicts:type_name -> weir.v1.ServiceConflict
+	10, // 13: weir.v1.ServiceStatus.announcers:type_name -> weir.v1.AddressAnnouncers
+	5,  // 14: weir.v1.EndpointSlice.metadata:type_name -> weir.v1.ObjectMeta
+	13, // 15: weir.v1.EndpointSlice.endpoints:type_name -> weir.v1.Endpoint
+	15, // 16: weir.v1.EndpointSlice.ports:type_name -> weir.v1.EndpointPort
+	14, // 17: weir.v1.Endpoint.conditions:type_name -> weir.v1.EndpointConditions
+	1,  // 18: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
+	5,  // 19: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
+	5,  // 20: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
+	18, // 21: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
+	5,  // 22: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
+	5,  // 23: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
+	22, // 24: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }
@@ -1719,14 +1808,14 @@ func file_weir_v1_resources_proto_init() {
 	if File_weir_v1_resources_proto != nil {
 		return
 	}
-	file_weir_v1_resources_proto_msgTypes[8].OneofWrappers = []any{}
+	file_weir_v1_resources_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_resources_proto_rawDesc), len(file_weir_v1_resources_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,99 @@
+package nodestate
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/weirlb/weir/server/announcers"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+)
+
+// LimitsAnnouncers reports whether any pool limits its announcing nodes:
+// then a change to the nodes or peers may change whose turn it is to
+// announce any load-balancer address.
+func LimitsAnnouncers(v registry.View) bool {
+	return slices.ContainsFunc(v.Pools(), func(p *model.AddressPool) bool { return p.BGP.MaxAnnouncingNodes > 0 })
+}
+
+// Announcers returns, for each load-balancer IP of svc whose pool limits
+// its announcing nodes, the nodes chosen to announce it, sorted; nil when
+// every node may announce every address. Only externalTrafficPolicy
+// Cluster services are limited: a Local service's addresses are announced
+// by the nodes with its endpoints.
+//
+// The choice is per announced prefix (the address, or its pool's
+// aggregate), so the nodes announcing an aggregate are at most the limit
+// too. It depends only on the registry, so every replica, and every
+// restart, makes the same one.
+func Announcers(v registry.View, svc *model.Service) map[netip.Addr][]string {
+	if svc.ExternalTrafficPolicy == model.PolicyLocal || len(svc.LoadBalancerIPs) == 0 {
+		return nil
+	}
+	var out map[netip.Addr][]string
+	candidates := map[*model.AddressPool][]string{}
+	for _, ip := range svc.LoadBalancerIPs {
+		pool := poolOf(v, ip)
+		if pool == nil || pool.BGP.MaxAnnouncingNodes <= 0 {
+			continue
+		}
+		nodes, ok := candidates[pool]
+		if !ok {
+			nodes = mayAnnounce(v, pool)
+			candidates[pool] = nodes
+		}
+		chosen := announcers.Choose(AnnouncedPrefix(pool, ip).String(), nodes, pool.BGP.MaxAnnouncingNodes)
+		slices.Sort(chosen)
+		if out == nil {
+			out = map[netip.Addr][]string{}
+		}
+		out[ip] = chosen
+	}
+	return out
+}
+
+func poolOf(v registry.View, ip netip.Addr) *model.AddressPool {
+	for _, p := range v.Pools() {
+		if slices.ContainsFunc(p.Ranges, func(r model.AddressRange) bool { return r.Contains(ip) }) {
+			return p
+		}
+	}
+	return nil
+}
+
+// AnnouncedPrefix is what the nodes announce for ip: the host prefix, or
+// the pool's aggregate holding it.
+func AnnouncedPrefix(pool *model.AddressPool, ip netip.Addr) netip.Prefix {
+	bits := pool.BGP.AggregationLength
+	if ip.Is6() {
+		bits = pool.BGP.AggregationLengthV6
+	}
+	if bits == 0 {
+		bits = ip.BitLen()
+	}
+	p, _ := ip.Prefix(bits)
+	return p
+}
+
+// mayAnnounce lists the nodes that may announce the pool's addresses: not
+// being deleted, not drained, and, where the routers are BgpPeer
+// resources, peering with one that hears the pool. (With no BgpPeer at
+// all, the agents' own command lines name the routers, which the server
+// does not see: every node may.)
+func mayAnnounce(v registry.View, pool *model.AddressPool) []string {
+	peers := v.Peers()
+	var out []string
+	for _, name := range v.NodeNames() {
+		n := v.Node(name)
+		if n == nil || n.Deleting || n.Drained {
+			continue
+		}
+		if len(peers) > 0 && !slices.ContainsFunc(peers, func(p *model.BGPPeer) bool {
+			return p.Selects(n.Labels) && (len(pool.BGP.Peers) == 0 || slices.Contains(pool.BGP.Peers, p.Name))
+		}) {
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
+}

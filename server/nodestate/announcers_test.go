@@ -1,0 +1,113 @@
+package nodestate
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/weirlb/weir/server/announcers"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/registry/registrytest"
+)
+
+// TestAnnouncersFollowThePoolsLimit: a pool limited to three announcing
+// nodes: each Cluster service's address gets three, chosen only among the
+// nodes that peer with the pool's router and are neither deleting nor
+// drained; addresses in one aggregate share their announcers; a Local
+// service and an unlimited pool's service have no limit; a drained node
+// gives its place to another and the rest stay.
+func TestAnnouncersFollowThePoolsLimit(t *testing.T) {
+	reg := registrytest.Open(t)
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 8 {
+		n := &model.Node{Meta: model.Meta{Name: fmt.Sprintf("node%d", i), Labels: map[string]string{"rack": "r1"}},
+			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(10 + i)})}}
+		switch i {
+		case 6:
+			n.Labels["rack"] = "r2" // peers with nobody who hears the pool
+		case 7:
+			n.Deleting = true
+		}
+		must(reg.Nodes.Create(n))
+	}
+	must(reg.Peers.Create(&model.BGPPeer{Meta: model.Meta{Name: "tor-r1"}, Address: netip.MustParseAddr("192.0.2.1"), ASN: 64500, MyASN: 64501,
+		NodeSelector: map[string]string{"rack": "r1"}}))
+	must(reg.Peers.Create(&model.BGPPeer{Meta: model.Meta{Name: "tor-r2"}, Address: netip.MustParseAddr("192.0.2.2"), ASN: 64500, MyASN: 64501,
+		NodeSelector: map[string]string{"rack": "r2"}}))
+	pool := func(name, cidr string, limit, agg int, peers ...string) *model.AddressPool {
+		r, err := model.ParseAddressRange(cidr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &model.AddressPool{Meta: model.Meta{Name: name}, Ranges: []model.AddressRange{r},
+			BGP: model.BGPAdvertisement{MaxAnnouncingNodes: limit, AggregationLength: agg, Peers: peers}}
+	}
+	must(reg.Pools.Create(pool("limited", "203.0.113.0/24", 3, 0, "tor-r1")))
+	must(reg.Pools.Create(pool("aggregated", "198.51.100.0/24", 3, 28)))
+	must(reg.Pools.Create(pool("open", "192.0.2.128/25", 0, 0)))
+	svc := func(name string, policy model.TrafficPolicy, ips ...string) *model.Service {
+		s := &model.Service{Meta: model.Meta{Namespace: "default", Name: name}, Type: model.LoadBalancer,
+			ClusterIPs:            []netip.Addr{netip.MustParseAddr(fmt.Sprintf("10.96.0.%d", 10+len(name)))},
+			Ports:                 []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: int32(30000 + len(name))}},
+			ExternalTrafficPolicy: policy, InternalTrafficPolicy: model.PolicyCluster}
+		for _, ip := range ips {
+			s.LoadBalancerIPs = append(s.LoadBalancerIPs, netip.MustParseAddr(ip))
+		}
+		return s
+	}
+	for _, s := range []*model.Service{
+		svc("a", model.PolicyCluster, "203.0.113.7"),
+		svc("bb", model.PolicyCluster, "198.51.100.17"),
+		svc("ccc", model.PolicyCluster, "198.51.100.18"),
+		svc("dddd", model.PolicyLocal, "203.0.113.8"),
+		svc("eeeee", model.PolicyCluster, "192.0.2.130"),
+	} {
+		must(reg.Services.Create(s))
+	}
+	chosen := func(key string) map[netip.Addr][]string {
+		var out map[netip.Addr][]string
+		reg.Read(func(v registry.View) { out = Service(v, key).Announcers })
+		return out
+	}
+
+	a := chosen("default/a")[netip.MustParseAddr("203.0.113.7")]
+	if len(a) != 3 {
+		t.Fatalf("203.0.113.7: announcers %v, want 3", a)
+	}
+	for _, n := range a {
+		if n == "node6" || n == "node7" {
+			t.Errorf("203.0.113.7: announced by %s, which does not peer with tor-r1 or is being deleted", n)
+		}
+	}
+	// Exactly the choice over node0-node5, whatever the hash picks.
+	want := announcers.Choose("203.0.113.7/32", []string{"node0", "node1", "node2", "node3", "node4", "node5"}, 3)
+	if slices.Sort(want); !slices.Equal(a, want) {
+		t.Errorf("203.0.113.7: announcers %v, want %v (the choice among the nodes that may announce)", a, want)
+	}
+	// One /28 aggregate holds both addresses: one set announces it.
+	b, c := chosen("default/bb")[netip.MustParseAddr("198.51.100.17")], chosen("default/ccc")[netip.MustParseAddr("198.51.100.18")]
+	if len(b) != 3 || !slices.Equal(b, c) {
+		t.Errorf("one aggregate, two sets of announcers: %v and %v", b, c)
+	}
+	if got := chosen("default/dddd"); got != nil {
+		t.Errorf("Local service: announcers %v, want none chosen", got)
+	}
+	if got := chosen("default/eeeee"); got != nil {
+		t.Errorf("unlimited pool: announcers %v, want none chosen", got)
+	}
+
+	if _, _, err := reg.SetDrained(a[0], true); err != nil {
+		t.Fatal(err)
+	}
+	now := chosen("default/a")[netip.MustParseAddr("203.0.113.7")]
+	if len(now) != 3 || slices.Contains(now, a[0]) || !slices.Contains(now, a[1]) || !slices.Contains(now, a[2]) {
+		t.Errorf("after draining %s: announcers %v, want %s and %s kept and one more", a[0], now, a[1], a[2])
+	}
+}
