@@ -47,6 +47,10 @@ type Config struct {
 	Conntrack Conntrack
 	// Log receives what the datapath cannot return as an error; nil discards.
 	Log *slog.Logger
+	// ElementsOverNft commits element changes through nft too, instead of
+	// the netlink socket NewForNode keeps open for them: how every change
+	// went before, kept to measure against (test/bench/datapath).
+	ElementsOverNft bool
 }
 
 // MasqueradeMode is a policy for the source address an endpoint sees.
@@ -110,6 +114,9 @@ type Datapath struct {
 	// lister lists object names; over netlink where it can, because nft
 	// reads every element of the table to list even just the names.
 	lister map[*family]knftables.Interface
+	// elements commits the transactions of elements alone over netlink
+	// (see elementWriter); nil to use nft for everything.
+	elements *elementWriter
 
 	mu sync.Mutex // guards everything below
 	// needFull is set until a full sync succeeds: at start, and after any
@@ -211,6 +218,9 @@ func NewForNode(cfg Config) (*Datapath, error) {
 			d.lister[f] = nl
 		}
 		d.tables[f] = &tableState{}
+	}
+	if !cfg.ElementsOverNft {
+		d.elements = newElementWriter()
 	}
 	return d, nil
 }
@@ -804,6 +814,13 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 	}
 
 	txs := map[*family]*knftables.Transaction{}
+	ops := map[*family]*elementOps{} // the element changes alone
+	opsOf := func(f *family) *elementOps {
+		if ops[f] == nil {
+			ops[f] = &elementOps{}
+		}
+		return ops[f]
+	}
 	var adds []element
 	picks := map[*family]map[string]int{} // change in each pick chain's references
 	countPick := func(f *family, value string, n int) {
@@ -821,8 +838,9 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 			continue // a family this Datapath leaves alone
 		}
 		if was != nil && (now == nil || now.value != was.value) {
-			tx := d.tx(txs, id.family)
-			tx.Delete(elementObject(element{family: id.family, set: id.set, key: id.key, value: was.value}, t.gen))
+			e := element{family: id.family, set: id.set, key: id.key, value: was.value}
+			d.tx(txs, id.family).Delete(elementObject(e, t.gen))
+			opsOf(id.family).deletes = append(opsOf(id.family).deletes, e)
 			countPick(id.family, was.value, -1)
 		}
 		if now != nil && (was == nil || now.value != was.value) {
@@ -835,7 +853,10 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 	d.changePicks(txs, picks)
 	d.changeOwned(txs, oldOwned, newOwned)
 	d.addElements(txs, adds)
-	if err := d.run(ctx, txs); err != nil {
+	for _, e := range adds {
+		opsOf(e.family).adds = append(opsOf(e.family).adds, e)
+	}
+	if err := d.runPartial(ctx, txs, ops); err != nil {
 		d.needFull = true
 		d.forget()
 		return err
@@ -993,6 +1014,32 @@ func (d *Datapath) run(ctx context.Context, txs map[*family]*knftables.Transacti
 		tx := txs[f]
 		if tx == nil || tx.NumOperations() == 0 {
 			continue
+		}
+		if err := d.nft[f][0].Run(ctx, tx); err != nil {
+			errs = append(errs, fmt.Errorf("programming %s table %q: %w", f, TableName, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// runPartial commits a partial sync's transactions, IPv4 first: one made
+// of element changes alone over netlink (elementWriter), any other through
+// nft.
+func (d *Datapath) runPartial(ctx context.Context, txs map[*family]*knftables.Transaction, ops map[*family]*elementOps) error {
+	var errs []error
+	for _, f := range []*family{&ipv4, &ipv6} {
+		tx := txs[f]
+		if tx == nil || tx.NumOperations() == 0 {
+			continue
+		}
+		if o := ops[f]; d.elements != nil && o != nil && tx.NumOperations() == len(o.deletes)+len(o.adds) {
+			done, err := d.elements.commit(f, d.tables[f].gen, o)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("programming %s table %q: %w", f, TableName, err))
+			}
+			if done {
+				continue
+			}
 		}
 		if err := d.nft[f][0].Run(ctx, tx); err != nil {
 			errs = append(errs, fmt.Errorf("programming %s table %q: %w", f, TableName, err))

@@ -136,7 +136,8 @@ func service(i int) *datapath.Service {
 		Ports:      []datapath.ServicePort{{Name: "http", Protocol: datapath.TCP, Port: 80}},
 	}
 	if i%100 == 0 {
-		svc.LoadBalancerIPs = []netip.Addr{addr4(203, 0, 113+i>>16, i>>8)}
+		k := i / 100 // one address each (100.64.0.0/10 holds them all)
+		svc.LoadBalancerIPs = []netip.Addr{addr4(100, 64+k>>16, k>>8, k)}
 		svc.Ports[0].NodePort = uint16(30000 + i/100)
 	}
 	for j := range 10 {
@@ -187,9 +188,11 @@ func run(n, changes, restarts int) error {
 	fmt.Printf("peak RSS during the syncs: this process + its nft processes together %d MiB (this process alone %d MiB)\n",
 		peak.total.Load()>>20, peak.self.Load()>>20)
 
-	// One endpoint of one service changes, as the agent would apply it.
-	var took []time.Duration
-	for c := range changes {
+	// One endpoint of one service changes, as the agent would apply it:
+	// over the netlink socket the datapath keeps for element changes, and,
+	// as the baseline in the same run, through nft as before it (a new
+	// Datapath over the same table each time the way changes), in turns.
+	change := func(c int) {
 		key := datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", (c*7919)%n)}
 		svc := *state.Services[key]
 		port := svc.Ports[0]
@@ -197,31 +200,62 @@ func run(n, changes, restarts int) error {
 		port.Endpoints[c%10].Addr = addr4(10, 250, c>>8, c)
 		svc.Ports = []datapath.ServicePort{port}
 		state.Services[key] = &svc
-		start := time.Now()
+	}
+	took, added := map[bool][]time.Duration{}, map[bool][]time.Duration{}
+	c, next := 0, n
+	const addsPerRound = 5
+	for round := range 4 {
+		overNft := round%2 == 1
+		if dp, err = datapath.NewForNode(datapath.Config{Log: debugLog, ElementsOverNft: overNft}); err != nil {
+			return err
+		}
 		if err := dp.Apply(ctx, state); err != nil {
 			return err
 		}
-		took = append(took, time.Since(start))
+		for range changes / 4 {
+			change(c)
+			c++
+			start := time.Now()
+			if err := dp.Apply(ctx, state); err != nil {
+				return err
+			}
+			took[overNft] = append(took[overNft], time.Since(start))
+		}
+		for range addsPerRound {
+			add := service(next)
+			next++
+			state.Services[add.Key] = add
+			start := time.Now()
+			if err := dp.Apply(ctx, state); err != nil {
+				return err
+			}
+			added[overNft] = append(added[overNft], time.Since(start))
+		}
 	}
-	slices.Sort(took)
-	fmt.Printf("one endpoint change (%d samples):    p50 %v  p90 %v  p99 %v  max %v\n", len(took),
-		took[len(took)/2].Round(10*time.Microsecond), took[len(took)*9/10].Round(10*time.Microsecond),
-		took[len(took)*99/100].Round(10*time.Microsecond), took[len(took)-1].Round(10*time.Microsecond))
-
-	add := service(n + 1)
-	state.Services[add.Key] = add
-	start = time.Now()
-	if err := dp.Apply(ctx, state); err != nil {
-		return err
+	for _, overNft := range []bool{false, true} {
+		d := took[overNft]
+		slices.Sort(d)
+		how := "over netlink"
+		if overNft {
+			how = "through nft (baseline)"
+		}
+		fmt.Printf("one endpoint change, %-22s (%d samples): p50 %v  p90 %v  p99 %v  max %v\n", how, len(d),
+			d[len(d)/2].Round(10*time.Microsecond), d[len(d)*9/10].Round(10*time.Microsecond),
+			d[len(d)*99/100].Round(10*time.Microsecond), d[len(d)-1].Round(10*time.Microsecond))
+		a := added[overNft]
+		slices.Sort(a)
+		fmt.Printf("adding one service, %-22s (%d samples): p50 %v  max %v\n", how, len(a),
+			a[len(a)/2].Round(10*time.Microsecond), a[len(a)-1].Round(10*time.Microsecond))
 	}
-	fmt.Printf("adding one service:                  %v\n", time.Since(start).Round(10*time.Microsecond))
 
 	// A restarted agent: a new Datapath that finds the table, lists it,
 	// and loads the state (changed a little while it was away) into the
 	// other generation.
-	took = took[:0]
+	var restartsTook []time.Duration
 	for r := range restarts {
-		state.Services[add.Key] = service(n + 2 + r)
+		changed := service(next - 1) // the last one added, changed while the agent was away
+		changed.Ports[0].Endpoints[0].Addr = addr4(10, 251, r>>8, r)
+		state.Services[changed.Key] = changed
 		start := time.Now()
 		dp, err = datapath.NewForNode(datapath.Config{Log: debugLog})
 		if err != nil {
@@ -230,12 +264,12 @@ func run(n, changes, restarts int) error {
 		if err := dp.Apply(ctx, state); err != nil {
 			return err
 		}
-		took = append(took, time.Since(start))
+		restartsTook = append(restartsTook, time.Since(start))
 	}
-	if len(took) > 0 {
-		slices.Sort(took)
-		fmt.Printf("agent restart to converged (%d):     p50 %v  p99 %v  max %v\n", len(took),
-			took[len(took)/2].Round(time.Millisecond), took[len(took)*99/100].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+	if d := restartsTook; len(d) > 0 {
+		slices.Sort(d)
+		fmt.Printf("agent restart to converged (%d):     p50 %v  p99 %v  max %v\n", len(d),
+			d[len(d)/2].Round(time.Millisecond), d[len(d)*99/100].Round(time.Millisecond), d[len(d)-1].Round(time.Millisecond))
 	}
 	return nil
 }

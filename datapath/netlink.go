@@ -1,0 +1,296 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"sigs.k8s.io/knftables"
+)
+
+// elementWriter commits transactions made only of set and map elements
+// (what an endpoint change is) over one netlink socket it keeps open.
+//
+// Why not nft: deleting an element leaves it for the kernel to free after
+// an RCU grace period, and the kernel waits for that when a netfilter
+// netlink socket closes (nf_tables flushes its destroy work on
+// NETLINK_URELEASE). The nft command opens a socket per run, so every run
+// that deletes an element waits 10-30 ms on exit, long after its commit
+// was visible to packets. Over a socket that stays open the same commit
+// returns in a fraction of a millisecond and the kernel frees in the
+// background (docs/performance.md).
+//
+// It writes only the sets and maps whose element layout it knows from
+// tableSets, and no interval set; anything else goes through nft.
+type elementWriter struct {
+	mu      sync.Mutex
+	conn    *nftables.Conn // nil until first used, and after an error
+	formats map[*family]map[string]setFormat
+	commits int // batches committed, for tests
+}
+
+// setFormat is how the kernel holds one set's elements: the fields of the
+// key and, for a map, of the value or a verdict.
+type setFormat struct {
+	key, value []fieldKind
+	verdict    bool
+}
+
+type fieldKind int
+
+const (
+	addr4Field fieldKind = iota + 1
+	addr6Field
+	protoField   // inet_proto: one byte
+	serviceField // inet_service: two bytes, network order
+	integerField // numgen's result: 32 bits, host order
+)
+
+func (k fieldKind) size() int {
+	switch k {
+	case addr4Field, integerField:
+		return 4
+	case addr6Field:
+		return 16
+	case protoField:
+		return 1
+	case serviceField:
+		return 2
+	}
+	return 0
+}
+
+func newElementWriter() *elementWriter {
+	w := &elementWriter{formats: map[*family]map[string]setFormat{}}
+	for _, f := range []*family{&ipv4, &ipv6} {
+		w.formats[f] = map[string]setFormat{}
+		for _, obj := range tableSets(*f, "") {
+			var name, typ string
+			var flags []knftables.SetFlag
+			switch o := obj.(type) {
+			case *knftables.Set:
+				name, typ, flags = o.Name, o.Type, o.Flags
+			case *knftables.Map:
+				name, typ, flags = o.Name, o.Type+o.TypeOf, o.Flags
+			}
+			if len(flags) > 0 {
+				continue // interval sets are nft's
+			}
+			if format, ok := parseFormat(typ); ok {
+				w.formats[f][strings.TrimSuffix(name, "_")] = format
+			}
+		}
+	}
+	return w
+}
+
+// parseFormat reads a set's type ("ipv4_addr . inet_service") or typeof
+// ("ip daddr . numgen random mod 1 : ip daddr . tcp dport") declaration.
+func parseFormat(typ string) (setFormat, bool) {
+	keyPart, valuePart, isMap := strings.Cut(typ, " : ")
+	var out setFormat
+	var ok bool
+	if out.key, ok = parseFields(keyPart); !ok {
+		return setFormat{}, false
+	}
+	switch {
+	case !isMap:
+	case valuePart == "verdict":
+		out.verdict = true
+	default:
+		if out.value, ok = parseFields(valuePart); !ok {
+			return setFormat{}, false
+		}
+	}
+	return out, true
+}
+
+func parseFields(s string) ([]fieldKind, bool) {
+	var out []fieldKind
+	for _, part := range strings.Split(s, " . ") {
+		var k fieldKind
+		switch {
+		case part == "ipv4_addr" || part == "ip daddr" || part == "ip saddr":
+			k = addr4Field
+		case part == "ipv6_addr" || part == "ip6 daddr" || part == "ip6 saddr":
+			k = addr6Field
+		case part == "inet_proto" || part == "meta l4proto":
+			k = protoField
+		case part == "inet_service" || strings.HasSuffix(part, " dport"):
+			k = serviceField
+		case strings.HasPrefix(part, "numgen "):
+			k = integerField
+		default:
+			return nil, false
+		}
+		out = append(out, k)
+	}
+	return out, true
+}
+
+// elementOps are the element deletes and adds of one family's transaction.
+type elementOps struct {
+	deletes, adds []element
+}
+
+// commit sends one family's element changes as one netlink batch (atomic,
+// like an nft transaction): ok is false, with nothing sent, when an element
+// is in a set it cannot write.
+func (w *elementWriter) commit(f *family, g generation, ops *elementOps) (ok bool, err error) {
+	type encoded struct {
+		set  string
+		elem nftables.SetElement
+	}
+	encode := func(es []element) ([]encoded, bool) {
+		out := make([]encoded, 0, len(es))
+		for _, e := range es {
+			format, known := w.formats[f][e.set]
+			if !known {
+				return nil, false
+			}
+			el, err := format.encode(e)
+			if err != nil {
+				return nil, false
+			}
+			out = append(out, encoded{g.of(e.set), el})
+		}
+		return out, true
+	}
+	deletes, ok1 := encode(ops.deletes)
+	adds, ok2 := encode(ops.adds)
+	if !ok1 || !ok2 {
+		return false, nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.conn == nil {
+		if w.conn, err = nftables.New(nftables.AsLasting()); err != nil {
+			w.conn = nil
+			return false, nil // nft can still do it
+		}
+	}
+	nftFamily := nftables.TableFamilyIPv4
+	if f.is6 {
+		nftFamily = nftables.TableFamilyIPv6
+	}
+	table := &nftables.Table{Name: TableName, Family: nftFamily}
+	send := func(list []encoded, do func(*nftables.Set, []nftables.SetElement) error) error {
+		// One message per set, in the order given.
+		for i := 0; i < len(list); {
+			j := i
+			var elems []nftables.SetElement
+			for ; j < len(list) && list[j].set == list[i].set; j++ {
+				elems = append(elems, list[j].elem)
+			}
+			if err := do(&nftables.Set{Table: table, Name: list[i].set}, elems); err != nil {
+				return err
+			}
+			i = j
+		}
+		return nil
+	}
+	if err = send(deletes, w.conn.SetDeleteElements); err == nil {
+		err = send(adds, w.conn.SetAddElements)
+	}
+	if err == nil {
+		err = w.conn.Flush()
+	}
+	if err != nil {
+		// The kernel aborted the whole batch; a fresh socket next time.
+		w.conn.CloseLasting()
+		w.conn = nil
+		return true, err
+	}
+	w.commits++
+	return true, nil
+}
+
+// encode turns an element in nft syntax into the kernel's bytes.
+func (s setFormat) encode(e element) (nftables.SetElement, error) {
+	var el nftables.SetElement
+	var err error
+	if el.Key, err = encodeFields(s.key, e.key); err != nil {
+		return el, err
+	}
+	switch {
+	case s.verdict:
+		if el.VerdictData, err = parseVerdict(e.value); err != nil {
+			return el, err
+		}
+	case len(s.value) > 0:
+		if el.Val, err = encodeFields(s.value, e.value); err != nil {
+			return el, err
+		}
+	case e.value != "":
+		return el, fmt.Errorf("a value for a set element")
+	}
+	return el, nil
+}
+
+// encodeFields lays out "a . b . c" as the kernel's registers hold it: each
+// field of a concatenation padded to 4 bytes.
+func encodeFields(kinds []fieldKind, s string) ([]byte, error) {
+	parts := strings.Split(s, " . ")
+	if len(parts) != len(kinds) {
+		return nil, fmt.Errorf("%q has %d fields, want %d", s, len(parts), len(kinds))
+	}
+	var out []byte
+	for i, k := range kinds {
+		start := len(out)
+		switch k {
+		case addr4Field, addr6Field:
+			a, err := netip.ParseAddr(parts[i])
+			if err != nil || a.Is4() != (k == addr4Field) {
+				return nil, fmt.Errorf("%q is not an address of the set's family", parts[i])
+			}
+			out = append(out, a.AsSlice()...)
+		case protoField:
+			p, ok := protocolNumbers[parts[i]]
+			if !ok {
+				return nil, fmt.Errorf("unknown protocol %q", parts[i])
+			}
+			out = append(out, p)
+		case serviceField:
+			n, err := strconv.ParseUint(parts[i], 10, 16)
+			if err != nil {
+				return nil, err
+			}
+			out = binary.BigEndian.AppendUint16(out, uint16(n))
+		case integerField:
+			n, err := strconv.ParseUint(parts[i], 10, 32)
+			if err != nil {
+				return nil, err
+			}
+			out = binary.NativeEndian.AppendUint32(out, uint32(n))
+		}
+		if len(kinds) > 1 {
+			for (len(out)-start)%4 != 0 {
+				out = append(out, 0)
+			}
+		}
+	}
+	return out, nil
+}
+
+var protocolNumbers = map[string]byte{"tcp": 6, "udp": 17, "sctp": 132}
+
+func parseVerdict(v string) (*expr.Verdict, error) {
+	switch {
+	case v == "drop":
+		return &expr.Verdict{Kind: expr.VerdictDrop}, nil
+	case v == "accept":
+		return &expr.Verdict{Kind: expr.VerdictAccept}, nil
+	case v == "return":
+		return &expr.Verdict{Kind: expr.VerdictReturn}, nil
+	case strings.HasPrefix(v, "goto "):
+		return &expr.Verdict{Kind: expr.VerdictGoto, Chain: strings.TrimPrefix(v, "goto ")}, nil
+	case strings.HasPrefix(v, "jump "):
+		return &expr.Verdict{Kind: expr.VerdictJump, Chain: strings.TrimPrefix(v, "jump ")}, nil
+	}
+	return nil, fmt.Errorf("unknown verdict %q", v)
+}
