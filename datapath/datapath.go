@@ -797,17 +797,32 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 		change(nodeKey, nodeElements(state.Node, d.cfg))
 	}
 	replaced := map[ServiceKey]*Service{} // changed services as they were (nil: new)
-	for key, svc := range state.Services {
-		// The node's zone and addresses shape every service's elements.
-		if nodeChanged || d.services[key] != svc {
-			changeService(key, serviceContribution(svc, state.Node, d.cfg.MasqueradeMark))
-			if d.services[key] != svc {
-				replaced[key] = d.services[key]
+	// The node's zone and addresses shape every service's elements; else
+	// only the services the caller names may have changed.
+	candidates := state.Changed
+	if nodeChanged || candidates == nil {
+		candidates = slices.Collect(maps.Keys(state.Services))
+		for key := range d.services {
+			if _, ok := state.Services[key]; !ok {
+				candidates = append(candidates, key)
 			}
 		}
+	} else if len(candidates) > 1 {
+		// A caller may name a service twice; it must change once.
+		candidates = slices.Clone(candidates)
+		slices.SortFunc(candidates, ServiceKey.Compare)
+		candidates = slices.Compact(candidates)
 	}
-	for key, old := range d.services {
-		if _, ok := state.Services[key]; !ok {
+	for _, key := range candidates {
+		svc, now := state.Services[key]
+		old, was := d.services[key]
+		switch {
+		case now && (nodeChanged || old != svc):
+			changeService(key, serviceContribution(svc, state.Node, d.cfg.MasqueradeMark))
+			if old != svc {
+				replaced[key] = old
+			}
+		case !now && was:
 			changeService(key, contribution{})
 			replaced[key] = old
 		}
@@ -864,14 +879,11 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 	// Our own copy, kept in step key by key: the caller may change its map
 	// for the next Apply, and cloning it whole costs more than the change.
 	d.node = state.Node
-	for key := range d.services {
-		if _, ok := state.Services[key]; !ok {
-			delete(d.services, key)
-		}
-	}
-	for key, svc := range state.Services {
-		if d.services[key] != svc {
+	for key := range replaced {
+		if svc, ok := state.Services[key]; ok {
 			d.services[key] = svc
+		} else {
+			delete(d.services, key)
 		}
 	}
 	// Only after the new rules are in: a flow cleared earlier could be

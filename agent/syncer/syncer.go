@@ -138,8 +138,12 @@ type Syncer struct {
 	log     *slog.Logger
 	metrics *metrics
 
-	mu       sync.Mutex // guards the fields below
-	state    datapath.NodeState
+	mu    sync.Mutex // guards the fields below
+	state datapath.NodeState
+	// changed names the services the messages since the last successful
+	// apply touched, for the datapath to look at those alone; nil when
+	// not known (a whole state came).
+	changed  map[datapath.ServiceKey]bool
 	received uint64 // version of state
 	applied  uint64 // last version applied successfully
 	// receivedHistory and appliedHistory are the histories of received
@@ -357,6 +361,7 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 		return nack(msg.GetVersion(), err)
 	}
 	s.state = next
+	s.noteChanged(msg)
 	if msg.GetMore() {
 		// Part of a bigger state: apply and answer once it is whole.
 		s.partial = true
@@ -367,15 +372,38 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 	return s.applyLocked(ctx)
 }
 
+// noteChanged records the services msg touched.
+func (s *Syncer) noteChanged(msg *weirv1.SyncResponse) {
+	if msg.GetFull() {
+		s.changed = nil
+		return
+	}
+	if s.changed == nil {
+		return // since a whole state: every service is compared anyway
+	}
+	for _, ws := range msg.GetUpserts() {
+		s.changed[datapath.ServiceKey{Namespace: ws.GetNamespace(), Name: ws.GetName()}] = true
+	}
+	for _, key := range msg.GetRemovals() {
+		ns, name, _ := strings.Cut(key, "/")
+		s.changed[datapath.ServiceKey{Namespace: ns, Name: name}] = true
+	}
+}
+
 func (s *Syncer) applyLocked(ctx context.Context) *weirv1.SyncRequest {
 	start := time.Now()
-	if err := s.dp.Apply(ctx, s.state); err != nil {
+	state := s.state
+	if s.changed != nil {
+		state.Changed = slices.Collect(maps.Keys(s.changed))
+	}
+	if err := s.dp.Apply(ctx, state); err != nil {
 		s.metrics.failures.Inc()
 		s.lastErr = err
 		s.log.Error("applying state failed; the last good rules stay in place", "version", s.received, "error", err)
 		return nack(s.received, err)
 	}
 	took := time.Since(start)
+	s.changed = map[datapath.ServiceKey]bool{} // what follows is a change from this
 	s.applied, s.appliedHistory, s.lastErr, s.synced = s.received, s.receivedHistory, nil, time.Now()
 	s.obs.Applied(took)
 	s.metrics.syncDuration.Observe(took.Seconds())

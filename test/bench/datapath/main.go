@@ -200,6 +200,7 @@ func run(n, changes, restarts int) error {
 		port.Endpoints[c%10].Addr = addr4(10, 250, c>>8, c)
 		svc.Ports = []datapath.ServicePort{port}
 		state.Services[key] = &svc
+		state.Changed = []datapath.ServiceKey{key} // as the agent's syncer names it
 	}
 	took, added := map[bool][]time.Duration{}, map[bool][]time.Duration{}
 	c, next := 0, n
@@ -225,6 +226,7 @@ func run(n, changes, restarts int) error {
 			add := service(next)
 			next++
 			state.Services[add.Key] = add
+			state.Changed = []datapath.ServiceKey{add.Key}
 			start := time.Now()
 			if err := dp.Apply(ctx, state); err != nil {
 				return err
