@@ -490,3 +490,49 @@ func TestTheReportOfAStateComesBeforeItsAck(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestSyncerNamesWhatChanged: each apply names the services the messages
+// since the last successful apply touched (nothing after a whole state),
+// including those of a version whose apply failed and was retried.
+func TestSyncerNamesWhatChanged(t *testing.T) {
+	ss, conn := startScripted(t)
+	dp := &fakeApplier{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := New(Config{NodeName: "node1", ResyncPeriod: time.Hour, RetryPeriod: 100 * time.Millisecond}, conn, dp, nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	<-ss.hellos
+	stream := <-ss.streams
+	step := func(m *weirv1.SyncResponse, want ...string) {
+		t.Helper()
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			a := recvAnswer(t, stream)
+			if a.GetAck().GetVersion() == m.GetVersion() {
+				break
+			}
+			if a.GetNack() == nil {
+				t.Fatalf("answer to version %d: %v", m.GetVersion(), a)
+			}
+			dp.setFail(nil) // the retry applies it
+		}
+		var got []string
+		for _, k := range dp.last().Changed {
+			got = append(got, k.String())
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) || (want == nil) != (dp.last().Changed == nil) {
+			t.Errorf("version %d: changed %v (nil: %v), want %v", m.GetVersion(), got, dp.last().Changed == nil, want)
+		}
+	}
+	step(&weirv1.SyncResponse{Version: 5, Full: true, Upserts: []*weirv1.NodeService{svc("web", "10.96.0.10"), svc("db", "10.96.0.20")}})
+	step(&weirv1.SyncResponse{Version: 6, Upserts: []*weirv1.NodeService{svc("web", "10.96.0.11")}}, "default/web")
+	dp.setFail(errors.New("nft: no space left"))
+	step(&weirv1.SyncResponse{Version: 7, Removals: []string{"default/db"}}, "default/db")
+	step(&weirv1.SyncResponse{Version: 8, Upserts: []*weirv1.NodeService{svc("cache", "10.96.0.30")}}, "default/cache")
+	cancel()
+	<-done
+}
