@@ -12,7 +12,39 @@ import (
 	"google.golang.org/grpc/status"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/servertest"
 )
+
+// ackingAgents registers nodes node1..nodeN (addresses 192.0.2.11 on) and
+// connects an agent for each that acknowledges whatever it is sent; a
+// test sending on their streams holds the mutex returned.
+func ackingAgents(t *testing.T, ctx context.Context, ts *servertest.Server, n int) (map[string]*agentStream, *sync.Mutex) {
+	t.Helper()
+	agents := map[string]*agentStream{}
+	sendMu := &sync.Mutex{}
+	for i := range n {
+		name := fmt.Sprintf("node%d", i+1)
+		if _, err := ts.Registry.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{
+			Metadata: &weirv1.ObjectMeta{Name: name}, Addresses: []string{fmt.Sprintf("192.0.2.%d", 11+i)},
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		a := connectAgent(t, ctx, ts, name, 0)
+		agents[name] = a
+		go func() {
+			for {
+				msg, err := a.stream.Recv()
+				if err != nil {
+					return
+				}
+				sendMu.Lock()
+				a.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
+				sendMu.Unlock()
+			}
+		}()
+	}
+	return agents, sendMu
+}
 
 // The load-balancer tier gets, per load-balancer IP, the nodes that should
 // receive it (Local: those with ready local endpoints, weighted by them),
@@ -35,28 +67,7 @@ func TestLoadBalancerTargetsFollowTheAgentsReports(t *testing.T) {
 	}
 	// Each agent applies whatever it is sent (the IPAM's write of the
 	// address is a second version).
-	agents := map[string]*agentStream{}
-	var sendMu sync.Mutex
-	for i, name := range []string{"node1", "node2"} {
-		if _, err := ts.Registry.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{
-			Metadata: &weirv1.ObjectMeta{Name: name}, Addresses: []string{[]string{"192.0.2.11", "192.0.2.12"}[i]},
-		}}); err != nil {
-			t.Fatal(err)
-		}
-		a := connectAgent(t, ctx, ts, name, 0)
-		agents[name] = a
-		go func() {
-			for {
-				msg, err := a.stream.Recv()
-				if err != nil {
-					return
-				}
-				sendMu.Lock()
-				a.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
-				sendMu.Unlock()
-			}
-		}()
-	}
+	agents, sendMu := ackingAgents(t, ctx, ts, 2)
 	report := func(node string, ready int32) {
 		code := int32(503)
 		if ready > 0 {
@@ -172,28 +183,7 @@ func TestLoadBalancerTargetsKeepThePoolsLimit(t *testing.T) {
 	if _, err := ts.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
 		t.Fatal(err)
 	}
-	agents := map[string]*agentStream{}
-	var sendMu sync.Mutex
-	for i, name := range []string{"node1", "node2", "node3"} {
-		if _, err := ts.Registry.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: &weirv1.Node{
-			Metadata: &weirv1.ObjectMeta{Name: name}, Addresses: []string{fmt.Sprintf("192.0.2.%d", 11+i)},
-		}}); err != nil {
-			t.Fatal(err)
-		}
-		a := connectAgent(t, ctx, ts, name, 0)
-		agents[name] = a
-		go func() {
-			for {
-				msg, err := a.stream.Recv()
-				if err != nil {
-					return
-				}
-				sendMu.Lock()
-				a.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
-				sendMu.Unlock()
-			}
-		}()
-	}
+	agents, sendMu := ackingAgents(t, ctx, ts, 3)
 	health := func(node string, code int32) {
 		sendMu.Lock()
 		defer sendMu.Unlock()

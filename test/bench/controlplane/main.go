@@ -31,14 +31,17 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/weirlb/weir/internal/dial"
+	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/etcdcluster"
 	"github.com/weirlb/weir/test/weirlab"
 )
 
 var (
-	restartFlag *bool
-	replicas    int
+	restartFlag      *bool
+	simulatedRestart *bool
+	replicas         int
 )
 
 func main() {
@@ -47,6 +50,7 @@ func main() {
 	changes := flag.Int("changes", 100, "single-endpoint changes to time")
 	minSync := flag.Duration("min-sync-period", 50*time.Millisecond, "the server's --min-sync-period")
 	restartFlag = flag.Bool("server-restart", true, "then run real agent syncers, restart the server and time their return (one server)")
+	simulatedRestart = flag.Bool("restart-simulated", false, "time the server restart with the simulated agents instead of real syncers (which hold a decoded state each: about 4.7 MB, too much for thousands in one process)")
 	flag.IntVar(&replicas, "replicas", 1, "replicas of the server on a three-member etcd cluster (1: one server on its embedded store)")
 	flag.Parse()
 	if err := run(*services, *agents, *changes, *minSync); err != nil {
@@ -82,8 +86,8 @@ type agent struct {
 	backFull bool
 }
 
-func (a *agent) run(ctx context.Context, conn *grpc.ClientConn) error {
-	stream, err := weirv1.NewAgentServiceClient(conn).Sync(ctx)
+func (a *agent) run(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
+	stream, err := weirv1.NewAgentServiceClient(conn).Sync(ctx, append(opts, grpc.MaxCallRecvMsgSize(1<<30))...)
 	if err != nil {
 		return err
 	}
@@ -278,6 +282,25 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	for i := range nAgents {
 		a := &agent{name: fmt.Sprintf("node-%d", i), received: map[uint64]time.Time{}, bytes: map[uint64]int{}, ready: make(chan struct{})}
 		go func() {
+			if len(servers) == 1 {
+				// One server: as a real agent, one connection with the
+				// agent's own dialer (its reconnect backoff), each new
+				// stream waiting for it, resuming from what it holds;
+				// thousands connecting at once can outlast the server's
+				// handshake timeout.
+				c, err := dial.Server(servers[0].addr, true, tlsconfig.Files{})
+				if err != nil {
+					fmt.Fprintln(os.Stderr, a.name, err)
+					return
+				}
+				defer c.Close()
+				for agentsCtx.Err() == nil {
+					if err := a.run(agentsCtx, c, grpc.WaitForReady(true)); err != nil && agentsCtx.Err() == nil {
+						fmt.Fprintln(os.Stderr, a.name, "again after:", err)
+					}
+				}
+				return
+			}
 			// Agent i is on replica i mod N; when its replica goes, on the
 			// next one.
 			for k := i; agentsCtx.Err() == nil; k++ {
@@ -287,12 +310,8 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 					fmt.Fprintln(os.Stderr, a.name, err)
 					return
 				}
-				err = a.run(agentsCtx, c)
+				a.run(agentsCtx, c)
 				c.Close()
-				if agentsCtx.Err() == nil && len(servers) == 1 {
-					fmt.Fprintln(os.Stderr, a.name, err)
-					return
-				}
 			}
 		}()
 		all = append(all, a)
@@ -349,7 +368,13 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	if len(servers) > 1 {
 		return measureReplicaLoss(servers, all)
 	}
-	if *restartFlag {
+	if *restartFlag && *simulatedRestart {
+		srv, err = measureServerRestartSimulated(ctx, addr, srv, startServer, all)
+		servers[0].cmd = srv
+		if err != nil {
+			return err
+		}
+	} else if *restartFlag {
 		stopAgents()
 		srv, err = measureServerRestart(ctx, addr, nAgents, srv, startServer)
 		servers[0].cmd = srv // the restarted server is the one to stop at the end

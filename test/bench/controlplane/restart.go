@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"os/exec"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -37,6 +39,7 @@ func measureServerRestart(ctx context.Context, addr string, nAgents int, srv *ex
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	healths := make([]*health.Agent, nAgents)
+	syncers := make([]*syncer.Syncer, nAgents)
 	for i := range nAgents {
 		conn, err := dial.Server(addr, true, tlsconfig.Files{})
 		if err != nil {
@@ -47,16 +50,21 @@ func measureServerRestart(ctx context.Context, addr string, nAgents int, srv *ex
 		// /healthz would answer through the restart.
 		healths[i] = health.NewAgent(60*time.Second, slog.New(slog.DiscardHandler), nil)
 		s := syncer.New(syncer.Config{NodeName: fmt.Sprintf("node-%d", i)}, conn, noDatapath{}, healths[i], slog.New(slog.DiscardHandler))
+		syncers[i] = s
 		go s.Run(ctx)
 	}
-	var unhealthy sync.Map // node -> true once its /healthz would have answered other than 200
+	// Which agents' /healthz would have answered other than 200, while
+	// they take their first state and then through the restart.
+	var unhealthy [2]sync.Map
+	var phase atomic.Int32
 	sampling, stopSampling := context.WithCancel(ctx)
 	defer stopSampling()
 	go func() {
 		for sampling.Err() == nil {
+			p := phase.Load()
 			for i, h := range healths {
 				if code, _ := h.Node.Codes(); code != http.StatusOK {
-					unhealthy.Store(i, true)
+					unhealthy[p].Store(i, true)
 				}
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -70,6 +78,17 @@ func measureServerRestart(ctx context.Context, addr string, nAgents int, srv *ex
 	if _, err := waitConnected(ctx, admin, nAgents, time.Minute); err != nil {
 		return srv, err
 	}
+	// Every syncer holds the whole state before the server goes.
+	info, err := weirv1.NewStatusServiceClient(admin).GetServerInfo(ctx, &weirv1.GetServerInfoRequest{})
+	if err != nil {
+		return srv, err
+	}
+	began := time.Now()
+	if _, err := waitApplied(syncers, info.GetStateVersion(), 15*time.Minute); err != nil {
+		return srv, err
+	}
+	fmt.Printf("%d real agent syncers took the whole state in %v\n", nAgents, time.Since(began).Round(time.Millisecond))
+	phase.Store(1)
 
 	srv.Process.Signal(syscall.SIGTERM)
 	srv.Wait()
@@ -89,10 +108,37 @@ func measureServerRestart(ctx context.Context, addr string, nAgents int, srv *ex
 		time.Sleep(time.Millisecond)
 	}
 	listening := time.Now()
-	back, err := waitConnected(ctx, admin, nAgents, time.Minute)
+	// A write as soon as it listens: every agent must have it, which it
+	// can only get over a stream to the restarted server.
+	created, err := weirv1.NewRegistryServiceClient(admin).CreateService(ctx, &weirv1.CreateServiceRequest{Service: &weirv1.Service{
+		Metadata: &weirv1.ObjectMeta{Namespace: "bench", Name: "after-restart"},
+		Spec:     &weirv1.ServiceSpec{ClusterIps: []string{"10.95.0.1"}, Ports: []*weirv1.ServicePort{{Name: "http", Port: 80}}}}})
 	if err != nil {
 		return srv, err
 	}
+	written, _ := strconv.ParseUint(created.GetService().GetMetadata().GetResourceVersion(), 10, 64)
+	var back map[string]time.Time
+	var backErr error
+	connected := make(chan struct{})
+	go func() {
+		defer close(connected)
+		back, backErr = waitConnected(ctx, admin, nAgents, time.Minute)
+	}()
+	applied, err := waitApplied(syncers, written, 5*time.Minute)
+	if err != nil {
+		return srv, err
+	}
+	<-connected
+	if backErr != nil {
+		return srv, backErr
+	}
+	var tookApplied []time.Duration
+	for _, at := range applied {
+		tookApplied = append(tookApplied, at.Sub(listening))
+	}
+	slices.Sort(tookApplied)
+	fmt.Printf("server restart: a write made as it listened again applied by all %d syncers p50 %v  p99 %v  max %v after it listened\n", nAgents,
+		tookApplied[len(tookApplied)/2].Round(time.Millisecond), tookApplied[len(tookApplied)*99/100].Round(time.Millisecond), tookApplied[len(tookApplied)-1].Round(time.Millisecond))
 	var took []time.Duration
 	for _, at := range back {
 		took = append(took, at.Sub(listening))
@@ -102,10 +148,112 @@ func measureServerRestart(ctx context.Context, addr string, nAgents int, srv *ex
 	fmt.Printf("server restart (SIGTERM, %v to listen again): %d real agent syncers back p50 %v  p99 %v  max %v after it listened\n",
 		listening.Sub(down).Round(time.Millisecond), nAgents, q(50), q(99), took[len(took)-1].Round(time.Millisecond))
 	stopSampling()
-	bad := 0
-	unhealthy.Range(func(any, any) bool { bad++; return true })
-	fmt.Printf("agents whose /healthz would have answered other than 200 at any moment (sampled every 20 ms): %d of %d\n", bad, nAgents)
+	var bad [2]int
+	for p := range unhealthy {
+		unhealthy[p].Range(func(any, any) bool { bad[p]++; return true })
+	}
+	fmt.Printf("agents whose /healthz would have answered other than 200 (sampled every 20 ms): through the restart %d of %d; while they took their first state, all at once, %d (a new agent is unhealthy until its first state is applied, after the 60 s timeout)\n",
+		bad[1], nAgents, bad[0])
 	return srv, nil
+}
+
+// measureServerRestartSimulated stops the server (SIGTERM) under the
+// connected simulated agents, starts it again on the same data, writes as
+// soon as it listens, and times each agent's return (its first message,
+// and whether that was a whole state) and its receipt of that write.
+func measureServerRestartSimulated(ctx context.Context, addr string, srv *exec.Cmd, start func() (*exec.Cmd, error), all []*agent) (*exec.Cmd, error) {
+	for _, a := range all {
+		a.mu.Lock()
+		a.back, a.backFull = time.Time{}, false
+		a.mu.Unlock()
+	}
+	srv.Process.Signal(syscall.SIGTERM)
+	srv.Wait()
+	down := time.Now()
+	srv, err := start()
+	if err != nil {
+		return srv, err
+	}
+	for {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			break
+		}
+		if time.Since(down) > 30*time.Second {
+			return srv, fmt.Errorf("the restarted server does not listen")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	listening := time.Now()
+	admin, err := dial.Server(addr, true, tlsconfig.Files{})
+	if err != nil {
+		return srv, err
+	}
+	defer admin.Close()
+	var created *weirv1.CreateServiceResponse
+	for {
+		created, err = weirv1.NewRegistryServiceClient(admin).CreateService(ctx, &weirv1.CreateServiceRequest{Service: &weirv1.Service{
+			Metadata: &weirv1.ObjectMeta{Namespace: "bench", Name: "after-restart"},
+			Spec:     &weirv1.ServiceSpec{ClusterIps: []string{"10.95.0.1"}, Ports: []*weirv1.ServicePort{{Name: "http", Port: 80}}}}})
+		if err == nil {
+			break
+		}
+		if time.Since(listening) > 30*time.Second {
+			return srv, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	written, _ := strconv.ParseUint(created.GetService().GetMetadata().GetResourceVersion(), 10, 64)
+	var back, got []time.Duration
+	full := 0
+	deadline := time.Now().Add(5 * time.Minute)
+	for _, a := range all {
+		for {
+			a.mu.Lock()
+			at, ok := a.received[written]
+			b, wasFull := a.back, a.backFull
+			a.mu.Unlock()
+			if ok && !b.IsZero() {
+				back, got = append(back, b.Sub(listening)), append(got, at.Sub(listening))
+				if wasFull {
+					full++
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				return srv, fmt.Errorf("%s did not receive version %d within 5 minutes of the restart", a.name, written)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	slices.Sort(back)
+	slices.Sort(got)
+	q := func(d []time.Duration, p int) time.Duration {
+		return d[min(len(d)-1, len(d)*p/100)].Round(time.Millisecond)
+	}
+	fmt.Printf("server restart (SIGTERM, %v to listen again), %d simulated agents: back p50 %v  p99 %v  max %v after it listened (%d took a whole state, the rest resumed); a write made as it listened received by all: p50 %v  p99 %v  max %v\n",
+		listening.Sub(down).Round(time.Millisecond), len(all), q(back, 50), q(back, 99), back[len(back)-1].Round(time.Millisecond), full,
+		q(got, 50), q(got, 99), got[len(got)-1].Round(time.Millisecond))
+	return srv, nil
+}
+
+// waitApplied polls the syncers until each has applied version v and
+// returns when each was first seen so (within 10 ms).
+func waitApplied(syncers []*syncer.Syncer, v uint64, limit time.Duration) ([]time.Time, error) {
+	at := make([]time.Time, len(syncers))
+	left := len(syncers)
+	for deadline := time.Now().Add(limit); left > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%d of %d syncers had not applied version %d after %v", left, len(syncers), v, limit)
+		}
+		now := time.Now()
+		for i, s := range syncers {
+			if at[i].IsZero() && s.Status().AppliedVersion >= v {
+				at[i], left = now, left-1
+			}
+		}
+	}
+	return at, nil
 }
 
 // waitConnected polls the server's node statuses until n agents are
