@@ -51,20 +51,6 @@ const (
 	integerField // numgen's result: 32 bits, host order
 )
 
-func (k fieldKind) size() int {
-	switch k {
-	case addr4Field, integerField:
-		return 4
-	case addr6Field:
-		return 16
-	case protoField:
-		return 1
-	case serviceField:
-		return 2
-	}
-	return 0
-}
-
 func newElementWriter() *elementWriter {
 	w := &elementWriter{formats: map[*family]map[string]setFormat{}}
 	for _, f := range []*family{&ipv4, &ipv6} {

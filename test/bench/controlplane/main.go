@@ -295,7 +295,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 				}
 				defer c.Close()
 				for agentsCtx.Err() == nil {
-					if err := a.run(agentsCtx, c, grpc.WaitForReady(true)); err != nil && agentsCtx.Err() == nil {
+					if err := a.run(agentsCtx, c, grpc.WaitForReady(true)); agentsCtx.Err() == nil {
 						fmt.Fprintln(os.Stderr, a.name, "again after:", err)
 					}
 				}
