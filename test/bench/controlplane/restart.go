@@ -90,33 +90,14 @@ func measureServerRestart(ctx context.Context, addr string, nAgents int, srv *ex
 	fmt.Printf("%d real agent syncers took the whole state in %v\n", nAgents, time.Since(began).Round(time.Millisecond))
 	phase.Store(1)
 
-	srv.Process.Signal(syscall.SIGTERM)
-	srv.Wait()
-	down := time.Now()
-	srv, err = start()
+	srv, down, listening, err := restart(addr, srv, start)
 	if err != nil {
 		return srv, err
 	}
-	for {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			break
-		}
-		if time.Since(down) > 30*time.Second {
-			return srv, fmt.Errorf("the restarted server does not listen")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	listening := time.Now()
-	// A write as soon as it listens: every agent must have it, which it
-	// can only get over a stream to the restarted server.
-	created, err := weirv1.NewRegistryServiceClient(admin).CreateService(ctx, &weirv1.CreateServiceRequest{Service: &weirv1.Service{
-		Metadata: &weirv1.ObjectMeta{Namespace: "bench", Name: "after-restart"},
-		Spec:     &weirv1.ServiceSpec{ClusterIps: []string{"10.95.0.1"}, Ports: []*weirv1.ServicePort{{Name: "http", Port: 80}}}}})
+	written, err := writeAfterRestart(ctx, admin)
 	if err != nil {
 		return srv, err
 	}
-	written, _ := strconv.ParseUint(created.GetService().GetMetadata().GetResourceVersion(), 10, 64)
 	var back map[string]time.Time
 	var backErr error
 	connected := make(chan struct{})
@@ -167,43 +148,19 @@ func measureServerRestartSimulated(ctx context.Context, addr string, srv *exec.C
 		a.back, a.backFull = time.Time{}, false
 		a.mu.Unlock()
 	}
-	srv.Process.Signal(syscall.SIGTERM)
-	srv.Wait()
-	down := time.Now()
-	srv, err := start()
+	srv, down, listening, err := restart(addr, srv, start)
 	if err != nil {
 		return srv, err
 	}
-	for {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			break
-		}
-		if time.Since(down) > 30*time.Second {
-			return srv, fmt.Errorf("the restarted server does not listen")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	listening := time.Now()
 	admin, err := dial.Server(addr, true, tlsconfig.Files{})
 	if err != nil {
 		return srv, err
 	}
 	defer admin.Close()
-	var created *weirv1.CreateServiceResponse
-	for {
-		created, err = weirv1.NewRegistryServiceClient(admin).CreateService(ctx, &weirv1.CreateServiceRequest{Service: &weirv1.Service{
-			Metadata: &weirv1.ObjectMeta{Namespace: "bench", Name: "after-restart"},
-			Spec:     &weirv1.ServiceSpec{ClusterIps: []string{"10.95.0.1"}, Ports: []*weirv1.ServicePort{{Name: "http", Port: 80}}}}})
-		if err == nil {
-			break
-		}
-		if time.Since(listening) > 30*time.Second {
-			return srv, err
-		}
-		time.Sleep(10 * time.Millisecond)
+	written, err := writeAfterRestart(ctx, admin)
+	if err != nil {
+		return srv, err
 	}
-	written, _ := strconv.ParseUint(created.GetService().GetMetadata().GetResourceVersion(), 10, 64)
 	var back, got []time.Duration
 	full := 0
 	deadline := time.Now().Add(5 * time.Minute)
@@ -235,6 +192,46 @@ func measureServerRestartSimulated(ctx context.Context, addr string, srv *exec.C
 		listening.Sub(down).Round(time.Millisecond), len(all), q(back, 50), q(back, 99), back[len(back)-1].Round(time.Millisecond), full,
 		q(got, 50), q(got, 99), got[len(got)-1].Round(time.Millisecond))
 	return srv, nil
+}
+
+// restart stops the server with SIGTERM, starts it again and returns when
+// it listens: the new process, when the old one had gone and when the new
+// one listened.
+func restart(addr string, srv *exec.Cmd, start func() (*exec.Cmd, error)) (*exec.Cmd, time.Time, time.Time, error) {
+	srv.Process.Signal(syscall.SIGTERM)
+	srv.Wait()
+	down := time.Now()
+	srv, err := start()
+	if err != nil {
+		return srv, down, time.Time{}, err
+	}
+	for {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return srv, down, time.Now(), nil
+		}
+		if time.Since(down) > 30*time.Second {
+			return srv, down, time.Time{}, fmt.Errorf("the restarted server does not listen")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// writeAfterRestart creates a service as soon as the restarted server
+// takes writes and returns the version it made: every agent must get it,
+// which it can only over a stream to the restarted server.
+func writeAfterRestart(ctx context.Context, admin *grpc.ClientConn) (uint64, error) {
+	for began := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		created, err := weirv1.NewRegistryServiceClient(admin).CreateService(ctx, &weirv1.CreateServiceRequest{Service: &weirv1.Service{
+			Metadata: &weirv1.ObjectMeta{Namespace: "bench", Name: "after-restart"},
+			Spec:     &weirv1.ServiceSpec{ClusterIps: []string{"10.95.0.1"}, Ports: []*weirv1.ServicePort{{Name: "http", Port: 80}}}}})
+		if err == nil {
+			return strconv.ParseUint(created.GetService().GetMetadata().GetResourceVersion(), 10, 64)
+		}
+		if time.Since(began) > 30*time.Second {
+			return 0, err
+		}
+	}
 }
 
 // waitApplied polls the syncers until each has applied version v and
