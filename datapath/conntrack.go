@@ -81,7 +81,8 @@ func (c *FakeConntrack) ClearUDP(_ context.Context, f UDPFlow) error {
 // pointing the wrong way, as kube-proxy judges them: flows to an endpoint
 // of a changed service that served before and no longer does (gone, or
 // not serving), and flows cached while a frontend had no endpoint
-// (rejected or dropped) that now has one. An endpoint that leaves a
+// (rejected or dropped) that now has one, and flows to an address frontend
+// that did not exist yet and were never DNAT'ed. An endpoint that leaves a
 // frontend's backends but still serves (terminating, or out of this
 // node's topology or traffic-policy choice) keeps its flows: that is what
 // lets a UDP service drain gracefully. replaced holds the changed
@@ -119,9 +120,20 @@ func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement, replaced map[Se
 		now := d.live[id]
 		switch k, isBackends := kindOfMap(id.set); {
 		case k != nil && !isBackends:
-			// drop -> endpoints: flows cached while dropping are stale.
-			if was != nil && was.value == "drop" && now != nil && now.value != "drop" {
+			switch {
+			case now == nil || now.value == "drop":
+			case was != nil && was.value == "drop":
+				// drop -> endpoints: flows cached while dropping are stale.
 				if flow, ok := udpFlow(id.family, id.key, k.nodePort); ok {
+					emit(flow)
+				}
+			case was == nil && !k.nodePort && !d.wasFrontend(before, id):
+				// A new frontend: datagrams sent before it existed were
+				// routed as they were, and their entries, whose replies
+				// come from the frontend itself, would keep the client's
+				// flow off the endpoints for as long as it keeps sending.
+				if flow, ok := udpFlow(id.family, id.key, false); ok {
+					flow.Endpoint = flow.Dst
 					emit(flow)
 				}
 			}
@@ -135,6 +147,24 @@ func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement, replaced map[Se
 		}
 	}
 	return flows
+}
+
+// wasFrontend says whether id's frontend was already served before the
+// change, through another kind's map or as one with no endpoint: flows to
+// it then went where the rules said, and any that are stale are found
+// from what changed there.
+func (d *Datapath) wasFrontend(before map[elemID]*liveElement, id elemID) bool {
+	for _, set := range []string{ipKind.frontends, externalIPKind.frontends, noEndpointFrontendsSet} {
+		other := elemID{id.family, set, id.key}
+		if other == id {
+			continue
+		}
+		was, touched := before[other]
+		if (touched && was != nil) || (!touched && d.live[other] != nil) {
+			return true
+		}
+	}
+	return false
 }
 
 // servingUDP is, per UDP frontend (an address and port, or a node port

@@ -68,6 +68,29 @@ func TestStaleUDPConntrackEntriesAreCleared(t *testing.T) {
 	}
 }
 
+// TestUDPFlowsCachedBeforeAServiceExistedAreCleared: a datagram sent to a
+// cluster IP before its service reached the node was routed as it was,
+// and conntrack keeps that un-NAT'ed entry for as long as the client
+// keeps sending; when the service arrives with endpoints, those entries
+// (the reply comes from the frontend itself) go, and DNAT'ed ones stay.
+func TestUDPFlowsCachedBeforeAServiceExistedAreCleared(t *testing.T) {
+	ctx := context.Background()
+	ct := &FakeConntrack{}
+	dp := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), Config{Conntrack: ct})
+	web := webService(ep("10.244.1.10", true))
+	if err := dp.Apply(ctx, nodeState(web)); err != nil {
+		t.Fatal(err)
+	}
+	vip := netip.MustParseAddr("10.96.0.53")
+	if err := dp.Apply(ctx, nodeState(web, dnsService(UDP, ep("10.244.1.11", true)))); err != nil {
+		t.Fatal(err)
+	}
+	want := []UDPFlow{{Dst: vip, Port: 53, Endpoint: vip}}
+	if diff := cmp.Diff(want, ct.Cleared, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
+		t.Errorf("cleared flows (-want +got):\n%s", diff)
+	}
+}
+
 // TestTrafficPolicyChangesClearNoUDPFlows: an endpoint that leaves a
 // frontend's backends because of the traffic policy still serves the
 // service, so its flows stay (as in kube-proxy).

@@ -199,3 +199,47 @@ func TestUDPFlowsStayOnATerminatingServingEndpoint(t *testing.T) {
 	}
 	eventually(t, "the flow moves to n2p1", ask(n2p1.Name))
 }
+
+// TestUDPFlowSentBeforeItsServiceExisted: a client that sends to a cluster
+// IP before its service reaches the node (a resolver retrying while the
+// service is being created) leaves a conntrack entry for a datagram the
+// node routed as it was; once the service is there, the same flow must
+// reach its endpoint, not keep going where the first datagram went.
+func TestUDPFlowSentBeforeItsServiceExisted(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	n1p1 := c.Nodes[0].Pods[0]
+	fam := families("10.96.0.56", "fd00:96::56", "203.0.113.56", "2001:db8:113::56")[0]
+	dst := netip.MustParseAddrPort("10.96.0.56:53")
+	if _, err := c.Router.Run(ctx, "ip", "route", "replace", "10.96.0.56/32", "via", c.Nodes[0].IPv4.String()); err != nil {
+		t.Fatal(err)
+	}
+	client := newUDPClient(t, c.Client, 40062)
+	for range 3 {
+		if pod, err := client.ask(dst); err == nil {
+			t.Fatalf("a cluster IP no service holds answered from %s", pod)
+		}
+	}
+	ct, err := c.Nodes[0].Netns.Run(ctx, "conntrack", "-L", "-p", "udp", "--orig-dst", dst.Addr().String())
+	if err != nil || !strings.Contains(ct, "sport=40062") {
+		t.Fatalf("node1 holds no entry for the flow sent before the service (%v):\n%s", err, ct)
+	}
+	// The endpoints first, then the service: the node gets the service
+	// whole, with an endpoint, in one change.
+	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: udpSlice("early", fam, n1p1)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: udpService("early", 30056, dst.Addr().String())}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the flow sent before the service reaches its endpoint", func() error {
+		pod, err := client.ask(dst)
+		if err != nil {
+			return err
+		}
+		if pod != n1p1.Name {
+			return fmt.Errorf("answered by %s", pod)
+		}
+		return nil
+	})
+}
