@@ -43,6 +43,16 @@ type Config struct {
 	// MasqueradeAll masquerades every connection to a cluster IP too, from
 	// any source (kube-proxy's --masquerade-all).
 	MasqueradeAll bool
+	// ControlMark is the packet-mark bit of the agent's own connections to
+	// weir-server (it sets it on their sockets): no rule of the table
+	// DNATs, rejects or drops a packet that carries it, whatever the
+	// state says, so no state can cut a node off its server. 0 means
+	// DefaultControlMark.
+	ControlMark uint32
+	// ProtectedPorts are the node's own TCP ports (the agent's /healthz
+	// and metrics): on the node's addresses, no service takes or refuses
+	// them, whatever the state says.
+	ProtectedPorts []uint16
 	// Conntrack clears stale UDP entries after a change; nil leaves them.
 	Conntrack Conntrack
 	// Log receives what the datapath cannot return as an error; nil discards.
@@ -176,6 +186,9 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 		// One bit, with a free bit below it: Options.Validate says so to
 		// the operator; a caller that skipped it gets the default.
 		cfg.MasqueradeMark = DefaultMasqueradeMark
+	}
+	if cfg.ControlMark == 0 || cfg.ControlMark&(cfg.ControlMark-1) != 0 || cfg.ControlMark&(cfg.MasqueradeMark|cfg.MasqueradeMark>>1) != 0 {
+		cfg.ControlMark = DefaultControlMark
 	}
 	if cfg.LocalDetection.Mode == "" {
 		cfg.LocalDetection.Mode = DetectClusterCIDR

@@ -19,6 +19,12 @@ const TableName = "weir"
 // running beside Weir never masquerades Weir's connections.
 const DefaultMasqueradeMark = 0x2000
 
+// DefaultControlMark is the packet-mark bit of the agent's connections to
+// its server, which the table never touches. It is none of kube-proxy's
+// (0x4000, 0x8000), Calico's (0xffff0000), Cilium's (0x0f00) or
+// Weir's masquerade bits.
+const DefaultControlMark = 0x40
+
 // The table's sets. Every lookup a packet makes is a hash lookup keyed by
 // what the packet carries, so the per-packet cost does not grow with the
 // number of services, and a change is a handful of element updates rather
@@ -260,6 +266,13 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 	case DetectNone:
 		fromPods, notFromPods = "", ""
 	}
+	// What no state may take or refuse: the agent's own connections to
+	// its server (by their mark), and the agent's ports on the node's own
+	// addresses. First in every chain a hook enters.
+	exempt := []string{"meta mark & " + fmt.Sprintf("%#x", cfg.ControlMark) + " != 0 return"}
+	for _, p := range cfg.ProtectedPorts {
+		exempt = append(exempt, fmt.Sprintf("fib daddr type local tcp dport %d return", p))
+	}
 	only := func(match, rule string) []string {
 		if match == "" {
 			return nil
@@ -310,12 +323,13 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 		regularChain("services", append(services,
 			frontend+" vmap "+g.ref(ipKind.frontends),
 			nodePortMatch+" vmap "+g.ref(nodePortKind.frontends))...),
-		regularChain("host_services", append(hostServices, "goto services")...),
+		regularChain("host_services", slices.Concat(exempt, hostServices, []string{"goto services"})...),
 		regularChain("external_services",
 			frontend+" vmap "+g.ref(externalIPKind.frontends),
 			nodePortMatch+" vmap "+g.ref(externalNodePortKind.frontends),
 			"goto services"),
 		regularChain("dispatch", slices.Concat(
+			exempt,
 			only(fromPods, "goto services"),
 			[]string{"fib saddr type local goto host_services", "goto external_services"})...),
 		{baseChain("nat_prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority), []string{"jump dispatch"}},
@@ -333,22 +347,26 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 
 		// loadBalancerSourceRanges: a load-balancer frontend with ranges
 		// drops sources outside them, at priority -110, before DNAT (-100).
-		regularChain("firewall",
-			frontend+" . "+ip+" saddr "+g.ref(firewallAllowSet)+" return",
-			"fib saddr type local "+frontend+" "+g.ref(firewallAllowLocalSet)+" return",
-			frontend+" "+g.ref(firewallFrontendsSet)+" drop"),
+		regularChain("firewall", slices.Concat(exempt, []string{
+			frontend + " . " + ip + " saddr " + g.ref(firewallAllowSet) + " return",
+			"fib saddr type local " + frontend + " " + g.ref(firewallAllowLocalSet) + " return",
+			frontend + " " + g.ref(firewallFrontendsSet) + " drop"})...),
 		{baseChain("filter_prerouting", knftables.FilterType, knftables.PreroutingHook, "-110"), []string{"ct state new jump firewall"}},
 		{baseChain("filter_output_firewall", knftables.FilterType, knftables.OutputHook, "-110"), []string{"ct state new jump firewall"}},
 
 		// Reject (not drop) connections that no endpoint can serve, so
 		// clients fail fast instead of timing out.
-		regularChain("reject_unserved",
-			frontend+" "+g.ref(noEndpointFrontendsSet)+" goto reject_connection",
-			"fib daddr type local "+ip+" daddr "+g.ref(nodePortAddressesSet)+" meta l4proto . th dport "+g.ref(noEndpointNodePortsSet)+" goto reject_connection",
-			ip+" daddr "+g.ref(clusterIPsSet)+" goto reject_connection",
+		regularChain("reject_unserved", slices.Concat(exempt, []string{
+			frontend + " " + g.ref(noEndpointFrontendsSet) + " goto reject_connection",
+			"fib daddr type local " + ip + " daddr " + g.ref(nodePortAddressesSet) + " meta l4proto . th dport " + g.ref(noEndpointNodePortsSet) + " goto reject_connection",
+			// The node's own addresses are never a cluster IP's or a
+			// service range's, whatever the state says: refusing them
+			// would cut the node off its host services and its server.
+			"fib daddr type local return",
+			ip + " daddr " + g.ref(clusterIPsSet) + " goto reject_connection",
 			// An address of the service ranges no service holds: dropped,
 			// not sent out by the default route.
-			ip+" daddr "+g.ref(serviceCIDRsSet)+" drop"),
+			ip + " daddr " + g.ref(serviceCIDRsSet) + " drop"})...),
 		// A TCP reset refuses at once; ICMP errors are rate-limited by the
 		// kernel (IPv6: one a second per peer), so a client retrying would
 		// wait for its SYN to time out.

@@ -26,6 +26,7 @@ type packet struct {
 	iif   string // input interface; "" for the node's own traffic (output hook)
 	proto string // tcp, udp, sctp
 	dst   netip.AddrPort
+	mark  uint32 // the socket's mark, for the node's own traffic
 }
 
 // verdict is where a new connection ends up.
@@ -81,7 +82,7 @@ func traceFlow(t *testing.T, fake *knftables.Fake, pkt packet) verdict {
 	var v verdict
 	choices := 1
 	for choice := 0; choice < choices; choice++ {
-		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: pkt.dst}
+		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: pkt.dst, mark: pkt.mark}
 		w.run()
 		if choice == 0 {
 			choices = max(w.choices, 1)

@@ -64,8 +64,10 @@ const resolveTimeout = 2 * time.Second
 // addresses, looked up again at the start of each round (a walk through
 // all of them), so that a changed DNS answer is seen.
 type Servers struct {
-	entries []string
-	opts    []grpc.DialOption
+	entries  []string
+	opts     []grpc.DialOption
+	dialer   *net.Dialer // nil: gRPC's own
+	resolver *net.Resolver
 
 	mu     sync.Mutex // guards the fields below
 	round  []address  // this round's addresses
@@ -82,17 +84,42 @@ type address struct{ addr, authority string }
 // NewServers makes a client of the servers at the entries of list (see
 // ParseList): mTLS with files, or plain text when plain. It starts at a
 // random address, so that a rack's agents spread over the replicas.
-func NewServers(list string, plain bool, files tlsconfig.Files) (*Servers, error) {
+func NewServers(list string, plain bool, files tlsconfig.Files, opts ...Option) (*Servers, error) {
 	entries, err := ParseList(list)
 	if err != nil {
 		return nil, err
 	}
-	opts, err := options(plain, files)
+	dialOpts, err := options(plain, files)
 	if err != nil {
 		return nil, err
 	}
-	s := &Servers{entries: entries, opts: opts, round: shuffled(resolve(entries)), tried: 1, conns: map[address]*grpc.ClientConn{}}
+	s := &Servers{entries: entries, resolver: net.DefaultResolver, conns: map[address]*grpc.ClientConn{}}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.dialer != nil {
+		dialOpts = append(dialOpts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return s.dialer.DialContext(ctx, "tcp", addr)
+		}))
+	}
+	s.opts = dialOpts
+	s.round, s.tried = shuffled(s.resolve(entries)), 1
 	return s, nil
+}
+
+// Option adjusts how Servers connects.
+type Option func(*Servers)
+
+// WithSocketMark marks every socket the client opens, to its servers and
+// to the resolver that names them, with mark: an agent's datapath lets
+// such packets pass whatever the state it programs says, so that no state
+// can cut the node off its server.
+func WithSocketMark(mark uint32) Option {
+	return func(s *Servers) {
+		d := &net.Dialer{Control: markControl(mark)}
+		d.Resolver = &net.Resolver{PreferGo: true, Dial: d.DialContext}
+		s.dialer, s.resolver = d, d.Resolver
+	}
 }
 
 // shuffled is the addresses in an order of this client's own: a rack's
@@ -104,7 +131,7 @@ func shuffled(round []address) []address {
 }
 
 // resolve returns the addresses of entries, each once.
-func resolve(entries []string) []address {
+func (s *Servers) resolve(entries []string) []address {
 	var out []address
 	seen := map[string]bool{}
 	add := func(a address) {
@@ -120,7 +147,7 @@ func resolve(entries []string) []address {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
-		ips, err := net.DefaultResolver.LookupHost(ctx, host)
+		ips, err := s.resolver.LookupHost(ctx, host)
 		cancel()
 		if err != nil || len(ips) == 0 {
 			// Kept as a name: the connection looks it up again, and its
@@ -164,7 +191,7 @@ func (s *Servers) Next() (newRound bool) {
 	s.mu.Unlock()
 	// Looked up without the lock: calls to the current replica go on
 	// meanwhile.
-	round := shuffled(resolve(s.entries))
+	round := shuffled(s.resolve(s.entries))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// A new order, not starting where the last round ended.

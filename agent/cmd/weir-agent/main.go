@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -106,6 +107,14 @@ func run() error {
 	if cfg.NodePortAddresses, err = parsePrefixes("--nodeport-addresses", *nodePortAddr); err != nil {
 		return err
 	}
+	// The agent's own ports stay the agent's whatever the state says.
+	for _, addr := range []string{*healthzAddr, *metricsAddr} {
+		if _, port, err := net.SplitHostPort(addr); err == nil {
+			if p, err := strconv.ParseUint(port, 10, 16); err == nil && p != 0 {
+				cfg.ProtectedPorts = append(cfg.ProtectedPorts, uint16(p))
+			}
+		}
+	}
 	dp, err := datapath.NewForNode(cfg)
 	if err != nil {
 		return err
@@ -118,7 +127,9 @@ func run() error {
 		return nil
 	}
 
-	conn, err := dial.NewServers(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile})
+	// Marked, so that nothing the datapath programs can take or refuse the
+	// agent's connections to its server.
+	conn, err := dial.NewServers(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile}, dial.WithSocketMark(datapath.DefaultControlMark))
 	if err != nil {
 		return err
 	}
