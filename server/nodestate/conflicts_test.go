@@ -38,6 +38,9 @@ func TestNativeWritesFollowTheAllocationRules(t *testing.T) {
 	reg := registrytest.Open(t)
 	rules := registry.DefaultServiceRules()
 	rules.ExternalIPCIDRs = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("10.96.0.0/16")}
+	// A service range that overlaps the external IPs, to reach the clash
+	// between a cluster IP and an external IP.
+	rules.ServiceRanges = append(rules.ServiceRanges, netip.MustParsePrefix("198.51.100.0/24"))
 	reg.SetServiceRules(rules)
 	web := svc("shop", "web", "10.96.0.10", func(s *model.Service) {
 		s.Ports[0].NodePort = 30080
@@ -59,6 +62,11 @@ func TestNativeWritesFollowTheAllocationRules(t *testing.T) {
 			s.ExternalTrafficPolicy, s.HealthCheckNodePort = model.PolicyLocal, 8080
 		}, "spec.health_check_node_port", false},
 		{"external IP outside the allowed CIDRs", func(s *model.Service) { s.ExternalIPs = addrs("192.0.2.50") }, "spec.external_ips[0]", false},
+		{"cluster IP outside the service ranges", func(s *model.Service) { s.ClusterIPs = addrs("192.0.2.77") }, "spec.cluster_ips[0]", false},
+		{"cluster IP of the metadata server", func(s *model.Service) { s.ClusterIPs = addrs("169.254.169.254") }, "spec.cluster_ips[0]", false},
+		{"cluster IP of broadcast", func(s *model.Service) { s.ClusterIPs = addrs("255.255.255.255") }, "spec.cluster_ips[0]", false},
+		{"cluster IP not in canonical form", func(s *model.Service) { s.ClusterIPs = addrs("::ffff:10.96.0.10") }, "spec.cluster_ips[0]", false},
+		{"external IP of the metadata server", func(s *model.Service) { s.ExternalIPs = addrs("169.254.169.254") }, "spec.external_ips[0]", false},
 		{"Local on a ClusterIP service", func(s *model.Service) { s.Type, s.ExternalTrafficPolicy = model.ClusterIP, model.PolicyLocal }, "spec.external_traffic_policy", false},
 		{"health-check port is its own node port", func(s *model.Service) {
 			s.Ports[0].NodePort, s.ExternalTrafficPolicy, s.HealthCheckNodePort = 30090, model.PolicyLocal, 30090
@@ -180,4 +188,57 @@ func TestKubernetesConflictsAreResolvedTheSameEverywhere(t *testing.T) {
 			t.Errorf("with no external IPs allowed, the attacker's are programmed: %+v", got)
 		}
 	})
+}
+
+// A service range is dropped by every node where no service holds an
+// address: none may hold a node's address, a pod CIDR, the server's
+// address or a special-purpose range, and no native node may come to sit
+// in one. Nothing refused is stored.
+func TestServiceRangesStayClearOfTheControlPlane(t *testing.T) {
+	reg := registrytest.Open(t)
+	rules := registry.DefaultServiceRules()
+	rules.ServerAddrs = addrs("192.0.2.100")
+	reg.SetServiceRules(rules)
+	node := &model.Node{Meta: model.Meta{Name: "n1"}, Addresses: addrs("192.0.2.11"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
+	if _, err := reg.Nodes.Create(node); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ cidr, says string }{
+		{"0.0.0.0/0", "wider than /8"},
+		{"::/0", "wider than /64"},
+		{"10.0.0.0/7", "wider than /8"},
+		{"fe80::/64", "special-purpose"},
+		{"16.0.0.0/4", "wider than /8"},
+		{"169.254.0.0/16", "special-purpose"},
+		{"::ffff:10.0.0.0/104", "canonical"},
+		{"192.0.2.96/28", "weir-server"},
+		{"192.0.2.0/28", "node n1"},
+		{"10.244.0.0/16", "pod CIDR of node n1"},
+	} {
+		_, err := reg.ServiceCIDRs.Create(&model.ServiceCIDR{Meta: model.Meta{Name: "wide"}, CIDRs: []netip.Prefix{netip.MustParsePrefix(tc.cidr)}})
+		var fe *model.FieldError
+		if !errors.As(err, &fe) || fe.Field != "cidrs[0]" || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("service range %s: %v; want a field error on cidrs[0] saying %q", tc.cidr, err, tc.says)
+		}
+		if _, err := reg.ServiceCIDRs.Get("wide"); !errors.Is(err, registry.ErrNotFound) {
+			t.Fatalf("service range %s was stored (%v)", tc.cidr, err)
+		}
+	}
+	if _, err := reg.ServiceCIDRs.Create(&model.ServiceCIDR{Meta: model.Meta{Name: "more"}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.100.0.0/16")}}); err != nil {
+		t.Fatalf("a range clear of everything: %v", err)
+	}
+	// Its cluster IPs are now allowed; a node inside it is not.
+	if _, err := reg.Services.Create(svc("default", "more", "10.100.0.10", nil)); err != nil {
+		t.Errorf("a cluster IP of a ServiceCidr resource: %v", err)
+	}
+	for _, n := range []*model.Node{
+		{Meta: model.Meta{Name: "n2"}, Addresses: addrs("10.100.0.5")},
+		{Meta: model.Meta{Name: "n2"}, Addresses: addrs("192.0.2.12"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/24")}},
+	} {
+		_, err := reg.Nodes.Create(n)
+		var fe *model.FieldError
+		if !errors.As(err, &fe) || !strings.Contains(err.Error(), "service range") {
+			t.Errorf("node %v %v: %v; want a field error naming the service range", n.Addresses, n.PodCIDRs, err)
+		}
+	}
 }

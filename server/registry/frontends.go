@@ -25,6 +25,14 @@ type ServiceRules struct {
 	// default, as Kubernetes' DenyServiceExternalIPs admission recommends:
 	// an external IP takes traffic for an address on every node.
 	ExternalIPCIDRs []netip.Prefix
+	// ServiceRanges are where a native service's cluster IPs come from,
+	// besides the ServiceCidr resources (the apiserver's
+	// --service-cluster-ip-range). The Kubernetes source's services were
+	// checked by their apiserver.
+	ServiceRanges []netip.Prefix
+	// ServerAddrs are the server's own addresses: no service range may
+	// hold one, or every node would drop its connections to the server.
+	ServerAddrs []netip.Addr
 }
 
 // DefaultServiceRules are Kubernetes' defaults and the ports of Weir's
@@ -39,7 +47,14 @@ func DefaultServiceRules() ServiceRules {
 			10249: "weir-agent's metrics",
 			10256: "weir-agent's /healthz",
 		},
+		ServiceRanges: DefaultServiceRanges(),
 	}
+}
+
+// DefaultServiceRanges are kubeadm's IPv4 service range and Weir's IPv6
+// one.
+func DefaultServiceRanges() []netip.Prefix {
+	return []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd00:96::/108")}
 }
 
 // PortRange is an inclusive range of ports.
@@ -237,6 +252,14 @@ func (r *Registry) ruleBreaches(s *model.Service) []Conflict {
 			}
 		}
 	}
+	if s.Source != model.SourceKubernetes {
+		ranges := r.serviceRanges()
+		for i, a := range s.ClusterIPs {
+			if !slices.ContainsFunc(ranges, func(p netip.Prefix) bool { return p.Contains(a) }) {
+				out = append(out, Conflict{fmt.Sprintf("spec.cluster_ips[%d]", i), fmt.Sprintf("%s is outside the service ranges %v (weir-server --service-cluster-ip-range, and the ServiceCidr resources)", a, ranges)})
+			}
+		}
+	}
 	for i, a := range s.ExternalIPs {
 		if !slices.ContainsFunc(r.rules.ExternalIPCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
 			allowed := "none are allowed (weir-server --allowed-external-ip-cidrs)"
@@ -315,4 +338,67 @@ func (r *Registry) checkServiceClaims(s *model.Service) error {
 // breaks a rule, and claims an older service (or a cluster IP) holds.
 func (v View) ServiceConflicts(s *model.Service) []Conflict {
 	return dedupeConflicts(append(v.r.ruleBreaches(s), v.r.conflicts(s, true)...))
+}
+
+// serviceRanges are the ranges cluster IPs come from: the server's and
+// every ServiceCidr resource's.
+func (r *Registry) serviceRanges() []netip.Prefix {
+	out := slices.Clone(r.rules.ServiceRanges)
+	for _, c := range r.ServiceCIDRs.items {
+		out = append(out, c.CIDRs...)
+	}
+	return out
+}
+
+// checkServiceCIDRClear refuses a service range that holds a node's
+// address, overlaps its pod CIDRs, or holds the server's own address:
+// every node drops new connections to a range's free addresses.
+func (r *Registry) checkServiceCIDRClear(c *model.ServiceCIDR) error {
+	for i, p := range c.CIDRs {
+		field := fmt.Sprintf("cidrs[%d]", i)
+		for _, a := range r.rules.ServerAddrs {
+			if p.Contains(a) {
+				return &model.FieldError{Field: field, Reason: fmt.Sprintf("%s holds %s, an address of weir-server", p, a)}
+			}
+		}
+		for _, n := range r.Nodes.items {
+			if err := rangeClearOfNode(field, p, n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkNodeClear refuses a native node with an address or a pod CIDR in
+// a service range (a Kubernetes node is the cluster's; its agents never
+// drop their own addresses whatever the ranges say).
+func (r *Registry) checkNodeClear(n *model.Node) error {
+	if n.Source == model.SourceKubernetes {
+		return nil
+	}
+	for _, p := range r.serviceRanges() {
+		if err := rangeClearOfNode("", p, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rangeClearOfNode says how p takes one of n's addresses or pod CIDRs,
+// naming field when it is the range's (else the node's).
+func rangeClearOfNode(field string, p netip.Prefix, n *model.Node) error {
+	for i, a := range n.Addresses {
+		if p.Contains(a) {
+			f := cmp.Or(field, fmt.Sprintf("addresses[%d]", i))
+			return &model.FieldError{Field: f, Reason: fmt.Sprintf("service range %s holds %s, an address of node %s", p, a, n.Name)}
+		}
+	}
+	for i, pc := range n.PodCIDRs {
+		if p.Overlaps(pc) {
+			f := cmp.Or(field, fmt.Sprintf("pod_cidrs[%d]", i))
+			return &model.FieldError{Field: f, Reason: fmt.Sprintf("service range %s overlaps %s, a pod CIDR of node %s", p, pc, n.Name)}
+		}
+	}
+	return nil
 }

@@ -99,7 +99,12 @@ func Open(st store.Backend) (*Registry, error) {
 		return r.checkServiceClaims(s)
 	})
 	r.EndpointSlices = newCollection(r, "endpointslices", true, (*model.EndpointSlice).Validate)
-	r.Nodes = newCollection(r, "nodes", false, (*model.Node).Validate)
+	r.Nodes = newCollection(r, "nodes", false, func(n *model.Node) error {
+		if err := n.Validate(); err != nil {
+			return err
+		}
+		return r.checkNodeClear(n)
+	})
 	r.Pools = newCollection(r, "addresspools", false, func(p *model.AddressPool) error {
 		if err := p.Validate(); err != nil {
 			return err
@@ -107,7 +112,12 @@ func Open(st store.Backend) (*Registry, error) {
 		return r.checkPoolOverlap(p)
 	})
 	r.Peers = newCollection(r, "bgppeers", false, (*model.BGPPeer).Validate)
-	r.ServiceCIDRs = newCollection(r, "servicecidrs", false, (*model.ServiceCIDR).Validate)
+	r.ServiceCIDRs = newCollection(r, "servicecidrs", false, func(c *model.ServiceCIDR) error {
+		if err := c.Validate(); err != nil {
+			return err
+		}
+		return r.checkServiceCIDRClear(c)
+	})
 	r.kinds = map[string]storedKind{
 		r.Services.kind: r.Services, r.EndpointSlices.kind: r.EndpointSlices, r.Nodes.kind: r.Nodes,
 		r.Pools.kind: r.Pools, r.Peers.kind: r.Peers, r.ServiceCIDRs.kind: r.ServiceCIDRs,

@@ -60,3 +60,19 @@ func TestLeaderElectNeedsKubernetesWithoutEtcd(t *testing.T) {
 		}
 	}
 }
+
+func TestServiceClusterIPRange(t *testing.T) {
+	for list, ok := range map[string]bool{
+		"10.96.0.0/12,fd00:96::/108": true,
+		"10.96.0.0/12":               true,
+		"0.0.0.0/0":                  false,
+		"10.96.0.1/12":               false,
+		"10.96.0.0/12,10.112.0.0/12": false,
+		"169.254.0.0/16":             false,
+		"not-a-range":                false,
+	} {
+		if _, _, err := serviceRanges(list); (err == nil) != ok {
+			t.Errorf("--service-cluster-ip-range %s: %v; want ok %v", list, err, ok)
+		}
+	}
+}

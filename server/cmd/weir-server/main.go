@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/limits"
+	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/store"
 )
@@ -87,6 +89,7 @@ func run() error {
 		leRenew        = flag.Duration("leader-elect-renew-deadline", 10*time.Second, "with --leader-elect: how long the leader tries to renew the Lease before it stops leading")
 		leRetry        = flag.Duration("leader-elect-retry-period", 2*time.Second, "with --leader-elect: how often replicas try to take or renew the Lease")
 		leNamespace    = flag.String("leader-elect-namespace", "", "with --leader-elect: namespace of the Lease "+kubernetes.LeaseName+" (default: the pod's own, else "+kubernetes.DefaultNamespace+")")
+		svcRanges      = flag.String("service-cluster-ip-range", "10.96.0.0/12,fd00:96::/108", "comma-separated ranges (one per family) the cluster IPs of native services come from, besides the ServiceCidr resources (as the apiserver's flag); none may hold an address of this host")
 		extCIDRs       = flag.String("allowed-external-ip-cidrs", "", "comma-separated CIDRs external IPs may come from (default none: a service's external IP takes an address's traffic on every node; Kubernetes recommends denying them)")
 	)
 	flag.Parse()
@@ -131,6 +134,9 @@ func run() error {
 			return fmt.Errorf("--allowed-external-ip-cidrs: %q is not a CIDR", s)
 		}
 		rules.ExternalIPCIDRs = append(rules.ExternalIPCIDRs, p)
+	}
+	if rules.ServiceRanges, rules.ServerAddrs, err = serviceRanges(*svcRanges); err != nil {
+		return fmt.Errorf("--service-cluster-ip-range: %w", err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -243,6 +249,42 @@ func certsCommand(args []string) error {
 
 // checkLeaderElect refuses --leader-elect where there is no Lease to
 // elect with, or where replicas elect through etcd already.
+// serviceRanges reads --service-cluster-ip-range, and finds this host's
+// addresses, which no service range may hold (every node drops new
+// connections to a range's free addresses).
+func serviceRanges(list string) ([]netip.Prefix, []netip.Addr, error) {
+	var own []netip.Addr
+	ifAddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, nil, fmt.Errorf("this host's addresses: %w", err)
+	}
+	for _, ia := range ifAddrs {
+		if p, err := netip.ParsePrefix(ia.String()); err == nil && !p.Addr().IsLoopback() && !p.Addr().IsLinkLocalUnicast() {
+			own = append(own, p.Addr().Unmap())
+		}
+	}
+	var ranges []netip.Prefix
+	for _, s := range strings.FieldsFunc(list, func(r rune) bool { return r == ',' }) {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, nil, fmt.Errorf("%q is not a CIDR", s)
+		}
+		if err := model.ValidateServiceRange(p); err != nil {
+			return nil, nil, err
+		}
+		for _, a := range own {
+			if p.Contains(a) {
+				return nil, nil, fmt.Errorf("%s holds %s, an address of this host", p, a)
+			}
+		}
+		if slices.ContainsFunc(ranges, func(q netip.Prefix) bool { return q.Addr().Is4() == p.Addr().Is4() }) {
+			return nil, nil, fmt.Errorf("%s: one range per family", p)
+		}
+		ranges = append(ranges, p)
+	}
+	return ranges, own, nil
+}
+
 func checkLeaderElect(leaderElect, kube, etcd bool) error {
 	switch {
 	case leaderElect && !kube:
