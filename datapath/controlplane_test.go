@@ -22,7 +22,9 @@ func TestNoStateCutsTheNodeOffItsServer(t *testing.T) {
 	nodeAsClusterIP := &Service{Key: ServiceKey{"default", "careless"}, ClusterIPs: []netip.Addr{nodeAddr},
 		Ports: []ServicePort{{Name: "http", Protocol: TCP, Port: 80}}}
 	st := nodeState(serverAsClusterIP, nodeAsClusterIP)
-	st.Node.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
+	// Every address as a service range (which the server refuses, but an
+	// older version may have stored), beside a true one.
+	st.Node.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("10.96.0.0/16")}
 	if err := dp.Apply(context.Background(), st); err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +44,9 @@ func TestNoStateCutsTheNodeOffItsServer(t *testing.T) {
 		{"ssh to the node", packet{src: outside, iif: "eth0", proto: "tcp", dst: netip.AddrPortFrom(nodeAddr, 22)}, verdict{}},
 		// The state still holds where it does not touch the control plane.
 		{"the node's address as a frontend with no endpoint", packet{src: outside, iif: "eth0", proto: "tcp", dst: netip.AddrPortFrom(nodeAddr, 80)}, verdict{Rejected: true}},
-		{"an address of the range no service holds", packet{src: podSource, iif: interfaceOf(podSource), proto: "tcp", dst: netip.MustParseAddrPort("10.96.99.99:80")}, verdict{Dropped: true}},
+		{"a pod reaching a pod of another node", packet{src: podSource, iif: interfaceOf(podSource), proto: "tcp", dst: netip.MustParseAddrPort("10.244.2.5:8080")}, verdict{}},
+		{"a pod reaching outside the cluster", packet{src: podSource, iif: interfaceOf(podSource), proto: "tcp", dst: netip.MustParseAddrPort("198.51.100.2:443")}, verdict{}},
+		{"an address of the true range no service holds", packet{src: podSource, iif: interfaceOf(podSource), proto: "tcp", dst: netip.MustParseAddrPort("10.96.99.99:80")}, verdict{Dropped: true}},
 	} {
 		if diff := cmp.Diff(tc.want, traceFlow(t, v4, tc.pkt)); diff != "" {
 			t.Errorf("%s (-want +got):\n%s", tc.name, diff)

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/weirlb/weir/internal/iprange"
 )
 
 // element is one set or map element of one family's table. Key and value
@@ -179,7 +181,8 @@ func nodeElements(node NodeInfo, cfg Config) []element {
 				}
 			}
 		}
-		for _, p := range outermostPrefixes(slices.Concat(cfg.ServiceCIDRs, node.ServiceCIDRs)) {
+		usable := slices.DeleteFunc(slices.Concat(cfg.ServiceCIDRs, node.ServiceCIDRs), func(p netip.Prefix) bool { return !serviceRangeUsable(p, node) })
+		for _, p := range outermostPrefixes(usable) {
 			if p.Addr().Is6() == f.is6 {
 				out = append(out, element{family: f, set: serviceCIDRsSet, key: prefixString(p)})
 			}
@@ -233,4 +236,18 @@ func dedupe(elems []element) []element {
 		}
 	}
 	return out
+}
+
+// serviceRangeUsable says whether the node may drop the free addresses of
+// p: not when p is wider than a service range may be or touches a
+// special-purpose range, the node's own addresses or its pods (which
+// the server refuses, but a state an older version stored, or a careless
+// flag, may still say), as dropping them would cut the node or its pods
+// off the network.
+func serviceRangeUsable(p netip.Prefix, node NodeInfo) bool {
+	if iprange.ValidateServiceRange(p) != nil {
+		return false
+	}
+	return !slices.ContainsFunc(node.Addresses, p.Contains) &&
+		!slices.ContainsFunc(node.PodCIDRs, p.Overlaps)
 }

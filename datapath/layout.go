@@ -363,6 +363,9 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 			// service range's, whatever the state says: refusing them
 			// would cut the node off its host services and its server.
 			"fib daddr type local return",
+			// A connection DNAT'ed to an endpoint went where a service
+			// said: the rules below are about original destinations.
+			"ct status dnat return",
 			ip + " daddr " + g.ref(clusterIPsSet) + " goto reject_connection",
 			// An address of the service ranges no service holds: dropped,
 			// not sent out by the default route.

@@ -414,8 +414,15 @@ func (r *ruleReader) selector() value {
 		}
 		return value{s: strconv.Itoa(int(w.dst.Port()))}
 	case "ct":
-		r.expect("state")
-		return value{s: "new"}
+		switch r.take() {
+		case "state":
+			return value{s: "new"}
+		case "status":
+			if w.dst != p.dst {
+				return value{s: "dnat"}
+			}
+			return value{s: "none"}
+		}
 	case "iifname":
 		return value{s: p.iif}
 	case "fib":

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/weirlb/weir/internal/iprange"
 )
 
 // FieldError says which field of a resource is wrong and why. Field paths
@@ -222,30 +224,13 @@ func validateUnicast(field string, a netip.Addr) error {
 	return nil
 }
 
-// SpecialPurpose are the ranges no service address and no service range
-// may touch: this network, loopback, link-local (cloud metadata servers
-// among them), multicast, reserved and broadcast, and IPv6's unspecified,
-// loopback, IPv4-mapped, link-local and multicast.
-var SpecialPurpose = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),
-	netip.MustParsePrefix("127.0.0.0/8"),
-	netip.MustParsePrefix("169.254.0.0/16"),
-	netip.MustParsePrefix("224.0.0.0/4"),
-	netip.MustParsePrefix("240.0.0.0/4"),
-	netip.MustParsePrefix("::/128"),
-	netip.MustParsePrefix("::1/128"),
-	netip.MustParsePrefix("::ffff:0:0/96"),
-	netip.MustParsePrefix("fe80::/10"),
-	netip.MustParsePrefix("ff00::/8"),
-}
-
 // validateServiceAddr checks an address a service takes traffic for on
 // every node (a cluster, external or load-balancer IP).
 func validateServiceAddr(field string, a netip.Addr) error {
 	if err := validateUnicast(field, a); err != nil {
 		return err
 	}
-	for _, p := range SpecialPurpose {
+	for _, p := range iprange.SpecialPurpose {
 		if p.Contains(a) {
 			return fieldErr(field, "%s is in the special-purpose range %s: no service may take it", a, p)
 		}
@@ -334,42 +319,12 @@ func (c *ServiceCIDR) Validate() error {
 		return fieldErr("cidrs", "one or two prefixes are required, %d given", len(c.CIDRs))
 	}
 	for i, p := range c.CIDRs {
-		if err := ValidateServiceRange(p); err != nil {
+		if err := iprange.ValidateServiceRange(p); err != nil {
 			return fieldErr(fmt.Sprintf("cidrs[%d]", i), "%v", err)
 		}
 	}
 	if len(c.CIDRs) == 2 && c.CIDRs[0].Addr().Is4() == c.CIDRs[1].Addr().Is4() {
 		return fieldErr("cidrs[1]", "the two prefixes must be of different families")
-	}
-	return nil
-}
-
-// Widest service ranges: every node drops new connections to a range's
-// free addresses, so a range is bounded as Kubernetes bounds its own
-// (IPv4 /12 there; /8 here for racks that carve their own).
-const (
-	widestServiceRange4 = 8
-	widestServiceRange6 = 64
-)
-
-// ValidateServiceRange checks one range cluster IPs come from, whether a
-// ServiceCidr resource or the server's --service-cluster-ip-range: a
-// canonical prefix, not wider than /8 (IPv6 /64), clear of every
-// special-purpose range.
-func ValidateServiceRange(p netip.Prefix) error {
-	if !p.IsValid() || p.Masked() != p || p.Addr().Zone() != "" {
-		return fmt.Errorf("%q is not a network prefix", p)
-	}
-	if p.Addr().Is4In6() {
-		return fmt.Errorf("%q is not in canonical form", p)
-	}
-	if widest := map[bool]int{true: widestServiceRange4, false: widestServiceRange6}[p.Addr().Is4()]; p.Bits() < widest {
-		return fmt.Errorf("%s is wider than /%d: every node would drop connections to its free addresses", p, widest)
-	}
-	for _, sp := range SpecialPurpose {
-		if sp.Overlaps(p) {
-			return fmt.Errorf("%s overlaps the special-purpose range %s", p, sp)
-		}
 	}
 	return nil
 }

@@ -22,3 +22,18 @@ func TestLocalDetectionFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestServiceCIDRFlagIsARange(t *testing.T) {
+	for list, ok := range map[string]bool{
+		"":                           true,
+		"10.96.0.0/12,fd00:96::/108": true,
+		"0.0.0.0/0":                  false,
+		"::/0":                       false,
+		"10.96.0.1/12":               false,
+		"169.254.0.0/16":             false,
+	} {
+		if _, err := serviceRanges(list); (err == nil) != ok {
+			t.Errorf("--service-cidr %q: %v; want ok %v", list, err, ok)
+		}
+	}
+}

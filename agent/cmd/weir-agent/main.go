@@ -30,6 +30,7 @@ import (
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bgpspeaker"
 	"github.com/weirlb/weir/internal/dial"
+	"github.com/weirlb/weir/internal/iprange"
 	"github.com/weirlb/weir/internal/membership"
 	"github.com/weirlb/weir/internal/tlsconfig"
 )
@@ -101,7 +102,7 @@ func run() error {
 	if cfg.ClusterCIDRs, err = parsePrefixes("--cluster-cidr", *clusterCIDRs); err != nil {
 		return err
 	}
-	if cfg.ServiceCIDRs, err = parsePrefixes("--service-cidr", *serviceCIDRs); err != nil {
+	if cfg.ServiceCIDRs, err = serviceRanges(*serviceCIDRs); err != nil {
 		return err
 	}
 	if cfg.NodePortAddresses, err = parsePrefixes("--nodeport-addresses", *nodePortAddr); err != nil {
@@ -230,6 +231,22 @@ func parsePrefixes(flagName, list string) ([]netip.Prefix, error) {
 			return nil, fmt.Errorf("%s: %q is not a CIDR", flagName, s)
 		}
 		out = append(out, p)
+	}
+	return out, nil
+}
+
+// serviceRanges reads --service-cidr: every node drops new connections to
+// a range's free addresses, so each is held to what the server holds its
+// service ranges to.
+func serviceRanges(list string) ([]netip.Prefix, error) {
+	out, err := parsePrefixes("--service-cidr", list)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range out {
+		if err := iprange.ValidateServiceRange(p); err != nil {
+			return nil, fmt.Errorf("--service-cidr: %w", err)
+		}
 	}
 	return out, nil
 }

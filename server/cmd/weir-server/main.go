@@ -25,12 +25,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/weirlb/weir/internal/iprange"
 	"github.com/weirlb/weir/internal/tlsconfig"
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/limits"
-	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/store"
 )
@@ -269,7 +269,7 @@ func serviceRanges(list string) ([]netip.Prefix, []netip.Addr, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("%q is not a CIDR", s)
 		}
-		if err := model.ValidateServiceRange(p); err != nil {
+		if err := iprange.ValidateServiceRange(p); err != nil {
 			return nil, nil, err
 		}
 		for _, a := range own {
