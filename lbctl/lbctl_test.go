@@ -1537,3 +1537,31 @@ status: {load_balancer_ips: [203.0.113.5]}
 		t.Errorf("after draining %s: announcers %v, want %s kept and the third node in", before[0], after, before[1])
 	}
 }
+
+// TestReplicaNotCurrentIsPassedOver: given two replicas of which one lost
+// its store, lbctl (which starts at a random one) always gets its answer
+// from the current one, for reads and writes; with none current it says
+// so instead of "cannot reach".
+func TestReplicaNotCurrentIsPassedOver(t *testing.T) {
+	cut, current := newEnv(t), newEnv(t)
+	cut.srv.Hub.SetNotCurrent("cannot reach the store: test")
+	servers := cut.addr + "," + current.addr
+	for i := range 8 {
+		out, errOut, code := runLbctl(context.Background(), time.Now(), "", "--server", servers, "--insecure", "get", "pools")
+		if code != 0 || strings.Contains(errOut, "not current") {
+			t.Fatalf("run %d: get pools: exit %d, %q %q; want the current replica's answer", i, code, out, errOut)
+		}
+		pool := fmt.Sprintf("kind: AddressPool\nmetadata:\n  name: p%d\naddresses: [\"198.18.%d.0/28\"]\n", i, i)
+		if _, errOut, code := runLbctl(context.Background(), time.Now(), pool, "--server", servers, "--insecure", "apply", "-f", "-"); code != 0 {
+			t.Fatalf("run %d: apply: exit %d, %q", i, code, errOut)
+		}
+	}
+	if got, err := current.registry.ListAddressPools(context.Background(), &weirv1.ListAddressPoolsRequest{}); err != nil || len(got.GetAddressPools()) != 8 {
+		t.Errorf("the current replica holds %v (%v); want the 8 pools applied", got.GetAddressPools(), err)
+	}
+	current.srv.Hub.SetNotCurrent("behind the store: test")
+	_, errOut, code := runLbctl(context.Background(), time.Now(), "", "--server", servers, "--insecure", "get", "pools")
+	if code == 0 || !strings.Contains(errOut, "current") {
+		t.Errorf("with no replica current: exit %d, %q; want a failure saying none is current", code, errOut)
+	}
+}

@@ -82,6 +82,7 @@ type app struct {
 	started bool     // a command's own code ran: earlier failures are usage errors
 	addrs   []string // the server addresses of --server, in the order tried
 	conn    *grpc.ClientConn
+	creds   credentials.TransportCredentials
 }
 
 // run executes one command line and returns the process exit code.
@@ -246,6 +247,16 @@ func (a *app) dial() (*grpc.ClientConn, error) {
 	}
 	start := rand.N(len(addrs))
 	a.addrs = slices.Concat(addrs[start:], addrs[:start])
+	a.creds = creds
+	if err := a.connect(); err != nil {
+		return nil, err
+	}
+	return a.conn, nil
+}
+
+// connect makes the connection to the servers at a.addrs, the first
+// preferred.
+func (a *app) connect() error {
 	servers := manual.NewBuilderWithScheme("weir")
 	var state resolver.State
 	for _, addr := range a.addrs {
@@ -254,13 +265,21 @@ func (a *app) dial() (*grpc.ClientConn, error) {
 		state.Addresses = append(state.Addresses, resolver.Address{Addr: addr, ServerName: addr})
 	}
 	servers.InitialState(state)
-	conn, err := grpc.NewClient(servers.Scheme()+":///weir-server", grpc.WithResolvers(servers), grpc.WithTransportCredentials(creds),
+	conn, err := grpc.NewClient(servers.Scheme()+":///weir-server", grpc.WithResolvers(servers), grpc.WithTransportCredentials(a.creds),
 		grpc.WithUnaryInterceptor(a.intercept), grpc.WithStreamInterceptor(a.interceptStream))
 	if err != nil {
-		return nil, usageErrorf("--server %q: %v", a.server, err)
+		return usageErrorf("--server %q: %v", a.server, err)
 	}
 	a.conn = conn
-	return conn, nil
+	return nil
+}
+
+// nextReplica moves to the next server address: the one in use refused
+// as not current (its store is out of reach, or it fell behind).
+func (a *app) nextReplica() error {
+	a.conn.Close()
+	a.addrs = append(a.addrs[1:], a.addrs[0])
+	return a.connect()
 }
 
 func (a *app) client() (client, error) {
@@ -286,7 +305,17 @@ func (a *app) intercept(ctx context.Context, method string, req, reply any, cc *
 	}
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	return a.reachable(cc, invoke(ctx, method, req, reply, cc, opts...))
+	// a.conn, not cc: an earlier call may have moved to another replica.
+	err := invoke(ctx, method, req, reply, a.conn, opts...)
+	// A replica that is not current refuses before doing anything: the
+	// same call goes to the next, once to each.
+	for moved := 1; dial.IsNotCurrent(err) && moved < len(a.addrs); moved++ {
+		if cerr := a.nextReplica(); cerr != nil {
+			return cerr
+		}
+		err = invoke(ctx, method, req, reply, a.conn, opts...)
+	}
+	return a.reachable(a.conn, err)
 }
 
 // interceptStream is intercept for watches, without the time limit: a
@@ -310,6 +339,9 @@ func (s *clientStream) RecvMsg(m any) error { return s.check(s.ClientStream.Recv
 // reachable turns "nothing answers at that address" into one error that
 // the exit code and the hint key on.
 func (a *app) reachable(cc *grpc.ClientConn, err error) error {
+	if dial.IsNotCurrent(err) {
+		return fmt.Errorf("no replica at %s is current, so none answers (the last said: %s)", strings.Join(a.addrs, ", "), status.Convert(err).Message())
+	}
 	switch status.Code(err) {
 	case codes.Unavailable:
 		return a.unreachable(err)

@@ -157,9 +157,11 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	opts = append(opts, limits.ServerOptions(cfg.Limits)...)
+	hub := agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log, RemovalLogLimit: cfg.RemovalLogLimit})
+	opts = append(opts, currentOnly(hub)...)
 	s := &Server{
 		Registry: reg,
-		Agents:   agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log, RemovalLogLimit: cfg.RemovalLogLimit}),
+		Agents:   hub,
 		store:    st,
 		log:      cfg.Log,
 		grpc:     grpc.NewServer(opts...),
