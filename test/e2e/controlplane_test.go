@@ -121,7 +121,7 @@ func TestNoStateCutsANodeOffItsServer(t *testing.T) {
 	waitProgrammed("the hostile service's deletion", delRev)
 
 	eventually(t, "node1's /healthz answers the router", func() error {
-		resp, err := c.Router.HTTPClient(2*time.Second).Get(fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(node1.IPv4, 10256)))
+		resp, err := c.Router.HTTPClient(2 * time.Second).Get(fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(node1.IPv4, 10256)))
 		if err != nil {
 			return err
 		}

@@ -131,6 +131,37 @@ func eventually(t *testing.T, what string, f func() error) {
 	}
 }
 
+// answerOnRouter has the rack router accept TCP connections at dst, an
+// address beyond every node: a connection that gets there left its node
+// as it was sent. It returns the number accepted so far.
+func answerOnRouter(t *testing.T, c *weirlab.Cluster, dst netip.AddrPort) func() int64 {
+	t.Helper()
+	if _, err := c.Router.Run(context.Background(), "ip", "addr", "add", dst.Addr().String()+"/32", "dev", "lo"); err != nil {
+		t.Fatal(err)
+	}
+	var lis net.Listener
+	if err := c.Router.Do(func() error {
+		var err error
+		lis, err = net.Listen("tcp", dst.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	var accepted atomic.Int64
+	go func() {
+		for {
+			conn, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			conn.Close()
+		}
+	}()
+	return accepted.Load
+}
+
 // sample makes n connections from ns to dst and returns the replies.
 func sample(t *testing.T, ns *lab.Netns, dst netip.AddrPort, n int) []weirlab.Reply {
 	t.Helper()
@@ -571,28 +602,7 @@ func TestUnallocatedClusterIPsAreDropped(t *testing.T) {
 			createWeb(t, c)
 			ctx := context.Background()
 			unallocated := netip.MustParseAddrPort("10.96.99.99:80")
-			// Something beyond the node answers there.
-			if _, err := c.Router.Run(ctx, "ip", "addr", "add", unallocated.Addr().String()+"/32", "dev", "lo"); err != nil {
-				t.Fatal(err)
-			}
-			var lis net.Listener
-			if err := c.Router.Do(func() error {
-				var err error
-				lis, err = net.Listen("tcp", unallocated.String())
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { lis.Close() })
-			go func() {
-				for {
-					conn, err := lis.Accept()
-					if err != nil {
-						return
-					}
-					conn.Close()
-				}
-			}()
+			answerOnRouter(t, c, unallocated)
 			pod := c.Nodes[0].Pods[0]
 			// An allocated cluster IP still answers.
 			sample(t, pod.Netns, netip.AddrPortFrom(clusterIPv4, 80), 3)

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -124,7 +126,10 @@ func TestEndpointSelection(t *testing.T) {
 	}
 
 	// A service labelled for another proxy gets no rules from Weir: its
-	// cluster IP is not Weir's to answer or refuse.
+	// cluster IP is not Weir's to answer or refuse, so a connection to it
+	// leaves the node as sent (here to the router, which answers there).
+	otherIP := netip.MustParseAddrPort("10.96.0.32:80")
+	routerAccepted := answerOnRouter(t, c, otherIP)
 	other := clusterIPService("other", "10.96.0.32")
 	other.Metadata.Labels = map[string]string{"service.kubernetes.io/service-proxy-name": "someone-else"}
 	createService(t, c, other, c.Pods())
@@ -134,5 +139,17 @@ func TestEndpointSelection(t *testing.T) {
 		_, err := weirlab.Get(ctx, n1p2.Netns, netip.MustParseAddrPort("10.96.0.33:80"))
 		return err
 	})
-	expectDropped(t, n1p2.Netns, netip.MustParseAddrPort("10.96.0.32:80"))
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := n1p2.Netns.DialContext(dctx, "tcp", otherIP.String())
+	if err != nil {
+		t.Fatalf("connection to another proxy's cluster IP: %v; want it to leave the node and reach the router", err)
+	}
+	conn.Close()
+	eventually(t, "the router accepts the connection", func() error {
+		if n := routerAccepted(); n != 1 {
+			return fmt.Errorf("the router accepted %d connections at %s; want the one sent", n, otherIP)
+		}
+		return nil
+	})
 }
