@@ -89,6 +89,7 @@ func config(cfg Config, dir string) string {
   hold time %d;
   connect retry time 1;
   error wait time 1, 2;
+  debug { states, events, routes };
   ipv4 { import all; export none; };
 }
 `, i, cfg.ASN, rg, cfg.PeerASN, hold)
@@ -130,27 +131,49 @@ func (r *Router) GracefulRestartFrom(ctx context.Context, neighbor string) (bool
 	if err != nil {
 		return false, err
 	}
-	// A protocol's block starts with an unindented line; in the
-	// neighbour's, the capabilities it sent follow "Neighbor capabilities".
-	var block []string
-	check := func() bool {
-		text := strings.Join(block, "\n")
+	// In the neighbour's block, the capabilities it sent follow
+	// "Neighbor capabilities".
+	for _, text := range protocolBlocks(out) {
 		if !strings.Contains(text, "Neighbor address: "+neighbor+"\n") || !strings.Contains(text, "Established") {
-			return false
+			continue
 		}
-		_, theirs, ok := strings.Cut(text, "Neighbor capabilities")
-		return ok && strings.Contains(theirs, "Graceful restart")
+		if _, theirs, ok := strings.Cut(text, "Neighbor capabilities"); ok && strings.Contains(theirs, "Graceful restart") {
+			return true, nil
+		}
 	}
+	return false, nil
+}
+
+// RestartDone reports whether the session with neighbor is Established
+// and no graceful restart of it is pending: the routes it sent are its
+// current session's, not kept from an earlier one (prefix is not needed:
+// BIRD says it per session).
+func (r *Router) RestartDone(ctx context.Context, neighbor, _ string) (bool, error) {
+	out, err := r.Birdc(ctx, "show protocols all")
+	if err != nil {
+		return false, err
+	}
+	for _, block := range protocolBlocks(out) {
+		if strings.Contains(block, "Neighbor address: "+neighbor+"\n") && strings.Contains(block, "Established") {
+			return !strings.Contains(block, "Neighbor graceful restart active"), nil
+		}
+	}
+	return false, nil
+}
+
+// protocolBlocks splits `show protocols all` into one text per protocol:
+// each starts with an unindented line.
+func protocolBlocks(out string) []string {
+	var blocks []string
+	var block []string
 	for _, line := range strings.Split(out, "\n") {
-		if line != "" && line[0] != ' ' && line[0] != '\t' {
-			if check() {
-				return true, nil
-			}
+		if line != "" && line[0] != ' ' && line[0] != '\t' && len(block) > 0 {
+			blocks = append(blocks, strings.Join(block, "\n")+"\n")
 			block = nil
 		}
 		block = append(block, line)
 	}
-	return check(), nil
+	return append(blocks, strings.Join(block, "\n")+"\n")
 }
 
 // Describe is what BIRD says of its sessions and of prefix, for a failing

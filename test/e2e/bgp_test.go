@@ -104,6 +104,9 @@ func startSpeakingClusterOf(t *testing.T, cfg lab.Config, agentArgs func(*lab.No
 type bgpRouter interface {
 	NextHops(ctx context.Context, prefix string) ([]string, error)
 	GracefulRestartFrom(ctx context.Context, neighbor string) (bool, error)
+	// RestartDone: the neighbor's session is up and what it sent of
+	// prefix is its current session's, not kept through a restart.
+	RestartDone(ctx context.Context, neighbor, prefix string) (bool, error)
 	Describe(ctx context.Context, prefix string) string
 }
 

@@ -177,6 +177,24 @@ func (r *Router) GracefulRestartFrom(ctx context.Context, neighbor string) (bool
 	return strings.Contains(out, `"remoteGrMode":"Restart"`), nil
 }
 
+// RestartDone reports whether the session with neighbor is Established
+// and none of its paths to prefix is kept stale from an earlier session.
+func (r *Router) RestartDone(ctx context.Context, neighbor, prefix string) (bool, error) {
+	out, err := r.Vtysh(ctx, "show bgp neighbors "+neighbor+" json")
+	if err != nil || !strings.Contains(out, `"bgpState":"Established"`) {
+		return false, err
+	}
+	family := "ipv4"
+	if strings.Contains(prefix, ":") {
+		family = "ipv6"
+	}
+	paths, err := r.Vtysh(ctx, "show bgp "+family+" unicast "+prefix+" json")
+	if err != nil {
+		return false, err
+	}
+	return !strings.Contains(paths, `"stale":true`), nil
+}
+
 // Describe is what FRR says of its sessions and of prefix, for a failing
 // test's message.
 func (r *Router) Describe(ctx context.Context, prefix string) string {
