@@ -17,16 +17,22 @@ import (
 // until it expires; TCP and SCTP entries are left alone, as in kube-proxy.
 type Conntrack interface {
 	ClearUDP(ctx context.Context, flow UDPFlow) error
+	// NotDNATedUDP lists the UDP entries whose replies come from their
+	// original destination: datagrams no DNAT rule caught, as flows
+	// (Endpoint is the destination itself).
+	NotDNATedUDP(ctx context.Context) ([]UDPFlow, error)
 }
 
 // UDPFlow selects UDP entries by their original destination and, when
-// Endpoint is valid, by the endpoint they were DNAT'ed to.
+// Endpoint is valid, by the endpoint they were DNAT'ed to (and its port,
+// when EndpointPort is not 0).
 type UDPFlow struct {
 	IPv6 bool
 	// Dst is the frontend address; invalid for a node port (any local address).
-	Dst      netip.Addr
-	Port     uint16
-	Endpoint netip.Addr
+	Dst          netip.Addr
+	Port         uint16
+	Endpoint     netip.Addr
+	EndpointPort uint16
 }
 
 func (f UDPFlow) String() string {
@@ -37,6 +43,9 @@ func (f UDPFlow) String() string {
 	s := fmt.Sprintf("udp to %s port %d", dst, f.Port)
 	if f.Endpoint.IsValid() {
 		s += " via " + f.Endpoint.String()
+		if f.EndpointPort != 0 {
+			s += fmt.Sprintf(" port %d", f.EndpointPort)
+		}
 	}
 	return s
 }
@@ -56,6 +65,9 @@ func (ConntrackTool) ClearUDP(ctx context.Context, f UDPFlow) error {
 	if f.Endpoint.IsValid() {
 		args = append(args, "--reply-src", f.Endpoint.String())
 	}
+	if f.EndpointPort != 0 {
+		args = append(args, "--reply-port-src", strconv.Itoa(int(f.EndpointPort)))
+	}
 	out, err := exec.CommandContext(ctx, "conntrack", args...).CombinedOutput()
 	if err != nil && !strings.Contains(string(out), " 0 flow entries") {
 		return fmt.Errorf("conntrack %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
@@ -63,10 +75,71 @@ func (ConntrackTool) ClearUDP(ctx context.Context, f UDPFlow) error {
 	return nil
 }
 
-// FakeConntrack records what it was asked to clear.
+// NotDNATedUDP lists the table's UDP entries, both families, and keeps
+// those whose reply source is their original destination.
+func (ConntrackTool) NotDNATedUDP(ctx context.Context) ([]UDPFlow, error) {
+	var out []UDPFlow
+	for _, fam := range []string{"ipv4", "ipv6"} {
+		list, err := exec.CommandContext(ctx, "conntrack", "-L", "-p", "udp", "-f", fam).Output()
+		if err != nil {
+			return nil, fmt.Errorf("conntrack -L -p udp -f %s: %w", fam, err)
+		}
+		for _, line := range strings.Split(string(list), "\n") {
+			if f, ok := notDNATed(line); ok {
+				out = append(out, f)
+			}
+		}
+	}
+	return out, nil
+}
+
+// notDNATed reads one line of conntrack -L ("udp 17 29 src=A dst=B
+// sport=P dport=Q [UNREPLIED] src=B dst=A sport=Q dport=P ...") and
+// returns its flow when the reply comes from the original destination.
+func notDNATed(line string) (UDPFlow, bool) {
+	var orig, reply map[string]string
+	for _, field := range strings.Fields(line) {
+		k, v, ok := strings.Cut(field, "=")
+		if !ok {
+			continue
+		}
+		if k == "src" {
+			if orig == nil {
+				orig = map[string]string{}
+			} else if reply == nil {
+				reply = map[string]string{}
+			}
+		}
+		switch {
+		case reply != nil:
+			reply[k] = v
+		case orig != nil:
+			orig[k] = v
+		}
+	}
+	if orig == nil || reply == nil || reply["src"] != orig["dst"] || reply["sport"] != orig["dport"] {
+		return UDPFlow{}, false
+	}
+	dst, err := netip.ParseAddr(orig["dst"])
+	port, perr := strconv.ParseUint(orig["dport"], 10, 16)
+	if err != nil || perr != nil {
+		return UDPFlow{}, false
+	}
+	return UDPFlow{IPv6: dst.Is6(), Dst: dst, Port: uint16(port), Endpoint: dst}, true
+}
+
+// FakeConntrack records what it was asked to clear, and lists NotDNATed.
 type FakeConntrack struct {
-	mu      sync.Mutex
-	Cleared []UDPFlow
+	mu        sync.Mutex
+	Cleared   []UDPFlow
+	NotDNATed []UDPFlow
+}
+
+// NotDNATedUDP returns c.NotDNATed.
+func (c *FakeConntrack) NotDNATedUDP(context.Context) ([]UDPFlow, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.NotDNATed), nil
 }
 
 // ClearUDP records f.
@@ -109,8 +182,9 @@ func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement, replaced map[Se
 		for frontend, eps := range was {
 			for ep := range eps {
 				if !now[frontend][ep] {
+					// Gone, not serving, or serving on another port.
 					flow := frontend
-					flow.Endpoint = ep
+					flow.Endpoint, flow.EndpointPort = ep.Addr(), ep.Port()
 					emit(flow)
 				}
 			}
@@ -167,17 +241,45 @@ func (d *Datapath) wasFrontend(before map[elemID]*liveElement, id elemID) bool {
 	return false
 }
 
+// clearNotDNATedUDP clears, after a whole table was written, the entries
+// of datagrams that reached a UDP address frontend with endpoints without
+// being DNAT'ed: sent while its rules were not in place yet (the agent
+// starting, a service arriving with its first state), they would keep the
+// client's flow off the endpoints for as long as it keeps sending.
+func (d *Datapath) clearNotDNATedUDP(ctx context.Context) {
+	if d.cfg.Conntrack == nil {
+		return
+	}
+	entries, err := d.cfg.Conntrack.NotDNATedUDP(ctx)
+	if err != nil {
+		d.cfg.Log.Warn("UDP conntrack entries not listed; those made before the rules were in place stay", "error", err)
+		return
+	}
+	if len(entries) == 0 {
+		return
+	}
+	served := servingUDPEndpoints(d.services)
+	for _, e := range entries {
+		if len(served[UDPFlow{IPv6: e.IPv6, Dst: e.Dst, Port: e.Port}]) == 0 {
+			continue
+		}
+		if err := d.cfg.Conntrack.ClearUDP(ctx, e); err != nil {
+			d.cfg.Log.Warn("stale UDP conntrack entries not cleared", "flow", e.String(), "error", err)
+		}
+	}
+}
+
 // servingUDP is, per UDP frontend (an address and port, or a node port
-// with no address), the endpoint addresses serving it.
-type servingUDP map[UDPFlow]map[netip.Addr]bool
+// with no address), the endpoints (address and port) serving it.
+type servingUDP map[UDPFlow]map[netip.AddrPort]bool
 
 // servingUDPEndpoints reads the serving endpoints of every UDP service
 // port, whatever this node's topology or traffic policies pick.
 func servingUDPEndpoints(services map[ServiceKey]*Service) servingUDP {
 	out := servingUDP{}
-	add := func(f UDPFlow, ep netip.Addr) {
+	add := func(f UDPFlow, ep netip.AddrPort) {
 		if out[f] == nil {
-			out[f] = map[netip.Addr]bool{}
+			out[f] = map[netip.AddrPort]bool{}
 		}
 		out[f][ep] = true
 	}
@@ -191,14 +293,14 @@ func servingUDPEndpoints(services map[ServiceKey]*Service) servingUDP {
 				if !ep.Serving && !ep.Ready {
 					continue
 				}
-				is6 := ep.Addr.Is6()
+				is6, at := ep.Addr.Is6(), netip.AddrPortFrom(ep.Addr, ep.Port)
 				for _, a := range frontends {
 					if a.Is6() == is6 {
-						add(UDPFlow{IPv6: is6, Dst: a, Port: sp.Port}, ep.Addr)
+						add(UDPFlow{IPv6: is6, Dst: a, Port: sp.Port}, at)
 					}
 				}
 				if sp.NodePort != 0 {
-					add(UDPFlow{IPv6: is6, Port: sp.NodePort}, ep.Addr)
+					add(UDPFlow{IPv6: is6, Port: sp.NodePort}, at)
 				}
 			}
 		}

@@ -24,6 +24,11 @@ func terminating(e Endpoint, serving bool) Endpoint {
 	return e
 }
 
+func onPort(e Endpoint, port uint16) Endpoint {
+	e.Port = port
+	return e
+}
+
 func TestStaleUDPConntrackEntriesAreCleared(t *testing.T) {
 	ctx := context.Background()
 	a, b := ep("10.244.1.11", true), ep("10.244.2.11", false)
@@ -35,16 +40,20 @@ func TestStaleUDPConntrackEntriesAreCleared(t *testing.T) {
 		want        []UDPFlow
 	}{
 		{"removed endpoint", UDP, []Endpoint{a, b}, []Endpoint{a}, []UDPFlow{
-			{Dst: vip, Port: 53, Endpoint: b.Addr}, {Port: 30053, Endpoint: b.Addr}}},
+			{Dst: vip, Port: 53, Endpoint: b.Addr, EndpointPort: 8080}, {Port: 30053, Endpoint: b.Addr, EndpointPort: 8080}}},
 		{"removed endpoint whose slot another one takes", UDP, []Endpoint{a, b}, []Endpoint{b}, []UDPFlow{
-			{Dst: vip, Port: 53, Endpoint: a.Addr}, {Port: 30053, Endpoint: a.Addr}}},
+			{Dst: vip, Port: 53, Endpoint: a.Addr, EndpointPort: 8080}, {Port: 30053, Endpoint: a.Addr, EndpointPort: 8080}}},
 		{"first endpoint of a service that had none", UDP, nil, []Endpoint{a}, []UDPFlow{{Dst: vip, Port: 53}, {Port: 30053}}},
 		{"endpoint added", UDP, []Endpoint{a}, []Endpoint{a, b}, nil},
 		// kube-proxy keeps the flows of an endpoint that still serves: a
 		// UDP service drains gracefully.
 		{"endpoint terminating but still serving", UDP, []Endpoint{a, b}, []Endpoint{a, terminating(b, true)}, nil},
 		{"endpoint terminating and no longer serving", UDP, []Endpoint{a, b}, []Endpoint{a, terminating(b, false)}, []UDPFlow{
-			{Dst: vip, Port: 53, Endpoint: b.Addr}, {Port: 30053, Endpoint: b.Addr}}},
+			{Dst: vip, Port: 53, Endpoint: b.Addr, EndpointPort: 8080}, {Port: 30053, Endpoint: b.Addr, EndpointPort: 8080}}},
+		// The same pod, another target port: its flows still go to the
+		// old port, where nothing may answer any more.
+		{"endpoint's port changed", UDP, []Endpoint{a, b}, []Endpoint{a, onPort(b, 9090)}, []UDPFlow{
+			{Dst: vip, Port: 53, Endpoint: b.Addr, EndpointPort: 8080}, {Port: 30053, Endpoint: b.Addr, EndpointPort: 8080}}},
 		{"TCP entries are left alone", TCP, []Endpoint{a, b}, []Endpoint{a}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -110,6 +119,45 @@ func TestTrafficPolicyChangesClearNoUDPFlows(t *testing.T) {
 		}
 		if len(ct.Cleared) != 0 {
 			t.Errorf("policy %v to %v cleared %v; want nothing", policies[0], policies[1], ct.Cleared)
+		}
+	}
+}
+
+// TestAWholeStateClearsUDPEntriesNoRuleCaught: datagrams sent to a UDP
+// service before the node's rules were written (the agent starting, or
+// its first state arriving after the client began) left entries that go
+// where the datagram went; a whole state clears those of frontends with
+// endpoints, and no other.
+func TestAWholeStateClearsUDPEntriesNoRuleCaught(t *testing.T) {
+	vip := netip.MustParseAddr("10.96.0.53")
+	other := netip.MustParseAddr("192.0.2.99")
+	ct := &FakeConntrack{NotDNATed: []UDPFlow{
+		{Dst: vip, Port: 53, Endpoint: vip},
+		{Dst: vip, Port: 54, Endpoint: vip},     // a port the service does not serve
+		{Dst: other, Port: 53, Endpoint: other}, // no service's address
+	}}
+	dp := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), Config{Conntrack: ct})
+	if err := dp.Apply(context.Background(), nodeState(dnsService(UDP, ep("10.244.1.11", true)))); err != nil {
+		t.Fatal(err)
+	}
+	want := []UDPFlow{{Dst: vip, Port: 53, Endpoint: vip}}
+	if diff := cmp.Diff(want, ct.Cleared, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
+		t.Errorf("cleared flows (-want +got):\n%s", diff)
+	}
+}
+
+func TestConntrackLinesNotDNATed(t *testing.T) {
+	for line, want := range map[string]*UDPFlow{
+		"udp      17 29 src=198.51.100.2 dst=10.96.0.57 sport=40063 dport=53 [UNREPLIED] src=10.96.0.57 dst=198.51.100.2 sport=53 dport=40063 mark=0 use=1": {
+			Dst: netip.MustParseAddr("10.96.0.57"), Port: 53, Endpoint: netip.MustParseAddr("10.96.0.57")},
+		"udp      17 29 src=198.51.100.2 dst=10.96.0.57 sport=40063 dport=53 src=10.244.1.11 dst=198.51.100.2 sport=8080 dport=40063 mark=0 use=1": nil,
+		"udp      17 29 src=fd00:244:1::5 dst=fd00:96::53 sport=40063 dport=53 [UNREPLIED] src=fd00:96::53 dst=fd00:244:1::5 sport=53 dport=40063 mark=0 use=1": {
+			IPv6: true, Dst: netip.MustParseAddr("fd00:96::53"), Port: 53, Endpoint: netip.MustParseAddr("fd00:96::53")},
+		"conntrack v1.4.7 (conntrack-tools): 1 flow entries have been shown.": nil,
+	} {
+		got, ok := notDNATed(line)
+		if (want == nil) == ok || (ok && got != *want) {
+			t.Errorf("%q: %v %v; want %v", line, got, ok, want)
 		}
 	}
 }

@@ -387,6 +387,9 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	d.needFull = false
 	d.contrib, d.live, d.owned = w.contrib, w.live, w.owned
 	d.node, d.services = state.Node, maps.Clone(state.Services)
+	// Only after the rules are in: a flow cleared earlier could be
+	// re-created on the old path.
+	d.clearNotDNATedUDP(ctx)
 	return nil
 }
 

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/store"
@@ -72,28 +70,7 @@ func TestNoStateCutsANodeOffItsServer(t *testing.T) {
 	if err := c.StartServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	status := weirv1.NewStatusServiceClient(c.Conn)
-	// Every node, connected: WaitProgrammed alone speaks of the connected
-	// ones, and a node cut off from its server is not connected.
-	waitProgrammed := func(what string, rev uint64) {
-		t.Helper()
-		eventually(t, what+" reaches both nodes", func() error {
-			r, err := status.WaitProgrammed(ctx, &weirv1.WaitProgrammedRequest{Revision: rev, Timeout: durationpb.New(time.Second)})
-			if err != nil {
-				return err
-			}
-			for _, n := range r.GetNodes() {
-				if !n.GetConnected() || n.GetReason() != "" {
-					return fmt.Errorf("%s at revision %d: %s", n.GetName(), n.GetProgrammedVersion(), n.GetReason())
-				}
-			}
-			if len(r.GetNodes()) != len(c.Nodes) || !r.GetProgrammed() {
-				return fmt.Errorf("%v", r)
-			}
-			return nil
-		})
-	}
-	waitProgrammed("the hostile service", hostileRev)
+	waitEveryNodeProgrammed(t, c, "the hostile service", hostileRev)
 	// The control: a process on node1 other than the agent connecting
 	// to the server's address and port is refused by that state.
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -118,7 +95,7 @@ func TestNoStateCutsANodeOffItsServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitProgrammed("the hostile service's deletion", delRev)
+	waitEveryNodeProgrammed(t, c, "the hostile service's deletion", delRev)
 
 	eventually(t, "node1's /healthz answers the router", func() error {
 		resp, err := c.Router.HTTPClient(2 * time.Second).Get(fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(node1.IPv4, 10256)))

@@ -131,6 +131,30 @@ func eventually(t *testing.T, what string, f func() error) {
 	}
 }
 
+// waitEveryNodeProgrammed waits until every node of the lab is connected
+// and programmed through rev: WaitProgrammed alone speaks of the connected
+// ones, and a node whose agent has not connected yet, or was cut off its
+// server, is not connected.
+func waitEveryNodeProgrammed(t *testing.T, c *weirlab.Cluster, what string, rev uint64) {
+	t.Helper()
+	status := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, what+" reaches every node", func() error {
+		r, err := status.WaitProgrammed(context.Background(), &weirv1.WaitProgrammedRequest{Revision: rev, Timeout: durationpb.New(time.Second)})
+		if err != nil {
+			return err
+		}
+		for _, n := range r.GetNodes() {
+			if !n.GetConnected() || n.GetReason() != "" {
+				return fmt.Errorf("%s at revision %d: %s", n.GetName(), n.GetProgrammedVersion(), n.GetReason())
+			}
+		}
+		if len(r.GetNodes()) != len(c.Nodes) || !r.GetProgrammed() {
+			return fmt.Errorf("%v", r)
+		}
+		return nil
+	})
+}
+
 // answerOnRouter has the rack router accept TCP connections at dst, an
 // address beyond every node: a connection that gets there left its node
 // as it was sent. It returns the number accepted so far.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -182,9 +183,10 @@ func TestReplicasSurviveTheLeaderKilled(t *testing.T) {
 	c.Etcd[0].Kill()
 	createWithPods(t, c, assignedService("one-member-down", 998))
 
-	// Two of three down: no quorum. Writes fail clearly, reads answer
-	// with the last state, nodes keep forwarding (the loops below); with
-	// the members back, everything catches up without a restart.
+	// Two of three down: no quorum. Writes fail clearly, and so do reads
+	// once the replicas see they are not current (what they hold may be
+	// behind); nodes keep forwarding (the loops below); with the members
+	// back, everything catches up without a restart.
 	c.Etcd[1].Kill()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	_, err = c.Registry.CreateService(wctx, &weirv1.CreateServiceRequest{Service: assignedService("no-quorum", 996)})
@@ -192,15 +194,23 @@ func TestReplicasSurviveTheLeaderKilled(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("a write without etcd's quorum: %v, want Unavailable", err)
 	}
-	if _, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"}); err != nil {
-		t.Errorf("a read without etcd's quorum: %v", err)
+	read := func() error {
+		_, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+		return err
 	}
-	time.Sleep(3 * time.Second) // the replicas see they are not current; agents go round
+	eventually(t, "a read without etcd's quorum is refused as not current", func() error {
+		if err := read(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "replica not current") {
+			return fmt.Errorf("a read: %v; want Unavailable, replica not current", err)
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second) // agents go round the replicas, and forward on
 	for _, i := range []int{0, 1} {
 		if err := c.RestartEtcd(ctx, i); err != nil {
 			t.Fatal(err)
 		}
 	}
+	eventually(t, "a replica is current again", read)
 	createWithPods(t, c, assignedService("quorum-back", 995))
 
 	for what, done := range map[string]func() (int64, int64){"the node port": nodePortLoop, "the VIP": vipLoop} {

@@ -208,6 +208,9 @@ func TestUDPFlowsStayOnATerminatingServingEndpoint(t *testing.T) {
 func TestUDPFlowSentBeforeItsServiceExisted(t *testing.T) {
 	c := startCluster(t)
 	ctx := context.Background()
+	// The nodes forward already (their tables, and so conntrack, are
+	// in place), as on a running node whose client sends too early.
+	createWeb(t, c)
 	n1p1 := c.Nodes[0].Pods[0]
 	fam := families("10.96.0.56", "fd00:96::56", "203.0.113.56", "2001:db8:113::56")[0]
 	dst := netip.MustParseAddrPort("10.96.0.56:53")
@@ -233,6 +236,116 @@ func TestUDPFlowSentBeforeItsServiceExisted(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the flow sent before the service reaches its endpoint", func() error {
+		pod, err := client.ask(dst)
+		if err != nil {
+			return err
+		}
+		if pod != n1p1.Name {
+			return fmt.Errorf("answered by %s", pod)
+		}
+		return nil
+	})
+}
+
+// TestUDPFlowFollowsATargetPortChange: the endpoint keeps its address but
+// the service's target port changes (a new port of the same pod); the
+// client's flow goes to the new port, not on to the old one, where the
+// pod may answer no more (kube-proxy clears such flows).
+func TestUDPFlowFollowsATargetPortChange(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	createWeb(t, c)
+	n1p1 := c.Nodes[0].Pods[0]
+	// The same pod answers on a second port under another name.
+	if _, err := n1p1.Netns.Start(c.Bin.Echo, "-name", n1p1.Name+"-new-port", "-listen", ":9053"); err != nil {
+		t.Fatal(err)
+	}
+	fam := families("10.96.0.57", "fd00:96::57", "203.0.113.57", "2001:db8:113::57")[0]
+	dst := netip.MustParseAddrPort("10.96.0.57:53")
+	slice := udpSlice("moved", fam, n1p1)
+	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: udpService("moved", 30057, dst.Addr().String())}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Router.Run(ctx, "ip", "route", "replace", "10.96.0.57/32", "via", c.Nodes[0].IPv4.String()); err != nil {
+		t.Fatal(err)
+	}
+	client := newUDPClient(t, c.Client, 40063)
+	answeredBy := func(want string) func() error {
+		return func() error {
+			pod, err := client.ask(dst)
+			if err != nil {
+				return err
+			}
+			if pod != want {
+				return fmt.Errorf("answered by %s", pod)
+			}
+			return nil
+		}
+	}
+	eventually(t, "the flow reaches the pod's first port", answeredBy(n1p1.Name))
+	got, err := c.Registry.GetEndpointSlice(ctx, &weirv1.GetEndpointSliceRequest{Namespace: "default", Name: slice.GetMetadata().GetName()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := got.GetEndpointSlice()
+	moved.Ports[0].Port = 9053
+	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: moved}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the same flow reaches the pod's new port", answeredBy(n1p1.Name+"-new-port"))
+}
+
+// TestUDPFlowSentBeforeTheAgentStarted: a node comes up (its tables gone,
+// as after a reboot; a host firewall's rules keep conntrack on) while a
+// client already sends to a UDP service through it; once the agent has
+// written the node's tables, the same flow reaches the endpoint instead of
+// going on where its first datagrams went.
+func TestUDPFlowSentBeforeTheAgentStarted(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	n1p1, node1 := c.Nodes[0].Pods[0], c.Nodes[0]
+	fam := families("10.96.0.58", "fd00:96::58", "203.0.113.58", "2001:db8:113::58")[0]
+	dst := netip.MustParseAddrPort("10.96.0.58:53")
+	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: udpSlice("boot", fam, n1p1)}); err != nil {
+		t.Fatal(err)
+	}
+	created, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: udpService("boot", 30058, dst.Addr().String())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEveryNodeProgrammed(t, c, "the service", revisionOf(created.GetService().GetMetadata()))
+	if err := c.Agents[0].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"delete", "table", "ip", "weir"}, {"delete", "table", "ip6", "weir"},
+		{"add", "table", "inet", "host"},
+		{"add", "chain", "inet", "host", "input", "{ type filter hook input priority 0 ; }"},
+		{"add", "rule", "inet", "host", "input", "ct", "state", "established,related", "accept"},
+	} {
+		if out, err := node1.Netns.Run(ctx, "nft", args...); err != nil {
+			t.Fatalf("nft %v: %v: %s", args, err, out)
+		}
+	}
+	if _, err := c.Router.Run(ctx, "ip", "route", "replace", "10.96.0.58/32", "via", node1.IPv4.String()); err != nil {
+		t.Fatal(err)
+	}
+	client := newUDPClient(t, c.Client, 40064)
+	for range 3 {
+		if pod, err := client.ask(dst); err == nil {
+			t.Fatalf("a node without its tables answered from %s", pod)
+		}
+	}
+	if ct, err := node1.Netns.Run(ctx, "conntrack", "-L", "-p", "udp", "--orig-dst", dst.Addr().String()); err != nil || !strings.Contains(ct, "sport=40064") {
+		t.Fatalf("node1 holds no entry for the flow sent before its agent started (%v):\n%s", err, ct)
+	}
+	if err := c.StopAndRestartAgent(0); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the flow sent before the agent started reaches its endpoint", func() error {
 		pod, err := client.ask(dst)
 		if err != nil {
 			return err
