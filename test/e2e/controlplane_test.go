@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -33,24 +32,7 @@ func TestNoStateCutsANodeOffItsServer(t *testing.T) {
 
 	// A host service on node1, outside every Weir port.
 	host := netip.AddrPortFrom(node1.IPv4, 2222)
-	var lis net.Listener
-	if err := node1.Netns.Do(func() error {
-		var err error
-		lis, err = net.Listen("tcp", host.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lis.Close() })
-	go func() {
-		for {
-			conn, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			conn.Close()
-		}
-	}()
+	acceptOn(t, node1.Netns, host)
 
 	// The hostile service goes into the server's store while it is down,
 	// as an older version would have left it.

@@ -163,8 +163,15 @@ func answerOnRouter(t *testing.T, c *weirlab.Cluster, dst netip.AddrPort) func()
 	if _, err := c.Router.Run(context.Background(), "ip", "addr", "add", dst.Addr().String()+"/32", "dev", "lo"); err != nil {
 		t.Fatal(err)
 	}
+	return acceptOn(t, c.Router, dst)
+}
+
+// acceptOn accepts TCP connections at dst in ns until the test ends, and
+// returns the number accepted so far.
+func acceptOn(t *testing.T, ns *lab.Netns, dst netip.AddrPort) func() int64 {
+	t.Helper()
 	var lis net.Listener
-	if err := c.Router.Do(func() error {
+	if err := ns.Do(func() error {
 		var err error
 		lis, err = net.Listen("tcp", dst.String())
 		return err

@@ -52,6 +52,37 @@ func (c *udpClient) ask(dst netip.AddrPort) (string, error) {
 	return r.Pod, nil
 }
 
+// answeredBy is a check for eventually: one datagram to dst is answered,
+// by the pod named want.
+func (c *udpClient) answeredBy(dst netip.AddrPort, want string) func() error {
+	return func() error {
+		pod, err := c.ask(dst)
+		if err != nil {
+			return err
+		}
+		if pod != want {
+			return fmt.Errorf("answered by %s", pod)
+		}
+		return nil
+	}
+}
+
+// sendUnanswered sends datagrams to dst that nothing answers yet, and
+// checks that node kept a conntrack entry for them: the flow a later
+// change must not leave where these went.
+func (c *udpClient) sendUnanswered(t *testing.T, node *lab.Node, dst netip.AddrPort) {
+	t.Helper()
+	for range 3 {
+		if pod, err := c.ask(dst); err == nil {
+			t.Fatalf("%s answered from %s before it should", dst, pod)
+		}
+	}
+	sport := fmt.Sprintf("sport=%d", c.conn.LocalAddr().(*net.UDPAddr).Port)
+	if ct, err := node.Netns.Run(context.Background(), "conntrack", "-L", "-p", "udp", "--orig-dst", dst.Addr().String()); err != nil || !strings.Contains(ct, sport) {
+		t.Fatalf("%s holds no entry for the datagrams sent to %s (%v):\n%s", node.Name, dst, err, ct)
+	}
+}
+
 func udpService(name string, nodePort int32, clusterIPs ...string) *weirv1.Service {
 	return &weirv1.Service{
 		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: name},
@@ -96,31 +127,13 @@ func TestUDPFlowsFollowEndpointChanges(t *testing.T) {
 			if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: udpSlice("dns", fam, n1p1)}); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "the same UDP flow reaches the first endpoint", func() error {
-				pod, err := client.ask(dst)
-				if err != nil {
-					return err
-				}
-				if pod != n1p1.Name {
-					return fmt.Errorf("answered by %s", pod)
-				}
-				return nil
-			})
+			eventually(t, "the same UDP flow reaches the first endpoint", client.answeredBy(dst, n1p1.Name))
 			// Move the endpoint: the flow must follow, although n1p1
 			// still answers whoever reaches it.
 			if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: udpSlice("dns", fam, n2p1)}); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "the same UDP flow moves to the new endpoint", func() error {
-				pod, err := client.ask(dst)
-				if err != nil {
-					return err
-				}
-				if pod != n2p1.Name {
-					return fmt.Errorf("still answered by %s", pod)
-				}
-				return nil
-			})
+			eventually(t, "the same UDP flow moves to the new endpoint", client.answeredBy(dst, n2p1.Name))
 		})
 	}
 }
@@ -150,22 +163,10 @@ func TestUDPFlowsStayOnATerminatingServingEndpoint(t *testing.T) {
 	dst := netip.MustParseAddrPort("10.96.0.54:53")
 	// A flow on n1p1 alone, then n2p1 joins: the flow stays where it is.
 	client := newUDPClient(t, c.Client, 40060)
-	ask := func(want string) func() error {
-		return func() error {
-			pod, err := client.ask(dst)
-			if err != nil {
-				return err
-			}
-			if pod != want {
-				return fmt.Errorf("answered by %s", pod)
-			}
-			return nil
-		}
-	}
 	if _, err := c.Router.Run(ctx, "ip", "route", "replace", "10.96.0.54/32", "via", c.Nodes[0].IPv4.String()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the flow reaches n1p1", ask(n1p1.Name))
+	eventually(t, "the flow reaches n1p1", client.answeredBy(dst, n1p1.Name))
 	yes, no := true, false
 	ready := &weirv1.EndpointConditions{Ready: &yes, Serving: &yes, Terminating: &no}
 	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: slice(ready)}); err != nil {
@@ -184,7 +185,7 @@ func TestUDPFlowsStayOnATerminatingServingEndpoint(t *testing.T) {
 		t.Fatalf("WaitProgrammed: %v %v", w, err)
 	}
 	for range 5 {
-		if err := ask(n1p1.Name)(); err != nil {
+		if err := client.answeredBy(dst, n1p1.Name)(); err != nil {
 			t.Fatalf("the flow on the terminating, serving endpoint: %v; want it kept there", err)
 		}
 	}
@@ -197,7 +198,7 @@ func TestUDPFlowsStayOnATerminatingServingEndpoint(t *testing.T) {
 	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: s}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the flow moves to n2p1", ask(n2p1.Name))
+	eventually(t, "the flow moves to n2p1", client.answeredBy(dst, n2p1.Name))
 }
 
 // TestUDPFlowSentBeforeItsServiceExisted: a client that sends to a cluster
@@ -218,15 +219,7 @@ func TestUDPFlowSentBeforeItsServiceExisted(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := newUDPClient(t, c.Client, 40062)
-	for range 3 {
-		if pod, err := client.ask(dst); err == nil {
-			t.Fatalf("a cluster IP no service holds answered from %s", pod)
-		}
-	}
-	ct, err := c.Nodes[0].Netns.Run(ctx, "conntrack", "-L", "-p", "udp", "--orig-dst", dst.Addr().String())
-	if err != nil || !strings.Contains(ct, "sport=40062") {
-		t.Fatalf("node1 holds no entry for the flow sent before the service (%v):\n%s", err, ct)
-	}
+	client.sendUnanswered(t, c.Nodes[0], dst)
 	// The endpoints first, then the service: the node gets the service
 	// whole, with an endpoint, in one change.
 	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: udpSlice("early", fam, n1p1)}); err != nil {
@@ -235,16 +228,7 @@ func TestUDPFlowSentBeforeItsServiceExisted(t *testing.T) {
 	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: udpService("early", 30056, dst.Addr().String())}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the flow sent before the service reaches its endpoint", func() error {
-		pod, err := client.ask(dst)
-		if err != nil {
-			return err
-		}
-		if pod != n1p1.Name {
-			return fmt.Errorf("answered by %s", pod)
-		}
-		return nil
-	})
+	eventually(t, "the flow sent before the service reaches its endpoint", client.answeredBy(dst, n1p1.Name))
 }
 
 // TestUDPFlowFollowsATargetPortChange: the endpoint keeps its address but
@@ -273,19 +257,7 @@ func TestUDPFlowFollowsATargetPortChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := newUDPClient(t, c.Client, 40063)
-	answeredBy := func(want string) func() error {
-		return func() error {
-			pod, err := client.ask(dst)
-			if err != nil {
-				return err
-			}
-			if pod != want {
-				return fmt.Errorf("answered by %s", pod)
-			}
-			return nil
-		}
-	}
-	eventually(t, "the flow reaches the pod's first port", answeredBy(n1p1.Name))
+	eventually(t, "the flow reaches the pod's first port", client.answeredBy(dst, n1p1.Name))
 	got, err := c.Registry.GetEndpointSlice(ctx, &weirv1.GetEndpointSliceRequest{Namespace: "default", Name: slice.GetMetadata().GetName()})
 	if err != nil {
 		t.Fatal(err)
@@ -295,7 +267,7 @@ func TestUDPFlowFollowsATargetPortChange(t *testing.T) {
 	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: moved}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the same flow reaches the pod's new port", answeredBy(n1p1.Name+"-new-port"))
+	eventually(t, "the same flow reaches the pod's new port", client.answeredBy(dst, n1p1.Name+"-new-port"))
 }
 
 // TestUDPFlowSentBeforeTheAgentStarted: a node comes up (its tables gone,
@@ -334,25 +306,9 @@ func TestUDPFlowSentBeforeTheAgentStarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := newUDPClient(t, c.Client, 40064)
-	for range 3 {
-		if pod, err := client.ask(dst); err == nil {
-			t.Fatalf("a node without its tables answered from %s", pod)
-		}
-	}
-	if ct, err := node1.Netns.Run(ctx, "conntrack", "-L", "-p", "udp", "--orig-dst", dst.Addr().String()); err != nil || !strings.Contains(ct, "sport=40064") {
-		t.Fatalf("node1 holds no entry for the flow sent before its agent started (%v):\n%s", err, ct)
-	}
+	client.sendUnanswered(t, node1, dst)
 	if err := c.StopAndRestartAgent(0); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the flow sent before the agent started reaches its endpoint", func() error {
-		pod, err := client.ask(dst)
-		if err != nil {
-			return err
-		}
-		if pod != n1p1.Name {
-			return fmt.Errorf("answered by %s", pod)
-		}
-		return nil
-	})
+	eventually(t, "the flow sent before the agent started reaches its endpoint", client.answeredBy(dst, n1p1.Name))
 }
