@@ -3,8 +3,15 @@ package auth
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/time/rate"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -12,50 +19,197 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
 // AuditOptions log one line (message "audit") for every write the API is
 // asked for, whatever its result, and every call it denies: who (the
 // certificate's name and role, or the peer's address in plain text), the
-// method, the resource, the result and, for a write done, its revision.
-// They come first in the chain, so the denials of the roles are seen.
+// method, the resource (every one of an Apply), the result, whether it
+// was a dry run (validate_only: nothing written) and, for a write done,
+// its revision. They come first in the chain, so the denials of the roles
+// are seen.
+//
+// A caller cannot flood the log: each value is cut to MaxAuditValue bytes,
+// and a caller's denied calls log at most deniedBurst lines, then one a
+// second, with the count of those left out.
 func AuditOptions(log *slog.Logger) []grpc.ServerOption {
+	a := &auditor{log: log, denials: map[string]*denials{}}
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			resp, err := h(ctx, req)
-			audit(ctx, log, info.FullMethod, req, resp, err)
+			a.audit(ctx, info.FullMethod, req, resp, err)
 			return resp, err
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			err := h(srv, ss)
-			audit(ss.Context(), log, info.FullMethod, nil, nil, err)
+			a.audit(ss.Context(), info.FullMethod, nil, nil, err)
 			return err
 		}),
 	}
 }
 
-func audit(ctx context.Context, log *slog.Logger, method string, req, resp any, err error) {
+// MaxAuditValue is the most of one value (a resource name, an error) an
+// audit line carries; the rest is said as a count of bytes.
+const MaxAuditValue = 256
+
+// Denied calls' lines: a burst per caller, then one a second.
+const (
+	deniedBurst = 10
+	// maxDeniedCallers bounds the callers tracked; past it the oldest
+	// records are dropped (a fresh caller gets a fresh burst).
+	maxDeniedCallers = 4096
+)
+
+type auditor struct {
+	log *slog.Logger
+
+	mu      sync.Mutex // guards denials
+	denials map[string]*denials
+}
+
+// denials is one caller's budget of denial lines.
+type denials struct {
+	limit      *rate.Limiter
+	suppressed int
+	seen       time.Time
+}
+
+func (a *auditor) audit(ctx context.Context, method string, req, resp any, err error) {
 	code := status.Code(err)
 	denied := code == codes.PermissionDenied || code == codes.Unauthenticated
 	if !denied && !isWrite(method) {
 		return
 	}
-	attrs := []any{"who", Caller(ctx), "method", strings.TrimPrefix(method, "/"), "result", code.String()}
+	who := Caller(ctx)
+	suppressed := 0
+	if denied {
+		var ok bool
+		if ok, suppressed = a.allowDenial(who); !ok {
+			return
+		}
+	}
+	attrs := []any{"who", bounded(who), "method", bounded(strings.TrimPrefix(method, "/")), "result", code.String()}
 	if r := resource(req); r != "" {
-		attrs = append(attrs, "resource", r)
+		attrs = append(attrs, "resource", bounded(r))
+	}
+	dryRun := boolField(req, "validate_only")
+	if rs := applied(req, resp, dryRun); rs != "" {
+		attrs = append(attrs, "resources", bounded(rs))
+	}
+	if dryRun {
+		attrs = append(attrs, "dry_run", true)
 	}
 	if err == nil {
-		if rv := field(resp, "resource_version"); rv != "" {
+		if rv := field(resp, "resource_version"); rv != "" && !dryRun {
 			attrs = append(attrs, "revision", rv)
 		}
 	} else {
-		attrs = append(attrs, "error", status.Convert(err).Message())
+		attrs = append(attrs, "error", bounded(status.Convert(err).Message()))
 	}
 	level := slog.LevelInfo
 	if denied {
 		level = slog.LevelWarn
+		if suppressed > 0 {
+			attrs = append(attrs, "denials_not_logged", suppressed)
+		}
 	}
-	log.Log(ctx, level, "audit", attrs...)
+	a.log.Log(ctx, level, "audit", attrs...)
+}
+
+// allowDenial says whether a denied call of who gets its line, and how
+// many of who's denials went unlogged before it.
+func (a *auditor) allowDenial(who string) (bool, int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d := a.denials[who]
+	if d == nil {
+		if len(a.denials) >= maxDeniedCallers {
+			a.forgetOldest()
+		}
+		d = &denials{limit: rate.NewLimiter(1, deniedBurst)}
+		a.denials[who] = d
+	}
+	d.seen = time.Now()
+	if !d.limit.Allow() {
+		d.suppressed++
+		return false, 0
+	}
+	n := d.suppressed
+	d.suppressed = 0
+	return true, n
+}
+
+// forgetOldest drops the half of the records seen longest ago.
+func (a *auditor) forgetOldest() {
+	seen := make([]time.Time, 0, len(a.denials))
+	for _, d := range a.denials {
+		seen = append(seen, d.seen)
+	}
+	slices.SortFunc(seen, time.Time.Compare)
+	cut := seen[len(seen)/2]
+	for who, d := range a.denials {
+		if d.seen.Before(cut) {
+			delete(a.denials, who)
+		}
+	}
+}
+
+// bounded cuts s to MaxAuditValue bytes (at a rune boundary), saying how
+// much was left out.
+func bounded(s string) string {
+	if len(s) <= MaxAuditValue {
+		return s
+	}
+	cut := MaxAuditValue
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes in all)", s[:cut], len(s))
+}
+
+// applied names every resource of an Apply: "kind namespace/name", with
+// "created" or "replaced" when it was done ("would be ..." in a dry run).
+func applied(req, resp any, dryRun bool) string {
+	ar, ok := req.(*weirv1.ApplyRequest)
+	if !ok {
+		return ""
+	}
+	results := map[int]bool{}
+	if r, ok := resp.(*weirv1.ApplyResponse); ok && r != nil {
+		for i, res := range r.GetResults() {
+			results[i] = res.GetCreated()
+		}
+	}
+	var out []string
+	for i, res := range ar.GetResources() {
+		var kind string
+		res.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, _ protoreflect.Value) bool {
+			kind = string(fd.Name())
+			return false
+		})
+		name := strings.ReplaceAll(kind, "_", "") + " " + resource(res)
+		if created, done := results[i]; done {
+			if dryRun {
+				name += " would be"
+			}
+			name += map[bool]string{true: " created", false: " replaced"}[created]
+		}
+		out = append(out, name)
+	}
+	return strings.Join(out, ", ")
+}
+
+// boolField reads a top-level bool field of a message.
+func boolField(m any, name protoreflect.Name) bool {
+	msg, ok := m.(proto.Message)
+	if !ok || msg == nil || !msg.ProtoReflect().IsValid() {
+		return false
+	}
+	r := msg.ProtoReflect()
+	fd := r.Descriptor().Fields().ByName(name)
+	return fd != nil && fd.Kind() == protoreflect.BoolKind && r.Get(fd).Bool()
 }
 
 // isWrite: every registry method but reads.

@@ -20,6 +20,7 @@ import (
 	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/auth"
 	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/servertest"
 )
@@ -219,4 +220,83 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// An Apply's audit line names every resource, and a dry run says so and
+// carries no revision; a caller denied again and again, with names of
+// megabytes, writes a bounded log.
+func TestAuditNamesWhatApplyChangedAndCannotBeFlooded(t *testing.T) {
+	dir := pki(t)
+	cfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&lockedWriter{&mu, &buf}, nil))
+	addr := servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS, c.Log = cfg, log }).Addr
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	auditLines := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var lines []string
+		for _, l := range strings.Split(buf.String(), "\n") {
+			if strings.Contains(l, "msg=audit") {
+				lines = append(lines, l)
+			}
+		}
+		buf.Reset()
+		return lines
+	}
+	admin := weirv1.NewRegistryServiceClient(dial(t, addr, dir, "alice"))
+	apply := &weirv1.ApplyRequest{Resources: []*weirv1.ApplyResource{
+		{Resource: &weirv1.ApplyResource_Node{Node: node("node1")}},
+		{Resource: &weirv1.ApplyResource_AddressPool{AddressPool: &weirv1.AddressPool{Metadata: &weirv1.ObjectMeta{Name: "public"}, Addresses: []string{"203.0.113.0/28"}}}},
+	}, ValidateOnly: true}
+	if _, err := admin.Apply(ctx, apply); err != nil {
+		t.Fatal(err)
+	}
+	apply.ValidateOnly = false
+	if _, err := admin.Apply(ctx, apply); err != nil {
+		t.Fatal(err)
+	}
+	lines := auditLines()
+	if len(lines) != 2 {
+		t.Fatalf("audit lines:\n%s\nwant 2", strings.Join(lines, "\n"))
+	}
+	for i, want := range [][]string{
+		{`resources="node node1 would be created, addresspool public would be created"`, "dry_run=true"},
+		{`resources="node node1 created, addresspool public created"`, "revision="},
+	} {
+		for _, w := range want {
+			if !strings.Contains(lines[i], w) {
+				t.Errorf("audit line %d %q lacks %q", i, lines[i], w)
+			}
+		}
+	}
+	if strings.Contains(lines[0], "revision=") || strings.Contains(lines[1], "dry_run") {
+		t.Errorf("the dry run's line has a revision, or the write's says dry run:\n%s", strings.Join(lines, "\n"))
+	}
+
+	viewer := weirv1.NewRegistryServiceClient(dial(t, addr, dir, "victor"))
+	huge := strings.Repeat("x", 1<<20)
+	for range 200 {
+		viewer.DeleteNode(ctx, &weirv1.DeleteNodeRequest{Name: huge})
+	}
+	lines = auditLines()
+	if len(lines) > 12 {
+		t.Errorf("200 denied calls in a burst logged %d lines; want at most a burst of 10 (and one a second)", len(lines))
+	}
+	for _, l := range lines {
+		if len(l) > 2*auth.MaxAuditValue+512 {
+			t.Fatalf("an audit line of %d bytes: %.300s...", len(l), l)
+		}
+	}
+	time.Sleep(1100 * time.Millisecond)
+	viewer.DeleteNode(ctx, &weirv1.DeleteNodeRequest{Name: "node1"})
+	lines = auditLines()
+	if len(lines) != 1 || !strings.Contains(lines[0], "denials_not_logged=") || !strings.Contains(lines[0], "resource=node1") {
+		t.Errorf("the next denied call a second later:\n%s\nwant one line with the count left out", strings.Join(lines, "\n"))
+	}
 }
