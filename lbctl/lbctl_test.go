@@ -1565,3 +1565,33 @@ func TestReplicaNotCurrentIsPassedOver(t *testing.T) {
 		t.Errorf("with no replica current: exit %d, %q; want a failure saying none is current", code, errOut)
 	}
 }
+
+// TestListsOfLargeResources: 250 services, each with as many labels as
+// Kubernetes allows at their longest (6 MB in all, past gRPC's 4 MiB
+// message limit), list whole: the server's pages are bounded in bytes too.
+func TestListsOfLargeResources(t *testing.T) {
+	e := newEnv(t)
+	labels := map[string]string{}
+	for i := range 64 {
+		key := fmt.Sprintf("%s.example/%s", strings.Repeat("p", 240), strings.Repeat(string(rune('a'+i%26)), 60)+fmt.Sprintf("%03d", i))
+		labels[key] = strings.Repeat("v", 63)
+	}
+	ctx := context.Background()
+	for i := range 250 {
+		svc := &weirv1.Service{
+			Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("big%03d", i), Labels: labels},
+			Spec: &weirv1.ServiceSpec{Type: weirv1.ServiceType_SERVICE_TYPE_CLUSTER_IP, ClusterIps: []string{fmt.Sprintf("10.96.%d.%d", 1+i/200, 1+i%200)},
+				Ports: []*weirv1.ServicePort{{Name: "http", Port: 80}}},
+		}
+		if _, err := e.registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := e.mustLbctl("", "get", "services")
+	if n := strings.Count(out, "\nbig"); n != 250 {
+		t.Errorf("lbctl get services listed %d of the 250 services", n)
+	}
+	if _, errOut, code := e.lbctl("", "get", "services", "-o", "yaml"); code != 0 {
+		t.Errorf("lbctl get services -o yaml: exit %d, %q", code, errOut)
+	}
+}

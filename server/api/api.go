@@ -11,6 +11,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
@@ -59,7 +60,7 @@ func Status(field string, err error) error {
 }
 
 // resource binds one kind of resource to its collection and translations.
-type resource[T model.Object, P any] struct {
+type resource[T model.Object, P proto.Message] struct {
 	field string // the request field that carries it: "service"
 	coll  *registry.Collection[T]
 	from  func(P) (T, error)
@@ -130,13 +131,9 @@ func (r resource[T, P]) list(namespace, selector string, pg pageRequest) ([]P, s
 		return nil, "", "", status.Error(codes.InvalidArgument, "label_selector: "+err.Error())
 	}
 	objs, rev := r.coll.List(namespace, sel)
-	objs, next, err := page(objs, func(o T) string { return o.GetMeta().Key() }, pg)
+	out, next, err := page(objs, func(o T) string { return o.GetMeta().Key() }, r.to, pg)
 	if err != nil {
 		return nil, "", "", err
-	}
-	out := make([]P, len(objs))
-	for i, o := range objs {
-		out[i] = r.to(o)
 	}
 	return out, strconv.FormatUint(rev, 10), next, nil
 }

@@ -68,7 +68,7 @@ func (s *StatusService) statuses() []agentsync.NodeStatus {
 }
 
 func (s *StatusService) ListNodeStatuses(_ context.Context, req *weirv1.ListNodeStatusesRequest) (*weirv1.ListNodeStatusesResponse, error) {
-	nodes, next, err := page(s.nodeStatuses(), (*weirv1.NodeStatus).GetName, req)
+	nodes, next, err := page(s.nodeStatuses(), (*weirv1.NodeStatus).GetName, func(n *weirv1.NodeStatus) *weirv1.NodeStatus { return n }, req)
 	return &weirv1.ListNodeStatusesResponse{Nodes: nodes, NextPageToken: next}, err
 }
 
