@@ -122,27 +122,50 @@ func (ch change) verb() string {
 }
 
 // plan has the server check every document as apply would write it
-// (create, or update when it exists) without writing anything, so that a
-// refusal anywhere stops the command before any write.
+// (created, or replacing the stored one), all together and without
+// writing anything, in one call: a refusal anywhere stops the command
+// before any write, and what each document changes comes from the
+// stored resource the server names beside it.
 func plan(ctx context.Context, c client, docs []document) ([]change, error) {
-	var out []change
-	for _, d := range docs {
-		m := d.obj.GetMetadata()
-		current, err := d.kind.get(ctx, c, m.GetNamespace(), m.GetName())
-		write := d.kind.update
-		switch {
-		case status.Code(err) == codes.NotFound:
-			current, write = nil, d.kind.create
-		case err != nil:
-			return nil, d.fail(err)
+	out := make([]change, len(docs))
+	req := &weirv1.ApplyRequest{ValidateOnly: true}
+	for i, d := range docs {
+		out[i].document = d
+		req.Resources = append(req.Resources, applyResource(d.obj))
+	}
+	if len(docs) == 0 {
+		return out, nil
+	}
+	resp, err := c.Apply(ctx, req)
+	if err != nil {
+		return nil, batchFailure(out, err)
+	}
+	if len(resp.GetResults()) != len(docs) {
+		return nil, fmt.Errorf("the server checked %d of %d documents", len(resp.GetResults()), len(docs))
+	}
+	for i, r := range resp.GetResults() {
+		out[i].desired = batchObject(r.GetResource())
+		if p := r.GetPrevious(); p != nil {
+			out[i].current = batchObject(p)
+		} else if !r.GetCreated() {
+			// A server older than the previous field: ask for it.
+			m := docs[i].obj.GetMetadata()
+			if out[i].current, err = docs[i].kind.get(ctx, c, m.GetNamespace(), m.GetName()); err != nil {
+				return nil, docs[i].fail(err)
+			}
 		}
-		desired, err := write(ctx, c, d.obj, true)
-		if err != nil {
-			return nil, d.fail(err)
-		}
-		out = append(out, change{d, current, desired})
 	}
 	return out, nil
+}
+
+// batchObject is the resource a batch entry carries.
+func batchObject(r *weirv1.ApplyResource) object {
+	var obj object
+	r.ProtoReflect().Range(func(_ protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		obj, _ = v.Message().Interface().(object)
+		return false
+	})
+	return obj
 }
 
 // applyAll writes every change that changes something as one batch (with

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -1594,4 +1595,53 @@ func TestListsOfLargeResources(t *testing.T) {
 	if _, errOut, code := e.lbctl("", "get", "services", "-o", "yaml"); code != 0 {
 		t.Errorf("lbctl get services -o yaml: exit %d, %q", code, errOut)
 	}
+}
+
+// TestApplyOfManyDocumentsIsTwoCalls: 600 documents are planned in one
+// call and written in one, so that the server's per-caller rate limit
+// (50 calls a second) does not make an apply take half a minute; applied
+// again, unchanged, they cost the one planning call.
+func TestApplyOfManyDocumentsIsTwoCalls(t *testing.T) {
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	srv := servertest.Start(t, t.TempDir(), func(c *server.Config) {
+		c.Log = slog.New(slog.NewTextHandler(&lockedBuffer{mu: &mu, b: &buf}, nil))
+	})
+	var docs strings.Builder
+	for i := range 600 {
+		fmt.Fprintf(&docs, "kind: AddressPool\nmetadata: {name: p%03d}\naddresses: [\"198.18.%d.%d/32\"]\n---\n", i, i/200, i%200)
+	}
+	writes := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := strings.Count(buf.String(), "msg=audit")
+		buf.Reset()
+		return n
+	}
+	for _, want := range []struct {
+		verb  string
+		calls int
+	}{{"created", 2}, {"unchanged", 1}} {
+		out, errOut, code := runLbctl(context.Background(), time.Now(), docs.String(), "--server", srv.Addr, "--insecure", "apply", "-f", "-")
+		if code != 0 {
+			t.Fatalf("apply: exit %d, %q", code, errOut)
+		}
+		if n := strings.Count(out, " "+want.verb+"\n"); n != 600 {
+			t.Errorf("apply said %q of %d documents; want all 600", want.verb, n)
+		}
+		if n := writes(); n != want.calls {
+			t.Errorf("applying 600 documents (%s) made %d calls that write or check a write; want %d", want.verb, n, want.calls)
+		}
+	}
+}
+
+type lockedBuffer struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
 }

@@ -67,7 +67,11 @@ func (s *RegistryService) Apply(_ context.Context, req *weirv1.ApplyRequest) (*w
 	}
 	resp := &weirv1.ApplyResponse{ResourceVersion: strconv.FormatUint(rev, 10)}
 	for _, a := range applied {
-		resp.Results = append(resp.Results, &weirv1.ApplyResult{Resource: s.wire(a.Object), Created: a.Created})
+		r := &weirv1.ApplyResult{Resource: s.wire(a.Object), Created: a.Created}
+		if a.Old != nil {
+			r.Previous = s.wire(a.Old)
+		}
+		resp.Results = append(resp.Results, r)
 	}
 	return resp, nil
 }

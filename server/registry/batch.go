@@ -20,6 +20,8 @@ func (e *BatchError) Unwrap() error { return e.Err }
 type Applied struct {
 	Object  model.Object
 	Created bool
+	// Old is the object the batch replaced; nil when it created it.
+	Old model.Object
 }
 
 // staged is one object of a batch, in the registry's memory but not yet
@@ -47,7 +49,7 @@ func (r *Registry) Apply(objs []model.Object, dryRun bool) (uint64, []Applied, e
 		}
 		out = make([]Applied, len(done))
 		for i, s := range done {
-			out[i] = Applied{Object: s.obj, Created: s.old == nil}
+			out[i] = Applied{Object: s.obj, Created: s.old == nil, Old: s.old}
 		}
 		// Out of memory again until the store holds them.
 		defer unstage(done)

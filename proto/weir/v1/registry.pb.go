@@ -3903,9 +3903,13 @@ func (x *ApplyResponse) GetResults() []*ApplyResult {
 }
 
 type ApplyResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Resource      *ApplyResource         `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
-	Created       bool                   `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Resource *ApplyResource         `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	Created  bool                   `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	// The stored resource it replaces (or, with validate_only, would
+	// replace); absent when created. A client plans a whole apply, and
+	// shows what each document changes, from one validate_only call.
+	Previous      *ApplyResource `protobuf:"bytes,3,opt,name=previous,proto3" json:"previous,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3952,6 +3956,13 @@ func (x *ApplyResult) GetCreated() bool {
 		return x.Created
 	}
 	return false
+}
+
+func (x *ApplyResult) GetPrevious() *ApplyResource {
+	if x != nil {
+		return x.Previous
+	}
+	return nil
 }
 
 var File_weir_v1_registry_proto protoreflect.FileDescriptor
@@ -4170,10 +4181,11 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\bresource\"j\n" +
 	"\rApplyResponse\x12)\n" +
 	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12.\n" +
-	"\aresults\x18\x02 \x03(\v2\x14.weir.v1.ApplyResultR\aresults\"[\n" +
+	"\aresults\x18\x02 \x03(\v2\x14.weir.v1.ApplyResultR\aresults\"\x8f\x01\n" +
 	"\vApplyResult\x122\n" +
 	"\bresource\x18\x01 \x01(\v2\x16.weir.v1.ApplyResourceR\bresource\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated*\xa8\x01\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\x122\n" +
+	"\bprevious\x18\x03 \x01(\v2\x16.weir.v1.ApplyResourceR\bprevious*\xa8\x01\n" +
 	"\x0eWatchEventType\x12 \n" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +
@@ -4377,83 +4389,84 @@ var file_weir_v1_registry_proto_depIdxs = []int32{
 	81, // 51: weir.v1.ApplyResource.service_cidr:type_name -> weir.v1.ServiceCidr
 	74, // 52: weir.v1.ApplyResponse.results:type_name -> weir.v1.ApplyResult
 	72, // 53: weir.v1.ApplyResult.resource:type_name -> weir.v1.ApplyResource
-	1,  // 54: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
-	3,  // 55: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
-	5,  // 56: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
-	7,  // 57: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
-	9,  // 58: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
-	11, // 59: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
-	13, // 60: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
-	15, // 61: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
-	17, // 62: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
-	19, // 63: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
-	21, // 64: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
-	23, // 65: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
-	25, // 66: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
-	27, // 67: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
-	29, // 68: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
-	31, // 69: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
-	33, // 70: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
-	35, // 71: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
-	37, // 72: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
-	39, // 73: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
-	41, // 74: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
-	43, // 75: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
-	45, // 76: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
-	47, // 77: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
-	49, // 78: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
-	51, // 79: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
-	53, // 80: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
-	55, // 81: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
-	57, // 82: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
-	59, // 83: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
-	71, // 84: weir.v1.RegistryService.Apply:input_type -> weir.v1.ApplyRequest
-	61, // 85: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
-	63, // 86: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
-	65, // 87: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
-	67, // 88: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
-	69, // 89: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
-	2,  // 90: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
-	4,  // 91: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
-	6,  // 92: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
-	8,  // 93: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
-	10, // 94: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
-	12, // 95: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
-	14, // 96: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
-	16, // 97: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
-	18, // 98: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
-	20, // 99: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
-	22, // 100: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
-	24, // 101: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
-	26, // 102: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
-	28, // 103: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
-	30, // 104: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
-	32, // 105: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
-	34, // 106: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
-	36, // 107: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
-	38, // 108: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
-	40, // 109: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
-	42, // 110: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
-	44, // 111: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
-	46, // 112: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
-	48, // 113: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
-	50, // 114: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
-	52, // 115: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
-	54, // 116: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
-	56, // 117: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
-	58, // 118: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
-	60, // 119: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
-	73, // 120: weir.v1.RegistryService.Apply:output_type -> weir.v1.ApplyResponse
-	62, // 121: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
-	64, // 122: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
-	66, // 123: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
-	68, // 124: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
-	70, // 125: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
-	90, // [90:126] is the sub-list for method output_type
-	54, // [54:90] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	72, // 54: weir.v1.ApplyResult.previous:type_name -> weir.v1.ApplyResource
+	1,  // 55: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
+	3,  // 56: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
+	5,  // 57: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
+	7,  // 58: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
+	9,  // 59: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
+	11, // 60: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
+	13, // 61: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
+	15, // 62: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
+	17, // 63: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
+	19, // 64: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
+	21, // 65: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
+	23, // 66: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
+	25, // 67: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
+	27, // 68: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
+	29, // 69: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
+	31, // 70: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
+	33, // 71: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
+	35, // 72: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
+	37, // 73: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
+	39, // 74: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
+	41, // 75: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
+	43, // 76: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
+	45, // 77: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
+	47, // 78: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
+	49, // 79: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
+	51, // 80: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
+	53, // 81: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
+	55, // 82: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
+	57, // 83: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
+	59, // 84: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
+	71, // 85: weir.v1.RegistryService.Apply:input_type -> weir.v1.ApplyRequest
+	61, // 86: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
+	63, // 87: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
+	65, // 88: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
+	67, // 89: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
+	69, // 90: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
+	2,  // 91: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
+	4,  // 92: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
+	6,  // 93: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
+	8,  // 94: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
+	10, // 95: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
+	12, // 96: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
+	14, // 97: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
+	16, // 98: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
+	18, // 99: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
+	20, // 100: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
+	22, // 101: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
+	24, // 102: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
+	26, // 103: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
+	28, // 104: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
+	30, // 105: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
+	32, // 106: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
+	34, // 107: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
+	36, // 108: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
+	38, // 109: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
+	40, // 110: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
+	42, // 111: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
+	44, // 112: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
+	46, // 113: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
+	48, // 114: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
+	50, // 115: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
+	52, // 116: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
+	54, // 117: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
+	56, // 118: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
+	58, // 119: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
+	60, // 120: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
+	73, // 121: weir.v1.RegistryService.Apply:output_type -> weir.v1.ApplyResponse
+	62, // 122: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
+	64, // 123: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
+	66, // 124: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
+	68, // 125: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
+	70, // 126: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
+	91, // [91:127] is the sub-list for method output_type
+	55, // [55:91] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_registry_proto_init() }
