@@ -7,6 +7,7 @@ package auth
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -82,10 +83,19 @@ func certIdentity(p *peer.Peer) (Identity, bool) {
 	}
 	cert := info.State.VerifiedChains[0][0]
 	id := Identity{Name: cert.Subject.CommonName}
+	var roles []string
 	for _, o := range cert.Subject.Organization {
-		if r, ok := strings.CutPrefix(o, certs.RolePrefix); ok {
-			id.Role = r
+		if r, ok := strings.CutPrefix(o, certs.RolePrefix); ok && !slices.Contains(roles, r) {
+			roles = append(roles, r)
 		}
+	}
+	switch len(roles) {
+	case 0:
+	case 1:
+		id.Role = roles[0]
+	default:
+		// Which one was meant is not for the server to guess: none holds.
+		id.Role = "several: " + strings.Join(roles, ", ")
 	}
 	return id, true
 }

@@ -124,7 +124,11 @@ func ReissueClient(dir, name, role string) error {
 // clientName is what a client certificate's name (its common name and
 // its files' names in the folder) may be: a node name's characters, so
 // that it can neither leave the folder nor contain a path.
-var clientName = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$`)
+var clientName = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$`)
+
+// maxClientName is the longest name whose files (NAME.crt, NAME.key) a
+// file system takes: 255 bytes a file name.
+const maxClientName = 255 - len(".key")
 
 // checkClientName refuses names that are not clientName, and the names of
 // the CA's and the server's own files, which issuing would overwrite.
@@ -134,6 +138,8 @@ func checkClientName(name string) error {
 		return errors.New("a name is required")
 	case name == "ca" || name == "server":
 		return fmt.Errorf("name %q: taken by the %s's own certificate and key in the folder", name, name)
+	case len(name) > maxClientName:
+		return fmt.Errorf("name of %d characters: at most %d (its files are NAME.crt and NAME.key)", len(name), maxClientName)
 	case !clientName.MatchString(name):
 		return fmt.Errorf("name %q: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit (a node's name)", name)
 	}

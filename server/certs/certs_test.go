@@ -31,9 +31,17 @@ func TestIssueRefusesNamesThatLeaveTheFolderOrOverwriteTheCA(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(filepath.Dir(dir), "evil.key")); err == nil {
 		t.Error("a key was written outside the folder")
 	}
-	for _, name := range []string{"admin", "node1", "rack-1.node-02", "lb1"} {
+	for _, name := range []string{"admin", "node1", "rack-1.node-02", "lb1", strings.Repeat("n", 251)} {
 		if err := IssueClient(dir, name, RoleAgent); err != nil {
 			t.Errorf("IssueClient(%q): %v", name, err)
+		}
+	}
+	// Longer names are refused for what they are, not with a raw error
+	// of the file system.
+	for _, n := range []int{252, 253, 300} {
+		err := IssueClient(dir, strings.Repeat("n", n), RoleAgent)
+		if err == nil || !strings.Contains(err.Error(), "at most 251") {
+			t.Errorf("a name of %d characters: %v; want a refusal saying at most 251", n, err)
 		}
 	}
 }

@@ -71,7 +71,7 @@ func run() error {
 		caFile         = flag.String("client-ca-file", "", "CA that signs agent and operator certificates; requires mTLS")
 		logLevel       = flag.String("log-level", "info", "debug, info, warn or error")
 		minSync        = flag.Duration("min-sync-period", 50*time.Millisecond, "least time between two rounds of changes to agents; a lone change goes out at once")
-		metrics        = flag.String("metrics-bind-address", "127.0.0.1:7444", "address of /metrics (Prometheus) and /debug/pprof/")
+		metrics        = flag.String("metrics-bind-address", "127.0.0.1:7444", "address of /metrics (Prometheus), and of /debug/pprof/ when it is on loopback")
 		kube           = flag.Bool("kubernetes", false, "mirror a Kubernetes cluster's services, endpoint slices and nodes (in-cluster config unless --kubeconfig)")
 		kubecfg        = flag.String("kubeconfig", "", "kubeconfig of the cluster to mirror; implies --kubernetes")
 		resFile        = flag.String("resources-file", "", "YAML file of AddressPool and BgpPeer documents (lbctl's format) the server keeps applied, re-read when it changes (a mounted ConfigMap)")
@@ -174,11 +174,18 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
-	// Metrics and profiles share one listener, on loopback unless asked.
+	// Metrics and profiles share one listener, on loopback unless asked;
+	// profiles, which answer anyone who reaches them and cost CPU, only
+	// while it is on loopback (a Prometheus scrape from another host is
+	// no reason to open them).
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	if loopback(*metrics) {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	} else {
+		log.Info("not serving /debug/pprof/: --metrics-bind-address is not on loopback", "address", *metrics)
+	}
 	go http.Serve(mln, mux)
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
