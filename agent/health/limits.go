@@ -3,6 +3,7 @@ package health
 import (
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -23,6 +24,11 @@ const (
 	MaxServiceConnections = 512
 	// MaxNodeConnections bounds /healthz, /livez and /metrics likewise.
 	MaxNodeConnections = 128
+	// MaxConnectionsPerSource is how many of those one source address may
+	// hold at once; past it, its new connections are closed at once, so
+	// that one host holding slow connections cannot starve every
+	// load balancer's probes.
+	MaxConnectionsPerSource = 16
 )
 
 // NewHTTPServer is an HTTP server for health answers, with the timeouts
@@ -32,10 +38,40 @@ func NewHTTPServer(h http.Handler) *http.Server {
 		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes}
 }
 
-// ConnLimit bounds the connections open across any number of listeners.
-type ConnLimit struct{ slots chan struct{} }
+// ConnLimit bounds the connections open across any number of listeners,
+// in all and per source address.
+type ConnLimit struct {
+	slots     chan struct{}
+	perSource int
 
-func NewConnLimit(n int) *ConnLimit { return &ConnLimit{slots: make(chan struct{}, n)} }
+	mu       sync.Mutex // guards bySource
+	bySource map[netip.Addr]int
+}
+
+func NewConnLimit(n int) *ConnLimit { return newConnLimit(n, MaxConnectionsPerSource) }
+
+func newConnLimit(n, perSource int) *ConnLimit {
+	return &ConnLimit{slots: make(chan struct{}, n), perSource: perSource, bySource: map[netip.Addr]int{}}
+}
+
+// take counts a connection from src; false when src holds its share.
+func (l *ConnLimit) take(src netip.Addr) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bySource[src] >= l.perSource {
+		return false
+	}
+	l.bySource[src]++
+	return true
+}
+
+func (l *ConnLimit) release(src netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bySource[src]--; l.bySource[src] <= 0 {
+		delete(l.bySource, src)
+	}
+}
 
 // Listen wraps ln: Accept waits for a free slot first, so at the limit new
 // connections stay in the kernel's backlog instead of taking descriptors.
@@ -47,13 +83,32 @@ type limitedListener struct {
 }
 
 func (ln *limitedListener) Accept() (net.Conn, error) {
-	ln.limit.slots <- struct{}{}
-	c, err := ln.Listener.Accept()
-	if err != nil {
-		<-ln.limit.slots
-		return nil, err
+	for {
+		ln.limit.slots <- struct{}{}
+		c, err := ln.Listener.Accept()
+		if err != nil {
+			<-ln.limit.slots
+			return nil, err
+		}
+		src := sourceOf(c)
+		if !ln.limit.take(src) {
+			c.Close()
+			<-ln.limit.slots
+			continue
+		}
+		return &limitedConn{Conn: c, release: func() {
+			ln.limit.release(src)
+			<-ln.limit.slots
+		}}, nil
 	}
-	return &limitedConn{Conn: c, release: func() { <-ln.limit.slots }}, nil
+}
+
+// sourceOf is a connection's remote address (IPv4 as IPv4).
+func sourceOf(c net.Conn) netip.Addr {
+	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		return ap.Addr().Unmap()
+	}
+	return netip.Addr{}
 }
 
 type limitedConn struct {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -84,5 +85,59 @@ func TestConnLimitIsSharedByItsListeners(t *testing.T) {
 	}
 	if n := accepted.Load(); n != 3 {
 		t.Errorf("after one closed, %d accepted; want 3", n)
+	}
+}
+
+// One host holding more silent connections than there are slots does not
+// keep another host's probes from being accepted at once: past its share,
+// its connections are closed as they come.
+func TestOneSourceCannotStarveTheProbes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	lim := newConnLimit(8, 2).Listen(ln)
+	accepted := make(chan net.Conn, 64)
+	go func() {
+		for {
+			c, err := lim.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	from := func(src string) net.Conn {
+		c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: time.Second}).Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	for range 20 {
+		from("127.0.0.2") // silent, held open
+	}
+	probe := netip.MustParseAddr("127.0.0.3")
+	for i := range 3 {
+		from(probe.String())
+		for found := false; !found; {
+			select {
+			case c := <-accepted:
+				// A probe is answered and closed; the flood's stay open.
+				if found = sourceOf(c) == probe; found {
+					c.Close()
+				}
+			case <-time.After(2 * time.Second):
+				t.Fatalf("probe %d from another host not accepted while one host floods", i)
+			}
+		}
+	}
+	l := lim.(*limitedListener).limit
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if held := l.bySource[netip.MustParseAddr("127.0.0.2")]; held != 2 {
+		t.Errorf("the flooding host holds %d connections; want its share, 2", held)
 	}
 }
