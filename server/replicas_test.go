@@ -425,3 +425,53 @@ func TestReplicaCutOffFromEtcdStepsAside(t *testing.T) {
 		}
 	}
 }
+
+// TestAnOversizedReportIsStillShared: an agent reporting 60,000
+// announcements (within what a server takes, past what etcd takes in one
+// request) still shows as connected on the other replica, and so does the
+// node published beside it.
+func TestAnOversizedReportIsStillShared(t *testing.T) {
+	c := etcdcluster.StartForTest(t, 1, nil)
+	a, b := startReplica(t, c, "a"), startReplica(t, c, "b")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	big := helloAgent(t, ctx, a, &weirv1.Hello{NodeName: "n1"})
+	big.ack(big.recv().GetVersion())
+	small := helloAgent(t, ctx, a, &weirv1.Hello{NodeName: "n2"})
+	small.ack(small.recv().GetVersion())
+	r := &weirv1.Report{Full: true, NodeHealth: &weirv1.NodeHealth{HealthzCode: 200, LivezCode: 200}, Bgp: &weirv1.BgpSessions{}}
+	for i := range 60000 {
+		r.Bgp.Announcements = append(r.Bgp.Announcements, &weirv1.BgpAnnouncement{
+			Prefix: fmt.Sprintf("10.%d.%d.%d/32", i>>16, (i>>8)&255, i&255), NextHop: "192.0.2.11", Weight: 1})
+	}
+	if err := big.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: r}}); err != nil {
+		t.Fatal(err)
+	}
+	// A change both apply after the report: b must see both apply it.
+	if _, err := a.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: lbSvc("later", "10.96.0.77", 80)}); err != nil {
+		t.Fatal(err)
+	}
+	want := uint64(0)
+	for _, agent := range []*agentStream{big, small} {
+		msg := agent.recv()
+		agent.ack(msg.GetVersion())
+		want = msg.GetVersion()
+	}
+	statusOf := weirv1.NewStatusServiceClient(b.Conn)
+	eventually(t, 10*time.Second, func() error {
+		resp, err := statusOf.ListNodeStatuses(context.Background(), &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			return err
+		}
+		applied := map[string]uint64{}
+		for _, n := range resp.GetNodes() {
+			if n.GetConnected() {
+				applied[n.GetName()] = n.GetAppliedVersion()
+			}
+		}
+		if applied["n1"] != want || applied["n2"] != want {
+			return fmt.Errorf("replica b shows applied versions %v; want n1 and n2 connected at %d", applied, want)
+		}
+		return nil
+	})
+}

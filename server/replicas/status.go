@@ -3,6 +3,7 @@ package replicas
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"strings"
 	"time"
@@ -26,40 +27,83 @@ var PublishPeriod = 200 * time.Millisecond
 // takes 128 operations in one by default).
 const statusBatch = 100
 
+// Bytes: etcd refuses a request past 1.5 MiB by default, and a refused
+// transaction would keep every node in it from being shared. One node's
+// status is cut to what fits in MaxStatusBytes (its services, sessions
+// and announcements show on its own replica only, and the rest say why),
+// and a transaction carries at most statusBatchBytes.
+const (
+	MaxStatusBytes   = 256 << 10
+	statusBatchBytes = 1 << 20
+)
+
+// encodeStatus is a node's status as published, cut when too large.
+func encodeStatus(replica string, st agentsync.NodeStatus) (value []byte, cut bool) {
+	b, err := json.Marshal(published{Replica: replica, Status: st})
+	if err != nil || len(b) <= MaxStatusBytes {
+		return b, false
+	}
+	full := len(b)
+	st.Services, st.BGPSessions, st.BGPAnnouncements = nil, nil, nil
+	b, err = json.Marshal(published{Replica: replica, Status: st,
+		Cut: fmt.Sprintf("the node's report (%d bytes) is larger than replicas share (%d): its services, BGP sessions and announcements show on replica %s only", full, MaxStatusBytes, replica)})
+	if err != nil {
+		return nil, true
+	}
+	return b, true
+}
+
 func publishStatus(ctx context.Context, cfg Config, sess *concurrency.Session) {
 	cli := cfg.Store.Client()
 	done := map[string]string{}
+	cutLogged := map[string]bool{}
+	var lastErr string
 	for {
 		changed := cfg.Hub.StatusChanged()
 		now, failed := map[string]string{}, false
 		for _, st := range cfg.Hub.LocalStatus() {
-			b, err := json.Marshal(published{Replica: cfg.Name, Status: st})
-			if err != nil {
+			b, cut := encodeStatus(cfg.Name, st)
+			if b == nil {
 				continue
 			}
+			if cut && !cutLogged[st.Node] {
+				cfg.Log.Warn("a node's status is too large to share with the other replicas: they show it without its services, sessions and announcements", "node", st.Node, "limit_bytes", MaxStatusBytes)
+			}
+			cutLogged[st.Node] = cut
 			now[st.Node] = string(b)
 		}
-		// What changed goes in transactions of statusBatch: one etcd
-		// proposal (and fsync) each, not one a node.
+		// What changed goes in transactions of statusBatch nodes and
+		// statusBatchBytes: one etcd proposal (and fsync) each, not one
+		// a node.
 		var nodes []string
 		var puts []clientv3.Op
+		bytes := 0
 		flush := func() {
 			if len(puts) == 0 || failed {
 				return
 			}
 			if _, err := cli.Txn(ctx).Then(puts...).Commit(); err != nil {
 				failed = true
+				if err.Error() != lastErr && ctx.Err() == nil {
+					cfg.Log.Warn("publishing agents' status failed; trying again every second", "nodes", len(nodes), "error", err)
+				}
+				lastErr = err.Error()
 				return
 			}
+			lastErr = ""
 			for _, node := range nodes {
 				done[node] = now[node]
 			}
-			nodes, puts = nodes[:0], puts[:0]
+			nodes, puts, bytes = nodes[:0], puts[:0], 0
 		}
 		for node, v := range now {
 			if done[node] != v {
+				if len(puts) > 0 && bytes+len(v) > statusBatchBytes {
+					flush()
+				}
 				nodes = append(nodes, node)
 				puts = append(puts, clientv3.OpPut(statusPrefix(cfg)+node, v, clientv3.WithLease(sess.Lease())))
+				bytes += len(v)
 				if len(puts) == statusBatch {
 					flush()
 				}
@@ -138,6 +182,8 @@ func watchStatus(ctx context.Context, cfg Config) {
 type published struct {
 	Replica string
 	Status  agentsync.NodeStatus
+	// Cut says why the status lacks its largest parts; empty when whole.
+	Cut string `json:",omitempty"`
 }
 
 func setRemote(cfg Config, node string, value []byte) {
