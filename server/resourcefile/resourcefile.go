@@ -51,7 +51,9 @@ func Parse(path string, data []byte) (*Resources, error) {
 }
 
 func (r *Resources) add(doc string) error {
-	j, err := yaml.YAMLToJSON([]byte(doc))
+	// Strict: a key said twice is a mistake (which one was meant?), not
+	// the last one winning.
+	j, err := yaml.YAMLToJSONStrict([]byte(doc))
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,8 @@ func TestParseNamesTheBadDocumentAndField(t *testing.T) {
 		{"kind: BgpPeer\nmetadata: {name: x}\naddress: 192.0.2.1\nasn: 64500\n", "document 2: my_asn"},
 		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [nonsense]\n", "document 2: addresses[0]"},
 		{"kind: BgpPeer\nmetadata: {name: x}\nadress: 192.0.2.1\n", "document 2: "},
+		// A key said twice: which one was meant is not for the server to guess.
+		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [198.51.100.16/28]\naddresses: [198.51.100.32/28]\n", `document 2: `},
 	} {
 		_, err := Parse("rack.yaml", []byte("kind: AddressPool\nmetadata: {name: ok}\naddresses: [198.51.100.0/28]\n---\n"+tc.doc))
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "rack.yaml: ") {
