@@ -28,8 +28,9 @@ import (
 // certificate's name and role, or the peer's address in plain text), the
 // method, the resource (every one of an Apply), the result, whether it
 // was a dry run (validate_only: nothing written) and, for a write done,
-// its revision. They come first in the chain, so the denials of the roles
-// are seen.
+// its revision. Writes are INFO, denials WARN, and writes the server
+// failed to make (Internal, Unavailable, DataLoss, Unknown) ERROR. They
+// come first in the chain, so the denials of the roles are seen.
 //
 // A caller cannot flood the log: each value is cut to MaxAuditValue bytes,
 // and a caller's denied calls log at most deniedBurst lines, then one a
@@ -109,11 +110,16 @@ func (a *auditor) audit(ctx context.Context, method string, req, resp any, err e
 		attrs = append(attrs, "error", bounded(status.Convert(err).Message()))
 	}
 	level := slog.LevelInfo
-	if denied {
+	switch code {
+	case codes.PermissionDenied, codes.Unauthenticated:
 		level = slog.LevelWarn
 		if suppressed > 0 {
 			attrs = append(attrs, "denials_not_logged", suppressed)
 		}
+	case codes.Internal, codes.Unavailable, codes.DataLoss, codes.Unknown:
+		// The server failed a write it should have made (a full disk, a
+		// store out of reach): an operator must hear of it.
+		level = slog.LevelError
 	}
 	a.log.Log(ctx, level, "audit", attrs...)
 }

@@ -1,14 +1,20 @@
 package auth
 
 import (
+	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"log/slog"
 	"net"
+	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 )
 
 // A certificate that names several roles holds none of them: which one
@@ -28,6 +34,27 @@ func TestSeveralRolesHoldNone(t *testing.T) {
 		id, ok := certIdentity(p)
 		if !ok || id.Role != tc.role {
 			t.Errorf("organizations %v: role %q (%v); want %q", tc.orgs, id.Role, ok, tc.role)
+		}
+	}
+}
+
+// A write the server failed to make (a full disk says Internal, a store
+// out of reach Unavailable) is an ERROR line, not one write among others.
+func TestAuditSaysAFailedWriteLoudly(t *testing.T) {
+	for code, want := range map[codes.Code]string{
+		codes.OK: "level=INFO", codes.InvalidArgument: "level=INFO", codes.PermissionDenied: "level=WARN",
+		codes.Internal: "level=ERROR", codes.Unavailable: "level=ERROR",
+	} {
+		var buf bytes.Buffer
+		a := &auditor{log: slog.New(slog.NewTextHandler(&buf, nil)), denials: map[string]*denials{}}
+		var err error
+		if code != codes.OK {
+			err = status.Error(code, "persisting services default/web: no space left on device")
+		}
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{}})
+		a.audit(ctx, "/weir.v1.RegistryService/CreateService", nil, nil, err)
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("%v: %q; want %s", code, buf.String(), want)
 		}
 	}
 }
