@@ -164,15 +164,7 @@ func TestNoCertificateNoOldTLS(t *testing.T) {
 // Every write and every denied call leaves one audit line: who, what,
 // which resource, the result.
 func TestAuditRecordsWritesAndDenials(t *testing.T) {
-	dir := pki(t)
-	cfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var buf bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&lockedWriter{&mu, &buf}, nil))
-	addr := servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS, c.Log = cfg, log }).Addr
+	dir, addr, auditLines := auditedServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	admin := weirv1.NewRegistryServiceClient(dial(t, addr, dir, "alice"))
@@ -183,15 +175,7 @@ func TestAuditRecordsWritesAndDenials(t *testing.T) {
 	admin.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: node("Bad_Name")})
 	viewer.DeleteNode(ctx, &weirv1.DeleteNodeRequest{Name: "node1"})
 	admin.ListNodes(ctx, &weirv1.ListNodesRequest{})
-	mu.Lock()
-	out := buf.String()
-	mu.Unlock()
-	var lines []string
-	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, "msg=audit") {
-			lines = append(lines, l)
-		}
-	}
+	lines := auditLines()
 	for i, want := range [][]string{
 		{"level=INFO", `who="alice (admin)"`, "method=weir.v1.RegistryService/CreateNode", "result=OK", "resource=node1", "revision=1"},
 		{"level=INFO", `who="alice (admin)"`, "method=weir.v1.RegistryService/CreateNode", "result=InvalidArgument", "resource=Bad_Name", "error="},
@@ -211,6 +195,33 @@ func TestAuditRecordsWritesAndDenials(t *testing.T) {
 	}
 }
 
+// auditedServer is a TLS server whose log the test reads: auditLines
+// returns the audit lines written since it was last called.
+func auditedServer(t *testing.T) (dir, addr string, auditLines func() []string) {
+	t.Helper()
+	dir = pki(t)
+	cfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&lockedWriter{&mu, &buf}, nil))
+	addr = servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS, c.Log = cfg, log }).Addr
+	return dir, addr, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var lines []string
+		for _, l := range strings.Split(buf.String(), "\n") {
+			if strings.Contains(l, "msg=audit") {
+				lines = append(lines, l)
+			}
+		}
+		buf.Reset()
+		return lines
+	}
+}
+
 type lockedWriter struct {
 	mu *sync.Mutex
 	w  io.Writer
@@ -226,29 +237,9 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // carries no revision; a caller denied again and again, with names of
 // megabytes, writes a bounded log.
 func TestAuditNamesWhatApplyChangedAndCannotBeFlooded(t *testing.T) {
-	dir := pki(t)
-	cfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var buf bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&lockedWriter{&mu, &buf}, nil))
-	addr := servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS, c.Log = cfg, log }).Addr
+	dir, addr, auditLines := auditedServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	auditLines := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		var lines []string
-		for _, l := range strings.Split(buf.String(), "\n") {
-			if strings.Contains(l, "msg=audit") {
-				lines = append(lines, l)
-			}
-		}
-		buf.Reset()
-		return lines
-	}
 	admin := weirv1.NewRegistryServiceClient(dial(t, addr, dir, "alice"))
 	apply := &weirv1.ApplyRequest{Resources: []*weirv1.ApplyResource{
 		{Resource: &weirv1.ApplyResource_Node{Node: node("node1")}},
