@@ -83,6 +83,22 @@ func (c *udpClient) sendUnanswered(t *testing.T, node *lab.Node, dst netip.AddrP
 	}
 }
 
+// createUDPServiceWhole creates slice, then svc: a node gets the service
+// whole, with its endpoints, in one change. It returns the service's
+// revision.
+func createUDPServiceWhole(t *testing.T, c *weirlab.Cluster, svc *weirv1.Service, slice *weirv1.EndpointSlice) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice}); err != nil {
+		t.Fatal(err)
+	}
+	created, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return revisionOf(created.GetService().GetMetadata())
+}
+
 func udpService(name string, nodePort int32, clusterIPs ...string) *weirv1.Service {
 	return &weirv1.Service{
 		Metadata: &weirv1.ObjectMeta{Namespace: "default", Name: name},
@@ -208,26 +224,16 @@ func TestUDPFlowsStayOnATerminatingServingEndpoint(t *testing.T) {
 // reach its endpoint, not keep going where the first datagram went.
 func TestUDPFlowSentBeforeItsServiceExisted(t *testing.T) {
 	c := startCluster(t)
-	ctx := context.Background()
 	// The nodes forward already (their tables, and so conntrack, are
 	// in place), as on a running node whose client sends too early.
 	createWeb(t, c)
 	n1p1 := c.Nodes[0].Pods[0]
 	fam := families("10.96.0.56", "fd00:96::56", "203.0.113.56", "2001:db8:113::56")[0]
 	dst := netip.MustParseAddrPort("10.96.0.56:53")
-	if _, err := c.Router.Run(ctx, "ip", "route", "replace", "10.96.0.56/32", "via", c.Nodes[0].IPv4.String()); err != nil {
-		t.Fatal(err)
-	}
+	routeVIP(t, c, dst.Addr(), "/32", c.Nodes[0].IPv4)
 	client := newUDPClient(t, c.Client, 40062)
 	client.sendUnanswered(t, c.Nodes[0], dst)
-	// The endpoints first, then the service: the node gets the service
-	// whole, with an endpoint, in one change.
-	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: udpSlice("early", fam, n1p1)}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: udpService("early", 30056, dst.Addr().String())}); err != nil {
-		t.Fatal(err)
-	}
+	createUDPServiceWhole(t, c, udpService("early", 30056, dst.Addr().String()), udpSlice("early", fam, n1p1))
 	eventually(t, "the flow sent before the service reaches its endpoint", client.answeredBy(dst, n1p1.Name))
 }
 
@@ -247,15 +253,8 @@ func TestUDPFlowFollowsATargetPortChange(t *testing.T) {
 	fam := families("10.96.0.57", "fd00:96::57", "203.0.113.57", "2001:db8:113::57")[0]
 	dst := netip.MustParseAddrPort("10.96.0.57:53")
 	slice := udpSlice("moved", fam, n1p1)
-	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: slice}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: udpService("moved", 30057, dst.Addr().String())}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Router.Run(ctx, "ip", "route", "replace", "10.96.0.57/32", "via", c.Nodes[0].IPv4.String()); err != nil {
-		t.Fatal(err)
-	}
+	createUDPServiceWhole(t, c, udpService("moved", 30057, dst.Addr().String()), slice)
+	routeVIP(t, c, dst.Addr(), "/32", c.Nodes[0].IPv4)
 	client := newUDPClient(t, c.Client, 40063)
 	eventually(t, "the flow reaches the pod's first port", client.answeredBy(dst, n1p1.Name))
 	got, err := c.Registry.GetEndpointSlice(ctx, &weirv1.GetEndpointSliceRequest{Namespace: "default", Name: slice.GetMetadata().GetName()})
@@ -281,14 +280,8 @@ func TestUDPFlowSentBeforeTheAgentStarted(t *testing.T) {
 	n1p1, node1 := c.Nodes[0].Pods[0], c.Nodes[0]
 	fam := families("10.96.0.58", "fd00:96::58", "203.0.113.58", "2001:db8:113::58")[0]
 	dst := netip.MustParseAddrPort("10.96.0.58:53")
-	if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: udpSlice("boot", fam, n1p1)}); err != nil {
-		t.Fatal(err)
-	}
-	created, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: udpService("boot", 30058, dst.Addr().String())})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitEveryNodeProgrammed(t, c, "the service", revisionOf(created.GetService().GetMetadata()))
+	rev := createUDPServiceWhole(t, c, udpService("boot", 30058, dst.Addr().String()), udpSlice("boot", fam, n1p1))
+	waitEveryNodeProgrammed(t, c, "the service", rev)
 	if err := c.Agents[0].Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -302,9 +295,7 @@ func TestUDPFlowSentBeforeTheAgentStarted(t *testing.T) {
 			t.Fatalf("nft %v: %v: %s", args, err, out)
 		}
 	}
-	if _, err := c.Router.Run(ctx, "ip", "route", "replace", "10.96.0.58/32", "via", node1.IPv4.String()); err != nil {
-		t.Fatal(err)
-	}
+	routeVIP(t, c, dst.Addr(), "/32", node1.IPv4)
 	client := newUDPClient(t, c.Client, 40064)
 	client.sendUnanswered(t, node1, dst)
 	if err := c.StopAndRestartAgent(0); err != nil {
