@@ -150,13 +150,16 @@ func New(cfg Config) (*Server, error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	}
 	opts = append(opts, auth.AuditOptions(cfg.Log)...)
+	var creds credentials.TransportCredentials
 	if cfg.TLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
-		if cfg.TLS.ClientCAs != nil {
-			opts = append(opts, auth.ServerOptions()...)
-		}
+		creds = credentials.NewTLS(cfg.TLS)
 	}
-	opts = append(opts, limits.ServerOptions(cfg.Limits)...)
+	// The limits come before authorization, so that what a denied caller
+	// sends is bounded too.
+	opts = append(opts, limits.ServerOptions(cfg.Limits, creds, cfg.Log)...)
+	if cfg.TLS != nil && cfg.TLS.ClientCAs != nil {
+		opts = append(opts, auth.ServerOptions()...)
+	}
 	hub := agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log, RemovalLogLimit: cfg.RemovalLogLimit})
 	opts = append(opts, currentOnly(hub)...)
 	s := &Server{

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/weirlb/weir/internal/bounded"
 	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/nodestate"
@@ -981,9 +982,4 @@ func (h *Hub) boundReport(r *weirv1.Report) {
 	}
 }
 
-func truncate(s string) string {
-	if len(s) <= maxReportText {
-		return s
-	}
-	return s[:maxReportText] + "…"
-}
+func truncate(s string) string { return bounded.String(s, maxReportText) }

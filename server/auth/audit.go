@@ -3,13 +3,11 @@ package auth
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"golang.org/x/time/rate"
 
@@ -20,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/weirlb/weir/internal/bounded"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -91,13 +90,13 @@ func (a *auditor) audit(ctx context.Context, method string, req, resp any, err e
 			return
 		}
 	}
-	attrs := []any{"who", bounded(who), "method", bounded(strings.TrimPrefix(method, "/")), "result", code.String()}
+	attrs := []any{"who", short(who), "method", short(strings.TrimPrefix(method, "/")), "result", code.String()}
 	if r := resource(req); r != "" {
-		attrs = append(attrs, "resource", bounded(r))
+		attrs = append(attrs, "resource", short(r))
 	}
 	dryRun := boolField(req, "validate_only")
 	if rs := applied(req, resp, dryRun); rs != "" {
-		attrs = append(attrs, "resources", bounded(rs))
+		attrs = append(attrs, "resources", short(rs))
 	}
 	if dryRun {
 		attrs = append(attrs, "dry_run", true)
@@ -107,7 +106,7 @@ func (a *auditor) audit(ctx context.Context, method string, req, resp any, err e
 			attrs = append(attrs, "revision", rv)
 		}
 	} else {
-		attrs = append(attrs, "error", bounded(status.Convert(err).Message()))
+		attrs = append(attrs, "error", short(status.Convert(err).Message()))
 	}
 	level := slog.LevelInfo
 	switch code {
@@ -162,18 +161,8 @@ func (a *auditor) forgetOldest() {
 	}
 }
 
-// bounded cuts s to MaxAuditValue bytes (at a rune boundary), saying how
-// much was left out.
-func bounded(s string) string {
-	if len(s) <= MaxAuditValue {
-		return s
-	}
-	cut := MaxAuditValue
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s... (%d bytes in all)", s[:cut], len(s))
-}
+// short cuts s to MaxAuditValue bytes.
+func short(s string) string { return bounded.String(s, MaxAuditValue) }
 
 // applied names every resource of an Apply: "kind namespace/name", with
 // "created" or "replaced" when it was done ("would be ..." in a dry run).

@@ -74,6 +74,17 @@ func authorize(ctx context.Context, method string) (context.Context, error) {
 	return nil, status.Errorf(codes.PermissionDenied, "%s (role %q) may not call %s; it needs one of the roles %v", id.Name, id.Role, method, allowed)
 }
 
+// Certified is the identity of ctx's peer by its verified client
+// certificate, whether or not its role allows what it calls; false without
+// one (plain text).
+func Certified(ctx context.Context) (Identity, bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return Identity{}, false
+	}
+	return certIdentity(p)
+}
+
 // certIdentity reads the name and role of a peer's verified client
 // certificate; false without one.
 func certIdentity(p *peer.Peer) (Identity, bool) {

@@ -14,7 +14,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/weirlb/weir/internal/tlsconfig"
@@ -28,18 +27,7 @@ import (
 // pki issues a CA, the server's certificate and one client per role.
 func pki(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	if err := certs.InitCA(dir); err != nil {
-		t.Fatal(err)
-	}
-	if err := certs.IssueServer(dir, []string{"127.0.0.1", "weir-server"}); err != nil {
-		t.Fatal(err)
-	}
-	for name, role := range map[string]string{"alice": certs.RoleAdmin, "victor": certs.RoleViewer, "node1": certs.RoleAgent, certs.FleetAgentName: certs.RoleAgent} {
-		if err := certs.IssueClient(dir, name, role); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := servertest.PKI(t)
 	if err := certs.InitCA(dir); err == nil {
 		t.Error("init over an existing CA succeeded; want a refusal")
 	}
@@ -48,29 +36,12 @@ func pki(t *testing.T) string {
 
 func startTLSServer(t *testing.T, dir string) string {
 	t.Helper()
-	cfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS = cfg }).Addr
+	return servertest.Start(t, t.TempDir(), servertest.TLS(t, dir)).Addr
 }
 
 func dial(t *testing.T, addr, dir, client string) *grpc.ClientConn {
 	t.Helper()
-	files := tlsconfig.Files{CA: filepath.Join(dir, "ca.crt")}
-	if client != "" {
-		files.Cert, files.Key = filepath.Join(dir, client+".crt"), filepath.Join(dir, client+".key")
-	}
-	cfg, err := tlsconfig.Client(files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return servertest.Dial(t, addr, dir, client)
 }
 
 func node(name string) *weirv1.Node {
@@ -200,14 +171,13 @@ func TestAuditRecordsWritesAndDenials(t *testing.T) {
 func auditedServer(t *testing.T) (dir, addr string, auditLines func() []string) {
 	t.Helper()
 	dir = pki(t)
-	cfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&lockedWriter{&mu, &buf}, nil))
-	addr = servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS, c.Log = cfg, log }).Addr
+	addr = servertest.Start(t, t.TempDir(), servertest.TLS(t, dir), func(c *server.Config) {
+		c.Log = log
+		c.Limits.CallsPerSecond = -1 // floods of denied calls, as fast as they come
+	}).Addr
 	return dir, addr, func() []string {
 		mu.Lock()
 		defer mu.Unlock()

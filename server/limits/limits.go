@@ -1,11 +1,18 @@
 // Package limits bounds what one caller of the API can take from the
-// others: connections that never finish their handshake, streams per
-// connection, watches per caller, and the rate of its calls.
+// others: connections that never finish their handshake, connections per
+// caller, streams per connection, calls in flight and watches per caller,
+// the size of a request, and the rate of its calls.
+//
+// Memory is bounded before a request is read: a unary call is admitted
+// (or refused) from its headers alone, so a caller can hold at most
+// MaxCallsInFlightPerCaller requests of at most MaxRequestBytes each,
+// whether they run or wait for the rate limiter.
 package limits
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -14,8 +21,15 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/weirlb/weir/internal/bounded"
 	"github.com/weirlb/weir/server/auth"
 )
 
@@ -29,6 +43,17 @@ type Config struct {
 	// MaxWatchesPerCaller bounds a caller's open Watch* streams, over all
 	// its connections.
 	MaxWatchesPerCaller int
+	// MaxConnectionsPerCaller bounds a certificate identity's open
+	// connections; past it a new connection is closed after its handshake.
+	MaxConnectionsPerCaller int
+	// MaxCallsInFlightPerCaller bounds a certificate identity's unary
+	// calls being read, waiting for the rate limiter or running, over all
+	// its connections; past it a call is refused (ResourceExhausted)
+	// before its request is read. In plain text, where every caller may
+	// do anything, neither is bounded.
+	MaxCallsInFlightPerCaller int
+	// MaxRequestBytes bounds one message a caller sends.
+	MaxRequestBytes int
 	// CallsPerSecond and Burst are each caller's rate of unary calls to
 	// the operators' services (RegistryService, StatusService: reads and
 	// writes): a caller over it waits, the others do not. Negative: no
@@ -38,14 +63,20 @@ type Config struct {
 	Burst          int
 }
 
-// Defaults. An operator's lbctl makes a few calls a second, an
-// orchestrator tens; a loop listing as fast as it can is slowed to 50.
+// Defaults. An operator's lbctl makes a few calls a second over one
+// connection, an orchestrator tens over a few; a loop listing as fast as it
+// can is slowed to 50. At the defaults one caller's requests hold at most
+// 8 × 4 MiB, decoded about twice that, where gRPC alone would let it park
+// 128 of them on each of its connections.
 const (
-	DefaultHandshakeTimeout        = 5 * time.Second
-	DefaultMaxStreamsPerConnection = 128
-	DefaultMaxWatchesPerCaller     = 64
-	DefaultCallsPerSecond          = 50
-	DefaultBurst                   = 100
+	DefaultHandshakeTimeout          = 5 * time.Second
+	DefaultMaxStreamsPerConnection   = 128
+	DefaultMaxWatchesPerCaller       = 64
+	DefaultMaxConnectionsPerCaller   = 32
+	DefaultMaxCallsInFlightPerCaller = 8
+	DefaultMaxRequestBytes           = 4 << 20 // gRPC's default, stated
+	DefaultCallsPerSecond            = 50
+	DefaultBurst                     = 100
 )
 
 func (c Config) withDefaults() Config {
@@ -58,6 +89,15 @@ func (c Config) withDefaults() Config {
 	if c.MaxWatchesPerCaller == 0 {
 		c.MaxWatchesPerCaller = DefaultMaxWatchesPerCaller
 	}
+	if c.MaxConnectionsPerCaller == 0 {
+		c.MaxConnectionsPerCaller = DefaultMaxConnectionsPerCaller
+	}
+	if c.MaxCallsInFlightPerCaller == 0 {
+		c.MaxCallsInFlightPerCaller = DefaultMaxCallsInFlightPerCaller
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
+	}
 	if c.CallsPerSecond == 0 {
 		c.CallsPerSecond = DefaultCallsPerSecond
 	}
@@ -67,14 +107,20 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// ServerOptions enforce cfg.
-func ServerOptions(cfg Config) []grpc.ServerOption {
+// ServerOptions enforce cfg; creds are the server's transport credentials,
+// nil in plain text.
+func ServerOptions(cfg Config, creds credentials.TransportCredentials, log *slog.Logger) []grpc.ServerOption {
 	cfg = cfg.withDefaults()
-	l := &limiter{cfg: cfg, callers: map[string]*caller{}}
-	return []grpc.ServerOption{
+	l := &limiter{cfg: cfg, callers: map[string]*caller{}, log: log}
+	opts := []grpc.ServerOption{
 		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
 		grpc.MaxConcurrentStreams(cfg.MaxStreamsPerConnection),
+		grpc.MaxRecvMsgSize(cfg.MaxRequestBytes),
+		grpc.InTapHandle(l.admit),
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			resp, err := h(ctx, req)
+			return resp, boundedError(err)
+		}, func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			if svc, _, _ := strings.Cut(strings.TrimPrefix(info.FullMethod, "/"), "/"); svc != "weir.v1.RegistryService" && svc != "weir.v1.StatusService" {
 				return h(ctx, req)
 			}
@@ -84,6 +130,8 @@ func ServerOptions(cfg Config) []grpc.ServerOption {
 			return h(ctx, req)
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			return boundedError(h(srv, ss))
+		}, func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			if _, name, _ := strings.Cut(strings.TrimPrefix(info.FullMethod, "/"), "/"); !strings.HasPrefix(name, "Watch") {
 				return h(srv, ss)
 			}
@@ -95,19 +143,155 @@ func ServerOptions(cfg Config) []grpc.ServerOption {
 			return h(srv, ss)
 		}),
 	}
+	if creds != nil {
+		opts = append(opts, grpc.Creds(&countedCreds{TransportCredentials: creds, l: l}))
+	}
+	return opts
+}
+
+// MaxErrorBytes bounds the message of an error sent back, and its details:
+// an error may quote what the caller sent (a name of megabytes, say), which
+// must not come back whole.
+const MaxErrorBytes = 4096
+
+func boundedError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || proto.Size(st.Proto()) <= MaxErrorBytes {
+		return err
+	}
+	// The details (field violations) repeat the message: without room for
+	// them they are left out.
+	return status.Error(st.Code(), bounded.String(st.Message(), MaxErrorBytes))
+}
+
+// admit runs on a call's headers, before its request is read: a unary call
+// takes one of its caller's in-flight places until the call ends, or is
+// refused. It must not block (it runs on the connection's reader).
+func (l *limiter) admit(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if _, ok := auth.Certified(ctx); !ok || streaming(info.FullMethodName) {
+		// In plain text every caller may do anything, and all on one
+		// address count as one: no cap on what it has in flight.
+		return ctx, nil
+	}
+	c := l.get(ctx)
+	c.mu.Lock()
+	if c.inFlight >= l.cfg.MaxCallsInFlightPerCaller {
+		c.mu.Unlock()
+		return nil, status.Errorf(codes.ResourceExhausted, "%s has %d calls in flight, the most one caller may; wait for some to end", key(ctx), l.cfg.MaxCallsInFlightPerCaller)
+	}
+	c.inFlight++
+	c.mu.Unlock()
+	// The stream's context ends with the call, however it ends (answered,
+	// cancelled, its connection lost).
+	context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		c.inFlight--
+		c.lastUsed = time.Now()
+		c.mu.Unlock()
+	})
+	return ctx, nil
+}
+
+// streaming reports whether a full method name ("/pkg.Service/Method") is
+// a streaming call, from the descriptors its package registered; the
+// streams have limits of their own (watches per caller, the agents' one
+// stream each).
+func streaming(method string) bool {
+	if v, ok := streamingMethods.Load(method); ok {
+		return v.(bool)
+	}
+	svc, name, _ := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+	if err != nil {
+		return false // no such service: refused unread, as a unary call
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return false
+	}
+	m := sd.Methods().ByName(protoreflect.Name(name))
+	if m == nil {
+		return false
+	}
+	// Only methods that exist are remembered: a caller cannot grow this.
+	s := m.IsStreamingClient() || m.IsStreamingServer()
+	streamingMethods.Store(method, s)
+	return s
+}
+
+var streamingMethods sync.Map
+
+// countedCreds counts each caller's connections after its handshake, when
+// its certificate names it, and closes those past the limit.
+type countedCreds struct {
+	credentials.TransportCredentials
+	l *limiter
+}
+
+func (c *countedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: raw.RemoteAddr(), AuthInfo: info})
+	if _, ok := auth.Certified(ctx); !ok {
+		return conn, info, nil // TLS without client certificates: no one to count
+	}
+	who := key(ctx)
+	cl := c.l.get(ctx)
+	cl.mu.Lock()
+	if cl.conns >= c.l.cfg.MaxConnectionsPerCaller {
+		warn := time.Since(cl.refusedLogged) > time.Minute
+		if warn {
+			cl.refusedLogged = time.Now()
+		}
+		cl.mu.Unlock()
+		conn.Close()
+		if warn && c.l.log != nil {
+			c.l.log.Warn("connection refused: the caller has as many connections open as one caller may (logged once a minute per caller)", "who", who, "from", raw.RemoteAddr().String(), "limit", c.l.cfg.MaxConnectionsPerCaller)
+		}
+		return nil, nil, fmt.Errorf("%s has %d connections open, the most one caller may", who, c.l.cfg.MaxConnectionsPerCaller)
+	}
+	cl.conns++
+	cl.mu.Unlock()
+	return &countedConn{Conn: conn, c: cl}, info, nil
+}
+
+func (c *countedCreds) Clone() credentials.TransportCredentials {
+	return &countedCreds{TransportCredentials: c.TransportCredentials.Clone(), l: c.l}
+}
+
+type countedConn struct {
+	net.Conn
+	c    *caller
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() {
+		c.c.mu.Lock()
+		c.c.conns--
+		c.c.lastUsed = time.Now()
+		c.c.mu.Unlock()
+	})
+	return c.Conn.Close()
 }
 
 type limiter struct {
 	cfg     Config
+	log     *slog.Logger
 	mu      sync.Mutex
 	callers map[string]*caller
 }
 
 type caller struct {
-	rate     *rate.Limiter
-	mu       sync.Mutex
-	watches  int
-	lastUsed time.Time
+	rate          *rate.Limiter
+	mu            sync.Mutex
+	watches       int
+	conns         int
+	inFlight      int
+	lastUsed      time.Time
+	refusedLogged time.Time
 }
 
 // get finds ctx's caller, making it; callers idle for ten minutes are
@@ -122,7 +306,7 @@ func (l *limiter) get(ctx context.Context) *caller {
 		if len(l.callers) >= 4096 {
 			for k, o := range l.callers {
 				o.mu.Lock()
-				idle := o.watches == 0 && now.Sub(o.lastUsed) > 10*time.Minute
+				idle := o.watches == 0 && o.conns == 0 && o.inFlight == 0 && now.Sub(o.lastUsed) > 10*time.Minute
 				o.mu.Unlock()
 				if idle {
 					delete(l.callers, k)

@@ -79,6 +79,8 @@ func run() error {
 		proxyNm        = flag.String("service-proxy-name", "", "handle only Kubernetes services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones, as kube-proxy)")
 		apiRate        = flag.Float64("api-calls-per-second", limits.DefaultCallsPerSecond, "each caller's rate of API calls (bursts of twice as many); a caller over it waits, others do not; 0: no limit")
 		apiWatch       = flag.Int("api-watches-per-caller", limits.DefaultMaxWatchesPerCaller, "most Watch streams one caller may hold open")
+		apiConns       = flag.Int("api-connections-per-caller", limits.DefaultMaxConnectionsPerCaller, "most connections one client certificate may hold open; more are closed after their handshake")
+		apiInFlight    = flag.Int("api-calls-in-flight-per-caller", limits.DefaultMaxCallsInFlightPerCaller, "most unary calls one client certificate may have in flight (each holds its request, up to 4 MiB); more are refused before they are read")
 		npRange        = flag.String("service-node-port-range", "30000-32767", "node ports and health-check node ports of native services come from this range (as the apiserver's flag)")
 		etcdFlags      = addEtcdFlags(flag.CommandLine)
 		etcdEndpoints  = etcdFlags.endpoints
@@ -141,7 +143,7 @@ func run() error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg, Version: version, ResourcesFile: *resFile, ResourcesFileAllowRemovingAll: *resAll, ServiceRules: &rules,
-		Limits: limits.Config{CallsPerSecond: *apiRate, Burst: int(2 * *apiRate), MaxWatchesPerCaller: *apiWatch}}
+		Limits: limits.Config{CallsPerSecond: *apiRate, Burst: int(2 * *apiRate), MaxWatchesPerCaller: *apiWatch, MaxConnectionsPerCaller: *apiConns, MaxCallsInFlightPerCaller: *apiInFlight}}
 	if *apiRate == 0 {
 		cfg.Limits.CallsPerSecond = -1
 	}
