@@ -31,6 +31,7 @@ import (
 
 	"github.com/weirlb/weir/internal/bounded"
 	"github.com/weirlb/weir/server/auth"
+	"github.com/weirlb/weir/server/certs"
 )
 
 // Config is the limits; the zero value of a field means its default.
@@ -234,11 +235,18 @@ func (c *countedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Auth
 		return nil, nil, err
 	}
 	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: raw.RemoteAddr(), AuthInfo: info})
-	if _, ok := auth.Certified(ctx); !ok {
+	id, ok := auth.Certified(ctx)
+	if !ok {
 		return conn, info, nil // TLS without client certificates: no one to count
 	}
 	who := key(ctx)
-	cl := c.l.get(ctx)
+	if id.Name == certs.FleetAgentName {
+		// Every node's agent holds this one certificate: each address is
+		// a caller of its own.
+		host, _, _ := net.SplitHostPort(raw.RemoteAddr().String())
+		who += " at " + host
+	}
+	cl := c.l.named("connections of " + who)
 	cl.mu.Lock()
 	if cl.conns >= c.l.cfg.MaxConnectionsPerCaller {
 		warn := time.Since(cl.refusedLogged) > time.Minute
@@ -296,8 +304,10 @@ type caller struct {
 
 // get finds ctx's caller, making it; callers idle for ten minutes are
 // forgotten once there are many, so addresses cannot grow the map forever.
-func (l *limiter) get(ctx context.Context) *caller {
-	k := key(ctx)
+func (l *limiter) get(ctx context.Context) *caller { return l.named(key(ctx)) }
+
+// named is get by key.
+func (l *limiter) named(k string) *caller {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()

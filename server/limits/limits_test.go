@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -21,6 +22,7 @@ import (
 	"github.com/weirlb/weir/internal/bounded"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/servertest"
 )
@@ -201,7 +203,7 @@ func TestConnectionsAreBoundedPerCaller(t *testing.T) {
 	call := func(conn *grpc.ClientConn) error {
 		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
 		defer ccancel()
-		_, err := weirv1.NewRegistryServiceClient(conn).ListServices(cctx, &weirv1.ListServicesRequest{})
+		_, err := healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{})
 		return err
 	}
 	var conns []*grpc.ClientConn
@@ -217,6 +219,17 @@ func TestConnectionsAreBoundedPerCaller(t *testing.T) {
 	}
 	if err := call(servertest.Dial(t, ts.Addr, dir, "alice")); err != nil {
 		t.Fatalf("another caller's connection: %v", err)
+	}
+	// The agents' shared certificate is one caller per address: each
+	// node's agent connects.
+	for _, from := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"} {
+		local := &net.TCPAddr{IP: net.ParseIP(from)}
+		dialer := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return (&net.Dialer{LocalAddr: local}).DialContext(ctx, "tcp", addr)
+		})
+		if err := call(servertest.Dial(t, ts.Addr, dir, certs.FleetAgentName, dialer)); err != nil {
+			t.Fatalf("the fleet agent certificate from %s: %v", from, err)
+		}
 	}
 	conns[0].Close()
 	var err error
