@@ -1008,7 +1008,7 @@ CURRENT   NAME   SERVER           INSECURE   CERT-FILE
 
 // startTLSServer runs a server with mTLS: a new CA in dir, the server's
 // certificate for 127.0.0.1, and a viewer's client certificate "victor".
-func startTLSServer(t *testing.T) (dir string, srv *servertest.Server) {
+func startTLSServer(t *testing.T, options ...func(*server.Config)) (dir string, srv *servertest.Server) {
 	t.Helper()
 	dir = t.TempDir()
 	for _, err := range []error{certs.InitCA(dir), certs.IssueServer(dir, []string{"127.0.0.1"}), certs.IssueClient(dir, "victor", certs.RoleViewer)} {
@@ -1020,7 +1020,7 @@ func startTLSServer(t *testing.T) (dir string, srv *servertest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return dir, servertest.Start(t, t.TempDir(), func(c *server.Config) { c.TLS = tlsCfg })
+	return dir, servertest.Start(t, t.TempDir(), append([]func(*server.Config){func(c *server.Config) { c.TLS = tlsCfg }}, options...)...)
 }
 
 // TestViewerMayReadNotWrite runs the server with mTLS; the context names
@@ -1365,6 +1365,46 @@ func TestTLSFailuresAreNamed(t *testing.T) {
 		if code != 3 || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "is weir-server running") {
 			t.Errorf("%s: exit %d, %q; want exit 3 saying %q", tc.name, code, errOut, tc.want)
 		}
+	}
+}
+
+// A server that stops while lbctl watches it is a server gone, not a
+// certificate it no longer trusts; and a server that closes connections
+// for another reason (too many from this certificate) is not called one
+// that distrusts it either.
+func TestAServerThatGoesAwayIsNotACertificateProblem(t *testing.T) {
+	dir, srv := startTLSServer(t)
+	args := []string{"--server", srv.Addr, "--ca-file", filepath.Join(dir, "ca.crt"),
+		"--cert-file", filepath.Join(dir, "victor.crt"), "--key-file", filepath.Join(dir, "victor.key")}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	type result struct {
+		errOut string
+		code   int
+	}
+	done := make(chan result, 1)
+	go func() {
+		_, errOut, code := runLbctl(ctx, time.Now(), "", append(args, "get", "nodes", "-w")...)
+		done <- result{errOut, code}
+	}()
+	time.Sleep(500 * time.Millisecond) // the watch is open
+	srv.Stop()
+	r := <-done
+	if r.code != 3 || strings.Contains(r.errOut, "certificate") || !strings.Contains(r.errOut, "not answering now") {
+		t.Errorf("the server stopped under a watch: exit %d, %q; want exit 3 saying it is not answering now, not blaming a certificate", r.code, r.errOut)
+	}
+
+	// A server at its limit of connections for this certificate.
+	dir, srv = startTLSServer(t, func(c *server.Config) { c.Limits.MaxConnectionsPerCaller = 1 })
+	args = []string{"--server", srv.Addr, "--ca-file", filepath.Join(dir, "ca.crt"),
+		"--cert-file", filepath.Join(dir, "victor.crt"), "--key-file", filepath.Join(dir, "victor.key")}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go runLbctl(watchCtx, time.Now(), "", append(args, "get", "nodes", "-w")...)
+	time.Sleep(500 * time.Millisecond) // the watch holds the one connection
+	_, errOut, code := runLbctl(ctx, time.Now(), "", append(args, "get", "nodes")...)
+	if code != 3 || !strings.Contains(errOut, "as many of its connections as one caller may") || strings.Contains(errOut, "does not trust") {
+		t.Errorf("a second connection past the limit: exit %d, %q; want exit 3 naming the connection limit", code, errOut)
 	}
 }
 

@@ -356,7 +356,12 @@ func (a *app) reachable(cc *grpc.ClientConn, err error) error {
 }
 
 func (a *app) unreachable(err error) error {
-	return &unreachableError{addrs: a.addrs, cause: status.Convert(err).Message(), plainText: a.insecure, clientCert: a.tls.Cert != ""}
+	e := &unreachableError{addrs: a.addrs, cause: status.Convert(err).Message(), plainText: a.insecure, clientCert: a.tls.Cert != ""}
+	if !e.plainText && droppedAfterHandshake(e.cause) && tlsProblem(e.cause, e.addrs) == "" {
+		// The cause was the last address's.
+		e.probe, e.probeCause = probeTLS(a.addrs[len(a.addrs)-1], a.tls)
+	}
+	return e
 }
 
 // usageError is a command line lbctl cannot run: exit code 2.
@@ -375,6 +380,9 @@ type unreachableError struct {
 	cause      string   // the last address's failure
 	plainText  bool     // --insecure
 	clientCert bool     // a client certificate was given
+	// probe is what a second connection found when the server closed one
+	// after the TLS handshake (probeTLS), probeCause its error.
+	probe, probeCause string
 }
 
 func (e *unreachableError) Error() string {
@@ -391,6 +399,21 @@ func (e *unreachableError) Error() string {
 			at, strings.TrimSuffix(tlsErr, `"`))
 	}
 	if !e.plainText && droppedAfterHandshake(e.cause) {
+		switch e.probe {
+		case probeGone:
+			return fmt.Sprintf("cannot reach the server %s: it closed the connection and is not answering now (stopped, or restarting?)", at)
+		case probeAnswers:
+			return fmt.Sprintf("cannot reach the server %s: it closed the connection (restarting, or at one of its limits), and answers again now: run the command again", at)
+		case probeClosed:
+			if e.clientCert {
+				return fmt.Sprintf("cannot reach the server %s: it closes connections from this client certificate after the TLS handshake without a TLS error: it holds as many of its connections as one caller may (weir-server --api-connections-per-caller), or it is shutting down", at)
+			}
+		case probeTLSError:
+			if p := tlsProblem(e.probeCause, e.addrs); p != "" {
+				return fmt.Sprintf("cannot reach the server %s: %s", at, p)
+			}
+			return fmt.Sprintf("cannot reach the server %s: TLS failed: %s", at, e.probeCause)
+		}
 		// The server verifies the client certificate after the handshake
 		// (TLS 1.3) and closes the connection when it refuses it; its
 		// alert may not be read before the write that finds it closed.
