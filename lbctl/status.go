@@ -83,6 +83,9 @@ reached; the same whatever the output format.`,
 			if health != healthpb.HealthCheckResponse_SERVING {
 				summary = append(summary, "the server's health is "+health.String())
 			}
+			if e := info.GetStoreWriteError(); e != "" {
+				summary = append(summary, fmt.Sprintf("the server's store has refused writes for %s: %s", age(a.now(), info.GetStoreWriteFailingSince()), e))
+			}
 			if len(problems) > 0 {
 				summary = append(summary, fmt.Sprintf("%d of %d nodes not ready: %s", len(problems), len(statuses), strings.Join(problems, "; ")))
 			}
@@ -166,7 +169,7 @@ func statusDocument(server string, health healthpb.HealthCheckResponse_ServingSt
 		"server":   map[string]any{"address": server, "health": health.String(), "info": json.RawMessage(infoJSON)},
 		"pools":    pools,
 		"nodes":    nodes,
-		"ready":    len(problems) == 0 && health == healthpb.HealthCheckResponse_SERVING,
+		"ready":    len(problems) == 0 && health == healthpb.HealthCheckResponse_SERVING && info.GetStoreWriteError() == "",
 		"problems": problems,
 	}, "", "  ")
 }

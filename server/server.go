@@ -233,6 +233,19 @@ func New(cfg Config) (*Server, error) {
 			WentBack: s.stopWith,
 		}
 	}
+	// Reads and the agents' streams go on while the store refuses writes
+	// (a full disk): the server stays SERVING, its registry does not.
+	reg.OnWriteFailure(func(err error) {
+		st := healthpb.HealthCheckResponse_SERVING
+		if err != nil {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+			cfg.Log.Error("the store refuses writes; weir.v1.RegistryService is NOT_SERVING until one is taken", "error", err)
+		} else {
+			cfg.Log.Info("the store takes writes again; weir.v1.RegistryService is SERVING")
+		}
+		s.health.SetServingStatus(weirv1.RegistryService_ServiceDesc.ServiceName, st)
+	})
+	s.health.SetServingStatus(weirv1.RegistryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	lbTier := api.NewLoadBalancerTierService(s.Agents, reg)
 	weirv1.RegisterLoadBalancerTierServiceServer(s.grpc, lbTier)
 	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg, info, lbTier))

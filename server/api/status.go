@@ -43,10 +43,14 @@ func NewStatusService(hub *agentsync.Hub, reg *registry.Registry, info ServerInf
 }
 
 func (s *StatusService) GetServerInfo(context.Context, *weirv1.GetServerInfoRequest) (*weirv1.GetServerInfoResponse, error) {
-	return &weirv1.GetServerInfoResponse{
+	info := &weirv1.GetServerInfoResponse{
 		Version: s.info.Version, StateVersion: s.hub.Version(), AgentsConnected: int32(s.hub.Connected()),
 		Started: timestamp(s.info.Started), Sources: s.info.Sources,
-	}, nil
+	}
+	if err, since := s.reg.WriteFailure(); err != nil {
+		info.StoreWriteError, info.StoreWriteFailingSince = err.Error(), timestamp(since)
+	}
+	return info, nil
 }
 
 // statuses is every node the registry or the hub knows, sorted by name:

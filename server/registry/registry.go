@@ -59,6 +59,12 @@ type Registry struct {
 	// decision to its publication; mu is not held while the store
 	// commits, so reads, streams and the store's read-back go on then.
 	writeMu sync.Mutex
+	// Guarded by writeMu: the store's refusal of the last write (nil when
+	// it took it), since when writes fail, and who is told when that
+	// changes.
+	writeErr     error
+	writeFailing time.Time
+	onWrite      func(error)
 
 	mu  sync.RWMutex // guards everything below, and the collections' items
 	rev uint64
@@ -446,6 +452,9 @@ func (r *Registry) write(decide func() (*pending, error)) (uint64, error) {
 			}
 			continue
 		}
+		if !errors.Is(err, store.ErrNotLeader) { // a leadership lost is no fault of the store
+			r.wrote(err)
+		}
 		if err != nil {
 			return 0, fmt.Errorf("persisting %s: %w", p.what, err)
 		}
@@ -458,6 +467,34 @@ func (r *Registry) write(decide func() (*pending, error)) (uint64, error) {
 		r.mu.Unlock()
 		return rev, nil
 	}
+}
+
+// wrote records whether the store took a write. Called with writeMu held.
+func (r *Registry) wrote(err error) {
+	changed := (err == nil) != (r.writeErr == nil)
+	if err != nil && r.writeErr == nil {
+		r.writeFailing = r.now()
+	}
+	r.writeErr = err
+	if changed && r.onWrite != nil {
+		r.onWrite(err)
+	}
+}
+
+// WriteFailure is the store's refusal of this registry's last write, and
+// since when writes have failed; nil when the store took the last write.
+func (r *Registry) WriteFailure() (error, time.Time) {
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	return r.writeErr, r.writeFailing
+}
+
+// OnWriteFailure calls fn, with the error or nil, whenever the store starts
+// refusing writes or takes one again.
+func (r *Registry) OnWriteFailure(fn func(error)) {
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	r.onWrite = fn
 }
 
 // waitFor waits until the registry holds revision rev.

@@ -67,9 +67,15 @@ type GetServerInfoResponse struct {
 	AgentsConnected int32                  `protobuf:"varint,3,opt,name=agents_connected,json=agentsConnected,proto3" json:"agents_connected,omitempty"`
 	Started         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=started,proto3" json:"started,omitempty"`
 	// Sources of cluster state: "native", and "kubernetes" when mirrored.
-	Sources       []string `protobuf:"bytes,5,rep,name=sources,proto3" json:"sources,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Sources []string `protobuf:"bytes,5,rep,name=sources,proto3" json:"sources,omitempty"`
+	// Why the store refused the last write (a full disk, a store out of
+	// reach), and since when writes have failed; empty when it took the
+	// last write. The health of weir.v1.RegistryService is NOT_SERVING
+	// meanwhile.
+	StoreWriteError        string                 `protobuf:"bytes,6,opt,name=store_write_error,json=storeWriteError,proto3" json:"store_write_error,omitempty"`
+	StoreWriteFailingSince *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=store_write_failing_since,json=storeWriteFailingSince,proto3" json:"store_write_failing_since,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *GetServerInfoResponse) Reset() {
@@ -133,6 +139,20 @@ func (x *GetServerInfoResponse) GetStarted() *timestamppb.Timestamp {
 func (x *GetServerInfoResponse) GetSources() []string {
 	if x != nil {
 		return x.Sources
+	}
+	return nil
+}
+
+func (x *GetServerInfoResponse) GetStoreWriteError() string {
+	if x != nil {
+		return x.StoreWriteError
+	}
+	return ""
+}
+
+func (x *GetServerInfoResponse) GetStoreWriteFailingSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StoreWriteFailingSince
 	}
 	return nil
 }
@@ -1100,13 +1120,15 @@ var File_weir_v1_status_proto protoreflect.FileDescriptor
 const file_weir_v1_status_proto_rawDesc = "" +
 	"\n" +
 	"\x14weir/v1/status.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x13weir/v1/agent.proto\x1a\x14weir/v1/lbtier.proto\"\x16\n" +
-	"\x14GetServerInfoRequest\"\xd1\x01\n" +
+	"\x14GetServerInfoRequest\"\xd4\x02\n" +
 	"\x15GetServerInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12#\n" +
 	"\rstate_version\x18\x02 \x01(\x04R\fstateVersion\x12)\n" +
 	"\x10agents_connected\x18\x03 \x01(\x05R\x0fagentsConnected\x124\n" +
 	"\astarted\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x12\x18\n" +
-	"\asources\x18\x05 \x03(\tR\asources\"\x1a\n" +
+	"\asources\x18\x05 \x03(\tR\asources\x12*\n" +
+	"\x11store_write_error\x18\x06 \x01(\tR\x0fstoreWriteError\x12U\n" +
+	"\x19store_write_failing_since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x16storeWriteFailingSince\"\x1a\n" +
 	"\x18WatchNodeStatusesRequest\"F\n" +
 	"\x19WatchNodeStatusesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"U\n" +
@@ -1227,39 +1249,40 @@ var file_weir_v1_status_proto_goTypes = []any{
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
 	16, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
-	6,  // 1: weir.v1.WatchNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
-	6,  // 2: weir.v1.ListNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
-	16, // 3: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	17, // 4: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
-	18, // 5: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
-	19, // 6: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
-	18, // 7: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
-	18, // 8: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
-	9,  // 9: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
-	9,  // 10: weir.v1.WaitProgrammedResponse.speakers:type_name -> weir.v1.NodeProgress
-	12, // 11: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	14, // 12: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	13, // 13: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
-	20, // 14: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
-	16, // 15: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
-	21, // 16: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	22, // 17: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	15, // 18: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
-	4,  // 19: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 20: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	10, // 21: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 22: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	7,  // 23: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
-	5,  // 24: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 25: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	11, // 26: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 27: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	8,  // 28: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
-	24, // [24:29] is the sub-list for method output_type
-	19, // [19:24] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	16, // 1: weir.v1.GetServerInfoResponse.store_write_failing_since:type_name -> google.protobuf.Timestamp
+	6,  // 2: weir.v1.WatchNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
+	6,  // 3: weir.v1.ListNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
+	16, // 4: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	17, // 5: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
+	18, // 6: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
+	19, // 7: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
+	18, // 8: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
+	18, // 9: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
+	9,  // 10: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
+	9,  // 11: weir.v1.WaitProgrammedResponse.speakers:type_name -> weir.v1.NodeProgress
+	12, // 12: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
+	14, // 13: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	13, // 14: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
+	20, // 15: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
+	16, // 16: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
+	21, // 17: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	22, // 18: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	15, // 19: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
+	4,  // 20: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 21: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 22: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 23: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 24: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 25: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 26: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 27: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 28: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 29: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	25, // [25:30] is the sub-list for method output_type
+	20, // [20:25] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
