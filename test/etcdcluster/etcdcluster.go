@@ -116,7 +116,7 @@ func (m *Member) waitHealthy(ctx context.Context) error {
 func (m *Member) start(state string) error {
 	p, err := testproc.Start(m.dir, m.Name, m.bin, append([]string{
 		"--name=" + m.Name,
-		"--data-dir=" + filepath.Join(m.dir, m.Name),
+		"--data-dir=" + m.DataDir(),
 		"--listen-client-urls=" + m.ClientURL,
 		"--advertise-client-urls=" + m.ClientURL,
 		"--listen-peer-urls=" + m.PeerURL,
@@ -151,6 +151,11 @@ func (m *Member) Restart(ctx context.Context) error {
 	defer cancel()
 	return m.waitHealthy(ctx)
 }
+
+// DataDir is the member's --data-dir: copied while the member is
+// stopped, it is a backup; copied back, a restore that keeps the
+// cluster's identity.
+func (m *Member) DataDir() string { return filepath.Join(m.dir, m.Name) }
 
 // Pid is the member's process ID.
 func (m *Member) Pid() int { return m.proc.Pid() }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/weirlb/weir/server/store"
@@ -35,6 +36,7 @@ type Etcd struct {
 	client  *clientv3.Client
 	prefix  string
 	history string
+	commits commitIDs
 }
 
 // Config says how to reach etcd.
@@ -105,11 +107,80 @@ func (e *Etcd) Prefix() string { return e.prefix }
 
 func (e *Etcd) Close() error { return e.client.Close() }
 
+// HistoryAt names the store (etcd's cluster ID and the store's own ID) and
+// the commit that made revision rev (the ID every commit writes into the
+// head). A restore from a backup, even one that keeps the cluster's ID (a
+// copy of a member's data, or a snapshot restored under the same cluster
+// token), goes back to older revisions and makes the later ones again with
+// other commits: an agent's version then names a commit the store does not
+// hold, and it is sent a whole state. A revision whose commit cannot be
+// read (compacted, ahead of the store, etcd away) gets a name nothing
+// matches.
 func (e *Etcd) HistoryAt(rev uint64) string {
 	if rev == 0 {
 		return ""
 	}
-	return e.history
+	id, ok := e.commits.get(rev)
+	if !ok {
+		if id, ok = e.commitAt(rev); ok {
+			e.commits.put(rev, id)
+		} else {
+			id = "unknown-" + store.NewHistoryID()
+		}
+	}
+	return e.history + "/" + id
+}
+
+// commitAt reads the ID of the commit that made revision rev: the head
+// now, when rev is the last (compaction never takes that), else the head
+// as it was at rev.
+func (e *Etcd) commitAt(rev uint64) (string, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
+	defer cancel()
+	for _, opts := range [][]clientv3.OpOption{nil, {clientv3.WithRev(int64(rev))}} {
+		resp, err := e.client.Get(ctx, e.head(), opts...)
+		if err != nil {
+			continue
+		}
+		if len(resp.Kvs) == 1 && uint64(resp.Kvs[0].ModRevision) == rev {
+			return string(resp.Kvs[0].Value), true
+		}
+	}
+	return "", false
+}
+
+// commitIDs remembers the commit IDs of the last revisions this replica
+// made or named, so that naming them again asks etcd nothing.
+type commitIDs struct {
+	mu    sync.Mutex
+	byRev map[uint64]string
+	order []uint64
+}
+
+const rememberedCommits = 1024
+
+func (c *commitIDs) get(rev uint64) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.byRev[rev]
+	return id, ok
+}
+
+func (c *commitIDs) put(rev uint64, id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byRev == nil {
+		c.byRev = map[uint64]string{}
+	}
+	if _, ok := c.byRev[rev]; ok {
+		return
+	}
+	if len(c.order) >= rememberedCommits {
+		delete(c.byRev, c.order[0])
+		c.order = c.order[1:]
+	}
+	c.byRev[rev] = id
+	c.order = append(c.order, rev)
 }
 
 func (e *Etcd) head() string { return e.prefix + "/head" }
@@ -143,11 +214,15 @@ func (e *Etcd) CommitGuarded(g store.Guard, base uint64, ops ...store.Op) (uint6
 	for {
 		rev, err := e.commitOnce(g, base, id, ops)
 		if !errors.Is(err, errUnanswered) {
+			if err == nil {
+				e.commits.put(rev, id)
+			}
 			return rev, err
 		}
 		rev, made, known := e.outcome(base, id)
 		switch {
 		case known && made:
+			e.commits.put(rev, id)
 			return rev, nil
 		case known && rev != base:
 			// Another write came first: decide again after it.
