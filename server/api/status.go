@@ -47,7 +47,7 @@ func (s *StatusService) GetServerInfo(context.Context, *weirv1.GetServerInfoRequ
 		Version: s.info.Version, StateVersion: s.hub.Version(), AgentsConnected: int32(s.hub.Connected()),
 		Started: timestamp(s.info.Started), Sources: s.info.Sources,
 	}
-	if err, since := s.reg.WriteFailure(); err != nil {
+	if since, err := s.reg.WriteFailure(); err != nil {
 		info.StoreWriteError, info.StoreWriteFailingSince = err.Error(), timestamp(since)
 	}
 	return info, nil

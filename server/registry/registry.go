@@ -59,9 +59,10 @@ type Registry struct {
 	// decision to its publication; mu is not held while the store
 	// commits, so reads, streams and the store's read-back go on then.
 	writeMu sync.Mutex
-	// Guarded by writeMu: the store's refusal of the last write (nil when
-	// it took it), since when writes fail, and who is told when that
-	// changes.
+	// failMu guards the store's refusal of the last write (nil when it
+	// took it), since when writes fail, and who is told when that
+	// changes; not writeMu, which a slow commit holds.
+	failMu       sync.Mutex
 	writeErr     error
 	writeFailing time.Time
 	onWrite      func(error)
@@ -469,8 +470,10 @@ func (r *Registry) write(decide func() (*pending, error)) (uint64, error) {
 	}
 }
 
-// wrote records whether the store took a write. Called with writeMu held.
+// wrote records whether the store took a write.
 func (r *Registry) wrote(err error) {
+	r.failMu.Lock()
+	defer r.failMu.Unlock()
 	changed := (err == nil) != (r.writeErr == nil)
 	if err != nil && r.writeErr == nil {
 		r.writeFailing = r.now()
@@ -481,19 +484,19 @@ func (r *Registry) wrote(err error) {
 	}
 }
 
-// WriteFailure is the store's refusal of this registry's last write, and
-// since when writes have failed; nil when the store took the last write.
-func (r *Registry) WriteFailure() (error, time.Time) {
-	r.writeMu.Lock()
-	defer r.writeMu.Unlock()
-	return r.writeErr, r.writeFailing
+// WriteFailure is since when writes have failed and the store's refusal
+// of this registry's last write; nil when the store took the last write.
+func (r *Registry) WriteFailure() (since time.Time, err error) {
+	r.failMu.Lock()
+	defer r.failMu.Unlock()
+	return r.writeFailing, r.writeErr
 }
 
 // OnWriteFailure calls fn, with the error or nil, whenever the store starts
 // refusing writes or takes one again.
 func (r *Registry) OnWriteFailure(fn func(error)) {
-	r.writeMu.Lock()
-	defer r.writeMu.Unlock()
+	r.failMu.Lock()
+	defer r.failMu.Unlock()
 	r.onWrite = fn
 }
 
