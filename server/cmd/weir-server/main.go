@@ -180,15 +180,7 @@ func run() error {
 	// profiles, which answer anyone who reaches them and cost CPU, only
 	// while it is on loopback (a Prometheus scrape from another host is
 	// no reason to open them).
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	if loopback(*metrics) {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	} else {
-		log.Info("not serving /debug/pprof/: --metrics-bind-address is not on loopback", "address", *metrics)
-	}
-	go http.Serve(mln, mux)
+	go http.Serve(mln, metricsMux(reg, *metrics, log))
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
@@ -326,6 +318,21 @@ func checkPlainTextListen(insecure, allowRemote bool, listen string) error {
 }
 
 // loopback: the listen address is on a loopback interface only.
+// metricsMux serves /metrics and, only where the address is on loopback,
+// /debug/pprof/ (unauthenticated: a profile shows the heap and can cost a
+// CPU for seconds).
+func metricsMux(reg prometheus.Gatherer, addr string, log *slog.Logger) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if loopback(addr) {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	} else {
+		log.Info("not serving /debug/pprof/: --metrics-bind-address is not on loopback", "address", addr)
+	}
+	return mux
+}
+
 func loopback(listen string) bool {
 	host, _, err := net.SplitHostPort(listen)
 	if err != nil {
