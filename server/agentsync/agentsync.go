@@ -253,10 +253,16 @@ func (h *Hub) apply() {
 	if since.IsZero() {
 		return // nothing was queued
 	}
-	// Read before the cache moves to version: every session is then still
-	// below this batch's removals, which are all kept.
-	floor := h.oldestSent()
+	if beforeCacheUpdate != nil {
+		beforeCacheUpdate()
+	}
 	h.cacheMu.Lock()
+	// The floor of what the removal log may forget is read under the
+	// cache's lock, which a session holds to be sent anything: every
+	// session registered by now has its version here, below this batch's
+	// removals (which are all kept), and one registered later is sent
+	// this batch's state or a later one.
+	floor := h.oldestSent()
 	h.version = version
 	close(h.advanced)
 	h.advanced = make(chan struct{})
@@ -293,6 +299,10 @@ func (h *Hub) apply() {
 	h.cacheMu.Unlock()
 	h.metrics.version.Set(float64(version))
 }
+
+// beforeCacheUpdate, when set by a test, runs just before a batch takes
+// the cache's lock.
+var beforeCacheUpdate func()
 
 // oldestSent is the lowest version any connected session has been sent; 0
 // while a session has not yet been sent its first state.
