@@ -27,11 +27,10 @@ build:
 deps:
 	./scripts/install-deps.sh
 
-# Everything: lint, generated code up to date, unit and lab tests, and
-# every fuzz target for a few seconds.
+# Everything: lint, generated code up to date, unit and lab tests (with
+# every fuzz target's seed corpus). Fuzzing itself is make fuzz.
 test: deps lint check-generated testdeps
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
-	GO=$(GO) scripts/fuzz.sh 3s
 
 # Every fuzz target for FUZZTIME each (make fuzz FUZZTIME=10m).
 FUZZTIME ?= 1m
