@@ -2,7 +2,6 @@ package health
 
 import (
 	"log/slog"
-	"net/http"
 	"net/netip"
 	"slices"
 	"sync"
@@ -198,10 +197,7 @@ func (a *Agent) Report(full bool) *Report {
 	}
 	for key, s := range a.services {
 		if s.HealthCheckNodePort != 0 && s.HealthCheckError == "" {
-			s.HealthCheckCode = http.StatusServiceUnavailable
-			if a.served[key] > 0 && st.Healthy && !a.Services.drained.Load() {
-				s.HealthCheckCode = http.StatusOK
-			}
+			s.HealthCheckCode = Verdict(a.served[key], st.Healthy, a.Services.drained.Load())
 		}
 		if old, ok := a.reported[key]; !ok || old != s {
 			r.Services = append(r.Services, s)

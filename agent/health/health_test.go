@@ -194,6 +194,53 @@ func TestHealthChecksDropAtOnceButRiseOnlyWhenApplied(t *testing.T) {
 	}
 }
 
+// The rule of a service's health answer has one home (Verdict): the code
+// the agent reports to the server is, in every state, the code its port
+// answers a load balancer.
+func TestTheReportedCodeIsWhatThePortAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		ready          int
+		healthy, drain bool
+		want           int
+	}{{1, true, false, 200}, {0, true, false, 503}, {1, false, false, 503}, {1, true, true, 503}, {0, false, true, 503}} {
+		if got := Verdict(tc.ready, tc.healthy, tc.drain); got != tc.want {
+			t.Errorf("Verdict(ready %d, healthy %v, drained %v) = %d, want %d", tc.ready, tc.healthy, tc.drain, got, tc.want)
+		}
+	}
+
+	a := NewAgent(time.Minute, slog.New(slog.DiscardHandler), nil)
+	defer a.Services.Close()
+	port := freePort(t)
+	state := func(ready int) datapath.NodeState {
+		svc := &datapath.Service{Key: datapath.ServiceKey{Namespace: "shop", Name: "cart"},
+			ExternalTrafficPolicy: datapath.Local, HealthCheckNodePort: port,
+			Ports: []datapath.ServicePort{{Protocol: datapath.TCP, Port: 80}}}
+		for i := range ready {
+			svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, datapath.Endpoint{
+				Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)}), Port: 8080, Local: true, Ready: true, Serving: true})
+		}
+		return datapath.NodeState{Node: datapath.NodeInfo{Addresses: loopback},
+			Services: map[datapath.ServiceKey]*datapath.Service{svc.Key: svc}}
+	}
+	check := func(when string, want int) {
+		t.Helper()
+		answered := get(t, port, "/").code
+		r := a.Report(true)
+		if len(r.Services) != 1 || r.Services[0].HealthCheckCode != answered || answered != want {
+			t.Errorf("%s: the port answers %d, the report says %+v; want both %d", when, answered, r.Services, want)
+		}
+	}
+	a.Received(state(2))
+	a.Applied(time.Millisecond)
+	check("ready and applied", 200)
+	a.Services.SetDrained(true)
+	check("drained", 503)
+	a.Services.SetDrained(false)
+	check("no longer drained", 200)
+	a.Received(state(0))
+	check("no ready endpoint", 503)
+}
+
 // TestUnrelatedChangesLeaveHealthChecksAlone: a new state that does not
 // touch a service must not move its health check, not even for the moment
 // between receiving the state and applying it. A balancer probing then

@@ -70,10 +70,20 @@ func NewServices(proxyHealthy func() bool, log *slog.Logger, reg prometheus.Regi
 
 // Result is one service's health check as it stands after a sync.
 type Result struct {
-	// Code is what the port answers now (200 or 503); 0 when it is not open.
-	Code int
 	// Err says why the port could not be opened.
 	Err error
+}
+
+// Verdict is what a service's health-check port answers, the one home of
+// the rule: 200 while the node has ready endpoints of the service, its
+// proxy is healthy and it is not drained (kube-proxy's rule, and Weir's
+// drain); 503 otherwise. The port's answer and the agent's report both
+// come from it.
+func Verdict(localReady int, proxyHealthy, drained bool) int {
+	if localReady > 0 && proxyHealthy && !drained {
+		return http.StatusOK
+	}
+	return http.StatusServiceUnavailable
 }
 
 // Sync makes the listeners match services: new ports open on addrs (all
@@ -120,7 +130,7 @@ func (s *Services) Sync(addrs []netip.Addr, services []Service) map[string]Resul
 			results[key] = Result{Err: ps.bindErr}
 			continue
 		}
-		results[key] = Result{Code: s.code(&svc)}
+		results[key] = Result{}
 	}
 	failed := 0
 	for _, r := range results {
@@ -130,13 +140,6 @@ func (s *Services) Sync(addrs []netip.Addr, services []Service) map[string]Resul
 	}
 	s.bindErrors.Set(float64(failed))
 	return results
-}
-
-func (s *Services) code(svc *Service) int {
-	if svc.LocalReady > 0 && s.proxyHealthy() && !s.drained.Load() {
-		return http.StatusOK
-	}
-	return http.StatusServiceUnavailable
 }
 
 // open binds port on every address; a failure on any is the port's error
@@ -189,11 +192,7 @@ func (s *Services) answer(w http.ResponseWriter, svc *Service) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(svc.LocalReady))
-	if svc.LocalReady > 0 && healthy && !s.drained.Load() {
-		w.WriteHeader(http.StatusOK)
-	} else {
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}
+	w.WriteHeader(Verdict(svc.LocalReady, healthy, s.drained.Load()))
 	fmt.Fprintf(w, "{\n\t\"service\": {\n\t\t\"namespace\": %q,\n\t\t\"name\": %q\n\t},\n\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %v\n}",
 		svc.Namespace, svc.Name, svc.LocalReady, healthy)
 }
