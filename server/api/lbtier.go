@@ -228,7 +228,7 @@ func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 		}
 		for _, vip := range svc.LoadBalancerIPs {
 			vt := &weirv1.VipTargets{Address: vip.String(), Service: key}
-			if pool := poolOf(pools, vip); pool != nil {
+			if pool := model.PoolOf(pools, vip); pool != nil {
 				vt.Communities, vt.LocalPreference = pool.BGP.Communities, pool.BGP.LocalPref
 				vt.PrefixLength = uint32(pool.BGP.AggregationLength)
 				if vip.Is6() {
@@ -247,7 +247,7 @@ func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 				}
 				vt.Targets = append(vt.Targets, t)
 			}
-			if pool := poolOf(pools, vip); pool != nil && svc.ExternalTrafficPolicy != model.PolicyLocal {
+			if pool := model.PoolOf(pools, vip); pool != nil && svc.ExternalTrafficPolicy != model.PolicyLocal {
 				vt.Targets = withinLimit(vt.Targets, nodestate.AnnouncedPrefix(pool, vip), pool.BGP.MaxAnnouncingNodes)
 			}
 			out = append(out, vt)
@@ -272,15 +272,6 @@ func withinLimit(targets []*weirv1.Target, prefix netip.Prefix, limit int) []*we
 	}
 	chosen := announcers.Choose(prefix.String(), names, limit)
 	return slices.DeleteFunc(targets, func(t *weirv1.Target) bool { return !slices.Contains(chosen, t.Node) })
-}
-
-func poolOf(pools []*model.AddressPool, a netip.Addr) *model.AddressPool {
-	for _, p := range pools {
-		if slices.ContainsFunc(p.Ranges, func(r model.AddressRange) bool { return r.Contains(a) }) {
-			return p
-		}
-	}
-	return nil
 }
 
 // addressOfFamily is the node's first routable address of one family.

@@ -6,6 +6,7 @@ package model
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -280,4 +281,14 @@ func (p *BGPPeer) Selects(labels map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// PoolOf is the pool among pools whose ranges hold a, or nil.
+func PoolOf(pools []*AddressPool, a netip.Addr) *AddressPool {
+	for _, p := range pools {
+		if slices.ContainsFunc(p.Ranges, func(r AddressRange) bool { return r.Contains(a) }) {
+			return p
+		}
+	}
+	return nil
 }

@@ -33,7 +33,7 @@ func Announcers(v registry.View, svc *model.Service) map[netip.Addr][]string {
 	var out map[netip.Addr][]string
 	candidates := map[*model.AddressPool][]string{}
 	for _, ip := range svc.LoadBalancerIPs {
-		pool := poolOf(v, ip)
+		pool := model.PoolOf(v.Pools(), ip)
 		if pool == nil || pool.BGP.MaxAnnouncingNodes <= 0 {
 			continue
 		}
@@ -52,27 +52,12 @@ func Announcers(v registry.View, svc *model.Service) map[netip.Addr][]string {
 	return out
 }
 
-func poolOf(v registry.View, ip netip.Addr) *model.AddressPool {
-	for _, p := range v.Pools() {
-		if slices.ContainsFunc(p.Ranges, func(r model.AddressRange) bool { return r.Contains(ip) }) {
-			return p
-		}
-	}
-	return nil
-}
-
 // AnnouncedPrefix is what the nodes announce for ip: the host prefix, or
-// the pool's aggregate holding it.
+// the pool's aggregate holding it. The agents work it out from the same
+// advertisement (datapath.BGPAdvertisement.PrefixOf), so that the
+// announcer choice keyed on it is the one they make.
 func AnnouncedPrefix(pool *model.AddressPool, ip netip.Addr) netip.Prefix {
-	bits := pool.BGP.AggregationLength
-	if ip.Is6() {
-		bits = pool.BGP.AggregationLengthV6
-	}
-	if bits == 0 {
-		bits = ip.BitLen()
-	}
-	p, _ := ip.Prefix(bits)
-	return p
+	return Advertisement(pool).PrefixOf(ip)
 }
 
 // mayAnnounce lists the nodes that may announce the pool's addresses: not

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/server/announcers"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
@@ -110,4 +111,46 @@ func TestAnnouncersFollowThePoolsLimit(t *testing.T) {
 	if len(now) != 3 || slices.Contains(now, a[0]) || !slices.Contains(now, a[1]) || !slices.Contains(now, a[2]) {
 		t.Errorf("after draining %s: announcers %v, want %s and %s kept and one more", a[0], now, a[1], a[2])
 	}
+}
+
+// The announcer choice is keyed on the prefix announced for an address;
+// the agents work that prefix out from the advertisements the server sends
+// them. Both must be the same prefix for every pool and family, or the
+// chosen nodes would announce another key's prefix.
+func TestTheAnnouncedPrefixIsTheAgentsPrefix(t *testing.T) {
+	reg := registrytest.Open(t)
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(reg.Nodes.Create(&model.Node{Meta: model.Meta{Name: "n1"}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.10")}}))
+	for _, p := range []struct {
+		name, cidr string
+		v4, v6     int
+	}{{"host", "203.0.113.0/24", 0, 0}, {"agg4", "198.51.100.0/24", 28, 0}, {"host6", "2001:db8:1::/64", 0, 0}, {"agg6", "2001:db8:2::/64", 0, 96}} {
+		r, err := model.ParseAddressRange(p.cidr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		must(reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: p.name}, Ranges: []model.AddressRange{r},
+			BGP: model.BGPAdvertisement{AggregationLength: p.v4, AggregationLengthV6: p.v6, Communities: []uint32{1}}}))
+	}
+	reg.Read(func(v registry.View) {
+		node := Node(v, "n1")
+		for _, s := range []string{"203.0.113.7", "198.51.100.77", "2001:db8:1::7", "2001:db8:2::1:7"} {
+			ip := netip.MustParseAddr(s)
+			server := AnnouncedPrefix(model.PoolOf(v.Pools(), ip), ip)
+			var agent netip.Prefix
+			for _, adv := range node.Advertisements {
+				if slices.ContainsFunc(adv.Ranges, func(r datapath.AddressRange) bool { return r.Contains(ip) }) {
+					agent = adv.PrefixOf(ip)
+				}
+			}
+			if server != agent || !server.IsValid() {
+				t.Errorf("%s: the server keys its announcers on %s, the agent announces %s", ip, server, agent)
+			}
+		}
+	})
 }

@@ -50,14 +50,19 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 		if p.BGP.IsZero() {
 			continue
 		}
-		a := datapath.BGPAdvertisement{Communities: p.BGP.Communities, LocalPref: p.BGP.LocalPref, Peers: p.BGP.Peers,
-			AggregationLength: p.BGP.AggregationLength, AggregationLengthV6: p.BGP.AggregationLengthV6}
-		for _, r := range p.Ranges {
-			a.Ranges = append(a.Ranges, datapath.AddressRange{First: r.First, Last: r.Last})
-		}
-		info.Advertisements = append(info.Advertisements, a)
+		info.Advertisements = append(info.Advertisements, Advertisement(p))
 	}
 	return info
+}
+
+// Advertisement is how the nodes announce the pool's addresses over BGP.
+func Advertisement(p *model.AddressPool) datapath.BGPAdvertisement {
+	a := datapath.BGPAdvertisement{Communities: p.BGP.Communities, LocalPref: p.BGP.LocalPref, Peers: p.BGP.Peers,
+		AggregationLength: p.BGP.AggregationLength, AggregationLengthV6: p.BGP.AggregationLengthV6}
+	for _, r := range p.Ranges {
+		a.Ranges = append(a.Ranges, datapath.AddressRange{First: r.First, Last: r.Last})
+	}
+	return a
 }
 
 // Service returns the service as the nodes must forward it, or nil when
