@@ -142,24 +142,30 @@ func TestNodeHealthz(t *testing.T) {
 	}
 }
 
+// cartState is a node state with one Local service, shop/cart, whose
+// health-check port is port: ready local endpoints, and one terminating.
+func cartState(port uint16, ready int, terminating bool) datapath.NodeState {
+	svc := &datapath.Service{Key: datapath.ServiceKey{Namespace: "shop", Name: "cart"},
+		ExternalTrafficPolicy: datapath.Local, HealthCheckNodePort: port,
+		Ports: []datapath.ServicePort{{Protocol: datapath.TCP, Port: 80}}}
+	for i := range ready {
+		svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, datapath.Endpoint{
+			Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)}), Port: 8080, Local: true, Ready: true, Serving: true})
+	}
+	if terminating {
+		svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, datapath.Endpoint{
+			Addr: netip.MustParseAddr("10.244.1.99"), Port: 8080, Local: true, Serving: true, Terminating: true})
+	}
+	return datapath.NodeState{Node: datapath.NodeInfo{Addresses: loopback},
+		Services: map[datapath.ServiceKey]*datapath.Service{svc.Key: svc}}
+}
+
 func TestHealthChecksDropAtOnceButRiseOnlyWhenApplied(t *testing.T) {
 	a := NewAgent(time.Minute, slog.New(slog.DiscardHandler), nil)
 	defer a.Services.Close()
 	port := freePort(t)
-	state := func(ready int) datapath.NodeState {
-		svc := &datapath.Service{Key: datapath.ServiceKey{Namespace: "shop", Name: "cart"},
-			ExternalTrafficPolicy: datapath.Local, HealthCheckNodePort: port,
-			Ports: []datapath.ServicePort{{Protocol: datapath.TCP, Port: 80}}}
-		for i := range ready {
-			svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, datapath.Endpoint{
-				Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)}), Port: 8080, Local: true, Ready: true, Serving: true})
-		}
-		// A terminating local endpoint never counts.
-		svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, datapath.Endpoint{
-			Addr: netip.MustParseAddr("10.244.1.99"), Port: 8080, Local: true, Serving: true, Terminating: true})
-		return datapath.NodeState{Node: datapath.NodeInfo{Addresses: loopback},
-			Services: map[datapath.ServiceKey]*datapath.Service{svc.Key: svc}}
-	}
+	// A terminating local endpoint never counts.
+	state := func(ready int) datapath.NodeState { return cartState(port, ready, true) }
 	weight := func() string { return get(t, port, "/").headers.Get("X-Load-Balancing-Endpoint-Weight") }
 
 	a.Received(state(2))
@@ -211,17 +217,7 @@ func TestTheReportedCodeIsWhatThePortAnswers(t *testing.T) {
 	a := NewAgent(time.Minute, slog.New(slog.DiscardHandler), nil)
 	defer a.Services.Close()
 	port := freePort(t)
-	state := func(ready int) datapath.NodeState {
-		svc := &datapath.Service{Key: datapath.ServiceKey{Namespace: "shop", Name: "cart"},
-			ExternalTrafficPolicy: datapath.Local, HealthCheckNodePort: port,
-			Ports: []datapath.ServicePort{{Protocol: datapath.TCP, Port: 80}}}
-		for i := range ready {
-			svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, datapath.Endpoint{
-				Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)}), Port: 8080, Local: true, Ready: true, Serving: true})
-		}
-		return datapath.NodeState{Node: datapath.NodeInfo{Addresses: loopback},
-			Services: map[datapath.ServiceKey]*datapath.Service{svc.Key: svc}}
-	}
+	state := func(ready int) datapath.NodeState { return cartState(port, ready, false) }
 	check := func(when string, want int) {
 		t.Helper()
 		answered := get(t, port, "/").code
