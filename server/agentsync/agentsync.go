@@ -200,6 +200,7 @@ func (h *Hub) apply() {
 	services, nodes := map[string]bool{}, map[string]bool{}
 	newServices := map[string]*weirv1.NodeService{}
 	newNodes := map[string]*weirv1.NodeInfo{}
+	var gone []string // nodes deleted from the registry
 	var version uint64
 	var since time.Time
 	h.reg.Read(func(v registry.View) {
@@ -247,6 +248,10 @@ func (h *Hub) apply() {
 			}
 		}
 		for name := range nodes {
+			if v.Node(name) == nil {
+				gone = append(gone, name)
+				continue
+			}
 			newNodes[name] = nodewire.EncodeNode(nodestate.Node(v, name))
 		}
 	})
@@ -285,7 +290,11 @@ func (h *Hub) apply() {
 		h.trimRemoved(floor)
 	}
 	for name := range nodes {
-		h.nodes[name] = newNodes[name]
+		if ni := newNodes[name]; ni != nil {
+			h.nodes[name] = ni
+		} else {
+			delete(h.nodes, name)
+		}
 	}
 	// The sessions are marked before the cache's lock is released: a
 	// session that takes its marks under that lock knows its delta covers
@@ -295,9 +304,26 @@ func (h *Hub) apply() {
 	for _, s := range h.sessions {
 		s.mark(keys, nodes[s.node], since)
 	}
+	for _, name := range gone {
+		h.forgetLocked(name)
+	}
 	h.mu.Unlock()
 	h.cacheMu.Unlock()
 	h.metrics.version.Set(float64(version))
+}
+
+// forgetLocked drops the status and history of a node deleted from the
+// registry, unless its agent is still connected (then its session's end
+// does). Called with h.mu held.
+func (h *Hub) forgetLocked(node string) {
+	if h.sessions[node] != nil {
+		return
+	}
+	if _, ok := h.status[node]; ok {
+		delete(h.status, node)
+		h.statusChanged()
+	}
+	delete(h.history, node)
 }
 
 // beforeCacheUpdate, when set by a test, runs just before a batch takes
@@ -445,6 +471,16 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		h.history[node] = sent
 		h.metrics.connected.Dec()
 		h.mu.Unlock()
+		// A node deleted while its agent was connected was left to its
+		// session (forgetLocked): read after the session is gone, so that
+		// a deletion the hub takes meanwhile is not missed either.
+		var registered bool
+		h.reg.Read(func(v registry.View) { registered = v.Node(node) != nil })
+		if !registered {
+			h.mu.Lock()
+			h.forgetLocked(node)
+			h.mu.Unlock()
+		}
 	}()
 
 	inflight := newInflight()
@@ -960,7 +996,7 @@ func (h *Hub) endErr(s *session, err error) error {
 }
 
 // What an agent's report may hold: the server keeps the last one of every
-// node (an hour after it leaves, too), so a report can cost no more than
+// registered node (until it is deleted), so a report can cost no more than
 // the node's share of the cluster.
 const (
 	maxReportText     = 1024 // bytes of any error or message
