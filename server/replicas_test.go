@@ -22,6 +22,7 @@ import (
 	"github.com/weirlb/weir/server/servertest"
 	"github.com/weirlb/weir/server/store/etcdstore"
 	"github.com/weirlb/weir/test/etcdcluster"
+	"github.com/weirlb/weir/test/wait"
 )
 
 // startReplica runs one replica of the server on the etcd cluster.
@@ -36,13 +37,7 @@ func startReplica(t *testing.T, c *etcdcluster.Cluster, name string) *servertest
 // eventually retries check until it returns nil or the timeout passes.
 func eventually(t *testing.T, timeout time.Duration, check func() error) {
 	t.Helper()
-	var err error
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if err = check(); err == nil {
-			return
-		}
-	}
-	t.Fatal(err)
+	wait.For(t, timeout, "replicas", check)
 }
 
 // poolsOf lists a replica's pools as name@version.

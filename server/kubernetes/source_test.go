@@ -23,6 +23,7 @@ import (
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/registry/registrytest"
 	"github.com/weirlb/weir/test/kubeapi"
+	"github.com/weirlb/weir/test/wait"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -44,17 +45,7 @@ func startCluster(t *testing.T) (*kubeapi.Cluster, clientset.Interface) {
 
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.For(t, 15*time.Second, what, f)
 }
 
 func TestSourceMirrorsTheCluster(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/registry/registrytest"
+	"github.com/weirlb/weir/test/wait"
 )
 
 const rack = `kind: AddressPool
@@ -126,11 +127,7 @@ func watch(t *testing.T, w *Watcher) {
 
 func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	wait.Until(t, 5*time.Second, what, ok)
 }
 
 func writeFile(t *testing.T, path, content string) {

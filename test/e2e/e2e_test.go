@@ -20,6 +20,7 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/wait"
 	"github.com/weirlb/weir/test/weirlab"
 )
 
@@ -118,17 +119,7 @@ func createWeb(t *testing.T, c *weirlab.Cluster) {
 // eventually retries f until it succeeds, for at most 10 s.
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still failing after 10 s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, what, f)
 }
 
 // waitEveryNodeProgrammed waits until every node of the lab is connected
