@@ -17,19 +17,17 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/weirlb/weir/internal/apierr"
 	"github.com/weirlb/weir/internal/tlsconfig"
 )
 
 // NotCurrent begins the message of a replica that has lost its store when
 // it refuses, or ends, an agent's or a speaker's stream (code Unavailable):
 // the client should try another replica.
-const NotCurrent = "replica not current"
+const NotCurrent = apierr.NotCurrentMessage
 
 // IsNotCurrent reports whether err is a replica's refusal as not current.
-func IsNotCurrent(err error) bool {
-	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.Unavailable && strings.HasPrefix(st.Message(), NotCurrent)
-}
+func IsNotCurrent(err error) bool { return apierr.IsNotCurrent(err) }
 
 // ParseList reads a --server value: comma-separated HOST:PORT entries,
 // where HOST is an IP address or a DNS name.

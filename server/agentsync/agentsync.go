@@ -17,7 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/weirlb/weir/internal/dial"
+	"github.com/weirlb/weir/internal/apierr"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -948,9 +948,7 @@ func (h *Hub) SetRemoteStatus(node string, st *NodeStatus) {
 
 // notCurrentError refuses or ends a stream because the replica's state is
 // not current; clients then try another replica (dial.IsNotCurrent).
-func notCurrentError(reason string) error {
-	return status.Errorf(codes.Unavailable, "%s: %s", dial.NotCurrent, reason)
-}
+func notCurrentError(reason string) error { return apierr.NotCurrent(reason) }
 
 // CurrentErr is the error a stream that did not accept a stale state
 // ends with while this replica is not current, or nil.

@@ -33,6 +33,9 @@ func TestDependencyDirection(t *testing.T) {
 		{"server/model", []string{"google.golang.org/grpc", module + "/proto"}, "the core model does not know the transport"},
 		{"server/registry", []string{"google.golang.org/grpc", module + "/proto"}, "the core logic does not know the transport"},
 		{"server/nodestate", []string{"google.golang.org/grpc", module + "/proto"}, "the core logic does not know the transport"},
+		{"internal/apierr", []string{module + "/server", module + "/agent", module + "/lbtier", module + "/lbctl", module + "/datapath", module + "/internal/dial", module + "/proto"},
+			"the errors the server and its clients agree on are a leaf"},
+		{"server/agentsync", []string{module + "/internal/dial"}, "the server does not import the clients' dialer for its vocabulary (internal/apierr holds it)"},
 		{"server/cmd/weir-server", []string{module + "/test", "k8s.io/kubernetes"}, "test-only code stays out of the product"},
 		{"agent/cmd/weir-agent", []string{module + "/test"}, "test-only code stays out of the product"},
 	} {
