@@ -1,0 +1,125 @@
+package agentsync
+
+// Answers: what an agent sends back (acknowledgements, refusals,
+// reports), the latency they settle, and the bounds on a report.
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/weirlb/weir/internal/bounded"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStatus, inflight *inflight, log *slog.Logger) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		if r := req.GetReport(); r != nil {
+			h.boundReport(r)
+		}
+		h.mu.Lock()
+		st.LastSeen = now
+		switch m := req.Message.(type) {
+		case *weirv1.SyncRequest_Ack:
+			st.AppliedVersion = m.Ack.GetVersion()
+			st.LastError, st.LastErrorVersion = "", 0
+			var longest time.Duration
+			for _, since := range inflight.settle(m.Ack.GetVersion()) {
+				h.metrics.programming.Observe(now.Sub(since).Seconds())
+				longest = max(longest, now.Sub(since))
+			}
+			if longest > 0 {
+				// From the acceptance of the oldest change this answer
+				// covers to this node's kernel.
+				st.ProgrammingLatency = longest
+			}
+		case *weirv1.SyncRequest_Nack:
+			// Recorded, never resent: the same state would fail the same way.
+			st.LastError, st.LastErrorVersion = truncate(m.Nack.GetError()), m.Nack.GetVersion()
+			inflight.settle(m.Nack.GetVersion())
+			h.metrics.nacks.Inc()
+			log.Warn("agent rejected state", "version", m.Nack.GetVersion(), "error", m.Nack.GetError())
+		case *weirv1.SyncRequest_Report:
+			recordReport(st, m.Report)
+		}
+		h.statusChanged()
+		h.mu.Unlock()
+	}
+}
+
+// inflight remembers, per version sent, when its oldest change was
+// accepted, until the agent answers.
+type inflight struct {
+	mu    sync.Mutex
+	sends []sentAt
+}
+
+type sentAt struct {
+	version uint64
+	since   time.Time
+}
+
+func newInflight() *inflight { return &inflight{} }
+
+func (f *inflight) add(version uint64, since time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sends = append(f.sends, sentAt{version, since})
+}
+
+// settle removes and returns the sends an answer for version covers.
+func (f *inflight) settle(version uint64) []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []time.Time
+	keep := f.sends[:0]
+	for _, s := range f.sends {
+		if s.version <= version {
+			out = append(out, s.since)
+		} else {
+			keep = append(keep, s)
+		}
+	}
+	f.sends = keep
+	return out
+}
+
+// What an agent's report may hold: the server keeps the last one of every
+// registered node (until it is deleted), so a report can cost no more than
+// the node's share of the cluster.
+const (
+	maxReportText     = 1024 // bytes of any error or message
+	maxReportSessions = 256  // BGP sessions
+	maxAnnouncements  = 65536
+)
+
+// boundReport drops what a report says of services the server does not
+// have (they would be kept for nothing), and cuts its texts and lists to
+// the bounds above. It runs before h.mu is taken.
+func (h *Hub) boundReport(r *weirv1.Report) {
+	h.cacheMu.RLock()
+	kept := r.Services[:0]
+	for _, s := range r.GetServices() {
+		if _, ok := h.services[s.GetNamespace()+"/"+s.GetName()]; ok {
+			s.HealthCheckError = truncate(s.GetHealthCheckError())
+			kept = append(kept, s)
+		}
+	}
+	h.cacheMu.RUnlock()
+	r.Services = kept
+	if bgp := r.GetBgp(); bgp != nil {
+		if len(bgp.Sessions) > maxReportSessions {
+			bgp.Sessions = bgp.Sessions[:maxReportSessions]
+		}
+		if len(bgp.Announcements) > maxAnnouncements {
+			bgp.Announcements = bgp.Announcements[:maxAnnouncements]
+		}
+	}
+}
+
+func truncate(s string) string { return bounded.String(s, maxReportText) }

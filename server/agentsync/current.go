@@ -1,0 +1,137 @@
+package agentsync
+
+// Status and currency: every node's status as this replica has it or as
+// another published it, and whether this replica's state is current.
+
+import (
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/weirlb/weir/internal/apierr"
+)
+
+// forgetLocked drops the status and history of a node deleted from the
+// registry, unless its agent is still connected (then its session's end
+// does). Called with h.mu held.
+func (h *Hub) forgetLocked(node string) {
+	if h.sessions[node] != nil {
+		return
+	}
+	if _, ok := h.status[node]; ok {
+		delete(h.status, node)
+		h.statusChanged()
+	}
+	delete(h.history, node)
+}
+
+// statusChanged wakes the status watchers. Called with h.mu held.
+func (h *Hub) statusChanged() {
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+// StatusChanged returns a channel closed at the next status change.
+func (h *Hub) StatusChanged() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.changed
+}
+
+// Connected counts the agents with an open stream.
+func (h *Hub) Connected() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.sessions)
+}
+
+// Status returns every node's status, sorted by node name: as this
+// replica has it, or as the replica the node is connected to published it
+// (SetRemoteStatus).
+func (h *Hub) Status() []NodeStatus {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]NodeStatus, 0, len(h.status)+len(h.remote))
+	for node, s := range h.status {
+		if r := h.remote[node]; r != nil && !s.Connected {
+			continue
+		}
+		out = append(out, cloneStatus(s))
+	}
+	for node, r := range h.remote {
+		if s := h.status[node]; s == nil || !s.Connected {
+			out = append(out, cloneStatus(r))
+		}
+	}
+	slices.SortFunc(out, func(a, b NodeStatus) int { return strings.Compare(a.Node, b.Node) })
+	return out
+}
+
+func cloneStatus(s *NodeStatus) NodeStatus {
+	c := *s
+	c.Services = maps.Clone(s.Services)
+	return c
+}
+
+// LocalStatus returns the status of the nodes connected to this replica,
+// for the others to see.
+func (h *Hub) LocalStatus() []NodeStatus {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []NodeStatus
+	for node, s := range h.status {
+		if h.sessions[node] != nil {
+			out = append(out, cloneStatus(s))
+		}
+	}
+	return out
+}
+
+// SetRemoteStatus records the status of a node connected to another
+// replica; nil forgets it.
+func (h *Hub) SetRemoteStatus(node string, st *NodeStatus) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if st == nil {
+		delete(h.remote, node)
+	} else {
+		h.remote[node] = st
+	}
+	h.statusChanged()
+}
+
+// notCurrentError refuses or ends a stream because the replica's state is
+// not current; clients then try another replica (dial.IsNotCurrent).
+func notCurrentError(reason string) error { return apierr.NotCurrent(reason) }
+
+// CurrentErr is the error a stream that did not accept a stale state
+// ends with while this replica is not current, or nil.
+func (h *Hub) CurrentErr(acceptStale bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.notCurrent == "" || acceptStale {
+		return nil
+	}
+	return notCurrentError(h.notCurrent)
+}
+
+// SetNotCurrent says why this replica's state is not current (it lost the
+// store), or that it is again (""). While it is not, streams of agents
+// that did not ask for a stale state are ended and refused, so that they
+// move to a replica that is current; the others keep being served the
+// last state, as every agent keeps forwarding it.
+func (h *Hub) SetNotCurrent(reason string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.notCurrent = reason
+	h.statusChanged() // the LB tier's watches check CurrentErr
+	if reason == "" {
+		return
+	}
+	for _, s := range h.sessions {
+		if !s.stale && s.ended == nil {
+			s.ended = notCurrentError(reason)
+			s.cancel()
+		}
+	}
+}

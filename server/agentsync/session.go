@@ -1,0 +1,369 @@
+package agentsync
+
+// Sessions: one agent's stream, from its hello to its end, and how a
+// state is sent (in parts).
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/registry"
+)
+
+// session is one agent's stream. The hub marks what changed; the session's
+// own goroutine builds and sends the delta when it can, so a slow agent
+// coalesces changes instead of holding anyone up.
+type session struct {
+	node   string
+	sent   *sentState // what the agent has been sent
+	cancel context.CancelFunc
+	// stale: the agent takes a state from a replica that is not current.
+	stale bool
+	// ended is why the hub ended the session, if it did (set under h.mu).
+	ended error
+	done  chan struct{}
+	wake  chan struct{} // capacity 1
+
+	mu        sync.Mutex // guards the pending changes
+	pending   map[string]bool
+	nodeDirty bool
+	since     time.Time // when the oldest pending change was accepted
+}
+
+func (s *session) mark(services []string, nodeDirty bool, since time.Time) {
+	s.mu.Lock()
+	for _, k := range services {
+		s.pending[k] = true
+	}
+	s.nodeDirty = s.nodeDirty || nodeDirty
+	if s.since.IsZero() || since.Before(s.since) {
+		s.since = since
+	}
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *session) take() (services []string, nodeDirty bool, since time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	services = slices.Collect(maps.Keys(s.pending))
+	clear(s.pending)
+	nodeDirty, s.nodeDirty = s.nodeDirty, false
+	since, s.since = s.since, time.Time{}
+	return services, nodeDirty, since
+}
+
+// HelloTimeout bounds how long a new stream may stay silent.
+const HelloTimeout = 10 * time.Second
+
+// Sync implements AgentService.Sync.
+func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	hello, err := recvHello(stream)
+	if err != nil {
+		return err
+	}
+	node := hello.GetNodeName()
+	if err := authorizeNode(ctx, node); err != nil {
+		return err
+	}
+	var registered bool
+	var revision uint64
+	h.reg.Read(func(v registry.View) { registered, revision = v.Node(node) != nil, v.Revision() })
+	if !registered {
+		// Without its Node the agent would not know its addresses: it
+		// retries until an orchestrator (or Kubernetes) registers it.
+		return status.Errorf(codes.FailedPrecondition, "hello.node_name: node %q is not registered; create it first (RegistryService.CreateNode, or the Kubernetes Node)", node)
+	}
+	// Everything accepted before the hello goes out in the first message,
+	// not as a delta right after it.
+	if err := h.catchUp(ctx, revision); err != nil {
+		return err
+	}
+	log := h.log.With("node", node, "agent", hello.GetAgentVersion())
+	sent := &sentState{}
+	s := &session{node: node, sent: sent, cancel: cancel, stale: hello.GetAcceptStale(), done: make(chan struct{}), wake: make(chan struct{}, 1), pending: map[string]bool{}}
+	defer close(s.done)
+
+	h.mu.Lock()
+	if h.notCurrent != "" && !s.stale {
+		err := notCurrentError(h.notCurrent)
+		h.mu.Unlock()
+		return err
+	}
+	if old := h.sessions[node]; old != nil {
+		// The agent reconnected; its old stream is dead or a duplicate.
+		// Wait for it to record what it sent.
+		old.cancel()
+		h.mu.Unlock()
+		<-old.done
+		h.mu.Lock()
+	}
+	h.sessions[node] = s
+	st := h.status[node]
+	if st == nil {
+		st = &NodeStatus{Node: node}
+		h.status[node] = st
+	}
+	st.Connected, st.LastSeen = true, time.Now()
+	h.statusChanged()
+	prev := h.history[node]
+	delete(h.history, node)
+	h.metrics.connected.Inc()
+	h.mu.Unlock()
+
+	defer func() {
+		h.mu.Lock()
+		if h.sessions[node] == s {
+			delete(h.sessions, node)
+			st.Connected = false
+			h.statusChanged()
+		}
+		h.history[node] = sent
+		h.metrics.connected.Dec()
+		h.mu.Unlock()
+		// A node deleted while its agent was connected was left to its
+		// session (forgetLocked): read after the session is gone, so that
+		// a deletion the hub takes meanwhile is not missed either.
+		var registered bool
+		h.reg.Read(func(v registry.View) { registered = v.Node(node) != nil })
+		if !registered {
+			h.mu.Lock()
+			h.forgetLocked(node)
+			h.mu.Unlock()
+		}
+	}()
+
+	inflight := newInflight()
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- h.receiveAnswers(stream, st, inflight, log) }()
+
+	kind := "resume"
+	v := hello.GetAppliedVersion()
+	if prev != nil && prev.version.Load() == v {
+		sent.node = prev.node
+	}
+	// Versions are the store's revisions, the same for every node: an
+	// agent that applied v needs only what changed after v, provided its v
+	// is of this store's history (after a restore from a copy, the same
+	// number may stand for other content).
+	msg, resumed := (*weirv1.SyncResponse)(nil), false
+	if hello.GetAppliedHistory() == h.reg.HistoryAt(v) {
+		msg, resumed = h.resume(node, v, sent)
+	}
+	if !resumed {
+		kind = "full"
+		// Whole states are big: a few at a time, so that hundreds of
+		// agents connecting at once do not hold hundreds in memory.
+		select {
+		case h.fullSends <- struct{}{}:
+		case <-ctx.Done():
+			return h.endErr(s, ctx.Err())
+		}
+		msg = h.full(node, sent)
+		err := h.send(stream, msg)
+		<-h.fullSends
+		if err != nil {
+			return err
+		}
+		h.sent(st, msg, kind)
+		msg = nil
+	}
+	log.Info("agent connected", "applied_version", hello.GetAppliedVersion(), "start", kind)
+	for {
+		if msg != nil {
+			if err := h.send(stream, msg); err != nil {
+				return err
+			}
+			h.sent(st, msg, kind)
+		}
+		h.cover(st, sent.covered)
+		select {
+		case <-ctx.Done():
+			return h.endErr(s, ctx.Err())
+		case err := <-recvErr:
+			if errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled {
+				return nil
+			}
+			log.Info("agent disconnected", "reason", err)
+			return nil
+		case <-s.wake:
+		}
+		h.cacheMu.RLock()
+		services, nodeDirty, since := s.take()
+		msg, kind = h.deltaLocked(node, services, nodeDirty, sent), "delta"
+		h.cacheMu.RUnlock()
+		if msg != nil && !since.IsZero() {
+			inflight.add(msg.GetVersion(), since)
+		}
+	}
+}
+
+// ChunkServices is the most services one message carries, and
+// ChunkBytes about the most bytes: a bigger state goes in parts, so that no
+// message nears gRPC's 4 MiB default limit (which an agent would refuse,
+// and then be sent the same message again on every reconnect) and no send
+// holds a huge buffer.
+const (
+	ChunkServices = 500
+	ChunkBytes    = 1 << 20
+)
+
+// send sends msg in parts of at most ChunkServices services and about
+// ChunkBytes. A service bigger than ChunkBytes goes in several parts, each
+// with every port and some of the endpoints: the agent joins them.
+func (h *Hub) send(stream weirv1.AgentService_SyncServer, msg *weirv1.SyncResponse) error {
+	msg.History = h.reg.HistoryAt(msg.Version)
+	part := &weirv1.SyncResponse{Version: msg.Version, History: msg.History, Full: msg.Full, Node: msg.Node}
+	size := proto.Size(part)
+	flush := func() error {
+		part.More = true
+		if err := stream.Send(part); err != nil {
+			return err
+		}
+		// Only the first part replaces the agent's state.
+		part = &weirv1.SyncResponse{Version: msg.Version, History: msg.History}
+		size = 0
+		return nil
+	}
+	for _, svc := range msg.Upserts {
+		for _, piece := range splitService(svc, ChunkBytes) {
+			n := proto.Size(piece)
+			if len(part.Upserts) > 0 && (len(part.Upserts) == ChunkServices || size+n > ChunkBytes) {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			part.Upserts = append(part.Upserts, piece)
+			size += n
+		}
+	}
+	part.Removals = msg.Removals
+	return stream.Send(part)
+}
+
+// splitService cuts a service whose wire form is bigger than limit into
+// pieces of about limit bytes: each has the service's fields and every
+// port, with a share of each port's endpoints. Small services are returned
+// whole, shared.
+func splitService(svc *weirv1.NodeService, limit int) []*weirv1.NodeService {
+	size := proto.Size(svc)
+	if size <= limit {
+		return []*weirv1.NodeService{svc}
+	}
+	endpoints := 0
+	for _, p := range svc.GetPorts() {
+		endpoints += len(p.GetEndpoints())
+	}
+	perPiece := max(1, endpoints*limit/size)
+	var pieces []*weirv1.NodeService
+	next := func() *weirv1.NodeService {
+		// Every field but the ports' endpoints, shared: nothing changes
+		// a cached service.
+		piece := without(svc, "ports")
+		for _, p := range svc.GetPorts() {
+			piece.Ports = append(piece.Ports, without(p, "endpoints"))
+		}
+		pieces = append(pieces, piece)
+		return piece
+	}
+	piece, n := next(), 0
+	for i, p := range svc.GetPorts() {
+		for _, ep := range p.GetEndpoints() {
+			if n == perPiece {
+				piece, n = next(), 0
+			}
+			piece.Ports[i].Endpoints = append(piece.Ports[i].Endpoints, ep)
+			n++
+		}
+	}
+	return pieces
+}
+
+// without is a shallow copy of msg without one field.
+func without[M proto.Message](msg M, field protoreflect.Name) M {
+	src := msg.ProtoReflect()
+	dst := src.New()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Name() != field {
+			dst.Set(fd, v)
+		}
+		return true
+	})
+	return dst.Interface().(M)
+}
+
+// sent records a message as sent to the node of st.
+func (h *Hub) sent(st *NodeStatus, msg *weirv1.SyncResponse, kind string) {
+	h.metrics.messages.WithLabelValues(kind).Inc()
+	h.metrics.bytes.Add(float64(proto.Size(msg)))
+	h.mu.Lock()
+	st.SentVersion = msg.GetVersion()
+	h.statusChanged()
+	h.mu.Unlock()
+}
+
+// cover records that the node has been sent everything that concerns it up
+// to the cache version covered.
+func (h *Hub) cover(st *NodeStatus, covered uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if covered > st.Covered {
+		st.Covered = covered
+		h.statusChanged()
+	}
+}
+
+func recvHello(stream weirv1.AgentService_SyncServer) (*weirv1.Hello, error) {
+	type result struct {
+		req *weirv1.SyncRequest
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		req, err := stream.Recv()
+		ch <- result{req, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, r.err
+		}
+		hello := r.req.GetHello()
+		if hello == nil {
+			return nil, status.Error(codes.InvalidArgument, "hello: the first message must be a hello")
+		}
+		if hello.GetNodeName() == "" || strings.ContainsAny(hello.GetNodeName(), "/ ") {
+			return nil, status.Error(codes.InvalidArgument, "hello.node_name: a node name is required")
+		}
+		return hello, nil
+	case <-time.After(HelloTimeout):
+		return nil, status.Error(codes.DeadlineExceeded, "no hello received")
+	}
+}
+
+// endErr is what a session ends with when its context is done: the
+// hub's reason if it ended it.
+func (h *Hub) endErr(s *session, err error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s.ended != nil {
+		return s.ended
+	}
+	return err
+}
