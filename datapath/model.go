@@ -67,6 +67,18 @@ func (a BGPAdvertisement) PrefixOf(addr netip.Addr) netip.Prefix {
 	return netip.PrefixFrom(addr, bits).Masked()
 }
 
+// NextHop is the node's address of one family that BGP paths name as next
+// hop, whether the node announces itself or a load-balancer speaker
+// announces it: its first that is neither loopback nor link-local.
+func NextHop(addrs []netip.Addr, is6 bool) (netip.Addr, bool) {
+	for _, a := range addrs {
+		if a.Is6() == is6 && !a.IsLoopback() && !a.IsLinkLocalUnicast() {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
 // AddressRange is the addresses from First to Last, both included.
 type AddressRange struct{ First, Last netip.Addr }
 

@@ -255,7 +255,7 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcem
 	}
 	for _, svc := range st.Services {
 		for _, vip := range svc.LoadBalancerIPs {
-			hop, ok := nodeAddr(st.Node.Addresses, vip.Is6())
+			hop, ok := datapath.NextHop(st.Node.Addresses, vip.Is6())
 			if !ok {
 				continue
 			}
@@ -285,15 +285,6 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcem
 		}
 	}
 	return want
-}
-
-func nodeAddr(addrs []netip.Addr, is6 bool) (netip.Addr, bool) {
-	for _, a := range addrs {
-		if a.Is6() == is6 && !a.IsLoopback() && !a.IsLinkLocalUnicast() {
-			return a, true
-		}
-	}
-	return netip.Addr{}, false
 }
 
 // readyLocal counts the service's ready endpoints of one family on this

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/weirlb/weir/datapath"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
 	"github.com/weirlb/weir/server/announcers"
@@ -236,7 +237,7 @@ func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 				}
 			}
 			for i, n := range statuses {
-				hop, ok := addressOfFamily(addrs[n.Node], vip.Is6())
+				hop, ok := datapath.NextHop(addrs[n.Node], vip.Is6())
 				if !ok || reasons[i].targetReason(vip) != "" {
 					continue
 				}
@@ -272,16 +273,6 @@ func withinLimit(targets []*weirv1.Target, prefix netip.Prefix, limit int) []*we
 	}
 	chosen := announcers.Choose(prefix.String(), names, limit)
 	return slices.DeleteFunc(targets, func(t *weirv1.Target) bool { return !slices.Contains(chosen, t.Node) })
-}
-
-// addressOfFamily is the node's first routable address of one family.
-func addressOfFamily(addrs []netip.Addr, is6 bool) (netip.Addr, bool) {
-	for _, a := range addrs {
-		if a.Is6() == is6 && !a.IsLoopback() && !a.IsLinkLocalUnicast() {
-			return a, true
-		}
-	}
-	return netip.Addr{}, false
 }
 
 // invalidField is InvalidArgument naming the field, like every other
