@@ -67,6 +67,31 @@ func (a BGPAdvertisement) PrefixOf(addr netip.Addr) netip.Prefix {
 	return netip.PrefixFrom(addr, bits).Masked()
 }
 
+// LocalCounts counts the service's endpoints of one family on this node,
+// by condition; an endpoint behind several ports counts once. The weight a
+// node announces itself with and the local endpoints its health check
+// reports are both these counts.
+func (s *Service) LocalCounts(is6 bool) (ready, serving, terminating int) {
+	r, sv, t := map[netip.Addr]bool{}, map[netip.Addr]bool{}, map[netip.Addr]bool{}
+	for _, p := range s.Ports {
+		for _, ep := range p.Endpoints {
+			if !ep.Local || ep.Addr.Is6() != is6 {
+				continue
+			}
+			if ep.Ready {
+				r[ep.Addr] = true
+			}
+			if ep.Serving {
+				sv[ep.Addr] = true
+			}
+			if ep.Terminating {
+				t[ep.Addr] = true
+			}
+		}
+	}
+	return len(r), len(sv), len(t)
+}
+
 // NextHop is the node's address of one family that BGP paths name as next
 // hop, whether the node announces itself or a load-balancer speaker
 // announces it: its first that is neither loopback nor link-local.

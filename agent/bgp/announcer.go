@@ -290,15 +290,8 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcem
 // readyLocal counts the service's ready endpoints of one family on this
 // node (an endpoint behind several ports counts once).
 func readyLocal(svc *datapath.Service, is6 bool) uint32 {
-	seen := map[netip.Addr]bool{}
-	for _, p := range svc.Ports {
-		for _, ep := range p.Endpoints {
-			if ep.Local && ep.Ready && ep.Addr.Is6() == is6 {
-				seen[ep.Addr] = true
-			}
-		}
-	}
-	return uint32(len(seen))
+	ready, _, _ := svc.LocalCounts(is6)
+	return uint32(ready)
 }
 
 func sameSessions(now []bgpspeaker.Session, reported []health.BGPSession) bool {

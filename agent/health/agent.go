@@ -230,26 +230,10 @@ func (a *Agent) Report(full bool) *Report {
 func localCounts(svc *datapath.Service) ServiceReport {
 	var r ServiceReport
 	for _, is6 := range []bool{false, true} {
-		ready, serving, terminating := map[netip.Addr]bool{}, map[netip.Addr]bool{}, map[netip.Addr]bool{}
-		for _, p := range svc.Ports {
-			for _, ep := range p.Endpoints {
-				if !ep.Local || ep.Addr.Is6() != is6 {
-					continue
-				}
-				if ep.Ready {
-					ready[ep.Addr] = true
-				}
-				if ep.Serving {
-					serving[ep.Addr] = true
-				}
-				if ep.Terminating {
-					terminating[ep.Addr] = true
-				}
-			}
-		}
-		r.LocalReady = max(r.LocalReady, len(ready))
-		r.LocalServing = max(r.LocalServing, len(serving))
-		r.LocalTerminating = max(r.LocalTerminating, len(terminating))
+		ready, serving, terminating := svc.LocalCounts(is6)
+		r.LocalReady = max(r.LocalReady, ready)
+		r.LocalServing = max(r.LocalServing, serving)
+		r.LocalTerminating = max(r.LocalTerminating, terminating)
 	}
 	return r
 }
