@@ -55,9 +55,38 @@ type Prober struct {
 }
 
 type probe struct {
-	stop       context.CancelFunc
-	state      ProbeState
+	stop    context.CancelFunc
+	verdict riseFall
+}
+
+// riseFall is a target's verdict from its probes' outcomes, as a load
+// balancer keeps it: the first outcome decides; then rise successes in a
+// row bring the target up and fall failures in a row take it down.
+type riseFall struct {
+	rise, fall int
 	succ, fail int
+	state      ProbeState
+}
+
+// observe takes one probe's outcome and reports whether the target came
+// up, went down or became known.
+func (r *riseFall) observe(ok bool, outcome string) (changed bool) {
+	before := r.state
+	r.state.Last = outcome
+	if ok {
+		r.succ, r.fail = r.succ+1, 0
+	} else {
+		r.succ, r.fail = 0, r.fail+1
+	}
+	switch {
+	case !r.state.Known:
+		r.state.Known, r.state.Up = true, ok
+	case ok && r.succ >= r.rise:
+		r.state.Up = true
+	case !ok && r.fail >= r.fall:
+		r.state.Up = false
+	}
+	return before.Known != r.state.Known || before.Up != r.state.Up
 }
 
 // NewProber probes with cfg; onChange must return quickly.
@@ -85,7 +114,7 @@ func (p *Prober) Set(keys map[ProbeKey]bool) {
 			continue
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		pr := &probe{stop: cancel}
+		pr := &probe{stop: cancel, verdict: riseFall{rise: p.cfg.Rise, fall: p.cfg.Fall}}
 		p.probes[k] = pr
 		go p.run(ctx, k, pr)
 	}
@@ -96,7 +125,7 @@ func (p *Prober) State(k ProbeKey) ProbeState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if pr, ok := p.probes[k]; ok {
-		return pr.state
+		return pr.verdict.state
 	}
 	return ProbeState{}
 }
@@ -113,22 +142,7 @@ func (p *Prober) run(ctx context.Context, k ProbeKey, pr *probe) {
 			return
 		}
 		p.mu.Lock()
-		before := pr.state
-		pr.state.Last = outcome
-		if ok {
-			pr.succ, pr.fail = pr.succ+1, 0
-		} else {
-			pr.succ, pr.fail = 0, pr.fail+1
-		}
-		switch {
-		case !pr.state.Known:
-			pr.state.Known, pr.state.Up = true, ok
-		case ok && pr.succ >= p.cfg.Rise:
-			pr.state.Up = true
-		case !ok && pr.fail >= p.cfg.Fall:
-			pr.state.Up = false
-		}
-		changed := before.Known != pr.state.Known || before.Up != pr.state.Up
+		changed := pr.verdict.observe(ok, outcome)
 		p.mu.Unlock()
 		if changed {
 			p.onChange()
