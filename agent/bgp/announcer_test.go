@@ -13,6 +13,7 @@ import (
 
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bgpspeaker"
+	"github.com/weirlb/weir/internal/bgpspeaker/bgpfake"
 )
 
 // failingSpeaker refuses peer sets until told otherwise and records the
@@ -142,5 +143,62 @@ func TestExportRulesNameThePoolsPeers(t *testing.T) {
 	want := "[{[203.0.113.10/31 203.0.113.12/31] [192.0.2.1]} {[198.51.100.0/24] []}]"
 	if got != want {
 		t.Errorf("rules %s, want %s", got, want)
+	}
+}
+
+// recordingSpeaker is the BGP fake with the agent's peer and export seams.
+type recordingSpeaker struct{ bgpfake.Recorder }
+
+func (*recordingSpeaker) SetPeers(context.Context, []Peer) error             { return nil }
+func (*recordingSpeaker) SetExportRules(context.Context, []ExportRule) error { return nil }
+func (*recordingSpeaker) Close()                                             {}
+
+// What the node speaker says and when: nothing is announced before the
+// state is applied; an address no longer wanted, or a weight that drops,
+// is said at once, when the state is received (before the rules change),
+// while a new address or a weight that grows waits for the rules; a
+// withdraw the speaker refused is tried again.
+func TestAnnouncerSaysLessAtOnceAndMoreWhenApplied(t *testing.T) {
+	addr := netip.MustParseAddr
+	state := func(ready map[string]int) datapath.NodeState {
+		st := datapath.NodeState{Node: datapath.NodeInfo{Addresses: []netip.Addr{addr("192.0.2.11")}}, Services: map[datapath.ServiceKey]*datapath.Service{}}
+		for vip, n := range ready {
+			s := &datapath.Service{Key: datapath.ServiceKey{Namespace: "default", Name: vip}, LoadBalancerIPs: []netip.Addr{addr(vip)},
+				ExternalTrafficPolicy: datapath.Local, Ports: []datapath.ServicePort{{}}}
+			for i := range n {
+				s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, datapath.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)}), Local: true, Ready: true})
+			}
+			st.Services[s.Key] = s
+		}
+		return st
+	}
+	sp := &recordingSpeaker{}
+	a := NewAnnouncer(sp, func() bool { return true }, slog.New(slog.DiscardHandler))
+	step := func(what string, do func(), want ...string) {
+		t.Helper()
+		do()
+		got := sp.Calls()
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: the speaker was told %q, want %q", what, got, want)
+		}
+	}
+	step("received, not applied", func() { a.Received(state(map[string]int{"203.0.113.7": 2, "203.0.113.8": 1})) })
+	step("applied", func() { a.Applied(0) },
+		"announce 203.0.113.7/32 via 192.0.2.11 weight 2", "announce 203.0.113.8/32 via 192.0.2.11 weight 1")
+	step("a weight drops, an address goes, another comes, a weight grows: received",
+		func() { a.Received(state(map[string]int{"203.0.113.7": 1, "203.0.113.9": 1})) },
+		"announce 203.0.113.7/32 via 192.0.2.11 weight 1", "withdraw 203.0.113.8/32 via 192.0.2.11")
+	step("then applied", func() { a.Applied(0) }, "announce 203.0.113.9/32 via 192.0.2.11 weight 1")
+	step("a weight grows: received", func() { a.Received(state(map[string]int{"203.0.113.7": 3, "203.0.113.9": 1})) })
+	step("then applied", func() { a.Applied(0) }, "announce 203.0.113.7/32 via 192.0.2.11 weight 3")
+
+	sp.Fail(true)
+	step("a withdraw the speaker refuses", func() { a.Received(state(map[string]int{"203.0.113.7": 3})) })
+	sp.Fail(false)
+	step("is tried again at the next state", func() { a.Received(state(map[string]int{"203.0.113.7": 3})) }, "withdraw 203.0.113.9/32 via 192.0.2.11")
+	if routes := sp.Routes(); len(routes) != 1 {
+		t.Errorf("left announced: %v; want 203.0.113.7/32 alone", routes)
 	}
 }
