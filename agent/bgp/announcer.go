@@ -8,7 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weirlb/weir/agent/health"
+	"github.com/weirlb/weir/agent/report"
+
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bgpspeaker"
 	"github.com/weirlb/weir/internal/iprange"
@@ -27,7 +28,7 @@ type Announcer struct {
 	mu        sync.Mutex // guards the fields below
 	state     datapath.NodeState
 	announced map[netip.Prefix]Announcement
-	reported  health.BGPReport
+	reported  report.BGPReport
 	// peersFailed, rulesFailed: the last peer set or export rules were
 	// not applied whole; Report, every second, tries again.
 	peersFailed, rulesFailed bool
@@ -151,7 +152,7 @@ func (a *Announcer) Applied(time.Duration) {
 
 // Report gives the speaker's sessions and announcements when they
 // changed (always when full).
-func (a *Announcer) Report(full bool) *health.Report {
+func (a *Announcer) Report(full bool) *report.Report {
 	sessions, err := a.sp.Sessions(context.Background())
 	if err != nil {
 		a.log.Error("listing BGP sessions failed", "error", err)
@@ -168,24 +169,24 @@ func (a *Announcer) Report(full bool) *health.Report {
 	if !full && !a.changed && sameSessions(sessions, a.reported.Sessions) {
 		return nil
 	}
-	now := health.BGPReport{Announcements: a.reported.Announcements}
+	now := report.BGPReport{Announcements: a.reported.Announcements}
 	for _, s := range sessions {
-		hs := health.BGPSession{PeerAddress: s.PeerAddress, PeerASN: s.PeerASN, State: s.State, Since: s.Since, LastError: s.LastError}
+		hs := report.BGPSession{PeerAddress: s.PeerAddress, PeerASN: s.PeerASN, State: s.State, Since: s.Since, LastError: s.LastError}
 		for _, f := range s.Families {
-			hs.Families = append(hs.Families, health.BGPFamily(f))
+			hs.Families = append(hs.Families, report.BGPFamily(f))
 		}
 		now.Sessions = append(now.Sessions, hs)
 	}
 	if a.changed || full {
 		// Rebuilt only when it changed: a node may announce thousands.
-		now.Announcements = make([]health.BGPAnnouncement, 0, len(a.announced))
+		now.Announcements = make([]report.BGPAnnouncement, 0, len(a.announced))
 		for p, an := range a.announced {
-			now.Announcements = append(now.Announcements, health.BGPAnnouncement{Prefix: p, NextHop: an.NextHop, Weight: an.Weight})
+			now.Announcements = append(now.Announcements, report.BGPAnnouncement{Prefix: p, NextHop: an.NextHop, Weight: an.Weight})
 		}
-		slices.SortFunc(now.Announcements, func(x, y health.BGPAnnouncement) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
+		slices.SortFunc(now.Announcements, func(x, y report.BGPAnnouncement) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
 	}
 	a.reported, a.changed = now, false
-	return &health.Report{Full: full, BGP: &now}
+	return &report.Report{Full: full, BGP: &now}
 }
 
 // Announced lists what is announced now.
@@ -294,9 +295,9 @@ func readyLocal(svc *datapath.Service, is6 bool) uint32 {
 	return uint32(ready)
 }
 
-func sameSessions(now []bgpspeaker.Session, reported []health.BGPSession) bool {
-	return slices.EqualFunc(now, reported, func(s bgpspeaker.Session, r health.BGPSession) bool {
+func sameSessions(now []bgpspeaker.Session, reported []report.BGPSession) bool {
+	return slices.EqualFunc(now, reported, func(s bgpspeaker.Session, r report.BGPSession) bool {
 		return s.PeerAddress == r.PeerAddress && s.PeerASN == r.PeerASN && s.State == r.State && s.Since.Equal(r.Since) && s.LastError == r.LastError &&
-			slices.EqualFunc(s.Families, r.Families, func(a bgpspeaker.Family, b health.BGPFamily) bool { return health.BGPFamily(a) == b })
+			slices.EqualFunc(s.Families, r.Families, func(a bgpspeaker.Family, b report.BGPFamily) bool { return report.BGPFamily(a) == b })
 	})
 }

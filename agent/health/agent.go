@@ -7,84 +7,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weirlb/weir/agent/report"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weirlb/weir/datapath"
 )
-
-// ServiceReport is one service as this node sees it.
-type ServiceReport struct {
-	Namespace, Name                            string
-	LocalReady, LocalServing, LocalTerminating int
-	HealthCheckNodePort                        uint16
-	HealthCheckCode                            int // 0 when nothing listens
-	HealthCheckError                           string
-}
-
-// NodeReport is the node's own health answers.
-type NodeReport struct {
-	HealthzCode, LivezCode int
-	LastUpdated            time.Time
-	NodeEligible           bool
-}
-
-// Report is what changed since the last report, or everything when Full.
-// Each observer fills its part; a zero part is absent.
-type Report struct {
-	Full     bool
-	Node     NodeReport
-	Services []ServiceReport
-	Removed  []string // "namespace/name"
-	LastSync time.Duration
-	// BGP is every session of the node's speaker, when they changed.
-	BGP *BGPReport
-}
-
-// BGPReport is the node speaker's sessions and what it announces.
-type BGPReport struct {
-	Sessions      []BGPSession
-	Announcements []BGPAnnouncement // by prefix
-}
-
-// BGPAnnouncement is one prefix the speaker announces.
-type BGPAnnouncement struct {
-	Prefix  netip.Prefix
-	NextHop netip.Addr
-	Weight  uint32
-}
-
-// BGPSession is the speaker's session with one router.
-type BGPSession struct {
-	PeerAddress netip.Addr
-	PeerASN     uint32
-	State       string // idle, connect, active, opensent, openconfirm, established
-	Since       time.Time
-	// LastError is the session's last NOTIFICATION, from either side.
-	LastError string
-	// Families is the session per address family.
-	Families []BGPFamily
-}
-
-// BGPFamily is one address family of a BGP session.
-type BGPFamily struct {
-	Name                     string
-	Negotiated               bool
-	Sent, Received, Accepted uint64
-}
-
-// Merge adds o's parts to r.
-func (r *Report) Merge(o *Report) {
-	r.Full = r.Full || o.Full
-	if o.Node != (NodeReport{}) {
-		r.Node = o.Node
-	}
-	r.Services = append(r.Services, o.Services...)
-	r.Removed = append(r.Removed, o.Removed...)
-	r.LastSync = max(r.LastSync, o.LastSync)
-	if o.BGP != nil {
-		r.BGP = o.BGP
-	}
-}
 
 // Agent is the node's health: it follows the desired state as it arrives
 // (so that a balancer hears about a node losing its last endpoint before
@@ -94,9 +22,9 @@ type Agent struct {
 	Services *Services
 
 	mu       sync.Mutex // guards the fields below
-	services map[string]ServiceReport
-	reported map[string]ServiceReport
-	lastNode NodeReport
+	services map[string]report.ServiceReport
+	reported map[string]report.ServiceReport
+	lastNode report.NodeReport
 	lastSync time.Duration
 	// addrs and checks are the latest desired health checks; served is
 	// the local ready count each port answers with. A count only drops
@@ -110,7 +38,7 @@ type Agent struct {
 
 // NewAgent returns the node's health with the given staleness timeout.
 func NewAgent(timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *Agent {
-	a := &Agent{Node: NewNode(timeout, reg), services: map[string]ServiceReport{}, served: map[string]int{}}
+	a := &Agent{Node: NewNode(timeout, reg), services: map[string]report.ServiceReport{}, served: map[string]int{}}
 	a.Services = NewServices(a.Node.Healthy, log, reg)
 	return a
 }
@@ -123,7 +51,7 @@ func (a *Agent) Received(st datapath.NodeState) {
 	// traffic: /healthz fails, and so does every health-check port.
 	a.Node.SetEligible(!st.Node.Deleting && !st.Node.Drained)
 	a.Services.SetDrained(st.Node.Drained)
-	reports := map[string]ServiceReport{}
+	reports := map[string]report.ServiceReport{}
 	var checks []Service
 	for key, svc := range st.Services {
 		r := localCounts(svc)
@@ -185,15 +113,15 @@ func (a *Agent) syncChecks(served map[string]int) {
 
 // Report returns what changed since the last call (everything when full),
 // or nil when nothing did.
-func (a *Agent) Report(full bool) *Report {
+func (a *Agent) Report(full bool) *report.Report {
 	healthz, livez := a.Node.Codes()
 	st := a.Node.Status()
-	node := NodeReport{HealthzCode: healthz, LivezCode: livez, LastUpdated: st.LastUpdated, NodeEligible: st.NodeEligible}
+	node := report.NodeReport{HealthzCode: healthz, LivezCode: livez, LastUpdated: st.LastUpdated, NodeEligible: st.NodeEligible}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := &Report{Full: full, Node: node, LastSync: a.lastSync}
+	r := &report.Report{Full: full, Node: node, LastSync: a.lastSync}
 	if full {
-		a.reported = map[string]ServiceReport{}
+		a.reported = map[string]report.ServiceReport{}
 	}
 	for key, s := range a.services {
 		if s.HealthCheckNodePort != 0 && s.HealthCheckError == "" {
@@ -214,7 +142,7 @@ func (a *Agent) Report(full bool) *Report {
 		return nil
 	}
 	a.lastNode = node
-	slices.SortFunc(r.Services, func(x, y ServiceReport) int {
+	slices.SortFunc(r.Services, func(x, y report.ServiceReport) int {
 		if x.Namespace+"/"+x.Name < y.Namespace+"/"+y.Name {
 			return -1
 		}
@@ -227,8 +155,8 @@ func (a *Agent) Report(full bool) *Report {
 // localCounts counts the service's endpoints on this node, by condition.
 // An endpoint backing several ports, or with an address in each family,
 // counts once per family; the larger family count is taken.
-func localCounts(svc *datapath.Service) ServiceReport {
-	var r ServiceReport
+func localCounts(svc *datapath.Service) report.ServiceReport {
+	var r report.ServiceReport
 	for _, is6 := range []bool{false, true} {
 		ready, serving, terminating := svc.LocalCounts(is6)
 		r.LocalReady = max(r.LocalReady, ready)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weirlb/weir/agent/report"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/weirlb/weir/datapath"
@@ -191,7 +193,7 @@ func TestHealthChecksDropAtOnceButRiseOnlyWhenApplied(t *testing.T) {
 	}
 
 	r := a.Report(true)
-	want := []ServiceReport{{Namespace: "shop", Name: "cart", LocalReady: 3, LocalServing: 4, LocalTerminating: 1, HealthCheckNodePort: port, HealthCheckCode: 200}}
+	want := []report.ServiceReport{{Namespace: "shop", Name: "cart", LocalReady: 3, LocalServing: 4, LocalTerminating: 1, HealthCheckNodePort: port, HealthCheckCode: 200}}
 	if diff := cmp.Diff(want, r.Services); diff != "" {
 		t.Errorf("report (-want +got):\n%s", diff)
 	}

@@ -17,13 +17,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weirlb/weir/agent/report"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/dial"
 	"github.com/weirlb/weir/internal/nodewire"
@@ -45,7 +46,7 @@ type Observer interface {
 	Applied(took time.Duration)
 	// Report returns what changed since the last report (everything when
 	// full), or nil.
-	Report(full bool) *health.Report
+	Report(full bool) *report.Report
 }
 
 // Observers fans events out to several observers and merges their
@@ -64,8 +65,8 @@ func (os Observers) Applied(took time.Duration) {
 	}
 }
 
-func (os Observers) Report(full bool) *health.Report {
-	var out *health.Report
+func (os Observers) Report(full bool) *report.Report {
+	var out *report.Report
 	for _, o := range os {
 		switch r := o.Report(full); {
 		case r == nil:
@@ -502,7 +503,7 @@ type noObserver struct{}
 
 func (noObserver) Received(datapath.NodeState) {}
 func (noObserver) Applied(time.Duration)       {}
-func (noObserver) Report(bool) *health.Report  { return nil }
+func (noObserver) Report(bool) *report.Report  { return nil }
 
 // ReportChunk is the most services one report message carries, so that a
 // node with very many services never sends a message the server refuses
@@ -530,9 +531,9 @@ func splitReport(r *weirv1.Report, n int) []*weirv1.Report {
 }
 
 // reportToProto is the wire form of a health report.
-func reportToProto(r *health.Report) *weirv1.SyncRequest {
+func reportToProto(r *report.Report) *weirv1.SyncRequest {
 	out := &weirv1.Report{Full: r.Full, RemovedServices: r.Removed}
-	if r.Node != (health.NodeReport{}) {
+	if r.Node != (report.NodeReport{}) {
 		out.NodeHealth = &weirv1.NodeHealth{
 			HealthzCode: int32(r.Node.HealthzCode), LivezCode: int32(r.Node.LivezCode),
 			NodeEligible: r.Node.NodeEligible,

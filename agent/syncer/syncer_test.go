@@ -11,12 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weirlb/weir/agent/report"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/dial"
 	"github.com/weirlb/weir/internal/tlsconfig"
@@ -440,16 +441,16 @@ func (o *countingObserver) Received(st datapath.NodeState) {
 
 func (o *countingObserver) Applied(time.Duration) {}
 
-func (o *countingObserver) Report(full bool) *health.Report {
+func (o *countingObserver) Report(full bool) *report.Report {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !full && o.services == o.reported {
 		return nil
 	}
 	o.reported = o.services
-	r := &health.Report{Full: full}
+	r := &report.Report{Full: full}
 	for i := range o.services {
-		r.Services = append(r.Services, health.ServiceReport{Namespace: "default", Name: fmt.Sprint(i)})
+		r.Services = append(r.Services, report.ServiceReport{Namespace: "default", Name: fmt.Sprint(i)})
 	}
 	return r
 }

@@ -1,0 +1,84 @@
+// Package report is what an agent tells the server of its node: the
+// health answers, every service as the node sees it, and its BGP speaker's
+// sessions and announcements. A leaf: the health checks, the node speaker
+// and the syncer fill or send it without importing one another.
+package report
+
+import (
+	"net/netip"
+	"time"
+)
+
+// ServiceReport is one service as this node sees it.
+type ServiceReport struct {
+	Namespace, Name                            string
+	LocalReady, LocalServing, LocalTerminating int
+	HealthCheckNodePort                        uint16
+	HealthCheckCode                            int // 0 when nothing listens
+	HealthCheckError                           string
+}
+
+// NodeReport is the node's own health answers.
+type NodeReport struct {
+	HealthzCode, LivezCode int
+	LastUpdated            time.Time
+	NodeEligible           bool
+}
+
+// Report is what changed since the last report, or everything when Full.
+// Each observer fills its part; a zero part is absent.
+type Report struct {
+	Full     bool
+	Node     NodeReport
+	Services []ServiceReport
+	Removed  []string // "namespace/name"
+	LastSync time.Duration
+	// BGP is every session of the node's speaker, when they changed.
+	BGP *BGPReport
+}
+
+// BGPReport is the node speaker's sessions and what it announces.
+type BGPReport struct {
+	Sessions      []BGPSession
+	Announcements []BGPAnnouncement // by prefix
+}
+
+// BGPAnnouncement is one prefix the speaker announces.
+type BGPAnnouncement struct {
+	Prefix  netip.Prefix
+	NextHop netip.Addr
+	Weight  uint32
+}
+
+// BGPSession is the speaker's session with one router.
+type BGPSession struct {
+	PeerAddress netip.Addr
+	PeerASN     uint32
+	State       string // idle, connect, active, opensent, openconfirm, established
+	Since       time.Time
+	// LastError is the session's last NOTIFICATION, from either side.
+	LastError string
+	// Families is the session per address family.
+	Families []BGPFamily
+}
+
+// BGPFamily is one address family of a BGP session.
+type BGPFamily struct {
+	Name                     string
+	Negotiated               bool
+	Sent, Received, Accepted uint64
+}
+
+// Merge adds o's parts to r.
+func (r *Report) Merge(o *Report) {
+	r.Full = r.Full || o.Full
+	if o.Node != (NodeReport{}) {
+		r.Node = o.Node
+	}
+	r.Services = append(r.Services, o.Services...)
+	r.Removed = append(r.Removed, o.Removed...)
+	r.LastSync = max(r.LastSync, o.LastSync)
+	if o.BGP != nil {
+		r.BGP = o.BGP
+	}
+}
