@@ -174,11 +174,12 @@ func (l *limiter) admit(ctx context.Context, info *tap.Info) (context.Context, e
 		// address count as one: no cap on what it has in flight.
 		return ctx, nil
 	}
-	c := l.get(ctx)
+	who := capKey(ctx)
+	c := l.named("calls of " + who)
 	c.mu.Lock()
 	if c.inFlight >= l.cfg.MaxCallsInFlightPerCaller {
 		c.mu.Unlock()
-		return nil, status.Errorf(codes.ResourceExhausted, "%s has %d calls in flight, the most one caller may; wait for some to end", key(ctx), l.cfg.MaxCallsInFlightPerCaller)
+		return nil, status.Errorf(codes.ResourceExhausted, "%s has %d calls in flight, the most one caller may; wait for some to end", who, l.cfg.MaxCallsInFlightPerCaller)
 	}
 	c.inFlight++
 	c.mu.Unlock()
@@ -235,17 +236,10 @@ func (c *countedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Auth
 		return nil, nil, err
 	}
 	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: raw.RemoteAddr(), AuthInfo: info})
-	id, ok := auth.Certified(ctx)
-	if !ok {
+	if _, ok := auth.Certified(ctx); !ok {
 		return conn, info, nil // TLS without client certificates: no one to count
 	}
-	who := key(ctx)
-	if id.Name == certs.FleetAgentName {
-		// Every node's agent holds this one certificate: each address is
-		// a caller of its own.
-		host, _, _ := net.SplitHostPort(raw.RemoteAddr().String())
-		who += " at " + host
-	}
+	who := capKey(ctx)
 	cl := c.l.named("connections of " + who)
 	cl.mu.Lock()
 	if cl.conns >= c.l.cfg.MaxConnectionsPerCaller {
@@ -351,6 +345,20 @@ func (c *caller) endWatch() {
 	c.watches--
 	c.lastUsed = time.Now()
 	c.mu.Unlock()
+}
+
+// capKey is whom the per-certificate caps count: the certificate's
+// identity, and for the agents' shared certificate, which every node's
+// agent holds, the identity at each address.
+func capKey(ctx context.Context) string {
+	who := key(ctx)
+	if id, ok := auth.Certified(ctx); ok && id.Name == certs.FleetAgentName {
+		if p, ok := peer.FromContext(ctx); ok {
+			host, _, _ := net.SplitHostPort(p.Addr.String())
+			who += " at " + host
+		}
+	}
+	return who
 }
 
 // key is the caller's certificate identity or, in plain text, its address
