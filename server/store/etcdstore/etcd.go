@@ -122,9 +122,17 @@ func (e *Etcd) HistoryAt(rev uint64) string {
 	}
 	id, ok := e.commits.get(rev)
 	if !ok {
-		if id, ok = e.commitAt(rev); ok {
-			e.commits.put(rev, id)
-		} else {
+		// A revision another replica made is read from etcd once: the
+		// sessions that send it at the same moment wait for that read
+		// rather than each making its own.
+		e.commits.fetch.Lock()
+		if id, ok = e.commits.get(rev); !ok {
+			if id, ok = e.commitAt(rev); ok {
+				e.commits.put(rev, id)
+			}
+		}
+		e.commits.fetch.Unlock()
+		if !ok {
 			id = "unknown-" + store.NewHistoryID()
 		}
 	}
@@ -152,6 +160,7 @@ func (e *Etcd) commitAt(rev uint64) (string, bool) {
 // commitIDs remembers the commit IDs of the last revisions this replica
 // made or named, so that naming them again asks etcd nothing.
 type commitIDs struct {
+	fetch sync.Mutex // held while a missing ID is read from etcd
 	mu    sync.Mutex
 	byRev map[uint64]string
 	order []uint64
