@@ -26,7 +26,7 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
-	"github.com/weirlb/weir/server/agentsync"
+	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/servertest"
 )
 
@@ -1137,7 +1137,7 @@ func TestReportsAreBounded(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		var services map[string]agentsync.ServiceHealth
+		var services map[string]observed.Service
 		for _, st := range ts.Hub.Status() {
 			if st.Node == "node1" {
 				services = st.Services

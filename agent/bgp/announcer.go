@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weirlb/weir/agent/report"
+	"github.com/weirlb/weir/internal/report"
 
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bgpspeaker"

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weirlb/weir/agent/report"
+	"github.com/weirlb/weir/internal/report"
 
 	"github.com/prometheus/client_golang/prometheus"
 

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weirlb/weir/agent/report"
+	"github.com/weirlb/weir/internal/report"
 
 	"github.com/google/go-cmp/cmp"
 

@@ -17,13 +17,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weirlb/weir/agent/report"
+	"github.com/weirlb/weir/internal/report"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/dial"
@@ -532,41 +529,5 @@ func splitReport(r *weirv1.Report, n int) []*weirv1.Report {
 
 // reportToProto is the wire form of a health report.
 func reportToProto(r *report.Report) *weirv1.SyncRequest {
-	out := &weirv1.Report{Full: r.Full, RemovedServices: r.Removed}
-	if r.Node != (report.NodeReport{}) {
-		out.NodeHealth = &weirv1.NodeHealth{
-			HealthzCode: int32(r.Node.HealthzCode), LivezCode: int32(r.Node.LivezCode),
-			NodeEligible: r.Node.NodeEligible,
-		}
-		if !r.Node.LastUpdated.IsZero() {
-			out.NodeHealth.LastUpdated = timestamppb.New(r.Node.LastUpdated)
-		}
-	}
-	if r.LastSync != 0 {
-		out.LastSyncDuration = durationpb.New(r.LastSync)
-	}
-	if r.BGP != nil {
-		out.Bgp = &weirv1.BgpSessions{Sessions: []*weirv1.BgpSession{}}
-		for _, s := range r.BGP.Sessions {
-			ps := &weirv1.BgpSession{PeerAddress: s.PeerAddress.String(), PeerAsn: s.PeerASN, State: s.State, LastError: s.LastError}
-			for _, f := range s.Families {
-				ps.Families = append(ps.Families, &weirv1.BgpFamily{Family: f.Name, Negotiated: f.Negotiated, Sent: f.Sent, Received: f.Received, Accepted: f.Accepted})
-			}
-			if !s.Since.IsZero() {
-				ps.EstablishedSince = timestamppb.New(s.Since)
-			}
-			out.Bgp.Sessions = append(out.Bgp.Sessions, ps)
-		}
-		for _, an := range r.BGP.Announcements {
-			out.Bgp.Announcements = append(out.Bgp.Announcements, &weirv1.BgpAnnouncement{Prefix: an.Prefix.String(), NextHop: an.NextHop.String(), Weight: an.Weight})
-		}
-	}
-	for _, s := range r.Services {
-		out.Services = append(out.Services, &weirv1.ServiceHealth{
-			Namespace: s.Namespace, Name: s.Name,
-			LocalReady: int32(s.LocalReady), LocalServing: int32(s.LocalServing), LocalTerminating: int32(s.LocalTerminating),
-			HealthCheckNodePort: int32(s.HealthCheckNodePort), HealthCheckCode: int32(s.HealthCheckCode), HealthCheckError: s.HealthCheckError,
-		})
-	}
-	return &weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: out}}
+	return &weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: nodewire.EncodeReport(r)}}
 }

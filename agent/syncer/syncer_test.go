@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weirlb/weir/agent/report"
+	"github.com/weirlb/weir/internal/report"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"

@@ -15,6 +15,7 @@ import (
 	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/nodestate"
+	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/registry"
 )
 
@@ -74,9 +75,9 @@ type Hub struct {
 
 	mu       sync.Mutex // guards sessions, status, remote, notCurrent, history and changed
 	sessions map[string]*session
-	status   map[string]*NodeStatus
+	status   map[string]*observed.Node
 	// remote is the status of nodes connected to other replicas.
-	remote map[string]*NodeStatus
+	remote map[string]*observed.Node
 	// notCurrent says why this replica's state is not current ("" when
 	// it is): agents are then sent elsewhere (see SetNotCurrent).
 	notCurrent string
@@ -103,8 +104,8 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 		removed:   map[string]uint64{},
 		fullSends: make(chan struct{}, 4),
 		sessions:  map[string]*session{},
-		status:    map[string]*NodeStatus{},
-		remote:    map[string]*NodeStatus{},
+		status:    map[string]*observed.Node{},
+		remote:    map[string]*observed.Node{},
 		history:   map[string]*sentState{},
 		changed:   make(chan struct{}),
 	}

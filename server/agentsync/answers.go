@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/weirlb/weir/internal/bounded"
+	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/observed"
 )
 
-func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStatus, inflight *inflight, log *slog.Logger) error {
+func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *observed.Node, inflight *inflight, log *slog.Logger) error {
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -45,7 +47,7 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *NodeStat
 			h.metrics.nacks.Inc()
 			log.Warn("agent rejected state", "version", m.Nack.GetVersion(), "error", m.Nack.GetError())
 		case *weirv1.SyncRequest_Report:
-			recordReport(st, m.Report)
+			st.Record(nodewire.DecodeReport(m.Report))
 		}
 		h.statusChanged()
 		h.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/weirlb/weir/internal/apierr"
+	"github.com/weirlb/weir/server/observed"
 )
 
 // forgetLocked drops the status and history of a node deleted from the
@@ -48,10 +49,10 @@ func (h *Hub) Connected() int {
 // Status returns every node's status, sorted by node name: as this
 // replica has it, or as the replica the node is connected to published it
 // (SetRemoteStatus).
-func (h *Hub) Status() []NodeStatus {
+func (h *Hub) Status() []observed.Node {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]NodeStatus, 0, len(h.status)+len(h.remote))
+	out := make([]observed.Node, 0, len(h.status)+len(h.remote))
 	for node, s := range h.status {
 		if r := h.remote[node]; r != nil && !s.Connected {
 			continue
@@ -63,11 +64,11 @@ func (h *Hub) Status() []NodeStatus {
 			out = append(out, cloneStatus(r))
 		}
 	}
-	slices.SortFunc(out, func(a, b NodeStatus) int { return strings.Compare(a.Node, b.Node) })
+	slices.SortFunc(out, func(a, b observed.Node) int { return strings.Compare(a.Node, b.Node) })
 	return out
 }
 
-func cloneStatus(s *NodeStatus) NodeStatus {
+func cloneStatus(s *observed.Node) observed.Node {
 	c := *s
 	c.Services = maps.Clone(s.Services)
 	return c
@@ -75,10 +76,10 @@ func cloneStatus(s *NodeStatus) NodeStatus {
 
 // LocalStatus returns the status of the nodes connected to this replica,
 // for the others to see.
-func (h *Hub) LocalStatus() []NodeStatus {
+func (h *Hub) LocalStatus() []observed.Node {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var out []NodeStatus
+	var out []observed.Node
 	for node, s := range h.status {
 		if h.sessions[node] != nil {
 			out = append(out, cloneStatus(s))
@@ -89,7 +90,7 @@ func (h *Hub) LocalStatus() []NodeStatus {
 
 // SetRemoteStatus records the status of a node connected to another
 // replica; nil forgets it.
-func (h *Hub) SetRemoteStatus(node string, st *NodeStatus) {
+func (h *Hub) SetRemoteStatus(node string, st *observed.Node) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if st == nil {

@@ -6,8 +6,10 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/registry/registrytest"
 )
 
@@ -38,9 +40,9 @@ func FuzzReport(f *testing.F) {
 		if proto.Unmarshal(b, &r) != nil {
 			return
 		}
-		st := &NodeStatus{}
+		st := &observed.Node{}
 		h.boundReport(&r)
-		recordReport(st, &r)
+		st.Record(nodewire.DecodeReport(&r))
 		if len(st.Services) > 1 {
 			t.Fatalf("kept the health of %d services; the server has 1", len(st.Services))
 		}

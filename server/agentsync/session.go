@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/registry"
 )
 
@@ -117,7 +118,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	h.sessions[node] = s
 	st := h.status[node]
 	if st == nil {
-		st = &NodeStatus{Node: node}
+		st = &observed.Node{Node: node}
 		h.status[node] = st
 	}
 	st.Connected, st.LastSeen = true, time.Now()
@@ -309,7 +310,7 @@ func without[M proto.Message](msg M, field protoreflect.Name) M {
 }
 
 // sent records a message as sent to the node of st.
-func (h *Hub) sent(st *NodeStatus, msg *weirv1.SyncResponse, kind string) {
+func (h *Hub) sent(st *observed.Node, msg *weirv1.SyncResponse, kind string) {
 	h.metrics.messages.WithLabelValues(kind).Inc()
 	h.metrics.bytes.Add(float64(proto.Size(msg)))
 	h.mu.Lock()
@@ -320,7 +321,7 @@ func (h *Hub) sent(st *NodeStatus, msg *weirv1.SyncResponse, kind string) {
 
 // cover records that the node has been sent everything that concerns it up
 // to the cache version covered.
-func (h *Hub) cover(st *NodeStatus, covered uint64) {
+func (h *Hub) cover(st *observed.Node, covered uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if covered > st.Covered {

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -11,19 +10,13 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/weirlb/weir/datapath"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
-	"github.com/weirlb/weir/server/announcers"
 	"github.com/weirlb/weir/server/auth"
 	"github.com/weirlb/weir/server/model"
-	"github.com/weirlb/weir/server/nodestate"
+	"github.com/weirlb/weir/server/receive"
 	"github.com/weirlb/weir/server/registry"
 )
-
-// NodeHealthPort is where load balancers probe a node for services of
-// externalTrafficPolicy Cluster: kube-proxy's /healthz port.
-const NodeHealthPort = 10256
 
 // GoneSpeakerKept is how long the last report of a speaker that stopped
 // watching is still shown (as not current).
@@ -194,14 +187,13 @@ func (l *LoadBalancerTierService) pathsOf(key string) []*weirv1.SpeakerServicePa
 	return out
 }
 
-// targets is every load-balancer IP with the nodes that should receive
-// its traffic now, sorted by address, and the store revision they
-// reflect: the registry's, or less while a connected node (that has not
-// refused a state) is not yet programmed through it, since the node
-// becomes a target only once it is.
+// targets is what every load-balancer IP is sent to now (the decision is
+// server/receive's) and the store revision it reflects: the registry's,
+// or less while a connected node (that has not refused a state) is not
+// yet programmed through it, since the node becomes a target only once
+// it is.
 func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 	statuses := l.hub.Status()
-	slices.SortFunc(statuses, func(a, b agentsync.NodeStatus) int { return strings.Compare(a.Node, b.Node) })
 	var rev uint64
 	l.reg.Read(func(v registry.View) { rev = v.Revision() })
 	for _, n := range statuses {
@@ -209,70 +201,21 @@ func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 			rev = min(rev, n.ProgrammedVersion())
 		}
 	}
-	addrs := map[string][]netip.Addr{}
 	nodes, _ := l.reg.Nodes.List("", nil)
-	for _, n := range nodes {
-		addrs[n.Name] = n.Addresses
-	}
 	pools, _ := l.reg.Pools.List("", nil)
 	services, _ := l.reg.Services.List("", nil)
-	var out []*weirv1.VipTargets
-	for _, svc := range services {
-		if len(svc.LoadBalancerIPs) == 0 {
-			continue
+	vips := receive.Targets(receive.Cluster{Nodes: nodes, Pools: pools, Services: services, Observed: statuses, Drained: l.reg.Drained})
+	out := make([]*weirv1.VipTargets, 0, len(vips))
+	for _, v := range vips {
+		vt := &weirv1.VipTargets{Address: v.Address.String(), Service: v.Service,
+			Communities: v.Communities, LocalPreference: v.LocalPreference, PrefixLength: uint32(v.PrefixLength)}
+		for _, t := range v.Targets {
+			vt.Targets = append(vt.Targets, &weirv1.Target{Node: t.Node, Address: t.Address.String(), Weight: t.Weight,
+				HealthCheckPort: int32(t.HealthCheckPort), HealthCheckPath: t.HealthCheckPath})
 		}
-		key := svc.Namespace + "/" + svc.Name
-		// Once per node, not per address: the reasons cover every family.
-		reasons := make([]received, len(statuses))
-		for i, n := range statuses {
-			reasons[i] = receiveReasons(l.reg, svc, key, n)
-		}
-		for _, vip := range svc.LoadBalancerIPs {
-			vt := &weirv1.VipTargets{Address: vip.String(), Service: key}
-			if pool := model.PoolOf(pools, vip); pool != nil {
-				vt.Communities, vt.LocalPreference = pool.BGP.Communities, pool.BGP.LocalPref
-				vt.PrefixLength = uint32(pool.BGP.AggregationLength)
-				if vip.Is6() {
-					vt.PrefixLength = uint32(pool.BGP.AggregationLengthV6)
-				}
-			}
-			for i, n := range statuses {
-				hop, ok := datapath.NextHop(addrs[n.Node], vip.Is6())
-				if !ok || reasons[i].targetReason(vip) != "" {
-					continue
-				}
-				t := &weirv1.Target{Node: n.Node, Address: hop.String(), HealthCheckPort: NodeHealthPort, HealthCheckPath: "/healthz"}
-				if svc.ExternalTrafficPolicy == model.PolicyLocal {
-					t.Weight = uint32(n.Services[key].LocalReady)
-					t.HealthCheckPort, t.HealthCheckPath = svc.HealthCheckNodePort, "/"
-				}
-				vt.Targets = append(vt.Targets, t)
-			}
-			if pool := model.PoolOf(pools, vip); pool != nil && svc.ExternalTrafficPolicy != model.PolicyLocal {
-				vt.Targets = withinLimit(vt.Targets, nodestate.AnnouncedPrefix(pool, vip), pool.BGP.MaxAnnouncingNodes)
-			}
-			out = append(out, vt)
-		}
+		out = append(out, vt)
 	}
-	slices.SortFunc(out, func(a, b *weirv1.VipTargets) int { return strings.Compare(a.Address, b.Address) })
 	return out, rev
-}
-
-// withinLimit keeps the targets the pool's announcer limit chooses for
-// prefix among those that receive its traffic now: the same rendezvous
-// choice the nodes' own speakers follow, over the healthy nodes only, so
-// a node that fails is replaced by the next in the prefix's order and the
-// other prefixes keep theirs.
-func withinLimit(targets []*weirv1.Target, prefix netip.Prefix, limit int) []*weirv1.Target {
-	if limit <= 0 || len(targets) <= limit {
-		return targets
-	}
-	names := make([]string, len(targets))
-	for i, t := range targets {
-		names[i] = t.Node
-	}
-	chosen := announcers.Choose(prefix.String(), names, limit)
-	return slices.DeleteFunc(targets, func(t *weirv1.Target) bool { return !slices.Contains(chosen, t.Node) })
 }
 
 // invalidField is InvalidArgument naming the field, like every other

@@ -12,8 +12,11 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
+	"github.com/weirlb/weir/server/observed"
+	"github.com/weirlb/weir/server/receive"
 	"github.com/weirlb/weir/server/registry"
 )
 
@@ -55,7 +58,7 @@ func (s *StatusService) GetServerInfo(context.Context, *weirv1.GetServerInfoRequ
 
 // statuses is every node the registry or the hub knows, sorted by name:
 // a registered node whose agent never connected shows as disconnected.
-func (s *StatusService) statuses() []agentsync.NodeStatus {
+func (s *StatusService) statuses() []observed.Node {
 	out := s.hub.Status()
 	seen := map[string]bool{}
 	for _, n := range out {
@@ -64,10 +67,10 @@ func (s *StatusService) statuses() []agentsync.NodeStatus {
 	nodes, _ := s.reg.Nodes.List("", nil)
 	for _, n := range nodes {
 		if !seen[n.Name] {
-			out = append(out, agentsync.NodeStatus{Node: n.Name})
+			out = append(out, observed.Node{Node: n.Name})
 		}
 	}
-	slices.SortFunc(out, func(a, b agentsync.NodeStatus) int { return strings.Compare(a.Node, b.Node) })
+	slices.SortFunc(out, func(a, b observed.Node) int { return strings.Compare(a.Node, b.Node) })
 	return out
 }
 
@@ -124,7 +127,7 @@ func (s *StatusService) WaitProgrammed(ctx context.Context, req *weirv1.WaitProg
 // progress says where every node stands toward revision rev, and whether
 // waiting longer can change the answer: it cannot once every connected
 // node is through rev or has refused a state that holds it.
-func progress(statuses []agentsync.NodeStatus, rev uint64) (*weirv1.WaitProgrammedResponse, bool) {
+func progress(statuses []observed.Node, rev uint64) (*weirv1.WaitProgrammedResponse, bool) {
 	resp := &weirv1.WaitProgrammedResponse{Programmed: true}
 	settled := true
 	for _, n := range statuses {
@@ -188,7 +191,7 @@ func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 				LastUpdated: timestamp(n.Health.LastUpdated), NodeEligible: n.Health.NodeEligible,
 			},
 			LastSyncDuration: durationpb.New(n.LastSync),
-			BgpSessions:      n.BGPSessions,
+			BgpSessions:      bgpSessions(n),
 		})
 	}
 	return out
@@ -205,10 +208,10 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 	report := &weirv1.ServiceReport{Namespace: req.GetNamespace(), Name: req.GetName()}
 	for _, n := range s.statuses() {
 		h, seen := n.Services[key]
-		r := receiveReasons(s.reg, svc, key, n)
-		st := &weirv1.ServiceNodeStatus{Node: n.Node, Programmed: programmed(n), ReceivesExternalTraffic: r.reason == "",
-			Reason: r.reason, Message: r.message, Families: r.families,
-			Announcements: announcementsOf(n.BGPAnnouncements, svc.LoadBalancerIPs)}
+		v := receive.Of(svc, n, s.reg.Drained(n.Node))
+		st := &weirv1.ServiceNodeStatus{Node: n.Node, Programmed: n.Programmed(), ReceivesExternalTraffic: v.Receives(),
+			Reason: v.Reason, Message: v.Message, Families: families(v),
+			Announcements: nodewire.EncodeAnnouncements(receive.Announcing(n.BGPAnnouncements, svc.LoadBalancerIPs))}
 		if seen {
 			st.Health = &weirv1.ServiceHealth{
 				Namespace: req.GetNamespace(), Name: req.GetName(),
@@ -216,7 +219,7 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 				HealthCheckNodePort: int32(h.HealthCheckNodePort), HealthCheckCode: int32(h.HealthCheckCode), HealthCheckError: h.HealthCheckError,
 			}
 		}
-		if r.reason == "" {
+		if v.Receives() {
 			report.ReceivingNodes = append(report.ReceivingNodes, n.Node)
 		}
 		report.Nodes = append(report.Nodes, st)
@@ -227,9 +230,26 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 	return &weirv1.GetServiceStatusResponse{Status: report}, nil
 }
 
-// programmed: the node's agent applied the newest state it was sent.
-func programmed(n agentsync.NodeStatus) bool {
-	return n.Connected && n.AppliedVersion >= n.SentVersion && n.LastError == ""
+// bgpSessions is the wire form of a node speaker's sessions; none when
+// the node runs no speaker.
+func bgpSessions(n observed.Node) []*weirv1.BgpSession {
+	if len(n.BGPSessions) == 0 {
+		return nil
+	}
+	return nodewire.EncodeSessions(n.BGPSessions)
+}
+
+// families is the wire form of a verdict's families.
+func families(v receive.Verdict) []*weirv1.ServiceFamilyStatus {
+	var out []*weirv1.ServiceFamilyStatus
+	for _, f := range v.Families {
+		pf := &weirv1.ServiceFamilyStatus{Family: f.Family, Reason: f.Reason, Message: f.Message, ReceivesExternalTraffic: f.Reason == ""}
+		for _, a := range f.Addresses {
+			pf.Addresses = append(pf.Addresses, a.String())
+		}
+		out = append(out, pf)
+	}
+	return out
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp {

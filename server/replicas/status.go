@@ -8,10 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weirlb/weir/internal/nodewire"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/observed"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-
-	"github.com/weirlb/weir/server/agentsync"
 )
 
 // Each replica publishes the status of the agents connected to it under
@@ -38,14 +39,14 @@ const (
 )
 
 // encodeStatus is a node's status as published, cut when too large.
-func encodeStatus(replica string, st agentsync.NodeStatus) (value []byte, cut bool) {
-	b, err := json.Marshal(published{Replica: replica, Status: st})
+func encodeStatus(replica string, st observed.Node) (value []byte, cut bool) {
+	b, err := json.Marshal(published{Replica: replica, Status: wireNode(st)})
 	if err != nil || len(b) <= MaxStatusBytes {
 		return b, false
 	}
 	full := len(b)
 	st.Services, st.BGPSessions, st.BGPAnnouncements = nil, nil, nil
-	b, err = json.Marshal(published{Replica: replica, Status: st,
+	b, err = json.Marshal(published{Replica: replica, Status: wireNode(st),
 		Cut: fmt.Sprintf("the node's report (%d bytes) is larger than replicas share (%d): its services, BGP sessions and announcements show on replica %s only", full, MaxStatusBytes, replica)})
 	if err != nil {
 		return nil, true
@@ -181,9 +182,28 @@ func watchStatus(ctx context.Context, cfg Config) {
 // published is one node's status as a replica publishes it.
 type published struct {
 	Replica string
-	Status  agentsync.NodeStatus
+	Status  publishedNode
 	// Cut says why the status lacks its largest parts; empty when whole.
 	Cut string `json:",omitempty"`
+}
+
+// publishedNode is a node's status as etcd holds it: the speaker's
+// sessions and announcements in their wire form, the format every
+// version of the server shares with the others while replicas upgrade
+// one by one.
+type publishedNode struct {
+	observed.Node
+	BGPSessions      []*weirv1.BgpSession
+	BGPAnnouncements []*weirv1.BgpAnnouncement
+}
+
+func wireNode(st observed.Node) publishedNode {
+	p := publishedNode{Node: st}
+	if st.BGPSessions != nil {
+		p.BGPSessions = nodewire.EncodeSessions(st.BGPSessions)
+	}
+	p.BGPAnnouncements = nodewire.EncodeAnnouncements(st.BGPAnnouncements)
+	return p
 }
 
 func setRemote(cfg Config, node string, value []byte) {
@@ -197,5 +217,8 @@ func setRemote(cfg Config, node string, value []byte) {
 		cfg.Hub.SetRemoteStatus(node, nil)
 		return
 	}
-	cfg.Hub.SetRemoteStatus(node, &p.Status)
+	st := p.Status.Node
+	st.BGPSessions = nodewire.DecodeSessions(p.Status.BGPSessions)
+	st.BGPAnnouncements = nodewire.DecodeAnnouncements(p.Status.BGPAnnouncements)
+	cfg.Hub.SetRemoteStatus(node, &st)
 }

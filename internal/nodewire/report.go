@@ -1,0 +1,142 @@
+package nodewire
+
+import (
+	"net/netip"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/weirlb/weir/internal/report"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// The other direction: an agent encodes what it reports of its node, the
+// server decodes it.
+
+// EncodeReport is the wire form of an agent's report.
+func EncodeReport(r *report.Report) *weirv1.Report {
+	out := &weirv1.Report{Full: r.Full, RemovedServices: r.Removed}
+	if r.Node != (report.NodeReport{}) {
+		out.NodeHealth = &weirv1.NodeHealth{
+			HealthzCode: int32(r.Node.HealthzCode), LivezCode: int32(r.Node.LivezCode),
+			NodeEligible: r.Node.NodeEligible, LastUpdated: timestamp(r.Node.LastUpdated),
+		}
+	}
+	if r.LastSync != 0 {
+		out.LastSyncDuration = durationpb.New(r.LastSync)
+	}
+	if r.BGP != nil {
+		out.Bgp = &weirv1.BgpSessions{Sessions: EncodeSessions(r.BGP.Sessions), Announcements: EncodeAnnouncements(r.BGP.Announcements)}
+	}
+	for _, s := range r.Services {
+		out.Services = append(out.Services, &weirv1.ServiceHealth{
+			Namespace: s.Namespace, Name: s.Name,
+			LocalReady: int32(s.LocalReady), LocalServing: int32(s.LocalServing), LocalTerminating: int32(s.LocalTerminating),
+			HealthCheckNodePort: int32(s.HealthCheckNodePort), HealthCheckCode: int32(s.HealthCheckCode), HealthCheckError: s.HealthCheckError,
+		})
+	}
+	return out
+}
+
+// DecodeReport reads an agent's report. It never fails: a report only
+// informs, so what does not parse (an address, a port out of range) is
+// read as absent, which every reader of a report already handles.
+func DecodeReport(r *weirv1.Report) *report.Report {
+	out := &report.Report{Full: r.GetFull(), Removed: r.GetRemovedServices(), LastSync: r.GetLastSyncDuration().AsDuration()}
+	if nh := r.GetNodeHealth(); nh != nil {
+		out.Node = report.NodeReport{HealthzCode: int(nh.GetHealthzCode()), LivezCode: int(nh.GetLivezCode()),
+			NodeEligible: nh.GetNodeEligible(), LastUpdated: timeOf(nh.GetLastUpdated())}
+	}
+	if b := r.GetBgp(); b != nil {
+		out.BGP = &report.BGPReport{Sessions: DecodeSessions(b.GetSessions()), Announcements: DecodeAnnouncements(b.GetAnnouncements())}
+	}
+	for _, s := range r.GetServices() {
+		p := s.GetHealthCheckNodePort()
+		if p < 0 || p > 65535 {
+			p = 0
+		}
+		out.Services = append(out.Services, report.ServiceReport{
+			Namespace: s.GetNamespace(), Name: s.GetName(),
+			LocalReady: int(s.GetLocalReady()), LocalServing: int(s.GetLocalServing()), LocalTerminating: int(s.GetLocalTerminating()),
+			HealthCheckNodePort: uint16(p), HealthCheckCode: int(s.GetHealthCheckCode()), HealthCheckError: s.GetHealthCheckError(),
+		})
+	}
+	return out
+}
+
+// EncodeSessions is the wire form of a speaker's sessions; never nil, so
+// that a report of no sessions says so.
+func EncodeSessions(sessions []report.BGPSession) []*weirv1.BgpSession {
+	out := make([]*weirv1.BgpSession, 0, len(sessions))
+	for _, s := range sessions {
+		ps := &weirv1.BgpSession{PeerAddress: addrString(s.PeerAddress), PeerAsn: s.PeerASN, State: s.State,
+			LastError: s.LastError, EstablishedSince: timestamp(s.Since)}
+		for _, f := range s.Families {
+			ps.Families = append(ps.Families, &weirv1.BgpFamily{Family: f.Name, Negotiated: f.Negotiated, Sent: f.Sent, Received: f.Received, Accepted: f.Accepted})
+		}
+		out = append(out, ps)
+	}
+	return out
+}
+
+// DecodeSessions reads a speaker's sessions.
+func DecodeSessions(sessions []*weirv1.BgpSession) []report.BGPSession {
+	out := make([]report.BGPSession, 0, len(sessions))
+	for _, s := range sessions {
+		peer, _ := netip.ParseAddr(s.GetPeerAddress())
+		rs := report.BGPSession{PeerAddress: peer, PeerASN: s.GetPeerAsn(), State: s.GetState(),
+			LastError: s.GetLastError(), Since: timeOf(s.GetEstablishedSince())}
+		for _, f := range s.GetFamilies() {
+			rs.Families = append(rs.Families, report.BGPFamily{Name: f.GetFamily(), Negotiated: f.GetNegotiated(),
+				Sent: f.GetSent(), Received: f.GetReceived(), Accepted: f.GetAccepted()})
+		}
+		out = append(out, rs)
+	}
+	return out
+}
+
+// EncodeAnnouncements is the wire form of what a speaker announces.
+func EncodeAnnouncements(announcements []report.BGPAnnouncement) []*weirv1.BgpAnnouncement {
+	var out []*weirv1.BgpAnnouncement
+	for _, an := range announcements {
+		p := ""
+		if an.Prefix.IsValid() {
+			p = an.Prefix.String()
+		}
+		out = append(out, &weirv1.BgpAnnouncement{Prefix: p, NextHop: addrString(an.NextHop), Weight: an.Weight})
+	}
+	return out
+}
+
+// DecodeAnnouncements reads what a speaker announces.
+func DecodeAnnouncements(announcements []*weirv1.BgpAnnouncement) []report.BGPAnnouncement {
+	var out []report.BGPAnnouncement
+	for _, an := range announcements {
+		p, _ := netip.ParsePrefix(an.GetPrefix())
+		hop, _ := netip.ParseAddr(an.GetNextHop())
+		out = append(out, report.BGPAnnouncement{Prefix: p, NextHop: hop, Weight: an.GetWeight()})
+	}
+	return out
+}
+
+func addrString(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
+}
+
+func timestamp(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+func timeOf(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
+}

@@ -1,0 +1,108 @@
+// Package observed is what the server knows of each node from its agent:
+// the connection, the versions sent and applied, and what the agent
+// reports of its health answers, its services and its BGP speaker. The
+// hub (server/agentsync) keeps it; the status API, the receive verdicts
+// and the replicas read it. No transport types: reports arrive decoded.
+package observed
+
+import (
+	"time"
+
+	"github.com/weirlb/weir/internal/report"
+)
+
+// Node is what the server knows of one node's agent. Field names are
+// part of what replicas share through etcd (server/replicas), so they
+// change only with that format.
+type Node struct {
+	Node           string
+	Connected      bool
+	SentVersion    uint64
+	AppliedVersion uint64
+	// Covered is the cache version up to which the node has been sent
+	// every change that concerns it.
+	Covered uint64
+	// ProgrammingLatency is, for the last state the node applied that held
+	// changes, the time from the oldest change's acceptance to the ACK.
+	ProgrammingLatency time.Duration
+	// LastError is the agent's last NACK, cleared by the next ACK.
+	LastError        string
+	LastErrorVersion uint64
+	LastSeen         time.Time
+	// Health is what the node last reported of its health answers.
+	Health   Health
+	LastSync time.Duration
+	// Services is, per "namespace/name", what the node sees of a service.
+	Services map[string]Service
+	// BGPSessions are the node speaker's sessions as last reported; none
+	// when the node runs no speaker. Never changed once recorded: a new
+	// report replaces the slice.
+	BGPSessions []report.BGPSession `json:"-"`
+	// BGPAnnouncements are what the node's speaker announces, by prefix.
+	BGPAnnouncements []report.BGPAnnouncement `json:"-"`
+}
+
+// ProgrammedVersion is the highest store revision such that everything up
+// to it that concerns the node is applied in its kernel: what the agent
+// acknowledged, or, once it has acknowledged everything it was sent, what
+// that covered.
+func (n Node) ProgrammedVersion() uint64 {
+	if n.AppliedVersion >= n.SentVersion {
+		return max(n.AppliedVersion, n.Covered)
+	}
+	return n.AppliedVersion
+}
+
+// Programmed: the node's agent is connected and applied the newest state
+// it was sent.
+func (n Node) Programmed() bool {
+	return n.Connected && n.AppliedVersion >= n.SentVersion && n.LastError == ""
+}
+
+// Health is a node's own health answers (port 10256).
+type Health struct {
+	HealthzCode, LivezCode int
+	LastUpdated            time.Time
+	NodeEligible           bool
+}
+
+// Service is one service on one node.
+type Service struct {
+	LocalReady, LocalServing, LocalTerminating int
+	HealthCheckNodePort                        int
+	// HealthCheckCode is what the health-check port answers; 0 when it is
+	// not open, and then HealthCheckError says why.
+	HealthCheckCode  int
+	HealthCheckError string
+}
+
+// Record folds an agent's report into what is known of its node: a full
+// report replaces, a partial one changes what it names.
+func (n *Node) Record(r *report.Report) {
+	if r.Node != (report.NodeReport{}) {
+		n.Health = Health{HealthzCode: r.Node.HealthzCode, LivezCode: r.Node.LivezCode,
+			NodeEligible: r.Node.NodeEligible, LastUpdated: r.Node.LastUpdated}
+	}
+	if r.LastSync != 0 {
+		n.LastSync = r.LastSync
+	}
+	if r.Full || r.BGP != nil {
+		var bgp report.BGPReport
+		if r.BGP != nil {
+			bgp = *r.BGP
+		}
+		n.BGPSessions, n.BGPAnnouncements = bgp.Sessions, bgp.Announcements
+	}
+	if r.Full || n.Services == nil {
+		n.Services = map[string]Service{}
+	}
+	for _, s := range r.Services {
+		n.Services[s.Namespace+"/"+s.Name] = Service{
+			LocalReady: s.LocalReady, LocalServing: s.LocalServing, LocalTerminating: s.LocalTerminating,
+			HealthCheckNodePort: int(s.HealthCheckNodePort), HealthCheckCode: s.HealthCheckCode, HealthCheckError: s.HealthCheckError,
+		}
+	}
+	for _, key := range r.Removed {
+		delete(n.Services, key)
+	}
+}

@@ -1,0 +1,121 @@
+package receive
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/weirlb/weir/internal/report"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/observed"
+)
+
+// healthyNode is a connected, programmed, eligible node whose speaker
+// has the given sessions and announcements.
+func healthyNode(sessions []report.BGPSession, announced ...string) observed.Node {
+	n := observed.Node{Node: "node1", Connected: true, SentVersion: 5, AppliedVersion: 5,
+		Health: observed.Health{HealthzCode: 200, LivezCode: 200, NodeEligible: true}, BGPSessions: sessions}
+	for _, p := range announced {
+		n.BGPAnnouncements = append(n.BGPAnnouncements, report.BGPAnnouncement{Prefix: netip.MustParsePrefix(p)})
+	}
+	return n
+}
+
+func session(peer, state, lastError string, negotiated ...string) report.BGPSession {
+	s := report.BGPSession{PeerAddress: netip.MustParseAddr(peer), PeerASN: 64512, State: state, LastError: lastError}
+	for _, f := range []string{"ipv4", "ipv6"} {
+		s.Families = append(s.Families, report.BGPFamily{Name: f, Negotiated: state == "established" && strings.Contains(strings.Join(negotiated, ","), f)})
+	}
+	return s
+}
+
+func TestReceiveReasonsPerFamily(t *testing.T) {
+	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"},
+		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("2001:db8:113::5")}}
+	badAS := "the router sent NOTIFICATION code 2(open) subcode 2(bad peer as)"
+	for _, tc := range []struct {
+		name       string
+		node       observed.Node
+		reason     string   // the node's
+		families   []string // "family reason" each
+		messageHas string
+	}{
+		{
+			name:     "both families up and announced",
+			node:     healthyNode([]report.BGPSession{session("192.0.2.1", "established", "", "ipv4"), session("2001:db8:2::1", "established", "", "ipv6")}, "203.0.113.5/32", "2001:db8:113::5/128"),
+			families: []string{"ipv4 ", "ipv6 "},
+		},
+		{
+			// The case an operator could not see: the IPv6 session is up,
+			// so the node looked as if it received everything.
+			name:       "the IPv4 router refuses the session",
+			node:       healthyNode([]report.BGPSession{session("192.0.2.1", "active", badAS), session("2001:db8:2::1", "established", "", "ipv6")}, "203.0.113.5/32", "2001:db8:113::5/128"),
+			reason:     "BGPSessionsDown",
+			families:   []string{"ipv4 BGPSessionsDown", "ipv6 "},
+			messageHas: "ipv4: no established BGP session carries ipv4: 192.0.2.1 (AS 64512) active: " + badAS,
+		},
+		{
+			name:       "a session up without the family",
+			node:       healthyNode([]report.BGPSession{session("192.0.2.1", "established", "", "ipv4")}, "203.0.113.5/32"),
+			reason:     "BGPSessionsDown",
+			families:   []string{"ipv4 ", "ipv6 BGPSessionsDown"},
+			messageHas: "192.0.2.1 (AS 64512) established without ipv6",
+		},
+		{
+			name:       "up but not announced",
+			node:       healthyNode([]report.BGPSession{session("192.0.2.1", "established", "", "ipv4", "ipv6")}, "2001:db8:113::5/128"),
+			reason:     "NotAnnounced",
+			families:   []string{"ipv4 NotAnnounced", "ipv6 "},
+			messageHas: "does not announce 203.0.113.5",
+		},
+		{
+			name:     "an aggregate carries the address",
+			node:     healthyNode([]report.BGPSession{session("192.0.2.1", "established", "", "ipv4", "ipv6")}, "203.0.113.0/28", "2001:db8:113::/124"),
+			families: []string{"ipv4 ", "ipv6 "},
+		},
+		{
+			name: "the node's own reason comes first",
+			node: func() observed.Node {
+				n := healthyNode(nil)
+				n.Connected = false
+				n.BGPSessions = []report.BGPSession{session("192.0.2.1", "active", badAS)}
+				return n
+			}(),
+			reason:     "Disconnected",
+			families:   []string{"ipv4 Disconnected", "ipv6 Disconnected"},
+			messageHas: "the node's agent is not connected",
+		},
+		{
+			name:   "no speaker on the node",
+			node:   healthyNode(nil),
+			reason: "",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Of(svc, tc.node, false)
+			var fams []string
+			for _, f := range r.Families {
+				fams = append(fams, f.Family+" "+f.Reason)
+			}
+			if r.Reason != tc.reason || strings.Join(fams, ",") != strings.Join(tc.families, ",") {
+				t.Errorf("reason %q, families %q; want %q, %q", r.Reason, fams, tc.reason, tc.families)
+			}
+			if !strings.Contains(r.Message, tc.messageHas) || (tc.reason == "Disconnected" && r.Message != tc.messageHas) {
+				t.Errorf("message %q does not contain %q", r.Message, tc.messageHas)
+			}
+		})
+	}
+}
+
+func TestLoadBalancerTierTargetsIgnoreTheNodesOwnAnnouncements(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("2001:db8:113::5")
+	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"}, LoadBalancerIPs: []netip.Addr{v4, v6}}
+	n := healthyNode([]report.BGPSession{session("2001:db8:2::1", "established", "", "ipv6")})
+	r := Of(svc, n, false)
+	if got := r.TargetReason(v6); got != "" {
+		t.Errorf("ipv6 target reason %q; the tier announces the node itself", got)
+	}
+	if got := r.TargetReason(v4); got != "BGPSessionsDown" {
+		t.Errorf("ipv4 target reason %q, want BGPSessionsDown", got)
+	}
+}

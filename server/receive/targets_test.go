@@ -1,0 +1,60 @@
+package receive
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/weirlb/weir/server/announcers"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/nodestate"
+	"github.com/weirlb/weir/server/observed"
+)
+
+func TestTargets(t *testing.T) {
+	vip, localVIP := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("203.0.113.6")
+	pool := &model.AddressPool{Meta: model.Meta{Name: "public"},
+		Ranges: []model.AddressRange{{First: netip.MustParseAddr("203.0.113.0"), Last: netip.MustParseAddr("203.0.113.15")}},
+		BGP:    model.BGPAdvertisement{MaxAnnouncingNodes: 1, Communities: []uint32{64500<<16 | 1}}}
+	cluster := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "web"}, LoadBalancerIPs: []netip.Addr{vip}}
+	local := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "cart"}, LoadBalancerIPs: []netip.Addr{localVIP},
+		ExternalTrafficPolicy: model.PolicyLocal, HealthCheckNodePort: 32000}
+	var nodes []*model.Node
+	var seen []observed.Node
+	for i, name := range []string{"node1", "node2", "node3", "node4"} {
+		nodes = append(nodes, &model.Node{Meta: model.Meta{Name: name}, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(11 + i)})}})
+		n := healthyNode(nil)
+		n.Node = name
+		n.Services = map[string]observed.Service{"shop/cart": {LocalReady: i, HealthCheckCode: 503}}
+		if i > 0 {
+			n.Services["shop/cart"] = observed.Service{LocalReady: i, HealthCheckCode: 200}
+		}
+		seen = append(seen, n)
+	}
+	seen[3].Connected = false
+	got := Targets(Cluster{Nodes: nodes, Pools: []*model.AddressPool{pool}, Services: []*model.Service{local, cluster},
+		Observed: seen, Drained: func(n string) bool { return n == "node2" }})
+	if len(got) != 2 || got[0].Address != vip || got[1].Address != localVIP {
+		t.Fatalf("targets for %v; want %v and %v in order", got, vip, localVIP)
+	}
+	// Cluster: node2 is drained and node4 disconnected; of the two left,
+	// the pool's limit of one keeps the one the speakers choose.
+	want := announcers.Choose(nodestate.AnnouncedPrefix(pool, vip).String(), []string{"node1", "node3"}, 1)
+	var names []string
+	for _, tg := range got[0].Targets {
+		names = append(names, tg.Node)
+		if tg.HealthCheckPort != NodeHealthPort || tg.HealthCheckPath != "/healthz" || tg.Weight != 0 {
+			t.Errorf("%s probed at %d%s with weight %d; want kube-proxy's /healthz on %d, unweighted", tg.Node, tg.HealthCheckPort, tg.HealthCheckPath, tg.Weight, NodeHealthPort)
+		}
+	}
+	slices.Sort(want)
+	if !slices.Equal(names, want) || !slices.Equal(got[0].Communities, pool.BGP.Communities) {
+		t.Errorf("%s goes to %v with communities %v; want %v with %v", vip, names, got[0].Communities, want, pool.BGP.Communities)
+	}
+	// Local: node1 has no ready endpoint; the others are weighted by
+	// theirs and probed on the service's health-check node port.
+	if l := got[1].Targets; len(l) != 1 || l[0].Node != "node3" || l[0].Weight != 2 || l[0].HealthCheckPort != 32000 || l[0].HealthCheckPath != "/" ||
+		l[0].Address != netip.MustParseAddr("192.0.2.13") {
+		t.Errorf("%s goes to %+v; want node3 (192.0.2.13) alone, weight 2, probed at :32000/", localVIP, l)
+	}
+}
