@@ -11,6 +11,7 @@ import (
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/nodestate"
 	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/resourcewire"
 )
 
 // RegistryService implements weir.v1.RegistryService over a registry.
@@ -28,9 +29,9 @@ type RegistryService struct {
 // NewRegistryService serves reg.
 func NewRegistryService(reg *registry.Registry) *RegistryService {
 	return &RegistryService{
-		services: resource[*model.Service, *weirv1.Service]{field: "service", coll: reg.Services, from: serviceFromProto,
+		services: resource[*model.Service, *weirv1.Service]{field: "service", coll: reg.Services, from: resourcewire.ServiceFromProto,
 			to: func(s *model.Service) *weirv1.Service {
-				p := serviceToProto(s)
+				p := resourcewire.ServiceToProto(s)
 				reg.Read(func(v registry.View) {
 					for _, c := range v.ServiceConflicts(s) {
 						p.Status.Conflicts = append(p.Status.Conflicts, &weirv1.ServiceConflict{Field: c.Field, Message: c.Message})
@@ -52,14 +53,14 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 					now.LoadBalancerIPs, now.AddressReason, now.AddressMessage = old.LoadBalancerIPs, old.AddressReason, old.AddressMessage
 				}
 			}},
-		endpoints: resource[*model.EndpointSlice, *weirv1.EndpointSlice]{field: "endpoint_slice", coll: reg.EndpointSlices, from: endpointSliceFromProto, to: endpointSliceToProto},
-		nodes: resource[*model.Node, *weirv1.Node]{field: "node", coll: reg.Nodes, from: nodeFromProto, to: func(n *model.Node) *weirv1.Node {
-			p := nodeToProto(n)
+		endpoints: resource[*model.EndpointSlice, *weirv1.EndpointSlice]{field: "endpoint_slice", coll: reg.EndpointSlices, from: resourcewire.EndpointSliceFromProto, to: resourcewire.EndpointSliceToProto},
+		nodes: resource[*model.Node, *weirv1.Node]{field: "node", coll: reg.Nodes, from: resourcewire.NodeFromProto, to: func(n *model.Node) *weirv1.Node {
+			p := resourcewire.NodeToProto(n)
 			p.Drained = reg.Drained(n.Name)
 			return p
 		}},
-		pools: resource[*model.AddressPool, *weirv1.AddressPool]{field: "address_pool", coll: reg.Pools, from: PoolFromProto, to: poolToProto},
-		peers: resource[*model.BGPPeer, *weirv1.BgpPeer]{field: "bgp_peer", coll: reg.Peers, from: BGPPeerFromProto, to: bgpPeerToProto,
+		pools: resource[*model.AddressPool, *weirv1.AddressPool]{field: "address_pool", coll: reg.Pools, from: resourcewire.PoolFromProto, to: resourcewire.PoolToProto},
+		peers: resource[*model.BGPPeer, *weirv1.BgpPeer]{field: "bgp_peer", coll: reg.Peers, from: resourcewire.BGPPeerFromProto, to: resourcewire.BGPPeerToProto,
 			keepStatus: func(now, old *model.BGPPeer) {
 				// The password is never read back, so an update that
 				// leaves it out keeps it.
@@ -67,7 +68,7 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 					now.Password = old.Password
 				}
 			}},
-		cidrs: resource[*model.ServiceCIDR, *weirv1.ServiceCidr]{field: "service_cidr", coll: reg.ServiceCIDRs, from: ServiceCIDRFromProto, to: serviceCIDRToProto},
+		cidrs: resource[*model.ServiceCIDR, *weirv1.ServiceCidr]{field: "service_cidr", coll: reg.ServiceCIDRs, from: resourcewire.ServiceCIDRFromProto, to: resourcewire.ServiceCIDRToProto},
 		reg:   reg,
 	}
 }

@@ -24,9 +24,9 @@ import (
 
 	"github.com/weirlb/weir/internal/yamldocs"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
-	"github.com/weirlb/weir/server/api"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
+	"github.com/weirlb/weir/server/resourcewire"
 )
 
 // Resources is what a file declares.
@@ -67,11 +67,11 @@ func (r *Resources) add(doc string) error {
 	body, _ := json.Marshal(fields)
 	switch kind {
 	case "AddressPool":
-		m, err := decode(body, &weirv1.AddressPool{}, api.PoolFromProto)
+		m, err := decode(body, &weirv1.AddressPool{}, resourcewire.PoolFromProto)
 		r.Pools = append(r.Pools, m)
 		return err
 	case "BgpPeer":
-		m, err := decode(body, &weirv1.BgpPeer{}, api.BGPPeerFromProto)
+		m, err := decode(body, &weirv1.BgpPeer{}, resourcewire.BGPPeerFromProto)
 		r.Peers = append(r.Peers, m)
 		return err
 	}

@@ -41,6 +41,7 @@ func TestDependencyDirection(t *testing.T) {
 		{"agent/bgp", []string{module + "/agent/health", module + "/agent/syncer"}, "the node speaker fills its part of a report without the health checks"},
 		{"agent/syncer", []string{module + "/agent/health", module + "/agent/bgp"}, "the syncer sends reports without knowing who fills them"},
 		{"server/agentsync", []string{module + "/internal/dial"}, "the server does not import the clients' dialer for its vocabulary (internal/apierr holds it)"},
+		{"server/resourcefile", []string{module + "/server/api"}, "the resources file reads resources as the API writes them (server/resourcewire), not through the gRPC edge"},
 		{"server/cmd/weir-server", []string{module + "/test", "k8s.io/kubernetes"}, "test-only code stays out of the product"},
 		{"agent/cmd/weir-agent", []string{module + "/test"}, "test-only code stays out of the product"},
 	} {

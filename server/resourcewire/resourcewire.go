@@ -1,4 +1,9 @@
-package api
+// Package resourcewire translates the registry's resources between the
+// model and their wire form: the API's messages, and the resources file
+// that is written in the API's YAML. The proto types stop here: a request
+// is translated into model types once, and an answer back. A value that
+// does not parse is a FieldError naming the field as the API spells it.
+package resourcewire
 
 import (
 	"fmt"
@@ -11,10 +16,6 @@ import (
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
 )
-
-// The proto types stop here: requests are translated into model types once,
-// and answers back. A value that does not parse is a FieldError naming the
-// field as the API spells it.
 
 func metaFromProto(m *weirv1.ObjectMeta) (model.Meta, error) {
 	out := model.Meta{Namespace: m.GetNamespace(), Name: m.GetName(), Labels: m.GetLabels()}
@@ -111,7 +112,8 @@ func reverse[K ~int32, V comparable](m map[K]V, v V) K {
 	return best
 }
 
-func serviceFromProto(s *weirv1.Service) (*model.Service, error) {
+// ServiceFromProto reads a service from its wire form.
+func ServiceFromProto(s *weirv1.Service) (*model.Service, error) {
 	meta, err := metaFromProto(s.GetMetadata())
 	if err != nil {
 		return nil, err
@@ -174,7 +176,8 @@ func serviceFromProto(s *weirv1.Service) (*model.Service, error) {
 	return out, nil
 }
 
-func serviceToProto(s *model.Service) *weirv1.Service {
+// ServiceToProto is the wire form of a service.
+func ServiceToProto(s *model.Service) *weirv1.Service {
 	spec := &weirv1.ServiceSpec{
 		Type:                     reverse(serviceTypes, s.Type),
 		ClusterIps:               strs(s.ClusterIPs),
@@ -203,7 +206,8 @@ func serviceToProto(s *model.Service) *weirv1.Service {
 	}}
 }
 
-func endpointSliceFromProto(s *weirv1.EndpointSlice) (*model.EndpointSlice, error) {
+// EndpointSliceFromProto reads an endpoint slice from its wire form.
+func EndpointSliceFromProto(s *weirv1.EndpointSlice) (*model.EndpointSlice, error) {
 	meta, err := metaFromProto(s.GetMetadata())
 	if err != nil {
 		return nil, err
@@ -233,7 +237,8 @@ func endpointSliceFromProto(s *weirv1.EndpointSlice) (*model.EndpointSlice, erro
 	return out, nil
 }
 
-func endpointSliceToProto(s *model.EndpointSlice) *weirv1.EndpointSlice {
+// EndpointSliceToProto is the wire form of an endpoint slice.
+func EndpointSliceToProto(s *model.EndpointSlice) *weirv1.EndpointSlice {
 	out := &weirv1.EndpointSlice{Metadata: metaToProto(&s.Meta), ServiceName: s.ServiceName}
 	for _, e := range s.Endpoints {
 		out.Endpoints = append(out.Endpoints, &weirv1.Endpoint{
@@ -248,7 +253,8 @@ func endpointSliceToProto(s *model.EndpointSlice) *weirv1.EndpointSlice {
 	return out
 }
 
-func nodeFromProto(n *weirv1.Node) (*model.Node, error) {
+// NodeFromProto reads a node from its wire form.
+func NodeFromProto(n *weirv1.Node) (*model.Node, error) {
 	meta, err := metaFromProto(n.GetMetadata())
 	if err != nil {
 		return nil, err
@@ -263,7 +269,8 @@ func nodeFromProto(n *weirv1.Node) (*model.Node, error) {
 	return out, nil
 }
 
-func nodeToProto(n *model.Node) *weirv1.Node {
+// NodeToProto is the wire form of a node.
+func NodeToProto(n *model.Node) *weirv1.Node {
 	return &weirv1.Node{Metadata: metaToProto(&n.Meta), Addresses: strs(n.Addresses), Zone: n.Zone, PodCidrs: strs(n.PodCIDRs), Deleting: n.Deleting}
 }
 
@@ -295,7 +302,8 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 	return out, nil
 }
 
-func poolToProto(p *model.AddressPool) *weirv1.AddressPool {
+// PoolToProto is the wire form of an address pool.
+func PoolToProto(p *model.AddressPool) *weirv1.AddressPool {
 	out := &weirv1.AddressPool{Metadata: metaToProto(&p.Meta), ManualOnly: p.ManualOnly}
 	if !p.BGP.IsZero() {
 		out.BgpAdvertisement = &weirv1.BgpAdvertisement{LocalPreference: p.BGP.LocalPref, Peers: p.BGP.Peers,
@@ -326,8 +334,8 @@ func BGPPeerFromProto(p *weirv1.BgpPeer) (*model.BGPPeer, error) {
 	return out, nil
 }
 
-// bgpPeerToProto leaves the password out: it is write-only.
-func bgpPeerToProto(p *model.BGPPeer) *weirv1.BgpPeer {
+// BGPPeerToProto leaves the password out: it is write-only.
+func BGPPeerToProto(p *model.BGPPeer) *weirv1.BgpPeer {
 	return &weirv1.BgpPeer{Metadata: metaToProto(&p.Meta), Address: p.Address.String(), Asn: p.ASN, MyAsn: p.MyASN, Port: p.Port,
 		HoldTimeSeconds: int32(p.HoldTime / time.Second), NodeSelector: p.NodeSelector, GracefulRestart: p.GracefulRestart}
 }
@@ -346,6 +354,7 @@ func ServiceCIDRFromProto(c *weirv1.ServiceCidr) (*model.ServiceCIDR, error) {
 	return &model.ServiceCIDR{Meta: meta, CIDRs: cidrs}, nil
 }
 
-func serviceCIDRToProto(c *model.ServiceCIDR) *weirv1.ServiceCidr {
+// ServiceCIDRToProto is the wire form of a service CIDR.
+func ServiceCIDRToProto(c *model.ServiceCIDR) *weirv1.ServiceCidr {
 	return &weirv1.ServiceCidr{Metadata: metaToProto(&c.Meta), Cidrs: strs(c.CIDRs)}
 }

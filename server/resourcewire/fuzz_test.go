@@ -1,4 +1,4 @@
-package api
+package resourcewire
 
 import (
 	"testing"
@@ -35,17 +35,17 @@ func FuzzConvertAndValidate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, kind uint8, b []byte) {
 		switch kind % 6 {
 		case 0:
-			roundTrip(t, b, &weirv1.Service{}, serviceFromProto, serviceToProto, (*model.Service).Validate)
+			roundTrip(t, b, &weirv1.Service{}, ServiceFromProto, ServiceToProto, (*model.Service).Validate)
 		case 1:
-			roundTrip(t, b, &weirv1.EndpointSlice{}, endpointSliceFromProto, endpointSliceToProto, (*model.EndpointSlice).Validate)
+			roundTrip(t, b, &weirv1.EndpointSlice{}, EndpointSliceFromProto, EndpointSliceToProto, (*model.EndpointSlice).Validate)
 		case 2:
-			roundTrip(t, b, &weirv1.Node{}, nodeFromProto, nodeToProto, (*model.Node).Validate)
+			roundTrip(t, b, &weirv1.Node{}, NodeFromProto, NodeToProto, (*model.Node).Validate)
 		case 3:
-			roundTrip(t, b, &weirv1.AddressPool{}, PoolFromProto, poolToProto, (*model.AddressPool).Validate)
+			roundTrip(t, b, &weirv1.AddressPool{}, PoolFromProto, PoolToProto, (*model.AddressPool).Validate)
 		case 4:
-			roundTrip(t, b, &weirv1.BgpPeer{}, BGPPeerFromProto, bgpPeerToProto, (*model.BGPPeer).Validate)
+			roundTrip(t, b, &weirv1.BgpPeer{}, BGPPeerFromProto, BGPPeerToProto, (*model.BGPPeer).Validate)
 		case 5:
-			roundTrip(t, b, &weirv1.ServiceCidr{}, ServiceCIDRFromProto, serviceCIDRToProto, (*model.ServiceCIDR).Validate)
+			roundTrip(t, b, &weirv1.ServiceCidr{}, ServiceCIDRFromProto, ServiceCIDRToProto, (*model.ServiceCIDR).Validate)
 		}
 	})
 }
