@@ -10,7 +10,7 @@ go=${GO:-go}
 for target in \
 	./lbctl:FuzzReadDocuments \
 	./server/resourcefile:FuzzParse \
-	./server/api:FuzzConvertAndValidate \
+	./server/resourcewire:FuzzConvertAndValidate \
 	./server/agentsync:FuzzReport \
 	./internal/nodewire:FuzzDecode; do
 	pkg=${target%%:*}
