@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weirlb/weir/internal/nodewire"
+	"github.com/weirlb/weir/internal/notify"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/nodestate"
 	"github.com/weirlb/weir/server/observed"
@@ -59,7 +60,7 @@ type Hub struct {
 	// Written only by the fanout goroutine.
 	cacheMu  sync.RWMutex
 	version  uint64        // registry revision the cache reflects
-	advanced chan struct{} // closed, and replaced, when version moves on
+	advanced notify.Signal // broadcast when version moves on
 	services map[string]cached
 	nodes    map[string]*weirv1.NodeInfo
 	// removed remembers when services went, so that a session knows what
@@ -73,7 +74,7 @@ type Hub struct {
 	// holds the whole encoded state in memory until the agent has read it.
 	fullSends chan struct{}
 
-	mu       sync.Mutex // guards sessions, status, remote, notCurrent, history and changed
+	mu       sync.Mutex // guards sessions, status, remote, notCurrent and history
 	sessions map[string]*session
 	status   map[string]*observed.Node
 	// remote is the status of nodes connected to other replicas.
@@ -82,8 +83,8 @@ type Hub struct {
 	// it is): agents are then sent elsewhere (see SetNotCurrent).
 	notCurrent string
 	history    map[string]*sentState // what each node was last sent, to resume
-	// changed is closed, and replaced, whenever a node's status changes.
-	changed chan struct{}
+	// changed is broadcast whenever a node's status changes.
+	changed notify.Signal
 }
 
 // New returns a hub fed by reg's changes; Run must be running for agents to
@@ -98,7 +99,6 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	h := &Hub{
 		reg: reg, cfg: cfg, log: cfg.Log, metrics: newMetrics(cfg.Metrics),
 		wake:      make(chan struct{}, 1),
-		advanced:  make(chan struct{}),
 		services:  map[string]cached{},
 		nodes:     map[string]*weirv1.NodeInfo{},
 		removed:   map[string]uint64{},
@@ -107,7 +107,6 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 		status:    map[string]*observed.Node{},
 		remote:    map[string]*observed.Node{},
 		history:   map[string]*sentState{},
-		changed:   make(chan struct{}),
 	}
 	// Listen first, then load: a change in between is queued, and
 	// recomputing it again is harmless.

@@ -153,8 +153,7 @@ func (h *Hub) apply() {
 	// this batch's state or a later one.
 	floor := h.oldestSent()
 	h.version = version
-	close(h.advanced)
-	h.advanced = make(chan struct{})
+	h.advanced.Broadcast()
 	for key := range services {
 		msg := newServices[key]
 		old, had := h.services[key]
@@ -227,19 +226,11 @@ func (h *Hub) trimRemoved(floor uint64) {
 
 // catchUp waits until the cache reflects the registry's revision rev.
 func (h *Hub) catchUp(ctx context.Context, rev uint64) error {
-	for {
+	return h.advanced.Wait(ctx, func() bool {
 		h.cacheMu.RLock()
-		version, advanced := h.version, h.advanced
-		h.cacheMu.RUnlock()
-		if version >= rev {
-			return nil
-		}
-		select {
-		case <-advanced:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+		defer h.cacheMu.RUnlock()
+		return h.version >= rev
+	})
 }
 
 // resume is what brings an agent from version v to the cache's, and true,

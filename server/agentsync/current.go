@@ -28,15 +28,13 @@ func (h *Hub) forgetLocked(node string) {
 
 // statusChanged wakes the status watchers. Called with h.mu held.
 func (h *Hub) statusChanged() {
-	close(h.changed)
-	h.changed = make(chan struct{})
+	h.changed.Broadcast()
 }
 
-// StatusChanged returns a channel closed at the next status change.
+// StatusChanged returns a channel closed at the next status change: take
+// it before reading the status.
 func (h *Hub) StatusChanged() <-chan struct{} {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.changed
+	return h.changed.Changed()
 }
 
 // Connected counts the agents with an open stream.

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/weirlb/weir/internal/notify"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
 	"github.com/weirlb/weir/server/auth"
@@ -39,7 +40,7 @@ type LoadBalancerTierService struct {
 	reports map[string]*weirv1.SpeakerStatus // by speaker
 	watches map[string]*speakerWatch         // by speaker, while it watches
 	gone    map[string]time.Time             // speakers whose watch ended, kept for GoneSpeakerKept
-	changed chan struct{}                    // closed at the next report or cover
+	changed notify.Signal                    // at every report or cover
 }
 
 // speakerWatch is what one speaker's watch was sent, in revisions: sent,
@@ -51,7 +52,7 @@ type speakerWatch struct{ sent, covered uint64 }
 // NewLoadBalancerTierService serves targets from what hub and reg know.
 func NewLoadBalancerTierService(hub *agentsync.Hub, reg *registry.Registry) *LoadBalancerTierService {
 	return &LoadBalancerTierService{hub: hub, reg: reg, reports: map[string]*weirv1.SpeakerStatus{},
-		watches: map[string]*speakerWatch{}, gone: map[string]time.Time{}, changed: make(chan struct{})}
+		watches: map[string]*speakerWatch{}, gone: map[string]time.Time{}}
 }
 
 func (l *LoadBalancerTierService) WatchTargets(req *weirv1.WatchTargetsRequest, stream weirv1.LoadBalancerTierService_WatchTargetsServer) error {
@@ -112,16 +113,13 @@ func (l *LoadBalancerTierService) record(change func()) {
 
 // tierChanged wakes WaitProgrammed. Called with l.mu held.
 func (l *LoadBalancerTierService) tierChanged() {
-	close(l.changed)
-	l.changed = make(chan struct{})
+	l.changed.Broadcast()
 }
 
 // Changed returns a channel closed at the next speaker report or change
-// of what a speaker was sent.
+// of what a speaker was sent: take it before reading them.
 func (l *LoadBalancerTierService) Changed() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.changed
+	return l.changed.Changed()
 }
 
 // progress says where every watching speaker stands toward revision rev:

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weirlb/weir/internal/notify"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/store"
 )
@@ -69,8 +70,8 @@ type Registry struct {
 
 	mu  sync.RWMutex // guards everything below, and the collections' items
 	rev uint64
-	// advanced is closed, and replaced, whenever rev moves.
-	advanced        chan struct{}
+	// advanced is broadcast whenever rev moves.
+	advanced        notify.Signal
 	slicesByService map[string]map[string]*model.EndpointSlice
 	listeners       []func(Change)
 	// drained holds the nodes an operator drained: Weir's own state, apart
@@ -98,7 +99,7 @@ type storedKind interface {
 // Open loads every stored resource.
 func Open(st store.Backend) (*Registry, error) {
 	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}, drained: map[string]bool{},
-		rules: DefaultServiceRules(), advanced: make(chan struct{})}
+		rules: DefaultServiceRules()}
 	r.Services = newCollection(r, "services", true, func(s *model.Service) error {
 		if err := s.Validate(); err != nil {
 			return err
@@ -419,8 +420,7 @@ func (r *Registry) advance(rev uint64) {
 		panic(fmt.Sprintf("store revision %d after %d", rev, r.rev))
 	}
 	r.rev = rev
-	close(r.advanced)
-	r.advanced = make(chan struct{})
+	r.advanced.Broadcast()
 }
 
 // CatchUpTimeout bounds how long a write waits for this replica to read
@@ -502,21 +502,19 @@ func (r *Registry) OnWriteFailure(fn func(error)) {
 
 // waitFor waits until the registry holds revision rev.
 func (r *Registry) waitFor(rev uint64, timeout time.Duration) error {
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	for {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var cur uint64
+	err := r.advanced.Wait(ctx, func() bool {
 		r.mu.RLock()
-		cur, advanced := r.rev, r.advanced
-		r.mu.RUnlock()
-		if cur >= rev {
-			return nil
-		}
-		select {
-		case <-advanced:
-		case <-timer.C:
-			return fmt.Errorf("%w: at revision %d, the store at %d", ErrBehind, cur, rev)
-		}
+		defer r.mu.RUnlock()
+		cur = r.rev
+		return cur >= rev
+	})
+	if err != nil {
+		return fmt.Errorf("%w: at revision %d, the store at %d", ErrBehind, cur, rev)
 	}
+	return nil
 }
 
 // Follow reads back, until ctx ends, the writes other replicas make to a

@@ -42,6 +42,7 @@ func TestDependencyDirection(t *testing.T) {
 		{"agent/syncer", []string{module + "/agent/health", module + "/agent/bgp"}, "the syncer sends reports without knowing who fills them"},
 		{"server/agentsync", []string{module + "/internal/dial"}, "the server does not import the clients' dialer for its vocabulary (internal/apierr holds it)"},
 		{"server/resourcefile", []string{module + "/server/api"}, "the resources file reads resources as the API writes them (server/resourcewire), not through the gRPC edge"},
+		{"internal/notify", []string{module + "/"}, "waking waiters is a leaf every component may use"},
 		{"server/cmd/weir-server", []string{module + "/test", "k8s.io/kubernetes"}, "test-only code stays out of the product"},
 		{"agent/cmd/weir-agent", []string{module + "/test"}, "test-only code stays out of the product"},
 	} {
