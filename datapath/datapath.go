@@ -444,8 +444,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 	picks := w.picks[f]
 
 	// 1. Prepare.
-	txs := map[*family]*knftables.Transaction{}
-	tx := d.tx(txs, f)
+	tx := d.nft[f][0].NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for Kubernetes-style services, owned by weir-agent")})
 	for _, obj := range tableSets(*f, next) {
 		// Fresh, even if a failed sync left one behind.
@@ -464,8 +463,10 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 	for chain := range picks {
 		tx.Add(&knftables.Chain{Name: chain})
 	}
-	d.changeOwned(txs, nil, w.objects[f])
-	if err := d.run(ctx, txs); err != nil {
+	if c := planOwned(nil, w.objects[f])[f]; c != nil {
+		c.render(tx)
+	}
+	if err := d.run(ctx, f, tx); err != nil {
 		return err
 	}
 
@@ -592,8 +593,9 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 		tx.Add(&knftables.Chain{Name: chain})
 	}
 	tx.Add(&knftables.Chain{Name: g.marker()})
-	txs := map[*family]*knftables.Transaction{f: tx}
-	d.changeOwned(txs, nil, w.objects[f])
+	if c := planOwned(nil, w.objects[f])[f]; c != nil {
+		c.render(tx)
+	}
 	for _, c := range chains {
 		writeChain(tx, c, g)
 	}
@@ -763,259 +765,6 @@ func (d *Datapath) load(ctx context.Context, f *family, elems []element, g gener
 	return errors.Join(errs...)
 }
 
-func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
-	before := map[elemID]*liveElement{} // the touched elements as they were
-	change := func(key ServiceKey, elems []element) {
-		for _, e := range d.contrib[key] {
-			id := e.id()
-			le := d.live[id]
-			if _, ok := before[id]; !ok {
-				before[id] = &liveElement{value: le.value, refs: le.refs}
-			}
-			if le.refs--; le.refs == 0 {
-				delete(d.live, id)
-			}
-		}
-		for _, e := range elems {
-			id := e.id()
-			if _, ok := before[id]; !ok {
-				if le := d.live[id]; le != nil {
-					before[id] = &liveElement{value: le.value, refs: le.refs}
-				} else {
-					before[id] = nil
-				}
-			}
-			if le := d.live[id]; le != nil {
-				le.refs++
-			} else {
-				d.live[id] = &liveElement{value: e.value, refs: 1}
-			}
-		}
-		if elems == nil {
-			delete(d.contrib, key)
-		} else {
-			d.contrib[key] = elems
-		}
-	}
-	var oldOwned, newOwned []ownedObject
-	changeService := func(key ServiceKey, c contribution) {
-		change(key, c.elems)
-		oldOwned = append(oldOwned, d.owned[key]...)
-		newOwned = append(newOwned, c.owned...)
-		if len(c.owned) > 0 {
-			d.owned[key] = c.owned
-		} else {
-			delete(d.owned, key)
-		}
-	}
-	nodeChanged := !nodeInfoEqual(state.Node, d.node)
-	if nodeChanged {
-		change(nodeKey, nodeElements(state.Node, d.cfg))
-	}
-	replaced := map[ServiceKey]*Service{} // changed services as they were (nil: new)
-	// The node's zone and addresses shape every service's elements; else
-	// only the services the caller names may have changed.
-	candidates := state.Changed
-	if nodeChanged || candidates == nil {
-		candidates = slices.Collect(maps.Keys(state.Services))
-		for key := range d.services {
-			if _, ok := state.Services[key]; !ok {
-				candidates = append(candidates, key)
-			}
-		}
-	} else if len(candidates) > 1 {
-		// A caller may name a service twice; it must change once.
-		candidates = slices.Clone(candidates)
-		slices.SortFunc(candidates, ServiceKey.Compare)
-		candidates = slices.Compact(candidates)
-	}
-	for _, key := range candidates {
-		svc, now := state.Services[key]
-		old, was := d.services[key]
-		switch {
-		case now && (nodeChanged || old != svc):
-			changeService(key, serviceContribution(svc, state.Node, d.cfg.MasqueradeMark))
-			if old != svc {
-				replaced[key] = old
-			}
-		case !now && was:
-			changeService(key, contribution{})
-			replaced[key] = old
-		}
-	}
-
-	txs := map[*family]*knftables.Transaction{}
-	ops := map[*family]*elementOps{} // the element changes alone
-	opsOf := func(f *family) *elementOps {
-		if ops[f] == nil {
-			ops[f] = &elementOps{}
-		}
-		return ops[f]
-	}
-	var adds []element
-	picks := map[*family]map[string]int{} // change in each pick chain's references
-	countPick := func(f *family, value string, n int) {
-		if chain, ok := pickChainOf(value); ok {
-			if picks[f] == nil {
-				picks[f] = map[string]int{}
-			}
-			picks[f][chain] += n
-		}
-	}
-	for id, was := range before {
-		now := d.live[id]
-		t := d.tables[id.family]
-		if t == nil {
-			continue // a family this Datapath leaves alone
-		}
-		if was != nil && (now == nil || now.value != was.value) {
-			e := element{family: id.family, set: id.set, key: id.key, value: was.value}
-			d.tx(txs, id.family).Delete(elementObject(e, t.gen))
-			opsOf(id.family).deletes = append(opsOf(id.family).deletes, e)
-			countPick(id.family, was.value, -1)
-		}
-		if now != nil && (was == nil || now.value != was.value) {
-			adds = append(adds, element{family: id.family, set: id.set, key: id.key, value: now.value})
-			countPick(id.family, now.value, +1)
-		}
-	}
-	// After the element deletes (which drop references to chains that
-	// go), before the adds (which refer to chains that come).
-	d.changePicks(txs, picks)
-	d.changeOwned(txs, oldOwned, newOwned)
-	d.addElements(txs, adds)
-	for _, e := range adds {
-		opsOf(e.family).adds = append(opsOf(e.family).adds, e)
-	}
-	if err := d.runPartial(ctx, txs, ops); err != nil {
-		d.needFull = true
-		d.forget()
-		return err
-	}
-	// Our own copy, kept in step key by key: the caller may change its map
-	// for the next Apply, and cloning it whole costs more than the change.
-	d.node = state.Node
-	for key := range replaced {
-		if svc, ok := state.Services[key]; ok {
-			d.services[key] = svc
-		} else {
-			delete(d.services, key)
-		}
-	}
-	// Only after the new rules are in: a flow cleared earlier could be
-	// re-created on the old path.
-	if d.cfg.Conntrack != nil {
-		for _, flow := range d.staleUDPFlows(before, replaced) {
-			if err := d.cfg.Conntrack.ClearUDP(ctx, flow); err != nil {
-				d.cfg.Log.Warn("stale UDP conntrack entries not cleared", "flow", flow.String(), "error", err)
-			}
-		}
-	}
-	return nil
-}
-
-// changeOwned turns the owned chains and sets from old into new: new and
-// changed ones are (re)written, vanished ones deleted. Chains are created
-// empty first, so that rules may refer to any of them.
-func (d *Datapath) changeOwned(txs map[*family]*knftables.Transaction, old, new []ownedObject) {
-	oldByID := map[objID]ownedObject{}
-	for _, o := range old {
-		oldByID[o.id()] = o
-	}
-	newByID := map[objID]bool{}
-	var rewrite []ownedObject
-	for _, o := range new {
-		newByID[o.id()] = true
-		was, existed := oldByID[o.id()]
-		if existed && was.definition() == o.definition() {
-			continue
-		}
-		// Sets never change definition (their names carry it), so an
-		// existing one is left as it is, with its clients.
-		d.tx(txs, o.family).Add(o.create())
-		rewrite = append(rewrite, o)
-	}
-	for _, o := range rewrite {
-		if o.set != nil {
-			continue
-		}
-		tx := d.tx(txs, o.family)
-		tx.Flush(&knftables.Chain{Name: o.name})
-		for _, r := range o.rules {
-			tx.Add(&knftables.Rule{Chain: o.name, Rule: r})
-		}
-	}
-	// Vanished: flush chains first (their rules may refer to each other
-	// and to sets), then delete chains, then sets.
-	var gone []ownedObject
-	for id, o := range oldByID {
-		if !newByID[id] {
-			gone = append(gone, o)
-		}
-	}
-	for _, o := range gone {
-		if o.set == nil {
-			d.tx(txs, o.family).Flush(&knftables.Chain{Name: o.name})
-		}
-	}
-	for _, o := range gone {
-		if o.set == nil {
-			d.tx(txs, o.family).Delete(&knftables.Chain{Name: o.name})
-		}
-	}
-	for _, o := range gone {
-		if o.set != nil {
-			d.tx(txs, o.family).Delete(&knftables.Set{Name: o.name})
-		}
-	}
-}
-
-// addElements adds elements to their family's transaction.
-func (d *Datapath) addElements(txs map[*family]*knftables.Transaction, adds []element) {
-	// Sorted for transactions that read the same every time.
-	slices.SortFunc(adds, func(a, b element) int {
-		if c := strings.Compare(a.set, b.set); c != 0 {
-			return c
-		}
-		return strings.Compare(a.key, b.key)
-	})
-	for _, e := range adds {
-		if t := d.tables[e.family]; t != nil {
-			d.tx(txs, e.family).Add(elementObject(e, t.gen))
-		}
-	}
-}
-
-// changePicks creates the pick chains that gain their first reference and
-// deletes those that lose their last, so that the table holds exactly the
-// pick chains its elements jump to. It runs after the element deletes of
-// the same transaction (which drop the references) and before the adds.
-func (d *Datapath) changePicks(txs map[*family]*knftables.Transaction, change map[*family]map[string]int) {
-	for f, chains := range change {
-		t := d.tables[f]
-		for _, chain := range slices.Sorted(maps.Keys(chains)) {
-			before, existed := t.picks[chain]
-			after := before + chains[chain]
-			switch {
-			case after > 0 && !existed:
-				k, p, n, _ := kindOfChain(chain)
-				tx := d.tx(txs, f)
-				tx.Add(&knftables.Chain{Name: chain})
-				tx.Flush(&knftables.Chain{Name: chain})
-				tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*f, d.cfg.MasqueradeMark, p, n, t.gen)})
-				t.picks[chain] = after
-			case after <= 0 && existed:
-				tx := d.tx(txs, f)
-				tx.Flush(&knftables.Chain{Name: chain})
-				tx.Delete(&knftables.Chain{Name: chain})
-				delete(t.picks, chain)
-			case after > 0:
-				t.picks[chain] = after
-			}
-		}
-	}
-}
-
 // pickChainOf is the pick chain a verdict jumps to, if it is one.
 func pickChainOf(value string) (string, bool) {
 	chain, ok := strings.CutPrefix(value, "goto ")
@@ -1026,54 +775,12 @@ func pickChainOf(value string) (string, bool) {
 	return chain, isPick
 }
 
-func (d *Datapath) tx(txs map[*family]*knftables.Transaction, f *family) *knftables.Transaction {
-	if tx := txs[f]; tx != nil {
-		return tx
+// run commits one family's transaction, atomically.
+func (d *Datapath) run(ctx context.Context, f *family, tx *knftables.Transaction) error {
+	if err := d.nft[f][0].Run(ctx, tx); err != nil {
+		return fmt.Errorf("programming %s table %q: %w", f, TableName, err)
 	}
-	tx := d.nft[f][0].NewTransaction()
-	txs[f] = tx
-	return tx
-}
-
-// run commits the transactions, IPv4 first. Each is atomic on its own.
-func (d *Datapath) run(ctx context.Context, txs map[*family]*knftables.Transaction) error {
-	var errs []error
-	for _, f := range []*family{&ipv4, &ipv6} {
-		tx := txs[f]
-		if tx == nil || tx.NumOperations() == 0 {
-			continue
-		}
-		if err := d.nft[f][0].Run(ctx, tx); err != nil {
-			errs = append(errs, fmt.Errorf("programming %s table %q: %w", f, TableName, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// runPartial commits a partial sync's transactions, IPv4 first: one made
-// of element changes alone over netlink (elementWriter), any other through
-// nft.
-func (d *Datapath) runPartial(ctx context.Context, txs map[*family]*knftables.Transaction, ops map[*family]*elementOps) error {
-	var errs []error
-	for _, f := range []*family{&ipv4, &ipv6} {
-		tx := txs[f]
-		if tx == nil || tx.NumOperations() == 0 {
-			continue
-		}
-		if o := ops[f]; d.elements != nil && o != nil && tx.NumOperations() == len(o.deletes)+len(o.adds) {
-			done, err := d.elements.commit(f, d.tables[f].gen, o)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("programming %s table %q: %w", f, TableName, err))
-			}
-			if done {
-				continue
-			}
-		}
-		if err := d.nft[f][0].Run(ctx, tx); err != nil {
-			errs = append(errs, fmt.Errorf("programming %s table %q: %w", f, TableName, err))
-		}
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // elementObject renders an element of generation g.

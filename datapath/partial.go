@@ -1,0 +1,353 @@
+package datapath
+
+// A partial sync changes only what the changed services and node touch,
+// in three steps: the bookkeeping of live elements (what each service
+// contributes, counted per element) says what the touched elements were
+// and are; a typed plan per family says what changes in the table; the
+// plan is rendered once, to a netlink batch when it changes elements
+// alone, else to one nft transaction.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+)
+
+// touched is what a partial sync changed in the datapath's bookkeeping:
+// the touched elements as they were (nil: absent), the services replaced
+// (as they were; nil: new), and the owned chains and sets before and after.
+type touched struct {
+	before             map[elemID]*liveElement
+	replaced           map[ServiceKey]*Service
+	oldOwned, newOwned []ownedObject
+}
+
+// familyChange is one family's part of a partial sync, in the order its
+// transaction makes it: element deletes (which drop references to pick
+// chains that go), the pick chains that come and go, the owned chains and
+// sets that change, element adds (which refer to chains that come).
+type familyChange struct {
+	deletes           []element
+	picksIn, picksOut []string
+	owned             ownedChange
+	adds              []element
+}
+
+// elementsOnly: the change touches no chain or set, only elements.
+func (c *familyChange) elementsOnly() bool {
+	return len(c.picksIn) == 0 && len(c.picksOut) == 0 && c.owned.empty()
+}
+
+func (c *familyChange) empty() bool {
+	return c.elementsOnly() && len(c.deletes) == 0 && len(c.adds) == 0
+}
+
+func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
+	t := d.track(state)
+	if err := d.runPartial(ctx, d.planPartial(t)); err != nil {
+		d.needFull = true
+		d.forget()
+		return err
+	}
+	// Our own copy, kept in step key by key: the caller may change its map
+	// for the next Apply, and cloning it whole costs more than the change.
+	d.node = state.Node
+	for key := range t.replaced {
+		if svc, ok := state.Services[key]; ok {
+			d.services[key] = svc
+		} else {
+			delete(d.services, key)
+		}
+	}
+	// Only after the new rules are in: a flow cleared earlier could be
+	// re-created on the old path.
+	if d.cfg.Conntrack != nil {
+		for _, flow := range d.staleUDPFlows(t.before, t.replaced) {
+			if err := d.cfg.Conntrack.ClearUDP(ctx, flow); err != nil {
+				d.cfg.Log.Warn("stale UDP conntrack entries not cleared", "flow", flow.String(), "error", err)
+			}
+		}
+	}
+	return nil
+}
+
+// track brings the live elements and the owned objects to state, for the
+// services that may have changed, and says what they were.
+func (d *Datapath) track(state NodeState) touched {
+	t := touched{before: map[elemID]*liveElement{}, replaced: map[ServiceKey]*Service{}}
+	remember := func(id elemID) {
+		if _, ok := t.before[id]; ok {
+			return
+		}
+		if le := d.live[id]; le != nil {
+			t.before[id] = &liveElement{value: le.value, refs: le.refs}
+		} else {
+			t.before[id] = nil
+		}
+	}
+	change := func(key ServiceKey, elems []element) {
+		for _, e := range d.contrib[key] {
+			id := e.id()
+			remember(id)
+			le := d.live[id]
+			if le.refs--; le.refs == 0 {
+				delete(d.live, id)
+			}
+		}
+		for _, e := range elems {
+			id := e.id()
+			remember(id)
+			if le := d.live[id]; le != nil {
+				le.refs++
+			} else {
+				d.live[id] = &liveElement{value: e.value, refs: 1}
+			}
+		}
+		if elems == nil {
+			delete(d.contrib, key)
+		} else {
+			d.contrib[key] = elems
+		}
+	}
+	changeService := func(key ServiceKey, c contribution) {
+		change(key, c.elems)
+		t.oldOwned = append(t.oldOwned, d.owned[key]...)
+		t.newOwned = append(t.newOwned, c.owned...)
+		if len(c.owned) > 0 {
+			d.owned[key] = c.owned
+		} else {
+			delete(d.owned, key)
+		}
+	}
+	nodeChanged := !nodeInfoEqual(state.Node, d.node)
+	if nodeChanged {
+		change(nodeKey, nodeElements(state.Node, d.cfg))
+	}
+	// The node's zone and addresses shape every service's elements; else
+	// only the services the caller names may have changed.
+	candidates := state.Changed
+	if nodeChanged || candidates == nil {
+		candidates = slices.Collect(maps.Keys(state.Services))
+		for key := range d.services {
+			if _, ok := state.Services[key]; !ok {
+				candidates = append(candidates, key)
+			}
+		}
+	} else if len(candidates) > 1 {
+		// A caller may name a service twice; it must change once.
+		candidates = slices.Clone(candidates)
+		slices.SortFunc(candidates, ServiceKey.Compare)
+		candidates = slices.Compact(candidates)
+	}
+	for _, key := range candidates {
+		svc, now := state.Services[key]
+		old, was := d.services[key]
+		switch {
+		case now && (nodeChanged || old != svc):
+			changeService(key, serviceContribution(svc, state.Node, d.cfg.MasqueradeMark))
+			if old != svc {
+				t.replaced[key] = old
+			}
+		case !now && was:
+			changeService(key, contribution{})
+			t.replaced[key] = old
+		}
+	}
+	return t
+}
+
+// planPartial is what changes in each family's table: the touched
+// elements whose value changed, and the pick chains that gain their first
+// reference or lose their last. It counts the pick chains' references
+// as planned; a run that fails forgets them with everything else.
+func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
+	plan := map[*family]*familyChange{}
+	of := func(f *family) *familyChange {
+		if plan[f] == nil {
+			plan[f] = &familyChange{}
+		}
+		return plan[f]
+	}
+	picks := map[*family]map[string]int{} // change in each pick chain's references
+	countPick := func(f *family, value string, n int) {
+		if chain, ok := pickChainOf(value); ok {
+			if picks[f] == nil {
+				picks[f] = map[string]int{}
+			}
+			picks[f][chain] += n
+		}
+	}
+	for id, was := range t.before {
+		now := d.live[id]
+		if d.tables[id.family] == nil {
+			continue // a family this Datapath leaves alone
+		}
+		if was != nil && (now == nil || now.value != was.value) {
+			of(id.family).deletes = append(of(id.family).deletes, element{family: id.family, set: id.set, key: id.key, value: was.value})
+			countPick(id.family, was.value, -1)
+		}
+		if now != nil && (was == nil || now.value != was.value) {
+			of(id.family).adds = append(of(id.family).adds, element{family: id.family, set: id.set, key: id.key, value: now.value})
+			countPick(id.family, now.value, +1)
+		}
+	}
+	for f, change := range picks {
+		tab := d.tables[f]
+		for _, chain := range slices.Sorted(maps.Keys(change)) {
+			before, existed := tab.picks[chain]
+			switch after := before + change[chain]; {
+			case after > 0 && !existed:
+				of(f).picksIn = append(of(f).picksIn, chain)
+				tab.picks[chain] = after
+			case after <= 0 && existed:
+				of(f).picksOut = append(of(f).picksOut, chain)
+				delete(tab.picks, chain)
+			case after > 0:
+				tab.picks[chain] = after
+			}
+		}
+	}
+	for f, c := range planOwned(t.oldOwned, t.newOwned) {
+		of(f).owned = *c
+	}
+	// Sorted, for transactions that read the same every time.
+	for _, c := range plan {
+		slices.SortFunc(c.deletes, compareElements)
+		slices.SortFunc(c.adds, compareElements)
+	}
+	return plan
+}
+
+func compareElements(a, b element) int {
+	if c := strings.Compare(a.set, b.set); c != 0 {
+		return c
+	}
+	return strings.Compare(a.key, b.key)
+}
+
+// render is the nft transaction that makes c in f's table of generation g.
+func (d *Datapath) render(f *family, c *familyChange, g generation) *knftables.Transaction {
+	tx := d.nft[f][0].NewTransaction()
+	for _, e := range c.deletes {
+		tx.Delete(elementObject(e, g))
+	}
+	for _, chain := range c.picksIn {
+		k, p, n, _ := kindOfChain(chain)
+		tx.Add(&knftables.Chain{Name: chain})
+		tx.Flush(&knftables.Chain{Name: chain})
+		tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*f, d.cfg.MasqueradeMark, p, n, g)})
+	}
+	for _, chain := range c.picksOut {
+		tx.Flush(&knftables.Chain{Name: chain})
+		tx.Delete(&knftables.Chain{Name: chain})
+	}
+	c.owned.render(tx)
+	for _, e := range c.adds {
+		tx.Add(elementObject(e, g))
+	}
+	return tx
+}
+
+// runPartial makes the planned changes, IPv4 first, each family's
+// atomically: element changes alone as one netlink batch (elementWriter),
+// or when that cannot write them, or anything else changes, as one nft
+// transaction.
+func (d *Datapath) runPartial(ctx context.Context, plan map[*family]*familyChange) error {
+	var errs []error
+	for _, f := range []*family{&ipv4, &ipv6} {
+		c := plan[f]
+		if c == nil || c.empty() {
+			continue
+		}
+		g := d.tables[f].gen
+		if d.elements != nil && c.elementsOnly() {
+			done, err := d.elements.commit(f, g, &elementOps{deletes: c.deletes, adds: c.adds})
+			if err != nil {
+				errs = append(errs, fmt.Errorf("programming %s table %q: %w", f, TableName, err))
+			}
+			if done {
+				continue
+			}
+		}
+		if err := d.run(ctx, f, d.render(f, c, g)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ownedChange is how one family's owned chains and sets change: those to
+// (re)write, and those that vanished.
+type ownedChange struct{ rewrite, gone []ownedObject }
+
+func (c ownedChange) empty() bool { return len(c.rewrite) == 0 && len(c.gone) == 0 }
+
+// planOwned turns the owned chains and sets from old into new, per
+// family: new and changed ones are (re)written, vanished ones deleted.
+// Sets never change definition (their names carry it), so an existing
+// one is left as it is, with its clients.
+func planOwned(old, new []ownedObject) map[*family]*ownedChange {
+	out := map[*family]*ownedChange{}
+	of := func(f *family) *ownedChange {
+		if out[f] == nil {
+			out[f] = &ownedChange{}
+		}
+		return out[f]
+	}
+	oldByID := map[objID]ownedObject{}
+	for _, o := range old {
+		oldByID[o.id()] = o
+	}
+	newByID := map[objID]bool{}
+	for _, o := range new {
+		newByID[o.id()] = true
+		if was, existed := oldByID[o.id()]; existed && was.definition() == o.definition() {
+			continue
+		}
+		of(o.family).rewrite = append(of(o.family).rewrite, o)
+	}
+	for id, o := range oldByID {
+		if !newByID[id] {
+			of(o.family).gone = append(of(o.family).gone, o)
+		}
+	}
+	return out
+}
+
+// render adds the change to tx. Chains are created empty first, so that
+// rules may refer to any of them; vanished chains are flushed first
+// (their rules may refer to each other and to sets), then deleted, then
+// the vanished sets.
+func (c ownedChange) render(tx *knftables.Transaction) {
+	for _, o := range c.rewrite {
+		tx.Add(o.create())
+	}
+	for _, o := range c.rewrite {
+		if o.set == nil {
+			tx.Flush(&knftables.Chain{Name: o.name})
+			for _, r := range o.rules {
+				tx.Add(&knftables.Rule{Chain: o.name, Rule: r})
+			}
+		}
+	}
+	for _, o := range c.gone {
+		if o.set == nil {
+			tx.Flush(&knftables.Chain{Name: o.name})
+		}
+	}
+	for _, o := range c.gone {
+		if o.set == nil {
+			tx.Delete(&knftables.Chain{Name: o.name})
+		}
+	}
+	for _, o := range c.gone {
+		if o.set != nil {
+			tx.Delete(&knftables.Set{Name: o.name})
+		}
+	}
+}
