@@ -156,7 +156,7 @@ type tableState struct {
 	gen   generation // the generation the chains read
 	// picks counts, per pick chain that exists, the elements that jump
 	// to it; a chain goes in the transaction that drops its last one.
-	picks map[string]int
+	picks map[pickChain]int
 	// rebuild is set after a full sync of the family failed: the next one
 	// replaces the whole table in one transaction, which no leftover,
 	// damaged or foreign object can block.
@@ -165,6 +165,7 @@ type tableState struct {
 
 type liveElement struct {
 	value string
+	pick  pickChain // the pick chain value jumps to, if any
 	refs  int
 }
 
@@ -320,7 +321,7 @@ type desired struct {
 	owned   map[ServiceKey][]ownedObject
 	elems   map[*family][]element
 	objects map[*family][]ownedObject
-	picks   map[*family]map[string]int // pick chains, with the elements that jump to each
+	picks   map[*family]map[pickChain]int // pick chains, with the elements that jump to each
 }
 
 func (d *Datapath) desire(state NodeState) *desired {
@@ -331,10 +332,10 @@ func (d *Datapath) desire(state NodeState) *desired {
 		owned:   map[ServiceKey][]ownedObject{},
 		elems:   map[*family][]element{},
 		objects: map[*family][]ownedObject{},
-		picks:   map[*family]map[string]int{},
+		picks:   map[*family]map[pickChain]int{},
 	}
 	for _, f := range d.families() {
-		w.picks[f] = map[string]int{}
+		w.picks[f] = map[pickChain]int{}
 	}
 	collect := func(key ServiceKey, es []element) {
 		w.contrib[key] = es
@@ -343,13 +344,13 @@ func (d *Datapath) desire(state NodeState) *desired {
 				le.refs++
 				continue
 			}
-			w.live[e.id()] = &liveElement{value: e.value, refs: 1}
+			w.live[e.id()] = &liveElement{value: e.value, pick: e.pick, refs: 1}
 			if w.picks[e.family] == nil {
 				continue // a family this Datapath leaves alone
 			}
 			w.elems[e.family] = append(w.elems[e.family], e)
-			if chain, ok := pickChainOf(e.value); ok {
-				w.picks[e.family][chain]++
+			if e.pick.exists() {
+				w.picks[e.family][e.pick]++
 			}
 		}
 	}
@@ -460,8 +461,8 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 			writeChain(tx, c, next)
 		}
 	}
-	for chain := range picks {
-		tx.Add(&knftables.Chain{Name: chain})
+	for pc := range picks {
+		tx.Add(&knftables.Chain{Name: pc.name()})
 	}
 	if c := planOwned(nil, w.objects[f])[f]; c != nil {
 		c.render(tx)
@@ -487,11 +488,10 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 			writeChain(tx, c, next)
 		}
 	}
-	for chain := range picks {
-		keep[chain] = true
-		k, p, n, _ := kindOfChain(chain)
-		tx.Flush(&knftables.Chain{Name: chain})
-		tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*f, d.cfg.MasqueradeMark, p, n, next)})
+	for pc := range picks {
+		keep[pc.name()] = true
+		tx.Flush(&knftables.Chain{Name: pc.name()})
+		tx.Add(&knftables.Rule{Chain: pc.name(), Rule: pc.rule(*f, d.cfg.MasqueradeMark, next)})
 	}
 	for _, obj := range tableSets(*f, next) {
 		keep[setName(obj)] = true
@@ -589,8 +589,8 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	for _, c := range chains {
 		tx.Add(c.chain)
 	}
-	for chain := range w.picks[f] {
-		tx.Add(&knftables.Chain{Name: chain})
+	for pc := range w.picks[f] {
+		tx.Add(&knftables.Chain{Name: pc.name()})
 	}
 	tx.Add(&knftables.Chain{Name: g.marker()})
 	if c := planOwned(nil, w.objects[f])[f]; c != nil {
@@ -599,9 +599,8 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	for _, c := range chains {
 		writeChain(tx, c, g)
 	}
-	for chain := range w.picks[f] {
-		k, p, n, _ := kindOfChain(chain)
-		tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*f, d.cfg.MasqueradeMark, p, n, g)})
+	for pc := range w.picks[f] {
+		tx.Add(&knftables.Rule{Chain: pc.name(), Rule: pc.rule(*f, d.cfg.MasqueradeMark, g)})
 	}
 	for _, e := range w.elems[f] {
 		tx.Add(elementObject(e, g))
@@ -642,8 +641,8 @@ func (d *Datapath) existingObjects(ctx context.Context, f *family) (tableObjects
 	for _, c := range tableChains(*f, d.cfg, t.gen) {
 		objs.chains = append(objs.chains, c.chain.Name)
 	}
-	for chain := range t.picks {
-		objs.chains = append(objs.chains, chain)
+	for pc := range t.picks {
+		objs.chains = append(objs.chains, pc.name())
 	}
 	for _, obj := range tableSets(*f, t.gen) {
 		if m, ok := obj.(*knftables.Map); ok {
@@ -763,16 +762,6 @@ func (d *Datapath) load(ctx context.Context, f *family, elems []element, g gener
 	close(chunks)
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// pickChainOf is the pick chain a verdict jumps to, if it is one.
-func pickChainOf(value string) (string, bool) {
-	chain, ok := strings.CutPrefix(value, "goto ")
-	if !ok {
-		return "", false
-	}
-	_, _, _, isPick := kindOfChain(chain)
-	return chain, isPick
 }
 
 // run commits one family's transaction, atomically.

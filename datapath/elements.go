@@ -16,6 +16,8 @@ type element struct {
 	set    string
 	key    string
 	value  string // empty for set elements
+	// pick is the pick chain value jumps to, if it jumps to one.
+	pick pickChain
 }
 
 // elemID identifies an element regardless of its value.
@@ -71,7 +73,8 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 		case aff != nil:
 			add(k.frontends, fk, "goto "+aff.chainFor(setName, eps))
 		default:
-			add(k.frontends, fk, "goto "+k.pickChain(p, len(eps)))
+			pc := k.pickChain(p, len(eps))
+			c.elems = append(c.elems, element{family: f, set: k.frontends, key: fk, value: "goto " + pc.name(), pick: pc})
 			for i, ep := range eps {
 				add(k.backends(p), concat(fk, strconv.Itoa(i)), concat(ep.Addr.String(), port(ep.Port)))
 			}

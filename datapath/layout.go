@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 
 	"sigs.k8s.io/knftables"
 )
@@ -102,28 +101,32 @@ var (
 // one protocol.
 func (k *frontendKind) backends(p Protocol) string { return k.name + p.String() + "_backends" }
 
-// pickChain is the chain that DNATs to one of n endpoints of this kind,
-// uniformly at random. Chains are shared by every service port with n
-// endpoints, so the table holds as many chains as there are distinct
-// endpoint counts.
-func (k *frontendKind) pickChain(p Protocol, n int) string {
-	return k.name + p.String() + "_pick_" + strconv.Itoa(n)
+// pickChain is the chain that DNATs to one of n endpoints of a kind and
+// protocol, uniformly at random. Chains are shared by every service port
+// with n endpoints, so the table holds as many chains as there are
+// distinct endpoint counts. The zero pickChain is none. Eight bytes: every
+// element that jumps to one carries it.
+type pickChain struct {
+	kind  uint8 // 1 + the index of its kind in frontendKinds; 0: none
+	proto Protocol
+	n     uint32
 }
 
-// kindOfChain finds what a pick chain stands for.
-func kindOfChain(chain string) (*frontendKind, Protocol, int, bool) {
-	for _, k := range frontendKinds {
-		for _, p := range protocols {
-			rest, ok := strings.CutPrefix(chain, k.name+p.String()+"_pick_")
-			if !ok {
-				continue
-			}
-			if n, err := strconv.Atoi(rest); err == nil && n > 0 {
-				return k, p, n, true
-			}
-		}
-	}
-	return nil, 0, 0, false
+func (k *frontendKind) pickChain(p Protocol, n int) pickChain {
+	return pickChain{kind: uint8(1 + slices.Index(frontendKinds, k)), proto: p, n: uint32(n)}
+}
+
+func (c pickChain) exists() bool { return c.kind != 0 }
+
+func (c pickChain) frontendKind() *frontendKind { return frontendKinds[c.kind-1] }
+
+func (c pickChain) name() string {
+	return c.frontendKind().name + c.proto.String() + "_pick_" + strconv.Itoa(int(c.n))
+}
+
+// rule is the chain's one rule in table generation g.
+func (c pickChain) rule(f family, mark uint32, g generation) string {
+	return c.frontendKind().pickChainRule(f, mark, c.proto, int(c.n), g)
 }
 
 // key is the nftables expression of the packet's frontend for this kind.

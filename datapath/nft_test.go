@@ -142,7 +142,7 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if out, err := exec.Command("nft", "list", "ruleset").CombinedOutput(); err != nil {
 		t.Fatalf("nft list ruleset: %v: %s", err, out)
 	}
-	out, err = exec.Command("nft", "list", "chain", "ip", TableName, ipKind.pickChain(UDP, 2)).CombinedOutput()
+	out, err = exec.Command("nft", "list", "chain", "ip", TableName, ipKind.pickChain(UDP, 2).name()).CombinedOutput()
 	if err != nil || strings.Contains(string(out), "tcp") || !strings.Contains(string(out), dp.tables[&ipv4].gen.of("udp_backends")) {
 		t.Errorf("UDP pick chain: %v:\n%s", err, out)
 	}

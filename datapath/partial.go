@@ -33,7 +33,7 @@ type touched struct {
 // sets that change, element adds (which refer to chains that come).
 type familyChange struct {
 	deletes           []element
-	picksIn, picksOut []string
+	picksIn, picksOut []pickChain
 	owned             ownedChange
 	adds              []element
 }
@@ -85,7 +85,8 @@ func (d *Datapath) track(state NodeState) touched {
 			return
 		}
 		if le := d.live[id]; le != nil {
-			t.before[id] = &liveElement{value: le.value, refs: le.refs}
+			was := *le
+			t.before[id] = &was
 		} else {
 			t.before[id] = nil
 		}
@@ -105,7 +106,7 @@ func (d *Datapath) track(state NodeState) touched {
 			if le := d.live[id]; le != nil {
 				le.refs++
 			} else {
-				d.live[id] = &liveElement{value: e.value, refs: 1}
+				d.live[id] = &liveElement{value: e.value, pick: e.pick, refs: 1}
 			}
 		}
 		if elems == nil {
@@ -173,13 +174,13 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 		}
 		return plan[f]
 	}
-	picks := map[*family]map[string]int{} // change in each pick chain's references
-	countPick := func(f *family, value string, n int) {
-		if chain, ok := pickChainOf(value); ok {
+	picks := map[*family]map[pickChain]int{} // change in each pick chain's references
+	countPick := func(f *family, pc pickChain, n int) {
+		if pc.exists() {
 			if picks[f] == nil {
-				picks[f] = map[string]int{}
+				picks[f] = map[pickChain]int{}
 			}
-			picks[f][chain] += n
+			picks[f][pc] += n
 		}
 	}
 	for id, was := range t.before {
@@ -188,17 +189,17 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 			continue // a family this Datapath leaves alone
 		}
 		if was != nil && (now == nil || now.value != was.value) {
-			of(id.family).deletes = append(of(id.family).deletes, element{family: id.family, set: id.set, key: id.key, value: was.value})
-			countPick(id.family, was.value, -1)
+			of(id.family).deletes = append(of(id.family).deletes, element{family: id.family, set: id.set, key: id.key, value: was.value, pick: was.pick})
+			countPick(id.family, was.pick, -1)
 		}
 		if now != nil && (was == nil || now.value != was.value) {
-			of(id.family).adds = append(of(id.family).adds, element{family: id.family, set: id.set, key: id.key, value: now.value})
-			countPick(id.family, now.value, +1)
+			of(id.family).adds = append(of(id.family).adds, element{family: id.family, set: id.set, key: id.key, value: now.value, pick: now.pick})
+			countPick(id.family, now.pick, +1)
 		}
 	}
 	for f, change := range picks {
 		tab := d.tables[f]
-		for _, chain := range slices.Sorted(maps.Keys(change)) {
+		for _, chain := range slices.SortedFunc(maps.Keys(change), comparePicks) {
 			before, existed := tab.picks[chain]
 			switch after := before + change[chain]; {
 			case after > 0 && !existed:
@@ -223,6 +224,8 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 	return plan
 }
 
+func comparePicks(a, b pickChain) int { return strings.Compare(a.name(), b.name()) }
+
 func compareElements(a, b element) int {
 	if c := strings.Compare(a.set, b.set); c != 0 {
 		return c
@@ -236,15 +239,14 @@ func (d *Datapath) render(f *family, c *familyChange, g generation) *knftables.T
 	for _, e := range c.deletes {
 		tx.Delete(elementObject(e, g))
 	}
-	for _, chain := range c.picksIn {
-		k, p, n, _ := kindOfChain(chain)
-		tx.Add(&knftables.Chain{Name: chain})
-		tx.Flush(&knftables.Chain{Name: chain})
-		tx.Add(&knftables.Rule{Chain: chain, Rule: k.pickChainRule(*f, d.cfg.MasqueradeMark, p, n, g)})
+	for _, pc := range c.picksIn {
+		tx.Add(&knftables.Chain{Name: pc.name()})
+		tx.Flush(&knftables.Chain{Name: pc.name()})
+		tx.Add(&knftables.Rule{Chain: pc.name(), Rule: pc.rule(*f, d.cfg.MasqueradeMark, g)})
 	}
-	for _, chain := range c.picksOut {
-		tx.Flush(&knftables.Chain{Name: chain})
-		tx.Delete(&knftables.Chain{Name: chain})
+	for _, pc := range c.picksOut {
+		tx.Flush(&knftables.Chain{Name: pc.name()})
+		tx.Delete(&knftables.Chain{Name: pc.name()})
 	}
 	c.owned.render(tx)
 	for _, e := range c.adds {
