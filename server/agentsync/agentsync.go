@@ -15,6 +15,7 @@ import (
 	"github.com/weirlb/weir/internal/nodewire"
 	"github.com/weirlb/weir/internal/notify"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/agentsync/cache"
 	"github.com/weirlb/weir/server/nodestate"
 	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/registry"
@@ -36,12 +37,14 @@ type Config struct {
 	RemovalLogLimit int
 }
 
-// Hub serves AgentService. Its jobs are in their own files: the cache and
-// its fanout (cache.go), sessions (session.go), agents' answers
-// (answers.go), status and currency (current.go).
+// Hub serves AgentService. Its jobs are in their own places: the cache of
+// wire forms and what each agent was sent (package cache), the fanout
+// that feeds it from the registry (fanout.go), sessions (session.go),
+// agents' answers (answers.go), status and currency (current.go).
 //
-// Lock order: the registry's (its Read) before changesMu; cacheMu before
-// mu before a session's mu. Nothing takes cacheMu while holding mu.
+// Lock order: the registry's (its Read) before changesMu; mu before the
+// cache's (a session connects to the cache under mu). The cache calls
+// nothing of the hub.
 type Hub struct {
 	weirv1.UnimplementedAgentServiceServer
 	reg     *registry.Registry
@@ -58,17 +61,7 @@ type Hub struct {
 	// The wire form of every service and node, shared by all sessions:
 	// a service is encoded once per change, whatever the number of nodes.
 	// Written only by the fanout goroutine.
-	cacheMu  sync.RWMutex
-	version  uint64        // registry revision the cache reflects
-	advanced notify.Signal // broadcast when version moves on
-	services map[string]cached
-	nodes    map[string]*weirv1.NodeInfo
-	// removed remembers when services went, so that a session knows what
-	// to remove; horizon is the oldest version a delta can start from.
-	// A removal is forgotten only once every connected session has been
-	// sent a version past it (trimRemoved).
-	removed map[string]uint64
-	horizon uint64
+	cache *cache.Cache
 
 	// fullSends bounds how many whole states are being sent at once: each
 	// holds the whole encoded state in memory until the agent has read it.
@@ -82,7 +75,7 @@ type Hub struct {
 	// notCurrent says why this replica's state is not current ("" when
 	// it is): agents are then sent elsewhere (see SetNotCurrent).
 	notCurrent string
-	history    map[string]*sentState // what each node was last sent, to resume
+	history    map[string]*cache.Client // what each node was last sent, to resume
 	// changed is broadcast whenever a node's status changes.
 	changed notify.Signal
 }
@@ -99,30 +92,27 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	h := &Hub{
 		reg: reg, cfg: cfg, log: cfg.Log, metrics: newMetrics(cfg.Metrics),
 		wake:      make(chan struct{}, 1),
-		services:  map[string]cached{},
-		nodes:     map[string]*weirv1.NodeInfo{},
-		removed:   map[string]uint64{},
 		fullSends: make(chan struct{}, 4),
 		sessions:  map[string]*session{},
 		status:    map[string]*observed.Node{},
 		remote:    map[string]*observed.Node{},
-		history:   map[string]*sentState{},
+		history:   map[string]*cache.Client{},
 	}
 	// Listen first, then load: a change in between is queued, and
 	// recomputing it again is harmless.
 	reg.OnChange(h.onChange)
 	reg.Read(func(v registry.View) {
-		// Removals before now are not known: deltas start from here.
-		h.version, h.horizon = v.Revision(), v.Revision()
+		services, nodes := map[string]*weirv1.NodeService{}, map[string]*weirv1.NodeInfo{}
 		for _, key := range v.ServiceKeys() {
 			if svc := nodestate.Service(v, key); svc != nil {
-				h.services[key] = cached{nodewire.EncodeService(svc), h.version}
+				services[key] = nodewire.EncodeService(svc)
 			}
 		}
 		for _, name := range v.NodeNames() {
-			h.nodes[name] = nodewire.EncodeNode(nodestate.Node(v, name))
+			nodes[name] = nodewire.EncodeNode(nodestate.Node(v, name))
 		}
+		h.cache = cache.New(v.Revision(), services, nodes, cfg.RemovalLogLimit)
 	})
-	h.metrics.version.Set(float64(h.version))
+	h.metrics.version.Set(float64(h.cache.Version()))
 	return h
 }

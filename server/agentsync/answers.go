@@ -11,6 +11,7 @@ import (
 	"github.com/weirlb/weir/internal/bounded"
 	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/agentsync/cache"
 	"github.com/weirlb/weir/server/observed"
 )
 
@@ -104,16 +105,10 @@ const (
 // have (they would be kept for nothing), and cuts its texts and lists to
 // the bounds above. It runs before h.mu is taken.
 func (h *Hub) boundReport(r *weirv1.Report) {
-	h.cacheMu.RLock()
-	kept := r.Services[:0]
-	for _, s := range r.GetServices() {
-		if _, ok := h.services[s.GetNamespace()+"/"+s.GetName()]; ok {
-			s.HealthCheckError = truncate(s.GetHealthCheckError())
-			kept = append(kept, s)
-		}
+	r.Services = cache.KeepHeld(h.cache, r.GetServices(), func(s *weirv1.ServiceHealth) string { return s.GetNamespace() + "/" + s.GetName() })
+	for _, s := range r.Services {
+		s.HealthCheckError = truncate(s.GetHealthCheckError())
 	}
-	h.cacheMu.RUnlock()
-	r.Services = kept
 	if bgp := r.GetBgp(); bgp != nil {
 		if len(bgp.Sessions) > maxReportSessions {
 			bgp.Sessions = bgp.Sessions[:maxReportSessions]

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weirlb/weir/server/agentsync/cache"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry/registrytest"
 )
@@ -47,15 +48,12 @@ func TestAnAgentJoiningDuringABatchIsSentItsRemovals(t *testing.T) {
 	// The next batch removes a; the agent joins just before the cache
 	// takes the batch, as a session does (registered, then sent a whole
 	// state).
-	sent := &sentState{}
-	s := &session{node: "n1", sent: sent, done: make(chan struct{}), wake: make(chan struct{}, 1), pending: map[string]bool{}}
+	var client *cache.Client
 	joined := make(chan uint64, 1)
 	beforeCacheUpdate = func() {
 		beforeCacheUpdate = nil
-		h.mu.Lock()
-		h.sessions["n1"] = s
-		h.mu.Unlock()
-		joined <- h.full("n1", sent).GetVersion()
+		client = h.cache.Connect("n1")
+		joined <- client.Full().GetVersion()
 	}
 	defer func() { beforeCacheUpdate = nil }()
 	rev, err = reg.Services.Delete("shop/a", 0, model.SourceNative)
@@ -75,10 +73,7 @@ func TestAnAgentJoiningDuringABatchIsSentItsRemovals(t *testing.T) {
 		t.Fatalf("the agent's first state is at %d, the batch's removal at %d: the interleaving was not forced", first, rev)
 	}
 
-	keys, nodeDirty, _ := s.take()
-	h.cacheMu.RLock()
-	msg := h.deltaLocked("n1", keys, nodeDirty, sent)
-	h.cacheMu.RUnlock()
+	msg, _ := client.Next()
 	if !slices.Contains(msg.GetRemovals(), "shop/a") {
 		t.Fatalf("the agent sent the state at %d is then sent %v; want the removal of shop/a (at %d)", first, msg, rev)
 	}

@@ -6,10 +6,7 @@ package agentsync
 import (
 	"context"
 	"errors"
-	"maps"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -18,54 +15,23 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/agentsync/cache"
 	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/registry"
 )
 
-// session is one agent's stream. The hub marks what changed; the session's
-// own goroutine builds and sends the delta when it can, so a slow agent
-// coalesces changes instead of holding anyone up.
+// session is one agent's stream. The cache marks what changed for its
+// client; the session's own goroutine builds and sends the delta when it
+// can, so a slow agent coalesces changes instead of holding anyone up.
 type session struct {
 	node   string
-	sent   *sentState // what the agent has been sent
+	client *cache.Client // what the agent has been sent, and what changed since
 	cancel context.CancelFunc
 	// stale: the agent takes a state from a replica that is not current.
 	stale bool
 	// ended is why the hub ended the session, if it did (set under h.mu).
 	ended error
 	done  chan struct{}
-	wake  chan struct{} // capacity 1
-
-	mu        sync.Mutex // guards the pending changes
-	pending   map[string]bool
-	nodeDirty bool
-	since     time.Time // when the oldest pending change was accepted
-}
-
-func (s *session) mark(services []string, nodeDirty bool, since time.Time) {
-	s.mu.Lock()
-	for _, k := range services {
-		s.pending[k] = true
-	}
-	s.nodeDirty = s.nodeDirty || nodeDirty
-	if s.since.IsZero() || since.Before(s.since) {
-		s.since = since
-	}
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (s *session) take() (services []string, nodeDirty bool, since time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	services = slices.Collect(maps.Keys(s.pending))
-	clear(s.pending)
-	nodeDirty, s.nodeDirty = s.nodeDirty, false
-	since, s.since = s.since, time.Time{}
-	return services, nodeDirty, since
 }
 
 // HelloTimeout bounds how long a new stream may stay silent.
@@ -97,8 +63,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		return err
 	}
 	log := h.log.With("node", node, "agent", hello.GetAgentVersion())
-	sent := &sentState{}
-	s := &session{node: node, sent: sent, cancel: cancel, stale: hello.GetAcceptStale(), done: make(chan struct{}), wake: make(chan struct{}, 1), pending: map[string]bool{}}
+	s := &session{node: node, cancel: cancel, stale: hello.GetAcceptStale(), done: make(chan struct{})}
 	defer close(s.done)
 
 	h.mu.Lock()
@@ -116,6 +81,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		h.mu.Lock()
 	}
 	h.sessions[node] = s
+	s.client = h.cache.Connect(node)
 	st := h.status[node]
 	if st == nil {
 		st = &observed.Node{Node: node}
@@ -135,7 +101,8 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 			st.Connected = false
 			h.statusChanged()
 		}
-		h.history[node] = sent
+		s.client.Close()
+		h.history[node] = s.client
 		h.metrics.connected.Dec()
 		h.mu.Unlock()
 		// A node deleted while its agent was connected was left to its
@@ -156,16 +123,13 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 
 	kind := "resume"
 	v := hello.GetAppliedVersion()
-	if prev != nil && prev.version.Load() == v {
-		sent.node = prev.node
-	}
 	// Versions are the store's revisions, the same for every node: an
 	// agent that applied v needs only what changed after v, provided its v
 	// is of this store's history (after a restore from a copy, the same
 	// number may stand for other content).
 	msg, resumed := (*weirv1.SyncResponse)(nil), false
 	if hello.GetAppliedHistory() == h.reg.HistoryAt(v) {
-		msg, resumed = h.resume(node, v, sent)
+		msg, resumed = s.client.Resume(v, prev)
 	}
 	if !resumed {
 		kind = "full"
@@ -176,7 +140,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		case <-ctx.Done():
 			return h.endErr(s, ctx.Err())
 		}
-		msg = h.full(node, sent)
+		msg = s.client.Full()
 		err := h.send(stream, msg)
 		<-h.fullSends
 		if err != nil {
@@ -193,7 +157,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 			}
 			h.sent(st, msg, kind)
 		}
-		h.cover(st, sent.covered)
+		h.cover(st, s.client.Covered())
 		select {
 		case <-ctx.Done():
 			return h.endErr(s, ctx.Err())
@@ -203,12 +167,11 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 			}
 			log.Info("agent disconnected", "reason", err)
 			return nil
-		case <-s.wake:
+		case <-s.client.Wake():
 		}
-		h.cacheMu.RLock()
-		services, nodeDirty, since := s.take()
-		msg, kind = h.deltaLocked(node, services, nodeDirty, sent), "delta"
-		h.cacheMu.RUnlock()
+		var since time.Time
+		msg, since = s.client.Next()
+		kind = "delta"
 		if msg != nil && !since.IsZero() {
 			inflight.add(msg.GetVersion(), since)
 		}
