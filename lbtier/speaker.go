@@ -152,31 +152,8 @@ func (s *Speaker) sync(ctx context.Context) {
 		PathID:      s.pathID,
 	})
 	s.status = status
-	failed := false
-	for k, had := range s.announced {
-		if _, ok := want[k]; ok {
-			continue
-		}
-		if err := s.bgp.Withdraw(ctx, k.Prefix, had); err != nil {
-			s.cfg.Log.Error("BGP withdraw failed", "prefix", k.Prefix, "next_hop", had.NextHop, "error", err)
-			failed = true
-			continue
-		}
-		delete(s.announced, k)
-		s.cfg.Log.Debug("path withdrawn", "prefix", k.Prefix, "path_id", k.PathID, "next_hop", had.NextHop)
-	}
-	for k, w := range want {
-		if had, ok := s.announced[k]; ok && had.Same(w) {
-			continue
-		}
-		if err := s.bgp.Announce(ctx, k.Prefix, w); err != nil {
-			s.cfg.Log.Error("BGP announce failed", "prefix", k.Prefix, "next_hop", w.NextHop, "error", err)
-			failed = true
-			continue
-		}
-		s.announced[k] = w
-		s.cfg.Log.Debug("path announced", "prefix", k.Prefix, "path_id", k.PathID, "next_hop", w.NextHop, "weight", w.Weight)
-	}
+	// The tier has no applied state to wait for: it always rises.
+	_, failed := bgpspeaker.Reconcile(ctx, s.bgp, s.announced, want, func(k PathKey) netip.Prefix { return k.Prefix }, true, s.cfg.Log)
 	// The targets are applied once every path is decided: announced or
 	// withdrawn without error, and no target waiting for its first probe
 	// in the plan just carried out.

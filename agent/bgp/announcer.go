@@ -203,42 +203,9 @@ func (a *Announcer) Announced() map[netip.Prefix]Announcement {
 // sync withdraws what is not wanted and, when rise, announces what is.
 // Called with mu held.
 func (a *Announcer) sync(rise bool) {
-	ctx := context.Background()
-	want := Wanted(a.state, a.proxyHealthy())
-	for p, had := range a.announced {
-		w, ok := want[p]
-		switch {
-		case !ok || w.NextHop != had.NextHop:
-			if err := a.sp.Withdraw(ctx, p, had); err != nil {
-				a.log.Error("BGP withdraw failed", "prefix", p, "error", err)
-				continue
-			}
-			delete(a.announced, p)
-			a.changed = true
-		case w.Weight < had.Weight:
-			// Less weight now: say so at once, like a withdrawal.
-			if err := a.sp.Announce(ctx, p, w); err != nil {
-				a.log.Error("BGP announce failed", "prefix", p, "error", err)
-				continue
-			}
-			a.announced[p] = w
-			a.changed = true
-		}
-	}
-	if !rise {
-		return
-	}
-	for p, w := range want {
-		if had, ok := a.announced[p]; ok && had.Same(w) {
-			continue
-		}
-		if err := a.sp.Announce(ctx, p, w); err != nil {
-			a.log.Error("BGP announce failed", "prefix", p, "error", err)
-			continue
-		}
-		a.announced[p] = w
-		a.changed = true
-	}
+	changed, _ := bgpspeaker.Reconcile(context.Background(), a.sp, a.announced, Wanted(a.state, a.proxyHealthy()),
+		func(p netip.Prefix) netip.Prefix { return p }, rise, a.log)
+	a.changed = a.changed || changed
 }
 
 // Wanted is what a node in state st should announce: every load-balancer
