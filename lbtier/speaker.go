@@ -16,8 +16,7 @@ import (
 
 // BGP is the seam to the BGP speaker (bgpspeaker.GoBGP in production).
 type BGP interface {
-	Announce(ctx context.Context, prefix netip.Prefix, a bgpspeaker.Announcement) error
-	Withdraw(ctx context.Context, prefix netip.Prefix, a bgpspeaker.Announcement) error
+	bgpspeaker.Paths
 	Sessions(ctx context.Context) ([]bgpspeaker.Session, error)
 }
 

@@ -6,15 +6,13 @@ package bgp
 
 import (
 	"context"
-	"net/netip"
 
 	"github.com/weirlb/weir/internal/bgpspeaker"
 )
 
 // Speaker is the seam to the BGP speaker (bgpspeaker.GoBGP in production).
 type Speaker interface {
-	Announce(ctx context.Context, prefix netip.Prefix, a Announcement) error
-	Withdraw(ctx context.Context, prefix netip.Prefix, a Announcement) error
+	bgpspeaker.Paths
 	// SetPeers makes peers the speaker's peers besides its configured
 	// ones: new peers are dialled, changed ones re-dialled, missing ones
 	// dropped.
