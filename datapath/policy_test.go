@@ -3,6 +3,7 @@ package datapath
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -270,5 +271,34 @@ func TestNodePortAddresses(t *testing.T) {
 				t.Errorf("node-port addresses %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// The tracer follows "update": a client's second connection goes where its
+// first went, on every frontend and for every first choice, as the kernel
+// keeps it; another client is free to go anywhere.
+func TestSessionAffinityIsTraced(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newFakeDatapath(t)
+	a, b := ep("10.244.1.11", true), ep("10.244.1.12", true)
+	s := localService(a, b)
+	s.SessionAffinityTimeout = 3 * time.Hour
+	if err := dp.Apply(ctx, nodeState(s)); err != nil {
+		t.Fatal(err)
+	}
+	client := netip.MustParseAddr("198.51.100.7")
+	for _, dst := range []netip.AddrPort{netip.MustParseAddrPort("10.96.0.10:80"), netip.MustParseAddrPort("203.0.113.10:80")} {
+		got := traceAffinity(t, v4, client, "tcp", dst)
+		if len(got) != 2 {
+			t.Fatalf("%s: a first connection reaches %v; want either endpoint", dst, got)
+		}
+		for first, again := range got {
+			if !slices.Equal(again, []string{first}) {
+				t.Errorf("%s: after a first connection to %s, the client's next reaches %v; want %s alone", dst, first, again, first)
+			}
+		}
+		if other := trace(t, v4, netip.MustParseAddr("198.51.100.8"), "tcp", dst); len(other.Endpoints) != 2 {
+			t.Errorf("%s: another client reaches %v; want either endpoint", dst, other.Endpoints)
+		}
 	}
 }

@@ -75,6 +75,36 @@ func interfaceOf(src netip.Addr) string {
 // the walk: it is walked once for each value.
 func traceFlow(t *testing.T, fake *knftables.Fake, pkt packet) verdict {
 	t.Helper()
+	v, _ := traceRemembering(t, fake, pkt, nil)
+	return v
+}
+
+// memory is what earlier connections left in the table's dynamic sets
+// ("update @set { ip saddr }"), by set.
+type memory map[string][]value
+
+// traceAffinity traces a first connection from src to dst and then, for
+// each endpoint it may be sent to, a second one from the same client with
+// what the first left in the dynamic sets: it returns, per endpoint of the
+// first, the endpoints the second may reach.
+func traceAffinity(t *testing.T, fake *knftables.Fake, src netip.Addr, proto string, dst netip.AddrPort) map[string][]string {
+	t.Helper()
+	pkt := packet{src: src, iif: interfaceOf(src), proto: proto, dst: dst}
+	first, left := traceRemembering(t, fake, pkt, nil)
+	out := map[string][]string{}
+	for i, ep := range first.Endpoints {
+		again, _ := traceRemembering(t, fake, pkt, left[i])
+		out[ep] = again.Endpoints
+	}
+	return out
+}
+
+// traceRemembering is traceFlow with the dynamic sets holding remembered;
+// it also returns what each walk that reached an endpoint added to them,
+// in the order of the verdict's endpoints.
+func traceRemembering(t *testing.T, fake *knftables.Fake, pkt packet, remembered memory) (verdict, []memory) {
+	t.Helper()
+	var left []memory
 	// The rules' "ip"/"ip6" selectors check the table's family.
 	if pkt.src.Is4() != pkt.dst.Addr().Is4() {
 		t.Fatalf("trace %s -> %s: families differ", pkt.src, pkt.dst)
@@ -82,7 +112,7 @@ func traceFlow(t *testing.T, fake *knftables.Fake, pkt packet) verdict {
 	var v verdict
 	choices := 1
 	for choice := 0; choice < choices; choice++ {
-		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: pkt.dst, mark: pkt.mark}
+		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: pkt.dst, mark: pkt.mark, remembered: remembered, added: memory{}}
 		w.run()
 		if choice == 0 {
 			choices = max(w.choices, 1)
@@ -92,6 +122,7 @@ func traceFlow(t *testing.T, fake *knftables.Fake, pkt packet) verdict {
 		}
 		if w.dst != pkt.dst {
 			v.Endpoints = append(v.Endpoints, w.dst.String())
+			left = append(left, w.added)
 			if w.masqueraded {
 				v.Masqueraded = append(v.Masqueraded, w.dst.String())
 			}
@@ -99,7 +130,7 @@ func traceFlow(t *testing.T, fake *knftables.Fake, pkt packet) verdict {
 			t.Fatalf("trace %s -> %s: masqueraded without DNAT", pkt.src, pkt.dst)
 		}
 	}
-	return v
+	return v, left
 }
 
 type end int
@@ -135,6 +166,11 @@ type walker struct {
 	choices     int // the largest modulus seen
 	end         end
 	depth       int
+	// remembered is what earlier connections left in dynamic sets; added
+	// is what this walk adds ("update").
+	remembered, added memory
+	// trail is every rule that matched or led on, for failure messages.
+	trail []string
 }
 
 // run crosses the hooks: prerouting, then input or forward (decided after
@@ -256,6 +292,7 @@ func (w *walker) runRule(chain, rule string) (o outcome, final bool) {
 		case "jump", "goto":
 			r.take()
 			target := r.take()
+			w.trail = append(w.trail, chain+": "+rule)
 			o := w.runChain(target)
 			if tok == "goto" || o != next {
 				return o, true
@@ -268,14 +305,23 @@ func (w *walker) runRule(chain, rule string) (o outcome, final bool) {
 			w.masqueraded = true
 			return accept, true
 		case "dnat":
+			w.trail = append(w.trail, chain+": "+rule)
 			r.dnat()
 			return accept, true
 		case "update":
-			// Affinity's record of the client: a dynamic set the walk
-			// does not need to fill.
+			// "update @set { selectors }": the connection's key goes
+			// into the dynamic set, for the connections after it.
 			r.take()
-			r.take()
-			r.inline()
+			set, ok := strings.CutPrefix(r.take(), "@")
+			if !ok || w.tbl.Sets[set] == nil {
+				r.fail("update of no set")
+			}
+			in := &ruleReader{w: w, chain: chain, rule: rule, toks: r.inline()}
+			w.added[set] = append(w.added[set], in.expression()...)
+			if !in.done() {
+				in.fail("update key %q", strings.Join(in.toks, " "))
+			}
+			w.trail = append(w.trail, chain+": "+rule)
 		case "counter":
 			r.take()
 		default:
@@ -289,6 +335,7 @@ func (w *walker) runRule(chain, rule string) (o outcome, final bool) {
 				if !ok {
 					continue
 				}
+				w.trail = append(w.trail, chain+": "+rule+" -> "+v)
 				rv := &ruleReader{w: w, chain: chain, rule: v, toks: strings.Fields(v)}
 				switch verb := rv.take(); verb {
 				case "drop":
@@ -323,7 +370,7 @@ type ruleReader struct {
 
 func (r *ruleReader) fail(format string, args ...any) {
 	r.w.t.Helper()
-	r.w.t.Fatalf("chain %s, rule %q: %s", r.chain, r.rule, fmt.Sprintf(format, args...))
+	r.w.t.Fatalf("chain %s, rule %q: %s\nthe packet's way here:\n  %s", r.chain, r.rule, fmt.Sprintf(format, args...), strings.Join(r.w.trail, "\n  "))
 }
 
 func (r *ruleReader) done() bool { return len(r.toks) == 0 }
@@ -479,7 +526,8 @@ func (r *ruleReader) match(vals []value) bool {
 		if s == nil {
 			r.fail("no set %q", set)
 		}
-		ok = findElement(s.Elements, vals) != nil
+		ok = findElement(s.Elements, vals) != nil ||
+			(len(vals) == 1 && slices.ContainsFunc(r.w.remembered[set], func(v value) bool { return v == vals[0] }))
 	} else {
 		if len(vals) != 1 {
 			r.fail("a concatenation compared with %q", rhs)
