@@ -84,6 +84,7 @@ type claim struct {
 	proto model.Protocol
 	port  int32
 	field string // where the service says it, for messages
+	use   string // what it is to its service, for the other's messages
 }
 
 type claimKind int
@@ -97,23 +98,23 @@ const (
 func claimsOf(s *model.Service) []claim {
 	var out []claim
 	for i, a := range s.ClusterIPs {
-		out = append(out, claim{kind: clusterAddr, addr: a, field: fmt.Sprintf("spec.cluster_ips[%d]", i)})
+		out = append(out, claim{kind: clusterAddr, addr: a, field: fmt.Sprintf("spec.cluster_ips[%d]", i), use: "the cluster IP"})
 	}
 	for _, p := range s.Ports {
 		for i, a := range s.ExternalIPs {
-			out = append(out, claim{kind: frontend, addr: a, proto: p.Protocol, port: p.Port, field: fmt.Sprintf("spec.external_ips[%d]", i)})
+			out = append(out, claim{kind: frontend, addr: a, proto: p.Protocol, port: p.Port, field: fmt.Sprintf("spec.external_ips[%d]", i), use: "a frontend (spec.external_ips)"})
 		}
 		for i, a := range s.LoadBalancerIPs {
-			out = append(out, claim{kind: frontend, addr: a, proto: p.Protocol, port: p.Port, field: fmt.Sprintf("status.load_balancer_ips[%d]", i)})
+			out = append(out, claim{kind: frontend, addr: a, proto: p.Protocol, port: p.Port, field: fmt.Sprintf("status.load_balancer_ips[%d]", i), use: "a frontend (status.load_balancer_ips)"})
 		}
 	}
 	for i, p := range s.Ports {
 		if p.NodePort != 0 {
-			out = append(out, claim{kind: nodePort, port: p.NodePort, field: fmt.Sprintf("spec.ports[%d].node_port", i)})
+			out = append(out, claim{kind: nodePort, port: p.NodePort, field: fmt.Sprintf("spec.ports[%d].node_port", i), use: "a node port"})
 		}
 	}
 	if s.HealthCheckNodePort != 0 {
-		out = append(out, claim{kind: nodePort, port: s.HealthCheckNodePort, field: "spec.health_check_node_port"})
+		out = append(out, claim{kind: nodePort, port: s.HealthCheckNodePort, field: "spec.health_check_node_port", use: "the health-check node port"})
 	}
 	return out
 }
@@ -288,16 +289,7 @@ func (r *Registry) conflicts(s *model.Service, lostOnly bool) []Conflict {
 				if !clashes(c, o) || (lostOnly && wins(s, c, other, o)) {
 					continue
 				}
-				what := "the cluster IP"
-				switch {
-				case o.kind == frontend:
-					what = "a frontend (" + strings.SplitN(o.field, "[", 2)[0] + ")"
-				case o.field == "spec.health_check_node_port":
-					what = "the health-check node port"
-				case o.kind == nodePort:
-					what = "a node port"
-				}
-				out = append(out, Conflict{c.field, fmt.Sprintf("%s is %s of service %s", c, what, key)})
+				out = append(out, Conflict{c.field, fmt.Sprintf("%s is %s of service %s", c, o.use, key)})
 			}
 		}
 	}
