@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"github.com/weirlb/weir/internal/nodewire"
 	"github.com/weirlb/weir/internal/notify"
@@ -35,6 +36,8 @@ type Config struct {
 	// removals every connected agent has been sent are forgotten, and an
 	// agent resuming from before them gets a whole state.
 	RemovalLogLimit int
+	// Clock is the hub's time (a fake one in tests); nil is the wall clock.
+	Clock clock.Clock
 }
 
 // Hub serves AgentService. Its jobs are in their own places: the cache of
@@ -49,6 +52,7 @@ type Hub struct {
 	weirv1.UnimplementedAgentServiceServer
 	reg     *registry.Registry
 	cfg     Config
+	clock   clock.Clock
 	log     *slog.Logger
 	metrics *metrics
 
@@ -89,8 +93,11 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	if cfg.RemovalLogLimit <= 0 {
 		cfg.RemovalLogLimit = DefaultRemovalLogLimit
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	h := &Hub{
-		reg: reg, cfg: cfg, log: cfg.Log, metrics: newMetrics(cfg.Metrics),
+		reg: reg, cfg: cfg, clock: cfg.Clock, log: cfg.Log, metrics: newMetrics(cfg.Metrics),
 		wake:      make(chan struct{}, 1),
 		fullSends: make(chan struct{}, 4),
 		sessions:  map[string]*session{},

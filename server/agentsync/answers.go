@@ -21,7 +21,7 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *observed
 		if err != nil {
 			return err
 		}
-		now := time.Now()
+		now := h.clock.Now()
 		if r := req.GetReport(); r != nil {
 			h.boundReport(r)
 		}

@@ -25,7 +25,7 @@ const DefaultRemovalLogLimit = 100000
 // onChange runs under the registry's lock: it only queues.
 func (h *Hub) onChange(ch registry.Change) {
 	h.changesMu.Lock()
-	h.changes = append(h.changes, timedChange{ch, time.Now()})
+	h.changes = append(h.changes, timedChange{ch, h.clock.Now()})
 	h.changesMu.Unlock()
 	select {
 	case h.wake <- struct{}{}:
@@ -43,14 +43,14 @@ func (h *Hub) Run(ctx context.Context) {
 			return
 		case <-h.wake:
 		}
-		if wait := h.cfg.MinSyncPeriod - time.Since(last); wait > 0 {
+		if wait := h.cfg.MinSyncPeriod - h.clock.Since(last); wait > 0 {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(wait):
+			case <-h.clock.After(wait):
 			}
 		}
-		last = time.Now()
+		last = h.clock.Now()
 		h.apply()
 	}
 }

@@ -87,7 +87,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		st = &observed.Node{Node: node}
 		h.status[node] = st
 	}
-	st.Connected, st.LastSeen = true, time.Now()
+	st.Connected, st.LastSeen = true, h.clock.Now()
 	h.statusChanged()
 	prev := h.history[node]
 	delete(h.history, node)
