@@ -14,7 +14,7 @@ SYSTEMD  ?= /etc/systemd/system
 # and said here so that nothing rests on go test's 10-minute default.
 TEST_TIMEOUT ?= 15m
 
-.PHONY: all build test unit lint generate check-generated demo deps testdeps test-cold fuzz clean install images
+.PHONY: all build test unit lint generate api-baseline check-generated demo deps testdeps test-cold fuzz clean install images
 
 all: build
 
@@ -57,9 +57,15 @@ lint:
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	$(BUF) lint
+	$(BUF) breaking --against proto/baseline.binpb
 
 generate:
 	$(BUF) generate
+
+# The API as released: make lint fails on a change that would break a
+# client of it (buf breaking). Refresh only when a release changes the API.
+api-baseline:
+	$(BUF) build -o proto/baseline.binpb
 
 # Fails when the committed generated code differs from what buf generates.
 check-generated: generate

@@ -177,7 +177,7 @@ func applyAll(ctx context.Context, c client, changes []change, dryRun bool) (uin
 	req := &weirv1.ApplyRequest{ValidateOnly: dryRun}
 	for _, ch := range changes {
 		if ch.verb() == "unchanged" {
-			rev = max(rev, revisionOf(ch.current.GetMetadata().GetResourceVersion()))
+			rev = max(rev, revisionOf(ch.current.GetMetadata()))
 			continue
 		}
 		sent = append(sent, ch)
@@ -191,7 +191,7 @@ func applyAll(ctx context.Context, c client, changes []change, dryRun bool) (uin
 		return 0, batchFailure(sent, err)
 	}
 	if !dryRun {
-		rev = max(rev, revisionOf(resp.GetResourceVersion()))
+		rev = max(rev, revisionOf(resp))
 	}
 	return rev, nil
 }
@@ -307,7 +307,7 @@ func (a *app) deleteCmd() *cobra.Command {
 			for _, d := range docs {
 				m := d.obj.GetMetadata()
 				rv, err := d.kind.delete(cmd.Context(), c, m.GetNamespace(), m.GetName())
-				rev = max(rev, revisionOf(rv))
+				rev = max(rev, rv)
 				switch {
 				case status.Code(err) == codes.NotFound && ignoreNotFound:
 					continue
@@ -455,7 +455,7 @@ func (a *app) parseObject(label string, fields map[string]json.RawMessage) (docu
 	if k.namespaced && meta.Namespace == "" {
 		meta.Namespace = a.namespace
 	}
-	meta.ResourceVersion = "" // apply replaces whatever is stored
+	meta.ResourceVersion, meta.Revision = "", 0 // apply replaces whatever is stored
 	if meta.Name == "" {
 		return document{}, fmt.Errorf("%s (%s): metadata.name: required", label, k.name)
 	}

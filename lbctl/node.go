@@ -28,15 +28,15 @@ owns the node, and survives server restarts.`,
 	for _, v := range []struct {
 		use, done, short string
 		// call returns the store revision of the change.
-		call func(ctx context.Context, c client, name string) (string, error)
+		call func(ctx context.Context, c client, name string) (uint64, error)
 	}{
-		{"drain", "drained", "Stop new external traffic to a node (see lbctl node --help for established connections)", func(ctx context.Context, c client, name string) (string, error) {
+		{"drain", "drained", "Stop new external traffic to a node (see lbctl node --help for established connections)", func(ctx context.Context, c client, name string) (uint64, error) {
 			r, err := c.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: name})
-			return r.GetResourceVersion(), err
+			return revisionOf(r), err
 		}},
-		{"uncordon", "uncordoned", "Let a drained node receive external traffic again", func(ctx context.Context, c client, name string) (string, error) {
+		{"uncordon", "uncordoned", "Let a drained node receive external traffic again", func(ctx context.Context, c client, name string) (uint64, error) {
 			r, err := c.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: name})
-			return r.GetResourceVersion(), err
+			return revisionOf(r), err
 		}},
 	} {
 		var wait time.Duration
@@ -55,7 +55,7 @@ owns the node, and survives server restarts.`,
 				}
 				fmt.Fprintf(a.stdout, "node/%s %s\n", args[0], v.done)
 				if wait > 0 {
-					return a.waitProgrammed(cmd.Context(), revisionOf(rev), wait)
+					return a.waitProgrammed(cmd.Context(), rev, wait)
 				}
 				return nil
 			},

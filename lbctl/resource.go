@@ -42,7 +42,7 @@ type kind struct {
 	create func(ctx context.Context, c client, o object, validateOnly bool) (object, error)
 	update func(ctx context.Context, c client, o object, validateOnly bool) (object, error)
 	// delete returns the revision of the deletion.
-	delete func(ctx context.Context, c client, ns, name string) (string, error)
+	delete func(ctx context.Context, c client, ns, name string) (uint64, error)
 	watch  func(ctx context.Context, c client, ns, selector string) (events, error)
 }
 
@@ -70,9 +70,9 @@ var kinds = []*kind{
 			r, err := c.UpdateService(ctx, &weirv1.UpdateServiceRequest{Service: o.(*weirv1.Service), ValidateOnly: validateOnly})
 			return orNil(r.GetService(), err)
 		},
-		delete: func(ctx context.Context, c client, ns, name string) (string, error) {
+		delete: func(ctx context.Context, c client, ns, name string) (uint64, error) {
 			r, err := c.DeleteService(ctx, &weirv1.DeleteServiceRequest{Namespace: ns, Name: name})
-			return r.GetResourceVersion(), err
+			return revisionOf(r), err
 		},
 		watch: func(ctx context.Context, c client, ns, sel string) (events, error) {
 			s, err := c.WatchServices(ctx, &weirv1.WatchServicesRequest{Namespace: ns, LabelSelector: sel})
@@ -99,9 +99,9 @@ var kinds = []*kind{
 			r, err := c.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: o.(*weirv1.EndpointSlice), ValidateOnly: validateOnly})
 			return orNil(r.GetEndpointSlice(), err)
 		},
-		delete: func(ctx context.Context, c client, ns, name string) (string, error) {
+		delete: func(ctx context.Context, c client, ns, name string) (uint64, error) {
 			r, err := c.DeleteEndpointSlice(ctx, &weirv1.DeleteEndpointSliceRequest{Namespace: ns, Name: name})
-			return r.GetResourceVersion(), err
+			return revisionOf(r), err
 		},
 		watch: func(ctx context.Context, c client, ns, sel string) (events, error) {
 			s, err := c.WatchEndpointSlices(ctx, &weirv1.WatchEndpointSlicesRequest{Namespace: ns, LabelSelector: sel})
@@ -128,9 +128,9 @@ var kinds = []*kind{
 			r, err := c.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: o.(*weirv1.Node), ValidateOnly: validateOnly})
 			return orNil(r.GetNode(), err)
 		},
-		delete: func(ctx context.Context, c client, _, name string) (string, error) {
+		delete: func(ctx context.Context, c client, _, name string) (uint64, error) {
 			r, err := c.DeleteNode(ctx, &weirv1.DeleteNodeRequest{Name: name})
-			return r.GetResourceVersion(), err
+			return revisionOf(r), err
 		},
 		watch: func(ctx context.Context, c client, _, sel string) (events, error) {
 			s, err := c.WatchNodes(ctx, &weirv1.WatchNodesRequest{LabelSelector: sel})
@@ -157,9 +157,9 @@ var kinds = []*kind{
 			r, err := c.UpdateAddressPool(ctx, &weirv1.UpdateAddressPoolRequest{AddressPool: o.(*weirv1.AddressPool), ValidateOnly: validateOnly})
 			return orNil(r.GetAddressPool(), err)
 		},
-		delete: func(ctx context.Context, c client, _, name string) (string, error) {
+		delete: func(ctx context.Context, c client, _, name string) (uint64, error) {
 			r, err := c.DeleteAddressPool(ctx, &weirv1.DeleteAddressPoolRequest{Name: name})
-			return r.GetResourceVersion(), err
+			return revisionOf(r), err
 		},
 		watch: func(context.Context, client, string, string) (events, error) {
 			return nil, usageErrorf("address pools cannot be watched yet")
@@ -185,9 +185,9 @@ var kinds = []*kind{
 			r, err := c.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: o.(*weirv1.BgpPeer), ValidateOnly: validateOnly})
 			return orNil(r.GetBgpPeer(), err)
 		},
-		delete: func(ctx context.Context, c client, _, name string) (string, error) {
+		delete: func(ctx context.Context, c client, _, name string) (uint64, error) {
 			r, err := c.DeleteBgpPeer(ctx, &weirv1.DeleteBgpPeerRequest{Name: name})
-			return r.GetResourceVersion(), err
+			return revisionOf(r), err
 		},
 		watch: func(context.Context, client, string, string) (events, error) {
 			return nil, usageErrorf("BGP peers cannot be watched yet")
@@ -216,9 +216,9 @@ var kinds = []*kind{
 			r, err := c.UpdateServiceCidr(ctx, &weirv1.UpdateServiceCidrRequest{ServiceCidr: o.(*weirv1.ServiceCidr), ValidateOnly: validateOnly})
 			return orNil(r.GetServiceCidr(), err)
 		},
-		delete: func(ctx context.Context, c client, _, name string) (string, error) {
+		delete: func(ctx context.Context, c client, _, name string) (uint64, error) {
 			r, err := c.DeleteServiceCidr(ctx, &weirv1.DeleteServiceCidrRequest{Name: name})
-			return r.GetResourceVersion(), err
+			return revisionOf(r), err
 		},
 		watch: func(context.Context, client, string, string) (events, error) {
 			return nil, usageErrorf("service CIDRs cannot be watched yet")
@@ -297,7 +297,7 @@ func recv[R interface{ GetType() weirv1.WatchEventType }, T object](s interface{
 func (k *kind) settable(o object) object {
 	o = proto.Clone(o).(object)
 	if m := o.GetMetadata(); m != nil {
-		m.ResourceVersion, m.CreateTime, m.Source = "", nil, ""
+		m.ResourceVersion, m.Revision, m.CreateTime, m.Source = "", 0, nil, ""
 	}
 	r := o.ProtoReflect()
 	for _, f := range k.outputOnly {

@@ -71,8 +71,19 @@ func (a *app) waitProgrammed(ctx context.Context, rev uint64, timeout time.Durat
 		rev, timeout, strings.Join(behind, "\n  "))}
 }
 
-// revisionOf reads a resource_version; 0 when there is none.
-func revisionOf(rv string) uint64 {
-	v, _ := strconv.ParseUint(rv, 10, 64)
+// revisioned is a reply or an object that names a store revision.
+type revisioned interface {
+	GetRevision() uint64
+	GetResourceVersion() string
+}
+
+// revisionOf is the store revision r names: its revision, or, from a
+// server older than that field, its resource_version read as a number;
+// 0 when there is none.
+func revisionOf(r revisioned) uint64 {
+	if v := r.GetRevision(); v != 0 {
+		return v
+	}
+	v, _ := strconv.ParseUint(r.GetResourceVersion(), 10, 64)
 	return v
 }

@@ -125,34 +125,37 @@ func (r resource[T, P]) get(namespace, name string) (P, error) {
 
 // list is one page of the objects in namespace (all when "") that
 // selector matches, the revision it was read at, and the next page's token.
-func (r resource[T, P]) list(namespace, selector string, pg pageRequest) ([]P, string, string, error) {
+func (r resource[T, P]) list(namespace, selector string, pg pageRequest) ([]P, uint64, string, error) {
 	sel, err := registry.ParseSelector(selector)
 	if err != nil {
-		return nil, "", "", status.Error(codes.InvalidArgument, "label_selector: "+err.Error())
+		return nil, 0, "", status.Error(codes.InvalidArgument, "label_selector: "+err.Error())
 	}
 	objs, rev := r.coll.List(namespace, sel)
 	out, next, err := page(objs, func(o T) string { return o.GetMeta().Key() }, r.to, pg)
 	if err != nil {
-		return nil, "", "", err
+		return nil, 0, "", err
 	}
-	return out, strconv.FormatUint(rev, 10), next, nil
+	return out, rev, next, nil
 }
 
 // delete deletes one object and returns the revision of the deletion.
-func (r resource[T, P]) delete(namespace, name, resourceVersion string) (string, error) {
+func (r resource[T, P]) delete(namespace, name, resourceVersion string) (uint64, error) {
 	var rv uint64
 	if resourceVersion != "" {
 		var err error
 		if rv, err = strconv.ParseUint(resourceVersion, 10, 64); err != nil {
-			return "", status.Errorf(codes.InvalidArgument, "resource_version: %q is not a resource version", resourceVersion)
+			return 0, status.Errorf(codes.InvalidArgument, "resource_version: %q is not a resource version", resourceVersion)
 		}
 	}
 	rev, err := r.coll.Delete(key(namespace, name), rv, model.SourceNative)
 	if err != nil {
-		return "", Status("", err)
+		return 0, Status("", err)
 	}
-	return strconv.FormatUint(rev, 10), nil
+	return rev, nil
 }
+
+// revisionString is a store revision as resource_version spells it.
+func revisionString(rev uint64) string { return strconv.FormatUint(rev, 10) }
 
 // watch streams the initial state, a SYNCED marker, then every change.
 func (r resource[T, P]) watch(ctx context.Context, namespace, selector string, send func(weirv1.WatchEventType, P) error) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -65,7 +64,7 @@ func (s *RegistryService) Apply(_ context.Context, req *weirv1.ApplyRequest) (*w
 		}
 		return nil, Status("", err)
 	}
-	resp := &weirv1.ApplyResponse{ResourceVersion: strconv.FormatUint(rev, 10)}
+	resp := &weirv1.ApplyResponse{ResourceVersion: revisionString(rev), Revision: rev}
 	for _, a := range applied {
 		r := &weirv1.ApplyResult{Resource: s.wire(a.Object), Created: a.Created}
 		if a.Old != nil {

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"strconv"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -95,7 +94,7 @@ func (s *RegistryService) UpdateServiceCidr(_ context.Context, req *weirv1.Updat
 
 func (s *RegistryService) DeleteServiceCidr(_ context.Context, req *weirv1.DeleteServiceCidrRequest) (*weirv1.DeleteServiceCidrResponse, error) {
 	rv, err := s.cidrs.delete("", req.GetName(), req.GetResourceVersion())
-	return &weirv1.DeleteServiceCidrResponse{ResourceVersion: rv}, err
+	return &weirv1.DeleteServiceCidrResponse{ResourceVersion: revisionString(rv), Revision: rv}, err
 }
 
 func (s *RegistryService) CreateBgpPeer(_ context.Context, req *weirv1.CreateBgpPeerRequest) (*weirv1.CreateBgpPeerResponse, error) {
@@ -120,7 +119,7 @@ func (s *RegistryService) UpdateBgpPeer(_ context.Context, req *weirv1.UpdateBgp
 
 func (s *RegistryService) DeleteBgpPeer(_ context.Context, req *weirv1.DeleteBgpPeerRequest) (*weirv1.DeleteBgpPeerResponse, error) {
 	rv, err := s.peers.delete("", req.GetName(), req.GetResourceVersion())
-	return &weirv1.DeleteBgpPeerResponse{ResourceVersion: rv}, err
+	return &weirv1.DeleteBgpPeerResponse{ResourceVersion: revisionString(rv), Revision: rv}, err
 }
 
 func (s *RegistryService) CreateAddressPool(_ context.Context, req *weirv1.CreateAddressPoolRequest) (*weirv1.CreateAddressPoolResponse, error) {
@@ -145,7 +144,7 @@ func (s *RegistryService) UpdateAddressPool(_ context.Context, req *weirv1.Updat
 
 func (s *RegistryService) DeleteAddressPool(_ context.Context, req *weirv1.DeleteAddressPoolRequest) (*weirv1.DeleteAddressPoolResponse, error) {
 	rv, err := s.pools.delete("", req.GetName(), req.GetResourceVersion())
-	return &weirv1.DeleteAddressPoolResponse{ResourceVersion: rv}, err
+	return &weirv1.DeleteAddressPoolResponse{ResourceVersion: revisionString(rv), Revision: rv}, err
 }
 
 func (s *RegistryService) DrainNode(_ context.Context, req *weirv1.DrainNodeRequest) (*weirv1.DrainNodeResponse, error) {
@@ -153,7 +152,7 @@ func (s *RegistryService) DrainNode(_ context.Context, req *weirv1.DrainNodeRequ
 	if err != nil {
 		return nil, Status("", err)
 	}
-	return &weirv1.DrainNodeResponse{Node: s.nodes.to(n), ResourceVersion: strconv.FormatUint(rev, 10)}, nil
+	return &weirv1.DrainNodeResponse{Node: s.nodes.to(n), ResourceVersion: revisionString(rev), Revision: rev}, nil
 }
 
 func (s *RegistryService) UncordonNode(_ context.Context, req *weirv1.UncordonNodeRequest) (*weirv1.UncordonNodeResponse, error) {
@@ -161,7 +160,7 @@ func (s *RegistryService) UncordonNode(_ context.Context, req *weirv1.UncordonNo
 	if err != nil {
 		return nil, Status("", err)
 	}
-	return &weirv1.UncordonNodeResponse{Node: s.nodes.to(n), ResourceVersion: strconv.FormatUint(rev, 10)}, nil
+	return &weirv1.UncordonNodeResponse{Node: s.nodes.to(n), ResourceVersion: revisionString(rev), Revision: rev}, nil
 }
 
 func (s *RegistryService) CreateService(_ context.Context, req *weirv1.CreateServiceRequest) (*weirv1.CreateServiceResponse, error) {
@@ -176,7 +175,7 @@ func (s *RegistryService) GetService(_ context.Context, req *weirv1.GetServiceRe
 
 func (s *RegistryService) ListServices(_ context.Context, req *weirv1.ListServicesRequest) (*weirv1.ListServicesResponse, error) {
 	objs, rv, next, err := s.services.list(req.GetNamespace(), req.GetLabelSelector(), req)
-	return &weirv1.ListServicesResponse{Services: objs, ResourceVersion: rv, NextPageToken: next}, err
+	return &weirv1.ListServicesResponse{Services: objs, ResourceVersion: revisionString(rv), Revision: rv, NextPageToken: next}, err
 }
 
 func (s *RegistryService) UpdateService(_ context.Context, req *weirv1.UpdateServiceRequest) (*weirv1.UpdateServiceResponse, error) {
@@ -199,7 +198,7 @@ func (s *RegistryService) UpdateService(_ context.Context, req *weirv1.UpdateSer
 
 func (s *RegistryService) DeleteService(_ context.Context, req *weirv1.DeleteServiceRequest) (*weirv1.DeleteServiceResponse, error) {
 	rv, err := s.services.delete(req.GetNamespace(), req.GetName(), req.GetResourceVersion())
-	return &weirv1.DeleteServiceResponse{ResourceVersion: rv}, err
+	return &weirv1.DeleteServiceResponse{ResourceVersion: revisionString(rv), Revision: rv}, err
 }
 
 func (s *RegistryService) WatchServices(req *weirv1.WatchServicesRequest, stream weirv1.RegistryService_WatchServicesServer) error {
@@ -220,7 +219,7 @@ func (s *RegistryService) GetEndpointSlice(_ context.Context, req *weirv1.GetEnd
 
 func (s *RegistryService) ListEndpointSlices(_ context.Context, req *weirv1.ListEndpointSlicesRequest) (*weirv1.ListEndpointSlicesResponse, error) {
 	objs, rv, next, err := s.endpoints.list(req.GetNamespace(), req.GetLabelSelector(), req)
-	return &weirv1.ListEndpointSlicesResponse{EndpointSlices: objs, ResourceVersion: rv, NextPageToken: next}, err
+	return &weirv1.ListEndpointSlicesResponse{EndpointSlices: objs, ResourceVersion: revisionString(rv), Revision: rv, NextPageToken: next}, err
 }
 
 func (s *RegistryService) UpdateEndpointSlice(_ context.Context, req *weirv1.UpdateEndpointSliceRequest) (*weirv1.UpdateEndpointSliceResponse, error) {
@@ -230,7 +229,7 @@ func (s *RegistryService) UpdateEndpointSlice(_ context.Context, req *weirv1.Upd
 
 func (s *RegistryService) DeleteEndpointSlice(_ context.Context, req *weirv1.DeleteEndpointSliceRequest) (*weirv1.DeleteEndpointSliceResponse, error) {
 	rv, err := s.endpoints.delete(req.GetNamespace(), req.GetName(), req.GetResourceVersion())
-	return &weirv1.DeleteEndpointSliceResponse{ResourceVersion: rv}, err
+	return &weirv1.DeleteEndpointSliceResponse{ResourceVersion: revisionString(rv), Revision: rv}, err
 }
 
 func (s *RegistryService) WatchEndpointSlices(req *weirv1.WatchEndpointSlicesRequest, stream weirv1.RegistryService_WatchEndpointSlicesServer) error {
@@ -251,7 +250,7 @@ func (s *RegistryService) GetNode(_ context.Context, req *weirv1.GetNodeRequest)
 
 func (s *RegistryService) ListNodes(_ context.Context, req *weirv1.ListNodesRequest) (*weirv1.ListNodesResponse, error) {
 	objs, rv, next, err := s.nodes.list("", req.GetLabelSelector(), req)
-	return &weirv1.ListNodesResponse{Nodes: objs, ResourceVersion: rv, NextPageToken: next}, err
+	return &weirv1.ListNodesResponse{Nodes: objs, ResourceVersion: revisionString(rv), Revision: rv, NextPageToken: next}, err
 }
 
 func (s *RegistryService) UpdateNode(_ context.Context, req *weirv1.UpdateNodeRequest) (*weirv1.UpdateNodeResponse, error) {
@@ -261,7 +260,7 @@ func (s *RegistryService) UpdateNode(_ context.Context, req *weirv1.UpdateNodeRe
 
 func (s *RegistryService) DeleteNode(_ context.Context, req *weirv1.DeleteNodeRequest) (*weirv1.DeleteNodeResponse, error) {
 	rv, err := s.nodes.delete("", req.GetName(), req.GetResourceVersion())
-	return &weirv1.DeleteNodeResponse{ResourceVersion: rv}, err
+	return &weirv1.DeleteNodeResponse{ResourceVersion: revisionString(rv), Revision: rv}, err
 }
 
 func (s *RegistryService) WatchNodes(req *weirv1.WatchNodesRequest, stream weirv1.RegistryService_WatchNodesServer) error {

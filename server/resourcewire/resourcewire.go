@@ -35,6 +35,7 @@ func metaToProto(m *model.Meta) *weirv1.ObjectMeta {
 		Name:            m.Name,
 		Labels:          m.Labels,
 		ResourceVersion: strconv.FormatUint(m.ResourceVersion, 10),
+		Revision:        m.ResourceVersion,
 		CreateTime:      timestamppb.New(m.CreateTime),
 		Source:          m.Source,
 	}

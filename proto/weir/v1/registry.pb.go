@@ -354,6 +354,9 @@ type ListServicesResponse struct {
 	// read at their own revisions: items are in key order, and one changed
 	// between two pages shows as it was when its page was read.
 	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -407,6 +410,13 @@ func (x *ListServicesResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *ListServicesResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type UpdateServiceRequest struct {
@@ -586,8 +596,11 @@ type DeleteServiceResponse struct {
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
 	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteServiceResponse) Reset() {
@@ -625,6 +638,13 @@ func (x *DeleteServiceResponse) GetResourceVersion() string {
 		return x.ResourceVersion
 	}
 	return ""
+}
+
+func (x *DeleteServiceResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type WatchServicesRequest struct {
@@ -1010,6 +1030,9 @@ type ListEndpointSlicesResponse struct {
 	// read at their own revisions: items are in key order, and one changed
 	// between two pages shows as it was when its page was read.
 	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1063,6 +1086,13 @@ func (x *ListEndpointSlicesResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *ListEndpointSlicesResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type UpdateEndpointSliceRequest struct {
@@ -1229,8 +1259,11 @@ type DeleteEndpointSliceResponse struct {
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
 	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteEndpointSliceResponse) Reset() {
@@ -1268,6 +1301,13 @@ func (x *DeleteEndpointSliceResponse) GetResourceVersion() string {
 		return x.ResourceVersion
 	}
 	return ""
+}
+
+func (x *DeleteEndpointSliceResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type WatchEndpointSlicesRequest struct {
@@ -1636,6 +1676,9 @@ type ListNodesResponse struct {
 	// read at their own revisions: items are in key order, and one changed
 	// between two pages shows as it was when its page was read.
 	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1689,6 +1732,13 @@ func (x *ListNodesResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *ListNodesResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type UpdateNodeRequest struct {
@@ -1847,8 +1897,11 @@ type DeleteNodeResponse struct {
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
 	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteNodeResponse) Reset() {
@@ -1886,6 +1939,13 @@ func (x *DeleteNodeResponse) GetResourceVersion() string {
 		return x.ResourceVersion
 	}
 	return ""
+}
+
+func (x *DeleteNodeResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type WatchNodesRequest struct {
@@ -2035,8 +2095,11 @@ type DrainNodeResponse struct {
 	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// The store revision the change produced (see DeleteServiceResponse).
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DrainNodeResponse) Reset() {
@@ -2081,6 +2144,13 @@ func (x *DrainNodeResponse) GetResourceVersion() string {
 		return x.ResourceVersion
 	}
 	return ""
+}
+
+func (x *DrainNodeResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type UncordonNodeRequest struct {
@@ -2132,8 +2202,11 @@ type UncordonNodeResponse struct {
 	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// The store revision the change produced (see DeleteServiceResponse).
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UncordonNodeResponse) Reset() {
@@ -2178,6 +2251,13 @@ func (x *UncordonNodeResponse) GetResourceVersion() string {
 		return x.ResourceVersion
 	}
 	return ""
+}
+
+func (x *UncordonNodeResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type CreateAddressPoolRequest struct {
@@ -2627,8 +2707,11 @@ type DeleteAddressPoolResponse struct {
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
 	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteAddressPoolResponse) Reset() {
@@ -2666,6 +2749,13 @@ func (x *DeleteAddressPoolResponse) GetResourceVersion() string {
 		return x.ResourceVersion
 	}
 	return ""
+}
+
+func (x *DeleteAddressPoolResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type CreateBgpPeerRequest struct {
@@ -3115,8 +3205,11 @@ type DeleteBgpPeerResponse struct {
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
 	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteBgpPeerResponse) Reset() {
@@ -3154,6 +3247,13 @@ func (x *DeleteBgpPeerResponse) GetResourceVersion() string {
 		return x.ResourceVersion
 	}
 	return ""
+}
+
+func (x *DeleteBgpPeerResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type CreateServiceCidrRequest struct {
@@ -3603,8 +3703,11 @@ type DeleteServiceCidrResponse struct {
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
 	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteServiceCidrResponse) Reset() {
@@ -3642,6 +3745,13 @@ func (x *DeleteServiceCidrResponse) GetResourceVersion() string {
 		return x.ResourceVersion
 	}
 	return ""
+}
+
+func (x *DeleteServiceCidrResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type ApplyRequest struct {
@@ -3853,7 +3963,10 @@ type ApplyResponse struct {
 	// The store revision that holds every resource (StatusService.WaitProgrammed).
 	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// Per resource, in the request's order: as stored, and whether created.
-	Results       []*ApplyResult `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	Results []*ApplyResult `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	// The same store revision as a number: what StatusService.WaitProgrammed
+	// takes. resource_version carries it as Kubernetes' opaque string.
+	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3900,6 +4013,13 @@ func (x *ApplyResponse) GetResults() []*ApplyResult {
 		return x.Results
 	}
 	return nil
+}
+
+func (x *ApplyResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type ApplyResult struct {
@@ -3985,11 +4105,12 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"\x97\x01\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xb3\x01\n" +
 	"\x14ListServicesResponse\x12,\n" +
 	"\bservices\x18\x01 \x03(\v2\x10.weir.v1.ServiceR\bservices\x12)\n" +
 	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xa4\x01\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"\xa4\x01\n" +
 	"\x14UpdateServiceRequest\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\x12;\n" +
@@ -4000,9 +4121,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x14DeleteServiceRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"B\n" +
+	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"^\n" +
 	"\x15DeleteServiceResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"[\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"[\n" +
 	"\x14WatchServicesRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"p\n" +
@@ -4024,11 +4146,12 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"\xb0\x01\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xcc\x01\n" +
 	"\x1aListEndpointSlicesResponse\x12?\n" +
 	"\x0fendpoint_slices\x18\x01 \x03(\v2\x16.weir.v1.EndpointSliceR\x0eendpointSlices\x12)\n" +
 	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\x80\x01\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"\x80\x01\n" +
 	"\x1aUpdateEndpointSliceRequest\x12=\n" +
 	"\x0eendpoint_slice\x18\x01 \x01(\v2\x16.weir.v1.EndpointSliceR\rendpointSlice\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"\\\n" +
@@ -4037,9 +4160,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x1aDeleteEndpointSliceRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"H\n" +
+	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"d\n" +
 	"\x1bDeleteEndpointSliceResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"a\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"a\n" +
 	"\x1aWatchEndpointSlicesRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"\x89\x01\n" +
@@ -4059,11 +4183,12 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageTokenJ\x04\b\x01\x10\x02\"\x8b\x01\n" +
+	"page_token\x18\x04 \x01(\tR\tpageTokenJ\x04\b\x01\x10\x02\"\xa7\x01\n" +
 	"\x11ListNodesResponse\x12#\n" +
 	"\x05nodes\x18\x01 \x03(\v2\r.weir.v1.NodeR\x05nodes\x12)\n" +
 	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"[\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"[\n" +
 	"\x11UpdateNodeRequest\x12!\n" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"7\n" +
@@ -4071,24 +4196,27 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"X\n" +
 	"\x11DeleteNodeRequest\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersionJ\x04\b\x01\x10\x02\"?\n" +
+	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersionJ\x04\b\x01\x10\x02\"[\n" +
 	"\x12DeleteNodeResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"@\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"@\n" +
 	"\x11WatchNodesRequest\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelectorJ\x04\b\x01\x10\x02\"d\n" +
 	"\x12WatchNodesResponse\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.weir.v1.WatchEventTypeR\x04type\x12!\n" +
 	"\x04node\x18\x02 \x01(\v2\r.weir.v1.NodeR\x04node\"&\n" +
 	"\x10DrainNodeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"a\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"}\n" +
 	"\x11DrainNodeResponse\x12!\n" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\")\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\")\n" +
 	"\x13UncordonNodeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"d\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x80\x01\n" +
 	"\x14UncordonNodeResponse\x12!\n" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"x\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"x\n" +
 	"\x18CreateAddressPoolRequest\x127\n" +
 	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"T\n" +
@@ -4112,9 +4240,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\"Y\n" +
 	"\x18DeleteAddressPoolRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"F\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"b\n" +
 	"\x19DeleteAddressPoolResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"h\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"h\n" +
 	"\x14CreateBgpPeerRequest\x12+\n" +
 	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"D\n" +
@@ -4138,9 +4267,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\"U\n" +
 	"\x14DeleteBgpPeerRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"B\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"^\n" +
 	"\x15DeleteBgpPeerResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"x\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"x\n" +
 	"\x18CreateServiceCidrRequest\x127\n" +
 	"\fservice_cidr\x18\x01 \x01(\v2\x14.weir.v1.ServiceCidrR\vserviceCidr\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"T\n" +
@@ -4164,9 +4294,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\fservice_cidr\x18\x01 \x01(\v2\x14.weir.v1.ServiceCidrR\vserviceCidr\"Y\n" +
 	"\x18DeleteServiceCidrRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"F\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"b\n" +
 	"\x19DeleteServiceCidrResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\"i\n" +
+	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"i\n" +
 	"\fApplyRequest\x124\n" +
 	"\tresources\x18\x01 \x03(\v2\x16.weir.v1.ApplyResourceR\tresources\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"\xd4\x02\n" +
@@ -4178,10 +4309,11 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\bbgp_peer\x18\x05 \x01(\v2\x10.weir.v1.BgpPeerH\x00R\abgpPeer\x129\n" +
 	"\fservice_cidr\x18\x06 \x01(\v2\x14.weir.v1.ServiceCidrH\x00R\vserviceCidrB\n" +
 	"\n" +
-	"\bresource\"j\n" +
+	"\bresource\"\x86\x01\n" +
 	"\rApplyResponse\x12)\n" +
 	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12.\n" +
-	"\aresults\x18\x02 \x03(\v2\x14.weir.v1.ApplyResultR\aresults\"\x8f\x01\n" +
+	"\aresults\x18\x02 \x03(\v2\x14.weir.v1.ApplyResultR\aresults\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"\x8f\x01\n" +
 	"\vApplyResult\x122\n" +
 	"\bresource\x18\x01 \x01(\v2\x16.weir.v1.ApplyResourceR\bresource\x12\x18\n" +
 	"\acreated\x18\x02 \x01(\bR\acreated\x122\n" +

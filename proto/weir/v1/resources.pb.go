@@ -284,7 +284,10 @@ type ObjectMeta struct {
 	// Output only.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// Output only: which source owns the resource ("native" or "kubernetes").
-	Source        string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	Source string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	// Output only: resource_version as the store revision it is, a number
+	// (what StatusService.WaitProgrammed takes).
+	Revision      uint64 `protobuf:"varint,7,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,6 +362,13 @@ func (x *ObjectMeta) GetSource() string {
 		return x.Source
 	}
 	return ""
+}
+
+func (x *ObjectMeta) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 // Service mirrors a Kubernetes Service: the frontends clients connect to.
@@ -1589,7 +1599,7 @@ var File_weir_v1_resources_proto protoreflect.FileDescriptor
 
 const file_weir_v1_resources_proto_rawDesc = "" +
 	"\n" +
-	"\x17weir/v1/resources.proto\x12\aweir.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x02\n" +
+	"\x17weir/v1/resources.proto\x12\aweir.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xce\x02\n" +
 	"\n" +
 	"ObjectMeta\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
@@ -1598,7 +1608,8 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x10resource_version\x18\x04 \x01(\tR\x0fresourceVersion\x12;\n" +
 	"\vcreate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\x1a9\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\x12\x1a\n" +
+	"\brevision\x18\a \x01(\x04R\brevision\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x01\n" +
