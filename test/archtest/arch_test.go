@@ -34,6 +34,7 @@ func TestDependencyDirection(t *testing.T) {
 		{"server/registry", []string{"google.golang.org/grpc", module + "/proto"}, "the core logic does not know the transport"},
 		{"server/nodestate", []string{"google.golang.org/grpc", module + "/proto"}, "the core logic does not know the transport"},
 		{"server/receive", []string{"google.golang.org/grpc", module + "/proto", module + "/server/api", module + "/server/agentsync"}, "who receives a service's traffic, and why not, is decided without the transport or the hub"},
+		{"server/l2owner", []string{"google.golang.org/grpc", module + "/proto", module + "/server/api", module + "/server/agentsync"}, "who answers ARP and NDP for an address, and the lease that fences it, is decided without the transport"},
 		{"server/observed", []string{"google.golang.org/grpc", module + "/proto", module + "/server/"}, "what the server knows of a node is a leaf: reports arrive decoded"},
 		{"internal/apierr", []string{module + "/server", module + "/agent", module + "/lbtier", module + "/lbctl", module + "/datapath", module + "/internal/dial", module + "/proto"},
 			"the errors the server and its clients agree on are a leaf"},

@@ -1,0 +1,230 @@
+// Package l2owner decides which node answers ARP and NDP for each
+// address of an L2 pool, and fences the decision with a lease, so that
+// two nodes never answer for one address at once.
+//
+// The choice (Assign): rendezvous ranks over the address's candidates
+// (the nodes that may own it now: for externalTrafficPolicy Local only
+// those with a ready local endpoint; never a drained, deleting or
+// unhealthy node), the ranks the BGP announcer choice uses, with loads
+// bounded so that addresses spread evenly.
+//
+// The fence: a node answers for an address only while it holds a lease
+// of the address's current epoch. A node asks for its lease, and counts
+// it from the moment it asked, by its own clock; the server counts it
+// from the moment it granted, which is later. The server gives the
+// address to another node only once the lease has expired by the
+// server's clock plus Margin (for the two clocks' rates), or once the
+// holder released it. So whatever the delays between them, the old
+// owner has stopped before the new one starts.
+package l2owner
+
+import (
+	"cmp"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/weirlb/weir/server/announcers"
+)
+
+// Assign chooses the owner of every address among its candidates
+// (none when it has none), keeping the owners in current where it can.
+// Ranks are rendezvous scores, so every replica and restart agrees. Loads
+// are balanced: with m addresses over n candidate nodes, every node owns
+// m/n of them, and m%n nodes one more, as far as the candidates allow
+// (an address's best-ranked candidate takes it past that bound when all
+// its candidates are full). A current owner keeps its addresses within
+// that bound: a node that goes moves only the addresses it owned, one
+// that comes takes only what the others hold past their new bound.
+//
+// Where candidates are few, one round of that can leave an address to a
+// node that the next round would move; Assign repeats the round until
+// nothing moves (two or three rounds at most in practice), so that asking
+// again with the answer moves nothing.
+func Assign(candidates map[netip.Addr][]string, current map[netip.Addr]string) map[netip.Addr]string {
+	owner := assignOnce(candidates, current)
+	for range 8 {
+		next := assignOnce(candidates, owner)
+		if maps.Equal(next, owner) {
+			break
+		}
+		owner = next
+	}
+	return owner
+}
+
+func assignOnce(candidates map[netip.Addr][]string, current map[netip.Addr]string) map[netip.Addr]string {
+	nodes := map[string]bool{}
+	m := 0
+	for _, cs := range candidates {
+		for _, n := range cs {
+			nodes[n] = true
+		}
+		if len(cs) > 0 {
+			m++
+		}
+	}
+	owner := make(map[netip.Addr]string, m)
+	if len(nodes) == 0 {
+		return owner
+	}
+	floor, extra := m/len(nodes), m%len(nodes)
+	load, atCeil := map[string]int{}, 0
+	canTake := func(n string) bool { return load[n] < floor || (load[n] == floor && atCeil < extra) }
+	take := func(a netip.Addr, n string) {
+		if load[n] == floor {
+			atCeil++
+		}
+		load[n]++
+		owner[a] = n
+	}
+	ranked := make(map[netip.Addr][]string, len(candidates))
+	for a, cs := range candidates {
+		ranked[a] = announcers.Choose(a.String(), cs, len(cs))
+	}
+	// Current owners keep their best-ranked addresses: up to the floor
+	// each, then one more each (in name order) while the extra places
+	// last.
+	kept := map[string][]netip.Addr{}
+	for a, n := range current {
+		if slices.Contains(candidates[a], n) {
+			kept[n] = append(kept[n], a)
+		}
+	}
+	byName := slices.Sorted(maps.Keys(kept))
+	for _, n := range byName {
+		slices.SortFunc(kept[n], func(x, y netip.Addr) int {
+			return cmp.Or(cmp.Compare(slices.Index(ranked[x], n), slices.Index(ranked[y], n)), x.Compare(y))
+		})
+		for _, a := range kept[n][:min(len(kept[n]), floor)] {
+			take(a, n)
+		}
+	}
+	for _, n := range byName {
+		if len(kept[n]) > floor && canTake(n) {
+			take(kept[n][floor], n)
+		}
+	}
+	// Then every address without an owner, in address order: its
+	// best-ranked candidate with room, or its best-ranked one.
+	for _, a := range slices.SortedFunc(maps.Keys(candidates), netip.Addr.Compare) {
+		if owner[a] != "" || len(ranked[a]) == 0 {
+			continue
+		}
+		pick := ranked[a][0]
+		for _, n := range ranked[a] {
+			if canTake(n) {
+				pick = n
+				break
+			}
+		}
+		take(a, pick)
+	}
+	return owner
+}
+
+// Lease is a node's right to answer for an address.
+type Lease struct {
+	Node string
+	// Epoch grows with every new owner of the address; a node's answer
+	// to a grant names it, so a stale renewal never extends a newer
+	// owner's lease.
+	Epoch uint64
+	// Since is when this owner's first grant was made; Expires is when
+	// the lease ends by the server's clock, unless renewed.
+	Since, Expires time.Time
+}
+
+// Table holds the leases of every L2 address. It is not safe for
+// concurrent use: its owner serialises calls.
+type Table struct {
+	clk clock.PassiveClock
+	// TTL is how long a grant lasts; Margin how much longer the server
+	// waits after a lease's end before it grants the address to another
+	// node.
+	ttl, margin time.Duration
+	leases      map[netip.Addr]*Lease
+	epoch       uint64    // the last epoch given, for every address
+	started     time.Time // when the table began knowing the leases
+}
+
+// NewTable is a table with no lease, counting time on clk. Since it
+// knows of no lease it may not have given (a restart), it grants no
+// address before ttl+margin has passed: a lease given before then has
+// ended by then.
+func NewTable(clk clock.PassiveClock, ttl, margin time.Duration) *Table {
+	// Epochs start from the clock, so that a restarted server never
+	// gives an epoch an agent may still hold.
+	return &Table{clk: clk, ttl: ttl, margin: margin, leases: map[netip.Addr]*Lease{}, started: clk.Now(),
+		epoch: uint64(clk.Now().UnixNano())}
+}
+
+// Verdict is the answer to a node's request for an address.
+type Verdict int
+
+const (
+	// Granted: the node holds the lease until it ends by its own count.
+	Granted Verdict = iota
+	// NotChosen: another node should own the address, or none may.
+	NotChosen
+	// Fenced: the node is the choice, but the address's previous lease
+	// has not surely ended: the node asks again later.
+	Fenced
+)
+
+// Request is node asking to hold addr (or to renew its hold), where
+// chosen is the node that should own it now (Assign). It answers with
+// the verdict and, when granted, the lease.
+func (t *Table) Request(addr netip.Addr, node, chosen string) (Verdict, Lease) {
+	now := t.clk.Now()
+	if node != chosen {
+		return NotChosen, Lease{}
+	}
+	l := t.leases[addr]
+	switch {
+	case l != nil && l.Node == node:
+		// A renewal (or a node asking again before it heard the grant).
+		l.Expires = now.Add(t.ttl)
+		return Granted, *l
+	case l != nil && now.Before(l.Expires.Add(t.margin)):
+		return Fenced, Lease{}
+	case l == nil && now.Before(t.started.Add(t.ttl+t.margin)):
+		return Fenced, Lease{}
+	}
+	t.epoch++
+	l = &Lease{Node: node, Epoch: t.epoch, Since: now, Expires: now.Add(t.ttl)}
+	t.leases[addr] = l
+	return Granted, *l
+}
+
+// Release is node giving up addr's lease of epoch (it stopped
+// answering): the next owner need not wait for the lease to end.
+func (t *Table) Release(addr netip.Addr, node string, epoch uint64) {
+	if l := t.leases[addr]; l != nil && l.Node == node && l.Epoch == epoch {
+		delete(t.leases, addr)
+	}
+}
+
+// Holder is the lease on addr, and whether one is held now.
+func (t *Table) Holder(addr netip.Addr) (Lease, bool) {
+	l := t.leases[addr]
+	if l == nil || !t.clk.Now().Before(l.Expires) {
+		return Lease{}, false
+	}
+	return *l, true
+}
+
+// Forget drops the leases of addresses no longer in an L2 pool that have
+// ended past the margin; a lease still running stays until then, so that
+// an address back in a pool soon is fenced as before.
+func (t *Table) Forget(keep func(netip.Addr) bool) {
+	now := t.clk.Now()
+	for a, l := range t.leases {
+		if !keep(a) && !now.Before(l.Expires.Add(t.margin)) {
+			delete(t.leases, a)
+		}
+	}
+}

@@ -1,0 +1,215 @@
+package l2owner
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func addrs(n int) []netip.Addr {
+	out := make([]netip.Addr, n)
+	for i := range out {
+		out[i] = netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)})
+	}
+	return out
+}
+
+func names(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("node%03d", i)
+	}
+	return out
+}
+
+func everyNode(as []netip.Addr, nodes []string) map[netip.Addr][]string {
+	c := map[netip.Addr][]string{}
+	for _, a := range as {
+		c[a] = nodes
+	}
+	return c
+}
+
+func loads(owner map[netip.Addr]string, nodes []string) []float64 {
+	count := map[string]int{}
+	for _, n := range owner {
+		count[n]++
+	}
+	out := make([]float64, len(nodes))
+	for i, n := range nodes {
+		out[i] = float64(count[n])
+	}
+	return out
+}
+
+func cv(xs []float64) float64 {
+	var sum, sq float64
+	for _, x := range xs {
+		sum += x
+	}
+	mean := sum / float64(len(xs))
+	for _, x := range xs {
+		sq += (x - mean) * (x - mean)
+	}
+	return math.Sqrt(sq/float64(len(xs))) / mean
+}
+
+// 256 nodes and 1,000 addresses: every node owns 3 or 4 (rendezvous alone
+// would give some nodes none and others ten).
+func TestAssignSpreadsEvenly(t *testing.T) {
+	as, nodes := addrs(1000), names(256)
+	owner := Assign(everyNode(as, nodes), nil)
+	l := loads(owner, nodes)
+	if got := cv(l); got >= 0.10 {
+		t.Errorf("owned addresses per node: coefficient of variation %.3f, want < 0.10", got)
+	}
+	if lo, hi := slices.Min(l), slices.Max(l); hi-lo > 1 {
+		t.Errorf("owned addresses per node from %v to %v; want within one", lo, hi)
+	}
+	if len(owner) != len(as) {
+		t.Errorf("%d of %d addresses have an owner", len(owner), len(as))
+	}
+}
+
+// A node that goes moves only the addresses it owned; one that comes
+// takes only what the others hold past their new share.
+func TestAssignMovesOnlyWhatItMust(t *testing.T) {
+	as, nodes := addrs(1000), names(256)
+	before := Assign(everyNode(as, nodes), nil)
+	gone := nodes[17]
+	after := Assign(everyNode(as, slices.Delete(slices.Clone(nodes), 17, 18)), before)
+	for _, a := range as {
+		if before[a] != gone && after[a] != before[a] {
+			t.Fatalf("%s moved from %s to %s when %s went", a, before[a], after[a], gone)
+		}
+		if after[a] == gone {
+			t.Fatalf("%s is still owned by %s, which went", a, gone)
+		}
+	}
+	back := Assign(everyNode(as, nodes), after)
+	moved := 0
+	for _, a := range as {
+		if back[a] != after[a] {
+			moved++
+			if back[a] != gone {
+				t.Errorf("%s moved from %s to %s, not to the node that came", a, after[a], back[a])
+			}
+		}
+	}
+	if share := (len(as) + len(nodes) - 1) / len(nodes); moved == 0 || moved > share {
+		t.Errorf("%d addresses moved when a node came; want 1 to %d (its share)", moved, share)
+	}
+}
+
+// Only candidates own; an address without one has no owner; assigning
+// again what was assigned changes nothing.
+func TestAssignKeepsToCandidatesAndSettles(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	nodes := names(12)
+	for round := range 50 {
+		c := map[netip.Addr][]string{}
+		for _, a := range addrs(40) {
+			var cs []string
+			for _, n := range nodes {
+				if rng.IntN(4) == 0 { // a Local service: few nodes have its endpoints
+					cs = append(cs, n)
+				}
+			}
+			c[a] = cs
+		}
+		owner := Assign(c, nil)
+		for a, cs := range c {
+			switch n, ok := owner[a]; {
+			case len(cs) == 0 && ok:
+				t.Fatalf("round %d: %s has no candidate and is owned by %s", round, a, n)
+			case len(cs) > 0 && !slices.Contains(cs, n):
+				t.Fatalf("round %d: %s is owned by %q, not one of its candidates %v", round, a, n, cs)
+			}
+		}
+		if again := Assign(c, owner); !maps.Equal(again, owner) {
+			t.Fatalf("round %d: assigning again moved addresses", round)
+		}
+	}
+}
+
+func TestLeasesAreFenced(t *testing.T) {
+	t0 := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakePassiveClock(t0)
+	const ttl, margin = 2 * time.Second, 500 * time.Millisecond
+	tbl := NewTable(clk, ttl, margin)
+	a := netip.MustParseAddr("192.0.2.50")
+
+	// A table that just started knows of no lease it may have given
+	// before: nothing is granted until such a lease has surely ended.
+	if v, _ := tbl.Request(a, "n1", "n1"); v != Fenced {
+		t.Fatalf("a fresh table granted at once (%v)", v)
+	}
+	clk.SetTime(t0.Add(ttl + margin))
+	v, first := tbl.Request(a, "n1", "n1")
+	if v != Granted || first.Node != "n1" || !first.Expires.Equal(clk.Now().Add(ttl)) {
+		t.Fatalf("request of the chosen node: %v %+v", v, first)
+	}
+	if v, _ := tbl.Request(a, "n2", "n1"); v != NotChosen {
+		t.Fatalf("a node not chosen: %v", v)
+	}
+	// Renewed while chosen, with the same epoch.
+	clk.SetTime(clk.Now().Add(time.Second))
+	if v, l := tbl.Request(a, "n1", "n1"); v != Granted || l.Epoch != first.Epoch || !l.Since.Equal(first.Since) {
+		t.Fatalf("renewal: %v %+v (first %+v)", v, l, first)
+	}
+	end := clk.Now().Add(ttl)
+	// n1 fails; n2 is chosen now. It waits until n1's lease has ended,
+	// by the server's clock, plus the margin.
+	for _, at := range []time.Time{clk.Now(), end, end.Add(margin - time.Millisecond)} {
+		clk.SetTime(at)
+		if v, _ := tbl.Request(a, "n2", "n2"); v != Fenced {
+			t.Fatalf("at %v (n1's lease ends %v): n2 got %v", at.Sub(t0), end.Sub(t0), v)
+		}
+	}
+	if _, held := tbl.Holder(a); held {
+		t.Fatal("n1 still shown as holder after its lease ended")
+	}
+	clk.SetTime(end.Add(margin))
+	v, second := tbl.Request(a, "n2", "n2")
+	if v != Granted || second.Epoch <= first.Epoch {
+		t.Fatalf("after the fence: %v %+v; want a grant of a newer epoch than %d", v, second, first.Epoch)
+	}
+	// A late renewal of the old owner, or its release of the old epoch,
+	// changes nothing.
+	if v, _ := tbl.Request(a, "n1", "n2"); v != NotChosen {
+		t.Fatalf("the old owner renewed: %v", v)
+	}
+	tbl.Release(a, "n1", first.Epoch)
+	if h, held := tbl.Holder(a); !held || h.Node != "n2" {
+		t.Fatalf("holder after a stale release: %+v %v", h, held)
+	}
+	// A handover: n2 releases, n3 is granted at once.
+	tbl.Release(a, "n2", second.Epoch)
+	if v, l := tbl.Request(a, "n3", "n3"); v != Granted || l.Epoch <= second.Epoch {
+		t.Fatalf("after a release: %v %+v", v, l)
+	}
+}
+
+// A restarted server gives epochs no agent can still hold.
+func TestEpochsGrowAcrossRestarts(t *testing.T) {
+	t0 := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
+	a := netip.MustParseAddr("192.0.2.50")
+	var last uint64
+	for restart := range 3 {
+		clk := clocktesting.NewFakePassiveClock(t0.Add(time.Duration(restart) * time.Minute))
+		tbl := NewTable(clk, time.Second, time.Second)
+		clk.SetTime(clk.Now().Add(2 * time.Second))
+		v, l := tbl.Request(a, "n1", "n1")
+		if v != Granted || l.Epoch <= last {
+			t.Fatalf("restart %d: %v epoch %d after %d", restart, v, l.Epoch, last)
+		}
+		last = l.Epoch
+	}
+}
