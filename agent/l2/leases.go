@@ -1,0 +1,133 @@
+package l2
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Leases is the node's side of the fence: it answers for an address only
+// while it holds an unexpired lease on it, counted from the moment the
+// node asked for it, by the node's own clock. The server counts the same
+// lease from when it granted it, which is later, and waits a margin more
+// before it gives the address to another node: so this node has stopped
+// answering before any other starts, whatever the delays between them.
+type Leases struct {
+	clk   clock.WithDelayedExecution
+	apply func(Owned) error // the Responder's Set, or a fake
+
+	mu     sync.Mutex
+	held   map[netip.Addr]held
+	timer  clock.Timer
+	closed bool
+}
+
+// held is one lease: until when it is valid here, and where to answer.
+type held struct {
+	epoch  uint64
+	until  time.Time
+	ifaces []string
+}
+
+// NewLeases answers through apply (a Responder's Set) for the leases it
+// holds, counting time on clk.
+func NewLeases(clk clock.WithDelayedExecution, apply func(Owned) error) *Leases {
+	return &Leases{clk: clk, apply: apply, held: map[netip.Addr]held{}}
+}
+
+// Granted records a lease of epoch on addr that the server granted for
+// ttl in answer to a request the node made at asked (a time of this
+// Leases' clock), to be answered on ifaces. A lease that has already
+// ended changes nothing.
+func (l *Leases) Granted(addr netip.Addr, epoch uint64, asked time.Time, ttl time.Duration, ifaces []string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	until := asked.Add(ttl)
+	if l.closed || !l.clk.Now().Before(until) {
+		return nil
+	}
+	if h, ok := l.held[addr]; ok && h.epoch == epoch && !until.After(h.until) {
+		return nil // an older answer arriving late
+	}
+	l.held[addr] = held{epoch: epoch, until: until, ifaces: slices.Clone(ifaces)}
+	return l.applyLocked()
+}
+
+// Release stops answering for addr at once (a handover, or the server
+// chose another node); it returns the epoch released, for the server.
+func (l *Leases) Release(addr netip.Addr) (epoch uint64, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.held[addr]
+	if !ok {
+		return 0, false
+	}
+	delete(l.held, addr)
+	l.applyLocked()
+	return h.epoch, true
+}
+
+// Held lists the addresses answered for now.
+func (l *Leases) Held() []netip.Addr {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []netip.Addr
+	now := l.clk.Now()
+	for a, h := range l.held {
+		if now.Before(h.until) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// applyLocked drops the ended leases, answers for the others, and sets
+// the timer for the next end. Called with mu held.
+func (l *Leases) applyLocked() error {
+	now := l.clk.Now()
+	owned := Owned{}
+	var next time.Time
+	for a, h := range l.held {
+		if !now.Before(h.until) {
+			delete(l.held, a)
+			continue
+		}
+		owned[a] = h.ifaces
+		if next.IsZero() || h.until.Before(next) {
+			next = h.until
+		}
+	}
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	if !next.IsZero() && !l.closed {
+		var t clock.Timer
+		t = l.clk.AfterFunc(next.Sub(now), func() {
+			// On a goroutine of its own, as time.AfterFunc runs it: a fake
+			// clock calls it under its lock, which Now takes.
+			go func() {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				if l.timer == t {
+					l.applyLocked()
+				}
+			}()
+		})
+		l.timer = t
+	}
+	return l.apply(owned)
+}
+
+// Close stops answering for everything.
+func (l *Leases) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	l.held = map[netip.Addr]held{}
+	l.applyLocked()
+}
