@@ -45,9 +45,13 @@ import (
 // nothing moves (two or three rounds at most in practice), so that asking
 // again with the answer moves nothing.
 func Assign(candidates map[netip.Addr][]string, current map[netip.Addr]string) map[netip.Addr]string {
-	owner := assignOnce(candidates, current)
+	ranked := make(map[netip.Addr][]string, len(candidates))
+	for a, cs := range candidates {
+		ranked[a] = announcers.Choose(a.String(), cs, len(cs))
+	}
+	owner := assignOnce(candidates, ranked, current)
 	for range 8 {
-		next := assignOnce(candidates, owner)
+		next := assignOnce(candidates, ranked, owner)
 		if maps.Equal(next, owner) {
 			break
 		}
@@ -56,7 +60,9 @@ func Assign(candidates map[netip.Addr][]string, current map[netip.Addr]string) m
 	return owner
 }
 
-func assignOnce(candidates map[netip.Addr][]string, current map[netip.Addr]string) map[netip.Addr]string {
+// assignOnce is one round of Assign, with each address's candidates
+// ranked best first.
+func assignOnce(candidates, ranked map[netip.Addr][]string, current map[netip.Addr]string) map[netip.Addr]string {
 	nodes := map[string]bool{}
 	m := 0
 	for _, cs := range candidates {
@@ -80,10 +86,6 @@ func assignOnce(candidates map[netip.Addr][]string, current map[netip.Addr]strin
 		}
 		load[n]++
 		owner[a] = n
-	}
-	ranked := make(map[netip.Addr][]string, len(candidates))
-	for a, cs := range candidates {
-		ranked[a] = announcers.Choose(a.String(), cs, len(cs))
 	}
 	// Current owners keep their best-ranked addresses: up to the floor
 	// each, then one more each (in name order) while the extra places

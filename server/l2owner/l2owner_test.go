@@ -213,3 +213,17 @@ func TestEpochsGrowAcrossRestarts(t *testing.T) {
 		last = l.Epoch
 	}
 }
+
+// go test -run '^$' -bench Assign ./server/l2owner
+func BenchmarkAssign(b *testing.B) {
+	for _, size := range []struct{ nodes, addrs int }{{16, 64}, {256, 1000}, {1000, 1000}} {
+		b.Run(fmt.Sprintf("%dnodes_%daddrs", size.nodes, size.addrs), func(b *testing.B) {
+			c := everyNode(addrs(size.addrs), names(size.nodes))
+			owner := Assign(c, nil)
+			b.ResetTimer()
+			for range b.N {
+				Assign(c, owner)
+			}
+		})
+	}
+}
