@@ -1,6 +1,7 @@
 // Package receive decides whether a node should receive a service's
 // external traffic now, and when not, why: the verdict GetServiceStatus
-// explains and the load-balancer tier follows (targets.go). The checks
+// explains, the load-balancer tier follows (targets.go) and the L2 owner
+// choice takes its candidates from (L2Candidates). The checks
 // run in order and the first that fails is the reason: the node itself,
 // then (per family of the load-balancer IPs, where the node speaks BGP)
 // its sessions, then the service's local endpoints, then whether its
@@ -95,6 +96,27 @@ func Of(svc *model.Service, n observed.Node, drained bool) Verdict {
 		v.Reason, v.Message = first(nodeReason, nodeMessage, localReason, localMessage)
 	}
 	return v
+}
+
+// L2Candidates are the nodes that may answer ARP and NDP for svc's
+// addresses now, in observed's order, and for every other node the
+// verdict that keeps it out: the node's own reason, then for
+// externalTrafficPolicy Local the local endpoints (the same rules as Of,
+// without the BGP sessions and announcements an L2 address has no use
+// for). drained tells which nodes an operator drained.
+func L2Candidates(svc *model.Service, nodes []observed.Node, drained func(string) bool) (candidates []string, why map[string]Verdict) {
+	key := svc.Namespace + "/" + svc.Name
+	why = map[string]Verdict{}
+	for _, n := range nodes {
+		nr, nm := nodeReason(n, drained != nil && drained(n.Node))
+		lr, lm := localReason(svc, key, n)
+		if r, m := first(nr, nm, lr, lm); r != "" {
+			why[n.Node] = Verdict{Reason: r, Message: m}
+			continue
+		}
+		candidates = append(candidates, n.Node)
+	}
+	return candidates, why
 }
 
 // TargetReason is why a load-balancer-tier speaker should not send

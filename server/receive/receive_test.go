@@ -2,6 +2,7 @@ package receive
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -117,5 +118,38 @@ func TestLoadBalancerTierTargetsIgnoreTheNodesOwnAnnouncements(t *testing.T) {
 	}
 	if got := r.TargetReason(v4); got != "BGPSessionsDown" {
 		t.Errorf("ipv4 target reason %q, want BGPSessionsDown", got)
+	}
+}
+
+// A node may own an L2 address by the rules that decide whether it
+// receives the service's traffic, its BGP sessions aside.
+func TestL2Candidates(t *testing.T) {
+	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"}, ExternalTrafficPolicy: model.PolicyLocal,
+		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("192.0.2.50")}}
+	node := func(name string, ready bool) observed.Node {
+		n := healthyNode([]report.BGPSession{session("192.0.2.1", "active", "")}) // a speaker that is down: no matter here
+		n.Node = name
+		n.Services = map[string]observed.Service{}
+		if ready {
+			n.Services["default/web"] = observed.Service{LocalReady: 1, HealthCheckCode: 200}
+		}
+		return n
+	}
+	down := node("n4", true)
+	down.Connected = false
+	nodes := []observed.Node{node("n1", true), node("n2", false), node("n3", true), down}
+	got, why := L2Candidates(svc, nodes, func(n string) bool { return n == "n3" })
+	if !slices.Equal(got, []string{"n1"}) {
+		t.Errorf("candidates %v; want n1 alone", got)
+	}
+	for n, want := range map[string]string{"n2": NoLocalEndpoints, "n3": NodeDrained, "n4": Disconnected} {
+		if why[n].Reason != want {
+			t.Errorf("%s left out for %q; want %s", n, why[n].Reason, want)
+		}
+	}
+	// Cluster policy: every healthy node, endpoints or not.
+	svc.ExternalTrafficPolicy = model.PolicyCluster
+	if got, _ := L2Candidates(svc, nodes, nil); !slices.Equal(got, []string{"n1", "n2", "n3"}) {
+		t.Errorf("Cluster candidates %v; want n1, n2, n3", got)
 	}
 }
