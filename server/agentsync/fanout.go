@@ -55,7 +55,8 @@ func (h *Hub) Run(ctx context.Context) {
 	}
 }
 
-// apply recomputes what the queued changes touched and marks the sessions.
+// apply recomputes what the queued changes touched and hands it to the
+// cache as one batch, which marks what every client has to be sent.
 func (h *Hub) apply() {
 	services, nodes := map[string]bool{}, map[string]bool{}
 	newServices := map[string]*weirv1.NodeService{}
