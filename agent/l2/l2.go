@@ -41,12 +41,18 @@ type Responder struct {
 
 	mu     sync.Mutex
 	owned  map[netip.Addr]map[string]bool // address → interfaces
-	since  map[netip.Addr]time.Time       // when each was given
+	since  map[given]time.Time            // when each address was given on each interface
 	links  map[string]*link               // by interface name
 	closed bool
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
 	ctx    context.Context
+}
+
+// given is an address on one interface.
+type given struct {
+	addr  netip.Addr
+	iface string
 }
 
 // link is one interface's listeners.
@@ -61,7 +67,7 @@ type link struct {
 // New is a Responder that answers for nothing yet.
 func New(log *slog.Logger) *Responder {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Responder{log: log, owned: map[netip.Addr]map[string]bool{}, since: map[netip.Addr]time.Time{},
+	return &Responder{log: log, owned: map[netip.Addr]map[string]bool{}, since: map[given]time.Time{},
 		links: map[string]*link{}, ctx: ctx, cancel: cancel}
 }
 
@@ -114,14 +120,14 @@ func (r *Responder) Set(owned Owned) error {
 		was := r.owned[a]
 		for name := range now {
 			if !was[name] {
-				r.since[a] = time.Now()
+				r.since[given{a, name}] = time.Now()
 				r.announce(a, name)
 			}
 		}
 	}
-	for a := range r.since {
-		if next[a] == nil {
-			delete(r.since, a)
+	for g := range r.since {
+		if !next[g.addr][g.iface] {
+			delete(r.since, g)
 		}
 	}
 	r.owned = next
@@ -220,7 +226,8 @@ func (r *Responder) answerNDP(l *link) {
 // or an unsolicited neighbour advertisement for a on interface name, as
 // long as the node still owns it there. Called with mu held.
 func (r *Responder) announce(a netip.Addr, name string) {
-	given := r.since[a]
+	key := given{a, name}
+	at0 := r.since[key]
 	l := r.links[name]
 	r.wg.Add(1)
 	go func() {
@@ -229,10 +236,10 @@ func (r *Responder) announce(a netip.Addr, name string) {
 			select {
 			case <-r.ctx.Done():
 				return
-			case <-time.After(time.Until(given.Add(at))):
+			case <-time.After(time.Until(at0.Add(at))):
 			}
 			r.mu.Lock()
-			still := r.owned[a][name] && r.since[a].Equal(given)
+			still := r.owned[a][name] && r.since[key].Equal(at0)
 			r.mu.Unlock()
 			if !still {
 				return

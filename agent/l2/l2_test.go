@@ -250,3 +250,40 @@ func TestAMissingInterfaceIsNamed(t *testing.T) {
 		t.Fatalf("the client resolved %s to %q; want n1's %s", vip4, mac, s.mac["n1"])
 	}
 }
+
+// An address given on two interfaces at once is announced on both, every
+// time: each interface's announcements run on their own.
+func TestAnAddressOnTwoInterfacesIsAnnouncedOnBoth(t *testing.T) {
+	s := newSegment(t)
+	r := s.responder(t)
+	var c *arp.Client
+	if err := s.client.Do(func() error {
+		ifi, err := net.InterfaceByName("c0")
+		if err != nil {
+			return err
+		}
+		c, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s.set(t, r, Owned{vip4: {"n1", "n2"}})
+	// The announcements at 0, 0.25 and 1.1 s.
+	c.SetReadDeadline(time.Now().Add(Announcements[2] + 500*time.Millisecond))
+	seen := map[string]int{}
+	for {
+		p, _, err := c.Read()
+		if err != nil {
+			break
+		}
+		if p.Operation == arp.OperationReply && p.SenderIP == vip4 && p.TargetIP == vip4 {
+			seen[p.SenderHardwareAddr.String()]++
+		}
+	}
+	for _, n := range []string{"n1", "n2"} {
+		if seen[s.mac[n]] < 3 {
+			t.Errorf("%s announced %s %d times in the first %v; want 3 (seen: %v)", n, vip4, seen[s.mac[n]], Announcements[2], seen)
+		}
+	}
+}
