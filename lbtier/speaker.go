@@ -3,6 +3,7 @@ package lbtier
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"sync"
 	"time"
@@ -180,11 +181,7 @@ func (s *Speaker) pathID(node string) uint32 {
 func (s *Speaker) Announced() map[PathKey]bgpspeaker.Announcement {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[PathKey]bgpspeaker.Announcement, len(s.announced))
-	for k, a := range s.announced {
-		out[k] = a
-	}
-	return out
+	return maps.Clone(s.announced)
 }
 
 // publish sends the status when it changed, and says once per router

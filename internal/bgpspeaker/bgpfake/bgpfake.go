@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"sync"
 
@@ -79,9 +80,5 @@ func (r *Recorder) Calls() []string {
 func (r *Recorder) Routes() map[Path]bgpspeaker.Announcement {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[Path]bgpspeaker.Announcement, len(r.routes))
-	for k, v := range r.routes {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(r.routes)
 }
