@@ -41,6 +41,31 @@ type NodeInfo struct {
 	// ServiceCIDRs are the cluster's service ranges as the server knows
 	// them (Kubernetes' ServiceCIDR objects), added to Config.ServiceCIDRs.
 	ServiceCIDRs []netip.Prefix
+	// L2Pools are the pools answered over L2, not announced over BGP;
+	// the datapath itself does not use them.
+	L2Pools []L2Pool
+}
+
+// L2Pool is a pool whose addresses are answered by ARP and NDP on
+// Interfaces (empty: the interfaces whose subnets hold the address).
+type L2Pool struct {
+	Ranges     []AddressRange
+	Interfaces []string
+}
+
+// Equal reports whether two L2 pools are the same.
+func (p L2Pool) Equal(o L2Pool) bool {
+	return slices.Equal(p.Ranges, o.Ranges) && slices.Equal(p.Interfaces, o.Interfaces)
+}
+
+// L2PoolOf is the L2 pool holding addr, if one does.
+func (n NodeInfo) L2PoolOf(addr netip.Addr) (L2Pool, bool) {
+	for _, p := range n.L2Pools {
+		if slices.ContainsFunc(p.Ranges, func(r AddressRange) bool { return r.Contains(addr) }) {
+			return p, true
+		}
+	}
+	return L2Pool{}, false
 }
 
 // BGPAdvertisement is how the addresses in Ranges are announced.

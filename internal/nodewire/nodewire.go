@@ -32,12 +32,37 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 	for _, a := range n.Advertisements {
 		pa := &weirv1.PoolAdvertisement{Communities: a.Communities, LocalPreference: a.LocalPref, Peers: a.Peers,
 			AggregationLength: uint32(a.AggregationLength), AggregationLengthV6: uint32(a.AggregationLengthV6)}
-		for _, r := range a.Ranges {
-			pa.Ranges = append(pa.Ranges, r.First.String()+"-"+r.Last.String())
-		}
+		pa.Ranges = encodeRanges(a.Ranges)
 		out.Advertisements = append(out.Advertisements, pa)
 	}
+	for _, p := range n.L2Pools {
+		out.L2Pools = append(out.L2Pools, &weirv1.L2Pool{Ranges: encodeRanges(p.Ranges), Interfaces: p.Interfaces})
+	}
 	return out
+}
+
+// encodeRanges are ranges as "FIRST-LAST".
+func encodeRanges(rs []datapath.AddressRange) []string {
+	out := make([]string, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.First.String()+"-"+r.Last.String())
+	}
+	return out
+}
+
+// decodeRanges reads "FIRST-LAST" ranges given in field.
+func decodeRanges(field string, rs []string) ([]datapath.AddressRange, error) {
+	out := make([]datapath.AddressRange, 0, len(rs))
+	for j, r := range rs {
+		first, last, ok := strings.Cut(r, "-")
+		f, err1 := netip.ParseAddr(first)
+		l, err2 := netip.ParseAddr(last)
+		if !ok || err1 != nil || err2 != nil || f.Is4() != l.Is4() || l.Less(f) {
+			return nil, fmt.Errorf("%s[%d]: %q is not FIRST-LAST", field, j, r)
+		}
+		out = append(out, datapath.AddressRange{First: f, Last: l})
+	}
+	return out, nil
 }
 
 // DecodeNode reads a node from the wire.
@@ -78,16 +103,17 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 		if a.AggregationLength > 32 || a.AggregationLengthV6 > 128 {
 			return datapath.NodeInfo{}, fmt.Errorf("node.advertisements[%d]: aggregation lengths %d and %d are not prefix lengths", i, a.AggregationLength, a.AggregationLengthV6)
 		}
-		for j, r := range pa.GetRanges() {
-			first, last, ok := strings.Cut(r, "-")
-			f, err1 := netip.ParseAddr(first)
-			l, err2 := netip.ParseAddr(last)
-			if !ok || err1 != nil || err2 != nil || f.Is4() != l.Is4() {
-				return datapath.NodeInfo{}, fmt.Errorf("node.advertisements[%d].ranges[%d]: %q is not FIRST-LAST", i, j, r)
-			}
-			a.Ranges = append(a.Ranges, datapath.AddressRange{First: f, Last: l})
+		if a.Ranges, err = decodeRanges(fmt.Sprintf("node.advertisements[%d].ranges", i), pa.GetRanges()); err != nil {
+			return datapath.NodeInfo{}, err
 		}
 		info.Advertisements = append(info.Advertisements, a)
+	}
+	for i, p := range n.GetL2Pools() {
+		rs, err := decodeRanges(fmt.Sprintf("node.l2_pools[%d].ranges", i), p.GetRanges())
+		if err != nil {
+			return datapath.NodeInfo{}, err
+		}
+		info.L2Pools = append(info.L2Pools, datapath.L2Pool{Ranges: rs, Interfaces: p.GetInterfaces()})
 	}
 	return info, nil
 }

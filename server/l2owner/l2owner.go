@@ -230,3 +230,30 @@ func (t *Table) Forget(keep func(netip.Addr) bool) {
 		}
 	}
 }
+
+// Adopt takes as this table's a lease that node says it holds on addr
+// (granted by a server before a restart, or by an earlier leader), when
+// the table knows no lease on addr: the node keeps answering without a
+// gap, and no other node is given the address before that lease ends
+// here. Epochs given later are greater than the adopted one.
+func (t *Table) Adopt(addr netip.Addr, node string, epoch uint64) {
+	if t.leases[addr] != nil {
+		return
+	}
+	now := t.clk.Now()
+	t.leases[addr] = &Lease{Node: node, Epoch: epoch, Since: now, Expires: now.Add(t.ttl)}
+	t.epoch = max(t.epoch, epoch)
+}
+
+// FreeAt is when addr may be granted to node: now or earlier when it may
+// be at once.
+func (t *Table) FreeAt(addr netip.Addr, node string) time.Time {
+	l := t.leases[addr]
+	switch {
+	case l != nil && l.Node == node:
+		return time.Time{}
+	case l != nil:
+		return l.Expires.Add(t.margin)
+	}
+	return t.started.Add(t.ttl + t.margin)
+}

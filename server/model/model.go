@@ -109,7 +109,23 @@ type AddressPool struct {
 	ManualOnly bool           `json:"manualOnly,omitempty"`
 	// BGP is what the nodes attach to the routes of the pool's addresses.
 	BGP BGPAdvertisement `json:"bgp,omitzero"`
+	// L2, when set, has the pool's addresses answered by ARP and NDP,
+	// one node per address, instead of announced over BGP.
+	L2 *L2Advertisement `json:"l2,omitempty"`
 }
+
+// L2Advertisement is where and by which nodes a pool's addresses are
+// answered over L2.
+type L2Advertisement struct {
+	// Interfaces are the node interfaces to answer on; empty means those
+	// whose subnets hold the address.
+	Interfaces []string `json:"interfaces,omitempty"`
+	// NodeSelector: only nodes with all these labels answer.
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+}
+
+// Selects reports whether a node with these labels may answer.
+func (a *L2Advertisement) Selects(labels map[string]string) bool { return selects(a.NodeSelector, labels) }
 
 // BGPAdvertisement is how a pool's addresses are announced.
 type BGPAdvertisement struct {
@@ -274,8 +290,11 @@ type BGPPeer struct {
 }
 
 // Selects reports whether the peer applies to a node with these labels.
-func (p *BGPPeer) Selects(labels map[string]string) bool {
-	for k, v := range p.NodeSelector {
+func (p *BGPPeer) Selects(labels map[string]string) bool { return selects(p.NodeSelector, labels) }
+
+// selects reports whether labels hold every label of selector.
+func selects(selector, labels map[string]string) bool {
+	for k, v := range selector {
 		if labels[k] != v {
 			return false
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,12 +52,13 @@ const (
 // labelName is a label key's name part, or a non-empty value.
 var labelName = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
 
-func validateLabels(labels map[string]string) error {
+// validateLabels checks labels (or a selector's) given in field.
+func validateLabels(field string, labels map[string]string) error {
 	if len(labels) > maxLabels {
-		return fieldErr("metadata.labels", "%d labels; at most %d", len(labels), maxLabels)
+		return fieldErr(field, "%d labels; at most %d", len(labels), maxLabels)
 	}
 	for k, v := range labels {
-		f := fmt.Sprintf("metadata.labels[%q]", k)
+		f := fmt.Sprintf("%s[%q]", field, k)
 		prefix, name, hasPrefix := strings.Cut(k, "/")
 		if !hasPrefix {
 			prefix, name = "", k
@@ -83,7 +85,7 @@ func validateMeta(m *Meta, namespaced bool, name *regexp.Regexp) error {
 	if len(m.Name) > maxSubdomain || !name.MatchString(m.Name) {
 		return fieldErr("metadata.name", "%q is not a valid name (lowercase letters, digits and '-'; dots between labels where allowed; at most 63 or 253)", m.Name)
 	}
-	return validateLabels(m.Labels)
+	return validateLabels("metadata.labels", m.Labels)
 }
 
 func validPort(p int32) bool { return p >= 1 && p <= 65535 }
@@ -353,6 +355,11 @@ func (p *AddressPool) Validate() error {
 			}
 		}
 	}
+	if p.L2 != nil {
+		if err := p.L2.validate(!p.BGP.IsZero()); err != nil {
+			return err
+		}
+	}
 	for i, peer := range p.BGP.Peers {
 		if !dns1123Subdomain.MatchString(peer) {
 			return fieldErr(fmt.Sprintf("bgp_advertisement.peers[%d]", i), "%q is not a BGP peer's name", peer)
@@ -389,6 +396,31 @@ func (p *AddressPool) Validate() error {
 	return nil
 }
 
+// maxInterfaces bounds an L2 advertisement's interfaces (Weir's).
+const maxInterfaces = 16
+
+// interfaceName is a Linux interface name: 1 to 15 bytes (IFNAMSIZ less
+// the NUL), no '/', ':' or white space, not "." or "..".
+var interfaceName = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,15}$`)
+
+func (a *L2Advertisement) validate(bgp bool) error {
+	if bgp {
+		return fieldErr("l2_advertisement", "a pool is announced over BGP or answered over L2, not both: remove bgp_advertisement")
+	}
+	if len(a.Interfaces) > maxInterfaces {
+		return fieldErr("l2_advertisement.interfaces", "%d interfaces; at most %d", len(a.Interfaces), maxInterfaces)
+	}
+	for i, name := range a.Interfaces {
+		if !interfaceName.MatchString(name) || name == "." || name == ".." {
+			return fieldErr(fmt.Sprintf("l2_advertisement.interfaces[%d]", i), "%q is not an interface name (1 to 15 of letters, digits, '_', '.', '@' and '-')", name)
+		}
+		if slices.Contains(a.Interfaces[:i], name) {
+			return fieldErr(fmt.Sprintf("l2_advertisement.interfaces[%d]", i), "%q is given twice", name)
+		}
+	}
+	return validateLabels("l2_advertisement.node_selector", a.NodeSelector)
+}
+
 // Validate checks a BGP peer.
 func (p *BGPPeer) Validate() error {
 	if err := validateMeta(&p.Meta, false, dns1123Subdomain); err != nil {
@@ -409,7 +441,7 @@ func (p *BGPPeer) Validate() error {
 	if p.HoldTime != 0 && (p.HoldTime < 3*time.Second || p.HoldTime > 65535*time.Second) {
 		return fieldErr("hold_time_seconds", "must be 0 (90 s) or between 3 and 65535")
 	}
-	return nil
+	return validateLabels("node_selector", p.NodeSelector)
 }
 
 // notAssignable are the addresses a pool may not hold: a node cannot

@@ -47,21 +47,29 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 		info.ServiceCIDRs = append(info.ServiceCIDRs, c.CIDRs...)
 	}
 	for _, p := range v.Pools() {
-		if p.BGP.IsZero() {
-			continue
+		switch {
+		case p.L2 != nil:
+			info.L2Pools = append(info.L2Pools, datapath.L2Pool{Ranges: ranges(p), Interfaces: p.L2.Interfaces})
+		case !p.BGP.IsZero():
+			info.Advertisements = append(info.Advertisements, Advertisement(p))
 		}
-		info.Advertisements = append(info.Advertisements, Advertisement(p))
 	}
 	return info
+}
+
+// ranges are the pool's ranges in the datapath's terms.
+func ranges(p *model.AddressPool) []datapath.AddressRange {
+	out := make([]datapath.AddressRange, 0, len(p.Ranges))
+	for _, r := range p.Ranges {
+		out = append(out, datapath.AddressRange{First: r.First, Last: r.Last})
+	}
+	return out
 }
 
 // Advertisement is how the nodes announce the pool's addresses over BGP.
 func Advertisement(p *model.AddressPool) datapath.BGPAdvertisement {
 	a := datapath.BGPAdvertisement{Communities: p.BGP.Communities, LocalPref: p.BGP.LocalPref, Peers: p.BGP.Peers,
-		AggregationLength: p.BGP.AggregationLength, AggregationLengthV6: p.BGP.AggregationLengthV6}
-	for _, r := range p.Ranges {
-		a.Ranges = append(a.Ranges, datapath.AddressRange{First: r.First, Last: r.Last})
-	}
+		AggregationLength: p.BGP.AggregationLength, AggregationLengthV6: p.BGP.AggregationLengthV6, Ranges: ranges(p)}
 	return a
 }
 

@@ -108,6 +108,12 @@ func L2Candidates(svc *model.Service, nodes []observed.Node, drained func(string
 	key := svc.Namespace + "/" + svc.Name
 	why = map[string]Verdict{}
 	for _, n := range nodes {
+		// An owner must not lose its addresses to every write: a node
+		// that applied a state and refused none counts as programmed
+		// while newer ones are on their way.
+		if n.AppliedVersion > 0 {
+			n.SentVersion = min(n.SentVersion, n.AppliedVersion)
+		}
 		nr, nm := nodeReason(n, drained != nil && drained(n.Node))
 		lr, lm := localReason(svc, key, n)
 		if r, m := first(nr, nm, lr, lm); r != "" {

@@ -152,4 +152,12 @@ func TestL2Candidates(t *testing.T) {
 	if got, _ := L2Candidates(svc, nodes, nil); !slices.Equal(got, []string{"n1", "n2", "n3"}) {
 		t.Errorf("Cluster candidates %v; want n1, n2, n3", got)
 	}
+	// A write on its way to a node does not take its addresses away; a
+	// node that has applied no state yet gets none.
+	busy, fresh := node("n1", true), node("n2", true)
+	busy.SentVersion = busy.AppliedVersion + 5
+	fresh.AppliedVersion, fresh.SentVersion = 0, 3
+	if got, why := L2Candidates(svc, []observed.Node{busy, fresh}, nil); !slices.Equal(got, []string{"n1"}) || why["n2"].Reason != NotProgrammed {
+		t.Errorf("candidates %v (n2: %q); want n1 alone, n2 not programmed", got, why["n2"].Reason)
+	}
 }

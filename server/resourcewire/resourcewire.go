@@ -282,6 +282,9 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 		return nil, err
 	}
 	out := &model.AddressPool{Meta: meta, ManualOnly: p.GetManualOnly()}
+	if l2 := p.GetL2Advertisement(); l2 != nil {
+		out.L2 = &model.L2Advertisement{Interfaces: l2.GetInterfaces(), NodeSelector: l2.GetNodeSelector()}
+	}
 	adv := p.GetBgpAdvertisement()
 	out.BGP.LocalPref, out.BGP.Peers = adv.GetLocalPreference(), adv.GetPeers()
 	out.BGP.AggregationLength, out.BGP.AggregationLengthV6 = int(adv.GetAggregationLength()), int(adv.GetAggregationLengthV6())
@@ -313,6 +316,9 @@ func PoolToProto(p *model.AddressPool) *weirv1.AddressPool {
 		for _, c := range p.BGP.Communities {
 			out.BgpAdvertisement.Communities = append(out.BgpAdvertisement.Communities, model.FormatCommunity(c))
 		}
+	}
+	if p.L2 != nil {
+		out.L2Advertisement = &weirv1.L2Advertisement{Interfaces: p.L2.Interfaces, NodeSelector: p.L2.NodeSelector}
 	}
 	for _, r := range p.Ranges {
 		out.Addresses = append(out.Addresses, r.String())

@@ -23,6 +23,204 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// L2Ask is an agent asking to hold (or keep holding) the L2 addresses the
+// server chose it for.
+type L2Ask struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node asking; the first ask of a stream must name it.
+	NodeName string `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// Grows with every ask of a stream; the answer names the ask it
+	// answers, and the agent counts the leases from the time of that ask.
+	Sequence uint64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// The leases the node holds now. On a new stream (a restarted server,
+	// a new leader) the server takes them as its own where the node is
+	// still the choice, so that the addresses do not move.
+	Held []*L2Lease `protobuf:"bytes,3,rep,name=held,proto3" json:"held,omitempty"`
+	// The leases the node stopped answering for since its last ask: their
+	// addresses may be given to another node at once.
+	Released      []*L2Lease `protobuf:"bytes,4,rep,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *L2Ask) Reset() {
+	*x = L2Ask{}
+	mi := &file_weir_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *L2Ask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*L2Ask) ProtoMessage() {}
+
+func (x *L2Ask) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use L2Ask.ProtoReflect.Descriptor instead.
+func (*L2Ask) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *L2Ask) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *L2Ask) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *L2Ask) GetHeld() []*L2Lease {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+func (x *L2Ask) GetReleased() []*L2Lease {
+	if x != nil {
+		return x.Released
+	}
+	return nil
+}
+
+// L2Lease is a node's right to answer for one address.
+type L2Lease struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Address string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// Grows with every new owner of the address.
+	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *L2Lease) Reset() {
+	*x = L2Lease{}
+	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *L2Lease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*L2Lease) ProtoMessage() {}
+
+func (x *L2Lease) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use L2Lease.ProtoReflect.Descriptor instead.
+func (*L2Lease) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *L2Lease) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *L2Lease) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// L2Grant answers an ask, or asks the agent to ask now.
+type L2Grant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ask answered; 0 asks the agent to ask again at once (the server
+	// has a lease for it, or took one away).
+	Sequence uint64 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// How long each lease lasts, counted from the ask.
+	Ttl *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// Every lease the node holds: it stops answering at once for any
+	// address not listed.
+	Leases        []*L2Lease `protobuf:"bytes,3,rep,name=leases,proto3" json:"leases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *L2Grant) Reset() {
+	*x = L2Grant{}
+	mi := &file_weir_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *L2Grant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*L2Grant) ProtoMessage() {}
+
+func (x *L2Grant) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use L2Grant.ProtoReflect.Descriptor instead.
+func (*L2Grant) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *L2Grant) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *L2Grant) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *L2Grant) GetLeases() []*L2Lease {
+	if x != nil {
+		return x.Leases
+	}
+	return nil
+}
+
 type SyncRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Message:
@@ -38,7 +236,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_weir_v1_agent_proto_msgTypes[0]
+	mi := &file_weir_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +248,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[0]
+	mi := &file_weir_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +261,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SyncRequest) GetMessage() isSyncRequest_Message {
@@ -157,7 +355,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	mi := &file_weir_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -169,7 +367,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	mi := &file_weir_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -182,7 +380,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Hello) GetNodeName() string {
@@ -229,7 +427,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_weir_v1_agent_proto_msgTypes[2]
+	mi := &file_weir_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -241,7 +439,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[2]
+	mi := &file_weir_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -254,7 +452,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Ack) GetVersion() uint64 {
@@ -276,7 +474,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_weir_v1_agent_proto_msgTypes[3]
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -288,7 +486,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[3]
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -301,7 +499,7 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Nack) GetVersion() uint64 {
@@ -340,7 +538,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_weir_v1_agent_proto_msgTypes[4]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -352,7 +550,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[4]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -365,7 +563,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Report) GetFull() bool {
@@ -421,7 +619,7 @@ type BgpSessions struct {
 
 func (x *BgpSessions) Reset() {
 	*x = BgpSessions{}
-	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -433,7 +631,7 @@ func (x *BgpSessions) String() string {
 func (*BgpSessions) ProtoMessage() {}
 
 func (x *BgpSessions) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -446,7 +644,7 @@ func (x *BgpSessions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSessions.ProtoReflect.Descriptor instead.
 func (*BgpSessions) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BgpSessions) GetSessions() []*BgpSession {
@@ -476,7 +674,7 @@ type BgpAnnouncement struct {
 
 func (x *BgpAnnouncement) Reset() {
 	*x = BgpAnnouncement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -488,7 +686,7 @@ func (x *BgpAnnouncement) String() string {
 func (*BgpAnnouncement) ProtoMessage() {}
 
 func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -501,7 +699,7 @@ func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpAnnouncement.ProtoReflect.Descriptor instead.
 func (*BgpAnnouncement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BgpAnnouncement) GetPrefix() string {
@@ -547,7 +745,7 @@ type BgpSession struct {
 
 func (x *BgpSession) Reset() {
 	*x = BgpSession{}
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +757,7 @@ func (x *BgpSession) String() string {
 func (*BgpSession) ProtoMessage() {}
 
 func (x *BgpSession) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +770,7 @@ func (x *BgpSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSession.ProtoReflect.Descriptor instead.
 func (*BgpSession) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BgpSession) GetPeerAddress() string {
@@ -634,7 +832,7 @@ type BgpFamily struct {
 
 func (x *BgpFamily) Reset() {
 	*x = BgpFamily{}
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +844,7 @@ func (x *BgpFamily) String() string {
 func (*BgpFamily) ProtoMessage() {}
 
 func (x *BgpFamily) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +857,7 @@ func (x *BgpFamily) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpFamily.ProtoReflect.Descriptor instead.
 func (*BgpFamily) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BgpFamily) GetFamily() string {
@@ -712,7 +910,7 @@ type NodeHealth struct {
 
 func (x *NodeHealth) Reset() {
 	*x = NodeHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +922,7 @@ func (x *NodeHealth) String() string {
 func (*NodeHealth) ProtoMessage() {}
 
 func (x *NodeHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +935,7 @@ func (x *NodeHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
 func (*NodeHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeHealth) GetHealthzCode() int32 {
@@ -788,7 +986,7 @@ type ServiceHealth struct {
 
 func (x *ServiceHealth) Reset() {
 	*x = ServiceHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -800,7 +998,7 @@ func (x *ServiceHealth) String() string {
 func (*ServiceHealth) ProtoMessage() {}
 
 func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -813,7 +1011,7 @@ func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceHealth.ProtoReflect.Descriptor instead.
 func (*ServiceHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ServiceHealth) GetNamespace() string {
@@ -900,7 +1098,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +1110,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +1123,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SyncResponse) GetVersion() uint64 {
@@ -994,14 +1192,18 @@ type NodeInfo struct {
 	Advertisements []*PoolAdvertisement `protobuf:"bytes,9,rep,name=advertisements,proto3" json:"advertisements,omitempty"`
 	// The ranges cluster IPs come from (the cluster's ServiceCIDR objects):
 	// new connections to their addresses that no service holds are dropped.
-	ServiceCidrs  []string `protobuf:"bytes,10,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
+	ServiceCidrs []string `protobuf:"bytes,10,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
+	// The pools whose addresses are answered over L2 (ARP and NDP), not
+	// announced over BGP; which node answers an address is given by the
+	// Leases stream.
+	L2Pools       []*L2Pool `protobuf:"bytes,11,rep,name=l2_pools,json=l2Pools,proto3" json:"l2_pools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1215,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1228,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -1099,6 +1301,69 @@ func (x *NodeInfo) GetServiceCidrs() []string {
 	return nil
 }
 
+func (x *NodeInfo) GetL2Pools() []*L2Pool {
+	if x != nil {
+		return x.L2Pools
+	}
+	return nil
+}
+
+// L2Pool is an L2 pool's addresses and where they are answered.
+type L2Pool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The pool's ranges, "FIRST-LAST".
+	Ranges []string `protobuf:"bytes,1,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	// The interfaces to answer on; empty means every interface whose
+	// subnet holds the address.
+	Interfaces    []string `protobuf:"bytes,2,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *L2Pool) Reset() {
+	*x = L2Pool{}
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *L2Pool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*L2Pool) ProtoMessage() {}
+
+func (x *L2Pool) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use L2Pool.ProtoReflect.Descriptor instead.
+func (*L2Pool) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *L2Pool) GetRanges() []string {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+func (x *L2Pool) GetInterfaces() []string {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
 // PoolAdvertisement is a pool's BGP attributes with the pool's addresses.
 type PoolAdvertisement struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1118,7 +1383,7 @@ type PoolAdvertisement struct {
 
 func (x *PoolAdvertisement) Reset() {
 	*x = PoolAdvertisement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1395,7 @@ func (x *PoolAdvertisement) String() string {
 func (*PoolAdvertisement) ProtoMessage() {}
 
 func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1408,7 @@ func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolAdvertisement.ProtoReflect.Descriptor instead.
 func (*PoolAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PoolAdvertisement) GetRanges() []string {
@@ -1205,7 +1470,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1482,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1495,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -1317,7 +1582,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1594,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1607,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -1449,7 +1714,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1461,7 +1726,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1474,7 +1739,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -1532,7 +1797,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1809,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1822,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -1627,7 +1892,19 @@ var File_weir_v1_agent_proto protoreflect.FileDescriptor
 
 const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\xb2\x01\n" +
+	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\x94\x01\n" +
+	"\x05L2Ask\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1a\n" +
+	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12$\n" +
+	"\x04held\x18\x03 \x03(\v2\x10.weir.v1.L2LeaseR\x04held\x12,\n" +
+	"\breleased\x18\x04 \x03(\v2\x10.weir.v1.L2LeaseR\breleased\"9\n" +
+	"\aL2Lease\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"|\n" +
+	"\aL2Grant\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12(\n" +
+	"\x06leases\x18\x03 \x03(\v2\x10.weir.v1.L2LeaseR\x06leases\"\xb2\x01\n" +
 	"\vSyncRequest\x12&\n" +
 	"\x05hello\x18\x01 \x01(\v2\x0e.weir.v1.HelloH\x00R\x05hello\x12 \n" +
 	"\x03ack\x18\x02 \x01(\v2\f.weir.v1.AckH\x00R\x03ack\x12#\n" +
@@ -1701,7 +1978,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
 	"\x04more\x18\x06 \x01(\bR\x04more\x12\x18\n" +
-	"\ahistory\x18\a \x01(\tR\ahistory\"\xdc\x02\n" +
+	"\ahistory\x18\a \x01(\tR\ahistory\"\x88\x03\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
@@ -1715,7 +1992,13 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\tbgp_peers\x18\b \x03(\v2\x11.weir.v1.NodePeerR\bbgpPeers\x12B\n" +
 	"\x0eadvertisements\x18\t \x03(\v2\x1a.weir.v1.PoolAdvertisementR\x0eadvertisements\x12#\n" +
 	"\rservice_cidrs\x18\n" +
-	" \x03(\tR\fserviceCidrs\"\xf1\x01\n" +
+	" \x03(\tR\fserviceCidrs\x12*\n" +
+	"\bl2_pools\x18\v \x03(\v2\x0f.weir.v1.L2PoolR\al2Pools\"@\n" +
+	"\x06L2Pool\x12\x16\n" +
+	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12\x1e\n" +
+	"\n" +
+	"interfaces\x18\x02 \x03(\tR\n" +
+	"interfaces\"\xf1\x01\n" +
 	"\x11PoolAdvertisement\x12\x16\n" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12 \n" +
 	"\vcommunities\x18\x02 \x03(\rR\vcommunities\x12)\n" +
@@ -1768,9 +2051,10 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	" \x03(\tR\thintNodes\x12\x14\n" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12\x18\n" +
 	"\aserving\x18\a \x01(\bR\aserving\x12 \n" +
-	"\vterminating\x18\b \x01(\bR\vterminatingJ\x04\b\x03\x10\x04R\x05local2G\n" +
+	"\vterminating\x18\b \x01(\bR\vterminatingJ\x04\b\x03\x10\x04R\x05local2w\n" +
 	"\fAgentService\x127\n" +
-	"\x04Sync\x12\x14.weir.v1.SyncRequest\x1a\x15.weir.v1.SyncResponse(\x010\x01B-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
+	"\x04Sync\x12\x14.weir.v1.SyncRequest\x1a\x15.weir.v1.SyncResponse(\x010\x01\x12.\n" +
+	"\x06Leases\x12\x0e.weir.v1.L2Ask\x1a\x10.weir.v1.L2Grant(\x010\x01B-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
 
 var (
 	file_weir_v1_agent_proto_rawDescOnce sync.Once
@@ -1784,65 +2068,76 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_weir_v1_agent_proto_goTypes = []any{
-	(*SyncRequest)(nil),           // 0: weir.v1.SyncRequest
-	(*Hello)(nil),                 // 1: weir.v1.Hello
-	(*Ack)(nil),                   // 2: weir.v1.Ack
-	(*Nack)(nil),                  // 3: weir.v1.Nack
-	(*Report)(nil),                // 4: weir.v1.Report
-	(*BgpSessions)(nil),           // 5: weir.v1.BgpSessions
-	(*BgpAnnouncement)(nil),       // 6: weir.v1.BgpAnnouncement
-	(*BgpSession)(nil),            // 7: weir.v1.BgpSession
-	(*BgpFamily)(nil),             // 8: weir.v1.BgpFamily
-	(*NodeHealth)(nil),            // 9: weir.v1.NodeHealth
-	(*ServiceHealth)(nil),         // 10: weir.v1.ServiceHealth
-	(*SyncResponse)(nil),          // 11: weir.v1.SyncResponse
-	(*NodeInfo)(nil),              // 12: weir.v1.NodeInfo
-	(*PoolAdvertisement)(nil),     // 13: weir.v1.PoolAdvertisement
-	(*NodePeer)(nil),              // 14: weir.v1.NodePeer
-	(*NodeService)(nil),           // 15: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 16: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 17: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 20: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 21: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 22: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 23: weir.v1.Protocol
+	(*L2Ask)(nil),                 // 0: weir.v1.L2Ask
+	(*L2Lease)(nil),               // 1: weir.v1.L2Lease
+	(*L2Grant)(nil),               // 2: weir.v1.L2Grant
+	(*SyncRequest)(nil),           // 3: weir.v1.SyncRequest
+	(*Hello)(nil),                 // 4: weir.v1.Hello
+	(*Ack)(nil),                   // 5: weir.v1.Ack
+	(*Nack)(nil),                  // 6: weir.v1.Nack
+	(*Report)(nil),                // 7: weir.v1.Report
+	(*BgpSessions)(nil),           // 8: weir.v1.BgpSessions
+	(*BgpAnnouncement)(nil),       // 9: weir.v1.BgpAnnouncement
+	(*BgpSession)(nil),            // 10: weir.v1.BgpSession
+	(*BgpFamily)(nil),             // 11: weir.v1.BgpFamily
+	(*NodeHealth)(nil),            // 12: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 13: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 14: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 15: weir.v1.NodeInfo
+	(*L2Pool)(nil),                // 16: weir.v1.L2Pool
+	(*PoolAdvertisement)(nil),     // 17: weir.v1.PoolAdvertisement
+	(*NodePeer)(nil),              // 18: weir.v1.NodePeer
+	(*NodeService)(nil),           // 19: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 20: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 21: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 24: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 25: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 26: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 27: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
-	1,  // 0: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
-	2,  // 1: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
-	3,  // 2: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
-	4,  // 3: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	9,  // 4: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	10, // 5: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	18, // 6: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
-	5,  // 7: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
-	7,  // 8: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
-	6,  // 9: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	19, // 10: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	8,  // 11: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
-	19, // 12: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	12, // 13: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	15, // 14: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	14, // 15: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	13, // 16: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
-	16, // 17: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	20, // 18: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	20, // 19: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	21, // 20: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	22, // 21: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	23, // 22: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	17, // 23: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	0,  // 24: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	11, // 25: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	25, // [25:26] is the sub-list for method output_type
-	24, // [24:25] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	1,  // 0: weir.v1.L2Ask.held:type_name -> weir.v1.L2Lease
+	1,  // 1: weir.v1.L2Ask.released:type_name -> weir.v1.L2Lease
+	22, // 2: weir.v1.L2Grant.ttl:type_name -> google.protobuf.Duration
+	1,  // 3: weir.v1.L2Grant.leases:type_name -> weir.v1.L2Lease
+	4,  // 4: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
+	5,  // 5: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
+	6,  // 6: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
+	7,  // 7: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
+	12, // 8: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	13, // 9: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	22, // 10: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	8,  // 11: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
+	10, // 12: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
+	9,  // 13: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
+	23, // 14: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	11, // 15: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
+	23, // 16: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	15, // 17: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	19, // 18: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	18, // 19: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	17, // 20: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	16, // 21: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
+	20, // 22: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	24, // 23: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	24, // 24: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	25, // 25: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	26, // 26: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	27, // 27: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	21, // 28: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	3,  // 29: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	0,  // 30: weir.v1.AgentService.Leases:input_type -> weir.v1.L2Ask
+	14, // 31: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	2,  // 32: weir.v1.AgentService.Leases:output_type -> weir.v1.L2Grant
+	31, // [31:33] is the sub-list for method output_type
+	29, // [29:31] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -1851,7 +2146,7 @@ func file_weir_v1_agent_proto_init() {
 		return
 	}
 	file_weir_v1_resources_proto_init()
-	file_weir_v1_agent_proto_msgTypes[0].OneofWrappers = []any{
+	file_weir_v1_agent_proto_msgTypes[3].OneofWrappers = []any{
 		(*SyncRequest_Hello)(nil),
 		(*SyncRequest_Ack)(nil),
 		(*SyncRequest_Nack)(nil),
@@ -1863,7 +2158,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

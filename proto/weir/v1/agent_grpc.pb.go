@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AgentService_Sync_FullMethodName = "/weir.v1.AgentService/Sync"
+	AgentService_Sync_FullMethodName   = "/weir.v1.AgentService/Sync"
+	AgentService_Leases_FullMethodName = "/weir.v1.AgentService/Leases"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -33,6 +34,13 @@ type AgentServiceClient interface {
 	// node's full state, then sends only what changed. The agent acks or nacks
 	// every version it receives.
 	Sync(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SyncRequest, SyncResponse], error)
+	// Leases carries the leases of the L2 addresses a node answers ARP and
+	// NDP for. The agent asks, and keeps asking (a few times a lease's
+	// life), noting when it asked; every answer lists the leases the node
+	// holds from then on. Only the server that decides the owners answers
+	// (with replicas, the leader); the others refuse with
+	// FAILED_PRECONDITION, and the agent asks its other servers.
+	Leases(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[L2Ask, L2Grant], error)
 }
 
 type agentServiceClient struct {
@@ -56,6 +64,19 @@ func (c *agentServiceClient) Sync(ctx context.Context, opts ...grpc.CallOption) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_SyncClient = grpc.BidiStreamingClient[SyncRequest, SyncResponse]
 
+func (c *agentServiceClient) Leases(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[L2Ask, L2Grant], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[1], AgentService_Leases_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[L2Ask, L2Grant]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_LeasesClient = grpc.BidiStreamingClient[L2Ask, L2Grant]
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -67,6 +88,13 @@ type AgentServiceServer interface {
 	// node's full state, then sends only what changed. The agent acks or nacks
 	// every version it receives.
 	Sync(grpc.BidiStreamingServer[SyncRequest, SyncResponse]) error
+	// Leases carries the leases of the L2 addresses a node answers ARP and
+	// NDP for. The agent asks, and keeps asking (a few times a lease's
+	// life), noting when it asked; every answer lists the leases the node
+	// holds from then on. Only the server that decides the owners answers
+	// (with replicas, the leader); the others refuse with
+	// FAILED_PRECONDITION, and the agent asks its other servers.
+	Leases(grpc.BidiStreamingServer[L2Ask, L2Grant]) error
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -79,6 +107,9 @@ type UnimplementedAgentServiceServer struct{}
 
 func (UnimplementedAgentServiceServer) Sync(grpc.BidiStreamingServer[SyncRequest, SyncResponse]) error {
 	return status.Error(codes.Unimplemented, "method Sync not implemented")
+}
+func (UnimplementedAgentServiceServer) Leases(grpc.BidiStreamingServer[L2Ask, L2Grant]) error {
+	return status.Error(codes.Unimplemented, "method Leases not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -108,6 +139,13 @@ func _AgentService_Sync_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_SyncServer = grpc.BidiStreamingServer[SyncRequest, SyncResponse]
 
+func _AgentService_Leases_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentServiceServer).Leases(&grpc.GenericServerStream[L2Ask, L2Grant]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_LeasesServer = grpc.BidiStreamingServer[L2Ask, L2Grant]
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -119,6 +157,12 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Sync",
 			Handler:       _AgentService_Sync_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Leases",
+			Handler:       _AgentService_Leases_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

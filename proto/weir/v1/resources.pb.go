@@ -1249,8 +1249,13 @@ type AddressPool struct {
 	ManualOnly bool `protobuf:"varint,3,opt,name=manual_only,json=manualOnly,proto3" json:"manual_only,omitempty"`
 	// How the nodes announce the pool's addresses over BGP.
 	BgpAdvertisement *BgpAdvertisement `protobuf:"bytes,4,opt,name=bgp_advertisement,json=bgpAdvertisement,proto3" json:"bgp_advertisement,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Answer the pool's addresses by ARP and NDP on the nodes' segment
+	// instead of announcing them over BGP: for racks without a BGP router.
+	// A pool is announced one way: with this set, bgp_advertisement must not
+	// be.
+	L2Advertisement *L2Advertisement `protobuf:"bytes,5,opt,name=l2_advertisement,json=l2Advertisement,proto3" json:"l2_advertisement,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AddressPool) Reset() {
@@ -1311,6 +1316,74 @@ func (x *AddressPool) GetBgpAdvertisement() *BgpAdvertisement {
 	return nil
 }
 
+func (x *AddressPool) GetL2Advertisement() *L2Advertisement {
+	if x != nil {
+		return x.L2Advertisement
+	}
+	return nil
+}
+
+// L2Advertisement makes one node at a time answer ARP (IPv4) and NDP
+// (IPv6) for each of a pool's addresses (MetalLB's L2Advertisement). The
+// server chooses the node and gives it a lease that it renews; the
+// address moves to another node only once that lease has ended, so two
+// nodes never answer at once.
+type L2Advertisement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node interfaces to answer on, as named on the nodes ("eth0",
+	// "bond0.100"); empty means every interface whose subnet holds the
+	// address.
+	Interfaces []string `protobuf:"bytes,1,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	// Only nodes with all these labels answer; empty means every node.
+	NodeSelector  map[string]string `protobuf:"bytes,2,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *L2Advertisement) Reset() {
+	*x = L2Advertisement{}
+	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *L2Advertisement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*L2Advertisement) ProtoMessage() {}
+
+func (x *L2Advertisement) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use L2Advertisement.ProtoReflect.Descriptor instead.
+func (*L2Advertisement) Descriptor() ([]byte, []int) {
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *L2Advertisement) GetInterfaces() []string {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
+func (x *L2Advertisement) GetNodeSelector() map[string]string {
+	if x != nil {
+		return x.NodeSelector
+	}
+	return nil
+}
+
 // BgpAdvertisement is what the nodes attach to the routes of a pool's
 // addresses (MetalLB's BGPAdvertisement).
 type BgpAdvertisement struct {
@@ -1347,7 +1420,7 @@ type BgpAdvertisement struct {
 
 func (x *BgpAdvertisement) Reset() {
 	*x = BgpAdvertisement{}
-	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	mi := &file_weir_v1_resources_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1432,7 @@ func (x *BgpAdvertisement) String() string {
 func (*BgpAdvertisement) ProtoMessage() {}
 
 func (x *BgpAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	mi := &file_weir_v1_resources_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1445,7 @@ func (x *BgpAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpAdvertisement.ProtoReflect.Descriptor instead.
 func (*BgpAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *BgpAdvertisement) GetCommunities() []string {
@@ -1432,7 +1505,7 @@ type ServiceCidr struct {
 
 func (x *ServiceCidr) Reset() {
 	*x = ServiceCidr{}
-	mi := &file_weir_v1_resources_proto_msgTypes[14]
+	mi := &file_weir_v1_resources_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1517,7 @@ func (x *ServiceCidr) String() string {
 func (*ServiceCidr) ProtoMessage() {}
 
 func (x *ServiceCidr) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[14]
+	mi := &file_weir_v1_resources_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1530,7 @@ func (x *ServiceCidr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceCidr.ProtoReflect.Descriptor instead.
 func (*ServiceCidr) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ServiceCidr) GetMetadata() *ObjectMeta {
@@ -1504,7 +1577,7 @@ type BgpPeer struct {
 
 func (x *BgpPeer) Reset() {
 	*x = BgpPeer{}
-	mi := &file_weir_v1_resources_proto_msgTypes[15]
+	mi := &file_weir_v1_resources_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1589,7 @@ func (x *BgpPeer) String() string {
 func (*BgpPeer) ProtoMessage() {}
 
 func (x *BgpPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[15]
+	mi := &file_weir_v1_resources_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1602,7 @@ func (x *BgpPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpPeer.ProtoReflect.Descriptor instead.
 func (*BgpPeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BgpPeer) GetMetadata() *ObjectMeta {
@@ -1689,13 +1762,22 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x04zone\x18\x03 \x01(\tR\x04zone\x12\x1b\n" +
 	"\tpod_cidrs\x18\x04 \x03(\tR\bpodCidrs\x12\x1a\n" +
 	"\bdeleting\x18\x05 \x01(\bR\bdeleting\x12\x18\n" +
-	"\adrained\x18\x06 \x01(\bR\adrained\"\xc5\x01\n" +
+	"\adrained\x18\x06 \x01(\bR\adrained\"\x8a\x02\n" +
 	"\vAddressPool\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x1f\n" +
 	"\vmanual_only\x18\x03 \x01(\bR\n" +
 	"manualOnly\x12F\n" +
-	"\x11bgp_advertisement\x18\x04 \x01(\v2\x19.weir.v1.BgpAdvertisementR\x10bgpAdvertisement\"\x8a\x02\n" +
+	"\x11bgp_advertisement\x18\x04 \x01(\v2\x19.weir.v1.BgpAdvertisementR\x10bgpAdvertisement\x12C\n" +
+	"\x10l2_advertisement\x18\x05 \x01(\v2\x18.weir.v1.L2AdvertisementR\x0fl2Advertisement\"\xc3\x01\n" +
+	"\x0fL2Advertisement\x12\x1e\n" +
+	"\n" +
+	"interfaces\x18\x01 \x03(\tR\n" +
+	"interfaces\x12O\n" +
+	"\rnode_selector\x18\x02 \x03(\v2*.weir.v1.L2Advertisement.NodeSelectorEntryR\fnodeSelector\x1a?\n" +
+	"\x11NodeSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x02\n" +
 	"\x10BgpAdvertisement\x12 \n" +
 	"\vcommunities\x18\x01 \x03(\tR\vcommunities\x12)\n" +
 	"\x10local_preference\x18\x02 \x01(\rR\x0flocalPreference\x12\x14\n" +
@@ -1754,7 +1836,7 @@ func file_weir_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_weir_v1_resources_proto_goTypes = []any{
 	(ServiceType)(0),              // 0: weir.v1.ServiceType
 	(Protocol)(0),                 // 1: weir.v1.Protocol
@@ -1774,16 +1856,18 @@ var file_weir_v1_resources_proto_goTypes = []any{
 	(*EndpointPort)(nil),          // 15: weir.v1.EndpointPort
 	(*Node)(nil),                  // 16: weir.v1.Node
 	(*AddressPool)(nil),           // 17: weir.v1.AddressPool
-	(*BgpAdvertisement)(nil),      // 18: weir.v1.BgpAdvertisement
-	(*ServiceCidr)(nil),           // 19: weir.v1.ServiceCidr
-	(*BgpPeer)(nil),               // 20: weir.v1.BgpPeer
-	nil,                           // 21: weir.v1.ObjectMeta.LabelsEntry
-	nil,                           // 22: weir.v1.BgpPeer.NodeSelectorEntry
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*L2Advertisement)(nil),       // 18: weir.v1.L2Advertisement
+	(*BgpAdvertisement)(nil),      // 19: weir.v1.BgpAdvertisement
+	(*ServiceCidr)(nil),           // 20: weir.v1.ServiceCidr
+	(*BgpPeer)(nil),               // 21: weir.v1.BgpPeer
+	nil,                           // 22: weir.v1.ObjectMeta.LabelsEntry
+	nil,                           // 23: weir.v1.L2Advertisement.NodeSelectorEntry
+	nil,                           // 24: weir.v1.BgpPeer.NodeSelectorEntry
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
 }
 var file_weir_v1_resources_proto_depIdxs = []int32{
-	21, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
-	23, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	22, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
+	25, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 2: weir.v1.Service.metadata:type_name -> weir.v1.ObjectMeta
 	7,  // 3: weir.v1.Service.spec:type_name -> weir.v1.ServiceSpec
 	9,  // 4: weir.v1.Service.status:type_name -> weir.v1.ServiceStatus
@@ -1803,15 +1887,17 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	1,  // 18: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
 	5,  // 19: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
 	5,  // 20: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
-	18, // 21: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
-	5,  // 22: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
-	5,  // 23: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
-	22, // 24: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
-	25, // [25:25] is the sub-list for method output_type
-	25, // [25:25] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	19, // 21: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
+	18, // 22: weir.v1.AddressPool.l2_advertisement:type_name -> weir.v1.L2Advertisement
+	23, // 23: weir.v1.L2Advertisement.node_selector:type_name -> weir.v1.L2Advertisement.NodeSelectorEntry
+	5,  // 24: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
+	5,  // 25: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
+	24, // 26: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
+	27, // [27:27] is the sub-list for method output_type
+	27, // [27:27] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }
@@ -1826,7 +1912,7 @@ func file_weir_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_resources_proto_rawDesc), len(file_weir_v1_resources_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,324 @@
+package l2owner
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Owners is the server's side of the L2 leases. It chooses the owner of
+// every L2 address (Assign) among the address's candidates that keep
+// asking for their leases, answers the nodes' asks from its Table, and
+// tells a node to ask at once when the node has just been chosen, when
+// the lease it waits for becomes free, or when it must give one up.
+//
+// Only the server that decides the owners answers (Lead): a single
+// server from its start, the leader among replicas while it leads. Each
+// leadership starts a new Table, fenced as after a restart.
+type Owners struct {
+	clk         clock.Clock
+	ttl, margin time.Duration
+	log         *slog.Logger
+
+	mu         sync.Mutex
+	table      *Table // nil while not leading
+	candidates map[netip.Addr][]string
+	owner      map[netip.Addr]string
+	streams    map[string]*Stream
+	wake       chan struct{} // the timer loop looks again
+}
+
+// ErrNotLeading refuses a node's stream on a server that does not decide
+// the owners.
+var ErrNotLeading = errors.New("this server does not decide the L2 owners (it is not the leader)")
+
+// NewOwners decides nothing until Lead; grants last ttl, and a lease that
+// was not given up is given to another node margin after it ended.
+func NewOwners(clk clock.Clock, ttl, margin time.Duration, log *slog.Logger) *Owners {
+	return &Owners{clk: clk, ttl: ttl, margin: margin, log: log, candidates: map[netip.Addr][]string{},
+		owner: map[netip.Addr]string{}, streams: map[string]*Stream{}, wake: make(chan struct{}, 1)}
+}
+
+// TTL is how long a grant lasts from the node's ask.
+func (o *Owners) TTL() time.Duration { return o.ttl }
+
+// Lead decides the owners until ctx ends, then closes every stream.
+func (o *Owners) Lead(ctx context.Context) {
+	o.mu.Lock()
+	o.table = NewTable(o.clk, o.ttl, o.margin)
+	o.owner = map[netip.Addr]string{}
+	o.mu.Unlock()
+	defer func() {
+		o.mu.Lock()
+		o.table = nil
+		for _, s := range o.streams {
+			s.closeLocked()
+		}
+		o.streams = map[string]*Stream{}
+		o.mu.Unlock()
+	}()
+	timer := o.clk.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		o.mu.Lock()
+		next := o.tickLocked()
+		o.mu.Unlock()
+		timer.Stop()
+		timer = o.clk.NewTimer(next)
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C():
+		case <-o.wake:
+		}
+	}
+}
+
+// SetCandidates gives the nodes that may own each L2 address now, by the
+// cluster's rules (receive.L2Addresses); an address not given has no
+// owner.
+func (o *Owners) SetCandidates(c map[netip.Addr][]string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if maps.EqualFunc(c, o.candidates, slices.Equal) {
+		return
+	}
+	o.candidates = c
+	o.assignLocked()
+}
+
+// Holder is the lease held on addr now, if one is.
+func (o *Owners) Holder(addr netip.Addr) (Lease, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.table == nil {
+		return Lease{}, false
+	}
+	return o.table.Holder(addr)
+}
+
+// Chosen is the node chosen to own addr, "" for none.
+func (o *Owners) Chosen(addr netip.Addr) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.owner[addr]
+}
+
+// Stream is one node's open Leases stream.
+type Stream struct {
+	o       *Owners
+	node    string
+	lastAsk time.Time
+	nudge   chan struct{}
+	done    chan struct{}
+	closed  bool
+}
+
+// Open starts node's stream; a newer stream of the same node ends the
+// older one.
+func (o *Owners) Open(node string) (*Stream, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.table == nil {
+		return nil, ErrNotLeading
+	}
+	if old := o.streams[node]; old != nil {
+		old.closeLocked()
+	}
+	s := &Stream{o: o, node: node, nudge: make(chan struct{}, 1), done: make(chan struct{})}
+	o.streams[node] = s
+	return s, nil
+}
+
+// Nudged is signalled when the node should ask at once.
+func (s *Stream) Nudged() <-chan struct{} { return s.nudge }
+
+// Done is closed when the stream ends on the server's side (another
+// stream of the node, or the end of the leadership).
+func (s *Stream) Done() <-chan struct{} { return s.done }
+
+// Close ends the stream: the node is no longer a candidate for new
+// leases, and those it holds end when they expire.
+func (s *Stream) Close() {
+	o := s.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.streams[s.node] == s {
+		delete(o.streams, s.node)
+		o.assignLocked()
+	}
+	s.closeLocked()
+}
+
+func (s *Stream) closeLocked() {
+	if !s.closed {
+		s.closed = true
+		close(s.done)
+	}
+}
+
+// Held is a lease a node reports, by address and epoch.
+type Held struct {
+	Addr  netip.Addr
+	Epoch uint64
+}
+
+// Grant is a lease held on an address.
+type Grant struct {
+	Addr netip.Addr
+	Lease
+}
+
+// Ask is the node asking for its leases: it released the leases in
+// released, and holds those in held. The answer is every lease it holds
+// from now on; any other it must stop answering for.
+func (s *Stream) Ask(held, released []Held) []Grant {
+	o := s.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s.closed || o.table == nil {
+		return nil
+	}
+	wasLive := o.liveLocked(s)
+	s.lastAsk = o.clk.Now()
+	reassign := !wasLive
+	for _, r := range released {
+		o.table.Release(r.Addr, s.node, r.Epoch)
+		if next := o.owner[r.Addr]; next != "" && next != s.node {
+			o.nudgeLocked(next)
+		}
+	}
+	for _, h := range held {
+		if _, known := o.table.leases[h.Addr]; !known && slices.Contains(o.candidates[h.Addr], s.node) {
+			o.table.Adopt(h.Addr, s.node, h.Epoch)
+			reassign = true
+		}
+	}
+	if reassign {
+		o.assignLocked()
+	}
+	var out []Grant
+	for _, a := range slices.SortedFunc(maps.Keys(o.owner), netip.Addr.Compare) {
+		if o.owner[a] != s.node {
+			continue
+		}
+		if v, l := o.table.Request(a, s.node, s.node); v == Granted {
+			out = append(out, Grant{Addr: a, Lease: l})
+		}
+	}
+	o.poke()
+	return out
+}
+
+// liveLocked: the node asked within a lease's life on an open stream.
+func (o *Owners) liveLocked(s *Stream) bool {
+	return !s.closed && !s.lastAsk.IsZero() && o.clk.Since(s.lastAsk) < o.ttl
+}
+
+// assignLocked chooses the owners among the live candidates, keeping the
+// holders of leases where it can, and nudges every node that gains or
+// loses an address.
+func (o *Owners) assignLocked() {
+	if o.table == nil {
+		return
+	}
+	live := map[netip.Addr][]string{}
+	current := maps.Clone(o.owner)
+	for a, cs := range o.candidates {
+		live[a] = slices.DeleteFunc(slices.Clone(cs), func(n string) bool {
+			s := o.streams[n]
+			return s == nil || !o.liveLocked(s)
+		})
+		if l, ok := o.table.Holder(a); ok {
+			current[a] = l.Node
+		}
+	}
+	owner := Assign(live, current)
+	for a, n := range owner {
+		if was := o.owner[a]; was != n {
+			o.nudgeLocked(n)
+			if was != "" {
+				o.nudgeLocked(was)
+			}
+			o.log.Info("L2 owner chosen", "address", a, "node", n, "was", was)
+		}
+	}
+	for a, was := range o.owner {
+		if _, ok := owner[a]; !ok {
+			o.nudgeLocked(was)
+			o.log.Info("L2 address has no owner", "address", a, "was", was)
+		}
+	}
+	o.owner = owner
+	o.poke()
+}
+
+// tickLocked reassigns when a node stopped asking, nudges the owners whose
+// leases became free, and returns how long until it must look again.
+func (o *Owners) tickLocked() time.Duration {
+	if o.table == nil {
+		return time.Hour
+	}
+	now := o.clk.Now()
+	next := now.Add(time.Hour)
+	for _, s := range o.streams {
+		if s.lastAsk.IsZero() {
+			continue
+		}
+		if end := s.lastAsk.Add(o.ttl); !now.Before(end) {
+			if _, wasLive := o.ownsAny(s.node); wasLive {
+				o.assignLocked()
+			}
+		} else if end.Before(next) {
+			next = end
+		}
+	}
+	for a, n := range o.owner {
+		if l, held := o.table.Holder(a); held && l.Node == n {
+			continue
+		}
+		free := o.table.FreeAt(a, n)
+		if !now.Before(free) {
+			o.nudgeLocked(n)
+			continue
+		}
+		if free.Before(next) {
+			next = free
+		}
+	}
+	return max(next.Sub(now), time.Millisecond)
+}
+
+// ownsAny reports whether node is chosen for some address.
+func (o *Owners) ownsAny(node string) (netip.Addr, bool) {
+	for a, n := range o.owner {
+		if n == node {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+func (o *Owners) nudgeLocked(node string) {
+	if s := o.streams[node]; s != nil {
+		select {
+		case s.nudge <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// poke has the timer loop look again.
+func (o *Owners) poke() {
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,253 @@
+package l2owner
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/weirlb/weir/test/wait"
+)
+
+const (
+	testTTL    = 600 * time.Millisecond
+	testMargin = 150 * time.Millisecond
+)
+
+var vip = netip.MustParseAddr("192.0.2.80")
+
+// leading is Owners leading on a fake clock until the test ends.
+func leading(t *testing.T) (*Owners, *clocktesting.FakeClock) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	o := NewOwners(clk, testTTL, testMargin, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { o.Lead(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	wait.Until(t, 5*time.Second, "leading", func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.table != nil && clk.HasWaiters()
+	})
+	return o, clk
+}
+
+func open(t *testing.T, o *Owners, node string) *Stream {
+	t.Helper()
+	s, err := o.Open(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// step moves the fake clock and lets the timer loop look.
+func step(o *Owners, clk *clocktesting.FakeClock, d time.Duration) {
+	clk.Step(d)
+	o.poke()
+}
+
+func nudged(t *testing.T, s *Stream) bool {
+	t.Helper()
+	select {
+	case <-s.Nudged():
+		return true
+	case <-time.After(2 * time.Second):
+		return false
+	}
+}
+
+func drain(s *Stream) {
+	select {
+	case <-s.Nudged():
+	default:
+	}
+}
+
+func holds(grants []Grant, a netip.Addr) (uint64, bool) {
+	for _, g := range grants {
+		if g.Addr == a {
+			return g.Epoch, true
+		}
+	}
+	return 0, false
+}
+
+// A server that starts (or a new leader) grants nothing before a lease an
+// earlier one gave may have ended; then the chosen node gets the address
+// and keeps it while it asks, and the other never gets it.
+func TestTheChosenNodeIsGrantedAfterTheStartFence(t *testing.T) {
+	o, clk := leading(t)
+	a, b := open(t, o, "a"), open(t, o, "b")
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
+	a.Ask(nil, nil)
+	b.Ask(nil, nil)
+	owner := o.Chosen(vip)
+	if owner == "" {
+		t.Fatal("no owner chosen among two live candidates")
+	}
+	streams := map[string]*Stream{"a": a, "b": b}
+	if g := streams[owner].Ask(nil, nil); len(g) != 0 {
+		t.Fatalf("granted %v before the start fence ended", g)
+	}
+	drain(streams[owner])
+	step(o, clk, testTTL+testMargin)
+	if !nudged(t, streams[owner]) {
+		t.Fatal("the owner was not told to ask when the fence ended")
+	}
+	other := map[string]string{"a": "b", "b": "a"}[owner]
+	for range 10 {
+		if _, ok := holds(streams[owner].Ask(nil, nil), vip); !ok {
+			t.Fatal("the chosen node was not granted, or lost the address while asking")
+		}
+		if g := streams[other].Ask(nil, nil); len(g) != 0 {
+			t.Fatalf("the other node was granted %v", g)
+		}
+		step(o, clk, testTTL/4)
+	}
+}
+
+// grantedOwner is a running pair of nodes past the start fence, with the
+// owner holding vip.
+func grantedOwner(t *testing.T) (o *Owners, clk *clocktesting.FakeClock, owner, other *Stream) {
+	o, clk = leading(t)
+	a, b := open(t, o, "a"), open(t, o, "b")
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
+	step(o, clk, testTTL+testMargin)
+	a.Ask(nil, nil)
+	b.Ask(nil, nil)
+	owner, other = a, b
+	if o.Chosen(vip) == "b" {
+		owner, other = b, a
+	}
+	if _, ok := holds(owner.Ask(nil, nil), vip); !ok {
+		t.Fatal("the owner was not granted")
+	}
+	drain(owner)
+	drain(other)
+	return o, clk, owner, other
+}
+
+// An owner whose stream ends (its agent was killed) loses the address to
+// the other node only once its lease has ended, plus the margin: the
+// other node is told to ask exactly then, and not granted before.
+func TestADeadOwnersAddressMovesOnlyOnceItsLeaseEnded(t *testing.T) {
+	o, clk, owner, other := grantedOwner(t)
+	asked := clk.Now()
+	owner.Close()
+	if o.Chosen(vip) != other.node {
+		t.Fatalf("owner %q after the old one's stream ended; want %s", o.Chosen(vip), other.node)
+	}
+	for clk.Since(asked) < testTTL+testMargin {
+		if g := other.Ask(nil, nil); len(g) != 0 {
+			t.Fatalf("granted %v at %v after the old owner's last ask; its lease and the margin last %v", g, clk.Since(asked), testTTL+testMargin)
+		}
+		step(o, clk, 50*time.Millisecond)
+	}
+	if !nudged(t, other) {
+		t.Fatal("the new owner was not told to ask when the lease became free")
+	}
+	if _, ok := holds(other.Ask(nil, nil), vip); !ok {
+		t.Fatal("the new owner was not granted once the lease became free")
+	}
+}
+
+// An owner cut off from the server (its stream open, its asks lost) is
+// treated alike: once it has not asked for a lease's life it is no longer
+// chosen, and the address moves after its lease and the margin.
+func TestAnOwnerThatStopsAskingLosesItsAddress(t *testing.T) {
+	o, clk, owner, other := grantedOwner(t)
+	asked := clk.Now()
+	for clk.Since(asked) < testTTL+testMargin {
+		if _, ok := holds(other.Ask(nil, nil), vip); ok {
+			t.Fatalf("granted to the other node %v after the owner's last ask", clk.Since(asked))
+		}
+		step(o, clk, 50*time.Millisecond)
+	}
+	wait.Until(t, 2*time.Second, "the silent owner replaced", func() bool { return o.Chosen(vip) == other.node })
+	if _, ok := holds(other.Ask(nil, nil), vip); !ok {
+		t.Fatal("the other node was not granted after the silent owner's lease ended")
+	}
+	// The old owner asking again is not given the address back while
+	// the new one holds it.
+	if g := owner.Ask(nil, nil); len(g) != 0 {
+		t.Fatalf("the old owner was granted %v back", g)
+	}
+}
+
+// A handover (the owner drained): the old owner is told to ask, is
+// granted nothing, releases, and the new owner is granted at once,
+// without waiting for the lease to end.
+func TestAReleasedLeaseMovesAtOnce(t *testing.T) {
+	o, _, owner, other := grantedOwner(t)
+	epoch, _ := holds(owner.Ask(nil, nil), vip)
+	o.SetCandidates(map[netip.Addr][]string{vip: {other.node}})
+	if !nudged(t, owner) {
+		t.Fatal("the old owner was not told to ask")
+	}
+	if g := owner.Ask([]Held{{vip, epoch}}, nil); len(g) != 0 {
+		t.Fatalf("the old owner was granted %v", g)
+	}
+	if g := other.Ask(nil, nil); len(g) != 0 {
+		t.Fatalf("the new owner was granted %v while the old one had not released", g)
+	}
+	owner.Ask(nil, []Held{{vip, epoch}})
+	if !nudged(t, other) {
+		t.Fatal("the new owner was not told to ask after the release")
+	}
+	got, ok := holds(other.Ask(nil, nil), vip)
+	if !ok || got <= epoch {
+		t.Fatalf("new owner's grant: %v (epoch %d); want a grant of an epoch past %d", ok, got, epoch)
+	}
+}
+
+// A restarted server takes the leases the nodes report as its own: the
+// holder keeps the address without a gap, and the other node is not
+// given it.
+func TestARestartedServerKeepsTheHeldLeases(t *testing.T) {
+	o, _ := leading(t)
+	a, b := open(t, o, "a"), open(t, o, "b")
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
+	b.Ask(nil, nil)
+	got, ok := holds(a.Ask([]Held{{vip, 7}}, nil), vip)
+	if !ok || got != 7 {
+		t.Fatalf("the holder's lease of epoch 7 was not kept (granted %v, epoch %d)", ok, got)
+	}
+	if g := b.Ask(nil, nil); len(g) != 0 {
+		t.Fatalf("the other node was granted %v", g)
+	}
+	// A node that is not a candidate cannot claim an address.
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}, netip.MustParseAddr("192.0.2.81"): {"a"}})
+	if g := b.Ask([]Held{{netip.MustParseAddr("192.0.2.81"), 9}}, nil); len(g) != 0 {
+		t.Fatalf("a claim by a node that is no candidate was granted: %v", g)
+	}
+}
+
+// Without leadership nothing is answered, and a stream ends with it.
+func TestOnlyTheLeaderAnswers(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	o := NewOwners(clk, testTTL, testMargin, slog.New(slog.DiscardHandler))
+	if _, err := o.Open("a"); err != ErrNotLeading {
+		t.Fatalf("Open before Lead: %v; want ErrNotLeading", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { o.Lead(ctx); close(done) }()
+	wait.Until(t, 5*time.Second, "leading", func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.table != nil
+	})
+	s := open(t, o, "a")
+	cancel()
+	<-done
+	select {
+	case <-s.Done():
+	default:
+		t.Fatal("the stream did not end with the leadership")
+	}
+}
