@@ -3,6 +3,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	clientset "k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
@@ -29,6 +31,7 @@ import (
 	"github.com/weirlb/weir/server/auth"
 	"github.com/weirlb/weir/server/ipam"
 	"github.com/weirlb/weir/server/kubernetes"
+	"github.com/weirlb/weir/server/l2owner"
 	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
@@ -77,7 +80,19 @@ type Config struct {
 	ServiceRules *registry.ServiceRules
 	// Limits bound what one caller of the API can take (zero: defaults).
 	Limits limits.Config
+	// L2LeaseTTL is how long a node's lease on an L2 address lasts from
+	// its ask, and L2LeaseMargin how much longer the server waits before
+	// giving an address whose lease was not given up to another node
+	// (zero: DefaultL2LeaseTTL and DefaultL2LeaseMargin).
+	L2LeaseTTL, L2LeaseMargin time.Duration
 }
+
+// The L2 leases' defaults: an owner that fails is replaced within about
+// TTL + margin.
+const (
+	DefaultL2LeaseTTL    = 600 * time.Millisecond
+	DefaultL2LeaseMargin = 150 * time.Millisecond
+)
 
 // Server is a running central server.
 type Server struct {
@@ -85,9 +100,12 @@ type Server struct {
 	Agents   *agentsync.Hub
 	kube     *kubernetes.Source
 	ipam     *ipam.Allocator
-	resFile  *resourcefile.Watcher
-	store    store.Backend
-	replica  *replicas.Config // nil without a shared store
+	l2       *l2owner.Owners
+	// registryChanged is signalled after every write (watchRegistry).
+	registryChanged chan struct{}
+	resFile         *resourcefile.Watcher
+	store           store.Backend
+	replica         *replicas.Config // nil without a shared store
 	// election is nil unless Kubernetes replicas, each with its own
 	// store, elect the one that assigns addresses with a Lease.
 	election *kubernetes.LeaderElection
@@ -160,16 +178,20 @@ func New(cfg Config) (*Server, error) {
 	if cfg.TLS != nil && cfg.TLS.ClientCAs != nil {
 		opts = append(opts, auth.ServerOptions()...)
 	}
-	hub := agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log, RemovalLogLimit: cfg.RemovalLogLimit})
+	ttl, margin := cmp.Or(cfg.L2LeaseTTL, DefaultL2LeaseTTL), cmp.Or(cfg.L2LeaseMargin, DefaultL2LeaseMargin)
+	l2 := l2owner.NewOwners(clock.RealClock{}, ttl, margin, cfg.Log.With("component", "l2"))
+	hub := agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log, RemovalLogLimit: cfg.RemovalLogLimit, L2: l2})
 	opts = append(opts, currentOnly(hub)...)
 	s := &Server{
 		Registry: reg,
 		Agents:   hub,
+		l2:       l2,
 		store:    st,
 		log:      cfg.Log,
 		grpc:     grpc.NewServer(opts...),
 		health:   health.NewServer(),
 	}
+	s.watchRegistry()
 	if cfg.Kubernetes != nil {
 		rc, err := kubernetes.RestConfig(cfg.Kubernetes.Kubeconfig)
 		if err != nil {
@@ -312,7 +334,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 // Kubernetes source's writes. A single server runs them from the start;
 // replicas, on the leader only.
 func (s *Server) lead(ctx context.Context) {
-	s.run(ctx, append(s.sources(), s.ipam.Run)...)
+	s.run(ctx, append(s.sources(), s.ipam.Run, s.leadL2)...)
 }
 
 // leadByLease runs the jobs of a Kubernetes replica with a store of its
@@ -321,7 +343,7 @@ func (s *Server) lead(ctx context.Context) {
 // writes them to the cluster.
 func (s *Server) leadByLease(ctx context.Context) {
 	s.run(ctx, append(s.sources(), func(ctx context.Context) {
-		if err := kubernetes.RunLeased(ctx, s.kube.Client(), *s.election, s.ipam.Run); err != nil {
+		if err := kubernetes.RunLeased(ctx, s.kube.Client(), *s.election, func(ctx context.Context) { s.run(ctx, s.ipam.Run, s.leadL2) }); err != nil {
 			s.log.Error("leader election stopped: this replica assigns no addresses", "error", err)
 		}
 	})...)

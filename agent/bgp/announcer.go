@@ -227,6 +227,9 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcem
 			if !ok {
 				continue
 			}
+			if _, l2 := st.Node.L2PoolOf(vip); l2 {
+				continue // answered over L2 by the node that holds its lease
+			}
 			if chosen, limited := svc.Announcers[vip]; limited && !slices.Contains(chosen, st.Node.Name) {
 				continue // the pool's other nodes announce it (max_announcing_nodes)
 			}

@@ -112,10 +112,13 @@ func TestOnlyTheChosenNodesAnnounce(t *testing.T) {
 	}
 	st := datapath.NodeState{Node: datapath.NodeInfo{Name: "node2", Addresses: []netip.Addr{addr("192.0.2.12")}},
 		Services: map[datapath.ServiceKey]*datapath.Service{}}
+	// An address of an L2 pool is answered by ARP, never announced.
+	st.Node.L2Pools = []datapath.L2Pool{{Ranges: []datapath.AddressRange{{First: addr("203.0.113.4"), Last: addr("203.0.113.7")}}}}
 	for _, s := range []*datapath.Service{
 		svc("mine", "203.0.113.1", "node1", "node2"),
 		svc("theirs", "203.0.113.2", "node1", "node3"),
 		svc("unlimited", "203.0.113.3"),
+		svc("l2", "203.0.113.4"),
 	} {
 		st.Services[s.Key] = s
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/weirlb/weir/internal/notify"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync/cache"
+	"github.com/weirlb/weir/server/l2owner"
 	"github.com/weirlb/weir/server/nodestate"
 	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/registry"
@@ -38,6 +39,9 @@ type Config struct {
 	RemovalLogLimit int
 	// Clock is the hub's time (a fake one in tests); nil is the wall clock.
 	Clock clock.Clock
+	// L2 answers the nodes' L2 leases (the Leases stream); nil refuses
+	// them.
+	L2 *l2owner.Owners
 }
 
 // Hub serves AgentService. Its jobs are in their own places: the cache of

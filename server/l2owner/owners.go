@@ -104,6 +104,20 @@ func (o *Owners) Holder(addr netip.Addr) (Lease, bool) {
 	return o.table.Holder(addr)
 }
 
+// Refusals are the nodes that said they cannot answer for addr, with
+// their reasons.
+func (o *Owners) Refusals(addr netip.Addr) map[string]string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string]string{}
+	for n, s := range o.streams {
+		if why, ok := s.refusedOf(addr); ok {
+			out[n] = why
+		}
+	}
+	return out
+}
+
 // Chosen is the node chosen to own addr, "" for none.
 func (o *Owners) Chosen(addr netip.Addr) string {
 	o.mu.Lock()
@@ -116,6 +130,8 @@ type Stream struct {
 	o       *Owners
 	node    string
 	lastAsk time.Time
+	// refused are the addresses the node cannot answer for, and why.
+	refused map[netip.Addr]string
 	nudge   chan struct{}
 	done    chan struct{}
 	closed  bool
@@ -135,6 +151,16 @@ func (o *Owners) Open(node string) (*Stream, error) {
 	s := &Stream{o: o, node: node, nudge: make(chan struct{}, 1), done: make(chan struct{})}
 	o.streams[node] = s
 	return s, nil
+}
+
+// refusedOf is why the stream's node cannot answer for addr, if it
+// said so (nil-safe).
+func (s *Stream) refusedOf(addr netip.Addr) (string, bool) {
+	if s == nil {
+		return "", false
+	}
+	why, ok := s.refused[addr]
+	return why, ok
 }
 
 // Nudged is signalled when the node should ask at once.
@@ -177,9 +203,10 @@ type Grant struct {
 }
 
 // Ask is the node asking for its leases: it released the leases in
-// released, and holds those in held. The answer is every lease it holds
-// from now on; any other it must stop answering for.
-func (s *Stream) Ask(held, released []Held) []Grant {
+// released, holds those in held, and cannot answer for the addresses in
+// refused (whole; nil for none). The answer is every lease it holds from
+// now on; any other it must stop answering for.
+func (s *Stream) Ask(held, released []Held, refused map[netip.Addr]string) []Grant {
 	o := s.o
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -188,7 +215,8 @@ func (s *Stream) Ask(held, released []Held) []Grant {
 	}
 	wasLive := o.liveLocked(s)
 	s.lastAsk = o.clk.Now()
-	reassign := !wasLive
+	reassign := !wasLive || !maps.Equal(refused, s.refused)
+	s.refused = refused
 	for _, r := range released {
 		o.table.Release(r.Addr, s.node, r.Epoch)
 		if next := o.owner[r.Addr]; next != "" && next != s.node {
@@ -234,7 +262,8 @@ func (o *Owners) assignLocked() {
 	for a, cs := range o.candidates {
 		live[a] = slices.DeleteFunc(slices.Clone(cs), func(n string) bool {
 			s := o.streams[n]
-			return s == nil || !o.liveLocked(s)
+			_, refused := s.refusedOf(a)
+			return s == nil || !o.liveLocked(s) || refused
 		})
 		if l, ok := o.table.Holder(a); ok {
 			current[a] = l.Node

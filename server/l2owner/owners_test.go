@@ -84,14 +84,14 @@ func TestTheChosenNodeIsGrantedAfterTheStartFence(t *testing.T) {
 	o, clk := leading(t)
 	a, b := open(t, o, "a"), open(t, o, "b")
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
-	a.Ask(nil, nil)
-	b.Ask(nil, nil)
+	a.Ask(nil, nil, nil)
+	b.Ask(nil, nil, nil)
 	owner := o.Chosen(vip)
 	if owner == "" {
 		t.Fatal("no owner chosen among two live candidates")
 	}
 	streams := map[string]*Stream{"a": a, "b": b}
-	if g := streams[owner].Ask(nil, nil); len(g) != 0 {
+	if g := streams[owner].Ask(nil, nil, nil); len(g) != 0 {
 		t.Fatalf("granted %v before the start fence ended", g)
 	}
 	drain(streams[owner])
@@ -101,10 +101,10 @@ func TestTheChosenNodeIsGrantedAfterTheStartFence(t *testing.T) {
 	}
 	other := map[string]string{"a": "b", "b": "a"}[owner]
 	for range 10 {
-		if _, ok := holds(streams[owner].Ask(nil, nil), vip); !ok {
+		if _, ok := holds(streams[owner].Ask(nil, nil, nil), vip); !ok {
 			t.Fatal("the chosen node was not granted, or lost the address while asking")
 		}
-		if g := streams[other].Ask(nil, nil); len(g) != 0 {
+		if g := streams[other].Ask(nil, nil, nil); len(g) != 0 {
 			t.Fatalf("the other node was granted %v", g)
 		}
 		step(o, clk, testTTL/4)
@@ -118,13 +118,13 @@ func grantedOwner(t *testing.T) (o *Owners, clk *clocktesting.FakeClock, owner, 
 	a, b := open(t, o, "a"), open(t, o, "b")
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
 	step(o, clk, testTTL+testMargin)
-	a.Ask(nil, nil)
-	b.Ask(nil, nil)
+	a.Ask(nil, nil, nil)
+	b.Ask(nil, nil, nil)
 	owner, other = a, b
 	if o.Chosen(vip) == "b" {
 		owner, other = b, a
 	}
-	if _, ok := holds(owner.Ask(nil, nil), vip); !ok {
+	if _, ok := holds(owner.Ask(nil, nil, nil), vip); !ok {
 		t.Fatal("the owner was not granted")
 	}
 	drain(owner)
@@ -143,7 +143,7 @@ func TestADeadOwnersAddressMovesOnlyOnceItsLeaseEnded(t *testing.T) {
 		t.Fatalf("owner %q after the old one's stream ended; want %s", o.Chosen(vip), other.node)
 	}
 	for clk.Since(asked) < testTTL+testMargin {
-		if g := other.Ask(nil, nil); len(g) != 0 {
+		if g := other.Ask(nil, nil, nil); len(g) != 0 {
 			t.Fatalf("granted %v at %v after the old owner's last ask; its lease and the margin last %v", g, clk.Since(asked), testTTL+testMargin)
 		}
 		step(o, clk, 50*time.Millisecond)
@@ -151,7 +151,7 @@ func TestADeadOwnersAddressMovesOnlyOnceItsLeaseEnded(t *testing.T) {
 	if !nudged(t, other) {
 		t.Fatal("the new owner was not told to ask when the lease became free")
 	}
-	if _, ok := holds(other.Ask(nil, nil), vip); !ok {
+	if _, ok := holds(other.Ask(nil, nil, nil), vip); !ok {
 		t.Fatal("the new owner was not granted once the lease became free")
 	}
 }
@@ -163,18 +163,18 @@ func TestAnOwnerThatStopsAskingLosesItsAddress(t *testing.T) {
 	o, clk, owner, other := grantedOwner(t)
 	asked := clk.Now()
 	for clk.Since(asked) < testTTL+testMargin {
-		if _, ok := holds(other.Ask(nil, nil), vip); ok {
+		if _, ok := holds(other.Ask(nil, nil, nil), vip); ok {
 			t.Fatalf("granted to the other node %v after the owner's last ask", clk.Since(asked))
 		}
 		step(o, clk, 50*time.Millisecond)
 	}
 	wait.Until(t, 2*time.Second, "the silent owner replaced", func() bool { return o.Chosen(vip) == other.node })
-	if _, ok := holds(other.Ask(nil, nil), vip); !ok {
+	if _, ok := holds(other.Ask(nil, nil, nil), vip); !ok {
 		t.Fatal("the other node was not granted after the silent owner's lease ended")
 	}
 	// The old owner asking again is not given the address back while
 	// the new one holds it.
-	if g := owner.Ask(nil, nil); len(g) != 0 {
+	if g := owner.Ask(nil, nil, nil); len(g) != 0 {
 		t.Fatalf("the old owner was granted %v back", g)
 	}
 }
@@ -184,22 +184,22 @@ func TestAnOwnerThatStopsAskingLosesItsAddress(t *testing.T) {
 // without waiting for the lease to end.
 func TestAReleasedLeaseMovesAtOnce(t *testing.T) {
 	o, _, owner, other := grantedOwner(t)
-	epoch, _ := holds(owner.Ask(nil, nil), vip)
+	epoch, _ := holds(owner.Ask(nil, nil, nil), vip)
 	o.SetCandidates(map[netip.Addr][]string{vip: {other.node}})
 	if !nudged(t, owner) {
 		t.Fatal("the old owner was not told to ask")
 	}
-	if g := owner.Ask([]Held{{vip, epoch}}, nil); len(g) != 0 {
+	if g := owner.Ask([]Held{{vip, epoch}}, nil, nil); len(g) != 0 {
 		t.Fatalf("the old owner was granted %v", g)
 	}
-	if g := other.Ask(nil, nil); len(g) != 0 {
+	if g := other.Ask(nil, nil, nil); len(g) != 0 {
 		t.Fatalf("the new owner was granted %v while the old one had not released", g)
 	}
-	owner.Ask(nil, []Held{{vip, epoch}})
+	owner.Ask(nil, []Held{{vip, epoch}}, nil)
 	if !nudged(t, other) {
 		t.Fatal("the new owner was not told to ask after the release")
 	}
-	got, ok := holds(other.Ask(nil, nil), vip)
+	got, ok := holds(other.Ask(nil, nil, nil), vip)
 	if !ok || got <= epoch {
 		t.Fatalf("new owner's grant: %v (epoch %d); want a grant of an epoch past %d", ok, got, epoch)
 	}
@@ -212,17 +212,17 @@ func TestARestartedServerKeepsTheHeldLeases(t *testing.T) {
 	o, _ := leading(t)
 	a, b := open(t, o, "a"), open(t, o, "b")
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
-	b.Ask(nil, nil)
-	got, ok := holds(a.Ask([]Held{{vip, 7}}, nil), vip)
+	b.Ask(nil, nil, nil)
+	got, ok := holds(a.Ask([]Held{{vip, 7}}, nil, nil), vip)
 	if !ok || got != 7 {
 		t.Fatalf("the holder's lease of epoch 7 was not kept (granted %v, epoch %d)", ok, got)
 	}
-	if g := b.Ask(nil, nil); len(g) != 0 {
+	if g := b.Ask(nil, nil, nil); len(g) != 0 {
 		t.Fatalf("the other node was granted %v", g)
 	}
 	// A node that is not a candidate cannot claim an address.
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}, netip.MustParseAddr("192.0.2.81"): {"a"}})
-	if g := b.Ask([]Held{{netip.MustParseAddr("192.0.2.81"), 9}}, nil); len(g) != 0 {
+	if g := b.Ask([]Held{{netip.MustParseAddr("192.0.2.81"), 9}}, nil, nil); len(g) != 0 {
 		t.Fatalf("a claim by a node that is no candidate was granted: %v", g)
 	}
 }
@@ -249,5 +249,30 @@ func TestOnlyTheLeaderAnswers(t *testing.T) {
 	case <-s.Done():
 	default:
 		t.Fatal("the stream did not end with the leadership")
+	}
+}
+
+// A node that cannot answer for an address (no such interface) gives it
+// up to another node, and the reason is kept for the status.
+func TestARefusingNodeIsPassedOver(t *testing.T) {
+	o, clk, owner, other := grantedOwner(t)
+	epoch, _ := holds(owner.Ask(nil, nil, nil), vip)
+	refusal := map[netip.Addr]string{vip: `interface "eth9" does not exist`}
+	if g := owner.Ask(nil, []Held{{vip, epoch}}, refusal); len(g) != 0 {
+		t.Fatalf("a refusing node was granted %v", g)
+	}
+	if o.Chosen(vip) != other.node {
+		t.Fatalf("owner %q; want %s", o.Chosen(vip), other.node)
+	}
+	if _, ok := holds(other.Ask(nil, nil, nil), vip); !ok {
+		t.Fatal("the other node was not granted the released address")
+	}
+	if got := o.Refusals(vip); got[owner.node] != refusal[vip] {
+		t.Errorf("refusals %v; want %s's", got, owner.node)
+	}
+	step(o, clk, testTTL/4)
+	other.Ask(nil, nil, nil)
+	if g := owner.Ask(nil, nil, refusal); len(g) != 0 {
+		t.Fatalf("granted %v to the node still refusing", g)
 	}
 }

@@ -125,7 +125,9 @@ type L2Advertisement struct {
 }
 
 // Selects reports whether a node with these labels may answer.
-func (a *L2Advertisement) Selects(labels map[string]string) bool { return selects(a.NodeSelector, labels) }
+func (a *L2Advertisement) Selects(labels map[string]string) bool {
+	return selects(a.NodeSelector, labels)
+}
 
 // BGPAdvertisement is how a pool's addresses are announced.
 type BGPAdvertisement struct {

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -103,5 +104,34 @@ func TestPoolsHoldOnlyAssignableAddresses(t *testing.T) {
 		if err := pool(good).Validate(); err != nil {
 			t.Errorf("pool %s: %v", good, err)
 		}
+	}
+}
+
+// A pool is answered over L2 or announced over BGP, never both, on
+// interfaces named as Linux names them.
+func TestL2Advertisements(t *testing.T) {
+	r := AddressRange{First: netip.MustParseAddr("192.0.2.10"), Last: netip.MustParseAddr("192.0.2.20")}
+	for _, c := range []struct {
+		what  string
+		edit  func(*AddressPool)
+		field string
+	}{
+		{"BGP attributes as well", func(p *AddressPool) { p.BGP.LocalPref = 100 }, "l2_advertisement"},
+		{"an interface name of 16 bytes", func(p *AddressPool) { p.L2.Interfaces = []string{"eth0123456789abc"} }, "l2_advertisement.interfaces[0]"},
+		{"an interface name with a slash", func(p *AddressPool) { p.L2.Interfaces = []string{"eth0", "a/b"} }, "l2_advertisement.interfaces[1]"},
+		{"an interface given twice", func(p *AddressPool) { p.L2.Interfaces = []string{"eth0", "eth0"} }, "l2_advertisement.interfaces[1]"},
+		{"a selector label that is no label", func(p *AddressPool) { p.L2.NodeSelector = map[string]string{"rack/": "a"} }, "l2_advertisement.node_selector"},
+	} {
+		p := &AddressPool{Meta: Meta{Name: "p"}, Ranges: []AddressRange{r}, L2: &L2Advertisement{}}
+		c.edit(p)
+		var fe *FieldError
+		if err := p.Validate(); !errors.As(err, &fe) || !strings.HasPrefix(fe.Field, c.field) {
+			t.Errorf("%s: %v; want refused naming %s", c.what, err, c.field)
+		}
+	}
+	good := &AddressPool{Meta: Meta{Name: "p"}, Ranges: []AddressRange{r},
+		L2: &L2Advertisement{Interfaces: []string{"eth0", "bond0.100"}, NodeSelector: map[string]string{"topology.kubernetes.io/zone": "a"}}}
+	if err := good.Validate(); err != nil {
+		t.Errorf("a good L2 pool: %v", err)
 	}
 }

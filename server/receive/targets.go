@@ -83,6 +83,9 @@ func Targets(c Cluster) []VIP {
 		for _, vip := range svc.LoadBalancerIPs {
 			vt := VIP{Address: vip, Service: key}
 			pool := model.PoolOf(c.Pools, vip)
+			if pool != nil && pool.L2 != nil {
+				continue // answered over L2: no router hears it
+			}
 			if pool != nil {
 				vt.Communities, vt.LocalPreference = pool.BGP.Communities, pool.BGP.LocalPref
 				vt.PrefixLength = pool.BGP.AggregationLength

@@ -38,7 +38,11 @@ type L2Ask struct {
 	Held []*L2Lease `protobuf:"bytes,3,rep,name=held,proto3" json:"held,omitempty"`
 	// The leases the node stopped answering for since its last ask: their
 	// addresses may be given to another node at once.
-	Released      []*L2Lease `protobuf:"bytes,4,rep,name=released,proto3" json:"released,omitempty"`
+	Released []*L2Lease `protobuf:"bytes,4,rep,name=released,proto3" json:"released,omitempty"`
+	// The addresses the node cannot answer for (no such interface, no
+	// interface whose subnet holds the address), whole: the server chooses
+	// other nodes for them, and says why.
+	Refused       []*L2Refusal `protobuf:"bytes,5,rep,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -101,6 +105,66 @@ func (x *L2Ask) GetReleased() []*L2Lease {
 	return nil
 }
 
+func (x *L2Ask) GetRefused() []*L2Refusal {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
+// L2Refusal is an address a node cannot answer for, and why.
+type L2Refusal struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *L2Refusal) Reset() {
+	*x = L2Refusal{}
+	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *L2Refusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*L2Refusal) ProtoMessage() {}
+
+func (x *L2Refusal) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use L2Refusal.ProtoReflect.Descriptor instead.
+func (*L2Refusal) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *L2Refusal) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *L2Refusal) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // L2Lease is a node's right to answer for one address.
 type L2Lease struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -113,7 +177,7 @@ type L2Lease struct {
 
 func (x *L2Lease) Reset() {
 	*x = L2Lease{}
-	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	mi := &file_weir_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -125,7 +189,7 @@ func (x *L2Lease) String() string {
 func (*L2Lease) ProtoMessage() {}
 
 func (x *L2Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	mi := &file_weir_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -138,7 +202,7 @@ func (x *L2Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Lease.ProtoReflect.Descriptor instead.
 func (*L2Lease) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *L2Lease) GetAddress() string {
@@ -172,7 +236,7 @@ type L2Grant struct {
 
 func (x *L2Grant) Reset() {
 	*x = L2Grant{}
-	mi := &file_weir_v1_agent_proto_msgTypes[2]
+	mi := &file_weir_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -184,7 +248,7 @@ func (x *L2Grant) String() string {
 func (*L2Grant) ProtoMessage() {}
 
 func (x *L2Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[2]
+	mi := &file_weir_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -197,7 +261,7 @@ func (x *L2Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Grant.ProtoReflect.Descriptor instead.
 func (*L2Grant) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *L2Grant) GetSequence() uint64 {
@@ -236,7 +300,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_weir_v1_agent_proto_msgTypes[3]
+	mi := &file_weir_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -248,7 +312,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[3]
+	mi := &file_weir_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -261,7 +325,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SyncRequest) GetMessage() isSyncRequest_Message {
@@ -355,7 +419,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_weir_v1_agent_proto_msgTypes[4]
+	mi := &file_weir_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +431,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[4]
+	mi := &file_weir_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +444,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Hello) GetNodeName() string {
@@ -427,7 +491,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +503,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +516,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Ack) GetVersion() uint64 {
@@ -474,7 +538,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +550,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +563,7 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Nack) GetVersion() uint64 {
@@ -538,7 +602,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +614,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +627,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Report) GetFull() bool {
@@ -619,7 +683,7 @@ type BgpSessions struct {
 
 func (x *BgpSessions) Reset() {
 	*x = BgpSessions{}
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +695,7 @@ func (x *BgpSessions) String() string {
 func (*BgpSessions) ProtoMessage() {}
 
 func (x *BgpSessions) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +708,7 @@ func (x *BgpSessions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSessions.ProtoReflect.Descriptor instead.
 func (*BgpSessions) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BgpSessions) GetSessions() []*BgpSession {
@@ -674,7 +738,7 @@ type BgpAnnouncement struct {
 
 func (x *BgpAnnouncement) Reset() {
 	*x = BgpAnnouncement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +750,7 @@ func (x *BgpAnnouncement) String() string {
 func (*BgpAnnouncement) ProtoMessage() {}
 
 func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +763,7 @@ func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpAnnouncement.ProtoReflect.Descriptor instead.
 func (*BgpAnnouncement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BgpAnnouncement) GetPrefix() string {
@@ -745,7 +809,7 @@ type BgpSession struct {
 
 func (x *BgpSession) Reset() {
 	*x = BgpSession{}
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +821,7 @@ func (x *BgpSession) String() string {
 func (*BgpSession) ProtoMessage() {}
 
 func (x *BgpSession) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +834,7 @@ func (x *BgpSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSession.ProtoReflect.Descriptor instead.
 func (*BgpSession) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BgpSession) GetPeerAddress() string {
@@ -832,7 +896,7 @@ type BgpFamily struct {
 
 func (x *BgpFamily) Reset() {
 	*x = BgpFamily{}
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +908,7 @@ func (x *BgpFamily) String() string {
 func (*BgpFamily) ProtoMessage() {}
 
 func (x *BgpFamily) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +921,7 @@ func (x *BgpFamily) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpFamily.ProtoReflect.Descriptor instead.
 func (*BgpFamily) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BgpFamily) GetFamily() string {
@@ -910,7 +974,7 @@ type NodeHealth struct {
 
 func (x *NodeHealth) Reset() {
 	*x = NodeHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +986,7 @@ func (x *NodeHealth) String() string {
 func (*NodeHealth) ProtoMessage() {}
 
 func (x *NodeHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +999,7 @@ func (x *NodeHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
 func (*NodeHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodeHealth) GetHealthzCode() int32 {
@@ -986,7 +1050,7 @@ type ServiceHealth struct {
 
 func (x *ServiceHealth) Reset() {
 	*x = ServiceHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1062,7 @@ func (x *ServiceHealth) String() string {
 func (*ServiceHealth) ProtoMessage() {}
 
 func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1075,7 @@ func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceHealth.ProtoReflect.Descriptor instead.
 func (*ServiceHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ServiceHealth) GetNamespace() string {
@@ -1098,7 +1162,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1110,7 +1174,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1123,7 +1187,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SyncResponse) GetVersion() uint64 {
@@ -1203,7 +1267,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1279,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1292,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -1322,7 +1386,7 @@ type L2Pool struct {
 
 func (x *L2Pool) Reset() {
 	*x = L2Pool{}
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1398,7 @@ func (x *L2Pool) String() string {
 func (*L2Pool) ProtoMessage() {}
 
 func (x *L2Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1411,7 @@ func (x *L2Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Pool.ProtoReflect.Descriptor instead.
 func (*L2Pool) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *L2Pool) GetRanges() []string {
@@ -1383,7 +1447,7 @@ type PoolAdvertisement struct {
 
 func (x *PoolAdvertisement) Reset() {
 	*x = PoolAdvertisement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1395,7 +1459,7 @@ func (x *PoolAdvertisement) String() string {
 func (*PoolAdvertisement) ProtoMessage() {}
 
 func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,7 +1472,7 @@ func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolAdvertisement.ProtoReflect.Descriptor instead.
 func (*PoolAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PoolAdvertisement) GetRanges() []string {
@@ -1470,7 +1534,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1546,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1559,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -1582,7 +1646,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1658,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1671,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -1714,7 +1778,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +1790,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +1803,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -1797,7 +1861,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1873,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +1886,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -1892,12 +1956,16 @@ var File_weir_v1_agent_proto protoreflect.FileDescriptor
 
 const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\x94\x01\n" +
+	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\xc2\x01\n" +
 	"\x05L2Ask\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12$\n" +
 	"\x04held\x18\x03 \x03(\v2\x10.weir.v1.L2LeaseR\x04held\x12,\n" +
-	"\breleased\x18\x04 \x03(\v2\x10.weir.v1.L2LeaseR\breleased\"9\n" +
+	"\breleased\x18\x04 \x03(\v2\x10.weir.v1.L2LeaseR\breleased\x12,\n" +
+	"\arefused\x18\x05 \x03(\v2\x12.weir.v1.L2RefusalR\arefused\"=\n" +
+	"\tL2Refusal\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"9\n" +
 	"\aL2Lease\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"|\n" +
@@ -2068,76 +2136,78 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(*L2Ask)(nil),                 // 0: weir.v1.L2Ask
-	(*L2Lease)(nil),               // 1: weir.v1.L2Lease
-	(*L2Grant)(nil),               // 2: weir.v1.L2Grant
-	(*SyncRequest)(nil),           // 3: weir.v1.SyncRequest
-	(*Hello)(nil),                 // 4: weir.v1.Hello
-	(*Ack)(nil),                   // 5: weir.v1.Ack
-	(*Nack)(nil),                  // 6: weir.v1.Nack
-	(*Report)(nil),                // 7: weir.v1.Report
-	(*BgpSessions)(nil),           // 8: weir.v1.BgpSessions
-	(*BgpAnnouncement)(nil),       // 9: weir.v1.BgpAnnouncement
-	(*BgpSession)(nil),            // 10: weir.v1.BgpSession
-	(*BgpFamily)(nil),             // 11: weir.v1.BgpFamily
-	(*NodeHealth)(nil),            // 12: weir.v1.NodeHealth
-	(*ServiceHealth)(nil),         // 13: weir.v1.ServiceHealth
-	(*SyncResponse)(nil),          // 14: weir.v1.SyncResponse
-	(*NodeInfo)(nil),              // 15: weir.v1.NodeInfo
-	(*L2Pool)(nil),                // 16: weir.v1.L2Pool
-	(*PoolAdvertisement)(nil),     // 17: weir.v1.PoolAdvertisement
-	(*NodePeer)(nil),              // 18: weir.v1.NodePeer
-	(*NodeService)(nil),           // 19: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 20: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 21: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 24: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 25: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 26: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 27: weir.v1.Protocol
+	(*L2Refusal)(nil),             // 1: weir.v1.L2Refusal
+	(*L2Lease)(nil),               // 2: weir.v1.L2Lease
+	(*L2Grant)(nil),               // 3: weir.v1.L2Grant
+	(*SyncRequest)(nil),           // 4: weir.v1.SyncRequest
+	(*Hello)(nil),                 // 5: weir.v1.Hello
+	(*Ack)(nil),                   // 6: weir.v1.Ack
+	(*Nack)(nil),                  // 7: weir.v1.Nack
+	(*Report)(nil),                // 8: weir.v1.Report
+	(*BgpSessions)(nil),           // 9: weir.v1.BgpSessions
+	(*BgpAnnouncement)(nil),       // 10: weir.v1.BgpAnnouncement
+	(*BgpSession)(nil),            // 11: weir.v1.BgpSession
+	(*BgpFamily)(nil),             // 12: weir.v1.BgpFamily
+	(*NodeHealth)(nil),            // 13: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 14: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 15: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 16: weir.v1.NodeInfo
+	(*L2Pool)(nil),                // 17: weir.v1.L2Pool
+	(*PoolAdvertisement)(nil),     // 18: weir.v1.PoolAdvertisement
+	(*NodePeer)(nil),              // 19: weir.v1.NodePeer
+	(*NodeService)(nil),           // 20: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 21: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 22: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 25: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 26: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 27: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 28: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
-	1,  // 0: weir.v1.L2Ask.held:type_name -> weir.v1.L2Lease
-	1,  // 1: weir.v1.L2Ask.released:type_name -> weir.v1.L2Lease
-	22, // 2: weir.v1.L2Grant.ttl:type_name -> google.protobuf.Duration
-	1,  // 3: weir.v1.L2Grant.leases:type_name -> weir.v1.L2Lease
-	4,  // 4: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
-	5,  // 5: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
-	6,  // 6: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
-	7,  // 7: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	12, // 8: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	13, // 9: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	22, // 10: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
-	8,  // 11: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
-	10, // 12: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
-	9,  // 13: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	23, // 14: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	11, // 15: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
-	23, // 16: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	15, // 17: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	19, // 18: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	18, // 19: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	17, // 20: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
-	16, // 21: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
-	20, // 22: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	24, // 23: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	24, // 24: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	25, // 25: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	26, // 26: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	27, // 27: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	21, // 28: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	3,  // 29: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	0,  // 30: weir.v1.AgentService.Leases:input_type -> weir.v1.L2Ask
-	14, // 31: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	2,  // 32: weir.v1.AgentService.Leases:output_type -> weir.v1.L2Grant
-	31, // [31:33] is the sub-list for method output_type
-	29, // [29:31] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	2,  // 0: weir.v1.L2Ask.held:type_name -> weir.v1.L2Lease
+	2,  // 1: weir.v1.L2Ask.released:type_name -> weir.v1.L2Lease
+	1,  // 2: weir.v1.L2Ask.refused:type_name -> weir.v1.L2Refusal
+	23, // 3: weir.v1.L2Grant.ttl:type_name -> google.protobuf.Duration
+	2,  // 4: weir.v1.L2Grant.leases:type_name -> weir.v1.L2Lease
+	5,  // 5: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
+	6,  // 6: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
+	7,  // 7: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
+	8,  // 8: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
+	13, // 9: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	14, // 10: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	23, // 11: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	9,  // 12: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
+	11, // 13: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
+	10, // 14: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
+	24, // 15: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	12, // 16: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
+	24, // 17: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	16, // 18: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	20, // 19: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	19, // 20: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	18, // 21: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	17, // 22: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
+	21, // 23: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	25, // 24: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	25, // 25: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	26, // 26: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	27, // 27: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	28, // 28: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	22, // 29: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	4,  // 30: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	0,  // 31: weir.v1.AgentService.Leases:input_type -> weir.v1.L2Ask
+	15, // 32: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	3,  // 33: weir.v1.AgentService.Leases:output_type -> weir.v1.L2Grant
+	32, // [32:34] is the sub-list for method output_type
+	30, // [30:32] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -2146,7 +2216,7 @@ func file_weir_v1_agent_proto_init() {
 		return
 	}
 	file_weir_v1_resources_proto_init()
-	file_weir_v1_agent_proto_msgTypes[3].OneofWrappers = []any{
+	file_weir_v1_agent_proto_msgTypes[4].OneofWrappers = []any{
 		(*SyncRequest_Hello)(nil),
 		(*SyncRequest_Ack)(nil),
 		(*SyncRequest_Nack)(nil),
@@ -2158,7 +2228,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
