@@ -70,6 +70,20 @@ func (l *Leases) Release(addr netip.Addr) (epoch uint64, ok bool) {
 	return h.epoch, true
 }
 
+// Holding is every lease held now, by address: its epoch.
+func (l *Leases) Holding() map[netip.Addr]uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[netip.Addr]uint64{}
+	now := l.clk.Now()
+	for a, h := range l.held {
+		if now.Before(h.until) {
+			out[a] = h.epoch
+		}
+	}
+	return out
+}
+
 // Held lists the addresses answered for now.
 func (l *Leases) Held() []netip.Addr {
 	l.mu.Lock()

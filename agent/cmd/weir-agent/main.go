@@ -22,10 +22,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/utils/clock"
 
 	"github.com/weirlb/weir/agent/bgp"
 	"github.com/weirlb/weir/agent/faults"
 	"github.com/weirlb/weir/agent/health"
+	"github.com/weirlb/weir/agent/l2"
 	"github.com/weirlb/weir/agent/syncer"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bgpspeaker"
@@ -189,6 +191,24 @@ func run() error {
 		// once: its health answers stop too.
 		defer member.Leave()
 	}
+	// L2 addresses: the node answers ARP and NDP for those it holds a
+	// lease on, asked of the server that decides the owners over a
+	// connection of its own (with replicas, the leader's).
+	leaseConn, err := dial.NewServers(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile}, dial.WithSocketMark(datapath.DefaultControlMark))
+	if err != nil {
+		return err
+	}
+	defer leaseConn.Close()
+	responder := l2.New(log.With("component", "l2"))
+	defer responder.Close()
+	asker := l2.NewAsker(leaseConn, *nodeName, l2.NewLeases(clock.RealClock{}, responder.Set), clock.RealClock{}, log.With("component", "l2"))
+	observers = append(observers, asker)
+	askerDone := make(chan struct{})
+	go func() { asker.Run(ctx); close(askerDone) }()
+	// On SIGTERM the node's L2 addresses are given up (and the server
+	// told) before the agent goes.
+	defer func() { stop(); <-askerDone }()
+
 	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, faults.Wrap(dp, log), observers, log)
 	log.Info("starting", "servers", *serverAddr, "server", conn.Current(), "tls", !*plain)
 	if err := s.Run(ctx); err != nil && ctx.Err() == nil {

@@ -1,0 +1,351 @@
+package l2
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"k8s.io/utils/clock"
+
+	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/dial"
+	"github.com/weirlb/weir/internal/report"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// DefaultTTL is the lease life assumed until the server says its own.
+const DefaultTTL = 600 * time.Millisecond
+
+// Asker keeps this node's L2 leases with the server that decides the
+// owners (AgentService.Leases): it asks a few times a lease's life, and
+// at once when the server says so or when it gave a lease up, noting when
+// it asked; it hands what it is granted to Leases, which answers for it
+// until the lease ends by the node's own clock. It watches the node's
+// state (a syncer observer) for the L2 addresses and where to answer
+// them, and tells the server which it cannot answer for.
+//
+// Stopping (ctx ends: SIGTERM) gives every lease up and says so, so that
+// another node takes the addresses at once.
+type Asker struct {
+	conn   grpc.ClientConnInterface
+	node   string
+	leases *Leases
+	clk    clock.WithTicker
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	pools   []datapath.L2Pool
+	addrs   []netip.Addr            // the L2 load-balancer IPs of the node's state
+	ifaces  map[netip.Addr][]string // where each is answered
+	refused map[netip.Addr]string   // those that cannot be, and why
+	changed chan struct{}
+}
+
+// NewAsker asks over conn (its own connection: it moves to the replica
+// that leads, whatever replica the node's state comes from).
+func NewAsker(conn grpc.ClientConnInterface, node string, leases *Leases, clk clock.WithTicker, log *slog.Logger) *Asker {
+	return &Asker{conn: conn, node: node, leases: leases, clk: clk, log: log, changed: make(chan struct{}, 1)}
+}
+
+// Received takes the node's new state (syncer.Observer).
+func (a *Asker) Received(st datapath.NodeState) {
+	var addrs []netip.Addr
+	for _, svc := range st.Services {
+		for _, vip := range svc.LoadBalancerIPs {
+			if _, ok := st.Node.L2PoolOf(vip); ok {
+				addrs = append(addrs, vip)
+			}
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	addrs = slices.Compact(addrs)
+	a.mu.Lock()
+	same := slices.Equal(addrs, a.addrs) && slices.EqualFunc(st.Node.L2Pools, a.pools, datapath.L2Pool.Equal)
+	a.pools, a.addrs = st.Node.L2Pools, addrs
+	a.mu.Unlock()
+	if !same {
+		a.resolve()
+	}
+}
+
+// Applied and Report: the Asker reports nothing through the syncer.
+func (a *Asker) Applied(time.Duration)      {}
+func (a *Asker) Report(bool) *report.Report { return nil }
+
+// resolve finds the interfaces of every L2 address, and signals a
+// change of what the node cannot answer for.
+func (a *Asker) resolve() {
+	a.mu.Lock()
+	pools, addrs := a.pools, a.addrs
+	a.mu.Unlock()
+	ifaces, refused := map[netip.Addr][]string{}, map[netip.Addr]string{}
+	links, err := localLinks()
+	for _, addr := range addrs {
+		pool, _ := datapath.NodeInfo{L2Pools: pools}.L2PoolOf(addr)
+		names, why := interfacesFor(addr, pool.Interfaces, links, err)
+		if why != "" {
+			refused[addr] = why
+			continue
+		}
+		ifaces[addr] = names
+	}
+	a.mu.Lock()
+	changed := !maps.Equal(refused, a.refused) || !maps.EqualFunc(ifaces, a.ifaces, slices.Equal)
+	a.ifaces, a.refused = ifaces, refused
+	a.mu.Unlock()
+	if changed {
+		select {
+		case a.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// localLink is one of the node's interfaces with its subnets.
+type localLink struct {
+	name    string
+	subnets []netip.Prefix
+}
+
+func localLinks() ([]localLink, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	var out []localLink
+	for _, ifi := range ifs {
+		if ifi.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		l := localLink{name: ifi.Name}
+		addrs, _ := ifi.Addrs()
+		for _, ad := range addrs {
+			if n, ok := ad.(*net.IPNet); ok {
+				if p, err := netip.ParsePrefix(n.String()); err == nil {
+					l.subnets = append(l.subnets, p.Masked())
+				}
+			}
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// interfacesFor is where addr is answered: the pool's interfaces, each of
+// which must exist, or else every interface whose subnet holds addr; or
+// why it cannot be answered.
+func interfacesFor(addr netip.Addr, named []string, links []localLink, linkErr error) ([]string, string) {
+	if linkErr != nil {
+		return nil, "listing the node's interfaces: " + linkErr.Error()
+	}
+	if len(named) > 0 {
+		for _, n := range named {
+			if !slices.ContainsFunc(links, func(l localLink) bool { return l.name == n }) {
+				return nil, fmt.Sprintf("the node has no interface %q", n)
+			}
+		}
+		return named, ""
+	}
+	var out []string
+	for _, l := range links {
+		if slices.ContainsFunc(l.subnets, func(p netip.Prefix) bool { return p.Contains(addr) }) {
+			out = append(out, l.name)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Sprintf("no interface of the node has a subnet that holds %s (name the interfaces in the pool's l2_advertisement)", addr)
+	}
+	return out, ""
+}
+
+// wanted reports whether the node's state has L2 addresses.
+func (a *Asker) wanted() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.addrs) > 0 || len(a.leases.Holding()) > 0
+}
+
+// Run keeps the leases until ctx ends, then gives them up.
+func (a *Asker) Run(ctx context.Context) {
+	retry := dial.NewReconnect(a.conn, time.Second)
+	resolveEvery := a.clk.NewTicker(5 * time.Second)
+	defer resolveEvery.Stop()
+	for {
+		for !a.wanted() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-a.changed:
+			case <-resolveEvery.C():
+			}
+		}
+		server := retry.Server()
+		granted, err := a.session(ctx, retry.WaitForReady())
+		if ctx.Err() != nil {
+			return
+		}
+		wait := retry.Ended(err, granted)
+		a.log.Debug("L2 lease stream ended", "server", server, "error", err, "next", retry.Server(), "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			a.leases.Close()
+			return
+		case <-a.clk.After(wait):
+		}
+	}
+}
+
+// session runs one Leases stream; granted reports whether the server
+// answered at all.
+func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, err error) {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stream, err := weirv1.NewAgentServiceClient(a.conn).Leases(sctx, grpc.WaitForReady(waitForReady))
+	if err != nil {
+		return false, err
+	}
+	var (
+		seq      uint64
+		asked    = map[uint64]time.Time{}
+		released []*weirv1.L2Lease
+		ttl      = DefaultTTL
+	)
+	ask := func() error {
+		seq++
+		// The lease counts from before the ask leaves.
+		asked[seq] = a.clk.Now()
+		msg := &weirv1.L2Ask{NodeName: a.node, Sequence: seq, Released: released}
+		for addr, epoch := range a.leases.Holding() {
+			msg.Held = append(msg.Held, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
+		}
+		a.mu.Lock()
+		for addr, why := range a.refused {
+			msg.Refused = append(msg.Refused, &weirv1.L2Refusal{Address: addr.String(), Reason: why})
+		}
+		a.mu.Unlock()
+		if err := stream.Send(msg); err != nil {
+			return err
+		}
+		released = nil
+		return nil
+	}
+	grants, recvErr := make(chan *weirv1.L2Grant, 16), make(chan error, 1)
+	go func() {
+		for {
+			g, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			grants <- g
+		}
+	}()
+	if err := ask(); err != nil {
+		return false, err
+	}
+	tick := a.clk.NewTicker(ttl / 4)
+	defer func() { tick.Stop() }()
+	resolveEvery := a.clk.NewTicker(5 * time.Second)
+	defer resolveEvery.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// Stopping: give everything up and say so, then go.
+			for addr := range a.leases.Holding() {
+				if epoch, ok := a.leases.Release(addr); ok {
+					released = append(released, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
+				}
+			}
+			a.leases.Close()
+			if len(released) > 0 {
+				err := ask()
+				stream.CloseSend()
+				if err == nil {
+					// The server has read the release once it answers.
+					select {
+					case <-grants:
+					case <-recvErr:
+					case <-time.After(time.Second):
+					}
+				}
+			}
+			return granted, ctx.Err()
+		case err := <-recvErr:
+			return granted, err
+		case <-tick.C():
+			err = ask()
+		case <-a.changed:
+			err = ask()
+		case <-resolveEvery.C():
+			a.resolve()
+		case g := <-grants:
+			granted = true
+			if g.GetSequence() == 0 {
+				err = ask()
+				break
+			}
+			at, ok := asked[g.GetSequence()]
+			if !ok {
+				break // answered already
+			}
+			for s := range asked {
+				if s <= g.GetSequence() {
+					delete(asked, s)
+				}
+			}
+			if d := g.GetTtl().AsDuration(); d > 0 && d != ttl {
+				ttl = d
+				tick.Stop()
+				tick = a.clk.NewTicker(ttl / 4)
+			}
+			released = append(released, a.take(g, at, ttl)...)
+			if len(released) > 0 {
+				err = ask()
+			}
+		}
+		if err != nil {
+			return granted, err
+		}
+	}
+}
+
+// take hands a grant to the leases, asked at at: the leases it lists are
+// held from at for ttl, every other is given up at once (and returned, to
+// tell the server).
+func (a *Asker) take(g *weirv1.L2Grant, at time.Time, ttl time.Duration) (released []*weirv1.L2Lease) {
+	listed := map[netip.Addr]bool{}
+	for _, l := range g.GetLeases() {
+		addr, err := netip.ParseAddr(l.GetAddress())
+		if err != nil {
+			continue
+		}
+		a.mu.Lock()
+		ifaces, ok := a.ifaces[addr]
+		a.mu.Unlock()
+		if !ok {
+			// Not answerable here (and refused in the next ask).
+			released = append(released, &weirv1.L2Lease{Address: addr.String(), Epoch: l.GetEpoch()})
+			continue
+		}
+		listed[addr] = true
+		if err := a.leases.Granted(addr, l.GetEpoch(), at, ttl, ifaces); err != nil {
+			a.log.Warn("answering for an L2 address", "address", addr, "error", err)
+		}
+	}
+	for addr := range a.leases.Holding() {
+		if listed[addr] {
+			continue
+		}
+		if epoch, ok := a.leases.Release(addr); ok {
+			released = append(released, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
+		}
+	}
+	return released
+}
