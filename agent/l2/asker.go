@@ -217,11 +217,12 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 		released []*weirv1.L2Lease
 		ttl      = DefaultTTL
 	)
+	stopping := false
 	ask := func() error {
 		seq++
 		// The lease counts from before the ask leaves.
 		asked[seq] = a.clk.Now()
-		msg := &weirv1.L2Ask{NodeName: a.node, Sequence: seq, Released: released}
+		msg := &weirv1.L2Ask{NodeName: a.node, Sequence: seq, Released: released, Stopping: stopping}
 		for addr, epoch := range a.leases.Holding() {
 			msg.Held = append(msg.Held, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
 		}
@@ -264,18 +265,16 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 				}
 			}
 			a.leases.Close()
-			if len(released) > 0 {
-				err := ask()
-				stream.CloseSend()
-				if err == nil {
-					// The server has read the release once it answers.
-					select {
-					case <-grants:
-					case <-recvErr:
-					case <-time.After(time.Second):
-					}
+			stopping = true
+			if err := ask(); err == nil {
+				// The server has read the release once it answers.
+				select {
+				case <-grants:
+				case <-recvErr:
+				case <-time.After(time.Second):
 				}
 			}
+			stream.CloseSend()
 			return granted, ctx.Err()
 		case err := <-recvErr:
 			return granted, err

@@ -86,6 +86,10 @@ func (h *Hub) Leases(stream weirv1.AgentService_LeasesServer) error {
 			refused[a] = truncate(r.GetReason())
 		}
 		out := &weirv1.L2Grant{Sequence: ask.GetSequence(), Ttl: ttl}
+		if ask.GetStopping() {
+			s.Stop(released)
+			return stream.Send(out)
+		}
 		for _, g := range s.Ask(held, released, refused) {
 			out.Leases = append(out.Leases, &weirv1.L2Lease{Address: g.Addr.String(), Epoch: g.Epoch})
 		}

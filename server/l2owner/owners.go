@@ -132,6 +132,8 @@ type Stream struct {
 	lastAsk time.Time
 	// refused are the addresses the node cannot answer for, and why.
 	refused map[netip.Addr]string
+	// stopping: the node said it is going away.
+	stopping bool
 	nudge   chan struct{}
 	done    chan struct{}
 	closed  bool
@@ -205,12 +207,20 @@ type Grant struct {
 // Ask is the node asking for its leases: it released the leases in
 // released, holds those in held, and cannot answer for the addresses in
 // refused (whole; nil for none). The answer is every lease it holds from
-// now on; any other it must stop answering for.
+// now on; any other it must stop answering for. An address released is
+// not granted back in the same answer: the node gave it up for a reason
+// (it was not listed, it is stopping).
 func (s *Stream) Ask(held, released []Held, refused map[netip.Addr]string) []Grant {
 	o := s.o
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if s.closed || o.table == nil {
+		return nil
+	}
+	if s.stopping {
+		for _, r := range released {
+			o.table.Release(r.Addr, s.node, r.Epoch)
+		}
 		return nil
 	}
 	wasLive := o.liveLocked(s)
@@ -234,7 +244,7 @@ func (s *Stream) Ask(held, released []Held, refused map[netip.Addr]string) []Gra
 	}
 	var out []Grant
 	for _, a := range slices.SortedFunc(maps.Keys(o.owner), netip.Addr.Compare) {
-		if o.owner[a] != s.node {
+		if o.owner[a] != s.node || slices.ContainsFunc(released, func(r Held) bool { return r.Addr == a }) {
 			continue
 		}
 		if v, l := o.table.Request(a, s.node, s.node); v == Granted {
@@ -245,9 +255,26 @@ func (s *Stream) Ask(held, released []Held, refused map[netip.Addr]string) []Gra
 	return out
 }
 
+// Stop is the node going away (the agent stops): it releases every lease
+// in released and is no candidate any more, so its addresses move at
+// once.
+func (s *Stream) Stop(released []Held) {
+	o := s.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s.closed || o.table == nil {
+		return
+	}
+	s.stopping = true
+	for _, r := range released {
+		o.table.Release(r.Addr, s.node, r.Epoch)
+	}
+	o.assignLocked()
+}
+
 // liveLocked: the node asked within a lease's life on an open stream.
 func (o *Owners) liveLocked(s *Stream) bool {
-	return !s.closed && !s.lastAsk.IsZero() && o.clk.Since(s.lastAsk) < o.ttl
+	return !s.closed && !s.stopping && !s.lastAsk.IsZero() && o.clk.Since(s.lastAsk) < o.ttl
 }
 
 // assignLocked chooses the owners among the live candidates, keeping the

@@ -276,3 +276,32 @@ func TestARefusingNodeIsPassedOver(t *testing.T) {
 		t.Fatalf("granted %v to the node still refusing", g)
 	}
 }
+
+// An agent that stops gives its addresses up and says so: another node
+// is granted them at once, and the stopping node is not given them back.
+func TestAStoppingNodeHandsOverAtOnce(t *testing.T) {
+	o, _, owner, other := grantedOwner(t)
+	epoch, _ := holds(owner.Ask(nil, nil, nil), vip)
+	owner.Stop([]Held{{vip, epoch}})
+	if o.Chosen(vip) != other.node {
+		t.Fatalf("owner %q after a stop; want %s", o.Chosen(vip), other.node)
+	}
+	if !nudged(t, other) {
+		t.Fatal("the new owner was not told to ask")
+	}
+	if _, ok := holds(other.Ask(nil, nil, nil), vip); !ok {
+		t.Fatal("the new owner was not granted at once")
+	}
+	if g := owner.Ask(nil, nil, nil); len(g) != 0 {
+		t.Fatalf("the stopping node was granted %v", g)
+	}
+}
+
+// A lease given up in an ask is not granted back in its answer.
+func TestAReleaseIsNotUndoneByItsOwnAnswer(t *testing.T) {
+	_, _, owner, _ := grantedOwner(t)
+	epoch, _ := holds(owner.Ask(nil, nil, nil), vip)
+	if g := owner.Ask(nil, []Held{{vip, epoch}}, nil); len(g) != 0 {
+		t.Fatalf("granted %v in the answer to its release", g)
+	}
+}

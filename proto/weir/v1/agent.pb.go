@@ -42,7 +42,10 @@ type L2Ask struct {
 	// The addresses the node cannot answer for (no such interface, no
 	// interface whose subnet holds the address), whole: the server chooses
 	// other nodes for them, and says why.
-	Refused       []*L2Refusal `protobuf:"bytes,5,rep,name=refused,proto3" json:"refused,omitempty"`
+	Refused []*L2Refusal `protobuf:"bytes,5,rep,name=refused,proto3" json:"refused,omitempty"`
+	// The agent is stopping: it gave every lease up (in released) and is
+	// no candidate any more on this stream.
+	Stopping      bool `protobuf:"varint,6,opt,name=stopping,proto3" json:"stopping,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -110,6 +113,13 @@ func (x *L2Ask) GetRefused() []*L2Refusal {
 		return x.Refused
 	}
 	return nil
+}
+
+func (x *L2Ask) GetStopping() bool {
+	if x != nil {
+		return x.Stopping
+	}
+	return false
 }
 
 // L2Refusal is an address a node cannot answer for, and why.
@@ -1956,13 +1966,14 @@ var File_weir_v1_agent_proto protoreflect.FileDescriptor
 
 const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\xc2\x01\n" +
+	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\xde\x01\n" +
 	"\x05L2Ask\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12$\n" +
 	"\x04held\x18\x03 \x03(\v2\x10.weir.v1.L2LeaseR\x04held\x12,\n" +
 	"\breleased\x18\x04 \x03(\v2\x10.weir.v1.L2LeaseR\breleased\x12,\n" +
-	"\arefused\x18\x05 \x03(\v2\x12.weir.v1.L2RefusalR\arefused\"=\n" +
+	"\arefused\x18\x05 \x03(\v2\x12.weir.v1.L2RefusalR\arefused\x12\x1a\n" +
+	"\bstopping\x18\x06 \x01(\bR\bstopping\"=\n" +
 	"\tL2Refusal\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"9\n" +

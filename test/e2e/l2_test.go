@@ -1,0 +1,481 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mdlayher/arp"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/wait"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+// l2VIP is an address of the rack LAN's L2 pool: no route leads to it,
+// the router (a host on the nodes' segment) resolves it by ARP.
+var l2VIP = netip.MustParseAddr("192.0.2.200")
+
+// startL2 runs Weir on three nodes with a pod each, an L2 pool on the
+// rack LAN and a service on l2VIP with every pod behind it.
+func startL2(t *testing.T, policy weirv1.TrafficPolicy) *weirlab.Cluster {
+	t.Helper()
+	lab.SkipUnlessPrivileged(t)
+	ctx := context.Background()
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 3, PodsPerNode: []int{1, 1, 1}, Dir: t.TempDir()}, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("server log:\n%s", tail(c.Server.Log(), 20000))
+			for i, a := range c.Agents {
+				t.Logf("agent %d log:\n%s", i+1, tail(a.Log(), 8000))
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("tearing down the lab: %v", err)
+		}
+	})
+	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "rack-lan"}, Addresses: []string{"192.0.2.200-192.0.2.209"},
+		L2Advertisement: &weirv1.L2Advertisement{}}}); err != nil {
+		t.Fatal(err)
+	}
+	svc := webService()
+	svc.Spec.ExternalTrafficPolicy = policy
+	svc.Status.LoadBalancerIps = []string{l2VIP.String()}
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range endpointSlices("web", c.Pods()) {
+		if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.WaitServiceProgrammed(ctx, "default", "web"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// arpWatch is a host on the segment that asks for an address every
+// 10 ms and records every answer and announcement, with the MAC address
+// it came from: the capture the L2 tests judge by.
+type arpWatch struct {
+	vip    netip.Addr
+	client *arp.Client
+
+	mu     sync.Mutex
+	probes []time.Time
+	seen   []arpSeen
+	stop   chan struct{}
+	done   sync.WaitGroup
+}
+
+// arpSeen is one ARP reply for the address: solicited (to a probe) or an
+// announcement (a gratuitous reply).
+type arpSeen struct {
+	at        time.Time
+	mac       string
+	solicited bool
+}
+
+// watchARP starts watching vip on iface of ns until the test ends.
+func watchARP(t *testing.T, ns *lab.Netns, iface string, vip netip.Addr) *arpWatch {
+	t.Helper()
+	w := &arpWatch{vip: vip, stop: make(chan struct{})}
+	if err := ns.Do(func() error {
+		ifi, err := net.InterfaceByName(iface)
+		if err != nil {
+			return err
+		}
+		w.client, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w.done.Add(2)
+	go w.read()
+	go w.probe()
+	t.Cleanup(func() {
+		close(w.stop)
+		w.client.Close()
+		w.done.Wait()
+	})
+	return w
+}
+
+func (w *arpWatch) read() {
+	defer w.done.Done()
+	for {
+		p, _, err := w.client.Read()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			select {
+			case <-w.stop:
+				return
+			default:
+				continue
+			}
+		}
+		if p.Operation != arp.OperationReply || p.SenderIP != w.vip {
+			continue
+		}
+		w.mu.Lock()
+		w.seen = append(w.seen, arpSeen{at: time.Now(), mac: p.SenderHardwareAddr.String(), solicited: p.TargetIP != w.vip})
+		w.mu.Unlock()
+	}
+}
+
+func (w *arpWatch) probe() {
+	defer w.done.Done()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-tick.C:
+		}
+		w.mu.Lock()
+		w.probes = append(w.probes, time.Now())
+		w.mu.Unlock()
+		w.client.Request(w.vip)
+	}
+}
+
+// answering is the MAC that answered the last probes, "" when none did
+// within the last 100 ms.
+func (w *arpWatch) answering() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := len(w.seen) - 1; i >= 0; i-- {
+		s := w.seen[i]
+		if time.Since(s.at) > 100*time.Millisecond {
+			break
+		}
+		if s.solicited {
+			return s.mac
+		}
+	}
+	return ""
+}
+
+// firstOther is when a MAC other than old first answered or announced
+// the address after since, and which.
+func (w *arpWatch) firstOther(old string, since time.Time) (time.Time, string, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, s := range w.seen {
+		if s.at.After(since) && s.mac != old {
+			return s.at, s.mac, true
+		}
+	}
+	return time.Time{}, "", false
+}
+
+// sameProbe counts the probes two MACs answered.
+func (w *arpWatch) sameProbe() (doubled, replies int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var solicited []arpSeen
+	for _, s := range w.seen {
+		if s.solicited {
+			solicited = append(solicited, s)
+		}
+	}
+	j := 0
+	for i, p := range w.probes {
+		end := time.Now()
+		if i+1 < len(w.probes) {
+			end = w.probes[i+1]
+		}
+		macs := map[string]bool{}
+		for ; j < len(solicited) && solicited[j].at.Before(end); j++ {
+			if !solicited[j].at.Before(p) {
+				macs[solicited[j].mac] = true
+			}
+		}
+		if len(macs) > 1 {
+			doubled++
+		}
+	}
+	return doubled, len(solicited)
+}
+
+// answeredBetween counts mac's answers to probes in (from, to).
+func (w *arpWatch) answeredBetween(mac string, from, to time.Time) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, s := range w.seen {
+		if s.solicited && s.mac == mac && s.at.After(from) && s.at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// macOf is the MAC address of ns's interface.
+func macOf(t *testing.T, ns *lab.Netns, iface string) string {
+	t.Helper()
+	out, err := ns.Run(context.Background(), "cat", "/sys/class/net/"+iface+"/address")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(out)
+}
+
+// l2Fault takes the owner (node i) out one way and returns how to put it
+// back.
+type l2Fault struct {
+	name   string
+	inject func(t *testing.T, c *weirlab.Cluster, i int) (restore func())
+}
+
+var l2Faults = []l2Fault{
+	{"kill -9 of the owner's agent", func(t *testing.T, c *weirlab.Cluster, i int) func() {
+		if err := c.Agents[i].Kill(); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			if err := c.RestartAgent(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}},
+	{"the owner cut from the segment", func(t *testing.T, c *weirlab.Cluster, i int) func() {
+		port := "lan-" + c.Nodes[i].Name
+		if _, err := c.Router.Run(context.Background(), "ip", "link", "set", port, "down"); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			if _, err := c.Router.Run(context.Background(), "ip", "link", "set", port, "up"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}},
+	{"the owner cut from the server, not from the clients", cutFromServer},
+	{"the owner cut from the server, then drained", func(t *testing.T, c *weirlab.Cluster, i int) func() {
+		// The server takes the address away at once, but the owner cannot
+		// hear it: the new owner must wait for the old lease to end.
+		cut := cutFromServer(t, c, i)
+		drained := drain(t, c, i)
+		return func() { drained(); cut() }
+	}},
+	{"SIGTERM of the owner's agent", func(t *testing.T, c *weirlab.Cluster, i int) func() {
+		if err := c.Agents[i].Stop(); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			if err := c.RestartAgent(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}},
+	{"the owner drained", drain},
+}
+
+// cutFromServer drops node i's traffic with the server, not the rest.
+func cutFromServer(t *testing.T, c *weirlab.Cluster, i int) (restore func()) {
+	// Its own table, apart from the agent's: the agent's marks exempt
+	// its sockets from Weir's rules only.
+	n := c.Nodes[i]
+	rules := fmt.Sprintf(`table inet weir-l2-test {
+	chain out { type filter hook output priority -300; ip daddr %s tcp dport %d drop; }
+	chain in { type filter hook input priority -300; ip saddr %s tcp sport %d drop; }
+}`, lab.ControlIPv4, weirlab.ServerPort, lab.ControlIPv4, weirlab.ServerPort)
+	if err := nftApply(n.Netns, rules); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if _, err := n.Run(context.Background(), "nft", "delete", "table", "inet", "weir-l2-test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// drain drains node i through the API.
+func drain(t *testing.T, c *weirlab.Cluster, i int) (restore func()) {
+	if _, err := c.Registry.DrainNode(context.Background(), &weirv1.DrainNodeRequest{Name: c.Nodes[i].Name}); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if _, err := c.Registry.UncordonNode(context.Background(), &weirv1.UncordonNodeRequest{Name: c.Nodes[i].Name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// nftApply loads a ruleset into ns.
+func nftApply(ns *lab.Netns, rules string) error {
+	f, err := os.CreateTemp("", "weir-l2-*.nft")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.WriteString(rules); err != nil {
+		return err
+	}
+	f.Close()
+	_, err = ns.Run(context.Background(), "nft", "-f", f.Name())
+	return err
+}
+
+// TestL2FailoverNeverTwoOwners: one node answers ARP for an L2 address;
+// every way of losing it (its agent killed or stopped, cut from the
+// segment, cut from the server alone, drained) moves the address to
+// another node, and a capture on the segment, probing every 10 ms, never
+// sees two nodes answer at once. A server restart in between keeps the
+// owner. WEIR_L2_ROUNDS sets how many times each fault is injected (2 in
+// make test; 20 gives the 100 faults of docs/performance.md).
+func TestL2FailoverNeverTwoOwners(t *testing.T) {
+	c := startL2(t, weirv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER)
+	w := watchARP(t, c.Router, "br0", l2VIP)
+	nodeByMAC := map[string]int{}
+	for i, n := range c.Nodes {
+		nodeByMAC[macOf(t, n.Netns, "eth0")] = i
+	}
+	owner := func() int {
+		var i int
+		wait.Until(t, 15*time.Second, "a node answering ARP for "+l2VIP.String(), func() bool {
+			mac := w.answering()
+			var ok bool
+			i, ok = nodeByMAC[mac]
+			return ok
+		})
+		return i
+	}
+	dst := netip.AddrPortFrom(l2VIP, 80)
+	eventually(t, "a connection to the L2 address", func() error { _, err := weirlab.Get(context.Background(), c.Router, dst); return err })
+	connecting := keepConnecting(c.Router, dst)
+
+	rounds := 2
+	if s := os.Getenv("WEIR_L2_ROUNDS"); s != "" {
+		var err error
+		if rounds, err = strconv.Atoi(s); err != nil {
+			t.Fatalf("WEIR_L2_ROUNDS=%q: %v", s, err)
+		}
+	}
+	took := map[string][]time.Duration{}
+	// Once another node answered, the old owner must not: each move is
+	// checked up to the next fault.
+	type move struct {
+		fault string
+		old   string
+		moved time.Time
+		until time.Time
+	}
+	var moves []move
+	faults := 0
+	for r := range rounds {
+		for _, f := range l2Faults {
+			i := owner()
+			old := macOf(t, c.Nodes[i].Netns, "eth0")
+			at := time.Now()
+			if len(moves) > 0 {
+				moves[len(moves)-1].until = at
+			}
+			restore := f.inject(t, c, i)
+			faults++
+			var moved time.Time
+			wait.Until(t, 10*time.Second, fmt.Sprintf("round %d, %s: another node answering", r+1, f.name), func() bool {
+				var ok bool
+				moved, _, ok = w.firstOther(old, at)
+				return ok
+			})
+			took[f.name] = append(took[f.name], moved.Sub(at))
+			moves = append(moves, move{fault: f.name, old: old, moved: moved})
+			// The old owner stays out a moment, so that any answer it
+			// still gives is seen, then comes back.
+			time.Sleep(300 * time.Millisecond)
+			restore()
+			waitAllAgentsConnected(t, c)
+		}
+		// A server restart: the owner keeps the address (the server
+		// takes the lease it reports as its own), and nobody else
+		// answers meanwhile.
+		i := owner()
+		if len(moves) > 0 {
+			moves[len(moves)-1].until = time.Now()
+		}
+		if err := c.Server.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.StartServer(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		faults++
+		waitAllAgentsConnected(t, c)
+		if j := owner(); j != i {
+			t.Logf("round %d: the owner moved from node%d to node%d across a server restart", r+1, i+1, j+1)
+		}
+	}
+	if len(moves) > 0 && moves[len(moves)-1].until.IsZero() {
+		moves[len(moves)-1].until = time.Now()
+	}
+	failed, total := connecting()
+	doubled, replies := w.sameProbe()
+	late := 0
+	for _, m := range moves {
+		if n := w.answeredBetween(m.old, m.moved, m.until); n > 0 {
+			late++
+			t.Errorf("after %s, the old owner %s answered %d probes once another node had", m.fault, m.old, n)
+		}
+	}
+	w.mu.Lock()
+	probes := len(w.probes)
+	w.mu.Unlock()
+	t.Logf("%d faults, %d ARP replies to %d probes; two nodes answering: %d probes answered by two MACs, %d moves after which the old owner answered", faults, replies, probes, doubled, late)
+	for _, f := range l2Faults {
+		d := took[f.name]
+		slices.Sort(d)
+		t.Logf("takeover after %s: %v", f.name, d)
+	}
+	t.Logf("connections every 10 ms from the segment: %d of %d failed", failed, total)
+	if doubled > 0 {
+		t.Errorf("%d probes were answered by two nodes", doubled)
+	}
+	for name, ds := range took {
+		for _, d := range ds {
+			if d > 5*time.Second {
+				t.Errorf("takeover after %s took %v", name, d)
+			}
+		}
+	}
+}
+
+// waitAllAgentsConnected waits until every node's agent is connected and
+// programmed.
+func waitAllAgentsConnected(t *testing.T, c *weirlab.Cluster) {
+	t.Helper()
+	status := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, "every agent connected", func() error {
+		resp, err := status.ListNodeStatuses(context.Background(), &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			return err
+		}
+		for _, n := range resp.GetNodes() {
+			if !n.GetConnected() {
+				return fmt.Errorf("%s not connected", n.GetName())
+			}
+		}
+		if len(resp.GetNodes()) != len(c.Nodes) {
+			return fmt.Errorf("%d nodes known", len(resp.GetNodes()))
+		}
+		return nil
+	})
+}
