@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/receive"
@@ -15,9 +16,11 @@ import (
 // the registry or of a node's status, each L2 address's candidates
 // (receive.L2Addresses).
 func (s *Server) leadL2(ctx context.Context) {
-	done := make(chan struct{})
-	go func() { s.l2.Lead(ctx); close(done) }()
+	done, heard := make(chan struct{}), make(chan struct{})
+	go func() { s.l2.Lead(ctx, heard); close(done) }()
 	defer func() { <-done }()
+	s.awaitNodes(ctx, L2WarmUp)
+	close(heard)
 	for {
 		statusChanged := s.Agents.StatusChanged()
 		s.l2.SetCandidates(s.l2Candidates())
@@ -26,6 +29,44 @@ func (s *Server) leadL2(ctx context.Context) {
 			return
 		case <-s.registryChanged:
 		case <-statusChanged:
+		}
+	}
+}
+
+// L2WarmUp bounds how long a server that starts leading waits to hear
+// from every node before it decides L2 owners.
+var L2WarmUp = 10 * time.Second
+
+// awaitNodes returns once every registered node's agent is connected and
+// has applied a state, or after at most within: a server that has not
+// heard from the nodes would take addresses from those that hold them.
+// Meanwhile the owners keep theirs (l2owner.Owners.Lead).
+func (s *Server) awaitNodes(ctx context.Context, within time.Duration) {
+	timeout := time.After(within)
+	for {
+		changed := s.Agents.StatusChanged()
+		ready := map[string]bool{}
+		for _, n := range s.Agents.Status() {
+			ready[n.Node] = n.Connected && n.AppliedVersion > 0
+		}
+		var waiting []string
+		s.Registry.Read(func(v registry.View) {
+			for _, name := range v.NodeNames() {
+				if !ready[name] {
+					waiting = append(waiting, name)
+				}
+			}
+		})
+		if len(waiting) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-timeout:
+			s.log.Warn("deciding L2 owners without having heard from every node", "waiting_for", waiting)
+			return
+		case <-changed:
 		}
 	}
 }

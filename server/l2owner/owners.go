@@ -33,6 +33,8 @@ type Owners struct {
 	owner      map[netip.Addr]string
 	streams    map[string]*Stream
 	wake       chan struct{} // the timer loop looks again
+	// warm: the server has heard from the nodes (Lead's heard).
+	warm bool
 }
 
 // ErrNotLeading refuses a node's stream on a server that does not decide
@@ -49,11 +51,15 @@ func NewOwners(clk clock.Clock, ttl, margin time.Duration, log *slog.Logger) *Ow
 // TTL is how long a grant lasts from the node's ask.
 func (o *Owners) TTL() time.Duration { return o.ttl }
 
-// Lead decides the owners until ctx ends, then closes every stream.
-func (o *Owners) Lead(ctx context.Context) {
+// Lead decides the owners until ctx ends, then closes every stream. Until
+// heard is closed (the server has heard from the nodes) it moves no
+// address: it renews the leases the nodes say they hold and grants
+// nothing new.
+func (o *Owners) Lead(ctx context.Context, heard <-chan struct{}) {
 	o.mu.Lock()
 	o.table = NewTable(o.clk, o.ttl, o.margin)
 	o.owner = map[netip.Addr]string{}
+	o.warm = false
 	o.mu.Unlock()
 	defer func() {
 		o.mu.Lock()
@@ -77,6 +83,12 @@ func (o *Owners) Lead(ctx context.Context) {
 			return
 		case <-timer.C():
 		case <-o.wake:
+		case <-heard:
+			heard = nil
+			o.mu.Lock()
+			o.warm = true
+			o.assignLocked()
+			o.mu.Unlock()
 		}
 	}
 }
@@ -91,6 +103,9 @@ func (o *Owners) SetCandidates(c map[netip.Addr][]string) {
 		return
 	}
 	o.candidates = c
+	if o.table != nil {
+		o.table.Forget(func(a netip.Addr) bool { _, ok := c[a]; return ok })
+	}
 	o.assignLocked()
 }
 
@@ -234,10 +249,23 @@ func (s *Stream) Ask(held, released []Held, refused map[netip.Addr]string) []Gra
 		}
 	}
 	for _, h := range held {
-		if _, known := o.table.leases[h.Addr]; !known && slices.Contains(o.candidates[h.Addr], s.node) {
+		// Before the server has heard from the nodes it cannot tell a
+		// candidate: it keeps what it is told, and the choice moves it
+		// later where needed.
+		if _, known := o.table.leases[h.Addr]; !known && (!o.warm || slices.Contains(o.candidates[h.Addr], s.node)) {
 			o.table.Adopt(h.Addr, s.node, h.Epoch)
 			reassign = true
 		}
+	}
+	if !o.warm {
+		var out []Grant
+		for _, h := range held {
+			if l, ok := o.table.leases[h.Addr]; ok && l.Node == s.node {
+				_, l := o.table.Request(h.Addr, s.node, s.node)
+				out = append(out, Grant{Addr: h.Addr, Lease: l})
+			}
+		}
+		return out
 	}
 	if reassign {
 		o.assignLocked()
@@ -281,7 +309,7 @@ func (o *Owners) liveLocked(s *Stream) bool {
 // holders of leases where it can, and nudges every node that gains or
 // loses an address.
 func (o *Owners) assignLocked() {
-	if o.table == nil {
+	if o.table == nil || !o.warm {
 		return
 	}
 	live := map[netip.Addr][]string{}

@@ -19,21 +19,38 @@ const (
 
 var vip = netip.MustParseAddr("192.0.2.80")
 
-// leading is Owners leading on a fake clock until the test ends.
+// leading is Owners leading on a fake clock until the test ends, having
+// heard from the nodes.
 func leading(t *testing.T) (*Owners, *clocktesting.FakeClock) {
 	t.Helper()
-	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
-	o := NewOwners(clk, testTTL, testMargin, slog.New(slog.DiscardHandler))
+	o, clk, warm := leadingCold(t)
+	warm()
+	return o, clk
+}
+
+// leadingCold is Owners leading that has not heard from the nodes until
+// warm is called.
+func leadingCold(t *testing.T) (o *Owners, clk *clocktesting.FakeClock, warm func()) {
+	t.Helper()
+	clk = clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	o = NewOwners(clk, testTTL, testMargin, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { o.Lead(ctx); close(done) }()
+	done, heard := make(chan struct{}), make(chan struct{})
+	go func() { o.Lead(ctx, heard); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	wait.Until(t, 5*time.Second, "leading", func() bool {
 		o.mu.Lock()
 		defer o.mu.Unlock()
 		return o.table != nil && clk.HasWaiters()
 	})
-	return o, clk
+	return o, clk, func() {
+		close(heard)
+		wait.Until(t, 5*time.Second, "warm", func() bool {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			return o.warm
+		})
+	}
 }
 
 func open(t *testing.T, o *Owners, node string) *Stream {
@@ -207,8 +224,36 @@ func TestAReleasedLeaseMovesAtOnce(t *testing.T) {
 
 // A restarted server takes the leases the nodes report as its own: the
 // holder keeps the address without a gap, and the other node is not
-// given it.
+// given it. Before it has heard from the nodes (their candidacy unknown)
+// it keeps what it is told and grants nothing new.
 func TestARestartedServerKeepsTheHeldLeases(t *testing.T) {
+	o, clk, warm := leadingCold(t)
+	a, b := open(t, o, "a"), open(t, o, "b")
+	other := netip.MustParseAddr("192.0.2.82")
+	step(o, clk, testTTL+testMargin) // past the start fence: still nothing new
+	if got, ok := holds(a.Ask([]Held{{vip, 5}}, nil, nil), vip); !ok || got != 5 {
+		t.Fatalf("cold: the holder's lease of epoch 5 was not kept (%v, epoch %d)", ok, got)
+	}
+	if g := b.Ask(nil, nil, nil); len(g) != 0 {
+		t.Fatalf("cold: granted %v to a node holding nothing", g)
+	}
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}, other: {"b"}})
+	if g := b.Ask(nil, nil, nil); len(g) != 0 {
+		t.Fatalf("cold: granted %v before the server heard from the nodes", g)
+	}
+	warm()
+	if _, ok := holds(a.Ask([]Held{{vip, 5}}, nil, nil), vip); !ok {
+		t.Fatal("warm: the holder lost its address")
+	}
+	if _, ok := holds(b.Ask(nil, nil, nil), other); !ok {
+		t.Fatal("warm: nothing new granted")
+	}
+}
+
+// Right after a restart with the candidates known: the holder keeps its
+// lease, the other node is not given it, and a node that is no candidate
+// cannot claim an address.
+func TestAWarmServerAdoptsOnlyCandidates(t *testing.T) {
 	o, _ := leading(t)
 	a, b := open(t, o, "a"), open(t, o, "b")
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
@@ -236,7 +281,7 @@ func TestOnlyTheLeaderAnswers(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { o.Lead(ctx); close(done) }()
+	go func() { o.Lead(ctx, nil); close(done) }()
 	wait.Until(t, 5*time.Second, "leading", func() bool {
 		o.mu.Lock()
 		defer o.mu.Unlock()
@@ -305,3 +350,4 @@ func TestAReleaseIsNotUndoneByItsOwnAnswer(t *testing.T) {
 		t.Fatalf("granted %v in the answer to its release", g)
 	}
 }
+
