@@ -149,9 +149,9 @@ type Stream struct {
 	refused map[netip.Addr]string
 	// stopping: the node said it is going away.
 	stopping bool
-	nudge   chan struct{}
-	done    chan struct{}
-	closed  bool
+	nudge    chan struct{}
+	done     chan struct{}
+	closed   bool
 }
 
 // Open starts node's stream; a newer stream of the same node ends the

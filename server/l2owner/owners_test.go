@@ -350,4 +350,3 @@ func TestAReleaseIsNotUndoneByItsOwnAnswer(t *testing.T) {
 		t.Fatalf("granted %v in the answer to its release", g)
 	}
 }
-
