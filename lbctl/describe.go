@@ -265,6 +265,30 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 		b.WriteString("\n")
 		section(&b, "Announcing nodes (the pool's limit)", []string{"ADDRESS", "COUNT", "NODES"}, rows)
 	}
+	if l2 := report.GetStatus().GetL2Addresses(); len(l2) > 0 {
+		// Only for addresses of L2 pools: the node that answers ARP and
+		// NDP, under which lease, and why the others may not.
+		var rows [][]string
+		var passed []string
+		for _, s := range l2 {
+			owner, epoch, since, chosen := "-", "-", "-", orNone(s.GetChosen())
+			switch {
+			case !s.GetDecided():
+				owner, chosen = "unknown (the leader decides)", "unknown"
+			case s.GetOwner() != "":
+				owner, epoch, since = s.GetOwner(), strconv.FormatUint(s.GetEpoch(), 10), age(a.now(), s.GetSince())
+			}
+			rows = append(rows, []string{s.GetAddress(), owner, epoch, since, chosen, orNone(strings.Join(s.GetCandidates(), ", "))})
+			for _, p := range s.GetPassedOver() {
+				passed = append(passed, fmt.Sprintf("%s on %s: %s (%s)", p.GetNode(), s.GetAddress(), p.GetReason(), p.GetMessage()))
+			}
+		}
+		b.WriteString("\n")
+		section(&b, "L2 (ARP and NDP)", []string{"ADDRESS", "OWNER", "EPOCH", "SINCE", "CHOSEN", "CANDIDATES"}, rows)
+		for _, p := range passed {
+			fmt.Fprintf(&b, "  Passed over: %s\n", p)
+		}
+	}
 	if len(families) > 0 {
 		// Only where nodes run BGP speakers: each family of the
 		// load-balancer IPs separately, as a router hears it.

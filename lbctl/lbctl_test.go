@@ -1066,27 +1066,43 @@ metadata:
 addresses:
 - 198.51.100.10-198.51.100.20
 manual_only: true
+---
+kind: AddressPool
+metadata:
+  name: rack-lan
+addresses:
+- 192.0.2.200-192.0.2.209
+l2_advertisement:
+  interfaces: [eth0, bond0.100]
 `
 	out := e.mustLbctl(pools, "apply", "-f", "-")
-	if out != "pool/public created\npool/reserved created\n" {
+	if out != "pool/public created\npool/reserved created\npool/rack-lan created\n" {
 		t.Errorf("apply: %q", out)
 	}
 	got := e.mustLbctl("", "get", "pools")
-	want := "NAME       ADDRESSES                     AUTO-ASSIGN   AGE\n" +
-		"public     203.0.113.0-203.0.113.15      yes           0s\n" +
-		"reserved   198.51.100.10-198.51.100.20   no            0s\n"
+	want := "NAME       ADDRESSES                     MODE   AUTO-ASSIGN   AGE\n" +
+		"public     203.0.113.0-203.0.113.15      bgp    yes           0s\n" +
+		"rack-lan   192.0.2.200-192.0.2.209       l2     yes           0s\n" +
+		"reserved   198.51.100.10-198.51.100.20   bgp    no            0s\n"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("get pools (-want +got):\n%s", diff)
 	}
 	got = e.mustLbctl("", "get", "pools", "-o", "wide")
-	want = "NAME       ADDRESSES                     AUTO-ASSIGN   AGE   PEERS   AGGREGATION   COMMUNITIES   LABELS\n" +
-		"public     203.0.113.0-203.0.113.15      yes           0s    tor-a   /28,/128      no-export     <none>\n" +
-		"reserved   198.51.100.10-198.51.100.20   no            0s    all     /32,/128      <none>        <none>\n"
+	want = "NAME       ADDRESSES                     MODE   AUTO-ASSIGN   AGE   PEERS   INTERFACES       AGGREGATION   COMMUNITIES   LABELS\n" +
+		"public     203.0.113.0-203.0.113.15      bgp    yes           0s    tor-a   -                /28,/128      no-export     <none>\n" +
+		"rack-lan   192.0.2.200-192.0.2.209       l2     yes           0s    -       eth0,bond0.100   /32,/128      <none>        <none>\n" +
+		"reserved   198.51.100.10-198.51.100.20   bgp    no            0s    all     -                /32,/128      <none>        <none>\n"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("get pools -o wide (-want +got):\n%s", diff)
 	}
+	// A pool both answered over L2 and announced over BGP is refused,
+	// naming the field.
+	_, stderr, code := e.lbctl("kind: AddressPool\nmetadata:\n  name: both\naddresses:\n- 192.0.2.220/30\nl2_advertisement: {}\nbgp_advertisement:\n  local_preference: 100\n", "apply", "-f", "-")
+	if code != 1 || !strings.Contains(stderr, "l2_advertisement") || !strings.Contains(stderr, "not both") {
+		t.Errorf("a pool both L2 and BGP: exit %d, %q", code, stderr)
+	}
 	// An overlapping pool is refused by the server, naming the document.
-	_, stderr, code := e.lbctl("kind: AddressPool\nmetadata:\n  name: clash\naddresses:\n- 203.0.113.8/29\n", "apply", "-f", "-")
+	_, stderr, code = e.lbctl("kind: AddressPool\nmetadata:\n  name: clash\naddresses:\n- 203.0.113.8/29\n", "apply", "-f", "-")
 	if code != 1 || !strings.Contains(stderr, "document 1") || !strings.Contains(stderr, "overlaps pool public") {
 		t.Errorf("overlapping pool: exit %d, %q", code, stderr)
 	}

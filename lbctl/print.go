@@ -201,6 +201,12 @@ var endpointSliceWide = []column{
 
 var poolColumns = []column{
 	col("ADDRESSES", func(p *weirv1.AddressPool) string { return list(p.GetAddresses()) }),
+	col("MODE", func(p *weirv1.AddressPool) string {
+		if p.GetL2Advertisement() != nil {
+			return "l2"
+		}
+		return "bgp"
+	}),
 	col("AUTO-ASSIGN", func(p *weirv1.AddressPool) string {
 		if p.GetManualOnly() {
 			return "no"
@@ -211,10 +217,23 @@ var poolColumns = []column{
 
 var poolWide = []column{
 	col("PEERS", func(p *weirv1.AddressPool) string {
+		if p.GetL2Advertisement() != nil {
+			return "-"
+		}
 		if peers := p.GetBgpAdvertisement().GetPeers(); len(peers) > 0 {
 			return list(peers)
 		}
 		return "all"
+	}),
+	col("INTERFACES", func(p *weirv1.AddressPool) string {
+		switch l2 := p.GetL2Advertisement(); {
+		case l2 == nil:
+			return "-"
+		case len(l2.GetInterfaces()) == 0:
+			return "subnet"
+		default:
+			return list(l2.GetInterfaces())
+		}
 	}),
 	col("AGGREGATION", func(p *weirv1.AddressPool) string {
 		adv := p.GetBgpAdvertisement()

@@ -116,11 +116,21 @@ reached; the same whatever the output format.`,
 			)
 			b.WriteString("\n")
 			t := &table{w: &b}
-			t.add("NAME", "CONNECTED", "APPLIED/SENT", "LAG", "HEALTHZ", "BGP", "DRAINED", "LAST ERROR")
+			// L2: the addresses each node answers ARP and NDP for, where
+			// any does.
+			l2 := slices.ContainsFunc(statuses, func(n *weirv1.NodeStatus) bool { return n.GetL2Addresses() > 0 })
+			header := []string{"NAME", "CONNECTED", "APPLIED/SENT", "LAG", "HEALTHZ", "BGP"}
+			if l2 {
+				header = append(header, "L2")
+			}
+			t.add(append(header, "DRAINED", "LAST ERROR")...)
 			for _, n := range statuses {
 				appliedSent, lag := versions(n)
-				t.add(n.GetName(), yesNo(n.GetConnected()), appliedSent, lag, code(n.GetHealth().GetHealthzCode()),
-					bgpSessions(n.GetBgpSessions()), yesNo(drained[n.GetName()]), orNone(n.GetLastError()))
+				row := []string{n.GetName(), yesNo(n.GetConnected()), appliedSent, lag, code(n.GetHealth().GetHealthzCode()), bgpSessions(n.GetBgpSessions())}
+				if l2 {
+					row = append(row, strconv.Itoa(int(n.GetL2Addresses())))
+				}
+				t.add(append(row, yesNo(drained[n.GetName()]), orNone(n.GetLastError()))...)
 			}
 			if len(statuses) == 0 {
 				b.WriteString("No nodes registered.\n")

@@ -270,7 +270,7 @@ func New(cfg Config) (*Server, error) {
 	s.health.SetServingStatus(weirv1.RegistryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	lbTier := api.NewLoadBalancerTierService(s.Agents, reg)
 	weirv1.RegisterLoadBalancerTierServiceServer(s.grpc, lbTier)
-	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg, info, lbTier))
+	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg, info, lbTier, s.l2))
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	return s, nil

@@ -3,6 +3,8 @@ package api
 import (
 	"context"
 	"fmt"
+	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +17,8 @@ import (
 	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
+	"github.com/weirlb/weir/server/l2owner"
+	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/receive"
 	"github.com/weirlb/weir/server/registry"
@@ -30,6 +34,8 @@ type StatusService struct {
 	// speakers, when set, adds the load-balancer tier's paths to service
 	// statuses.
 	speakers *LoadBalancerTierService
+	// l2, when set, adds who answers for the L2 addresses.
+	l2 *l2owner.Owners
 }
 
 // ServerInfo is what the server says of itself.
@@ -41,8 +47,8 @@ type ServerInfo struct {
 
 // NewStatusService serves what hub knows of the nodes and, when speakers
 // is not nil, what the load-balancer tier does.
-func NewStatusService(hub *agentsync.Hub, reg *registry.Registry, info ServerInfo, speakers *LoadBalancerTierService) *StatusService {
-	return &StatusService{hub: hub, reg: reg, info: info, speakers: speakers}
+func NewStatusService(hub *agentsync.Hub, reg *registry.Registry, info ServerInfo, speakers *LoadBalancerTierService, l2 *l2owner.Owners) *StatusService {
+	return &StatusService{hub: hub, reg: reg, info: info, speakers: speakers, l2: l2}
 }
 
 func (s *StatusService) GetServerInfo(context.Context, *weirv1.GetServerInfoRequest) (*weirv1.GetServerInfoResponse, error) {
@@ -181,6 +187,10 @@ func everyStatusChange(ctx context.Context, hub *agentsync.Hub, gap time.Duratio
 
 func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 	var out []*weirv1.NodeStatus
+	owned := map[string]int{}
+	if s.l2 != nil {
+		owned = s.l2.Owned()
+	}
 	for _, n := range s.statuses() {
 		out = append(out, &weirv1.NodeStatus{
 			Name: n.Node, Connected: n.Connected, SentVersion: n.SentVersion, AppliedVersion: n.AppliedVersion,
@@ -192,6 +202,7 @@ func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 			},
 			LastSyncDuration: durationpb.New(n.LastSync),
 			BgpSessions:      bgpSessions(n),
+			L2Addresses:      uint32(owned[n.Node]),
 		})
 	}
 	return out
@@ -227,7 +238,41 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 	if s.speakers != nil {
 		report.Speakers = s.speakers.pathsOf(key)
 	}
+	report.L2Addresses = s.l2Status(svc)
 	return &weirv1.GetServiceStatusResponse{Status: report}, nil
+}
+
+// l2Status is who answers for each of svc's L2 addresses, and why the
+// other nodes may not.
+func (s *StatusService) l2Status(svc *model.Service) []*weirv1.L2AddressStatus {
+	pools, _ := s.reg.Pools.List("", nil)
+	if s.l2 == nil || !slices.ContainsFunc(pools, func(p *model.AddressPool) bool { return p.L2 != nil }) {
+		return nil
+	}
+	nodes, _ := s.reg.Nodes.List("", nil)
+	why := map[netip.Addr]map[string]receive.Verdict{}
+	candidates := receive.L2Why(receive.Cluster{Nodes: nodes, Pools: pools, Observed: s.statuses(), Drained: s.reg.Drained}, svc, why)
+	var out []*weirv1.L2AddressStatus
+	for _, a := range slices.SortedFunc(maps.Keys(candidates), netip.Addr.Compare) {
+		r := s.l2.ReportOn(a)
+		st := &weirv1.L2AddressStatus{Address: a.String(), Decided: r.Deciding, Chosen: r.Chosen}
+		if r.Held {
+			st.Owner, st.Epoch, st.Since = r.Holder.Node, r.Holder.Epoch, timestamp(r.Holder.Since)
+		}
+		for _, n := range candidates[a] {
+			if why, refused := r.Refused[n]; refused {
+				st.PassedOver = append(st.PassedOver, &weirv1.L2NodeReason{Node: n, Reason: l2owner.CannotAnswer, Message: why})
+				continue
+			}
+			st.Candidates = append(st.Candidates, n)
+		}
+		for _, n := range slices.Sorted(maps.Keys(why[a])) {
+			st.PassedOver = append(st.PassedOver, &weirv1.L2NodeReason{Node: n, Reason: why[a][n].Reason, Message: why[a][n].Message})
+		}
+		slices.SortFunc(st.PassedOver, func(x, y *weirv1.L2NodeReason) int { return strings.Compare(x.GetNode(), y.GetNode()) })
+		out = append(out, st)
+	}
+	return out
 }
 
 // bgpSessions is the wire form of a node speaker's sessions; none when

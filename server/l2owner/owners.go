@@ -37,6 +37,10 @@ type Owners struct {
 	warm bool
 }
 
+// CannotAnswer is why a node that said it cannot answer for an address
+// (no such interface, no interface whose subnet holds it) is passed over.
+const CannotAnswer = "CannotAnswer"
+
 // ErrNotLeading refuses a node's stream on a server that does not decide
 // the owners.
 var ErrNotLeading = errors.New("this server does not decide the L2 owners (it is not the leader)")
@@ -107,37 +111,6 @@ func (o *Owners) SetCandidates(c map[netip.Addr][]string) {
 		o.table.Forget(func(a netip.Addr) bool { _, ok := c[a]; return ok })
 	}
 	o.assignLocked()
-}
-
-// Holder is the lease held on addr now, if one is.
-func (o *Owners) Holder(addr netip.Addr) (Lease, bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.table == nil {
-		return Lease{}, false
-	}
-	return o.table.Holder(addr)
-}
-
-// Refusals are the nodes that said they cannot answer for addr, with
-// their reasons.
-func (o *Owners) Refusals(addr netip.Addr) map[string]string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	out := map[string]string{}
-	for n, s := range o.streams {
-		if why, ok := s.refusedOf(addr); ok {
-			out[n] = why
-		}
-	}
-	return out
-}
-
-// Chosen is the node chosen to own addr, "" for none.
-func (o *Owners) Chosen(addr netip.Addr) string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.owner[addr]
 }
 
 // Stream is one node's open Leases stream.
@@ -405,4 +378,49 @@ func (o *Owners) poke() {
 	case o.wake <- struct{}{}:
 	default:
 	}
+}
+
+// Report is what the server knows of one address's owner.
+type Report struct {
+	// Deciding: this server decides the owners (Holder and Chosen are
+	// known).
+	Deciding bool
+	Holder   Lease
+	Held     bool
+	Chosen   string
+	// Refused are the nodes that said they cannot answer for the address,
+	// with their reasons.
+	Refused map[string]string
+}
+
+// ReportOn is what the server knows of addr's owner.
+func (o *Owners) ReportOn(addr netip.Addr) Report {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	r := Report{Deciding: o.table != nil, Chosen: o.owner[addr], Refused: map[string]string{}}
+	if o.table != nil {
+		r.Holder, r.Held = o.table.Holder(addr)
+	}
+	for n, s := range o.streams {
+		if why, ok := s.refusedOf(addr); ok {
+			r.Refused[n] = why
+		}
+	}
+	return r
+}
+
+// Owned counts, per node, the addresses whose lease it holds now.
+func (o *Owners) Owned() map[string]int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string]int{}
+	if o.table == nil {
+		return out
+	}
+	for a := range o.table.leases {
+		if l, ok := o.table.Holder(a); ok {
+			out[l.Node]++
+		}
+	}
+	return out
 }

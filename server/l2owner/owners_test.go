@@ -103,7 +103,7 @@ func TestTheChosenNodeIsGrantedAfterTheStartFence(t *testing.T) {
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
 	a.Ask(nil, nil, nil)
 	b.Ask(nil, nil, nil)
-	owner := o.Chosen(vip)
+	owner := o.ReportOn(vip).Chosen
 	if owner == "" {
 		t.Fatal("no owner chosen among two live candidates")
 	}
@@ -138,7 +138,7 @@ func grantedOwner(t *testing.T) (o *Owners, clk *clocktesting.FakeClock, owner, 
 	a.Ask(nil, nil, nil)
 	b.Ask(nil, nil, nil)
 	owner, other = a, b
-	if o.Chosen(vip) == "b" {
+	if o.ReportOn(vip).Chosen == "b" {
 		owner, other = b, a
 	}
 	if _, ok := holds(owner.Ask(nil, nil, nil), vip); !ok {
@@ -156,8 +156,8 @@ func TestADeadOwnersAddressMovesOnlyOnceItsLeaseEnded(t *testing.T) {
 	o, clk, owner, other := grantedOwner(t)
 	asked := clk.Now()
 	owner.Close()
-	if o.Chosen(vip) != other.node {
-		t.Fatalf("owner %q after the old one's stream ended; want %s", o.Chosen(vip), other.node)
+	if o.ReportOn(vip).Chosen != other.node {
+		t.Fatalf("owner %q after the old one's stream ended; want %s", o.ReportOn(vip).Chosen, other.node)
 	}
 	for clk.Since(asked) < testTTL+testMargin {
 		if g := other.Ask(nil, nil, nil); len(g) != 0 {
@@ -185,7 +185,7 @@ func TestAnOwnerThatStopsAskingLosesItsAddress(t *testing.T) {
 		}
 		step(o, clk, 50*time.Millisecond)
 	}
-	wait.Until(t, 2*time.Second, "the silent owner replaced", func() bool { return o.Chosen(vip) == other.node })
+	wait.Until(t, 2*time.Second, "the silent owner replaced", func() bool { return o.ReportOn(vip).Chosen == other.node })
 	if _, ok := holds(other.Ask(nil, nil, nil), vip); !ok {
 		t.Fatal("the other node was not granted after the silent owner's lease ended")
 	}
@@ -306,13 +306,13 @@ func TestARefusingNodeIsPassedOver(t *testing.T) {
 	if g := owner.Ask(nil, []Held{{vip, epoch}}, refusal); len(g) != 0 {
 		t.Fatalf("a refusing node was granted %v", g)
 	}
-	if o.Chosen(vip) != other.node {
-		t.Fatalf("owner %q; want %s", o.Chosen(vip), other.node)
+	if o.ReportOn(vip).Chosen != other.node {
+		t.Fatalf("owner %q; want %s", o.ReportOn(vip).Chosen, other.node)
 	}
 	if _, ok := holds(other.Ask(nil, nil, nil), vip); !ok {
 		t.Fatal("the other node was not granted the released address")
 	}
-	if got := o.Refusals(vip); got[owner.node] != refusal[vip] {
+	if got := o.ReportOn(vip).Refused; got[owner.node] != refusal[vip] {
 		t.Errorf("refusals %v; want %s's", got, owner.node)
 	}
 	step(o, clk, testTTL/4)
@@ -328,8 +328,8 @@ func TestAStoppingNodeHandsOverAtOnce(t *testing.T) {
 	o, _, owner, other := grantedOwner(t)
 	epoch, _ := holds(owner.Ask(nil, nil, nil), vip)
 	owner.Stop([]Held{{vip, epoch}})
-	if o.Chosen(vip) != other.node {
-		t.Fatalf("owner %q after a stop; want %s", o.Chosen(vip), other.node)
+	if o.ReportOn(vip).Chosen != other.node {
+		t.Fatalf("owner %q after a stop; want %s", o.ReportOn(vip).Chosen, other.node)
 	}
 	if !nudged(t, other) {
 		t.Fatal("the new owner was not told to ask")

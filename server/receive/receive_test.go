@@ -161,3 +161,33 @@ func TestL2Candidates(t *testing.T) {
 		t.Errorf("candidates %v (n2: %q); want n1 alone, n2 not programmed", got, why["n2"].Reason)
 	}
 }
+
+// An L2 pool's node selector leaves nodes out, with the reason; a node
+// the cluster does not know is no candidate.
+func TestL2AddressesFollowTheNodeSelector(t *testing.T) {
+	vip := netip.MustParseAddr("192.0.2.200")
+	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"}, ExternalTrafficPolicy: model.PolicyCluster,
+		LoadBalancerIPs: []netip.Addr{vip, netip.MustParseAddr("203.0.113.1")}}
+	pools := []*model.AddressPool{
+		{Meta: model.Meta{Name: "lan"}, Ranges: []model.AddressRange{{First: vip, Last: vip}},
+			L2: &model.L2Advertisement{NodeSelector: map[string]string{"rack": "a"}}},
+		{Meta: model.Meta{Name: "bgp"}, Ranges: []model.AddressRange{{First: netip.MustParseAddr("203.0.113.0"), Last: netip.MustParseAddr("203.0.113.255")}}},
+	}
+	nodes := []*model.Node{{Meta: model.Meta{Name: "n1", Labels: map[string]string{"rack": "a"}}}, {Meta: model.Meta{Name: "n2", Labels: map[string]string{"rack": "b"}}}}
+	var observedNodes []observed.Node
+	for _, name := range []string{"n2", "n1", "n3"} {
+		n := healthyNode(nil)
+		n.Node = name
+		observedNodes = append(observedNodes, n)
+	}
+	c := Cluster{Nodes: nodes, Pools: pools, Services: []*model.Service{svc}, Observed: observedNodes}
+	got := L2Addresses(c)
+	if len(got) != 1 || !slices.Equal(got[vip], []string{"n1"}) {
+		t.Fatalf("L2 addresses %v; want %s with n1 alone (the BGP pool's address left out)", got, vip)
+	}
+	why := map[netip.Addr]map[string]Verdict{}
+	L2Why(c, svc, why)
+	if why[vip]["n2"].Reason != NotSelected || why[vip]["n3"].Reason != NotSelected {
+		t.Errorf("reasons %v; want n2 and n3 NotSelected", why[vip])
+	}
+}

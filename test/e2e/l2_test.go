@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,9 +27,9 @@ import (
 // the router (a host on the nodes' segment) resolves it by ARP.
 var l2VIP = netip.MustParseAddr("192.0.2.200")
 
-// startL2 runs Weir on three nodes with a pod each, an L2 pool on the
-// rack LAN and a service on l2VIP with every pod behind it.
-func startL2(t *testing.T, policy weirv1.TrafficPolicy) *weirlab.Cluster {
+// startL2 runs Weir on three nodes with a pod each and an L2 pool on the
+// rack LAN (192.0.2.200-209 and 2001:db8:2::200-209).
+func startL2(t *testing.T) *weirlab.Cluster {
 	t.Helper()
 	lab.SkipUnlessPrivileged(t)
 	ctx := context.Background()
@@ -48,25 +49,43 @@ func startL2(t *testing.T, policy weirv1.TrafficPolicy) *weirlab.Cluster {
 		}
 	})
 	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
-		Metadata: &weirv1.ObjectMeta{Name: "rack-lan"}, Addresses: []string{"192.0.2.200-192.0.2.209"},
+		Metadata: &weirv1.ObjectMeta{Name: "rack-lan"}, Addresses: []string{"192.0.2.200-192.0.2.209", "2001:db8:2::200-2001:db8:2::209"},
 		L2Advertisement: &weirv1.L2Advertisement{}}}); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// createL2Service creates the web service on vips with pods behind it.
+func createL2Service(t *testing.T, c *weirlab.Cluster, name string, policy weirv1.TrafficPolicy, pods []*lab.Pod, vips ...netip.Addr) {
+	t.Helper()
+	ctx := context.Background()
 	svc := webService()
+	svc.Metadata.Name = name
+	if name != "web" {
+		// Addresses of their own beside web's.
+		svc.Spec.ClusterIps = []string{"10.96.0.20", "fd00:96::20"}
+		svc.Spec.Ports[0].NodePort = nodePort + 1
+	}
 	svc.Spec.ExternalTrafficPolicy = policy
-	svc.Status.LoadBalancerIps = []string{l2VIP.String()}
+	if policy == weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL {
+		svc.Spec.HealthCheckNodePort = 32121
+	}
+	svc.Status.LoadBalancerIps = nil
+	for _, v := range vips {
+		svc.Status.LoadBalancerIps = append(svc.Status.LoadBalancerIps, v.String())
+	}
 	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range endpointSlices("web", c.Pods()) {
+	for _, s := range endpointSlices(name, pods) {
 		if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: s}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := c.WaitServiceProgrammed(ctx, "default", "web"); err != nil {
+	if err := c.WaitServiceProgrammed(ctx, "default", name); err != nil {
 		t.Fatal(err)
 	}
-	return c
 }
 
 // grepLines are the lines of log that hold s.
@@ -370,7 +389,8 @@ func nftApply(ns *lab.Netns, rules string) error {
 // owner. WEIR_L2_ROUNDS sets how many times each fault is injected (2 in
 // make test; 20 gives the 100 faults of docs/performance.md).
 func TestL2FailoverNeverTwoOwners(t *testing.T) {
-	c := startL2(t, weirv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER)
+	c := startL2(t)
+	createL2Service(t, c, "web", weirv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER, c.Pods(), l2VIP)
 	w := watchARP(t, c.Router, "br0", l2VIP)
 	nodeByMAC := map[string]int{}
 	for i, n := range c.Nodes {
@@ -514,6 +534,94 @@ func waitAllAgentsConnected(t *testing.T, c *weirlab.Cluster) {
 		}
 		if len(resp.GetNodes()) != len(c.Nodes) {
 			return fmt.Errorf("%d nodes known", len(resp.GetNodes()))
+		}
+		return nil
+	})
+}
+
+// TestL2LocalPolicyIPv6AndStatus: for externalTrafficPolicy Local only a
+// node with a ready endpoint answers, and the address moves with the
+// endpoint; IPv6 addresses are answered by NDP, as a host resolves them;
+// a pool naming an interface the nodes do not have leaves its address
+// unanswered, and the status says why; lbctl shows the owner and counts
+// addresses per node.
+func TestL2LocalPolicyIPv6AndStatus(t *testing.T) {
+	c := startL2(t)
+	ctx := context.Background()
+	vip6 := netip.MustParseAddr("2001:db8:2::200")
+	pod2 := c.Nodes[1].Pods[0]
+	createL2Service(t, c, "web", weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL, []*lab.Pod{pod2}, l2VIP, vip6)
+
+	// The client on the segment resolves both addresses with its kernel
+	// and reaches the pod behind node2, the only candidate.
+	for _, vip := range []netip.Addr{l2VIP, vip6} {
+		dst := netip.AddrPortFrom(vip, 80)
+		eventually(t, "a connection to "+dst.String(), func() error {
+			r, err := weirlab.Get(ctx, c.Router, dst)
+			if err == nil && r.Pod != pod2.Name {
+				err = fmt.Errorf("answered by %s; want %s", r.Pod, pod2.Name)
+			}
+			return err
+		})
+	}
+	neigh, err := c.Router.Run(ctx, "ip", "-6", "neigh", "show", vip6.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mac := macOf(t, c.Nodes[1].Netns, "eth0"); !strings.Contains(neigh, mac) {
+		t.Errorf("the router's neighbour entry for %s is %q; want node2's %s", vip6, neigh, mac)
+	}
+
+	// lbctl: the owner with its lease, the others passed over with why;
+	// status counts node2's two addresses.
+	out, err := c.Lbctl(ctx, "describe", "service", "default/web")
+	if err != nil {
+		t.Fatalf("lbctl describe: %v\n%s", err, out)
+	}
+	for _, want := range []string{"L2 (ARP and NDP)", "192.0.2.200", "2001:db8:2::200", "node1 on 192.0.2.200: NoLocalEndpoints"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("describe lacks %q:\n%s", want, out)
+		}
+	}
+	if !regexp.MustCompile(`192\.0\.2\.200 +node2 +[0-9]+ `).MatchString(out) {
+		t.Errorf("describe does not give node2 as the owner of 192.0.2.200:\n%s", out)
+	}
+	out, _ = c.Lbctl(ctx, "status")
+	if !regexp.MustCompile(`(?m)^node2 .* 2 +no`).MatchString(out) {
+		t.Errorf("status does not count node2's two L2 addresses:\n%s", out)
+	}
+
+	// The endpoint moves to node3: so does the address.
+	slices := endpointSlices("web", []*lab.Pod{c.Nodes[2].Pods[0]})
+	for _, sl := range slices {
+		if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: sl}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the address answered from node3", func() error {
+		r, err := weirlab.Get(ctx, c.Router, netip.AddrPortFrom(l2VIP, 80))
+		if err == nil && r.Pod != c.Nodes[2].Pods[0].Name {
+			err = fmt.Errorf("answered by %s", r.Pod)
+		}
+		return err
+	})
+
+	// A pool on an interface no node has: nobody answers, and why.
+	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "elsewhere"}, Addresses: []string{"192.0.2.220-192.0.2.221"},
+		L2Advertisement: &weirv1.L2Advertisement{Interfaces: []string{"eth9"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	createL2Service(t, c, "other", weirv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER, c.Pods(), netip.MustParseAddr("192.0.2.220"))
+	eventually(t, "the status saying why nobody answers", func() error {
+		out, err := c.Lbctl(ctx, "describe", "service", "default/other")
+		if err != nil {
+			return err
+		}
+		for _, n := range c.Nodes {
+			if want := n.Name + ` on 192.0.2.220: CannotAnswer (the node has no interface "eth9")`; !strings.Contains(out, want) {
+				return fmt.Errorf("no %q in\n%s", want, out)
+			}
 		}
 		return nil
 	})

@@ -372,8 +372,11 @@ type NodeStatus struct {
 	// server accepting the oldest of them to the node's kernel holding it
 	// (weir_network_programming_duration_seconds has the distribution).
 	ProgrammingLatency *durationpb.Duration `protobuf:"bytes,12,opt,name=programming_latency,json=programmingLatency,proto3" json:"programming_latency,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The L2 addresses whose lease the node holds (it answers ARP and NDP
+	// for them); 0 as well on a replica that does not decide the owners.
+	L2Addresses   uint32 `protobuf:"varint,13,opt,name=l2_addresses,json=l2Addresses,proto3" json:"l2_addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -488,6 +491,13 @@ func (x *NodeStatus) GetProgrammingLatency() *durationpb.Duration {
 		return x.ProgrammingLatency
 	}
 	return nil
+}
+
+func (x *NodeStatus) GetL2Addresses() uint32 {
+	if x != nil {
+		return x.L2Addresses
+	}
+	return 0
 }
 
 type WaitProgrammedRequest struct {
@@ -787,7 +797,10 @@ type ServiceReport struct {
 	ReceivingNodes []string `protobuf:"bytes,4,rep,name=receiving_nodes,json=receivingNodes,proto3" json:"receiving_nodes,omitempty"`
 	// What each load-balancer-tier speaker does with the service's
 	// addresses, as last reported.
-	Speakers      []*SpeakerServicePaths `protobuf:"bytes,5,rep,name=speakers,proto3" json:"speakers,omitempty"`
+	Speakers []*SpeakerServicePaths `protobuf:"bytes,5,rep,name=speakers,proto3" json:"speakers,omitempty"`
+	// The service's load-balancer IPs of L2 pools: who answers ARP and NDP
+	// for each, and why the other nodes may not.
+	L2Addresses   []*L2AddressStatus `protobuf:"bytes,6,rep,name=l2_addresses,json=l2Addresses,proto3" json:"l2_addresses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -857,6 +870,186 @@ func (x *ServiceReport) GetSpeakers() []*SpeakerServicePaths {
 	return nil
 }
 
+func (x *ServiceReport) GetL2Addresses() []*L2AddressStatus {
+	if x != nil {
+		return x.L2Addresses
+	}
+	return nil
+}
+
+// L2AddressStatus is who answers for one L2 address.
+type L2AddressStatus struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Address string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// False on a server that does not decide the owners (a replica that is
+	// not the leader): owner, epoch, since and chosen are then unknown.
+	Decided bool `protobuf:"varint,2,opt,name=decided,proto3" json:"decided,omitempty"`
+	// The node holding the address's lease now, its epoch and since when
+	// it holds it; empty when no node does.
+	Owner string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	Epoch uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Since *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=since,proto3" json:"since,omitempty"`
+	// The node chosen to own it: the owner, or during a handover the node
+	// that takes it once the owner's lease is given up or ends.
+	Chosen string `protobuf:"bytes,6,opt,name=chosen,proto3" json:"chosen,omitempty"`
+	// The nodes that may own it now.
+	Candidates []string `protobuf:"bytes,7,rep,name=candidates,proto3" json:"candidates,omitempty"`
+	// Every other node and why it may not.
+	PassedOver    []*L2NodeReason `protobuf:"bytes,8,rep,name=passed_over,json=passedOver,proto3" json:"passed_over,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *L2AddressStatus) Reset() {
+	*x = L2AddressStatus{}
+	mi := &file_weir_v1_status_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *L2AddressStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*L2AddressStatus) ProtoMessage() {}
+
+func (x *L2AddressStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use L2AddressStatus.ProtoReflect.Descriptor instead.
+func (*L2AddressStatus) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *L2AddressStatus) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *L2AddressStatus) GetDecided() bool {
+	if x != nil {
+		return x.Decided
+	}
+	return false
+}
+
+func (x *L2AddressStatus) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *L2AddressStatus) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *L2AddressStatus) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *L2AddressStatus) GetChosen() string {
+	if x != nil {
+		return x.Chosen
+	}
+	return ""
+}
+
+func (x *L2AddressStatus) GetCandidates() []string {
+	if x != nil {
+		return x.Candidates
+	}
+	return nil
+}
+
+func (x *L2AddressStatus) GetPassedOver() []*L2NodeReason {
+	if x != nil {
+		return x.PassedOver
+	}
+	return nil
+}
+
+// L2NodeReason is why a node may not own an L2 address: the reasons of
+// ServiceNodeStatus.reason, NotSelected (the pool's node selector), or
+// CannotAnswer (the node said it cannot: no such interface, no interface
+// whose subnet holds the address).
+type L2NodeReason struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *L2NodeReason) Reset() {
+	*x = L2NodeReason{}
+	mi := &file_weir_v1_status_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *L2NodeReason) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*L2NodeReason) ProtoMessage() {}
+
+func (x *L2NodeReason) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_status_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use L2NodeReason.ProtoReflect.Descriptor instead.
+func (*L2NodeReason) Descriptor() ([]byte, []int) {
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *L2NodeReason) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *L2NodeReason) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *L2NodeReason) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // SpeakerServicePaths is one speaker's paths for one service.
 type SpeakerServicePaths struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -871,7 +1064,7 @@ type SpeakerServicePaths struct {
 
 func (x *SpeakerServicePaths) Reset() {
 	*x = SpeakerServicePaths{}
-	mi := &file_weir_v1_status_proto_msgTypes[13]
+	mi := &file_weir_v1_status_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1076,7 @@ func (x *SpeakerServicePaths) String() string {
 func (*SpeakerServicePaths) ProtoMessage() {}
 
 func (x *SpeakerServicePaths) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[13]
+	mi := &file_weir_v1_status_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1089,7 @@ func (x *SpeakerServicePaths) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpeakerServicePaths.ProtoReflect.Descriptor instead.
 func (*SpeakerServicePaths) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SpeakerServicePaths) GetSpeaker() string {
@@ -951,7 +1144,7 @@ type ServiceNodeStatus struct {
 
 func (x *ServiceNodeStatus) Reset() {
 	*x = ServiceNodeStatus{}
-	mi := &file_weir_v1_status_proto_msgTypes[14]
+	mi := &file_weir_v1_status_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1156,7 @@ func (x *ServiceNodeStatus) String() string {
 func (*ServiceNodeStatus) ProtoMessage() {}
 
 func (x *ServiceNodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[14]
+	mi := &file_weir_v1_status_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1169,7 @@ func (x *ServiceNodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceNodeStatus.ProtoReflect.Descriptor instead.
 func (*ServiceNodeStatus) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ServiceNodeStatus) GetNode() string {
@@ -1052,7 +1245,7 @@ type ServiceFamilyStatus struct {
 
 func (x *ServiceFamilyStatus) Reset() {
 	*x = ServiceFamilyStatus{}
-	mi := &file_weir_v1_status_proto_msgTypes[15]
+	mi := &file_weir_v1_status_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1257,7 @@ func (x *ServiceFamilyStatus) String() string {
 func (*ServiceFamilyStatus) ProtoMessage() {}
 
 func (x *ServiceFamilyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_status_proto_msgTypes[15]
+	mi := &file_weir_v1_status_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1270,7 @@ func (x *ServiceFamilyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceFamilyStatus.ProtoReflect.Descriptor instead.
 func (*ServiceFamilyStatus) Descriptor() ([]byte, []int) {
-	return file_weir_v1_status_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_status_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ServiceFamilyStatus) GetFamily() string {
@@ -1138,7 +1331,7 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"m\n" +
 	"\x18ListNodeStatusesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb9\x04\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xdc\x04\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
@@ -1154,7 +1347,8 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\fbgp_sessions\x18\n" +
 	" \x03(\v2\x13.weir.v1.BgpSessionR\vbgpSessions\x12-\n" +
 	"\x12programmed_version\x18\v \x01(\x04R\x11programmedVersion\x12J\n" +
-	"\x13programming_latency\x18\f \x01(\v2\x19.google.protobuf.DurationR\x12programmingLatency\"h\n" +
+	"\x13programming_latency\x18\f \x01(\v2\x19.google.protobuf.DurationR\x12programmingLatency\x12!\n" +
+	"\fl2_addresses\x18\r \x01(\rR\vl2Addresses\"h\n" +
 	"\x15WaitProgrammedRequest\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x123\n" +
 	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x98\x01\n" +
@@ -1173,13 +1367,30 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"J\n" +
 	"\x18GetServiceStatusResponse\x12.\n" +
-	"\x06status\x18\x01 \x01(\v2\x16.weir.v1.ServiceReportR\x06status\"\xd6\x01\n" +
+	"\x06status\x18\x01 \x01(\v2\x16.weir.v1.ServiceReportR\x06status\"\x93\x02\n" +
 	"\rServiceReport\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x120\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x1a.weir.v1.ServiceNodeStatusR\x05nodes\x12'\n" +
 	"\x0freceiving_nodes\x18\x04 \x03(\tR\x0ereceivingNodes\x128\n" +
-	"\bspeakers\x18\x05 \x03(\v2\x1c.weir.v1.SpeakerServicePathsR\bspeakers\"\x96\x01\n" +
+	"\bspeakers\x18\x05 \x03(\v2\x1c.weir.v1.SpeakerServicePathsR\bspeakers\x12;\n" +
+	"\fl2_addresses\x18\x06 \x03(\v2\x18.weir.v1.L2AddressStatusR\vl2Addresses\"\x93\x02\n" +
+	"\x0fL2AddressStatus\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
+	"\adecided\x18\x02 \x01(\bR\adecided\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x120\n" +
+	"\x05since\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x16\n" +
+	"\x06chosen\x18\x06 \x01(\tR\x06chosen\x12\x1e\n" +
+	"\n" +
+	"candidates\x18\a \x03(\tR\n" +
+	"candidates\x126\n" +
+	"\vpassed_over\x18\b \x03(\v2\x15.weir.v1.L2NodeReasonR\n" +
+	"passedOver\"T\n" +
+	"\fL2NodeReason\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x96\x01\n" +
 	"\x13SpeakerServicePaths\x12\x18\n" +
 	"\aspeaker\x18\x01 \x01(\tR\aspeaker\x12*\n" +
 	"\x05paths\x18\x02 \x03(\v2\x14.weir.v1.SpeakerPathR\x05paths\x129\n" +
@@ -1221,7 +1432,7 @@ func file_weir_v1_status_proto_rawDescGZIP() []byte {
 	return file_weir_v1_status_proto_rawDescData
 }
 
-var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_weir_v1_status_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_weir_v1_status_proto_goTypes = []any{
 	(*GetServerInfoRequest)(nil),      // 0: weir.v1.GetServerInfoRequest
 	(*GetServerInfoResponse)(nil),     // 1: weir.v1.GetServerInfoResponse
@@ -1236,53 +1447,58 @@ var file_weir_v1_status_proto_goTypes = []any{
 	(*GetServiceStatusRequest)(nil),   // 10: weir.v1.GetServiceStatusRequest
 	(*GetServiceStatusResponse)(nil),  // 11: weir.v1.GetServiceStatusResponse
 	(*ServiceReport)(nil),             // 12: weir.v1.ServiceReport
-	(*SpeakerServicePaths)(nil),       // 13: weir.v1.SpeakerServicePaths
-	(*ServiceNodeStatus)(nil),         // 14: weir.v1.ServiceNodeStatus
-	(*ServiceFamilyStatus)(nil),       // 15: weir.v1.ServiceFamilyStatus
-	(*timestamppb.Timestamp)(nil),     // 16: google.protobuf.Timestamp
-	(*NodeHealth)(nil),                // 17: weir.v1.NodeHealth
-	(*durationpb.Duration)(nil),       // 18: google.protobuf.Duration
-	(*BgpSession)(nil),                // 19: weir.v1.BgpSession
-	(*SpeakerPath)(nil),               // 20: weir.v1.SpeakerPath
-	(*ServiceHealth)(nil),             // 21: weir.v1.ServiceHealth
-	(*BgpAnnouncement)(nil),           // 22: weir.v1.BgpAnnouncement
+	(*L2AddressStatus)(nil),           // 13: weir.v1.L2AddressStatus
+	(*L2NodeReason)(nil),              // 14: weir.v1.L2NodeReason
+	(*SpeakerServicePaths)(nil),       // 15: weir.v1.SpeakerServicePaths
+	(*ServiceNodeStatus)(nil),         // 16: weir.v1.ServiceNodeStatus
+	(*ServiceFamilyStatus)(nil),       // 17: weir.v1.ServiceFamilyStatus
+	(*timestamppb.Timestamp)(nil),     // 18: google.protobuf.Timestamp
+	(*NodeHealth)(nil),                // 19: weir.v1.NodeHealth
+	(*durationpb.Duration)(nil),       // 20: google.protobuf.Duration
+	(*BgpSession)(nil),                // 21: weir.v1.BgpSession
+	(*SpeakerPath)(nil),               // 22: weir.v1.SpeakerPath
+	(*ServiceHealth)(nil),             // 23: weir.v1.ServiceHealth
+	(*BgpAnnouncement)(nil),           // 24: weir.v1.BgpAnnouncement
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
-	16, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
-	16, // 1: weir.v1.GetServerInfoResponse.store_write_failing_since:type_name -> google.protobuf.Timestamp
+	18, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
+	18, // 1: weir.v1.GetServerInfoResponse.store_write_failing_since:type_name -> google.protobuf.Timestamp
 	6,  // 2: weir.v1.WatchNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
 	6,  // 3: weir.v1.ListNodeStatusesResponse.nodes:type_name -> weir.v1.NodeStatus
-	16, // 4: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	17, // 5: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
-	18, // 6: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
-	19, // 7: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
-	18, // 8: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
-	18, // 9: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
+	18, // 4: weir.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	19, // 5: weir.v1.NodeStatus.health:type_name -> weir.v1.NodeHealth
+	20, // 6: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
+	21, // 7: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
+	20, // 8: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
+	20, // 9: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
 	9,  // 10: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
 	9,  // 11: weir.v1.WaitProgrammedResponse.speakers:type_name -> weir.v1.NodeProgress
 	12, // 12: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	14, // 13: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	13, // 14: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
-	20, // 15: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
-	16, // 16: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
-	21, // 17: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	22, // 18: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	15, // 19: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
-	4,  // 20: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 21: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	10, // 22: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 23: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	7,  // 24: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
-	5,  // 25: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 26: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	11, // 27: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 28: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	8,  // 29: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
-	25, // [25:30] is the sub-list for method output_type
-	20, // [20:25] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	16, // 13: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	15, // 14: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
+	13, // 15: weir.v1.ServiceReport.l2_addresses:type_name -> weir.v1.L2AddressStatus
+	18, // 16: weir.v1.L2AddressStatus.since:type_name -> google.protobuf.Timestamp
+	14, // 17: weir.v1.L2AddressStatus.passed_over:type_name -> weir.v1.L2NodeReason
+	22, // 18: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
+	18, // 19: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
+	23, // 20: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	24, // 21: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	17, // 22: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
+	4,  // 23: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 24: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 25: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 26: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 27: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 28: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 29: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 30: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 31: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 32: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	28, // [28:33] is the sub-list for method output_type
+	23, // [23:28] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
@@ -1298,7 +1514,7 @@ func file_weir_v1_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_status_proto_rawDesc), len(file_weir_v1_status_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
