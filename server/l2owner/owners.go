@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 )
 
@@ -26,11 +27,13 @@ type Owners struct {
 	clk         clock.Clock
 	ttl, margin time.Duration
 	log         *slog.Logger
+	metrics     metrics
 
 	mu         sync.Mutex
 	table      *Table // nil while not leading
 	candidates map[netip.Addr][]string
 	owner      map[netip.Addr]string
+	movedAt    map[netip.Addr]time.Time // when the choice last changed, until granted
 	streams    map[string]*Stream
 	wake       chan struct{} // the timer loop looks again
 	// warm: the server has heard from the nodes (Lead's heard).
@@ -46,10 +49,54 @@ const CannotAnswer = "CannotAnswer"
 var ErrNotLeading = errors.New("this server does not decide the L2 owners (it is not the leader)")
 
 // NewOwners decides nothing until Lead; grants last ttl, and a lease that
-// was not given up is given to another node margin after it ended.
-func NewOwners(clk clock.Clock, ttl, margin time.Duration, log *slog.Logger) *Owners {
-	return &Owners{clk: clk, ttl: ttl, margin: margin, log: log, candidates: map[netip.Addr][]string{},
-		owner: map[netip.Addr]string{}, streams: map[string]*Stream{}, wake: make(chan struct{}, 1)}
+// was not given up is given to another node margin after it ended. reg,
+// when not nil, receives the metrics.
+func NewOwners(clk clock.Clock, ttl, margin time.Duration, log *slog.Logger, reg prometheus.Registerer) *Owners {
+	o := &Owners{clk: clk, ttl: ttl, margin: margin, log: log, candidates: map[netip.Addr][]string{},
+		owner: map[netip.Addr]string{}, movedAt: map[netip.Addr]time.Time{}, streams: map[string]*Stream{}, wake: make(chan struct{}, 1)}
+	o.metrics = newMetrics(o, reg)
+	return o
+}
+
+// metrics tell how often L2 addresses move and how long a move takes.
+type metrics struct {
+	changes  prometheus.Counter
+	takeover prometheus.Histogram
+}
+
+func newMetrics(o *Owners, reg prometheus.Registerer) metrics {
+	m := metrics{
+		changes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weir_l2_owner_changes_total",
+			Help: "Leases on L2 addresses granted to a node that did not hold them (a first owner, a failover, a handover).",
+		}),
+		takeover: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "weir_l2_takeover_duration_seconds",
+			Help:    "From the server choosing a new owner for an L2 address (its owner failed, left or was drained) to granting it the lease; the node announces the address at once.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+	}
+	addresses := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "weir_l2_addresses_unanswered",
+		Help: "L2 addresses no node holds a lease on now (on the server that decides the owners).",
+	}, func() float64 {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		n := 0
+		for a := range o.candidates {
+			if o.table == nil {
+				break
+			}
+			if _, held := o.table.Holder(a); !held {
+				n++
+			}
+		}
+		return float64(n)
+	})
+	if reg != nil {
+		reg.MustRegister(m.changes, m.takeover, addresses)
+	}
+	return m
 }
 
 // TTL is how long a grant lasts from the node's ask.
@@ -107,6 +154,11 @@ func (o *Owners) SetCandidates(c map[netip.Addr][]string) {
 		return
 	}
 	o.candidates = c
+	for a := range o.movedAt {
+		if _, ok := c[a]; !ok {
+			delete(o.movedAt, a)
+		}
+	}
 	if o.table != nil {
 		o.table.Forget(func(a netip.Addr) bool { _, ok := c[a]; return ok })
 	}
@@ -250,6 +302,14 @@ func (s *Stream) Ask(held, released []Held, refused map[netip.Addr]string) []Gra
 		}
 		if v, l := o.table.Request(a, s.node, s.node); v == Granted {
 			out = append(out, Grant{Addr: a, Lease: l})
+			if l.Since.Equal(o.clk.Now()) {
+				o.metrics.changes.Inc()
+				if at, ok := o.movedAt[a]; ok {
+					o.metrics.takeover.Observe(o.clk.Since(at).Seconds())
+				}
+				delete(o.movedAt, a)
+				o.log.Info("L2 lease granted", "address", a, "node", s.node, "epoch", l.Epoch)
+			}
 		}
 	}
 	o.poke()
@@ -303,6 +363,7 @@ func (o *Owners) assignLocked() {
 			o.nudgeLocked(n)
 			if was != "" {
 				o.nudgeLocked(was)
+				o.movedAt[a] = o.clk.Now()
 			}
 			o.log.Info("L2 owner chosen", "address", a, "node", n, "was", was)
 		}

@@ -33,7 +33,7 @@ func leading(t *testing.T) (*Owners, *clocktesting.FakeClock) {
 func leadingCold(t *testing.T) (o *Owners, clk *clocktesting.FakeClock, warm func()) {
 	t.Helper()
 	clk = clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
-	o = NewOwners(clk, testTTL, testMargin, slog.New(slog.DiscardHandler))
+	o = NewOwners(clk, testTTL, testMargin, slog.New(slog.DiscardHandler), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done, heard := make(chan struct{}), make(chan struct{})
 	go func() { o.Lead(ctx, heard); close(done) }()
@@ -275,7 +275,7 @@ func TestAWarmServerAdoptsOnlyCandidates(t *testing.T) {
 // Without leadership nothing is answered, and a stream ends with it.
 func TestOnlyTheLeaderAnswers(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
-	o := NewOwners(clk, testTTL, testMargin, slog.New(slog.DiscardHandler))
+	o := NewOwners(clk, testTTL, testMargin, slog.New(slog.DiscardHandler), nil)
 	if _, err := o.Open("a"); err != ErrNotLeading {
 		t.Fatalf("Open before Lead: %v; want ErrNotLeading", err)
 	}

@@ -201,7 +201,11 @@ func run() error {
 	defer leaseConn.Close()
 	responder := l2.New(log.With("component", "l2"))
 	defer responder.Close()
-	asker := l2.NewAsker(leaseConn, *nodeName, l2.NewLeases(clock.RealClock{}, responder.Set), clock.RealClock{}, log.With("component", "l2"))
+	leases := l2.NewLeases(clock.RealClock{}, responder.Set)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "weir_l2_answered_addresses", Help: "L2 addresses this node answers ARP and NDP for now (it holds their leases).",
+	}, func() float64 { return float64(len(leases.Held())) }))
+	asker := l2.NewAsker(leaseConn, *nodeName, leases, clock.RealClock{}, log.With("component", "l2"))
 	observers = append(observers, asker)
 	askerDone := make(chan struct{})
 	go func() { asker.Run(ctx); close(askerDone) }()

@@ -92,6 +92,8 @@ func run() error {
 		leRetry        = flag.Duration("leader-elect-retry-period", 2*time.Second, "with --leader-elect: how often replicas try to take or renew the Lease")
 		leNamespace    = flag.String("leader-elect-namespace", "", "with --leader-elect: namespace of the Lease "+kubernetes.LeaseName+" (default: the pod's own, else "+kubernetes.DefaultNamespace+")")
 		svcRanges      = flag.String("service-cluster-ip-range", "10.96.0.0/12,fd00:96::/108", "comma-separated ranges (one per family) the cluster IPs of native services come from, besides the ServiceCidr resources (as the apiserver's flag); none may hold an address of this host")
+		l2TTL          = flag.Duration("l2-lease-duration", server.DefaultL2LeaseTTL, "how long a node's lease on an L2 address lasts from its ask (it asks four times as often); an owner that fails is replaced within about this plus --l2-lease-margin")
+		l2Margin       = flag.Duration("l2-lease-margin", server.DefaultL2LeaseMargin, "how much longer than a lease the server waits before it gives an L2 address whose owner did not give it up to another node: room for the two clocks' rates")
 		extCIDRs       = flag.String("allowed-external-ip-cidrs", "", "comma-separated CIDRs external IPs may come from (default none: a service's external IP takes an address's traffic on every node; Kubernetes recommends denying them)")
 	)
 	flag.Parse()
@@ -147,6 +149,10 @@ func run() error {
 	if *apiRate == 0 {
 		cfg.Limits.CallsPerSecond = -1
 	}
+	if *l2TTL < 100*time.Millisecond || *l2Margin < 0 || *l2Margin > *l2TTL {
+		return fmt.Errorf("--l2-lease-duration %v, --l2-lease-margin %v: the lease at least 100ms, the margin between 0 and the lease", *l2TTL, *l2Margin)
+	}
+	cfg.L2LeaseTTL, cfg.L2LeaseMargin = *l2TTL, *l2Margin
 	if cfg.Etcd, err = etcdFlags.config(); err != nil {
 		return err
 	}
