@@ -226,6 +226,9 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 		for addr, epoch := range a.leases.Holding() {
 			msg.Held = append(msg.Held, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
 		}
+		for addr, epoch := range a.leases.Lapsed() {
+			msg.Lapsed = append(msg.Lapsed, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
+		}
 		a.mu.Lock()
 		for addr, why := range a.refused {
 			msg.Refused = append(msg.Refused, &weirv1.L2Refusal{Address: addr.String(), Reason: why})

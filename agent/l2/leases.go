@@ -19,11 +19,25 @@ type Leases struct {
 	clk   clock.WithDelayedExecution
 	apply func(Owned) error // the Responder's Set, or a fake
 
-	mu     sync.Mutex
-	held   map[netip.Addr]held
+	mu   sync.Mutex
+	held map[netip.Addr]held
+	// lapsed are the leases that ended without being given up (no
+	// server renewed them), with when: reported for a while, so that the
+	// next server can give them back.
+	lapsed map[netip.Addr]lapse
 	timer  clock.Timer
 	closed bool
 }
+
+// lapse is a lease that ended unrenewed.
+type lapse struct {
+	epoch uint64
+	at    time.Time
+}
+
+// LapsedFor is how long a lapsed lease is reported: past a server's start
+// and its wait to hear from the nodes.
+const LapsedFor = time.Minute
 
 // held is one lease: until when it is valid here, and where to answer.
 type held struct {
@@ -35,7 +49,7 @@ type held struct {
 // NewLeases answers through apply (a Responder's Set) for the leases it
 // holds, counting time on clk.
 func NewLeases(clk clock.WithDelayedExecution, apply func(Owned) error) *Leases {
-	return &Leases{clk: clk, apply: apply, held: map[netip.Addr]held{}}
+	return &Leases{clk: clk, apply: apply, held: map[netip.Addr]held{}, lapsed: map[netip.Addr]lapse{}}
 }
 
 // Granted records a lease of epoch on addr that the server granted for
@@ -53,6 +67,7 @@ func (l *Leases) Granted(addr netip.Addr, epoch uint64, asked time.Time, ttl tim
 		return nil // an older answer arriving late
 	}
 	l.held[addr] = held{epoch: epoch, until: until, ifaces: slices.Clone(ifaces)}
+	delete(l.lapsed, addr)
 	return l.applyLocked()
 }
 
@@ -66,8 +81,26 @@ func (l *Leases) Release(addr netip.Addr) (epoch uint64, ok bool) {
 		return 0, false
 	}
 	delete(l.held, addr)
+	delete(l.lapsed, addr)
 	l.applyLocked()
 	return h.epoch, true
+}
+
+// Lapsed are the leases that ended unrenewed within LapsedFor, by
+// address: their epochs.
+func (l *Leases) Lapsed() map[netip.Addr]uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[netip.Addr]uint64{}
+	now := l.clk.Now()
+	for a, lp := range l.lapsed {
+		if now.Sub(lp.at) < LapsedFor {
+			out[a] = lp.epoch
+		} else {
+			delete(l.lapsed, a)
+		}
+	}
+	return out
 }
 
 // Holding is every lease held now, by address: its epoch.
@@ -108,6 +141,7 @@ func (l *Leases) applyLocked() error {
 	for a, h := range l.held {
 		if !now.Before(h.until) {
 			delete(l.held, a)
+			l.lapsed[a] = lapse{epoch: h.epoch, at: h.until}
 			continue
 		}
 		owned[a] = h.ifaces

@@ -73,6 +73,15 @@ func TestALeaseIsAnsweredUntilItEnds(t *testing.T) {
 	if held := l.Held(); len(held) != 0 {
 		t.Fatalf("still holding %v", held)
 	}
+	// It ended unrenewed: reported as lapsed for a while, for the next
+	// server to give back.
+	if lapsed := l.Lapsed(); lapsed[a] != 7 {
+		t.Fatalf("lapsed %v; want %s of epoch 7", lapsed, a)
+	}
+	clk.SetTime(clk.Now().Add(LapsedFor))
+	if lapsed := l.Lapsed(); len(lapsed) != 0 {
+		t.Fatalf("lapsed %v after %v", lapsed, LapsedFor)
+	}
 
 	// Renewed: a later request extends it.
 	l.Granted(a, 9, clk.Now(), ttl, []string{"eth0"})

@@ -90,7 +90,11 @@ func (h *Hub) Leases(stream weirv1.AgentService_LeasesServer) error {
 			s.Stop(released)
 			return stream.Send(out)
 		}
-		for _, g := range s.Ask(held, released, refused) {
+		lapsed, err := leasesOf("lapsed", ask.GetLapsed())
+		if err != nil {
+			return err
+		}
+		for _, g := range s.Ask(l2owner.Asked{Held: held, Released: released, Lapsed: lapsed, Refused: refused}) {
 			out.Leases = append(out.Leases, &weirv1.L2Lease{Address: g.Addr.String(), Epoch: g.Epoch})
 		}
 		return stream.Send(out)

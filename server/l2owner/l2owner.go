@@ -245,6 +245,10 @@ func (t *Table) Adopt(addr netip.Addr, node string, epoch uint64) {
 	t.epoch = max(t.epoch, epoch)
 }
 
+// Fencing reports whether a lease given before the table began may still
+// run.
+func (t *Table) Fencing() bool { return t.clk.Now().Before(t.started.Add(t.ttl + t.margin)) }
+
 // FreeAt is when addr may be granted to node: now or earlier when it may
 // be at once.
 func (t *Table) FreeAt(addr netip.Addr, node string) time.Time {

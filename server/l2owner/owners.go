@@ -34,6 +34,10 @@ type Owners struct {
 	candidates map[netip.Addr][]string
 	owner      map[netip.Addr]string
 	movedAt    map[netip.Addr]time.Time // when the choice last changed, until granted
+	// lapsed are the lapsed leases nodes claim on addresses the table
+	// knows no lease on (the newest epoch's): the choice keeps them with
+	// their nodes, as it keeps running leases with their holders.
+	lapsed map[netip.Addr]claim
 	streams    map[string]*Stream
 	wake       chan struct{} // the timer loop looks again
 	// warm: the server has heard from the nodes (Lead's heard).
@@ -53,7 +57,7 @@ var ErrNotLeading = errors.New("this server does not decide the L2 owners (it is
 // when not nil, receives the metrics.
 func NewOwners(clk clock.Clock, ttl, margin time.Duration, log *slog.Logger, reg prometheus.Registerer) *Owners {
 	o := &Owners{clk: clk, ttl: ttl, margin: margin, log: log, candidates: map[netip.Addr][]string{},
-		owner: map[netip.Addr]string{}, movedAt: map[netip.Addr]time.Time{}, streams: map[string]*Stream{}, wake: make(chan struct{}, 1)}
+		owner: map[netip.Addr]string{}, movedAt: map[netip.Addr]time.Time{}, lapsed: map[netip.Addr]claim{}, streams: map[string]*Stream{}, wake: make(chan struct{}, 1)}
 	o.metrics = newMetrics(o, reg)
 	return o
 }
@@ -110,6 +114,7 @@ func (o *Owners) Lead(ctx context.Context, heard <-chan struct{}) {
 	o.mu.Lock()
 	o.table = NewTable(o.clk, o.ttl, o.margin)
 	o.owner = map[netip.Addr]string{}
+	o.lapsed = map[netip.Addr]claim{}
 	o.warm = false
 	o.mu.Unlock()
 	defer func() {
@@ -159,10 +164,21 @@ func (o *Owners) SetCandidates(c map[netip.Addr][]string) {
 			delete(o.movedAt, a)
 		}
 	}
+	for a := range o.lapsed {
+		if _, ok := c[a]; !ok {
+			delete(o.lapsed, a)
+		}
+	}
 	if o.table != nil {
 		o.table.Forget(func(a netip.Addr) bool { _, ok := c[a]; return ok })
 	}
 	o.assignLocked()
+}
+
+// claim is a node's lapsed lease on an address.
+type claim struct {
+	node  string
+	epoch uint64
 }
 
 // Stream is one node's open Leases stream.
@@ -244,13 +260,21 @@ type Grant struct {
 	Lease
 }
 
-// Ask is the node asking for its leases: it released the leases in
-// released, holds those in held, and cannot answer for the addresses in
-// refused (whole; nil for none). The answer is every lease it holds from
-// now on; any other it must stop answering for. An address released is
-// not granted back in the same answer: the node gave it up for a reason
-// (it was not listed, it is stopping).
-func (s *Stream) Ask(held, released []Held, refused map[netip.Addr]string) []Grant {
+// Asked is what a node says when it asks for its leases.
+type Asked struct {
+	// Held are the leases it holds; Released those it gave up since its
+	// last ask; Lapsed those that ended while no server answered it.
+	Held, Released, Lapsed []Held
+	// Refused are the addresses it cannot answer for, whole, and why.
+	Refused map[netip.Addr]string
+}
+
+// Ask is the node asking for its leases. The answer is every lease it
+// holds from now on; any other it must stop answering for. An address
+// released is not granted back in the same answer: the node gave it up
+// for a reason (it was not listed, it is stopping).
+func (s *Stream) Ask(q Asked) []Grant {
+	held, released, refused := q.Held, q.Released, q.Refused
 	o := s.o
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -273,18 +297,32 @@ func (s *Stream) Ask(held, released []Held, refused map[netip.Addr]string) []Gra
 			o.nudgeLocked(next)
 		}
 	}
-	for _, h := range held {
-		// Before the server has heard from the nodes it cannot tell a
-		// candidate: it keeps what it is told, and the choice moves it
-		// later where needed.
+	// A lease the table does not know (a restart, a new leader) is taken
+	// as the table's: a running one at once, since no other can run on
+	// its address; a lapsed one once no lease of an earlier server can
+	// still run. Before the server has heard from the nodes it cannot
+	// tell a candidate: it keeps what it is told, and the choice moves it
+	// later where needed.
+	claims := held
+	if !o.table.Fencing() {
+		claims = slices.Concat(held, q.Lapsed)
+	}
+	for _, l := range q.Lapsed {
+		if _, known := o.table.leases[l.Addr]; !known && l.Epoch > o.lapsed[l.Addr].epoch {
+			o.lapsed[l.Addr] = claim{node: s.node, epoch: l.Epoch}
+			reassign = true
+		}
+	}
+	for _, h := range claims {
 		if _, known := o.table.leases[h.Addr]; !known && (!o.warm || slices.Contains(o.candidates[h.Addr], s.node)) {
 			o.table.Adopt(h.Addr, s.node, h.Epoch)
+			delete(o.lapsed, h.Addr)
 			reassign = true
 		}
 	}
 	if !o.warm {
 		var out []Grant
-		for _, h := range held {
+		for _, h := range claims {
 			if l, ok := o.table.leases[h.Addr]; ok && l.Node == s.node {
 				_, l := o.table.Request(h.Addr, s.node, s.node)
 				out = append(out, Grant{Addr: h.Addr, Lease: l})
@@ -302,6 +340,7 @@ func (s *Stream) Ask(held, released []Held, refused map[netip.Addr]string) []Gra
 		}
 		if v, l := o.table.Request(a, s.node, s.node); v == Granted {
 			out = append(out, Grant{Addr: a, Lease: l})
+			delete(o.lapsed, a)
 			if l.Since.Equal(o.clk.Now()) {
 				o.metrics.changes.Inc()
 				if at, ok := o.movedAt[a]; ok {
@@ -355,6 +394,8 @@ func (o *Owners) assignLocked() {
 		})
 		if l, ok := o.table.Holder(a); ok {
 			current[a] = l.Node
+		} else if c, ok := o.lapsed[a]; ok {
+			current[a] = c.node
 		}
 	}
 	owner := Assign(live, current)

@@ -101,14 +101,14 @@ func TestTheChosenNodeIsGrantedAfterTheStartFence(t *testing.T) {
 	o, clk := leading(t)
 	a, b := open(t, o, "a"), open(t, o, "b")
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
-	a.Ask(nil, nil, nil)
-	b.Ask(nil, nil, nil)
+	a.Ask(Asked{})
+	b.Ask(Asked{})
 	owner := o.ReportOn(vip).Chosen
 	if owner == "" {
 		t.Fatal("no owner chosen among two live candidates")
 	}
 	streams := map[string]*Stream{"a": a, "b": b}
-	if g := streams[owner].Ask(nil, nil, nil); len(g) != 0 {
+	if g := streams[owner].Ask(Asked{}); len(g) != 0 {
 		t.Fatalf("granted %v before the start fence ended", g)
 	}
 	drain(streams[owner])
@@ -118,10 +118,10 @@ func TestTheChosenNodeIsGrantedAfterTheStartFence(t *testing.T) {
 	}
 	other := map[string]string{"a": "b", "b": "a"}[owner]
 	for range 10 {
-		if _, ok := holds(streams[owner].Ask(nil, nil, nil), vip); !ok {
+		if _, ok := holds(streams[owner].Ask(Asked{}), vip); !ok {
 			t.Fatal("the chosen node was not granted, or lost the address while asking")
 		}
-		if g := streams[other].Ask(nil, nil, nil); len(g) != 0 {
+		if g := streams[other].Ask(Asked{}); len(g) != 0 {
 			t.Fatalf("the other node was granted %v", g)
 		}
 		step(o, clk, testTTL/4)
@@ -135,13 +135,13 @@ func grantedOwner(t *testing.T) (o *Owners, clk *clocktesting.FakeClock, owner, 
 	a, b := open(t, o, "a"), open(t, o, "b")
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
 	step(o, clk, testTTL+testMargin)
-	a.Ask(nil, nil, nil)
-	b.Ask(nil, nil, nil)
+	a.Ask(Asked{})
+	b.Ask(Asked{})
 	owner, other = a, b
 	if o.ReportOn(vip).Chosen == "b" {
 		owner, other = b, a
 	}
-	if _, ok := holds(owner.Ask(nil, nil, nil), vip); !ok {
+	if _, ok := holds(owner.Ask(Asked{}), vip); !ok {
 		t.Fatal("the owner was not granted")
 	}
 	drain(owner)
@@ -160,7 +160,7 @@ func TestADeadOwnersAddressMovesOnlyOnceItsLeaseEnded(t *testing.T) {
 		t.Fatalf("owner %q after the old one's stream ended; want %s", o.ReportOn(vip).Chosen, other.node)
 	}
 	for clk.Since(asked) < testTTL+testMargin {
-		if g := other.Ask(nil, nil, nil); len(g) != 0 {
+		if g := other.Ask(Asked{}); len(g) != 0 {
 			t.Fatalf("granted %v at %v after the old owner's last ask; its lease and the margin last %v", g, clk.Since(asked), testTTL+testMargin)
 		}
 		step(o, clk, 50*time.Millisecond)
@@ -168,7 +168,7 @@ func TestADeadOwnersAddressMovesOnlyOnceItsLeaseEnded(t *testing.T) {
 	if !nudged(t, other) {
 		t.Fatal("the new owner was not told to ask when the lease became free")
 	}
-	if _, ok := holds(other.Ask(nil, nil, nil), vip); !ok {
+	if _, ok := holds(other.Ask(Asked{}), vip); !ok {
 		t.Fatal("the new owner was not granted once the lease became free")
 	}
 }
@@ -180,18 +180,18 @@ func TestAnOwnerThatStopsAskingLosesItsAddress(t *testing.T) {
 	o, clk, owner, other := grantedOwner(t)
 	asked := clk.Now()
 	for clk.Since(asked) < testTTL+testMargin {
-		if _, ok := holds(other.Ask(nil, nil, nil), vip); ok {
+		if _, ok := holds(other.Ask(Asked{}), vip); ok {
 			t.Fatalf("granted to the other node %v after the owner's last ask", clk.Since(asked))
 		}
 		step(o, clk, 50*time.Millisecond)
 	}
 	wait.Until(t, 2*time.Second, "the silent owner replaced", func() bool { return o.ReportOn(vip).Chosen == other.node })
-	if _, ok := holds(other.Ask(nil, nil, nil), vip); !ok {
+	if _, ok := holds(other.Ask(Asked{}), vip); !ok {
 		t.Fatal("the other node was not granted after the silent owner's lease ended")
 	}
 	// The old owner asking again is not given the address back while
 	// the new one holds it.
-	if g := owner.Ask(nil, nil, nil); len(g) != 0 {
+	if g := owner.Ask(Asked{}); len(g) != 0 {
 		t.Fatalf("the old owner was granted %v back", g)
 	}
 }
@@ -201,22 +201,22 @@ func TestAnOwnerThatStopsAskingLosesItsAddress(t *testing.T) {
 // without waiting for the lease to end.
 func TestAReleasedLeaseMovesAtOnce(t *testing.T) {
 	o, _, owner, other := grantedOwner(t)
-	epoch, _ := holds(owner.Ask(nil, nil, nil), vip)
+	epoch, _ := holds(owner.Ask(Asked{}), vip)
 	o.SetCandidates(map[netip.Addr][]string{vip: {other.node}})
 	if !nudged(t, owner) {
 		t.Fatal("the old owner was not told to ask")
 	}
-	if g := owner.Ask([]Held{{vip, epoch}}, nil, nil); len(g) != 0 {
+	if g := owner.Ask(Asked{Held: []Held{{vip, epoch}}}); len(g) != 0 {
 		t.Fatalf("the old owner was granted %v", g)
 	}
-	if g := other.Ask(nil, nil, nil); len(g) != 0 {
+	if g := other.Ask(Asked{}); len(g) != 0 {
 		t.Fatalf("the new owner was granted %v while the old one had not released", g)
 	}
-	owner.Ask(nil, []Held{{vip, epoch}}, nil)
+	owner.Ask(Asked{Released: []Held{{vip, epoch}}})
 	if !nudged(t, other) {
 		t.Fatal("the new owner was not told to ask after the release")
 	}
-	got, ok := holds(other.Ask(nil, nil, nil), vip)
+	got, ok := holds(other.Ask(Asked{}), vip)
 	if !ok || got <= epoch {
 		t.Fatalf("new owner's grant: %v (epoch %d); want a grant of an epoch past %d", ok, got, epoch)
 	}
@@ -231,21 +231,21 @@ func TestARestartedServerKeepsTheHeldLeases(t *testing.T) {
 	a, b := open(t, o, "a"), open(t, o, "b")
 	other := netip.MustParseAddr("192.0.2.82")
 	step(o, clk, testTTL+testMargin) // past the start fence: still nothing new
-	if got, ok := holds(a.Ask([]Held{{vip, 5}}, nil, nil), vip); !ok || got != 5 {
+	if got, ok := holds(a.Ask(Asked{Held: []Held{{vip, 5}}}), vip); !ok || got != 5 {
 		t.Fatalf("cold: the holder's lease of epoch 5 was not kept (%v, epoch %d)", ok, got)
 	}
-	if g := b.Ask(nil, nil, nil); len(g) != 0 {
+	if g := b.Ask(Asked{}); len(g) != 0 {
 		t.Fatalf("cold: granted %v to a node holding nothing", g)
 	}
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}, other: {"b"}})
-	if g := b.Ask(nil, nil, nil); len(g) != 0 {
+	if g := b.Ask(Asked{}); len(g) != 0 {
 		t.Fatalf("cold: granted %v before the server heard from the nodes", g)
 	}
 	warm()
-	if _, ok := holds(a.Ask([]Held{{vip, 5}}, nil, nil), vip); !ok {
+	if _, ok := holds(a.Ask(Asked{Held: []Held{{vip, 5}}}), vip); !ok {
 		t.Fatal("warm: the holder lost its address")
 	}
-	if _, ok := holds(b.Ask(nil, nil, nil), other); !ok {
+	if _, ok := holds(b.Ask(Asked{}), other); !ok {
 		t.Fatal("warm: nothing new granted")
 	}
 }
@@ -257,17 +257,17 @@ func TestAWarmServerAdoptsOnlyCandidates(t *testing.T) {
 	o, _ := leading(t)
 	a, b := open(t, o, "a"), open(t, o, "b")
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
-	b.Ask(nil, nil, nil)
-	got, ok := holds(a.Ask([]Held{{vip, 7}}, nil, nil), vip)
+	b.Ask(Asked{})
+	got, ok := holds(a.Ask(Asked{Held: []Held{{vip, 7}}}), vip)
 	if !ok || got != 7 {
 		t.Fatalf("the holder's lease of epoch 7 was not kept (granted %v, epoch %d)", ok, got)
 	}
-	if g := b.Ask(nil, nil, nil); len(g) != 0 {
+	if g := b.Ask(Asked{}); len(g) != 0 {
 		t.Fatalf("the other node was granted %v", g)
 	}
 	// A node that is not a candidate cannot claim an address.
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}, netip.MustParseAddr("192.0.2.81"): {"a"}})
-	if g := b.Ask([]Held{{netip.MustParseAddr("192.0.2.81"), 9}}, nil, nil); len(g) != 0 {
+	if g := b.Ask(Asked{Held: []Held{{netip.MustParseAddr("192.0.2.81"), 9}}}); len(g) != 0 {
 		t.Fatalf("a claim by a node that is no candidate was granted: %v", g)
 	}
 }
@@ -301,23 +301,23 @@ func TestOnlyTheLeaderAnswers(t *testing.T) {
 // up to another node, and the reason is kept for the status.
 func TestARefusingNodeIsPassedOver(t *testing.T) {
 	o, clk, owner, other := grantedOwner(t)
-	epoch, _ := holds(owner.Ask(nil, nil, nil), vip)
+	epoch, _ := holds(owner.Ask(Asked{}), vip)
 	refusal := map[netip.Addr]string{vip: `interface "eth9" does not exist`}
-	if g := owner.Ask(nil, []Held{{vip, epoch}}, refusal); len(g) != 0 {
+	if g := owner.Ask(Asked{Released: []Held{{vip, epoch}}, Refused: refusal}); len(g) != 0 {
 		t.Fatalf("a refusing node was granted %v", g)
 	}
 	if o.ReportOn(vip).Chosen != other.node {
 		t.Fatalf("owner %q; want %s", o.ReportOn(vip).Chosen, other.node)
 	}
-	if _, ok := holds(other.Ask(nil, nil, nil), vip); !ok {
+	if _, ok := holds(other.Ask(Asked{}), vip); !ok {
 		t.Fatal("the other node was not granted the released address")
 	}
 	if got := o.ReportOn(vip).Refused; got[owner.node] != refusal[vip] {
 		t.Errorf("refusals %v; want %s's", got, owner.node)
 	}
 	step(o, clk, testTTL/4)
-	other.Ask(nil, nil, nil)
-	if g := owner.Ask(nil, nil, refusal); len(g) != 0 {
+	other.Ask(Asked{})
+	if g := owner.Ask(Asked{Refused: refusal}); len(g) != 0 {
 		t.Fatalf("granted %v to the node still refusing", g)
 	}
 }
@@ -326,7 +326,7 @@ func TestARefusingNodeIsPassedOver(t *testing.T) {
 // is granted them at once, and the stopping node is not given them back.
 func TestAStoppingNodeHandsOverAtOnce(t *testing.T) {
 	o, _, owner, other := grantedOwner(t)
-	epoch, _ := holds(owner.Ask(nil, nil, nil), vip)
+	epoch, _ := holds(owner.Ask(Asked{}), vip)
 	owner.Stop([]Held{{vip, epoch}})
 	if o.ReportOn(vip).Chosen != other.node {
 		t.Fatalf("owner %q after a stop; want %s", o.ReportOn(vip).Chosen, other.node)
@@ -334,10 +334,10 @@ func TestAStoppingNodeHandsOverAtOnce(t *testing.T) {
 	if !nudged(t, other) {
 		t.Fatal("the new owner was not told to ask")
 	}
-	if _, ok := holds(other.Ask(nil, nil, nil), vip); !ok {
+	if _, ok := holds(other.Ask(Asked{}), vip); !ok {
 		t.Fatal("the new owner was not granted at once")
 	}
-	if g := owner.Ask(nil, nil, nil); len(g) != 0 {
+	if g := owner.Ask(Asked{}); len(g) != 0 {
 		t.Fatalf("the stopping node was granted %v", g)
 	}
 }
@@ -345,8 +345,70 @@ func TestAStoppingNodeHandsOverAtOnce(t *testing.T) {
 // A lease given up in an ask is not granted back in its answer.
 func TestAReleaseIsNotUndoneByItsOwnAnswer(t *testing.T) {
 	_, _, owner, _ := grantedOwner(t)
-	epoch, _ := holds(owner.Ask(nil, nil, nil), vip)
-	if g := owner.Ask(nil, []Held{{vip, epoch}}, nil); len(g) != 0 {
+	epoch, _ := holds(owner.Ask(Asked{}), vip)
+	if g := owner.Ask(Asked{Released: []Held{{vip, epoch}}}); len(g) != 0 {
 		t.Fatalf("granted %v in the answer to its release", g)
+	}
+}
+
+// A lease that lapsed while no server answered (a long outage, a leader
+// change) is given back to its node by the next server, once no lease of
+// an earlier server can still run: the address does not move. Before
+// then it is not, since another node may still hold a running lease.
+func TestALapsedLeaseIsGivenBackAfterTheStartFence(t *testing.T) {
+	o, clk, warm := leadingCold(t)
+	a, b := open(t, o, "a"), open(t, o, "b")
+	warm()
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
+	b.Ask(Asked{})
+	lapsed := []Held{{vip, 4}}
+	if g := a.Ask(Asked{Lapsed: lapsed}); len(g) != 0 {
+		t.Fatalf("granted %v on a lapsed claim within the start fence", g)
+	}
+	step(o, clk, testTTL+testMargin)
+	got, ok := holds(a.Ask(Asked{Lapsed: lapsed}), vip)
+	if !ok || got != 4 {
+		t.Fatalf("the lapsed lease of epoch 4 was not given back (%v, epoch %d)", ok, got)
+	}
+	if g := b.Ask(Asked{Lapsed: []Held{{vip, 3}}}); len(g) != 0 {
+		t.Fatalf("a second claim was granted too: %v", g)
+	}
+}
+
+// The choice keeps a lapsed lease with its node from the moment it is
+// claimed: when the fence ends the claimant, not another node, is told to
+// ask, and another node asking first is not granted.
+func TestALapsedClaimIsChosenBeforeTheFenceEnds(t *testing.T) {
+	for _, claimant := range []string{"a", "b"} {
+		t.Run(claimant, func(t *testing.T) {
+			o, clk, warm := leadingCold(t)
+			streams := map[string]*Stream{"a": open(t, o, "a"), "b": open(t, o, "b")}
+			warm()
+			o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
+			other := map[string]string{"a": "b", "b": "a"}[claimant]
+			streams[other].Ask(Asked{})
+			streams[claimant].Ask(Asked{Lapsed: []Held{{vip, 4}}})
+			if got := o.ReportOn(vip).Chosen; got != claimant {
+				t.Fatalf("chosen %q; want the claimant %s", got, claimant)
+			}
+			// Both keep asking, the other node first each time.
+			for range 6 {
+				step(o, clk, testTTL/4)
+				if g := streams[other].Ask(Asked{}); len(g) != 0 {
+					t.Fatalf("the other node, asking first, was granted %v", g)
+				}
+				g := streams[claimant].Ask(Asked{Lapsed: []Held{{vip, 4}}})
+				o.mu.Lock()
+				fencing := o.table.Fencing()
+				o.mu.Unlock()
+				if !fencing {
+					if got, ok := holds(g, vip); !ok || got != 4 {
+						t.Fatalf("the claimant's lapsed lease was not given back after the fence (%v, %d)", ok, got)
+					}
+					return
+				}
+			}
+			t.Fatal("the fence did not end")
+		})
 	}
 }

@@ -89,6 +89,64 @@ func TestShippedExamples(t *testing.T) {
 	}
 }
 
+// TestShippedL2Example follows the L2 walk-through of
+// docs/getting-started.md: no BGP anywhere, deploy/examples/rack-l2.yaml
+// and web.yaml unchanged; the service gets addresses of the rack LAN,
+// node1 (the only one with the pod) answers ARP and NDP for them, and a
+// client behind the router (which resolves them on the LAN as any host
+// would) reaches the pod with its own address.
+func TestShippedL2Example(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	root, _ := weirlab.ModuleRoot()
+	for _, step := range []struct{ file, want string }{
+		{"deploy/examples/rack-l2.yaml", "node/node1 unchanged\nnode/node2 unchanged\npool/rack-lan created\n"},
+		{"deploy/examples/web.yaml", "service/default/web created\nendpointslice/default/web-v4 created\nendpointslice/default/web-v6 created\n"},
+	} {
+		if out, err := c.Lbctl(ctx, "apply", "-f", filepath.Join(root, step.file)); err != nil || out != step.want {
+			t.Fatalf("lbctl apply -f %s: %v\n%s; want %q", step.file, err, out, step.want)
+		}
+	}
+	var vips []string
+	eventually(t, "the service gets addresses of the rack LAN", func() error {
+		got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+		if err != nil {
+			return err
+		}
+		if vips = got.GetService().GetStatus().GetLoadBalancerIps(); len(vips) != 2 {
+			return fmt.Errorf("status %v", got.GetService().GetStatus())
+		}
+		return nil
+	})
+	if vips[0] != "192.0.2.200" || vips[1] != "2001:db8:2::200" {
+		t.Errorf("assigned %v, want the first address of each range", vips)
+	}
+	n1p1 := c.Nodes[0].Pods[0]
+	for _, v := range vips {
+		dst := netip.AddrPortFrom(netip.MustParseAddr(v), 80)
+		want := lab.ClientIPv4
+		if dst.Addr().Is6() {
+			want = lab.ClientIPv6
+		}
+		eventually(t, "the client reaching "+dst.String(), func() error {
+			_, err := weirlab.Get(ctx, c.Client, dst)
+			return err
+		})
+		for _, rep := range sample(t, c.Client, dst, 3) {
+			if rep.Pod != n1p1.Name || rep.RemoteAddr() != want {
+				t.Errorf("via the router to %s: pod %s saw %s; want n1p1 seeing the client %s", dst, rep.Pod, rep.RemoteAddr(), want)
+			}
+		}
+		neigh, err := c.Router.Run(ctx, "ip", "neigh", "show", v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mac := macOf(t, c.Nodes[0].Netns, "eth0"); !strings.Contains(neigh, mac) {
+			t.Errorf("the router resolved %s to %q; want node1's %s", v, neigh, mac)
+		}
+	}
+}
+
 // TestShippedEnvironmentFilesParse: every flag of the systemd example
 // environment files is one the binaries accept, with a value they take.
 func TestShippedEnvironmentFilesParse(t *testing.T) {

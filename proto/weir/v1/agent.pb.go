@@ -45,7 +45,12 @@ type L2Ask struct {
 	Refused []*L2Refusal `protobuf:"bytes,5,rep,name=refused,proto3" json:"refused,omitempty"`
 	// The agent is stopping: it gave every lease up (in released) and is
 	// no candidate any more on this stream.
-	Stopping      bool `protobuf:"varint,6,opt,name=stopping,proto3" json:"stopping,omitempty"`
+	Stopping bool `protobuf:"varint,6,opt,name=stopping,proto3" json:"stopping,omitempty"`
+	// The leases that ended while no server answered (the node stopped
+	// answering for them): a server that starts, or a new leader, gives
+	// them back to the node where it is still a candidate, once no lease of
+	// an earlier server can still run, so that the addresses do not move.
+	Lapsed        []*L2Lease `protobuf:"bytes,7,rep,name=lapsed,proto3" json:"lapsed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -120,6 +125,13 @@ func (x *L2Ask) GetStopping() bool {
 		return x.Stopping
 	}
 	return false
+}
+
+func (x *L2Ask) GetLapsed() []*L2Lease {
+	if x != nil {
+		return x.Lapsed
+	}
+	return nil
 }
 
 // L2Refusal is an address a node cannot answer for, and why.
@@ -1966,14 +1978,15 @@ var File_weir_v1_agent_proto protoreflect.FileDescriptor
 
 const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\xde\x01\n" +
+	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\x88\x02\n" +
 	"\x05L2Ask\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12$\n" +
 	"\x04held\x18\x03 \x03(\v2\x10.weir.v1.L2LeaseR\x04held\x12,\n" +
 	"\breleased\x18\x04 \x03(\v2\x10.weir.v1.L2LeaseR\breleased\x12,\n" +
 	"\arefused\x18\x05 \x03(\v2\x12.weir.v1.L2RefusalR\arefused\x12\x1a\n" +
-	"\bstopping\x18\x06 \x01(\bR\bstopping\"=\n" +
+	"\bstopping\x18\x06 \x01(\bR\bstopping\x12(\n" +
+	"\x06lapsed\x18\a \x03(\v2\x10.weir.v1.L2LeaseR\x06lapsed\"=\n" +
 	"\tL2Refusal\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"9\n" +
@@ -2183,42 +2196,43 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	2,  // 0: weir.v1.L2Ask.held:type_name -> weir.v1.L2Lease
 	2,  // 1: weir.v1.L2Ask.released:type_name -> weir.v1.L2Lease
 	1,  // 2: weir.v1.L2Ask.refused:type_name -> weir.v1.L2Refusal
-	23, // 3: weir.v1.L2Grant.ttl:type_name -> google.protobuf.Duration
-	2,  // 4: weir.v1.L2Grant.leases:type_name -> weir.v1.L2Lease
-	5,  // 5: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
-	6,  // 6: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
-	7,  // 7: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
-	8,  // 8: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	13, // 9: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	14, // 10: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	23, // 11: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
-	9,  // 12: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
-	11, // 13: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
-	10, // 14: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	24, // 15: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	12, // 16: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
-	24, // 17: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	16, // 18: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	20, // 19: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	19, // 20: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	18, // 21: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
-	17, // 22: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
-	21, // 23: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	25, // 24: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	25, // 25: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	26, // 26: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	27, // 27: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	28, // 28: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	22, // 29: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	4,  // 30: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	0,  // 31: weir.v1.AgentService.Leases:input_type -> weir.v1.L2Ask
-	15, // 32: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	3,  // 33: weir.v1.AgentService.Leases:output_type -> weir.v1.L2Grant
-	32, // [32:34] is the sub-list for method output_type
-	30, // [30:32] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	2,  // 3: weir.v1.L2Ask.lapsed:type_name -> weir.v1.L2Lease
+	23, // 4: weir.v1.L2Grant.ttl:type_name -> google.protobuf.Duration
+	2,  // 5: weir.v1.L2Grant.leases:type_name -> weir.v1.L2Lease
+	5,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
+	6,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
+	7,  // 8: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
+	8,  // 9: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
+	13, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	14, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	23, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	9,  // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
+	11, // 14: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
+	10, // 15: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
+	24, // 16: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	12, // 17: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
+	24, // 18: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	16, // 19: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	20, // 20: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	19, // 21: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	18, // 22: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	17, // 23: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
+	21, // 24: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	25, // 25: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	25, // 26: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	26, // 27: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	27, // 28: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	28, // 29: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	22, // 30: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	4,  // 31: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	0,  // 32: weir.v1.AgentService.Leases:input_type -> weir.v1.L2Ask
+	15, // 33: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	3,  // 34: weir.v1.AgentService.Leases:output_type -> weir.v1.L2Grant
+	33, // [33:35] is the sub-list for method output_type
+	31, // [31:33] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
