@@ -37,9 +37,9 @@ type Owners struct {
 	// lapsed are the lapsed leases nodes claim on addresses the table
 	// knows no lease on (the newest epoch's): the choice keeps them with
 	// their nodes, as it keeps running leases with their holders.
-	lapsed map[netip.Addr]claim
-	streams    map[string]*Stream
-	wake       chan struct{} // the timer loop looks again
+	lapsed  map[netip.Addr]claim
+	streams map[string]*Stream
+	wake    chan struct{} // the timer loop looks again
 	// warm: the server has heard from the nodes (Lead's heard).
 	warm bool
 }
