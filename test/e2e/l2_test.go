@@ -29,17 +29,24 @@ var l2VIP = netip.MustParseAddr("192.0.2.200")
 
 // startL2 runs Weir on three nodes with a pod each and an L2 pool on the
 // rack LAN (192.0.2.200-209 and 2001:db8:2::200-209).
-func startL2(t *testing.T) *weirlab.Cluster {
+func startL2(t *testing.T) *weirlab.Cluster { return startL2On(t, 1) }
+
+// startL2On is startL2 with that many server replicas (on etcd) when
+// above 1.
+func startL2On(t *testing.T, replicas int) *weirlab.Cluster {
 	t.Helper()
 	lab.SkipUnlessPrivileged(t)
 	ctx := context.Background()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 3, PodsPerNode: []int{1, 1, 1}, Dir: t.TempDir()}, bin)
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 3, PodsPerNode: []int{1, 1, 1}, Servers: replicas, Dir: t.TempDir()}, bin,
+		func(c *weirlab.Cluster) { c.Replicas = replicas })
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("server log, L2 lines:\n%s", grepLines(c.Server.Log(), "L2"))
+			for i, p := range slices.Concat([]*lab.Process{c.Server}, c.Servers) {
+				t.Logf("server %d log, L2 lines:\n%s", i, grepLines(p.Log(), "L2"))
+			}
 			for i, a := range c.Agents {
 				t.Logf("agent %d log, L2 lines:\n%s", i+1, grepLines(a.Log(), "component=l2"))
 			}
@@ -626,4 +633,48 @@ func TestL2LocalPolicyIPv6AndStatus(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestL2LeaderReplicaKilled: with three replicas on etcd the leader
+// decides the owners; killed, the next leader keeps the owner (the node
+// reports the lease that lapsed meanwhile), and nobody else answers in
+// between.
+func TestL2LeaderReplicaKilled(t *testing.T) {
+	c := startL2On(t, 3)
+	createL2Service(t, c, "web", weirv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER, c.Pods(), l2VIP)
+	w := watchARP(t, c.Router, "br0", l2VIP)
+	var leader int
+	eventually(t, "a replica leads", func() error {
+		if leader = c.Leader(); leader < 0 {
+			return fmt.Errorf("no replica says it leads")
+		}
+		return nil
+	})
+	var mac string
+	wait.Until(t, 15*time.Second, "a node answering ARP for "+l2VIP.String(), func() bool { mac = w.answering(); return mac != "" })
+	killed := time.Now()
+	c.Servers[leader].Kill()
+	eventually(t, "another replica leading", func() error {
+		if l := c.Leader(); l < 0 || l == leader {
+			return fmt.Errorf("leader %d", l)
+		}
+		return nil
+	})
+	var back time.Time
+	wait.Until(t, 15*time.Second, "the address answered again", func() bool {
+		if w.answering() == "" {
+			return false
+		}
+		back = time.Now()
+		return true
+	})
+	time.Sleep(time.Second)
+	if now := w.answering(); now != mac {
+		t.Errorf("answered by %s after the leader was killed; want the same owner %s", now, mac)
+	}
+	if doubled, _ := w.sameProbe(); doubled > 0 {
+		t.Errorf("%d probes answered by two nodes", doubled)
+	}
+	t.Logf("leader replica %d killed; the address unanswered for %v at most (answered again %v after the kill)",
+		leader, w.longestSilence(killed, time.Now()).Round(time.Millisecond), back.Sub(killed).Round(time.Millisecond))
 }
