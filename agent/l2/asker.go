@@ -222,7 +222,7 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 		seq++
 		// The lease counts from before the ask leaves.
 		asked[seq] = a.clk.Now()
-		msg := &weirv1.L2Ask{NodeName: a.node, Sequence: seq, Released: released, Stopping: stopping}
+		msg := &weirv1.LeasesRequest{NodeName: a.node, Sequence: seq, Released: released, Stopping: stopping}
 		for addr, epoch := range a.leases.Holding() {
 			msg.Held = append(msg.Held, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
 		}
@@ -240,7 +240,7 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 		released = nil
 		return nil
 	}
-	grants, recvErr := make(chan *weirv1.L2Grant, 16), make(chan error, 1)
+	grants, recvErr := make(chan *weirv1.LeasesResponse, 16), make(chan error, 1)
 	go func() {
 		for {
 			g, err := stream.Recv()
@@ -321,7 +321,7 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 // take hands a grant to the leases, asked at at: the leases it lists are
 // held from at for ttl, every other is given up at once (and returned, to
 // tell the server).
-func (a *Asker) take(g *weirv1.L2Grant, at time.Time, ttl time.Duration) (released []*weirv1.L2Lease) {
+func (a *Asker) take(g *weirv1.LeasesResponse, at time.Time, ttl time.Duration) (released []*weirv1.L2Lease) {
 	listed := map[netip.Addr]bool{}
 	for _, l := range g.GetLeases() {
 		addr, err := netip.ParseAddr(l.GetAddress())

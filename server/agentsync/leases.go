@@ -43,7 +43,7 @@ func (h *Hub) Leases(stream weirv1.AgentService_LeasesServer) error {
 		return err
 	}
 	defer s.Close()
-	asks, recvErr := make(chan *weirv1.L2Ask, 16), make(chan error, 1)
+	asks, recvErr := make(chan *weirv1.LeasesRequest, 16), make(chan error, 1)
 	go func() {
 		for {
 			ask, err := stream.Recv()
@@ -59,7 +59,7 @@ func (h *Hub) Leases(stream weirv1.AgentService_LeasesServer) error {
 		}
 	}()
 	ttl := durationpb.New(h.cfg.L2.TTL())
-	answer := func(ask *weirv1.L2Ask) error {
+	answer := func(ask *weirv1.LeasesRequest) error {
 		if n := ask.GetNodeName(); n != "" && n != node {
 			return status.Errorf(codes.InvalidArgument, "node_name: %q on a stream of %q", n, node)
 		}
@@ -85,7 +85,7 @@ func (h *Hub) Leases(stream weirv1.AgentService_LeasesServer) error {
 			}
 			refused[a] = truncate(r.GetReason())
 		}
-		out := &weirv1.L2Grant{Sequence: ask.GetSequence(), Ttl: ttl}
+		out := &weirv1.LeasesResponse{Sequence: ask.GetSequence(), Ttl: ttl}
 		if ask.GetStopping() {
 			s.Stop(released)
 			return stream.Send(out)
@@ -109,7 +109,7 @@ func (h *Hub) Leases(stream weirv1.AgentService_LeasesServer) error {
 				return err
 			}
 		case <-s.Nudged():
-			if err := stream.Send(&weirv1.L2Grant{Ttl: ttl}); err != nil {
+			if err := stream.Send(&weirv1.LeasesResponse{Ttl: ttl}); err != nil {
 				return err
 			}
 		case <-s.Done():

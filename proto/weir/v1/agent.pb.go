@@ -23,9 +23,9 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// L2Ask is an agent asking to hold (or keep holding) the L2 addresses the
+// LeasesRequest is an agent asking to hold (or keep holding) the L2 addresses the
 // server chose it for.
-type L2Ask struct {
+type LeasesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node asking; the first ask of a stream must name it.
 	NodeName string `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
@@ -55,20 +55,20 @@ type L2Ask struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *L2Ask) Reset() {
-	*x = L2Ask{}
+func (x *LeasesRequest) Reset() {
+	*x = LeasesRequest{}
 	mi := &file_weir_v1_agent_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *L2Ask) String() string {
+func (x *LeasesRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*L2Ask) ProtoMessage() {}
+func (*LeasesRequest) ProtoMessage() {}
 
-func (x *L2Ask) ProtoReflect() protoreflect.Message {
+func (x *LeasesRequest) ProtoReflect() protoreflect.Message {
 	mi := &file_weir_v1_agent_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -80,54 +80,54 @@ func (x *L2Ask) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use L2Ask.ProtoReflect.Descriptor instead.
-func (*L2Ask) Descriptor() ([]byte, []int) {
+// Deprecated: Use LeasesRequest.ProtoReflect.Descriptor instead.
+func (*LeasesRequest) Descriptor() ([]byte, []int) {
 	return file_weir_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
-func (x *L2Ask) GetNodeName() string {
+func (x *LeasesRequest) GetNodeName() string {
 	if x != nil {
 		return x.NodeName
 	}
 	return ""
 }
 
-func (x *L2Ask) GetSequence() uint64 {
+func (x *LeasesRequest) GetSequence() uint64 {
 	if x != nil {
 		return x.Sequence
 	}
 	return 0
 }
 
-func (x *L2Ask) GetHeld() []*L2Lease {
+func (x *LeasesRequest) GetHeld() []*L2Lease {
 	if x != nil {
 		return x.Held
 	}
 	return nil
 }
 
-func (x *L2Ask) GetReleased() []*L2Lease {
+func (x *LeasesRequest) GetReleased() []*L2Lease {
 	if x != nil {
 		return x.Released
 	}
 	return nil
 }
 
-func (x *L2Ask) GetRefused() []*L2Refusal {
+func (x *LeasesRequest) GetRefused() []*L2Refusal {
 	if x != nil {
 		return x.Refused
 	}
 	return nil
 }
 
-func (x *L2Ask) GetStopping() bool {
+func (x *LeasesRequest) GetStopping() bool {
 	if x != nil {
 		return x.Stopping
 	}
 	return false
 }
 
-func (x *L2Ask) GetLapsed() []*L2Lease {
+func (x *LeasesRequest) GetLapsed() []*L2Lease {
 	if x != nil {
 		return x.Lapsed
 	}
@@ -241,8 +241,8 @@ func (x *L2Lease) GetEpoch() uint64 {
 	return 0
 }
 
-// L2Grant answers an ask, or asks the agent to ask now.
-type L2Grant struct {
+// LeasesResponse answers an ask, or asks the agent to ask now.
+type LeasesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The ask answered; 0 asks the agent to ask again at once (the server
 	// has a lease for it, or took one away).
@@ -256,20 +256,20 @@ type L2Grant struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *L2Grant) Reset() {
-	*x = L2Grant{}
+func (x *LeasesResponse) Reset() {
+	*x = LeasesResponse{}
 	mi := &file_weir_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *L2Grant) String() string {
+func (x *LeasesResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*L2Grant) ProtoMessage() {}
+func (*LeasesResponse) ProtoMessage() {}
 
-func (x *L2Grant) ProtoReflect() protoreflect.Message {
+func (x *LeasesResponse) ProtoReflect() protoreflect.Message {
 	mi := &file_weir_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -281,26 +281,26 @@ func (x *L2Grant) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use L2Grant.ProtoReflect.Descriptor instead.
-func (*L2Grant) Descriptor() ([]byte, []int) {
+// Deprecated: Use LeasesResponse.ProtoReflect.Descriptor instead.
+func (*LeasesResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
-func (x *L2Grant) GetSequence() uint64 {
+func (x *LeasesResponse) GetSequence() uint64 {
 	if x != nil {
 		return x.Sequence
 	}
 	return 0
 }
 
-func (x *L2Grant) GetTtl() *durationpb.Duration {
+func (x *LeasesResponse) GetTtl() *durationpb.Duration {
 	if x != nil {
 		return x.Ttl
 	}
 	return nil
 }
 
-func (x *L2Grant) GetLeases() []*L2Lease {
+func (x *LeasesResponse) GetLeases() []*L2Lease {
 	if x != nil {
 		return x.Leases
 	}
@@ -1978,8 +1978,8 @@ var File_weir_v1_agent_proto protoreflect.FileDescriptor
 
 const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\x88\x02\n" +
-	"\x05L2Ask\x12\x1b\n" +
+	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\x90\x02\n" +
+	"\rLeasesRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12$\n" +
 	"\x04held\x18\x03 \x03(\v2\x10.weir.v1.L2LeaseR\x04held\x12,\n" +
@@ -1992,8 +1992,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"9\n" +
 	"\aL2Lease\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"|\n" +
-	"\aL2Grant\x12\x1a\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x83\x01\n" +
+	"\x0eLeasesResponse\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12(\n" +
 	"\x06leases\x18\x03 \x03(\v2\x10.weir.v1.L2LeaseR\x06leases\"\xb2\x01\n" +
@@ -2143,10 +2143,10 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	" \x03(\tR\thintNodes\x12\x14\n" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12\x18\n" +
 	"\aserving\x18\a \x01(\bR\aserving\x12 \n" +
-	"\vterminating\x18\b \x01(\bR\vterminatingJ\x04\b\x03\x10\x04R\x05local2w\n" +
+	"\vterminating\x18\b \x01(\bR\vterminatingJ\x04\b\x03\x10\x04R\x05local2\x86\x01\n" +
 	"\fAgentService\x127\n" +
-	"\x04Sync\x12\x14.weir.v1.SyncRequest\x1a\x15.weir.v1.SyncResponse(\x010\x01\x12.\n" +
-	"\x06Leases\x12\x0e.weir.v1.L2Ask\x1a\x10.weir.v1.L2Grant(\x010\x01B-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
+	"\x04Sync\x12\x14.weir.v1.SyncRequest\x1a\x15.weir.v1.SyncResponse(\x010\x01\x12=\n" +
+	"\x06Leases\x12\x16.weir.v1.LeasesRequest\x1a\x17.weir.v1.LeasesResponse(\x010\x01B-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
 
 var (
 	file_weir_v1_agent_proto_rawDescOnce sync.Once
@@ -2162,10 +2162,10 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 
 var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_weir_v1_agent_proto_goTypes = []any{
-	(*L2Ask)(nil),                 // 0: weir.v1.L2Ask
+	(*LeasesRequest)(nil),         // 0: weir.v1.LeasesRequest
 	(*L2Refusal)(nil),             // 1: weir.v1.L2Refusal
 	(*L2Lease)(nil),               // 2: weir.v1.L2Lease
-	(*L2Grant)(nil),               // 3: weir.v1.L2Grant
+	(*LeasesResponse)(nil),        // 3: weir.v1.LeasesResponse
 	(*SyncRequest)(nil),           // 4: weir.v1.SyncRequest
 	(*Hello)(nil),                 // 5: weir.v1.Hello
 	(*Ack)(nil),                   // 6: weir.v1.Ack
@@ -2193,12 +2193,12 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(Protocol)(0),                 // 28: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
-	2,  // 0: weir.v1.L2Ask.held:type_name -> weir.v1.L2Lease
-	2,  // 1: weir.v1.L2Ask.released:type_name -> weir.v1.L2Lease
-	1,  // 2: weir.v1.L2Ask.refused:type_name -> weir.v1.L2Refusal
-	2,  // 3: weir.v1.L2Ask.lapsed:type_name -> weir.v1.L2Lease
-	23, // 4: weir.v1.L2Grant.ttl:type_name -> google.protobuf.Duration
-	2,  // 5: weir.v1.L2Grant.leases:type_name -> weir.v1.L2Lease
+	2,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
+	2,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
+	1,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
+	2,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
+	23, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
+	2,  // 5: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
 	5,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	6,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
 	7,  // 8: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
@@ -2225,9 +2225,9 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	28, // 29: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
 	22, // 30: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
 	4,  // 31: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	0,  // 32: weir.v1.AgentService.Leases:input_type -> weir.v1.L2Ask
+	0,  // 32: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
 	15, // 33: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	3,  // 34: weir.v1.AgentService.Leases:output_type -> weir.v1.L2Grant
+	3,  // 34: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
 	33, // [33:35] is the sub-list for method output_type
 	31, // [31:33] is the sub-list for method input_type
 	31, // [31:31] is the sub-list for extension type_name

@@ -40,7 +40,7 @@ type AgentServiceClient interface {
 	// holds from then on. Only the server that decides the owners answers
 	// (with replicas, the leader); the others refuse with
 	// FAILED_PRECONDITION, and the agent asks its other servers.
-	Leases(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[L2Ask, L2Grant], error)
+	Leases(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[LeasesRequest, LeasesResponse], error)
 }
 
 type agentServiceClient struct {
@@ -64,18 +64,18 @@ func (c *agentServiceClient) Sync(ctx context.Context, opts ...grpc.CallOption) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_SyncClient = grpc.BidiStreamingClient[SyncRequest, SyncResponse]
 
-func (c *agentServiceClient) Leases(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[L2Ask, L2Grant], error) {
+func (c *agentServiceClient) Leases(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[LeasesRequest, LeasesResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[1], AgentService_Leases_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[L2Ask, L2Grant]{ClientStream: stream}
+	x := &grpc.GenericClientStream[LeasesRequest, LeasesResponse]{ClientStream: stream}
 	return x, nil
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type AgentService_LeasesClient = grpc.BidiStreamingClient[L2Ask, L2Grant]
+type AgentService_LeasesClient = grpc.BidiStreamingClient[LeasesRequest, LeasesResponse]
 
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
@@ -94,7 +94,7 @@ type AgentServiceServer interface {
 	// holds from then on. Only the server that decides the owners answers
 	// (with replicas, the leader); the others refuse with
 	// FAILED_PRECONDITION, and the agent asks its other servers.
-	Leases(grpc.BidiStreamingServer[L2Ask, L2Grant]) error
+	Leases(grpc.BidiStreamingServer[LeasesRequest, LeasesResponse]) error
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -108,7 +108,7 @@ type UnimplementedAgentServiceServer struct{}
 func (UnimplementedAgentServiceServer) Sync(grpc.BidiStreamingServer[SyncRequest, SyncResponse]) error {
 	return status.Error(codes.Unimplemented, "method Sync not implemented")
 }
-func (UnimplementedAgentServiceServer) Leases(grpc.BidiStreamingServer[L2Ask, L2Grant]) error {
+func (UnimplementedAgentServiceServer) Leases(grpc.BidiStreamingServer[LeasesRequest, LeasesResponse]) error {
 	return status.Error(codes.Unimplemented, "method Leases not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
@@ -140,11 +140,11 @@ func _AgentService_Sync_Handler(srv interface{}, stream grpc.ServerStream) error
 type AgentService_SyncServer = grpc.BidiStreamingServer[SyncRequest, SyncResponse]
 
 func _AgentService_Leases_Handler(srv interface{}, stream grpc.ServerStream) error {
-	return srv.(AgentServiceServer).Leases(&grpc.GenericServerStream[L2Ask, L2Grant]{ServerStream: stream})
+	return srv.(AgentServiceServer).Leases(&grpc.GenericServerStream[LeasesRequest, LeasesResponse]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type AgentService_LeasesServer = grpc.BidiStreamingServer[L2Ask, L2Grant]
+type AgentService_LeasesServer = grpc.BidiStreamingServer[LeasesRequest, LeasesResponse]
 
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
