@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -58,10 +59,21 @@ func TestShippedExamples(t *testing.T) {
 	if out := lbctl("deploy/examples/web.yaml"); out != want {
 		t.Errorf("lbctl apply said %q, want %q", out, want)
 	}
-	n1p1 := c.Nodes[0].Pods[0]
+	vips := exampleAddresses(t, c, "203.0.113.10", "2001:db8:113::10")
+	waitNextHops(t, r, vips[0].String(), c.Nodes[0].IPv4.String())
+	waitNextHops(t, r, vips[1].String(), c.Nodes[0].IPv6.String())
+	for _, v := range vips {
+		reachesN1P1(t, c, v)
+	}
+}
+
+// exampleAddresses waits for web.yaml's service to get its two addresses
+// and checks they are want, the first of each range of the pool.
+func exampleAddresses(t *testing.T, c *weirlab.Cluster, want ...string) []netip.Addr {
+	t.Helper()
 	var vips []string
 	eventually(t, "the service gets addresses from the example pool", func() error {
-		got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
+		got, err := c.Registry.GetService(context.Background(), &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
 		if err != nil {
 			return err
 		}
@@ -70,21 +82,28 @@ func TestShippedExamples(t *testing.T) {
 		}
 		return nil
 	})
-	if vips[0] != "203.0.113.10" || vips[1] != "2001:db8:113::10" {
-		t.Errorf("assigned %v, want the first address of each range", vips)
+	if !slices.Equal(vips, want) {
+		t.Errorf("assigned %v, want %v: the first address of each range", vips, want)
 	}
-	waitNextHops(t, r, vips[0], c.Nodes[0].IPv4.String())
-	waitNextHops(t, r, vips[1], c.Nodes[0].IPv6.String())
+	var out []netip.Addr
 	for _, v := range vips {
-		dst := netip.AddrPortFrom(netip.MustParseAddr(v), 80)
-		want := lab.ClientIPv4
-		if dst.Addr().Is6() {
-			want = lab.ClientIPv6
-		}
-		for _, rep := range sample(t, c.Client, dst, 3) {
-			if rep.Pod != n1p1.Name || rep.RemoteAddr() != want {
-				t.Errorf("via the router to %s: pod %s saw %s; want n1p1 seeing the client %s", dst, rep.Pod, rep.RemoteAddr(), want)
-			}
+		out = append(out, netip.MustParseAddr(v))
+	}
+	return out
+}
+
+// reachesN1P1 checks that the client reaches web.yaml's pod, n1p1, on
+// vip, and that the pod sees the client's own address.
+func reachesN1P1(t *testing.T, c *weirlab.Cluster, vip netip.Addr) {
+	t.Helper()
+	dst := netip.AddrPortFrom(vip, 80)
+	want := lab.ClientIPv4
+	if vip.Is6() {
+		want = lab.ClientIPv6
+	}
+	for _, rep := range sample(t, c.Client, dst, 3) {
+		if rep.Pod != c.Nodes[0].Pods[0].Name || rep.RemoteAddr() != want {
+			t.Errorf("via the router to %s: pod %s saw %s; want n1p1 seeing the client %s", dst, rep.Pod, rep.RemoteAddr(), want)
 		}
 	}
 }
@@ -107,37 +126,13 @@ func TestShippedL2Example(t *testing.T) {
 			t.Fatalf("lbctl apply -f %s: %v\n%s; want %q", step.file, err, out, step.want)
 		}
 	}
-	var vips []string
-	eventually(t, "the service gets addresses of the rack LAN", func() error {
-		got, err := c.Registry.GetService(ctx, &weirv1.GetServiceRequest{Namespace: "default", Name: "web"})
-		if err != nil {
-			return err
-		}
-		if vips = got.GetService().GetStatus().GetLoadBalancerIps(); len(vips) != 2 {
-			return fmt.Errorf("status %v", got.GetService().GetStatus())
-		}
-		return nil
-	})
-	if vips[0] != "192.0.2.200" || vips[1] != "2001:db8:2::200" {
-		t.Errorf("assigned %v, want the first address of each range", vips)
-	}
-	n1p1 := c.Nodes[0].Pods[0]
-	for _, v := range vips {
-		dst := netip.AddrPortFrom(netip.MustParseAddr(v), 80)
-		want := lab.ClientIPv4
-		if dst.Addr().Is6() {
-			want = lab.ClientIPv6
-		}
-		eventually(t, "the client reaching "+dst.String(), func() error {
-			_, err := weirlab.Get(ctx, c.Client, dst)
+	for _, v := range exampleAddresses(t, c, "192.0.2.200", "2001:db8:2::200") {
+		eventually(t, "the client reaching "+v.String(), func() error {
+			_, err := weirlab.Get(ctx, c.Client, netip.AddrPortFrom(v, 80))
 			return err
 		})
-		for _, rep := range sample(t, c.Client, dst, 3) {
-			if rep.Pod != n1p1.Name || rep.RemoteAddr() != want {
-				t.Errorf("via the router to %s: pod %s saw %s; want n1p1 seeing the client %s", dst, rep.Pod, rep.RemoteAddr(), want)
-			}
-		}
-		neigh, err := c.Router.Run(ctx, "ip", "neigh", "show", v)
+		reachesN1P1(t, c, v)
+		neigh, err := c.Router.Run(ctx, "ip", "neigh", "show", v.String())
 		if err != nil {
 			t.Fatal(err)
 		}
