@@ -37,17 +37,21 @@ func (s *Server) leadL2(ctx context.Context) {
 // from every node before it decides L2 owners.
 var L2WarmUp = 10 * time.Second
 
-// awaitNodes returns once every registered node's agent is connected and
-// has applied a state, or after at most within: a server that has not
-// heard from the nodes would take addresses from those that hold them.
+// awaitNodes returns once every registered node's agent is connected, has
+// applied a state and, where L2 addresses exist, has asked for its leases
+// (and so said which it held), or after at most within: a server that has
+// not heard from the nodes would take addresses from those that hold them.
 // Meanwhile the owners keep theirs (l2owner.Owners.Lead).
 func (s *Server) awaitNodes(ctx context.Context, within time.Duration) {
 	timeout := time.After(within)
+	poll := time.NewTicker(50 * time.Millisecond) // the lease streams have no signal of their own
+	defer poll.Stop()
 	for {
 		changed := s.Agents.StatusChanged()
+		l2 := len(s.l2Candidates()) > 0
 		ready := map[string]bool{}
 		for _, n := range s.Agents.Status() {
-			ready[n.Node] = n.Connected && n.AppliedVersion > 0
+			ready[n.Node] = n.Connected && n.AppliedVersion > 0 && (!l2 || s.l2.Asked(n.Node))
 		}
 		var waiting []string
 		s.Registry.Read(func(v registry.View) {
@@ -67,6 +71,7 @@ func (s *Server) awaitNodes(ctx context.Context, within time.Duration) {
 			s.log.Warn("deciding L2 owners without having heard from every node", "waiting_for", waiting)
 			return
 		case <-changed:
+		case <-poll.C:
 		}
 	}
 }

@@ -174,7 +174,8 @@ func (a *Asker) wanted() bool {
 
 // Run keeps the leases until ctx ends, then gives them up.
 func (a *Asker) Run(ctx context.Context) {
-	retry := dial.NewReconnect(a.conn, time.Second)
+	// Back soon after a server is: a lease cannot wait long.
+	retry := dial.NewReconnect(a.conn, 500*time.Millisecond)
 	resolveEvery := a.clk.NewTicker(5 * time.Second)
 	defer resolveEvery.Stop()
 	for {

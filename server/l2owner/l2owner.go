@@ -235,14 +235,16 @@ func (t *Table) Forget(keep func(netip.Addr) bool) {
 // (granted by a server before a restart, or by an earlier leader), when
 // the table knows no lease on addr: the node keeps answering without a
 // gap, and no other node is given the address before that lease ends
-// here. Epochs given later are greater than the adopted one.
+// here. The lease gets a new epoch, above the one claimed and every one
+// given: the newest holder of an address always has its highest epoch,
+// which is how claims on it compare.
 func (t *Table) Adopt(addr netip.Addr, node string, epoch uint64) {
 	if t.leases[addr] != nil {
 		return
 	}
 	now := t.clk.Now()
-	t.leases[addr] = &Lease{Node: node, Epoch: epoch, Since: now, Expires: now.Add(t.ttl)}
-	t.epoch = max(t.epoch, epoch)
+	t.epoch = max(t.epoch, epoch) + 1
+	t.leases[addr] = &Lease{Node: node, Epoch: t.epoch, Since: now, Expires: now.Add(t.ttl)}
 }
 
 // Fencing reports whether a lease given before the table began may still

@@ -221,6 +221,14 @@ func (s *Stream) refusedOf(addr netip.Addr) (string, bool) {
 	return why, ok
 }
 
+// Asked reports whether node has asked on an open stream.
+func (o *Owners) Asked(node string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	st := o.streams[node]
+	return st != nil && !st.lastAsk.IsZero()
+}
+
 // Nudged is signalled when the node should ask at once.
 func (s *Stream) Nudged() <-chan struct{} { return s.nudge }
 

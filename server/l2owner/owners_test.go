@@ -231,8 +231,8 @@ func TestARestartedServerKeepsTheHeldLeases(t *testing.T) {
 	a, b := open(t, o, "a"), open(t, o, "b")
 	other := netip.MustParseAddr("192.0.2.82")
 	step(o, clk, testTTL+testMargin) // past the start fence: still nothing new
-	if got, ok := holds(a.Ask(Asked{Held: []Held{{vip, 5}}}), vip); !ok || got != 5 {
-		t.Fatalf("cold: the holder's lease of epoch 5 was not kept (%v, epoch %d)", ok, got)
+	if got, ok := holds(a.Ask(Asked{Held: []Held{{vip, 5}}}), vip); !ok || got <= 5 {
+		t.Fatalf("cold: the holder's lease of epoch 5 was not kept under a newer epoch (%v, epoch %d)", ok, got)
 	}
 	if g := b.Ask(Asked{}); len(g) != 0 {
 		t.Fatalf("cold: granted %v to a node holding nothing", g)
@@ -259,8 +259,8 @@ func TestAWarmServerAdoptsOnlyCandidates(t *testing.T) {
 	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
 	b.Ask(Asked{})
 	got, ok := holds(a.Ask(Asked{Held: []Held{{vip, 7}}}), vip)
-	if !ok || got != 7 {
-		t.Fatalf("the holder's lease of epoch 7 was not kept (granted %v, epoch %d)", ok, got)
+	if !ok || got <= 7 {
+		t.Fatalf("the holder's lease of epoch 7 was not kept under a newer epoch (granted %v, epoch %d)", ok, got)
 	}
 	if g := b.Ask(Asked{}); len(g) != 0 {
 		t.Fatalf("the other node was granted %v", g)
@@ -367,8 +367,8 @@ func TestALapsedLeaseIsGivenBackAfterTheStartFence(t *testing.T) {
 	}
 	step(o, clk, testTTL+testMargin)
 	got, ok := holds(a.Ask(Asked{Lapsed: lapsed}), vip)
-	if !ok || got != 4 {
-		t.Fatalf("the lapsed lease of epoch 4 was not given back (%v, epoch %d)", ok, got)
+	if !ok || got <= 4 {
+		t.Fatalf("the lapsed lease of epoch 4 was not given back under a newer epoch (%v, epoch %d)", ok, got)
 	}
 	if g := b.Ask(Asked{Lapsed: []Held{{vip, 3}}}); len(g) != 0 {
 		t.Fatalf("a second claim was granted too: %v", g)
@@ -402,7 +402,7 @@ func TestALapsedClaimIsChosenBeforeTheFenceEnds(t *testing.T) {
 				fencing := o.table.Fencing()
 				o.mu.Unlock()
 				if !fencing {
-					if got, ok := holds(g, vip); !ok || got != 4 {
+					if got, ok := holds(g, vip); !ok || got <= 4 {
 						t.Fatalf("the claimant's lapsed lease was not given back after the fence (%v, %d)", ok, got)
 					}
 					return

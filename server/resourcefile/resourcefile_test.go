@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +52,8 @@ func TestParseNamesTheBadDocumentAndField(t *testing.T) {
 		{"kind: Service\nmetadata: {name: web}\n", `document 2: kind "Service"`},
 		{"kind: BgpPeer\nmetadata: {name: x}\naddress: 192.0.2.1\nasn: 64500\n", "document 2: my_asn"},
 		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [nonsense]\n", "document 2: addresses[0]"},
+		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [198.51.100.16/28]\nl2_advertisement: {interfaces: [eth0, eth0]}\n", "document 2: l2_advertisement.interfaces[1]"},
+		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [198.51.100.16/28]\nl2_advertisement: {}\nbgp_advertisement: {local_preference: 5}\n", "document 2: l2_advertisement"},
 		{"kind: BgpPeer\nmetadata: {name: x}\nadress: 192.0.2.1\n", "document 2: "},
 		// A key said twice: which one was meant is not for the server to guess.
 		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [198.51.100.16/28]\naddresses: [198.51.100.32/28]\n", `document 2: `},
@@ -59,6 +62,20 @@ func TestParseNamesTheBadDocumentAndField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "rack.yaml: ") {
 			t.Errorf("%q: got %v, want an error with %q", tc.doc, err, tc.want)
 		}
+	}
+}
+
+// An L2 pool in the file (the Kubernetes mode's ConfigMap) is an L2 pool
+// in the registry.
+func TestAnL2PoolFromTheFile(t *testing.T) {
+	reg := registrytest.Open(t)
+	mustApply(t, reg, "kind: AddressPool\nmetadata: {name: lan}\naddresses: [192.0.2.200-192.0.2.209]\nl2_advertisement:\n  interfaces: [eth0]\n  node_selector: {rack: a}\n")
+	p, err := reg.Pools.Get("lan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.L2 == nil || !slices.Equal(p.L2.Interfaces, []string{"eth0"}) || p.L2.NodeSelector["rack"] != "a" {
+		t.Errorf("pool %+v; want its L2 advertisement on eth0 for rack a", p)
 	}
 }
 
