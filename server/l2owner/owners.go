@@ -346,10 +346,11 @@ func (s *Stream) Ask(q Asked) []Grant {
 		if o.owner[a] != s.node || slices.ContainsFunc(released, func(r Held) bool { return r.Addr == a }) {
 			continue
 		}
+		prev := o.table.leases[a]
 		if v, l := o.table.Request(a, s.node, s.node); v == Granted {
 			out = append(out, Grant{Addr: a, Lease: l})
 			delete(o.lapsed, a)
-			if l.Since.Equal(o.clk.Now()) {
+			if prev == nil || prev.Epoch != l.Epoch {
 				o.metrics.changes.Inc()
 				if at, ok := o.movedAt[a]; ok {
 					o.metrics.takeover.Observe(o.clk.Since(at).Seconds())
@@ -359,7 +360,6 @@ func (s *Stream) Ask(q Asked) []Grant {
 			}
 		}
 	}
-	o.poke()
 	return out
 }
 
@@ -440,7 +440,7 @@ func (o *Owners) tickLocked() time.Duration {
 			continue
 		}
 		if end := s.lastAsk.Add(o.ttl); !now.Before(end) {
-			if _, wasLive := o.ownsAny(s.node); wasLive {
+			if o.ownsAny(s.node) {
 				o.assignLocked()
 			}
 		} else if end.Before(next) {
@@ -464,13 +464,13 @@ func (o *Owners) tickLocked() time.Duration {
 }
 
 // ownsAny reports whether node is chosen for some address.
-func (o *Owners) ownsAny(node string) (netip.Addr, bool) {
-	for a, n := range o.owner {
+func (o *Owners) ownsAny(node string) bool {
+	for _, n := range o.owner {
 		if n == node {
-			return a, true
+			return true
 		}
 	}
-	return netip.Addr{}, false
+	return false
 }
 
 func (o *Owners) nudgeLocked(node string) {

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/weirlb/weir/test/wait"
@@ -170,6 +173,17 @@ func TestADeadOwnersAddressMovesOnlyOnceItsLeaseEnded(t *testing.T) {
 	}
 	if _, ok := holds(other.Ask(Asked{}), vip); !ok {
 		t.Fatal("the new owner was not granted once the lease became free")
+	}
+	other.Ask(Asked{}) // a renewal is no change
+	if got := testutil.ToFloat64(o.metrics.changes); got != 2 {
+		t.Errorf("weir_l2_owner_changes_total %v; want 2 (the first owner, the takeover)", got)
+	}
+	var m dto.Metric
+	if err := o.metrics.takeover.(prometheus.Metric).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetHistogram().GetSampleCount(); got != 1 {
+		t.Errorf("%d takeover durations; want 1", got)
 	}
 }
 
