@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -11,6 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/weirlb/weir/internal/bgpspeaker"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/frr"
 	"github.com/weirlb/weir/test/lab"
@@ -166,6 +170,80 @@ func TestShippedEnvironmentFilesParse(t *testing.T) {
 		cmd := exec.Command(binary, append(strings.Fields(args), "-help")...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Errorf("%s: %s %s: %v\n%s", file, filepath.Base(binary), args, err, out)
+		}
+	}
+}
+
+// TestKubernetesSettingsReachTheFlags: every setting of the weir-config
+// ConfigMap is passed to a container as a flag (none is dead), and the
+// agent takes the flags the DaemonSet gives it, expanded as the kubelet
+// expands $(VAR), with the shipped settings and with BGP on.
+func TestKubernetesSettingsReachTheFlags(t *testing.T) {
+	lab.SkipUnlessPrivileged(t) // the binaries are built only as root
+	var settings map[string]string
+	containers := map[string][]string{} // name: args
+	for doc := range strings.SplitSeq(readShipped(t, "deploy/kubernetes/config.yaml")+"\n---\n"+
+		readShipped(t, "deploy/kubernetes/agent.yaml")+"\n---\n"+readShipped(t, "deploy/kubernetes/server.yaml"), "\n---\n") {
+		var obj struct {
+			Kind     string
+			Metadata struct{ Name string }
+			Data     map[string]string
+			Spec     struct {
+				Template struct {
+					Spec struct {
+						Containers []struct {
+							Name string
+							Args []string
+						}
+					}
+				}
+			}
+		}
+		if err := sigsyaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		if obj.Kind == "ConfigMap" && obj.Metadata.Name == "weir-config" {
+			settings = obj.Data
+		}
+		for _, c := range obj.Spec.Template.Spec.Containers {
+			containers[c.Name] = c.Args
+		}
+	}
+	if len(settings) == 0 || containers["weir-agent"] == nil {
+		t.Fatalf("no weir-config settings (%v) or no weir-agent container (%v)", settings, containers)
+	}
+	for key := range settings {
+		used := false
+		for _, args := range containers {
+			used = used || slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, "$("+key+")") })
+		}
+		if !used {
+			t.Errorf("weir-config's %s reaches no container's flags", key)
+		}
+	}
+	expand := func(args []string, env map[string]string) []string {
+		out := make([]string, len(args))
+		for i, a := range args {
+			for k, v := range env {
+				a = strings.ReplaceAll(a, "$("+k+")", v)
+			}
+			out[i] = a
+		}
+		return out
+	}
+	withBGP := maps.Clone(settings)
+	withBGP["WEIR_BGP_ASN"], withBGP["WEIR_BGP_PEERS"] = "64512", "192.0.2.1/64500,[2001:db8:2::1]:179/64500"
+	// The peers are read after the flags: check them as the agent does.
+	if _, err := bgpspeaker.ParsePeers(withBGP["WEIR_BGP_PEERS"]); err != nil {
+		t.Errorf("WEIR_BGP_PEERS %q: %v", withBGP["WEIR_BGP_PEERS"], err)
+	}
+	for name, env := range map[string]map[string]string{"as shipped": settings, "with BGP": withBGP} {
+		env = maps.Clone(env)
+		env["NODE_NAME"] = "node1"
+		args := expand(containers["weir-agent"], env)
+		// Flags parse before -help stops the program: a bad value exits 2.
+		if out, err := exec.Command(bin.Agent, append(args, "-help")...).CombinedOutput(); err != nil {
+			t.Errorf("%s: weir-agent %s: %v\n%s", name, strings.Join(args, " "), err, out)
 		}
 	}
 }

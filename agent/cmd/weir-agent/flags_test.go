@@ -37,3 +37,20 @@ func TestServiceCIDRFlagIsARange(t *testing.T) {
 		}
 	}
 }
+
+// --bgp-asn takes an AS number, or nothing (a manifest passing an unset
+// setting through as --bgp-asn=$(WEIR_BGP_ASN)).
+func TestBGPASNFlag(t *testing.T) {
+	for in, want := range map[string]uint32{"": 0, "0": 0, "64512": 64512, "4200000000": 4200000000} {
+		var a asn
+		if err := a.Set(in); err != nil || uint32(a) != want {
+			t.Errorf("--bgp-asn=%q: %d, %v; want %d", in, a, err, want)
+		}
+	}
+	for _, in := range []string{"-1", "4294967296", "AS64512", " 64512"} {
+		var a asn
+		if err := a.Set(in); err == nil {
+			t.Errorf("--bgp-asn=%q accepted", in)
+		}
+	}
+}

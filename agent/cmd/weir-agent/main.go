@@ -68,12 +68,13 @@ func run() error {
 		healthzAddr  = flag.String("healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
 		metricsAddr  = flag.String("metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus)")
 		healthTO     = flag.Duration("health-timeout", 60*time.Second, "how long an update may wait to be applied before /healthz fails")
-		bgpASN       = flag.Uint("bgp-asn", 0, "announce load-balancer IPs over BGP from this AS (0: no BGP, and BgpPeer resources are ignored)")
+		bgpASN       = new(asn)
 		bgpRouterID  = flag.String("bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
 		bgpPeers     = flag.String("bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
 		logLevel     = flag.String("log-level", "info", "debug, info, warn or error")
 		cleanup      = flag.Bool("cleanup", false, "delete every nftables table the agent programs (ip and ip6 weir) and exit, as kube-proxy's --cleanup; the node then forwards no service")
 	)
+	flag.Var(bgpASN, "bgp-asn", "announce load-balancer IPs over BGP from this AS, 1-4294967295 (0 or empty: no BGP, and BgpPeer resources are ignored; empty lets a manifest pass an unset setting through)")
 	var members membership.Flags
 	members.AddFlags(flag.CommandLine, "comma-separated ADDRESS:PORT of members to join (the load-balancer speakers), so that they learn within a second when this node dies")
 	flag.Parse()
@@ -257,6 +258,24 @@ func parsePrefixes(flagName, list string) ([]netip.Prefix, error) {
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// asn is --bgp-asn: an AS number, 0 or empty for none.
+type asn uint32
+
+func (a *asn) String() string { return strconv.FormatUint(uint64(*a), 10) }
+
+func (a *asn) Set(s string) error {
+	if s == "" {
+		*a = 0
+		return nil
+	}
+	v, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return fmt.Errorf("%q is not an AS number (0-4294967295)", s)
+	}
+	*a = asn(v)
+	return nil
 }
 
 // serviceRanges reads --service-cidr: every node drops new connections to
