@@ -270,14 +270,28 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 			}
 			a.leases.Close()
 			stopping = true
+			gaveUp := len(released)
 			if err := ask(); err == nil {
-				// The server has read the release once it answers.
-				select {
-				case <-grants:
-				case <-recvErr:
-				case <-time.After(time.Second):
+				// The server has read the release once it answers this
+				// ask (an answer to an earlier one may come first): until
+				// then the stream must stay, or the ask may be lost with it.
+				deadline := time.After(time.Second)
+			wait:
+				for {
+					select {
+					case g := <-grants:
+						if g.GetSequence() == seq {
+							break wait
+						}
+					case <-recvErr:
+						break wait
+					case <-deadline:
+						a.log.Warn("stopping: the server did not confirm that the L2 leases were given up; they end with their lease")
+						break wait
+					}
 				}
 			}
+			a.log.Info("stopping: gave the L2 leases up", "addresses", gaveUp)
 			stream.CloseSend()
 			return granted, ctx.Err()
 		case err := <-recvErr:

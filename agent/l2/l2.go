@@ -41,6 +41,7 @@ type Responder struct {
 
 	mu     sync.Mutex
 	owned  map[netip.Addr]map[string]bool // address → interfaces
+	valid  func(netip.Addr) bool          // see Valid
 	since  map[given]time.Time            // when each address was given on each interface
 	links  map[string]*link               // by interface name
 	closed bool
@@ -134,11 +135,25 @@ func (r *Responder) Set(owned Owned) error {
 	return errors.Join(errs...)
 }
 
-// owns tells whether the node answers for a on interface name.
+// owns tells whether the node answers for a on interface name now: it
+// was given a, and its lease (Valid) still runs at this moment, whenever
+// the owner's timer takes it away.
 func (r *Responder) owns(a netip.Addr, name string) bool {
 	r.mu.Lock()
+	given := r.owned[a][name]
+	valid := r.valid
+	r.mu.Unlock()
+	// Outside the lock: valid takes the owner's own.
+	return given && (valid == nil || valid(a))
+}
+
+// Valid makes the Responder check, right before every answer and
+// announcement, that valid(addr) holds: the owner's lease runs. A late
+// timer (a loaded node) then cannot stretch an answer past the lease.
+func (r *Responder) Valid(valid func(netip.Addr) bool) {
+	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.owned[a][name]
+	r.valid = valid
 }
 
 // linkLocked opens the interface's listener for the family, if not yet.
@@ -239,9 +254,9 @@ func (r *Responder) announce(a netip.Addr, name string) {
 			case <-time.After(time.Until(at0.Add(at))):
 			}
 			r.mu.Lock()
-			still := r.owned[a][name] && r.since[key].Equal(at0)
+			still := r.since[key].Equal(at0)
 			r.mu.Unlock()
-			if !still {
+			if !still || !r.owns(a, name) {
 				return
 			}
 			if err := l.unsolicited(a); err != nil {

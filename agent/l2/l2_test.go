@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -285,5 +286,22 @@ func TestAnAddressOnTwoInterfacesIsAnnouncedOnBoth(t *testing.T) {
 		if seen[s.mac[n]] < 3 {
 			t.Errorf("%s announced %s %d times in the first %v; want 3 (seen: %v)", n, vip4, seen[s.mac[n]], Announcements[2], seen)
 		}
+	}
+}
+
+// An address whose lease no longer runs is not answered, even while the
+// owner's timer has not yet taken it away (a loaded node).
+func TestNoAnswerPastTheLease(t *testing.T) {
+	s := newSegment(t)
+	r := s.responder(t)
+	var valid atomic.Bool
+	r.Valid(func(netip.Addr) bool { return valid.Load() })
+	s.set(t, r, Owned{vip4: {"n1"}})
+	if mac := s.resolve(t, vip4); mac != "" {
+		t.Fatalf("the client resolved %s to %s past the lease", vip4, mac)
+	}
+	valid.Store(true)
+	if mac := s.resolve(t, vip4); mac != s.mac["n1"] {
+		t.Fatalf("the client resolved %s to %q within the lease; want n1's %s", vip4, mac, s.mac["n1"])
 	}
 }

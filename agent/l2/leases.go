@@ -117,6 +117,15 @@ func (l *Leases) Holding() map[netip.Addr]uint64 {
 	return out
 }
 
+// Valid reports whether a lease on addr runs at this moment, by the
+// node's clock (for Responder.Valid).
+func (l *Leases) Valid(addr netip.Addr) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.held[addr]
+	return ok && l.clk.Now().Before(h.until)
+}
+
 // Held lists the addresses answered for now.
 func (l *Leases) Held() []netip.Addr {
 	l.mu.Lock()

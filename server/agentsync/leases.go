@@ -115,7 +115,19 @@ func (h *Hub) Leases(stream weirv1.AgentService_LeasesServer) error {
 		case <-s.Done():
 			return status.Error(codes.Unavailable, "the server no longer decides the L2 owners")
 		case err := <-recvErr:
-			return err
+			// What the agent sent before it closed is answered first: its
+			// last ask may give everything up (a stopping agent).
+			for {
+				select {
+				case ask := <-asks:
+					if err := answer(ask); err != nil {
+						return err
+					}
+					continue
+				default:
+				}
+				return err
+			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -376,6 +376,7 @@ func (s *Stream) Stop(released []Held) {
 	s.stopping = true
 	for _, r := range released {
 		o.table.Release(r.Addr, s.node, r.Epoch)
+		o.log.Info("L2 lease given up: the node is stopping", "address", r.Addr, "node", s.node, "epoch", r.Epoch)
 	}
 	o.assignLocked()
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ethernet"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/lab"
@@ -115,9 +116,12 @@ type arpWatch struct {
 
 	mu     sync.Mutex
 	probes []time.Time
-	seen   []arpSeen
-	stop   chan struct{}
-	done   sync.WaitGroup
+	// last is, per probe sender address, the index of the last probe
+	// sent from it: a reply names its probe by the address it goes to.
+	last map[netip.Addr]int
+	seen []arpSeen
+	stop chan struct{}
+	done sync.WaitGroup
 }
 
 // arpSeen is one ARP reply for the address: solicited (to a probe) or an
@@ -126,12 +130,25 @@ type arpSeen struct {
 	at        time.Time
 	mac       string
 	solicited bool
+	probe     int // the probe answered, when solicited
 }
+
+// probeSenders are the sender addresses the probes take in turn (free
+// addresses of the LAN), so that every reply names its probe however late
+// it is read: 50 of them, one every 10 ms, tell apart replies up to half a
+// second late.
+var probeSenders = func() []netip.Addr {
+	var out []netip.Addr
+	for i := 100; i < 150; i++ {
+		out = append(out, netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}))
+	}
+	return out
+}()
 
 // watchARP starts watching vip on iface of ns until the test ends.
 func watchARP(t *testing.T, ns *lab.Netns, iface string, vip netip.Addr) *arpWatch {
 	t.Helper()
-	w := &arpWatch{vip: vip, stop: make(chan struct{})}
+	w := &arpWatch{vip: vip, stop: make(chan struct{}), last: map[netip.Addr]int{}}
 	if err := ns.Do(func() error {
 		ifi, err := net.InterfaceByName(iface)
 		if err != nil {
@@ -172,7 +189,8 @@ func (w *arpWatch) read() {
 			continue
 		}
 		w.mu.Lock()
-		w.seen = append(w.seen, arpSeen{at: time.Now(), mac: p.SenderHardwareAddr.String(), solicited: p.TargetIP != w.vip})
+		probe, solicited := w.last[p.TargetIP]
+		w.seen = append(w.seen, arpSeen{at: time.Now(), mac: p.SenderHardwareAddr.String(), solicited: solicited, probe: probe})
 		w.mu.Unlock()
 	}
 }
@@ -188,9 +206,14 @@ func (w *arpWatch) probe() {
 		case <-tick.C:
 		}
 		w.mu.Lock()
+		from := probeSenders[len(w.probes)%len(probeSenders)]
+		w.last[from] = len(w.probes)
 		w.probes = append(w.probes, time.Now())
 		w.mu.Unlock()
-		w.client.Request(w.vip)
+		p, err := arp.NewPacket(arp.OperationRequest, w.client.HardwareAddr(), from, ethernet.Broadcast, w.vip)
+		if err == nil {
+			w.client.WriteTo(p, ethernet.Broadcast)
+		}
 	}
 }
 
@@ -228,29 +251,23 @@ func (w *arpWatch) firstOther(old string, since time.Time) (time.Time, string, b
 func (w *arpWatch) sameProbe() (doubled, replies int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var solicited []arpSeen
+	macs := map[int]map[string]bool{}
 	for _, s := range w.seen {
-		if s.solicited {
-			solicited = append(solicited, s)
+		if !s.solicited {
+			continue
 		}
+		replies++
+		if macs[s.probe] == nil {
+			macs[s.probe] = map[string]bool{}
+		}
+		macs[s.probe][s.mac] = true
 	}
-	j := 0
-	for i, p := range w.probes {
-		end := time.Now()
-		if i+1 < len(w.probes) {
-			end = w.probes[i+1]
-		}
-		macs := map[string]bool{}
-		for ; j < len(solicited) && solicited[j].at.Before(end); j++ {
-			if !solicited[j].at.Before(p) {
-				macs[solicited[j].mac] = true
-			}
-		}
-		if len(macs) > 1 {
+	for _, m := range macs {
+		if len(m) > 1 {
 			doubled++
 		}
 	}
-	return doubled, len(solicited)
+	return doubled, replies
 }
 
 // longestSilence is the longest time in (from, to) without an answer to

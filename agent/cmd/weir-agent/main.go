@@ -203,6 +203,7 @@ func run() error {
 	responder := l2.New(log.With("component", "l2"))
 	defer responder.Close()
 	leases := l2.NewLeases(clock.RealClock{}, responder.Set)
+	responder.Valid(leases.Valid)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "weir_l2_answered_addresses", Help: "L2 addresses this node answers ARP and NDP for now (it holds their leases).",
 	}, func() float64 { return float64(len(leases.Held())) }))
