@@ -24,6 +24,17 @@ func (s *Server) leadL2(ctx context.Context) {
 	for {
 		statusChanged := s.Agents.StatusChanged()
 		s.l2.SetCandidates(s.l2Candidates())
+		// A node's status changes with every state it is sent and
+		// applies: computations are L2Period apart at least, so a burst
+		// of changes costs one more, while a lone change after a quiet
+		// spell is taken at once (a change made meanwhile is already
+		// signalled). A failing owner is seen sooner by its lease stream
+		// (Owners).
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(L2Period):
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -32,6 +43,10 @@ func (s *Server) leadL2(ctx context.Context) {
 		}
 	}
 }
+
+// L2Period is the least time between two computations of the L2
+// candidates.
+var L2Period = 50 * time.Millisecond
 
 // L2WarmUp bounds how long a server that starts leading waits to hear
 // from every node before it decides L2 owners.
