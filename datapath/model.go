@@ -31,6 +31,9 @@ type NodeInfo struct {
 	Deleting  bool
 	// Drained: an operator took the node out of external traffic.
 	Drained bool
+	// Excluded: the node is labelled out of external load balancers; it
+	// forwards what reaches it but announces nothing.
+	Excluded bool
 	// Registered is false while the server knows no Node of this name.
 	Registered bool
 	// BGPPeers are the routers the node's speaker peers with; the datapath
@@ -217,6 +220,9 @@ type Service struct {
 	// do not announce it. An address not here may be announced by any
 	// node. Forwarding does not depend on it.
 	Announcers map[netip.Addr][]string
+	// OtherController: another load-balancer controller announces and
+	// answers for the load-balancer IPs; the node only forwards them.
+	OtherController bool
 }
 
 // ServicePort is one port of a service with the endpoints behind it.

@@ -168,6 +168,16 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 	if r := svc.GetStatus().GetAddressReason(); r != "" {
 		lbIPs += fmt.Sprintf(" (%s: %s)", r, svc.GetStatus().GetAddressMessage()) // why Weir assigned none
 	}
+	var class []string // shown when the service has one, or is not Weir's
+	if c := spec.GetLoadBalancerClass(); c != "" || svc.GetStatus().GetOtherController() {
+		if c == "" {
+			c = "<none>"
+		}
+		if svc.GetStatus().GetOtherController() {
+			c += " (another controller's: Weir forwards its addresses, assigns and announces none)"
+		}
+		class = []string{"LoadBalancer Class", c}
+	}
 	affinity := "None"
 	if spec.GetSessionAffinity() == weirv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP {
 		affinity = fmt.Sprintf("ClientIP (timeout %ds)", spec.GetSessionAffinityTimeoutSeconds())
@@ -178,6 +188,7 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 			"Cluster IPs", list(spec.GetClusterIps()),
 			"External IPs", list(spec.GetExternalIps()),
 			"LoadBalancer IPs", lbIPs,
+		}, class, []string{
 			"LoadBalancer Source Ranges", list(spec.GetLoadBalancerSourceRanges()),
 			"External Traffic Policy", external,
 			"Internal Traffic Policy", policy(spec.GetInternalTrafficPolicy()),

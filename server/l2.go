@@ -110,5 +110,5 @@ func (s *Server) l2Candidates() map[netip.Addr][]string {
 	}
 	nodes, _ := s.Registry.Nodes.List("", nil)
 	services, _ := s.Registry.Services.List("", nil)
-	return receive.L2Addresses(receive.Cluster{Nodes: nodes, Pools: pools, Services: services, Observed: s.Agents.Status(), Drained: s.Registry.Drained})
+	return receive.L2Addresses(receive.Cluster{Nodes: nodes, Pools: pools, Services: services, Observed: s.Agents.Status(), Aside: s.Registry.Aside})
 }

@@ -48,7 +48,7 @@ func TestKubernetesReplicasAssignThroughTheLeaseHolder(t *testing.T) {
 		}
 		replicas[id] = servertest.Start(t, t.TempDir(), func(cfg *server.Config) {
 			cfg.ResourcesFile = file
-			cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, LeaderElection: &kubernetes.LeaderElection{
+			cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Classes: kubernetes.Classes{Default: true}, LeaderElection: &kubernetes.LeaderElection{
 				Namespace: "default", Identity: id,
 				LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 200 * time.Millisecond,
 				Log: slog.New(slog.DiscardHandler),

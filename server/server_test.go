@@ -69,6 +69,10 @@ func TestCreateServiceRejectsBadFieldsAndStoresNothing(t *testing.T) {
 			s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/33"}
 		}, "service.spec.load_balancer_source_ranges[0]"},
 		{"unknown protocol", func(s *weirv1.Service) { s.Spec.Ports[0].Protocol = 9 }, "service.spec.ports[0].protocol"},
+		{"a load-balancer class", func(s *weirv1.Service) {
+			s.Spec.Type = weirv1.ServiceType_SERVICE_TYPE_LOAD_BALANCER
+			s.Spec.LoadBalancerClass = "metallb.io/metallb"
+		}, "service.spec.load_balancer_class"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := validService()

@@ -218,10 +218,13 @@ func (a *Announcer) sync(rise bool) {
 // announce it.
 func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcement {
 	want := map[netip.Prefix]Announcement{}
-	if st.Node.Deleting || st.Node.Drained || !proxyHealthy {
+	if st.Node.Deleting || st.Node.Drained || st.Node.Excluded || !proxyHealthy {
 		return want
 	}
 	for _, svc := range st.Services {
+		if svc.OtherController {
+			continue // its controller announces it
+		}
 		for _, vip := range svc.LoadBalancerIPs {
 			hop, ok := datapath.NextHop(st.Node.Addresses, vip.Is6())
 			if !ok {

@@ -119,9 +119,12 @@ func TestOnlyTheChosenNodesAnnounce(t *testing.T) {
 		svc("theirs", "203.0.113.2", "node1", "node3"),
 		svc("unlimited", "203.0.113.3"),
 		svc("l2", "203.0.113.4"),
+		svc("other-controller", "203.0.113.8"),
 	} {
 		st.Services[s.Key] = s
 	}
+	// Another load-balancer controller announces its own services.
+	st.Services[datapath.ServiceKey{Namespace: "default", Name: "other-controller"}].OtherController = true
 	var got []string
 	for p := range Wanted(st, true) {
 		got = append(got, p.String())
@@ -129,6 +132,11 @@ func TestOnlyTheChosenNodesAnnounce(t *testing.T) {
 	slices.Sort(got)
 	if want := []string{"203.0.113.1/32", "203.0.113.3/32"}; !slices.Equal(got, want) {
 		t.Errorf("node2 announces %v, want %v", got, want)
+	}
+	// A node labelled out of external load balancers announces nothing.
+	st.Node.Excluded = true
+	if got := Wanted(st, true); len(got) != 0 {
+		t.Errorf("an excluded node announces %v", got)
 	}
 }
 

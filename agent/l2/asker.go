@@ -58,6 +58,9 @@ func NewAsker(conn grpc.ClientConnInterface, node string, leases *Leases, clk cl
 func (a *Asker) Received(st datapath.NodeState) {
 	var addrs []netip.Addr
 	for _, svc := range st.Services {
+		if svc.OtherController {
+			continue // its controller answers for it
+		}
 		for _, vip := range svc.LoadBalancerIPs {
 			if _, ok := st.Node.L2PoolOf(vip); ok {
 				addrs = append(addrs, vip)

@@ -22,6 +22,7 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 		PodCidrs:     strs(n.PodCIDRs),
 		Deleting:     n.Deleting,
 		Drained:      n.Drained,
+		Excluded:     n.Excluded,
 		Registered:   n.Registered,
 		ServiceCidrs: strs(n.ServiceCIDRs),
 	}
@@ -81,7 +82,7 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 	}
 	info := datapath.NodeInfo{
 		Name: n.GetName(), Addresses: addrs, Zone: n.GetZone(), PodCIDRs: cidrs,
-		Deleting: n.GetDeleting(), Drained: n.GetDrained(), Registered: n.GetRegistered(),
+		Deleting: n.GetDeleting(), Drained: n.GetDrained(), Excluded: n.GetExcluded(), Registered: n.GetRegistered(),
 		ServiceCIDRs: serviceCIDRs,
 	}
 	for i, p := range n.GetBgpPeers() {
@@ -131,6 +132,7 @@ func EncodeService(s *datapath.Service) *weirv1.NodeService {
 		InternalTrafficPolicy:         encodePolicy(s.InternalTrafficPolicy),
 		HealthCheckNodePort:           int32(s.HealthCheckNodePort),
 		LoadBalancerSourceRanges:      strs(s.LoadBalancerSourceRanges),
+		OtherController:               s.OtherController,
 	}
 	if s.PreferClose {
 		out.TrafficDistribution = weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE
@@ -165,6 +167,7 @@ func DecodeService(s *weirv1.NodeService, node string) (*datapath.Service, error
 		ExternalTrafficPolicy:  decodePolicy(s.GetExternalTrafficPolicy()),
 		InternalTrafficPolicy:  decodePolicy(s.GetInternalTrafficPolicy()),
 		PreferClose:            s.GetTrafficDistribution() == weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE,
+		OtherController:        s.GetOtherController(),
 	}
 	var err error
 	if out.ClusterIPs, err = addrs("cluster_ips", s.GetClusterIps()); err != nil {

@@ -23,6 +23,7 @@ func TestServiceRoundTrip(t *testing.T) {
 		HealthCheckNodePort:      31000,
 		LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
 		PreferClose:              true,
+		OtherController:          true,
 		Announcers:               map[netip.Addr][]string{netip.MustParseAddr("203.0.113.10"): {"node1", "node7"}},
 		Ports: []datapath.ServicePort{{Name: "dns", Protocol: datapath.UDP, Port: 53, NodePort: 30053, Endpoints: []datapath.Endpoint{
 			{Addr: netip.MustParseAddr("10.244.1.11"), Port: 5353, NodeName: "node1", Local: true, Zone: "a", HintZones: []string{"a"}, Ready: true, Serving: true},
@@ -54,7 +55,7 @@ func TestDecodeRejectsWhatTheDatapathCannotProgram(t *testing.T) {
 }
 
 func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
-	in := datapath.NodeInfo{Name: "node1", Registered: true,
+	in := datapath.NodeInfo{Name: "node1", Registered: true, Drained: true, Excluded: true,
 		Addresses:    []netip.Addr{netip.MustParseAddr("192.0.2.11")},
 		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/108")},

@@ -202,7 +202,7 @@ func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 	nodes, _ := l.reg.Nodes.List("", nil)
 	pools, _ := l.reg.Pools.List("", nil)
 	services, _ := l.reg.Services.List("", nil)
-	vips := receive.Targets(receive.Cluster{Nodes: nodes, Pools: pools, Services: services, Observed: statuses, Drained: l.reg.Drained})
+	vips := receive.Targets(receive.Cluster{Nodes: nodes, Pools: pools, Services: services, Observed: statuses, Aside: l.reg.Aside})
 	out := make([]*weirv1.VipTargets, 0, len(vips))
 	for _, v := range vips {
 		vt := &weirv1.VipTargets{Address: v.Address.String(), Service: v.Service,

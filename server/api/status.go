@@ -219,7 +219,7 @@ func (s *StatusService) GetServiceStatus(_ context.Context, req *weirv1.GetServi
 	report := &weirv1.ServiceReport{Namespace: req.GetNamespace(), Name: req.GetName()}
 	for _, n := range s.statuses() {
 		h, seen := n.Services[key]
-		v := receive.Of(svc, n, s.reg.Drained(n.Node))
+		v := receive.Of(svc, n, s.reg.Aside(n.Node))
 		st := &weirv1.ServiceNodeStatus{Node: n.Node, Programmed: n.Programmed(), ReceivesExternalTraffic: v.Receives(),
 			Reason: v.Reason, Message: v.Message, Families: families(v),
 			Announcements: nodewire.EncodeAnnouncements(receive.Announcing(n.BGPAnnouncements, svc.LoadBalancerIPs))}
@@ -251,7 +251,7 @@ func (s *StatusService) l2Status(svc *model.Service) []*weirv1.L2AddressStatus {
 	}
 	nodes, _ := s.reg.Nodes.List("", nil)
 	why := map[netip.Addr]map[string]receive.Verdict{}
-	candidates := receive.L2Why(receive.Cluster{Nodes: nodes, Pools: pools, Observed: s.statuses(), Drained: s.reg.Drained}, svc, why)
+	candidates := receive.L2Why(receive.Cluster{Nodes: nodes, Pools: pools, Observed: s.statuses(), Aside: s.reg.Aside}, svc, why)
 	var out []*weirv1.L2AddressStatus
 	for _, a := range slices.SortedFunc(maps.Keys(candidates), netip.Addr.Compare) {
 		r := s.l2.ReportOn(a)

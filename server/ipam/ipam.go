@@ -5,7 +5,8 @@
 // address may be shared by services that name the same sharing key and use
 // distinct ports. Assignments live in the services' status, so they survive
 // restarts and stay put; addresses outside every pool are an outside load
-// balancer's, and are left alone.
+// balancer's, and are left alone, as are the services another controller
+// handles (their addresses are taken, never shared).
 package ipam
 
 import (
@@ -131,7 +132,7 @@ func (a *Allocator) Plan() []Write {
 			if o.Key() == s.Key() {
 				continue
 			}
-			if s.AllowSharedIP == "" || o.AllowSharedIP != s.AllowSharedIP || portsOverlap(o, s) {
+			if s.AllowSharedIP == "" || o.AllowSharedIP != s.AllowSharedIP || portsOverlap(o, s) || o.OtherController {
 				return false
 			}
 		}
@@ -146,6 +147,16 @@ func (a *Allocator) Plan() []Write {
 	}
 	wants := make([]*want, 0, len(svcs))
 	var pending []*want
+	// Another controller's services are not Weir's to write; the
+	// addresses they hold are taken.
+	svcs = slices.DeleteFunc(svcs, func(s *model.Service) bool {
+		if s.OtherController {
+			for _, ip := range s.LoadBalancerIPs {
+				used[ip] = append(used[ip], s)
+			}
+		}
+		return s.OtherController
+	})
 	// First, what already holds: valid addresses in status stay put.
 	for _, s := range svcs {
 		w := &want{svc: s}

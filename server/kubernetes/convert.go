@@ -26,11 +26,49 @@ const (
 	AnnotationLoadBalancerIPs = "weir.dev/load-balancer-ips" // comma-separated
 	AnnotationAddressPool     = "weir.dev/address-pool"
 	AnnotationAllowSharedIP   = "weir.dev/allow-shared-ip"
+	// DefaultLoadBalancerClass is the spec.loadBalancerClass Weir handles
+	// unless --load-balancer-class names another.
+	DefaultLoadBalancerClass = "weir.dev/weir"
 )
 
+// MetalLB's annotations for the same requests, read when Weir's own are
+// absent, so that a Service moves from MetalLB unchanged: its current
+// prefix first, then the one before v0.14.
+var metalLBAnnotations = [...]struct{ ips, pool, shared string }{
+	{"metallb.io/loadBalancerIPs", "metallb.io/address-pool", "metallb.io/allow-shared-ip"},
+	{"metallb.universe.tf/loadBalancerIPs", "metallb.universe.tf/address-pool", "metallb.universe.tf/allow-shared-ip"},
+}
+
+// Classes says which LoadBalancer services Weir handles: those of Class,
+// and, when Default (Weir is the cluster's default load balancer), those
+// with no class. Another controller handles the rest.
+type Classes struct {
+	Class   string
+	Default bool
+}
+
+// ours tells whether Weir handles a LoadBalancer service of class c.
+func (cl Classes) ours(c *string) bool {
+	if c == nil || *c == "" {
+		return cl.Default
+	}
+	return *c == cl.Class
+}
+
+// annotation is the first of the keys s carries.
+func annotation(s *corev1.Service, keys ...string) string {
+	for _, k := range keys {
+		if v, ok := s.Annotations[k]; ok {
+			return v
+		}
+	}
+	return ""
+}
+
 // service maps a Service, or returns nil when proxies have nothing to do
-// for it (headless, ExternalName).
-func service(s *corev1.Service) *model.Service {
+// for it (headless, ExternalName); classes says whether it is Weir's to
+// assign and announce, when a LoadBalancer.
+func service(s *corev1.Service, classes Classes) *model.Service {
 	if s.Spec.Type == corev1.ServiceTypeExternalName {
 		return nil
 	}
@@ -98,7 +136,8 @@ func service(s *corev1.Service) *model.Service {
 		}
 	}
 	if out.Type == model.LoadBalancer {
-		requested := s.Annotations[AnnotationLoadBalancerIPs]
+		m0, m1 := metalLBAnnotations[0], metalLBAnnotations[1]
+		requested := annotation(s, AnnotationLoadBalancerIPs, m0.ips, m1.ips)
 		if requested == "" {
 			requested = s.Spec.LoadBalancerIP
 		}
@@ -107,8 +146,12 @@ func service(s *corev1.Service) *model.Service {
 				out.RequestedLoadBalancerIPs = append(out.RequestedLoadBalancerIPs, a)
 			}
 		}
-		out.AddressPool = s.Annotations[AnnotationAddressPool]
-		out.AllowSharedIP = s.Annotations[AnnotationAllowSharedIP]
+		out.AddressPool = annotation(s, AnnotationAddressPool, m0.pool, m1.pool)
+		out.AllowSharedIP = annotation(s, AnnotationAllowSharedIP, m0.shared, m1.shared)
+		if c := s.Spec.LoadBalancerClass; c != nil {
+			out.LoadBalancerClass = *c
+		}
+		out.OtherController = !classes.ours(s.Spec.LoadBalancerClass)
 	}
 	if d := s.Spec.TrafficDistribution; d != nil && (*d == corev1.ServiceTrafficDistributionPreferClose || *d == "PreferSameZone") {
 		out.PreferClose = true

@@ -42,7 +42,7 @@ func TestLoadBalancerIngressAsKubeProxy(t *testing.T) {
 		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{
 			{IP: "203.0.113.10"}, {IP: "203.0.113.11", IPMode: &vip}, {IP: "203.0.113.12", IPMode: &proxy}, {Hostname: "lb.example.invalid"},
 		}}},
-	})
+	}, Classes{Default: true})
 	want := []netip.Addr{netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")}
 	if s == nil || !slices.Equal(s.LoadBalancerIPs, want) {
 		t.Errorf("load-balancer IPs %v, want %v", s.LoadBalancerIPs, want)

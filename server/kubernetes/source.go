@@ -35,6 +35,9 @@ type Config struct {
 	// service.kubernetes.io/service-proxy-name=ProxyName; when empty, only
 	// services without that label (kube-proxy's own rule).
 	ProxyName string
+	// Classes says which LoadBalancer services Weir assigns addresses to
+	// and announces; the nodes forward every service's addresses.
+	Classes Classes
 	// Resync is the informers' resync period; 0 disables it.
 	Resync time.Duration
 	// LeaderElection, when not nil, lets several server replicas mirror
@@ -181,7 +184,7 @@ func (s *Source) upsert(obj any) {
 	var err error
 	switch o := obj.(type) {
 	case *corev1.Service:
-		if m := service(o); m != nil {
+		if m := service(o, s.cfg.Classes); m != nil {
 			err = put(s.reg.Services, m)
 		} else {
 			err = s.delete(s.reg.Services, o.Namespace+"/"+o.Name)

@@ -284,7 +284,7 @@ func TestAssignedAddressIsWrittenBack(t *testing.T) {
 	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := kubernetes.New(kubernetes.Config{}, kc, reg)
+	src, err := kubernetes.New(kubernetes.Config{Classes: kubernetes.Classes{Default: true}}, kc, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,4 +317,102 @@ func TestAssignedAddressIsWrittenBack(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestOtherControllersServicesAreLeftAlone: beside another load-balancer
+// controller (MetalLB, say), Weir assigns only the services of its own
+// class; a class-less one is the cluster default's, which Weir is not
+// here. The other controller's services are never written to, even when
+// one holds an address of a Weir pool (which Weir then never hands out),
+// and their addresses are still forwarded by the nodes. A service moved
+// from MetalLB keeps asking with MetalLB's annotations.
+func TestOtherControllersServicesAreLeftAlone(t *testing.T) {
+	_, kc := startCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg := registrytest.Open(t)
+	r, _ := model.ParseAddressRange("203.0.113.200/30")
+	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
+		t.Fatal(err)
+	}
+	lb := func(name, class string, annotations map[string]string) *corev1.Service {
+		s := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: annotations},
+			Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}},
+		}
+		if class != "" {
+			s.Spec.LoadBalancerClass = ptr(class)
+		}
+		created, err := kc.CoreV1().Services("default").Create(ctx, s, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return created
+	}
+	// MetalLB's: it assigned an address that a Weir pool holds too.
+	theirs := lb("theirs", "metallb.io/metallb", nil)
+	theirs.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.200"}}
+	theirs, err := kc.CoreV1().Services("default").UpdateStatus(ctx, theirs, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	classless := lb("classless", "", nil)
+	lb("mine", kubernetes.DefaultLoadBalancerClass, nil)
+	lb("moved", kubernetes.DefaultLoadBalancerClass, map[string]string{"metallb.io/loadBalancerIPs": "203.0.113.203", "metallb.io/allow-shared-ip": "web"})
+
+	src, err := kubernetes.New(kubernetes.Config{Classes: kubernetes.Classes{Class: kubernetes.DefaultLoadBalancerClass}}, kc, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := ipam.New(reg, map[string]ipam.Writer{
+		model.SourceKubernetes: kubernetes.StatusWriter{Client: kc, Log: slog.New(slog.DiscardHandler)},
+	}, nil)
+	done := make(chan struct{}, 2)
+	go func() { src.Run(ctx); done <- struct{}{} }()
+	go func() { alloc.Run(ctx); done <- struct{}{} }()
+	defer func() { cancel(); <-done; <-done }()
+
+	ingress := func(name string) string {
+		got, err := kc.CoreV1().Services("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ips []string
+		for _, ing := range got.Status.LoadBalancer.Ingress {
+			ips = append(ips, ing.IP)
+		}
+		return strings.Join(ips, ",")
+	}
+	eventually(t, "Weir's services assigned, the taken address skipped", func() error {
+		if got := ingress("mine"); got != "203.0.113.201" {
+			return fmt.Errorf("mine has %q; want 203.0.113.201 (203.0.113.200 is MetalLB's)", got)
+		}
+		if got := ingress("moved"); got != "203.0.113.203" {
+			return fmt.Errorf("moved has %q; want 203.0.113.203, asked with metallb.io/loadBalancerIPs", got)
+		}
+		return nil
+	})
+	m, err := reg.Services.Get("default/moved")
+	if err != nil || m.AllowSharedIP != "web" || m.OtherController {
+		t.Errorf("moved in the registry: %+v, %v; want Weir's, sharing key web from metallb.io/allow-shared-ip", m, err)
+	}
+	// The other controller's services: mirrored for the nodes to forward,
+	// never written to.
+	o, err := reg.Services.Get("default/theirs")
+	if err != nil || !o.OtherController || o.LoadBalancerClass != "metallb.io/metallb" || len(o.LoadBalancerIPs) != 1 {
+		t.Errorf("theirs in the registry: %+v, %v; want another controller's, with its address", o, err)
+	}
+	if c, err := reg.Services.Get("default/classless"); err != nil || !c.OtherController {
+		t.Errorf("classless in the registry: %+v, %v; want another controller's (Weir is not the default)", c, err)
+	}
+	time.Sleep(200 * time.Millisecond) // ten allocation rounds
+	for _, s := range []*corev1.Service{theirs, classless} {
+		got, err := kc.CoreV1().Services("default").Get(ctx, s.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ResourceVersion != s.ResourceVersion {
+			t.Errorf("%s was written to (resourceVersion %s, was %s): %+v", s.Name, got.ResourceVersion, s.ResourceVersion, got.Status)
+		}
+	}
 }

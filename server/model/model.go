@@ -96,6 +96,17 @@ type Service struct {
 	RequestedLoadBalancerIPs []netip.Addr `json:"requestedLoadBalancerIPs,omitempty"`
 	AddressPool              string       `json:"addressPool,omitempty"`
 	AllowSharedIP            string       `json:"allowSharedIP,omitempty"`
+	// LoadBalancerClass is Kubernetes' spec.loadBalancerClass: the
+	// controller that should handle the service's load-balancer
+	// addresses.
+	LoadBalancerClass string `json:"loadBalancerClass,omitempty"`
+	// OtherController: another load-balancer controller handles this
+	// LoadBalancer service (its class is not Weir's, or it has none and
+	// Weir is not the cluster's default). Weir then assigns, announces
+	// and answers none of its addresses and writes nothing to it; the
+	// nodes forward its load-balancer IPs all the same, as kube-proxy
+	// does for any controller's.
+	OtherController bool `json:"otherController,omitempty"`
 	// AddressReason and AddressMessage say why no address could be
 	// assigned (status).
 	AddressReason  string `json:"addressReason,omitempty"`
@@ -267,6 +278,25 @@ type Node struct {
 	// Drained is set by an operator, apart from the node's source; it is
 	// kept by the registry, not in the node's own record.
 	Drained bool `json:"-"`
+}
+
+// LabelExcludeFromLoadBalancers is Kubernetes' node label (any value)
+// that keeps a node out of every external load balancer's targets.
+const LabelExcludeFromLoadBalancers = "node.kubernetes.io/exclude-from-external-load-balancers"
+
+// Excluded tells whether the node carries LabelExcludeFromLoadBalancers:
+// it forwards what reaches it, but Weir sends it no external traffic
+// (no announcement, no L2 answer, no load-balancer-tier target).
+func (n *Node) Excluded() bool {
+	_, ok := n.Labels[LabelExcludeFromLoadBalancers]
+	return ok
+}
+
+// Aside is what keeps a node out of every service's external traffic
+// apart from its agent's state: an operator's drain, or the node's
+// exclusion label.
+type Aside struct {
+	Drained, Excluded bool
 }
 
 // ServiceCIDR is a range cluster IPs are allocated from (Kubernetes'

@@ -206,6 +206,9 @@ func (s *Service) Validate() error {
 	if len(s.LoadBalancerSourceRanges) > 0 && s.Type != LoadBalancer {
 		return fieldErr("spec.load_balancer_source_ranges", "only LOAD_BALANCER services have them")
 	}
+	if (s.LoadBalancerClass != "" || s.OtherController) && s.Type != LoadBalancer {
+		return fieldErr("spec.load_balancer_class", "only LOAD_BALANCER services have one")
+	}
 	return nil
 }
 

@@ -27,7 +27,7 @@ func LimitsAnnouncers(v registry.View) bool {
 // too. It depends only on the registry, so every replica, and every
 // restart, makes the same one.
 func Announcers(v registry.View, svc *model.Service) map[netip.Addr][]string {
-	if svc.ExternalTrafficPolicy == model.PolicyLocal || len(svc.LoadBalancerIPs) == 0 {
+	if svc.ExternalTrafficPolicy == model.PolicyLocal || len(svc.LoadBalancerIPs) == 0 || svc.OtherController {
 		return nil
 	}
 	var out map[netip.Addr][]string
@@ -61,7 +61,7 @@ func AnnouncedPrefix(pool *model.AddressPool, ip netip.Addr) netip.Prefix {
 }
 
 // mayAnnounce lists the nodes that may announce the pool's addresses: not
-// being deleted, not drained, and, where the routers are BgpPeer
+// being deleted, not drained, not excluded from load balancers, and, where the routers are BgpPeer
 // resources, peering with one that hears the pool. (With no BgpPeer at
 // all, the agents' own command lines name the routers, which the server
 // does not see: every node may.)
@@ -70,7 +70,7 @@ func mayAnnounce(v registry.View, pool *model.AddressPool) []string {
 	var out []string
 	for _, name := range v.NodeNames() {
 		n := v.Node(name)
-		if n == nil || n.Deleting || n.Drained {
+		if n == nil || n.Deleting || n.Drained || n.Excluded() {
 			continue
 		}
 		if len(peers) > 0 && !slices.ContainsFunc(peers, func(p *model.BGPPeer) bool {

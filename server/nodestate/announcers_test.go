@@ -111,6 +111,24 @@ func TestAnnouncersFollowThePoolsLimit(t *testing.T) {
 	if len(now) != 3 || slices.Contains(now, a[0]) || !slices.Contains(now, a[1]) || !slices.Contains(now, a[2]) {
 		t.Errorf("after draining %s: announcers %v, want %s and %s kept and one more", a[0], now, a[1], a[2])
 	}
+	// A node labelled out of external load balancers is left out as a
+	// drained one is, and told so.
+	n, err := reg.Nodes.Get(a[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Labels = map[string]string{model.LabelExcludeFromLoadBalancers: ""}
+	if _, err := reg.Nodes.Update(n); err != nil {
+		t.Fatal(err)
+	}
+	if now := chosen("default/a")[netip.MustParseAddr("203.0.113.7")]; len(now) != 3 || slices.Contains(now, a[1]) || !slices.Contains(now, a[2]) {
+		t.Errorf("after excluding %s: announcers %v, want %s kept and two more", a[1], now, a[2])
+	}
+	var info datapath.NodeInfo
+	reg.Read(func(v registry.View) { info = Node(v, a[1]) })
+	if !info.Excluded || info.Drained {
+		t.Errorf("the excluded node is told excluded %v, drained %v; want excluded alone", info.Excluded, info.Drained)
+	}
 }
 
 // The announcer choice is keyed on the prefix announced for an address;

@@ -33,6 +33,7 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 		PodCIDRs:   n.PodCIDRs,
 		Deleting:   n.Deleting,
 		Drained:    n.Drained,
+		Excluded:   n.Excluded(),
 		Registered: true,
 	}
 	for _, p := range v.Peers() {
@@ -100,6 +101,7 @@ func Service(v registry.View, key string) *datapath.Service {
 		LoadBalancerSourceRanges: svc.LoadBalancerSourceRanges,
 		PreferClose:              svc.PreferClose,
 		Announcers:               Announcers(v, svc),
+		OtherController:          svc.OtherController,
 	}
 	slicesOf := v.EndpointSlicesOf(key)
 	for _, sp := range svc.Ports {

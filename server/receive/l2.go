@@ -51,6 +51,9 @@ func l2Why(c Cluster, labels map[string]map[string]string, svc *model.Service, w
 	var candidates []string
 	var reasons map[string]Verdict
 	computed := false
+	if svc.OtherController {
+		return out // another controller answers for them
+	}
 	for _, vip := range svc.LoadBalancerIPs {
 		pool := model.PoolOf(c.Pools, vip)
 		if pool == nil || pool.L2 == nil {
@@ -59,7 +62,7 @@ func l2Why(c Cluster, labels map[string]map[string]string, svc *model.Service, w
 		if !computed {
 			nodes := slices.Clone(c.Observed)
 			slices.SortFunc(nodes, func(a, b observed.Node) int { return strings.Compare(a.Node, b.Node) })
-			candidates, reasons = L2Candidates(svc, nodes, c.Drained)
+			candidates, reasons = L2Candidates(svc, nodes, c.Aside)
 			computed = true
 		}
 		mine := map[string]Verdict{}

@@ -26,6 +26,7 @@ const (
 	NotProgrammed        = "NotProgrammed"
 	AgentUnhealthy       = "AgentUnhealthy"
 	NodeDrained          = "NodeDrained"
+	NodeExcluded         = "NodeExcluded"
 	NodeDeleting         = "NodeDeleting"
 	BGPSessionsDown      = "BGPSessionsDown"
 	HealthCheckPortError = "HealthCheckPortError"
@@ -53,12 +54,12 @@ type Family struct {
 	Reason, Message string
 }
 
-// Of is the verdict for node n and service svc; drained is whether an
-// operator drained the node.
-func Of(svc *model.Service, n observed.Node, drained bool) Verdict {
+// Of is the verdict for node n and service svc; aside is what the
+// registry sets the node aside for.
+func Of(svc *model.Service, n observed.Node, aside model.Aside) Verdict {
 	var v Verdict
 	key := svc.Namespace + "/" + svc.Name
-	nodeReason, nodeMessage := nodeReason(n, drained)
+	nodeReason, nodeMessage := nodeReason(n, aside)
 	localReason, localMessage := localReason(svc, key, n)
 	if len(n.BGPSessions) == 0 {
 		// No speaker on the node: its addresses reach it some other way.
@@ -103,8 +104,8 @@ func Of(svc *model.Service, n observed.Node, drained bool) Verdict {
 // verdict that keeps it out: the node's own reason, then for
 // externalTrafficPolicy Local the local endpoints (the same rules as Of,
 // without the BGP sessions and announcements an L2 address has no use
-// for). drained tells which nodes an operator drained.
-func L2Candidates(svc *model.Service, nodes []observed.Node, drained func(string) bool) (candidates []string, why map[string]Verdict) {
+// for). aside tells which nodes are set aside (nil: none).
+func L2Candidates(svc *model.Service, nodes []observed.Node, aside func(string) model.Aside) (candidates []string, why map[string]Verdict) {
 	key := svc.Namespace + "/" + svc.Name
 	why = map[string]Verdict{}
 	for _, n := range nodes {
@@ -114,7 +115,11 @@ func L2Candidates(svc *model.Service, nodes []observed.Node, drained func(string
 		if n.AppliedVersion > 0 {
 			n.SentVersion = min(n.SentVersion, n.AppliedVersion)
 		}
-		nr, nm := nodeReason(n, drained != nil && drained(n.Node))
+		var a model.Aside
+		if aside != nil {
+			a = aside(n.Node)
+		}
+		nr, nm := nodeReason(n, a)
 		lr, lm := localReason(svc, key, n)
 		if r, m := first(nr, nm, lr, lm); r != "" {
 			why[n.Node] = Verdict{Reason: r, Message: m}
@@ -151,7 +156,7 @@ func first(reason1, message1, reason2, message2 string) (string, string) {
 
 // nodeReason is what keeps node n from receiving any service's external
 // traffic.
-func nodeReason(n observed.Node, drained bool) (string, string) {
+func nodeReason(n observed.Node, aside model.Aside) (string, string) {
 	switch {
 	case !n.Connected:
 		return Disconnected, "the node's agent is not connected"
@@ -162,8 +167,10 @@ func nodeReason(n observed.Node, drained bool) (string, string) {
 		return NotProgrammed, fmt.Sprintf("the agent applied version %d of %d sent", n.AppliedVersion, n.SentVersion)
 	case n.Health.LivezCode != 200:
 		return AgentUnhealthy, fmt.Sprintf("the node's /livez answers %d", n.Health.LivezCode)
-	case drained:
+	case aside.Drained:
 		return NodeDrained, "the node is drained"
+	case aside.Excluded:
+		return NodeExcluded, "the node is labelled " + model.LabelExcludeFromLoadBalancers
 	case !n.Health.NodeEligible:
 		return NodeDeleting, "the node is being deleted"
 	}

@@ -93,7 +93,7 @@ func TestReceiveReasonsPerFamily(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := Of(svc, tc.node, false)
+			r := Of(svc, tc.node, model.Aside{})
 			var fams []string
 			for _, f := range r.Families {
 				fams = append(fams, f.Family+" "+f.Reason)
@@ -112,7 +112,7 @@ func TestLoadBalancerTierTargetsIgnoreTheNodesOwnAnnouncements(t *testing.T) {
 	v4, v6 := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("2001:db8:113::5")
 	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"}, LoadBalancerIPs: []netip.Addr{v4, v6}}
 	n := healthyNode([]report.BGPSession{session("2001:db8:2::1", "established", "", "ipv6")})
-	r := Of(svc, n, false)
+	r := Of(svc, n, model.Aside{})
 	if got := r.TargetReason(v6); got != "" {
 		t.Errorf("ipv6 target reason %q; the tier announces the node itself", got)
 	}
@@ -138,19 +138,21 @@ func TestL2Candidates(t *testing.T) {
 	down := node("n4", true)
 	down.Connected = false
 	nodes := []observed.Node{node("n1", true), node("n2", false), node("n3", true), down}
-	got, why := L2Candidates(svc, nodes, func(n string) bool { return n == "n3" })
+	nodes = append(nodes, node("n5", true))
+	aside := func(n string) model.Aside { return model.Aside{Drained: n == "n3", Excluded: n == "n3" || n == "n5"} }
+	got, why := L2Candidates(svc, nodes, aside)
 	if !slices.Equal(got, []string{"n1"}) {
 		t.Errorf("candidates %v; want n1 alone", got)
 	}
-	for n, want := range map[string]string{"n2": NoLocalEndpoints, "n3": NodeDrained, "n4": Disconnected} {
+	for n, want := range map[string]string{"n2": NoLocalEndpoints, "n3": NodeDrained, "n4": Disconnected, "n5": NodeExcluded} {
 		if why[n].Reason != want {
 			t.Errorf("%s left out for %q; want %s", n, why[n].Reason, want)
 		}
 	}
 	// Cluster policy: every healthy node, endpoints or not.
 	svc.ExternalTrafficPolicy = model.PolicyCluster
-	if got, _ := L2Candidates(svc, nodes, nil); !slices.Equal(got, []string{"n1", "n2", "n3"}) {
-		t.Errorf("Cluster candidates %v; want n1, n2, n3", got)
+	if got, _ := L2Candidates(svc, nodes, nil); !slices.Equal(got, []string{"n1", "n2", "n3", "n5"}) {
+		t.Errorf("Cluster candidates %v; want n1, n2, n3, n5", got)
 	}
 	// A write on its way to a node does not take its addresses away; a
 	// node that has applied no state yet gets none.

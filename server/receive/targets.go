@@ -43,14 +43,14 @@ type Target struct {
 }
 
 // Cluster is what the targets are computed from: the registry's nodes,
-// pools and services, what the hub knows of every node, and which nodes
-// an operator drained.
+// pools and services, what the hub knows of every node, and what sets
+// nodes aside (nil: nothing).
 type Cluster struct {
 	Nodes    []*model.Node
 	Pools    []*model.AddressPool
 	Services []*model.Service
 	Observed []observed.Node
-	Drained  func(node string) bool
+	Aside    func(node string) model.Aside
 }
 
 // Targets is every load-balancer IP with the nodes that should receive
@@ -65,20 +65,22 @@ func Targets(c Cluster) []VIP {
 	for _, n := range c.Nodes {
 		addrs[n.Name] = n.Addresses
 	}
-	drained := make([]bool, len(nodes))
+	aside := make([]model.Aside, len(nodes))
 	for i, n := range nodes {
-		drained[i] = c.Drained != nil && c.Drained(n.Node)
+		if c.Aside != nil {
+			aside[i] = c.Aside(n.Node)
+		}
 	}
 	var out []VIP
 	for _, svc := range c.Services {
-		if len(svc.LoadBalancerIPs) == 0 {
+		if len(svc.LoadBalancerIPs) == 0 || svc.OtherController {
 			continue
 		}
 		key := svc.Namespace + "/" + svc.Name
 		// Once per node, not per address: a verdict covers every family.
 		verdicts := make([]Verdict, len(nodes))
 		for i, n := range nodes {
-			verdicts[i] = Of(svc, n, drained[i])
+			verdicts[i] = Of(svc, n, aside[i])
 		}
 		for _, vip := range svc.LoadBalancerIPs {
 			vt := VIP{Address: vip, Service: key}

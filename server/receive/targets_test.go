@@ -32,8 +32,11 @@ func TestTargets(t *testing.T) {
 		seen = append(seen, n)
 	}
 	seen[3].Connected = false
-	got := Targets(Cluster{Nodes: nodes, Pools: []*model.AddressPool{pool}, Services: []*model.Service{local, cluster},
-		Observed: seen, Drained: func(n string) bool { return n == "node2" }})
+	// Another controller's service is none of the tier's business, even
+	// with an address in a Weir pool.
+	other := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "theirs"}, LoadBalancerIPs: []netip.Addr{pool.Ranges[0].Last}, OtherController: true}
+	got := Targets(Cluster{Nodes: nodes, Pools: []*model.AddressPool{pool}, Services: []*model.Service{local, cluster, other},
+		Observed: seen, Aside: func(n string) model.Aside { return model.Aside{Drained: n == "node2"} }})
 	if len(got) != 2 || got[0].Address != vip || got[1].Address != localVIP {
 		t.Fatalf("targets for %v; want %v and %v in order", got, vip, localVIP)
 	}

@@ -210,6 +210,15 @@ func (r *Registry) putDrain(op store.Op, ch *Change) {
 	}
 }
 
+// Aside is what keeps the node out of external traffic apart from its
+// agent: an operator's drain, its exclusion label.
+func (r *Registry) Aside(node string) model.Aside {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	n := r.Nodes.items[node]
+	return model.Aside{Drained: r.drained[node], Excluded: n != nil && n.Excluded()}
+}
+
 // Drained reports whether an operator drained the node.
 func (r *Registry) Drained(node string) bool {
 	r.mu.RLock()

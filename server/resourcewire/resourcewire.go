@@ -167,6 +167,9 @@ func ServiceFromProto(s *weirv1.Service) (*model.Service, error) {
 		return nil, err
 	}
 	out.AddressPool, out.AllowSharedIP = spec.GetAddressPool(), spec.GetAllowSharedIp()
+	if spec.GetLoadBalancerClass() != "" {
+		return nil, &model.FieldError{Field: "spec.load_balancer_class", Reason: "only Kubernetes services have a class: a native service is Weir's"}
+	}
 	switch spec.GetTrafficDistribution() {
 	case weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_UNSPECIFIED:
 	case weirv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_CLOSE:
@@ -191,6 +194,7 @@ func ServiceToProto(s *model.Service) *weirv1.Service {
 		LoadBalancerIps:          strs(s.RequestedLoadBalancerIPs),
 		AddressPool:              s.AddressPool,
 		AllowSharedIp:            s.AllowSharedIP,
+		LoadBalancerClass:        s.LoadBalancerClass,
 	}
 	if s.SessionAffinityTimeout > 0 {
 		spec.SessionAffinity = weirv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP
@@ -204,6 +208,7 @@ func ServiceToProto(s *model.Service) *weirv1.Service {
 	}
 	return &weirv1.Service{Metadata: metaToProto(&s.Meta), Spec: spec, Status: &weirv1.ServiceStatus{
 		LoadBalancerIps: strs(s.LoadBalancerIPs), AddressReason: s.AddressReason, AddressMessage: s.AddressMessage,
+		OtherController: s.OtherController,
 	}}
 }
 

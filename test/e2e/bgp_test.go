@@ -164,6 +164,51 @@ func TestNodeSpeakersAnnounceWhereEndpointsAre(t *testing.T) {
 	}
 	waitNextHops(t, r, "203.0.113.60", node1.IPv4.String(), node2.IPv4.String())
 
+	// node1 labelled out of external load balancers (Kubernetes'
+	// node.kubernetes.io/exclude-from-external-load-balancers): withdrawn,
+	// with the reason in the status, and back once the label goes.
+	label := func(excluded bool) {
+		t.Helper()
+		got, err := c.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: node1.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := got.GetNode()
+		if n.Metadata.Labels == nil {
+			n.Metadata.Labels = map[string]string{}
+		}
+		if excluded {
+			n.Metadata.Labels["node.kubernetes.io/exclude-from-external-load-balancers"] = "true"
+		} else {
+			delete(n.Metadata.Labels, "node.kubernetes.io/exclude-from-external-load-balancers")
+		}
+		if _, err := c.Registry.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	label(true)
+	waitNextHops(t, r, "203.0.113.60", node2.IPv4.String())
+	waitNextHops(t, r, "2001:db8:113::60", node2.IPv6.String())
+	eventually(t, "node1's status says it is excluded", func() error {
+		st, err := weirv1.NewStatusServiceClient(c.Conn).GetServiceStatus(ctx, &weirv1.GetServiceStatusRequest{Namespace: "default", Name: "bgp"})
+		if err != nil {
+			return err
+		}
+		for _, n := range st.GetStatus().GetNodes() {
+			if n.GetNode() == node1.Name && n.GetReason() != "NodeExcluded" {
+				return fmt.Errorf("node1: %s %s", n.GetReason(), n.GetMessage())
+			}
+		}
+		return nil
+	})
+	for _, rep := range sample(t, c.Client, netip.MustParseAddrPort("203.0.113.60:80"), 5) {
+		if rep.Pod != n2p1.Name {
+			t.Errorf("with node1 excluded: answered by %s, want n2p1 behind node2", rep.Pod)
+		}
+	}
+	label(false)
+	waitNextHops(t, r, "203.0.113.60", node1.IPv4.String(), node2.IPv4.String())
+
 	// node1 loses its endpoint: its next hop goes; traffic keeps flowing
 	// to node2's pod with the client's address.
 	for _, s := range endpointSlices("bgp", []*lab.Pod{n2p1}) {

@@ -246,6 +246,10 @@ func TestKubernetesSettingsReachTheFlags(t *testing.T) {
 			t.Errorf("%s: weir-agent %s: %v\n%s", name, strings.Join(args, " "), err, out)
 		}
 	}
+	args := expand(containers["weir-server"], settings)
+	if out, err := exec.Command(bin.Server, append(args, "-help")...).CombinedOutput(); err != nil {
+		t.Errorf("weir-server %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
 }
 
 // TestResourcesFileFeedsPoolsAndPeers: the server started with the

@@ -1282,7 +1282,10 @@ type NodeInfo struct {
 	// The pools whose addresses are answered over L2 (ARP and NDP), not
 	// announced over BGP; which node answers an address is given by the
 	// Leases stream.
-	L2Pools       []*L2Pool `protobuf:"bytes,11,rep,name=l2_pools,json=l2Pools,proto3" json:"l2_pools,omitempty"`
+	L2Pools []*L2Pool `protobuf:"bytes,11,rep,name=l2_pools,json=l2Pools,proto3" json:"l2_pools,omitempty"`
+	// The node carries node.kubernetes.io/exclude-from-external-load-balancers:
+	// it forwards what reaches it but announces nothing.
+	Excluded      bool `protobuf:"varint,12,opt,name=excluded,proto3" json:"excluded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1392,6 +1395,13 @@ func (x *NodeInfo) GetL2Pools() []*L2Pool {
 		return x.L2Pools
 	}
 	return nil
+}
+
+func (x *NodeInfo) GetExcluded() bool {
+	if x != nil {
+		return x.Excluded
+	}
+	return false
 }
 
 // L2Pool is an L2 pool's addresses and where they are answered.
@@ -1661,9 +1671,13 @@ type NodeService struct {
 	// it (BgpAdvertisement.max_announcing_nodes), the nodes chosen to; a
 	// node not among them does not announce the address. Absent for an
 	// address every node may announce.
-	Announcers    []*AddressAnnouncers `protobuf:"bytes,13,rep,name=announcers,proto3" json:"announcers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Announcers []*AddressAnnouncers `protobuf:"bytes,13,rep,name=announcers,proto3" json:"announcers,omitempty"`
+	// Another load-balancer controller handles the service (its
+	// loadBalancerClass is not Weir's): the node forwards its load-balancer
+	// IPs but neither announces nor answers for them.
+	OtherController bool `protobuf:"varint,14,opt,name=other_controller,json=otherController,proto3" json:"other_controller,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *NodeService) Reset() {
@@ -1785,6 +1799,13 @@ func (x *NodeService) GetAnnouncers() []*AddressAnnouncers {
 		return x.Announcers
 	}
 	return nil
+}
+
+func (x *NodeService) GetOtherController() bool {
+	if x != nil {
+		return x.OtherController
+	}
+	return false
 }
 
 type NodeServicePort struct {
@@ -2070,7 +2091,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
 	"\x04more\x18\x06 \x01(\bR\x04more\x12\x18\n" +
-	"\ahistory\x18\a \x01(\tR\ahistory\"\x88\x03\n" +
+	"\ahistory\x18\a \x01(\tR\ahistory\"\xa4\x03\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
@@ -2085,7 +2106,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x0eadvertisements\x18\t \x03(\v2\x1a.weir.v1.PoolAdvertisementR\x0eadvertisements\x12#\n" +
 	"\rservice_cidrs\x18\n" +
 	" \x03(\tR\fserviceCidrs\x12*\n" +
-	"\bl2_pools\x18\v \x03(\v2\x0f.weir.v1.L2PoolR\al2Pools\"@\n" +
+	"\bl2_pools\x18\v \x03(\v2\x0f.weir.v1.L2PoolR\al2Pools\x12\x1a\n" +
+	"\bexcluded\x18\f \x01(\bR\bexcluded\"@\n" +
 	"\x06L2Pool\x12\x16\n" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12\x1e\n" +
 	"\n" +
@@ -2106,7 +2128,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x11hold_time_seconds\x18\x05 \x01(\x05R\x0fholdTimeSeconds\x12\x1a\n" +
 	"\bpassword\x18\x06 \x01(\tR\bpassword\x12\x12\n" +
 	"\x04name\x18\a \x01(\tR\x04name\x12)\n" +
-	"\x10graceful_restart\x18\b \x01(\bR\x0fgracefulRestart\"\xc9\x05\n" +
+	"\x10graceful_restart\x18\b \x01(\bR\x0fgracefulRestart\"\xf4\x05\n" +
 	"\vNodeService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -2124,7 +2146,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x14traffic_distribution\x18\f \x01(\x0e2\x1c.weir.v1.TrafficDistributionR\x13trafficDistribution\x12:\n" +
 	"\n" +
 	"announcers\x18\r \x03(\v2\x1a.weir.v1.AddressAnnouncersR\n" +
-	"announcers\"\xba\x01\n" +
+	"announcers\x12)\n" +
+	"\x10other_controller\x18\x0e \x01(\bR\x0fotherController\"\xba\x01\n" +
 	"\x0fNodeServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.weir.v1.ProtocolR\bprotocol\x12\x12\n" +

@@ -461,8 +461,12 @@ type ServiceSpec struct {
 	AddressPool string `protobuf:"bytes,13,opt,name=address_pool,json=addressPool,proto3" json:"address_pool,omitempty"`
 	// Services with the same key and distinct ports may share an address.
 	AllowSharedIp string `protobuf:"bytes,14,opt,name=allow_shared_ip,json=allowSharedIp,proto3" json:"allow_shared_ip,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Output only: Kubernetes' spec.loadBalancerClass, the controller that
+	// should handle the service's load-balancer addresses. The native API
+	// refuses it: its services are Weir's.
+	LoadBalancerClass string `protobuf:"bytes,15,opt,name=load_balancer_class,json=loadBalancerClass,proto3" json:"load_balancer_class,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ServiceSpec) Reset() {
@@ -593,6 +597,13 @@ func (x *ServiceSpec) GetAllowSharedIp() string {
 	return ""
 }
 
+func (x *ServiceSpec) GetLoadBalancerClass() string {
+	if x != nil {
+		return x.LoadBalancerClass
+	}
+	return ""
+}
+
 type ServicePort struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required when the service has more than one port; matches EndpointPort.name.
@@ -691,9 +702,14 @@ type ServiceStatus struct {
 	Conflicts []*ServiceConflict `protobuf:"bytes,4,rep,name=conflicts,proto3" json:"conflicts,omitempty"`
 	// Output only: for each load-balancer IP whose pool limits how many
 	// nodes announce it, the nodes chosen to.
-	Announcers    []*AddressAnnouncers `protobuf:"bytes,5,rep,name=announcers,proto3" json:"announcers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Announcers []*AddressAnnouncers `protobuf:"bytes,5,rep,name=announcers,proto3" json:"announcers,omitempty"`
+	// Output only: another load-balancer controller handles the service (its
+	// class is not the server's --load-balancer-class, or it has none and
+	// the server is not --default-load-balancer). Weir assigns, announces
+	// and answers none of its addresses; the nodes still forward them.
+	OtherController bool `protobuf:"varint,6,opt,name=other_controller,json=otherController,proto3" json:"other_controller,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ServiceStatus) Reset() {
@@ -759,6 +775,13 @@ func (x *ServiceStatus) GetAnnouncers() []*AddressAnnouncers {
 		return x.Announcers
 	}
 	return nil
+}
+
+func (x *ServiceStatus) GetOtherController() bool {
+	if x != nil {
+		return x.OtherController
+	}
+	return false
 }
 
 // AddressAnnouncers is the nodes chosen to announce one address.
@@ -1689,7 +1712,7 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\aService\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12(\n" +
 	"\x04spec\x18\x02 \x01(\v2\x14.weir.v1.ServiceSpecR\x04spec\x12.\n" +
-	"\x06status\x18\x03 \x01(\v2\x16.weir.v1.ServiceStatusR\x06status\"\x91\x06\n" +
+	"\x06status\x18\x03 \x01(\v2\x16.weir.v1.ServiceStatusR\x06status\"\xc1\x06\n" +
 	"\vServiceSpec\x12(\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x14.weir.v1.ServiceTypeR\x04type\x12\x1f\n" +
 	"\vcluster_ips\x18\x02 \x03(\tR\n" +
@@ -1706,14 +1729,15 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x14traffic_distribution\x18\v \x01(\x0e2\x1c.weir.v1.TrafficDistributionR\x13trafficDistribution\x12*\n" +
 	"\x11load_balancer_ips\x18\f \x03(\tR\x0floadBalancerIps\x12!\n" +
 	"\faddress_pool\x18\r \x01(\tR\vaddressPool\x12&\n" +
-	"\x0fallow_shared_ip\x18\x0e \x01(\tR\rallowSharedIp\"\xa2\x01\n" +
+	"\x0fallow_shared_ip\x18\x0e \x01(\tR\rallowSharedIp\x12.\n" +
+	"\x13load_balancer_class\x18\x0f \x01(\tR\x11loadBalancerClass\"\xa2\x01\n" +
 	"\vServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.weir.v1.ProtocolR\bprotocol\x12\x12\n" +
 	"\x04port\x18\x03 \x01(\x05R\x04port\x12\x1f\n" +
 	"\vtarget_port\x18\x04 \x01(\x05R\n" +
 	"targetPort\x12\x1b\n" +
-	"\tnode_port\x18\x05 \x01(\x05R\bnodePort\"\xff\x01\n" +
+	"\tnode_port\x18\x05 \x01(\x05R\bnodePort\"\xaa\x02\n" +
 	"\rServiceStatus\x12*\n" +
 	"\x11load_balancer_ips\x18\x01 \x03(\tR\x0floadBalancerIps\x12%\n" +
 	"\x0eaddress_reason\x18\x02 \x01(\tR\raddressReason\x12'\n" +
@@ -1721,7 +1745,8 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\tconflicts\x18\x04 \x03(\v2\x18.weir.v1.ServiceConflictR\tconflicts\x12:\n" +
 	"\n" +
 	"announcers\x18\x05 \x03(\v2\x1a.weir.v1.AddressAnnouncersR\n" +
-	"announcers\"C\n" +
+	"announcers\x12)\n" +
+	"\x10other_controller\x18\x06 \x01(\bR\x0fotherController\"C\n" +
 	"\x11AddressAnnouncers\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
 	"\x05nodes\x18\x02 \x03(\tR\x05nodes\"A\n" +

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/weirlb/weir/internal/iprange"
 	"github.com/weirlb/weir/internal/tlsconfig"
@@ -77,6 +78,8 @@ func run() error {
 		resFile        = flag.String("resources-file", "", "YAML file of AddressPool and BgpPeer documents (lbctl's format) the server keeps applied, re-read when it changes (a mounted ConfigMap)")
 		resAll         = flag.Bool("resources-file-allow-removing-all", false, "apply a resources file even when it is empty or removes every address pool in use (refused by default: a half-written file looks like that)")
 		proxyNm        = flag.String("service-proxy-name", "", "handle only Kubernetes services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones, as kube-proxy)")
+		lbClass        = flag.String("load-balancer-class", kubernetes.DefaultLoadBalancerClass, "assign and announce the addresses of Kubernetes LoadBalancer services whose spec.loadBalancerClass is CLASS; another controller's services are forwarded, never touched")
+		lbDefault      = flag.Bool("default-load-balancer", false, "Weir is the cluster's default load balancer: also handle LoadBalancer services with no spec.loadBalancerClass (leave false beside MetalLB or another controller that handles them)")
 		apiRate        = flag.Float64("api-calls-per-second", limits.DefaultCallsPerSecond, "each caller's rate of API calls (bursts of twice as many); a caller over it waits, others do not; 0: no limit")
 		apiWatch       = flag.Int("api-watches-per-caller", limits.DefaultMaxWatchesPerCaller, "most Watch streams one caller may hold open")
 		apiConns       = flag.Int("api-connections-per-caller", limits.DefaultMaxConnectionsPerCaller, "most connections one client certificate may hold open; more are closed after their handshake")
@@ -162,8 +165,12 @@ func run() error {
 			return errors.New("--init is for the embedded store: an etcd cluster's state is restored from a snapshot (docs/ha.md)")
 		}
 	}
+	if errs := validation.IsQualifiedName(*lbClass); len(errs) > 0 {
+		return fmt.Errorf("--load-balancer-class %q: %s", *lbClass, strings.Join(errs, "; "))
+	}
 	if *kube || *kubecfg != "" {
-		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: *kubecfg, ProxyName: *proxyNm, Resync: 10 * time.Minute}
+		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: *kubecfg, ProxyName: *proxyNm, Resync: 10 * time.Minute,
+			Classes: kubernetes.Classes{Class: *lbClass, Default: *lbDefault}}
 	}
 	if err := checkLeaderElect(*leaderElect, cfg.Kubernetes != nil, cfg.Etcd != nil); err != nil {
 		return err

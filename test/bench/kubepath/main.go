@@ -63,7 +63,7 @@ func run(updates int, minSync time.Duration) error {
 	}
 	defer os.RemoveAll(dir)
 	srv, err := server.New(server.Config{DataDir: dir, Log: slog.New(slog.DiscardHandler), MinSyncPeriod: minSync,
-		Kubernetes: &kubernetes.Config{Kubeconfig: cluster.Kubeconfig}})
+		Kubernetes: &kubernetes.Config{Kubeconfig: cluster.Kubeconfig, Classes: kubernetes.Classes{Default: true}}})
 	if err != nil {
 		return err
 	}
