@@ -99,8 +99,12 @@ type Server struct {
 	Registry *registry.Registry
 	Agents   *agentsync.Hub
 	kube     *kubernetes.Source
-	ipam     *ipam.Allocator
-	l2       *l2owner.Owners
+	// kubeStatus writes to Kubernetes Services: addresses, conditions,
+	// Events; stopEvents ends its Events' recording.
+	kubeStatus *kubernetes.StatusWriter
+	stopEvents context.CancelFunc
+	ipam       *ipam.Allocator
+	l2         *l2owner.Owners
 	// registryChanged is signalled after every write (watchRegistry).
 	registryChanged chan struct{}
 	resFile         *resourcefile.Watcher
@@ -219,7 +223,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	writers := map[string]ipam.Writer{model.SourceNative: ipam.RegistryWriter{Registry: reg}}
 	if s.kube != nil {
-		writers[model.SourceKubernetes] = kubernetes.StatusWriter{Client: s.kube.Client(), Log: cfg.Log}
+		ctx, stop := context.WithCancel(context.Background())
+		rec, err := kubernetes.NewRecorder(ctx, s.kube.Client())
+		if err != nil {
+			stop()
+			st.Close()
+			return nil, fmt.Errorf("recording Kubernetes Events: %w", err)
+		}
+		s.kubeStatus, s.stopEvents = &kubernetes.StatusWriter{Client: s.kube.Client(), Events: rec, Log: cfg.Log}, stop
+		writers[model.SourceKubernetes] = s.kubeStatus
 	}
 	s.ipam = ipam.New(reg, writers, cfg.Log)
 	weirv1.RegisterRegistryServiceServer(s.grpc, api.NewRegistryService(reg))
@@ -320,6 +332,9 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	}()
 	err := s.grpc.Serve(lis)
 	s.stopped()
+	if s.stopEvents != nil {
+		s.stopEvents()
+	}
 	if cerr := s.store.Close(); err == nil {
 		err = cerr
 	}
@@ -334,7 +349,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 // Kubernetes source's writes. A single server runs them from the start;
 // replicas, on the leader only.
 func (s *Server) lead(ctx context.Context) {
-	s.run(ctx, append(s.sources(), s.ipam.Run, s.leadL2)...)
+	s.run(ctx, append(s.sources(), s.ipam.Run, s.leadL2, s.reportToKubernetes)...)
 }
 
 // leadByLease runs the jobs of a Kubernetes replica with a store of its
@@ -343,7 +358,7 @@ func (s *Server) lead(ctx context.Context) {
 // writes them to the cluster.
 func (s *Server) leadByLease(ctx context.Context) {
 	s.run(ctx, append(s.sources(), func(ctx context.Context) {
-		if err := kubernetes.RunLeased(ctx, s.kube.Client(), *s.election, func(ctx context.Context) { s.run(ctx, s.ipam.Run, s.leadL2) }); err != nil {
+		if err := kubernetes.RunLeased(ctx, s.kube.Client(), *s.election, func(ctx context.Context) { s.run(ctx, s.ipam.Run, s.leadL2, s.reportToKubernetes) }); err != nil {
 			s.log.Error("leader election stopped: this replica assigns no addresses", "error", err)
 		}
 	})...)

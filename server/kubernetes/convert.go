@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/weirlb/weir/server/model"
@@ -152,6 +153,12 @@ func service(s *corev1.Service, classes Classes) *model.Service {
 			out.LoadBalancerClass = *c
 		}
 		out.OtherController = !classes.ours(s.Spec.LoadBalancerClass)
+		// Why no address could be assigned lives in the condition the
+		// status writer sets.
+		if c := apimeta.FindStatusCondition(s.Status.Conditions, ConditionAddressAssigned); c != nil && !out.OtherController &&
+			c.Status == metav1.ConditionFalse && c.Reason != "Released" {
+			out.AddressReason, out.AddressMessage = c.Reason, c.Message
+		}
 	}
 	if d := s.Spec.TrafficDistribution; d != nil && (*d == corev1.ServiceTrafficDistributionPreferClose || *d == "PreferSameZone") {
 		out.PreferClose = true

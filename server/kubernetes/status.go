@@ -2,25 +2,76 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
+	"strings"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	clientset "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
 
 	"github.com/weirlb/weir/server/model"
 )
 
+// What Weir tells a Service's users: Events (kubectl describe), named as
+// MetalLB names them where it has a name, and conditions in the
+// Service's status.conditions, kept current.
+const (
+	// EventIPAllocated: addresses were assigned (Normal).
+	EventIPAllocated = "IPAllocated"
+	// EventAllocationFailed: no address could be assigned; the note
+	// gives the reason (Warning).
+	EventAllocationFailed = "AllocationFailed"
+	// EventAnnounced: which nodes receive the service's addresses, and
+	// how (BGP, L2), whenever that changes (Normal).
+	EventAnnounced = "Announced"
+	// EventNotAnnounced: no node receives an address, with every node's
+	// reason (Warning).
+	EventNotAnnounced = "NotAnnounced"
+
+	// ConditionAddressAssigned is True when Weir assigned the service its
+	// addresses; False with ipam's reason (PoolExhausted, AddressTaken,
+	// NotInAnyPool, NoPool) when it could not.
+	ConditionAddressAssigned = "weir.dev/AddressAssigned"
+	// ConditionAnnounced is True when every address has a node that
+	// receives its traffic; False (NotAnnounced) when one has none.
+	ConditionAnnounced = "weir.dev/Announced"
+)
+
+// ReportingController names Weir in the Events it records.
+const ReportingController = "weir.dev/weir-server"
+
+// NewRecorder records Events through the cluster's events.k8s.io API
+// until ctx ends.
+func NewRecorder(ctx context.Context, client clientset.Interface) (events.EventRecorder, error) {
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	if err := b.StartRecordingToSinkWithContext(ctx); err != nil {
+		return nil, err
+	}
+	context.AfterFunc(ctx, b.Shutdown)
+	return b.NewRecorder(scheme.Scheme, ReportingController), nil
+}
+
 // StatusWriter writes the addresses Weir assigned to a Kubernetes service
-// back into its status.loadBalancer.ingress; the informer then brings them
-// into the registry.
+// back into its status.loadBalancer.ingress, with the AddressAssigned
+// condition; the informer then brings them into the registry. With
+// Events, it also records what changed on the service.
 type StatusWriter struct {
 	Client clientset.Interface
+	Events events.EventRecorder // nil: none
 	Log    *slog.Logger
 }
 
-// WriteStatus sets the service's ingress addresses; a reason is logged.
+// WriteStatus sets the service's ingress addresses and its
+// AddressAssigned condition (reason "" is assigned).
 func (w StatusWriter) WriteStatus(ctx context.Context, svc *model.Service, ips []netip.Addr, reason, message string) error {
 	if reason != "" {
 		w.Log.Warn("no load-balancer address for a Kubernetes service", "service", svc.Key(), "reason", reason, "message", message)
@@ -29,11 +80,105 @@ func (w StatusWriter) WriteStatus(ctx context.Context, svc *model.Service, ips [
 	if err != nil {
 		return err
 	}
+	var before []string
+	for _, ing := range cur.Status.LoadBalancer.Ingress {
+		before = append(before, ing.IP)
+	}
 	var ingress []corev1.LoadBalancerIngress
+	var after []string
 	for _, ip := range ips {
 		ingress = append(ingress, corev1.LoadBalancerIngress{IP: ip.String()})
+		after = append(after, ip.String())
 	}
 	cur.Status.LoadBalancer.Ingress = ingress
-	_, err = w.Client.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-	return err
+	cond := metav1.Condition{Type: ConditionAddressAssigned, Status: metav1.ConditionTrue, Reason: "Assigned",
+		Message: "assigned " + strings.Join(after, ", "), ObservedGeneration: cur.Generation}
+	if reason != "" {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, reason, message
+	} else if len(ips) == 0 {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Released", "no address assigned"
+	}
+	apimeta.SetStatusCondition(&cur.Status.Conditions, cond)
+	updated, err := w.Client.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+	if err != nil {
+		return err
+	}
+	if w.Events == nil {
+		return nil
+	}
+	switch {
+	case reason != "":
+		w.Events.Eventf(updated, nil, corev1.EventTypeWarning, EventAllocationFailed, "Allocate", "%s", note(reason+": "+message))
+	case len(ips) > 0 && !slices.Equal(before, after):
+		w.Events.Eventf(updated, nil, corev1.EventTypeNormal, EventIPAllocated, "Allocate", "Assigned IP %s", strings.Join(after, ", "))
+	}
+	return nil
+}
+
+// Announcement is what a service's addresses get from the nodes: Lines
+// says it (one per address: which nodes receive it, and how), and
+// Missing is set when some address has no node, with every node's reason
+// in Lines.
+type Announcement struct {
+	Lines   []string
+	Missing bool
+}
+
+// WriteAnnounced records a change of the service's announcement: the
+// Announced condition, patched in (no conflict with the address writes),
+// and an Event.
+func (w StatusWriter) WriteAnnounced(ctx context.Context, svc *model.Service, a Announcement) error {
+	cond := metav1.Condition{Type: ConditionAnnounced, Status: metav1.ConditionTrue, Reason: "Announced",
+		Message: strings.Join(a.Lines, "; "), LastTransitionTime: metav1.Now()}
+	if a.Missing {
+		cond.Status, cond.Reason = metav1.ConditionFalse, "NotAnnounced"
+	}
+	if len(cond.Message) > 32768 { // the API's limit for a condition's message
+		cond.Message = cond.Message[:32000] + "…"
+	}
+	cur, err := w.Client.CoreV1().Services(svc.Namespace).Get(ctx, svc.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if old := apimeta.FindStatusCondition(cur.Status.Conditions, ConditionAnnounced); old != nil && old.Status == cond.Status {
+		if old.Message == cond.Message {
+			return nil // said already (by this replica, or one that led before)
+		}
+		cond.LastTransitionTime = old.LastTransitionTime
+	}
+	cond.ObservedGeneration = cur.Generation
+	// A strategic merge patch of one condition: status.conditions is a
+	// map keyed by type, so the address writes' condition stays.
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": cur.UID}, // fails rather than patch a new service of the same name
+		"status":   map[string]any{"conditions": []metav1.Condition{cond}},
+	})
+	if err != nil {
+		return err
+	}
+	updated, err := w.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+	if err != nil {
+		return fmt.Errorf("patching the %s condition: %w", ConditionAnnounced, err)
+	}
+	if w.Events != nil {
+		if a.Missing {
+			w.Events.Eventf(updated, nil, corev1.EventTypeWarning, EventNotAnnounced, "Announce", "%s", note(cond.Message))
+		} else {
+			w.Events.Eventf(updated, nil, corev1.EventTypeNormal, EventAnnounced, "Announce", "%s", note(cond.Message))
+		}
+	}
+	return nil
+}
+
+// note cuts s to what an Event's note may hold (1 kB), at a rune.
+func note(s string) string {
+	const max = 1024 - len("…")
+	if len(s) <= 1024 {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

@@ -193,3 +193,37 @@ func TestL2AddressesFollowTheNodeSelector(t *testing.T) {
 		t.Errorf("reasons %v; want n2 and n3 NotSelected", why[vip])
 	}
 }
+
+// TestAnnouncedSaysWhoReceivesAndWhy: one line per address, BGP and L2
+// told apart, and every node's reason when an address has none.
+func TestAnnouncedSaysWhoReceivesAndWhy(t *testing.T) {
+	bgpVIP, l2VIP, lonely := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("192.0.2.50"), netip.MustParseAddr("192.0.2.51")
+	l2 := &model.AddressPool{Meta: model.Meta{Name: "lan"}, L2: &model.L2Advertisement{},
+		Ranges: []model.AddressRange{{First: l2VIP, Last: lonely}}}
+	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"}, LoadBalancerIPs: []netip.Addr{bgpVIP, l2VIP, lonely}}
+	var seen []observed.Node
+	var nodes []*model.Node
+	for _, name := range []string{"n2", "n1", "n3"} {
+		n := healthyNode([]report.BGPSession{session("192.0.2.1", "established", "", "ipv4")}, "203.0.113.5/32")
+		n.Node = name
+		seen = append(seen, n)
+		nodes = append(nodes, &model.Node{Meta: model.Meta{Name: name}})
+	}
+	seen[2].Connected = false
+	c := Cluster{Nodes: nodes, Pools: []*model.AddressPool{l2}, Observed: seen,
+		Aside: func(n string) model.Aside { return model.Aside{Excluded: n == "n2"} }}
+	owner := func(a netip.Addr) (string, bool) { return "n1", a == l2VIP }
+	lines, missing := Announced(c, svc, owner)
+	want := []string{
+		"203.0.113.5 over BGP from n1",
+		"192.0.2.50 over L2 from n1",
+		"192.0.2.51: no node answers it over L2 yet (n2: NodeExcluded, n3: Disconnected)",
+	}
+	if !slices.Equal(lines, want) || !missing {
+		t.Errorf("announced %q (missing %v); want %q, missing", lines, missing, want)
+	}
+	svc.OtherController = true
+	if lines, missing := Announced(c, svc, owner); lines != nil || missing {
+		t.Errorf("another controller's service: %q, %v; want nothing said", lines, missing)
+	}
+}

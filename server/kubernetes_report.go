@@ -1,0 +1,86 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/weirlb/weir/server/kubernetes"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/receive"
+)
+
+// AnnouncePeriod is how often the leader looks at what the nodes do with
+// each Kubernetes service's addresses, and AnnounceSettle how long a
+// change must hold before the service's Announced condition and Events
+// say it: a write on its way to the nodes leaves them briefly not
+// programmed, which is no news for the service's users.
+var (
+	AnnouncePeriod = time.Second
+	AnnounceSettle = 3 * time.Second
+)
+
+// reportToKubernetes keeps, while this server leads, the Announced
+// condition of every Kubernetes LoadBalancer service Weir handles
+// current, with an Event at each change (kubernetes.StatusWriter).
+func (s *Server) reportToKubernetes(ctx context.Context) {
+	if s.kubeStatus == nil {
+		return
+	}
+	type seen struct {
+		said     string
+		since    time.Time
+		reported bool
+	}
+	last := map[string]*seen{}
+	owner := func(a netip.Addr) (string, bool) {
+		if s.l2 == nil {
+			return "", false
+		}
+		r := s.l2.ReportOn(a)
+		return r.Holder.Node, r.Held
+	}
+	tick := time.NewTicker(AnnouncePeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		nodes, _ := s.Registry.Nodes.List("", nil)
+		pools, _ := s.Registry.Pools.List("", nil)
+		services, _ := s.Registry.Services.List("", nil)
+		c := receive.Cluster{Nodes: nodes, Pools: pools, Observed: s.Agents.Status(), Aside: s.Registry.Aside}
+		now := time.Now()
+		live := map[string]bool{}
+		for _, svc := range services {
+			if svc.Source != model.SourceKubernetes || svc.Type != model.LoadBalancer || svc.OtherController || len(svc.LoadBalancerIPs) == 0 {
+				continue
+			}
+			key := svc.Key()
+			live[key] = true
+			lines, missing := receive.Announced(c, svc, owner)
+			said := fmt.Sprint(missing, lines)
+			st := last[key]
+			if st == nil || st.said != said {
+				last[key] = &seen{said: said, since: now}
+				continue
+			}
+			if st.reported || now.Sub(st.since) < AnnounceSettle {
+				continue
+			}
+			if err := s.kubeStatus.WriteAnnounced(ctx, svc, kubernetes.Announcement{Lines: lines, Missing: missing}); err != nil {
+				s.log.Warn("the Announced condition of a Kubernetes service not written", "service", key, "error", err)
+				continue
+			}
+			st.reported = true
+		}
+		for key := range last {
+			if !live[key] {
+				delete(last, key)
+			}
+		}
+	}
+}
