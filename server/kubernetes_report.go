@@ -23,7 +23,9 @@ var (
 
 // reportToKubernetes keeps, while this server leads, the Announced
 // condition of every Kubernetes LoadBalancer service Weir handles
-// current, with an Event at each change (kubernetes.StatusWriter).
+// current, with an Event at each change (kubernetes.StatusWriter). A
+// round looks at every such service on every node, so rounds are spaced
+// to take at most a tenth of a core.
 func (s *Server) reportToKubernetes(ctx context.Context) {
 	if s.kubeStatus == nil {
 		return
@@ -41,14 +43,14 @@ func (s *Server) reportToKubernetes(ctx context.Context) {
 		r := s.l2.ReportOn(a)
 		return r.Holder.Node, r.Held
 	}
-	tick := time.NewTicker(AnnouncePeriod)
-	defer tick.Stop()
+	wait := AnnouncePeriod
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-time.After(wait):
 		}
+		start := time.Now()
 		nodes, _ := s.Registry.Nodes.List("", nil)
 		pools, _ := s.Registry.Pools.List("", nil)
 		services, _ := s.Registry.Services.List("", nil)
@@ -82,5 +84,7 @@ func (s *Server) reportToKubernetes(ctx context.Context) {
 				delete(last, key)
 			}
 		}
+		// A round weighs services × nodes: at most a tenth of a core.
+		wait = max(AnnouncePeriod, 10*time.Since(start))
 	}
 }
