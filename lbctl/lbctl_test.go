@@ -1701,3 +1701,31 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
+
+// TestConvertMetalLBAppliesAsIs: what lbctl convert metallb prints is
+// accepted as it is by lbctl apply, on a real server, and reads back as
+// converted; its notes are on standard error as well as in the output.
+func TestConvertMetalLBAppliesAsIs(t *testing.T) {
+	e := newEnv(t)
+	out, stderr, code := runLbctl(context.Background(), e.now, "", "convert", "metallb", "-f", "metallb/testdata/metallb.yaml")
+	if code != 0 {
+		t.Fatalf("convert: exit %d, %q", code, stderr)
+	}
+	if n := strings.Count(stderr, "note: "); n != 11 || strings.Count(out, "\n# - ") != 11 {
+		t.Errorf("%d notes on stderr, %d in the output; want 11 of each:\n%s", n, strings.Count(out, "\n# - "), stderr)
+	}
+	applied := e.mustLbctl(out, "apply", "-f", "-")
+	want := "pool/public created\npool/reserved created\npool/office-lan created\npool/unannounced created\npeer/tor-a created\npeer/tor-b created\n"
+	if applied != want {
+		t.Errorf("apply: %q, want %q", applied, want)
+	}
+	if again := e.mustLbctl(out, "apply", "-f", "-"); strings.Count(again, "unchanged") != 6 {
+		t.Errorf("applied a second time: %q; want every object unchanged", again)
+	}
+	got := e.mustLbctl("", "get", "pools", "-o", "wide")
+	for _, row := range []string{"public ", "office-lan ", " l2 ", "eth1", "no-export,64512:100"} {
+		if !strings.Contains(got, row) {
+			t.Errorf("get pools -o wide has no %q:\n%s", row, got)
+		}
+	}
+}

@@ -131,7 +131,7 @@ func (a *app) rootCmd() *cobra.Command {
 	_ = root.RegisterFlagCompletionFunc("context", a.completeContexts)
 
 	root.AddCommand(a.getCmd(), a.describeCmd(), a.applyCmd(), a.deleteCmd(), a.statusCmd(),
-		a.nodeCmd(), a.configCmd(), a.versionCmd())
+		a.nodeCmd(), a.configCmd(), a.convertCmd(), a.versionCmd())
 	return root
 }
 
