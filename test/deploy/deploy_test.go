@@ -157,11 +157,7 @@ func checkServerAccess(ctx context.Context, t *testing.T, rc *rest.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const sa = "system:serviceaccount:weir-system:weir-server"
-	for _, tc := range []struct {
-		attrs authorizationv1.ResourceAttributes
-		want  bool
-	}{
+	checkAccess(ctx, t, kc, "weir-server", []access{
 		{authorizationv1.ResourceAttributes{Verb: "watch", Resource: "services"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "shop", Resource: "services", Subresource: "status"}, true},
@@ -175,7 +171,33 @@ func checkServerAccess(ctx context.Context, t *testing.T, rc *rest.Config) {
 		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "weir-system", Group: "coordination.k8s.io", Resource: "leases", Name: "weir-server"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "weir-system", Group: "coordination.k8s.io", Resource: "leases", Name: "someone-else"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "kube-system", Group: "coordination.k8s.io", Resource: "leases", Name: "weir-server"}, false},
-	} {
+		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "secrets", Name: "weir-ca"}, false},
+	})
+	// The Job weir-certs makes the certificate Secrets, and reads only those.
+	checkAccess(ctx, t, kc, "weir-certs", []access{
+		{authorizationv1.ResourceAttributes{Verb: "create", Namespace: "weir-system", Resource: "secrets"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "secrets", Name: "weir-ca"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "secrets", Name: "weir-agent-tls"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "secrets", Name: "someone-elses"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "list", Namespace: "weir-system", Resource: "secrets"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "weir-system", Resource: "secrets", Name: "weir-ca"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "create", Namespace: "default", Resource: "secrets"}, false},
+	})
+}
+
+// access is a request and whether a ServiceAccount may make it.
+type access struct {
+	attrs authorizationv1.ResourceAttributes
+	want  bool
+}
+
+// checkAccess asks the apiserver's RBAC whether the ServiceAccount
+// weir-system/account may make each request, and fails where the answer
+// is not the one wanted.
+func checkAccess(ctx context.Context, t *testing.T, kc kubernetes.Interface, account string, cases []access) {
+	t.Helper()
+	sa := "system:serviceaccount:weir-system:" + account
+	for _, tc := range cases {
 		what := fmt.Sprintf("%s %s/%s %s/%s", tc.attrs.Verb, tc.attrs.Group, tc.attrs.Resource, tc.attrs.Namespace, tc.attrs.Name)
 		if tc.attrs.Subresource != "" {
 			what += " (" + tc.attrs.Subresource + ")"
@@ -195,7 +217,7 @@ func checkServerAccess(ctx context.Context, t *testing.T, rc *rest.Config) {
 			}
 		}
 		if allowed != tc.want {
-			t.Errorf("weir-server may %s: %v, want %v", what, allowed, tc.want)
+			t.Errorf("%s may %s: %v, want %v", account, what, allowed, tc.want)
 		}
 	}
 }

@@ -182,8 +182,8 @@ func TestKubernetesSettingsReachTheFlags(t *testing.T) {
 	lab.SkipUnlessPrivileged(t) // the binaries are built only as root
 	var settings map[string]string
 	containers := map[string][]string{} // name: args
-	for doc := range strings.SplitSeq(readShipped(t, "deploy/kubernetes/config.yaml")+"\n---\n"+
-		readShipped(t, "deploy/kubernetes/agent.yaml")+"\n---\n"+readShipped(t, "deploy/kubernetes/server.yaml"), "\n---\n") {
+	for doc := range strings.SplitSeq(readShipped(t, "deploy/kubernetes/config.yaml")+"\n---\n"+readShipped(t, "deploy/kubernetes/agent.yaml")+"\n---\n"+
+		readShipped(t, "deploy/kubernetes/server.yaml")+"\n---\n"+readShipped(t, "deploy/kubernetes/certs.yaml"), "\n---\n") {
 		var obj struct {
 			Kind     string
 			Metadata struct{ Name string }
@@ -249,6 +249,14 @@ func TestKubernetesSettingsReachTheFlags(t *testing.T) {
 	args := expand(containers["weir-server"], settings)
 	if out, err := exec.Command(bin.Server, append(args, "-help")...).CombinedOutput(); err != nil {
 		t.Errorf("weir-server %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	withHosts := maps.Clone(settings)
+	withHosts["POD_NAMESPACE"], withHosts["WEIR_SERVER_HOSTS"] = "weir-system", "weir.example.internal,192.0.2.2"
+	for _, env := range []map[string]string{settings, withHosts} {
+		args := expand(containers["weir-certs"], env)
+		if out, err := exec.Command(bin.Server, append(args, "-help")...).CombinedOutput(); err != nil {
+			t.Errorf("weir-server %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/util/validation"
+	clientset "k8s.io/client-go/kubernetes"
 
 	"github.com/weirlb/weir/internal/iprange"
 	"github.com/weirlb/weir/internal/tlsconfig"
@@ -211,17 +212,22 @@ func run() error {
 // certsCommand issues certificates: "init" makes a CA and the server's
 // certificate, "issue" a client's.
 func certsCommand(args []string) error {
-	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs server --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker [--force]"
+	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs server --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker [--force]\n       weir-server certs kubernetes [--namespace NS] [--hosts NAME,IP,...] [--kubeconfig FILE]"
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
 	fs := flag.NewFlagSet("certs "+args[0], flag.ContinueOnError)
 	dir := fs.String("dir", "/etc/weir/tls", "folder of the CA and the certificates")
-	hosts := fs.String("hosts", "", "comma-separated names and addresses the server answers on (init, server)")
+	hosts := fs.String("hosts", "", "comma-separated names and addresses the server answers on (init, server; kubernetes: besides the Service weir-server's in-cluster names)")
 	name := fs.String("name", "", "the client's identity: a node name for an agent (issue)")
 	role := fs.String("role", "", "admin, viewer, agent or speaker (issue)")
 	force := fs.Bool("force", false, "replace the name's existing certificate and key (issue)")
+	namespace := fs.String("namespace", "weir-system", "the namespace of the Secrets (kubernetes)")
+	kubeconfig := fs.String("kubeconfig", "", "the cluster's kubeconfig; empty: the in-cluster config (kubernetes)")
 	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil // the usage is printed
+		}
 		return err
 	}
 	var hs []string
@@ -255,6 +261,28 @@ func certsCommand(args []string) error {
 			return err
 		}
 		fmt.Printf("wrote %s/%s.crt and %s.key (role %s)\n", *dir, *name, *name, *role)
+	case "kubernetes":
+		// The Secrets the manifests mount, made once (the weir-certs Job).
+		rc, err := kubernetes.RestConfig(*kubeconfig)
+		if err != nil {
+			return err
+		}
+		client, err := clientset.NewForConfig(rc)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		made, err := kubernetes.BootstrapSecrets(ctx, client, *namespace, hs)
+		for _, m := range made {
+			fmt.Printf("made Secret %s/%s\n", *namespace, m)
+		}
+		if err != nil {
+			return err
+		}
+		if len(made) == 0 {
+			fmt.Printf("the Secrets of %s are there already: nothing changed\n", *namespace)
+		}
 	default:
 		return errors.New(usage)
 	}

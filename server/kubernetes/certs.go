@@ -1,0 +1,139 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientset "k8s.io/client-go/kubernetes"
+
+	"github.com/weirlb/weir/server/certs"
+)
+
+// The Secrets the manifests mount, and the CA they are issued from.
+const (
+	SecretCA     = "weir-ca"         // ca.crt, ca.key
+	SecretServer = "weir-server-tls" // ca.crt, tls.crt, tls.key
+	SecretAgent  = "weir-agent-tls"  // ca.crt, tls.crt, tls.key: the fleet certificate (certs.FleetAgentName)
+	SecretAdmin  = "weir-admin-tls"  // ca.crt, tls.crt, tls.key: lbctl's, role admin
+)
+
+// BootstrapSecrets makes, in namespace, each of the Secrets above that is
+// missing: the CA first (or the one weir-ca holds), then the server's
+// certificate for the Service weir-server's in-cluster names, localhost
+// (kubectl port-forward) and extra hosts, the agents' fleet certificate
+// and an admin certificate for lbctl. The certificates' Secrets are of
+// type kubernetes.io/tls, with the keys cert-manager writes. A Secret that exists is never changed, so running it again (each
+// install, each upgrade) changes nothing, and certificates made by hand or
+// by cert-manager are kept. It returns the names of the Secrets it made.
+func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace string, extraHosts []string) ([]string, error) {
+	secrets := client.CoreV1().Secrets(namespace)
+	missing := map[string]bool{}
+	for _, name := range []string{SecretServer, SecretAgent, SecretAdmin} {
+		_, err := secrets.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			missing[name] = true
+		case err != nil:
+			return nil, err
+		}
+	}
+	if len(missing) == 0 {
+		return nil, nil
+	}
+	dir, err := os.MkdirTemp("", "weir-certs-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var made []string
+	ca, err := secrets.Get(ctx, SecretCA, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		if err := certs.InitCA(dir); err != nil {
+			return nil, err
+		}
+		data, err := files(dir, map[string]string{"ca.crt": "ca.crt", "ca.key": "ca.key"})
+		if err != nil {
+			return nil, err
+		}
+		if err := create(ctx, client, namespace, SecretCA, corev1.SecretTypeOpaque, data); err != nil {
+			return nil, err
+		}
+		made = append(made, SecretCA)
+	case err != nil:
+		return nil, err
+	default:
+		for _, f := range []string{"ca.crt", "ca.key"} {
+			if len(ca.Data[f]) == 0 {
+				return nil, fmt.Errorf("Secret %s/%s has no %s", namespace, SecretCA, f)
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), ca.Data[f], 0o600); err != nil {
+				return nil, err
+			}
+		}
+	}
+	issue := []struct {
+		secret string
+		make   func() error
+		files  map[string]string // key in the Secret: file in dir
+	}{
+		{SecretServer, func() error {
+			hosts := []string{"weir-server", "weir-server." + namespace, "weir-server." + namespace + ".svc", "weir-server." + namespace + ".svc.cluster.local",
+				"localhost", "127.0.0.1", "::1"}
+			return certs.IssueServer(dir, append(hosts, extraHosts...))
+		}, map[string]string{"ca.crt": "ca.crt", "tls.crt": "server.crt", "tls.key": "server.key"}},
+		{SecretAgent, func() error { return certs.IssueClient(dir, certs.FleetAgentName, certs.RoleAgent) },
+			map[string]string{"ca.crt": "ca.crt", "tls.crt": certs.FleetAgentName + ".crt", "tls.key": certs.FleetAgentName + ".key"}},
+		{SecretAdmin, func() error { return certs.IssueClient(dir, "admin", certs.RoleAdmin) },
+			map[string]string{"ca.crt": "ca.crt", "tls.crt": "admin.crt", "tls.key": "admin.key"}},
+	}
+	for _, s := range issue {
+		if !missing[s.secret] {
+			continue
+		}
+		if err := s.make(); err != nil {
+			return made, err
+		}
+		data, err := files(dir, s.files)
+		if err != nil {
+			return made, err
+		}
+		if err := create(ctx, client, namespace, s.secret, corev1.SecretTypeTLS, data); err != nil {
+			return made, err
+		}
+		made = append(made, s.secret)
+	}
+	return made, nil
+}
+
+// files reads dir's files into a Secret's data.
+func files(dir string, names map[string]string) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	for key, file := range names {
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			return nil, err
+		}
+		out[key] = b
+	}
+	return out, nil
+}
+
+// create makes a Secret; one made meanwhile by another run is kept.
+func create(ctx context.Context, client clientset.Interface, namespace, name string, typ corev1.SecretType, data map[string][]byte) error {
+	_, err := client.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{"app.kubernetes.io/part-of": "weir"}},
+		Type:       typ,
+		Data:       data,
+	}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return errors.New("Secret " + namespace + "/" + name + " was made meanwhile by another run: run again")
+	}
+	return err
+}
