@@ -62,17 +62,7 @@ func TestKubernetesServicesAreToldWhatHappened(t *testing.T) {
 	// A healthy agent on node1 that applies what it is sent.
 	a := connectAgent(t, ctx, ts, "node1", 0)
 	var sendMu sync.Mutex
-	go func() {
-		for {
-			msg, err := a.stream.Recv()
-			if err != nil {
-				return
-			}
-			sendMu.Lock()
-			a.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
-			sendMu.Unlock()
-		}
-	}()
+	go a.ackAll(&sendMu)
 	sendMu.Lock()
 	err = a.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: &weirv1.Report{
 		Full: true, NodeHealth: &weirv1.NodeHealth{HealthzCode: 200, LivezCode: 200, NodeEligible: true}}}})

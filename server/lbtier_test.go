@@ -31,19 +31,23 @@ func ackingAgents(t *testing.T, ctx context.Context, ts *servertest.Server, n in
 		}
 		a := connectAgent(t, ctx, ts, name, 0)
 		agents[name] = a
-		go func() {
-			for {
-				msg, err := a.stream.Recv()
-				if err != nil {
-					return
-				}
-				sendMu.Lock()
-				a.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
-				sendMu.Unlock()
-			}
-		}()
+		go a.ackAll(sendMu)
 	}
 	return agents, sendMu
+}
+
+// ackAll acknowledges whatever the agent is sent, until its stream ends;
+// sends are under mu.
+func (a *agentStream) ackAll(mu *sync.Mutex) {
+	for {
+		msg, err := a.stream.Recv()
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		a.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}})
+		mu.Unlock()
+	}
 }
 
 // The load-balancer tier gets, per load-balancer IP, the nodes that should

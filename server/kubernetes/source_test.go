@@ -284,17 +284,7 @@ func TestAssignedAddressIsWrittenBack(t *testing.T) {
 	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := kubernetes.New(kubernetes.Config{Classes: kubernetes.Classes{Default: true}}, kc, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	alloc := ipam.New(reg, map[string]ipam.Writer{
-		model.SourceKubernetes: kubernetes.StatusWriter{Client: kc, Log: slog.New(slog.DiscardHandler)},
-	}, nil)
-	done := make(chan struct{}, 2)
-	go func() { src.Run(ctx); done <- struct{}{} }()
-	go func() { alloc.Run(ctx); done <- struct{}{} }()
-	defer func() { cancel(); <-done; <-done }()
+	defer runSourceAndAllocator(t, ctx, cancel, kc, reg, kubernetes.Classes{Default: true})()
 
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "lb"},
@@ -360,17 +350,7 @@ func TestOtherControllersServicesAreLeftAlone(t *testing.T) {
 	lb("mine", kubernetes.DefaultLoadBalancerClass, nil)
 	lb("moved", kubernetes.DefaultLoadBalancerClass, map[string]string{"metallb.io/loadBalancerIPs": "203.0.113.203", "metallb.io/allow-shared-ip": "web"})
 
-	src, err := kubernetes.New(kubernetes.Config{Classes: kubernetes.Classes{Class: kubernetes.DefaultLoadBalancerClass}}, kc, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	alloc := ipam.New(reg, map[string]ipam.Writer{
-		model.SourceKubernetes: kubernetes.StatusWriter{Client: kc, Log: slog.New(slog.DiscardHandler)},
-	}, nil)
-	done := make(chan struct{}, 2)
-	go func() { src.Run(ctx); done <- struct{}{} }()
-	go func() { alloc.Run(ctx); done <- struct{}{} }()
-	defer func() { cancel(); <-done; <-done }()
+	defer runSourceAndAllocator(t, ctx, cancel, kc, reg, kubernetes.Classes{Class: kubernetes.DefaultLoadBalancerClass})()
 
 	ingress := func(name string) string {
 		got, err := kc.CoreV1().Services("default").Get(ctx, name, metav1.GetOptions{})
@@ -415,4 +395,22 @@ func TestOtherControllersServicesAreLeftAlone(t *testing.T) {
 			t.Errorf("%s was written to (resourceVersion %s, was %s): %+v", s.Name, got.ResourceVersion, s.ResourceVersion, got.Status)
 		}
 	}
+}
+
+// runSourceAndAllocator mirrors the cluster into reg and assigns addresses
+// to the services of classes, until the function it returns is called
+// (which cancels ctx and waits for both).
+func runSourceAndAllocator(t *testing.T, ctx context.Context, cancel context.CancelFunc, kc clientset.Interface, reg *registry.Registry, classes kubernetes.Classes) func() {
+	t.Helper()
+	src, err := kubernetes.New(kubernetes.Config{Classes: classes}, kc, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := ipam.New(reg, map[string]ipam.Writer{
+		model.SourceKubernetes: kubernetes.StatusWriter{Client: kc, Log: slog.New(slog.DiscardHandler)},
+	}, nil)
+	done := make(chan struct{}, 2)
+	go func() { src.Run(ctx); done <- struct{}{} }()
+	go func() { alloc.Run(ctx); done <- struct{}{} }()
+	return func() { cancel(); <-done; <-done }
 }
