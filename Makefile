@@ -4,6 +4,7 @@ BIN      ?= bin
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 BUF      := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.47.2
+CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
 STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 PREFIX   ?= /usr/local
@@ -59,8 +60,11 @@ lint:
 	$(BUF) lint
 	$(BUF) breaking --against proto/baseline.binpb
 
+# The gRPC API's code (buf), and the Kubernetes API's deep copies and
+# CustomResourceDefinitions (controller-gen) from server/kubernetes/api.
 generate:
 	$(BUF) generate
+	$(CONTROLLER_GEN) object crd paths=./server/kubernetes/api/... output:crd:dir=./deploy/kubernetes/crds
 
 # The API as released: make lint fails on a change that would break a
 # client of it (buf breaking). Refresh only when a release changes the API.
@@ -69,7 +73,8 @@ api-baseline:
 
 # Fails when the committed generated code differs from what buf generates.
 check-generated: generate
-	@git diff --exit-code -- proto/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@git diff --exit-code -- proto/ server/kubernetes/api/ deploy/kubernetes/crds/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- proto/ server/kubernetes/api/ deploy/kubernetes/crds/)" || { echo "generated files are not committed: run make generate and commit"; exit 1; }
 
 demo: deps
 	$(GO) run ./test/cmd/demo

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/weirlb/weir/server/kubernetes"
+	"github.com/weirlb/weir/server/kubernetes/api/v1alpha1"
 	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/receive"
 )
 
@@ -84,7 +86,32 @@ func (s *Server) reportToKubernetes(ctx context.Context) {
 				delete(last, key)
 			}
 		}
+		s.reportCustomResources(ctx, c.Observed, services)
 		// A round weighs services × nodes: at most a tenth of a core.
 		wait = max(AnnouncePeriod, 10*time.Since(start))
+	}
+}
+
+// reportCustomResources writes the status of Weir's custom resources
+// where it changed: whether the server took each, a pool's usage, a
+// peer's sessions.
+func (s *Server) reportCustomResources(ctx context.Context, nodes []observed.Node, services []*model.Service) {
+	for _, p := range s.kube.CustomPools() {
+		held, _ := s.Registry.Pools.Get(p.Name)
+		st, changed := kubernetes.PoolStatus(p, held, s.kube.CustomRefused(v1alpha1.AddressPools.Resource, p.Name), services)
+		if changed {
+			if err := s.kube.WriteCustomStatus(ctx, v1alpha1.AddressPools.Resource, p, &st); err != nil {
+				s.log.Debug("an AddressPool's status not written (again next round)", "pool", p.Name, "error", err)
+			}
+		}
+	}
+	for _, p := range s.kube.CustomPeers() {
+		held, _ := s.Registry.Peers.Get(p.Name)
+		st, changed := kubernetes.PeerStatus(p, held, s.kube.CustomRefused(v1alpha1.BGPPeers.Resource, p.Name), nodes)
+		if changed {
+			if err := s.kube.WriteCustomStatus(ctx, v1alpha1.BGPPeers.Resource, p, &st); err != nil {
+				s.log.Debug("a BGPPeer's status not written (again next round)", "peer", p.Name, "error", err)
+			}
+		}
 	}
 }

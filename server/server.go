@@ -22,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"k8s.io/client-go/dynamic"
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
@@ -209,6 +210,15 @@ func New(cfg Config) (*Server, error) {
 		}
 		kc := *cfg.Kubernetes
 		kc.Log = cfg.Log
+		if kc.Dynamic == nil {
+			if kc.Dynamic, err = dynamic.NewForConfig(rc); err != nil {
+				st.Close()
+				return nil, err
+			}
+		}
+		if kc.Namespace == "" {
+			kc.Namespace = kubernetes.PodNamespace()
+		}
 		if s.kube, err = kubernetes.New(kc, client, reg); err != nil {
 			st.Close()
 			return nil, err

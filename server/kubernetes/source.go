@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -38,6 +39,11 @@ type Config struct {
 	// Classes says which LoadBalancer services Weir assigns addresses to
 	// and announces; the nodes forward every service's addresses.
 	Classes Classes
+	// Dynamic, when not nil, reads Weir's custom resources (weir.dev
+	// AddressPools and BGPPeers) where their CRDs are installed, and
+	// Namespace is where BGPPeers' password Secrets are.
+	Dynamic   dynamic.Interface
+	Namespace string
 	// Resync is the informers' resync period; 0 disables it.
 	Resync time.Duration
 	// LeaderElection, when not nil, lets several server replicas mirror
@@ -69,6 +75,8 @@ type Source struct {
 	nodes informers.SharedInformerFactory
 	// serviceCIDRs is true when the cluster serves ServiceCIDR objects.
 	serviceCIDRs bool
+	// crds mirrors Weir's custom resources; nil without them.
+	crds *crds
 	// selector picks the services and slices Weir handles.
 	selector string
 	// ran: Run ran before, and needs new informers.
@@ -98,6 +106,9 @@ func New(cfg Config, client clientset.Interface, reg *registry.Registry) (*Sourc
 	// controller copies service labels).
 	s := &Source{cfg: cfg, reg: reg, client: client, log: cfg.Log, selector: labels.NewSelector().Add(*proxyName, *notHeadless).String()}
 	s.serviceCIDRsServed()
+	if cfg.Dynamic != nil && s.crdsServed() {
+		s.crds = &crds{dyn: cfg.Dynamic, namespace: cfg.Namespace, src: s, refused: map[string]error{}}
+	}
 	if err := s.makeInformers(); err != nil {
 		return nil, err
 	}
@@ -130,6 +141,13 @@ func (s *Source) makeInformers() error {
 			return err
 		}
 		s.synced = append(s.synced, inf.HasSynced)
+	}
+	if s.crds != nil {
+		synced, err := s.crds.makeInformers()
+		if err != nil {
+			return err
+		}
+		s.synced = append(s.synced, synced...)
 	}
 	return nil
 }
@@ -167,6 +185,10 @@ func (s *Source) Run(ctx context.Context) error {
 	s.ran = true
 	s.factory.Start(ctx.Done())
 	s.nodes.Start(ctx.Done())
+	if s.crds != nil {
+		s.crds.factory.Start(ctx.Done())
+		go s.crds.retry(ctx)
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
 		return errors.New("kubernetes informers did not sync")
 	}
@@ -175,6 +197,9 @@ func (s *Source) Run(ctx context.Context) error {
 	<-ctx.Done()
 	s.factory.Shutdown()
 	s.nodes.Shutdown()
+	if s.crds != nil {
+		s.crds.factory.Shutdown()
+	}
 	return nil
 }
 
@@ -277,6 +302,10 @@ func (s *Source) removeGone() {
 		for _, o := range s.nodes.Networking().V1().ServiceCIDRs().Informer().GetStore().List() {
 			present["servicecidr/"+o.(*networkingv1.ServiceCIDR).Name] = true
 		}
+	}
+	if s.crds != nil {
+		s.crds.present(present)
+		s.crds.removeGone(present)
 	}
 	svcs, _ := s.reg.Services.List("", nil)
 	for _, m := range svcs {

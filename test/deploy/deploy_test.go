@@ -61,6 +61,8 @@ func manifests(t *testing.T) []*unstructured.Unstructured {
 		t.Fatal(err)
 	}
 	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	crds, _ := filepath.Glob(filepath.Join(dir, "crds", "*.yaml"))
+	files = append(files, crds...)
 	if len(files)-1 != len(k.Resources) {
 		t.Errorf("kustomization.yaml lists %d files, the folder has %d manifests", len(k.Resources), len(files)-1)
 	}
@@ -171,7 +173,12 @@ func checkServerAccess(ctx context.Context, t *testing.T, rc *rest.Config) {
 		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "weir-system", Group: "coordination.k8s.io", Resource: "leases", Name: "weir-server"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "weir-system", Group: "coordination.k8s.io", Resource: "leases", Name: "someone-else"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "kube-system", Group: "coordination.k8s.io", Resource: "leases", Name: "weir-server"}, false},
-		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "secrets", Name: "weir-ca"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "secrets", Name: "tor-a-password"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "list", Namespace: "weir-system", Resource: "secrets"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "shop", Resource: "secrets", Name: "tor-a-password"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "watch", Group: "weir.dev", Resource: "addresspools"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "weir.dev", Resource: "bgppeers", Subresource: "status"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "weir.dev", Resource: "bgppeers"}, false},
 	})
 	// The Job weir-certs makes the certificate Secrets, and reads only those.
 	checkAccess(ctx, t, kc, "weir-certs", []access{

@@ -1,0 +1,243 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	clientset "k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/kubernetes"
+	"github.com/weirlb/weir/server/kubernetes/api/v1alpha1"
+	"github.com/weirlb/weir/server/servertest"
+	"github.com/weirlb/weir/test/kubeapi"
+)
+
+// installCRDs creates the shipped CustomResourceDefinitions and waits
+// until the apiserver serves them.
+func installCRDs(t *testing.T, ctx context.Context, dyn dynamic.Interface) {
+	t.Helper()
+	crdRes := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	files, _ := filepath.Glob("../deploy/kubernetes/crds/*.yaml")
+	if len(files) != 2 {
+		t.Fatalf("CRD files %v", files)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var obj map[string]any
+		if err := yaml.Unmarshal(data, &obj); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dyn.Resource(crdRes).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 30*time.Second, func() error {
+		for _, r := range []schema.GroupVersionResource{v1alpha1.AddressPools, v1alpha1.BGPPeers} {
+			if _, err := dyn.Resource(r).List(ctx, metav1.ListOptions{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// TestCustomResourcesOnARealAPIServer: Weir's CRDs refuse at create time
+// what one object can tell is wrong, naming the field; the server mirrors
+// the rest into its registry, says in each object's status whether it
+// took it (an overlap with another pool, a missing password Secret: with
+// the reason), how much of a pool is in use and how many sessions a peer
+// has, as kubectl get shows them; deleting an object removes it.
+func TestCustomResourcesOnARealAPIServer(t *testing.T) {
+	kubernetes.RetryPeriod = 200 * time.Millisecond
+	server.AnnouncePeriod = 100 * time.Millisecond
+	defer func() { kubernetes.RetryPeriod, server.AnnouncePeriod = 5*time.Second, time.Second }()
+	c := kubeapi.StartForTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rc, err := kubernetes.RestConfig(c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientset.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	installCRDs(t, ctx, dyn)
+	create := func(resource schema.GroupVersionResource, doc string) error {
+		var obj map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		_, err := dyn.Resource(resource).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
+		return err
+	}
+	pool := func(name, spec string) string {
+		return "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: " + name + "\nspec:\n" + spec
+	}
+	peer := func(name, spec string) string {
+		return "apiVersion: weir.dev/v1alpha1\nkind: BGPPeer\nmetadata:\n  name: " + name + "\nspec:\n" + spec
+	}
+
+	// Refused by the apiserver, the field named.
+	for _, tc := range []struct {
+		res        schema.GroupVersionResource
+		doc, field string
+	}{
+		{v1alpha1.AddressPools, pool("bad-cidr", "  addresses: [203.0.113.0/33]\n"), "spec.addresses"},
+		{v1alpha1.AddressPools, pool("mixed-range", "  addresses: [203.0.113.1-2001:db8::1]\n"), "spec.addresses"},
+		{v1alpha1.AddressPools, pool("no-addresses", "  addresses: []\n"), "spec.addresses"},
+		{v1alpha1.AddressPools, pool("both", "  addresses: [203.0.113.0/28]\n  bgpAdvertisement: {}\n  l2Advertisement: {}\n"), "spec"},
+		{v1alpha1.AddressPools, pool("bad-iface", "  addresses: [203.0.113.0/28]\n  l2Advertisement:\n    interfaces: [eth0/1]\n"), "spec.l2Advertisement.interfaces[0]"},
+		{v1alpha1.AddressPools, pool("bad-community", "  addresses: [203.0.113.0/28]\n  bgpAdvertisement:\n    communities: [\"65536\"]\n"), "spec.bgpAdvertisement.communities[0]"},
+		{v1alpha1.AddressPools, pool("long-aggregate", "  addresses: [203.0.113.0/28]\n  bgpAdvertisement:\n    aggregationLength: 33\n"), "spec.bgpAdvertisement.aggregationLength"},
+		{v1alpha1.BGPPeers, peer("bad-address", "  address: router.example\n  asn: 64500\n  myASN: 64512\n"), "spec.address"},
+		{v1alpha1.BGPPeers, peer("bad-hold", "  address: 192.0.2.1\n  asn: 64500\n  myASN: 64512\n  holdTimeSeconds: 2\n"), "spec.holdTimeSeconds"},
+		{v1alpha1.BGPPeers, peer("no-asn", "  address: 192.0.2.1\n  myASN: 64512\n"), "spec.asn"},
+	} {
+		err := create(tc.res, tc.doc)
+		if err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: %v; want a refusal naming %s", strings.SplitN(tc.doc, "name: ", 2)[1][:12], err, tc.field)
+		}
+	}
+
+	ts := servertest.Start(t, t.TempDir(), func(cfg *server.Config) {
+		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: "default", Classes: kubernetes.Classes{Default: true}}
+	})
+	if err := create(v1alpha1.AddressPools, pool("public", "  addresses: [203.0.113.220/31, \"2001:db8::/120\"]\n  bgpAdvertisement:\n    communities: [\"64512:100\"]\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := create(v1alpha1.AddressPools, pool("overlap", "  addresses: [203.0.113.221-203.0.113.222]\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := create(v1alpha1.BGPPeers, peer("tor-a", "  address: 192.0.2.1\n  asn: 64500\n  myASN: 64512\n  passwordSecretRef:\n    name: tor-a\n")); err != nil {
+		t.Fatal(err)
+	}
+	get := func(res schema.GroupVersionResource, name string) *unstructured.Unstructured {
+		u, err := dyn.Resource(res).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	condition := func(u *unstructured.Unstructured) (status, message string) {
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			m := c.(map[string]any)
+			if m["type"] == kubernetes.ConditionAccepted {
+				return m["status"].(string), m["message"].(string)
+			}
+		}
+		return "", ""
+	}
+	eventually(t, 15*time.Second, func() error {
+		got, err := ts.Registry.GetAddressPool(ctx, &weirv1.GetAddressPoolRequest{Name: "public"})
+		if err != nil {
+			return err
+		}
+		if c := got.GetAddressPool().GetBgpAdvertisement().GetCommunities(); len(c) != 1 || c[0] != "64512:100" {
+			return fmt.Errorf("pool public in the registry: %v", got)
+		}
+		if st, msg := condition(get(v1alpha1.AddressPools, "public")); st != "True" {
+			return fmt.Errorf("public's Accepted: %s %s", st, msg)
+		}
+		if st, msg := condition(get(v1alpha1.AddressPools, "overlap")); st != "False" || !strings.Contains(msg, "overlaps pool public") {
+			return fmt.Errorf("overlap's Accepted: %s %q; want False, overlapping public", st, msg)
+		}
+		if st, msg := condition(get(v1alpha1.BGPPeers, "tor-a")); st != "False" || !strings.Contains(msg, "spec.passwordSecretRef: no Secret default/tor-a") {
+			return fmt.Errorf("tor-a's Accepted: %s %q; want False, no Secret", st, msg)
+		}
+		return nil
+	})
+
+	// The Secret comes: the peer is taken, with its password.
+	if _, err := kc.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "tor-a"},
+		Data: map[string][]byte{"password": []byte("s3cret")}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, func() error {
+		if st, msg := condition(get(v1alpha1.BGPPeers, "tor-a")); st != "True" {
+			return fmt.Errorf("tor-a's Accepted: %s %s", st, msg)
+		}
+		return nil
+	})
+	if _, err := ts.Registry.GetBgpPeer(ctx, &weirv1.GetBgpPeerRequest{Name: "tor-a"}); err != nil {
+		t.Errorf("tor-a not in the registry: %v", err)
+	}
+
+	// A Service takes an address: the pool's columns count it.
+	if _, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, func() error {
+		row, err := tableRow(ctx, kc, "addresspools", "public")
+		if err != nil {
+			return err
+		}
+		if want := "Mode=BGP IPv4 In Use=1 IPv4 Free=1 IPv6 In Use=0 IPv6 Free=256 Accepted=True"; !strings.Contains(row, want) {
+			return fmt.Errorf("kubectl get addresspools public: %s; want %s", row, want)
+		}
+		return nil
+	})
+	row, err := tableRow(ctx, kc, "bgppeers", "tor-a")
+	if err != nil || !strings.Contains(row, "Address=192.0.2.1 ASN=64500 My ASN=64512 Sessions=0 Established=0 Accepted=True") {
+		t.Errorf("kubectl get bgppeers tor-a: %s, %v", row, err)
+	}
+
+	// Deleting public lets overlap in; deleting a peer removes it.
+	if err := dyn.Resource(v1alpha1.AddressPools).Delete(ctx, "public", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dyn.Resource(v1alpha1.BGPPeers).Delete(ctx, "tor-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, func() error {
+		if st, msg := condition(get(v1alpha1.AddressPools, "overlap")); st != "True" {
+			return fmt.Errorf("overlap's Accepted after public went: %s %s", st, msg)
+		}
+		if _, err := ts.Registry.GetBgpPeer(ctx, &weirv1.GetBgpPeerRequest{Name: "tor-a"}); err == nil {
+			return fmt.Errorf("tor-a still in the registry")
+		}
+		return nil
+	})
+}
+
+// tableRow is the row kubectl get prints for a weir.dev object, as
+// "Column=value" pairs: the apiserver's server-side table, which the
+// CRD's printer columns make.
+func tableRow(ctx context.Context, kc clientset.Interface, resource, name string) (string, error) {
+	var table metav1.Table
+	err := kc.Discovery().RESTClient().Get().AbsPath("/apis/weir.dev/v1alpha1", resource, name).
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").Do(ctx).Into(&table)
+	if err != nil {
+		return "", err
+	}
+	if len(table.Rows) != 1 {
+		return "", fmt.Errorf("%d rows", len(table.Rows))
+	}
+	var cells []string
+	for i, col := range table.ColumnDefinitions {
+		cells = append(cells, fmt.Sprintf("%s=%v", col.Name, table.Rows[0].Cells[i]))
+	}
+	return strings.Join(cells, " "), nil
+}

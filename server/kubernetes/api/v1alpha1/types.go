@@ -1,0 +1,280 @@
+// Package v1alpha1 is Weir's Kubernetes API (group weir.dev): the address
+// pools and BGP peers of the native API as custom resources, for a
+// cluster to declare with kubectl. The server mirrors them into its
+// registry, where the native API's rules validate them, and writes back
+// their status. The CustomResourceDefinitions in
+// deploy/kubernetes/crds are generated from these types (make generate).
+//
+// +kubebuilder:object:generate=true
+// +groupName=weir.dev
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// GroupVersion is the API's group and version.
+var GroupVersion = schema.GroupVersion{Group: "weir.dev", Version: "v1alpha1"}
+
+// The resources, as the dynamic client names them.
+var (
+	AddressPools = GroupVersion.WithResource("addresspools")
+	BGPPeers     = GroupVersion.WithResource("bgppeers")
+)
+
+// AddressPool is a set of addresses Weir assigns to LoadBalancer Services
+// of its class, and how the nodes announce them: over BGP (the default)
+// or, with l2Advertisement, by answering ARP and NDP.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,categories=weir,shortName=wpool
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Addresses",type=string,JSONPath=`.spec.addresses`
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.status.mode`
+// +kubebuilder:printcolumn:name="IPv4 In Use",type=integer,JSONPath=`.status.assignedIPv4`
+// +kubebuilder:printcolumn:name="IPv4 Free",type=integer,JSONPath=`.status.availableIPv4`
+// +kubebuilder:printcolumn:name="IPv6 In Use",type=integer,JSONPath=`.status.assignedIPv6`
+// +kubebuilder:printcolumn:name="IPv6 Free",type=integer,JSONPath=`.status.availableIPv6`
+// +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type AddressPool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   AddressPoolSpec   `json:"spec"`
+	Status AddressPoolStatus `json:"status,omitempty"`
+}
+
+// AddressPoolSpec is what the pool holds and how it is announced.
+//
+// +kubebuilder:validation:XValidation:rule="!(has(self.bgpAdvertisement) && has(self.l2Advertisement))",message="a pool is announced over BGP or answered over L2, not both"
+type AddressPoolSpec struct {
+	// Addresses are CIDRs ("203.0.113.0/28") or ranges of one family
+	// ("203.0.113.10-203.0.113.20", "2001:db8::10-2001:db8::1f").
+	//
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=100
+	// +kubebuilder:validation:XValidation:rule="self.all(a, isCIDR(a) || (a.split('-').size() == 2 && isIP(a.split('-')[0]) && isIP(a.split('-')[1]) && ip(a.split('-')[0]).family() == ip(a.split('-')[1]).family()))",message="each address is a CIDR or a FIRST-LAST range of one family"
+	// +listType=set
+	Addresses []string `json:"addresses"`
+	// AutoAssign false: only Services that ask for this pool (or one of
+	// its addresses) get addresses from it. Default true.
+	//
+	// +optional
+	AutoAssign *bool `json:"autoAssign,omitempty"`
+	// BGPAdvertisement is what the nodes attach to the routes of the
+	// pool's addresses.
+	//
+	// +optional
+	BGPAdvertisement *BGPAdvertisement `json:"bgpAdvertisement,omitempty"`
+	// L2Advertisement answers the pool's addresses by ARP and NDP, one
+	// node at a time per address, instead of announcing them over BGP.
+	//
+	// +optional
+	L2Advertisement *L2Advertisement `json:"l2Advertisement,omitempty"`
+}
+
+// BGPAdvertisement is the pool's routes' attributes.
+type BGPAdvertisement struct {
+	// Communities are standard communities "ASN:VALUE" (each 0-65535) or
+	// no-export, no-advertise, no-export-subconfed, no-peer.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:Pattern=`^([0-9]{1,5}:[0-9]{1,5}|no-export|no-advertise|no-export-subconfed|no-peer)$`
+	Communities []string `json:"communities,omitempty"`
+	// LocalPreference is LOCAL_PREF for internal peers; 0 sends none.
+	//
+	// +optional
+	LocalPreference uint32 `json:"localPreference,omitempty"`
+	// Peers are the names of the BGPPeers that hear the pool's routes;
+	// empty: every peer.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Peers []string `json:"peers,omitempty"`
+	// AggregationLength announces, for each IPv4 address, the prefix of
+	// this length holding it; 0 means 32.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=32
+	AggregationLength int32 `json:"aggregationLength,omitempty"`
+	// AggregationLengthV6 is the same for IPv6; 0 means 128.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=128
+	AggregationLengthV6 int32 `json:"aggregationLengthV6,omitempty"`
+	// MaxAnnouncingNodes limits the nodes announcing each address of an
+	// externalTrafficPolicy Cluster Service; 0: every node.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	MaxAnnouncingNodes int32 `json:"maxAnnouncingNodes,omitempty"`
+}
+
+// L2Advertisement is where and by which nodes a pool is answered.
+type L2Advertisement struct {
+	// Interfaces are the node interfaces to answer on; empty: every
+	// interface whose subnet holds the address.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=15
+	// +kubebuilder:validation:items:Pattern=`^[^/\s:]+$`
+	// +listType=set
+	Interfaces []string `json:"interfaces,omitempty"`
+	// NodeSelector: only nodes with all these labels answer.
+	//
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+}
+
+// AddressPoolStatus is what the server made of the pool.
+type AddressPoolStatus struct {
+	// Mode is how the pool is announced: BGP or L2.
+	//
+	// +optional
+	Mode string `json:"mode,omitempty"`
+	// AssignedIPv4 and AssignedIPv6 count the pool's addresses assigned
+	// to Services; AvailableIPv4 and AvailableIPv6 those left (at most
+	// 2^63-1).
+	//
+	// +optional
+	AssignedIPv4 int64 `json:"assignedIPv4"`
+	// +optional
+	AvailableIPv4 int64 `json:"availableIPv4"`
+	// +optional
+	AssignedIPv6 int64 `json:"assignedIPv6"`
+	// +optional
+	AvailableIPv6 int64 `json:"availableIPv6"`
+	// Conditions: Accepted is True when the server took the pool as it
+	// is, False with its reason (another pool overlaps it, a field the
+	// server refuses) when not; the pool then assigns nothing.
+	//
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// AddressPoolList is a list of AddressPools.
+//
+// +kubebuilder:object:root=true
+type AddressPoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []AddressPool `json:"items"`
+}
+
+// BGPPeer is a router the nodes' BGP speakers peer with.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,categories=weir,shortName=wpeer
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
+// +kubebuilder:printcolumn:name="ASN",type=integer,JSONPath=`.spec.asn`
+// +kubebuilder:printcolumn:name="My ASN",type=integer,JSONPath=`.spec.myASN`
+// +kubebuilder:printcolumn:name="Sessions",type=integer,JSONPath=`.status.sessions`
+// +kubebuilder:printcolumn:name="Established",type=integer,JSONPath=`.status.established`
+// +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type BGPPeer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   BGPPeerSpec   `json:"spec"`
+	Status BGPPeerStatus `json:"status,omitempty"`
+}
+
+// BGPPeerSpec is the router and the session.
+type BGPPeerSpec struct {
+	// Address is the router's address.
+	//
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="an IPv4 or IPv6 address"
+	Address string `json:"address"`
+	// ASN is the router's AS.
+	//
+	// +kubebuilder:validation:Minimum=1
+	ASN uint32 `json:"asn"`
+	// MyASN is the nodes' own AS in this session.
+	//
+	// +kubebuilder:validation:Minimum=1
+	MyASN uint32 `json:"myASN"`
+	// Port is the router's port; 0 means 179.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port,omitempty"`
+	// HoldTimeSeconds is the BGP hold time; 0 means 90, else 3-65535.
+	//
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == 0 || (self >= 3 && self <= 65535)",message="0, or 3 to 65535 seconds"
+	HoldTimeSeconds int32 `json:"holdTimeSeconds,omitempty"`
+	// PasswordSecretRef names the key of a Secret, in the server's
+	// namespace, that holds the TCP MD5 password; none: no password.
+	//
+	// +optional
+	PasswordSecretRef *SecretKeyRef `json:"passwordSecretRef,omitempty"`
+	// NodeSelector: only nodes with all these labels peer.
+	//
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// GracefulRestart offers graceful restart (RFC 4724).
+	//
+	// +optional
+	GracefulRestart bool `json:"gracefulRestart,omitempty"`
+}
+
+// SecretKeyRef is a key of a Secret in the server's namespace.
+type SecretKeyRef struct {
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// Key defaults to "password".
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Key string `json:"key,omitempty"`
+}
+
+// BGPPeerStatus is what the nodes report of the sessions.
+type BGPPeerStatus struct {
+	// Sessions counts the nodes that peer with the router, Established
+	// those whose session is established.
+	//
+	// +optional
+	Sessions int32 `json:"sessions"`
+	// +optional
+	Established int32 `json:"established"`
+	// Conditions: Accepted, as for AddressPool (a missing password
+	// Secret leaves it False).
+	//
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// BGPPeerList is a list of BGPPeers.
+//
+// +kubebuilder:object:root=true
+type BGPPeerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []BGPPeer `json:"items"`
+}
+
+// AddToScheme registers the types.
+func AddToScheme(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion, &AddressPool{}, &AddressPoolList{}, &BGPPeer{}, &BGPPeerList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}
