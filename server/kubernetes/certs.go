@@ -71,7 +71,7 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 	default:
 		for _, f := range []string{"ca.crt", "ca.key"} {
 			if len(ca.Data[f]) == 0 {
-				return nil, fmt.Errorf("Secret %s/%s has no %s", namespace, SecretCA, f)
+				return nil, fmt.Errorf("the Secret %s/%s has no %s", namespace, SecretCA, f)
 			}
 			if err := os.WriteFile(filepath.Join(dir, f), ca.Data[f], 0o600); err != nil {
 				return nil, err
@@ -133,7 +133,7 @@ func create(ctx context.Context, client clientset.Interface, namespace, name str
 		Data:       data,
 	}, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		return errors.New("Secret " + namespace + "/" + name + " was made meanwhile by another run: run again")
+		return errors.New("the Secret " + namespace + "/" + name + " was made meanwhile by another run: run again")
 	}
 	return err
 }
