@@ -6,15 +6,17 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/weirlb/weir/lbctl/metallb"
+	"github.com/weirlb/weir/lbctl/convert"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
 func (a *app) convertCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "convert",
-		Short: "Turn another load balancer's configuration into Weir's resources",
+		Short: "Turn a configuration into Weir's resources, or into its Kubernetes custom resources",
 	}
 	var files []string
+	var to, namespace string
 	mlb := &cobra.Command{
 		Use:   "metallb -f FILE",
 		Short: "Turn MetalLB's resources into Weir's address pools and BGP peers",
@@ -22,12 +24,17 @@ func (a *app) convertCmd() *cobra.Command {
 L2Advertisement, BGPPeer, Community; e.g. the output of
 kubectl get ipaddresspools,bgpadvertisements,l2advertisements,bgppeers,communities -A -o yaml
 split into documents, or the files they were applied from) into Weir's
-AddressPool and BgpPeer documents, for lbctl apply -f or the resources
-file. What Weir does not do as MetalLB did is listed at the top of the
-output as comments, and on standard error: nothing is dropped silently.
-Nothing is sent to the server.`,
+address pools and BGP peers: lbctl's documents (--to resources, for lbctl
+apply -f or a resources file) or Weir's Kubernetes custom resources (--to
+crds, for kubectl apply -f; a peer's password becomes a Secret). What Weir
+does not do as MetalLB did is listed at the top of the output as comments,
+and on standard error: nothing is dropped silently. Nothing is sent to the
+server.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
+			if err := checkTo(to); err != nil {
+				return err
+			}
 			if len(files) == 0 {
 				return usageErrorf("no file given: use -f FILE (or -f - for standard input)")
 			}
@@ -40,41 +47,99 @@ Nothing is sent to the server.`,
 				in.Write(data)
 				in.WriteString("\n---\n")
 			}
-			r, err := metallb.Convert(in.String())
+			r, err := convert.FromMetalLB(in.String())
 			if err != nil {
 				return err
 			}
-			var docs []string
-			for _, p := range r.Pools {
-				k, _ := kindFor("addresspool")
-				y, err := objectYAML(k, p)
-				if err != nil {
-					return err
-				}
-				docs = append(docs, y)
-			}
-			for _, p := range r.Peers {
-				k, _ := kindFor("bgppeer")
-				y, err := objectYAML(k, p)
-				if err != nil {
-					return err
-				}
-				docs = append(docs, y)
-			}
-			var head strings.Builder
-			head.WriteString("# Converted from MetalLB by lbctl convert metallb.\n")
-			if len(r.Notes) > 0 {
-				head.WriteString("# What Weir does not do as MetalLB did:\n")
-			}
-			for _, n := range r.Notes {
-				head.WriteString("# - " + n.String() + "\n")
-				fmt.Fprintln(a.stderr, "note:", n.String())
-			}
-			fmt.Fprint(a.stdout, head.String()+strings.Join(docs, "---\n"))
-			return nil
+			return a.printConverted("MetalLB", "lbctl convert metallb", r, to, namespace)
 		},
 	}
 	mlb.Flags().StringArrayVarP(&files, "filename", "f", nil, `MetalLB YAML file ("-" for standard input); may repeat`)
-	cmd.AddCommand(mlb)
+	mlb.Flags().StringVar(&to, "to", "resources", "resources (lbctl's documents) or crds (weir.dev custom resources)")
+	mlb.Flags().StringVar(&namespace, "namespace", "weir-system", "with --to crds: the server's namespace, where password Secrets go")
+
+	var rfiles []string
+	var rnamespace string
+	res := &cobra.Command{
+		Use:   "resources -f FILE",
+		Short: "Turn lbctl's address pools and BGP peers into Weir's Kubernetes custom resources",
+		Long: `Turn the AddressPool and BgpPeer documents of lbctl's YAML (a resources
+file, such as the weir-resources ConfigMap's resources.yaml) into Weir's
+Kubernetes custom resources (weir.dev/v1alpha1), for kubectl apply -f: the
+move from the ConfigMap to custom resources. A peer's password becomes a
+Secret in --namespace. Other kinds are listed as left out. Nothing is sent
+to the server.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			docs, err := a.readDocuments(rfiles)
+			if err != nil {
+				return err
+			}
+			r := &convert.Result{}
+			for _, d := range docs {
+				switch o := d.obj.(type) {
+				case *weirv1.AddressPool:
+					r.Pools = append(r.Pools, o)
+				case *weirv1.BgpPeer:
+					r.Peers = append(r.Peers, o)
+				default:
+					r.Notes = append(r.Notes, convert.Note{Object: d.path(), Says: "not a pool or a peer: left out (in a cluster, Kubernetes has it)"})
+				}
+			}
+			return a.printConverted("lbctl's resources", "lbctl convert resources", r, "crds", rnamespace)
+		},
+	}
+	res.Flags().StringArrayVarP(&rfiles, "filename", "f", nil, `lbctl YAML file ("-" for standard input); may repeat`)
+	res.Flags().StringVar(&rnamespace, "namespace", "weir-system", "the server's namespace, where password Secrets go")
+	cmd.AddCommand(mlb, res)
 	return cmd
+}
+
+func checkTo(to string) error {
+	if to != "resources" && to != "crds" {
+		return usageErrorf("--to %q: want resources or crds", to)
+	}
+	return nil
+}
+
+// printConverted writes r as lbctl's documents or as custom resources,
+// its notes first as comments, and on standard error.
+func (a *app) printConverted(from, by string, r *convert.Result, to, namespace string) error {
+	var body string
+	if to == "crds" {
+		var err error
+		if body, err = convert.CustomResources(r.Pools, r.Peers, namespace); err != nil {
+			return err
+		}
+	} else {
+		var docs []string
+		for _, p := range r.Pools {
+			k, _ := kindFor("addresspool")
+			y, err := objectYAML(k, p)
+			if err != nil {
+				return err
+			}
+			docs = append(docs, y)
+		}
+		for _, p := range r.Peers {
+			k, _ := kindFor("bgppeer")
+			y, err := objectYAML(k, p)
+			if err != nil {
+				return err
+			}
+			docs = append(docs, y)
+		}
+		body = strings.Join(docs, "---\n")
+	}
+	var head strings.Builder
+	fmt.Fprintf(&head, "# Converted from %s by %s.\n", from, by)
+	if len(r.Notes) > 0 {
+		head.WriteString("# What Weir does not do as it was:\n")
+	}
+	for _, n := range r.Notes {
+		head.WriteString("# - " + n.String() + "\n")
+		fmt.Fprintln(a.stderr, "note:", n.String())
+	}
+	_, err := fmt.Fprint(a.stdout, head.String()+body)
+	return err
 }

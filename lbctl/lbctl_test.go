@@ -1707,7 +1707,7 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 // converted; its notes are on standard error as well as in the output.
 func TestConvertMetalLBAppliesAsIs(t *testing.T) {
 	e := newEnv(t)
-	out, stderr, code := runLbctl(context.Background(), e.now, "", "convert", "metallb", "-f", "metallb/testdata/metallb.yaml")
+	out, stderr, code := runLbctl(context.Background(), e.now, "", "convert", "metallb", "-f", "convert/testdata/metallb.yaml")
 	if code != 0 {
 		t.Fatalf("convert: exit %d, %q", code, stderr)
 	}
@@ -1727,5 +1727,52 @@ func TestConvertMetalLBAppliesAsIs(t *testing.T) {
 		if !strings.Contains(got, row) {
 			t.Errorf("get pools -o wide has no %q:\n%s", row, got)
 		}
+	}
+}
+
+// TestConvertResourcesToCustomResources: lbctl's pools and peers become
+// weir.dev custom resources, a password a Secret the peer names; a kind
+// that is not a pool or a peer is named as left out.
+func TestConvertResourcesToCustomResources(t *testing.T) {
+	in := `kind: AddressPool
+metadata:
+  name: public
+addresses: [203.0.113.0/28]
+manual_only: true
+bgp_advertisement:
+  communities: ["64512:100"]
+  max_announcing_nodes: 2
+---
+kind: BgpPeer
+metadata:
+  name: tor-a
+address: 192.0.2.1
+asn: 64500
+my_asn: 64512
+password: s3cret
+---
+kind: Node
+metadata:
+  name: node1
+addresses: [192.0.2.11]
+`
+	out, stderr, code := runLbctl(context.Background(), time.Now(), in, "convert", "resources", "-f", "-", "--namespace", "weir-system")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{
+		"apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: public\nspec:\n  addresses:\n  - 203.0.113.0/28\n  autoAssign: false\n  bgpAdvertisement:\n    communities:\n    - 64512:100\n    maxAnnouncingNodes: 2\n",
+		"apiVersion: v1\nkind: Secret\nmetadata:\n  name: tor-a-bgp-password\n  namespace: weir-system\nstringData:\n  password: s3cret\n",
+		"kind: BGPPeer\nmetadata:\n  name: tor-a\nspec:\n  address: 192.0.2.1\n  asn: 64500\n  myASN: 64512\n  passwordSecretRef:\n    name: tor-a-bgp-password\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks\n%s\nin\n%s", want, out)
+		}
+	}
+	if !strings.Contains(stderr, "note: node/node1: not a pool or a peer: left out") {
+		t.Errorf("stderr %q; want the node named as left out", stderr)
+	}
+	if _, stderr, code := runLbctl(context.Background(), time.Now(), "", "convert", "metallb", "-f", "convert/testdata/metallb.yaml", "--to", "yaml"); code != 2 {
+		t.Errorf("--to yaml: exit %d (%s); want a usage error", code, stderr)
 	}
 }

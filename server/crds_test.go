@@ -17,6 +17,7 @@ import (
 	clientset "k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/weirlb/weir/lbctl/convert"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/kubernetes"
@@ -240,4 +241,91 @@ func tableRow(ctx context.Context, kc clientset.Interface, resource, name string
 		cells = append(cells, fmt.Sprintf("%s=%v", col.Name, table.Rows[0].Cells[i]))
 	}
 	return strings.Join(cells, " "), nil
+}
+
+// TestConvertedMetalLBIsAccepted: lbctl convert metallb --to crds of the
+// example covering every MetalLB kind applies to a real apiserver (the
+// CRDs' rules pass it), and the server takes every pool and peer, the
+// password through its Secret.
+func TestConvertedMetalLBIsAccepted(t *testing.T) {
+	kubernetes.RetryPeriod, server.AnnouncePeriod = 200*time.Millisecond, 100*time.Millisecond
+	defer func() { kubernetes.RetryPeriod, server.AnnouncePeriod = 5*time.Second, time.Second }()
+	c := kubeapi.StartForTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rc, err := kubernetes.RestConfig(c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientset.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	installCRDs(t, ctx, dyn)
+	data, err := os.ReadFile("../lbctl/convert/testdata/metallb.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := convert.FromMetalLB(string(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := convert.CustomResources(r.Pools, r.Peers, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, doc := range strings.Split(out, "---\n") {
+		var obj map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		u := &unstructured.Unstructured{Object: obj}
+		switch u.GetKind() {
+		case "Secret":
+			var s corev1.Secret
+			if err := yaml.Unmarshal([]byte(doc), &s); err != nil {
+				t.Fatal(err)
+			}
+			_, err = kc.CoreV1().Secrets(s.Namespace).Create(ctx, &s, metav1.CreateOptions{})
+		case "AddressPool":
+			_, err = dyn.Resource(v1alpha1.AddressPools).Create(ctx, u, metav1.CreateOptions{})
+			names = append(names, "addresspools/"+u.GetName())
+		case "BGPPeer":
+			_, err = dyn.Resource(v1alpha1.BGPPeers).Create(ctx, u, metav1.CreateOptions{})
+			names = append(names, "bgppeers/"+u.GetName())
+		default:
+			t.Fatalf("converted a %s", u.GetKind())
+		}
+		if err != nil {
+			t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
+	if len(names) != 6 {
+		t.Fatalf("converted %v; want 4 pools and 2 peers", names)
+	}
+	ts := servertest.Start(t, t.TempDir(), func(cfg *server.Config) {
+		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: "default"}
+	})
+	eventually(t, 15*time.Second, func() error {
+		for _, n := range names {
+			res, name, _ := strings.Cut(n, "/")
+			u, err := dyn.Resource(v1alpha1.GroupVersion.WithResource(res)).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+			if len(conds) != 1 || conds[0].(map[string]any)["status"] != "True" {
+				return fmt.Errorf("%s: conditions %v", n, conds)
+			}
+		}
+		return nil
+	})
+	if _, err := ts.Registry.GetBgpPeer(ctx, &weirv1.GetBgpPeerRequest{Name: "tor-a"}); err != nil {
+		t.Error(err)
+	}
 }

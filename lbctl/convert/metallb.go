@@ -1,8 +1,10 @@
-// Package metallb turns a MetalLB configuration (its metallb.io custom
-// resources) into Weir's address pools and BGP peers, and says what of it
-// has no equivalent in Weir, so that nothing is dropped silently.
+// Package convert turns configurations into Weir's resources: a MetalLB
+// configuration (its metallb.io custom resources) into Weir's address
+// pools and BGP peers, saying what of it has no equivalent in Weir so that
+// nothing is dropped silently (FromMetalLB); and Weir's pools and peers
+// into its Kubernetes custom resources (CustomResources).
 //
-// The mapping:
+// MetalLB's objects map as follows:
 //
 //	IPAddressPool                  AddressPool (addresses; autoAssign false: manual_only)
 //	BGPAdvertisement of a pool     the pool's bgp_advertisement
@@ -14,7 +16,7 @@
 // lets several advertisements, of both kinds, select one pool. The first
 // advertisement that selects a pool (in the input's order) is kept and
 // every other is named in a Note.
-package metallb
+package convert
 
 import (
 	"fmt"
@@ -168,10 +170,10 @@ var peerFields = map[string]string{
 	"passwordSecret": "Weir reads no Secrets: the password is to be set in the BgpPeer",
 }
 
-// Convert reads MetalLB's objects from a YAML stream (documents of kind
+// FromMetalLB reads MetalLB's objects from a YAML stream (documents of kind
 // IPAddressPool, BGPAdvertisement, L2Advertisement, BGPPeer, Community in
 // the metallb.io group; others are named in a Note) and returns Weir's.
-func Convert(data string) (*Result, error) {
+func FromMetalLB(data string) (*Result, error) {
 	var objs []*object
 	for i, doc := range yamldocs.Split(data) {
 		if strings.TrimSpace(stripComments(doc)) == "" {

@@ -1,4 +1,4 @@
-package metallb
+package convert
 
 import (
 	"os"
@@ -20,7 +20,7 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := Convert(string(data))
+	r, err := FromMetalLB(string(data))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestBadInputIsRefused(t *testing.T) {
 		"an unknown selector operator": "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: p\nspec:\n  addresses: [10.0.0.0/8]\n---\n" +
 			"apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPoolSelectors:\n  - matchExpressions:\n    - {key: a, operator: Near}\n",
 	} {
-		if _, err := Convert(doc); err == nil {
+		if _, err := FromMetalLB(doc); err == nil {
 			t.Errorf("%s: converted without error", name)
 		}
 	}

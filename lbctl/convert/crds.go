@@ -1,0 +1,78 @@
+package convert
+
+import (
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+)
+
+// CustomResources writes pools and peers as Weir's Kubernetes custom
+// resources (weir.dev/v1alpha1 AddressPool and BGPPeer) for kubectl
+// apply; a peer's password becomes a Secret in namespace (the server's),
+// which the BGPPeer names.
+func CustomResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, namespace string) (string, error) {
+	var docs []any
+	for _, p := range pools {
+		spec := map[string]any{"addresses": p.GetAddresses()}
+		if p.GetManualOnly() {
+			spec["autoAssign"] = false
+		}
+		if b := p.GetBgpAdvertisement(); b != nil {
+			adv := map[string]any{}
+			set(adv, "communities", b.GetCommunities(), len(b.GetCommunities()) > 0)
+			set(adv, "localPreference", b.GetLocalPreference(), b.GetLocalPreference() != 0)
+			set(adv, "peers", b.GetPeers(), len(b.GetPeers()) > 0)
+			set(adv, "aggregationLength", b.GetAggregationLength(), b.GetAggregationLength() != 0)
+			set(adv, "aggregationLengthV6", b.GetAggregationLengthV6(), b.GetAggregationLengthV6() != 0)
+			set(adv, "maxAnnouncingNodes", b.GetMaxAnnouncingNodes(), b.GetMaxAnnouncingNodes() != 0)
+			spec["bgpAdvertisement"] = adv
+		}
+		if l := p.GetL2Advertisement(); l != nil {
+			adv := map[string]any{}
+			set(adv, "interfaces", l.GetInterfaces(), len(l.GetInterfaces()) > 0)
+			set(adv, "nodeSelector", l.GetNodeSelector(), len(l.GetNodeSelector()) > 0)
+			spec["l2Advertisement"] = adv
+		}
+		docs = append(docs, customResource("AddressPool", p.GetMetadata(), spec))
+	}
+	for _, p := range peers {
+		spec := map[string]any{"address": p.GetAddress(), "asn": p.GetAsn(), "myASN": p.GetMyAsn()}
+		set(spec, "port", p.GetPort(), p.GetPort() != 0)
+		set(spec, "holdTimeSeconds", p.GetHoldTimeSeconds(), p.GetHoldTimeSeconds() != 0)
+		set(spec, "nodeSelector", p.GetNodeSelector(), len(p.GetNodeSelector()) > 0)
+		set(spec, "gracefulRestart", true, p.GetGracefulRestart())
+		if p.GetPassword() != "" {
+			secret := p.GetMetadata().GetName() + "-bgp-password"
+			docs = append(docs, map[string]any{"apiVersion": "v1", "kind": "Secret",
+				"metadata":   map[string]any{"name": secret, "namespace": namespace},
+				"stringData": map[string]string{"password": p.GetPassword()}})
+			spec["passwordSecretRef"] = map[string]any{"name": secret}
+		}
+		docs = append(docs, customResource("BGPPeer", p.GetMetadata(), spec))
+	}
+	var out []string
+	for _, d := range docs {
+		b, err := yaml.Marshal(d)
+		if err != nil {
+			return "", err
+		}
+		out = append(out, string(b))
+	}
+	return strings.Join(out, "---\n"), nil
+}
+
+func set(m map[string]any, key string, v any, ok bool) {
+	if ok {
+		m[key] = v
+	}
+}
+
+func customResource(kind string, meta *weirv1.ObjectMeta, spec map[string]any) map[string]any {
+	md := map[string]any{"name": meta.GetName()}
+	if len(meta.GetLabels()) > 0 {
+		md["labels"] = meta.GetLabels()
+	}
+	return map[string]any{"apiVersion": "weir.dev/v1alpha1", "kind": kind, "metadata": md, "spec": spec}
+}
