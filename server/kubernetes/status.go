@@ -17,6 +17,7 @@ import (
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/weirlb/weir/server/model"
 )
@@ -76,16 +77,38 @@ func (w StatusWriter) WriteStatus(ctx context.Context, svc *model.Service, ips [
 	if reason != "" {
 		w.Log.Warn("no load-balancer address for a Kubernetes service", "service", svc.Key(), "reason", reason, "message", message)
 	}
-	cur, err := w.Client.CoreV1().Services(svc.Namespace).Get(ctx, svc.Name, metav1.GetOptions{})
-	if err != nil {
+	// The Announced condition is patched in beside: a write that crossed
+	// it is done again on the new version, not lost.
+	var before, after []string
+	var updated *corev1.Service
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var err error
+		before, after, updated, err = w.writeStatus(ctx, svc, ips, reason, message)
+		return err
+	})
+	if err != nil || w.Events == nil {
 		return err
 	}
-	var before []string
+	switch {
+	case reason != "":
+		w.Events.Eventf(updated, nil, corev1.EventTypeWarning, EventAllocationFailed, "Allocate", "%s", note(reason+": "+message))
+	case len(ips) > 0 && !slices.Equal(before, after):
+		w.Events.Eventf(updated, nil, corev1.EventTypeNormal, EventIPAllocated, "Allocate", "Assigned IP %s", strings.Join(after, ", "))
+	}
+	return nil
+}
+
+// writeStatus is one try of WriteStatus: the ingress addresses before
+// and after, and the service written.
+func (w StatusWriter) writeStatus(ctx context.Context, svc *model.Service, ips []netip.Addr, reason, message string) (before, after []string, _ *corev1.Service, _ error) {
+	cur, err := w.Client.CoreV1().Services(svc.Namespace).Get(ctx, svc.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	for _, ing := range cur.Status.LoadBalancer.Ingress {
 		before = append(before, ing.IP)
 	}
 	var ingress []corev1.LoadBalancerIngress
-	var after []string
 	for _, ip := range ips {
 		ingress = append(ingress, corev1.LoadBalancerIngress{IP: ip.String()})
 		after = append(after, ip.String())
@@ -100,19 +123,7 @@ func (w StatusWriter) WriteStatus(ctx context.Context, svc *model.Service, ips [
 	}
 	apimeta.SetStatusCondition(&cur.Status.Conditions, cond)
 	updated, err := w.Client.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-	if err != nil {
-		return err
-	}
-	if w.Events == nil {
-		return nil
-	}
-	switch {
-	case reason != "":
-		w.Events.Eventf(updated, nil, corev1.EventTypeWarning, EventAllocationFailed, "Allocate", "%s", note(reason+": "+message))
-	case len(ips) > 0 && !slices.Equal(before, after):
-		w.Events.Eventf(updated, nil, corev1.EventTypeNormal, EventIPAllocated, "Allocate", "Assigned IP %s", strings.Join(after, ", "))
-	}
-	return nil
+	return before, after, updated, err
 }
 
 // Announcement is what a service's addresses get from the nodes: Lines
