@@ -61,10 +61,12 @@ lint:
 	$(BUF) breaking --against proto/baseline.binpb
 
 # The gRPC API's code (buf), and the Kubernetes API's deep copies and
-# CustomResourceDefinitions (controller-gen) from server/kubernetes/api.
+# CustomResourceDefinitions (controller-gen) from server/kubernetes/api,
+# for the plain manifests and the Helm chart.
 generate:
 	$(BUF) generate
 	$(CONTROLLER_GEN) object crd paths=./server/kubernetes/api/... output:crd:dir=./deploy/kubernetes/crds
+	cp deploy/kubernetes/crds/*.yaml deploy/helm/weir/crds/
 
 # The API as released: make lint fails on a change that would break a
 # client of it (buf breaking). Refresh only when a release changes the API.
@@ -73,8 +75,8 @@ api-baseline:
 
 # Fails when the committed generated code differs from what buf generates.
 check-generated: generate
-	@git diff --exit-code -- proto/ server/kubernetes/api/ deploy/kubernetes/crds/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- proto/ server/kubernetes/api/ deploy/kubernetes/crds/)" || { echo "generated files are not committed: run make generate and commit"; exit 1; }
+	@git diff --exit-code -- proto/ server/kubernetes/api/ deploy/kubernetes/crds/ deploy/helm/weir/crds/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- proto/ server/kubernetes/api/ deploy/kubernetes/crds/ deploy/helm/weir/crds/)" || { echo "generated files are not committed: run make generate and commit"; exit 1; }
 
 demo: deps
 	$(GO) run ./test/cmd/demo

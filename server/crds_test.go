@@ -221,6 +221,27 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 		}
 		return nil
 	})
+
+	// An update the server refuses leaves the version it took in force,
+	// and says so.
+	if err := create(v1alpha1.AddressPools, pool("other", "  addresses: [198.51.100.0/28]\n")); err != nil {
+		t.Fatal(err)
+	}
+	u := get(v1alpha1.AddressPools, "overlap")
+	unstructured.SetNestedStringSlice(u.Object, []string{"203.0.113.221-203.0.113.222", "198.51.100.5/32"}, "spec", "addresses")
+	if _, err := dyn.Resource(v1alpha1.AddressPools).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, func() error {
+		if st, msg := condition(get(v1alpha1.AddressPools, "overlap")); st != "False" || !strings.Contains(msg, "overlaps pool other (the last version taken stays in force)") {
+			return fmt.Errorf("overlap's Accepted after a refused update: %s %q", st, msg)
+		}
+		return nil
+	})
+	got, err := ts.Registry.GetAddressPool(ctx, &weirv1.GetAddressPoolRequest{Name: "overlap"})
+	if err != nil || len(got.GetAddressPool().GetAddresses()) != 1 {
+		t.Errorf("the registry's overlap after a refused update: %v, %v; want the version taken before", got, err)
+	}
 }
 
 // tableRow is the row kubectl get prints for a weir.dev object, as

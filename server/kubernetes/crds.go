@@ -19,6 +19,7 @@ import (
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/kubernetes/api/v1alpha1"
 	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/resourcewire"
 )
 
@@ -170,7 +171,9 @@ func (c *crds) remove(obj any) {
 		c.setRefused(v1alpha1.BGPPeers.Resource+"/"+u.GetName(), nil)
 		err = c.src.delete(c.src.reg.Peers, u.GetName())
 	}
-	if err != nil {
+	// One of that name that another source owns (the resources file's)
+	// stays, and is no news.
+	if err != nil && !errors.Is(err, registry.ErrInUse) {
 		c.src.log.Warn("custom resource's deletion not mirrored", "name", u.GetName(), "error", err)
 	}
 }

@@ -21,6 +21,8 @@ const ConditionAccepted = "Accepted"
 func accepted(obj metav1.Object, held bool, refused error) (metav1.Condition, bool) {
 	c := metav1.Condition{Type: ConditionAccepted, ObservedGeneration: obj.GetGeneration(), LastTransitionTime: metav1.Now()}
 	switch {
+	case refused != nil && held:
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Refused", refused.Error()+" (the last version taken stays in force)"
 	case refused != nil:
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Refused", refused.Error()
 	case held:
@@ -43,7 +45,7 @@ func PoolStatus(p *v1alpha1.AddressPool, held *model.AddressPool, refused error,
 	}
 	apimeta.SetStatusCondition(&st.Conditions, cond)
 	st.Mode, st.AssignedIPv4, st.AvailableIPv4, st.AssignedIPv6, st.AvailableIPv6 = "", 0, 0, 0, 0
-	if cond.Status == metav1.ConditionTrue {
+	if held != nil && held.Source == model.SourceKubernetes { // the version in force, if refused
 		u := ipam.UsageOf(held, services)
 		st.AssignedIPv4, st.AvailableIPv4, st.AssignedIPv6, st.AvailableIPv6 = u.AssignedIPv4, u.AvailableIPv4, u.AssignedIPv6, u.AvailableIPv6
 		st.Mode = "BGP"
@@ -65,7 +67,7 @@ func PeerStatus(p *v1alpha1.BGPPeer, held *model.BGPPeer, refused error, nodes [
 	}
 	apimeta.SetStatusCondition(&st.Conditions, cond)
 	st.Sessions, st.Established = 0, 0
-	if cond.Status == metav1.ConditionTrue {
+	if held != nil && held.Source == model.SourceKubernetes {
 		for _, n := range nodes {
 			for _, s := range n.BGPSessions {
 				if s.PeerAddress == held.Address {

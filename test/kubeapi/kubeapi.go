@@ -26,8 +26,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/weirlb/weir/test/toolbin"
 )
 
 // Version is the Kubernetes release the apiserver module is pinned to. It
@@ -63,7 +64,7 @@ func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 		return bin, nil
 	}
 
-	unlock, err := lockFile(ctx, bin+".lock")
+	unlock, err := toolbin.Lock(ctx, bin+".lock")
 	if err != nil {
 		return "", err
 	}
@@ -178,33 +179,4 @@ func sourceDir(ctx context.Context) (string, error) {
 	return src, nil
 }
 
-// lockFile takes an exclusive flock on path, polling so that ctx can cancel
-// the wait, and returns the function that releases it.
-func lockFile(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("kubeapi: %w", err)
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			// Closing the file releases the lock.
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("kubeapi: lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("kubeapi: waiting for another build of the apiserver: %w", ctx.Err())
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-func isExecutable(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
-}
+func isExecutable(path string) bool { return toolbin.Executable(path) }

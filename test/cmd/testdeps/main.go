@@ -1,6 +1,6 @@
 // Command testdeps builds, before the tests run, the heavy dependencies
 // some tests need and that would otherwise be built inside a test's clock:
-// today the real kube-apiserver (see test/kubeapi). It is what `make
+// the real kube-apiserver (see test/kubeapi) and helm (test/toolbin). It is what `make
 // testdeps` runs, and it does nothing when they are already built.
 package main
 
@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/weirlb/weir/test/kubeapi"
+	"github.com/weirlb/weir/test/toolbin"
 )
 
 func main() {
@@ -23,4 +24,10 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Println("testdeps: kube-apiserver at", bin)
+	helm, err := toolbin.Helm(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Println("testdeps: helm at", helm)
 }

@@ -1,0 +1,158 @@
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/weirlb/weir/test/toolbin"
+)
+
+// kubeVersion is the cluster version the chart is rendered for.
+const kubeVersion = "v1.36.0"
+
+// helm runs the helm binary (built once per machine) on the chart.
+func helm(t *testing.T, args ...string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	bin, err := toolbin.Helm(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = root(t)
+	cmd.Env = append(cmd.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr)
+	}
+	return out
+}
+
+var chart = filepath.Join("deploy", "helm", "weir")
+
+// render is the chart's objects with the given --set values, in the
+// namespace weir-system, CRDs included.
+func render(t *testing.T, set ...string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	args := []string{"template", "weir", chart, "--namespace", "weir-system", "--include-crds", "--kube-version", kubeVersion}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	return byName(decodeObjects(t, "helm template", helm(t, args...)))
+}
+
+func byName(objs []*unstructured.Unstructured) map[string]*unstructured.Unstructured {
+	out := map[string]*unstructured.Unstructured{}
+	for _, o := range objs {
+		out[o.GetKind()+"/"+o.GetName()] = o
+	}
+	return out
+}
+
+// withoutImageTags drops the tags of every container image: the chart
+// pins the release's, the plain manifests name the images make images
+// builds.
+func withoutImageTags(o *unstructured.Unstructured) *unstructured.Unstructured {
+	o = o.DeepCopy()
+	containers, found, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+	if !found {
+		return o
+	}
+	for _, c := range containers {
+		m := c.(map[string]any)
+		if img, ok := m["image"].(string); ok {
+			m["image"], _, _ = strings.Cut(img, ":")
+		}
+	}
+	unstructured.SetNestedSlice(o.Object, containers, "spec", "template", "spec", "containers")
+	return o
+}
+
+// TestHelmChartIsThePlainManifests: helm lint passes, and the chart with
+// its default values renders exactly the objects of deploy/kubernetes
+// (but the Namespace, which helm install --create-namespace makes, and
+// the images' tags, which the chart pins to its appVersion), so the two
+// install paths cannot drift apart.
+func TestHelmChartIsThePlainManifests(t *testing.T) {
+	helm(t, "lint", chart, "--strict", "--kube-version", kubeVersion)
+	got := render(t)
+	want := map[string]*unstructured.Unstructured{}
+	for _, o := range manifests(t) {
+		if o.GetKind() != "Namespace" {
+			want[o.GetKind()+"/"+o.GetName()] = o
+		}
+	}
+	for name, w := range want {
+		g, ok := got[name]
+		if !ok {
+			t.Errorf("the chart has no %s", name)
+			continue
+		}
+		if diff := cmp.Diff(withoutImageTags(w).Object, withoutImageTags(g).Object); diff != "" {
+			t.Errorf("%s: the chart renders (-plain +chart):\n%s", name, diff)
+		}
+	}
+	for name := range got {
+		if want[name] == nil {
+			t.Errorf("the chart has %s, the plain manifests do not", name)
+		}
+	}
+	for _, kind := range []string{"Deployment/weir-server", "DaemonSet/weir-agent", "Job/weir-certs"} {
+		containers, _, _ := unstructured.NestedSlice(got[kind].Object, "spec", "template", "spec", "containers")
+		if img := containers[0].(map[string]any)["image"].(string); !strings.HasSuffix(img, ":0.1.0") {
+			t.Errorf("%s runs %s; want the chart's appVersion, 0.1.0", kind, img)
+		}
+	}
+}
+
+// TestHelmValuesReachTheObjects: each value changes what it says, and the
+// objects rendered with them are valid for a real apiserver.
+func TestHelmValuesReachTheObjects(t *testing.T) {
+	got := render(t, "bgp.asn=64512", "bgp.peers=192.0.2.1/64500", "defaultLoadBalancer=false", "loadBalancerClass=example.com/weir",
+		"server.replicas=2", "server.hosts=weir.example.internal", "image.tag=v9", "resourcesFile=", "certificates.bootstrap=false")
+	config, _, _ := unstructured.NestedStringMap(got["ConfigMap/weir-config"].Object, "data")
+	for k, v := range map[string]string{"WEIR_BGP_ASN": "64512", "WEIR_BGP_PEERS": "192.0.2.1/64500", "WEIR_DEFAULT_LOAD_BALANCER": "false",
+		"WEIR_LOAD_BALANCER_CLASS": "example.com/weir", "WEIR_SERVER_HOSTS": "weir.example.internal", "WEIR_SERVER": "weir-server.weir-system.svc:7443"} {
+		if config[k] != v {
+			t.Errorf("weir-config %s = %q, want %q", k, config[k], v)
+		}
+	}
+	if got["ConfigMap/weir-resources"] != nil || got["Job/weir-certs"] != nil {
+		t.Error("resourcesFile empty and certificates.bootstrap false still render weir-resources or the Job")
+	}
+	server := got["Deployment/weir-server"]
+	if n, _, _ := unstructured.NestedInt64(server.Object, "spec", "replicas"); n != 2 {
+		t.Errorf("replicas %d, want 2", n)
+	}
+	containers, _, _ := unstructured.NestedSlice(server.Object, "spec", "template", "spec", "containers")
+	c := containers[0].(map[string]any)
+	args := fmt.Sprint(c["args"])
+	if strings.Contains(args, "--resources-file") || c["image"] != "weir/weir-server:v9" {
+		t.Errorf("server image %v, args %s; want v9 and no --resources-file", c["image"], args)
+	}
+	volumes, _, _ := unstructured.NestedSlice(server.Object, "spec", "template", "spec", "volumes")
+	if slices.ContainsFunc(volumes, func(v any) bool { return v.(map[string]any)["name"] == "resources" }) {
+		t.Error("the resources volume is mounted without a resources file")
+	}
+	applyAll(t, slices.Collect(func(yield func(*unstructured.Unstructured) bool) {
+		for _, o := range got {
+			if !yield(o) {
+				return
+			}
+		}
+	}))
+}
