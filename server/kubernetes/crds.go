@@ -36,14 +36,19 @@ type crds struct {
 	refused map[string]error // "addresspools/NAME": why the registry does not hold it
 }
 
-// served says whether the cluster has Weir's CRDs installed.
-func (s *Source) crdsServed() bool {
+// crdsServed says whether the cluster has Weir's CRDs installed. Any
+// other answer than yes or no is an error: going on without the pools the
+// cluster declares would take addresses away.
+func (s *Source) crdsServed() (bool, error) {
 	list, err := s.client.Discovery().ServerResourcesForGroupVersion(v1alpha1.GroupVersion.String())
-	if err != nil {
-		s.log.Info("weir.dev custom resources not watched: their CRDs are not installed", "error", err)
-		return false
+	switch {
+	case apierrors.IsNotFound(err):
+		s.log.Info("weir.dev custom resources not watched: their CRDs are not installed (install them, then restart the server)")
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("asking whether the weir.dev CRDs are installed: %w", err)
 	}
-	return len(list.APIResources) > 0
+	return len(list.APIResources) > 0, nil
 }
 
 func (c *crds) makeInformers() ([]cache.InformerSynced, error) {

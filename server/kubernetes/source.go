@@ -106,8 +106,14 @@ func New(cfg Config, client clientset.Interface, reg *registry.Registry) (*Sourc
 	// controller copies service labels).
 	s := &Source{cfg: cfg, reg: reg, client: client, log: cfg.Log, selector: labels.NewSelector().Add(*proxyName, *notHeadless).String()}
 	s.serviceCIDRsServed()
-	if cfg.Dynamic != nil && s.crdsServed() {
-		s.crds = &crds{dyn: cfg.Dynamic, namespace: cfg.Namespace, src: s, refused: map[string]error{}}
+	if cfg.Dynamic != nil {
+		served, err := s.crdsServed()
+		if err != nil {
+			return nil, err
+		}
+		if served {
+			s.crds = &crds{dyn: cfg.Dynamic, namespace: cfg.Namespace, src: s, refused: map[string]error{}}
+		}
 	}
 	if err := s.makeInformers(); err != nil {
 		return nil, err
