@@ -2,13 +2,16 @@ package server_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -20,6 +23,7 @@ import (
 	"github.com/weirlb/weir/lbctl/convert"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/kubernetes/api/v1alpha1"
 	"github.com/weirlb/weir/server/servertest"
@@ -348,5 +352,115 @@ func TestConvertedMetalLBIsAccepted(t *testing.T) {
 	})
 	if _, err := ts.Registry.GetBgpPeer(ctx, &weirv1.GetBgpPeerRequest{Name: "tor-a"}); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestAdmissionRefusesWhatTheServerWould: with the server's admission
+// webhook registered, kubectl apply is refused at once, the field named,
+// for what only the server can tell: a pool overlapping another, a
+// password Secret that does not exist.
+func TestAdmissionRefusesWhatTheServerWould(t *testing.T) {
+	c := kubeapi.StartForTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rc, err := kubernetes.RestConfig(c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientset.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	installCRDs(t, ctx, dyn)
+	ts := servertest.Start(t, t.TempDir(), func(cfg *server.Config) {
+		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: "default"}
+	})
+	// The webhook, over TLS on loopback, with a certificate of its own.
+	dir := t.TempDir()
+	if err := certs.InitCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := certs.IssueServer(dir, []string{"127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(kubernetes.AdmissionPath, ts.Server.Admission())
+	hs := &http.Server{Handler: mux}
+	go hs.Serve(lis)
+	defer hs.Close()
+	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "https://" + lis.Addr().String() + kubernetes.AdmissionPath
+	fail, none := admissionregistrationv1.Fail, admissionregistrationv1.SideEffectClassNone
+	if _, err := kc.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "weir.dev"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name: "validate.weir.dev", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"weir.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"addresspools", "bgppeers"}},
+			}},
+			FailurePolicy: &fail, SideEffects: &none, AdmissionReviewVersions: []string{"v1"},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	create := func(res schema.GroupVersionResource, doc string, dryRun bool) error {
+		var obj map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		opts := metav1.CreateOptions{}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		_, err := dyn.Resource(res).Create(ctx, &unstructured.Unstructured{Object: obj}, opts)
+		return err
+	}
+	if err := create(v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: public\nspec:\n  addresses: [203.0.113.0/28]\n", false); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, func() error {
+		_, err := ts.Registry.GetAddressPool(ctx, &weirv1.GetAddressPoolRequest{Name: "public"})
+		return err
+	})
+	// The apiserver learns of the webhook within a moment: dry runs until
+	// it answers.
+	for _, tc := range []struct {
+		res       schema.GroupVersionResource
+		doc, want string
+	}{
+		{v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: overlap\nspec:\n  addresses: [198.51.100.0/28, 203.0.113.8-203.0.113.20]\n",
+			"spec.addresses[1]: 203.0.113.8-203.0.113.20 overlaps pool public"},
+		{v1alpha1.BGPPeers, "apiVersion: weir.dev/v1alpha1\nkind: BGPPeer\nmetadata:\n  name: tor-a\nspec:\n  address: 192.0.2.1\n  asn: 64500\n  myASN: 64512\n  passwordSecretRef:\n    name: tor-a\n",
+			"spec.passwordSecretRef: no Secret default/tor-a"},
+	} {
+		eventually(t, 15*time.Second, func() error {
+			if err := create(tc.res, tc.doc, true); err == nil || !strings.Contains(err.Error(), tc.want) {
+				return fmt.Errorf("dry run: %v; want a refusal with %q", err, tc.want)
+			}
+			return nil
+		})
+		if err := create(tc.res, tc.doc, false); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("create: %v; want a refusal with %q", err, tc.want)
+		}
+	}
+	// What the server takes passes.
+	if err := create(v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: other\nspec:\n  addresses: [198.51.100.0/28]\n", false); err != nil {
+		t.Errorf("a pool the server takes: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -352,6 +353,15 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		err = cause
 	}
 	return err
+}
+
+// Admission answers the apiserver's AdmissionReviews for Weir's custom
+// resources (kubernetes.Source.Admission); nil without Kubernetes.
+func (s *Server) Admission() http.Handler {
+	if s.kube == nil {
+		return nil
+	}
+	return s.kube.Admission()
 }
 
 // lead runs, until ctx ends, the jobs that must run once among replicas

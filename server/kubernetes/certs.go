@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,13 @@ const (
 	SecretServer = "weir-server-tls" // ca.crt, tls.crt, tls.key
 	SecretAgent  = "weir-agent-tls"  // ca.crt, tls.crt, tls.key: the fleet certificate (certs.FleetAgentName)
 	SecretAdmin  = "weir-admin-tls"  // ca.crt, tls.crt, tls.key: lbctl's, role admin
+	// SecretWebhook is the admission webhook's certificate, for the
+	// Service weir-webhook.
+	SecretWebhook = "weir-webhook-tls" // ca.crt, tls.crt, tls.key
+	// WebhookConfiguration is the ValidatingWebhookConfiguration that
+	// sends weir.dev objects to the server; its caBundle is the webhook
+	// Secret's ca.crt.
+	WebhookConfiguration = "weir.dev"
 )
 
 // BootstrapSecrets makes, in namespace, each of the Secrets above that is
@@ -34,7 +42,7 @@ const (
 func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace string, extraHosts []string) ([]string, error) {
 	secrets := client.CoreV1().Secrets(namespace)
 	missing := map[string]bool{}
-	for _, name := range []string{SecretServer, SecretAgent, SecretAdmin} {
+	for _, name := range []string{SecretServer, SecretAgent, SecretAdmin, SecretWebhook} {
 		_, err := secrets.Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
@@ -44,7 +52,7 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 		}
 	}
 	if len(missing) == 0 {
-		return nil, nil
+		return nil, caBundle(ctx, client, namespace)
 	}
 	dir, err := os.MkdirTemp("", "weir-certs-")
 	if err != nil {
@@ -92,6 +100,20 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 			map[string]string{"ca.crt": "ca.crt", "tls.crt": certs.FleetAgentName + ".crt", "tls.key": certs.FleetAgentName + ".key"}},
 		{SecretAdmin, func() error { return certs.IssueClient(dir, "admin", certs.RoleAdmin) },
 			map[string]string{"ca.crt": "ca.crt", "tls.crt": "admin.crt", "tls.key": "admin.key"}},
+		{SecretWebhook, func() error {
+			// A server certificate too: its own folder, not to replace
+			// the gRPC server's.
+			wdir := filepath.Join(dir, "webhook")
+			if err := os.Mkdir(wdir, 0o700); err != nil {
+				return err
+			}
+			for _, f := range []string{"ca.crt", "ca.key"} {
+				if err := os.Link(filepath.Join(dir, f), filepath.Join(wdir, f)); err != nil {
+					return err
+				}
+			}
+			return certs.IssueServer(wdir, []string{"weir-webhook." + namespace + ".svc", "weir-webhook." + namespace + ".svc.cluster.local"})
+		}, map[string]string{"ca.crt": "ca.crt", "tls.crt": "webhook/server.crt", "tls.key": "webhook/server.key"}},
 	}
 	for _, s := range issue {
 		if !missing[s.secret] {
@@ -109,7 +131,39 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 		}
 		made = append(made, s.secret)
 	}
-	return made, nil
+	return made, caBundle(ctx, client, namespace)
+}
+
+// caBundle makes the ValidatingWebhookConfiguration trust the webhook
+// Secret's CA, where it does not yet; without the configuration (the
+// Secrets made outside the manifests) there is nothing to do.
+func caBundle(ctx context.Context, client clientset.Interface, namespace string) error {
+	sec, err := client.CoreV1().Secrets(namespace).Get(ctx, SecretWebhook, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	ca := sec.Data["ca.crt"]
+	if len(ca) == 0 {
+		return fmt.Errorf("the Secret %s/%s has no ca.crt for the webhook's caBundle", namespace, SecretWebhook)
+	}
+	vwcs := client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	vwc, err := vwcs.Get(ctx, WebhookConfiguration, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	changed := false
+	for i := range vwc.Webhooks {
+		if cc := &vwc.Webhooks[i].ClientConfig; cc.Service != nil && cc.Service.Namespace == namespace && !bytes.Equal(cc.CABundle, ca) {
+			cc.CABundle, changed = ca, true
+		}
+	}
+	if changed {
+		_, err = vwcs.Update(ctx, vwc, metav1.UpdateOptions{})
+	}
+	return err
 }
 
 // files reads dir's files into a Secret's data.

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -40,11 +41,21 @@ func TestSecretsAreBootstrappedOnce(t *testing.T) {
 	if _, err := kc.CoreV1().Secrets(ns).Create(ctx, mine, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The webhook's configuration, as the manifests ship it: no caBundle.
+	path := kubernetes.AdmissionPath
+	none := admissionregistrationv1.SideEffectClassNone
+	if _, err := kc.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: kubernetes.WebhookConfiguration},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{Name: "validate.weir.dev", SideEffects: &none, AdmissionReviewVersions: []string{"v1"},
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: ns, Name: "weir-webhook", Path: &path}}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	made, err := kubernetes.BootstrapSecrets(ctx, kc, ns, []string{"weir.example.internal", "192.0.2.2"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{kubernetes.SecretCA, kubernetes.SecretServer, kubernetes.SecretAgent}; !slices.Equal(made, want) {
+	if want := []string{kubernetes.SecretCA, kubernetes.SecretServer, kubernetes.SecretAgent, kubernetes.SecretWebhook}; !slices.Equal(made, want) {
 		t.Errorf("made %v, want %v", made, want)
 	}
 	get := func(name string) *corev1.Secret {
@@ -67,6 +78,14 @@ func TestSecretsAreBootstrappedOnce(t *testing.T) {
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(cert(get(kubernetes.SecretCA).Data["ca.crt"]))
+	webhook := get(kubernetes.SecretWebhook)
+	if _, err := cert(webhook.Data["tls.crt"]).Verify(x509.VerifyOptions{Roots: roots, DNSName: "weir-webhook.weir-system.svc"}); err != nil {
+		t.Errorf("the webhook's certificate for weir-webhook.weir-system.svc: %v", err)
+	}
+	vwc, err := kc.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, kubernetes.WebhookConfiguration, metav1.GetOptions{})
+	if err != nil || string(vwc.Webhooks[0].ClientConfig.CABundle) != string(webhook.Data["ca.crt"]) {
+		t.Errorf("the webhook configuration's caBundle is not the webhook's CA: %v", err)
+	}
 	server := get(kubernetes.SecretServer)
 	for _, host := range []string{"weir-server.weir-system.svc", "weir-server", "localhost", "weir.example.internal", "192.0.2.2"} {
 		if _, err := cert(server.Data["tls.crt"]).Verify(x509.VerifyOptions{Roots: roots, DNSName: host}); err != nil {

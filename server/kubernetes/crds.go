@@ -241,8 +241,12 @@ func (c *crds) peer(p *v1alpha1.BGPPeer) (*model.BGPPeer, error) {
 // spec, as the native API's name ("spec.addresses[2]: ...").
 func specField(err error) error {
 	var fe *model.FieldError
-	if errors.As(err, &fe) {
+	var overlap *registry.OverlapError
+	switch {
+	case errors.As(err, &fe):
 		return fmt.Errorf("spec.%s: %s", fe.Field, fe.Reason)
+	case errors.As(err, &overlap):
+		return fmt.Errorf("spec.addresses[%d]: %s overlaps pool %s", overlap.Index, overlap.Range, overlap.Pool)
 	}
 	return err
 }

@@ -260,6 +260,18 @@ func (s *Source) remove(obj any) {
 	}
 }
 
+// check tells whether put would take obj, and writes nothing.
+func check[T model.Object](c *registry.Collection[T], obj T) error {
+	_, err := c.Get(obj.GetMeta().Key())
+	switch {
+	case errors.Is(err, registry.ErrNotFound):
+		_, err = c.CheckCreate(obj)
+	case err == nil:
+		_, err = c.CheckUpdate(obj)
+	}
+	return err
+}
+
 // put creates or replaces a resource the kubernetes source owns; one
 // another source owns is left alone (and reported).
 func put[T model.Object](c *registry.Collection[T], obj T) error {

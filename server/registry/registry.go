@@ -333,6 +333,20 @@ func (r *Registry) indexSlice(now, old *model.EndpointSlice) {
 	}
 }
 
+// OverlapError is a pool's range sharing addresses with another pool's:
+// ErrInUse, with what and where.
+type OverlapError struct {
+	Index int // in the pool's addresses
+	Range model.AddressRange
+	Pool  string // the other
+}
+
+func (e *OverlapError) Error() string {
+	return fmt.Sprintf("%v: addresses[%d] %s overlaps pool %s", ErrInUse, e.Index, e.Range, e.Pool)
+}
+
+func (e *OverlapError) Unwrap() error { return ErrInUse }
+
 // checkPoolOverlap rejects a pool sharing addresses with another: an
 // address must come from one pool only.
 func (r *Registry) checkPoolOverlap(p *model.AddressPool) error {
@@ -343,7 +357,7 @@ func (r *Registry) checkPoolOverlap(p *model.AddressPool) error {
 		for i, a := range p.Ranges {
 			for _, b := range other.Ranges {
 				if a.First.Is4() == b.First.Is4() && a.First.Compare(b.Last) <= 0 && b.First.Compare(a.Last) <= 0 {
-					return fmt.Errorf("%w: addresses[%d] %s overlaps pool %s", ErrInUse, i, a, name)
+					return &OverlapError{Index: i, Range: a, Pool: name}
 				}
 			}
 		}

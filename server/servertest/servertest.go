@@ -29,8 +29,10 @@ type Server struct {
 	Registry weirv1.RegistryServiceClient
 	Agents   weirv1.AgentServiceClient
 	// Hub is the server's agent hub, for tests that look inside.
-	Hub  *agentsync.Hub
-	stop func()
+	Hub *agentsync.Hub
+	// Server is the server itself, for what it serves beside gRPC.
+	Server *server.Server
+	stop   func()
 }
 
 // Start serves dataDir in plain text on 127.0.0.1 until the test ends or
@@ -58,7 +60,7 @@ func Start(t testing.TB, dataDir string, options ...func(*server.Config)) *Serve
 	}
 	s := &Server{
 		Addr: lis.Addr().String(), DataDir: dataDir, Conn: conn,
-		Registry: weirv1.NewRegistryServiceClient(conn), Agents: weirv1.NewAgentServiceClient(conn), Hub: srv.Agents,
+		Registry: weirv1.NewRegistryServiceClient(conn), Agents: weirv1.NewAgentServiceClient(conn), Hub: srv.Agents, Server: srv,
 	}
 	s.stop = func() {
 		conn.Close()

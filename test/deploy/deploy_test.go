@@ -211,6 +211,8 @@ func checkServerAccess(ctx context.Context, t *testing.T, rc *rest.Config) {
 		{authorizationv1.ResourceAttributes{Verb: "list", Namespace: "weir-system", Resource: "secrets"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "weir-system", Resource: "secrets", Name: "weir-ca"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "create", Namespace: "default", Resource: "secrets"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations", Name: "weir.dev"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations", Name: "someone-elses"}, false},
 	})
 }
 

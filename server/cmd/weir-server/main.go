@@ -80,6 +80,9 @@ func run() error {
 		resAll         = flag.Bool("resources-file-allow-removing-all", false, "apply a resources file even when it is empty or removes every address pool in use (refused by default: a half-written file looks like that)")
 		proxyNm        = flag.String("service-proxy-name", "", "handle only Kubernetes services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones, as kube-proxy)")
 		lbClass        = flag.String("load-balancer-class", kubernetes.DefaultLoadBalancerClass, "assign and announce the addresses of Kubernetes LoadBalancer services whose spec.loadBalancerClass is CLASS; another controller's services are forwarded, never touched")
+		webhookAddr    = flag.String("webhook-bind-address", "", "with --kubernetes: serve the apiserver's admission reviews of weir.dev objects (the ValidatingWebhookConfiguration weir.dev) over HTTPS here, e.g. 0.0.0.0:7445; empty: not served")
+		webhookCert    = flag.String("webhook-cert-file", "", "the admission webhook's certificate (PEM)")
+		webhookKey     = flag.String("webhook-key-file", "", "the admission webhook's private key (PEM)")
 		lbDefault      = flag.Bool("default-load-balancer", false, "Weir is the cluster's default load balancer: also handle LoadBalancer services with no spec.loadBalancerClass (leave false beside MetalLB or another controller that handles them)")
 		apiRate        = flag.Float64("api-calls-per-second", limits.DefaultCallsPerSecond, "each caller's rate of API calls (bursts of twice as many); a caller over it waits, others do not; 0: no limit")
 		apiWatch       = flag.Int("api-watches-per-caller", limits.DefaultMaxWatchesPerCaller, "most Watch streams one caller may hold open")
@@ -195,6 +198,24 @@ func run() error {
 	// while it is on loopback (a Prometheus scrape from another host is
 	// no reason to open them).
 	go http.Serve(mln, metricsMux(reg, *metrics, log))
+	if *webhookAddr != "" {
+		if srv.Admission() == nil || *webhookCert == "" || *webhookKey == "" {
+			return errors.New("--webhook-bind-address needs --kubernetes, --webhook-cert-file and --webhook-key-file")
+		}
+		cert, err := tls.LoadX509KeyPair(*webhookCert, *webhookKey)
+		if err != nil {
+			return fmt.Errorf("--webhook-cert-file: %w", err)
+		}
+		wln, err := net.Listen("tcp", *webhookAddr)
+		if err != nil {
+			return fmt.Errorf("--webhook-bind-address: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle(kubernetes.AdmissionPath, srv.Admission())
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+			TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
+		go hs.ServeTLS(wln, "", "")
+	}
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err

@@ -1,0 +1,82 @@
+package kubernetes
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/weirlb/weir/server/kubernetes/api/v1alpha1"
+)
+
+// AdmissionPath is where the server answers the apiserver's
+// AdmissionReviews (the ValidatingWebhookConfiguration weir.dev).
+const AdmissionPath = "/validate"
+
+// maxReview bounds an AdmissionReview's body: an object is at most 1.5 MiB
+// in etcd, and a review carries it twice (old and new).
+const maxReview = 4 << 20
+
+// Admission answers the apiserver's AdmissionReviews for Weir's custom
+// resources with what the server itself would say of them, so that kubectl
+// apply refuses, naming the field, what one object cannot tell alone: a
+// pool overlapping another, a name the resources file holds, a password
+// Secret that does not exist. Two writes racing each other may both pass
+// it; the one the server then refuses says so in its Accepted condition.
+func (s *Source) Admission() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxReview+1))
+		if err != nil || len(body) > maxReview {
+			http.Error(w, "unreadable or too large AdmissionReview", http.StatusBadRequest)
+			return
+		}
+		var review admissionv1.AdmissionReview
+		if err := json.Unmarshal(body, &review); err != nil || review.Request == nil {
+			http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
+			return
+		}
+		resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: true}
+		if err := s.admit(review.Request); err != nil {
+			resp.Allowed = false
+			resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusUnprocessableEntity,
+				Reason: metav1.StatusReasonInvalid, Message: err.Error()}
+		}
+		review.Response, review.Request = resp, nil
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(&review)
+	})
+}
+
+// admit is what the server says of one request: nil to let it through.
+func (s *Source) admit(req *admissionv1.AdmissionRequest) error {
+	if s.crds == nil || (req.Operation != admissionv1.Create && req.Operation != admissionv1.Update) ||
+		req.Kind.Group != v1alpha1.GroupVersion.Group {
+		return nil
+	}
+	switch req.Kind.Kind {
+	case "AddressPool":
+		var p v1alpha1.AddressPool
+		if err := json.Unmarshal(req.Object.Raw, &p); err != nil {
+			return fmt.Errorf("the AddressPool does not read: %w", err)
+		}
+		m, err := PoolFromCRD(&p)
+		if err != nil {
+			return err
+		}
+		return specField(check(s.reg.Pools, m))
+	case "BGPPeer":
+		var p v1alpha1.BGPPeer
+		if err := json.Unmarshal(req.Object.Raw, &p); err != nil {
+			return fmt.Errorf("the BGPPeer does not read: %w", err)
+		}
+		m, err := s.crds.peer(&p)
+		if err != nil {
+			return err
+		}
+		return specField(check(s.reg.Peers, m))
+	}
+	return nil
+}
