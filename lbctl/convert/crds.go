@@ -35,6 +35,13 @@ func CustomResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, names
 			set(adv, "nodeSelector", l.GetNodeSelector(), len(l.GetNodeSelector()) > 0)
 			spec["l2Advertisement"] = adv
 		}
+		if a := p.GetServiceAllocation(); a != nil {
+			alloc := map[string]any{}
+			set(alloc, "priority", a.GetPriority(), a.GetPriority() != 0)
+			set(alloc, "namespaces", a.GetNamespaces(), len(a.GetNamespaces()) > 0)
+			set(alloc, "serviceSelector", a.GetServiceSelector(), len(a.GetServiceSelector()) > 0)
+			spec["serviceAllocation"] = alloc
+		}
 		docs = append(docs, customResource("AddressPool", p.GetMetadata(), spec))
 	}
 	for _, p := range peers {

@@ -306,7 +306,15 @@ func convertPool(o *object, bgpAds, l2Ads []*object, communities map[string]stri
 		note("spec.avoidBuggyIPs", "Weir assigns every address of the range, .0 and .255 included: leave them out of the addresses")
 	}
 	if a := s.ServiceAllocation; a != nil {
-		note("spec.serviceAllocation", "Weir does not scope a pool to namespaces or services, nor order pools by priority: services name the pool they want (metallb.io/address-pool is read)")
+		pool.ServiceAllocation = &weirv1.ServiceAllocation{Priority: int32(a.Priority), Namespaces: a.Namespaces}
+		if len(a.NamespaceSelectors) > 0 {
+			note("spec.serviceAllocation.namespaceSelectors", "Weir scopes a pool by namespace names, not namespace labels: left out, list the namespaces")
+		}
+		sel, ok := nodeSelector(a.ServiceSelectors)
+		pool.ServiceAllocation.ServiceSelector = sel
+		if !ok {
+			note("spec.serviceAllocation.serviceSelectors", "Weir selects services by labels that must all match (matchLabels of one selector): left out")
+		}
 	}
 	var mine []*object
 	for _, ad := range slices.Concat(bgpAds, l2Ads) {

@@ -32,7 +32,8 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 			BgpAdvertisement: &weirv1.BgpAdvertisement{AggregationLength: 28, AggregationLengthV6: 124, LocalPreference: 150,
 				Communities: []string{"65535:65281", "64512:100"}, Peers: []string{"tor-a"}}},
 		{Metadata: meta("reserved", nil), Addresses: []string{"198.51.100.10-198.51.100.19"}, ManualOnly: true,
-			BgpAdvertisement: &weirv1.BgpAdvertisement{}},
+			BgpAdvertisement:  &weirv1.BgpAdvertisement{},
+			ServiceAllocation: &weirv1.ServiceAllocation{Priority: 10, Namespaces: []string{"payments"}}},
 		{Metadata: meta("office-lan", nil), Addresses: []string{"192.0.2.200-192.0.2.209"},
 			L2Advertisement: &weirv1.L2Advertisement{Interfaces: []string{"eth1"}, NodeSelector: map[string]string{"l2": "yes"}}},
 		{Metadata: meta("unannounced", nil), Addresses: []string{"198.51.100.128/28"}},
@@ -57,7 +58,7 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 		"IPAddressPool/public spec.avoidBuggyIPs",
 		"IPAddressPool/public ", // the second advertisement, L2Advertisement/edge-too
 		"BGPAdvertisement/edge spec.communities",
-		"IPAddressPool/reserved spec.serviceAllocation",
+		"IPAddressPool/reserved spec.serviceAllocation.namespaceSelectors",
 		"BGPAdvertisement/reserved-routes spec.nodeSelectors",
 		"IPAddressPool/unannounced ",
 		"BGPPeer/tor-b spec.nodeSelectors",

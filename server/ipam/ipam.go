@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
 	"slices"
 	"time"
@@ -28,6 +29,9 @@ const (
 	ReasonAddressTaken  = "AddressTaken"
 	ReasonNotInAnyPool  = "NotInAnyPool"
 	ReasonNoPool        = "NoPool"
+	// ReasonNotAllowed: the address asked for is in a pool scoped to
+	// other services (its service_allocation).
+	ReasonNotAllowed = "NotAllowed"
 )
 
 // Writer records a service's assignment where its source keeps status.
@@ -105,7 +109,7 @@ func (a *Allocator) Plan() []Write {
 	var pools []*model.AddressPool
 	var svcs []*model.Service
 	a.reg.Read(func(v registry.View) {
-		pools = v.Pools()
+		pools = AllocationOrder(v.Pools())
 		for _, k := range v.ServiceKeys() {
 			if s := v.Service(k); s.Type == model.LoadBalancer {
 				svcs = append(svcs, s)
@@ -198,6 +202,8 @@ func (a *Allocator) Plan() []Write {
 					w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is in no address pool", ip), false
 				case s.AddressPool != "" && p.Name != s.AddressPool:
 					w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is not in pool %s", ip, s.AddressPool), false
+				case !p.Allows(s):
+					w.reason, w.message, ok = ReasonNotAllowed, fmt.Sprintf("%s is in pool %s, which is for %s", ip, p.Name, p.Allocation.Scope()), false
 				case !shareable(ip, s):
 					w.reason, w.message, ok = ReasonAddressTaken, fmt.Sprintf("%s is assigned to %s", ip, used[ip][0].Key()), false
 				}
@@ -239,11 +245,16 @@ func (a *Allocator) Plan() []Write {
 	return out
 }
 
-// pick finds the first free address of the family in the pools s may use.
+// pick finds the first free address of the family in the pools s may use,
+// in allocation order.
 func pick(pools []*model.AddressPool, s *model.Service, is6 bool, used map[netip.Addr][]*model.Service, shareable func(netip.Addr, *model.Service) bool) (netip.Addr, string, string) {
-	eligible := 0
+	eligible, scopedOut := 0, ""
 	for _, p := range pools {
 		if (s.AddressPool != "" && p.Name != s.AddressPool) || (s.AddressPool == "" && p.ManualOnly) {
+			continue
+		}
+		if !p.Allows(s) {
+			scopedOut = fmt.Sprintf(" (pool %s is for %s)", p.Name, p.Allocation.Scope())
 			continue
 		}
 		for _, r := range p.Ranges {
@@ -267,7 +278,7 @@ func pick(pools []*model.AddressPool, s *model.Service, is6 bool, used map[netip
 		fam = "IPv6"
 	}
 	if eligible == 0 {
-		return netip.Addr{}, ReasonNoPool, fmt.Sprintf("no address pool has %s addresses for this service", fam)
+		return netip.Addr{}, ReasonNoPool, fmt.Sprintf("no address pool has %s addresses for this service%s", fam, scopedOut)
 	}
 	return netip.Addr{}, ReasonPoolExhausted, fmt.Sprintf("every %s address of the pools this service may use is assigned", fam)
 }
@@ -293,3 +304,25 @@ func portsOverlap(a, b *model.Service) bool {
 }
 
 func sameAddrs(a, b []netip.Addr) bool { return slices.Equal(a, b) }
+
+// AllocationOrder is the order pools are tried in for a service that
+// names none: the scoped pools (service_allocation) first, by priority (1
+// first, 0 last), then the others; by name among equals.
+func AllocationOrder(pools []*model.AddressPool) []*model.AddressPool {
+	rank := func(p *model.AddressPool) (int, int) {
+		if p.Allocation == nil {
+			return 1, 0
+		}
+		if p.Allocation.Priority == 0 {
+			return 0, math.MaxInt
+		}
+		return 0, p.Allocation.Priority
+	}
+	out := slices.Clone(pools)
+	slices.SortStableFunc(out, func(a, b *model.AddressPool) int {
+		sa, pa := rank(a)
+		sb, pb := rank(b)
+		return cmp.Or(cmp.Compare(sa, sb), cmp.Compare(pa, pb), cmp.Compare(a.Name, b.Name))
+	})
+	return out
+}

@@ -195,6 +195,9 @@ func PoolFromCRD(p *v1alpha1.AddressPool) (*model.AddressPool, error) {
 	if l := p.Spec.L2Advertisement; l != nil {
 		w.L2Advertisement = &weirv1.L2Advertisement{Interfaces: l.Interfaces, NodeSelector: l.NodeSelector}
 	}
+	if a := p.Spec.ServiceAllocation; a != nil {
+		w.ServiceAllocation = &weirv1.ServiceAllocation{Priority: a.Priority, Namespaces: a.Namespaces, ServiceSelector: a.ServiceSelector}
+	}
 	m, err := resourcewire.PoolFromProto(w)
 	if err != nil {
 		return nil, specField(err)

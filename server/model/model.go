@@ -5,6 +5,7 @@ package model
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -123,6 +124,48 @@ type AddressPool struct {
 	// L2, when set, has the pool's addresses answered by ARP and NDP,
 	// one node per address, instead of announced over BGP.
 	L2 *L2Advertisement `json:"l2,omitempty"`
+	// Allocation, when set, gives the pool's addresses only to some
+	// services, and orders the pools a service may get addresses from.
+	Allocation *ServiceAllocation `json:"allocation,omitempty"`
+}
+
+// ServiceAllocation scopes a pool to some services (MetalLB's
+// serviceAllocation): those of Namespaces (any when empty) with all the
+// labels of ServiceSelector. Such a pool is tried before the pools that
+// are not scoped, in Priority order (1 first; 0 is no priority, last).
+type ServiceAllocation struct {
+	Priority        int               `json:"priority,omitempty"`
+	Namespaces      []string          `json:"namespaces,omitempty"`
+	ServiceSelector map[string]string `json:"serviceSelector,omitempty"`
+}
+
+// Allows tells whether the pool may give svc addresses: always when it
+// is not scoped.
+func (p *AddressPool) Allows(svc *Service) bool {
+	a := p.Allocation
+	if a == nil {
+		return true
+	}
+	return (len(a.Namespaces) == 0 || slices.Contains(a.Namespaces, svc.Namespace)) && selects(a.ServiceSelector, svc.Labels)
+}
+
+// Scope says, for a reason, whom a scoped pool is for.
+func (a *ServiceAllocation) Scope() string {
+	var parts []string
+	if len(a.Namespaces) > 0 {
+		parts = append(parts, "namespaces "+strings.Join(a.Namespaces, ", "))
+	}
+	if len(a.ServiceSelector) > 0 {
+		var labels []string
+		for _, k := range slices.Sorted(maps.Keys(a.ServiceSelector)) {
+			labels = append(labels, k+"="+a.ServiceSelector[k])
+		}
+		parts = append(parts, "services labelled "+strings.Join(labels, ","))
+	}
+	if len(parts) == 0 {
+		return "every service"
+	}
+	return strings.Join(parts, " and ")
 }
 
 // L2Advertisement is where and by which nodes a pool's addresses are

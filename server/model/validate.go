@@ -363,6 +363,25 @@ func (p *AddressPool) Validate() error {
 			return err
 		}
 	}
+	if a := p.Allocation; a != nil {
+		if a.Priority < 0 {
+			return fieldErr("service_allocation.priority", "%d is negative", a.Priority)
+		}
+		if len(a.Namespaces) > maxAllocationNamespaces {
+			return fieldErr("service_allocation.namespaces", "%d namespaces; at most %d", len(a.Namespaces), maxAllocationNamespaces)
+		}
+		for i, ns := range a.Namespaces {
+			if !dns1123Label.MatchString(ns) {
+				return fieldErr(fmt.Sprintf("service_allocation.namespaces[%d]", i), "%q is not a namespace name", ns)
+			}
+			if slices.Contains(a.Namespaces[:i], ns) {
+				return fieldErr(fmt.Sprintf("service_allocation.namespaces[%d]", i), "%q is given twice", ns)
+			}
+		}
+		if err := validateLabels("service_allocation.service_selector", a.ServiceSelector); err != nil {
+			return err
+		}
+	}
 	for i, peer := range p.BGP.Peers {
 		if !dns1123Subdomain.MatchString(peer) {
 			return fieldErr(fmt.Sprintf("bgp_advertisement.peers[%d]", i), "%q is not a BGP peer's name", peer)
@@ -401,6 +420,9 @@ func (p *AddressPool) Validate() error {
 
 // maxInterfaces bounds an L2 advertisement's interfaces (Weir's).
 const maxInterfaces = 16
+
+// maxAllocationNamespaces bounds a pool's service_allocation.namespaces.
+const maxAllocationNamespaces = 64
 
 // interfaceName is a Linux interface name: 1 to 15 bytes (IFNAMSIZ less
 // the NUL), no '/', ':' or white space, not "." or "..".

@@ -290,6 +290,9 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 	if l2 := p.GetL2Advertisement(); l2 != nil {
 		out.L2 = &model.L2Advertisement{Interfaces: l2.GetInterfaces(), NodeSelector: l2.GetNodeSelector()}
 	}
+	if a := p.GetServiceAllocation(); a != nil {
+		out.Allocation = &model.ServiceAllocation{Priority: int(a.GetPriority()), Namespaces: a.GetNamespaces(), ServiceSelector: a.GetServiceSelector()}
+	}
 	adv := p.GetBgpAdvertisement()
 	out.BGP.LocalPref, out.BGP.Peers = adv.GetLocalPreference(), adv.GetPeers()
 	out.BGP.AggregationLength, out.BGP.AggregationLengthV6 = int(adv.GetAggregationLength()), int(adv.GetAggregationLengthV6())
@@ -324,6 +327,9 @@ func PoolToProto(p *model.AddressPool) *weirv1.AddressPool {
 	}
 	if p.L2 != nil {
 		out.L2Advertisement = &weirv1.L2Advertisement{Interfaces: p.L2.Interfaces, NodeSelector: p.L2.NodeSelector}
+	}
+	if a := p.Allocation; a != nil {
+		out.ServiceAllocation = &weirv1.ServiceAllocation{Priority: int32(a.Priority), Namespaces: a.Namespaces, ServiceSelector: a.ServiceSelector}
 	}
 	for _, r := range p.Ranges {
 		out.Addresses = append(out.Addresses, r.String())

@@ -1277,8 +1277,11 @@ type AddressPool struct {
 	// A pool is announced one way: with this set, bgp_advertisement must not
 	// be.
 	L2Advertisement *L2Advertisement `protobuf:"bytes,5,opt,name=l2_advertisement,json=l2Advertisement,proto3" json:"l2_advertisement,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Gives the pool's addresses only to some services, and orders the pools
+	// a service gets addresses from (MetalLB's serviceAllocation).
+	ServiceAllocation *ServiceAllocation `protobuf:"bytes,6,opt,name=service_allocation,json=serviceAllocation,proto3" json:"service_allocation,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *AddressPool) Reset() {
@@ -1346,6 +1349,81 @@ func (x *AddressPool) GetL2Advertisement() *L2Advertisement {
 	return nil
 }
 
+func (x *AddressPool) GetServiceAllocation() *ServiceAllocation {
+	if x != nil {
+		return x.ServiceAllocation
+	}
+	return nil
+}
+
+// ServiceAllocation scopes a pool to the services of some namespaces, or
+// with some labels: others get no address from it, not even one they ask
+// for. A scoped pool that allows a service is tried before the pools that
+// are not scoped, in priority order.
+type ServiceAllocation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 is tried first, then 2, and so on; 0 means no priority (after the
+	// others).
+	Priority int32 `protobuf:"varint,1,opt,name=priority,proto3" json:"priority,omitempty"`
+	// The namespaces whose services the pool serves; empty means every one.
+	Namespaces []string `protobuf:"bytes,2,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	// Only services with all these labels; empty means every one.
+	ServiceSelector map[string]string `protobuf:"bytes,3,rep,name=service_selector,json=serviceSelector,proto3" json:"service_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ServiceAllocation) Reset() {
+	*x = ServiceAllocation{}
+	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceAllocation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceAllocation) ProtoMessage() {}
+
+func (x *ServiceAllocation) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceAllocation.ProtoReflect.Descriptor instead.
+func (*ServiceAllocation) Descriptor() ([]byte, []int) {
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ServiceAllocation) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *ServiceAllocation) GetNamespaces() []string {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
+func (x *ServiceAllocation) GetServiceSelector() map[string]string {
+	if x != nil {
+		return x.ServiceSelector
+	}
+	return nil
+}
+
 // L2Advertisement makes one node at a time answer ARP (IPv4) and NDP
 // (IPv6) for each of a pool's addresses (MetalLB's L2Advertisement). The
 // server chooses the node and gives it a lease that it renews; the
@@ -1365,7 +1443,7 @@ type L2Advertisement struct {
 
 func (x *L2Advertisement) Reset() {
 	*x = L2Advertisement{}
-	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	mi := &file_weir_v1_resources_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1455,7 @@ func (x *L2Advertisement) String() string {
 func (*L2Advertisement) ProtoMessage() {}
 
 func (x *L2Advertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[13]
+	mi := &file_weir_v1_resources_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1468,7 @@ func (x *L2Advertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Advertisement.ProtoReflect.Descriptor instead.
 func (*L2Advertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *L2Advertisement) GetInterfaces() []string {
@@ -1443,7 +1521,7 @@ type BgpAdvertisement struct {
 
 func (x *BgpAdvertisement) Reset() {
 	*x = BgpAdvertisement{}
-	mi := &file_weir_v1_resources_proto_msgTypes[14]
+	mi := &file_weir_v1_resources_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1533,7 @@ func (x *BgpAdvertisement) String() string {
 func (*BgpAdvertisement) ProtoMessage() {}
 
 func (x *BgpAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[14]
+	mi := &file_weir_v1_resources_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1546,7 @@ func (x *BgpAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpAdvertisement.ProtoReflect.Descriptor instead.
 func (*BgpAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BgpAdvertisement) GetCommunities() []string {
@@ -1528,7 +1606,7 @@ type ServiceCidr struct {
 
 func (x *ServiceCidr) Reset() {
 	*x = ServiceCidr{}
-	mi := &file_weir_v1_resources_proto_msgTypes[15]
+	mi := &file_weir_v1_resources_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1618,7 @@ func (x *ServiceCidr) String() string {
 func (*ServiceCidr) ProtoMessage() {}
 
 func (x *ServiceCidr) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[15]
+	mi := &file_weir_v1_resources_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1631,7 @@ func (x *ServiceCidr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceCidr.ProtoReflect.Descriptor instead.
 func (*ServiceCidr) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ServiceCidr) GetMetadata() *ObjectMeta {
@@ -1600,7 +1678,7 @@ type BgpPeer struct {
 
 func (x *BgpPeer) Reset() {
 	*x = BgpPeer{}
-	mi := &file_weir_v1_resources_proto_msgTypes[16]
+	mi := &file_weir_v1_resources_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1690,7 @@ func (x *BgpPeer) String() string {
 func (*BgpPeer) ProtoMessage() {}
 
 func (x *BgpPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_resources_proto_msgTypes[16]
+	mi := &file_weir_v1_resources_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1703,7 @@ func (x *BgpPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpPeer.ProtoReflect.Descriptor instead.
 func (*BgpPeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_resources_proto_rawDescGZIP(), []int{16}
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BgpPeer) GetMetadata() *ObjectMeta {
@@ -1787,14 +1865,24 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x04zone\x18\x03 \x01(\tR\x04zone\x12\x1b\n" +
 	"\tpod_cidrs\x18\x04 \x03(\tR\bpodCidrs\x12\x1a\n" +
 	"\bdeleting\x18\x05 \x01(\bR\bdeleting\x12\x18\n" +
-	"\adrained\x18\x06 \x01(\bR\adrained\"\x8a\x02\n" +
+	"\adrained\x18\x06 \x01(\bR\adrained\"\xd5\x02\n" +
 	"\vAddressPool\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x1f\n" +
 	"\vmanual_only\x18\x03 \x01(\bR\n" +
 	"manualOnly\x12F\n" +
 	"\x11bgp_advertisement\x18\x04 \x01(\v2\x19.weir.v1.BgpAdvertisementR\x10bgpAdvertisement\x12C\n" +
-	"\x10l2_advertisement\x18\x05 \x01(\v2\x18.weir.v1.L2AdvertisementR\x0fl2Advertisement\"\xc3\x01\n" +
+	"\x10l2_advertisement\x18\x05 \x01(\v2\x18.weir.v1.L2AdvertisementR\x0fl2Advertisement\x12I\n" +
+	"\x12service_allocation\x18\x06 \x01(\v2\x1a.weir.v1.ServiceAllocationR\x11serviceAllocation\"\xef\x01\n" +
+	"\x11ServiceAllocation\x12\x1a\n" +
+	"\bpriority\x18\x01 \x01(\x05R\bpriority\x12\x1e\n" +
+	"\n" +
+	"namespaces\x18\x02 \x03(\tR\n" +
+	"namespaces\x12Z\n" +
+	"\x10service_selector\x18\x03 \x03(\v2/.weir.v1.ServiceAllocation.ServiceSelectorEntryR\x0fserviceSelector\x1aB\n" +
+	"\x14ServiceSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc3\x01\n" +
 	"\x0fL2Advertisement\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\tR\n" +
@@ -1861,7 +1949,7 @@ func file_weir_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_weir_v1_resources_proto_goTypes = []any{
 	(ServiceType)(0),              // 0: weir.v1.ServiceType
 	(Protocol)(0),                 // 1: weir.v1.Protocol
@@ -1881,18 +1969,20 @@ var file_weir_v1_resources_proto_goTypes = []any{
 	(*EndpointPort)(nil),          // 15: weir.v1.EndpointPort
 	(*Node)(nil),                  // 16: weir.v1.Node
 	(*AddressPool)(nil),           // 17: weir.v1.AddressPool
-	(*L2Advertisement)(nil),       // 18: weir.v1.L2Advertisement
-	(*BgpAdvertisement)(nil),      // 19: weir.v1.BgpAdvertisement
-	(*ServiceCidr)(nil),           // 20: weir.v1.ServiceCidr
-	(*BgpPeer)(nil),               // 21: weir.v1.BgpPeer
-	nil,                           // 22: weir.v1.ObjectMeta.LabelsEntry
-	nil,                           // 23: weir.v1.L2Advertisement.NodeSelectorEntry
-	nil,                           // 24: weir.v1.BgpPeer.NodeSelectorEntry
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*ServiceAllocation)(nil),     // 18: weir.v1.ServiceAllocation
+	(*L2Advertisement)(nil),       // 19: weir.v1.L2Advertisement
+	(*BgpAdvertisement)(nil),      // 20: weir.v1.BgpAdvertisement
+	(*ServiceCidr)(nil),           // 21: weir.v1.ServiceCidr
+	(*BgpPeer)(nil),               // 22: weir.v1.BgpPeer
+	nil,                           // 23: weir.v1.ObjectMeta.LabelsEntry
+	nil,                           // 24: weir.v1.ServiceAllocation.ServiceSelectorEntry
+	nil,                           // 25: weir.v1.L2Advertisement.NodeSelectorEntry
+	nil,                           // 26: weir.v1.BgpPeer.NodeSelectorEntry
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
 }
 var file_weir_v1_resources_proto_depIdxs = []int32{
-	22, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
-	25, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	23, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
+	27, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 2: weir.v1.Service.metadata:type_name -> weir.v1.ObjectMeta
 	7,  // 3: weir.v1.Service.spec:type_name -> weir.v1.ServiceSpec
 	9,  // 4: weir.v1.Service.status:type_name -> weir.v1.ServiceStatus
@@ -1912,17 +2002,19 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	1,  // 18: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
 	5,  // 19: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
 	5,  // 20: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
-	19, // 21: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
-	18, // 22: weir.v1.AddressPool.l2_advertisement:type_name -> weir.v1.L2Advertisement
-	23, // 23: weir.v1.L2Advertisement.node_selector:type_name -> weir.v1.L2Advertisement.NodeSelectorEntry
-	5,  // 24: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
-	5,  // 25: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
-	24, // 26: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
-	27, // [27:27] is the sub-list for method output_type
-	27, // [27:27] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	20, // 21: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
+	19, // 22: weir.v1.AddressPool.l2_advertisement:type_name -> weir.v1.L2Advertisement
+	18, // 23: weir.v1.AddressPool.service_allocation:type_name -> weir.v1.ServiceAllocation
+	24, // 24: weir.v1.ServiceAllocation.service_selector:type_name -> weir.v1.ServiceAllocation.ServiceSelectorEntry
+	25, // 25: weir.v1.L2Advertisement.node_selector:type_name -> weir.v1.L2Advertisement.NodeSelectorEntry
+	5,  // 26: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
+	5,  // 27: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
+	26, // 28: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }
@@ -1937,7 +2029,7 @@ func file_weir_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_resources_proto_rawDesc), len(file_weir_v1_resources_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

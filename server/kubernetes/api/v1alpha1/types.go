@@ -75,6 +75,36 @@ type AddressPoolSpec struct {
 	//
 	// +optional
 	L2Advertisement *L2Advertisement `json:"l2Advertisement,omitempty"`
+	// ServiceAllocation gives the pool's addresses only to some Services,
+	// and orders the pools a Service gets addresses from.
+	//
+	// +optional
+	ServiceAllocation *ServiceAllocation `json:"serviceAllocation,omitempty"`
+}
+
+// ServiceAllocation scopes a pool to the Services of some namespaces, or
+// with some labels; others get no address from it, not even one they ask
+// for. A scoped pool that allows a Service is tried before the pools that
+// are not scoped, in priority order.
+type ServiceAllocation struct {
+	// Priority: 1 is tried first, then 2, and so on; 0 means none (after
+	// the others).
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Priority int32 `json:"priority,omitempty"`
+	// Namespaces whose Services the pool serves; empty: every one.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +listType=set
+	Namespaces []string `json:"namespaces,omitempty"`
+	// ServiceSelector: only Services with all these labels.
+	//
+	// +optional
+	ServiceSelector map[string]string `json:"serviceSelector,omitempty"`
 }
 
 // BGPAdvertisement is the pool's routes' attributes.
