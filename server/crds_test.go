@@ -30,6 +30,25 @@ import (
 	"github.com/weirlb/weir/test/kubeapi"
 )
 
+// startKube runs a real apiserver and returns clients for it.
+func startKube(t *testing.T) (*kubeapi.Cluster, clientset.Interface, dynamic.Interface) {
+	t.Helper()
+	c := kubeapi.StartForTest(t)
+	rc, err := kubernetes.RestConfig(c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientset.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, kc, dyn
+}
+
 // installCRDs creates the shipped CustomResourceDefinitions and waits
 // until the apiserver serves them.
 func installCRDs(t *testing.T, ctx context.Context, dyn dynamic.Interface) {
@@ -72,21 +91,9 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 	kubernetes.RetryPeriod = 200 * time.Millisecond
 	server.AnnouncePeriod = 100 * time.Millisecond
 	defer func() { kubernetes.RetryPeriod, server.AnnouncePeriod = 5*time.Second, time.Second }()
-	c := kubeapi.StartForTest(t)
+	c, kc, dyn := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rc, err := kubernetes.RestConfig(c.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := clientset.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	installCRDs(t, ctx, dyn)
 	create := func(resource schema.GroupVersionResource, doc string) error {
 		var obj map[string]any
@@ -275,21 +282,9 @@ func tableRow(ctx context.Context, kc clientset.Interface, resource, name string
 func TestConvertedMetalLBIsAccepted(t *testing.T) {
 	kubernetes.RetryPeriod, server.AnnouncePeriod = 200*time.Millisecond, 100*time.Millisecond
 	defer func() { kubernetes.RetryPeriod, server.AnnouncePeriod = 5*time.Second, time.Second }()
-	c := kubeapi.StartForTest(t)
+	c, kc, dyn := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rc, err := kubernetes.RestConfig(c.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := clientset.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	installCRDs(t, ctx, dyn)
 	data, err := os.ReadFile("../lbctl/convert/testdata/metallb.yaml")
 	if err != nil {
@@ -360,21 +355,9 @@ func TestConvertedMetalLBIsAccepted(t *testing.T) {
 // for what only the server can tell: a pool overlapping another, a
 // password Secret that does not exist.
 func TestAdmissionRefusesWhatTheServerWould(t *testing.T) {
-	c := kubeapi.StartForTest(t)
+	c, kc, dyn := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rc, err := kubernetes.RestConfig(c.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := clientset.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	installCRDs(t, ctx, dyn)
 	ts := servertest.Start(t, t.TempDir(), func(cfg *server.Config) {
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: "default"}

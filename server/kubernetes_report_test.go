@@ -13,13 +13,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	clientset "k8s.io/client-go/kubernetes"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/servertest"
-	"github.com/weirlb/weir/test/kubeapi"
 )
 
 // TestKubernetesServicesAreToldWhatHappened: a Kubernetes Service's users
@@ -31,17 +29,9 @@ import (
 func TestKubernetesServicesAreToldWhatHappened(t *testing.T) {
 	server.AnnouncePeriod, server.AnnounceSettle = 100*time.Millisecond, 300*time.Millisecond
 	defer func() { server.AnnouncePeriod, server.AnnounceSettle = time.Second, 3*time.Second }()
-	c := kubeapi.StartForTest(t)
+	c, kc, _ := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rc, err := kubernetes.RestConfig(c.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := clientset.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	file := filepath.Join(t.TempDir(), "resources.yaml")
 	if err := os.WriteFile(file, []byte("kind: AddressPool\nmetadata:\n  name: public\naddresses:\n- 203.0.113.220/32\n"), 0o644); err != nil {
 		t.Fatal(err)

@@ -11,12 +11,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	clientset "k8s.io/client-go/kubernetes"
 
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/servertest"
-	"github.com/weirlb/weir/test/kubeapi"
 )
 
 // TestKubernetesReplicasAssignThroughTheLeaseHolder: two servers mirror one
@@ -27,16 +25,8 @@ import (
 // were it assigning too. Only the Lease holder writes, both serve what it
 // wrote, and once it stops the other assigns the next Service's address.
 func TestKubernetesReplicasAssignThroughTheLeaseHolder(t *testing.T) {
-	c := kubeapi.StartForTest(t)
+	c, kc, _ := startKube(t)
 	ctx := context.Background()
-	rc, err := kubernetes.RestConfig(c.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := clientset.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	pools := map[string]string{"a": "203.0.113.200", "b": "203.0.113.210"}
 	replicas := map[string]*servertest.Server{}
