@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/weirlb/weir/server/kubernetes"
@@ -11,6 +12,7 @@ import (
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/receive"
+	"github.com/weirlb/weir/server/registry"
 )
 
 // AnnouncePeriod is how often the leader looks at what the nodes do with
@@ -38,6 +40,7 @@ func (s *Server) reportToKubernetes(ctx context.Context) {
 		reported bool
 	}
 	last := map[string]*seen{}
+	conflicted := map[string]string{} // service: the conflicts last told
 	owner := func(a netip.Addr) (string, bool) {
 		if s.l2 == nil {
 			return "", false
@@ -87,6 +90,7 @@ func (s *Server) reportToKubernetes(ctx context.Context) {
 			}
 		}
 		s.reportCustomResources(ctx, c.Observed, services)
+		s.reportConflicts(ctx, conflicted)
 		// A round weighs services × nodes: at most a tenth of a core.
 		wait = max(AnnouncePeriod, 10*time.Since(start))
 	}
@@ -112,6 +116,44 @@ func (s *Server) reportCustomResources(ctx context.Context, nodes []observed.Nod
 			if err := s.kube.WriteCustomStatus(ctx, v1alpha1.BGPPeers.Resource, p, &st); err != nil {
 				s.log.Debug("a BGPPeer's status not written (again next round)", "peer", p.Name, "error", err)
 			}
+		}
+	}
+}
+
+// reportConflicts records an Event on each Kubernetes service whose
+// conflicts (what the nodes leave out of it, and why) changed to some;
+// told keeps what each was last told.
+func (s *Server) reportConflicts(ctx context.Context, told map[string]string) {
+	now := map[string]string{}
+	svcs := map[string]*model.Service{}
+	s.Registry.Read(func(v registry.View) {
+		for _, key := range v.ServiceKeys() {
+			svc := v.Service(key)
+			if svc.Source != model.SourceKubernetes {
+				continue
+			}
+			var said []string
+			for _, c := range v.ServiceConflicts(svc) {
+				said = append(said, c.Field+": "+c.Message)
+			}
+			if len(said) > 0 {
+				now[key], svcs[key] = strings.Join(said, "; "), svc
+			}
+		}
+	})
+	for key, said := range now {
+		if told[key] == said {
+			continue
+		}
+		if err := s.kubeStatus.WriteConflict(ctx, svcs[key], said); err != nil {
+			s.log.Debug("a conflict Event not written (again next round)", "service", key, "error", err)
+			continue
+		}
+		told[key] = said
+	}
+	for key := range told {
+		if _, ok := now[key]; !ok {
+			delete(told, key)
 		}
 	}
 }

@@ -37,6 +37,9 @@ const (
 	// EventNotAnnounced: no node receives an address, with every node's
 	// reason (Warning).
 	EventNotAnnounced = "NotAnnounced"
+	// EventConflict: the nodes leave part of the Service out, because
+	// another Service holds it or the server's rules refuse it (Warning).
+	EventConflict = "Conflict"
 
 	// ConditionAddressAssigned is True when Weir assigned the service its
 	// addresses; False with ipam's reason (PoolExhausted, AddressTaken,
@@ -192,4 +195,18 @@ func note(s string) string {
 		cut--
 	}
 	return s[:cut] + "…"
+}
+
+// WriteConflict records what of the service the nodes leave out, and why
+// (an Event; the service's status in Weir's API lists them too).
+func (w StatusWriter) WriteConflict(ctx context.Context, svc *model.Service, message string) error {
+	if w.Events == nil {
+		return nil
+	}
+	cur, err := w.Client.CoreV1().Services(svc.Namespace).Get(ctx, svc.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	w.Events.Eventf(cur, nil, corev1.EventTypeWarning, EventConflict, "Program", "%s", note("not programmed: "+message))
+	return nil
 }
