@@ -7,12 +7,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -446,4 +448,88 @@ func TestAdmissionRefusesWhatTheServerWould(t *testing.T) {
 	if err := create(v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: other\nspec:\n  addresses: [198.51.100.0/28]\n", false); err != nil {
 		t.Errorf("a pool the server takes: %v", err)
 	}
+}
+
+// TestGettingStartedCustomResources follows docs/getting-started.md's
+// custom resources on a clean apiserver: its AddressPool and BGPPeer (the
+// password's Secret made first) are taken, a Service gets the pool's first
+// address and an IPAllocated Event, and kubectl get addresspools counts it.
+func TestGettingStartedCustomResources(t *testing.T) {
+	server.AnnouncePeriod = 100 * time.Millisecond
+	defer func() { server.AnnouncePeriod = time.Second }()
+	doc, err := os.ReadFile("../docs/getting-started.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), "### Pools and peers as custom resources")
+	_, block, ok2 := strings.Cut(section, "```yaml\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatal("docs/getting-started.md has no yaml block under \"Pools and peers as custom resources\"")
+	}
+	c, kc, dyn := startKube(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	installCRDs(t, ctx, dyn)
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "weir-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.CoreV1().Secrets("weir-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "rack-router-password"},
+		StringData: map[string]string{"password": "s3cret"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var pools, peers []string
+	for _, d := range strings.Split(block, "---\n") {
+		var obj map[string]any
+		if err := yaml.Unmarshal([]byte(d), &obj); err != nil {
+			t.Fatal(err)
+		}
+		u := &unstructured.Unstructured{Object: obj}
+		res := v1alpha1.AddressPools
+		if u.GetKind() == "BGPPeer" {
+			res, peers = v1alpha1.BGPPeers, append(peers, u.GetName())
+		} else {
+			pools = append(pools, u.GetName())
+		}
+		if _, err := dyn.Resource(res).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("the documented %s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
+	if len(pools) != 1 || len(peers) != 1 {
+		t.Fatalf("the documented block has pools %v and peers %v; want one of each", pools, peers)
+	}
+	servertest.Start(t, t.TempDir(), func(cfg *server.Config) {
+		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: "weir-system", Classes: kubernetes.Classes{Default: true}}
+	})
+	if _, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, func() error {
+		svc, err := kc.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if ing := svc.Status.LoadBalancer.Ingress; len(ing) != 1 || ing[0].IP != "203.0.113.10" {
+			return fmt.Errorf("web's ingress %v; want the pool's first address", ing)
+		}
+		events, err := kc.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(events.Items, func(e eventsv1.Event) bool {
+			return e.Regarding.Name == "web" && e.Reason == kubernetes.EventIPAllocated && e.Note == "Assigned IP 203.0.113.10"
+		}) {
+			return fmt.Errorf("no IPAllocated Event on web")
+		}
+		row, err := tableRow(ctx, kc, "addresspools", pools[0])
+		if err != nil || !strings.Contains(row, "Mode=BGP IPv4 In Use=1 IPv4 Free=9 IPv6 In Use=0 IPv6 Free=10 Accepted=True") {
+			return fmt.Errorf("kubectl get addresspools: %s, %v", row, err)
+		}
+		row, err = tableRow(ctx, kc, "bgppeers", peers[0])
+		if err != nil || !strings.Contains(row, "Accepted=True") {
+			return fmt.Errorf("kubectl get bgppeers: %s, %v", row, err)
+		}
+		return nil
+	})
 }
