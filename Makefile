@@ -15,7 +15,7 @@ SYSTEMD  ?= /etc/systemd/system
 # and said here so that nothing rests on go test's 10-minute default.
 TEST_TIMEOUT ?= 15m
 
-.PHONY: all build test checks unit lint generate api-baseline check-generated demo deps testdeps test-cold fuzz clean install images
+.PHONY: all build test unit lint generate api-baseline check-generated demo deps testdeps test-cold fuzz clean install images
 
 all: build
 
@@ -29,17 +29,9 @@ deps:
 	./scripts/install-deps.sh
 
 # Everything: lint, generated code up to date, unit and lab tests (with
-# every fuzz target's seed corpus). Fuzzing itself is make fuzz. The checks
-# run beside the heavy builds of testdeps: on a new machine both spend much
-# of their time fetching modules.
-test: deps
-	$(MAKE) --no-print-directory -j2 checks testdeps
+# every fuzz target's seed corpus). Fuzzing itself is make fuzz.
+test: deps lint check-generated testdeps
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
-
-# lint, then check-generated (which rewrites the generated files lint reads).
-checks:
-	$(MAKE) --no-print-directory lint
-	$(MAKE) --no-print-directory check-generated
 
 # Every fuzz target for FUZZTIME each (make fuzz FUZZTIME=10m).
 FUZZTIME ?= 1m
@@ -50,8 +42,8 @@ fuzz:
 unit: testdeps
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-# Heavy test dependencies (the real kube-apiserver, helm), built once per
-# machine before the tests rather than inside a test's clock.
+# Heavy test dependencies (the real kube-apiserver), built once per machine
+# before the tests rather than inside a test's clock.
 testdeps:
 	$(GO) run ./test/cmd/testdeps
 
