@@ -282,36 +282,28 @@ func (c *crds) removeGone(present map[string]bool) {
 }
 
 // CustomPools and CustomPeers are the custom resources the cluster has
-// now (the informers' copies: not to be changed), nil without them.
+// now (copies of the informers' objects), nil without them.
 func (s *Source) CustomPools() []*v1alpha1.AddressPool {
-	var out []*v1alpha1.AddressPool
-	s.eachCustom(v1alpha1.AddressPools.Resource, func(u *unstructured.Unstructured) {
-		var p v1alpha1.AddressPool
-		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p) == nil {
-			out = append(out, &p)
-		}
-	})
-	return out
+	return custom[v1alpha1.AddressPool](s, v1alpha1.AddressPools.Resource)
 }
 
 func (s *Source) CustomPeers() []*v1alpha1.BGPPeer {
-	var out []*v1alpha1.BGPPeer
-	s.eachCustom(v1alpha1.BGPPeers.Resource, func(u *unstructured.Unstructured) {
-		var p v1alpha1.BGPPeer
-		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p) == nil {
-			out = append(out, &p)
-		}
-	})
-	return out
+	return custom[v1alpha1.BGPPeer](s, v1alpha1.BGPPeers.Resource)
 }
 
-func (s *Source) eachCustom(resource string, f func(*unstructured.Unstructured)) {
+// custom reads the informer's objects of resource as T.
+func custom[T any](s *Source, resource string) []*T {
 	if s.crds == nil || s.crds.factory == nil {
-		return
+		return nil
 	}
+	var out []*T
 	for _, o := range s.crds.factory.ForResource(v1alpha1.GroupVersion.WithResource(resource)).Informer().GetStore().List() {
-		f(o.(*unstructured.Unstructured))
+		p := new(T)
+		if runtime.DefaultUnstructuredConverter.FromUnstructured(o.(*unstructured.Unstructured).Object, p) == nil {
+			out = append(out, p)
+		}
 	}
+	return out
 }
 
 // CustomRefused is why the registry does not hold a custom resource
