@@ -416,6 +416,8 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 		"Livez", code(n.GetHealth().GetLivezCode()),
 		"Last Sync Duration", lastSync,
 		"Programming Latency", latency,
+		"Version", cmp.Or(n.GetAgentVersion(), "-"),
+		"Certificate Expires", a.expires(n.GetCertificateNotAfter()),
 	)
 	b.WriteString("\n")
 	section(&b, "Services with health checks", []string{"SERVICE", "PORT", "HEALTH CHECK", "LOCAL READY", "EXTERNAL TRAFFIC", "REASON"}, checks)

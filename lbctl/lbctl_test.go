@@ -23,7 +23,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"sigs.k8s.io/yaml"
 
-	"github.com/weirlb/weir/internal/tlsconfig"
 	"github.com/weirlb/weir/internal/yamldocs"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
@@ -497,7 +496,7 @@ func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealt
 			e.t.Fatal(err)
 		}
 	}
-	send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: node}}})
+	send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: node, AgentVersion: "v0.2.0"}}})
 	// Applies whatever comes, the first state and any change after it.
 	var sendMu sync.Mutex
 	ack := func() error {
@@ -634,6 +633,8 @@ Agent:
   Livez:                 200
   Last Sync Duration:    1.5ms
   Programming Latency:   -
+  Version:               v0.2.0
+  Certificate Expires:   -
 
 Services with health checks:
   SERVICE      PORT    HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
@@ -659,6 +660,8 @@ Agent:
   Livez:                 -
   Last Sync Duration:    -
   Programming Latency:   -
+  Version:               -
+  Certificate Expires:   -
 
 Services with health checks:
   SERVICE      PORT    HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
@@ -1016,11 +1019,7 @@ func startTLSServer(t *testing.T, options ...func(*server.Config)) (dir string, 
 			t.Fatal(err)
 		}
 	}
-	tlsCfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir, servertest.Start(t, t.TempDir(), append([]func(*server.Config){func(c *server.Config) { c.TLS = tlsCfg }}, options...)...)
+	return dir, servertest.Start(t, t.TempDir(), append([]func(*server.Config){servertest.TLS(t, dir)}, options...)...)
 }
 
 // TestViewerMayReadNotWrite runs the server with mTLS; the context names

@@ -334,6 +334,19 @@ func (a *app) ago(ts *timestamppb.Timestamp) string {
 	return age(a.now(), ts) + " ago"
 }
 
+// expires says when a certificate ends: "in 29d (2026-12-24T10:00:00Z)",
+// "EXPIRED 3h ago (...)", or "-" when there is none (plain text).
+func (a *app) expires(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	at := ts.AsTime().UTC().Format(time.RFC3339)
+	if now := a.now(); ts.AsTime().Before(now) {
+		return "EXPIRED " + age(now, ts) + " ago (" + at + ")"
+	}
+	return "in " + age(ts.AsTime(), timestamppb.New(a.now())) + " (" + at + ")"
+}
+
 func port(p int32) string {
 	if p == 0 {
 		return "<none>"

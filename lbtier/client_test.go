@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weirlb/weir/internal/dial"
-	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -62,7 +61,7 @@ func TestFollowMovesToTheNextReplicaWhenItsIsNotCurrent(t *testing.T) {
 			conn.Close()
 		}
 		var err error
-		if conn, err = dial.NewServers(addrStale+","+addrCurrent, true, tlsconfig.Files{}); err != nil {
+		if conn, err = dial.NewServers(addrStale+","+addrCurrent, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

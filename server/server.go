@@ -5,7 +5,6 @@ package server
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +26,7 @@ import (
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
 	"github.com/weirlb/weir/server/api"
@@ -55,8 +55,10 @@ type Config struct {
 	// LeaseTTL is how long a dead replica keeps its leadership and its
 	// agents' status (default 2 s).
 	LeaseTTL time.Duration
-	// TLS is nil only when the operator asked for plain text.
-	TLS *tls.Config
+	// TLS is nil only when the operator asked for plain text. Its files
+	// are reloaded when they change, and each connection ends with its
+	// certificates (see tlsconfig).
+	TLS *tlsconfig.Source
 	Log *slog.Logger
 	// MinSyncPeriod is the least time between two rounds of deltas to
 	// agents (see agentsync.Config).
@@ -176,12 +178,15 @@ func New(cfg Config) (*Server, error) {
 	opts = append(opts, auth.AuditOptions(cfg.Log)...)
 	var creds credentials.TransportCredentials
 	if cfg.TLS != nil {
-		creds = credentials.NewTLS(cfg.TLS)
+		if creds, err = cfg.TLS.ServerCredentials(); err != nil {
+			st.Close()
+			return nil, err
+		}
 	}
 	// The limits come before authorization, so that what a denied caller
 	// sends is bounded too.
 	opts = append(opts, limits.ServerOptions(cfg.Limits, creds, cfg.Log)...)
-	if cfg.TLS != nil && cfg.TLS.ClientCAs != nil {
+	if cfg.TLS != nil && cfg.TLS.Mutual() {
 		opts = append(opts, auth.ServerOptions()...)
 	}
 	ttl, margin := cmp.Or(cfg.L2LeaseTTL, DefaultL2LeaseTTL), cmp.Or(cfg.L2LeaseMargin, DefaultL2LeaseMargin)

@@ -20,7 +20,6 @@ import (
 
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/dial"
-	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -229,7 +228,7 @@ func TestSyncerMovesToTheNextReplicaWhenItsIsNotCurrent(t *testing.T) {
 			conn.Close()
 		}
 		var err error
-		if conn, err = dial.NewServers(addrA+","+addrB, true, tlsconfig.Files{}); err != nil {
+		if conn, err = dial.NewServers(addrA+","+addrB, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -314,7 +313,7 @@ func TestSyncerIsBackSoonAfterTheServerReturns(t *testing.T) {
 		return g
 	}
 	g := serve(lis)
-	conn, err := dial.Server(addr, true, tlsconfig.Files{})
+	conn, err := dial.Server(addr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,40 +9,32 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/weirlb/weir/internal/tlsconfig"
 )
 
-// Server makes a client of the server at addr: mTLS with files, or plain
-// text when plain (labs and demos).
-func Server(addr string, plain bool, files tlsconfig.Files) (*grpc.ClientConn, error) {
-	opts, err := options(plain, files)
-	if err != nil {
-		return nil, err
-	}
-	return grpc.NewClient(addr, opts...)
+// Server makes a client of the server at addr: mTLS with tls's files
+// (reloaded when they change), or plain text when tls is nil (labs and
+// demos).
+func Server(addr string, tls *tlsconfig.Source) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, options(tls)...)
 }
 
 // options are the transport and the connection settings of every
 // connection to a server.
-func options(plain bool, files tlsconfig.Files) ([]grpc.DialOption, error) {
+func options(tls *tlsconfig.Source) []grpc.DialOption {
 	creds := insecure.NewCredentials()
-	if !plain {
-		tlsCfg, err := tlsconfig.Client(files)
-		if err != nil {
-			return nil, err
-		}
-		creds = credentials.NewTLS(tlsCfg)
+	if tls != nil {
+		creds = tls.ClientCredentials()
 	}
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		// Pings find a dead server (or path) in seconds, not at TCP's pace.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: Backoff, MinConnectTimeout: 5 * time.Second}),
-	}, nil
+	}
 }
 
 // Backoff is how often a component tries to reach a server that is away:

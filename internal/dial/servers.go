@@ -80,17 +80,14 @@ type Servers struct {
 type address struct{ addr, authority string }
 
 // NewServers makes a client of the servers at the entries of list (see
-// ParseList): mTLS with files, or plain text when plain. It starts at a
+// ParseList): mTLS with tls's files, or plain text when tls is nil. It starts at a
 // random address, so that a rack's agents spread over the replicas.
-func NewServers(list string, plain bool, files tlsconfig.Files, opts ...Option) (*Servers, error) {
+func NewServers(list string, tls *tlsconfig.Source, opts ...Option) (*Servers, error) {
 	entries, err := ParseList(list)
 	if err != nil {
 		return nil, err
 	}
-	dialOpts, err := options(plain, files)
-	if err != nil {
-		return nil, err
-	}
+	dialOpts := options(tls)
 	s := &Servers{entries: entries, resolver: net.DefaultResolver, conns: map[address]*grpc.ClientConn{}}
 	for _, o := range opts {
 		o(s)

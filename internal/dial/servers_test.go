@@ -109,7 +109,7 @@ func list(rs []*replica) string {
 
 func newServers(t *testing.T, list string) *dial.Servers {
 	t.Helper()
-	s, err := dial.NewServers(list, true, tlsconfig.Files{})
+	s, err := dial.NewServers(list, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,11 @@ func TestServersCheckTheCertificateAgainstTheEntry(t *testing.T) {
 	rs := startReplicas(t, 1, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	_, port, _ := net.SplitHostPort(rs[0].addr)
 	report := func(entry string) error {
-		s, err := dial.NewServers(entry, false, tlsconfig.Files{CA: filepath.Join(dir, "ca.crt")})
+		src, err := tlsconfig.Load(tlsconfig.Files{CA: filepath.Join(dir, "ca.crt")}, tlsconfig.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := dial.NewServers(entry, src)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -88,6 +90,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		h.status[node] = st
 	}
 	st.Connected, st.LastSeen = true, h.clock.Now()
+	st.AgentVersion, st.CertificateNotAfter = hello.GetAgentVersion(), certificateNotAfter(ctx)
 	h.statusChanged()
 	prev := h.history[node]
 	delete(h.history, node)
@@ -330,4 +333,15 @@ func (h *Hub) endErr(s *session, err error) error {
 		return s.ended
 	}
 	return err
+}
+
+// certificateNotAfter is when the client certificate of ctx's connection
+// expires; zero in plain text.
+func certificateNotAfter(ctx context.Context) time.Time {
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.PeerCertificates) > 0 {
+			return info.State.PeerCertificates[0].NotAfter
+		}
+	}
+	return time.Time{}
 }

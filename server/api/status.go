@@ -203,6 +203,8 @@ func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 			LastSyncDuration: durationpb.New(n.LastSync),
 			BgpSessions:      bgpSessions(n),
 			L2Addresses:      uint32(owned[n.Node]),
+			AgentVersion:        n.AgentVersion,
+			CertificateNotAfter: timestamp(n.CertificateNotAfter),
 		})
 	}
 	return out

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -74,7 +75,7 @@ func InitCA(dir string) error {
 
 // IssueServer writes server.crt and server.key for the given host names and
 // IP addresses, signed by dir's CA.
-func IssueServer(dir string, hosts []string) error {
+func IssueServer(dir string, hosts []string, opts ...Option) error {
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "weir-server"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
@@ -89,24 +90,24 @@ func IssueServer(dir string, hosts []string) error {
 	if len(hosts) == 0 {
 		return errors.New("at least one host name or address is required")
 	}
-	return issue(dir, "server", tmpl)
+	return issue(dir, "server", tmpl, opts)
 }
 
 // IssueClient writes <name>.crt and <name>.key for a client with a role;
 // it refuses to replace a key the folder holds (see ReissueClient).
-func IssueClient(dir, name, role string) error {
+func IssueClient(dir, name, role string, opts ...Option) error {
 	if err := checkClientName(name); err != nil {
 		return err
 	}
 	if _, err := os.Stat(filepath.Join(dir, name+".key")); err == nil {
 		return fmt.Errorf("%s already holds a key for %q (%s.key): replacing it cuts off whoever uses it; reissue it on purpose (--force)", dir, name, name)
 	}
-	return ReissueClient(dir, name, role)
+	return ReissueClient(dir, name, role, opts...)
 }
 
 // ReissueClient writes <name>.crt and <name>.key, replacing any there
 // (a rotation); the CA's and the server's own files stay refused.
-func ReissueClient(dir, name, role string) error {
+func ReissueClient(dir, name, role string, opts ...Option) error {
 	switch role {
 	case RoleAdmin, RoleViewer, RoleAgent, RoleSpeaker:
 	default:
@@ -118,7 +119,7 @@ func ReissueClient(dir, name, role string) error {
 	return issue(dir, name, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: name, Organization: []string{RolePrefix + role}},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	})
+	}, opts)
 }
 
 // clientName is what a client certificate's name (its common name and
@@ -146,7 +147,15 @@ func checkClientName(name string) error {
 	return nil
 }
 
-func issue(dir, name string, tmpl *x509.Certificate) error {
+// Option changes how a certificate is issued.
+type Option func(*x509.Certificate)
+
+// ValidFor issues a certificate valid for d from now, instead of a year.
+func ValidFor(d time.Duration) Option {
+	return func(c *x509.Certificate) { c.NotAfter = time.Now().Add(d) }
+}
+
+func issue(dir, name string, tmpl *x509.Certificate, opts []Option) error {
 	ca, caKey, err := loadCA(dir)
 	if err != nil {
 		return err
@@ -158,6 +167,9 @@ func issue(dir, name string, tmpl *x509.Certificate) error {
 	tmpl.SerialNumber = serial()
 	tmpl.NotBefore = time.Now().Add(-time.Hour)
 	tmpl.NotAfter = time.Now().Add(certValidity)
+	for _, o := range opts {
+		o(tmpl)
+	}
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
@@ -196,10 +208,82 @@ func writePair(dir, name string, der []byte, key *ecdsa.PrivateKey) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, name+".crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+	// Each file is replaced whole (a process reloading them never reads
+	// half of one), the key first: a reader that finds a new key beside
+	// the old certificate keeps its last pair and looks again later.
+	if err := replaceFile(filepath.Join(dir, name+".key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, name+".key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+	return replaceFile(filepath.Join(dir, name+".crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+}
+
+// replaceFile writes b to path through a temporary file and a rename.
+func replaceFile(path string, b []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), ".weir-*.tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
+
+// Rotate reissues every certificate in dir that the CA signed (the
+// server's and the clients') that expires within the given time, with the
+// same names, addresses and role and a new key; it returns their names.
+// Processes that use them take them within tlsconfig.ReloadPeriod, and
+// their connections move to them by the old ones' end.
+func Rotate(dir string, within time.Duration, opts ...Option) ([]string, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.crt"))
+	if err != nil {
+		return nil, err
+	}
+	ca, _, err := loadCA(dir)
+	if err != nil {
+		return nil, err
+	}
+	var done []string
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".crt")
+		if name == "ca" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return done, err
+		}
+		blk, _ := pem.Decode(b)
+		if blk == nil {
+			return done, fmt.Errorf("%s is not PEM", f)
+		}
+		old, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return done, fmt.Errorf("%s: %w", f, err)
+		}
+		if old.CheckSignatureFrom(ca) != nil || time.Until(old.NotAfter) > within {
+			continue // another CA's, or not yet due
+		}
+		tmpl := &x509.Certificate{Subject: old.Subject, DNSNames: old.DNSNames, IPAddresses: old.IPAddresses, ExtKeyUsage: old.ExtKeyUsage}
+		if err := issue(dir, name, tmpl, opts); err != nil {
+			return done, fmt.Errorf("reissuing %s: %w", name, err)
+		}
+		done = append(done, name)
+	}
+	return done, nil
 }
 
 func serial() *big.Int {

@@ -2,10 +2,16 @@ package certs
 
 import (
 	"bytes"
+	"crypto/x509"
+	"encoding/pem"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // TestIssueRefusesNamesThatLeaveTheFolderOrOverwriteTheCA: a client name
@@ -69,5 +75,65 @@ func TestIssueNeverReplacesAKeyUnasked(t *testing.T) {
 	}
 	if err := ReissueClient(dir, "ca", RoleAdmin); err == nil {
 		t.Error("a reissue may replace the CA's key")
+	}
+}
+
+// Rotate reissues what is due, with the same names, addresses and role
+// and a new key, and leaves alone what is not due and what another CA
+// signed.
+func TestRotateReissuesWhatIsDue(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	for _, d := range []string{dir, other} {
+		if err := InitCA(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(IssueServer(dir, []string{"weir.example", "192.0.2.1"}, ValidFor(24*time.Hour)))
+	must(IssueClient(dir, "node1", RoleAgent, ValidFor(24*time.Hour)))
+	must(IssueClient(dir, "admin", RoleAdmin, ValidFor(90*24*time.Hour)))
+	must(IssueClient(other, "stranger", RoleAdmin, ValidFor(time.Hour)))
+	for _, ext := range []string{".crt", ".key"} {
+		b, _ := os.ReadFile(filepath.Join(other, "stranger"+ext))
+		must(os.WriteFile(filepath.Join(dir, "stranger"+ext), b, 0o600))
+	}
+	read := func(name string) (*x509.Certificate, []byte) {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dir, name+".crt"))
+		must(err)
+		blk, _ := pem.Decode(b)
+		c, err := x509.ParseCertificate(blk.Bytes)
+		must(err)
+		k, err := os.ReadFile(filepath.Join(dir, name+".key"))
+		must(err)
+		return c, k
+	}
+	oldServer, oldServerKey := read("server")
+	oldAdmin, _ := read("admin")
+	done, err := Rotate(dir, 30*24*time.Hour, ValidFor(365*24*time.Hour))
+	must(err)
+	if diff := cmp.Diff([]string{"node1", "server"}, done); diff != "" {
+		t.Errorf("reissued (-want +got):\n%s", diff)
+	}
+	server, serverKey := read("server")
+	if bytes.Equal(serverKey, oldServerKey) || server.NotAfter.Before(time.Now().Add(300*24*time.Hour)) {
+		t.Errorf("server: same key or still short-lived (%v)", server.NotAfter)
+	}
+	if !slices.Equal(server.DNSNames, oldServer.DNSNames) || len(server.IPAddresses) != 1 || !server.IPAddresses[0].Equal(oldServer.IPAddresses[0]) || server.Subject.CommonName != "weir-server" {
+		t.Errorf("server names %v %v, want %v %v", server.DNSNames, server.IPAddresses, oldServer.DNSNames, oldServer.IPAddresses)
+	}
+	if node, _ := read("node1"); node.Subject.CommonName != "node1" || !slices.Equal(node.Subject.Organization, []string{RolePrefix + RoleAgent}) || node.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
+		t.Errorf("node1: subject %v, usage %v", node.Subject, node.ExtKeyUsage)
+	}
+	if admin, _ := read("admin"); admin.SerialNumber.Cmp(oldAdmin.SerialNumber) != 0 {
+		t.Error("admin, not due, was reissued")
+	}
+	if stranger, _ := read("stranger"); stranger.Issuer.CommonName != "weir CA" || stranger.NotAfter.After(time.Now().Add(2*time.Hour)) {
+		t.Error("another CA's certificate was reissued")
 	}
 }

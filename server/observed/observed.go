@@ -29,6 +29,10 @@ type Node struct {
 	LastError        string
 	LastErrorVersion uint64
 	LastSeen         time.Time
+	// AgentVersion is the agent's build version, from its hello;
+	// CertificateNotAfter the end of its stream's client certificate.
+	AgentVersion        string
+	CertificateNotAfter time.Time
 	// Health is what the node last reported of its health answers.
 	Health   Health
 	LastSync time.Duration

@@ -106,7 +106,7 @@ func PKI(t testing.TB) string {
 // to dir.
 func TLS(t testing.TB, dir string) func(*server.Config) {
 	t.Helper()
-	cfg, err := tlsconfig.Server(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")})
+	cfg, err := tlsconfig.Load(tlsconfig.Files{Cert: filepath.Join(dir, "server.crt"), Key: filepath.Join(dir, "server.key"), CA: filepath.Join(dir, "ca.crt")}, tlsconfig.Options{Use: "server"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/utils/clock"
 
 	"github.com/weirlb/weir/agent/bgp"
@@ -31,10 +30,12 @@ import (
 	"github.com/weirlb/weir/agent/syncer"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bgpspeaker"
+	"github.com/weirlb/weir/internal/daemon"
 	"github.com/weirlb/weir/internal/dial"
 	"github.com/weirlb/weir/internal/iprange"
 	"github.com/weirlb/weir/internal/membership"
 	"github.com/weirlb/weir/internal/tlsconfig"
+	"github.com/weirlb/weir/internal/tlsconfig/tlsmetrics"
 )
 
 // version is set at build time.
@@ -66,28 +67,31 @@ func run() error {
 		nodePortAddr = flag.String("nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
 		resync       = flag.Duration("resync-period", 5*time.Minute, "how often the whole nftables table is rewritten, repairing what others changed")
 		healthzAddr  = flag.String("healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
-		metricsAddr  = flag.String("metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus)")
+		metricsAddr  = flag.String("metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus), and of /debug/pprof/ with --profiling")
 		healthTO     = flag.Duration("health-timeout", 60*time.Second, "how long an update may wait to be applied before /healthz fails")
 		bgpASN       = new(asn)
 		bgpRouterID  = flag.String("bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
 		bgpPeers     = flag.String("bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
-		logLevel     = flag.String("log-level", "info", "debug, info, warn or error")
 		cleanup      = flag.Bool("cleanup", false, "delete every nftables table the agent programs (ip and ip6 weir) and exit, as kube-proxy's --cleanup; the node then forwards no service")
 	)
 	flag.Var(bgpASN, "bgp-asn", "announce load-balancer IPs over BGP from this AS, 1-4294967295 (0 or empty: no BGP, and BgpPeer resources are ignored; empty lets a manifest pass an unset setting through)")
 	var members membership.Flags
 	members.AddFlags(flag.CommandLine, "comma-separated ADDRESS:PORT of members to join (the load-balancer speakers), so that they learn within a second when this node dies")
+	common := daemon.AddFlags(flag.CommandLine)
 	flag.Parse()
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	if common.Version() {
+		fmt.Println("weir-agent", version)
+		return nil
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("node", *nodeName)
+	log, err := common.Logger(os.Stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("node", *nodeName)
 	if *nodeName == "" {
 		return fmt.Errorf("--node-name: required")
 	}
 	cfg := datapath.Config{Log: log, MasqueradeAll: *masqAll}
-	var err error
 	switch *masqMode {
 	case "kube-proxy":
 		cfg.Masquerade = datapath.MasqueradeKubeProxy
@@ -131,9 +135,15 @@ func run() error {
 		return nil
 	}
 
+	var tlsSrc *tlsconfig.Source
+	if !*plain {
+		if tlsSrc, err = tlsconfig.Load(tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile}, tlsconfig.Options{Use: "agent", Log: log}); err != nil {
+			return err
+		}
+	}
 	// Marked, so that nothing the datapath programs can take or refuse the
 	// agent's connections to its server.
-	conn, err := dial.NewServers(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile}, dial.WithSocketMark(datapath.DefaultControlMark))
+	conn, err := dial.NewServers(*serverAddr, tlsSrc, dial.WithSocketMark(datapath.DefaultControlMark))
 	if err != nil {
 		return err
 	}
@@ -149,9 +159,10 @@ func run() error {
 	if err := serveHTTP(ctx, *healthzAddr, nodeHealth.Node.Handler(), log); err != nil {
 		return fmt.Errorf("--healthz-bind-address: %w", err)
 	}
-	metricsMux := http.NewServeMux()
-	metricsMux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	if err := serveHTTP(ctx, *metricsAddr, metricsMux, log); err != nil {
+	if tlsSrc != nil {
+		reg.MustRegister(tlsmetrics.Collector{tlsSrc})
+	}
+	if err := serveHTTP(ctx, *metricsAddr, common.MetricsHandler(reg, *metricsAddr, log), log); err != nil {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
 
@@ -195,7 +206,7 @@ func run() error {
 	// L2 addresses: the node answers ARP and NDP for those it holds a
 	// lease on, asked of the server that decides the owners over a
 	// connection of its own (with replicas, the leader's).
-	leaseConn, err := dial.NewServers(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile}, dial.WithSocketMark(datapath.DefaultControlMark))
+	leaseConn, err := dial.NewServers(*serverAddr, tlsSrc, dial.WithSocketMark(datapath.DefaultControlMark))
 	if err != nil {
 		return err
 	}
@@ -216,7 +227,7 @@ func run() error {
 	defer func() { stop(); <-askerDone }()
 
 	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, faults.Wrap(dp, log), observers, log)
-	log.Info("starting", "servers", *serverAddr, "server", conn.Current(), "tls", !*plain)
+	log.Info("starting", "servers", *serverAddr, "server", conn.Current(), "tls", !*plain, "version", version)
 	if err := s.Run(ctx); err != nil && ctx.Err() == nil {
 		return err
 	}

@@ -8,17 +8,22 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/weirlb/weir/internal/bgpspeaker"
+	"github.com/weirlb/weir/internal/daemon"
 	"github.com/weirlb/weir/internal/dial"
 	"github.com/weirlb/weir/internal/membership"
 	"github.com/weirlb/weir/internal/tlsconfig"
+	"github.com/weirlb/weir/internal/tlsconfig/tlsmetrics"
 	"github.com/weirlb/weir/lbtier"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
@@ -51,16 +56,21 @@ func run() error {
 		timeout     = flag.Duration("probe-timeout", 500*time.Millisecond, "how long a probe may take")
 		rise        = flag.Int("probe-rise", 2, "successful probes in a row that bring a node back")
 		fall        = flag.Int("probe-fall", 2, "failed probes in a row that take a node out")
-		logLevel    = flag.String("log-level", "info", "debug, info, warn or error")
+		metricsAddr = flag.String("metrics-bind-address", "127.0.0.1:7446", "address of /metrics (Prometheus), and of /debug/pprof/ with --profiling")
 		members     membership.Flags
 	)
 	members.AddFlags(flag.CommandLine, "comma-separated ADDRESS:PORT of members to join (agents or other speakers)")
+	common := daemon.AddFlags(flag.CommandLine)
 	flag.Parse()
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	if common.Version() {
+		fmt.Println("weir-speaker", version)
+		return nil
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("speaker", *name)
+	log, err := common.Logger(os.Stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("speaker", *name)
 	switch {
 	case *name == "":
 		return fmt.Errorf("--name: required")
@@ -72,7 +82,6 @@ func run() error {
 		return fmt.Errorf("--probe-rise and --probe-fall: at least 1")
 	}
 	bgpCfg := bgpspeaker.Config{ASN: uint32(*asn), GracefulRestart: *restartTime, AddPath: *addPath, Log: log.With("component", "bgp")}
-	var err error
 	if bgpCfg.RouterID, err = bgpspeaker.RouterID(*routerID); err != nil {
 		return fmt.Errorf("--bgp-router-id: %w", err)
 	}
@@ -83,7 +92,21 @@ func run() error {
 	if len(routers) == 0 {
 		return fmt.Errorf("--bgp-peers: at least one router is required")
 	}
-	conn, err := dial.NewServers(*serverAddr, *plain, tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var tlsSrc *tlsconfig.Source
+	if !*plain {
+		if tlsSrc, err = tlsconfig.Load(tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile}, tlsconfig.Options{Use: "speaker", Log: log}); err != nil {
+			return err
+		}
+		reg.MustRegister(tlsmetrics.Collector{tlsSrc})
+	}
+	mln, err := net.Listen("tcp", *metricsAddr)
+	if err != nil {
+		return fmt.Errorf("--metrics-bind-address: %w", err)
+	}
+	go http.Serve(mln, common.MetricsHandler(reg, *metricsAddr, log))
+	conn, err := dial.NewServers(*serverAddr, tlsSrc)
 	if err != nil {
 		return err
 	}

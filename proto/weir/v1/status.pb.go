@@ -374,9 +374,15 @@ type NodeStatus struct {
 	ProgrammingLatency *durationpb.Duration `protobuf:"bytes,12,opt,name=programming_latency,json=programmingLatency,proto3" json:"programming_latency,omitempty"`
 	// The L2 addresses whose lease the node holds (it answers ARP and NDP
 	// for them); 0 as well on a replica that does not decide the owners.
-	L2Addresses   uint32 `protobuf:"varint,13,opt,name=l2_addresses,json=l2Addresses,proto3" json:"l2_addresses,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	L2Addresses uint32 `protobuf:"varint,13,opt,name=l2_addresses,json=l2Addresses,proto3" json:"l2_addresses,omitempty"`
+	// The agent's build version, as its last stream's hello said.
+	AgentVersion string `protobuf:"bytes,14,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	// When the client certificate of the agent's current stream expires:
+	// the server ends the stream then, and the agent reconnects with the
+	// certificate its files hold (unset in plain text).
+	CertificateNotAfter *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=certificate_not_after,json=certificateNotAfter,proto3" json:"certificate_not_after,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -498,6 +504,20 @@ func (x *NodeStatus) GetL2Addresses() uint32 {
 		return x.L2Addresses
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetAgentVersion() string {
+	if x != nil {
+		return x.AgentVersion
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetCertificateNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CertificateNotAfter
+	}
+	return nil
 }
 
 type WaitProgrammedRequest struct {
@@ -1331,7 +1351,7 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"m\n" +
 	"\x18ListNodeStatusesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xdc\x04\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xd1\x05\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
@@ -1348,7 +1368,9 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	" \x03(\v2\x13.weir.v1.BgpSessionR\vbgpSessions\x12-\n" +
 	"\x12programmed_version\x18\v \x01(\x04R\x11programmedVersion\x12J\n" +
 	"\x13programming_latency\x18\f \x01(\v2\x19.google.protobuf.DurationR\x12programmingLatency\x12!\n" +
-	"\fl2_addresses\x18\r \x01(\rR\vl2Addresses\"h\n" +
+	"\fl2_addresses\x18\r \x01(\rR\vl2Addresses\x12#\n" +
+	"\ragent_version\x18\x0e \x01(\tR\fagentVersion\x12N\n" +
+	"\x15certificate_not_after\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x13certificateNotAfter\"h\n" +
 	"\x15WaitProgrammedRequest\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x123\n" +
 	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x98\x01\n" +
@@ -1470,35 +1492,36 @@ var file_weir_v1_status_proto_depIdxs = []int32{
 	20, // 6: weir.v1.NodeStatus.last_sync_duration:type_name -> google.protobuf.Duration
 	21, // 7: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
 	20, // 8: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
-	20, // 9: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
-	9,  // 10: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
-	9,  // 11: weir.v1.WaitProgrammedResponse.speakers:type_name -> weir.v1.NodeProgress
-	12, // 12: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	16, // 13: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	15, // 14: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
-	13, // 15: weir.v1.ServiceReport.l2_addresses:type_name -> weir.v1.L2AddressStatus
-	18, // 16: weir.v1.L2AddressStatus.since:type_name -> google.protobuf.Timestamp
-	14, // 17: weir.v1.L2AddressStatus.passed_over:type_name -> weir.v1.L2NodeReason
-	22, // 18: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
-	18, // 19: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
-	23, // 20: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	24, // 21: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	17, // 22: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
-	4,  // 23: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 24: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	10, // 25: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 26: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	7,  // 27: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
-	5,  // 28: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 29: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	11, // 30: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 31: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	8,  // 32: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
-	28, // [28:33] is the sub-list for method output_type
-	23, // [23:28] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	18, // 9: weir.v1.NodeStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
+	20, // 10: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
+	9,  // 11: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
+	9,  // 12: weir.v1.WaitProgrammedResponse.speakers:type_name -> weir.v1.NodeProgress
+	12, // 13: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
+	16, // 14: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	15, // 15: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
+	13, // 16: weir.v1.ServiceReport.l2_addresses:type_name -> weir.v1.L2AddressStatus
+	18, // 17: weir.v1.L2AddressStatus.since:type_name -> google.protobuf.Timestamp
+	14, // 18: weir.v1.L2AddressStatus.passed_over:type_name -> weir.v1.L2NodeReason
+	22, // 19: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
+	18, // 20: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
+	23, // 21: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	24, // 22: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	17, // 23: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
+	4,  // 24: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 25: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 26: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 27: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 28: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 29: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 30: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 31: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 32: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 33: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	29, // [29:34] is the sub-list for method output_type
+	24, // [24:29] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }

@@ -1,28 +1,8 @@
 package main
 
 import (
-	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
-
-// Profiles are served only on a loopback metrics address: the Kubernetes
-// manifests bind metrics on every address, without authentication.
-func TestPprofOnlyOnLoopback(t *testing.T) {
-	for addr, want := range map[string]int{"127.0.0.1:7444": http.StatusOK, "[::1]:7444": http.StatusOK, "0.0.0.0:7444": http.StatusNotFound, ":7444": http.StatusNotFound} {
-		mux := metricsMux(prometheus.NewRegistry(), addr, slog.New(slog.DiscardHandler))
-		for path, code := range map[string]int{"/debug/pprof/": want, "/metrics": http.StatusOK} {
-			rec := httptest.NewRecorder()
-			mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-			if rec.Code != code {
-				t.Errorf("metrics on %s: %s answers %d, want %d", addr, path, rec.Code, code)
-			}
-		}
-	}
-}
 
 func TestInsecureContradictsTLSFlags(t *testing.T) {
 	if err := checkInsecure(true, "server.crt", "", ""); err == nil {

@@ -5,14 +5,11 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -23,12 +20,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/util/validation"
 	clientset "k8s.io/client-go/kubernetes"
 
+	"github.com/weirlb/weir/internal/daemon"
 	"github.com/weirlb/weir/internal/iprange"
 	"github.com/weirlb/weir/internal/tlsconfig"
+	"github.com/weirlb/weir/internal/tlsconfig/tlsmetrics"
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/kubernetes"
@@ -71,9 +69,8 @@ func run() error {
 		certFile       = flag.String("tls-cert-file", "", "server certificate (PEM)")
 		keyFile        = flag.String("tls-key-file", "", "server private key (PEM)")
 		caFile         = flag.String("client-ca-file", "", "CA that signs agent and operator certificates; requires mTLS")
-		logLevel       = flag.String("log-level", "info", "debug, info, warn or error")
 		minSync        = flag.Duration("min-sync-period", 50*time.Millisecond, "least time between two rounds of changes to agents; a lone change goes out at once")
-		metrics        = flag.String("metrics-bind-address", "127.0.0.1:7444", "address of /metrics (Prometheus), and of /debug/pprof/ when it is on loopback")
+		metrics        = flag.String("metrics-bind-address", "127.0.0.1:7444", "address of /metrics (Prometheus), and of /debug/pprof/ with --profiling")
 		kube           = flag.Bool("kubernetes", false, "mirror a Kubernetes cluster's services, endpoint slices and nodes (in-cluster config unless --kubeconfig)")
 		kubecfg        = flag.String("kubeconfig", "", "kubeconfig of the cluster to mirror; implies --kubernetes")
 		resFile        = flag.String("resources-file", "", "YAML file of AddressPool and BgpPeer documents (lbctl's format) the server keeps applied, re-read when it changes (a mounted ConfigMap)")
@@ -103,14 +100,18 @@ func run() error {
 		l2Margin       = flag.Duration("l2-lease-margin", server.DefaultL2LeaseMargin, "how much longer than a lease the server waits before it gives an L2 address whose owner did not give it up to another node: room for the two clocks' rates")
 		extCIDRs       = flag.String("allowed-external-ip-cidrs", "", "comma-separated CIDRs external IPs may come from (default none: a service's external IP takes an address's traffic on every node; Kubernetes recommends denying them)")
 	)
+	common := daemon.AddFlags(flag.CommandLine)
 	flag.Parse()
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	if common.Version() {
+		fmt.Println("weir-server", version)
+		return nil
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log, err := common.Logger(os.Stderr)
+	if err != nil {
+		return err
+	}
 
-	var tlsCfg *tls.Config
+	var tlsSrc *tlsconfig.Source
 	if err := checkInsecure(*insecure, *certFile, *keyFile, *caFile); err != nil {
 		return err
 	}
@@ -124,8 +125,10 @@ func run() error {
 		if *caFile == "" {
 			return fmt.Errorf("--client-ca-file is required: every caller authenticates with a certificate (or run with --insecure)")
 		}
-		var err error
-		if tlsCfg, err = tlsconfig.Server(tlsconfig.Files{Cert: *certFile, Key: *keyFile, CA: *caFile}); err != nil {
+		if *certFile == "" || *keyFile == "" {
+			return errors.New("--tls-cert-file and --tls-key-file are required (or run with --insecure)")
+		}
+		if tlsSrc, err = tlsconfig.Load(tlsconfig.Files{Cert: *certFile, Key: *keyFile, CA: *caFile}, tlsconfig.Options{Use: "server", Log: log}); err != nil {
 			return err
 		}
 	}
@@ -135,7 +138,6 @@ func run() error {
 		}
 	}
 	rules := registry.DefaultServiceRules()
-	var err error
 	if rules.NodePorts, err = registry.ParsePortRange(*npRange); err != nil {
 		return fmt.Errorf("--service-node-port-range: %w", err)
 	}
@@ -151,7 +153,11 @@ func run() error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg := server.Config{DataDir: *dataDir, TLS: tlsCfg, Log: log, MinSyncPeriod: *minSync, Metrics: reg, Version: version, ResourcesFile: *resFile, ResourcesFileAllowRemovingAll: *resAll, ServiceRules: &rules,
+	var certSources tlsmetrics.Collector
+	if tlsSrc != nil {
+		certSources = append(certSources, tlsSrc)
+	}
+	cfg := server.Config{DataDir: *dataDir, TLS: tlsSrc, Log: log, MinSyncPeriod: *minSync, Metrics: reg, Version: version, ResourcesFile: *resFile, ResourcesFileAllowRemovingAll: *resAll, ServiceRules: &rules,
 		Limits: limits.Config{CallsPerSecond: *apiRate, Burst: int(2 * *apiRate), MaxWatchesPerCaller: *apiWatch, MaxConnectionsPerCaller: *apiConns, MaxCallsInFlightPerCaller: *apiInFlight}}
 	if *apiRate == 0 {
 		cfg.Limits.CallsPerSecond = -1
@@ -160,8 +166,12 @@ func run() error {
 		return fmt.Errorf("--l2-lease-duration %v, --l2-lease-margin %v: the lease at least 100ms, the margin between 0 and the lease", *l2TTL, *l2Margin)
 	}
 	cfg.L2LeaseTTL, cfg.L2LeaseMargin = *l2TTL, *l2Margin
-	if cfg.Etcd, err = etcdFlags.config(); err != nil {
+	var etcdTLS *tlsconfig.Source
+	if cfg.Etcd, etcdTLS, err = etcdFlags.config(log); err != nil {
 		return err
+	}
+	if etcdTLS != nil {
+		certSources = append(certSources, etcdTLS)
 	}
 	if cfg.Etcd != nil {
 		cfg.Replica, cfg.LeaseTTL = *replicaName, *leaderLease
@@ -193,18 +203,18 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
-	// Metrics and profiles share one listener, on loopback unless asked;
-	// profiles, which answer anyone who reaches them and cost CPU, only
-	// while it is on loopback (a Prometheus scrape from another host is
-	// no reason to open them).
-	go http.Serve(mln, metricsMux(reg, *metrics, log))
 	if *webhookAddr != "" {
 		if srv.Admission() == nil || *webhookCert == "" || *webhookKey == "" {
 			return errors.New("--webhook-bind-address needs --kubernetes, --webhook-cert-file and --webhook-key-file")
 		}
-		cert, err := tls.LoadX509KeyPair(*webhookCert, *webhookKey)
+		src, err := tlsconfig.Load(tlsconfig.Files{Cert: *webhookCert, Key: *webhookKey}, tlsconfig.Options{Use: "webhook", Log: log})
 		if err != nil {
 			return fmt.Errorf("--webhook-cert-file: %w", err)
+		}
+		certSources = append(certSources, src)
+		tlsCfg, err := src.ServerConfig()
+		if err != nil {
+			return err
 		}
 		wln, err := net.Listen("tcp", *webhookAddr)
 		if err != nil {
@@ -212,10 +222,11 @@ func run() error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle(kubernetes.AdmissionPath, srv.Admission())
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
-			TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsCfg}
 		go hs.ServeTLS(wln, "", "")
 	}
+	reg.MustRegister(certSources)
+	go http.Serve(mln, common.MetricsHandler(reg, *metrics, log))
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
@@ -223,9 +234,9 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if cfg.Etcd != nil {
-		log.Info("serving", "address", lis.Addr().String(), "etcd", *etcdEndpoints, "replica", cfg.Replica, "tls", tlsCfg != nil)
+		log.Info("serving", "address", lis.Addr().String(), "etcd", *etcdEndpoints, "replica", cfg.Replica, "tls", tlsSrc != nil, "version", version)
 	} else {
-		log.Info("serving", "address", lis.Addr().String(), "data_dir", *dataDir, "tls", tlsCfg != nil)
+		log.Info("serving", "address", lis.Addr().String(), "data_dir", *dataDir, "tls", tlsSrc != nil, "version", version)
 	}
 	return srv.Serve(ctx, lis)
 }
@@ -233,7 +244,7 @@ func run() error {
 // certsCommand issues certificates: "init" makes a CA and the server's
 // certificate, "issue" a client's.
 func certsCommand(args []string) error {
-	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs server --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker [--force]\n       weir-server certs kubernetes [--namespace NS] [--hosts NAME,IP,...] [--kubeconfig FILE]"
+	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs server --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker [--force]\n       weir-server certs rotate --dir DIR [--within 720h]\n       weir-server certs kubernetes [--namespace NS] [--hosts NAME,IP,...] [--kubeconfig FILE]"
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
@@ -245,6 +256,8 @@ func certsCommand(args []string) error {
 	force := fs.Bool("force", false, "replace the name's existing certificate and key (issue)")
 	namespace := fs.String("namespace", "weir-system", "the namespace of the Secrets (kubernetes)")
 	kubeconfig := fs.String("kubeconfig", "", "the cluster's kubeconfig; empty: the in-cluster config (kubernetes)")
+	validFor := fs.Duration("valid-for", 365*24*time.Hour, "how long the certificates issued are valid (server, issue, rotate)")
+	within := fs.Duration("within", 30*24*time.Hour, "reissue the certificates that expire within this time (rotate; 0: only those expired)")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil // the usage is printed
@@ -262,14 +275,14 @@ func certsCommand(args []string) error {
 		if err := certs.InitCA(*dir); err != nil {
 			return err
 		}
-		if err := certs.IssueServer(*dir, hs); err != nil {
+		if err := certs.IssueServer(*dir, hs, certs.ValidFor(*validFor)); err != nil {
 			return err
 		}
 		fmt.Printf("wrote %s/ca.crt, ca.key, server.crt, server.key\n", *dir)
 	case "server":
 		// A new server certificate from the existing CA: for more
 		// addresses (replicas), or a rotation. Clients keep trusting it.
-		if err := certs.IssueServer(*dir, hs); err != nil {
+		if err := certs.IssueServer(*dir, hs, certs.ValidFor(*validFor)); err != nil {
 			return err
 		}
 		fmt.Printf("wrote %s/server.crt, server.key\n", *dir)
@@ -278,10 +291,24 @@ func certsCommand(args []string) error {
 		if *force {
 			issue = certs.ReissueClient
 		}
-		if err := issue(*dir, *name, *role); err != nil {
+		if err := issue(*dir, *name, *role, certs.ValidFor(*validFor)); err != nil {
 			return err
 		}
 		fmt.Printf("wrote %s/%s.crt and %s.key (role %s)\n", *dir, *name, *name, *role)
+	case "rotate":
+		// Every certificate the CA signed that is due, reissued in place
+		// with its names and role: the processes that use them take the
+		// new files within tlsconfig.ReloadPeriod, without a restart.
+		done, err := certs.Rotate(*dir, *within, certs.ValidFor(*validFor))
+		for _, n := range done {
+			fmt.Printf("reissued %s/%s.crt and %s.key\n", *dir, n, n)
+		}
+		if err != nil {
+			return err
+		}
+		if len(done) == 0 {
+			fmt.Printf("no certificate in %s expires within %v: nothing changed\n", *dir, *within)
+		}
 	case "kubernetes":
 		// The Secrets the manifests mount, made once (the weir-certs Job).
 		rc, err := kubernetes.RestConfig(*kubeconfig)
@@ -380,26 +407,4 @@ func checkPlainTextListen(insecure, allowRemote bool, listen string) error {
 }
 
 // loopback: the listen address is on a loopback interface only.
-// metricsMux serves /metrics and, only where the address is on loopback,
-// /debug/pprof/ (unauthenticated: a profile shows the heap and can cost a
-// CPU for seconds).
-func metricsMux(reg prometheus.Gatherer, addr string, log *slog.Logger) *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	if loopback(addr) {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	} else {
-		log.Info("not serving /debug/pprof/: --metrics-bind-address is not on loopback", "address", addr)
-	}
-	return mux
-}
-
-func loopback(listen string) bool {
-	host, _, err := net.SplitHostPort(listen)
-	if err != nil {
-		return false
-	}
-	a, err := netip.ParseAddr(host)
-	return err == nil && a.IsLoopback()
-}
+func loopback(listen string) bool { return daemon.Loopback(listen) }

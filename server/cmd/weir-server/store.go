@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -28,18 +29,22 @@ func addEtcdFlags(fs *flag.FlagSet) etcdFlags {
 }
 
 // config is the etcd configuration the flags give, nil without endpoints.
-func (f etcdFlags) config() (*etcdstore.Config, error) {
+// With TLS, its Source reloads the client certificate (the CA is read
+// once: etcd's client takes a fixed configuration).
+func (f etcdFlags) config(log *slog.Logger) (*etcdstore.Config, *tlsconfig.Source, error) {
 	if *f.endpoints == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	cfg := &etcdstore.Config{Endpoints: strings.Split(*f.endpoints, ","), Prefix: *f.prefix}
-	if *f.ca != "" || *f.cert != "" {
-		var err error
-		if cfg.TLS, err = tlsconfig.Client(tlsconfig.Files{CA: *f.ca, Cert: *f.cert, Key: *f.key}); err != nil {
-			return nil, fmt.Errorf("--etcd-ca-file, --etcd-cert-file, --etcd-key-file: %w", err)
-		}
+	if *f.ca == "" && *f.cert == "" {
+		return cfg, nil, nil
 	}
-	return cfg, nil
+	src, err := tlsconfig.Load(tlsconfig.Files{CA: *f.ca, Cert: *f.cert, Key: *f.key}, tlsconfig.Options{Use: "etcd", Log: log})
+	if err != nil {
+		return nil, nil, fmt.Errorf("--etcd-ca-file, --etcd-cert-file, --etcd-key-file: %w", err)
+	}
+	cfg.TLS = src.ClientConfig()
+	return cfg, src, nil
 }
 
 // storeCommand works on stores: "migrate" copies the embedded store into
@@ -55,7 +60,7 @@ func storeCommand(args []string) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	cfg, err := ef.config()
+	cfg, _, err := ef.config(nil)
 	if err != nil {
 		return err
 	}

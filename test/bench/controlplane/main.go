@@ -32,7 +32,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/weirlb/weir/internal/dial"
-	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/etcdcluster"
 	"github.com/weirlb/weir/test/weirlab"
@@ -288,7 +287,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 				// stream waiting for it, resuming from what it holds;
 				// thousands connecting at once can outlast the server's
 				// handshake timeout.
-				c, err := dial.Server(servers[0].addr, true, tlsconfig.Files{})
+				c, err := dial.Server(servers[0].addr, nil)
 				if err != nil {
 					fmt.Fprintln(os.Stderr, a.name, err)
 					return

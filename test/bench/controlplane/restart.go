@@ -20,7 +20,6 @@ import (
 	"github.com/weirlb/weir/agent/syncer"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/dial"
-	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -41,7 +40,7 @@ func measureServerRestart(ctx context.Context, addr string, nAgents int, srv *ex
 	healths := make([]*health.Agent, nAgents)
 	syncers := make([]*syncer.Syncer, nAgents)
 	for i := range nAgents {
-		conn, err := dial.Server(addr, true, tlsconfig.Files{})
+		conn, err := dial.Server(addr, nil)
 		if err != nil {
 			return srv, err
 		}
@@ -70,7 +69,7 @@ func measureServerRestart(ctx context.Context, addr string, nAgents int, srv *ex
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
-	admin, err := dial.Server(addr, true, tlsconfig.Files{})
+	admin, err := dial.Server(addr, nil)
 	if err != nil {
 		return srv, err
 	}
@@ -152,7 +151,7 @@ func measureServerRestartSimulated(ctx context.Context, addr string, srv *exec.C
 	if err != nil {
 		return srv, err
 	}
-	admin, err := dial.Server(addr, true, tlsconfig.Files{})
+	admin, err := dial.Server(addr, nil)
 	if err != nil {
 		return srv, err
 	}

@@ -1,0 +1,83 @@
+// Package daemon holds what Weir's long-running binaries (weir-server,
+// weir-agent, weir-speaker) share on their command lines: logging, the
+// version, and the metrics endpoint with its opt-in profiles.
+package daemon
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"net/netip"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Flags are the shared flags, once parsed.
+type Flags struct {
+	level, format *string
+	profiling     *bool
+	version       *bool
+}
+
+// AddFlags adds --log-level, --log-format, --profiling and --version to fs.
+func AddFlags(fs *flag.FlagSet) *Flags {
+	return &Flags{
+		level:     fs.String("log-level", "info", "debug, info, warn or error"),
+		format:    fs.String("log-format", "text", "text (logfmt) or json (one object a line)"),
+		profiling: fs.Bool("profiling", false, "also serve Go's profiles (/debug/pprof/) on --metrics-bind-address: unauthenticated, they show memory and cost CPU while taken; keep that address on loopback"),
+		version:   fs.Bool("version", false, "print the version and exit"),
+	}
+}
+
+// Version reports whether --version was given.
+func (f *Flags) Version() bool { return *f.version }
+
+// Logger is the logger the flags ask for, writing to w.
+func (f *Flags) Logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*f.level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch *f.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", *f.format)
+}
+
+// MetricsHandler serves reg's /metrics and, with --profiling, Go's
+// profiles; addr is where it listens (a profile served off loopback is
+// logged as a warning).
+func (f *Flags) MetricsHandler(reg prometheus.Gatherer, addr string, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if *f.profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		if !Loopback(addr) {
+			log.Warn("serving /debug/pprof/ off loopback (--profiling): anyone who reaches the address can read the process's memory layout and load its CPU", "address", addr)
+		}
+	}
+	return mux
+}
+
+// Loopback reports whether a HOST:PORT listens on a loopback address only.
+func Loopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
+}
