@@ -200,9 +200,9 @@ func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 				HealthzCode: int32(n.Health.HealthzCode), LivezCode: int32(n.Health.LivezCode),
 				LastUpdated: timestamp(n.Health.LastUpdated), NodeEligible: n.Health.NodeEligible,
 			},
-			LastSyncDuration: durationpb.New(n.LastSync),
-			BgpSessions:      bgpSessions(n),
-			L2Addresses:      uint32(owned[n.Node]),
+			LastSyncDuration:    durationpb.New(n.LastSync),
+			BgpSessions:         bgpSessions(n),
+			L2Addresses:         uint32(owned[n.Node]),
 			AgentVersion:        n.AgentVersion,
 			CertificateNotAfter: timestamp(n.CertificateNotAfter),
 		})
