@@ -127,6 +127,9 @@ type Cluster struct {
 	ServerArgs []string
 	// CertDir holds ca.crt, server.*, admin.* and <node>.* for each node.
 	CertDir string
+	// CertValidity, when set, is how long the server's and the agents'
+	// certificates are valid instead of a year (rotation tests).
+	CertValidity time.Duration
 	Server  *lab.Process
 	// Replicas, when above 1, runs that many replicas of the server, on
 	// a three-member etcd cluster in the control namespace, instead of
@@ -172,14 +175,18 @@ func (c *Cluster) start(ctx context.Context) error {
 	for i := 1; i < len(c.Controls); i++ {
 		hosts = append(hosts, lab.ControlAddr(i).String(), lab.ControlAddr6(i).String())
 	}
-	if err := certs.IssueServer(c.CertDir, hosts); err != nil {
+	var validity []certs.Option
+	if c.CertValidity > 0 {
+		validity = append(validity, certs.ValidFor(c.CertValidity))
+	}
+	if err := certs.IssueServer(c.CertDir, hosts, validity...); err != nil {
 		return err
 	}
 	if err := certs.IssueClient(c.CertDir, "admin", certs.RoleAdmin); err != nil {
 		return err
 	}
 	for _, n := range c.Nodes {
-		if err := certs.IssueClient(c.CertDir, n.Name, certs.RoleAgent); err != nil {
+		if err := certs.IssueClient(c.CertDir, n.Name, certs.RoleAgent, validity...); err != nil {
 			return err
 		}
 	}
