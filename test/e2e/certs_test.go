@@ -16,8 +16,8 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/lab"
-	"github.com/weirlb/weir/test/weirlab"
 	"github.com/weirlb/weir/test/wait"
+	"github.com/weirlb/weir/test/weirlab"
 )
 
 // TestCertificatesRotateUnderTraffic: the server's and the agents'

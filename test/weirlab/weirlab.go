@@ -130,7 +130,7 @@ type Cluster struct {
 	// CertValidity, when set, is how long the server's and the agents'
 	// certificates are valid instead of a year (rotation tests).
 	CertValidity time.Duration
-	Server  *lab.Process
+	Server       *lab.Process
 	// Replicas, when above 1, runs that many replicas of the server, on
 	// a three-member etcd cluster in the control namespace, instead of
 	// one server on DataDir (docs/ha.md). Servers and Etcd are their
