@@ -169,7 +169,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 		}
 		sv := &server{addr: "127.0.0.1:" + strconv.Itoa(port), mport: mport}
 		args := []string{"--insecure", "--api-calls-per-second", "0", "--listen", sv.addr,
-			"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(mport), "--log-level", "warn", "--min-sync-period", minSync.String()}
+			"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(mport), "--profiling", "--log-level", "warn", "--min-sync-period", minSync.String()}
 		if etcd != nil {
 			args = append(args, "--etcd-endpoints", strings.Join(etcd.Endpoints(), ","), "--replica-name", fmt.Sprintf("replica%d", i))
 		} else {
