@@ -68,10 +68,14 @@ generate:
 	$(CONTROLLER_GEN) object crd paths=./server/kubernetes/api/... output:crd:dir=./deploy/kubernetes/crds
 	cp deploy/kubernetes/crds/*.yaml deploy/helm/weir/crds/
 
-# The API as released: make lint fails on a change that would break a
-# client of it (buf breaking). Refresh only when a release changes the API.
+# The API of the last release (a tag; CHANGELOG.md): make lint fails on a
+# change that would break a client of it (buf breaking). Refresh at each
+# release: make api-baseline RELEASE=vX.Y.Z.
+RELEASE ?= v0.1.0
 api-baseline:
-	$(BUF) build -o proto/baseline.binpb
+	rm -rf $(BIN)/release-api && mkdir -p $(BIN)/release-api
+	git archive $(RELEASE) proto buf.yaml buf.gen.yaml | tar -x -C $(BIN)/release-api
+	cd $(BIN)/release-api && $(BUF) build -o $(CURDIR)/proto/baseline.binpb
 
 # Fails when the committed generated code differs from what buf generates.
 check-generated: generate

@@ -362,7 +362,7 @@ func TestErrorsAndExitCodes(t *testing.T) {
 	}
 
 	out := e.mustLbctl("", "version")
-	if want := "Client: dev\nServer: " + e.addr + " (SERVING)\n"; out != want {
+	if want := "Client: dev\nServer: " + e.addr + " (SERVING)\nServer Version: <none>\n"; out != want {
 		t.Errorf("version: %q, want %q", out, want)
 	}
 }
@@ -680,13 +680,14 @@ func TestStatus(t *testing.T) {
 	e.agent("node1", 200, lbHealth(200, 1))
 	out, errOut, code := e.lbctl("", "status")
 	golden(t, "status", strings.ReplaceAll(out, e.addr, "ADDR"), `
-Server:          ADDR (SERVING)
-Version:         <none>
-State version:   2
-Uptime:          3h
-Sources:         native
-Agents:          1 connected, 2 nodes registered
-Pools:           public 1/16, v6 0/256
+Server:           ADDR (SERVING)
+Version:          <none>
+State version:    2
+Uptime:           3h
+Sources:          native
+Agents:           1 connected, 2 nodes registered
+Agent versions:   v0.2.0 (1)
+Pools:            public 1/16, v6 0/256
 
 NAME    CONNECTED   APPLIED/SENT   LAG   HEALTHZ   BGP   DRAINED   LAST ERROR
 node1   yes         2/2            0     200       1/2   no        <none>
@@ -978,7 +979,7 @@ CURRENT   NAME   SERVER           INSECURE   CERT-FILE
 
 	// --context picks the server; flags and the environment beat the context.
 	must(`Context "demo" modified.`+"\n", "config", "set-context", "demo", "--server", e.addr)
-	want := "Client: dev\nServer: " + e.addr + " (SERVING)\n"
+	want := "Client: dev\nServer: " + e.addr + " (SERVING)\nServer Version: <none>\n"
 	must(want, "--context", "demo", "version")
 	must(want, "version", "--server", e.addr, "--insecure")
 	t.Setenv("WEIR_SERVER", e.addr)
@@ -1773,5 +1774,26 @@ addresses: [192.0.2.11]
 	}
 	if _, stderr, code := runLbctl(context.Background(), time.Now(), "", "convert", "metallb", "-f", "convert/testdata/metallb.yaml", "--to", "yaml"); code != 2 {
 		t.Errorf("--to yaml: exit %d (%s); want a usage error", code, stderr)
+	}
+}
+
+func TestSkewWarning(t *testing.T) {
+	for _, tc := range []struct {
+		client, server string
+		warn           bool
+	}{
+		{"v0.2.0", "v0.2.1", false},
+		{"v0.2.0", "v0.1.0", false},
+		{"v0.1.0", "v0.2.0-4-gabc1234", false},
+		{"v0.3.0", "v0.1.0", true},
+		{"v0.1.0", "v0.3.2", true},
+		{"v1.1.0", "v0.1.0", true},
+		{"dev", "v0.1.0", false},
+		{"v0.1.0", "", false},
+		{"v0.1.0", "735888e", false},
+	} {
+		if got := skewWarning(tc.client, tc.server); (got != "") != tc.warn {
+			t.Errorf("lbctl %q, server %q: warning %q, want one: %v", tc.client, tc.server, got, tc.warn)
+		}
 	}
 }

@@ -20,6 +20,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,6 +31,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -159,19 +161,27 @@ func (a *app) versionCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				var info *weirv1.GetServerInfoResponse
+				if _, st, err := a.clients(); err == nil {
+					info, _ = st.GetServerInfo(cmd.Context(), &weirv1.GetServerInfoRequest{})
+				}
+				if warn := skewWarning(version, info.GetVersion()); warn != "" {
+					fmt.Fprintln(a.stderr, warn)
+				}
 				if output == "table" {
 					fmt.Fprintf(a.stdout, "Server: %s (%s)\n", a.server, health)
+					if info != nil {
+						fmt.Fprintf(a.stdout, "Server Version: %s\n", cmp.Or(info.GetVersion(), "<none>"))
+					}
 					return nil
 				}
 				server := map[string]any{"address": a.server, "health": health.String()}
-				if _, st, err := a.clients(); err == nil {
-					if info, err := st.GetServerInfo(cmd.Context(), &weirv1.GetServerInfoRequest{}); err == nil {
-						b, err := marshal.Marshal(info)
-						if err != nil {
-							return err
-						}
-						server["info"] = json.RawMessage(b)
+				if info != nil {
+					b, err := marshal.Marshal(info)
+					if err != nil {
+						return err
 					}
+					server["info"] = json.RawMessage(b)
 				}
 				doc["server"] = server
 			}
@@ -188,6 +198,30 @@ func (a *app) versionCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&clientOnly, "client", false, "print the client version only")
 	addOutputFlag(cmd, &output)
 	return cmd
+}
+
+// skewWarning warns when lbctl and the server are further apart than the
+// skew policy allows (one minor version, docs/operations.md); versions
+// that are not releases (dev builds, commits) are not compared.
+func skewWarning(client, server string) string {
+	c, okc := minorOf(client)
+	s, oks := minorOf(server)
+	if !okc || !oks || (c[0] == s[0] && c[1]-s[1] <= 1 && s[1]-c[1] <= 1) {
+		return ""
+	}
+	return fmt.Sprintf("WARNING: lbctl %s and the server's %s are more than one minor version apart: the API may differ (docs/operations.md, Versions and skew)", client, server)
+}
+
+// minorOf reads the major and minor numbers of a release version, vX.Y.Z
+// (with anything after Z: v0.2.0-3-gabcdef).
+func minorOf(v string) ([2]int, bool) {
+	parts := strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)
+	if !strings.HasPrefix(v, "v") || len(parts) < 3 {
+		return [2]int{}, false
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	return [2]int{major, minor}, err1 == nil && err2 == nil
 }
 
 // checkOutput refuses an -o that addOutputFlag's commands do not print.

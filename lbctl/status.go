@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net/netip"
 	"slices"
@@ -112,6 +114,7 @@ reached; the same whatever the output format.`,
 				"Uptime", age(a.now(), info.GetStarted()),
 				"Sources", list(info.GetSources()),
 				"Agents", fmt.Sprintf("%d connected, %d nodes registered", info.GetAgentsConnected(), len(nodes)),
+				"Agent versions", agentVersions(statuses),
 				"Pools", pools,
 			)
 			b.WriteString("\n")
@@ -290,4 +293,22 @@ func addressRange(s string) (first, last netip.Addr, ok bool) {
 	}
 	last, _ = netip.AddrFromSlice(b)
 	return p.Addr(), last, true
+}
+
+// agentVersions counts the connected agents by version, the most common
+// first: during a rolling upgrade, how far it got.
+func agentVersions(statuses []*weirv1.NodeStatus) string {
+	count := map[string]int{}
+	for _, n := range statuses {
+		if n.GetConnected() {
+			count[cmp.Or(n.GetAgentVersion(), "unknown")]++
+		}
+	}
+	vs := slices.Collect(maps.Keys(count))
+	slices.SortFunc(vs, func(a, b string) int { return cmp.Or(count[b]-count[a], strings.Compare(a, b)) })
+	var out []string
+	for _, v := range vs {
+		out = append(out, fmt.Sprintf("%s (%d)", v, count[v]))
+	}
+	return orNone(strings.Join(out, ", "))
 }

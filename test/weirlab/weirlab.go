@@ -29,6 +29,7 @@ import (
 	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/test/etcdcluster"
 	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/toolbin"
 )
 
 // ServerPort is where the lab's weir-server listens, on lab.ControlIPv4.
@@ -55,6 +56,59 @@ func Build(ctx context.Context, root, dir string) (Binaries, error) {
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return b, fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
+		}
+	}
+	return b, nil
+}
+
+// BuildRelease compiles the server and the agent of an earlier commit of
+// the repository (a release: its version is stamped in them) into the
+// user's cache, once per machine; a rolling upgrade runs them beside this
+// tree's. The clone must hold the commit (not a shallow one).
+func BuildRelease(ctx context.Context, version, commit string) (Binaries, error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return Binaries{}, err
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return Binaries{}, err
+	}
+	dir := filepath.Join(cache, "weir", "release-"+version+"-"+commit)
+	b := Binaries{Server: filepath.Join(dir, "weir-server"), Agent: filepath.Join(dir, "weir-agent")}
+	if toolbin.Executable(b.Server) && toolbin.Executable(b.Agent) {
+		return b, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return b, err
+	}
+	unlock, err := toolbin.Lock(ctx, dir+".lock")
+	if err != nil {
+		return b, err
+	}
+	defer unlock()
+	if toolbin.Executable(b.Server) && toolbin.Executable(b.Agent) {
+		return b, nil // built by another process meanwhile
+	}
+	src, err := os.MkdirTemp("", "weir-release-")
+	if err != nil {
+		return b, err
+	}
+	defer os.RemoveAll(src)
+	archive := exec.CommandContext(ctx, "sh", "-c", `git -C "$1" archive --format=tar "$2" | tar -x -C "$3"`, "sh", root, commit, src)
+	if out, err := archive.CombinedOutput(); err != nil {
+		return b, fmt.Errorf("weirlab: the source of %s (%s): %w (a shallow clone lacks it)\n%s", version, commit, err, out)
+	}
+	for out, pkg := range map[string]string{b.Server: "./server/cmd/weir-server", b.Agent: "./agent/cmd/weir-agent"} {
+		// Built to a temporary name and renamed: a binary that is there
+		// is whole.
+		cmd := exec.CommandContext(ctx, "go", "build", "-tags", "weirfaults", "-ldflags", "-X main.version="+version, "-o", out+".tmp", pkg)
+		cmd.Dir = src
+		if o, err := cmd.CombinedOutput(); err != nil {
+			return b, fmt.Errorf("weirlab: go build %s at %s: %w\n%s", pkg, version, err, o)
+		}
+		if err := os.Rename(out+".tmp", out); err != nil {
+			return b, err
 		}
 	}
 	return b, nil
@@ -121,6 +175,9 @@ type Cluster struct {
 	*lab.Lab
 	Bin     Binaries
 	DataDir string
+	// AgentBinaries, by node name, run another agent binary than
+	// Bin.Agent on those nodes (another version's).
+	AgentBinaries map[string]string
 	// AgentArgs, when set, adds flags to each node's agent.
 	AgentArgs func(*lab.Node) []string
 	// ServerArgs adds flags to the server.
@@ -443,7 +500,11 @@ func (c *Cluster) startAgent(i int) (*lab.Process, error) {
 	if c.AgentArgs != nil {
 		args = append(args, c.AgentArgs(n)...)
 	}
-	return n.Start(c.Bin.Agent, args...)
+	agent := c.Bin.Agent
+	if other := c.AgentBinaries[n.Name]; other != "" {
+		agent = other
+	}
+	return n.Start(agent, args...)
 }
 
 func (c *Cluster) cert(name string) string { return filepath.Join(c.CertDir, name) }
