@@ -191,6 +191,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	ttl, margin := cmp.Or(cfg.L2LeaseTTL, DefaultL2LeaseTTL), cmp.Or(cfg.L2LeaseMargin, DefaultL2LeaseMargin)
 	l2 := l2owner.NewOwners(clock.RealClock{}, ttl, margin, cfg.Log.With("component", "l2"), cfg.Metrics)
+	if cfg.Metrics != nil {
+		cfg.Metrics.MustRegister(poolCollector{reg})
+	}
 	hub := agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log, RemovalLogLimit: cfg.RemovalLogLimit, L2: l2})
 	opts = append(opts, currentOnly(hub)...)
 	s := &Server{

@@ -102,9 +102,13 @@ type metrics struct {
 	lastSync     prometheus.Gauge
 	failures     prometheus.Counter
 	version      prometheus.Gauge
+	lastQueued   prometheus.Gauge
+	// stale is 1 per reason the kernel may not hold what the server
+	// wants: no stream to a server, or the newest state not applied.
+	stale *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, s *Syncer) *metrics {
 	m := &metrics{
 		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "weir_sync_proxy_rules_duration_seconds",
@@ -120,11 +124,39 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		version: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "weir_sync_applied_version", Help: "The last state version applied.",
 		}),
+		lastQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "weir_sync_proxy_rules_last_queued_timestamp_seconds",
+			Help: "When a state or change last arrived from the server (kube-proxy's hang signal: above weir_sync_proxy_rules_last_timestamp_seconds for long, the agent is not applying).",
+		}),
+		stale: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "weir_agent_configuration_stale",
+			Help: "1 while the kernel may not hold what the server wants, by reason: disconnected (no state stream to a server; forwarding on the last state) or apply_failed (the newest state was refused or failed; forwarding on the last one applied).",
+		}, []string{"reason"}),
 	}
+	m.stale.WithLabelValues("disconnected").Set(1)
+	m.stale.WithLabelValues("apply_failed").Set(0)
 	if reg != nil {
-		reg.MustRegister(m.syncDuration, m.lastSync, m.failures, m.version)
+		reg.MustRegister(m.syncDuration, m.lastSync, m.failures, m.version, m.lastQueued, m.stale,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "weir_sync_proxy_rules_pending_changes",
+				Help: "Services changed since the last successful apply (every service after a whole state): 0 unless an apply is failing or under way.",
+			}, s.pendingChanges))
 	}
 	return m
+}
+
+// pendingChanges counts the services the kernel may not hold as
+// received.
+func (s *Syncer) pendingChanges() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.lastErr == nil && s.applied == s.received && !s.partial:
+		return 0
+	case s.changed == nil:
+		return float64(len(s.state.Services))
+	}
+	return float64(len(s.changed))
 }
 
 // Syncer keeps one node in step with the server.
@@ -172,8 +204,10 @@ func New(cfg Config, conn grpc.ClientConnInterface, dp Applier, obs Observer, lo
 	if obs == nil {
 		obs = noObserver{}
 	}
-	return &Syncer{cfg: cfg, conn: conn, dp: dp, obs: obs, log: log, metrics: newMetrics(cfg.Metrics),
+	s := &Syncer{cfg: cfg, conn: conn, dp: dp, obs: obs, log: log,
 		state: datapath.NodeState{Services: map[datapath.ServiceKey]*datapath.Service{}}}
+	s.metrics = newMetrics(cfg.Metrics, s)
+	return s
 }
 
 // Status is what the syncer has done so far.
@@ -303,7 +337,10 @@ func (s *Syncer) session(ctx context.Context, server string, acceptStale, waitFo
 		case msg := <-msgs:
 			if !gotState {
 				s.log.Info("streaming state from server", "server", server, "accept_stale", acceptStale)
+				s.metrics.stale.WithLabelValues("disconnected").Set(0)
+				defer s.metrics.stale.WithLabelValues("disconnected").Set(1)
 			}
+			s.metrics.lastQueued.SetToCurrentTime()
 			gotState = true
 			answer := s.handle(ctx, msg)
 			if answer == nil {
@@ -356,6 +393,7 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 			s.partial = true
 		}
 		s.rejected = msg.GetVersion()
+		s.metrics.stale.WithLabelValues("apply_failed").Set(1)
 		return nack(msg.GetVersion(), err)
 	}
 	s.state = next
@@ -396,6 +434,7 @@ func (s *Syncer) applyLocked(ctx context.Context) *weirv1.SyncRequest {
 	}
 	if err := s.dp.Apply(ctx, state); err != nil {
 		s.metrics.failures.Inc()
+		s.metrics.stale.WithLabelValues("apply_failed").Set(1)
 		s.lastErr = err
 		s.log.Error("applying state failed; the last good rules stay in place", "version", s.received, "error", err)
 		return nack(s.received, err)
@@ -407,6 +446,7 @@ func (s *Syncer) applyLocked(ctx context.Context) *weirv1.SyncRequest {
 	s.metrics.syncDuration.Observe(took.Seconds())
 	s.metrics.lastSync.SetToCurrentTime()
 	s.metrics.version.Set(float64(s.applied))
+	s.metrics.stale.WithLabelValues("apply_failed").Set(0)
 	s.log.Debug("applied state", "version", s.received, "services", len(s.state.Services), "took", took)
 	return &weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: s.received}}}
 }

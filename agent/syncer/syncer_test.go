@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/weirlb/weir/internal/report"
 
 	"google.golang.org/grpc"
@@ -134,7 +135,26 @@ func TestSyncerAcksNacksAndKeepsLastGoodState(t *testing.T) {
 	dp := &fakeApplier{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s := New(Config{NodeName: "node1", ResyncPeriod: time.Hour, RetryPeriod: 100 * time.Millisecond}, conn, dp, nil, slog.New(slog.DiscardHandler))
+	reg := prometheus.NewRegistry()
+	s := New(Config{NodeName: "node1", ResyncPeriod: time.Hour, RetryPeriod: 100 * time.Millisecond, Metrics: reg}, conn, dp, nil, slog.New(slog.DiscardHandler))
+	// metricsSay checks what an operator's alerts read: the stale gauges
+	// and the pending changes.
+	metricsSay := func(when string, disconnected, applyFailed, pending float64) {
+		t.Helper()
+		for _, m := range []struct {
+			name, reason string
+			want         float64
+		}{
+			{"weir_agent_configuration_stale", "disconnected", disconnected},
+			{"weir_agent_configuration_stale", "apply_failed", applyFailed},
+			{"weir_sync_proxy_rules_pending_changes", "", pending},
+		} {
+			if got := gauge(t, reg, m.name, m.reason); got != m.want {
+				t.Errorf("%s: %s{%s} = %v, want %v", when, m.name, m.reason, got, m.want)
+			}
+		}
+	}
+	metricsSay("before any stream", 1, 0, 0)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 
@@ -156,6 +176,10 @@ func TestSyncerAcksNacksAndKeepsLastGoodState(t *testing.T) {
 	if n := len(dp.last().Services); n != 2 {
 		t.Fatalf("applied %d services, want 2", n)
 	}
+	metricsSay("streaming, applied", 0, 0, 0)
+	if q := gauge(t, reg, "weir_sync_proxy_rules_last_queued_timestamp_seconds", ""); time.Since(time.Unix(int64(q), 0)) > time.Minute {
+		t.Errorf("last queued %v, want about now", q)
+	}
 
 	// A delta the agent cannot decode: NACK, nothing applied.
 	send(&weirv1.SyncResponse{Version: 6, Upserts: []*weirv1.NodeService{svc("web", "not-an-ip")}})
@@ -172,6 +196,7 @@ func TestSyncerAcksNacksAndKeepsLastGoodState(t *testing.T) {
 	if a := recvAnswer(t, stream); a.GetNack().GetVersion() != 7 {
 		t.Fatalf("answer to version 7 with a failing datapath: %v, want NACK 7", a)
 	}
+	metricsSay("the datapath failing", 0, 1, 1)
 	dp.setFail(nil)
 	if a := recvAnswer(t, stream); a.GetAck().GetVersion() != 7 {
 		t.Fatalf("after recovery: %v, want ACK 7 from the retry", a)
@@ -182,8 +207,31 @@ func TestSyncerAcksNacksAndKeepsLastGoodState(t *testing.T) {
 	if st := s.Status(); st.AppliedVersion != 7 || st.LastError != nil {
 		t.Errorf("status %+v, want applied 7 and no error", st)
 	}
+	metricsSay("recovered", 0, 0, 0)
 	cancel()
 	<-done
+	metricsSay("stopped", 1, 0, 0)
+}
+
+// gauge reads one gauge from reg, with the label reason when not empty.
+func gauge(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if reason == "" || (len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == reason) {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no %s{%s}", name, reason)
+	return 0
 }
 
 func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {

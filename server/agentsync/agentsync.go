@@ -101,7 +101,7 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 		cfg.Clock = clock.RealClock{}
 	}
 	h := &Hub{
-		reg: reg, cfg: cfg, clock: cfg.Clock, log: cfg.Log, metrics: newMetrics(cfg.Metrics),
+		reg: reg, cfg: cfg, clock: cfg.Clock, log: cfg.Log,
 		wake:      make(chan struct{}, 1),
 		fullSends: make(chan struct{}, 4),
 		sessions:  map[string]*session{},
@@ -109,6 +109,7 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 		remote:    map[string]*observed.Node{},
 		history:   map[string]*cache.Client{},
 	}
+	h.metrics = newMetrics(cfg.Metrics, h)
 	// Listen first, then load: a change in between is queued, and
 	// recomputing it again is harmless.
 	reg.OnChange(h.onChange)
@@ -124,6 +125,6 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 		}
 		h.cache = cache.New(v.Revision(), services, nodes, cfg.RemovalLogLimit)
 	})
-	h.metrics.version.Set(float64(h.cache.Version()))
+	h.metrics.setVersion(h.cache.Version())
 	return h
 }

@@ -48,22 +48,27 @@ func (h *Hub) Connected() int {
 // replica has it, or as the replica the node is connected to published it
 // (SetRemoteStatus).
 func (h *Hub) Status() []observed.Node {
+	var out []observed.Node
+	h.eachStatus(func(s *observed.Node) { out = append(out, cloneStatus(s)) })
+	slices.SortFunc(out, func(a, b observed.Node) int { return strings.Compare(a.Node, b.Node) })
+	return out
+}
+
+// eachStatus calls f with every node's status as Status chooses it,
+// without copying (f must not keep it or change it).
+func (h *Hub) eachStatus(f func(*observed.Node)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]observed.Node, 0, len(h.status)+len(h.remote))
 	for node, s := range h.status {
-		if r := h.remote[node]; r != nil && !s.Connected {
-			continue
+		if r := h.remote[node]; r == nil || s.Connected {
+			f(s)
 		}
-		out = append(out, cloneStatus(s))
 	}
 	for node, r := range h.remote {
 		if s := h.status[node]; s == nil || !s.Connected {
-			out = append(out, cloneStatus(r))
+			f(r)
 		}
 	}
-	slices.SortFunc(out, func(a, b observed.Node) int { return strings.Compare(a.Node, b.Node) })
-	return out
 }
 
 func cloneStatus(s *observed.Node) observed.Node {

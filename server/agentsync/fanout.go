@@ -138,7 +138,7 @@ func (h *Hub) apply() {
 		}
 		h.mu.Unlock()
 	}
-	h.metrics.version.Set(float64(version))
+	h.metrics.setVersion(version)
 }
 
 // beforeCacheUpdate, when set by a test, runs just before a batch reaches

@@ -1,6 +1,11 @@
 package agentsync
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/weirlb/weir/server/observed"
+)
 
 // metrics prove convergence, with kube-proxy's names where it has them.
 type metrics struct {
@@ -10,9 +15,17 @@ type metrics struct {
 	version     prometheus.Gauge
 	messages    *prometheus.CounterVec
 	bytes       prometheus.Counter
+	// stateVersion is what version holds, for the nodes' lag.
+	stateVersion atomic.Uint64
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// setVersion records the newest state version.
+func (m *metrics) setVersion(v uint64) {
+	m.version.Set(float64(v))
+	m.stateVersion.Store(v)
+}
+
+func newMetrics(reg prometheus.Registerer, h *Hub) *metrics {
 	m := &metrics{
 		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "weir_network_programming_duration_seconds",
@@ -36,7 +49,46 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.programming, m.nacks, m.connected, m.version, m.messages, m.bytes)
+		reg.MustRegister(m.programming, m.nacks, m.connected, m.version, m.messages, m.bytes, nodeCollector{h})
 	}
 	return m
+}
+
+// Per node: one series each, bounded by the nodes the cluster has.
+var (
+	nodeConnected = prometheus.NewDesc("weir_node_agent_connected",
+		"1 when the node's agent has its state stream open (to this replica, or to another that published it), else 0.", []string{"node"}, nil)
+	nodeLag = prometheus.NewDesc("weir_node_programmed_version_lag",
+		"Store revisions between the newest state version and what the node's kernel holds of what concerns it: 0 when the node is programmed.", []string{"node"}, nil)
+	nodeFailing = prometheus.NewDesc("weir_node_apply_failing",
+		"1 while the node's agent refuses (NACKs) its newest state and forwards on the last one it applied, else 0.", []string{"node"}, nil)
+)
+
+// nodeCollector reads the nodes' status at each scrape.
+type nodeCollector struct{ h *Hub }
+
+func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- nodeConnected
+	ch <- nodeLag
+	ch <- nodeFailing
+}
+
+func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	version := c.h.metrics.stateVersion.Load()
+	c.h.eachStatus(func(n *observed.Node) {
+		lag := uint64(0)
+		if p := n.ProgrammedVersion(); p < version {
+			lag = version - p
+		}
+		ch <- prometheus.MustNewConstMetric(nodeConnected, prometheus.GaugeValue, bool01(n.Connected), n.Node)
+		ch <- prometheus.MustNewConstMetric(nodeLag, prometheus.GaugeValue, float64(lag), n.Node)
+		ch <- prometheus.MustNewConstMetric(nodeFailing, prometheus.GaugeValue, bool01(n.LastError != ""), n.Node)
+	})
+}
+
+func bool01(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

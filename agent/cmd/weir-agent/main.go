@@ -181,6 +181,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
+		reg.MustRegister(speaker.Collector())
 		defer func() {
 			if ctx.Err() != nil && speaker.GracefulRestart() {
 				// Stopped (SIGTERM: a restart, an upgrade): the sessions

@@ -121,12 +121,16 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	reg.MustRegister(b.Collector())
 	defer b.Close()
 	sp := lbtier.New(lbtier.Config{
 		Name:   *name,
 		Probes: lbtier.ProbeConfig{Interval: *interval, Timeout: *timeout, Rise: *rise, Fall: *fall},
 		Report: lbtier.Reporter(client, log), Log: log,
 	}, b)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "weir_lbtier_announced_paths", Help: "Paths (a load-balancer IP through one node) the speaker announces now.",
+	}, func() float64 { return float64(len(sp.Announced())) }))
 	member, err := members.Start("speaker:"+*name, func(n string, alive bool) {
 		if !isSpeaker(n) {
 			sp.MemberChanged(n, alive)

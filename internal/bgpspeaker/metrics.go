@@ -1,0 +1,53 @@
+package bgpspeaker
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Per peer (and family): bounded by the routers a speaker peers with.
+var (
+	sessionUp = prometheus.NewDesc("weir_bgp_session_up",
+		"1 when the BGP session with the peer is established, else 0.", []string{"peer"}, nil)
+	prefixes = prometheus.NewDesc("weir_bgp_prefixes",
+		"Prefixes on an established session, by family and direction: sent to the peer, received from it, accepted of those.", []string{"peer", "family", "direction"}, nil)
+)
+
+// Collector exports the speaker's sessions, read from GoBGP at each
+// scrape.
+func (g *GoBGP) Collector() prometheus.Collector { return collector{g} }
+
+type collector struct{ g *GoBGP }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- sessionUp
+	ch <- prefixes
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	sessions, err := c.g.Sessions(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(sessionUp, err)
+		return
+	}
+	for _, s := range sessions {
+		peer := s.PeerAddress.String()
+		up := 0.0
+		if s.State == "established" {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(sessionUp, prometheus.GaugeValue, up, peer)
+		if up == 0 {
+			continue
+		}
+		for _, f := range s.Families {
+			ch <- prometheus.MustNewConstMetric(prefixes, prometheus.GaugeValue, float64(f.Sent), peer, f.Name, "sent")
+			ch <- prometheus.MustNewConstMetric(prefixes, prometheus.GaugeValue, float64(f.Received), peer, f.Name, "received")
+			ch <- prometheus.MustNewConstMetric(prefixes, prometheus.GaugeValue, float64(f.Accepted), peer, f.Name, "accepted")
+		}
+	}
+}
