@@ -44,6 +44,12 @@ func NewNode(timeout time.Duration, reg prometheus.Registerer) *Node {
 			Name: "weir_proxy_livez_total", Help: "Answers of /livez, by HTTP code.",
 		}, []string{"code"}),
 	}
+	// The codes answered exist from the start, at 0, so that rate()
+	// sees the first answers.
+	for _, code := range []string{"200", "503"} {
+		n.healthz.WithLabelValues(code)
+		n.livez.WithLabelValues(code)
+	}
 	if reg != nil {
 		reg.MustRegister(n.healthz, n.livez)
 	}

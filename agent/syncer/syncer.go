@@ -103,12 +103,15 @@ type metrics struct {
 	failures     prometheus.Counter
 	version      prometheus.Gauge
 	lastQueued   prometheus.Gauge
+	pending      prometheus.Gauge
 	// stale is 1 per reason the kernel may not hold what the server
 	// wants: no stream to a server, or the newest state not applied.
+	// Set, never read under the syncer's lock: a scrape must not wait
+	// for an apply that hangs.
 	stale *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer, s *Syncer) *metrics {
+func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "weir_sync_proxy_rules_duration_seconds",
@@ -130,33 +133,19 @@ func newMetrics(reg prometheus.Registerer, s *Syncer) *metrics {
 		}),
 		stale: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "weir_agent_configuration_stale",
-			Help: "1 while the kernel may not hold what the server wants, by reason: disconnected (no state stream to a server; forwarding on the last state) or apply_failed (the newest state was refused or failed; forwarding on the last one applied).",
+			Help: "1 while the kernel may not hold what the server wants, by reason: disconnected (no state stream to a server; forwarding on the last state) or not_applied (the newest state received is not in the kernel: refused, failed, or still being applied; forwarding on the last one applied).",
 		}, []string{"reason"}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "weir_sync_proxy_rules_pending_changes",
+			Help: "Services changed since the last successful apply (every service after a whole state): 0 unless an apply is failing, hung or under way.",
+		}),
 	}
 	m.stale.WithLabelValues("disconnected").Set(1)
-	m.stale.WithLabelValues("apply_failed").Set(0)
+	m.stale.WithLabelValues("not_applied").Set(0)
 	if reg != nil {
-		reg.MustRegister(m.syncDuration, m.lastSync, m.failures, m.version, m.lastQueued, m.stale,
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name: "weir_sync_proxy_rules_pending_changes",
-				Help: "Services changed since the last successful apply (every service after a whole state): 0 unless an apply is failing or under way.",
-			}, s.pendingChanges))
+		reg.MustRegister(m.syncDuration, m.lastSync, m.failures, m.version, m.lastQueued, m.stale, m.pending)
 	}
 	return m
-}
-
-// pendingChanges counts the services the kernel may not hold as
-// received.
-func (s *Syncer) pendingChanges() float64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.lastErr == nil && s.applied == s.received && !s.partial:
-		return 0
-	case s.changed == nil:
-		return float64(len(s.state.Services))
-	}
-	return float64(len(s.changed))
 }
 
 // Syncer keeps one node in step with the server.
@@ -206,7 +195,7 @@ func New(cfg Config, conn grpc.ClientConnInterface, dp Applier, obs Observer, lo
 	}
 	s := &Syncer{cfg: cfg, conn: conn, dp: dp, obs: obs, log: log,
 		state: datapath.NodeState{Services: map[datapath.ServiceKey]*datapath.Service{}}}
-	s.metrics = newMetrics(cfg.Metrics, s)
+	s.metrics = newMetrics(cfg.Metrics)
 	return s
 }
 
@@ -393,7 +382,7 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 			s.partial = true
 		}
 		s.rejected = msg.GetVersion()
-		s.metrics.stale.WithLabelValues("apply_failed").Set(1)
+		s.metrics.stale.WithLabelValues("not_applied").Set(1)
 		return nack(msg.GetVersion(), err)
 	}
 	s.state = next
@@ -404,6 +393,12 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 		return nil
 	}
 	s.partial, s.received, s.receivedHistory = false, msg.GetVersion(), msg.GetHistory()
+	s.metrics.stale.WithLabelValues("not_applied").Set(1)
+	if s.changed == nil {
+		s.metrics.pending.Set(float64(len(s.state.Services)))
+	} else {
+		s.metrics.pending.Set(float64(len(s.changed)))
+	}
 	s.obs.Received(next)
 	return s.applyLocked(ctx)
 }
@@ -434,7 +429,6 @@ func (s *Syncer) applyLocked(ctx context.Context) *weirv1.SyncRequest {
 	}
 	if err := s.dp.Apply(ctx, state); err != nil {
 		s.metrics.failures.Inc()
-		s.metrics.stale.WithLabelValues("apply_failed").Set(1)
 		s.lastErr = err
 		s.log.Error("applying state failed; the last good rules stay in place", "version", s.received, "error", err)
 		return nack(s.received, err)
@@ -446,7 +440,8 @@ func (s *Syncer) applyLocked(ctx context.Context) *weirv1.SyncRequest {
 	s.metrics.syncDuration.Observe(took.Seconds())
 	s.metrics.lastSync.SetToCurrentTime()
 	s.metrics.version.Set(float64(s.applied))
-	s.metrics.stale.WithLabelValues("apply_failed").Set(0)
+	s.metrics.stale.WithLabelValues("not_applied").Set(0)
+	s.metrics.pending.Set(0)
 	s.log.Debug("applied state", "version", s.received, "services", len(s.state.Services), "took", took)
 	return &weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: s.received}}}
 }

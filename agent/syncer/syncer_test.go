@@ -139,14 +139,14 @@ func TestSyncerAcksNacksAndKeepsLastGoodState(t *testing.T) {
 	s := New(Config{NodeName: "node1", ResyncPeriod: time.Hour, RetryPeriod: 100 * time.Millisecond, Metrics: reg}, conn, dp, nil, slog.New(slog.DiscardHandler))
 	// metricsSay checks what an operator's alerts read: the stale gauges
 	// and the pending changes.
-	metricsSay := func(when string, disconnected, applyFailed, pending float64) {
+	metricsSay := func(when string, disconnected, notApplied, pending float64) {
 		t.Helper()
 		for _, m := range []struct {
 			name, reason string
 			want         float64
 		}{
 			{"weir_agent_configuration_stale", "disconnected", disconnected},
-			{"weir_agent_configuration_stale", "apply_failed", applyFailed},
+			{"weir_agent_configuration_stale", "not_applied", notApplied},
 			{"weir_sync_proxy_rules_pending_changes", "", pending},
 		} {
 			if got := gauge(t, reg, m.name, m.reason); got != m.want {

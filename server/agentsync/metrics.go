@@ -48,8 +48,19 @@ func newMetrics(reg prometheus.Registerer, h *Hub) *metrics {
 			Name: "weir_sync_sent_bytes_total", Help: "Bytes of state sent to agents.",
 		}),
 	}
+	for _, kind := range []string{"full", "resume", "delta"} {
+		m.messages.WithLabelValues(kind) // at 0 from the start
+	}
+	current := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "weir_server_current",
+		Help: "1 while this server answers agents and speakers with the store's current state; 0 while it is not current (its store, or etcd, is away) and sends them to another replica.",
+	}, func() float64 {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return bool01(h.notCurrent == "")
+	})
 	if reg != nil {
-		reg.MustRegister(m.programming, m.nacks, m.connected, m.version, m.messages, m.bytes, nodeCollector{h})
+		reg.MustRegister(m.programming, m.nacks, m.connected, m.version, m.messages, m.bytes, nodeCollector{h}, current)
 	}
 	return m
 }

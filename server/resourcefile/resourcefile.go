@@ -177,6 +177,9 @@ func NewRejectedMetric(reg prometheus.Registerer) *prometheus.CounterVec {
 		Name: "weir_resources_file_rejected_total",
 		Help: "Contents of the resources file that were refused, by reason; the last good content stays applied.",
 	}, []string{"reason"})
+	for _, reason := range []string{"invalid", "empty", "removes-all-pools", "not-applied"} {
+		c.WithLabelValues(reason) // at 0 from the start, for rate() and alerts
+	}
 	if reg != nil {
 		reg.MustRegister(c)
 	}
