@@ -16,6 +16,8 @@ command -v etcdctl >/dev/null || need+=(etcd-client)
 [ -x /usr/lib/frr/bgpd ] || need+=(frr)
 # BIRD 2: the second router implementation the BGP lab tests run against.
 command -v bird >/dev/null || [ -x /usr/sbin/bird ] || need+=(bird2)
+# promtool: the shipped alerts are checked against a lab's metrics.
+command -v promtool >/dev/null || need+=(prometheus)
 # The CA bundle deploy/container/build-images.sh copies into the images.
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 
