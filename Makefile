@@ -67,6 +67,7 @@ generate:
 	$(BUF) generate
 	$(CONTROLLER_GEN) object crd paths=./server/kubernetes/api/... output:crd:dir=./deploy/kubernetes/crds
 	cp deploy/kubernetes/crds/*.yaml deploy/helm/weir/crds/
+	cp deploy/monitoring/weir-alerts.yaml deploy/monitoring/grafana-dashboard.json deploy/helm/weir/files/
 
 # The API of the last release (a tag; CHANGELOG.md): make lint fails on a
 # change that would break a client of it (buf breaking). Refresh at each
@@ -79,8 +80,8 @@ api-baseline:
 
 # Fails when the committed generated code differs from what buf generates.
 check-generated: generate
-	@git diff --exit-code -- proto/ server/kubernetes/api/ deploy/kubernetes/crds/ deploy/helm/weir/crds/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- proto/ server/kubernetes/api/ deploy/kubernetes/crds/ deploy/helm/weir/crds/)" || { echo "generated files are not committed: run make generate and commit"; exit 1; }
+	@git diff --exit-code -- proto/ server/kubernetes/api/ deploy/kubernetes/crds/ deploy/helm/weir/crds/ deploy/helm/weir/files/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- proto/ server/kubernetes/api/ deploy/kubernetes/crds/ deploy/helm/weir/crds/ deploy/helm/weir/files/)" || { echo "generated files are not committed: run make generate and commit"; exit 1; }
 
 demo: deps
 	$(GO) run ./test/cmd/demo

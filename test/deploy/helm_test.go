@@ -2,9 +2,12 @@ package deploy
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/weirlb/weir/test/toolbin"
 )
@@ -155,4 +159,79 @@ func TestHelmValuesReachTheObjects(t *testing.T) {
 			}
 		}
 	}))
+}
+
+// TestMonitoringObjects: with monitoring.enabled the chart renders the
+// objects of deploy/kubernetes/monitoring exactly; its PrometheusRule holds
+// the groups of deploy/monitoring/weir-alerts.yaml (which the lab test of
+// the alerts checks with promtool), and its dashboard is the JSON of
+// deploy/monitoring, reading only metrics docs/metrics.md lists.
+func TestMonitoringObjects(t *testing.T) {
+	all := render(t, "monitoring.enabled=true")
+	plain, err := os.ReadFile(filepath.Join(root(t), "deploy", "kubernetes", "monitoring", "monitoring.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := byName(decodeObjects(t, "monitoring.yaml", plain))
+	if len(want) != 4 {
+		t.Errorf("deploy/kubernetes/monitoring has %d objects, want 4 (two PodMonitors, a PrometheusRule, a dashboard)", len(want))
+	}
+	for name, w := range want {
+		if diff := cmp.Diff(w.Object, all[name].Object); diff != "" {
+			t.Errorf("%s: the chart renders (-plain +chart):\n%s", name, diff)
+		}
+	}
+	for name := range render(t) {
+		delete(all, name)
+	}
+	for name := range all {
+		if want[name] == nil {
+			t.Errorf("monitoring.enabled adds %s, which deploy/kubernetes/monitoring lacks", name)
+		}
+	}
+
+	var rules map[string]any
+	raw, err := os.ReadFile(filepath.Join(root(t), "deploy", "monitoring", "weir-alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sigsyaml.Unmarshal(raw, &rules); err != nil {
+		t.Fatal(err)
+	}
+	groups, _, _ := unstructured.NestedSlice(want["PrometheusRule/weir"].Object, "spec", "groups")
+	if diff := cmp.Diff(rules["groups"], any(groups)); diff != "" {
+		t.Errorf("the PrometheusRule's groups differ from deploy/monitoring/weir-alerts.yaml (-file +rule):\n%s", diff)
+	}
+
+	dashboard, _, _ := unstructured.NestedString(want["ConfigMap/weir-grafana-dashboard"].Object, "data", "weir.json")
+	file, err := os.ReadFile(filepath.Join(root(t), "deploy", "monitoring", "grafana-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dashboard != string(file) {
+		t.Error("the dashboard ConfigMap's weir.json differs from deploy/monitoring/grafana-dashboard.json")
+	}
+	var d struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(file, &d); err != nil {
+		t.Fatalf("the dashboard is not JSON: %v", err)
+	}
+	reference, err := os.ReadFile(filepath.Join(root(t), "docs", "metrics.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range regexp.MustCompile(`\bweir_[a-z0-9_]+`).FindAllString(tg.Expr, -1) {
+				base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_sum"), "_count")
+				if !strings.Contains(string(reference), "`"+base+"`") {
+					t.Errorf("panel %q reads %s, which docs/metrics.md does not list", p.Title, m)
+				}
+			}
+		}
+	}
 }
