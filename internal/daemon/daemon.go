@@ -34,8 +34,17 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 	}
 }
 
-// Version reports whether --version was given.
-func (f *Flags) Version() bool { return *f.version }
+// Start is what every daemon does first: with --version it prints
+// "NAME VERSION" to out and says to stop; otherwise it returns the logger
+// the flags ask for, writing to logs.
+func (f *Flags) Start(name, version string, out, logs io.Writer) (log *slog.Logger, stop bool, err error) {
+	if *f.version {
+		fmt.Fprintln(out, name, version)
+		return nil, true, nil
+	}
+	log, err = f.Logger(logs)
+	return log, false, err
+}
 
 // Logger is the logger the flags ask for, writing to w.
 func (f *Flags) Logger(w io.Writer) (*slog.Logger, error) {

@@ -84,3 +84,14 @@ func TestLogFormats(t *testing.T) {
 		}
 	}
 }
+
+func TestVersionStops(t *testing.T) {
+	var out bytes.Buffer
+	log, done, err := parse(t, "--version").Start("weir-agent", "v0.2.0", &out, &out)
+	if !done || err != nil || log != nil || out.String() != "weir-agent v0.2.0\n" {
+		t.Errorf("--version: done %v, err %v, printed %q", done, err, out.String())
+	}
+	if _, done, err := parse(t).Start("weir-agent", "v0.2.0", &out, &out); done || err != nil {
+		t.Errorf("without --version: done %v, err %v", done, err)
+	}
+}

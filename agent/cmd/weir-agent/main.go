@@ -79,12 +79,8 @@ func run() error {
 	members.AddFlags(flag.CommandLine, "comma-separated ADDRESS:PORT of members to join (the load-balancer speakers), so that they learn within a second when this node dies")
 	common := daemon.AddFlags(flag.CommandLine)
 	flag.Parse()
-	if common.Version() {
-		fmt.Println("weir-agent", version)
-		return nil
-	}
-	log, err := common.Logger(os.Stderr)
-	if err != nil {
+	log, done, err := common.Start("weir-agent", version, os.Stdout, os.Stderr)
+	if done || err != nil {
 		return err
 	}
 	log = log.With("node", *nodeName)

@@ -62,12 +62,8 @@ func run() error {
 	members.AddFlags(flag.CommandLine, "comma-separated ADDRESS:PORT of members to join (agents or other speakers)")
 	common := daemon.AddFlags(flag.CommandLine)
 	flag.Parse()
-	if common.Version() {
-		fmt.Println("weir-speaker", version)
-		return nil
-	}
-	log, err := common.Logger(os.Stderr)
-	if err != nil {
+	log, done, err := common.Start("weir-speaker", version, os.Stdout, os.Stderr)
+	if done || err != nil {
 		return err
 	}
 	log = log.With("speaker", *name)

@@ -102,12 +102,8 @@ func run() error {
 	)
 	common := daemon.AddFlags(flag.CommandLine)
 	flag.Parse()
-	if common.Version() {
-		fmt.Println("weir-server", version)
-		return nil
-	}
-	log, err := common.Logger(os.Stderr)
-	if err != nil {
+	log, done, err := common.Start("weir-server", version, os.Stdout, os.Stderr)
+	if done || err != nil {
 		return err
 	}
 
