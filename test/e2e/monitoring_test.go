@@ -24,8 +24,8 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/lab"
-	"github.com/weirlb/weir/test/weirlab"
 	"github.com/weirlb/weir/test/wait"
+	"github.com/weirlb/weir/test/weirlab"
 )
 
 // target is one process Prometheus would scrape.
