@@ -31,8 +31,10 @@ type Node struct {
 	LastSeen         time.Time
 	// AgentVersion is the agent's build version, from its hello;
 	// CertificateNotAfter the end of its stream's client certificate.
-	AgentVersion        string
-	CertificateNotAfter time.Time
+	// Left out when unknown, so that what replicas share reads as before
+	// (an older replica ignores them).
+	AgentVersion        string    `json:",omitzero"`
+	CertificateNotAfter time.Time `json:",omitzero"`
 	// Health is what the node last reported of its health answers.
 	Health   Health
 	LastSync time.Duration
