@@ -127,6 +127,7 @@ func TestCertificatesRotateUnderTraffic(t *testing.T) {
 	}
 	waitEveryNodeProgrammed(t, c, "a change after the rotation", r.GetEndpointSlice().GetMetadata().GetRevision())
 	failures, total := done()
+	t.Logf("%d of %d connections failed across the rotation", failures, total)
 	if failures != 0 || total < 1000 {
 		t.Errorf("%d of %d connections failed across the rotation; want 0 of at least 1000", failures, total)
 	}
