@@ -2,7 +2,6 @@ package tlsconfig
 
 import (
 	"context"
-	"crypto/tls"
 	"net"
 	"sync"
 	"time"
@@ -15,20 +14,16 @@ import (
 // certificates expires (TLS checks them at the handshake only). Clients
 // reconnect, with the certificates their files hold then.
 func (s *Source) ServerCredentials() (credentials.TransportCredentials, error) {
-	_, forHello, err := s.serverConfig()
+	c := &expiringCreds{ends: map[net.Conn]time.Time{}, now: s.opts.Now}
+	cfg, err := s.serverConfig(func(conn net.Conn, end time.Time) {
+		c.mu.Lock()
+		c.ends[conn] = end
+		c.mu.Unlock()
+	})
 	if err != nil {
 		return nil, err
 	}
-	c := &expiringCreds{ends: map[net.Conn]time.Time{}, now: s.opts.Now}
-	base, _ := forHello(nil)
-	base.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		cfg, end := forHello(h)
-		c.mu.Lock()
-		c.ends[h.Conn] = end
-		c.mu.Unlock()
-		return cfg, nil
-	}
-	c.TransportCredentials = credentials.NewTLS(base)
+	c.TransportCredentials = credentials.NewTLS(cfg)
 	return c, nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"sync"
 	"time"
@@ -57,7 +58,8 @@ type Source struct {
 	cur     material
 	checked time.Time
 	failed  [3][]byte // the contents that failed last, logged once
-	reloads map[bool]float64
+	// reloads counts contents taken, failedReloads contents refused.
+	reloads, failedReloads float64
 }
 
 // material is one read of the files.
@@ -81,8 +83,12 @@ func Load(f Files, opts Options) (*Source, error) {
 	if (f.Cert == "") != (f.Key == "") {
 		return nil, errors.New("a certificate needs its key, and a key its certificate")
 	}
-	s := &Source{files: f, opts: opts, reloads: map[bool]float64{}}
-	m, err := s.read()
+	s := &Source{files: f, opts: opts}
+	raw, err := s.readFiles()
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.parse(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -90,21 +96,26 @@ func Load(f Files, opts Options) (*Source, error) {
 	return s, nil
 }
 
-// read loads the files.
-func (s *Source) read() (material, error) {
-	var m material
+// readFiles reads the files' bytes: certificate, key, CA.
+func (s *Source) readFiles() ([3][]byte, error) {
+	var raw [3][]byte
 	names := [3]string{s.files.Cert, s.files.Key, s.files.CA}
 	for _, i := range []int{2, 0, 1} { // the CA first: the file every client has
-		name := names[i]
-		if name == "" {
+		if names[i] == "" {
 			continue
 		}
-		b, err := os.ReadFile(name)
+		b, err := os.ReadFile(names[i])
 		if err != nil {
-			return m, fmt.Errorf("reading %s: %w", name, err)
+			return raw, fmt.Errorf("reading %s: %w", names[i], err)
 		}
-		m.raw[i] = b
+		raw[i] = b
 	}
+	return raw, nil
+}
+
+// parse loads what readFiles read.
+func (s *Source) parse(raw [3][]byte) (material, error) {
+	m := material{raw: raw}
 	if s.files.Cert != "" {
 		cert, err := tls.X509KeyPair(m.raw[0], m.raw[1])
 		if err != nil {
@@ -146,25 +157,29 @@ func (s *Source) current() material {
 		return s.cur
 	}
 	s.checked = now
-	m, err := s.read()
+	raw, err := s.readFiles()
+	if err == nil && sameRaw(raw, s.cur.raw) {
+		return s.cur // unchanged: nothing to parse
+	}
+	var m material
+	if err == nil {
+		m, err = s.parse(raw)
+	}
 	if err != nil {
 		// The old material stays: a rotation is often two writes (the
 		// certificate, then its key), and a handshake in between must
 		// not fail. Logged once per content.
-		if !sameRaw(m.raw, s.failed) {
-			s.failed = m.raw
-			s.reloads[false]++
+		if !sameRaw(raw, s.failed) {
+			s.failed = raw
+			s.failedReloads++
 			if s.opts.Log != nil {
 				s.opts.Log.Warn("certificate files changed but do not load: still using the last good ones", "use", s.opts.Use, "err", err)
 			}
 		}
 		return s.cur
 	}
-	if sameRaw(m.raw, s.cur.raw) {
-		return s.cur
-	}
 	s.cur, s.failed = m, [3][]byte{}
-	s.reloads[true]++
+	s.reloads++
 	if s.opts.Log != nil {
 		s.opts.Log.Info("certificates reloaded", "use", s.opts.Use, "cert_not_after", m.certNotAfter, "ca_not_after", m.caNotAfter)
 	}
@@ -183,30 +198,31 @@ func (s *Source) Mutual() bool { return s.files.CA != "" }
 // verifies client certificates (mTLS). Each handshake takes the files'
 // current content.
 func (s *Source) ServerConfig() (*tls.Config, error) {
-	cfg, _, err := s.serverConfig()
-	return cfg, err
+	return s.serverConfig(nil)
 }
 
-// serverConfig also returns the certificate's end for a ClientHello, as
-// the config that hello got presents it.
-func (s *Source) serverConfig() (*tls.Config, func(*tls.ClientHelloInfo) (*tls.Config, time.Time), error) {
+// serverConfig is ServerConfig; presented, when not nil, learns for each
+// handshake's connection the end of the certificate it is given.
+func (s *Source) serverConfig(presented func(net.Conn, time.Time)) (*tls.Config, error) {
 	if s.files.Cert == "" {
-		return nil, nil, errors.New("a certificate and key are required (or run with --insecure)")
+		return nil, errors.New("a certificate and key are required (or run with --insecure)")
 	}
-	forHello := func(*tls.ClientHelloInfo) (*tls.Config, time.Time) {
-		m := s.current()
+	config := func(m material) *tls.Config {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*m.cert}}
 		if m.pool != nil {
 			cfg.ClientCAs, cfg.ClientAuth = m.pool, tls.RequireAndVerifyClientCert
 		}
-		return cfg, m.certNotAfter
+		return cfg
 	}
-	base, _ := forHello(nil)
+	base := config(s.current())
 	base.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		cfg, _ := forHello(h)
-		return cfg, nil
+		m := s.current()
+		if presented != nil {
+			presented(h.Conn, m.certNotAfter)
+		}
+		return config(m), nil
 	}
-	return base, forHello, nil
+	return base, nil
 }
 
 // ClientConfig is a client's configuration: it verifies the server against
@@ -259,5 +275,5 @@ func (s *Source) State() State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return State{Use: s.opts.Use, CertFile: s.files.Cert, CAFile: s.files.CA, CertNotAfter: m.certNotAfter, CANotAfter: m.caNotAfter,
-		Reloads: s.reloads[true], FailedReloads: s.reloads[false]}
+		Reloads: s.reloads, FailedReloads: s.failedReloads}
 }

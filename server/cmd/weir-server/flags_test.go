@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"strings"
 	"testing"
 )
 
@@ -76,5 +78,24 @@ func TestServiceClusterIPRange(t *testing.T) {
 		if _, _, err := serviceRanges(list); (err == nil) != ok {
 			t.Errorf("--service-cluster-ip-range %s: %v; want ok %v", list, err, ok)
 		}
+	}
+}
+
+// A validity that would issue a certificate already ended, or a negative
+// window, is refused before anything is written.
+func TestCertsRefuseBadDurations(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"init", "--dir", dir, "--hosts", "127.0.0.1", "--valid-for", "-1h"},
+		{"init", "--dir", dir, "--hosts", "127.0.0.1", "--valid-for", "0s"},
+		{"rotate", "--dir", dir, "--within", "-1h"},
+	} {
+		err := certsCommand(args)
+		if err == nil || !strings.Contains(err.Error(), "--"+strings.TrimPrefix(args[len(args)-2], "--")) {
+			t.Errorf("certs %v: %v, want an error naming the flag", args, err)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("refused commands wrote %d files", len(entries))
 	}
 }

@@ -260,6 +260,12 @@ func certsCommand(args []string) error {
 		}
 		return err
 	}
+	if *validFor < time.Minute {
+		return fmt.Errorf("--valid-for %v: at least a minute (a certificate that ends at once cuts off whoever uses it)", *validFor)
+	}
+	if *within < 0 {
+		return fmt.Errorf("--within %v: 0 or more", *within)
+	}
 	var hs []string
 	for _, h := range strings.Split(*hosts, ",") {
 		if h = strings.TrimSpace(h); h != "" {
