@@ -53,6 +53,11 @@ type Config struct {
 	// and metrics): on the node's addresses, no service takes or refuses
 	// them, whatever the state says.
 	ProtectedPorts []uint16
+	// Flows, when set, passes the packets of established connections that
+	// a router moved to this node on to the node that holds them, instead
+	// of to a local endpoint that would refuse them (see flowChains).
+	// agent/flows owns the interface and the routes.
+	Flows *FlowRedirect
 	// Conntrack clears stale UDP entries after a change; nil leaves them.
 	Conntrack Conntrack
 	// Log receives what the datapath cannot return as an error; nil discards.
@@ -61,6 +66,15 @@ type Config struct {
 	// the netlink socket NewForNode keeps open for them: how every change
 	// went before, kept to measure against (test/bench/datapath).
 	ElementsOverNft bool
+}
+
+// FlowRedirect is where moved connections' packets go.
+type FlowRedirect struct {
+	// Interface is the device they leave by and arrive through.
+	Interface string
+	// Mark is the packet-mark bit that routes a packet to Interface; 0
+	// means DefaultFlowMark.
+	Mark uint32
 }
 
 // MasqueradeMode is a policy for the source address an endpoint sees.
@@ -190,6 +204,13 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 	}
 	if cfg.ControlMark == 0 || cfg.ControlMark&(cfg.ControlMark-1) != 0 || cfg.ControlMark&(cfg.MasqueradeMark|cfg.MasqueradeMark>>1) != 0 {
 		cfg.ControlMark = DefaultControlMark
+	}
+	if cfg.Flows != nil {
+		fl := *cfg.Flows
+		if fl.Mark == 0 || fl.Mark&(fl.Mark-1) != 0 || fl.Mark&(cfg.MasqueradeMark|cfg.MasqueradeMark>>1|cfg.ControlMark) != 0 {
+			fl.Mark = DefaultFlowMark
+		}
+		cfg.Flows = &fl
 	}
 	if cfg.LocalDetection.Mode == "" {
 		cfg.LocalDetection.Mode = DetectClusterCIDR
@@ -788,5 +809,6 @@ func nodeInfoEqual(a, b NodeInfo) bool {
 	return a.Name == b.Name && a.Zone == b.Zone && a.Deleting == b.Deleting && a.Drained == b.Drained && a.Excluded == b.Excluded && a.Registered == b.Registered &&
 		slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.PodCIDRs, b.PodCIDRs) && slices.Equal(a.BGPPeers, b.BGPPeers) &&
 		slices.EqualFunc(a.Advertisements, b.Advertisements, BGPAdvertisement.Equal) && slices.Equal(a.ServiceCIDRs, b.ServiceCIDRs) &&
-		slices.EqualFunc(a.L2Pools, b.L2Pools, L2Pool.Equal)
+		slices.EqualFunc(a.L2Pools, b.L2Pools, L2Pool.Equal) && a.FlowRing == b.FlowRing &&
+		slices.EqualFunc(a.FlowPeers, b.FlowPeers, FlowPeer.Equal)
 }

@@ -202,6 +202,18 @@ func nodeElements(node NodeInfo, cfg Config) []element {
 				out = append(out, element{family: f, set: clusterCIDRsSet, key: prefixString(p)})
 			}
 		}
+		if cfg.Flows != nil && node.FlowRing >= 2 && slices.ContainsFunc(node.FlowPeers, func(p FlowPeer) bool {
+			return slices.ContainsFunc(p.Addresses, func(a netip.Addr) bool { return a.Is6() == f.is6 })
+		}) {
+			// A packet first sent on has FlowTTL, one that passed k nodes
+			// FlowTTL-k: it may go on while it has not met every node.
+			low := max(FlowTTL+2-node.FlowRing, minFlowTTL)
+			key := strconv.Itoa(low) + "-" + strconv.Itoa(FlowTTL)
+			if low == FlowTTL {
+				key = strconv.Itoa(FlowTTL)
+			}
+			out = append(out, element{family: f, set: flowTTLsSet, key: key})
+		}
 	}
 	return dedupe(out)
 }

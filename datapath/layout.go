@@ -24,6 +24,20 @@ const DefaultMasqueradeMark = 0x2000
 // Weir's masquerade bits.
 const DefaultControlMark = 0x40
 
+// DefaultFlowMark is the packet-mark bit that routes a moved connection's
+// packet on to the next node of the ring (see FlowRedirect). None of
+// kube-proxy's, Calico's, Cilium's or Weir's other bits.
+const DefaultFlowMark = 0x80
+
+// FlowTTL is the TTL (IPv6: hop limit) a node gives a moved connection's
+// packet when it first sends it on: each node it passes lowers it by one,
+// so a node tells from it how far the packet has gone.
+const FlowTTL = 255
+
+// minFlowTTL is the lowest TTL a moved packet is sent on with: what is left
+// takes it from the owner to an endpoint behind any routers.
+const minFlowTTL = 16
+
 // The table's sets. Every lookup a packet makes is a hash lookup keyed by
 // what the packet carries, so the per-packet cost does not grow with the
 // number of services, and a change is a handful of element updates rather
@@ -63,6 +77,9 @@ const (
 	// masqueraded when the node itself is the source.
 	localFrontendsSet = "local_frontends"
 	localNodePortsSet = "local_nodeports"
+	// flowTTLsSet: the TTLs (IPv6: hop limits) with which a moved
+	// connection's packet may still be sent on to the next node.
+	flowTTLsSet = "flow_ttls"
 )
 
 // frontendKind is one way a packet's destination names a service port. Each
@@ -151,11 +168,12 @@ type family struct {
 	is6      bool
 	addrType string // nftables address type
 	ip       string // nftables address-match prefix
+	ttl      string // the TTL's (hop limit's) expression
 }
 
 var (
-	ipv4 = family{nft: knftables.IPv4Family, addrType: "ipv4_addr", ip: "ip"}
-	ipv6 = family{nft: knftables.IPv6Family, is6: true, addrType: "ipv6_addr", ip: "ip6"}
+	ipv4 = family{nft: knftables.IPv4Family, addrType: "ipv4_addr", ip: "ip", ttl: "ip ttl"}
+	ipv6 = family{nft: knftables.IPv6Family, is6: true, addrType: "ipv6_addr", ip: "ip6", ttl: "ip6 hoplimit"}
 )
 
 func (f family) String() string { return string(f.nft) }
@@ -234,6 +252,7 @@ func tableSets(f family, g generation) []knftables.Object {
 		s.Name = g.of(s.Name)
 		objs = append(objs, s)
 	}
+	objs = append(objs, &knftables.Set{Name: g.of(flowTTLsSet), TypeOf: f.ttl, Flags: interval})
 	return objs
 }
 
@@ -275,6 +294,12 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 	exempt := []string{"meta mark & " + fmt.Sprintf("%#x", cfg.ControlMark) + " != 0 return"}
 	for _, p := range cfg.ProtectedPorts {
 		exempt = append(exempt, fmt.Sprintf("fib daddr type local tcp dport %d return", p))
+	}
+	// A moved connection's packet passed on to the next node is neither
+	// DNAT'ed nor refused here.
+	var passOn []string
+	if cfg.Flows != nil {
+		passOn = []string{"meta mark & " + fmt.Sprintf("%#x", cfg.Flows.Mark) + " != 0 return"}
 	}
 	only := func(match, rule string) []string {
 		if match == "" {
@@ -318,7 +343,7 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 			"masquerade fully-random",
 		}
 	}
-	return []chainSpec{
+	return append([]chainSpec{
 		// DNAT. Sources inside the cluster (pods, this host) always use
 		// the frontends maps; external sources first try the maps of
 		// externalTrafficPolicy Local frontends, which hold only this
@@ -332,7 +357,7 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 			nodePortMatch+" vmap "+g.ref(externalNodePortKind.frontends),
 			"goto services"),
 		regularChain("dispatch", slices.Concat(
-			exempt,
+			exempt, passOn,
 			only(fromPods, "goto services"),
 			[]string{"fib saddr type local goto host_services", "goto external_services"})...),
 		{baseChain("nat_prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority), []string{"jump dispatch"}},
@@ -359,7 +384,7 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 
 		// Reject (not drop) connections that no endpoint can serve, so
 		// clients fail fast instead of timing out.
-		regularChain("reject_unserved", slices.Concat(exempt, []string{
+		regularChain("reject_unserved", slices.Concat(exempt, passOn, []string{
 			frontend + " " + g.ref(noEndpointFrontendsSet) + " goto reject_connection",
 			"fib daddr type local " + ip + " daddr " + g.ref(nodePortAddressesSet) + " meta l4proto . th dport " + g.ref(noEndpointNodePortsSet) + " goto reject_connection",
 			// The node's own addresses are never a cluster IP's or a
@@ -382,6 +407,46 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 		{baseChain("filter_input", knftables.FilterType, knftables.InputHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
 		{baseChain("filter_forward", knftables.FilterType, knftables.ForwardHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
 		{baseChain("filter_output", knftables.FilterType, knftables.OutputHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
+	}, flowChains(f, cfg, g, frontend, exempt)...)
+}
+
+// flowChains pass on the packets of established connections that a router
+// moved to this node (a change of the nodes behind its ECMP route): a TCP
+// packet that does not open a connection, to a load-balancer or external
+// IP, that this node holds no DNAT entry for (none at all, or one a loose
+// pickup or a reused 5-tuple left), goes unchanged to the next node of the
+// ring through FlowRedirect.Interface, until the node that DNAT'ed the
+// connection takes it. The TTL counts the nodes it has passed; a packet
+// that went round the ring is DNAT'ed where it is, as without
+// redirection, so that its endpoint refuses it and the client learns at
+// once. Connections this node DNAT'ed return at the first rule.
+func flowChains(f family, cfg Config, g generation, frontend string, exempt []string) []chainSpec {
+	fl := cfg.Flows
+	if fl == nil {
+		return nil
+	}
+	dev := "iifname " + strconv.Quote(fl.Interface)
+	return []chainSpec{
+		regularChain("moved_flows",
+			frontend+" "+g.ref(masqueradeFrontendsSet)+" goto pass_flow",
+			frontend+" "+g.ref(localFrontendsSet)+" goto pass_flow"),
+		regularChain("pass_flow", slices.Concat(
+			// Replies to the node's own connections are never a
+			// client's, whatever address a service holds.
+			[]string{"ct direction reply return"},
+			exempt,
+			[]string{
+				"iifname != " + strconv.Quote(fl.Interface) + " " + f.ttl + " set " + strconv.Itoa(FlowTTL),
+				f.ttl + " " + g.ref(flowTTLsSet) + " meta mark set meta mark | " + fmt.Sprintf("%#x", fl.Mark) + " accept",
+				// Round the ring, or no ring: served here.
+				"accept",
+			})...),
+		{baseChain("flows_prerouting", knftables.FilterType, knftables.PreroutingHook, "-120"), []string{
+			"ct status dnat return",
+			"tcp flags & syn == 0 jump moved_flows",
+			// Peers send nothing else through the interface.
+			dev + " drop",
+		}},
 	}
 }
 

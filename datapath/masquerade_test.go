@@ -228,6 +228,8 @@ func TestNodeInfoEqualSeesEveryField(t *testing.T) {
 			f.SetString("x")
 		case reflect.Bool:
 			f.SetBool(true)
+		case reflect.Int:
+			f.SetInt(1)
 		case reflect.Slice:
 			f.Set(reflect.MakeSlice(f.Type(), 1, 1))
 		default:

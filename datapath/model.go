@@ -47,6 +47,23 @@ type NodeInfo struct {
 	// L2Pools are the pools answered over L2, not announced over BGP;
 	// the datapath itself does not use them.
 	L2Pools []L2Pool
+	// FlowRing is how many nodes pass moved connections along (this one
+	// included), FlowPeers the next ones after this node, nearest first:
+	// a packet goes to the first that is alive. The datapath bounds how
+	// far a packet goes by FlowRing; agent/flows routes to FlowPeers.
+	FlowRing  int
+	FlowPeers []FlowPeer
+}
+
+// FlowPeer is a node of the ring of moved connections.
+type FlowPeer struct {
+	Name      string
+	Addresses []netip.Addr
+}
+
+// Equal reports whether two peers are the same.
+func (p FlowPeer) Equal(o FlowPeer) bool {
+	return p.Name == o.Name && slices.Equal(p.Addresses, o.Addresses)
 }
 
 // L2Pool is a pool whose addresses are answered by ARP and NDP on

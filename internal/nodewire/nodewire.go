@@ -39,6 +39,10 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 	for _, p := range n.L2Pools {
 		out.L2Pools = append(out.L2Pools, &weirv1.L2Pool{Ranges: encodeRanges(p.Ranges), Interfaces: p.Interfaces})
 	}
+	out.FlowRingSize = uint32(n.FlowRing)
+	for _, p := range n.FlowPeers {
+		out.FlowPeers = append(out.FlowPeers, &weirv1.FlowPeer{Name: p.Name, Addresses: strs(p.Addresses)})
+	}
 	return out
 }
 
@@ -68,7 +72,7 @@ func decodeRanges(field string, rs []string) ([]datapath.AddressRange, error) {
 
 // DecodeNode reads a node from the wire.
 func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
-	addrs, err := addrs("node.addresses", n.GetAddresses())
+	addrs, err := parseAddrs("node.addresses", n.GetAddresses())
 	if err != nil {
 		return datapath.NodeInfo{}, err
 	}
@@ -115,6 +119,17 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 			return datapath.NodeInfo{}, err
 		}
 		info.L2Pools = append(info.L2Pools, datapath.L2Pool{Ranges: rs, Interfaces: p.GetInterfaces()})
+	}
+	if r := n.GetFlowRingSize(); r > 1<<16 || int(r) < len(n.GetFlowPeers())+1 && r != 0 {
+		return datapath.NodeInfo{}, fmt.Errorf("node.flow_ring_size: %d with %d peers", r, len(n.GetFlowPeers()))
+	}
+	info.FlowRing = int(n.GetFlowRingSize())
+	for i, p := range n.GetFlowPeers() {
+		peerAddrs, err := parseAddrs(fmt.Sprintf("node.flow_peers[%d].addresses", i), p.GetAddresses())
+		if err != nil {
+			return datapath.NodeInfo{}, err
+		}
+		info.FlowPeers = append(info.FlowPeers, datapath.FlowPeer{Name: p.GetName(), Addresses: peerAddrs})
 	}
 	return info, nil
 }
@@ -170,13 +185,13 @@ func DecodeService(s *weirv1.NodeService, node string) (*datapath.Service, error
 		OtherController:        s.GetOtherController(),
 	}
 	var err error
-	if out.ClusterIPs, err = addrs("cluster_ips", s.GetClusterIps()); err != nil {
+	if out.ClusterIPs, err = parseAddrs("cluster_ips", s.GetClusterIps()); err != nil {
 		return nil, wrap(err)
 	}
-	if out.ExternalIPs, err = addrs("external_ips", s.GetExternalIps()); err != nil {
+	if out.ExternalIPs, err = parseAddrs("external_ips", s.GetExternalIps()); err != nil {
 		return nil, wrap(err)
 	}
-	if out.LoadBalancerIPs, err = addrs("load_balancer_ips", s.GetLoadBalancerIps()); err != nil {
+	if out.LoadBalancerIPs, err = parseAddrs("load_balancer_ips", s.GetLoadBalancerIps()); err != nil {
 		return nil, wrap(err)
 	}
 	if out.LoadBalancerSourceRanges, err = prefixes("load_balancer_source_ranges", s.GetLoadBalancerSourceRanges()); err != nil {
@@ -249,7 +264,7 @@ func strs[T fmt.Stringer](xs []T) []string {
 	return out
 }
 
-func addrs(field string, ss []string) ([]netip.Addr, error) {
+func parseAddrs(field string, ss []string) ([]netip.Addr, error) {
 	out := make([]netip.Addr, 0, len(ss))
 	for i, s := range ss {
 		a, err := netip.ParseAddr(s)

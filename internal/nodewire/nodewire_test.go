@@ -59,6 +59,9 @@ func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
 		Addresses:    []netip.Addr{netip.MustParseAddr("192.0.2.11")},
 		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/108")},
+		FlowRing:     3,
+		FlowPeers: []datapath.FlowPeer{{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12"), netip.MustParseAddr("2001:db8::12")}},
+			{Name: "node3", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.13")}}},
 	}
 	out, err := DecodeNode(EncodeNode(in))
 	if err != nil {
@@ -69,5 +72,8 @@ func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
 	}
 	if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", ServiceCidrs: []string{"10.96.0.0/33"}}); err == nil {
 		t.Error("a bad service CIDR decoded without error")
+	}
+	if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", FlowRingSize: 2, FlowPeers: []*weirv1.FlowPeer{{Name: "a"}, {Name: "b"}}}); err == nil {
+		t.Error("a ring smaller than its peers decoded without error")
 	}
 }

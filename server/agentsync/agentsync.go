@@ -71,6 +71,11 @@ type Hub struct {
 	// Written only by the fanout goroutine.
 	cache *cache.Cache
 
+	// ring is the ring of moved connections the cache's nodes were
+	// encoded with; a node that joins, leaves or readdresses changes
+	// every node's place on it. Written only by the fanout goroutine.
+	ring nodestate.FlowRing
+
 	// fullSends bounds how many whole states are being sent at once: each
 	// holds the whole encoded state in memory until the agent has read it.
 	fullSends chan struct{}
@@ -120,8 +125,9 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 				services[key] = nodewire.EncodeService(svc)
 			}
 		}
+		h.ring = nodestate.FlowRingOf(v)
 		for _, name := range v.NodeNames() {
-			nodes[name] = nodewire.EncodeNode(nodestate.Node(v, name))
+			nodes[name] = nodewire.EncodeNode(nodestate.NodeOnRing(v, name, h.ring))
 		}
 		h.cache = cache.New(v.Revision(), services, nodes, cfg.RemovalLogLimit)
 	})

@@ -96,6 +96,13 @@ func (h *Hub) apply() {
 				services[key] = true
 			}
 		}
+		if nodeSet {
+			// The ring of moved connections is every node's: when it
+			// changes, so does every node's place on it.
+			if ring := nodestate.FlowRingOf(v); !ring.Equal(h.ring) {
+				h.ring, allNodes = ring, true
+			}
+		}
 		if allNodes {
 			// A peer's node selector may pick any node; a pool's
 			// advertisement and the service CIDRs concern every node.
@@ -113,7 +120,7 @@ func (h *Hub) apply() {
 				gone = append(gone, name)
 				continue
 			}
-			newNodes[name] = nodewire.EncodeNode(nodestate.Node(v, name))
+			newNodes[name] = nodewire.EncodeNode(nodestate.NodeOnRing(v, name, h.ring))
 		}
 	})
 	if since.IsZero() {

@@ -22,6 +22,11 @@ const (
 
 // Node describes the node itself.
 func Node(v registry.View, name string) datapath.NodeInfo {
+	return NodeOnRing(v, name, FlowRingOf(v))
+}
+
+// NodeOnRing is Node with the ring worked out once for every node.
+func NodeOnRing(v registry.View, name string, ring FlowRing) datapath.NodeInfo {
 	n := v.Node(name)
 	if n == nil {
 		return datapath.NodeInfo{Name: name}
@@ -55,6 +60,7 @@ func Node(v registry.View, name string) datapath.NodeInfo {
 			info.Advertisements = append(info.Advertisements, Advertisement(p))
 		}
 	}
+	ring.place(&info)
 	return info
 }
 

@@ -25,6 +25,7 @@ import (
 
 	"github.com/weirlb/weir/agent/bgp"
 	"github.com/weirlb/weir/agent/faults"
+	"github.com/weirlb/weir/agent/flows"
 	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/agent/l2"
 	"github.com/weirlb/weir/agent/syncer"
@@ -72,6 +73,8 @@ func run() error {
 		bgpASN       = new(asn)
 		bgpRouterID  = flag.String("bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
 		bgpPeers     = flag.String("bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
+		passFlows    = flag.Bool("pass-moved-connections", true, "pass the packets of established connections that a router moves to this node (when the nodes behind its ECMP route change) on to the node that holds them, through a VXLAN device (UDP port --moved-connections-port between the nodes), instead of refusing them here")
+		flowsPort    = flag.Int("moved-connections-port", flows.DefaultPort, "UDP port of the VXLAN device that carries moved connections between the nodes (the same on every node)")
 		cleanup      = flag.Bool("cleanup", false, "delete every nftables table the agent programs (ip and ip6 weir) and exit, as kube-proxy's --cleanup; the node then forwards no service")
 	)
 	flag.Var(bgpASN, "bgp-asn", "announce load-balancer IPs over BGP from this AS, 1-4294967295 (0 or empty: no BGP, and BgpPeer resources are ignored; empty lets a manifest pass an unset setting through)")
@@ -119,6 +122,13 @@ func run() error {
 			}
 		}
 	}
+	if *flowsPort < 1 || *flowsPort > 65535 {
+		return fmt.Errorf("--moved-connections-port %d: want 1-65535", *flowsPort)
+	}
+	moved := flows.New(flows.Config{Port: *flowsPort, Log: log.With("component", "flows")})
+	if *passFlows {
+		cfg.Flows = moved.Redirect()
+	}
 	dp, err := datapath.NewForNode(cfg)
 	if err != nil {
 		return err
@@ -127,8 +137,17 @@ func run() error {
 		if err := dp.Cleanup(context.Background()); err != nil {
 			return fmt.Errorf("--cleanup: %w", err)
 		}
-		log.Info("deleted the ip and ip6 weir tables")
+		if err := moved.Close(context.Background()); err != nil {
+			return fmt.Errorf("--cleanup: %w", err)
+		}
+		log.Info("deleted the ip and ip6 weir tables and the device of moved connections")
 		return nil
+	}
+	var applier flows.Datapath = dp
+	if *passFlows {
+		applier = &flows.Applier{Flows: moved, Datapath: dp}
+	} else if err := moved.Close(context.Background()); err != nil {
+		log.Warn("removing the device of moved connections", "error", err)
 	}
 
 	var tlsSrc *tlsconfig.Source
@@ -223,7 +242,7 @@ func run() error {
 	// told) before the agent goes.
 	defer func() { stop(); <-askerDone }()
 
-	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, faults.Wrap(dp, log), observers, log)
+	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, faults.Wrap(applier, log), observers, log)
 	log.Info("starting", "servers", *serverAddr, "server", conn.Current(), "tls", !*plain, "version", version)
 	if err := s.Run(ctx); err != nil && ctx.Err() == nil {
 		return err

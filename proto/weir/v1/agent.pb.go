@@ -1285,7 +1285,15 @@ type NodeInfo struct {
 	L2Pools []*L2Pool `protobuf:"bytes,11,rep,name=l2_pools,json=l2Pools,proto3" json:"l2_pools,omitempty"`
 	// The node carries node.kubernetes.io/exclude-from-external-load-balancers:
 	// it forwards what reaches it but announces nothing.
-	Excluded      bool `protobuf:"varint,12,opt,name=excluded,proto3" json:"excluded,omitempty"`
+	Excluded bool `protobuf:"varint,12,opt,name=excluded,proto3" json:"excluded,omitempty"`
+	// How many nodes pass the packets of moved connections along (this one
+	// included): when a router moves an established connection to a node
+	// that does not hold it, the packet goes round this ring until the node
+	// that does takes it.
+	FlowRingSize uint32 `protobuf:"varint,13,opt,name=flow_ring_size,json=flowRingSize,proto3" json:"flow_ring_size,omitempty"`
+	// The next nodes of that ring after this one, nearest first: a packet
+	// goes to the first that is alive.
+	FlowPeers     []*FlowPeer `protobuf:"bytes,14,rep,name=flow_peers,json=flowPeers,proto3" json:"flow_peers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1404,6 +1412,75 @@ func (x *NodeInfo) GetExcluded() bool {
 	return false
 }
 
+func (x *NodeInfo) GetFlowRingSize() uint32 {
+	if x != nil {
+		return x.FlowRingSize
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetFlowPeers() []*FlowPeer {
+	if x != nil {
+		return x.FlowPeers
+	}
+	return nil
+}
+
+// FlowPeer is a node of the ring that moved connections go round.
+type FlowPeer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The node's addresses, one per family at most: where its agent takes
+	// moved packets.
+	Addresses     []string `protobuf:"bytes,2,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowPeer) Reset() {
+	*x = FlowPeer{}
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowPeer) ProtoMessage() {}
+
+func (x *FlowPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowPeer.ProtoReflect.Descriptor instead.
+func (*FlowPeer) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *FlowPeer) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FlowPeer) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
 // L2Pool is an L2 pool's addresses and where they are answered.
 type L2Pool struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1418,7 +1495,7 @@ type L2Pool struct {
 
 func (x *L2Pool) Reset() {
 	*x = L2Pool{}
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1507,7 @@ func (x *L2Pool) String() string {
 func (*L2Pool) ProtoMessage() {}
 
 func (x *L2Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1520,7 @@ func (x *L2Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Pool.ProtoReflect.Descriptor instead.
 func (*L2Pool) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *L2Pool) GetRanges() []string {
@@ -1479,7 +1556,7 @@ type PoolAdvertisement struct {
 
 func (x *PoolAdvertisement) Reset() {
 	*x = PoolAdvertisement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1568,7 @@ func (x *PoolAdvertisement) String() string {
 func (*PoolAdvertisement) ProtoMessage() {}
 
 func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1581,7 @@ func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolAdvertisement.ProtoReflect.Descriptor instead.
 func (*PoolAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PoolAdvertisement) GetRanges() []string {
@@ -1566,7 +1643,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1578,7 +1655,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1591,7 +1668,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -1682,7 +1759,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +1771,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +1784,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -1821,7 +1898,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +1910,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +1923,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -1904,7 +1981,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +1993,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2006,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -2091,7 +2168,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
 	"\x04more\x18\x06 \x01(\bR\x04more\x12\x18\n" +
-	"\ahistory\x18\a \x01(\tR\ahistory\"\xa4\x03\n" +
+	"\ahistory\x18\a \x01(\tR\ahistory\"\xfc\x03\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
@@ -2107,7 +2184,13 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\rservice_cidrs\x18\n" +
 	" \x03(\tR\fserviceCidrs\x12*\n" +
 	"\bl2_pools\x18\v \x03(\v2\x0f.weir.v1.L2PoolR\al2Pools\x12\x1a\n" +
-	"\bexcluded\x18\f \x01(\bR\bexcluded\"@\n" +
+	"\bexcluded\x18\f \x01(\bR\bexcluded\x12$\n" +
+	"\x0eflow_ring_size\x18\r \x01(\rR\fflowRingSize\x120\n" +
+	"\n" +
+	"flow_peers\x18\x0e \x03(\v2\x11.weir.v1.FlowPeerR\tflowPeers\"<\n" +
+	"\bFlowPeer\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\taddresses\x18\x02 \x03(\tR\taddresses\"@\n" +
 	"\x06L2Pool\x12\x16\n" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12\x1e\n" +
 	"\n" +
@@ -2183,7 +2266,7 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(*LeasesRequest)(nil),         // 0: weir.v1.LeasesRequest
 	(*L2Refusal)(nil),             // 1: weir.v1.L2Refusal
@@ -2202,25 +2285,26 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*ServiceHealth)(nil),         // 14: weir.v1.ServiceHealth
 	(*SyncResponse)(nil),          // 15: weir.v1.SyncResponse
 	(*NodeInfo)(nil),              // 16: weir.v1.NodeInfo
-	(*L2Pool)(nil),                // 17: weir.v1.L2Pool
-	(*PoolAdvertisement)(nil),     // 18: weir.v1.PoolAdvertisement
-	(*NodePeer)(nil),              // 19: weir.v1.NodePeer
-	(*NodeService)(nil),           // 20: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 21: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 22: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 25: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 26: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 27: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 28: weir.v1.Protocol
+	(*FlowPeer)(nil),              // 17: weir.v1.FlowPeer
+	(*L2Pool)(nil),                // 18: weir.v1.L2Pool
+	(*PoolAdvertisement)(nil),     // 19: weir.v1.PoolAdvertisement
+	(*NodePeer)(nil),              // 20: weir.v1.NodePeer
+	(*NodeService)(nil),           // 21: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 22: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 23: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 26: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 27: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 28: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 29: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	2,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
 	2,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
 	1,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
 	2,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
-	23, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
+	24, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
 	2,  // 5: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
 	5,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	6,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
@@ -2228,34 +2312,35 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	8,  // 9: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
 	13, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
 	14, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	23, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	24, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
 	9,  // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
 	11, // 14: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
 	10, // 15: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	24, // 16: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	25, // 16: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
 	12, // 17: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
-	24, // 18: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	25, // 18: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
 	16, // 19: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	20, // 20: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	19, // 21: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	18, // 22: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
-	17, // 23: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
-	21, // 24: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	25, // 25: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	25, // 26: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	26, // 27: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	27, // 28: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	28, // 29: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	22, // 30: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	4,  // 31: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	0,  // 32: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
-	15, // 33: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	3,  // 34: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
-	33, // [33:35] is the sub-list for method output_type
-	31, // [31:33] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	21, // 20: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	20, // 21: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	19, // 22: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	18, // 23: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
+	17, // 24: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
+	22, // 25: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	26, // 26: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	26, // 27: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	27, // 28: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	28, // 29: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	29, // 30: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	23, // 31: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	4,  // 32: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	0,  // 33: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
+	15, // 34: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	3,  // 35: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
+	34, // [34:36] is the sub-list for method output_type
+	32, // [32:34] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -2276,7 +2361,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
