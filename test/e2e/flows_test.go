@@ -1,0 +1,266 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/bird"
+	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/weirlab"
+)
+
+// flowLab is four nodes with one pod each behind an ECMP router that
+// hashes on ports, peering through a BgpPeer resource.
+func flowLab(t *testing.T, impl string, agentArgs func(*lab.Node) []string) (*weirlab.Cluster, bgpRouter) {
+	t.Helper()
+	cfg := lab.Config{Nodes: 4, PodsPerNode: []int{1, 1, 1, 1}, Dir: t.TempDir()}
+	var c *weirlab.Cluster
+	var r bgpRouter
+	switch impl {
+	case "FRR":
+		c, r = startBGPClusterOf(t, cfg, agentArgs, labRouter)
+	case "BIRD":
+		if _, err := exec.LookPath("bird"); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatal("BIRD is required (Debian package bird2)")
+			}
+			t.Skip("needs BIRD (apt-get install bird2)")
+		}
+		c = startSpeakingClusterOf(t, cfg, agentArgs)
+		b, err := bird.Start(context.Background(), c.Router, bird.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(),
+			ListenRanges4: []string{"192.0.2.0/24"}, PeerASN: nodeASN})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Close)
+		t.Cleanup(func() {
+			if t.Failed() {
+				log, _ := os.ReadFile(filepath.Join(b.Dir, "bird.log"))
+				t.Logf("BIRD's log:\n%s", log)
+			}
+		})
+		r = b
+	}
+	ctx := context.Background()
+	if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: &weirv1.BgpPeer{
+		Metadata: &weirv1.ObjectMeta{Name: "upstream"}, Address: lab.RouterLANv4.String(), Asn: routerASN, MyAsn: nodeASN}}); err != nil {
+		t.Fatal(err)
+	}
+	// Hash on ports too, so that one client's connections spread and a
+	// change of next hops moves some of them.
+	if _, err := c.Router.Run(ctx, "sysctl", "-w", "net.ipv4.fib_multipath_hash_policy=1"); err != nil {
+		t.Fatal(err)
+	}
+	return c, r
+}
+
+// longLived is n connections to dst, each sending a request every 100 ms
+// and reading the whole answer, until Stop; a connection that fails once
+// stops and counts as broken.
+type longLived struct {
+	dst      netip.AddrPort
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	broken   []string
+	requests int
+	ports    []string // the clients' source ports
+}
+
+func startLongLived(t *testing.T, ns *lab.Netns, dst netip.AddrPort, n int) *longLived {
+	t.Helper()
+	l := &longLived{dst: dst, stop: make(chan struct{})}
+	for range n {
+		k, err := dialKeepAlive(context.Background(), ns, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := k.Request(); err != nil {
+			t.Fatalf("first request to %s: %v", dst, err)
+		}
+		_, port, _ := strings.Cut(k.conn.LocalAddr().String(), ":")
+		l.ports = append(l.ports, port)
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			defer k.Close()
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-l.stop:
+					return
+				case <-tick.C:
+				}
+				err := k.Request()
+				l.mu.Lock()
+				l.requests++
+				if err != nil {
+					l.broken = append(l.broken, fmt.Sprintf("%s: %v", k.conn.LocalAddr(), err))
+				}
+				l.mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	return l
+}
+
+// Stop ends the connections and returns the requests made and what broke.
+func (l *longLived) Stop() (int, []string) {
+	close(l.stop)
+	l.wg.Wait()
+	return l.requests, l.broken
+}
+
+// movedConnections counts the connections to vip that reached a node that
+// does not hold them: each leaves on the nodes it passed an entry that no
+// DNAT rewrote (its reply would come from the load-balancer IP itself).
+func movedConnections(t *testing.T, c *weirlab.Cluster, vip netip.Addr, ports []string) int {
+	t.Helper()
+	moved := map[string]bool{}
+	for _, n := range c.Nodes {
+		out, err := n.Run(context.Background(), "conntrack", "-L", "-p", "tcp", "-d", vip.String(), "--dport", "80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			var sport, replySrc string
+			seenSrc := 0
+			for _, w := range f {
+				if v, ok := strings.CutPrefix(w, "src="); ok {
+					seenSrc++
+					if seenSrc == 2 {
+						replySrc = v
+					}
+				}
+				if v, ok := strings.CutPrefix(w, "sport="); ok && sport == "" {
+					sport = v
+				}
+			}
+			if replySrc == vip.String() && slices.Contains(ports, sport) {
+				moved[sport] = true
+			}
+		}
+	}
+	return len(moved)
+}
+
+// TestMovedConnectionsSurvive: established connections through an ECMP
+// router (FRR, then BIRD) survive every change of the nodes behind its
+// route: a node added, a node drained, an agent killed and restarted, an
+// agent stopped and restarted, for a Cluster and a Local service side by
+// side. The router moves part of them to nodes that never saw them; those
+// nodes pass each packet on to the node that holds it. Without
+// redirection the same events break connections (the control run), so the
+// test can fail.
+func TestMovedConnectionsSurvive(t *testing.T) {
+	for _, impl := range []string{"FRR", "BIRD"} {
+		t.Run(impl, func(t *testing.T) {
+			c, r := flowLab(t, impl, func(*lab.Node) []string { return nil })
+			testMovedConnections(t, c, r, true)
+		})
+	}
+	t.Run("control without redirection", func(t *testing.T) {
+		c, r := flowLab(t, "FRR", func(*lab.Node) []string { return []string{"--pass-moved-connections=false"} })
+		testMovedConnections(t, c, r, false)
+	})
+}
+
+func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirect bool) {
+	ctx := context.Background()
+	hop := func(i int) string { return c.Nodes[i].IPv4.String() }
+	// node4 starts drained: uncordoning it is a node joining the route.
+	if _, err := c.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: c.Nodes[3].Name}); err != nil {
+		t.Fatal(err)
+	}
+	cluster := lbService("moved-cluster", 30140, []string{"10.96.0.140"}, []string{"203.0.113.140"})
+	local := lbService("moved-local", 30141, []string{"10.96.0.141"}, []string{"203.0.113.141"})
+	local.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	local.Spec.HealthCheckNodePort = 32141
+	services := []*weirv1.Service{cluster}
+	if redirect {
+		services = append(services, local)
+	}
+	vips := map[string]netip.Addr{}
+	for _, svc := range services {
+		createService(t, c, svc, c.Pods())
+		vips[svc.GetMetadata().GetName()] = netip.MustParseAddr(svc.GetStatus().GetLoadBalancerIps()[0])
+	}
+	waitAll := func(hops ...string) {
+		t.Helper()
+		for _, vip := range vips {
+			waitNextHops(t, r, vip.String(), hops...)
+		}
+	}
+	waitAll(hop(0), hop(1), hop(2))
+
+	const perService = 60
+	traffic := map[string]*longLived{}
+	for name, vip := range vips {
+		traffic[name] = startLongLived(t, c.Client, netip.AddrPortFrom(vip, 80), perService)
+	}
+	settle := func() { time.Sleep(1500 * time.Millisecond) }
+	settle()
+
+	step := func(what string, fn func() error, hops ...string) {
+		t.Helper()
+		t.Log(what)
+		if err := fn(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if hops != nil {
+			waitAll(hops...)
+		}
+		settle()
+	}
+	step("a node joins: node4 uncordoned", func() error {
+		_, err := c.Registry.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: c.Nodes[3].Name})
+		return err
+	}, hop(0), hop(1), hop(2), hop(3))
+	step("a node drained: node2", func() error {
+		_, err := c.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: c.Nodes[1].Name})
+		return err
+	}, hop(0), hop(2), hop(3))
+	if redirect {
+		step("node3's agent killed (SIGKILL) and started again", func() error { return c.RestartAgent(2) }, hop(0), hop(2), hop(3))
+		step("node1's agent stopped (SIGTERM) and started again", func() error { return c.StopAndRestartAgent(0) }, hop(0), hop(2), hop(3))
+		step("node2 uncordoned", func() error {
+			_, err := c.Registry.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: c.Nodes[1].Name})
+			return err
+		}, hop(0), hop(1), hop(2), hop(3))
+	}
+
+	totalMoved, totalBroken := 0, 0
+	for name, l := range traffic {
+		requests, broken := l.Stop()
+		moved := movedConnections(t, c, vips[name], l.ports)
+		t.Logf("%s: %d connections, %d requests, %d moved to a node that did not hold them, %d broke", name, perService, requests, moved, len(broken))
+		totalMoved += moved
+		totalBroken += len(broken)
+		if redirect {
+			for _, b := range broken {
+				t.Errorf("%s: connection broke: %s", name, b)
+			}
+			if moved < perService/4 {
+				t.Errorf("%s: only %d of %d connections were moved by the router: the events did not test redirection", name, moved, perService)
+			}
+		}
+	}
+	if !redirect && totalBroken == 0 {
+		t.Errorf("without redirection no connection broke (%d moved): the test cannot tell redirection from luck", totalMoved)
+	}
+}
