@@ -46,7 +46,8 @@ func newFakeDatapath(t *testing.T) (*Datapath, *knftables.Fake, *knftables.Fake)
 	t.Helper()
 	v4 := knftables.NewFake(knftables.IPv4Family, TableName)
 	v6 := knftables.NewFake(knftables.IPv6Family, TableName)
-	return New(v4, v6, Config{}), v4, v6
+	// As the agent programs it: with the rules of moved connections.
+	return New(v4, v6, Config{Flows: &FlowRedirect{Interface: "weir-flows"}}), v4, v6
 }
 
 var (

@@ -410,6 +410,13 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 	}, flowChains(f, cfg, g, frontend, exempt)...)
 }
 
+func echoRequest(f family) string {
+	if f.is6 {
+		return "icmpv6 type echo-request"
+	}
+	return "icmp type echo-request"
+}
+
 // flowChains pass on the packets of established connections that a router
 // moved to this node (a change of the nodes behind its ECMP route): a TCP
 // packet that does not open a connection, to a load-balancer or external
@@ -444,7 +451,9 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 		{baseChain("flows_prerouting", knftables.FilterType, knftables.PreroutingHook, "-120"), []string{
 			"ct status dnat return",
 			"tcp flags & syn == 0 jump moved_flows",
-			// Peers send nothing else through the interface.
+			// Peers send nothing else through the interface but the
+			// probes that tell them this node takes what they pass on.
+			dev + " fib daddr type local " + echoRequest(f) + " return",
 			dev + " drop",
 		}},
 	}

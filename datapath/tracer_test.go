@@ -455,6 +455,16 @@ func (r *ruleReader) selector() value {
 			return value{s: strconv.FormatUint(uint64(m), 10)}
 		}
 	case "th", "tcp", "udp", "sctp":
+		if tok == "tcp" && r.peek() == "flags" {
+			// The first packet of a connection is a SYN.
+			r.take()
+			r.expect("&")
+			r.expect("syn")
+			if p.proto != "tcp" {
+				return value{s: "no tcp header"}
+			}
+			return value{s: "2"}
+		}
 		r.expect("dport")
 		if tok != "th" && tok != p.proto {
 			return value{s: "no " + tok + " header"}

@@ -21,7 +21,9 @@ announcements are withdrawn, so that load balancers and routers stop
 sending it new connections. What happens to its established connections
 depends on what sends them: a load balancer that reads the health checks
 keeps them where they are until they end; a BGP ECMP router moves them
-with its hash to other nodes, which reset them (no conntrack entry there).
+with its hash to other nodes, which pass their packets back to the drained
+node (agents' --pass-moved-connections, on by default), so they too go on
+until they end.
 Uncordon undoes it. Either works whichever source (native or kubernetes)
 owns the node, and survives server restarts.`,
 	}

@@ -14,11 +14,13 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -59,6 +61,15 @@ type Flows struct {
 	local  netip.Addr // the device's outer address
 	next   datapath.FlowPeer
 	routed [2]bool // per family (IPv4, IPv6): a route to the next node
+	// node is the last node Set was given, to choose again when a peer
+	// stops or starts answering.
+	node datapath.NodeInfo
+	// Probing (see Run): when each peer's address last answered, and
+	// which peers are passed over; started is when probing began, before
+	// which every peer counts as alive.
+	answers map[netip.Addr]time.Time
+	dead    map[string]bool
+	started time.Time
 }
 
 // New returns Flows for cfg, with defaults for zero fields.
@@ -122,22 +133,29 @@ func outer(addrs []netip.Addr) (netip.Addr, bool) {
 func (f *Flows) Set(node datapath.NodeInfo) (datapath.NodeInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.node = node
+	return f.setLocked(node)
+}
+
+func (f *Flows) setLocked(node datapath.NodeInfo) (datapath.NodeInfo, error) {
 	local, ok := outer(node.Addresses)
 	var next datapath.FlowPeer
 	var nextOuter netip.Addr
 	if ok {
+		// The first alive peer; the first reachable one when none is.
 		for _, p := range node.FlowPeers {
 			if a, ok := outer(p.Addresses); ok && a.Is4() == local.Is4() {
-				next, nextOuter = p, a
-				break
+				if !nextOuter.IsValid() || f.dead[next.Name] && !f.dead[p.Name] {
+					next, nextOuter = p, a
+				}
 			}
 		}
 	}
 	if node.FlowRing < 2 || !nextOuter.IsValid() {
-		node.FlowRing, node.FlowPeers = 0, nil
 		if f.local.IsValid() || f.next.Name != "" {
 			f.cfg.Log.Info("no node to pass moved connections to", "ring", node.FlowRing)
 		}
+		node.FlowRing, node.FlowPeers = 0, nil
 		f.local, f.next = netip.Addr{}, datapath.FlowPeer{}
 		return node, f.removeRoutes()
 	}
@@ -175,7 +193,13 @@ func (f *Flows) Set(node datapath.NodeInfo) (datapath.NodeInfo, error) {
 		return node, err
 	}
 	if f.next.Name != next.Name || f.local != local {
-		f.cfg.Log.Info("moved connections go to the next node", "next", next.Name, "via", nextOuter, "ring", node.FlowRing)
+		var passed []string
+		for _, p := range node.FlowPeers {
+			if f.dead[p.Name] {
+				passed = append(passed, p.Name)
+			}
+		}
+		f.cfg.Log.Info("moved connections go to the next node", "next", next.Name, "via", nextOuter, "ring", node.FlowRing, "not_answering", passed)
 	}
 	f.local, f.next, f.routed = local, next, routed
 	// The datapath marks only packets of a family with a route.
@@ -434,4 +458,78 @@ func (a *Applier) set(node datapath.NodeInfo) datapath.NodeInfo {
 		a.lastErr = msg
 	}
 	return out
+}
+
+// probeTargets are the node's IPv4 address and device MAC, and the next
+// nodes to probe.
+func (f *Flows) probeTargets() (netip.Addr, net.HardwareAddr, []probeTarget) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	own4, ok := datapath.NextHop(f.node.Addresses, false)
+	if !ok || !f.local.Is4() {
+		return netip.Addr{}, nil, nil
+	}
+	if f.started.IsZero() {
+		f.started = time.Now()
+	}
+	var out []probeTarget
+	for _, p := range f.node.FlowPeers {
+		if a, ok := datapath.NextHop(p.Addresses, false); ok {
+			out = append(out, probeTarget{name: p.Name, addr: a, mac: MAC(a)})
+		}
+	}
+	return own4, MAC(f.local), out
+}
+
+// answered records a peer's answer.
+func (f *Flows) answered(a netip.Addr, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.answers == nil {
+		f.answers = map[netip.Addr]time.Time{}
+	}
+	f.answers[a] = at
+	f.judgeLocked(at)
+}
+
+// judge passes over the peers that stopped answering and takes back
+// those that answer again, moving the route if the first alive one
+// changed.
+func (f *Flows) judge(now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.judgeLocked(now)
+}
+
+func (f *Flows) judgeLocked(now time.Time) {
+	if now.Sub(f.started) < probeDeadline {
+		return
+	}
+	dead := map[string]bool{}
+	for _, p := range f.node.FlowPeers {
+		a, ok := datapath.NextHop(p.Addresses, false)
+		if ok && now.Sub(f.answers[a]) > probeDeadline {
+			dead[p.Name] = true
+		}
+	}
+	if maps.Equal(dead, f.dead) {
+		return
+	}
+	for name := range dead {
+		if !f.dead[name] {
+			f.cfg.Log.Warn("a next node does not answer: moved connections pass it over", "peer", name)
+		}
+	}
+	for name := range f.dead {
+		if !dead[name] {
+			f.cfg.Log.Info("a next node answers again", "peer", name)
+		}
+	}
+	f.dead = dead
+	if f.node.Name == "" {
+		return
+	}
+	if _, err := f.setLocked(f.node); err != nil {
+		f.cfg.Log.Warn("moving the route of moved connections", "error", err)
+	}
 }

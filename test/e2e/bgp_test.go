@@ -491,8 +491,8 @@ func waitSessions(t *testing.T, c *weirlab.Cluster, want map[string]string) {
 // connections a BGP ECMP router spreads over the nodes, and checks what
 // docs/operations.md says of it: the router withdraws the drained node at
 // once and new connections avoid it, while established connections the
-// router moves to another node are reset there (that node has no
-// conntrack entry for them); those it leaves where they were carry on.
+// router moves to the other node are passed back to the drained one,
+// which serves them on: none breaks.
 func TestDrainBehindAnECMPRouter(t *testing.T) {
 	c, r := startBGPCluster(t)
 	ctx := context.Background()
@@ -531,8 +531,8 @@ func TestDrainBehindAnECMPRouter(t *testing.T) {
 		}
 	}
 	t.Logf("draining node1 broke %d of %d established connections through the router", broken, n)
-	if broken == n {
-		t.Errorf("every established connection broke, also those the router left on node2")
+	if broken > 0 {
+		t.Errorf("%d of %d established connections broke", broken, n)
 	}
 	for i := range 20 {
 		if _, err := weirlab.Get(ctx, c.Client, dst); err != nil {

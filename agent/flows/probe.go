@@ -1,0 +1,158 @@
+package flows
+
+// Which next nodes are alive. A packet passed to a node that is gone (a
+// reboot, a power loss, a node whose agent and tables were wiped) is
+// lost, and every retransmission with it: the ring must skip such a node
+// at once. The probe goes the way moved packets go: an ICMP echo request,
+// framed for the peer's device and sent through this node's, so that the
+// answer (the peer's kernel replies over the LAN) proves the peer's
+// device, tunnel and table take packets, not only that its host is up. An
+// agent that died while its tables still forward stays on the ring: its
+// node still holds and serves its connections.
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/mdlayher/ethernet"
+	"github.com/mdlayher/packet"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+)
+
+// Probe timing: a node that answered none of the last three probes is
+// passed over.
+const (
+	probeInterval = 200 * time.Millisecond
+	probeDeadline = 3 * probeInterval
+)
+
+// probeTarget is a next node the probe asks.
+type probeTarget struct {
+	name string
+	addr netip.Addr // its IPv4 address, which its device holds too
+	mac  net.HardwareAddr
+}
+
+// Run probes the next nodes until ctx ends, and moves the route when the
+// first alive one changes. IPv4 only: a node without an IPv4 address
+// takes its peers as alive.
+func (f *Flows) Run(ctx context.Context) {
+	id := os.Getpid() & 0xffff
+	replies, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+	if err != nil {
+		f.cfg.Log.Warn("next nodes are not probed: a node that goes away takes moved connections with it until the server drops it", "error", err)
+		return
+	}
+	defer replies.Close()
+	go func() {
+		<-ctx.Done()
+		replies.Close()
+	}()
+	answered := make(chan netip.Addr, 64)
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := replies.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			m, err := icmp.ParseMessage(1, buf[:n])
+			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
+				continue
+			}
+			if e, ok := m.Body.(*icmp.Echo); !ok || e.ID != id {
+				continue
+			}
+			if a, ok := netip.AddrFromSlice(from.(*net.IPAddr).IP); ok {
+				select {
+				case answered <- a.Unmap():
+				default:
+				}
+			}
+		}
+	}()
+
+	var conn *packet.Conn
+	var connIndex int
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	seq := 0
+	tick := time.NewTicker(probeInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case a := <-answered:
+			f.answered(a, time.Now())
+			continue
+		case <-tick.C:
+		}
+		src, srcMAC, targets := f.probeTargets()
+		if len(targets) == 0 || !src.IsValid() {
+			continue
+		}
+		ifi, err := net.InterfaceByName(f.cfg.Interface)
+		if err != nil {
+			continue
+		}
+		if conn == nil || connIndex != ifi.Index {
+			if conn != nil {
+				conn.Close()
+			}
+			if conn, err = packet.Listen(ifi, packet.Raw, int(ethernet.EtherTypeIPv4), nil); err != nil {
+				f.cfg.Log.Warn("probing the next nodes", "error", err)
+				conn = nil
+				continue
+			}
+			connIndex = ifi.Index
+		}
+		seq++
+		for _, t := range targets {
+			frame, err := echoFrame(srcMAC, t.mac, src, t.addr, id, seq)
+			if err == nil {
+				_, _ = conn.WriteTo(frame, &packet.Addr{HardwareAddr: t.mac})
+			}
+		}
+		f.judge(time.Now())
+	}
+}
+
+// echoFrame is an Ethernet frame holding an ICMP echo request from src to
+// dst.
+func echoFrame(srcMAC, dstMAC net.HardwareAddr, src, dst netip.Addr, id, seq int) ([]byte, error) {
+	body, err := (&icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq & 0xffff, Data: []byte("weir flows")}}).Marshal(nil)
+	if err != nil {
+		return nil, err
+	}
+	ip := make([]byte, 20, 20+len(body))
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(body)))
+	ip[8] = 64 // TTL
+	ip[9] = 1  // ICMP
+	s, d := src.As4(), dst.As4()
+	copy(ip[12:16], s[:])
+	copy(ip[16:20], d[:])
+	binary.BigEndian.PutUint16(ip[10:], checksum(ip))
+	ip = append(ip, body...)
+	return (&ethernet.Frame{Destination: dstMAC, Source: srcMAC, EtherType: ethernet.EtherTypeIPv4, Payload: ip}).MarshalBinary()
+}
+
+func checksum(b []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return ^uint16(sum)
+}
