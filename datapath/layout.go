@@ -448,13 +448,23 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 				// Round the ring, or no ring: served here.
 				"accept",
 			})...),
+		// What peers send through the interface: moved packets, the SYNs
+		// of the next rule, and the probes that tell them this node
+		// takes what they pass on. Nothing else.
+		regularChain("from_flow_peer",
+			"fib daddr type local "+echoRequest(f)+" return",
+			frontend+" "+g.ref(masqueradeFrontendsSet)+" return",
+			frontend+" "+g.ref(localFrontendsSet)+" return",
+			"drop"),
 		{baseChain("flows_prerouting", knftables.FilterType, knftables.PreroutingHook, "-120"), []string{
 			"ct status dnat return",
 			"tcp flags & syn == 0 jump moved_flows",
-			// Peers send nothing else through the interface but the
-			// probes that tell them this node takes what they pass on.
-			dev + " fib daddr type local " + echoRequest(f) + " return",
-			dev + " drop",
+			// A SYN that an entry of a connection this node passed on
+			// took (a client reusing its port before the entry ended):
+			// conntrack ignores it there, so it goes on too, to a node
+			// with no entry, which serves it.
+			"tcp flags & syn == syn ct status confirmed jump moved_flows",
+			dev + " jump from_flow_peer",
 		}},
 	}
 }

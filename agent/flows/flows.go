@@ -481,6 +481,17 @@ func (f *Flows) probeTargets() (netip.Addr, net.HardwareAddr, []probeTarget) {
 	return own4, MAC(f.local), out
 }
 
+// restartClock gives every peer a full deadline from now: the prober
+// itself was late.
+func (f *Flows) restartClock(now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.started = now
+	for a := range f.answers {
+		f.answers[a] = now
+	}
+}
+
 // answered records a peer's answer.
 func (f *Flows) answered(a netip.Addr, at time.Time) {
 	f.mu.Lock()

@@ -24,11 +24,14 @@ import (
 	"golang.org/x/net/ipv4"
 )
 
-// Probe timing: a node that answered none of the last three probes is
-// passed over.
+// Probe timing: a node that answered none of the probes of the last
+// second is passed over. Passing over a node that is alive loses the
+// connections it holds, so the deadline leaves room for a busy machine,
+// and a prober that was not scheduled for a while (its own ticks late)
+// starts counting again rather than blame its peers.
 const (
 	probeInterval = 200 * time.Millisecond
-	probeDeadline = 3 * probeInterval
+	probeDeadline = 5 * probeInterval
 )
 
 // probeTarget is a next node the probe asks.
@@ -87,6 +90,7 @@ func (f *Flows) Run(ctx context.Context) {
 	seq := 0
 	tick := time.NewTicker(probeInterval)
 	defer tick.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -94,7 +98,11 @@ func (f *Flows) Run(ctx context.Context) {
 		case a := <-answered:
 			f.answered(a, time.Now())
 			continue
-		case <-tick.C:
+		case now := <-tick.C:
+			if now.Sub(last) > 3*probeInterval {
+				f.restartClock(now)
+			}
+			last = now
 		}
 		src, srcMAC, targets := f.probeTargets()
 		if len(targets) == 0 || !src.IsValid() {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -647,6 +648,8 @@ func sorted(s []string) []string {
 type keepAlive struct {
 	conn net.Conn
 	r    *bufio.Reader
+	// timeout bounds one request and its answer (0: 2 s).
+	timeout time.Duration
 }
 
 func dialKeepAlive(ctx context.Context, ns *lab.Netns, dst netip.AddrPort) (*keepAlive, error) {
@@ -659,7 +662,7 @@ func dialKeepAlive(ctx context.Context, ns *lab.Netns, dst netip.AddrPort) (*kee
 
 // Request sends one request and reads the whole answer.
 func (k *keepAlive) Request() error {
-	k.conn.SetDeadline(time.Now().Add(2 * time.Second))
+	k.conn.SetDeadline(time.Now().Add(cmp.Or(k.timeout, 2*time.Second)))
 	if _, err := fmt.Fprintf(k.conn, "GET / HTTP/1.1\r\nHost: weir\r\n\r\n"); err != nil {
 		return err
 	}

@@ -1,15 +1,20 @@
 package e2e
 
 import (
+	"bufio"
+	"cmp"
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,7 +28,13 @@ import (
 // hashes on ports, peering through a BgpPeer resource.
 func flowLab(t *testing.T, impl string, agentArgs func(*lab.Node) []string) (*weirlab.Cluster, bgpRouter) {
 	t.Helper()
-	cfg := lab.Config{Nodes: 4, PodsPerNode: []int{1, 1, 1, 1}, Dir: t.TempDir()}
+	return flowLabOf(t, 4, impl, agentArgs)
+}
+
+// flowLabOf is flowLab with n nodes.
+func flowLabOf(t *testing.T, n int, impl string, agentArgs func(*lab.Node) []string) (*weirlab.Cluster, bgpRouter) {
+	t.Helper()
+	cfg := lab.Config{Nodes: n, PodsPerNode: slices.Repeat([]int{1}, n), Dir: t.TempDir()}
 	var c *weirlab.Cluster
 	var r bgpRouter
 	switch impl {
@@ -85,6 +96,9 @@ func startLongLived(t *testing.T, ns *lab.Netns, dst netip.AddrPort, n int) *lon
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A machine busy with other tests may stall a request for a
+		// second or two; a broken connection never answers.
+		k.timeout = 5 * time.Second
 		if err := k.Request(); err != nil {
 			t.Fatalf("first request to %s: %v", dst, err)
 		}
@@ -303,5 +317,105 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 	}
 	if !redirect && totalBroken == 0 {
 		t.Errorf("without redirection no connection broke (%d moved): the test cannot tell redirection from luck", totalMoved)
+	}
+}
+
+// dialFrom opens a connection from the client's port to dst.
+func dialFrom(ctx context.Context, ns *lab.Netns, port int, dst netip.AddrPort) (*keepAlive, error) {
+	var conn net.Conn
+	err := ns.Do(func() error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{Port: port}, Timeout: 3 * time.Second,
+			Control: func(_, _ string, c syscall.RawConn) error {
+				var serr error
+				err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) })
+				return cmp.Or(err, serr)
+			}}
+		var err error
+		conn, err = d.DialContext(ctx, "tcp", dst.String())
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &keepAlive{conn: conn, r: bufio.NewReader(conn)}, nil
+}
+
+// TestReusedSourcePortAfterAMove: a node that passed a connection on
+// keeps an entry for it (no DNAT) for a while after the connection ended
+// elsewhere. A new connection from the same client port that the router
+// sends to that node must still open: its SYN must not be taken as part of
+// the old connection. Two nodes behind FRR; node1 holds the first
+// connection, a drain sends it through node2, an uncordon brings it back,
+// it ends with a reset on node1, and a second drain sends the new
+// connection's SYN to node2.
+func TestReusedSourcePortAfterAMove(t *testing.T) {
+	c, r := flowLabOf(t, 2, "FRR", func(*lab.Node) []string { return nil })
+	ctx := context.Background()
+	node1, node2 := c.Nodes[0], c.Nodes[1]
+	svc := lbService("reused", 30142, []string{"10.96.0.142"}, []string{"203.0.113.142"})
+	createService(t, c, svc, c.Pods())
+	vip := netip.MustParseAddr("203.0.113.142")
+	dst := netip.AddrPortFrom(vip, 80)
+	waitNextHops(t, r, vip.String(), node1.IPv4.String(), node2.IPv4.String())
+
+	// A client port whose connection the router sends to node1.
+	var first *keepAlive
+	port := 0
+	for p := 41000; p < 41100 && first == nil; p++ {
+		k, err := dialFrom(ctx, c.Client, p, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := k.Request(); err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(conntrackPorts(t, node1, vip, true), strconv.Itoa(p)) {
+			first, port = k, p
+			break
+		}
+		k.conn.(*net.TCPConn).SetLinger(0)
+		k.Close()
+	}
+	if first == nil {
+		t.Fatal("no client port of 100 went to node1")
+	}
+	drain := func(on bool) {
+		t.Helper()
+		var err error
+		if on {
+			_, err = c.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: node1.Name})
+			waitNextHops(t, r, vip.String(), node2.IPv4.String())
+		} else {
+			_, err = c.Registry.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: node1.Name})
+			waitNextHops(t, r, vip.String(), node1.IPv4.String(), node2.IPv4.String())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	drain(true)
+	if err := first.Request(); err != nil {
+		t.Fatalf("the connection through node2: %v", err)
+	}
+	if !slices.Contains(conntrackPorts(t, node2, vip, false), strconv.Itoa(port)) {
+		t.Fatal("node2 holds no entry of the connection it passed on: the test would prove nothing")
+	}
+	drain(false)
+	if err := first.Request(); err != nil {
+		t.Fatalf("the connection back on node1: %v", err)
+	}
+	first.conn.(*net.TCPConn).SetLinger(0)
+	first.Close()
+
+	drain(true)
+	second, err := dialFrom(ctx, c.Client, port, dst)
+	if err != nil {
+		t.Fatalf("a new connection from port %d, whose SYN reaches node2 while it holds the old one's entry: %v", port, err)
+	}
+	defer second.Close()
+	for i := range 20 {
+		if err := second.Request(); err != nil {
+			t.Fatalf("request %d on the new connection: %v", i, err)
+		}
 	}
 }

@@ -7,7 +7,12 @@
 //     one run, so the ratio survives a noisy machine);
 //
 //   - 10,000 connections to a service with 10 endpoints, counted per
-//     endpoint, and a chi-square test of uniformity at p = 0.001.
+//     endpoint, and a chi-square test of uniformity at p = 0.001;
+//
+//   - round trips of one byte on established connections, and new
+//     connections, with the rules that pass moved connections on and
+//     without them (phases alternate): what those rules cost the packets
+//     they do not move.
 //
 //     go run ./test/bench/packetrate
 package main
@@ -32,8 +37,10 @@ import (
 
 const (
 	programEnv = "WEIR_PACKETRATE_PROGRAM" // set in the child that programs the node
+	flowsEnv   = "WEIR_PACKETRATE_FLOWS"   // "1": the child programs the rules of moved connections
 	nodePort   = 30100
-	podPort    = 8000 // endpoints listen on podPort .. podPort+endpoints-1
+	echoPort   = 30101 // a service whose one endpoint echoes (podPort+endpoints)
+	podPort    = 8000  // endpoints listen on podPort .. podPort+endpoints-1
 	endpoints  = 10
 )
 
@@ -69,6 +76,11 @@ func program(arg string) int {
 		target.Ports[0].Endpoints = append(target.Ports[0].Endpoints, datapath.Endpoint{Addr: podIP, Port: uint16(podPort + i), Local: true, Ready: true, Serving: true})
 	}
 	st.Services[target.Key] = target
+	echo := &datapath.Service{Key: datapath.ServiceKey{Namespace: "bench", Name: "echo"},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.95.0.2")},
+		Ports: []datapath.ServicePort{{Name: "tcp", Protocol: datapath.TCP, Port: 80, NodePort: echoPort,
+			Endpoints: []datapath.Endpoint{{Addr: podIP, Port: podPort + endpoints, Local: true, Ready: true, Serving: true}}}}}
+	st.Services[echo.Key] = echo
 	for i := range n {
 		s := &datapath.Service{Key: datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)},
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})},
@@ -78,7 +90,11 @@ func program(arg string) int {
 		}
 		st.Services[s.Key] = s
 	}
-	dp, err := datapath.NewForNode(datapath.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
+	cfg := datapath.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	if os.Getenv(flowsEnv) == "1" {
+		cfg.Flows = &datapath.FlowRedirect{Interface: "weir-flows"}
+	}
+	dp, err := datapath.NewForNode(cfg)
 	if err == nil {
 		err = dp.Apply(context.Background(), st)
 	}
@@ -123,13 +139,45 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 		}()
 	}
 
+	// The echo endpoint.
+	var echoLn net.Listener
+	if err := pod.Do(func() error {
+		var err error
+		echoLn, err = net.Listen("tcp", fmt.Sprintf(":%d", podPort+endpoints))
+		return err
+	}); err != nil {
+		return err
+	}
+	defer echoLn.Close()
+	go func() {
+		for {
+			c, err := echoLn.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 1)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+
+	flows := "0"
 	programNode := func(n int) error {
 		self, err := os.Executable()
 		if err != nil {
 			return err
 		}
 		cmd := exec.Command("ip", "netns", "exec", node.Netns.Name, self)
-		cmd.Env = append(os.Environ(), programEnv+"="+strconv.Itoa(n), "WEIR_PACKETRATE_POD="+pod.IPv4.String(), "WEIR_PACKETRATE_NODE="+node.IPv4.String())
+		cmd.Env = append(os.Environ(), programEnv+"="+strconv.Itoa(n), "WEIR_PACKETRATE_POD="+pod.IPv4.String(), "WEIR_PACKETRATE_NODE="+node.IPv4.String(), flowsEnv+"="+flows)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("programming %d services: %w: %s", n, err, out)
 		}
@@ -190,6 +238,80 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 	}
 	ms, ml := mean(small), mean(large)
 	fmt.Printf("mean: 10 services %.0f conn/s, %d services %.0f conn/s: ratio %.3f\n", ms, many, ml, ml/ms)
+
+	// The rules of moved connections, on and off, on the small table.
+	echoDst := netip.AddrPortFrom(node.IPv4, echoPort).String()
+	roundTrips := func() (float64, error) {
+		var count atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		end := time.Now().Add(phase)
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- l.Client.Do(func() error {
+					c, err := net.DialTimeout("tcp", echoDst, time.Second)
+					if err != nil {
+						return err
+					}
+					defer closeAbortively(c)
+					buf := []byte{1}
+					for time.Now().Before(end) {
+						if _, err := c.Write(buf); err != nil {
+							return err
+						}
+						if _, err := c.Read(buf); err != nil {
+							return err
+						}
+						count.Add(1)
+					}
+					return nil
+				})
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				return 0, err
+			}
+		}
+		return float64(count.Load()) / phase.Seconds(), nil
+	}
+	fmt.Printf("with and without the rules that pass moved connections on (10 services, 4 client workers, %v phases):\n", phase)
+	rates := map[string][2][]float64{}
+	for r := range rounds {
+		for _, on := range []string{"0", "1"} {
+			flows = on
+			if err := programNode(10); err != nil {
+				return err
+			}
+			rt, err := roundTrips()
+			if err != nil {
+				return err
+			}
+			nc, err := measure()
+			if err != nil {
+				return err
+			}
+			label := map[string]string{"0": "without", "1": "with   "}[on]
+			fmt.Printf("  round %d, %s: %8.0f round trips/s on established connections, %8.0f new conn/s\n", r+1, label, rt, nc)
+			i := map[string]int{"0": 0, "1": 1}[on]
+			v := rates["rt"]
+			v[i] = append(v[i], rt)
+			rates["rt"] = v
+			v = rates["nc"]
+			v[i] = append(v[i], nc)
+			rates["nc"] = v
+		}
+	}
+	fmt.Printf("mean ratio with/without: round trips %.3f, new connections %.3f\n",
+		mean(rates["rt"][1])/mean(rates["rt"][0]), mean(rates["nc"][1])/mean(rates["nc"][0]))
+	flows = "0"
+	if err := programNode(many); err != nil {
+		return err
+	}
 
 	// Uniformity over the 10 endpoints, on the large table.
 	for i := range accepted {
