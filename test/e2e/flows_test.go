@@ -171,7 +171,7 @@ func conntrackPorts(t *testing.T, n *lab.Node, vip netip.Addr, dnat bool) []stri
 // movedConnections counts the connections to vip that reached a node that
 // does not hold them: each leaves on the nodes it passed an entry that no
 // DNAT rewrote (its reply would come from the load-balancer IP itself).
-func movedConnections(t *testing.T, c *weirlab.Cluster, vip netip.Addr, ports []string) int {
+func movedConnections(t *testing.T, c *weirlab.Cluster, vip netip.Addr, ports []string) map[string]bool {
 	t.Helper()
 	moved := map[string]bool{}
 	for _, n := range c.Nodes {
@@ -181,7 +181,7 @@ func movedConnections(t *testing.T, c *weirlab.Cluster, vip netip.Addr, ports []
 			}
 		}
 	}
-	return len(moved)
+	return moved
 }
 
 // TestMovedConnectionsSurvive: established connections through an ECMP
@@ -294,7 +294,8 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 	totalMoved, totalBroken := 0, 0
 	for name, l := range traffic {
 		requests, broken := l.Stop()
-		moved := movedConnections(t, c, vips[name], l.ports)
+		movedPorts := movedConnections(t, c, vips[name], l.ports)
+		moved := len(movedPorts)
 		t.Logf("%s: %d connections, %d requests, %d moved to a node that did not hold them, %d broke", name, perService, requests, moved, len(broken))
 		totalMoved += moved
 		totalBroken += len(broken)
@@ -309,7 +310,13 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 				}
 				t.Errorf("%s: connection broke: %s", name, b)
 			}
-			t.Logf("%s: %d connections held by the lost node, %d of them broke", name, len(lost[name]), held)
+			kept := 0
+			for p := range movedPorts {
+				if !slices.Contains(lost[name], p) {
+					kept++
+				}
+			}
+			t.Logf("%s: %d connections held by the lost node, %d of them broke; survival: %d of %d moved connections the lost node did not hold", name, len(lost[name]), held, kept-(len(broken)-held), kept)
 			if moved < perService/4 {
 				t.Errorf("%s: only %d of %d connections were moved by the router: the events did not test redirection", name, moved, perService)
 			}
