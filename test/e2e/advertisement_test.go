@@ -150,23 +150,30 @@ func TestGracefulRestartKeepsTrafficThroughAnAgentRestart(t *testing.T) {
 					t.Skip("needs BIRD (apt-get install bird2)")
 				}
 				c = startSpeakingCluster(t, func(*lab.Node) []string { return nil })
-				b, err := bird.Start(context.Background(), c.Router, bird.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(),
-					ListenRanges4: []string{"192.0.2.0/24"}, PeerASN: nodeASN})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(b.Close)
-				t.Cleanup(func() {
-					if t.Failed() {
-						log, _ := os.ReadFile(filepath.Join(b.Dir, "bird.log"))
-						t.Logf("BIRD's log:\n%s", log)
-					}
-				})
-				r = b
+				r = startLabBIRD(t, c)
 			}
 			testGracefulRestart(t, c, r)
 		})
 	}
+}
+
+// startLabBIRD starts BIRD in the lab's router namespace, accepting the
+// nodes' sessions from the rack LAN; its log is shown when the test fails.
+func startLabBIRD(t *testing.T, c *weirlab.Cluster) *bird.Router {
+	t.Helper()
+	b, err := bird.Start(context.Background(), c.Router, bird.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(),
+		ListenRanges4: []string{"192.0.2.0/24"}, PeerASN: nodeASN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	t.Cleanup(func() {
+		if t.Failed() {
+			log, _ := os.ReadFile(filepath.Join(b.Dir, "bird.log"))
+			t.Logf("BIRD's log:\n%s", log)
+		}
+	})
+	return b
 }
 
 func testGracefulRestart(t *testing.T, c *weirlab.Cluster, r bgpRouter) {

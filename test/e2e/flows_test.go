@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
-	"github.com/weirlb/weir/test/bird"
 	"github.com/weirlb/weir/test/lab"
 	"github.com/weirlb/weir/test/weirlab"
 )
@@ -48,19 +46,7 @@ func flowLabOf(t *testing.T, n int, impl string, agentArgs func(*lab.Node) []str
 			t.Skip("needs BIRD (apt-get install bird2)")
 		}
 		c = startSpeakingClusterOf(t, cfg, agentArgs)
-		b, err := bird.Start(context.Background(), c.Router, bird.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(),
-			ListenRanges4: []string{"192.0.2.0/24"}, PeerASN: nodeASN})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Close)
-		t.Cleanup(func() {
-			if t.Failed() {
-				log, _ := os.ReadFile(filepath.Join(b.Dir, "bird.log"))
-				t.Logf("BIRD's log:\n%s", log)
-			}
-		})
-		r = b
+		r = startLabBIRD(t, c)
 	}
 	ctx := context.Background()
 	if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: &weirv1.BgpPeer{

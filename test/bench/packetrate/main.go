@@ -184,7 +184,9 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 		return nil
 	}
 	dst := netip.AddrPortFrom(node.IPv4, nodePort).String()
-	measure := func() (float64, error) {
+	// rate runs 4 client workers for a phase; each calls work until the
+	// phase ends, and every call is counted.
+	rate := func(work func(end time.Time, count *atomic.Int64) error) (float64, error) {
 		var count atomic.Int64
 		var wg sync.WaitGroup
 		errs := make(chan error, 4)
@@ -193,18 +195,7 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				errs <- l.Client.Do(func() error {
-					d := net.Dialer{Timeout: time.Second}
-					for time.Now().Before(end) {
-						c, err := d.Dial("tcp", dst)
-						if err != nil {
-							return err
-						}
-						closeAbortively(c)
-						count.Add(1)
-					}
-					return nil
-				})
+				errs <- l.Client.Do(func() error { return work(end, &count) })
 			}()
 		}
 		wg.Wait()
@@ -215,6 +206,20 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 			}
 		}
 		return float64(count.Load()) / phase.Seconds(), nil
+	}
+	measure := func() (float64, error) {
+		return rate(func(end time.Time, count *atomic.Int64) error {
+			d := net.Dialer{Timeout: time.Second}
+			for time.Now().Before(end) {
+				c, err := d.Dial("tcp", dst)
+				if err != nil {
+					return err
+				}
+				closeAbortively(c)
+				count.Add(1)
+			}
+			return nil
+		})
 	}
 
 	fmt.Printf("new TCP connections per second through a node port (4 client workers, %v phases):\n", phase)
@@ -242,42 +247,24 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 	// The rules of moved connections, on and off, on the small table.
 	echoDst := netip.AddrPortFrom(node.IPv4, echoPort).String()
 	roundTrips := func() (float64, error) {
-		var count atomic.Int64
-		var wg sync.WaitGroup
-		errs := make(chan error, 4)
-		end := time.Now().Add(phase)
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs <- l.Client.Do(func() error {
-					c, err := net.DialTimeout("tcp", echoDst, time.Second)
-					if err != nil {
-						return err
-					}
-					defer closeAbortively(c)
-					buf := []byte{1}
-					for time.Now().Before(end) {
-						if _, err := c.Write(buf); err != nil {
-							return err
-						}
-						if _, err := c.Read(buf); err != nil {
-							return err
-						}
-						count.Add(1)
-					}
-					return nil
-				})
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
+		return rate(func(end time.Time, count *atomic.Int64) error {
+			c, err := net.DialTimeout("tcp", echoDst, time.Second)
 			if err != nil {
-				return 0, err
+				return err
 			}
-		}
-		return float64(count.Load()) / phase.Seconds(), nil
+			defer closeAbortively(c)
+			buf := []byte{1}
+			for time.Now().Before(end) {
+				if _, err := c.Write(buf); err != nil {
+					return err
+				}
+				if _, err := c.Read(buf); err != nil {
+					return err
+				}
+				count.Add(1)
+			}
+			return nil
+		})
 	}
 	fmt.Printf("with and without the rules that pass moved connections on (10 services, 4 client workers, %v phases):\n", phase)
 	rates := map[string][2][]float64{}
