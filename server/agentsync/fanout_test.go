@@ -64,3 +64,57 @@ func TestMinSyncPeriodCoalescesBursts(t *testing.T) {
 		t.Fatalf("second batch %v; want shop/b and shop/c together at %d", msg, last)
 	}
 }
+
+// A node joining the ring changes every node's place on it: the others
+// are sent their node again, with the new ring size and next nodes; a
+// change that leaves the ring alone (a label on another node) sends them
+// nothing.
+func TestRingChangesReachEveryNode(t *testing.T) {
+	reg := registrytest.Open(t)
+	node := func(name string, last byte) *model.Node {
+		return &model.Node{Meta: model.Meta{Name: name}, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, last})}}
+	}
+	for i, name := range []string{"n1", "n3"} {
+		if _, err := reg.Nodes.Create(node(name, byte(11+2*i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := New(reg, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	client := h.cache.Connect("n1")
+	defer client.Close()
+	if full := client.Full(); full.GetNode().GetFlowRingSize() != 2 || full.GetNode().GetFlowPeers()[0].GetName() != "n3" {
+		t.Fatalf("n1 before: %v", full.GetNode())
+	}
+
+	added, err := reg.Nodes.Create(node("n2", 12))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.catchUp(ctx, added.ResourceVersion); err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := client.Next()
+	got := msg.GetNode()
+	if got.GetFlowRingSize() != 3 || len(got.GetFlowPeers()) != 2 || got.GetFlowPeers()[0].GetName() != "n2" || got.GetFlowPeers()[1].GetName() != "n3" {
+		t.Fatalf("n1 after n2 joined: %v", got)
+	}
+
+	labelled := node("n3", 13)
+	labelled.Labels = map[string]string{"rack": "r2"}
+	labelled.ResourceVersion = 0
+	updated, err := reg.Nodes.Update(labelled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.catchUp(ctx, updated.ResourceVersion); err != nil {
+		t.Fatal(err)
+	}
+	if msg, _ := client.Next(); msg.GetNode() != nil {
+		t.Errorf("a label on n3 sent n1 its node again: %v", msg.GetNode())
+	}
+}
