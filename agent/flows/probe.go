@@ -24,14 +24,17 @@ import (
 	"golang.org/x/net/ipv4"
 )
 
-// Probe timing: a node that answered none of the probes of the last
-// second is passed over. Passing over a node that is alive loses the
-// connections it holds, so the deadline leaves room for a busy machine,
-// and a prober that was not scheduled for a while (its own ticks late)
-// starts counting again rather than blame its peers.
+// Probe timing: a node that answered none of the probes of the last two
+// seconds is passed over. Passing over a node that is alive loses the
+// connections it holds, so the deadline leaves room for a busy machine
+// (in the lab, a loaded machine delayed answers by over a second), and a
+// prober that was not scheduled for a while (its own ticks late) starts
+// counting again rather than blame its peers. Two seconds stay within
+// TCP's first retransmissions (0.2 + 0.4 + 0.8 + 1.6 s), so a connection
+// whose packets a dead node swallowed meanwhile goes on.
 const (
 	probeInterval = 200 * time.Millisecond
-	probeDeadline = 5 * probeInterval
+	probeDeadline = 10 * probeInterval
 )
 
 // probeTarget is a next node the probe asks.
@@ -103,6 +106,15 @@ func (f *Flows) Run(ctx context.Context) {
 				f.restartClock(now)
 			}
 			last = now
+			// Answers already read count before any judgement.
+			for drained := false; !drained; {
+				select {
+				case a := <-answered:
+					f.answered(a, now)
+				default:
+					drained = true
+				}
+			}
 		}
 		src, srcMAC, targets := f.probeTargets()
 		if len(targets) == 0 || !src.IsValid() {

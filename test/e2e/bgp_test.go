@@ -498,26 +498,29 @@ func TestDrainBehindAnECMPRouter(t *testing.T) {
 	c, r := startBGPCluster(t)
 	ctx := context.Background()
 	node1, node2 := c.Nodes[0], c.Nodes[1]
-	createService(t, c, lbService("drained", 30113, []string{"10.96.0.73"}, []string{"203.0.113.73"}), c.Pods())
+	createService(t, c, lbService("drained", 30113, []string{"10.96.0.73", "fd00:96::73"}, []string{"203.0.113.73", "2001:db8:113::73"}), c.Pods())
 	waitNextHops(t, r, "203.0.113.73", node1.IPv4.String(), node2.IPv4.String())
+	waitNextHops(t, r, "2001:db8:113::73", node1.IPv6.String(), node2.IPv6.String())
 	// Hash on ports too, so that one client's connections spread.
-	if _, err := c.Router.Run(ctx, "sysctl", "-w", "net.ipv4.fib_multipath_hash_policy=1"); err != nil {
-		t.Fatal(err)
-	}
-	dst := netip.MustParseAddrPort("203.0.113.73:80")
-	const n = 60
-	var conns []*keepAlive
-	for range n {
-		k, err := dialKeepAlive(ctx, c.Client, dst)
-		if err != nil {
+	for _, sysctl := range []string{"net.ipv4.fib_multipath_hash_policy=1", "net.ipv6.fib_multipath_hash_policy=1"} {
+		if _, err := c.Router.Run(ctx, "sysctl", "-w", sysctl); err != nil {
 			t.Fatal(err)
 		}
-		defer k.Close()
-		conns = append(conns, k)
 	}
-	for i, k := range conns {
-		if err := k.Request(); err != nil {
-			t.Fatalf("connection %d before the drain: %v", i, err)
+	dsts := []netip.AddrPort{netip.MustParseAddrPort("203.0.113.73:80"), netip.MustParseAddrPort("[2001:db8:113::73]:80")}
+	const n = 60
+	conns := map[netip.AddrPort][]*keepAlive{}
+	for _, dst := range dsts {
+		for i := range n {
+			k, err := dialKeepAlive(ctx, c.Client, dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer k.Close()
+			if err := k.Request(); err != nil {
+				t.Fatalf("connection %d to %s before the drain: %v", i, dst, err)
+			}
+			conns[dst] = append(conns[dst], k)
 		}
 	}
 
@@ -525,19 +528,26 @@ func TestDrainBehindAnECMPRouter(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitNextHops(t, r, "203.0.113.73", node2.IPv4.String())
-	broken := 0
-	for _, k := range conns {
-		if k.Request() != nil {
-			broken++
+	waitNextHops(t, r, "2001:db8:113::73", node2.IPv6.String())
+	for _, dst := range dsts {
+		broken := 0
+		for _, k := range conns[dst] {
+			if k.Request() != nil {
+				broken++
+			}
 		}
-	}
-	t.Logf("draining node1 broke %d of %d established connections through the router", broken, n)
-	if broken > 0 {
-		t.Errorf("%d of %d established connections broke", broken, n)
-	}
-	for i := range 20 {
-		if _, err := weirlab.Get(ctx, c.Client, dst); err != nil {
-			t.Errorf("new connection %d after the drain: %v", i, err)
+		moved := len(conntrackPorts(t, node2, dst.Addr(), false))
+		t.Logf("draining node1 broke %d of %d established connections to %s through the router (%d moved to node2)", broken, n, dst, moved)
+		if broken > 0 {
+			t.Errorf("%s: %d of %d established connections broke", dst, broken, n)
+		}
+		if moved == 0 {
+			t.Errorf("%s: no connection moved to node2: the drain tested nothing", dst)
+		}
+		for i := range 20 {
+			if _, err := weirlab.Get(ctx, c.Client, dst); err != nil {
+				t.Errorf("new connection %d to %s after the drain: %v", i, dst, err)
+			}
 		}
 	}
 }

@@ -130,7 +130,11 @@ func (l *longLived) Stop() (int, []string) {
 // that a DNAT rewrote (dnat) or that none did (!dnat).
 func conntrackPorts(t *testing.T, n *lab.Node, vip netip.Addr, dnat bool) []string {
 	t.Helper()
-	out, err := n.Run(context.Background(), "conntrack", "-L", "-p", "tcp", "-d", vip.String(), "--dport", "80")
+	family := "ipv4"
+	if vip.Is6() {
+		family = "ipv6"
+	}
+	out, err := n.Run(context.Background(), "conntrack", "-L", "-f", family, "-p", "tcp", "-d", vip.String(), "--dport", "80")
 	if err != nil {
 		t.Fatal(err)
 	}
