@@ -474,6 +474,9 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 		tx.Delete(obj)
 		tx.Add(obj)
 	}
+	for _, c := range flowCounters(d.cfg) {
+		tx.Add(c) // an existing counter keeps its count
+	}
 	for _, c := range tableChains(*f, d.cfg, next) {
 		tx.Add(c.chain)
 		if c.base() {
@@ -605,6 +608,9 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	tx.Add(table)
 	for _, obj := range tableSets(*f, g) {
 		tx.Add(obj)
+	}
+	for _, c := range flowCounters(d.cfg) {
+		tx.Add(c)
 	}
 	chains := tableChains(*f, d.cfg, g)
 	for _, c := range chains {
@@ -811,4 +817,48 @@ func nodeInfoEqual(a, b NodeInfo) bool {
 		slices.EqualFunc(a.Advertisements, b.Advertisements, BGPAdvertisement.Equal) && slices.Equal(a.ServiceCIDRs, b.ServiceCIDRs) &&
 		slices.EqualFunc(a.L2Pools, b.L2Pools, L2Pool.Equal) && a.FlowRing == b.FlowRing &&
 		slices.EqualFunc(a.FlowPeers, b.FlowPeers, FlowPeer.Equal)
+}
+
+// FlowCounts is what the rules of moved connections counted on this node,
+// both families together, since its table was made.
+type FlowCounts struct {
+	// PassedPackets and PassedConnections were passed on to the next
+	// node of the ring.
+	PassedPackets, PassedConnections uint64
+	// TakenPackets were passed here by peers and served here, the node
+	// holding their connection: by how many nodes they crossed, 1, 2, 3,
+	// and 4 or more.
+	TakenPackets [4]uint64
+	// UnownedPackets went round the ring (or found no ring) and were
+	// served here as new: their endpoint refuses them.
+	UnownedPackets uint64
+}
+
+// FlowCounts reads the counters of moved connections. It does not wait
+// for an apply in progress: the counters are read from the kernel.
+func (d *Datapath) FlowCounts(ctx context.Context) (FlowCounts, error) {
+	var out FlowCounts
+	if d.cfg.Flows == nil {
+		return out, nil
+	}
+	slot := map[string]*uint64{
+		counterPassedPackets: &out.PassedPackets, counterPassedConnections: &out.PassedConnections,
+		counterTaken1: &out.TakenPackets[0], counterTaken2: &out.TakenPackets[1], counterTaken3: &out.TakenPackets[2], counterTakenMore: &out.TakenPackets[3],
+		counterUnowned: &out.UnownedPackets,
+	}
+	for _, f := range d.families() {
+		counters, err := d.nft[f][0].ListCounters(ctx)
+		if err != nil && !knftables.IsNotFound(err) {
+			return FlowCounts{}, fmt.Errorf("counters of the %s table: %w", f, err)
+		}
+		for _, c := range counters {
+			if c == nil {
+				continue // knftables' Fake lists some
+			}
+			if p := slot[c.Name]; p != nil && c.Packets != nil {
+				*p += *c.Packets
+			}
+		}
+	}
+	return out, nil
 }

@@ -70,3 +70,122 @@ func TestFlowTTLsFollowTheRing(t *testing.T) {
 		})
 	}
 }
+
+// A packet of an established connection that a router moved here: passed
+// on unchanged (but for its TTL) while the ring has a node it has not met,
+// served here once it went round, and counted either way; a packet of a
+// connection this node holds is served here, counted by the nodes it
+// crossed when a peer passed it.
+func TestMovedPacketsArePassedOnAndCounted(t *testing.T) {
+	ctx := context.Background()
+	peer := FlowPeer{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12"), netip.MustParseAddr("2001:db8::12")}}
+	vip := netip.AddrPortFrom(lbIP, 80)
+	endpoint := netip.MustParseAddrPort("10.244.1.11:8080")
+	both := []string{"10.244.1.11:8080", "10.244.2.11:8080"}
+	for _, tc := range []struct {
+		name string
+		ring int
+		pkt  packet
+		want verdict
+	}{{
+		name: "a moved packet's first arrival from the uplink",
+		ring: 4,
+		pkt:  packet{iif: uplink, midFlow: true},
+		want: verdict{PassedOn: true, PassedTTL: FlowTTL, Counted: []string{counterPassedConnections, counterPassedPackets}},
+	}, {
+		name: "a later packet of a connection passed on",
+		ring: 4,
+		pkt:  packet{iif: uplink, midFlow: true, entered: true},
+		want: verdict{PassedOn: true, PassedTTL: FlowTTL, Counted: []string{counterPassedPackets}},
+	}, {
+		name: "from a peer, with nodes of the ring left: on, its TTL kept",
+		ring: 4,
+		pkt:  packet{iif: "weir-flows", midFlow: true, ttl: FlowTTL - 2},
+		want: verdict{PassedOn: true, PassedTTL: FlowTTL - 2, Counted: []string{counterPassedConnections, counterPassedPackets}},
+	}, {
+		name: "from a peer, round the ring: served here, counted as unowned",
+		ring: 2,
+		pkt:  packet{iif: "weir-flows", midFlow: true, ttl: FlowTTL - 1},
+		want: verdict{Endpoints: both, Masqueraded: both, Counted: []string{counterUnowned}},
+	}, {
+		name: "no ring: served here, counted as unowned",
+		ring: 0,
+		pkt:  packet{iif: uplink, midFlow: true},
+		want: verdict{Endpoints: both, Masqueraded: both, Counted: []string{counterUnowned}},
+	}, {
+		name: "held here, passed by the next node",
+		ring: 4,
+		pkt:  packet{iif: "weir-flows", midFlow: true, heldBy: endpoint, ttl: FlowTTL - 1},
+		want: verdict{Endpoints: []string{endpoint.String()}, Counted: []string{counterTaken1}},
+	}, {
+		name: "held here, passed by three nodes",
+		ring: 4,
+		pkt:  packet{iif: "weir-flows", midFlow: true, heldBy: endpoint, ttl: FlowTTL - 3},
+		want: verdict{Endpoints: []string{endpoint.String()}, Counted: []string{counterTaken3}},
+	}, {
+		name: "held here, passed by many",
+		ring: 40,
+		pkt:  packet{iif: "weir-flows", midFlow: true, heldBy: endpoint, ttl: FlowTTL - 30},
+		want: verdict{Endpoints: []string{endpoint.String()}, Counted: []string{counterTakenMore}},
+	}, {
+		name: "held here, from the uplink: nothing to count",
+		ring: 4,
+		pkt:  packet{iif: uplink, midFlow: true, heldBy: endpoint},
+		want: verdict{Endpoints: []string{endpoint.String()}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dp, v4, _ := newConfiguredFakeDatapath(Config{Flows: &FlowRedirect{Interface: "weir-flows"}})
+			var peers []FlowPeer
+			if tc.ring > 0 {
+				peers = []FlowPeer{peer}
+			}
+			if err := dp.Apply(ctx, flowsState(tc.ring, peers...)); err != nil {
+				t.Fatal(err)
+			}
+			pkt := tc.pkt
+			pkt.src, pkt.proto, pkt.dst = externalSource, "tcp", vip
+			if diff := cmp.Diff(tc.want, traceFlow(t, v4, pkt)); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// FlowCounts adds up both families' counters, and a full sync keeps what
+// they counted.
+func TestFlowCountsSurviveFullSyncs(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, v6 := newConfiguredFakeDatapath(Config{Flows: &FlowRedirect{Interface: "weir-flows"}})
+	st := flowsState(2, FlowPeer{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12")}})
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	count := func(fake *knftables.Fake, name string, n uint64) {
+		c := fake.Table.Counters[name]
+		if c == nil {
+			t.Fatalf("no counter %s in the %s table", name, fake.Table.Family)
+		}
+		c.Packets = knftables.PtrTo(n)
+	}
+	count(v4, counterPassedPackets, 10)
+	count(v6, counterPassedPackets, 5)
+	count(v4, counterPassedConnections, 2)
+	count(v4, counterTaken1, 7)
+	count(v6, counterTakenMore, 1)
+	count(v4, counterUnowned, 3)
+	want := FlowCounts{PassedPackets: 15, PassedConnections: 2, TakenPackets: [4]uint64{7, 0, 0, 1}, UnownedPackets: 3}
+	if err := dp.Resync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := dp.FlowCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("counts after a full sync (-want +got):\n%s", diff)
+	}
+	plain, _, _ := newConfiguredFakeDatapath(Config{})
+	if got, err := plain.FlowCounts(ctx); err != nil || got != (FlowCounts{}) {
+		t.Errorf("without redirection: %+v, %v; want nothing", got, err)
+	}
+}

@@ -434,6 +434,14 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 	}
 	dev := "iifname " + strconv.Quote(fl.Interface)
 	return []chainSpec{
+		// Packets a peer passed here that this node holds the
+		// connection of, counted by how many nodes they crossed: a
+		// peer sets the TTL to FlowTTL and each crossing lowers it.
+		regularChain("moved_taken",
+			f.ttl+" "+strconv.Itoa(FlowTTL-1)+" "+countStatement(counterTaken1)+" return",
+			f.ttl+" "+strconv.Itoa(FlowTTL-2)+" "+countStatement(counterTaken2)+" return",
+			f.ttl+" "+strconv.Itoa(FlowTTL-3)+" "+countStatement(counterTaken3)+" return",
+			countStatement(counterTakenMore)),
 		regularChain("moved_flows",
 			frontend+" "+g.ref(masqueradeFrontendsSet)+" goto pass_flow",
 			frontend+" "+g.ref(localFrontendsSet)+" goto pass_flow"),
@@ -444,9 +452,13 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 			exempt,
 			[]string{
 				"iifname != " + strconv.Quote(fl.Interface) + " " + f.ttl + " set " + strconv.Itoa(FlowTTL),
-				f.ttl + " " + g.ref(flowTTLsSet) + " meta mark set meta mark | " + fmt.Sprintf("%#x", fl.Mark) + " accept",
-				// Round the ring, or no ring: served here.
-				"accept",
+				// The first packet of an entry: one more connection
+				// passed on.
+				"ct status ! confirmed " + f.ttl + " " + g.ref(flowTTLsSet) + " " + countStatement(counterPassedConnections),
+				f.ttl + " " + g.ref(flowTTLsSet) + " meta mark set meta mark | " + fmt.Sprintf("%#x", fl.Mark) + " " + countStatement(counterPassedPackets) + " accept",
+				// Round the ring, or no ring: served here, and
+				// refused by the endpoint.
+				countStatement(counterUnowned) + " accept",
 			})...),
 		// What peers send through the interface: moved packets, the SYNs
 		// of the next rule, and the probes that tell them this node
@@ -457,6 +469,7 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 			frontend+" "+g.ref(localFrontendsSet)+" return",
 			"drop"),
 		{baseChain("flows_prerouting", knftables.FilterType, knftables.PreroutingHook, "-120"), []string{
+			"ct status dnat " + dev + " goto moved_taken",
 			"ct status dnat return",
 			"tcp flags & syn == 0 jump moved_flows",
 			// A SYN that an entry of a connection this node passed on
@@ -468,6 +481,32 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 		}},
 	}
 }
+
+// The named counters of moved connections (see FlowCounts): not of a
+// generation, so that a full sync keeps what they counted.
+const (
+	counterPassedPackets     = "moved_passed_packets"
+	counterPassedConnections = "moved_passed_connections"
+	counterTaken1            = "moved_taken_packets_1_hop"
+	counterTaken2            = "moved_taken_packets_2_hops"
+	counterTaken3            = "moved_taken_packets_3_hops"
+	counterTakenMore         = "moved_taken_packets_more_hops"
+	counterUnowned           = "moved_unowned_packets"
+)
+
+// flowCounters are the counters the rules of moved connections use.
+func flowCounters(cfg Config) []*knftables.Counter {
+	if cfg.Flows == nil {
+		return nil
+	}
+	var out []*knftables.Counter
+	for _, name := range []string{counterPassedPackets, counterPassedConnections, counterTaken1, counterTaken2, counterTaken3, counterTakenMore, counterUnowned} {
+		out = append(out, &knftables.Counter{Name: name})
+	}
+	return out
+}
+
+func countStatement(name string) string { return "counter name " + strconv.Quote(name) }
 
 func baseChain(name string, typ knftables.BaseChainType, hook knftables.BaseChainHook, prio knftables.BaseChainPriority) *knftables.Chain {
 	return &knftables.Chain{Name: name, Type: &typ, Hook: &hook, Priority: &prio}

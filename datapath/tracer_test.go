@@ -20,13 +20,22 @@ import (
 // rule shows up as a wrong verdict. It understands the nftables grammar
 // the datapath writes (and fails the test on anything else).
 
-// packet is the first packet of a new connection.
+// packet is the first packet of a new connection, or, with midFlow, a
+// later packet of an established TCP connection.
 type packet struct {
 	src   netip.Addr
 	iif   string // input interface; "" for the node's own traffic (output hook)
 	proto string // tcp, udp, sctp
 	dst   netip.AddrPort
 	mark  uint32 // the socket's mark, for the node's own traffic
+	// midFlow: a TCP packet without SYN. held: this node DNAT'ed the
+	// connection, to heldBy (its entry says so; NAT chains are not
+	// run). entered: the node has an entry for it already (confirmed),
+	// without DNAT, from an earlier packet it passed on. ttl: as it
+	// arrives (0: 64).
+	midFlow, entered bool
+	heldBy           netip.AddrPort
+	ttl              int
 }
 
 // verdict is where a new connection ends up.
@@ -37,6 +46,12 @@ type verdict struct {
 	// Masqueraded is the endpoints (of Endpoints) whose connection leaves
 	// with the node's address as its source.
 	Masqueraded []string
+	// PassedOn: the packet leaves, unchanged but for its TTL (PassedTTL),
+	// marked for the next node of the ring of moved connections.
+	PassedOn  bool
+	PassedTTL int
+	// Counted is the named counters the packet went through.
+	Counted []string
 }
 
 // The node the tracer runs on: its own addresses ("fib type local"), and
@@ -112,11 +127,15 @@ func traceRemembering(t *testing.T, fake *knftables.Fake, pkt packet, remembered
 	var v verdict
 	choices := 1
 	for choice := 0; choice < choices; choice++ {
-		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: pkt.dst, mark: pkt.mark, remembered: remembered, added: memory{}}
+		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: cmp.Or(pkt.heldBy, pkt.dst), mark: pkt.mark, remembered: remembered, added: memory{}, ttl: cmp.Or(pkt.ttl, 64)}
 		w.run()
 		if choice == 0 {
 			choices = max(w.choices, 1)
 			v.Rejected, v.Dropped = w.end == endReject, w.end == endDrop
+			v.Counted = w.counted
+			if w.mark&DefaultFlowMark != 0 && w.end == endPass {
+				v.PassedOn, v.PassedTTL = true, w.ttl
+			}
 		} else if (w.end == endReject) != v.Rejected || (w.end == endDrop) != v.Dropped {
 			t.Fatalf("trace %s -> %s: random choice %d ends %v, choice 0 did not", pkt.src, pkt.dst, choice, w.end)
 		}
@@ -171,6 +190,10 @@ type walker struct {
 	remembered, added memory
 	// trail is every rule that matched or led on, for failure messages.
 	trail []string
+	// ttl is the packet's TTL as the rules set it; counted, the named
+	// counters the walk went through.
+	ttl     int
+	counted []string
 }
 
 // run crosses the hooks: prerouting, then input or forward (decided after
@@ -208,7 +231,8 @@ func (w *walker) run() {
 func (w *walker) runHook(hook knftables.BaseChainHook) bool {
 	var chains []*knftables.FakeChain
 	for _, c := range w.tbl.Chains {
-		if c.Hook != nil && *c.Hook == hook {
+		// The NAT chains see only a connection's first packet.
+		if c.Hook != nil && *c.Hook == hook && !(*c.Type == knftables.NATType && (w.pkt.midFlow && w.pkt.heldBy.IsValid() || w.pkt.entered)) {
 			chains = append(chains, c)
 		}
 	}
@@ -324,7 +348,18 @@ func (w *walker) runRule(chain, rule string) (o outcome, final bool) {
 			w.trail = append(w.trail, chain+": "+rule)
 		case "counter":
 			r.take()
+			if r.peek() == "name" {
+				r.take()
+				name, err := strconv.Unquote(r.take())
+				if err != nil || w.tbl.Counters[name] == nil {
+					r.fail("counter %q is not the table's", name)
+				}
+				w.counted = append(w.counted, name)
+			}
 		default:
+			if r.ttlStatement() {
+				continue
+			}
 			if r.markStatement() {
 				continue
 			}
@@ -441,6 +476,8 @@ func (r *ruleReader) selector() value {
 			return addr(p.src)
 		case "daddr":
 			return addr(w.dst.Addr())
+		case "ttl", "hoplimit":
+			return value{s: strconv.Itoa(w.ttl)}
 		}
 	case "meta":
 		switch r.take() {
@@ -463,7 +500,10 @@ func (r *ruleReader) selector() value {
 			if p.proto != "tcp" {
 				return value{s: "no tcp header"}
 			}
-			return value{s: "2"}
+			if p.midFlow {
+				return value{s: "0"}
+			}
+			return value{s: "syn"}
 		}
 		r.expect("dport")
 		if tok != "th" && tok != p.proto {
@@ -473,10 +513,29 @@ func (r *ruleReader) selector() value {
 	case "ct":
 		switch r.take() {
 		case "state":
+			if p.midFlow && p.heldBy.IsValid() {
+				return value{s: "established"}
+			}
 			return value{s: "new"}
+		case "direction":
+			return value{s: "original"}
 		case "status":
-			if w.dst != p.dst {
-				return value{s: "dnat"}
+			// The one status bit the rule tests, set or not.
+			bit := r.peek()
+			if bit == "!" || bit == "==" || bit == "!=" {
+				bit = r.toks[1]
+			}
+			set := false
+			switch bit {
+			case "dnat":
+				set = w.dst != p.dst || p.heldBy.IsValid()
+			case "confirmed":
+				set = p.entered || p.heldBy.IsValid()
+			default:
+				r.fail("ct status %s", bit)
+			}
+			if set {
+				return value{s: bit}
 			}
 			return value{s: "none"}
 		}
@@ -525,7 +584,7 @@ func (r *ruleReader) match(vals []value) bool {
 	switch r.peek() {
 	case "==":
 		r.take()
-	case "!=":
+	case "!=", "!":
 		r.take()
 		negate = true
 	}
@@ -613,6 +672,16 @@ func (r *ruleReader) markStatement() bool {
 	return true
 }
 
+// ttlStatement reads "ip ttl set N" (ip6 hoplimit).
+func (r *ruleReader) ttlStatement() bool {
+	if len(r.toks) < 4 || (r.toks[0] != "ip" && r.toks[0] != "ip6") || (r.toks[1] != "ttl" && r.toks[1] != "hoplimit") || r.toks[2] != "set" {
+		return false
+	}
+	r.w.ttl = int(r.number(r.toks[3]))
+	r.toks = r.toks[4:]
+	return true
+}
+
 // dnat reads "dnat ip to ADDR:PORT" or "dnat ip to EXPR map @m".
 func (r *ruleReader) dnat() {
 	r.expect("dnat")
@@ -668,6 +737,13 @@ func partsMatch(parts []string, vals []value) bool {
 
 func elementPartMatches(v value, part string) bool {
 	if !v.addr.IsValid() {
+		// A number in a range ("253-255").
+		if lo, hi, ok := strings.Cut(part, "-"); ok {
+			n, err := strconv.Atoi(v.s)
+			l, err1 := strconv.Atoi(lo)
+			h, err2 := strconv.Atoi(hi)
+			return err == nil && err1 == nil && err2 == nil && l <= n && n <= h
+		}
 		return v.s == part
 	}
 	if p, err := netip.ParsePrefix(part); err == nil {
