@@ -438,7 +438,52 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 		b.WriteString("\n")
 		section(&b, "BGP sessions", []string{"PEER", "ASN", "STATE", "UP", "FAMILIES", "LAST ERROR"}, rows)
 	}
+	if m := n.GetMovedConnections(); m != nil {
+		// Only nodes that pass moved connections on have this section.
+		b.WriteString("\nMoved Connections:\n")
+		counted := a.ago(m.GetCountedAt())
+		if stale := a.staleSince(n); stale != "" {
+			counted += ", agent " + stale
+		}
+		fields(&b, "  ",
+			"Next Node", orNone(m.GetNextNode()),
+			"Not Answering", list(m.GetNotAnswering()),
+			"Passed On", fmt.Sprintf("%s, %s", plural(m.GetPassedPackets(), "packet"), plural(m.GetPassedConnections(), "connection")),
+			"Taken From Peers", takenByHops(m.GetTakenPacketsByHops()),
+			"Unowned", plural(m.GetUnownedPackets(), "packet")+" (round the ring: refused)",
+			"Counted", counted,
+		)
+	}
 	return b.String(), nil
+}
+
+// plural is "1 packet", "2 packets".
+func plural(n uint64, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return strconv.FormatUint(n, 10) + " " + what + "s"
+}
+
+// takenByHops is "9 packets (1 hop: 5, 2: 4, 3: 0, 4+: 0)".
+func takenByHops(byHops []uint64) string {
+	var total uint64
+	var parts []string
+	for i, n := range byHops {
+		total += n
+		hops := strconv.Itoa(i + 1)
+		if i == len(byHops)-1 {
+			hops += "+"
+		}
+		if i == 0 {
+			hops += " hop"
+		}
+		parts = append(parts, hops+": "+strconv.FormatUint(n, 10))
+	}
+	if len(parts) == 0 {
+		return plural(0, "packet")
+	}
+	return plural(total, "packet") + " (" + strings.Join(parts, ", ") + ")"
 }
 
 // metaFields are the fields every resource's page starts with.

@@ -96,6 +96,8 @@ type env struct {
 	// announcements its agent reports.
 	bgp       map[string][]*weirv1.BgpSession
 	announced map[string][]*weirv1.BgpAnnouncement
+	// moved is, per node, what its agent reports of moved connections.
+	moved map[string]*weirv1.MovedConnections
 }
 
 func newEnv(t *testing.T) *env {
@@ -519,6 +521,7 @@ func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealt
 		Services:         services,
 		LastSyncDuration: durationpb.New(1500 * time.Microsecond),
 		Bgp:              &weirv1.BgpSessions{Sessions: e.bgp[node], Announcements: e.announced[node]},
+		MovedConnections: e.moved[node],
 	}}})
 	sendMu.Unlock()
 	st := weirv1.NewStatusServiceClient(e.srv.Conn)
@@ -667,6 +670,32 @@ Services with health checks:
   SERVICE      PORT    HEALTH CHECK   LOCAL READY   EXTERNAL TRAFFIC   REASON
   default/lb   32000   -              -             no                 Disconnected
 `)
+}
+
+// A node that passes moved connections on says where to and what its
+// rules counted; one that does not has no such section.
+func TestDescribeNodeMovedConnections(t *testing.T) {
+	e := lbEnv(t)
+	e.moved = map[string]*weirv1.MovedConnections{"node1": {NextNode: "node2", NotAnswering: []string{"node3"}, PassedPackets: 1,
+		PassedConnections: 1, TakenPacketsByHops: []uint64{5, 4, 0, 2}, UnownedPackets: 3, CountedAt: timestamppb.New(e.now.Add(-4 * time.Second))}}
+	e.agent("node1", 200, lbHealth(200, 1))
+	e.agent("node2", 200, lbHealth(200, 1))
+	out := e.mustLbctl("", "describe", "node", "node1")
+	_, moved, ok := strings.Cut(out, "\nMoved Connections:\n")
+	if !ok {
+		t.Fatalf("describe node node1 has no Moved Connections section:\n%s", out)
+	}
+	golden(t, "describe node node1, moved connections", moved, `
+  Next Node:          node2
+  Not Answering:      node3
+  Passed On:          1 packet, 1 connection
+  Taken From Peers:   11 packets (1 hop: 5, 2: 4, 3: 0, 4+: 2)
+  Unowned:            3 packets (round the ring: refused)
+  Counted:            4s ago
+`)
+	if out := e.mustLbctl("", "describe", "node", "node2"); strings.Contains(out, "Moved Connections") {
+		t.Errorf("node2 reports nothing of moved connections, yet:\n%s", out)
+	}
 }
 
 func TestStatus(t *testing.T) {

@@ -29,6 +29,9 @@ func EncodeReport(r *report.Report) *weirv1.Report {
 	if r.BGP != nil {
 		out.Bgp = &weirv1.BgpSessions{Sessions: EncodeSessions(r.BGP.Sessions), Announcements: EncodeAnnouncements(r.BGP.Announcements)}
 	}
+	if r.Moved != nil {
+		out.MovedConnections = EncodeMoved(*r.Moved)
+	}
 	for _, s := range r.Services {
 		out.Services = append(out.Services, &weirv1.ServiceHealth{
 			Namespace: s.Namespace, Name: s.Name,
@@ -51,6 +54,10 @@ func DecodeReport(r *weirv1.Report) *report.Report {
 	if b := r.GetBgp(); b != nil {
 		out.BGP = &report.BGPReport{Sessions: DecodeSessions(b.GetSessions()), Announcements: DecodeAnnouncements(b.GetAnnouncements())}
 	}
+	if m := r.GetMovedConnections(); m != nil {
+		moved := DecodeMoved(m)
+		out.Moved = &moved
+	}
 	for _, s := range r.GetServices() {
 		p := s.GetHealthCheckNodePort()
 		if p < 0 || p > 65535 {
@@ -61,6 +68,24 @@ func DecodeReport(r *weirv1.Report) *report.Report {
 			LocalReady: int(s.GetLocalReady()), LocalServing: int(s.GetLocalServing()), LocalTerminating: int(s.GetLocalTerminating()),
 			HealthCheckNodePort: uint16(p), HealthCheckCode: int(s.GetHealthCheckCode()), HealthCheckError: s.GetHealthCheckError(),
 		})
+	}
+	return out
+}
+
+// EncodeMoved is the wire form of what a node did with moved connections.
+func EncodeMoved(m report.MovedReport) *weirv1.MovedConnections {
+	return &weirv1.MovedConnections{NextNode: m.Next, NotAnswering: m.NotAnswering, PassedPackets: m.PassedPackets,
+		PassedConnections: m.PassedConnections, TakenPacketsByHops: m.TakenPackets[:], UnownedPackets: m.UnownedPackets,
+		CountedAt: timestamp(m.CountedAt)}
+}
+
+// DecodeMoved reads what a node did with moved connections; counts by
+// hops beyond the four it knows are added to the last.
+func DecodeMoved(m *weirv1.MovedConnections) report.MovedReport {
+	out := report.MovedReport{Next: m.GetNextNode(), NotAnswering: m.GetNotAnswering(), PassedPackets: m.GetPassedPackets(),
+		PassedConnections: m.GetPassedConnections(), UnownedPackets: m.GetUnownedPackets(), CountedAt: timeOf(m.GetCountedAt())}
+	for i, n := range m.GetTakenPacketsByHops() {
+		out.TakenPackets[min(i, len(out.TakenPackets)-1)] += n
 	}
 	return out
 }

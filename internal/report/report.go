@@ -6,6 +6,7 @@ package report
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -35,6 +36,35 @@ type Report struct {
 	LastSync time.Duration
 	// BGP is every session of the node's speaker, when they changed.
 	BGP *BGPReport
+	// Moved is what the node did with moved connections' packets, when
+	// it changed; nil on a node that does not pass them on.
+	Moved *MovedReport
+}
+
+// MovedReport is what a node's rules did with the packets of established
+// connections that a router moved (agent/flows), with the kernel's counts
+// since the node's table was made.
+type MovedReport struct {
+	// Next is the node the packets go to now; "" when none can be
+	// reached. NotAnswering are next nodes passed over.
+	Next         string   `json:",omitempty"`
+	NotAnswering []string `json:",omitempty"`
+	// Passed on to the next node.
+	PassedPackets, PassedConnections uint64
+	// TakenPackets were passed here by peers and served here, by the
+	// nodes they crossed: 1, 2, 3, 4 or more.
+	TakenPackets [4]uint64
+	// UnownedPackets went round the ring (or found none) and were served
+	// here as new, to be refused by their endpoint.
+	UnownedPackets uint64
+	CountedAt      time.Time
+}
+
+// Equal reports whether two reports say the same, apart from when.
+func (m MovedReport) Equal(o MovedReport) bool {
+	m.CountedAt, o.CountedAt = time.Time{}, time.Time{}
+	return m.Next == o.Next && slices.Equal(m.NotAnswering, o.NotAnswering) && m.PassedPackets == o.PassedPackets &&
+		m.PassedConnections == o.PassedConnections && m.TakenPackets == o.TakenPackets && m.UnownedPackets == o.UnownedPackets
 }
 
 // BGPReport is the node speaker's sessions and what it announces.
@@ -80,5 +110,8 @@ func (r *Report) Merge(o *Report) {
 	r.LastSync = max(r.LastSync, o.LastSync)
 	if o.BGP != nil {
 		r.BGP = o.BGP
+	}
+	if o.Moved != nil {
+		r.Moved = o.Moved
 	}
 }

@@ -205,9 +205,19 @@ func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 			L2Addresses:         uint32(owned[n.Node]),
 			AgentVersion:        n.AgentVersion,
 			CertificateNotAfter: timestamp(n.CertificateNotAfter),
+			MovedConnections:    movedConnections(n),
 		})
 	}
 	return out
+}
+
+// movedConnections is unset for a node that does not pass moved
+// connections on (no report of them).
+func movedConnections(n observed.Node) *weirv1.MovedConnections {
+	if n.Moved.CountedAt.IsZero() && n.Moved.Next == "" {
+		return nil
+	}
+	return nodewire.EncodeMoved(n.Moved)
 }
 
 // GetServiceStatus tells, per node, what it sees of the service and

@@ -46,6 +46,10 @@ type Node struct {
 	BGPSessions []report.BGPSession `json:"-"`
 	// BGPAnnouncements are what the node's speaker announces, by prefix.
 	BGPAnnouncements []report.BGPAnnouncement `json:"-"`
+	// Moved is what the node did with moved connections' packets, as
+	// last reported; zero when it does not pass them on (and then left
+	// out of what replicas share).
+	Moved report.MovedReport `json:",omitzero"`
 }
 
 // ProgrammedVersion is the highest store revision such that everything up
@@ -98,6 +102,12 @@ func (n *Node) Record(r *report.Report) {
 			bgp = *r.BGP
 		}
 		n.BGPSessions, n.BGPAnnouncements = bgp.Sessions, bgp.Announcements
+	}
+	if r.Full || r.Moved != nil {
+		n.Moved = report.MovedReport{}
+		if r.Moved != nil {
+			n.Moved = *r.Moved
+		}
 	}
 	if r.Full || n.Services == nil {
 		n.Services = map[string]Service{}

@@ -185,6 +185,12 @@ func run() error {
 	}
 
 	observers := syncer.Observers{nodeHealth}
+	if *passFlows {
+		movedReport := flows.NewReporter(moved, dp)
+		reg.MustRegister(movedReport)
+		go movedReport.Run(ctx)
+		observers = append(observers, movedReport)
+	}
 	if *bgpASN != 0 {
 		// Rules left by the agent before this one still forward: tell
 		// graceful-restart routers so, and they keep the routes they hold.

@@ -617,9 +617,13 @@ type Report struct {
 	LastSyncDuration *durationpb.Duration `protobuf:"bytes,5,opt,name=last_sync_duration,json=lastSyncDuration,proto3" json:"last_sync_duration,omitempty"`
 	// The node's BGP sessions, whole, when they changed (and in a full
 	// report); absent when unchanged.
-	Bgp           *BgpSessions `protobuf:"bytes,6,opt,name=bgp,proto3" json:"bgp,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Bgp *BgpSessions `protobuf:"bytes,6,opt,name=bgp,proto3" json:"bgp,omitempty"`
+	// What the node did with the packets of connections a router moved,
+	// when it changed (and in a full report); absent when the node does not
+	// pass moved connections on.
+	MovedConnections *MovedConnections `protobuf:"bytes,7,opt,name=moved_connections,json=movedConnections,proto3" json:"moved_connections,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Report) Reset() {
@@ -694,6 +698,116 @@ func (x *Report) GetBgp() *BgpSessions {
 	return nil
 }
 
+func (x *Report) GetMovedConnections() *MovedConnections {
+	if x != nil {
+		return x.MovedConnections
+	}
+	return nil
+}
+
+// MovedConnections is what one node's rules did with the packets of
+// established connections that a router moved (docs/operations.md,
+// "Connections a router moves"). The counts are the kernel's, since the
+// node's table was made.
+type MovedConnections struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node the packets go to now; empty when none can be reached.
+	NextNode string `protobuf:"bytes,1,opt,name=next_node,json=nextNode,proto3" json:"next_node,omitempty"`
+	// Next nodes passed over because they stopped answering probes.
+	NotAnswering []string `protobuf:"bytes,2,rep,name=not_answering,json=notAnswering,proto3" json:"not_answering,omitempty"`
+	// Packets and connections this node passed on to the next node.
+	PassedPackets     uint64 `protobuf:"varint,3,opt,name=passed_packets,json=passedPackets,proto3" json:"passed_packets,omitempty"`
+	PassedConnections uint64 `protobuf:"varint,4,opt,name=passed_connections,json=passedConnections,proto3" json:"passed_connections,omitempty"`
+	// Packets peers passed here that this node held the connection of, by
+	// how many nodes they crossed: 1, 2, 3, 4 or more.
+	TakenPacketsByHops []uint64 `protobuf:"varint,5,rep,packed,name=taken_packets_by_hops,json=takenPacketsByHops,proto3" json:"taken_packets_by_hops,omitempty"`
+	// Packets that went round the ring (or found none) and were served
+	// here as new: their endpoint refused them.
+	UnownedPackets uint64                 `protobuf:"varint,6,opt,name=unowned_packets,json=unownedPackets,proto3" json:"unowned_packets,omitempty"`
+	CountedAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=counted_at,json=countedAt,proto3" json:"counted_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *MovedConnections) Reset() {
+	*x = MovedConnections{}
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MovedConnections) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MovedConnections) ProtoMessage() {}
+
+func (x *MovedConnections) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MovedConnections.ProtoReflect.Descriptor instead.
+func (*MovedConnections) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MovedConnections) GetNextNode() string {
+	if x != nil {
+		return x.NextNode
+	}
+	return ""
+}
+
+func (x *MovedConnections) GetNotAnswering() []string {
+	if x != nil {
+		return x.NotAnswering
+	}
+	return nil
+}
+
+func (x *MovedConnections) GetPassedPackets() uint64 {
+	if x != nil {
+		return x.PassedPackets
+	}
+	return 0
+}
+
+func (x *MovedConnections) GetPassedConnections() uint64 {
+	if x != nil {
+		return x.PassedConnections
+	}
+	return 0
+}
+
+func (x *MovedConnections) GetTakenPacketsByHops() []uint64 {
+	if x != nil {
+		return x.TakenPacketsByHops
+	}
+	return nil
+}
+
+func (x *MovedConnections) GetUnownedPackets() uint64 {
+	if x != nil {
+		return x.UnownedPackets
+	}
+	return 0
+}
+
+func (x *MovedConnections) GetCountedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CountedAt
+	}
+	return nil
+}
+
 type BgpSessions struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Sessions []*BgpSession          `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
@@ -705,7 +819,7 @@ type BgpSessions struct {
 
 func (x *BgpSessions) Reset() {
 	*x = BgpSessions{}
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +831,7 @@ func (x *BgpSessions) String() string {
 func (*BgpSessions) ProtoMessage() {}
 
 func (x *BgpSessions) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +844,7 @@ func (x *BgpSessions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSessions.ProtoReflect.Descriptor instead.
 func (*BgpSessions) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BgpSessions) GetSessions() []*BgpSession {
@@ -760,7 +874,7 @@ type BgpAnnouncement struct {
 
 func (x *BgpAnnouncement) Reset() {
 	*x = BgpAnnouncement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +886,7 @@ func (x *BgpAnnouncement) String() string {
 func (*BgpAnnouncement) ProtoMessage() {}
 
 func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +899,7 @@ func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpAnnouncement.ProtoReflect.Descriptor instead.
 func (*BgpAnnouncement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BgpAnnouncement) GetPrefix() string {
@@ -831,7 +945,7 @@ type BgpSession struct {
 
 func (x *BgpSession) Reset() {
 	*x = BgpSession{}
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +957,7 @@ func (x *BgpSession) String() string {
 func (*BgpSession) ProtoMessage() {}
 
 func (x *BgpSession) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +970,7 @@ func (x *BgpSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSession.ProtoReflect.Descriptor instead.
 func (*BgpSession) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BgpSession) GetPeerAddress() string {
@@ -918,7 +1032,7 @@ type BgpFamily struct {
 
 func (x *BgpFamily) Reset() {
 	*x = BgpFamily{}
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1044,7 @@ func (x *BgpFamily) String() string {
 func (*BgpFamily) ProtoMessage() {}
 
 func (x *BgpFamily) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1057,7 @@ func (x *BgpFamily) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpFamily.ProtoReflect.Descriptor instead.
 func (*BgpFamily) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BgpFamily) GetFamily() string {
@@ -996,7 +1110,7 @@ type NodeHealth struct {
 
 func (x *NodeHealth) Reset() {
 	*x = NodeHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1122,7 @@ func (x *NodeHealth) String() string {
 func (*NodeHealth) ProtoMessage() {}
 
 func (x *NodeHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1135,7 @@ func (x *NodeHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
 func (*NodeHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeHealth) GetHealthzCode() int32 {
@@ -1072,7 +1186,7 @@ type ServiceHealth struct {
 
 func (x *ServiceHealth) Reset() {
 	*x = ServiceHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1198,7 @@ func (x *ServiceHealth) String() string {
 func (*ServiceHealth) ProtoMessage() {}
 
 func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1211,7 @@ func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceHealth.ProtoReflect.Descriptor instead.
 func (*ServiceHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ServiceHealth) GetNamespace() string {
@@ -1184,7 +1298,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1310,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1323,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SyncResponse) GetVersion() uint64 {
@@ -1300,7 +1414,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1426,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1439,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -1439,7 +1553,7 @@ type FlowPeer struct {
 
 func (x *FlowPeer) Reset() {
 	*x = FlowPeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1565,7 @@ func (x *FlowPeer) String() string {
 func (*FlowPeer) ProtoMessage() {}
 
 func (x *FlowPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1578,7 @@ func (x *FlowPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowPeer.ProtoReflect.Descriptor instead.
 func (*FlowPeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FlowPeer) GetName() string {
@@ -1495,7 +1609,7 @@ type L2Pool struct {
 
 func (x *L2Pool) Reset() {
 	*x = L2Pool{}
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1507,7 +1621,7 @@ func (x *L2Pool) String() string {
 func (*L2Pool) ProtoMessage() {}
 
 func (x *L2Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1520,7 +1634,7 @@ func (x *L2Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Pool.ProtoReflect.Descriptor instead.
 func (*L2Pool) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *L2Pool) GetRanges() []string {
@@ -1556,7 +1670,7 @@ type PoolAdvertisement struct {
 
 func (x *PoolAdvertisement) Reset() {
 	*x = PoolAdvertisement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1682,7 @@ func (x *PoolAdvertisement) String() string {
 func (*PoolAdvertisement) ProtoMessage() {}
 
 func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1695,7 @@ func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolAdvertisement.ProtoReflect.Descriptor instead.
 func (*PoolAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PoolAdvertisement) GetRanges() []string {
@@ -1643,7 +1757,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1769,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1782,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -1759,7 +1873,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +1885,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +1898,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -1898,7 +2012,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +2024,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +2037,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -1981,7 +2095,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[23]
+	mi := &file_weir_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1993,7 +2107,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[23]
+	mi := &file_weir_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2006,7 +2120,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -2111,7 +2225,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\"6\n" +
 	"\x04Nack\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\xa2\x02\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xea\x02\n" +
 	"\x06Report\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x124\n" +
 	"\vnode_health\x18\x02 \x01(\v2\x13.weir.v1.NodeHealthR\n" +
@@ -2119,7 +2233,17 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\bservices\x18\x03 \x03(\v2\x16.weir.v1.ServiceHealthR\bservices\x12)\n" +
 	"\x10removed_services\x18\x04 \x03(\tR\x0fremovedServices\x12G\n" +
 	"\x12last_sync_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x12&\n" +
-	"\x03bgp\x18\x06 \x01(\v2\x14.weir.v1.BgpSessionsR\x03bgp\"~\n" +
+	"\x03bgp\x18\x06 \x01(\v2\x14.weir.v1.BgpSessionsR\x03bgp\x12F\n" +
+	"\x11moved_connections\x18\a \x01(\v2\x19.weir.v1.MovedConnectionsR\x10movedConnections\"\xc1\x02\n" +
+	"\x10MovedConnections\x12\x1b\n" +
+	"\tnext_node\x18\x01 \x01(\tR\bnextNode\x12#\n" +
+	"\rnot_answering\x18\x02 \x03(\tR\fnotAnswering\x12%\n" +
+	"\x0epassed_packets\x18\x03 \x01(\x04R\rpassedPackets\x12-\n" +
+	"\x12passed_connections\x18\x04 \x01(\x04R\x11passedConnections\x121\n" +
+	"\x15taken_packets_by_hops\x18\x05 \x03(\x04R\x12takenPacketsByHops\x12'\n" +
+	"\x0funowned_packets\x18\x06 \x01(\x04R\x0eunownedPackets\x129\n" +
+	"\n" +
+	"counted_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcountedAt\"~\n" +
 	"\vBgpSessions\x12/\n" +
 	"\bsessions\x18\x01 \x03(\v2\x13.weir.v1.BgpSessionR\bsessions\x12>\n" +
 	"\rannouncements\x18\x02 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements\"\\\n" +
@@ -2266,7 +2390,7 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(*LeasesRequest)(nil),         // 0: weir.v1.LeasesRequest
 	(*L2Refusal)(nil),             // 1: weir.v1.L2Refusal
@@ -2277,70 +2401,73 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*Ack)(nil),                   // 6: weir.v1.Ack
 	(*Nack)(nil),                  // 7: weir.v1.Nack
 	(*Report)(nil),                // 8: weir.v1.Report
-	(*BgpSessions)(nil),           // 9: weir.v1.BgpSessions
-	(*BgpAnnouncement)(nil),       // 10: weir.v1.BgpAnnouncement
-	(*BgpSession)(nil),            // 11: weir.v1.BgpSession
-	(*BgpFamily)(nil),             // 12: weir.v1.BgpFamily
-	(*NodeHealth)(nil),            // 13: weir.v1.NodeHealth
-	(*ServiceHealth)(nil),         // 14: weir.v1.ServiceHealth
-	(*SyncResponse)(nil),          // 15: weir.v1.SyncResponse
-	(*NodeInfo)(nil),              // 16: weir.v1.NodeInfo
-	(*FlowPeer)(nil),              // 17: weir.v1.FlowPeer
-	(*L2Pool)(nil),                // 18: weir.v1.L2Pool
-	(*PoolAdvertisement)(nil),     // 19: weir.v1.PoolAdvertisement
-	(*NodePeer)(nil),              // 20: weir.v1.NodePeer
-	(*NodeService)(nil),           // 21: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 22: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 23: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 26: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 27: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 28: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 29: weir.v1.Protocol
+	(*MovedConnections)(nil),      // 9: weir.v1.MovedConnections
+	(*BgpSessions)(nil),           // 10: weir.v1.BgpSessions
+	(*BgpAnnouncement)(nil),       // 11: weir.v1.BgpAnnouncement
+	(*BgpSession)(nil),            // 12: weir.v1.BgpSession
+	(*BgpFamily)(nil),             // 13: weir.v1.BgpFamily
+	(*NodeHealth)(nil),            // 14: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 15: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 16: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 17: weir.v1.NodeInfo
+	(*FlowPeer)(nil),              // 18: weir.v1.FlowPeer
+	(*L2Pool)(nil),                // 19: weir.v1.L2Pool
+	(*PoolAdvertisement)(nil),     // 20: weir.v1.PoolAdvertisement
+	(*NodePeer)(nil),              // 21: weir.v1.NodePeer
+	(*NodeService)(nil),           // 22: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 23: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 24: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 27: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 28: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 29: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 30: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	2,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
 	2,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
 	1,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
 	2,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
-	24, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
+	25, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
 	2,  // 5: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
 	5,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	6,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
 	7,  // 8: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
 	8,  // 9: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	13, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	14, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	24, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
-	9,  // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
-	11, // 14: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
-	10, // 15: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	25, // 16: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	12, // 17: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
-	25, // 18: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	16, // 19: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	21, // 20: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	20, // 21: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	19, // 22: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
-	18, // 23: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
-	17, // 24: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
-	22, // 25: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	26, // 26: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	26, // 27: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	27, // 28: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	28, // 29: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	29, // 30: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	23, // 31: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	4,  // 32: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	0,  // 33: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
-	15, // 34: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	3,  // 35: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
-	34, // [34:36] is the sub-list for method output_type
-	32, // [32:34] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	14, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	15, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	25, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	10, // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
+	9,  // 14: weir.v1.Report.moved_connections:type_name -> weir.v1.MovedConnections
+	26, // 15: weir.v1.MovedConnections.counted_at:type_name -> google.protobuf.Timestamp
+	12, // 16: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
+	11, // 17: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
+	26, // 18: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	13, // 19: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
+	26, // 20: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	17, // 21: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	22, // 22: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	21, // 23: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	20, // 24: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	19, // 25: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
+	18, // 26: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
+	23, // 27: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	27, // 28: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	27, // 29: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	28, // 30: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	29, // 31: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	30, // 32: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	24, // 33: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	4,  // 34: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	0,  // 35: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
+	16, // 36: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	3,  // 37: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
+	36, // [36:38] is the sub-list for method output_type
+	34, // [34:36] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -2361,7 +2488,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
