@@ -441,9 +441,9 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 	if m := n.GetMovedConnections(); m != nil {
 		// Only nodes that pass moved connections on have this section.
 		b.WriteString("\nMoved Connections:\n")
-		counted := a.ago(m.GetCountedAt())
+		changed := a.ago(m.GetChangedAt())
 		if stale := a.staleSince(n); stale != "" {
-			counted += ", agent " + stale
+			changed += ", agent " + stale
 		}
 		fields(&b, "  ",
 			"Next Node", orNone(m.GetNextNode()),
@@ -451,7 +451,7 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 			"Passed On", fmt.Sprintf("%s, %s", plural(m.GetPassedPackets(), "packet"), plural(m.GetPassedConnections(), "connection")),
 			"Taken From Peers", takenByHops(m.GetTakenPacketsByHops()),
 			"Unowned", plural(m.GetUnownedPackets(), "packet")+" (round the ring: refused)",
-			"Counted", counted,
+			"Last Change", changed,
 		)
 	}
 	return b.String(), nil

@@ -677,7 +677,7 @@ Services with health checks:
 func TestDescribeNodeMovedConnections(t *testing.T) {
 	e := lbEnv(t)
 	e.moved = map[string]*weirv1.MovedConnections{"node1": {NextNode: "node2", NotAnswering: []string{"node3"}, PassedPackets: 1,
-		PassedConnections: 1, TakenPacketsByHops: []uint64{5, 4, 0, 2}, UnownedPackets: 3, CountedAt: timestamppb.New(e.now.Add(-4 * time.Second))}}
+		PassedConnections: 1, TakenPacketsByHops: []uint64{5, 4, 0, 2}, UnownedPackets: 3, ChangedAt: timestamppb.New(e.now.Add(-4 * time.Second))}}
 	e.agent("node1", 200, lbHealth(200, 1))
 	e.agent("node2", 200, lbHealth(200, 1))
 	out := e.mustLbctl("", "describe", "node", "node1")
@@ -691,7 +691,7 @@ func TestDescribeNodeMovedConnections(t *testing.T) {
   Passed On:          1 packet, 1 connection
   Taken From Peers:   11 packets (1 hop: 5, 2: 4, 3: 0, 4+: 2)
   Unowned:            3 packets (round the ring: refused)
-  Counted:            4s ago
+  Last Change:        4s ago
 `)
 	if out := e.mustLbctl("", "describe", "node", "node2"); strings.Contains(out, "Moved Connections") {
 		t.Errorf("node2 reports nothing of moved connections, yet:\n%s", out)

@@ -165,6 +165,18 @@ func (f *Flows) setLocked(node datapath.NodeInfo) (datapath.NodeInfo, error) {
 		node.FlowRing, node.FlowPeers = 0, nil
 		return node, err
 	}
+	// Every next node the probes ask must be reachable through the
+	// device, not only the one packets go to now: without a forwarding
+	// entry the device drops the probe, and a live node would be
+	// passed over for good.
+	for _, p := range node.FlowPeers {
+		if a, ok := outer(p.Addresses); ok && a.Is4() == local.Is4() {
+			if err := f.forwardTo(link, a); err != nil {
+				node.FlowRing, node.FlowPeers = 0, nil
+				return node, err
+			}
+		}
+	}
 	var routed [2]bool
 	for fam, is6 := range []bool{false, true} {
 		gw, ok := datapath.NextHop(next.Addresses, is6)
@@ -290,10 +302,8 @@ func (f *Flows) address(link netlink.Link, own4 netip.Addr) error {
 // whose device has mac and listens on outerAddr.
 func (f *Flows) route(link netlink.Link, gw netip.Addr, mac net.HardwareAddr, outerAddr netip.Addr) error {
 	idx := link.Attrs().Index
-	fdb := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT | netlink.NUD_NOARP, Flags: netlink.NTF_SELF,
-		IP: outerAddr.AsSlice(), HardwareAddr: mac}
-	if err := netlink.NeighSet(fdb); err != nil {
-		return fmt.Errorf("flows: forwarding entry of %s: %w", outerAddr, err)
+	if err := f.forwardTo(link, outerAddr); err != nil {
+		return err
 	}
 	fam := unix.AF_INET
 	dst := &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}
@@ -312,6 +322,17 @@ func (f *Flows) route(link netlink.Link, gw netip.Addr, mac net.HardwareAddr, ou
 	}
 	if err := netlink.RouteReplace(r); err != nil {
 		return fmt.Errorf("flows: route to %s: %w", gw, err)
+	}
+	return nil
+}
+
+// forwardTo makes the device send frames for the device of the peer whose
+// outer address is outerAddr to that address.
+func (f *Flows) forwardTo(link netlink.Link, outerAddr netip.Addr) error {
+	fdb := &netlink.Neigh{LinkIndex: link.Attrs().Index, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT | netlink.NUD_NOARP, Flags: netlink.NTF_SELF,
+		IP: outerAddr.AsSlice(), HardwareAddr: MAC(outerAddr)}
+	if err := netlink.NeighSet(fdb); err != nil {
+		return fmt.Errorf("flows: forwarding entry of %s: %w", outerAddr, err)
 	}
 	return nil
 }

@@ -31,9 +31,10 @@ type Reporter struct {
 	now    func() time.Time
 
 	mu sync.Mutex
-	// last is the newest reading; sent what the last report said.
-	last, sent report.MovedReport
-	haveLast   bool
+	// last is the reading that saw the newest change; sent what the
+	// last report said.
+	last, sent         report.MovedReport
+	haveLast, haveSent bool
 }
 
 // NewReporter reports on f with counts.
@@ -64,10 +65,12 @@ func (r *Reporter) read(ctx context.Context) {
 	}
 	next, passedOver := r.flows.sendingTo()
 	m := report.MovedReport{Next: next, NotAnswering: passedOver, PassedPackets: c.PassedPackets, PassedConnections: c.PassedConnections,
-		TakenPackets: c.TakenPackets, UnownedPackets: c.UnownedPackets, CountedAt: r.now()}
+		TakenPackets: c.TakenPackets, UnownedPackets: c.UnownedPackets, ChangedAt: r.now()}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.last, r.haveLast = m, true
+	if !r.haveLast || !m.Equal(r.last) {
+		r.last, r.haveLast = m, true
+	}
 }
 
 // Received is part of the Observer interface.
@@ -81,10 +84,10 @@ func (r *Reporter) Applied(time.Duration) {}
 func (r *Reporter) Report(full bool) *report.Report {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.haveLast || (!full && r.last.Equal(r.sent)) {
+	if !r.haveLast || (!full && r.haveSent && r.last.Equal(r.sent)) {
 		return nil
 	}
-	r.sent = r.last
+	r.sent, r.haveSent = r.last, true
 	m := r.last
 	return &report.Report{Full: full, Moved: &m}
 }

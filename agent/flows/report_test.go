@@ -39,7 +39,7 @@ func TestReporterReportsChanges(t *testing.T) {
 	counts.c = datapath.FlowCounts{PassedPackets: 10, PassedConnections: 2, TakenPackets: [4]uint64{5, 1, 0, 0}, UnownedPackets: 1}
 	r.read(ctx)
 	want := &report.Report{Full: true, Moved: &report.MovedReport{Next: "node2", NotAnswering: []string{"node3"},
-		PassedPackets: 10, PassedConnections: 2, TakenPackets: [4]uint64{5, 1, 0, 0}, UnownedPackets: 1, CountedAt: at}}
+		PassedPackets: 10, PassedConnections: 2, TakenPackets: [4]uint64{5, 1, 0, 0}, UnownedPackets: 1, ChangedAt: at}}
 	if diff := cmp.Diff(want, r.Report(true)); diff != "" {
 		t.Errorf("first report (-want +got):\n%s", diff)
 	}

@@ -76,14 +76,14 @@ func DecodeReport(r *weirv1.Report) *report.Report {
 func EncodeMoved(m report.MovedReport) *weirv1.MovedConnections {
 	return &weirv1.MovedConnections{NextNode: m.Next, NotAnswering: m.NotAnswering, PassedPackets: m.PassedPackets,
 		PassedConnections: m.PassedConnections, TakenPacketsByHops: m.TakenPackets[:], UnownedPackets: m.UnownedPackets,
-		CountedAt: timestamp(m.CountedAt)}
+		ChangedAt: timestamp(m.ChangedAt)}
 }
 
 // DecodeMoved reads what a node did with moved connections; counts by
 // hops beyond the four it knows are added to the last.
 func DecodeMoved(m *weirv1.MovedConnections) report.MovedReport {
 	out := report.MovedReport{Next: m.GetNextNode(), NotAnswering: m.GetNotAnswering(), PassedPackets: m.GetPassedPackets(),
-		PassedConnections: m.GetPassedConnections(), UnownedPackets: m.GetUnownedPackets(), CountedAt: timeOf(m.GetCountedAt())}
+		PassedConnections: m.GetPassedConnections(), UnownedPackets: m.GetUnownedPackets(), ChangedAt: timeOf(m.GetChangedAt())}
 	for i, n := range m.GetTakenPacketsByHops() {
 		out.TakenPackets[min(i, len(out.TakenPackets)-1)] += n
 	}

@@ -29,7 +29,7 @@ func TestReportRoundTrip(t *testing.T) {
 		{Removed: []string{"shop/web"}},
 		{BGP: &report.BGPReport{Sessions: []report.BGPSession{}}}, // a speaker with no sessions left
 		{Moved: &report.MovedReport{Next: "node2", NotAnswering: []string{"node3"}, PassedPackets: 10, PassedConnections: 2,
-			TakenPackets: [4]uint64{5, 4, 3, 2}, UnownedPackets: 1, CountedAt: since}},
+			TakenPackets: [4]uint64{5, 4, 3, 2}, UnownedPackets: 1, ChangedAt: since}},
 		{Moved: &report.MovedReport{}}, // no ring, nothing counted
 	} {
 		b, err := proto.Marshal(EncodeReport(r))

@@ -57,12 +57,13 @@ type MovedReport struct {
 	// UnownedPackets went round the ring (or found none) and were served
 	// here as new, to be refused by their endpoint.
 	UnownedPackets uint64
-	CountedAt      time.Time
+	// ChangedAt is the reading that saw the last change.
+	ChangedAt time.Time
 }
 
 // Equal reports whether two reports say the same, apart from when.
 func (m MovedReport) Equal(o MovedReport) bool {
-	m.CountedAt, o.CountedAt = time.Time{}, time.Time{}
+	m.ChangedAt, o.ChangedAt = time.Time{}, time.Time{}
 	return m.Next == o.Next && slices.Equal(m.NotAnswering, o.NotAnswering) && m.PassedPackets == o.PassedPackets &&
 		m.PassedConnections == o.PassedConnections && m.TakenPackets == o.TakenPackets && m.UnownedPackets == o.UnownedPackets
 }

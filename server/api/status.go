@@ -214,7 +214,7 @@ func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 // movedConnections is unset for a node that does not pass moved
 // connections on (no report of them).
 func movedConnections(n observed.Node) *weirv1.MovedConnections {
-	if n.Moved.CountedAt.IsZero() && n.Moved.Next == "" {
+	if n.Moved.ChangedAt.IsZero() {
 		return nil
 	}
 	return nodewire.EncodeMoved(n.Moved)

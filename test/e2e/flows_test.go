@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weirlb/weir/agent/flows"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/lab"
 	"github.com/weirlb/weir/test/weirlab"
@@ -326,7 +328,166 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 	if !redirect && totalBroken == 0 {
 		t.Errorf("without redirection no connection broke (%d moved): the test cannot tell redirection from luck", totalMoved)
 	}
+	// What the nodes counted reaches the server's status: connections
+	// passed on and packets taken back (node3's counts went with its
+	// table); a node that does not pass them on reports nothing.
+	if redirect {
+		eventually(t, "the nodes report the moved connections they passed on and took", func() error {
+			passed, taken := movedCounts(t, c)
+			if passed == 0 || taken == 0 {
+				return fmt.Errorf("passed on %d connections, took %d packets; %d connections moved", passed, taken, totalMoved)
+			}
+			t.Logf("status: %d connections passed on, %d packets taken back", passed, taken)
+			return nil
+		})
+	} else {
+		for _, n := range nodeStatuses(t, c) {
+			if m := n.GetMovedConnections(); m != nil {
+				t.Errorf("%s passes no moved connection on, yet reports %v", n.GetName(), m)
+			}
+		}
+	}
 }
+
+func nodeStatuses(t *testing.T, c *weirlab.Cluster) []*weirv1.NodeStatus {
+	t.Helper()
+	r, err := weirv1.NewStatusServiceClient(c.Conn).ListNodeStatuses(context.Background(), &weirv1.ListNodeStatusesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.GetNodes()
+}
+
+// movedCounts adds up what every node's status says it passed on
+// (connections) and took from its peers (packets).
+func movedCounts(t *testing.T, c *weirlab.Cluster) (passed, taken uint64) {
+	t.Helper()
+	for _, n := range nodeStatuses(t, c) {
+		m := n.GetMovedConnections()
+		passed += m.GetPassedConnections()
+		for _, k := range m.GetTakenPacketsByHops() {
+			taken += k
+		}
+	}
+	return passed, taken
+}
+
+// TestQuietEventsMoveNoConnection: events that change nothing the router
+// hashes over must move no established connection at all, not merely
+// have it passed back: an endpoint added on another node, the BgpPeer
+// edited, an agent restarted on purpose (SIGTERM, with graceful restart).
+// Behind FRR and BIRD, four nodes, a Cluster service. A moved connection
+// would leave an entry no DNAT rewrote on the node it reached, and the
+// nodes' counters would say they passed it on.
+func TestQuietEventsMoveNoConnection(t *testing.T) {
+	for _, impl := range []string{"FRR", "BIRD"} {
+		t.Run(impl, func(t *testing.T) {
+			c, r := flowLab(t, impl, func(*lab.Node) []string { return nil })
+			ctx := context.Background()
+			var hops []string
+			for _, n := range c.Nodes {
+				hops = append(hops, n.IPv4.String())
+			}
+			peers, err := c.Registry.GetBgpPeer(ctx, &weirv1.GetBgpPeerRequest{Name: "upstream"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			peer := peers.GetBgpPeer()
+			peer.GracefulRestart = true
+			if _, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: peer}); err != nil {
+				t.Fatal(err)
+			}
+			svc := lbService("quiet", 30143, []string{"10.96.0.143"}, []string{"203.0.113.143"})
+			createService(t, c, svc, c.Pods())
+			vip := netip.MustParseAddr("203.0.113.143")
+			// Every node's session is its current one (the peer
+			// edit restarted them) and graceful restart is on.
+			restartsDone := func() {
+				t.Helper()
+				waitNextHops(t, r, vip.String(), hops...)
+				for _, h := range hops {
+					eventually(t, "the router holds "+h+"'s route from its current session", func() error {
+						if ok, err := r.GracefulRestartFrom(ctx, h); !ok {
+							return fmt.Errorf("no graceful restart from %s (%v)", h, err)
+						}
+						if ok, err := r.RestartDone(ctx, h, vip.String()+"/32"); !ok {
+							return fmt.Errorf("not yet (%v):\n%s", err, r.Describe(ctx, vip.String()))
+						}
+						return nil
+					})
+				}
+			}
+			restartsDone()
+			// Each node's probes reach all its next nodes (a live
+			// node passed over would take what it holds with it when
+			// the one before it fails).
+			eventually(t, "every node reports moved connections, with every next node answering", func() error {
+				for _, n := range nodeStatuses(t, c) {
+					m := n.GetMovedConnections()
+					if m.GetChangedAt() == nil || m.GetNextNode() == "" || len(m.GetNotAnswering()) > 0 {
+						return fmt.Errorf("%s reports %v", n.GetName(), m)
+					}
+				}
+				return nil
+			})
+			passedBefore, _ := movedCounts(t, c)
+
+			traffic := startLongLived(t, c.Client, netip.AddrPortFrom(vip, 80), 40)
+			settle := func() { time.Sleep(1500 * time.Millisecond) }
+			settle()
+			step := func(what string, fn func() error) {
+				t.Helper()
+				t.Log(what)
+				if err := fn(); err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				settle()
+				restartsDone()
+			}
+			step("an endpoint added on node4 (an address no connection uses)", func() error {
+				slices := endpointSlices("quiet", c.Pods())
+				slices[0].Endpoints = append(slices[0].Endpoints, &weirv1.Endpoint{Addresses: []string{"10.244.4.99"}, NodeName: c.Nodes[3].Name})
+				_, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: slices[0]})
+				return err
+			})
+			step("the BgpPeer edited: hold time 30 s", func() error {
+				p, err := c.Registry.GetBgpPeer(ctx, &weirv1.GetBgpPeerRequest{Name: "upstream"})
+				if err != nil {
+					return err
+				}
+				p.GetBgpPeer().HoldTimeSeconds = 30
+				_, err = c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: p.GetBgpPeer()})
+				return err
+			})
+			step("node2's agent stopped (SIGTERM) and started again", func() error { return c.StopAndRestartAgent(1) })
+
+			requests, broken := traffic.Stop()
+			moved := movedConnections(t, c, vip, traffic.ports)
+			t.Logf("%d connections, %d requests, %d moved, %d broke", len(traffic.ports), requests, len(moved), len(broken))
+			for _, b := range broken {
+				t.Errorf("connection broke: %s", b)
+			}
+			if len(moved) > 0 {
+				t.Errorf("%d connections were moved to a node that did not hold them (client ports %v): the router's next hops changed", len(moved), slices.Collect(maps.Keys(moved)))
+			}
+			// Agents read their counters every flowsCountPeriod and
+			// report changes within a second.
+			time.Sleep(2*flowsCountPeriod + time.Second)
+			if passed, _ := movedCounts(t, c); passed != passedBefore {
+				t.Errorf("the nodes passed on %d connections during the events; want none", passed-passedBefore)
+			}
+			for _, n := range nodeStatuses(t, c) {
+				if m := n.GetMovedConnections(); m.GetNextNode() == "" || len(m.GetNotAnswering()) > 0 {
+					t.Errorf("%s: moved connections go to %q, passing over %v; want its next node, every next node answering", n.GetName(), m.GetNextNode(), m.GetNotAnswering())
+				}
+			}
+		})
+	}
+}
+
+// flowsCountPeriod is how often agents read their counters of moved
+// connections.
+const flowsCountPeriod = flows.CountPeriod
 
 // dialFrom opens a connection from the client's port to dst.
 func dialFrom(ctx context.Context, ns *lab.Netns, port int, dst netip.AddrPort) (*keepAlive, error) {

@@ -723,10 +723,12 @@ type MovedConnections struct {
 	TakenPacketsByHops []uint64 `protobuf:"varint,5,rep,packed,name=taken_packets_by_hops,json=takenPacketsByHops,proto3" json:"taken_packets_by_hops,omitempty"`
 	// Packets that went round the ring (or found none) and were served
 	// here as new: their endpoint refused them.
-	UnownedPackets uint64                 `protobuf:"varint,6,opt,name=unowned_packets,json=unownedPackets,proto3" json:"unowned_packets,omitempty"`
-	CountedAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=counted_at,json=countedAt,proto3" json:"counted_at,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	UnownedPackets uint64 `protobuf:"varint,6,opt,name=unowned_packets,json=unownedPackets,proto3" json:"unowned_packets,omitempty"`
+	// When the counts (or the next nodes) last changed, as the agent reads
+	// them every few seconds: a node reports them only when they change.
+	ChangedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=changed_at,json=changedAt,proto3" json:"changed_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MovedConnections) Reset() {
@@ -801,9 +803,9 @@ func (x *MovedConnections) GetUnownedPackets() uint64 {
 	return 0
 }
 
-func (x *MovedConnections) GetCountedAt() *timestamppb.Timestamp {
+func (x *MovedConnections) GetChangedAt() *timestamppb.Timestamp {
 	if x != nil {
-		return x.CountedAt
+		return x.ChangedAt
 	}
 	return nil
 }
@@ -2243,7 +2245,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x15taken_packets_by_hops\x18\x05 \x03(\x04R\x12takenPacketsByHops\x12'\n" +
 	"\x0funowned_packets\x18\x06 \x01(\x04R\x0eunownedPackets\x129\n" +
 	"\n" +
-	"counted_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcountedAt\"~\n" +
+	"changed_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tchangedAt\"~\n" +
 	"\vBgpSessions\x12/\n" +
 	"\bsessions\x18\x01 \x03(\v2\x13.weir.v1.BgpSessionR\bsessions\x12>\n" +
 	"\rannouncements\x18\x02 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements\"\\\n" +
@@ -2440,7 +2442,7 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	25, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
 	10, // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
 	9,  // 14: weir.v1.Report.moved_connections:type_name -> weir.v1.MovedConnections
-	26, // 15: weir.v1.MovedConnections.counted_at:type_name -> google.protobuf.Timestamp
+	26, // 15: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
 	12, // 16: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
 	11, // 17: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
 	26, // 18: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
