@@ -333,11 +333,12 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 	// table); a node that does not pass them on reports nothing.
 	if redirect {
 		eventually(t, "the nodes report the moved connections they passed on and took", func() error {
-			passed, taken := movedCounts(t, c)
+			passed, byHops := movedCounts(t, c)
+			taken := byHops[0] + byHops[1] + byHops[2] + byHops[3]
 			if passed == 0 || taken == 0 {
 				return fmt.Errorf("passed on %d connections, took %d packets; %d connections moved", passed, taken, totalMoved)
 			}
-			t.Logf("status: %d connections passed on, %d packets taken back", passed, taken)
+			t.Logf("status: %d connections passed on, %d packets taken back, by the nodes they crossed (1, 2, 3, 4+): %v", passed, taken, byHops)
 			return nil
 		})
 	} else {
@@ -359,17 +360,18 @@ func nodeStatuses(t *testing.T, c *weirlab.Cluster) []*weirv1.NodeStatus {
 }
 
 // movedCounts adds up what every node's status says it passed on
-// (connections) and took from its peers (packets).
-func movedCounts(t *testing.T, c *weirlab.Cluster) (passed, taken uint64) {
+// (connections) and took from its peers (packets, by the nodes they
+// crossed: 1, 2, 3, 4 or more).
+func movedCounts(t *testing.T, c *weirlab.Cluster) (passed uint64, takenByHops [4]uint64) {
 	t.Helper()
 	for _, n := range nodeStatuses(t, c) {
 		m := n.GetMovedConnections()
 		passed += m.GetPassedConnections()
-		for _, k := range m.GetTakenPacketsByHops() {
-			taken += k
+		for i, k := range m.GetTakenPacketsByHops() {
+			takenByHops[min(i, 3)] += k
 		}
 	}
-	return passed, taken
+	return passed, takenByHops
 }
 
 // TestQuietEventsMoveNoConnection: events that change nothing the router
