@@ -70,6 +70,9 @@ type Flows struct {
 	answers map[netip.Addr]time.Time
 	dead    map[string]bool
 	started time.Time
+	// deaf: the last judgement heard no peer at all, and left the
+	// verdicts before it in place.
+	deaf bool
 }
 
 // New returns Flows for cfg, with defaults for zero fields.
@@ -513,7 +516,9 @@ func (f *Flows) restartClock(now time.Time) {
 	}
 }
 
-// answered records a peer's answer.
+// answered records a peer's answer. Judgements wait for the next tick,
+// when every answer read by then counts: judging at each answer, with
+// the others still queued, passed over live peers on a busy machine.
 func (f *Flows) answered(a netip.Addr, at time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -521,7 +526,6 @@ func (f *Flows) answered(a netip.Addr, at time.Time) {
 		f.answers = map[netip.Addr]time.Time{}
 	}
 	f.answers[a] = at
-	f.judgeLocked(at)
 }
 
 // judge passes over the peers that stopped answering and takes back
@@ -538,12 +542,30 @@ func (f *Flows) judgeLocked(now time.Time) {
 		return
 	}
 	dead := map[string]bool{}
+	heard := false
 	for _, p := range f.node.FlowPeers {
 		a, ok := datapath.NextHop(p.Addresses, false)
-		if ok && now.Sub(f.answers[a]) > probeDeadline {
+		if !ok {
+			continue
+		}
+		if now.Sub(f.answers[a]) > probeDeadline {
 			dead[p.Name] = true
+		} else {
+			heard = true
 		}
 	}
+	if !heard && len(dead) > 0 {
+		// Not one next node answered: this node cannot tell (its
+		// own link is down, or it is too busy to read the answers),
+		// and every peer at once is the unlikely verdict. What it
+		// knew stays as it was.
+		if !f.deaf {
+			f.cfg.Log.Warn("no next node answers: moved connections keep their route until one does", "next", f.next.Name)
+		}
+		f.deaf = true
+		return
+	}
+	f.deaf = false
 	if maps.Equal(dead, f.dead) {
 		return
 	}

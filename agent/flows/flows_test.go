@@ -5,8 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -77,5 +79,55 @@ func TestSetProgramsTheRoutes(t *testing.T) {
 			t.Errorf("node %+v", got)
 		}
 		t.Log(run(t, "ip", "rule"), run(t, "ip", "-6", "rule"), run(t, "ip", "route", "show", "table", "7449"), run(t, "ip", "-6", "route", "show", "table", "7449"), run(t, "ip", "-6", "neigh"))
+	})
+}
+
+// Which next node moved packets go to, as the probes' answers come and go:
+// a silent peer is passed over while another answers, one that answers
+// again is taken back, and a node that hears no peer at all keeps its
+// route (it cannot tell whether they or it are at fault). Every peer the
+// probes ask has a forwarding entry on the device.
+func TestProbesChooseTheNextNode(t *testing.T) {
+	inNewNetns(t, func() {
+		run(t, "ip", "link", "set", "lo", "up")
+		run(t, "ip", "link", "add", "lan", "up", "type", "veth", "peer", "name", "lan-peer")
+		run(t, "ip", "link", "set", "lan-peer", "up")
+		run(t, "ip", "addr", "add", "192.0.2.11/24", "dev", "lan")
+		peer := func(name, addr string) datapath.FlowPeer {
+			return datapath.FlowPeer{Name: name, Addresses: []netip.Addr{netip.MustParseAddr(addr)}}
+		}
+		f := New(Config{})
+		node := datapath.NodeInfo{Name: "node1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.11")},
+			FlowRing: 4, FlowPeers: []datapath.FlowPeer{peer("node2", "192.0.2.12"), peer("node3", "192.0.2.13"), peer("node4", "192.0.2.14")}}
+		if _, err := f.Set(node); err != nil {
+			t.Fatal(err)
+		}
+		fdb := run(t, "bridge", "fdb", "show", "dev", DefaultInterface)
+		for _, a := range []string{"192.0.2.12", "192.0.2.13", "192.0.2.14"} {
+			if !strings.Contains(fdb, "dst "+a) {
+				t.Errorf("no forwarding entry for the probes to %s:\n%s", a, fdb)
+			}
+		}
+		t0 := time.Now()
+		f.mu.Lock()
+		f.started = t0
+		f.mu.Unlock()
+		at := func(d time.Duration) time.Time { return t0.Add(d) }
+		step := func(what string, now time.Duration, answering []string, wantNext string, wantPassed ...string) {
+			t.Helper()
+			for _, a := range answering {
+				f.answered(netip.MustParseAddr(a), at(now-100*time.Millisecond))
+			}
+			f.judge(at(now))
+			next, passed := f.sendingTo()
+			if next != wantNext || !slices.Equal(passed, wantPassed) {
+				t.Errorf("%s: next %s, passing over %v; want %s, passing over %v", what, next, passed, wantNext, wantPassed)
+			}
+		}
+		step("every peer answers", 3*time.Second, []string{"192.0.2.12", "192.0.2.13", "192.0.2.14"}, "node2")
+		step("node3 silent", 6*time.Second, []string{"192.0.2.12", "192.0.2.14"}, "node2", "node3")
+		step("node2 silent too", 9*time.Second, []string{"192.0.2.14"}, "node4", "node2", "node3")
+		step("no peer answers: nothing changes", 12*time.Second, nil, "node4", "node2", "node3")
+		step("all answer again", 13*time.Second, []string{"192.0.2.12", "192.0.2.13", "192.0.2.14"}, "node2")
 	})
 }
