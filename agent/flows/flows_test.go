@@ -62,12 +62,18 @@ func itoa(i int) string {
 	return string(b)
 }
 
+// lanUp gives the namespace a LAN with node1's address, 192.0.2.11/24.
+func lanUp(t *testing.T) {
+	t.Helper()
+	run(t, "ip", "link", "set", "lo", "up")
+	run(t, "ip", "link", "add", "lan", "up", "type", "veth", "peer", "name", "lan-peer")
+	run(t, "ip", "link", "set", "lan-peer", "up")
+	run(t, "ip", "addr", "add", "192.0.2.11/24", "dev", "lan")
+}
+
 func TestSetProgramsTheRoutes(t *testing.T) {
 	inNewNetns(t, func() {
-		run(t, "ip", "link", "set", "lo", "up")
-		run(t, "ip", "link", "add", "lan", "up", "type", "veth", "peer", "name", "lan-peer")
-		run(t, "ip", "link", "set", "lan-peer", "up")
-		run(t, "ip", "addr", "add", "192.0.2.11/24", "dev", "lan")
+		lanUp(t)
 		f := New(Config{})
 		node := datapath.NodeInfo{Name: "node1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.11"), netip.MustParseAddr("2001:db8::11")},
 			FlowRing: 3, FlowPeers: []datapath.FlowPeer{{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12"), netip.MustParseAddr("2001:db8::12")}}}}
@@ -89,10 +95,7 @@ func TestSetProgramsTheRoutes(t *testing.T) {
 // probes ask has a forwarding entry on the device.
 func TestProbesChooseTheNextNode(t *testing.T) {
 	inNewNetns(t, func() {
-		run(t, "ip", "link", "set", "lo", "up")
-		run(t, "ip", "link", "add", "lan", "up", "type", "veth", "peer", "name", "lan-peer")
-		run(t, "ip", "link", "set", "lan-peer", "up")
-		run(t, "ip", "addr", "add", "192.0.2.11/24", "dev", "lan")
+		lanUp(t)
 		peer := func(name, addr string) datapath.FlowPeer {
 			return datapath.FlowPeer{Name: name, Addresses: []netip.Addr{netip.MustParseAddr(addr)}}
 		}
