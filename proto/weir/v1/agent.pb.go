@@ -617,7 +617,11 @@ type Report struct {
 	LastSyncDuration *durationpb.Duration `protobuf:"bytes,5,opt,name=last_sync_duration,json=lastSyncDuration,proto3" json:"last_sync_duration,omitempty"`
 	// The node's BGP sessions, whole, when they changed (and in a full
 	// report); absent when unchanged.
-	Bgp           *BgpSessions `protobuf:"bytes,6,opt,name=bgp,proto3" json:"bgp,omitempty"`
+	Bgp *BgpSessions `protobuf:"bytes,6,opt,name=bgp,proto3" json:"bgp,omitempty"`
+	// The node's drain as the agent sees it, when it changed (and in a full
+	// report while the node is drained); absent when unchanged. Empty: the
+	// node is not drained.
+	Drain         *DrainStatus `protobuf:"bytes,8,opt,name=drain,proto3" json:"drain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -694,6 +698,90 @@ func (x *Report) GetBgp() *BgpSessions {
 	return nil
 }
 
+func (x *Report) GetDrain() *DrainStatus {
+	if x != nil {
+		return x.Drain
+	}
+	return nil
+}
+
+// DrainStatus is what a drained node still serves: the external
+// connections its agent counts (conntrack entries of TCP connections it
+// DNAT'ed to a load-balancer IP, an external IP or one of its node ports),
+// counted every 2 s while the node is drained.
+type DrainStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Connections the node still serves, as last counted.
+	ConnectionsLeft uint32 `protobuf:"varint,1,opt,name=connections_left,json=connectionsLeft,proto3" json:"connections_left,omitempty"`
+	// When they were counted; unset before the first count.
+	CountedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=counted_at,json=countedAt,proto3" json:"counted_at,omitempty"`
+	// When the node ends them (DrainNodeRequest.drain_timeout); unset when
+	// the drain has no deadline.
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// The connections the node ended when that deadline passed.
+	EndedAtDeadline uint32 `protobuf:"varint,4,opt,name=ended_at_deadline,json=endedAtDeadline,proto3" json:"ended_at_deadline,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DrainStatus) Reset() {
+	*x = DrainStatus{}
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainStatus) ProtoMessage() {}
+
+func (x *DrainStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainStatus.ProtoReflect.Descriptor instead.
+func (*DrainStatus) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DrainStatus) GetConnectionsLeft() uint32 {
+	if x != nil {
+		return x.ConnectionsLeft
+	}
+	return 0
+}
+
+func (x *DrainStatus) GetCountedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CountedAt
+	}
+	return nil
+}
+
+func (x *DrainStatus) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *DrainStatus) GetEndedAtDeadline() uint32 {
+	if x != nil {
+		return x.EndedAtDeadline
+	}
+	return 0
+}
+
 type BgpSessions struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Sessions []*BgpSession          `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
@@ -705,7 +793,7 @@ type BgpSessions struct {
 
 func (x *BgpSessions) Reset() {
 	*x = BgpSessions{}
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +805,7 @@ func (x *BgpSessions) String() string {
 func (*BgpSessions) ProtoMessage() {}
 
 func (x *BgpSessions) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +818,7 @@ func (x *BgpSessions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSessions.ProtoReflect.Descriptor instead.
 func (*BgpSessions) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BgpSessions) GetSessions() []*BgpSession {
@@ -760,7 +848,7 @@ type BgpAnnouncement struct {
 
 func (x *BgpAnnouncement) Reset() {
 	*x = BgpAnnouncement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +860,7 @@ func (x *BgpAnnouncement) String() string {
 func (*BgpAnnouncement) ProtoMessage() {}
 
 func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +873,7 @@ func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpAnnouncement.ProtoReflect.Descriptor instead.
 func (*BgpAnnouncement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BgpAnnouncement) GetPrefix() string {
@@ -831,7 +919,7 @@ type BgpSession struct {
 
 func (x *BgpSession) Reset() {
 	*x = BgpSession{}
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +931,7 @@ func (x *BgpSession) String() string {
 func (*BgpSession) ProtoMessage() {}
 
 func (x *BgpSession) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +944,7 @@ func (x *BgpSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSession.ProtoReflect.Descriptor instead.
 func (*BgpSession) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BgpSession) GetPeerAddress() string {
@@ -918,7 +1006,7 @@ type BgpFamily struct {
 
 func (x *BgpFamily) Reset() {
 	*x = BgpFamily{}
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1018,7 @@ func (x *BgpFamily) String() string {
 func (*BgpFamily) ProtoMessage() {}
 
 func (x *BgpFamily) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1031,7 @@ func (x *BgpFamily) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpFamily.ProtoReflect.Descriptor instead.
 func (*BgpFamily) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BgpFamily) GetFamily() string {
@@ -996,7 +1084,7 @@ type NodeHealth struct {
 
 func (x *NodeHealth) Reset() {
 	*x = NodeHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1096,7 @@ func (x *NodeHealth) String() string {
 func (*NodeHealth) ProtoMessage() {}
 
 func (x *NodeHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1109,7 @@ func (x *NodeHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
 func (*NodeHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeHealth) GetHealthzCode() int32 {
@@ -1072,7 +1160,7 @@ type ServiceHealth struct {
 
 func (x *ServiceHealth) Reset() {
 	*x = ServiceHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1172,7 @@ func (x *ServiceHealth) String() string {
 func (*ServiceHealth) ProtoMessage() {}
 
 func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1185,7 @@ func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceHealth.ProtoReflect.Descriptor instead.
 func (*ServiceHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ServiceHealth) GetNamespace() string {
@@ -1184,7 +1272,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1284,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1297,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SyncResponse) GetVersion() uint64 {
@@ -1293,14 +1381,17 @@ type NodeInfo struct {
 	FlowRingSize uint32 `protobuf:"varint,13,opt,name=flow_ring_size,json=flowRingSize,proto3" json:"flow_ring_size,omitempty"`
 	// The next nodes of that ring after this one, nearest first: a packet
 	// goes to the first that is alive.
-	FlowPeers     []*FlowPeer `protobuf:"bytes,14,rep,name=flow_peers,json=flowPeers,proto3" json:"flow_peers,omitempty"`
+	FlowPeers []*FlowPeer `protobuf:"bytes,14,rep,name=flow_peers,json=flowPeers,proto3" json:"flow_peers,omitempty"`
+	// When the drained node ends the external connections it still serves;
+	// unset: it serves them until they end.
+	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1403,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1416,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -1426,6 +1517,13 @@ func (x *NodeInfo) GetFlowPeers() []*FlowPeer {
 	return nil
 }
 
+func (x *NodeInfo) GetDrainDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainDeadline
+	}
+	return nil
+}
+
 // FlowPeer is a node of the ring that moved connections go round.
 type FlowPeer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1439,7 +1537,7 @@ type FlowPeer struct {
 
 func (x *FlowPeer) Reset() {
 	*x = FlowPeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1549,7 @@ func (x *FlowPeer) String() string {
 func (*FlowPeer) ProtoMessage() {}
 
 func (x *FlowPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1562,7 @@ func (x *FlowPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowPeer.ProtoReflect.Descriptor instead.
 func (*FlowPeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FlowPeer) GetName() string {
@@ -1495,7 +1593,7 @@ type L2Pool struct {
 
 func (x *L2Pool) Reset() {
 	*x = L2Pool{}
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1507,7 +1605,7 @@ func (x *L2Pool) String() string {
 func (*L2Pool) ProtoMessage() {}
 
 func (x *L2Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1520,7 +1618,7 @@ func (x *L2Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Pool.ProtoReflect.Descriptor instead.
 func (*L2Pool) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *L2Pool) GetRanges() []string {
@@ -1556,7 +1654,7 @@ type PoolAdvertisement struct {
 
 func (x *PoolAdvertisement) Reset() {
 	*x = PoolAdvertisement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1666,7 @@ func (x *PoolAdvertisement) String() string {
 func (*PoolAdvertisement) ProtoMessage() {}
 
 func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1679,7 @@ func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolAdvertisement.ProtoReflect.Descriptor instead.
 func (*PoolAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PoolAdvertisement) GetRanges() []string {
@@ -1643,7 +1741,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1753,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1766,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -1759,7 +1857,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +1869,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +1882,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -1898,7 +1996,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +2008,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +2021,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -1981,7 +2079,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[23]
+	mi := &file_weir_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1993,7 +2091,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[23]
+	mi := &file_weir_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2006,7 +2104,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -2111,7 +2209,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\"6\n" +
 	"\x04Nack\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\xa2\x02\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xce\x02\n" +
 	"\x06Report\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x124\n" +
 	"\vnode_health\x18\x02 \x01(\v2\x13.weir.v1.NodeHealthR\n" +
@@ -2119,7 +2217,14 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\bservices\x18\x03 \x03(\v2\x16.weir.v1.ServiceHealthR\bservices\x12)\n" +
 	"\x10removed_services\x18\x04 \x03(\tR\x0fremovedServices\x12G\n" +
 	"\x12last_sync_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x12&\n" +
-	"\x03bgp\x18\x06 \x01(\v2\x14.weir.v1.BgpSessionsR\x03bgp\"~\n" +
+	"\x03bgp\x18\x06 \x01(\v2\x14.weir.v1.BgpSessionsR\x03bgp\x12*\n" +
+	"\x05drain\x18\b \x01(\v2\x14.weir.v1.DrainStatusR\x05drain\"\xd7\x01\n" +
+	"\vDrainStatus\x12)\n" +
+	"\x10connections_left\x18\x01 \x01(\rR\x0fconnectionsLeft\x129\n" +
+	"\n" +
+	"counted_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tcountedAt\x126\n" +
+	"\bdeadline\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12*\n" +
+	"\x11ended_at_deadline\x18\x04 \x01(\rR\x0fendedAtDeadline\"~\n" +
 	"\vBgpSessions\x12/\n" +
 	"\bsessions\x18\x01 \x03(\v2\x13.weir.v1.BgpSessionR\bsessions\x12>\n" +
 	"\rannouncements\x18\x02 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements\"\\\n" +
@@ -2168,7 +2273,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
 	"\x04more\x18\x06 \x01(\bR\x04more\x12\x18\n" +
-	"\ahistory\x18\a \x01(\tR\ahistory\"\xfc\x03\n" +
+	"\ahistory\x18\a \x01(\tR\ahistory\"\xbf\x04\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
@@ -2187,7 +2292,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\bexcluded\x18\f \x01(\bR\bexcluded\x12$\n" +
 	"\x0eflow_ring_size\x18\r \x01(\rR\fflowRingSize\x120\n" +
 	"\n" +
-	"flow_peers\x18\x0e \x03(\v2\x11.weir.v1.FlowPeerR\tflowPeers\"<\n" +
+	"flow_peers\x18\x0e \x03(\v2\x11.weir.v1.FlowPeerR\tflowPeers\x12A\n" +
+	"\x0edrain_deadline\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\"<\n" +
 	"\bFlowPeer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\"@\n" +
@@ -2266,7 +2372,7 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(*LeasesRequest)(nil),         // 0: weir.v1.LeasesRequest
 	(*L2Refusal)(nil),             // 1: weir.v1.L2Refusal
@@ -2277,70 +2383,75 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*Ack)(nil),                   // 6: weir.v1.Ack
 	(*Nack)(nil),                  // 7: weir.v1.Nack
 	(*Report)(nil),                // 8: weir.v1.Report
-	(*BgpSessions)(nil),           // 9: weir.v1.BgpSessions
-	(*BgpAnnouncement)(nil),       // 10: weir.v1.BgpAnnouncement
-	(*BgpSession)(nil),            // 11: weir.v1.BgpSession
-	(*BgpFamily)(nil),             // 12: weir.v1.BgpFamily
-	(*NodeHealth)(nil),            // 13: weir.v1.NodeHealth
-	(*ServiceHealth)(nil),         // 14: weir.v1.ServiceHealth
-	(*SyncResponse)(nil),          // 15: weir.v1.SyncResponse
-	(*NodeInfo)(nil),              // 16: weir.v1.NodeInfo
-	(*FlowPeer)(nil),              // 17: weir.v1.FlowPeer
-	(*L2Pool)(nil),                // 18: weir.v1.L2Pool
-	(*PoolAdvertisement)(nil),     // 19: weir.v1.PoolAdvertisement
-	(*NodePeer)(nil),              // 20: weir.v1.NodePeer
-	(*NodeService)(nil),           // 21: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 22: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 23: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 26: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 27: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 28: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 29: weir.v1.Protocol
+	(*DrainStatus)(nil),           // 9: weir.v1.DrainStatus
+	(*BgpSessions)(nil),           // 10: weir.v1.BgpSessions
+	(*BgpAnnouncement)(nil),       // 11: weir.v1.BgpAnnouncement
+	(*BgpSession)(nil),            // 12: weir.v1.BgpSession
+	(*BgpFamily)(nil),             // 13: weir.v1.BgpFamily
+	(*NodeHealth)(nil),            // 14: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 15: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 16: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 17: weir.v1.NodeInfo
+	(*FlowPeer)(nil),              // 18: weir.v1.FlowPeer
+	(*L2Pool)(nil),                // 19: weir.v1.L2Pool
+	(*PoolAdvertisement)(nil),     // 20: weir.v1.PoolAdvertisement
+	(*NodePeer)(nil),              // 21: weir.v1.NodePeer
+	(*NodeService)(nil),           // 22: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 23: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 24: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 27: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 28: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 29: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 30: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	2,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
 	2,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
 	1,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
 	2,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
-	24, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
+	25, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
 	2,  // 5: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
 	5,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	6,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
 	7,  // 8: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
 	8,  // 9: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	13, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	14, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	24, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
-	9,  // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
-	11, // 14: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
-	10, // 15: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	25, // 16: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	12, // 17: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
-	25, // 18: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	16, // 19: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	21, // 20: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	20, // 21: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	19, // 22: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
-	18, // 23: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
-	17, // 24: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
-	22, // 25: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	26, // 26: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	26, // 27: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	27, // 28: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	28, // 29: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	29, // 30: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	23, // 31: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	4,  // 32: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	0,  // 33: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
-	15, // 34: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	3,  // 35: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
-	34, // [34:36] is the sub-list for method output_type
-	32, // [32:34] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	14, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	15, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	25, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	10, // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
+	9,  // 14: weir.v1.Report.drain:type_name -> weir.v1.DrainStatus
+	26, // 15: weir.v1.DrainStatus.counted_at:type_name -> google.protobuf.Timestamp
+	26, // 16: weir.v1.DrainStatus.deadline:type_name -> google.protobuf.Timestamp
+	12, // 17: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
+	11, // 18: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
+	26, // 19: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	13, // 20: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
+	26, // 21: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	17, // 22: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	22, // 23: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	21, // 24: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	20, // 25: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	19, // 26: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
+	18, // 27: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
+	26, // 28: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
+	23, // 29: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	27, // 30: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	27, // 31: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	28, // 32: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	29, // 33: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	30, // 34: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	24, // 35: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	4,  // 36: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	0,  // 37: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
+	16, // 38: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	3,  // 39: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
+	38, // [38:40] is the sub-list for method output_type
+	36, // [36:38] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -2361,7 +2472,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

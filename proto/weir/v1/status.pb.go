@@ -381,8 +381,12 @@ type NodeStatus struct {
 	// the server ends the stream then, and the agent reconnects with the
 	// certificate its files hold (unset in plain text).
 	CertificateNotAfter *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=certificate_not_after,json=certificateNotAfter,proto3" json:"certificate_not_after,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// What the node still serves while an operator has it drained, as its
+	// agent last reported; unset when it is not drained (or its agent
+	// predates drain reports).
+	Drain         *DrainStatus `protobuf:"bytes,17,opt,name=drain,proto3" json:"drain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -516,6 +520,13 @@ func (x *NodeStatus) GetAgentVersion() string {
 func (x *NodeStatus) GetCertificateNotAfter() *timestamppb.Timestamp {
 	if x != nil {
 		return x.CertificateNotAfter
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetDrain() *DrainStatus {
+	if x != nil {
+		return x.Drain
 	}
 	return nil
 }
@@ -1351,7 +1362,7 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"m\n" +
 	"\x18ListNodeStatusesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xd1\x05\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xfd\x05\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
@@ -1370,7 +1381,8 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\x13programming_latency\x18\f \x01(\v2\x19.google.protobuf.DurationR\x12programmingLatency\x12!\n" +
 	"\fl2_addresses\x18\r \x01(\rR\vl2Addresses\x12#\n" +
 	"\ragent_version\x18\x0e \x01(\tR\fagentVersion\x12N\n" +
-	"\x15certificate_not_after\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x13certificateNotAfter\"h\n" +
+	"\x15certificate_not_after\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x13certificateNotAfter\x12*\n" +
+	"\x05drain\x18\x11 \x01(\v2\x14.weir.v1.DrainStatusR\x05drain\"h\n" +
 	"\x15WaitProgrammedRequest\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x123\n" +
 	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x98\x01\n" +
@@ -1478,9 +1490,10 @@ var file_weir_v1_status_proto_goTypes = []any{
 	(*NodeHealth)(nil),                // 19: weir.v1.NodeHealth
 	(*durationpb.Duration)(nil),       // 20: google.protobuf.Duration
 	(*BgpSession)(nil),                // 21: weir.v1.BgpSession
-	(*SpeakerPath)(nil),               // 22: weir.v1.SpeakerPath
-	(*ServiceHealth)(nil),             // 23: weir.v1.ServiceHealth
-	(*BgpAnnouncement)(nil),           // 24: weir.v1.BgpAnnouncement
+	(*DrainStatus)(nil),               // 22: weir.v1.DrainStatus
+	(*SpeakerPath)(nil),               // 23: weir.v1.SpeakerPath
+	(*ServiceHealth)(nil),             // 24: weir.v1.ServiceHealth
+	(*BgpAnnouncement)(nil),           // 25: weir.v1.BgpAnnouncement
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
 	18, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
@@ -1493,35 +1506,36 @@ var file_weir_v1_status_proto_depIdxs = []int32{
 	21, // 7: weir.v1.NodeStatus.bgp_sessions:type_name -> weir.v1.BgpSession
 	20, // 8: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
 	18, // 9: weir.v1.NodeStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
-	20, // 10: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
-	9,  // 11: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
-	9,  // 12: weir.v1.WaitProgrammedResponse.speakers:type_name -> weir.v1.NodeProgress
-	12, // 13: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	16, // 14: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	15, // 15: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
-	13, // 16: weir.v1.ServiceReport.l2_addresses:type_name -> weir.v1.L2AddressStatus
-	18, // 17: weir.v1.L2AddressStatus.since:type_name -> google.protobuf.Timestamp
-	14, // 18: weir.v1.L2AddressStatus.passed_over:type_name -> weir.v1.L2NodeReason
-	22, // 19: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
-	18, // 20: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
-	23, // 21: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	24, // 22: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	17, // 23: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
-	4,  // 24: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 25: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	10, // 26: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 27: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	7,  // 28: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
-	5,  // 29: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 30: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	11, // 31: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 32: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	8,  // 33: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
-	29, // [29:34] is the sub-list for method output_type
-	24, // [24:29] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	22, // 10: weir.v1.NodeStatus.drain:type_name -> weir.v1.DrainStatus
+	20, // 11: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
+	9,  // 12: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
+	9,  // 13: weir.v1.WaitProgrammedResponse.speakers:type_name -> weir.v1.NodeProgress
+	12, // 14: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
+	16, // 15: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	15, // 16: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
+	13, // 17: weir.v1.ServiceReport.l2_addresses:type_name -> weir.v1.L2AddressStatus
+	18, // 18: weir.v1.L2AddressStatus.since:type_name -> google.protobuf.Timestamp
+	14, // 19: weir.v1.L2AddressStatus.passed_over:type_name -> weir.v1.L2NodeReason
+	23, // 20: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
+	18, // 21: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
+	24, // 22: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	25, // 23: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	17, // 24: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
+	4,  // 25: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 26: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 27: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 28: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 29: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 30: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 31: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 32: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 33: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 34: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	30, // [30:35] is the sub-list for method output_type
+	25, // [25:30] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
