@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,10 +10,13 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/servertest"
+	"github.com/weirlb/weir/test/wait"
 )
 
 // TestDrainTimeoutIsValidatedAtTheEdge: a timeout Kubernetes would refuse
@@ -123,6 +127,45 @@ func TestDrainDeadline(t *testing.T) {
 	}
 	if n := getNode(t, ts, "node1"); n.GetDrained() || n.GetDrainDeadline() != nil {
 		t.Errorf("uncordoned: drained %v, deadline %v", n.GetDrained(), n.GetDrainDeadline())
+	}
+}
+
+// TestDrainReportReachesTheStatus: what a drained node's agent reports it
+// still serves is in the node's status until it reports no drain.
+func TestDrainReportReachesTheStatus(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	agent.ack(agent.recv().GetVersion())
+	st := weirv1.NewStatusServiceClient(ts.Conn)
+	drainOf := func() (*weirv1.DrainStatus, error) {
+		resp, err := st.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+		if err != nil || len(resp.GetNodes()) != 1 {
+			return nil, fmt.Errorf("statuses %v, %v", resp.GetNodes(), err)
+		}
+		return resp.GetNodes()[0].GetDrain(), nil
+	}
+	counted := time.Now().Truncate(time.Second)
+	sent := &weirv1.DrainStatus{ConnectionsLeft: 12, CountedAt: timestamppb.New(counted), Deadline: timestamppb.New(counted.Add(8 * time.Second))}
+	for _, d := range []*weirv1.DrainStatus{sent, {}} {
+		if err := agent.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: &weirv1.Report{Drain: d}}}); err != nil {
+			t.Fatal(err)
+		}
+		want := d
+		if proto.Equal(d, &weirv1.DrainStatus{}) {
+			want = nil // not drained
+		}
+		wait.For(t, 5*time.Second, "the node's status shows the drain its agent reported", func() error {
+			got, err := drainOf()
+			if err != nil {
+				return err
+			}
+			if !proto.Equal(got, want) {
+				return fmt.Errorf("drain %v, want %v", got, want)
+			}
+			return nil
+		})
 	}
 }
 

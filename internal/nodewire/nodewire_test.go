@@ -58,10 +58,10 @@ func TestDecodeRejectsWhatTheDatapathCannotProgram(t *testing.T) {
 func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
 	in := datapath.NodeInfo{Name: "node1", Registered: true, Drained: true, Excluded: true,
 		DrainDeadline: time.Date(2026, 5, 1, 10, 0, 8, 0, time.UTC),
-		Addresses:    []netip.Addr{netip.MustParseAddr("192.0.2.11")},
-		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
-		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/108")},
-		FlowRing:     3,
+		Addresses:     []netip.Addr{netip.MustParseAddr("192.0.2.11")},
+		PodCIDRs:      []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+		ServiceCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/108")},
+		FlowRing:      3,
 		FlowPeers: []datapath.FlowPeer{{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12"), netip.MustParseAddr("2001:db8::12")}},
 			{Name: "node3", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.13")}}},
 	}

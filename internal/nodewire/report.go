@@ -29,6 +29,9 @@ func EncodeReport(r *report.Report) *weirv1.Report {
 	if r.BGP != nil {
 		out.Bgp = &weirv1.BgpSessions{Sessions: EncodeSessions(r.BGP.Sessions), Announcements: EncodeAnnouncements(r.BGP.Announcements)}
 	}
+	if r.Drain != nil {
+		out.Drain = EncodeDrain(*r.Drain)
+	}
 	for _, s := range r.Services {
 		out.Services = append(out.Services, &weirv1.ServiceHealth{
 			Namespace: s.Namespace, Name: s.Name,
@@ -51,6 +54,10 @@ func DecodeReport(r *weirv1.Report) *report.Report {
 	if b := r.GetBgp(); b != nil {
 		out.BGP = &report.BGPReport{Sessions: DecodeSessions(b.GetSessions()), Announcements: DecodeAnnouncements(b.GetAnnouncements())}
 	}
+	if d := r.GetDrain(); d != nil {
+		out.Drain = &report.DrainReport{Connections: int(d.GetConnectionsLeft()), CountedAt: timeOf(d.GetCountedAt()),
+			Deadline: timeOf(d.GetDeadline()), Ended: int(d.GetEndedAtDeadline())}
+	}
 	for _, s := range r.GetServices() {
 		p := s.GetHealthCheckNodePort()
 		if p < 0 || p > 65535 {
@@ -63,6 +70,13 @@ func DecodeReport(r *weirv1.Report) *report.Report {
 		})
 	}
 	return out
+}
+
+// EncodeDrain is the wire form of a node's drain (the agent's report, the
+// server's status of the node).
+func EncodeDrain(d report.DrainReport) *weirv1.DrainStatus {
+	return &weirv1.DrainStatus{ConnectionsLeft: uint32(max(d.Connections, 0)), CountedAt: timestamp(d.CountedAt),
+		Deadline: timestamp(d.Deadline), EndedAtDeadline: uint32(max(d.Ended, 0))}
 }
 
 // EncodeSessions is the wire form of a speaker's sessions; never nil, so

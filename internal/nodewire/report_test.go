@@ -28,6 +28,9 @@ func TestReportRoundTrip(t *testing.T) {
 			}},
 		{Removed: []string{"shop/web"}},
 		{BGP: &report.BGPReport{Sessions: []report.BGPSession{}}}, // a speaker with no sessions left
+		{Drain: &report.DrainReport{Connections: 12, CountedAt: since, Deadline: since.Add(10 * time.Minute), Ended: 3}},
+		{Drain: &report.DrainReport{Connections: 4, CountedAt: since}}, // drained without a deadline
+		{Drain: &report.DrainReport{}}, // no longer drained
 	} {
 		b, err := proto.Marshal(EncodeReport(r))
 		if err != nil {
