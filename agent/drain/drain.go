@@ -175,11 +175,15 @@ func (d *Drain) Run(ctx context.Context) {
 	tick := d.clock.NewTicker(CountPeriod)
 	defer tick.Stop()
 	for {
+		checked := d.clock.Now()
 		d.Check()
 		var atDeadline <-chan time.Time
 		var timer clock.Timer
-		if wait, ok := d.untilDeadline(); ok {
-			timer = d.clock.NewTimer(wait)
+		// A deadline Check has not seen pass yet. One it saw pass, and
+		// could not keep (the table failing), is tried again at the next
+		// count, not in a loop.
+		if deadline, ok := d.pendingDeadline(); ok && deadline.After(checked) {
+			timer = d.clock.NewTimer(max(deadline.Sub(d.clock.Now()), 0))
 			atDeadline = timer.C()
 		}
 		select {
@@ -197,14 +201,14 @@ func (d *Drain) Run(ctx context.Context) {
 	}
 }
 
-// untilDeadline is how long until a deadline still to be kept.
-func (d *Drain) untilDeadline() (time.Duration, bool) {
+// pendingDeadline is the drain's deadline while it is still to be kept.
+func (d *Drain) pendingDeadline() (time.Time, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.drained || d.deadline.IsZero() || d.endedFor.Equal(d.deadline) {
-		return 0, false
+		return time.Time{}, false
 	}
-	return max(d.deadline.Sub(d.clock.Now()), 0), true
+	return d.deadline, true
 }
 
 // Check counts what the node serves, when it is drained, and ends it once

@@ -275,3 +275,30 @@ func TestRunEndsAtTheDeadline(t *testing.T) {
 		return nil
 	})
 }
+
+// A deadline Run cannot keep (the table failing) is tried again at the
+// next count, not in a loop.
+func TestRunRetriesAFailedDeadlineAtTheNextCount(t *testing.T) {
+	ct := NewFake(table()...)
+	ct.Fail(errors.New("operation not permitted"))
+	d, clk, _ := newDrain(t, ct)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	d.Received(state(true, t0.Add(3*time.Second)))
+	wait.Until(t, 5*time.Second, "Run waits for its next count and the deadline", func() bool { return clk.Waiters() == 2 })
+	calls := ct.Calls()
+	clk.Step(3 * time.Second)
+	wait.Until(t, 5*time.Second, "Run tries to keep the deadline", func() bool { return ct.Calls() > calls })
+	// Then it waits for its next count alone: a timer for a deadline
+	// already past would fire at once, again and again.
+	time.Sleep(200 * time.Millisecond)
+	if n := clk.Waiters(); n != 1 {
+		t.Errorf("after failing to keep the deadline Run waits on %d timers, want its ticker alone", n)
+	}
+	ct.Fail(nil)
+	clk.Step(CountPeriod)
+	wait.Until(t, 5*time.Second, "the connections are ended at the next count", func() bool { return len(ct.Deleted()) == len(served) })
+}
