@@ -812,7 +812,7 @@ func elementObject(e element, g generation) *knftables.Element {
 }
 
 func nodeInfoEqual(a, b NodeInfo) bool {
-	return a.Name == b.Name && a.Zone == b.Zone && a.Deleting == b.Deleting && a.Drained == b.Drained && a.Excluded == b.Excluded && a.Registered == b.Registered &&
+	return a.Name == b.Name && a.Zone == b.Zone && a.Deleting == b.Deleting && a.Drained == b.Drained && a.DrainDeadline.Equal(b.DrainDeadline) && a.Excluded == b.Excluded && a.Registered == b.Registered &&
 		slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.PodCIDRs, b.PodCIDRs) && slices.Equal(a.BGPPeers, b.BGPPeers) &&
 		slices.EqualFunc(a.Advertisements, b.Advertisements, BGPAdvertisement.Equal) && slices.Equal(a.ServiceCIDRs, b.ServiceCIDRs) &&
 		slices.EqualFunc(a.L2Pools, b.L2Pools, L2Pool.Equal) && a.FlowRing == b.FlowRing &&

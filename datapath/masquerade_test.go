@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/knftables"
@@ -232,6 +233,11 @@ func TestNodeInfoEqualSeesEveryField(t *testing.T) {
 			f.SetInt(1)
 		case reflect.Slice:
 			f.Set(reflect.MakeSlice(f.Type(), 1, 1))
+		case reflect.Struct:
+			if f.Type() != reflect.TypeFor[time.Time]() {
+				t.Fatalf("field %s: struct %s not covered by this test", typ.Field(i).Name, f.Type())
+			}
+			f.Set(reflect.ValueOf(time.Unix(1, 0)))
 		default:
 			t.Fatalf("field %s: kind %s not covered by this test", typ.Field(i).Name, f.Kind())
 		}

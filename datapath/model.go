@@ -31,6 +31,10 @@ type NodeInfo struct {
 	Deleting  bool
 	// Drained: an operator took the node out of external traffic.
 	Drained bool
+	// DrainDeadline, when set, is when a drained node ends the external
+	// connections it still serves (agent/drain); the datapath itself
+	// does not use it.
+	DrainDeadline time.Time
 	// Excluded: the node is labelled out of external load balancers; it
 	// forwards what reaches it but announces nothing.
 	Excluded bool

@@ -384,6 +384,7 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 		return describeDocument(k, o, map[string]any{"status": status, "health_checks": checkStatuses}, output)
 	}
 
+	n := statuses[name]
 	var b strings.Builder
 	fields(&b, "", slices.Concat(a.metaFields(o), []string{
 		"Addresses", list(node.GetAddresses()),
@@ -391,8 +392,7 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 		"Pod CIDRs", list(node.GetPodCidrs()),
 		"Deleting", yesNo(node.GetDeleting()),
 		"Drained", yesNo(node.GetDrained()),
-	})...)
-	n := statuses[name]
+	}, a.drainFields(node, n.GetDrain()))...)
 	appliedSent, lag := versions(n)
 	lastError := "<none>"
 	if n.GetLastError() != "" {
@@ -484,6 +484,26 @@ func takenByHops(byHops []uint64) string {
 		return plural(0, "packet")
 	}
 	return plural(total, "packet") + " (" + strings.Join(parts, ", ") + ")"
+}
+
+// drainFields are a drained node's deadline and what it still serves, as
+// its agent last counted; none for a node that is not drained.
+func (a *app) drainFields(node *weirv1.Node, d *weirv1.DrainStatus) []string {
+	if !node.GetDrained() {
+		return nil
+	}
+	deadline := "<none>"
+	if ts := node.GetDrainDeadline(); ts != nil {
+		deadline = a.when(ts, "passed")
+	}
+	left := "<unknown>"
+	if d.GetCountedAt() != nil {
+		left = fmt.Sprintf("%d (counted %s)", d.GetConnectionsLeft(), a.ago(d.GetCountedAt()))
+		if ended := d.GetEndedAtDeadline(); ended > 0 {
+			left += fmt.Sprintf(", %d ended at the deadline", ended)
+		}
+	}
+	return []string{"Drain Deadline", deadline, "Connections Left", left}
 }
 
 // metaFields are the fields every resource's page starts with.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -98,6 +99,9 @@ type env struct {
 	announced map[string][]*weirv1.BgpAnnouncement
 	// moved is, per node, what its agent reports of moved connections.
 	moved map[string]*weirv1.MovedConnections
+	// drains are, per node, what its agent reports it still serves while
+	// drained.
+	drains map[string]*weirv1.DrainStatus
 }
 
 func newEnv(t *testing.T) *env {
@@ -522,6 +526,7 @@ func (e *env) agent(node string, healthz int32, services ...*weirv1.ServiceHealt
 		LastSyncDuration: durationpb.New(1500 * time.Microsecond),
 		Bgp:              &weirv1.BgpSessions{Sessions: e.bgp[node], Announcements: e.announced[node]},
 		MovedConnections: e.moved[node],
+		Drain:            e.drains[node],
 	}}})
 	sendMu.Unlock()
 	st := weirv1.NewStatusServiceClient(e.srv.Conn)
@@ -613,19 +618,33 @@ Receiving external traffic: node1
 
 func TestDescribeNode(t *testing.T) {
 	e := lbEnv(t)
-	// Drained before its agent connects, so that the agent has applied it.
-	e.mustLbctl("", "node", "drain", "node2")
+	// Drained before its agent connects, so that the agent has applied
+	// it; the deadline 10 minutes after the env's clock (3h05m after the
+	// server's).
+	out := e.mustLbctl("", "node", "drain", "node2", "--drain-timeout", "3h15m")
+	n, err := e.registry.GetNode(context.Background(), &weirv1.GetNodeRequest{Name: "node2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := n.GetNode().GetDrainDeadline()
+	if want := "node/node2 drained (drain deadline " + deadline.AsTime().Format(time.RFC3339) + ")\n"; out != want {
+		t.Errorf("drain: %q, want %q", out, want)
+	}
+	e.drains = map[string]*weirv1.DrainStatus{"node2": {ConnectionsLeft: 12, CountedAt: timestamppb.New(e.now.Add(-2 * time.Second)), Deadline: deadline}}
 	e.agent("node2", 503, lbHealth(503, 0))
-	golden(t, "describe node node2", e.mustLbctl("", "describe", "node", "node2"), `
-Name:        node2
-Labels:      rack=r2
-Source:      native
-Created:     3h ago
-Addresses:   192.0.2.12
-Zone:        zone-b
-Pod CIDRs:   10.244.2.0/24
-Deleting:    no
-Drained:     yes
+	got := strings.ReplaceAll(e.mustLbctl("", "describe", "node", "node2"), deadline.AsTime().Format(time.RFC3339), "DEADLINE")
+	golden(t, "describe node node2", got, `
+Name:               node2
+Labels:             rack=r2
+Source:             native
+Created:            3h ago
+Addresses:          192.0.2.12
+Zone:               zone-b
+Pod CIDRs:          10.244.2.0/24
+Deleting:           no
+Drained:            yes
+Drain Deadline:     in 10m (DEADLINE)
+Connections Left:   12 (counted 2s ago)
 Agent:
   Connected:             yes
   Last Seen:             3h ago
@@ -755,6 +774,77 @@ func TestDrainAndUncordon(t *testing.T) {
 	}
 	if _, errOut, code := e.lbctl("", "node", "drain", "nope"); code != 1 || errOut != "lbctl: node nope not found\n" {
 		t.Errorf("draining an unknown node: exit %d, %q", code, errOut)
+	}
+}
+
+// A drain's timeout: checked before anything is asked (a usage error, the
+// node left as it was), a deadline the node is read back with (and apply
+// takes as no change), cleared by a drain without one.
+func TestDrainTimeout(t *testing.T) {
+	e := newEnv(t)
+	e.mustLbctl(fixture, "apply", "-f", "-")
+	deadline := func() *timestamppb.Timestamp {
+		t.Helper()
+		n, err := e.registry.GetNode(context.Background(), &weirv1.GetNodeRequest{Name: "node1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.GetNode().GetDrainDeadline()
+	}
+	for _, tc := range []struct{ timeout, want string }{
+		{"-1s", "lbctl: --drain-timeout: -1s is negative: want 0 (no deadline) or whole seconds up to 7 days\n"},
+		{"1500ms", "lbctl: --drain-timeout: 1.5s is not whole seconds\n"},
+		{"169h", "lbctl: --drain-timeout: 169h0m0s is more than 7 days (168h0m0s)\n"},
+	} {
+		if _, errOut, code := e.lbctl("", "node", "drain", "node1", "--drain-timeout", tc.timeout); code != 2 || errOut != tc.want {
+			t.Errorf("--drain-timeout %s: exit %d, %q; want exit 2, %q", tc.timeout, code, errOut, tc.want)
+		}
+	}
+	if n, _ := e.registry.GetNode(context.Background(), &weirv1.GetNodeRequest{Name: "node1"}); n.GetNode().GetDrained() {
+		t.Error("a refused drain drained the node")
+	}
+	before := time.Now()
+	out := e.mustLbctl("", "node", "drain", "node1", "--drain-timeout", "10m")
+	d := deadline()
+	if d == nil || d.AsTime().Before(before.Add(10*time.Minute)) || d.AsTime().After(time.Now().Add(10*time.Minute+time.Second)) {
+		t.Fatalf("drained for 10m at %v: deadline %v", before, d)
+	}
+	if want := "node/node1 drained (drain deadline " + d.AsTime().Format(time.RFC3339) + ")\n"; out != want {
+		t.Errorf("drain: %q, want %q", out, want)
+	}
+	// drain_deadline is output only: a drained node read back is no change.
+	if got := e.mustLbctl(e.mustLbctl("", "get", "node", "node1", "-o", "yaml"), "apply", "-f", "-"); got != "node/node1 unchanged\n" || !proto.Equal(deadline(), d) {
+		t.Errorf("applying a node with a deadline back: %q, deadline %v; want unchanged, %v", got, deadline(), d)
+	}
+	if out := e.mustLbctl("", "node", "drain", "node1"); out != "node/node1 drained\n" || deadline() != nil {
+		t.Errorf("drained again without a timeout: %q, deadline %v; want none", out, deadline())
+	}
+}
+
+// A drained node's page says when its connections end (or that they do
+// not) and how many are left, as its agent last counted.
+func TestDrainFields(t *testing.T) {
+	now := time.Date(2026, 5, 1, 10, 0, 0, 0, time.UTC)
+	a := &app{now: func() time.Time { return now }}
+	ts := func(d time.Duration) *timestamppb.Timestamp { return timestamppb.New(now.Add(d)) }
+	drained := &weirv1.Node{Drained: true, DrainDeadline: ts(9*time.Minute + 30*time.Second)}
+	for _, tc := range []struct {
+		name  string
+		node  *weirv1.Node
+		drain *weirv1.DrainStatus
+		want  []string
+	}{
+		{"not drained", &weirv1.Node{}, nil, nil},
+		{"before the deadline", drained, &weirv1.DrainStatus{ConnectionsLeft: 12, CountedAt: ts(-2 * time.Second)},
+			[]string{"Drain Deadline", "in 9m (2026-05-01T10:09:30Z)", "Connections Left", "12 (counted 2s ago)"}},
+		{"after it", &weirv1.Node{Drained: true, DrainDeadline: ts(-3 * time.Minute)}, &weirv1.DrainStatus{CountedAt: ts(-time.Second), EndedAtDeadline: 12},
+			[]string{"Drain Deadline", "passed 3m ago (2026-05-01T09:57:00Z)", "Connections Left", "0 (counted 1s ago), 12 ended at the deadline"}},
+		{"no deadline, nothing reported", &weirv1.Node{Drained: true}, nil,
+			[]string{"Drain Deadline", "<none>", "Connections Left", "<unknown>"}},
+	} {
+		if got := a.drainFields(tc.node, tc.drain); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
 

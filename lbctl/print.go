@@ -340,9 +340,15 @@ func (a *app) expires(ts *timestamppb.Timestamp) string {
 	if ts == nil {
 		return "-"
 	}
+	return a.when(ts, "EXPIRED")
+}
+
+// when says when a time comes, "in 9m (2026-12-24T10:00:00Z)", or, with
+// past the word for it, when it went: "EXPIRED 3h ago (...)".
+func (a *app) when(ts *timestamppb.Timestamp, past string) string {
 	at := ts.AsTime().UTC().Format(time.RFC3339)
 	if now := a.now(); ts.AsTime().Before(now) {
-		return "EXPIRED " + age(now, ts) + " ago (" + at + ")"
+		return past + " " + age(now, ts) + " ago (" + at + ")"
 	}
 	return "in " + age(ts.AsTime(), timestamppb.New(a.now())) + " (" + at + ")"
 }

@@ -110,7 +110,7 @@ var kinds = []*kind{
 	},
 	{
 		name: "Node", singular: "node", plural: "nodes", aliases: []string{"no"},
-		field: "node", namespaced: false, outputOnly: []string{"drained"}, columns: nodeColumns,
+		field: "node", namespaced: false, outputOnly: []string{"drained", "drain_deadline"}, columns: nodeColumns,
 		new: func() object { return &weirv1.Node{} },
 		get: func(ctx context.Context, c client, _, name string) (object, error) {
 			r, err := c.GetNode(ctx, &weirv1.GetNodeRequest{Name: name})
@@ -292,7 +292,7 @@ func recv[R interface{ GetType() weirv1.WatchEventType }, T object](s interface{
 }
 
 // settable is o without what the server sets on every write (version,
-// creation time, source) or alone (a node's drained), so that two
+// creation time, source) or alone (a node's drain), so that two
 // versions compare equal when a write would change nothing.
 func (k *kind) settable(o object) object {
 	o = proto.Clone(o).(object)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/weirlb/weir/datapath"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
@@ -25,6 +27,9 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 		Excluded:     n.Excluded,
 		Registered:   n.Registered,
 		ServiceCidrs: strs(n.ServiceCIDRs),
+	}
+	if !n.DrainDeadline.IsZero() {
+		out.DrainDeadline = timestamppb.New(n.DrainDeadline)
 	}
 	for _, p := range n.BGPPeers {
 		out.BgpPeers = append(out.BgpPeers, &weirv1.NodePeer{Address: p.Address.String(), Port: int32(p.Port), Asn: p.ASN, MyAsn: p.MyASN,
@@ -88,6 +93,12 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 		Name: n.GetName(), Addresses: addrs, Zone: n.GetZone(), PodCIDRs: cidrs,
 		Deleting: n.GetDeleting(), Drained: n.GetDrained(), Excluded: n.GetExcluded(), Registered: n.GetRegistered(),
 		ServiceCIDRs: serviceCIDRs,
+	}
+	if d := n.GetDrainDeadline(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return datapath.NodeInfo{}, fmt.Errorf("node.drain_deadline: %w", err)
+		}
+		info.DrainDeadline = d.AsTime()
 	}
 	for i, p := range n.GetBgpPeers() {
 		a, err := netip.ParseAddr(p.GetAddress())

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/datapath"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
@@ -56,10 +57,11 @@ func TestDecodeRejectsWhatTheDatapathCannotProgram(t *testing.T) {
 
 func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
 	in := datapath.NodeInfo{Name: "node1", Registered: true, Drained: true, Excluded: true,
-		Addresses:    []netip.Addr{netip.MustParseAddr("192.0.2.11")},
-		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
-		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/108")},
-		FlowRing:     3,
+		DrainDeadline: time.Date(2026, 5, 1, 10, 0, 8, 0, time.UTC),
+		Addresses:     []netip.Addr{netip.MustParseAddr("192.0.2.11")},
+		PodCIDRs:      []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+		ServiceCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/108")},
+		FlowRing:      3,
 		FlowPeers: []datapath.FlowPeer{{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12"), netip.MustParseAddr("2001:db8::12")}},
 			{Name: "node3", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.13")}}},
 	}
@@ -75,5 +77,19 @@ func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
 	}
 	if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", FlowRingSize: 2, FlowPeers: []*weirv1.FlowPeer{{Name: "a"}, {Name: "b"}}}); err == nil {
 		t.Error("a ring smaller than its peers decoded without error")
+	}
+}
+
+// A drain's deadline crosses the stream as it is; a drain without one
+// stays without one, and a deadline that is no time is refused.
+func TestNodeDrainDeadline(t *testing.T) {
+	for _, deadline := range []time.Time{{}, time.Date(2026, 5, 1, 10, 0, 8, 0, time.UTC)} {
+		out, err := DecodeNode(EncodeNode(datapath.NodeInfo{Name: "node1", Drained: true, DrainDeadline: deadline}))
+		if err != nil || !out.DrainDeadline.Equal(deadline) || out.DrainDeadline.IsZero() != deadline.IsZero() {
+			t.Errorf("deadline %v came back as %v, %v", deadline, out.DrainDeadline, err)
+		}
+	}
+	if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", DrainDeadline: &timestamppb.Timestamp{Seconds: 1, Nanos: -1}}); err == nil {
+		t.Error("a deadline that is no time decoded without error")
 	}
 }

@@ -32,6 +32,9 @@ func EncodeReport(r *report.Report) *weirv1.Report {
 	if r.Moved != nil {
 		out.MovedConnections = EncodeMoved(*r.Moved)
 	}
+	if r.Drain != nil {
+		out.Drain = EncodeDrain(*r.Drain)
+	}
 	for _, s := range r.Services {
 		out.Services = append(out.Services, &weirv1.ServiceHealth{
 			Namespace: s.Namespace, Name: s.Name,
@@ -57,6 +60,10 @@ func DecodeReport(r *weirv1.Report) *report.Report {
 	if m := r.GetMovedConnections(); m != nil {
 		moved := DecodeMoved(m)
 		out.Moved = &moved
+	}
+	if d := r.GetDrain(); d != nil {
+		out.Drain = &report.DrainReport{Connections: int(d.GetConnectionsLeft()), CountedAt: timeOf(d.GetCountedAt()),
+			Deadline: timeOf(d.GetDeadline()), Ended: int(d.GetEndedAtDeadline())}
 	}
 	for _, s := range r.GetServices() {
 		p := s.GetHealthCheckNodePort()
@@ -88,6 +95,13 @@ func DecodeMoved(m *weirv1.MovedConnections) report.MovedReport {
 		out.TakenPackets[min(i, len(out.TakenPackets)-1)] += n
 	}
 	return out
+}
+
+// EncodeDrain is the wire form of a node's drain (the agent's report, the
+// server's status of the node).
+func EncodeDrain(d report.DrainReport) *weirv1.DrainStatus {
+	return &weirv1.DrainStatus{ConnectionsLeft: uint32(max(d.Connections, 0)), CountedAt: timestamp(d.CountedAt),
+		Deadline: timestamp(d.Deadline), EndedAtDeadline: uint32(max(d.Ended, 0))}
 }
 
 // EncodeSessions is the wire form of a speaker's sessions; never nil, so

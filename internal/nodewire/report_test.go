@@ -31,6 +31,9 @@ func TestReportRoundTrip(t *testing.T) {
 		{Moved: &report.MovedReport{Next: "node2", NotAnswering: []string{"node3"}, PassedPackets: 10, PassedConnections: 2,
 			TakenPackets: [4]uint64{5, 4, 3, 2}, UnownedPackets: 1, ChangedAt: since}},
 		{Moved: &report.MovedReport{}}, // no ring, nothing counted
+		{Drain: &report.DrainReport{Connections: 12, CountedAt: since, Deadline: since.Add(10 * time.Minute), Ended: 3}},
+		{Drain: &report.DrainReport{Connections: 4, CountedAt: since}}, // drained without a deadline
+		{Drain: &report.DrainReport{}}, // no longer drained
 	} {
 		b, err := proto.Marshal(EncodeReport(r))
 		if err != nil {

@@ -1,7 +1,8 @@
 // Package report is what an agent tells the server of its node: the
-// health answers, every service as the node sees it, and its BGP speaker's
-// sessions and announcements. A leaf: the health checks, the node speaker
-// and the syncer fill or send it without importing one another.
+// health answers, every service as the node sees it, its BGP speaker's
+// sessions and announcements, and what it still serves while drained. A
+// leaf: the health checks, the node speaker, the drain and the syncer fill
+// or send it without importing one another.
 package report
 
 import (
@@ -39,6 +40,9 @@ type Report struct {
 	// Moved is what the node did with moved connections' packets, when
 	// it changed; nil on a node that does not pass them on.
 	Moved *MovedReport
+	// Drain is the node's drain, when it changed; a zero DrainReport:
+	// the node is not drained.
+	Drain *DrainReport
 }
 
 // MovedReport is what a node's rules did with the packets of established
@@ -66,6 +70,20 @@ func (m MovedReport) Equal(o MovedReport) bool {
 	m.ChangedAt, o.ChangedAt = time.Time{}, time.Time{}
 	return m.Next == o.Next && slices.Equal(m.NotAnswering, o.NotAnswering) && m.PassedPackets == o.PassedPackets &&
 		m.PassedConnections == o.PassedConnections && m.TakenPackets == o.TakenPackets && m.UnownedPackets == o.UnownedPackets
+}
+
+// DrainReport is what a drained node still serves: the external
+// connections it holds (its conntrack entries of TCP connections it
+// DNAT'ed to a load-balancer IP, an external IP or a node port).
+type DrainReport struct {
+	// Connections is how many it served when it counted them, at
+	// CountedAt (zero before the first count).
+	Connections int
+	CountedAt   time.Time
+	// Deadline is when the node ends them; zero: no deadline.
+	Deadline time.Time
+	// Ended is how many the node ended when Deadline passed.
+	Ended int
 }
 
 // BGPReport is the node speaker's sessions and what it announces.
@@ -114,5 +132,8 @@ func (r *Report) Merge(o *Report) {
 	}
 	if o.Moved != nil {
 		r.Moved = o.Moved
+	}
+	if o.Drain != nil {
+		r.Drain = o.Drain
 	}
 }

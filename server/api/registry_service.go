@@ -2,10 +2,13 @@ package api
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/weirlb/weir/internal/draintimeout"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/nodestate"
@@ -54,9 +57,7 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 			}},
 		endpoints: resource[*model.EndpointSlice, *weirv1.EndpointSlice]{field: "endpoint_slice", coll: reg.EndpointSlices, from: resourcewire.EndpointSliceFromProto, to: resourcewire.EndpointSliceToProto},
 		nodes: resource[*model.Node, *weirv1.Node]{field: "node", coll: reg.Nodes, from: resourcewire.NodeFromProto, to: func(n *model.Node) *weirv1.Node {
-			p := resourcewire.NodeToProto(n)
-			p.Drained = reg.Drained(n.Name)
-			return p
+			return resourcewire.NodeToProto(reg.WithDrain(n))
 		}},
 		pools: resource[*model.AddressPool, *weirv1.AddressPool]{field: "address_pool", coll: reg.Pools, from: resourcewire.PoolFromProto, to: resourcewire.PoolToProto},
 		peers: resource[*model.BGPPeer, *weirv1.BgpPeer]{field: "bgp_peer", coll: reg.Peers, from: resourcewire.BGPPeerFromProto, to: resourcewire.BGPPeerToProto,
@@ -148,15 +149,40 @@ func (s *RegistryService) DeleteAddressPool(_ context.Context, req *weirv1.Delet
 }
 
 func (s *RegistryService) DrainNode(_ context.Context, req *weirv1.DrainNodeRequest) (*weirv1.DrainNodeResponse, error) {
-	n, rev, err := s.reg.SetDrained(req.GetName(), true)
+	deadline, err := drainDeadline(req.GetDrainTimeout(), time.Now())
+	if err != nil {
+		return nil, Status("", err)
+	}
+	n, rev, err := s.reg.Drain(req.GetName(), deadline)
 	if err != nil {
 		return nil, Status("", err)
 	}
 	return &weirv1.DrainNodeResponse{Node: s.nodes.to(n), ResourceVersion: revisionString(rev), Revision: rev}, nil
 }
 
+// drainDeadline is when a drain asked at now with timeout ends what the
+// node still serves: zero for no timeout (absent or 0), otherwise now plus
+// the timeout, rounded up to the second so that it reads the same after
+// a trip through the store.
+func drainDeadline(timeout *durationpb.Duration, now time.Time) (time.Time, error) {
+	if timeout == nil {
+		return time.Time{}, nil
+	}
+	if err := timeout.CheckValid(); err != nil {
+		return time.Time{}, &model.FieldError{Field: "drain_timeout", Reason: err.Error()}
+	}
+	d := timeout.AsDuration()
+	if err := draintimeout.Check(d); err != nil {
+		return time.Time{}, &model.FieldError{Field: "drain_timeout", Reason: err.Error()}
+	}
+	if d == 0 {
+		return time.Time{}, nil
+	}
+	return now.Add(d + time.Second - 1).Truncate(time.Second).UTC(), nil
+}
+
 func (s *RegistryService) UncordonNode(_ context.Context, req *weirv1.UncordonNodeRequest) (*weirv1.UncordonNodeResponse, error) {
-	n, rev, err := s.reg.SetDrained(req.GetName(), false)
+	n, rev, err := s.reg.Uncordon(req.GetName())
 	if err != nil {
 		return nil, Status("", err)
 	}

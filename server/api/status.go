@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/internal/nodewire"
+	"github.com/weirlb/weir/internal/report"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
 	"github.com/weirlb/weir/server/l2owner"
@@ -206,6 +207,7 @@ func (s *StatusService) nodeStatuses() []*weirv1.NodeStatus {
 			AgentVersion:        n.AgentVersion,
 			CertificateNotAfter: timestamp(n.CertificateNotAfter),
 			MovedConnections:    movedConnections(n),
+			Drain:               drainStatus(n.Drain),
 		})
 	}
 	return out
@@ -218,6 +220,15 @@ func movedConnections(n observed.Node) *weirv1.MovedConnections {
 		return nil
 	}
 	return nodewire.EncodeMoved(n.Moved)
+}
+
+// drainStatus is what a drained node still serves; nil when it is not
+// drained.
+func drainStatus(d observed.Drain) *weirv1.DrainStatus {
+	if d == (observed.Drain{}) {
+		return nil
+	}
+	return nodewire.EncodeDrain(report.DrainReport{Connections: d.ConnectionsLeft, CountedAt: d.CountedAt, Deadline: d.Deadline, Ended: d.EndedAtDeadline})
 }
 
 // GetServiceStatus tells, per node, what it sees of the service and

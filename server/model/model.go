@@ -321,6 +321,10 @@ type Node struct {
 	// Drained is set by an operator, apart from the node's source; it is
 	// kept by the registry, not in the node's own record.
 	Drained bool `json:"-"`
+	// DrainDeadline, kept beside Drained, is when the drained node ends
+	// the external connections it still serves; zero: it serves them
+	// until they end.
+	DrainDeadline time.Time `json:"-"`
 }
 
 // LabelExcludeFromLoadBalancers is Kubernetes' node label (any value)

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/server/announcers"
@@ -104,7 +105,7 @@ func TestAnnouncersFollowThePoolsLimit(t *testing.T) {
 		t.Errorf("unlimited pool: announcers %v, want none chosen", got)
 	}
 
-	if _, _, err := reg.SetDrained(a[0], true); err != nil {
+	if _, _, err := reg.Drain(a[0], time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	now := chosen("default/a")[netip.MustParseAddr("203.0.113.7")]

@@ -32,14 +32,15 @@ func NodeOnRing(v registry.View, name string, ring FlowRing) datapath.NodeInfo {
 		return datapath.NodeInfo{Name: name}
 	}
 	info := datapath.NodeInfo{
-		Name:       n.Name,
-		Addresses:  n.Addresses,
-		Zone:       n.Zone,
-		PodCIDRs:   n.PodCIDRs,
-		Deleting:   n.Deleting,
-		Drained:    n.Drained,
-		Excluded:   n.Excluded(),
-		Registered: true,
+		Name:          n.Name,
+		Addresses:     n.Addresses,
+		Zone:          n.Zone,
+		PodCIDRs:      n.PodCIDRs,
+		Deleting:      n.Deleting,
+		Drained:       n.Drained,
+		DrainDeadline: n.DrainDeadline,
+		Excluded:      n.Excluded(),
+		Registered:    true,
 	}
 	for _, p := range v.Peers() {
 		if p.Selects(n.Labels) {

@@ -1,6 +1,7 @@
 // Package observed is what the server knows of each node from its agent:
 // the connection, the versions sent and applied, and what the agent
-// reports of its health answers, its services and its BGP speaker. The
+// reports of its health answers, its services, its BGP speaker and what
+// it still serves while drained. The
 // hub (server/agentsync) keeps it; the status API, the receive verdicts
 // and the replicas read it. No transport types: reports arrive decoded.
 package observed
@@ -50,6 +51,20 @@ type Node struct {
 	// last reported; zero when it does not pass them on (and then left
 	// out of what replicas share).
 	Moved report.MovedReport `json:",omitzero"`
+	// Drain is what the node still serves while drained, as last
+	// reported; zero when it is not drained. Left out then, so that what
+	// replicas share reads as before.
+	Drain Drain `json:",omitzero"`
+}
+
+// Drain is what a drained node still serves: the external connections
+// its agent counts, and what it ended at the drain's deadline.
+type Drain struct {
+	ConnectionsLeft int
+	CountedAt       time.Time
+	// Deadline is the drain's deadline as the agent knows it; zero: none.
+	Deadline        time.Time `json:",omitzero"`
+	EndedAtDeadline int       `json:",omitzero"`
 }
 
 // ProgrammedVersion is the highest store revision such that everything up
@@ -108,6 +123,13 @@ func (n *Node) Record(r *report.Report) {
 		if r.Moved != nil {
 			n.Moved = *r.Moved
 		}
+	}
+	if r.Full || r.Drain != nil {
+		var d report.DrainReport
+		if r.Drain != nil {
+			d = *r.Drain
+		}
+		n.Drain = Drain{ConnectionsLeft: d.Connections, CountedAt: d.CountedAt, Deadline: d.Deadline, EndedAtDeadline: d.Ended}
 	}
 	if r.Full || n.Services == nil {
 		n.Services = map[string]Service{}

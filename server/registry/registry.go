@@ -74,9 +74,10 @@ type Registry struct {
 	advanced        notify.Signal
 	slicesByService map[string]map[string]*model.EndpointSlice
 	listeners       []func(Change)
-	// drained holds the nodes an operator drained: Weir's own state, apart
-	// from the Node, which a source such as Kubernetes may own.
-	drained map[string]bool
+	// drained holds the nodes an operator drained, each with its drain's
+	// deadline (zero: none): Weir's own state, apart from the Node, which
+	// a source such as Kubernetes may own.
+	drained map[string]time.Time
 	// rules are the services' allocation rules; claimIndex finds the
 	// services that may share an address or a node port.
 	rules      ServiceRules
@@ -98,7 +99,7 @@ type storedKind interface {
 
 // Open loads every stored resource.
 func Open(st store.Backend) (*Registry, error) {
-	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}, drained: map[string]bool{},
+	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}, drained: map[string]time.Time{},
 		rules: DefaultServiceRules()}
 	r.Services = newCollection(r, "services", true, func(s *model.Service) error {
 		if err := s.Validate(); err != nil {
@@ -132,7 +133,7 @@ func Open(st store.Backend) (*Registry, error) {
 	}
 	rev, err := st.Load(func(kind, key string, rev uint64, value []byte) error {
 		if kind == drainsKind {
-			r.drained[key] = true
+			r.drained[key] = decodeDrain(value)
 			return nil
 		}
 		if k := r.kinds[kind]; k != nil {
@@ -165,22 +166,36 @@ func (r *Registry) SetServiceRules(rules ServiceRules) {
 	r.rules = rules
 }
 
-// SetDrained drains a node (it takes no new external traffic) or undoes it,
-// and returns the node and the revision that holds the change (the current
+// Drain drains a node (it takes no new external traffic) until deadline,
+// when its agent ends the external connections it still serves (zero: no
+// deadline). Draining a drained node again sets its deadline anew. It
+// returns the node and the revision that holds the change (the current
 // one when the node was already so).
-func (r *Registry) SetDrained(node string, drained bool) (n *model.Node, rev uint64, err error) {
+func (r *Registry) Drain(node string, deadline time.Time) (n *model.Node, rev uint64, err error) {
+	value, err := encodeDrain(deadline)
+	if err != nil {
+		return nil, 0, err
+	}
+	return r.setDrain(node, value)
+}
+
+// Uncordon undoes a node's drain, as Drain returns.
+func (r *Registry) Uncordon(node string) (n *model.Node, rev uint64, err error) {
+	return r.setDrain(node, nil)
+}
+
+// setDrain stores a node's drain (value nil: none).
+func (r *Registry) setDrain(node string, value []byte) (n *model.Node, rev uint64, err error) {
 	rev, err = r.write(func() (*pending, error) {
 		var ok bool
 		if n, ok = r.Nodes.items[node]; !ok {
 			return nil, fmt.Errorf("nodes %s: %w", node, ErrNotFound)
 		}
-		if r.drained[node] == drained {
+		deadline, drained := r.drained[node]
+		if drained == (value != nil) && deadline.Equal(decodeDrain(value)) {
 			return nil, nil
 		}
-		op := store.Op{Kind: drainsKind, Key: node}
-		if drained {
-			op.Value = []byte{1}
-		}
+		op := store.Op{Kind: drainsKind, Key: node, Value: value}
 		return &pending{ops: []store.Op{op}, what: "the drain of " + node, publish: func(rev uint64, readBack bool) {
 			if !readBack {
 				ch := Change{Revision: rev}
@@ -200,7 +215,7 @@ func (r *Registry) SetDrained(node string, drained bool) (n *model.Node, rev uin
 // putDrain puts a drain write in place. Called with mu held.
 func (r *Registry) putDrain(op store.Op, ch *Change) {
 	if op.Value != nil {
-		r.drained[op.Key] = true
+		r.drained[op.Key] = decodeDrain(op.Value)
 	} else {
 		delete(r.drained, op.Key)
 	}
@@ -216,23 +231,26 @@ func (r *Registry) Aside(node string) model.Aside {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	n := r.Nodes.items[node]
-	return model.Aside{Drained: r.drained[node], Excluded: n != nil && n.Excluded()}
+	_, drained := r.drained[node]
+	return model.Aside{Drained: drained, Excluded: n != nil && n.Excluded()}
 }
 
-// Drained reports whether an operator drained the node.
-func (r *Registry) Drained(node string) bool {
+// WithDrain is n with its drain state (Drained, DrainDeadline), for a
+// node read from Nodes; the stored object is not changed.
+func (r *Registry) WithDrain(n *model.Node) *model.Node {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	return r.drained[node]
+	return r.withDrain(n)
 }
 
-// withDrain is n with its drain state; the stored object is not changed.
+// withDrain is WithDrain with mu held.
 func (r *Registry) withDrain(n *model.Node) *model.Node {
-	if !r.drained[n.Name] {
+	deadline, drained := r.drained[n.Name]
+	if !drained {
 		return n
 	}
 	c := *n
-	c.Drained = true
+	c.Drained, c.DrainDeadline = true, deadline
 	return &c
 }
 
@@ -657,9 +675,9 @@ func (r *Registry) reload() error {
 			r.putDrain(store.Op{Kind: drainsKind, Key: key}, &ch)
 		}
 	}
-	for key := range fresh[drainsKind] {
-		if !r.drained[key] {
-			r.putDrain(store.Op{Kind: drainsKind, Key: key, Value: []byte{1}}, &ch)
+	for key, s := range fresh[drainsKind] {
+		if deadline, ok := r.drained[key]; !ok || !deadline.Equal(decodeDrain(s.value)) {
+			r.putDrain(store.Op{Kind: drainsKind, Key: key, Value: s.value}, &ch)
 		}
 	}
 	r.advance(rev)

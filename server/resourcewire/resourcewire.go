@@ -277,7 +277,12 @@ func NodeFromProto(n *weirv1.Node) (*model.Node, error) {
 
 // NodeToProto is the wire form of a node.
 func NodeToProto(n *model.Node) *weirv1.Node {
-	return &weirv1.Node{Metadata: metaToProto(&n.Meta), Addresses: strs(n.Addresses), Zone: n.Zone, PodCidrs: strs(n.PodCIDRs), Deleting: n.Deleting}
+	out := &weirv1.Node{Metadata: metaToProto(&n.Meta), Addresses: strs(n.Addresses), Zone: n.Zone, PodCidrs: strs(n.PodCIDRs), Deleting: n.Deleting,
+		Drained: n.Drained}
+	if !n.DrainDeadline.IsZero() {
+		out.DrainDeadline = timestamppb.New(n.DrainDeadline)
+	}
+	return out
 }
 
 // PoolFromProto reads an address pool (fields are named as in the API).

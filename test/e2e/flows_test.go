@@ -73,6 +73,7 @@ type longLived struct {
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	broken   []string
+	brokenAt []time.Time // when each of broken broke
 	requests int
 	ports    []string // the clients' source ports
 }
@@ -110,6 +111,7 @@ func startLongLived(t *testing.T, ns *lab.Netns, dst netip.AddrPort, n int) *lon
 				l.requests++
 				if err != nil {
 					l.broken = append(l.broken, fmt.Sprintf("%s: %v", k.conn.LocalAddr(), err))
+					l.brokenAt = append(l.brokenAt, time.Now())
 				}
 				l.mu.Unlock()
 				if err != nil {
@@ -119,6 +121,24 @@ func startLongLived(t *testing.T, ns *lab.Netns, dst netip.AddrPort, n int) *lon
 		}()
 	}
 	return l
+}
+
+// Broken is what broke so far, and when.
+func (l *longLived) Broken() ([]string, []time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.broken), slices.Clone(l.brokenAt)
+}
+
+// brokenPort is the client port of a connection Broken or Stop says broke
+// ("ADDR:PORT: error"); "" when it says none.
+func brokenPort(b string) string {
+	addr, _, _ := strings.Cut(b, ": ")
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return ""
+	}
+	return strconv.Itoa(int(ap.Port()))
 }
 
 // Stop ends the connections and returns the requests made and what broke.
@@ -305,9 +325,7 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 		if redirect {
 			held := 0
 			for _, b := range broken {
-				_, port, _ := strings.Cut(strings.SplitN(b, " ", 2)[0], ":")
-				port = strings.TrimSuffix(port, ":")
-				if slices.Contains(lost[name], port) {
+				if slices.Contains(lost[name], brokenPort(b)) {
 					held++
 					continue
 				}

@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/weirlb/weir/agent/bgp"
+	"github.com/weirlb/weir/agent/drain"
 	"github.com/weirlb/weir/agent/faults"
 	"github.com/weirlb/weir/agent/flows"
 	"github.com/weirlb/weir/agent/health"
@@ -191,6 +192,11 @@ func run() error {
 		go movedReport.Run(ctx)
 		observers = append(observers, movedReport)
 	}
+	// A drained node counts the external connections it still serves and
+	// ends them at the drain's deadline.
+	drainer := drain.New(drain.Netlink{}, clock.RealClock{}, log.With("component", "drain"), reg)
+	go drainer.Run(ctx)
+	observers = append(observers, drainer)
 	if *bgpASN != 0 {
 		// Rules left by the agent before this one still forward: tell
 		// graceful-restart routers so, and they keep the routes they hold.

@@ -622,8 +622,12 @@ type Report struct {
 	// when it changed (and in a full report); absent when the node does not
 	// pass moved connections on.
 	MovedConnections *MovedConnections `protobuf:"bytes,7,opt,name=moved_connections,json=movedConnections,proto3" json:"moved_connections,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The node's drain as the agent sees it, when it changed (and in a full
+	// report while the node is drained); absent when unchanged. Empty: the
+	// node is not drained.
+	Drain         *DrainStatus `protobuf:"bytes,8,opt,name=drain,proto3" json:"drain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Report) Reset() {
@@ -701,6 +705,13 @@ func (x *Report) GetBgp() *BgpSessions {
 func (x *Report) GetMovedConnections() *MovedConnections {
 	if x != nil {
 		return x.MovedConnections
+	}
+	return nil
+}
+
+func (x *Report) GetDrain() *DrainStatus {
+	if x != nil {
+		return x.Drain
 	}
 	return nil
 }
@@ -810,6 +821,83 @@ func (x *MovedConnections) GetChangedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// DrainStatus is what a drained node still serves: the external
+// connections its agent counts (conntrack entries of TCP connections it
+// DNAT'ed to a load-balancer IP, an external IP or one of its node ports),
+// counted every 2 s while the node is drained.
+type DrainStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Connections the node still serves, as last counted.
+	ConnectionsLeft uint32 `protobuf:"varint,1,opt,name=connections_left,json=connectionsLeft,proto3" json:"connections_left,omitempty"`
+	// When they were counted; unset before the first count.
+	CountedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=counted_at,json=countedAt,proto3" json:"counted_at,omitempty"`
+	// When the node ends them (DrainNodeRequest.drain_timeout); unset when
+	// the drain has no deadline.
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// The connections the node ended when that deadline passed.
+	EndedAtDeadline uint32 `protobuf:"varint,4,opt,name=ended_at_deadline,json=endedAtDeadline,proto3" json:"ended_at_deadline,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DrainStatus) Reset() {
+	*x = DrainStatus{}
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainStatus) ProtoMessage() {}
+
+func (x *DrainStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainStatus.ProtoReflect.Descriptor instead.
+func (*DrainStatus) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DrainStatus) GetConnectionsLeft() uint32 {
+	if x != nil {
+		return x.ConnectionsLeft
+	}
+	return 0
+}
+
+func (x *DrainStatus) GetCountedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CountedAt
+	}
+	return nil
+}
+
+func (x *DrainStatus) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *DrainStatus) GetEndedAtDeadline() uint32 {
+	if x != nil {
+		return x.EndedAtDeadline
+	}
+	return 0
+}
+
 type BgpSessions struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Sessions []*BgpSession          `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
@@ -821,7 +909,7 @@ type BgpSessions struct {
 
 func (x *BgpSessions) Reset() {
 	*x = BgpSessions{}
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +921,7 @@ func (x *BgpSessions) String() string {
 func (*BgpSessions) ProtoMessage() {}
 
 func (x *BgpSessions) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +934,7 @@ func (x *BgpSessions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSessions.ProtoReflect.Descriptor instead.
 func (*BgpSessions) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BgpSessions) GetSessions() []*BgpSession {
@@ -876,7 +964,7 @@ type BgpAnnouncement struct {
 
 func (x *BgpAnnouncement) Reset() {
 	*x = BgpAnnouncement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +976,7 @@ func (x *BgpAnnouncement) String() string {
 func (*BgpAnnouncement) ProtoMessage() {}
 
 func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +989,7 @@ func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpAnnouncement.ProtoReflect.Descriptor instead.
 func (*BgpAnnouncement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BgpAnnouncement) GetPrefix() string {
@@ -947,7 +1035,7 @@ type BgpSession struct {
 
 func (x *BgpSession) Reset() {
 	*x = BgpSession{}
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1047,7 @@ func (x *BgpSession) String() string {
 func (*BgpSession) ProtoMessage() {}
 
 func (x *BgpSession) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1060,7 @@ func (x *BgpSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSession.ProtoReflect.Descriptor instead.
 func (*BgpSession) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BgpSession) GetPeerAddress() string {
@@ -1034,7 +1122,7 @@ type BgpFamily struct {
 
 func (x *BgpFamily) Reset() {
 	*x = BgpFamily{}
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1134,7 @@ func (x *BgpFamily) String() string {
 func (*BgpFamily) ProtoMessage() {}
 
 func (x *BgpFamily) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1147,7 @@ func (x *BgpFamily) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpFamily.ProtoReflect.Descriptor instead.
 func (*BgpFamily) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *BgpFamily) GetFamily() string {
@@ -1112,7 +1200,7 @@ type NodeHealth struct {
 
 func (x *NodeHealth) Reset() {
 	*x = NodeHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1212,7 @@ func (x *NodeHealth) String() string {
 func (*NodeHealth) ProtoMessage() {}
 
 func (x *NodeHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1225,7 @@ func (x *NodeHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
 func (*NodeHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeHealth) GetHealthzCode() int32 {
@@ -1188,7 +1276,7 @@ type ServiceHealth struct {
 
 func (x *ServiceHealth) Reset() {
 	*x = ServiceHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1288,7 @@ func (x *ServiceHealth) String() string {
 func (*ServiceHealth) ProtoMessage() {}
 
 func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1301,7 @@ func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceHealth.ProtoReflect.Descriptor instead.
 func (*ServiceHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ServiceHealth) GetNamespace() string {
@@ -1300,7 +1388,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1400,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1413,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SyncResponse) GetVersion() uint64 {
@@ -1409,14 +1497,17 @@ type NodeInfo struct {
 	FlowRingSize uint32 `protobuf:"varint,13,opt,name=flow_ring_size,json=flowRingSize,proto3" json:"flow_ring_size,omitempty"`
 	// The next nodes of that ring after this one, nearest first: a packet
 	// goes to the first that is alive.
-	FlowPeers     []*FlowPeer `protobuf:"bytes,14,rep,name=flow_peers,json=flowPeers,proto3" json:"flow_peers,omitempty"`
+	FlowPeers []*FlowPeer `protobuf:"bytes,14,rep,name=flow_peers,json=flowPeers,proto3" json:"flow_peers,omitempty"`
+	// When the drained node ends the external connections it still serves;
+	// unset: it serves them until they end.
+	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1428,7 +1519,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1441,7 +1532,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -1542,6 +1633,13 @@ func (x *NodeInfo) GetFlowPeers() []*FlowPeer {
 	return nil
 }
 
+func (x *NodeInfo) GetDrainDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainDeadline
+	}
+	return nil
+}
+
 // FlowPeer is a node of the ring that moved connections go round.
 type FlowPeer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1555,7 +1653,7 @@ type FlowPeer struct {
 
 func (x *FlowPeer) Reset() {
 	*x = FlowPeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1665,7 @@ func (x *FlowPeer) String() string {
 func (*FlowPeer) ProtoMessage() {}
 
 func (x *FlowPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1678,7 @@ func (x *FlowPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowPeer.ProtoReflect.Descriptor instead.
 func (*FlowPeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FlowPeer) GetName() string {
@@ -1611,7 +1709,7 @@ type L2Pool struct {
 
 func (x *L2Pool) Reset() {
 	*x = L2Pool{}
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1623,7 +1721,7 @@ func (x *L2Pool) String() string {
 func (*L2Pool) ProtoMessage() {}
 
 func (x *L2Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1636,7 +1734,7 @@ func (x *L2Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Pool.ProtoReflect.Descriptor instead.
 func (*L2Pool) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *L2Pool) GetRanges() []string {
@@ -1672,7 +1770,7 @@ type PoolAdvertisement struct {
 
 func (x *PoolAdvertisement) Reset() {
 	*x = PoolAdvertisement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1684,7 +1782,7 @@ func (x *PoolAdvertisement) String() string {
 func (*PoolAdvertisement) ProtoMessage() {}
 
 func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1697,7 +1795,7 @@ func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolAdvertisement.ProtoReflect.Descriptor instead.
 func (*PoolAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PoolAdvertisement) GetRanges() []string {
@@ -1759,7 +1857,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +1869,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +1882,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -1875,7 +1973,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1887,7 +1985,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1900,7 +1998,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -2014,7 +2112,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[23]
+	mi := &file_weir_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2026,7 +2124,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[23]
+	mi := &file_weir_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2039,7 +2137,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -2097,7 +2195,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[24]
+	mi := &file_weir_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2207,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[24]
+	mi := &file_weir_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2220,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -2227,7 +2325,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\"6\n" +
 	"\x04Nack\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\xea\x02\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x96\x03\n" +
 	"\x06Report\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x124\n" +
 	"\vnode_health\x18\x02 \x01(\v2\x13.weir.v1.NodeHealthR\n" +
@@ -2236,7 +2334,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x10removed_services\x18\x04 \x03(\tR\x0fremovedServices\x12G\n" +
 	"\x12last_sync_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x12&\n" +
 	"\x03bgp\x18\x06 \x01(\v2\x14.weir.v1.BgpSessionsR\x03bgp\x12F\n" +
-	"\x11moved_connections\x18\a \x01(\v2\x19.weir.v1.MovedConnectionsR\x10movedConnections\"\xc1\x02\n" +
+	"\x11moved_connections\x18\a \x01(\v2\x19.weir.v1.MovedConnectionsR\x10movedConnections\x12*\n" +
+	"\x05drain\x18\b \x01(\v2\x14.weir.v1.DrainStatusR\x05drain\"\xc1\x02\n" +
 	"\x10MovedConnections\x12\x1b\n" +
 	"\tnext_node\x18\x01 \x01(\tR\bnextNode\x12#\n" +
 	"\rnot_answering\x18\x02 \x03(\tR\fnotAnswering\x12%\n" +
@@ -2245,7 +2344,13 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x15taken_packets_by_hops\x18\x05 \x03(\x04R\x12takenPacketsByHops\x12'\n" +
 	"\x0funowned_packets\x18\x06 \x01(\x04R\x0eunownedPackets\x129\n" +
 	"\n" +
-	"changed_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tchangedAt\"~\n" +
+	"changed_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tchangedAt\"\xd7\x01\n" +
+	"\vDrainStatus\x12)\n" +
+	"\x10connections_left\x18\x01 \x01(\rR\x0fconnectionsLeft\x129\n" +
+	"\n" +
+	"counted_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tcountedAt\x126\n" +
+	"\bdeadline\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12*\n" +
+	"\x11ended_at_deadline\x18\x04 \x01(\rR\x0fendedAtDeadline\"~\n" +
 	"\vBgpSessions\x12/\n" +
 	"\bsessions\x18\x01 \x03(\v2\x13.weir.v1.BgpSessionR\bsessions\x12>\n" +
 	"\rannouncements\x18\x02 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements\"\\\n" +
@@ -2294,7 +2399,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
 	"\x04more\x18\x06 \x01(\bR\x04more\x12\x18\n" +
-	"\ahistory\x18\a \x01(\tR\ahistory\"\xfc\x03\n" +
+	"\ahistory\x18\a \x01(\tR\ahistory\"\xbf\x04\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
@@ -2313,7 +2418,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\bexcluded\x18\f \x01(\bR\bexcluded\x12$\n" +
 	"\x0eflow_ring_size\x18\r \x01(\rR\fflowRingSize\x120\n" +
 	"\n" +
-	"flow_peers\x18\x0e \x03(\v2\x11.weir.v1.FlowPeerR\tflowPeers\"<\n" +
+	"flow_peers\x18\x0e \x03(\v2\x11.weir.v1.FlowPeerR\tflowPeers\x12A\n" +
+	"\x0edrain_deadline\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\"<\n" +
 	"\bFlowPeer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\"@\n" +
@@ -2392,7 +2498,7 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(*LeasesRequest)(nil),         // 0: weir.v1.LeasesRequest
 	(*L2Refusal)(nil),             // 1: weir.v1.L2Refusal
@@ -2404,72 +2510,77 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*Nack)(nil),                  // 7: weir.v1.Nack
 	(*Report)(nil),                // 8: weir.v1.Report
 	(*MovedConnections)(nil),      // 9: weir.v1.MovedConnections
-	(*BgpSessions)(nil),           // 10: weir.v1.BgpSessions
-	(*BgpAnnouncement)(nil),       // 11: weir.v1.BgpAnnouncement
-	(*BgpSession)(nil),            // 12: weir.v1.BgpSession
-	(*BgpFamily)(nil),             // 13: weir.v1.BgpFamily
-	(*NodeHealth)(nil),            // 14: weir.v1.NodeHealth
-	(*ServiceHealth)(nil),         // 15: weir.v1.ServiceHealth
-	(*SyncResponse)(nil),          // 16: weir.v1.SyncResponse
-	(*NodeInfo)(nil),              // 17: weir.v1.NodeInfo
-	(*FlowPeer)(nil),              // 18: weir.v1.FlowPeer
-	(*L2Pool)(nil),                // 19: weir.v1.L2Pool
-	(*PoolAdvertisement)(nil),     // 20: weir.v1.PoolAdvertisement
-	(*NodePeer)(nil),              // 21: weir.v1.NodePeer
-	(*NodeService)(nil),           // 22: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 23: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 24: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 27: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 28: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 29: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 30: weir.v1.Protocol
+	(*DrainStatus)(nil),           // 10: weir.v1.DrainStatus
+	(*BgpSessions)(nil),           // 11: weir.v1.BgpSessions
+	(*BgpAnnouncement)(nil),       // 12: weir.v1.BgpAnnouncement
+	(*BgpSession)(nil),            // 13: weir.v1.BgpSession
+	(*BgpFamily)(nil),             // 14: weir.v1.BgpFamily
+	(*NodeHealth)(nil),            // 15: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 16: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 17: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 18: weir.v1.NodeInfo
+	(*FlowPeer)(nil),              // 19: weir.v1.FlowPeer
+	(*L2Pool)(nil),                // 20: weir.v1.L2Pool
+	(*PoolAdvertisement)(nil),     // 21: weir.v1.PoolAdvertisement
+	(*NodePeer)(nil),              // 22: weir.v1.NodePeer
+	(*NodeService)(nil),           // 23: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 24: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 25: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 28: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 29: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 30: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 31: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	2,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
 	2,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
 	1,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
 	2,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
-	25, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
+	26, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
 	2,  // 5: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
 	5,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	6,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
 	7,  // 8: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
 	8,  // 9: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	14, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	15, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	25, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
-	10, // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
+	15, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	16, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	26, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	11, // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
 	9,  // 14: weir.v1.Report.moved_connections:type_name -> weir.v1.MovedConnections
-	26, // 15: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
-	12, // 16: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
-	11, // 17: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	26, // 18: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	13, // 19: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
-	26, // 20: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	17, // 21: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	22, // 22: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	21, // 23: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	20, // 24: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
-	19, // 25: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
-	18, // 26: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
-	23, // 27: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	27, // 28: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	27, // 29: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	28, // 30: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	29, // 31: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	30, // 32: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	24, // 33: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	4,  // 34: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	0,  // 35: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
-	16, // 36: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	3,  // 37: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
-	36, // [36:38] is the sub-list for method output_type
-	34, // [34:36] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	10, // 15: weir.v1.Report.drain:type_name -> weir.v1.DrainStatus
+	27, // 16: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
+	27, // 17: weir.v1.DrainStatus.counted_at:type_name -> google.protobuf.Timestamp
+	27, // 18: weir.v1.DrainStatus.deadline:type_name -> google.protobuf.Timestamp
+	13, // 19: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
+	12, // 20: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
+	27, // 21: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	14, // 22: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
+	27, // 23: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	18, // 24: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	23, // 25: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	22, // 26: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	21, // 27: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	20, // 28: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
+	19, // 29: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
+	27, // 30: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
+	24, // 31: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	28, // 32: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	28, // 33: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	29, // 34: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	30, // 35: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	31, // 36: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	25, // 37: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	4,  // 38: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	0,  // 39: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
+	17, // 40: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	3,  // 41: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
+	40, // [40:42] is the sub-list for method output_type
+	38, // [38:40] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -2490,7 +2601,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

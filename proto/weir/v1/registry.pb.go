@@ -9,6 +9,7 @@ package weirv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	reflect "reflect"
 	sync "sync"
@@ -2047,8 +2048,15 @@ func (x *WatchNodesResponse) GetNode() *Node {
 }
 
 type DrainNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// How long the drained node keeps serving the external connections it
+	// holds; 0 or absent: until they end. At the deadline (the server's
+	// time of the request plus this, in whole seconds) the node's agent
+	// ends those it still serves: their clients are reset. Whole seconds,
+	// at most 7 days. Draining a drained node again sets its deadline anew
+	// (none clears it).
+	DrainTimeout  *durationpb.Duration `protobuf:"bytes,2,opt,name=drain_timeout,json=drainTimeout,proto3" json:"drain_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2088,6 +2096,13 @@ func (x *DrainNodeRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *DrainNodeRequest) GetDrainTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.DrainTimeout
+	}
+	return nil
 }
 
 type DrainNodeResponse struct {
@@ -4089,7 +4104,7 @@ var File_weir_v1_registry_proto protoreflect.FileDescriptor
 
 const file_weir_v1_registry_proto_rawDesc = "" +
 	"\n" +
-	"\x16weir/v1/registry.proto\x12\aweir.v1\x1a google/protobuf/field_mask.proto\x1a\x17weir/v1/resources.proto\"g\n" +
+	"\x16weir/v1/registry.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x17weir/v1/resources.proto\"g\n" +
 	"\x14CreateServiceRequest\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"C\n" +
@@ -4204,9 +4219,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelectorJ\x04\b\x01\x10\x02\"d\n" +
 	"\x12WatchNodesResponse\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.weir.v1.WatchEventTypeR\x04type\x12!\n" +
-	"\x04node\x18\x02 \x01(\v2\r.weir.v1.NodeR\x04node\"&\n" +
+	"\x04node\x18\x02 \x01(\v2\r.weir.v1.NodeR\x04node\"f\n" +
 	"\x10DrainNodeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"}\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12>\n" +
+	"\rdrain_timeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\"}\n" +
 	"\x11DrainNodeResponse\x12!\n" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12)\n" +
 	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
@@ -4462,9 +4478,10 @@ var file_weir_v1_registry_proto_goTypes = []any{
 	(*fieldmaskpb.FieldMask)(nil),       // 76: google.protobuf.FieldMask
 	(*EndpointSlice)(nil),               // 77: weir.v1.EndpointSlice
 	(*Node)(nil),                        // 78: weir.v1.Node
-	(*AddressPool)(nil),                 // 79: weir.v1.AddressPool
-	(*BgpPeer)(nil),                     // 80: weir.v1.BgpPeer
-	(*ServiceCidr)(nil),                 // 81: weir.v1.ServiceCidr
+	(*durationpb.Duration)(nil),         // 79: google.protobuf.Duration
+	(*AddressPool)(nil),                 // 80: weir.v1.AddressPool
+	(*BgpPeer)(nil),                     // 81: weir.v1.BgpPeer
+	(*ServiceCidr)(nil),                 // 82: weir.v1.ServiceCidr
 }
 var file_weir_v1_registry_proto_depIdxs = []int32{
 	75, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
@@ -4492,113 +4509,114 @@ var file_weir_v1_registry_proto_depIdxs = []int32{
 	78, // 22: weir.v1.UpdateNodeResponse.node:type_name -> weir.v1.Node
 	0,  // 23: weir.v1.WatchNodesResponse.type:type_name -> weir.v1.WatchEventType
 	78, // 24: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
-	78, // 25: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
-	78, // 26: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
-	79, // 27: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	79, // 28: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	79, // 29: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	79, // 30: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
-	79, // 31: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	79, // 32: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	80, // 33: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
-	80, // 34: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	80, // 35: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	80, // 36: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
-	80, // 37: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
-	80, // 38: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	81, // 39: weir.v1.CreateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
-	81, // 40: weir.v1.CreateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	81, // 41: weir.v1.GetServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	81, // 42: weir.v1.ListServiceCidrsResponse.service_cidrs:type_name -> weir.v1.ServiceCidr
-	81, // 43: weir.v1.UpdateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
-	81, // 44: weir.v1.UpdateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	72, // 45: weir.v1.ApplyRequest.resources:type_name -> weir.v1.ApplyResource
-	75, // 46: weir.v1.ApplyResource.service:type_name -> weir.v1.Service
-	77, // 47: weir.v1.ApplyResource.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	78, // 48: weir.v1.ApplyResource.node:type_name -> weir.v1.Node
-	79, // 49: weir.v1.ApplyResource.address_pool:type_name -> weir.v1.AddressPool
-	80, // 50: weir.v1.ApplyResource.bgp_peer:type_name -> weir.v1.BgpPeer
-	81, // 51: weir.v1.ApplyResource.service_cidr:type_name -> weir.v1.ServiceCidr
-	74, // 52: weir.v1.ApplyResponse.results:type_name -> weir.v1.ApplyResult
-	72, // 53: weir.v1.ApplyResult.resource:type_name -> weir.v1.ApplyResource
-	72, // 54: weir.v1.ApplyResult.previous:type_name -> weir.v1.ApplyResource
-	1,  // 55: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
-	3,  // 56: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
-	5,  // 57: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
-	7,  // 58: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
-	9,  // 59: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
-	11, // 60: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
-	13, // 61: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
-	15, // 62: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
-	17, // 63: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
-	19, // 64: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
-	21, // 65: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
-	23, // 66: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
-	25, // 67: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
-	27, // 68: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
-	29, // 69: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
-	31, // 70: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
-	33, // 71: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
-	35, // 72: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
-	37, // 73: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
-	39, // 74: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
-	41, // 75: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
-	43, // 76: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
-	45, // 77: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
-	47, // 78: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
-	49, // 79: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
-	51, // 80: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
-	53, // 81: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
-	55, // 82: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
-	57, // 83: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
-	59, // 84: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
-	71, // 85: weir.v1.RegistryService.Apply:input_type -> weir.v1.ApplyRequest
-	61, // 86: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
-	63, // 87: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
-	65, // 88: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
-	67, // 89: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
-	69, // 90: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
-	2,  // 91: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
-	4,  // 92: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
-	6,  // 93: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
-	8,  // 94: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
-	10, // 95: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
-	12, // 96: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
-	14, // 97: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
-	16, // 98: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
-	18, // 99: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
-	20, // 100: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
-	22, // 101: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
-	24, // 102: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
-	26, // 103: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
-	28, // 104: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
-	30, // 105: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
-	32, // 106: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
-	34, // 107: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
-	36, // 108: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
-	38, // 109: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
-	40, // 110: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
-	42, // 111: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
-	44, // 112: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
-	46, // 113: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
-	48, // 114: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
-	50, // 115: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
-	52, // 116: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
-	54, // 117: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
-	56, // 118: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
-	58, // 119: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
-	60, // 120: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
-	73, // 121: weir.v1.RegistryService.Apply:output_type -> weir.v1.ApplyResponse
-	62, // 122: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
-	64, // 123: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
-	66, // 124: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
-	68, // 125: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
-	70, // 126: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
-	91, // [91:127] is the sub-list for method output_type
-	55, // [55:91] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	79, // 25: weir.v1.DrainNodeRequest.drain_timeout:type_name -> google.protobuf.Duration
+	78, // 26: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
+	78, // 27: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
+	80, // 28: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	80, // 29: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	80, // 30: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	80, // 31: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
+	80, // 32: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	80, // 33: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	81, // 34: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	81, // 35: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	81, // 36: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	81, // 37: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
+	81, // 38: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	81, // 39: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	82, // 40: weir.v1.CreateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
+	82, // 41: weir.v1.CreateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	82, // 42: weir.v1.GetServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	82, // 43: weir.v1.ListServiceCidrsResponse.service_cidrs:type_name -> weir.v1.ServiceCidr
+	82, // 44: weir.v1.UpdateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
+	82, // 45: weir.v1.UpdateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	72, // 46: weir.v1.ApplyRequest.resources:type_name -> weir.v1.ApplyResource
+	75, // 47: weir.v1.ApplyResource.service:type_name -> weir.v1.Service
+	77, // 48: weir.v1.ApplyResource.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	78, // 49: weir.v1.ApplyResource.node:type_name -> weir.v1.Node
+	80, // 50: weir.v1.ApplyResource.address_pool:type_name -> weir.v1.AddressPool
+	81, // 51: weir.v1.ApplyResource.bgp_peer:type_name -> weir.v1.BgpPeer
+	82, // 52: weir.v1.ApplyResource.service_cidr:type_name -> weir.v1.ServiceCidr
+	74, // 53: weir.v1.ApplyResponse.results:type_name -> weir.v1.ApplyResult
+	72, // 54: weir.v1.ApplyResult.resource:type_name -> weir.v1.ApplyResource
+	72, // 55: weir.v1.ApplyResult.previous:type_name -> weir.v1.ApplyResource
+	1,  // 56: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
+	3,  // 57: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
+	5,  // 58: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
+	7,  // 59: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
+	9,  // 60: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
+	11, // 61: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
+	13, // 62: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
+	15, // 63: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
+	17, // 64: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
+	19, // 65: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
+	21, // 66: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
+	23, // 67: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
+	25, // 68: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
+	27, // 69: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
+	29, // 70: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
+	31, // 71: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
+	33, // 72: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
+	35, // 73: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
+	37, // 74: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
+	39, // 75: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
+	41, // 76: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
+	43, // 77: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
+	45, // 78: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
+	47, // 79: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
+	49, // 80: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
+	51, // 81: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
+	53, // 82: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
+	55, // 83: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
+	57, // 84: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
+	59, // 85: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
+	71, // 86: weir.v1.RegistryService.Apply:input_type -> weir.v1.ApplyRequest
+	61, // 87: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
+	63, // 88: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
+	65, // 89: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
+	67, // 90: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
+	69, // 91: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
+	2,  // 92: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
+	4,  // 93: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
+	6,  // 94: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
+	8,  // 95: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
+	10, // 96: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
+	12, // 97: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
+	14, // 98: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
+	16, // 99: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
+	18, // 100: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
+	20, // 101: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
+	22, // 102: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
+	24, // 103: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
+	26, // 104: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
+	28, // 105: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
+	30, // 106: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
+	32, // 107: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
+	34, // 108: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
+	36, // 109: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
+	38, // 110: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
+	40, // 111: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
+	42, // 112: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
+	44, // 113: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
+	46, // 114: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
+	48, // 115: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
+	50, // 116: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
+	52, // 117: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
+	54, // 118: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
+	56, // 119: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
+	58, // 120: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
+	60, // 121: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
+	73, // 122: weir.v1.RegistryService.Apply:output_type -> weir.v1.ApplyResponse
+	62, // 123: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
+	64, // 124: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
+	66, // 125: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
+	68, // 126: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
+	70, // 127: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
+	92, // [92:128] is the sub-list for method output_type
+	56, // [56:92] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_registry_proto_init() }

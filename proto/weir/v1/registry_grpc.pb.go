@@ -85,7 +85,8 @@ type RegistryServiceClient interface {
 	DeleteNode(ctx context.Context, in *DeleteNodeRequest, opts ...grpc.CallOption) (*DeleteNodeResponse, error)
 	WatchNodes(ctx context.Context, in *WatchNodesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchNodesResponse], error)
 	// DrainNode stops new external traffic to a node (its health checks
-	// answer 503) while existing connections finish; UncordonNode undoes it.
+	// answer 503) while existing connections finish, or until a deadline
+	// (drain_timeout) ends those left; UncordonNode undoes it.
 	// Both work whichever source owns the node.
 	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error)
 	UncordonNode(ctx context.Context, in *UncordonNodeRequest, opts ...grpc.CallOption) (*UncordonNodeResponse, error)
@@ -535,7 +536,8 @@ type RegistryServiceServer interface {
 	DeleteNode(context.Context, *DeleteNodeRequest) (*DeleteNodeResponse, error)
 	WatchNodes(*WatchNodesRequest, grpc.ServerStreamingServer[WatchNodesResponse]) error
 	// DrainNode stops new external traffic to a node (its health checks
-	// answer 503) while existing connections finish; UncordonNode undoes it.
+	// answer 503) while existing connections finish, or until a deadline
+	// (drain_timeout) ends those left; UncordonNode undoes it.
 	// Both work whichever source owns the node.
 	DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error)
 	UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error)

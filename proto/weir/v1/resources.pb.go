@@ -1183,7 +1183,11 @@ type Node struct {
 	// autoscaler's ToBeDeletedByClusterAutoscaler taint).
 	Deleting bool `protobuf:"varint,5,opt,name=deleting,proto3" json:"deleting,omitempty"`
 	// Output only: an operator drained the node (RegistryService.DrainNode).
-	Drained       bool `protobuf:"varint,6,opt,name=drained,proto3" json:"drained,omitempty"`
+	Drained bool `protobuf:"varint,6,opt,name=drained,proto3" json:"drained,omitempty"`
+	// Output only: when the drained node's agent ends the external
+	// connections it still serves (DrainNodeRequest.drain_timeout); unset
+	// when the drain has no deadline.
+	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1258,6 +1262,13 @@ func (x *Node) GetDrained() bool {
 		return x.Drained
 	}
 	return false
+}
+
+func (x *Node) GetDrainDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainDeadline
+	}
+	return nil
 }
 
 // AddressPool is a set of addresses Weir assigns to LoadBalancer services
@@ -1858,14 +1869,15 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\fEndpointPort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.weir.v1.ProtocolR\bprotocol\x12\x12\n" +
-	"\x04port\x18\x03 \x01(\x05R\x04port\"\xbc\x01\n" +
+	"\x04port\x18\x03 \x01(\x05R\x04port\"\xff\x01\n" +
 	"\x04Node\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
 	"\x04zone\x18\x03 \x01(\tR\x04zone\x12\x1b\n" +
 	"\tpod_cidrs\x18\x04 \x03(\tR\bpodCidrs\x12\x1a\n" +
 	"\bdeleting\x18\x05 \x01(\bR\bdeleting\x12\x18\n" +
-	"\adrained\x18\x06 \x01(\bR\adrained\"\xd5\x02\n" +
+	"\adrained\x18\x06 \x01(\bR\adrained\x12A\n" +
+	"\x0edrain_deadline\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\"\xd5\x02\n" +
 	"\vAddressPool\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x1f\n" +
@@ -2001,20 +2013,21 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	14, // 17: weir.v1.Endpoint.conditions:type_name -> weir.v1.EndpointConditions
 	1,  // 18: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
 	5,  // 19: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
-	5,  // 20: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
-	20, // 21: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
-	19, // 22: weir.v1.AddressPool.l2_advertisement:type_name -> weir.v1.L2Advertisement
-	18, // 23: weir.v1.AddressPool.service_allocation:type_name -> weir.v1.ServiceAllocation
-	24, // 24: weir.v1.ServiceAllocation.service_selector:type_name -> weir.v1.ServiceAllocation.ServiceSelectorEntry
-	25, // 25: weir.v1.L2Advertisement.node_selector:type_name -> weir.v1.L2Advertisement.NodeSelectorEntry
-	5,  // 26: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
-	5,  // 27: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
-	26, // 28: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	27, // 20: weir.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	5,  // 21: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
+	20, // 22: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
+	19, // 23: weir.v1.AddressPool.l2_advertisement:type_name -> weir.v1.L2Advertisement
+	18, // 24: weir.v1.AddressPool.service_allocation:type_name -> weir.v1.ServiceAllocation
+	24, // 25: weir.v1.ServiceAllocation.service_selector:type_name -> weir.v1.ServiceAllocation.ServiceSelectorEntry
+	25, // 26: weir.v1.L2Advertisement.node_selector:type_name -> weir.v1.L2Advertisement.NodeSelectorEntry
+	5,  // 27: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
+	5,  // 28: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
+	26, // 29: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
+	30, // [30:30] is the sub-list for method output_type
+	30, // [30:30] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }

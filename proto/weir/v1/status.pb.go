@@ -384,8 +384,12 @@ type NodeStatus struct {
 	// What the node did with the packets of connections a router moved, as
 	// last reported; unset when the node does not pass them on.
 	MovedConnections *MovedConnections `protobuf:"bytes,16,opt,name=moved_connections,json=movedConnections,proto3" json:"moved_connections,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// What the node still serves while an operator has it drained, as its
+	// agent last reported; unset when it is not drained (or its agent
+	// predates drain reports).
+	Drain         *DrainStatus `protobuf:"bytes,17,opt,name=drain,proto3" json:"drain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -526,6 +530,13 @@ func (x *NodeStatus) GetCertificateNotAfter() *timestamppb.Timestamp {
 func (x *NodeStatus) GetMovedConnections() *MovedConnections {
 	if x != nil {
 		return x.MovedConnections
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetDrain() *DrainStatus {
+	if x != nil {
+		return x.Drain
 	}
 	return nil
 }
@@ -1361,7 +1372,7 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"m\n" +
 	"\x18ListNodeStatusesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x99\x06\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc5\x06\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
@@ -1381,7 +1392,8 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\fl2_addresses\x18\r \x01(\rR\vl2Addresses\x12#\n" +
 	"\ragent_version\x18\x0e \x01(\tR\fagentVersion\x12N\n" +
 	"\x15certificate_not_after\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x13certificateNotAfter\x12F\n" +
-	"\x11moved_connections\x18\x10 \x01(\v2\x19.weir.v1.MovedConnectionsR\x10movedConnections\"h\n" +
+	"\x11moved_connections\x18\x10 \x01(\v2\x19.weir.v1.MovedConnectionsR\x10movedConnections\x12*\n" +
+	"\x05drain\x18\x11 \x01(\v2\x14.weir.v1.DrainStatusR\x05drain\"h\n" +
 	"\x15WaitProgrammedRequest\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x123\n" +
 	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x98\x01\n" +
@@ -1490,9 +1502,10 @@ var file_weir_v1_status_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),       // 20: google.protobuf.Duration
 	(*BgpSession)(nil),                // 21: weir.v1.BgpSession
 	(*MovedConnections)(nil),          // 22: weir.v1.MovedConnections
-	(*SpeakerPath)(nil),               // 23: weir.v1.SpeakerPath
-	(*ServiceHealth)(nil),             // 24: weir.v1.ServiceHealth
-	(*BgpAnnouncement)(nil),           // 25: weir.v1.BgpAnnouncement
+	(*DrainStatus)(nil),               // 23: weir.v1.DrainStatus
+	(*SpeakerPath)(nil),               // 24: weir.v1.SpeakerPath
+	(*ServiceHealth)(nil),             // 25: weir.v1.ServiceHealth
+	(*BgpAnnouncement)(nil),           // 26: weir.v1.BgpAnnouncement
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
 	18, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
@@ -1506,35 +1519,36 @@ var file_weir_v1_status_proto_depIdxs = []int32{
 	20, // 8: weir.v1.NodeStatus.programming_latency:type_name -> google.protobuf.Duration
 	18, // 9: weir.v1.NodeStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
 	22, // 10: weir.v1.NodeStatus.moved_connections:type_name -> weir.v1.MovedConnections
-	20, // 11: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
-	9,  // 12: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
-	9,  // 13: weir.v1.WaitProgrammedResponse.speakers:type_name -> weir.v1.NodeProgress
-	12, // 14: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
-	16, // 15: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
-	15, // 16: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
-	13, // 17: weir.v1.ServiceReport.l2_addresses:type_name -> weir.v1.L2AddressStatus
-	18, // 18: weir.v1.L2AddressStatus.since:type_name -> google.protobuf.Timestamp
-	14, // 19: weir.v1.L2AddressStatus.passed_over:type_name -> weir.v1.L2NodeReason
-	23, // 20: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
-	18, // 21: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
-	24, // 22: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
-	25, // 23: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
-	17, // 24: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
-	4,  // 25: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 26: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	10, // 27: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 28: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	7,  // 29: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
-	5,  // 30: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 31: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	11, // 32: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 33: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	8,  // 34: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
-	30, // [30:35] is the sub-list for method output_type
-	25, // [25:30] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	23, // 11: weir.v1.NodeStatus.drain:type_name -> weir.v1.DrainStatus
+	20, // 12: weir.v1.WaitProgrammedRequest.timeout:type_name -> google.protobuf.Duration
+	9,  // 13: weir.v1.WaitProgrammedResponse.nodes:type_name -> weir.v1.NodeProgress
+	9,  // 14: weir.v1.WaitProgrammedResponse.speakers:type_name -> weir.v1.NodeProgress
+	12, // 15: weir.v1.GetServiceStatusResponse.status:type_name -> weir.v1.ServiceReport
+	16, // 16: weir.v1.ServiceReport.nodes:type_name -> weir.v1.ServiceNodeStatus
+	15, // 17: weir.v1.ServiceReport.speakers:type_name -> weir.v1.SpeakerServicePaths
+	13, // 18: weir.v1.ServiceReport.l2_addresses:type_name -> weir.v1.L2AddressStatus
+	18, // 19: weir.v1.L2AddressStatus.since:type_name -> google.protobuf.Timestamp
+	14, // 20: weir.v1.L2AddressStatus.passed_over:type_name -> weir.v1.L2NodeReason
+	24, // 21: weir.v1.SpeakerServicePaths.paths:type_name -> weir.v1.SpeakerPath
+	18, // 22: weir.v1.SpeakerServicePaths.gone_since:type_name -> google.protobuf.Timestamp
+	25, // 23: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
+	26, // 24: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
+	17, // 25: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
+	4,  // 26: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 27: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 28: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 29: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 30: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 31: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 32: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 33: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 34: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 35: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	31, // [31:36] is the sub-list for method output_type
+	26, // [26:31] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }
