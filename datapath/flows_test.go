@@ -108,6 +108,14 @@ func TestMovedPacketsArePassedOnAndCounted(t *testing.T) {
 		pkt:  packet{iif: "weir-flows", midFlow: true, ttl: FlowTTL - 1},
 		want: verdict{Endpoints: both, Masqueraded: both, Counted: []string{counterUnowned}},
 	}, {
+		// Its entry has no DNAT (the node passed the connection on
+		// before): routed to the load-balancer IP, it would go back to
+		// the router and round the ring for ever.
+		name: "round the ring, on a node that passed the connection on before: refused",
+		ring: 2,
+		pkt:  packet{iif: "weir-flows", midFlow: true, entered: true, ttl: FlowTTL - 1},
+		want: verdict{Rejected: true, Counted: []string{counterUnowned}},
+	}, {
 		name: "no ring: served here, counted as unowned",
 		ring: 0,
 		pkt:  packet{iif: uplink, midFlow: true},

@@ -297,9 +297,18 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 	}
 	// A moved connection's packet passed on to the next node is neither
 	// DNAT'ed nor refused here.
-	var passOn []string
+	var passOn, orphans []string
 	if cfg.Flows != nil {
 		passOn = []string{"meta mark & " + fmt.Sprintf("%#x", cfg.Flows.Mark) + " != 0 return"}
+		// A moved TCP packet that went round the ring without finding
+		// its connection's node, on a node that passed that connection
+		// on before: its entry has no DNAT, so no endpoint gets it, and
+		// routed to its load-balancer IP it would go back to the router
+		// and round the ring again, for ever. It is refused instead.
+		orphans = []string{
+			"meta l4proto tcp " + frontend + " " + g.ref(masqueradeFrontendsSet) + " goto reject_connection",
+			"meta l4proto tcp " + frontend + " " + g.ref(localFrontendsSet) + " goto reject_connection",
+		}
 	}
 	only := func(match, rule string) []string {
 		if match == "" {
@@ -394,6 +403,7 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 			// A connection DNAT'ed to an endpoint went where a service
 			// said: the rules below are about original destinations.
 			"ct status dnat return",
+		}, orphans, []string{
 			ip + " daddr " + g.ref(clusterIPsSet) + " goto reject_connection",
 			// An address of the service ranges no service holds: dropped,
 			// not sent out by the default route.
