@@ -116,6 +116,19 @@ func TestMovedPacketsArePassedOnAndCounted(t *testing.T) {
 		pkt:  packet{iif: "weir-flows", midFlow: true, entered: true, ttl: FlowTTL - 1},
 		want: verdict{Rejected: true, Counted: []string{counterUnowned}},
 	}, {
+		// Out of its entry's window (a stale entry of a reused port):
+		// no entry, so passed on like any moved packet...
+		name: "out of window, with nodes of the ring left: passed on",
+		ring: 4,
+		pkt:  packet{iif: uplink, midFlow: true, invalid: true},
+		want: verdict{PassedOn: true, PassedTTL: FlowTTL, Counted: []string{counterPassedPackets}},
+	}, {
+		// ...and once round the ring, never routed back to the router.
+		name: "out of window, round the ring: dropped",
+		ring: 2,
+		pkt:  packet{iif: "weir-flows", midFlow: true, invalid: true, ttl: FlowTTL - 1},
+		want: verdict{Dropped: true, Counted: []string{counterUnowned}},
+	}, {
 		name: "no ring: served here, counted as unowned",
 		ring: 0,
 		pkt:  packet{iif: uplink, midFlow: true},

@@ -297,7 +297,7 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 	}
 	// A moved connection's packet passed on to the next node is neither
 	// DNAT'ed nor refused here.
-	var passOn, orphans []string
+	var passOn, orphans, invalidOrphans []string
 	if cfg.Flows != nil {
 		passOn = []string{"meta mark & " + fmt.Sprintf("%#x", cfg.Flows.Mark) + " != 0 return"}
 		// A moved TCP packet that went round the ring without finding
@@ -308,6 +308,16 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 		orphans = []string{
 			"meta l4proto tcp " + frontend + " " + g.ref(masqueradeFrontendsSet) + " goto reject_connection",
 			"meta l4proto tcp " + frontend + " " + g.ref(localFrontendsSet) + " goto reject_connection",
+		}
+		// The same for a packet conntrack found out of its
+		// connection's window (no entry, so no DNAT either): dropped,
+		// as kube-proxy drops invalid packets it forwards, rather than
+		// refused (a stray retransmission of a live connection must not
+		// end it). One passed on to the next node carries the mark.
+		notPassed := "ct state invalid meta mark & " + fmt.Sprintf("%#x", cfg.Flows.Mark) + " == 0 meta l4proto tcp "
+		invalidOrphans = []string{
+			notPassed + frontend + " " + g.ref(masqueradeFrontendsSet) + " drop",
+			notPassed + frontend + " " + g.ref(localFrontendsSet) + " drop",
 		}
 	}
 	only := func(match, rule string) []string {
@@ -415,7 +425,7 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 			"meta l4proto tcp reject with tcp reset",
 			"reject"),
 		{baseChain("filter_input", knftables.FilterType, knftables.InputHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
-		{baseChain("filter_forward", knftables.FilterType, knftables.ForwardHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
+		{baseChain("filter_forward", knftables.FilterType, knftables.ForwardHook, "filter - 10"), slices.Concat([]string{"ct state new jump reject_unserved"}, invalidOrphans)},
 		{baseChain("filter_output", knftables.FilterType, knftables.OutputHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
 	}, flowChains(f, cfg, g, frontend, exempt)...)
 }

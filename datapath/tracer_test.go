@@ -36,6 +36,9 @@ type packet struct {
 	midFlow, entered bool
 	heldBy           netip.AddrPort
 	ttl              int
+	// invalid: conntrack found the packet out of its connection's
+	// window, and it has no entry at all.
+	invalid bool
 }
 
 // verdict is where a new connection ends up.
@@ -232,7 +235,7 @@ func (w *walker) runHook(hook knftables.BaseChainHook) bool {
 	var chains []*knftables.FakeChain
 	for _, c := range w.tbl.Chains {
 		// The NAT chains see only a connection's first packet.
-		if c.Hook != nil && *c.Hook == hook && !(*c.Type == knftables.NATType && (w.pkt.midFlow && w.pkt.heldBy.IsValid() || w.pkt.entered)) {
+		if c.Hook != nil && *c.Hook == hook && !(*c.Type == knftables.NATType && (w.pkt.midFlow && w.pkt.heldBy.IsValid() || w.pkt.entered || w.pkt.invalid)) {
 			chains = append(chains, c)
 		}
 	}
@@ -449,6 +452,9 @@ func (r *ruleReader) inline() []string {
 type value struct {
 	s    string
 	addr netip.Addr // when the selector reads an address
+	// absent: the packet has nothing to read, and the rule does not
+	// match whatever it compares with.
+	absent bool
 }
 
 // expression reads selectors joined by "." and returns their values.
@@ -511,6 +517,14 @@ func (r *ruleReader) selector() value {
 		}
 		return value{s: strconv.Itoa(int(w.dst.Port()))}
 	case "ct":
+		if p.invalid {
+			// No entry: only "ct state invalid" reads anything; any
+			// other ct expression ends the rule.
+			if r.take() == "state" {
+				return value{s: "invalid"}
+			}
+			return value{absent: true}
+		}
 		switch r.take() {
 		case "state":
 			if p.midFlow && p.heldBy.IsValid() {
@@ -589,6 +603,9 @@ func (r *ruleReader) match(vals []value) bool {
 		negate = true
 	}
 	rhs := r.take()
+	if slices.ContainsFunc(vals, func(v value) bool { return v.absent }) {
+		return false
+	}
 	var ok bool
 	if set, isSet := strings.CutPrefix(rhs, "@"); isSet {
 		s := r.w.tbl.Sets[set]
