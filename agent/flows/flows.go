@@ -15,6 +15,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -340,7 +341,13 @@ func (f *Flows) forwardTo(link netlink.Link, outerAddr netip.Addr) error {
 	return nil
 }
 
-func (f *Flows) removeRoute(is6 bool) {
+// removeRoute removes the family's route to a next node; the blackhole
+// stays.
+func (f *Flows) removeRoute(is6 bool) { f.deleteRoutes(is6, false) }
+
+// deleteRoutes deletes the family's routes of the table, and the blackhole
+// too when all is set.
+func (f *Flows) deleteRoutes(is6, all bool) {
 	fam := unix.AF_INET
 	if is6 {
 		fam = unix.AF_INET6
@@ -350,13 +357,39 @@ func (f *Flows) removeRoute(is6 bool) {
 		return
 	}
 	for _, r := range routes {
+		if r.Type == unix.RTN_BLACKHOLE && !all {
+			continue
+		}
 		_ = netlink.RouteDel(&r)
 	}
+}
+
+// blackholes make the table end in a drop for each family. A marked packet
+// with no route to a next node (its device being replaced or deleted, the
+// route removed before the datapath stops marking) would otherwise take
+// the main table, back to the router that sent it, which sends it to a
+// node that passes it round the ring again: for ever, each first node
+// giving it a fresh TTL.
+func (f *Flows) blackholes() error {
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		dst := &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}
+		if fam == unix.AF_INET6 {
+			dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+		}
+		r := &netlink.Route{Table: f.cfg.Table, Type: unix.RTN_BLACKHOLE, Dst: dst, Priority: math.MaxUint32, Family: fam}
+		if err := netlink.RouteReplace(r); err != nil {
+			return fmt.Errorf("flows: blackhole of table %d: %w", f.cfg.Table, err)
+		}
+	}
+	return nil
 }
 
 // rules: marked packets the node forwards take the table; the device's own
 // outer packets, which keep the mark, take the main table.
 func (f *Flows) rules() error {
+	if err := f.blackholes(); err != nil {
+		return err
+	}
 	mask := f.cfg.Mark
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
 		want := []*netlink.Rule{f.rule(fam, f.cfg.Table-1, unix.RT_TABLE_MAIN, "lo", &mask), f.rule(fam, f.cfg.Table, f.cfg.Table, "", &mask)}
@@ -418,7 +451,8 @@ func (f *Flows) Close(context.Context) error {
 			}
 		}
 	}
-	f.removeRoutes()
+	f.deleteRoutes(false, true)
+	f.deleteRoutes(true, true)
 	if link, err := netlink.LinkByName(f.cfg.Interface); err == nil {
 		if err := netlink.LinkDel(link); err != nil {
 			errs = append(errs, err)

@@ -1,6 +1,7 @@
 package flows
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -132,5 +133,39 @@ func TestProbesChooseTheNextNode(t *testing.T) {
 		step("node2 silent too", 9*time.Second, []string{"192.0.2.14"}, "node4", "node2", "node3")
 		step("no peer answers: nothing changes", 12*time.Second, nil, "node4", "node2", "node3")
 		step("all answer again", 13*time.Second, []string{"192.0.2.12", "192.0.2.13", "192.0.2.14"}, "node2")
+	})
+}
+
+// A packet marked for the next node never takes the main table, back to
+// the router it came from, when the route to the next node is gone (its
+// device deleted): it is dropped. Close takes the drop away too.
+func TestMarkedPacketsNeverTakeTheMainTable(t *testing.T) {
+	inNewNetns(t, func() {
+		lanUp(t)
+		run(t, "ip", "route", "add", "default", "via", "192.0.2.1", "dev", "lan")
+		run(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+		f := New(Config{})
+		node := datapath.NodeInfo{Name: "node1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.11")},
+			FlowRing: 2, FlowPeers: []datapath.FlowPeer{{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12")}}}}
+		if _, err := f.Set(node); err != nil {
+			t.Fatal(err)
+		}
+		routeOf := func() string {
+			out, _ := exec.Command("nsenter", "--net=/proc/"+strings.TrimSpace(tid())+"/ns/net", "ip", "route", "get", "203.0.113.10", "from", "198.51.100.2", "iif", "lan", "mark", "0x80").CombinedOutput()
+			return string(out)
+		}
+		if got := routeOf(); !strings.Contains(got, "dev "+DefaultInterface) {
+			t.Errorf("a marked packet goes %q; want the device", got)
+		}
+		run(t, "ip", "link", "del", DefaultInterface)
+		if got := routeOf(); strings.Contains(got, "dev lan") || strings.Contains(got, "via 192.0.2.1") {
+			t.Errorf("with the device gone, a marked packet goes %q: back to the router", got)
+		}
+		if err := f.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := run(t, "ip", "route", "show", "table", "all", "type", "blackhole"); strings.TrimSpace(got) != "" {
+			t.Errorf("after Close: %q left", got)
+		}
 	})
 }

@@ -314,9 +314,10 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 		settle()
 	}
 
-	totalMoved, totalBroken := 0, 0
+	totalMoved, totalBroken, totalRequests := 0, 0, 0
 	for name, l := range traffic {
 		requests, broken := l.Stop()
+		totalRequests += requests
 		movedPorts := movedConnections(t, c, vips[name], l.ports)
 		moved := len(movedPorts)
 		t.Logf("%s: %d connections, %d requests, %d moved to a node that did not hold them, %d broke", name, perService, requests, moved, len(broken))
@@ -357,6 +358,19 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 				return fmt.Errorf("passed on %d connections, took %d packets; %d connections moved", passed, taken, totalMoved)
 			}
 			t.Logf("status: %d connections passed on, %d packets taken back, by the nodes they crossed (1, 2, 3, 4+): %v", passed, taken, byHops)
+			return nil
+		})
+		// A client packet crosses at most every other node (three
+		// here), and a request is two packets from the client: far
+		// more passed on means packets went round for ever.
+		eventually(t, "the packets passed on stay within what the clients sent", func() error {
+			packets := uint64(0)
+			for _, n := range nodeStatuses(t, c) {
+				packets += n.GetMovedConnections().GetPassedPackets()
+			}
+			if limit := uint64(3 * 3 * totalRequests); packets > limit {
+				t.Errorf("the nodes passed on %d packets for %d requests (at most %d): moved packets went round without end", packets, totalRequests, limit)
+			}
 			return nil
 		})
 	} else {
