@@ -129,6 +129,20 @@ func TestMovedPacketsArePassedOnAndCounted(t *testing.T) {
 		pkt:  packet{iif: "weir-flows", midFlow: true, invalid: true, ttl: FlowTTL - 1},
 		want: verdict{Dropped: true, Counted: []string{counterUnowned}},
 	}, {
+		// A TTL no client sends with, within a ring's reach of
+		// FlowTTL: it came back from the router after leaving the
+		// ring on a node without rules; a fresh TTL would send it
+		// round again, for ever.
+		name: "back from the router with a ring's TTL: not sent round again",
+		ring: 4,
+		pkt:  packet{iif: uplink, midFlow: true, ttl: FlowTTL - 5},
+		want: verdict{Endpoints: both, Masqueraded: both, Counted: []string{counterUnowned}},
+	}, {
+		name: "a client's highest TTL still gets a fresh one",
+		ring: 4,
+		pkt:  packet{iif: uplink, midFlow: true, ttl: maxEntryTTL},
+		want: verdict{PassedOn: true, PassedTTL: FlowTTL, Counted: []string{counterPassedConnections, counterPassedPackets}},
+	}, {
 		name: "no ring: served here, counted as unowned",
 		ring: 0,
 		pkt:  packet{iif: uplink, midFlow: true},

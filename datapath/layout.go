@@ -38,6 +38,15 @@ const FlowTTL = 255
 // takes it from the owner to an endpoint behind any routers.
 const minFlowTTL = 16
 
+// maxEntryTTL is the highest TTL a packet from outside the ring gets
+// FlowTTL with. Clients send with 64 or 128, less the routers they cross;
+// a packet arriving with more most likely left the ring on a node with no
+// rules (flushed, or being wiped) and came back through the router: given
+// FlowTTL again it would go round for ever, so it keeps its TTL, and
+// passes on only while that is one FlowTTLs allow. The cost: clients that
+// send with 255 and are close are not passed on when a router moves them.
+const maxEntryTTL = 191
+
 // The table's sets. Every lookup a packet makes is a hash lookup keyed by
 // what the packet carries, so the per-packet cost does not grow with the
 // number of services, and a change is a handful of element updates rather
@@ -471,7 +480,9 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 			[]string{"ct direction reply return"},
 			exempt,
 			[]string{
-				"iifname != " + strconv.Quote(fl.Interface) + " " + f.ttl + " set " + strconv.Itoa(FlowTTL),
+				// A packet that comes back from the router with the
+				// TTL a ring gave it keeps it (see maxEntryTTL).
+				"iifname != " + strconv.Quote(fl.Interface) + " " + f.ttl + " <= " + strconv.Itoa(maxEntryTTL) + " " + f.ttl + " set " + strconv.Itoa(FlowTTL),
 				// The first packet of an entry: one more connection
 				// passed on.
 				"ct status ! confirmed " + f.ttl + " " + g.ref(flowTTLsSet) + " " + countStatement(counterPassedConnections),

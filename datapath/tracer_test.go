@@ -601,6 +601,25 @@ func (r *ruleReader) match(vals []value) bool {
 	case "!=", "!":
 		r.take()
 		negate = true
+	case "<=", ">=", "<", ">":
+		op := r.take()
+		n := r.number(r.take())
+		if len(vals) != 1 || vals[0].absent {
+			return false
+		}
+		v, err := strconv.ParseUint(vals[0].s, 10, 32)
+		if err != nil {
+			r.fail("%q compared as a number", vals[0].s)
+		}
+		switch op {
+		case "<=":
+			return uint32(v) <= n
+		case ">=":
+			return uint32(v) >= n
+		case "<":
+			return uint32(v) < n
+		}
+		return uint32(v) > n
 	}
 	rhs := r.take()
 	if slices.ContainsFunc(vals, func(v value) bool { return v.absent }) {
