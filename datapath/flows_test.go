@@ -133,10 +133,10 @@ func TestMovedPacketsArePassedOnAndCounted(t *testing.T) {
 		// FlowTTL: it came back from the router after leaving the
 		// ring on a node without rules; a fresh TTL would send it
 		// round again, for ever.
-		name: "back from the router with a ring's TTL: not sent round again",
+		name: "back from the router with a ring's TTL: dropped, not sent round again",
 		ring: 4,
 		pkt:  packet{iif: uplink, midFlow: true, ttl: FlowTTL - 5},
-		want: verdict{Endpoints: both, Masqueraded: both, Counted: []string{counterUnowned}},
+		want: verdict{Dropped: true, Counted: []string{counterUnowned}},
 	}, {
 		name: "a client's highest TTL still gets a fresh one",
 		ring: 4,

@@ -40,11 +40,13 @@ const minFlowTTL = 16
 
 // maxEntryTTL is the highest TTL a packet from outside the ring gets
 // FlowTTL with. Clients send with 64 or 128, less the routers they cross;
-// a packet arriving with more most likely left the ring on a node with no
-// rules (flushed, or being wiped) and came back through the router: given
-// FlowTTL again it would go round for ever, so it keeps its TTL, and
-// passes on only while that is one FlowTTLs allow. The cost: clients that
-// send with 255 and are close are not passed on when a router moves them.
+// a moved packet arriving with more most likely left the ring on a node
+// with no rules (flushed, or being wiped) and came back through the
+// router: given FlowTTL again it would go round for ever, and served here
+// it would reset a connection whose node is alive. It is dropped, and the
+// client's retransmission walks the ring afresh. The cost: the moved
+// packets of clients that send with 255 (some network devices) are
+// dropped too, and those connections stall while the router moves them.
 const maxEntryTTL = 191
 
 // The table's sets. Every lookup a packet makes is a hash lookup keyed by
@@ -480,9 +482,11 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 			[]string{"ct direction reply return"},
 			exempt,
 			[]string{
-				// A packet that comes back from the router with the
-				// TTL a ring gave it keeps it (see maxEntryTTL).
 				"iifname != " + strconv.Quote(fl.Interface) + " " + f.ttl + " <= " + strconv.Itoa(maxEntryTTL) + " " + f.ttl + " set " + strconv.Itoa(FlowTTL),
+				// One that comes back from the router with the TTL
+				// a ring gave it is dropped (see maxEntryTTL): its
+				// client sends it again, to a fresh walk.
+				"iifname != " + strconv.Quote(fl.Interface) + " " + f.ttl + " > " + strconv.Itoa(maxEntryTTL) + " " + countStatement(counterUnowned) + " drop",
 				// The first packet of an entry: one more connection
 				// passed on.
 				"ct status ! confirmed " + f.ttl + " " + g.ref(flowTTLsSet) + " " + countStatement(counterPassedConnections),
