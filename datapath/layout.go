@@ -482,11 +482,11 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 			[]string{"ct direction reply return"},
 			exempt,
 			[]string{
-				"iifname != " + strconv.Quote(fl.Interface) + " " + f.ttl + " <= " + strconv.Itoa(maxEntryTTL) + " " + f.ttl + " set " + strconv.Itoa(FlowTTL),
-				// One that comes back from the router with the TTL
-				// a ring gave it is dropped (see maxEntryTTL): its
-				// client sends it again, to a fresh walk.
+				// A packet that comes back from the router with the
+				// TTL a ring gave it is dropped (see maxEntryTTL):
+				// its client sends it again, to a fresh walk.
 				"iifname != " + strconv.Quote(fl.Interface) + " " + f.ttl + " > " + strconv.Itoa(maxEntryTTL) + " " + countStatement(counterUnowned) + " drop",
+				"iifname != " + strconv.Quote(fl.Interface) + " " + f.ttl + " set " + strconv.Itoa(FlowTTL),
 				// The first packet of an entry: one more connection
 				// passed on.
 				"ct status ! confirmed " + f.ttl + " " + g.ref(flowTTLsSet) + " " + countStatement(counterPassedConnections),
