@@ -67,7 +67,6 @@ type MovedReport struct {
 
 // Equal reports whether two reports say the same, apart from when.
 func (m MovedReport) Equal(o MovedReport) bool {
-	m.ChangedAt, o.ChangedAt = time.Time{}, time.Time{}
 	return m.Next == o.Next && slices.Equal(m.NotAnswering, o.NotAnswering) && m.PassedPackets == o.PassedPackets &&
 		m.PassedConnections == o.PassedConnections && m.TakenPackets == o.TakenPackets && m.UnownedPackets == o.UnownedPackets
 }
