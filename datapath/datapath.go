@@ -862,3 +862,37 @@ func (d *Datapath) FlowCounts(ctx context.Context) (FlowCounts, error) {
 	}
 	return out, nil
 }
+
+// RepairIfGone rewrites the whole table from the last state applied when
+// a family's table, or the marker of the generation its chains read, is
+// no longer there: someone flushed the ruleset (an nftables service
+// reloading, `nft flush ruleset` by hand) and the node forwards nothing it
+// should until the next resync. It reports whether it rewrote anything;
+// before the first successful apply it checks nothing.
+func (d *Datapath) RepairIfGone(ctx context.Context) (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.needFull {
+		return false, nil
+	}
+	var gone []string
+	for _, f := range d.families() {
+		t := d.tables[f]
+		if !t.known || t.gen == "" {
+			return false, nil
+		}
+		chains, err := d.lister[f].List(ctx, "chain")
+		if err != nil && !knftables.IsNotFound(err) {
+			return false, fmt.Errorf("listing the %s table: %w", f, err)
+		}
+		if !slices.Contains(chains, t.gen.marker()) {
+			gone = append(gone, f.String())
+		}
+	}
+	if len(gone) == 0 {
+		return false, nil
+	}
+	d.cfg.Log.Warn("the table is gone (someone flushed the ruleset?): rewriting it from the last state", "families", gone)
+	d.forget()
+	return true, d.fullSync(ctx, NodeState{Node: d.node, Services: d.services})
+}

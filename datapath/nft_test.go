@@ -157,3 +157,51 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 		t.Errorf("after cleanup the tables remain:\n%s", out)
 	}
 }
+
+// TestRepairAfterAFlushedRuleset: `nft flush ruleset` (an nftables service
+// reloading) takes the node's tables; RepairIfGone puts back the last
+// state at once, and does nothing while the tables are in place.
+func TestRepairAfterAFlushedRuleset(t *testing.T) {
+	if runInNewNetns(t) {
+		return
+	}
+	ctx := context.Background()
+	dp, err := NewForNode(Config{Flows: &FlowRedirect{Interface: "weir-flows"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if repaired, err := dp.RepairIfGone(ctx); repaired || err != nil {
+		t.Fatalf("before any apply: repaired %v, %v; want nothing done", repaired, err)
+	}
+	st := nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false)))
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if repaired, err := dp.RepairIfGone(ctx); repaired || err != nil {
+		t.Fatalf("with the tables in place: repaired %v, %v; want nothing done", repaired, err)
+	}
+	if out, err := exec.Command("nft", "flush", "ruleset").CombinedOutput(); err != nil {
+		t.Fatalf("nft flush ruleset: %v: %s", err, out)
+	}
+	repaired, err := dp.RepairIfGone(ctx)
+	if !repaired || err != nil {
+		t.Fatalf("after a flush: repaired %v, %v; want the tables rewritten", repaired, err)
+	}
+	out, err := exec.Command("nft", "list", "map", "ip", TableName, dp.tables[&ipv4].gen.of(ipKind.backends(TCP))).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "10.96.0.10 . tcp . 80 . 0 : 10.244.1.11 . 8080") {
+		t.Errorf("after the repair the backends map is: %v\n%s", err, out)
+	}
+	if out, _ := exec.Command("nft", "list", "counter", "ip", TableName, counterPassedPackets).CombinedOutput(); !strings.Contains(string(out), "packets") {
+		t.Errorf("after the repair the counters are missing:\n%s", out)
+	}
+	// A table deleted by hand (one family) is put back too.
+	if out, err := exec.Command("nft", "delete", "table", "ip6", TableName).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if repaired, err := dp.RepairIfGone(ctx); !repaired || err != nil {
+		t.Fatalf("after the ip6 table went: repaired %v, %v", repaired, err)
+	}
+	if out, err := exec.Command("nft", "list", "table", "ip6", TableName).CombinedOutput(); err != nil {
+		t.Errorf("the ip6 table is not back: %v: %s", err, out)
+	}
+}

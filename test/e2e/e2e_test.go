@@ -660,3 +660,33 @@ func TestUnallocatedClusterIPsAreDropped(t *testing.T) {
 		})
 	}
 }
+
+// TestFlushedRulesetIsRepaired: an nftables service reloading on a node
+// (`nft flush ruleset`) takes Weir's tables with it, and the node stops
+// forwarding its services. The agent puts them back within seconds,
+// without a change from the server, and counts the repair.
+func TestFlushedRulesetIsRepaired(t *testing.T) {
+	c, _ := startWeb(t)
+	ctx := context.Background()
+	node1 := c.Nodes[0]
+	viaNode1 := netip.AddrPortFrom(node1.IPv4, nodePort)
+	if _, err := weirlab.Get(ctx, c.Client, viaNode1); err != nil {
+		t.Fatalf("node1's node port before the flush: %v", err)
+	}
+	if _, err := node1.Run(ctx, "nft", "flush", "ruleset"); err != nil {
+		t.Fatal(err)
+	}
+	flushed := time.Now()
+	eventually(t, "node1's node port answers again", func() error {
+		_, err := weirlab.Get(ctx, c.Client, viaNode1)
+		return err
+	})
+	t.Logf("node1 forwarded again %s after the flush", time.Since(flushed).Round(time.Millisecond))
+	metrics, err := httpGet(t, node1.Netns, "http://127.0.0.1:10249/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := metricValue(metrics.body, "weir_datapath_table_repairs_total"); err != nil || n < 1 {
+		t.Errorf("weir_datapath_table_repairs_total %v (%v); want at least 1", n, err)
+	}
+}

@@ -185,6 +185,14 @@ func run() error {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
 
+	// Someone flushing the ruleset (an nftables service reloading) takes
+	// the node's tables with it: put them back within seconds, not at
+	// the next resync.
+	repairs := prometheus.NewCounter(prometheus.CounterOpts{Name: "weir_datapath_table_repairs_total",
+		Help: "Times the agent found its nftables tables gone (the ruleset flushed or a table deleted by someone else) and rewrote them from the last state."})
+	reg.MustRegister(repairs)
+	go repairTables(ctx, dp, repairs, log)
+
 	observers := syncer.Observers{nodeHealth}
 	if *passFlows {
 		movedReport := flows.NewReporter(moved, dp)
@@ -266,6 +274,31 @@ func run() error {
 	// restarts. Removing Weir is `nft delete table ip weir; nft delete table ip6 weir`.
 	log.Info("stopped; nftables rules left in place")
 	return nil
+}
+
+// tableCheckPeriod is how often the agent checks that its tables are
+// still there.
+const tableCheckPeriod = 2 * time.Second
+
+// repairTables rewrites the tables whenever someone removed them, until
+// ctx ends.
+func repairTables(ctx context.Context, dp *datapath.Datapath, repairs prometheus.Counter, log *slog.Logger) {
+	tick := time.NewTicker(tableCheckPeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		repaired, err := dp.RepairIfGone(ctx)
+		if repaired {
+			repairs.Inc()
+		}
+		if err != nil && ctx.Err() == nil {
+			log.Warn("checking that the tables are in place", "error", err)
+		}
+	}
 }
 
 // serveHTTP serves h on addr until ctx ends.
