@@ -88,6 +88,17 @@ func newDrain(t *testing.T, ct Conntrack) (*Drain, *clocktesting.FakeClock, *pro
 	return New(ct, clk, slog.New(slog.DiscardHandler), reg), clk, reg
 }
 
+// runDrain is newDrain with Run going until the test ends.
+func runDrain(t *testing.T, ct Conntrack) (*Drain, *clocktesting.FakeClock) {
+	t.Helper()
+	d, clk, _ := newDrain(t, ct)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return d, clk
+}
+
 // drainOf is the drain part of a report, nil when it has none.
 func drainOf(r *report.Report) *report.DrainReport {
 	if r == nil {
@@ -253,11 +264,7 @@ func TestReportsWhatChanged(t *testing.T) {
 // and stops with its context.
 func TestRunEndsAtTheDeadline(t *testing.T) {
 	ct := NewFake(table()...)
-	d, clk, _ := newDrain(t, ct)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	d, clk := runDrain(t, ct)
 
 	d.Received(state(true, t0.Add(3*time.Second)))
 	// The ticker and the deadline's timer.
@@ -281,11 +288,7 @@ func TestRunEndsAtTheDeadline(t *testing.T) {
 func TestRunRetriesAFailedDeadlineAtTheNextCount(t *testing.T) {
 	ct := NewFake(table()...)
 	ct.Fail(errors.New("operation not permitted"))
-	d, clk, _ := newDrain(t, ct)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	d, clk := runDrain(t, ct)
 
 	d.Received(state(true, t0.Add(3*time.Second)))
 	wait.Until(t, 5*time.Second, "Run waits for its next count and the deadline", func() bool { return clk.Waiters() == 2 })
