@@ -195,8 +195,8 @@ func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement, replaced map[Se
 		switch k, isBackends := kindOfMap(id.set); {
 		case k != nil && !isBackends:
 			switch {
-			case now == nil || now.value == "drop":
-			case was != nil && was.value == "drop":
+			case now == nil || now.pick.drops():
+			case was != nil && was.pick.drops():
 				// drop -> endpoints: flows cached while dropping are stale.
 				if flow, ok := udpFlow(id.family, id.key, k.nodePort); ok {
 					emit(flow)

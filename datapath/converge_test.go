@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -440,8 +441,8 @@ func canonicalTables(t *testing.T) []string {
 // reads every "<proto> dport" as "th dport": nft 1.0.6 adds a protocol
 // match to a rule that DNATs through a map typed "tcp dport" depending on
 // what it has cached when it parses the rule, and names the header after
-// it. Every such rule is reached only through a frontend map keyed by the
-// protocol, so the match never changes where a packet goes.
+// it. Every such rule matches only the frontends of its pick's set, keyed
+// by the protocol, so the match never changes where a packet goes.
 func normalize(v any, fold map[string]string) any {
 	switch v := v.(type) {
 	case map[string]any:
@@ -465,9 +466,13 @@ func normalize(v any, fold map[string]string) any {
 		if f, ok := fold[v]; ok {
 			return f
 		}
+		// The picks' sets come and go with the endpoint counts.
+		return pickSetOfGeneration.ReplaceAllString(v, "${1}_G")
 	}
 	return v
 }
+
+var pickSetOfGeneration = regexp.MustCompile(`^(@?[a-z_]*_endpoints_[0-9]+)_[ab]$`)
 
 func jsonString(v any) string {
 	b, _ := json.Marshal(v)

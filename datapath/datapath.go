@@ -168,9 +168,9 @@ type tableState struct {
 	// reads which generation its chains use.
 	known bool
 	gen   generation // the generation the chains read
-	// picks counts, per pick chain that exists, the elements that jump
-	// to it; a chain goes in the transaction that drops its last one.
-	picks map[pickChain]int
+	// picks counts, per pick that exists, the frontends in its set; a
+	// pick goes in the transaction that drops its last one.
+	picks map[pick]int
 	// rebuild is set after a full sync of the family failed: the next one
 	// replaces the whole table in one transaction, which no leftover,
 	// damaged or foreign object can block.
@@ -179,9 +179,12 @@ type tableState struct {
 
 type liveElement struct {
 	value string
-	pick  pickChain // the pick chain value jumps to, if any
+	pick  pick // the pick whose set holds a frontend, if any
 	refs  int
 }
+
+// sameAs: the element is written the same way as o.
+func (e *liveElement) sameAs(o *liveElement) bool { return e.value == o.value && e.pick == o.pick }
 
 // nodeKey holds the node's own contribution in Datapath.contrib.
 var nodeKey = ServiceKey{}
@@ -342,7 +345,7 @@ type desired struct {
 	owned   map[ServiceKey][]ownedObject
 	elems   map[*family][]element
 	objects map[*family][]ownedObject
-	picks   map[*family]map[pickChain]int // pick chains, with the elements that jump to each
+	picks   map[*family]map[pick]int // picks, with the frontends of each
 }
 
 func (d *Datapath) desire(state NodeState) *desired {
@@ -353,10 +356,10 @@ func (d *Datapath) desire(state NodeState) *desired {
 		owned:   map[ServiceKey][]ownedObject{},
 		elems:   map[*family][]element{},
 		objects: map[*family][]ownedObject{},
-		picks:   map[*family]map[pickChain]int{},
+		picks:   map[*family]map[pick]int{},
 	}
 	for _, f := range d.families() {
-		w.picks[f] = map[pickChain]int{}
+		w.picks[f] = map[pick]int{}
 	}
 	collect := func(key ServiceKey, es []element) {
 		w.contrib[key] = es
@@ -477,16 +480,19 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 	for _, c := range flowCounters(d.cfg) {
 		tx.Add(c) // an existing counter keeps its count
 	}
-	for _, c := range tableChains(*f, d.cfg, next) {
+	for p := range picks {
+		obj := p.object(*f, next)
+		tx.Add(obj)
+		tx.Delete(obj)
+		tx.Add(obj)
+	}
+	for _, c := range tableChains(*f, d.cfg, next, picks) {
 		tx.Add(c.chain)
 		if c.base() {
 			// Base chains only jump to fixed chains: rewriting them
 			// here changes nothing for packets.
 			writeChain(tx, c, next)
 		}
-	}
-	for pc := range picks {
-		tx.Add(&knftables.Chain{Name: pc.name()})
 	}
 	if c := planOwned(nil, w.objects[f])[f]; c != nil {
 		c.render(tx)
@@ -506,19 +512,17 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 	// 3. Switch.
 	tx = d.nft[f][0].NewTransaction()
 	keep := map[string]bool{}
-	for _, c := range tableChains(*f, d.cfg, next) {
+	for _, c := range tableChains(*f, d.cfg, next, picks) {
 		keep[c.chain.Name] = true
 		if !c.base() {
 			writeChain(tx, c, next)
 		}
 	}
-	for pc := range picks {
-		keep[pc.name()] = true
-		tx.Flush(&knftables.Chain{Name: pc.name()})
-		tx.Add(&knftables.Rule{Chain: pc.name(), Rule: pc.rule(*f, d.cfg.MasqueradeMark, next)})
-	}
 	for _, obj := range tableSets(*f, next) {
 		keep[setName(obj)] = true
+	}
+	for p := range picks {
+		keep[next.of(p.set())] = true
 	}
 	for _, o := range w.objects[f] {
 		keep[o.name] = true
@@ -541,7 +545,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 	t.gen = next
 	switched := time.Since(start)
 
-	// 4. Delete: maps first (the old generation's verdict maps jump to
+	// 4. Delete: maps first (an older layout's verdict maps jump to
 	// chains that may go), then sets, then chains. Anonymous sets and
 	// maps ("__map0") belong to rules and go with them.
 	var gone []knftables.Object
@@ -609,15 +613,15 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	for _, obj := range tableSets(*f, g) {
 		tx.Add(obj)
 	}
+	for p := range w.picks[f] {
+		tx.Add(p.object(*f, g))
+	}
 	for _, c := range flowCounters(d.cfg) {
 		tx.Add(c)
 	}
-	chains := tableChains(*f, d.cfg, g)
+	chains := tableChains(*f, d.cfg, g, w.picks[f])
 	for _, c := range chains {
 		tx.Add(c.chain)
-	}
-	for pc := range w.picks[f] {
-		tx.Add(&knftables.Chain{Name: pc.name()})
 	}
 	tx.Add(&knftables.Chain{Name: g.marker()})
 	if c := planOwned(nil, w.objects[f])[f]; c != nil {
@@ -625,9 +629,6 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	}
 	for _, c := range chains {
 		writeChain(tx, c, g)
-	}
-	for pc := range w.picks[f] {
-		tx.Add(&knftables.Rule{Chain: pc.name(), Rule: pc.rule(*f, d.cfg.MasqueradeMark, g)})
 	}
 	for _, e := range w.elems[f] {
 		tx.Add(elementObject(e, g))
@@ -665,11 +666,11 @@ func (d *Datapath) existingObjects(ctx context.Context, f *family) (tableObjects
 		return d.listObjects(ctx, f)
 	}
 	objs := tableObjects{chains: []string{t.gen.marker()}}
-	for _, c := range tableChains(*f, d.cfg, t.gen) {
+	for _, c := range tableChains(*f, d.cfg, t.gen, nil) {
 		objs.chains = append(objs.chains, c.chain.Name)
 	}
-	for pc := range t.picks {
-		objs.chains = append(objs.chains, pc.name())
+	for p := range t.picks {
+		objs.sets = append(objs.sets, t.gen.of(p.set()))
 	}
 	for _, obj := range tableSets(*f, t.gen) {
 		if m, ok := obj.(*knftables.Map); ok {
@@ -802,9 +803,12 @@ func (d *Datapath) run(ctx context.Context, f *family, tx *knftables.Transaction
 // elementObject renders an element of generation g.
 func elementObject(e element, g generation) *knftables.Element {
 	el := &knftables.Element{Key: []string{e.key}}
-	if e.value == "" {
+	switch {
+	case e.pick.exists():
+		el.Set = g.of(e.pick.set())
+	case e.value == "":
 		el.Set = g.of(e.set)
-	} else {
+	default:
 		el.Map = g.of(e.set)
 		el.Value = []string{e.value}
 	}

@@ -16,8 +16,9 @@ type element struct {
 	set    string
 	key    string
 	value  string // empty for set elements
-	// pick is the pick chain value jumps to, if it jumps to one.
-	pick pickChain
+	// pick, for a frontend without session affinity, is the pick whose set
+	// holds it (set is then its kind's frontends, value empty).
+	pick pick
 }
 
 // elemID identifies an element regardless of its value.
@@ -63,21 +64,17 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 		c.elems = append(c.elems, element{family: f, set: set, key: key, value: value})
 	}
 	var aff *affinity
-	// pick points a frontend of kind k at the endpoints eps (the set
+	// pickFor points a frontend of kind k at the endpoints eps (the set
 	// called setName): DNAT to one of them, or drop when a traffic policy
 	// leaves none on this node.
-	pick := func(k *frontendKind, p Protocol, fk string, eps []Endpoint, setName string) {
-		switch {
-		case len(eps) == 0:
-			add(k.frontends, fk, "drop")
-		case aff != nil:
+	pickFor := func(k *frontendKind, p Protocol, fk string, eps []Endpoint, setName string) {
+		if aff != nil && len(eps) > 0 {
 			add(k.frontends, fk, "goto "+aff.chainFor(setName, eps))
-		default:
-			pc := k.pickChain(p, len(eps))
-			c.elems = append(c.elems, element{family: f, set: k.frontends, key: fk, value: "goto " + pc.name(), pick: pc})
-			for i, ep := range eps {
-				add(k.backends(p), concat(fk, strconv.Itoa(i)), concat(ep.Addr.String(), port(ep.Port)))
-			}
+			return
+		}
+		c.elems = append(c.elems, element{family: f, set: k.frontends, key: fk, pick: k.pick(p, len(eps))})
+		for i, ep := range eps {
+			add(k.backends(p), concat(fk, strconv.Itoa(i)), concat(ep.Addr.String(), port(ep.Port)))
 		}
 	}
 	for _, ip := range clusterIPs {
@@ -107,15 +104,15 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 				continue
 			}
 			if slices.Contains(clusterIPs, ip) {
-				pick(&ipKind, sp.Protocol, fk, internal, internalName)
+				pickFor(&ipKind, sp.Protocol, fk, internal, internalName)
 				continue
 			}
 			// External and load-balancer IPs: sources in the cluster are
 			// short-circuited to every endpoint, external ones follow the
 			// external policy.
-			pick(&ipKind, sp.Protocol, fk, cluster, "cluster")
+			pickFor(&ipKind, sp.Protocol, fk, cluster, "cluster")
 			if externalLocal {
-				pick(&externalIPKind, sp.Protocol, fk, local, "local")
+				pickFor(&externalIPKind, sp.Protocol, fk, local, "local")
 				add(localFrontendsSet, fk, "")
 			} else {
 				add(masqueradeFrontendsSet, fk, "")
@@ -127,9 +124,9 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 			case len(all) == 0:
 				add(noEndpointNodePortsSet, nk, "")
 			default:
-				pick(&nodePortKind, sp.Protocol, nk, cluster, "cluster")
+				pickFor(&nodePortKind, sp.Protocol, nk, cluster, "cluster")
 				if externalLocal {
-					pick(&externalNodePortKind, sp.Protocol, nk, local, "local")
+					pickFor(&externalNodePortKind, sp.Protocol, nk, local, "local")
 					add(localNodePortsSet, nk, "")
 				} else {
 					add(masqueradeNodePortsSet, nk, "")

@@ -1,7 +1,9 @@
 package datapath
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -94,8 +96,8 @@ const (
 )
 
 // frontendKind is one way a packet's destination names a service port. Each
-// kind has its own frontend verdict map, and per protocol a backends map
-// and pick chains.
+// kind has per protocol a backends map, picks (see pick) and one chain that
+// holds their rules, and a verdict map for frontends with session affinity.
 //
 // Backends are split by protocol because of nft 1.0.6: a map whose value is
 // "address . port" must name the port type through a protocol ("tcp
@@ -106,7 +108,7 @@ type frontendKind struct {
 	name      string // prefix of its maps and chains
 	nodePort  bool   // keyed by proto . port on a node-port address
 	external  bool   // consulted only for sources outside the cluster
-	frontends string // frontend -> goto <name><proto>_pick_N | drop
+	frontends string // frontend -> goto its session-affinity chain
 }
 
 var (
@@ -129,32 +131,89 @@ var (
 // one protocol.
 func (k *frontendKind) backends(p Protocol) string { return k.name + p.String() + "_backends" }
 
-// pickChain is the chain that DNATs to one of n endpoints of a kind and
-// protocol, uniformly at random. Chains are shared by every service port
-// with n endpoints, so the table holds as many chains as there are
-// distinct endpoint counts. The zero pickChain is none. Eight bytes: every
-// element that jumps to one carries it.
-type pickChain struct {
+// pickChain is the chain of the kind's picks, one rule each.
+func (k *frontendKind) pickChain() string { return k.name + "pick" }
+
+// keyType is the nftables type of the kind's frontends.
+func (k *frontendKind) keyType(f family) string {
+	if k.nodePort {
+		return "inet_proto . inet_service"
+	}
+	return f.addrType + " . inet_proto . inet_service"
+}
+
+// pick is the frontends of one kind and protocol that have n endpoints on
+// this node (after traffic policies and topology): a set holding them, and
+// one rule in the kind's pick chain that DNATs a packet to one of the n,
+// uniformly at random, or drops it when n is 0. The table holds as many
+// picks as there are distinct endpoint counts.
+//
+// Frontends are data in sets, never verdicts in a map: a transaction that
+// adds a jump or goto element makes nf_tables validate the ruleset,
+// walking every element of every verdict map, so a verdict map keyed by
+// frontend made adding one service cost in proportion to all of them.
+//
+// The zero pick is none. Eight bytes: every frontend element carries one.
+type pick struct {
 	kind  uint8 // 1 + the index of its kind in frontendKinds; 0: none
 	proto Protocol
 	n     uint32
 }
 
-func (k *frontendKind) pickChain(p Protocol, n int) pickChain {
-	return pickChain{kind: uint8(1 + slices.Index(frontendKinds, k)), proto: p, n: uint32(n)}
+func (k *frontendKind) pick(p Protocol, n int) pick {
+	return pick{kind: uint8(1 + slices.Index(frontendKinds, k)), proto: p, n: uint32(n)}
 }
 
-func (c pickChain) exists() bool { return c.kind != 0 }
+func (p pick) exists() bool { return p.kind != 0 }
 
-func (c pickChain) frontendKind() *frontendKind { return frontendKinds[c.kind-1] }
+// drops: the frontends of this pick have no endpoint here.
+func (p pick) drops() bool { return p.exists() && p.n == 0 }
 
-func (c pickChain) name() string {
-	return c.frontendKind().name + c.proto.String() + "_pick_" + strconv.Itoa(int(c.n))
+func (p pick) frontendKind() *frontendKind { return frontendKinds[p.kind-1] }
+
+// set names the set of the pick's frontends.
+func (p pick) set() string {
+	return p.frontendKind().name + p.proto.String() + "_endpoints_" + strconv.Itoa(int(p.n))
 }
 
-// rule is the chain's one rule in table generation g.
-func (c pickChain) rule(f family, mark uint32, g generation) string {
-	return c.frontendKind().pickChainRule(f, mark, c.proto, int(c.n), g)
+// object is the pick's set in table generation g.
+func (p pick) object(f family, g generation) *knftables.Set {
+	return &knftables.Set{Name: g.of(p.set()), Type: p.frontendKind().keyType(f)}
+}
+
+// rule is the pick's rule, reading generation g.
+func (p pick) rule(f family, mark uint32, g generation) string {
+	k := p.frontendKind()
+	match := k.key(f) + " " + g.ref(p.set())
+	if p.n == 0 {
+		return match + " drop"
+	}
+	return knftables.Concat(match,
+		"meta mark set meta mark |", fmt.Sprintf("%#x", mark),
+		"dnat", f.ip, "to", k.key(f), ". numgen random mod", p.n, "map", g.ref(k.backends(p.proto)),
+	)
+}
+
+// comparePicks orders picks as their rules go in a pick chain: by
+// protocol, then endpoint count.
+func comparePicks(a, b pick) int {
+	return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.proto, b.proto), cmp.Compare(a.n, b.n))
+}
+
+// pickChains are the kinds' pick chains, in the order of frontendKinds,
+// with the rules of picks, reading generation g. A packet walks its kind's rules until one holds its
+// frontend: the walk grows with the distinct endpoint counts, never with
+// the services, and only a connection's first packet makes it.
+func pickChains(f family, mark uint32, g generation, picks map[pick]int) []chainSpec {
+	byKind := make([][]string, len(frontendKinds))
+	for _, p := range slices.SortedFunc(maps.Keys(picks), comparePicks) {
+		byKind[p.kind-1] = append(byKind[p.kind-1], p.rule(f, mark, g))
+	}
+	out := make([]chainSpec, len(frontendKinds))
+	for i, k := range frontendKinds {
+		out[i] = regularChain(k.pickChain(), byKind[i]...)
+	}
+	return out
 }
 
 // key is the nftables expression of the packet's frontend for this kind.
@@ -163,14 +222,6 @@ func (k *frontendKind) key(f family) string {
 		return "meta l4proto . th dport"
 	}
 	return f.ip + " daddr . meta l4proto . th dport"
-}
-
-// pickChainRule is the one rule of a pick chain, reading generation g.
-func (k *frontendKind) pickChainRule(f family, mark uint32, p Protocol, n int, g generation) string {
-	return knftables.Concat(
-		"meta mark set meta mark |", fmt.Sprintf("%#x", mark),
-		"dnat", f.ip, "to", k.key(f), ". numgen random mod", n, "map", g.ref(k.backends(p)),
-	)
 }
 
 // family holds what differs between the IPv4 and IPv6 tables.
@@ -229,18 +280,14 @@ func (g generation) ref(set string) string { return "@" + g.of(set) }
 func tableSets(f family, g generation) []knftables.Object {
 	addr := f.addrType
 	ip := f.ip
-	frontendType := addr + " . inet_proto . inet_service"
+	frontendType := ipKind.keyType(f)
 	interval := []knftables.SetFlag{knftables.IntervalFlag}
 	var objs []knftables.Object
 	for _, k := range frontendKinds {
-		keyType, keyOf := frontendType, ip+" daddr . meta l4proto . th dport"
-		if k.nodePort {
-			keyType, keyOf = "inet_proto . inet_service", "meta l4proto . th dport"
-		}
-		objs = append(objs, &knftables.Map{Name: g.of(k.frontends), Type: keyType + " : verdict"})
+		objs = append(objs, &knftables.Map{Name: g.of(k.frontends), Type: k.keyType(f) + " : verdict"})
 		for _, p := range protocols {
 			objs = append(objs, &knftables.Map{Name: g.of(k.backends(p)),
-				TypeOf: keyOf + " . numgen random mod 1 : " + ip + " daddr . " + p.String() + " dport"})
+				TypeOf: k.key(f) + " . numgen random mod 1 : " + ip + " daddr . " + p.String() + " dport"})
 		}
 	}
 	for _, s := range []*knftables.Set{
@@ -280,14 +327,16 @@ func regularChain(name string, rules ...string) chainSpec {
 }
 
 // tableChains is the fixed chains of the table with rules that refer to
-// generation g; base chains only jump to fixed chains, so they never change.
-func tableChains(f family, cfg Config, g generation) []chainSpec {
+// generation g, with the pick chains of picks; base chains only jump to
+// fixed chains, so they never change.
+func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chainSpec {
 	ip := f.ip
 	mk := fmt.Sprintf("%#x", cfg.MasqueradeMark)
 	masq := fmt.Sprintf("%#x", cfg.MasqueradeMark>>1)
 	markMasq := "meta mark set meta mark | " + masq
 	frontend := ip + " daddr . meta l4proto . th dport"
-	nodePortMatch := "fib daddr type local " + ip + " daddr " + g.ref(nodePortAddressesSet) + " meta l4proto . th dport"
+	nodePortAddress := "fib daddr type local " + ip + " daddr " + g.ref(nodePortAddressesSet)
+	nodePortMatch := nodePortAddress + " meta l4proto . th dport"
 	// fromPods and notFromPods match a source that is (is not) a pod of
 	// the cluster; "" when nothing can tell (the rules using them go).
 	fromPods, notFromPods := ip+" saddr "+g.ref(clusterCIDRsSet), ip+" saddr != "+g.ref(clusterCIDRsSet)
@@ -380,11 +429,15 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 		// node's endpoints (or drop) so the client address survives.
 		regularChain("services", append(services,
 			frontend+" vmap "+g.ref(ipKind.frontends),
-			nodePortMatch+" vmap "+g.ref(nodePortKind.frontends))...),
+			"jump "+ipKind.pickChain(),
+			nodePortMatch+" vmap "+g.ref(nodePortKind.frontends),
+			nodePortAddress+" jump "+nodePortKind.pickChain())...),
 		regularChain("host_services", slices.Concat(exempt, hostServices, []string{"goto services"})...),
 		regularChain("external_services",
 			frontend+" vmap "+g.ref(externalIPKind.frontends),
+			"jump "+externalIPKind.pickChain(),
 			nodePortMatch+" vmap "+g.ref(externalNodePortKind.frontends),
+			nodePortAddress+" jump "+externalNodePortKind.pickChain(),
 			"goto services"),
 		regularChain("dispatch", slices.Concat(
 			exempt, passOn,
@@ -438,7 +491,7 @@ func tableChains(f family, cfg Config, g generation) []chainSpec {
 		{baseChain("filter_input", knftables.FilterType, knftables.InputHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
 		{baseChain("filter_forward", knftables.FilterType, knftables.ForwardHook, "filter - 10"), slices.Concat([]string{"ct state new jump reject_unserved"}, invalidOrphans)},
 		{baseChain("filter_output", knftables.FilterType, knftables.OutputHook, "filter - 10"), []string{"ct state new jump reject_unserved"}},
-	}, flowChains(f, cfg, g, frontend, exempt)...)
+	}, slices.Concat(pickChains(f, cfg.MasqueradeMark, g, picks), flowChains(f, cfg, g, frontend, exempt))...)
 }
 
 func echoRequest(f family) string {

@@ -139,11 +139,16 @@ func (w *elementWriter) commit(f *family, g generation, ops *elementOps) (ok boo
 			if !known {
 				return nil, false
 			}
+			set := e.set
+			if e.pick.exists() {
+				// In its pick's set: the key of the kind's frontends.
+				set, format = e.pick.set(), setFormat{key: format.key}
+			}
 			el, err := format.encode(e)
 			if err != nil {
 				return nil, false
 			}
-			out = append(out, encoded{g.of(e.set), el})
+			out = append(out, encoded{g.of(set), el})
 		}
 		return out, true
 	}

@@ -137,14 +137,20 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if strings.Contains(string(out), "10.244.2.11") {
 		t.Errorf("backends map still has the removed endpoint:\n%s", out)
 	}
-	// Operators must be able to list the table, and a UDP pick chain made
-	// by a partial sync must not carry a TCP match.
+	// Operators must be able to list the table, and a UDP pick made by a
+	// partial sync must not carry a TCP match.
 	if out, err := exec.Command("nft", "list", "ruleset").CombinedOutput(); err != nil {
 		t.Fatalf("nft list ruleset: %v: %s", err, out)
 	}
-	out, err = exec.Command("nft", "list", "chain", "ip", TableName, ipKind.pickChain(UDP, 2).name()).CombinedOutput()
-	if err != nil || strings.Contains(string(out), "tcp") || !strings.Contains(string(out), dp.tables[&ipv4].gen.of("udp_backends")) {
-		t.Errorf("UDP pick chain: %v:\n%s", err, out)
+	out, err = exec.Command("nft", "list", "chain", "ip", TableName, ipKind.pickChain()).CombinedOutput()
+	udpRule := ""
+	for line := range strings.Lines(string(out)) {
+		if strings.Contains(line, "@"+dp.tables[&ipv4].gen.of(ipKind.pick(UDP, 2).set())+" ") {
+			udpRule = line
+		}
+	}
+	if err != nil || udpRule == "" || strings.Contains(udpRule, "tcp") || !strings.Contains(udpRule, dp.tables[&ipv4].gen.of("udp_backends")) {
+		t.Errorf("UDP pick: %v: rule %q in\n%s", err, udpRule, out)
 	}
 
 	// --cleanup removes both tables, and finds nothing to do a second time.

@@ -28,12 +28,13 @@ type touched struct {
 }
 
 // familyChange is one family's part of a partial sync, in the order its
-// transaction makes it: element deletes (which drop references to pick
-// chains that go), the pick chains that come and go, the owned chains and
-// sets that change, element adds (which refer to chains that come).
+// transaction makes it: element deletes (which empty the sets of picks
+// that go), the picks that come and go (their sets, and the pick chains
+// of their kinds rewritten), the owned chains and sets that change,
+// element adds (which go into sets and refer to chains that come).
 type familyChange struct {
 	deletes           []element
-	picksIn, picksOut []pickChain
+	picksIn, picksOut []pick
 	owned             ownedChange
 	adds              []element
 }
@@ -174,13 +175,13 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 		}
 		return plan[f]
 	}
-	picks := map[*family]map[pickChain]int{} // change in each pick chain's references
-	countPick := func(f *family, pc pickChain, n int) {
-		if pc.exists() {
+	picks := map[*family]map[pick]int{} // change in each pick's frontends
+	countPick := func(f *family, p pick, n int) {
+		if p.exists() {
 			if picks[f] == nil {
-				picks[f] = map[pickChain]int{}
+				picks[f] = map[pick]int{}
 			}
-			picks[f][pc] += n
+			picks[f][p] += n
 		}
 	}
 	for id, was := range t.before {
@@ -188,11 +189,11 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 		if d.tables[id.family] == nil {
 			continue // a family this Datapath leaves alone
 		}
-		if was != nil && (now == nil || now.value != was.value) {
+		if was != nil && (now == nil || !now.sameAs(was)) {
 			of(id.family).deletes = append(of(id.family).deletes, element{family: id.family, set: id.set, key: id.key, value: was.value, pick: was.pick})
 			countPick(id.family, was.pick, -1)
 		}
-		if now != nil && (was == nil || now.value != was.value) {
+		if now != nil && (was == nil || !now.sameAs(was)) {
 			of(id.family).adds = append(of(id.family).adds, element{family: id.family, set: id.set, key: id.key, value: now.value, pick: now.pick})
 			countPick(id.family, now.pick, +1)
 		}
@@ -224,8 +225,6 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 	return plan
 }
 
-func comparePicks(a, b pickChain) int { return strings.Compare(a.name(), b.name()) }
-
 func compareElements(a, b element) int {
 	if c := strings.Compare(a.set, b.set); c != 0 {
 		return c
@@ -239,14 +238,25 @@ func (d *Datapath) render(f *family, c *familyChange, g generation) *knftables.T
 	for _, e := range c.deletes {
 		tx.Delete(elementObject(e, g))
 	}
-	for _, pc := range c.picksIn {
-		tx.Add(&knftables.Chain{Name: pc.name()})
-		tx.Flush(&knftables.Chain{Name: pc.name()})
-		tx.Add(&knftables.Rule{Chain: pc.name(), Rule: pc.rule(*f, d.cfg.MasqueradeMark, g)})
+	for _, p := range c.picksIn {
+		tx.Add(p.object(*f, g))
 	}
-	for _, pc := range c.picksOut {
-		tx.Flush(&knftables.Chain{Name: pc.name()})
-		tx.Delete(&knftables.Chain{Name: pc.name()})
+	if len(c.picksIn)+len(c.picksOut) > 0 {
+		// The pick chains of the kinds whose picks changed, rewritten
+		// with the picks there are now.
+		kinds := map[uint8]bool{}
+		for _, p := range slices.Concat(c.picksIn, c.picksOut) {
+			kinds[p.kind] = true
+		}
+		for i, pc := range pickChains(*f, d.cfg.MasqueradeMark, g, d.tables[f].picks) {
+			if kinds[uint8(i+1)] {
+				tx.Add(pc.chain)
+				writeChain(tx, pc, g)
+			}
+		}
+	}
+	for _, p := range c.picksOut {
+		tx.Delete(p.object(*f, g))
 	}
 	c.owned.render(tx)
 	for _, e := range c.adds {
