@@ -191,7 +191,7 @@ func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement, replaced map[Se
 		}
 	}
 	for id, was := range before {
-		now := d.live[id]
+		now := d.liveAt(id)
 		switch k, isBackends := kindOfMap(id.set); {
 		case k != nil && !isBackends:
 			switch {
@@ -234,7 +234,7 @@ func (d *Datapath) wasFrontend(before map[elemID]*liveElement, id elemID) bool {
 			continue
 		}
 		was, touched := before[other]
-		if (touched && was != nil) || (!touched && d.live[other] != nil) {
+		if (touched && was != nil) || (!touched && d.liveAt(other) != nil) {
 			return true
 		}
 	}

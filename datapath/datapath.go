@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -152,11 +153,9 @@ type Datapath struct {
 	tables   map[*family]*tableState
 	node     NodeInfo
 	services map[ServiceKey]*Service
-	// contrib is what each service (and, under the zero key, the node)
-	// contributes; live counts contributions per element, since a local
-	// endpoint may back several services.
-	contrib map[ServiceKey][]element
-	live    map[elemID]*liveElement
+	// live is every element of the tables, with how many services (and
+	// the node) contribute it: a local endpoint may back several services.
+	live map[elemID]liveElement
 	// owned are the chains and sets each service has to itself.
 	owned map[ServiceKey][]ownedObject
 }
@@ -180,14 +179,19 @@ type tableState struct {
 type liveElement struct {
 	value string
 	pick  pick // the pick whose set holds a frontend, if any
-	refs  int
+	refs  int32
+}
+
+// liveAt is a copy of the live element id, or nil.
+func (d *Datapath) liveAt(id elemID) *liveElement {
+	if le, ok := d.live[id]; ok {
+		return &le
+	}
+	return nil
 }
 
 // sameAs: the element is written the same way as o.
 func (e *liveElement) sameAs(o *liveElement) bool { return e.value == o.value && e.pick == o.pick }
-
-// nodeKey holds the node's own contribution in Datapath.contrib.
-var nodeKey = ServiceKey{}
 
 // FullSyncChunk is how many elements one transaction of a full sync loads:
 // nft's memory grows with the size of what it parses, about 2.5 KB per
@@ -265,8 +269,10 @@ func NewForNode(cfg Config) (*Datapath, error) {
 
 // Apply makes the kernel forward exactly what state describes. Services are
 // compared by pointer: a caller that replaces only changed *Service values
-// gets a transaction proportional to the change. On error the kernel keeps
-// forwarding on the last state applied successfully.
+// gets a transaction proportional to the change. Apply keeps the *Service
+// values and later works out again from them what each contributed, so a
+// caller must never change a Service after handing it over. On error the
+// kernel keeps forwarding on the last state applied successfully.
 func (d *Datapath) Apply(ctx context.Context, state NodeState) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -340,48 +346,54 @@ func (d *Datapath) families() []*family {
 
 // desired is a whole state as elements and objects, per family.
 type desired struct {
-	contrib map[ServiceKey][]element
-	live    map[elemID]*liveElement
+	live    map[elemID]liveElement
 	owned   map[ServiceKey][]ownedObject
-	elems   map[*family][]element
 	objects map[*family][]ownedObject
 	picks   map[*family]map[pick]int // picks, with the frontends of each
+	counts  map[*family]int          // elements, per family
+}
+
+// elements yields f's elements, made again from the live ones.
+func (w *desired) elements(f *family) iter.Seq[element] {
+	return func(yield func(element) bool) {
+		for id, le := range w.live {
+			if id.family == f && !yield(element{family: f, set: id.set, key: id.key, value: le.value, pick: le.pick}) {
+				return
+			}
+		}
+	}
 }
 
 func (d *Datapath) desire(state NodeState) *desired {
 	// Sized for the usual dozen elements a service contributes.
 	w := &desired{
-		contrib: make(map[ServiceKey][]element, len(state.Services)+1),
-		live:    make(map[elemID]*liveElement, 12*len(state.Services)),
+		live:    make(map[elemID]liveElement, 12*len(state.Services)),
 		owned:   map[ServiceKey][]ownedObject{},
-		elems:   map[*family][]element{},
 		objects: map[*family][]ownedObject{},
 		picks:   map[*family]map[pick]int{},
+		counts:  map[*family]int{},
 	}
 	for _, f := range d.families() {
 		w.picks[f] = map[pick]int{}
 	}
-	collect := func(key ServiceKey, es []element) {
-		w.contrib[key] = es
+	collect := func(es []element) {
 		for _, e := range es {
-			if le := w.live[e.id()]; le != nil {
+			if le, ok := w.live[e.id()]; ok {
 				le.refs++
+				w.live[e.id()] = le
 				continue
 			}
-			w.live[e.id()] = &liveElement{value: e.value, pick: e.pick, refs: 1}
-			if w.picks[e.family] == nil {
-				continue // a family this Datapath leaves alone
-			}
-			w.elems[e.family] = append(w.elems[e.family], e)
-			if e.pick.exists() {
+			w.live[e.id()] = liveElement{value: e.value, pick: e.pick, refs: 1}
+			w.counts[e.family]++
+			if e.pick.exists() && w.picks[e.family] != nil {
 				w.picks[e.family][e.pick]++
 			}
 		}
 	}
-	collect(nodeKey, nodeElements(state.Node, d.cfg))
+	collect(nodeElements(state.Node, d.cfg))
 	for key, svc := range state.Services {
 		c := serviceContribution(svc, state.Node, d.cfg.MasqueradeMark)
-		collect(key, c.elems)
+		collect(c.elems)
 		if len(c.owned) > 0 {
 			w.owned[key] = c.owned
 			for _, o := range c.owned {
@@ -398,6 +410,9 @@ func (d *Datapath) desire(state NodeState) *desired {
 // its own; the state counts as applied only when both succeed.
 func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	d.needFull = true
+	// What the last state was is not needed for a whole one: let it go
+	// before the new one takes the same memory again.
+	d.live, d.owned = nil, nil
 	w := d.desire(state)
 	fams := d.families()
 	errs := make([]error, len(fams))
@@ -410,7 +425,7 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 		return err
 	}
 	d.needFull = false
-	d.contrib, d.live, d.owned = w.contrib, w.live, w.owned
+	d.live, d.owned = w.live, w.owned
 	d.node, d.services = state.Node, maps.Clone(state.Services)
 	// Only after the rules are in: a flow cleared earlier could be
 	// re-created on the old path.
@@ -504,7 +519,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 	prepared := time.Since(start)
 
 	// 2. Load.
-	if err := d.load(ctx, f, w.elems[f], next); err != nil {
+	if err := d.load(ctx, f, w.elements(f), next); err != nil {
 		return err
 	}
 	loaded := time.Since(start)
@@ -565,7 +580,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired) 
 		}
 	}
 	d.deleteObjects(ctx, f, gone)
-	d.cfg.Log.Debug("generation switched", "family", f.String(), "generation", string(next), "elements", len(w.elems[f]),
+	d.cfg.Log.Debug("generation switched", "family", f.String(), "generation", string(next), "elements", w.counts[f],
 		"listed", listed, "prepared", prepared, "loaded", loaded, "switched", switched, "deleted", time.Since(start))
 	return nil
 }
@@ -630,7 +645,7 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	for _, c := range chains {
 		writeChain(tx, c, g)
 	}
-	for _, e := range w.elems[f] {
+	for e := range w.elements(f) {
 		tx.Add(elementObject(e, g))
 	}
 	if err := nft.Run(ctx, tx); err != nil {
@@ -762,9 +777,20 @@ func objectName(obj knftables.Object) string {
 	return setName(obj)
 }
 
-// load adds a family's elements to generation g in chunks, spread over the
-// family's interfaces so that several nft processes parse at once.
-func (d *Datapath) load(ctx context.Context, f *family, elems []element, g generation) error {
+// load adds a family's elements to generation g: over the element
+// writer's netlink socket when the Datapath has one (all but the interval
+// sets' few), else through nft in chunks, spread over the family's
+// interfaces so that several nft processes parse at once.
+func (d *Datapath) load(ctx context.Context, f *family, elems iter.Seq[element], g generation) error {
+	if d.elements != nil {
+		rest, ok, err := d.elements.load(f, g, elems)
+		if err != nil {
+			return fmt.Errorf("loading %s table %q: %w", f, TableName, err)
+		}
+		if ok {
+			elems = slices.Values(rest)
+		}
+	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var errs []error
@@ -784,8 +810,15 @@ func (d *Datapath) load(ctx context.Context, f *family, elems []element, g gener
 			}
 		})
 	}
-	for c := range slices.Chunk(elems, FullSyncChunk) {
-		chunks <- c
+	var chunk []element
+	for e := range elems {
+		if chunk = append(chunk, e); len(chunk) == FullSyncChunk {
+			chunks <- chunk
+			chunk = nil
+		}
+	}
+	if len(chunk) > 0 {
+		chunks <- chunk
 	}
 	close(chunks)
 	wg.Wait()

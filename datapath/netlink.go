@@ -1,12 +1,16 @@
 package datapath
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
+	"iter"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -124,31 +128,44 @@ type elementOps struct {
 	deletes, adds []element
 }
 
+// encodedElement is an element as the kernel takes it, with the name of
+// the set it goes in.
+type encodedElement struct {
+	set  string
+	elem nftables.SetElement
+}
+
+// encode lays out e for generation g of f's table: ok is false for an
+// element of a set the writer does not know (the interval sets').
+func (w *elementWriter) encode(f *family, g generation, e element) (encodedElement, bool) {
+	format, known := w.formats[f][e.set]
+	if !known {
+		return encodedElement{}, false
+	}
+	set := e.set
+	if e.pick.exists() {
+		// In its pick's set: the key of the kind's frontends.
+		set, format = e.pick.set(), setFormat{key: format.key}
+	}
+	el, err := format.encode(e)
+	if err != nil {
+		return encodedElement{}, false
+	}
+	return encodedElement{g.of(set), el}, true
+}
+
 // commit sends one family's element changes as one netlink batch (atomic,
 // like an nft transaction): ok is false, with nothing sent, when an element
 // is in a set it cannot write.
 func (w *elementWriter) commit(f *family, g generation, ops *elementOps) (ok bool, err error) {
-	type encoded struct {
-		set  string
-		elem nftables.SetElement
-	}
-	encode := func(es []element) ([]encoded, bool) {
-		out := make([]encoded, 0, len(es))
+	encode := func(es []element) ([]encodedElement, bool) {
+		out := make([]encodedElement, 0, len(es))
 		for _, e := range es {
-			format, known := w.formats[f][e.set]
-			if !known {
+			el, ok := w.encode(f, g, e)
+			if !ok {
 				return nil, false
 			}
-			set := e.set
-			if e.pick.exists() {
-				// In its pick's set: the key of the kind's frontends.
-				set, format = e.pick.set(), setFormat{key: format.key}
-			}
-			el, err := format.encode(e)
-			if err != nil {
-				return nil, false
-			}
-			out = append(out, encoded{g.of(set), el})
+			out = append(out, el)
 		}
 		return out, true
 	}
@@ -159,46 +176,122 @@ func (w *elementWriter) commit(f *family, g generation, ops *elementOps) (ok boo
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.conn == nil {
-		if w.conn, err = nftables.New(nftables.AsLasting()); err != nil {
-			w.conn = nil
-			return false, nil // nft can still do it
+	if !w.open() {
+		return false, nil // nft can still do it
+	}
+	if err = w.queue(f, deletes, w.conn.SetDeleteElements); err == nil {
+		err = w.queue(f, adds, w.conn.SetAddElements)
+	}
+	if err = w.flush(err); err != nil {
+		return true, err
+	}
+	return true, nil
+}
+
+// loadBatch is how many elements one transaction of a netlink load holds:
+// a batch is one message to the kernel, which refuses one larger than the
+// socket's send buffer (212 KiB by default; an element takes up to ~90
+// bytes).
+const loadBatch = 2000
+
+// load adds elements to generation g of f's table, which nothing reads
+// yet, in transactions of loadBatch elements over the netlink socket,
+// encoding each batch just before it goes: neither nft's parser nor a
+// second copy of the table in memory. It returns the elements it cannot
+// write (interval sets), for nft, and ok false when it has no socket.
+func (w *elementWriter) load(f *family, g generation, elems iter.Seq[element]) (rest []element, ok bool, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.open() {
+		return nil, false, nil
+	}
+	batch := make([]encodedElement, 0, loadBatch)
+	send := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		// One message per set: elements of a set together.
+		slices.SortFunc(batch, func(a, b encodedElement) int { return strings.Compare(a.set, b.set) })
+		err := w.flush(w.queue(f, batch, w.conn.SetAddElements))
+		batch = batch[:0]
+		return err
+	}
+	for e := range elems {
+		el, ok := w.encode(f, g, e)
+		if !ok {
+			rest = append(rest, e)
+			continue
+		}
+		if batch = append(batch, el); len(batch) == loadBatch {
+			if err := send(); err != nil {
+				return nil, true, err
+			}
 		}
 	}
-	nftFamily := nftables.TableFamilyIPv4
-	if f.is6 {
-		nftFamily = nftables.TableFamilyIPv6
+	return rest, true, send()
+}
+
+// open makes sure the writer has its socket; w.mu must be held.
+func (w *elementWriter) open() bool {
+	if w.conn != nil {
+		return true
 	}
-	table := &nftables.Table{Name: TableName, Family: nftFamily}
-	send := func(list []encoded, do func(*nftables.Set, []nftables.SetElement) error) error {
-		// One message per set, in the order given.
-		for i := 0; i < len(list); {
-			j := i
-			var elems []nftables.SetElement
-			for ; j < len(list) && list[j].set == list[i].set; j++ {
-				elems = append(elems, list[j].elem)
-			}
-			if err := do(&nftables.Set{Table: table, Name: list[i].set}, elems); err != nil {
+	conn, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return false
+	}
+	w.conn = conn
+	return true
+}
+
+// queue adds one message per run of elements of the same set, in the order
+// given; w.mu must be held.
+func (w *elementWriter) queue(f *family, list []encodedElement, do func(*nftables.Set, []nftables.SetElement) error) error {
+	return queueElements(netlinkTable(f, TableName), list, do)
+}
+
+func netlinkTable(f *family, name string) *nftables.Table {
+	if f.is6 {
+		return &nftables.Table{Name: name, Family: nftables.TableFamilyIPv6}
+	}
+	return &nftables.Table{Name: name, Family: nftables.TableFamilyIPv4}
+}
+
+// queueElements adds one message per run of elements of the same set, in
+// the order given.
+func queueElements(table *nftables.Table, list []encodedElement, do func(*nftables.Set, []nftables.SetElement) error) error {
+	for i := 0; i < len(list); {
+		j := i
+		var elems []nftables.SetElement
+		for ; j < len(list) && list[j].set == list[i].set; j++ {
+			elems = append(elems, list[j].elem)
+		}
+		// A message's element list is one netlink attribute, at most
+		// 64 KiB: a few hundred elements.
+		for chunk := range slices.Chunk(elems, 500) {
+			if err := do(&nftables.Set{Table: table, Name: list[i].set}, chunk); err != nil {
 				return err
 			}
-			i = j
 		}
-		return nil
+		i = j
 	}
-	if err = send(deletes, w.conn.SetDeleteElements); err == nil {
-		err = send(adds, w.conn.SetAddElements)
-	}
+	return nil
+}
+
+// flush commits what is queued as one batch, unless err says queuing
+// failed; w.mu must be held. After a failure the kernel aborted the whole
+// batch, and the next use opens a fresh socket.
+func (w *elementWriter) flush(err error) error {
 	if err == nil {
 		err = w.conn.Flush()
 	}
 	if err != nil {
-		// The kernel aborted the whole batch; a fresh socket next time.
 		w.conn.CloseLasting()
 		w.conn = nil
-		return true, err
+		return err
 	}
 	w.commits++
-	return true, nil
+	return nil
 }
 
 // encode turns an element in nft syntax into the kernel's bytes.
@@ -284,4 +377,70 @@ func parseVerdict(v string) (*expr.Verdict, error) {
 		return &expr.Verdict{Kind: expr.VerdictJump, Chain: strings.TrimPrefix(v, "jump ")}, nil
 	}
 	return nil, fmt.Errorf("unknown verdict %q", v)
+}
+
+// KernelLoadFloor measures what the kernel alone takes to load state's
+// elements (both families' that the netlink writer can encode) into the
+// sets of a bare table in the current network namespace: the elements are
+// worked out and encoded first, untimed, then committed in the batches a
+// full sync uses, timed. It is the floor a full sync is compared with
+// (test/bench/datapath); the table, TableName+"_floor", is deleted after.
+func KernelLoadFloor(ctx context.Context, state NodeState, cfg Config) (time.Duration, int, error) {
+	d := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), cfg)
+	w := d.desire(state)
+	writer := newElementWriter()
+	conn, err := nftables.New()
+	if err != nil {
+		return 0, 0, err
+	}
+	var took time.Duration
+	count := 0
+	for _, f := range d.families() {
+		table := netlinkTable(f, TableName+"_floor")
+		nft, err := knftables.New(f.nft, table.Name)
+		if err != nil {
+			return 0, 0, err
+		}
+		tx := nft.NewTransaction()
+		tx.Add(&knftables.Table{})
+		tx.Delete(&knftables.Table{})
+		tx.Add(&knftables.Table{})
+		for _, obj := range tableSets(*f, genA) {
+			tx.Add(obj)
+		}
+		for p := range w.picks[f] {
+			tx.Add(p.object(*f, genA))
+		}
+		if err := nft.Run(ctx, tx); err != nil {
+			return 0, 0, err
+		}
+		var batches [][]encodedElement
+		for c := range slices.Chunk(slices.Collect(w.elements(f)), loadBatch) {
+			var batch []encodedElement
+			for _, e := range c {
+				if el, ok := writer.encode(f, genA, e); ok {
+					batch = append(batch, el)
+				}
+			}
+			slices.SortFunc(batch, func(a, b encodedElement) int { return strings.Compare(a.set, b.set) })
+			batches = append(batches, batch)
+		}
+		for _, b := range batches {
+			if err := queueElements(table, b, conn.SetAddElements); err != nil {
+				return 0, 0, err
+			}
+			count += len(b)
+			start := time.Now()
+			if err := conn.Flush(); err != nil {
+				return 0, 0, err
+			}
+			took += time.Since(start)
+		}
+		tx = nft.NewTransaction()
+		tx.Delete(&knftables.Table{})
+		if err := nft.Run(ctx, tx); err != nil {
+			return 0, 0, err
+		}
+	}
+	return took, count, nil
 }

@@ -85,39 +85,40 @@ func (d *Datapath) track(state NodeState) touched {
 		if _, ok := t.before[id]; ok {
 			return
 		}
-		if le := d.live[id]; le != nil {
-			was := *le
-			t.before[id] = &was
-		} else {
-			t.before[id] = nil
-		}
+		t.before[id] = d.liveAt(id)
 	}
-	change := func(key ServiceKey, elems []element) {
-		for _, e := range d.contrib[key] {
+	// change replaces the elements was with now.
+	change := func(was, now []element) {
+		for _, e := range was {
 			id := e.id()
 			remember(id)
-			le := d.live[id]
-			if le.refs--; le.refs == 0 {
+			if le := d.live[id]; le.refs > 1 {
+				le.refs--
+				d.live[id] = le
+			} else {
 				delete(d.live, id)
 			}
 		}
-		for _, e := range elems {
+		for _, e := range now {
 			id := e.id()
 			remember(id)
-			if le := d.live[id]; le != nil {
-				le.refs++
-			} else {
-				d.live[id] = &liveElement{value: e.value, pick: e.pick, refs: 1}
+			le := d.live[id]
+			if le.refs == 0 {
+				le = liveElement{value: e.value, pick: e.pick}
 			}
-		}
-		if elems == nil {
-			delete(d.contrib, key)
-		} else {
-			d.contrib[key] = elems
+			le.refs++
+			d.live[id] = le
 		}
 	}
+	// A service's elements as they were are worked out again from the
+	// service as it was, rather than kept: they are most of what a
+	// Datapath would hold in memory.
 	changeService := func(key ServiceKey, c contribution) {
-		change(key, c.elems)
+		var was []element
+		if old := d.services[key]; old != nil {
+			was = serviceContribution(old, d.node, d.cfg.MasqueradeMark).elems
+		}
+		change(was, c.elems)
 		t.oldOwned = append(t.oldOwned, d.owned[key]...)
 		t.newOwned = append(t.newOwned, c.owned...)
 		if len(c.owned) > 0 {
@@ -128,7 +129,7 @@ func (d *Datapath) track(state NodeState) touched {
 	}
 	nodeChanged := !nodeInfoEqual(state.Node, d.node)
 	if nodeChanged {
-		change(nodeKey, nodeElements(state.Node, d.cfg))
+		change(nodeElements(d.node, d.cfg), nodeElements(state.Node, d.cfg))
 	}
 	// The node's zone and addresses shape every service's elements; else
 	// only the services the caller names may have changed.
@@ -185,7 +186,7 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 		}
 	}
 	for id, was := range t.before {
-		now := d.live[id]
+		now := d.liveAt(id)
 		if d.tables[id.family] == nil {
 			continue // a family this Datapath leaves alone
 		}

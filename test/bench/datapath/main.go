@@ -31,12 +31,13 @@ const insideEnv = "WEIR_BENCH_NETNS"
 func main() {
 	services := flag.Int("services", 10000, "services to program")
 	changes := flag.Int("changes", 200, "one-endpoint changes to time")
+	adds := flag.Int("adds", 40, "services to add, one at a time, half over netlink and half through nft")
 	restarts := flag.Int("restarts", 10, "agent restarts to time (a new Datapath over the table, with one service changed meanwhile)")
 	flag.Parse()
 	if os.Getenv(insideEnv) == "" {
 		os.Exit(reexec())
 	}
-	if err := run(*services, *changes, *restarts); err != nil {
+	if err := run(*services, *changes, *adds, *restarts); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -156,7 +157,7 @@ var debugLog = func() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }()
 
-func run(n, changes, restarts int) error {
+func run(n, changes, adds, restarts int) error {
 	ctx := context.Background()
 	state := datapath.NodeState{
 		Node:     datapath.NodeInfo{Name: "bench", Addresses: []netip.Addr{addr4(192, 0, 2, 11)}, Registered: true},
@@ -204,7 +205,7 @@ func run(n, changes, restarts int) error {
 	}
 	took, added := map[bool][]time.Duration{}, map[bool][]time.Duration{}
 	c, next := 0, n
-	const addsPerRound = 5
+	addsPerRound := max(adds/4, 1)
 	for round := range 4 {
 		overNft := round%2 == 1
 		if dp, err = datapath.NewForNode(datapath.Config{Log: debugLog, ElementsOverNft: overNft}); err != nil {
@@ -246,8 +247,9 @@ func run(n, changes, restarts int) error {
 			d[len(d)*99/100].Round(10*time.Microsecond), d[len(d)-1].Round(10*time.Microsecond))
 		a := added[overNft]
 		slices.Sort(a)
-		fmt.Printf("adding one service, %-22s (%d samples): p50 %v  max %v\n", how, len(a),
-			a[len(a)/2].Round(10*time.Microsecond), a[len(a)-1].Round(10*time.Microsecond))
+		fmt.Printf("adding one service, %-22s (%d samples): p50 %v  p90 %v  p99 %v  max %v\n", how, len(a),
+			a[len(a)/2].Round(10*time.Microsecond), a[len(a)*9/10].Round(10*time.Microsecond),
+			a[len(a)*99/100].Round(10*time.Microsecond), a[len(a)-1].Round(10*time.Microsecond))
 	}
 
 	// A restarted agent: a new Datapath that finds the table, lists it,
