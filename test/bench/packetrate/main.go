@@ -9,6 +9,12 @@
 //   - 10,000 connections to a service with 10 endpoints, counted per
 //     endpoint, and a chi-square test of uniformity at p = 0.001;
 //
+//   - with -distinct K (and -endpoints above K), the same rates when the
+//     filler services have K distinct endpoint counts, each with a node
+//     port: the measured service's rule is then the last of K+1 a new
+//     connection walks in the node ports' pick chain (the worst case of
+//     the layout, which holds one rule per distinct count);
+//
 //   - round trips of one byte on established connections, and new
 //     connections, with the rules that pass moved connections on and
 //     without them (phases alternate): what those rules cost the packets
@@ -41,7 +47,11 @@ const (
 	nodePort   = 30100
 	echoPort   = 30101 // a service whose one endpoint echoes (podPort+endpoints)
 	podPort    = 8000  // endpoints listen on podPort .. podPort+endpoints-1
-	endpoints  = 10
+)
+
+var (
+	endpoints = 10 // of the measured service
+	distinct  = 0  // distinct endpoint counts of the filler services; 0: all have 10
 )
 
 func main() {
@@ -49,7 +59,13 @@ func main() {
 	phase := flag.Duration("phase", 4*time.Second, "length of one rate measurement")
 	rounds := flag.Int("rounds", 3, "small/large phase pairs")
 	conns := flag.Int("connections", 10000, "connections for the uniformity test")
+	flag.IntVar(&endpoints, "endpoints", endpoints, "endpoints of the measured service")
+	flag.IntVar(&distinct, "distinct", distinct, "distinct endpoint counts among the filler services, each with a node port (0: every filler has 10 and none)")
 	flag.Parse()
+	if distinct > 0 && distinct >= endpoints {
+		fmt.Fprintln(os.Stderr, "packetrate: -distinct must be below -endpoints, so that the measured service's rule comes last")
+		os.Exit(2)
+	}
 	if n := os.Getenv(programEnv); n != "" {
 		os.Exit(program(n))
 	}
@@ -63,6 +79,8 @@ func main() {
 // plus the measured one, then exits, leaving the rules in place.
 func program(arg string) int {
 	n, _ := strconv.Atoi(arg)
+	endpoints, _ = strconv.Atoi(os.Getenv("WEIR_PACKETRATE_ENDPOINTS"))
+	distinct, _ = strconv.Atoi(os.Getenv("WEIR_PACKETRATE_DISTINCT"))
 	podIP := netip.MustParseAddr(os.Getenv("WEIR_PACKETRATE_POD"))
 	nodeIP := netip.MustParseAddr(os.Getenv("WEIR_PACKETRATE_NODE"))
 	st := datapath.NodeState{
@@ -79,13 +97,20 @@ func program(arg string) int {
 	echo := &datapath.Service{Key: datapath.ServiceKey{Namespace: "bench", Name: "echo"},
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.95.0.2")},
 		Ports: []datapath.ServicePort{{Name: "tcp", Protocol: datapath.TCP, Port: 80, NodePort: echoPort,
-			Endpoints: []datapath.Endpoint{{Addr: podIP, Port: podPort + endpoints, Local: true, Ready: true, Serving: true}}}}}
+			Endpoints: []datapath.Endpoint{{Addr: podIP, Port: uint16(podPort + endpoints), Local: true, Ready: true, Serving: true}}}}}
 	st.Services[echo.Key] = echo
 	for i := range n {
 		s := &datapath.Service{Key: datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)},
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})},
 			Ports:      []datapath.ServicePort{{Name: "http", Protocol: datapath.TCP, Port: 80}}}
-		for j := range 10 {
+		count := 10
+		if distinct > 0 {
+			count = 1 + i%distinct
+			if i < 2000 {
+				s.Ports[0].NodePort = uint16(30200 + i)
+			}
+		}
+		for j := range count {
 			s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, datapath.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(128 + j), byte(i >> 8), byte(i)}), Port: 8080, Ready: true, Serving: true})
 		}
 		st.Services[s.Key] = s
@@ -116,7 +141,7 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 	node, pod := l.Nodes[0], l.Nodes[0].Pods[0]
 
 	// The endpoints: one listener per port in the pod, counting accepts.
-	var accepted [endpoints]atomic.Int64
+	accepted := make([]atomic.Int64, endpoints)
 	for i := range endpoints {
 		var ln net.Listener
 		if err := pod.Do(func() error {
@@ -177,7 +202,8 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 			return err
 		}
 		cmd := exec.Command("ip", "netns", "exec", node.Netns.Name, self)
-		cmd.Env = append(os.Environ(), programEnv+"="+strconv.Itoa(n), "WEIR_PACKETRATE_POD="+pod.IPv4.String(), "WEIR_PACKETRATE_NODE="+node.IPv4.String(), flowsEnv+"="+flows)
+		cmd.Env = append(os.Environ(), programEnv+"="+strconv.Itoa(n), "WEIR_PACKETRATE_POD="+pod.IPv4.String(), "WEIR_PACKETRATE_NODE="+node.IPv4.String(), flowsEnv+"="+flows,
+			"WEIR_PACKETRATE_ENDPOINTS="+strconv.Itoa(endpoints), "WEIR_PACKETRATE_DISTINCT="+strconv.Itoa(distinct))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("programming %d services: %w: %s", n, err, out)
 		}
@@ -321,7 +347,7 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 	for i := range accepted {
 		total += accepted[i].Load()
 	}
-	expected := float64(total) / endpoints
+	expected := float64(total) / float64(endpoints)
 	chi2 := 0.0
 	fmt.Printf("%d connections over %d endpoints:", total, endpoints)
 	for i := range accepted {
@@ -329,16 +355,25 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 		chi2 += (n - expected) * (n - expected) / expected
 		fmt.Printf(" %d", accepted[i].Load())
 	}
-	const critical = 27.877 // chi-square, 9 degrees of freedom, p = 0.001
+	critical := chiSquareCritical(endpoints - 1)
 	verdict := "uniform"
 	if chi2 > critical || math.IsNaN(chi2) {
 		verdict = "NOT uniform"
 	}
-	fmt.Printf("\nchi-square %.2f (critical value at p = 0.001, 9 d.f.: %.3f): %s\n", chi2, critical, verdict)
+	fmt.Printf("\nchi-square %.2f (critical value at p = 0.001, %d d.f.: %.3f): %s\n", chi2, endpoints-1, critical, verdict)
 	if verdict != "uniform" || total != int64(conns) {
 		return fmt.Errorf("uniformity test failed")
 	}
 	return nil
+}
+
+// chiSquareCritical is the chi-square value that df degrees of freedom
+// exceed with probability 0.001 (Wilson and Hilferty's approximation,
+// a little above the exact value: 28.06 for 9 d.f., exactly 27.88).
+func chiSquareCritical(df int) float64 {
+	const z = 3.0902 // the standard normal's 0.999 quantile
+	k := float64(df)
+	return k * math.Pow(1-2/(9*k)+z*math.Sqrt(2/(9*k)), 3)
 }
 
 // closeAbortively resets the connection instead of closing it, so that
