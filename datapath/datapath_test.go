@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -305,5 +306,62 @@ func TestChangedNamesAreEnough(t *testing.T) {
 			t.Fatalf("step %d: told %v, the tables differ from comparing every service (-all +told):\n%s", step, changed, diff)
 		}
 		state = next
+	}
+}
+
+// TestAddingAServiceAddsNoVerdict: a frontend is an element of a plain set
+// (its pick's), never a jump or goto in a map, so that adding a service
+// never makes the kernel validate the ruleset through every frontend.
+// Only a pick that is new (an endpoint count the node had not had) writes
+// rules, and those rules jump nowhere. Then a connection to the new
+// service reaches its endpoints.
+func TestAddingAServiceAddsNoVerdict(t *testing.T) {
+	ctx := context.Background()
+	dp, v4, _ := newFakeDatapath(t)
+	svc := func(i int, eps ...Endpoint) *Service {
+		return &Service{Key: ServiceKey{"default", fmt.Sprintf("svc%d", i)},
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 1, byte(i)})},
+			Ports:      []ServicePort{{Name: "http", Protocol: TCP, Port: 80, NodePort: uint16(30100 + i), Endpoints: eps}}}
+	}
+	st := nodeState(svc(1, ep("10.244.2.1", false), ep("10.244.2.2", false)), webService(ep("10.244.1.11", true)))
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		name   string
+		svc    *Service
+		newSet bool
+	}{
+		{"a service of a shape the node has", svc(2, ep("10.244.2.3", false), ep("10.244.2.4", false)), false},
+		{"a service with an endpoint count the node had not had", svc(3, ep("10.244.2.5", false), ep("10.244.2.6", false), ep("10.244.2.7", false)), true},
+		{"a service with no endpoint here", svc(4), false},
+	} {
+		st.Services[step.svc.Key] = step.svc
+		st.Changed = []ServiceKey{step.svc.Key}
+		if err := dp.Apply(ctx, st); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		tx := v4.LastTransaction.String()
+		for _, word := range []string{"goto", "jump", "verdict"} {
+			if strings.Contains(tx, word) {
+				t.Errorf("%s: the transaction holds %q:\n%s", step.name, word, tx)
+			}
+		}
+		if got := strings.Contains(tx, "add set"); got != step.newSet {
+			t.Errorf("%s: a set added: %v, want %v:\n%s", step.name, got, step.newSet, tx)
+		}
+		var want verdict
+		for _, e := range step.svc.Ports[0].Endpoints {
+			want.Endpoints = append(want.Endpoints, netip.AddrPortFrom(e.Addr, e.Port).String())
+		}
+		if len(want.Endpoints) == 0 {
+			want = verdict{Rejected: true}
+		}
+		if got := trace(t, v4, podSource, "tcp", netip.AddrPortFrom(step.svc.ClusterIPs[0], 80)); !cmp.Equal(want, got) {
+			t.Errorf("%s: a pod's connection got %+v, want %+v", step.name, got, want)
+		}
+		if got := trace(t, v4, externalSource, "tcp", netip.AddrPortFrom(nodeAddr, step.svc.Ports[0].NodePort)); !cmp.Equal(want, got) {
+			t.Errorf("%s: an external connection to the node port got %+v, want %+v", step.name, got, want)
+		}
 	}
 }
