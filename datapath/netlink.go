@@ -205,30 +205,48 @@ func (w *elementWriter) load(f *family, g generation, elems iter.Seq[element]) (
 	if !w.open() {
 		return nil, false, nil
 	}
-	batch := make([]encodedElement, 0, loadBatch)
-	send := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		// One message per set: elements of a set together.
-		slices.SortFunc(batch, func(a, b encodedElement) int { return strings.Compare(a.set, b.set) })
-		err := w.flush(w.queue(f, batch, w.conn.SetAddElements))
-		batch = batch[:0]
-		return err
-	}
-	for e := range elems {
-		el, ok := w.encode(f, g, e)
-		if !ok {
-			rest = append(rest, e)
-			continue
-		}
-		if batch = append(batch, el); len(batch) == loadBatch {
-			if err := send(); err != nil {
-				return nil, true, err
+	// Batches are encoded while the kernel commits the one before: the
+	// kernel does its part in the sending thread, so on two cores the two
+	// overlap.
+	batches := make(chan []encodedElement, 2)
+	stop := make(chan struct{})
+	go func() {
+		defer close(batches)
+		batch := make([]encodedElement, 0, loadBatch)
+		emit := func() bool {
+			// One message per set: elements of a set together.
+			slices.SortFunc(batch, func(a, b encodedElement) int { return strings.Compare(a.set, b.set) })
+			select {
+			case batches <- batch:
+				batch = make([]encodedElement, 0, loadBatch)
+				return true
+			case <-stop:
+				return false
 			}
 		}
+		for e := range elems {
+			el, ok := w.encode(f, g, e)
+			if !ok {
+				rest = append(rest, e)
+				continue
+			}
+			if batch = append(batch, el); len(batch) == loadBatch && !emit() {
+				return
+			}
+		}
+		if len(batch) > 0 {
+			emit()
+		}
+	}()
+	for batch := range batches {
+		if err = w.flush(w.queue(f, batch, w.conn.SetAddElements)); err != nil {
+			close(stop)
+			for range batches {
+			}
+			return nil, true, err
+		}
 	}
-	return rest, true, send()
+	return rest, true, nil
 }
 
 // open makes sure the writer has its socket; w.mu must be held.
@@ -319,34 +337,36 @@ func (s setFormat) encode(e element) (nftables.SetElement, error) {
 // encodeFields lays out "a . b . c" as the kernel's registers hold it: each
 // field of a concatenation padded to 4 bytes.
 func encodeFields(kinds []fieldKind, s string) ([]byte, error) {
-	parts := strings.Split(s, " . ")
-	if len(parts) != len(kinds) {
-		return nil, fmt.Errorf("%q has %d fields, want %d", s, len(parts), len(kinds))
-	}
-	var out []byte
+	out := make([]byte, 0, 4*len(kinds)+12)
+	rest := s
 	for i, k := range kinds {
+		part, tail, more := strings.Cut(rest, " . ")
+		if more != (i < len(kinds)-1) {
+			return nil, fmt.Errorf("%q does not have %d fields", s, len(kinds))
+		}
+		rest = tail
 		start := len(out)
 		switch k {
 		case addr4Field, addr6Field:
-			a, err := netip.ParseAddr(parts[i])
+			a, err := netip.ParseAddr(part)
 			if err != nil || a.Is4() != (k == addr4Field) {
-				return nil, fmt.Errorf("%q is not an address of the set's family", parts[i])
+				return nil, fmt.Errorf("%q is not an address of the set's family", part)
 			}
 			out = append(out, a.AsSlice()...)
 		case protoField:
-			p, ok := protocolNumbers[parts[i]]
+			p, ok := protocolNumbers[part]
 			if !ok {
-				return nil, fmt.Errorf("unknown protocol %q", parts[i])
+				return nil, fmt.Errorf("unknown protocol %q", part)
 			}
 			out = append(out, p)
 		case serviceField:
-			n, err := strconv.ParseUint(parts[i], 10, 16)
+			n, err := strconv.ParseUint(part, 10, 16)
 			if err != nil {
 				return nil, err
 			}
 			out = binary.BigEndian.AppendUint16(out, uint16(n))
 		case integerField:
-			n, err := strconv.ParseUint(parts[i], 10, 32)
+			n, err := strconv.ParseUint(part, 10, 32)
 			if err != nil {
 				return nil, err
 			}
