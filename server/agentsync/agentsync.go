@@ -76,8 +76,8 @@ type Hub struct {
 	// every node's place on it. Written only by the fanout goroutine.
 	ring nodestate.FlowRing
 
-	// fullSends bounds how many whole states are being sent at once: each
-	// holds the whole encoded state in memory until the agent has read it.
+	// fullSends bounds how many whole states are being sent at once
+	// (FullStatesAtOnce).
 	fullSends chan struct{}
 
 	mu       sync.Mutex // guards sessions, status, remote, notCurrent and history
@@ -108,7 +108,7 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	h := &Hub{
 		reg: reg, cfg: cfg, clock: cfg.Clock, log: cfg.Log,
 		wake:      make(chan struct{}, 1),
-		fullSends: make(chan struct{}, 4),
+		fullSends: make(chan struct{}, FullStatesAtOnce),
 		sessions:  map[string]*session{},
 		status:    map[string]*observed.Node{},
 		remote:    map[string]*observed.Node{},

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -130,35 +131,38 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	// agent that applied v needs only what changed after v, provided its v
 	// is of this store's history (after a restore from a copy, the same
 	// number may stand for other content).
-	msg, resumed := (*weirv1.SyncResponse)(nil), false
+	msg, resumed := (*cache.Message)(nil), false
 	if hello.GetAppliedHistory() == h.reg.HistoryAt(v) {
 		msg, resumed = s.client.Resume(v, prev)
 	}
 	if !resumed {
 		kind = "full"
-		// Whole states are big: a few at a time, so that hundreds of
-		// agents connecting at once do not hold hundreds in memory.
+		// A whole state's encoding is shared by every agent sent the
+		// same version, but each version in flight holds its own: a
+		// bounded number at a time keeps that bounded while versions
+		// change, and lets the first agents finish early.
 		select {
 		case h.fullSends <- struct{}{}:
 		case <-ctx.Done():
 			return h.endErr(s, ctx.Err())
 		}
 		msg = s.client.Full()
-		err := h.send(stream, msg)
+		n, err := h.send(stream, msg)
 		<-h.fullSends
 		if err != nil {
 			return err
 		}
-		h.sent(st, msg, kind)
+		h.sent(st, msg.Version, n, kind)
 		msg = nil
 	}
 	log.Info("agent connected", "applied_version", hello.GetAppliedVersion(), "start", kind)
 	for {
 		if msg != nil {
-			if err := h.send(stream, msg); err != nil {
+			n, err := h.send(stream, msg)
+			if err != nil {
 				return err
 			}
-			h.sent(st, msg, kind)
+			h.sent(st, msg.Version, n, kind)
 		}
 		h.cover(st, s.client.Covered())
 		select {
@@ -176,10 +180,17 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		msg, since = s.client.Next()
 		kind = "delta"
 		if msg != nil && !since.IsZero() {
-			inflight.add(msg.GetVersion(), since)
+			inflight.add(msg.Version, since)
 		}
 	}
 }
+
+// FullStatesAtOnce is how many whole states are sent at once. Their
+// encodings are shared (one per version), so what bounds them is the
+// versions in flight while changes go on: at most this many copies of the
+// encoded state (3.8 MB at 10,000 services), and the agents served first
+// finish first instead of every agent finishing last.
+const FullStatesAtOnce = 64
 
 // ChunkServices is the most services one message carries, and
 // ChunkBytes about the most bytes: a bigger state goes in parts, so that no
@@ -191,37 +202,94 @@ const (
 	ChunkBytes    = 1 << 20
 )
 
-// send sends msg in parts of at most ChunkServices services and about
-// ChunkBytes. A service bigger than ChunkBytes goes in several parts, each
-// with every port and some of the endpoints: the agent joins them.
-func (h *Hub) send(stream weirv1.AgentService_SyncServer, msg *weirv1.SyncResponse) error {
-	msg.History = h.reg.HistoryAt(msg.Version)
+// send sends msg and returns how many bytes it took: first the node's own
+// part when there is one (a whole state's start, or the node's
+// description), then the services in parts, encoded once for every agent
+// making the same step (see encodeServices). It is one message unless a
+// part says More.
+func (h *Hub) send(stream weirv1.AgentService_SyncServer, msg *cache.Message) (int, error) {
+	history := h.reg.HistoryAt(msg.Version)
+	var parts *encodedParts
+	if msg.Services != nil {
+		enc, err := msg.Services.Encoded(func(s *cache.Services) (any, error) { return h.encodeServices(stream, s, history), nil })
+		if err != nil {
+			return 0, err
+		}
+		parts = enc.(*encodedParts)
+	}
+	bytes := 0
+	if msg.Full || msg.Node != nil || parts == nil {
+		head := &weirv1.SyncResponse{Version: msg.Version, History: history, Full: msg.Full, Node: msg.Node, More: parts != nil}
+		if err := stream.Send(head); err != nil {
+			return 0, err
+		}
+		bytes += proto.Size(head)
+	}
+	if parts != nil {
+		for _, p := range parts.msgs {
+			if err := stream.SendMsg(p); err != nil {
+				return bytes, err
+			}
+		}
+		bytes += parts.bytes
+	}
+	return bytes, nil
+}
+
+// encodedParts are a step's services as sent: each part a
+// *grpc.PreparedMsg, or the message itself where it could not be prepared.
+type encodedParts struct {
+	msgs  []any
+	bytes int
+}
+
+// encodeServices cuts the services into parts (splitParts) and encodes
+// each once, with stream's codec, for every stream: all of this server's
+// streams share the proto codec and none compresses, so a prepared message
+// is the same bytes on any of them. Across replicas nothing is shared:
+// each replica serves its own agents from its own cache (fed by the same
+// store, so at the same versions), and encodes each step once for them.
+func (h *Hub) encodeServices(stream weirv1.AgentService_SyncServer, s *cache.Services, history string) *encodedParts {
+	out := &encodedParts{}
+	for _, part := range splitParts(&weirv1.SyncResponse{Version: s.Version, History: history, Upserts: s.Upserts, Removals: s.Removals}) {
+		out.bytes += proto.Size(part)
+		prepared := &grpc.PreparedMsg{}
+		if err := prepared.Encode(stream, part); err != nil {
+			// Not a stream of a grpc.Server (a test's): sent as a
+			// message, encoded by each stream.
+			out.msgs = append(out.msgs, part)
+			continue
+		}
+		out.msgs = append(out.msgs, prepared)
+	}
+	h.metrics.encoded.Add(float64(out.bytes))
+	return out
+}
+
+// splitParts cuts msg into parts of at most ChunkServices services and
+// about ChunkBytes; every part but the last says More. A service bigger
+// than ChunkBytes goes in several parts, each with every port and some of
+// the endpoints: the agent joins them. Only the first part keeps msg's
+// Full and Node; the removals go in the last.
+func splitParts(msg *weirv1.SyncResponse) []*weirv1.SyncResponse {
 	part := &weirv1.SyncResponse{Version: msg.Version, History: msg.History, Full: msg.Full, Node: msg.Node}
 	size := proto.Size(part)
-	flush := func() error {
-		part.More = true
-		if err := stream.Send(part); err != nil {
-			return err
-		}
-		// Only the first part replaces the agent's state.
-		part = &weirv1.SyncResponse{Version: msg.Version, History: msg.History}
-		size = 0
-		return nil
-	}
+	var parts []*weirv1.SyncResponse
 	for _, svc := range msg.Upserts {
 		for _, piece := range splitService(svc, ChunkBytes) {
 			n := proto.Size(piece)
 			if len(part.Upserts) > 0 && (len(part.Upserts) == ChunkServices || size+n > ChunkBytes) {
-				if err := flush(); err != nil {
-					return err
-				}
+				part.More = true
+				parts = append(parts, part)
+				part = &weirv1.SyncResponse{Version: msg.Version, History: msg.History}
+				size = 0
 			}
 			part.Upserts = append(part.Upserts, piece)
 			size += n
 		}
 	}
 	part.Removals = msg.Removals
-	return stream.Send(part)
+	return append(parts, part)
 }
 
 // splitService cuts a service whose wire form is bigger than limit into
@@ -275,12 +343,12 @@ func without[M proto.Message](msg M, field protoreflect.Name) M {
 	return dst.Interface().(M)
 }
 
-// sent records a message as sent to the node of st.
-func (h *Hub) sent(st *observed.Node, msg *weirv1.SyncResponse, kind string) {
+// sent records a message of version (n bytes) as sent to the node of st.
+func (h *Hub) sent(st *observed.Node, version uint64, n int, kind string) {
 	h.metrics.messages.WithLabelValues(kind).Inc()
-	h.metrics.bytes.Add(float64(proto.Size(msg)))
+	h.metrics.bytes.Add(float64(n))
 	h.mu.Lock()
-	st.SentVersion = msg.GetVersion()
+	st.SentVersion = version
 	h.statusChanged()
 	h.mu.Unlock()
 }
