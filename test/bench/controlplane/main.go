@@ -316,11 +316,14 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 		}()
 		all = append(all, a)
 	}
+	// One deadline for all: the server sends a bounded number of whole
+	// states at once, so the last agents wait for all the others.
+	fullDeadline := time.After(20 * time.Minute)
 	for _, a := range all {
 		select {
 		case <-a.ready:
-		case <-time.After(5 * time.Minute):
-			return fmt.Errorf("%s got no full state", a.name)
+		case <-fullDeadline:
+			return fmt.Errorf("%s got no full state in 20 minutes", a.name)
 		}
 	}
 	fmt.Printf("%d agents connected and received their full state (%d KiB each) in %v (%s)\n", nAgents, all[0].full.Load()>>10, time.Since(start).Round(time.Millisecond), memories())
