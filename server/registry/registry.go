@@ -37,6 +37,9 @@ type Change struct {
 	Revision uint64
 	// Services whose forwarding may have changed ("namespace/name").
 	Services []string
+	// ServiceObjects are the services whose own object was written,
+	// not only their endpoints: what an address allocation follows.
+	ServiceObjects []string
 	// Nodes whose own description changed.
 	Nodes []string
 	// Address pools that changed.
@@ -709,6 +712,7 @@ func (r *Registry) touched(obj, old model.Object, ch *Change) {
 		// A service's claims decide what its neighbours keep (see
 		// View.ServiceConflicts): they are recomputed too.
 		ch.Services = append(ch.Services, o.Key())
+		ch.ServiceObjects = append(ch.ServiceObjects, o.Key())
 		for _, s := range []model.Object{obj, old} {
 			if s, ok := s.(*model.Service); ok && s != nil {
 				ch.Services = append(ch.Services, r.claimIndex.neighbours(s)...)
