@@ -152,19 +152,19 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		if err != nil {
 			return err
 		}
-		h.sent(st, msg.Version, n, kind)
+		h.record(st, msg, n, kind, s.client.Covered())
 		msg = nil
 	}
 	log.Info("agent connected", "applied_version", hello.GetAppliedVersion(), "start", kind)
 	for {
+		n := 0
 		if msg != nil {
-			n, err := h.send(stream, msg)
-			if err != nil {
+			var err error
+			if n, err = h.send(stream, msg); err != nil {
 				return err
 			}
-			h.sent(st, msg.Version, n, kind)
 		}
-		h.cover(st, s.client.Covered())
+		h.record(st, msg, n, kind, s.client.Covered())
 		select {
 		case <-ctx.Done():
 			return h.endErr(s, ctx.Err())
@@ -343,23 +343,25 @@ func without[M proto.Message](msg M, field protoreflect.Name) M {
 	return dst.Interface().(M)
 }
 
-// sent records a message of version (n bytes) as sent to the node of st.
-func (h *Hub) sent(st *observed.Node, version uint64, n int, kind string) {
-	h.metrics.messages.WithLabelValues(kind).Inc()
-	h.metrics.bytes.Add(float64(n))
-	h.mu.Lock()
-	st.SentVersion = version
-	h.statusChanged()
-	h.mu.Unlock()
-}
-
-// cover records that the node has been sent everything that concerns it up
-// to the cache version covered.
-func (h *Hub) cover(st *observed.Node, covered uint64) {
+// record records what the node of st was sent: msg (n bytes) unless it
+// is nil, and that everything up to the cache version covered that
+// concerns it is in what it was sent. One acquisition of the hub's lock
+// per message: with thousands of agents every one counts.
+func (h *Hub) record(st *observed.Node, msg *cache.Message, n int, kind string, covered uint64) {
+	if msg != nil {
+		h.metrics.messages.WithLabelValues(kind).Inc()
+		h.metrics.bytes.Add(float64(n))
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	changed := false
+	if msg != nil {
+		st.SentVersion, changed = msg.Version, true
+	}
 	if covered > st.Covered {
-		st.Covered = covered
+		st.Covered, changed = covered, true
+	}
+	if changed {
 		h.statusChanged()
 	}
 }
