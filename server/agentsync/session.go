@@ -6,6 +6,7 @@ package agentsync
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -202,45 +203,49 @@ const (
 	ChunkBytes    = 1 << 20
 )
 
-// send sends msg and returns how many bytes it took: first the node's own
-// part when there is one (a whole state's start, or the node's
-// description), then the services in parts, encoded once for every agent
-// making the same step (see encodeServices). It is one message unless a
-// part says More.
+// send sends msg and returns how many bytes it took: the services in
+// parts encoded once for every agent making the same step (see
+// encodeServices), the node's own fields (a whole state's Full, the
+// node's description) in front of the first. It is one message unless a
+// part says More, as an agent has always been sent.
 func (h *Hub) send(stream weirv1.AgentService_SyncServer, msg *cache.Message) (int, error) {
 	history := h.reg.HistoryAt(msg.Version)
-	var parts *encodedParts
-	if msg.Services != nil {
-		enc, err := msg.Services.Encoded(func(s *cache.Services) (any, error) { return h.encodeServices(stream, s, history), nil })
-		if err != nil {
-			return 0, err
-		}
-		parts = enc.(*encodedParts)
+	own := msg.Full || msg.Node != nil
+	if msg.Services == nil {
+		head := &weirv1.SyncResponse{Version: msg.Version, History: history, Full: msg.Full, Node: msg.Node}
+		return proto.Size(head), stream.Send(head)
 	}
+	enc, err := msg.Services.Encoded(func(s *cache.Services) (any, error) { return h.encodeServices(stream, s, history), nil })
+	if err != nil {
+		return 0, err
+	}
+	parts := enc.(*encodedParts)
 	bytes := 0
-	if msg.Full || msg.Node != nil || parts == nil {
-		head := &weirv1.SyncResponse{Version: msg.Version, History: history, Full: msg.Full, Node: msg.Node, More: parts != nil}
-		if err := stream.Send(head); err != nil {
-			return 0, err
+	for i, p := range parts.prepared {
+		if i == 0 && own {
+			// The node's fields, then the first part's bytes as they
+			// are: a protobuf message is the merge of its concatenated
+			// parts, so the agent reads one message with both, and the
+			// shared part is copied, not encoded again.
+			first := &weirv1.SyncResponse{Full: msg.Full, Node: msg.Node}
+			first.ProtoReflect().SetUnknown(parts.raw[0])
+			p = first
+			bytes += proto.Size(first) - len(parts.raw[0])
 		}
-		bytes += proto.Size(head)
-	}
-	if parts != nil {
-		for _, p := range parts.msgs {
-			if err := stream.SendMsg(p); err != nil {
-				return bytes, err
-			}
+		if err := stream.SendMsg(p); err != nil {
+			return bytes, err
 		}
-		bytes += parts.bytes
+		bytes += len(parts.raw[i])
 	}
 	return bytes, nil
 }
 
-// encodedParts are a step's services as sent: each part a
-// *grpc.PreparedMsg, or the message itself where it could not be prepared.
+// encodedParts are a step's services as sent: each part's encoding, and
+// the same ready to send, a *grpc.PreparedMsg (or, where it could not be
+// prepared, a message carrying the encoding).
 type encodedParts struct {
-	msgs  []any
-	bytes int
+	raw      [][]byte
+	prepared []any
 }
 
 // encodeServices cuts the services into parts (splitParts) and encodes
@@ -252,17 +257,25 @@ type encodedParts struct {
 func (h *Hub) encodeServices(stream weirv1.AgentService_SyncServer, s *cache.Services, history string) *encodedParts {
 	out := &encodedParts{}
 	for _, part := range splitParts(&weirv1.SyncResponse{Version: s.Version, History: history, Upserts: s.Upserts, Removals: s.Removals}) {
-		out.bytes += proto.Size(part)
+		raw, err := proto.Marshal(part)
+		if err != nil {
+			panic(fmt.Sprintf("encoding a state: %v", err)) // the hub's own messages: a bug
+		}
+		h.metrics.encoded.Add(float64(len(raw)))
+		// Its encoding as the unknown fields of an empty message: what
+		// the codec writes is that encoding, copied.
+		carrier := &weirv1.SyncResponse{}
+		carrier.ProtoReflect().SetUnknown(raw)
 		prepared := &grpc.PreparedMsg{}
-		if err := prepared.Encode(stream, part); err != nil {
-			// Not a stream of a grpc.Server (a test's): sent as a
-			// message, encoded by each stream.
-			out.msgs = append(out.msgs, part)
+		out.raw = append(out.raw, raw)
+		if err := prepared.Encode(stream, carrier); err != nil {
+			// Not a stream of a grpc.Server (a test's): each stream
+			// copies the encoding itself.
+			out.prepared = append(out.prepared, carrier)
 			continue
 		}
-		out.msgs = append(out.msgs, prepared)
+		out.prepared = append(out.prepared, prepared)
 	}
-	h.metrics.encoded.Add(float64(out.bytes))
 	return out
 }
 

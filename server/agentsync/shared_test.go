@@ -107,13 +107,20 @@ func ack(v uint64) *weirv1.SyncRequest {
 	return &weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: v}}}
 }
 
-// servicesPart is the last part of a message: the services, which every
-// agent making the same step shares.
-func servicesPart(parts []received) received { return parts[len(parts)-1] }
+// servicesPart is the last part of a message without the node's own
+// fields (a whole state's Full, the node's description), which the server
+// writes in front of the services' encoding: what every agent making the
+// same step shares.
+func servicesPart(parts []received) received {
+	last := parts[len(parts)-1]
+	shared := proto.Clone(last.msg).(*weirv1.SyncResponse)
+	shared.Full, shared.Node = false, nil
+	return received{shared, last.raw[len(last.raw)-proto.Size(shared):]}
+}
 
 // Agents making the same step are sent the same bytes, encoded once: a
 // whole state's services, a delta. An agent whose node changed in the
-// step gets its own description first, and then the same services; an
+// step gets its own description in front of the same services; an
 // agent that refused a state, or resumes from another version, takes
 // its own step without changing what the others are sent.
 func TestAgentsMakingTheSameStepShareOneEncoding(t *testing.T) {
@@ -174,8 +181,8 @@ func TestAgentsMakingTheSameStepShareOneEncoding(t *testing.T) {
 	for _, n := range []string{"n1", "n2", "n3"} {
 		agents[n] = connectRaw(t, ctx, conn, &weirv1.Hello{NodeName: n})
 		parts := agents[n].next(n + "'s whole state")
-		if len(parts) != 2 || !parts[0].msg.GetFull() || parts[0].msg.GetNode().GetName() != n || len(parts[1].msg.GetUpserts()) != 1 {
-			t.Fatalf("%s's whole state: %v; want its node, then the service", n, parts)
+		if len(parts) != 1 || !parts[0].msg.GetFull() || parts[0].msg.GetNode().GetName() != n || len(parts[0].msg.GetUpserts()) != 1 {
+			t.Fatalf("%s's whole state: %v; want one message, its node and the service", n, parts)
 		}
 		full[n] = servicesPart(parts)
 		agents[n].answer(ack(parts[0].msg.GetVersion()))
@@ -198,8 +205,8 @@ func TestAgentsMakingTheSameStepShareOneEncoding(t *testing.T) {
 			if got := parts[0].msg.GetVersion(); got != v {
 				t.Fatalf("%s: %s sent version %d, want %d", what, n, got, v)
 			}
-			if hasOwn := len(parts) == 2 && parts[0].msg.GetNode() != nil; hasOwn != wantOwn[n] {
-				t.Fatalf("%s: %s sent %d parts (its node first: %v); want its own node first: %v", what, n, len(parts), hasOwn, wantOwn[n])
+			if hasOwn := parts[0].msg.GetNode() != nil; len(parts) != 1 || hasOwn != wantOwn[n] {
+				t.Fatalf("%s: %s sent %d parts (its node in it: %v); want one, its node in it: %v", what, n, len(parts), hasOwn, wantOwn[n])
 			}
 			msgs[n], services[n] = parts, servicesPart(parts)
 		}
@@ -223,7 +230,7 @@ func TestAgentsMakingTheSameStepShareOneEncoding(t *testing.T) {
 	step("a service after a refusal", func() uint64 { return create("c", 13) }, nil)
 
 	// n3's node changes with a service in the same batch: n3's own
-	// description goes first, then the services every agent shares.
+	// description in front of the services every agent shares.
 	step("a node and a service", func() uint64 {
 		n, err := reg.Nodes.Get("n3")
 		if err != nil {
