@@ -228,24 +228,26 @@ func (h *Hub) send(stream weirv1.AgentService_SyncServer, msg *cache.Message) (i
 			// parts, so the agent reads one message with both, and the
 			// shared part is copied, not encoded again.
 			first := &weirv1.SyncResponse{Full: msg.Full, Node: msg.Node}
-			first.ProtoReflect().SetUnknown(parts.raw[0])
+			first.ProtoReflect().SetUnknown(parts.first)
 			p = first
-			bytes += proto.Size(first) - len(parts.raw[0])
+			bytes += proto.Size(first) - len(parts.first)
 		}
 		if err := stream.SendMsg(p); err != nil {
 			return bytes, err
 		}
-		bytes += len(parts.raw[i])
+		bytes += parts.sizes[i]
 	}
 	return bytes, nil
 }
 
-// encodedParts are a step's services as sent: each part's encoding, and
-// the same ready to send, a *grpc.PreparedMsg (or, where it could not be
-// prepared, a message carrying the encoding).
+// encodedParts are a step's services as sent: each part ready to send, a
+// *grpc.PreparedMsg (or, where it could not be prepared, a message
+// carrying its encoding), its size, and the first part's encoding, for
+// agents whose own fields go in front of it.
 type encodedParts struct {
-	raw      [][]byte
 	prepared []any
+	sizes    []int
+	first    []byte
 }
 
 // encodeServices cuts the services into parts (splitParts) and encodes
@@ -267,7 +269,10 @@ func (h *Hub) encodeServices(stream weirv1.AgentService_SyncServer, s *cache.Ser
 		carrier := &weirv1.SyncResponse{}
 		carrier.ProtoReflect().SetUnknown(raw)
 		prepared := &grpc.PreparedMsg{}
-		out.raw = append(out.raw, raw)
+		if out.first == nil {
+			out.first = raw
+		}
+		out.sizes = append(out.sizes, len(raw))
 		if err := prepared.Encode(stream, carrier); err != nil {
 			// Not a stream of a grpc.Server (a test's): each stream
 			// copies the encoding itself.
