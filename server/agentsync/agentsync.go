@@ -76,8 +76,13 @@ type Hub struct {
 	// every node's place on it. Written only by the fanout goroutine.
 	ring nodestate.FlowRing
 
-	// fullSends bounds how many whole states are being sent at once: each
-	// holds the whole encoded state in memory until the agent has read it.
+	// candidates are the announcer candidates of the pools, kept while
+	// the nodes, peers and pools stay. Used only by the fanout goroutine
+	// (and New).
+	candidates *nodestate.Candidates
+
+	// fullSends bounds how many whole states are being sent at once
+	// (FullStatesAtOnce).
 	fullSends chan struct{}
 
 	mu       sync.Mutex // guards sessions, status, remote, notCurrent and history
@@ -107,12 +112,13 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	}
 	h := &Hub{
 		reg: reg, cfg: cfg, clock: cfg.Clock, log: cfg.Log,
-		wake:      make(chan struct{}, 1),
-		fullSends: make(chan struct{}, 4),
-		sessions:  map[string]*session{},
-		status:    map[string]*observed.Node{},
-		remote:    map[string]*observed.Node{},
-		history:   map[string]*cache.Client{},
+		wake:       make(chan struct{}, 1),
+		fullSends:  make(chan struct{}, FullStatesAtOnce),
+		sessions:   map[string]*session{},
+		status:     map[string]*observed.Node{},
+		remote:     map[string]*observed.Node{},
+		history:    map[string]*cache.Client{},
+		candidates: &nodestate.Candidates{},
 	}
 	h.metrics = newMetrics(cfg.Metrics, h)
 	// Listen first, then load: a change in between is queued, and
@@ -121,7 +127,7 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	reg.Read(func(v registry.View) {
 		services, nodes := map[string]*weirv1.NodeService{}, map[string]*weirv1.NodeInfo{}
 		for _, key := range v.ServiceKeys() {
-			if svc := nodestate.Service(v, key); svc != nil {
+			if svc := nodestate.Service(v, key, h.candidates); svc != nil {
 				services[key] = nodewire.EncodeService(svc)
 			}
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/weirlb/weir/internal/bounded"
 	"github.com/weirlb/weir/internal/nodewire"
+	"github.com/weirlb/weir/internal/report"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync/cache"
 	"github.com/weirlb/weir/server/observed"
@@ -22,8 +23,27 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *observed
 			return err
 		}
 		now := h.clock.Now()
-		if r := req.GetReport(); r != nil {
-			h.boundReport(r)
+		// What needs no shared state is done before the hub's lock, so
+		// that thousands of agents answering the same change hold it
+		// only to write their own node's fields.
+		var settled []time.Time
+		var decoded *report.Report
+		switch m := req.Message.(type) {
+		case *weirv1.SyncRequest_Ack:
+			settled = inflight.settle(m.Ack.GetVersion())
+		case *weirv1.SyncRequest_Nack:
+			// Recorded, never resent: the same state would fail the same way.
+			inflight.settle(m.Nack.GetVersion())
+			h.metrics.nacks.Inc()
+			log.Warn("agent rejected state", "version", m.Nack.GetVersion(), "error", m.Nack.GetError())
+		case *weirv1.SyncRequest_Report:
+			h.boundReport(m.Report)
+			decoded = nodewire.DecodeReport(m.Report)
+		}
+		var longest time.Duration
+		for _, since := range settled {
+			h.metrics.programming.Observe(now.Sub(since).Seconds())
+			longest = max(longest, now.Sub(since))
 		}
 		h.mu.Lock()
 		st.LastSeen = now
@@ -31,24 +51,15 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *observed
 		case *weirv1.SyncRequest_Ack:
 			st.AppliedVersion = m.Ack.GetVersion()
 			st.LastError, st.LastErrorVersion = "", 0
-			var longest time.Duration
-			for _, since := range inflight.settle(m.Ack.GetVersion()) {
-				h.metrics.programming.Observe(now.Sub(since).Seconds())
-				longest = max(longest, now.Sub(since))
-			}
 			if longest > 0 {
 				// From the acceptance of the oldest change this answer
 				// covers to this node's kernel.
 				st.ProgrammingLatency = longest
 			}
 		case *weirv1.SyncRequest_Nack:
-			// Recorded, never resent: the same state would fail the same way.
 			st.LastError, st.LastErrorVersion = truncate(m.Nack.GetError()), m.Nack.GetVersion()
-			inflight.settle(m.Nack.GetVersion())
-			h.metrics.nacks.Inc()
-			log.Warn("agent rejected state", "version", m.Nack.GetVersion(), "error", m.Nack.GetError())
 		case *weirv1.SyncRequest_Report:
-			st.Record(nodewire.DecodeReport(m.Report))
+			st.Record(decoded)
 		}
 		h.statusChanged()
 		h.mu.Unlock()

@@ -111,7 +111,7 @@ func (h *Hub) apply() {
 			}
 		}
 		for key := range services {
-			if svc := nodestate.Service(v, key); svc != nil {
+			if svc := nodestate.Service(v, key, h.candidates); svc != nil {
 				newServices[key] = nodewire.EncodeService(svc)
 			}
 		}

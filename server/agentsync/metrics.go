@@ -15,6 +15,7 @@ type metrics struct {
 	version     prometheus.Gauge
 	messages    *prometheus.CounterVec
 	bytes       prometheus.Counter
+	encoded     prometheus.Counter
 	// stateVersion is what version holds, for the nodes' lag.
 	stateVersion atomic.Uint64
 }
@@ -47,6 +48,10 @@ func newMetrics(reg prometheus.Registerer, h *Hub) *metrics {
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weir_sync_sent_bytes_total", Help: "Bytes of state sent to agents.",
 		}),
+		encoded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weir_sync_encoded_bytes_total",
+			Help: "Bytes of agents' services encoded: a step that many agents make alike (a change, a whole state at one version) is encoded once for them all, so this follows the changes, not the agents.",
+		}),
 	}
 	for _, kind := range []string{"full", "resume", "delta"} {
 		m.messages.WithLabelValues(kind) // at 0 from the start
@@ -60,7 +65,7 @@ func newMetrics(reg prometheus.Registerer, h *Hub) *metrics {
 		return bool01(h.notCurrent == "")
 	})
 	if reg != nil {
-		reg.MustRegister(m.programming, m.nacks, m.connected, m.version, m.messages, m.bytes, nodeCollector{h}, current)
+		reg.MustRegister(m.programming, m.nacks, m.connected, m.version, m.messages, m.bytes, m.encoded, nodeCollector{h}, current)
 	}
 	return m
 }

@@ -38,7 +38,7 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 					for _, c := range v.ServiceConflicts(s) {
 						p.Status.Conflicts = append(p.Status.Conflicts, &weirv1.ServiceConflict{Field: c.Field, Message: c.Message})
 					}
-					chosen := nodestate.Announcers(v, s)
+					chosen := nodestate.Announcers(v, s, nil)
 					for _, ip := range s.LoadBalancerIPs {
 						if nodes, ok := chosen[ip]; ok {
 							p.Status.Announcers = append(p.Status.Announcers, &weirv1.AddressAnnouncers{Address: ip.String(), Nodes: nodes})

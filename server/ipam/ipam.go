@@ -54,7 +54,9 @@ func New(reg *registry.Registry, writers map[string]Writer, log *slog.Logger) *A
 	}
 	a := &Allocator{reg: reg, log: log, writers: writers, wake: make(chan struct{}, 1)}
 	reg.OnChange(func(ch registry.Change) {
-		if len(ch.Services) > 0 || len(ch.Pools) > 0 {
+		// Allocations follow the services' own objects and the pools,
+		// never endpoints: an endpoint slice's change wakes nothing.
+		if len(ch.ServiceObjects) > 0 || len(ch.Pools) > 0 {
 			select {
 			case a.wake <- struct{}{}:
 			default:
@@ -64,7 +66,8 @@ func New(reg *registry.Registry, writers map[string]Writer, log *slog.Logger) *A
 	return a
 }
 
-// Run assigns after every change to services or pools, until ctx ends.
+// Run assigns after every change to a service object or a pool, until
+// ctx ends.
 // It may run again after it stopped (a replica leading again).
 func (a *Allocator) Run(ctx context.Context) {
 	select {

@@ -63,3 +63,55 @@ func TestScopedPoolsServeTheirServicesFirst(t *testing.T) {
 		}
 	}
 }
+
+// The allocator is woken by what an allocation follows (a service's own
+// object, a pool), never by endpoints: an endpoint slice's change, the
+// most frequent write, costs it no round over every LoadBalancer service.
+func TestOnlyServicesAndPoolsWakeTheAllocator(t *testing.T) {
+	reg := registrytest.Open(t)
+	a := New(reg, nil, nil)
+	woken := func() bool {
+		select {
+		case <-a.wake:
+			return true
+		default:
+			return false
+		}
+	}
+	svc := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "web"}, Type: model.LoadBalancer,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: 30080}},
+		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster}
+	for _, step := range []struct {
+		what  string
+		write func() error
+		wake  bool
+	}{
+		{"a service is created", func() error { _, err := reg.Services.Create(svc); return err }, true},
+		{"its endpoints are created", func() error {
+			_, err := reg.EndpointSlices.Create(&model.EndpointSlice{Meta: model.Meta{Namespace: "shop", Name: "web-1"}, ServiceName: "web",
+				Endpoints: []model.Endpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.1.0.1")}}}, Ports: []model.EndpointPort{{Protocol: model.TCP, Port: 8080}}})
+			return err
+		}, false},
+		{"its endpoints change", func() error {
+			_, err := reg.EndpointSlices.Update(&model.EndpointSlice{Meta: model.Meta{Namespace: "shop", Name: "web-1"}, ServiceName: "web",
+				Endpoints: []model.Endpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.1.0.2")}}}, Ports: []model.EndpointPort{{Protocol: model.TCP, Port: 8080}}})
+			return err
+		}, false},
+		{"a pool is created", func() error {
+			r, err := model.ParseAddressRange("198.51.100.0/30")
+			if err != nil {
+				return err
+			}
+			_, err = reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "open"}, Ranges: []model.AddressRange{r}})
+			return err
+		}, true},
+	} {
+		woken() // what came before
+		if err := step.write(); err != nil {
+			t.Fatalf("%s: %v", step.what, err)
+		}
+		if got := woken(); got != step.wake {
+			t.Errorf("%s: the allocator woken %v, want %v", step.what, got, step.wake)
+		}
+	}
+}

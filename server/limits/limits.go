@@ -108,12 +108,26 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// ReceiveWindow is how much one stream may send the server before it reads
+// (a connection: four times that).
+const ReceiveWindow = 1 << 20
+
 // ServerOptions enforce cfg; creds are the server's transport credentials,
 // nil in plain text.
 func ServerOptions(cfg Config, creds credentials.TransportCredentials, log *slog.Logger) []grpc.ServerOption {
 	cfg = cfg.withDefaults()
 	l := &limiter{cfg: cfg, callers: map[string]*caller{}, log: log}
 	opts := []grpc.ServerOption{
+		// Fixed receive windows. gRPC's default grows them by estimating
+		// each connection's bandwidth-delay product, with a PING for the
+		// first data after each estimate: every agent's acknowledgement of
+		// every change cost a PING and its answer on top of the
+		// acknowledgement itself (thousands of writes and reads a change).
+		// What callers send is small (answers, reports, a request of at
+		// most MaxRequestBytes): a fixed window loses nothing there, and
+		// what the server sends is windowed by the callers.
+		grpc.StaticStreamWindowSize(ReceiveWindow),
+		grpc.StaticConnWindowSize(4 * ReceiveWindow),
 		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
 		grpc.MaxConcurrentStreams(cfg.MaxStreamsPerConnection),
 		grpc.MaxRecvMsgSize(cfg.MaxRequestBytes),

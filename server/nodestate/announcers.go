@@ -25,22 +25,26 @@ func LimitsAnnouncers(v registry.View) bool {
 // The choice is per announced prefix (the address, or its pool's
 // aggregate), so the nodes announcing an aggregate are at most the limit
 // too. It depends only on the registry, so every replica, and every
-// restart, makes the same one.
-func Announcers(v registry.View, svc *model.Service) map[netip.Addr][]string {
+// restart, makes the same one. c, when not nil, keeps the candidates for
+// the next call.
+func Announcers(v registry.View, svc *model.Service, c *Candidates) map[netip.Addr][]string {
 	if svc.ExternalTrafficPolicy == model.PolicyLocal || len(svc.LoadBalancerIPs) == 0 || svc.OtherController {
 		return nil
 	}
+	if c == nil {
+		c = &Candidates{} // for this service's addresses alone
+	}
+	c.at(v)
 	var out map[netip.Addr][]string
-	candidates := map[*model.AddressPool][]string{}
 	for _, ip := range svc.LoadBalancerIPs {
-		pool := model.PoolOf(v.Pools(), ip)
+		pool := model.PoolOf(c.pools, ip)
 		if pool == nil || pool.BGP.MaxAnnouncingNodes <= 0 {
 			continue
 		}
-		nodes, ok := candidates[pool]
+		nodes, ok := c.byPool[pool.Name]
 		if !ok {
 			nodes = mayAnnounce(v, pool)
-			candidates[pool] = nodes
+			c.byPool[pool.Name] = nodes
 		}
 		chosen := announcers.Choose(AnnouncedPrefix(pool, ip).String(), nodes, pool.BGP.MaxAnnouncingNodes)
 		slices.Sort(chosen)
@@ -50,6 +54,28 @@ func Announcers(v registry.View, svc *model.Service) map[netip.Addr][]string {
 		out[ip] = chosen
 	}
 	return out
+}
+
+// Candidates keeps, per pool, the nodes that may announce its addresses
+// (and the pools), for one CandidatesRevision of the registry: a change to
+// the nodes, peers or pools makes the hub work out every load-balancer
+// service again, and each would otherwise go over every node and peer. A
+// Candidates is used by one goroutine at a time.
+type Candidates struct {
+	revision uint64
+	valid    bool
+	pools    []*model.AddressPool
+	byPool   map[string][]string
+}
+
+// at makes c hold for v: forgets what it kept if the nodes, peers or
+// pools changed since.
+func (c *Candidates) at(v registry.View) {
+	if c.valid && c.revision == v.CandidatesRevision() {
+		return
+	}
+	c.revision, c.valid = v.CandidatesRevision(), true
+	c.pools, c.byPool = v.Pools(), map[string][]string{}
 }
 
 // AnnouncedPrefix is what the nodes announce for ip: the host prefix, or

@@ -75,7 +75,7 @@ func TestAnnouncersFollowThePoolsLimit(t *testing.T) {
 	}
 	chosen := func(key string) map[netip.Addr][]string {
 		var out map[netip.Addr][]string
-		reg.Read(func(v registry.View) { out = Service(v, key).Announcers })
+		reg.Read(func(v registry.View) { out = Service(v, key, nil).Announcers })
 		return out
 	}
 
@@ -172,4 +172,88 @@ func TestTheAnnouncedPrefixIsTheAgentsPrefix(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Candidates kept from call to call answer as a fresh computation after
+// every kind of write that decides who may announce: a drain, a node's
+// labels, a node created or deleted, a peer's selector, the pool's peers.
+// Each step below changes the answer, so a kept answer would show.
+func TestKeptCandidatesFollowEveryWriteThatDecidesThem(t *testing.T) {
+	reg := registrytest.Open(t)
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	node := func(i int, rack string) *model.Node {
+		return &model.Node{Meta: model.Meta{Name: fmt.Sprintf("node%d", i), Labels: map[string]string{"rack": rack}},
+			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(10 + i)})}}
+	}
+	for i := range 4 {
+		must(reg.Nodes.Create(node(i, "r1")))
+	}
+	peer := &model.BGPPeer{Meta: model.Meta{Name: "tor-r1"}, Address: netip.MustParseAddr("192.0.2.1"), ASN: 64500, MyASN: 64501,
+		NodeSelector: map[string]string{"rack": "r1"}}
+	must(reg.Peers.Create(peer))
+	r, err := model.ParseAddressRange("203.0.113.0/24")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := &model.AddressPool{Meta: model.Meta{Name: "limited"}, Ranges: []model.AddressRange{r},
+		BGP: model.BGPAdvertisement{MaxAnnouncingNodes: 8, Peers: []string{"tor-r1"}}} // above the nodes: every candidate announces
+	must(reg.Pools.Create(pool))
+	ip := netip.MustParseAddr("203.0.113.7")
+	must(reg.Services.Create(&model.Service{Meta: model.Meta{Namespace: "default", Name: "web"}, Type: model.LoadBalancer,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: 30080}},
+		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster, LoadBalancerIPs: []netip.Addr{ip}}))
+	kept := &Candidates{}
+	announcing := func() (withKept, fresh []string) {
+		reg.Read(func(v registry.View) {
+			withKept = Service(v, "default/web", kept).Announcers[ip]
+			fresh = Service(v, "default/web", nil).Announcers[ip]
+		})
+		return withKept, fresh
+	}
+	last, _ := announcing()
+	for _, step := range []struct {
+		what  string
+		write func() error
+	}{
+		{"a node is drained", func() error { _, _, err := reg.Drain("node0", time.Time{}); return err }},
+		{"its drain ends", func() error { _, _, err := reg.Uncordon("node0"); return err }},
+		{"a node is labelled out of load balancers", func() error {
+			n := node(1, "r1")
+			n.Labels[model.LabelExcludeFromLoadBalancers] = ""
+			_, err := reg.Nodes.Update(n)
+			return err
+		}},
+		{"a node moves to a rack no peer selects", func() error { _, err := reg.Nodes.Update(node(2, "r2")); return err }},
+		{"a node is created", func() error { _, err := reg.Nodes.Create(node(4, "r1")); return err }},
+		{"a node is deleted", func() error { _, err := reg.Nodes.Delete("node3", 0, ""); return err }},
+		{"the peer selects the other rack", func() error {
+			p := *peer
+			p.NodeSelector = map[string]string{"rack": "r2"}
+			_, err := reg.Peers.Update(&p)
+			return err
+		}},
+		{"the pool is heard by no peer of ours", func() error {
+			p := *pool
+			p.BGP.Peers = []string{"elsewhere"}
+			_, err := reg.Pools.Update(&p)
+			return err
+		}},
+	} {
+		if err := step.write(); err != nil {
+			t.Fatalf("%s: %v", step.what, err)
+		}
+		withKept, fresh := announcing()
+		if slices.Equal(fresh, last) {
+			t.Fatalf("%s: the announcers stayed %v; the step proves nothing", step.what, fresh)
+		}
+		if !slices.Equal(withKept, fresh) {
+			t.Errorf("%s: kept candidates give %v, a fresh computation %v", step.what, withKept, fresh)
+		}
+		last = fresh
+	}
 }

@@ -152,13 +152,13 @@ func TestKubernetesConflictsAreResolvedTheSameEverywhere(t *testing.T) {
 	reg.SetServiceRules(rules)
 
 	reg.Read(func(v registry.View) {
-		if got := Service(v, "shop/db"); got == nil || got.Ports[0].NodePort != 30080 || len(got.ClusterIPs) != 1 {
+		if got := Service(v, "shop/db", nil); got == nil || got.Ports[0].NodePort != 30080 || len(got.ClusterIPs) != 1 {
 			t.Errorf("the victim lost something: %+v", got)
 		}
-		if got := Service(v, "evil/grab"); got == nil || !slices.Equal(got.ExternalIPs, addrs("198.51.100.66")) {
+		if got := Service(v, "evil/grab", nil); got == nil || !slices.Equal(got.ExternalIPs, addrs("198.51.100.66")) {
 			t.Errorf("the attacker's external IPs as programmed: %+v; want only 198.51.100.66", got)
 		}
-		if got := Service(v, "shop/late"); got == nil || got.Ports[0].NodePort != 0 {
+		if got := Service(v, "shop/late", nil); got == nil || got.Ports[0].NodePort != 0 {
 			t.Errorf("the younger service's node port as programmed: %+v; want none", got)
 		}
 		c := v.ServiceConflicts(attacker)
@@ -173,7 +173,7 @@ func TestKubernetesConflictsAreResolvedTheSameEverywhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.Read(func(v registry.View) {
-		if got := Service(v, "shop/late"); got == nil || got.Ports[0].NodePort != 30080 {
+		if got := Service(v, "shop/late", nil); got == nil || got.Ports[0].NodePort != 30080 {
 			t.Errorf("after the older service went, the younger's node port: %+v; want 30080", got)
 		}
 	})
@@ -184,7 +184,7 @@ func TestKubernetesConflictsAreResolvedTheSameEverywhere(t *testing.T) {
 	rules.ExternalIPCIDRs = nil
 	reg.SetServiceRules(rules)
 	reg.Read(func(v registry.View) {
-		if got := Service(v, "evil/grab"); got == nil || len(got.ExternalIPs) != 0 {
+		if got := Service(v, "evil/grab", nil); got == nil || len(got.ExternalIPs) != 0 {
 			t.Errorf("with no external IPs allowed, the attacker's are programmed: %+v", got)
 		}
 	})

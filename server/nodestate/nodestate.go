@@ -84,7 +84,9 @@ func Advertisement(p *model.AddressPool) datapath.BGPAdvertisement {
 // Service returns the service as the nodes must forward it, or nil when
 // they forward nothing for it (it does not exist, or another proxy owns
 // it). Endpoints carry their node's name; each agent marks its own local.
-func Service(v registry.View, key string) *datapath.Service {
+// c, when not nil, keeps the announcer candidates from call to call (see
+// Announcers).
+func Service(v registry.View, key string, c *Candidates) *datapath.Service {
 	svc := v.Service(key)
 	if svc == nil {
 		return nil
@@ -107,7 +109,7 @@ func Service(v registry.View, key string) *datapath.Service {
 		HealthCheckNodePort:      uint16(svc.HealthCheckNodePort),
 		LoadBalancerSourceRanges: svc.LoadBalancerSourceRanges,
 		PreferClose:              svc.PreferClose,
-		Announcers:               Announcers(v, svc),
+		Announcers:               Announcers(v, svc, c),
 		OtherController:          svc.OtherController,
 	}
 	slicesOf := v.EndpointSlicesOf(key)

@@ -55,8 +55,8 @@ func TestServiceResolvesEndpoints(t *testing.T) {
 	var got *datapath.Service
 	var skipped *datapath.Service
 	reg.Read(func(v registry.View) {
-		got = Service(v, "default/web")
-		skipped = Service(v, "default/other-proxy")
+		got = Service(v, "default/web", nil)
+		skipped = Service(v, "default/other-proxy", nil)
 	})
 	if skipped != nil {
 		t.Errorf("a service labelled for another proxy was forwarded: %+v", skipped)

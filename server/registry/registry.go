@@ -37,6 +37,9 @@ type Change struct {
 	Revision uint64
 	// Services whose forwarding may have changed ("namespace/name").
 	Services []string
+	// ServiceObjects are the services whose own object was written,
+	// not only their endpoints: what an address allocation follows.
+	ServiceObjects []string
 	// Nodes whose own description changed.
 	Nodes []string
 	// Address pools that changed.
@@ -78,6 +81,10 @@ type Registry struct {
 	// deadline (zero: none): Weir's own state, apart from the Node, which
 	// a source such as Kubernetes may own.
 	drained map[string]time.Time
+	// candidatesRev is the revision of the last write to a node, a drain,
+	// a peer or a pool: what decides which nodes may announce a pool's
+	// addresses (see View.CandidatesRevision).
+	candidatesRev uint64
 	// rules are the services' allocation rules; claimIndex finds the
 	// services that may share an address or a node port.
 	rules      ServiceRules
@@ -220,6 +227,7 @@ func (r *Registry) putDrain(op store.Op, ch *Change) {
 		delete(r.drained, op.Key)
 	}
 	ch.Nodes = append(ch.Nodes, op.Key)
+	r.candidatesRev = ch.Revision
 	if n, ok := r.Nodes.items[op.Key]; ok {
 		r.Nodes.notify(Modified, n) // watchers see the drain too
 	}
@@ -273,6 +281,12 @@ func (r *Registry) Read(fn func(View)) {
 type View struct{ r *Registry }
 
 func (v View) Revision() uint64 { return v.r.rev }
+
+// CandidatesRevision is the revision of the last write to a node, a
+// node's drain, a BGP peer or an address pool (0 before any since the
+// registry was opened): as long as it stays, so do the nodes that may
+// announce each pool's addresses.
+func (v View) CandidatesRevision() uint64 { return v.r.candidatesRev }
 
 // HistoryAt names the history a revision belongs to (see store.HistoryAt).
 func (r *Registry) HistoryAt(rev uint64) string  { return r.store.HistoryAt(rev) }
@@ -709,6 +723,7 @@ func (r *Registry) touched(obj, old model.Object, ch *Change) {
 		// A service's claims decide what its neighbours keep (see
 		// View.ServiceConflicts): they are recomputed too.
 		ch.Services = append(ch.Services, o.Key())
+		ch.ServiceObjects = append(ch.ServiceObjects, o.Key())
 		for _, s := range []model.Object{obj, old} {
 			if s, ok := s.(*model.Service); ok && s != nil {
 				ch.Services = append(ch.Services, r.claimIndex.neighbours(s)...)
@@ -723,10 +738,13 @@ func (r *Registry) touched(obj, old model.Object, ch *Change) {
 		}
 	case *model.Node:
 		ch.Nodes = append(ch.Nodes, o.Name)
+		r.candidatesRev = ch.Revision
 	case *model.AddressPool:
 		ch.Pools = append(ch.Pools, o.Name)
+		r.candidatesRev = ch.Revision
 	case *model.BGPPeer:
 		ch.Peers = append(ch.Peers, o.Name)
+		r.candidatesRev = ch.Revision
 	case *model.ServiceCIDR:
 		ch.ServiceCIDRs = append(ch.ServiceCIDRs, o.Name)
 	}

@@ -5,6 +5,12 @@
 // it was sent and builds its next message: a whole state, a resume from
 // a version it applied, or the delta of what changed since.
 //
+// What a client is sent is in two parts: its node's own description, and
+// the services. The services of a step from one version to another are the
+// same for every node (each agent marks its own endpoints local), so the
+// cache builds them once per step (Services) and every client making that
+// step gets the same value, which its sender encodes once for all.
+//
 // One lock guards the cache and the set of clients. A removal is
 // forgotten only once every client has been sent a version past it, and
 // since clients register and take their first state under that lock, no
@@ -40,7 +46,85 @@ type Cache struct {
 	horizon uint64
 	clients map[*Client]bool
 
+	// steps are the services of the deltas to version, by the version
+	// they start from (nil when nothing changed since it), and full those
+	// of the whole state: built by the first client that needs one, under
+	// the read lock, and shared by the others. Apply starts them afresh.
+	stepsMu sync.Mutex
+	steps   map[uint64]*Services
+	full    *Services
+
 	advanced notify.Signal // when version moves on
+}
+
+// Services are the upserts and removals that bring any node from one
+// version to another (From 0: the whole state). They are shared by every
+// client making the same step and must not be changed.
+type Services struct {
+	From, Version uint64
+	Upserts       []*weirv1.NodeService
+	Removals      []string
+
+	encodeMu sync.Mutex
+	encoded  any
+}
+
+// Encoded is what encode makes of s, made by the first caller that
+// succeeds and kept for the others: every client making this step is sent
+// the same encoding. The encoding lives as long as s, which the cache drops
+// at its next version.
+func (s *Services) Encoded(encode func(*Services) (any, error)) (any, error) {
+	s.encodeMu.Lock()
+	defer s.encodeMu.Unlock()
+	if s.encoded == nil {
+		e, err := encode(s)
+		if err != nil {
+			return nil, err
+		}
+		s.encoded = e
+	}
+	return s.encoded, nil
+}
+
+// Message is what one client is sent next: its node's description when
+// it is a whole state or the node changed, and the services, shared.
+type Message struct {
+	Version uint64
+	Full    bool
+	Node    *weirv1.NodeInfo // nil: unchanged
+	// Services is nil when no service changed for the step.
+	Services *Services
+}
+
+// The getters read a message that may be nil, as the generated ones do.
+func (m *Message) GetVersion() uint64 {
+	if m == nil {
+		return 0
+	}
+	return m.Version
+}
+
+func (m *Message) GetFull() bool { return m != nil && m.Full }
+
+func (m *Message) GetNode() *weirv1.NodeInfo {
+	if m == nil {
+		return nil
+	}
+	return m.Node
+}
+
+func (m *Message) GetUpserts() []*weirv1.NodeService {
+	if m == nil || m.Services == nil {
+		return nil
+	}
+	return m.Services.Upserts
+}
+
+func (m *Message) GetRemovals() []string {
+	if m == nil || m.Services == nil {
+		return nil
+	}
+	return m.Services.Removals
 }
 
 // entry is a service's wire form and the version that last changed it.
@@ -83,6 +167,7 @@ func (c *Cache) Apply(b Batch) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.version = b.Version
+	c.steps, c.full = nil, nil
 	changed := make([]string, 0, len(b.Services))
 	for key, msg := range b.Services {
 		old, had := c.services[key]
@@ -240,19 +325,30 @@ func (cl *Client) take() (services []string, nodeDirty bool, since time.Time) {
 }
 
 // Full is the node's whole state.
-func (cl *Client) Full() *weirv1.SyncResponse {
+func (cl *Client) Full() *Message {
 	c := cl.c
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	cl.take() // all in it
-	msg := &weirv1.SyncResponse{Version: c.version, Full: true, Node: c.nodeInfo(cl.node)}
-	msg.Upserts = make([]*weirv1.NodeService, 0, len(c.services))
-	for _, k := range slices.Sorted(maps.Keys(c.services)) {
-		msg.Upserts = append(msg.Upserts, c.services[k].msg)
-	}
+	msg := &Message{Version: c.version, Full: true, Node: c.nodeInfo(cl.node), Services: c.fullServices()}
 	cl.sent.Store(msg.Version)
 	cl.sentNode, cl.covered = msg.Node, c.version
 	return msg
+}
+
+// fullServices are every service, sorted by key: built once per version.
+// Called with the read lock held.
+func (c *Cache) fullServices() *Services {
+	c.stepsMu.Lock()
+	defer c.stepsMu.Unlock()
+	if c.full == nil {
+		s := &Services{Version: c.version, Upserts: make([]*weirv1.NodeService, 0, len(c.services))}
+		for _, k := range slices.Sorted(maps.Keys(c.services)) {
+			s.Upserts = append(s.Upserts, c.services[k].msg)
+		}
+		c.full = s
+	}
+	return c.full
 }
 
 // Resume is what brings an agent from version v, which it applied, to the
@@ -260,7 +356,7 @@ func (cl *Client) Full() *weirv1.SyncResponse {
 // horizon, or newer than anything the cache has seen). prev, when not
 // nil, is the node's previous client: if it was last sent v, the node's
 // description it was sent is not sent again.
-func (cl *Client) Resume(v uint64, prev *Client) (*weirv1.SyncResponse, bool) {
+func (cl *Client) Resume(v uint64, prev *Client) (*Message, bool) {
 	c := cl.c
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -277,7 +373,7 @@ func (cl *Client) Resume(v uint64, prev *Client) (*weirv1.SyncResponse, bool) {
 
 // Next is the delta of the changes marked since the last message, or nil
 // when none concerns the node, and when the oldest of them was accepted.
-func (cl *Client) Next() (*weirv1.SyncResponse, time.Time) {
+func (cl *Client) Next() (*Message, time.Time) {
 	c := cl.c
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -288,15 +384,37 @@ func (cl *Client) Next() (*weirv1.SyncResponse, time.Time) {
 // delta is what changed for the node since it was last sent among keys
 // (all keys when nil), or nil when nothing did. Called with the cache's
 // read lock held.
-func (cl *Client) delta(keys []string, nodeDirty bool) *weirv1.SyncResponse {
+func (cl *Client) delta(keys []string, nodeDirty bool) *Message {
 	c := cl.c
-	msg := &weirv1.SyncResponse{Version: c.version}
+	msg := &Message{Version: c.version}
 	cl.covered = c.version
 	from := cl.sent.Load()
 	if nodeDirty {
 		if ni := c.nodeInfo(cl.node); !proto.Equal(ni, cl.sentNode) {
 			msg.Node, cl.sentNode = ni, ni
 		}
+	}
+	if keys == nil || len(keys) > 0 {
+		msg.Services = c.step(from, keys)
+	}
+	if msg.Node == nil && msg.Services == nil {
+		return nil
+	}
+	cl.sent.Store(msg.Version)
+	return msg
+}
+
+// step is what changed since version from among keys (all keys when nil),
+// or nil when nothing did: built by the first client to need it at this
+// version. Any client's keys give the same answer: they are what the
+// batches after its last message changed, and what it was last sent is
+// from, so the changes since from are all in them (and a key changed
+// again since is only sent once). Called with the read lock held.
+func (c *Cache) step(from uint64, keys []string) *Services {
+	c.stepsMu.Lock()
+	defer c.stepsMu.Unlock()
+	if s, ok := c.steps[from]; ok {
+		return s
 	}
 	if keys == nil {
 		// Every key: only those changed since from are sorted (a resume
@@ -313,20 +431,24 @@ func (cl *Client) delta(keys []string, nodeDirty bool) *weirv1.SyncResponse {
 		}
 	}
 	slices.Sort(keys)
+	s := &Services{From: from, Version: c.version}
 	for _, k := range keys {
 		if e, ok := c.services[k]; ok {
 			if e.modified > from {
-				msg.Upserts = append(msg.Upserts, e.msg)
+				s.Upserts = append(s.Upserts, e.msg)
 			}
 		} else if v, ok := c.removed[k]; ok && v > from {
-			msg.Removals = append(msg.Removals, k)
+			s.Removals = append(s.Removals, k)
 		}
 	}
-	if msg.Node == nil && len(msg.Upserts) == 0 && len(msg.Removals) == 0 {
-		return nil
+	if len(s.Upserts) == 0 && len(s.Removals) == 0 {
+		s = nil
 	}
-	cl.sent.Store(msg.Version)
-	return msg
+	if c.steps == nil {
+		c.steps = map[uint64]*Services{}
+	}
+	c.steps[from] = s
+	return s
 }
 
 // nodeInfo is the cached node, or an unregistered one. Called with mu held.

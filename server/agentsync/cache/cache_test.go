@@ -26,7 +26,7 @@ func node(name, addr string) *weirv1.NodeInfo {
 var t0 = time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
 
 // summary is a message as "v<version> node=<name> +a +b -c".
-func summary(m *weirv1.SyncResponse) string {
+func summary(m *Message) string {
 	if m == nil {
 		return "nothing"
 	}
@@ -222,5 +222,32 @@ func TestAServiceIsEncodedOnceForEveryClient(t *testing.T) {
 	mb, _ := b.Next()
 	if len(ma.GetUpserts()) != 1 || ma.GetUpserts()[0] != mb.GetUpserts()[0] || !proto.Equal(ma.GetUpserts()[0], svc("a", "10.96.0.10")) {
 		t.Fatalf("sent %s and %s; want one shared message", summary(ma), summary(mb))
+	}
+}
+
+// Clients making the same step get the same services, built once; a
+// client behind, starting from another version, gets its own.
+func TestClientsMakingTheSameStepShareItsServices(t *testing.T) {
+	c := New(1, map[string]*weirv1.NodeService{"shop/a": svc("a", "10.96.0.10")}, nil, 10)
+	a, b, behind := c.Connect("n1"), c.Connect("n2"), c.Connect("n3")
+	defer a.Close()
+	defer b.Close()
+	defer behind.Close()
+	if fa, fb := a.Full(), b.Full(); fa.Services != fb.Services || fa.Node == fb.Node {
+		t.Fatalf("whole states %s and %s: want the services shared, each its own node", summary(fa), summary(fb))
+	}
+	behind.Full()
+	c.Apply(Batch{Version: 2, Since: t0, Services: map[string]*weirv1.NodeService{"shop/b": svc("b", "10.96.0.11")}})
+	a.Next()
+	b.Next()
+	c.Apply(Batch{Version: 3, Since: t0, Services: map[string]*weirv1.NodeService{"shop/c": svc("c", "10.96.0.12")}})
+	ma, _ := a.Next()
+	mb, _ := b.Next()
+	mbehind, _ := behind.Next()
+	if ma.Services != mb.Services || summary(ma) != "v3 +c" {
+		t.Fatalf("sent %s and %s; want one shared step", summary(ma), summary(mb))
+	}
+	if summary(mbehind) != "v3 +b +c" {
+		t.Fatalf("the client behind is sent %s; want both changes", summary(mbehind))
 	}
 }

@@ -277,6 +277,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	agentsCtx, stopAgents := context.WithCancel(ctx)
 	defer stopAgents()
 	start = time.Now()
+	cpuBefore := cpuTime(srv.Process.Pid)
 	var all []*agent
 	for i := range nAgents {
 		a := &agent{name: fmt.Sprintf("node-%d", i), received: map[uint64]time.Time{}, bytes: map[uint64]int{}, ready: make(chan struct{})}
@@ -315,14 +316,20 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 		}()
 		all = append(all, a)
 	}
+	// One deadline for all: the server sends a bounded number of whole
+	// states at once, so the last agents wait for all the others.
+	fullDeadline := time.After(20 * time.Minute)
 	for _, a := range all {
 		select {
 		case <-a.ready:
-		case <-time.After(5 * time.Minute):
-			return fmt.Errorf("%s got no full state", a.name)
+		case <-fullDeadline:
+			return fmt.Errorf("%s got no full state in 20 minutes", a.name)
 		}
 	}
 	fmt.Printf("%d agents connected and received their full state (%d KiB each) in %v (%s)\n", nAgents, all[0].full.Load()>>10, time.Since(start).Round(time.Millisecond), memories())
+	cpuAfter := cpuTime(srv.Process.Pid)
+	fmt.Printf("server CPU while they took it: %v\n", cpuAfter-cpuBefore)
+	cpuBefore = cpuAfter
 
 	// Changes: one endpoint of one service at a time.
 	var lat []time.Duration
@@ -363,6 +370,9 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	fmt.Printf("one endpoint change -> every agent has it (%d changes x %d agents, changes back to back, min-sync-period %v): p50 %v  p99 %v  max %v\n",
 		nChanges, nAgents, minSync, q(50), q(99), lat[len(lat)-1].Round(100*time.Microsecond))
 	fmt.Printf("bytes per agent per change: median %d (the whole state is %d)\n", perChange[len(perChange)/2], all[0].full.Load())
+	// The server's own share, apart from the simulated agents on the same
+	// CPUs: its CPU time over the changes (write, fan-out, answers).
+	fmt.Printf("server CPU per change: %v\n", ((cpuTime(srv.Process.Pid) - cpuBefore) / time.Duration(nChanges)).Round(100*time.Microsecond))
 	fmt.Printf("%s\n", memories())
 	if len(servers) > 1 {
 		return measureReplicaLoss(servers, all)
@@ -442,6 +452,20 @@ func measureReplicaLoss(servers []*server, all []*agent) error {
 		fmt.Printf("replica %d: %s\n", i+1, memory(sv.cmd.Process.Pid))
 	}
 	return nil
+}
+
+// cpuTime is a process's user and system CPU time so far (in clock ticks
+// of 10 ms, Linux's USER_HZ).
+func cpuTime(pid int) time.Duration {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name may hold spaces: fields count from after ")".
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // memory reads a process's resident and peak resident memory.
