@@ -243,6 +243,11 @@ func (a *Announcer) sync(rise bool) {
 			delete(a.pending, p)
 		}
 	}
+	if len(a.pending) == 0 {
+		// A new map: an emptied one keeps its size, and walking it
+		// would cost every prefix a whole state once made pending.
+		a.pending = map[netip.Prefix]bool{}
+	}
 }
 
 // want is what the node should announce for p now.

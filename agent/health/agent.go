@@ -136,7 +136,9 @@ func (a *Agent) Applied(took time.Duration) {
 		a.unsent[name] = true
 		set = append(set, c)
 	}
-	clear(a.rising)
+	// New maps, not cleared ones: a cleared map keeps its size, and
+	// walking it would cost every service a whole state once named.
+	a.rising = map[string]bool{}
 	a.updateChecks(set, nil)
 }
 
@@ -196,7 +198,7 @@ func (a *Agent) Report(full bool) *report.Report {
 			a.reported[key] = s
 		}
 	}
-	clear(a.unsent)
+	a.unsent = map[string]bool{} // new, not cleared: see Applied
 	if !full && len(r.Services) == 0 && len(r.Removed) == 0 && node == a.lastNode {
 		return nil
 	}

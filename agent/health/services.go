@@ -233,6 +233,11 @@ func (s *Services) Update(addrs []netip.Addr, set []Service, gone []string) map[
 			delete(s.failing, key)
 		}
 	}
+	if len(s.failing) == 0 {
+		// A new map: an emptied one keeps its size, and is walked at
+		// every update.
+		s.failing = map[string]bool{}
+	}
 	s.bindErrors.Set(float64(len(s.failing)))
 	return results
 }

@@ -91,8 +91,7 @@ func (a *Asker) Received(st datapath.NodeState) {
 		}
 	}
 	if st.Changed == nil || !samePools {
-		clear(a.asked)
-		clear(a.askers)
+		a.asked, a.askers = map[datapath.ServiceKey][]netip.Addr{}, map[netip.Addr]int{}
 		for key, svc := range st.Services {
 			ask(key, svc)
 		}
