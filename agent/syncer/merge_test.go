@@ -259,3 +259,28 @@ func TestMergeMatchesCopyingTheWholeState(t *testing.T) {
 		}
 	}
 }
+
+// TestARefusedPartTakesBackTheVersion: when a later part of a version
+// cannot be decoded, the parts before it leave nothing behind: the next
+// version applies over the last good state.
+func TestARefusedPartTakesBackTheVersion(t *testing.T) {
+	dp := &fakeApplier{}
+	s := New(Config{NodeName: "node1"}, nil, dp, nil, slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	for _, m := range []*weirv1.SyncResponse{
+		{Version: 1, Full: true, Upserts: []*weirv1.NodeService{svc("web", "10.96.0.10")}},
+		{Version: 2, Upserts: []*weirv1.NodeService{svc("db", "10.96.0.20")}, Removals: []string{"default/web"}, More: true},
+		{Version: 2, Upserts: []*weirv1.NodeService{svc("cache", "not-an-ip")}},
+		{Version: 3, Upserts: []*weirv1.NodeService{svc("api", "10.96.0.30")}},
+	} {
+		s.handle(ctx, m)
+	}
+	var got []string
+	for key, svc := range dp.last().Services {
+		got = append(got, key.Name+" "+svc.ClusterIPs[0].String())
+	}
+	slices.Sort(got)
+	if want := []string{"api 10.96.0.30", "web 10.96.0.10"}; !slices.Equal(got, want) {
+		t.Errorf("applied %q after a refused version, want %q: the refused version's first part left behind", got, want)
+	}
+}
