@@ -410,6 +410,7 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 		return nil
 	}
 	s.partial, s.received, s.receivedHistory = false, msg.GetVersion(), msg.GetHistory()
+	s.before = undo{} // the version is whole: nothing to go back to, nor to keep
 	s.metrics.stale.WithLabelValues("not_applied").Set(1)
 	if s.changed == nil {
 		s.metrics.pending.Set(float64(len(s.state.Services)))
