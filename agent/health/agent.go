@@ -47,7 +47,8 @@ type Agent struct {
 
 // NewAgent returns the node's health with the given staleness timeout.
 func NewAgent(timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *Agent {
-	a := &Agent{Node: NewNode(timeout, reg), services: map[string]report.ServiceReport{}, reported: map[string]report.ServiceReport{}, unsent: map[string]bool{},
+	a := &Agent{Node: NewNode(timeout, reg),
+		services: map[string]report.ServiceReport{}, reported: map[string]report.ServiceReport{}, unsent: map[string]bool{},
 		checks: map[string]Service{}, served: map[string]int{}, rising: map[string]bool{}}
 	a.Services = NewServices(a.Node.Healthy, log, reg)
 	return a
