@@ -2,7 +2,9 @@ package bgp
 
 import (
 	"context"
+	"iter"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -25,10 +27,19 @@ type Announcer struct {
 	proxyHealthy func() bool
 	log          *slog.Logger
 
-	mu        sync.Mutex // guards the fields below
-	state     datapath.NodeState
+	mu sync.Mutex // guards the fields below
+	// node is the node as last received. The services are not kept:
+	// wants holds what they ask for.
+	node  datapath.NodeInfo
+	wants wants
+	// eligible: at the last sync, the node could attract traffic (not
+	// going away, drained or excluded, and its proxy healthy).
+	eligible  bool
 	announced map[netip.Prefix]Announcement
-	reported  report.BGPReport
+	// pending are the prefixes whose announcement may differ from what
+	// is wanted: the only ones a sync looks at.
+	pending  map[netip.Prefix]bool
+	reported report.BGPReport
 	// peersFailed, rulesFailed: the last peer set or export rules were
 	// not applied whole; Report, every second, tries again.
 	peersFailed, rulesFailed bool
@@ -44,16 +55,28 @@ type Announcer struct {
 
 // NewAnnouncer announces through sp.
 func NewAnnouncer(sp Speaker, proxyHealthy func() bool, log *slog.Logger) *Announcer {
-	return &Announcer{sp: sp, proxyHealthy: proxyHealthy, log: log, announced: map[netip.Prefix]Announcement{}}
+	return &Announcer{sp: sp, proxyHealthy: proxyHealthy, log: log, wants: newWants(),
+		announced: map[netip.Prefix]Announcement{}, pending: map[netip.Prefix]bool{}}
 }
 
 // Received withdraws what st says the node should no longer attract.
 func (a *Announcer) Received(st datapath.NodeState) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	peersChanged := !slices.Equal(st.Node.BGPPeers, a.state.Node.BGPPeers)
-	rulesChanged := peersChanged || !slices.EqualFunc(st.Node.Advertisements, a.state.Node.Advertisements, datapath.BGPAdvertisement.Equal)
-	a.state = st
+	peersChanged := !slices.Equal(st.Node.BGPPeers, a.node.BGPPeers)
+	rulesChanged := peersChanged || !slices.EqualFunc(st.Node.Advertisements, a.node.Advertisements, datapath.BGPAdvertisement.Equal)
+	if st.Changed == nil || !sameForWants(st.Node, a.node) {
+		// What every service asks for may differ.
+		a.markPending(a.wants.clear())
+		for key, svc := range st.Services {
+			a.markPending(a.wants.set(key, svc, st.Node))
+		}
+	} else {
+		for _, key := range st.Changed {
+			a.markPending(a.wants.set(key, st.Services[key], st.Node))
+		}
+	}
+	a.node = st.Node
 	if rulesChanged {
 		// Before anything is announced under them.
 		a.setExportRules()
@@ -94,7 +117,7 @@ func (a *Announcer) setPeers(from []datapath.BGPPeer) {
 // announced again by the next sync.
 func (a *Announcer) setExportRules() {
 	ctx := context.Background()
-	rules := ExportRules(a.state.Node)
+	rules := ExportRules(a.node)
 	for p, had := range a.announced {
 		before, allBefore := bgpspeaker.Audience(a.rules, p)
 		after, allAfter := bgpspeaker.Audience(rules, p)
@@ -106,6 +129,7 @@ func (a *Announcer) setExportRules() {
 			continue
 		}
 		delete(a.announced, p)
+		a.pending[p] = true // announced again by the next sync
 		a.changed = true
 	}
 	if err := a.sp.SetExportRules(ctx, rules); err != nil {
@@ -146,7 +170,7 @@ func (a *Announcer) Applied(time.Duration) {
 	a.sync(true)
 	if !a.applied {
 		a.applied = true
-		a.setPeers(a.state.Node.BGPPeers)
+		a.setPeers(a.node.BGPPeers)
 	}
 }
 
@@ -164,7 +188,7 @@ func (a *Announcer) Report(full bool) *report.Report {
 		a.setExportRules()
 	}
 	if a.peersFailed {
-		a.setPeers(a.state.Node.BGPPeers)
+		a.setPeers(a.node.BGPPeers)
 	}
 	if !full && !a.changed && sameSessions(sessions, a.reported.Sessions) {
 		return nil
@@ -200,12 +224,50 @@ func (a *Announcer) Announced() map[netip.Prefix]Announcement {
 	return out
 }
 
-// sync withdraws what is not wanted and, when rise, announces what is.
-// Called with mu held.
+// sync withdraws what is not wanted and, when rise, announces what is,
+// looking at the pending prefixes alone. Called with mu held.
 func (a *Announcer) sync(rise bool) {
-	changed, _ := bgpspeaker.Reconcile(context.Background(), a.sp, a.announced, Wanted(a.state, a.proxyHealthy()),
+	eligible := attracts(a.node) && a.proxyHealthy()
+	if eligible != a.eligible {
+		a.eligible = eligible
+		a.markPending(maps.Keys(a.announced))
+		a.markPending(maps.Keys(a.wants.prefixes))
+	}
+	changed, _ := bgpspeaker.ReconcileKeys(context.Background(), a.sp, a.announced, a.want, maps.Keys(a.pending),
 		func(p netip.Prefix) netip.Prefix { return p }, rise, a.log)
 	a.changed = a.changed || changed
+	for p := range a.pending {
+		had, announced := a.announced[p]
+		want, wanted := a.want(p)
+		if announced == wanted && (!wanted || had.Same(want)) {
+			delete(a.pending, p)
+		}
+	}
+	if len(a.pending) == 0 {
+		// A new map: an emptied one keeps its size, and walking it
+		// would cost every prefix a whole state once made pending.
+		a.pending = map[netip.Prefix]bool{}
+	}
+}
+
+// want is what the node should announce for p now.
+func (a *Announcer) want(p netip.Prefix) (Announcement, bool) {
+	if !a.eligible {
+		return Announcement{}, false
+	}
+	return a.wants.of(p)
+}
+
+func (a *Announcer) markPending(prefixes iter.Seq[netip.Prefix]) {
+	for p := range prefixes {
+		a.pending[p] = true
+	}
+}
+
+// attracts tells whether node may attract traffic: not going away,
+// drained by an operator or labelled out of external load balancers.
+func attracts(node datapath.NodeInfo) bool {
+	return !node.Deleting && !node.Drained && !node.Excluded
 }
 
 // Wanted is what a node in state st should announce: every load-balancer
@@ -215,50 +277,167 @@ func (a *Announcer) sync(rise bool) {
 // would be, weighted by all their local endpoints (unweighted when one of
 // them is a Cluster service's, which every node serves alike). Where the
 // pool limits its announcing nodes, only the nodes chosen for an address
-// announce it.
+// announce it. The Announcer keeps the same incrementally.
 func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcement {
 	want := map[netip.Prefix]Announcement{}
-	if st.Node.Deleting || st.Node.Drained || st.Node.Excluded || !proxyHealthy {
+	if !attracts(st.Node) || !proxyHealthy {
 		return want
 	}
 	for _, svc := range st.Services {
-		if svc.OtherController {
-			continue // its controller announces it
-		}
-		for _, vip := range svc.LoadBalancerIPs {
-			hop, ok := datapath.NextHop(st.Node.Addresses, vip.Is6())
-			if !ok {
-				continue
-			}
-			if _, l2 := st.Node.L2PoolOf(vip); l2 {
-				continue // answered over L2 by the node that holds its lease
-			}
-			if chosen, limited := svc.Announcers[vip]; limited && !slices.Contains(chosen, st.Node.Name) {
-				continue // the pool's other nodes announce it (max_announcing_nodes)
-			}
-			a := Announcement{NextHop: hop}
-			adv := datapath.BGPAdvertisement{}
-			for _, pool := range st.Node.Advertisements {
-				if slices.ContainsFunc(pool.Ranges, func(r datapath.AddressRange) bool { return r.Contains(vip) }) {
-					adv = pool
-					break
-				}
-			}
-			a.Communities, a.LocalPref = adv.Communities, adv.LocalPref
-			prefix := adv.PrefixOf(vip)
-			if svc.ExternalTrafficPolicy == datapath.Local {
-				// The node gets traffic in proportion to its endpoints.
-				if a.Weight = readyLocal(svc, vip.Is6()); a.Weight == 0 {
-					continue
-				}
-			}
-			if other, ok := want[prefix]; ok {
+		for _, w := range serviceWants(svc, st.Node) {
+			a := w.Announcement
+			if other, ok := want[w.prefix]; ok {
 				a.Weight = bgpspeaker.AddWeights(a.Weight, other.Weight)
 			}
-			want[prefix] = a
+			want[w.prefix] = a
 		}
 	}
 	return want
+}
+
+// prefixWant is one load-balancer IP's wish: its prefix announced so.
+type prefixWant struct {
+	prefix netip.Prefix
+	Announcement
+}
+
+// serviceWants are the announcements svc asks of node, one per
+// load-balancer IP the node should announce.
+func serviceWants(svc *datapath.Service, node datapath.NodeInfo) []prefixWant {
+	if svc.OtherController {
+		return nil // its controller announces it
+	}
+	var out []prefixWant
+	for _, vip := range svc.LoadBalancerIPs {
+		hop, ok := datapath.NextHop(node.Addresses, vip.Is6())
+		if !ok {
+			continue
+		}
+		if _, l2 := node.L2PoolOf(vip); l2 {
+			continue // answered over L2 by the node that holds its lease
+		}
+		if chosen, limited := svc.Announcers[vip]; limited && !slices.Contains(chosen, node.Name) {
+			continue // the pool's other nodes announce it (max_announcing_nodes)
+		}
+		a := Announcement{NextHop: hop}
+		adv := datapath.BGPAdvertisement{}
+		for _, pool := range node.Advertisements {
+			if slices.ContainsFunc(pool.Ranges, func(r datapath.AddressRange) bool { return r.Contains(vip) }) {
+				adv = pool
+				break
+			}
+		}
+		a.Communities, a.LocalPref = adv.Communities, adv.LocalPref
+		if svc.ExternalTrafficPolicy == datapath.Local {
+			// The node gets traffic in proportion to its endpoints.
+			if a.Weight = readyLocal(svc, vip.Is6()); a.Weight == 0 {
+				continue
+			}
+		}
+		out = append(out, prefixWant{prefix: adv.PrefixOf(vip), Announcement: a})
+	}
+	return out
+}
+
+// sameForWants tells whether services ask the same of both nodes: same
+// name, addresses, pools and L2 pools.
+func sameForWants(a, b datapath.NodeInfo) bool {
+	return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses) &&
+		slices.EqualFunc(a.Advertisements, b.Advertisements, datapath.BGPAdvertisement.Equal) &&
+		slices.EqualFunc(a.L2Pools, b.L2Pools, datapath.L2Pool.Equal)
+}
+
+// wants is what every service asks for, kept per service and summed per
+// prefix, so that a changed service costs its own announcements alone.
+type wants struct {
+	byService map[datapath.ServiceKey][]prefixWant
+	prefixes  map[netip.Prefix]*prefixSum
+}
+
+// prefixSum is one prefix's announcement, summed over the addresses that
+// ask for it (several, for a pool's aggregate).
+type prefixSum struct {
+	// Announcement is the latest asker's, its weight aside.
+	Announcement
+	askers int
+	// unweighted counts the askers without a weight (Cluster services):
+	// with any, the prefix is unweighted; else it weighs sum
+	// (bgpspeaker.AddWeights over the askers).
+	unweighted int
+	sum        uint32
+}
+
+func newWants() wants {
+	return wants{byService: map[datapath.ServiceKey][]prefixWant{}, prefixes: map[netip.Prefix]*prefixSum{}}
+}
+
+// clear forgets every service, and returns the prefixes they asked for.
+func (w *wants) clear() iter.Seq[netip.Prefix] {
+	old := w.prefixes
+	*w = newWants()
+	return maps.Keys(old)
+}
+
+// set makes key ask for what svc (nil: gone) asks of node, and returns the
+// prefixes whose announcement this may change.
+func (w *wants) set(key datapath.ServiceKey, svc *datapath.Service, node datapath.NodeInfo) iter.Seq[netip.Prefix] {
+	old := w.byService[key]
+	for _, pw := range old {
+		ps := w.prefixes[pw.prefix]
+		if ps.askers--; ps.askers == 0 {
+			delete(w.prefixes, pw.prefix)
+			continue
+		}
+		if pw.Weight == 0 {
+			ps.unweighted--
+		}
+		ps.sum -= pw.Weight
+	}
+	var now []prefixWant
+	if svc != nil {
+		now = serviceWants(svc, node)
+	}
+	for _, pw := range now {
+		ps := w.prefixes[pw.prefix]
+		if ps == nil {
+			ps = &prefixSum{}
+			w.prefixes[pw.prefix] = ps
+		}
+		ps.Announcement = pw.Announcement
+		ps.askers++
+		if pw.Weight == 0 {
+			ps.unweighted++
+		}
+		ps.sum += pw.Weight
+	}
+	if len(now) == 0 {
+		delete(w.byService, key)
+	} else {
+		w.byService[key] = now
+	}
+	return func(yield func(netip.Prefix) bool) {
+		for _, pws := range [][]prefixWant{old, now} {
+			for _, pw := range pws {
+				if !yield(pw.prefix) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// of is what the services ask for p.
+func (w *wants) of(p netip.Prefix) (Announcement, bool) {
+	ps := w.prefixes[p]
+	if ps == nil {
+		return Announcement{}, false
+	}
+	a := ps.Announcement
+	a.Weight = ps.sum
+	if ps.unweighted > 0 {
+		a.Weight = 0
+	}
+	return a, true
 }
 
 // readyLocal counts the service's ready endpoints of one family on this

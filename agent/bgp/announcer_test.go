@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
@@ -211,5 +213,137 @@ func TestAnnouncerSaysLessAtOnceAndMoreWhenApplied(t *testing.T) {
 	step("is tried again at the next state", func() { a.Received(state(map[string]int{"203.0.113.7": 3})) }, "withdraw 203.0.113.9/32 via 192.0.2.11")
 	if routes := sp.Routes(); len(routes) != 1 {
 		t.Errorf("left announced: %v; want 203.0.113.7/32 alone", routes)
+	}
+}
+
+// randomServices is a random service for the incremental tests: a
+// load-balancer IP or two out of a few pools', Local or Cluster, with a
+// few local endpoints, now and then limited to some announcers or owned
+// by another controller.
+func randomService(rng *rand.Rand, name string) *datapath.Service {
+	s := &datapath.Service{Key: datapath.ServiceKey{Namespace: "default", Name: name}, Ports: []datapath.ServicePort{{}}}
+	for range 1 + rng.IntN(2) {
+		s.LoadBalancerIPs = append(s.LoadBalancerIPs, netip.AddrFrom4([4]byte{203, 0, byte(rng.IntN(3)), byte(rng.IntN(6))}))
+	}
+	if rng.IntN(2) == 0 {
+		s.ExternalTrafficPolicy = datapath.Local
+	}
+	for i := range rng.IntN(4) {
+		s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, datapath.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(i)}),
+			Local: rng.IntN(3) > 0, Ready: rng.IntN(4) > 0})
+	}
+	if rng.IntN(8) == 0 {
+		s.Announcers = map[netip.Addr][]string{s.LoadBalancerIPs[0]: {fmt.Sprintf("node%d", rng.IntN(2))}}
+	}
+	s.OtherController = rng.IntN(16) == 0
+	return s
+}
+
+// randomNode is the node with random addresses, pools, L2 pools, drain.
+func randomNode(rng *rand.Rand) datapath.NodeInfo {
+	addr := netip.MustParseAddr
+	n := datapath.NodeInfo{Name: fmt.Sprintf("node%d", rng.IntN(2)), Addresses: []netip.Addr{addr(fmt.Sprintf("192.0.2.%d", 1+rng.IntN(2)))},
+		Drained: rng.IntN(8) == 0}
+	if rng.IntN(2) == 0 {
+		// 203.0.0.x aggregated to a /24, 203.0.1.x announced alone with
+		// communities; 203.0.2.x in no pool.
+		n.Advertisements = []datapath.BGPAdvertisement{
+			{Ranges: []datapath.AddressRange{{First: addr("203.0.0.0"), Last: addr("203.0.0.255")}}, AggregationLength: 24 + rng.IntN(2)*6},
+			{Ranges: []datapath.AddressRange{{First: addr("203.0.1.0"), Last: addr("203.0.1.255")}}, Communities: []uint32{uint32(rng.IntN(2))}},
+		}
+	}
+	if rng.IntN(4) == 0 {
+		n.L2Pools = []datapath.L2Pool{{Ranges: []datapath.AddressRange{{First: addr("203.0.2.4"), Last: addr("203.0.2.5")}}}}
+	}
+	return n
+}
+
+// TestAnnouncerFollowsChangesAsAWholeStateWould: over random states
+// handed over as changes (Changed naming the services that differ), with
+// node changes, proxy health flips and a speaker that fails now and
+// then, the incremental announcer leaves the speaker with exactly the
+// routes of an announcer that works out Wanted from the whole state at
+// every step, after each state received and each apply.
+func TestAnnouncerFollowsChangesAsAWholeStateWould(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 4))
+		healthy := true
+		proxyHealthy := func() bool { return healthy }
+		sp := &recordingSpeaker{}
+		a := NewAnnouncer(sp, proxyHealthy, log)
+		// The reference: Wanted over the whole state, reconciled whole.
+		ref := &bgpfake.Recorder{}
+		refAnnounced := map[netip.Prefix]Announcement{}
+		reconcileRef := func(st datapath.NodeState, rise bool) {
+			bgpspeaker.Reconcile(context.Background(), ref, refAnnounced, Wanted(st, healthy), func(p netip.Prefix) netip.Prefix { return p }, rise, log)
+		}
+		st := datapath.NodeState{Node: randomNode(rng), Services: map[datapath.ServiceKey]*datapath.Service{}}
+		for step := range 300 {
+			next := datapath.NodeState{Node: st.Node, Services: maps.Clone(st.Services), Changed: []datapath.ServiceKey{}}
+			if rng.IntN(10) == 0 {
+				next.Node = randomNode(rng)
+			}
+			for range rng.IntN(4) {
+				name := fmt.Sprintf("s%d", rng.IntN(15))
+				key := datapath.ServiceKey{Namespace: "default", Name: name}
+				if rng.IntN(4) == 0 {
+					delete(next.Services, key)
+				} else {
+					next.Services[key] = randomService(rng, name)
+				}
+				next.Changed = append(next.Changed, key)
+			}
+			if rng.IntN(20) == 0 {
+				next.Changed = nil // a whole state
+			}
+			if rng.IntN(15) == 0 {
+				healthy = !healthy
+			}
+			fail := rng.IntN(12) == 0
+			sp.Fail(fail)
+			ref.Fail(fail)
+			check := func(when string) {
+				t.Helper()
+				if diff := cmp.Diff(ref.Routes(), sp.Routes(), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+					cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+					t.Fatalf("seed %d, step %d, %s: routes (-whole state +incremental):\n%s", seed, step, when, diff)
+				}
+			}
+			a.Received(next)
+			reconcileRef(next, false)
+			check("received")
+			if rng.IntN(5) > 0 {
+				a.Applied(0)
+				reconcileRef(next, true)
+				check("applied")
+			}
+			st = next
+		}
+	}
+}
+
+// TestAPrefixWithdrawnForNewExportRulesComesBack: when the peer a pool
+// names moves to another address, what the pool announced is withdrawn
+// under the old rules and announced again, under the new ones, at the
+// next apply, though no service changed.
+func TestAPrefixWithdrawnForNewExportRulesComesBack(t *testing.T) {
+	addr := netip.MustParseAddr
+	sp := &recordingSpeaker{}
+	a := NewAnnouncer(sp, func() bool { return true }, slog.New(slog.DiscardHandler))
+	key := datapath.ServiceKey{Namespace: "default", Name: "web"}
+	node := datapath.NodeInfo{Addresses: []netip.Addr{addr("192.0.2.11")}, Advertisements: []datapath.BGPAdvertisement{
+		{Ranges: []datapath.AddressRange{{First: addr("203.0.113.0"), Last: addr("203.0.113.255")}}, Peers: []string{"upstream"}}},
+		BGPPeers: []datapath.BGPPeer{{Name: "upstream", Address: addr("192.0.2.1")}}}
+	services := map[datapath.ServiceKey]*datapath.Service{key: {Key: key, LoadBalancerIPs: []netip.Addr{addr("203.0.113.7")}}}
+	a.Received(datapath.NodeState{Node: node, Services: services})
+	a.Applied(0)
+	sp.Calls()
+	node.BGPPeers = []datapath.BGPPeer{{Name: "upstream", Address: addr("192.0.2.2")}}
+	a.Received(datapath.NodeState{Node: node, Services: services, Changed: []datapath.ServiceKey{}})
+	a.Applied(0)
+	want := []string{"withdraw 203.0.113.7/32 via 192.0.2.11", "announce 203.0.113.7/32 via 192.0.2.11 weight 0"}
+	if got := sp.Calls(); !slices.Equal(got, want) {
+		t.Errorf("the speaker was told %q, want %q", got, want)
 	}
 }

@@ -13,7 +13,9 @@ package drain
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -45,10 +47,11 @@ type Drain struct {
 
 	mu sync.Mutex // guards the fields below
 	// drained and deadline are the node's drain as last received;
-	// frontends its external frontends, worked out only while drained.
+	// frontends its external frontends, kept only while drained, for
+	// the node's addresses.
 	drained   bool
 	deadline  time.Time
-	frontends frontends
+	frontends *frontends
 	// counted is the last count, taken at countedAt (zero: none since
 	// the drain began).
 	counted   int
@@ -81,54 +84,90 @@ func New(ct Conntrack, clk clock.WithTicker, log *slog.Logger, reg prometheus.Re
 // frontends are the addresses and ports through which clients outside
 // the cluster reach the node's services: every TCP port of every
 // load-balancer and external IP, and every TCP node port on each of the
-// node's addresses.
-type frontends map[netip.AddrPort]bool
+// node's addresses. They are kept per service, so that a change costs the
+// services it names.
+type frontends struct {
+	addrs     []netip.Addr // the node's
+	byService map[datapath.ServiceKey][]netip.AddrPort
+	count     map[netip.AddrPort]int // how many services have each
+}
 
-func frontendsOf(st datapath.NodeState) frontends {
-	f := frontends{}
-	for _, svc := range st.Services {
-		for _, p := range svc.Ports {
-			if p.Protocol != datapath.TCP {
-				continue
-			}
-			for _, ip := range svc.LoadBalancerIPs {
-				f[netip.AddrPortFrom(ip, p.Port)] = true
-			}
-			for _, ip := range svc.ExternalIPs {
-				f[netip.AddrPortFrom(ip, p.Port)] = true
-			}
-			if p.NodePort != 0 {
-				for _, a := range st.Node.Addresses {
-					f[netip.AddrPortFrom(a, p.NodePort)] = true
-				}
-			}
-		}
+func newFrontends(st datapath.NodeState) *frontends {
+	f := &frontends{addrs: st.Node.Addresses, byService: map[datapath.ServiceKey][]netip.AddrPort{}, count: map[netip.AddrPort]int{}}
+	for key, svc := range st.Services {
+		f.set(key, svc)
 	}
 	return f
 }
 
+// set makes key's frontends those of svc (nil: gone).
+func (f *frontends) set(key datapath.ServiceKey, svc *datapath.Service) {
+	for _, fe := range f.byService[key] {
+		if f.count[fe]--; f.count[fe] == 0 {
+			delete(f.count, fe)
+		}
+	}
+	delete(f.byService, key)
+	if svc == nil {
+		return
+	}
+	var out []netip.AddrPort
+	for _, p := range svc.Ports {
+		if p.Protocol != datapath.TCP {
+			continue
+		}
+		for _, ip := range svc.LoadBalancerIPs {
+			out = append(out, netip.AddrPortFrom(ip, p.Port))
+		}
+		for _, ip := range svc.ExternalIPs {
+			out = append(out, netip.AddrPortFrom(ip, p.Port))
+		}
+		if p.NodePort != 0 {
+			for _, a := range f.addrs {
+				out = append(out, netip.AddrPortFrom(a, p.NodePort))
+			}
+		}
+	}
+	for _, fe := range out {
+		f.count[fe]++
+	}
+	if out != nil {
+		f.byService[key] = out
+	}
+}
+
+// frontendSet is the frontends, each with how many services have it: a
+// copy for a count that runs without the lock.
+type frontendSet map[netip.AddrPort]int
+
 // serves tells whether e is an external connection the node serves: not
 // over, DNAT'ed here (its answers come from elsewhere than where the
 // client sent it), to one of the node's frontends.
-func (f frontends) serves(e Entry) bool {
-	return !e.State.Ended() && e.ReplySrc != e.Dst && f[e.Dst]
+func (f frontendSet) serves(e Entry) bool {
+	return !e.State.Ended() && e.ReplySrc != e.Dst && f[e.Dst] > 0
 }
 
 // Received takes each new desired state: whether the node is drained,
 // until when, and its frontends.
 func (d *Drain) Received(st datapath.NodeState) {
-	var f frontends
-	if st.Node.Drained {
-		f = frontendsOf(st)
-	}
 	d.mu.Lock()
+	switch {
+	case !st.Node.Drained:
+		d.frontends = nil
+	case d.frontends == nil || st.Changed == nil || !slices.Equal(st.Node.Addresses, d.frontends.addrs):
+		d.frontends = newFrontends(st)
+	default:
+		for _, key := range st.Changed {
+			d.frontends.set(key, st.Services[key])
+		}
+	}
 	changed := st.Node.Drained != d.drained || !st.Node.DrainDeadline.Equal(d.deadline)
 	if !st.Node.Drained {
 		d.counted, d.countedAt, d.endedFor, d.ended = 0, time.Time{}, time.Time{}, 0
 	} else if !st.Node.DrainDeadline.Equal(d.deadline) {
 		d.ended = 0 // what a new deadline ends is yet to come
 	}
-	d.drained, d.deadline, d.frontends = st.Node.Drained, st.Node.DrainDeadline, f
+	d.drained, d.deadline = st.Node.Drained, st.Node.DrainDeadline
 	d.mu.Unlock()
 	if changed {
 		select {
@@ -216,7 +255,12 @@ func (d *Drain) pendingDeadline() (time.Time, bool) {
 // the agent, which ends what came since).
 func (d *Drain) Check() {
 	d.mu.Lock()
-	drained, deadline, f := d.drained, d.deadline, d.frontends
+	drained, deadline := d.drained, d.deadline
+	var f frontendSet
+	if d.frontends != nil {
+		// A copy: Received changes the frontends in place.
+		f = maps.Clone(d.frontends.count)
+	}
 	due := drained && !deadline.IsZero() && !d.clock.Now().Before(deadline) && !d.endedFor.Equal(deadline)
 	d.mu.Unlock()
 	if !drained {

@@ -3,8 +3,12 @@ package drain
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -304,4 +308,85 @@ func TestRunRetriesAFailedDeadlineAtTheNextCount(t *testing.T) {
 	ct.Fail(nil)
 	clk.Step(CountPeriod)
 	wait.Until(t, 5*time.Second, "the connections are ended at the next count", func() bool { return len(ct.Deleted()) == len(served) })
+}
+
+// TestFrontendsFollowChangesAsAWholeStateWould: over random states handed
+// over as changes (Changed naming the services that differ), drains that
+// begin and end and node addresses that change, the frontends a drained
+// node counts are those of the whole state at every step.
+func TestFrontendsFollowChangesAsAWholeStateWould(t *testing.T) {
+	// wanted is the whole state's frontends.
+	wanted := func(st datapath.NodeState) map[netip.AddrPort]bool {
+		out := map[netip.AddrPort]bool{}
+		for _, svc := range st.Services {
+			for _, p := range svc.Ports {
+				if p.Protocol != datapath.TCP {
+					continue
+				}
+				for _, ip := range append(slices.Clone(svc.LoadBalancerIPs), svc.ExternalIPs...) {
+					out[netip.AddrPortFrom(ip, p.Port)] = true
+				}
+				if p.NodePort != 0 {
+					for _, a := range st.Node.Addresses {
+						out[netip.AddrPortFrom(a, p.NodePort)] = true
+					}
+				}
+			}
+		}
+		return out
+	}
+	ip := func(a, b byte) netip.Addr { return netip.AddrFrom4([4]byte{192, 0, a, b}) }
+	for seed := range uint64(10) {
+		rng := rand.New(rand.NewPCG(seed, 3))
+		d := New(nil, clocktesting.NewFakeClock(t0), slog.New(slog.DiscardHandler), nil)
+		st := datapath.NodeState{Node: datapath.NodeInfo{Addresses: []netip.Addr{ip(2, 1)}}, Services: map[datapath.ServiceKey]*datapath.Service{}}
+		for step := range 300 {
+			next := datapath.NodeState{Node: st.Node, Services: maps.Clone(st.Services), Changed: []datapath.ServiceKey{}}
+			if rng.IntN(10) == 0 {
+				next.Node.Drained = !next.Node.Drained
+			}
+			if rng.IntN(15) == 0 {
+				next.Node.Addresses = []netip.Addr{ip(2, byte(1+rng.IntN(2)))}
+			}
+			for range rng.IntN(4) {
+				key := datapath.ServiceKey{Namespace: "default", Name: fmt.Sprintf("s%d", rng.IntN(12))}
+				next.Changed = append(next.Changed, key)
+				if rng.IntN(4) == 0 {
+					delete(next.Services, key)
+					continue
+				}
+				svc := &datapath.Service{Key: key, Ports: []datapath.ServicePort{{Protocol: datapath.Protocol(1 + rng.IntN(2)), Port: uint16(80 + rng.IntN(2))}}}
+				if rng.IntN(2) == 0 {
+					svc.Ports[0].NodePort = uint16(30000 + rng.IntN(3))
+				}
+				if rng.IntN(2) == 0 {
+					svc.LoadBalancerIPs = []netip.Addr{ip(113, byte(rng.IntN(4)))}
+				}
+				if rng.IntN(3) == 0 {
+					svc.ExternalIPs = []netip.Addr{ip(100, byte(rng.IntN(4)))}
+				}
+				next.Services[key] = svc
+			}
+			if rng.IntN(20) == 0 {
+				next.Changed = nil
+			}
+			d.Received(next)
+			d.mu.Lock()
+			got := map[netip.AddrPort]bool{}
+			if d.frontends != nil {
+				for fe, n := range d.frontends.count {
+					got[fe] = n > 0
+				}
+			}
+			d.mu.Unlock()
+			want := map[netip.AddrPort]bool{}
+			if next.Node.Drained {
+				want = wanted(next)
+			}
+			if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
+				t.Fatalf("seed %d, step %d: frontends (-want +got):\n%s", seed, step, diff)
+			}
+			st = next
+		}
+	}
 }

@@ -2,8 +2,10 @@ package health
 
 import (
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,60 +23,104 @@ type Agent struct {
 	Node     *Node
 	Services *Services
 
-	mu       sync.Mutex // guards the fields below
-	services map[string]report.ServiceReport
-	reported map[string]report.ServiceReport
-	lastNode report.NodeReport
-	lastSync time.Duration
+	mu sync.Mutex // guards the fields below
+	// services are the services to report, by "namespace/name"; unsent
+	// those that may differ from what was reported last, and verdictWas
+	// the proxy health and drain the last report's codes came from.
+	services   map[string]report.ServiceReport
+	reported   map[string]report.ServiceReport
+	unsent     map[string]bool
+	verdictWas [2]bool
+	lastNode   report.NodeReport
+	lastSync   time.Duration
 	// addrs and checks are the latest desired health checks; served is
-	// the local ready count each port answers with. A count only drops
+	// the local ready count each port answers with, and rising the checks
+	// whose served count waits for an apply to rise. A count only drops
 	// before the rules are applied: a balancer must hear at once that a
 	// node lost its endpoints, but not that it gained one whose rules are
 	// not in yet.
 	addrs  []netip.Addr
-	checks []Service
+	checks map[string]Service
 	served map[string]int
+	rising map[string]bool
 }
 
 // NewAgent returns the node's health with the given staleness timeout.
 func NewAgent(timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *Agent {
-	a := &Agent{Node: NewNode(timeout, reg), services: map[string]report.ServiceReport{}, served: map[string]int{}}
+	a := &Agent{Node: NewNode(timeout, reg),
+		services: map[string]report.ServiceReport{}, reported: map[string]report.ServiceReport{}, unsent: map[string]bool{},
+		checks: map[string]Service{}, served: map[string]int{}, rising: map[string]bool{}}
 	a.Services = NewServices(a.Node.Healthy, log, reg)
 	return a
 }
 
 // Received takes a new desired state, before it is applied: health-check
-// answers follow it at once.
+// answers follow it at once. Only the services st.Changed names are looked
+// at (every one when it is nil): the others' answers stay as they are.
 func (a *Agent) Received(st datapath.NodeState) {
 	a.Node.Queued()
 	// A node going away, or drained by an operator, takes no new external
 	// traffic: /healthz fails, and so does every health-check port.
 	a.Node.SetEligible(!st.Node.Deleting && !st.Node.Drained)
 	a.Services.SetDrained(st.Node.Drained)
-	reports := map[string]report.ServiceReport{}
-	var checks []Service
-	for key, svc := range st.Services {
-		r := localCounts(svc)
-		r.Namespace, r.Name = key.Namespace, key.Name
-		if svc.ExternalTrafficPolicy == datapath.Local && svc.HealthCheckNodePort != 0 {
-			r.HealthCheckNodePort = svc.HealthCheckNodePort
-			checks = append(checks, Service{Namespace: key.Namespace, Name: key.Name, Port: svc.HealthCheckNodePort, LocalReady: r.LocalReady})
-		}
-		if r.LocalReady+r.LocalServing+r.LocalTerminating > 0 || r.HealthCheckNodePort != 0 {
-			reports[key.String()] = r
-		}
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// Counts may drop now, never rise before the rules are in; a service
-	// the change does not touch keeps what it served.
-	served := make(map[string]int, len(checks))
-	for _, c := range checks {
-		key := c.Namespace + "/" + c.Name
-		served[key] = min(c.LocalReady, a.served[key])
+	changed := st.Changed
+	if changed == nil {
+		// Every service, and those that went.
+		changed = slices.Collect(maps.Keys(st.Services))
+		for key := range a.services {
+			if k, ok := parseKey(key); ok {
+				if _, now := st.Services[k]; !now {
+					changed = append(changed, k)
+				}
+			}
+		}
 	}
-	a.addrs, a.checks, a.services = nonLoopback(st.Node.Addresses), checks, reports
-	a.syncChecks(served)
+	var set []Service
+	var gone []string
+	for _, key := range changed {
+		name := key.String()
+		svc := st.Services[key]
+		var r report.ServiceReport
+		if svc != nil {
+			r = localCounts(svc)
+			r.Namespace, r.Name = key.Namespace, key.Name
+		}
+		a.unsent[name] = true
+		if svc != nil && svc.ExternalTrafficPolicy == datapath.Local && svc.HealthCheckNodePort != 0 {
+			r.HealthCheckNodePort = svc.HealthCheckNodePort
+			c := Service{Namespace: key.Namespace, Name: key.Name, Port: svc.HealthCheckNodePort, LocalReady: r.LocalReady}
+			a.checks[name] = c
+			// Counts may drop now, never rise before the rules are in.
+			a.served[name] = min(c.LocalReady, a.served[name])
+			if a.served[name] < c.LocalReady {
+				a.rising[name] = true
+			} else {
+				delete(a.rising, name)
+			}
+			c.LocalReady = a.served[name]
+			set = append(set, c)
+		} else if _, had := a.checks[name]; had {
+			delete(a.checks, name)
+			delete(a.served, name)
+			delete(a.rising, name)
+			gone = append(gone, name)
+		}
+		if r.LocalReady+r.LocalServing+r.LocalTerminating > 0 || r.HealthCheckNodePort != 0 {
+			a.services[name] = r
+		} else {
+			delete(a.services, name)
+		}
+	}
+	a.addrs = nonLoopback(st.Node.Addresses)
+	a.updateChecks(set, gone)
+}
+
+// parseKey is the service key of "namespace/name".
+func parseKey(s string) (datapath.ServiceKey, bool) {
+	ns, name, ok := strings.Cut(s, "/")
+	return datapath.ServiceKey{Namespace: ns, Name: name}, ok
 }
 
 // Applied records a successful apply and how long it took: every
@@ -84,30 +130,33 @@ func (a *Agent) Applied(took time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.lastSync = took
-	served := make(map[string]int, len(a.checks))
-	for _, c := range a.checks {
-		served[c.Namespace+"/"+c.Name] = c.LocalReady
+	var set []Service
+	for name := range a.rising {
+		c := a.checks[name]
+		a.served[name] = c.LocalReady
+		a.unsent[name] = true
+		set = append(set, c)
 	}
-	a.syncChecks(served)
+	// New maps, not cleared ones: a cleared map keeps its size, and
+	// walking it would cost every service a whole state once named.
+	a.rising = map[string]bool{}
+	a.updateChecks(set, nil)
 }
 
-// syncChecks opens, closes and updates the listeners, each answering with
-// its service's count in served ("namespace/name"), which it keeps as the
-// counts now served. Called with mu held.
-func (a *Agent) syncChecks(served map[string]int) {
-	checks := make([]Service, len(a.checks))
-	for i, c := range a.checks {
-		checks[i] = c
-		checks[i].LocalReady = served[c.Namespace+"/"+c.Name]
-	}
-	a.served = served
-	results := a.Services.Sync(a.addrs, checks)
-	for key, r := range a.services {
+// updateChecks opens, closes and updates the listeners of the services
+// named, and notes the results in their reports. Called with mu held.
+func (a *Agent) updateChecks(set []Service, gone []string) {
+	for name, res := range a.Services.Update(a.addrs, set, gone) {
+		r, ok := a.services[name]
+		if !ok {
+			continue
+		}
 		r.HealthCheckError = ""
-		if res, ok := results[key]; ok && res.Err != nil {
+		if res.Err != nil {
 			r.HealthCheckError = res.Err.Error()
 		}
-		a.services[key] = r
+		a.services[name] = r
+		a.unsent[name] = true
 	}
 }
 
@@ -120,24 +169,37 @@ func (a *Agent) Report(full bool) *report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := &report.Report{Full: full, Node: node, LastSync: a.lastSync}
+	drained := a.Services.drained.Load()
+	if a.verdictWas != [2]bool{st.Healthy, drained} {
+		// Every health-check code may have changed.
+		for name := range a.checks {
+			a.unsent[name] = true
+		}
+		a.verdictWas = [2]bool{st.Healthy, drained}
+	}
+	look := maps.Keys(a.unsent)
 	if full {
 		a.reported = map[string]report.ServiceReport{}
+		look = maps.Keys(a.services)
 	}
-	for key, s := range a.services {
+	for key := range look {
+		s, ok := a.services[key]
+		if !ok {
+			if _, was := a.reported[key]; was {
+				r.Removed = append(r.Removed, key)
+				delete(a.reported, key)
+			}
+			continue
+		}
 		if s.HealthCheckNodePort != 0 && s.HealthCheckError == "" {
-			s.HealthCheckCode = Verdict(a.served[key], st.Healthy, a.Services.drained.Load())
+			s.HealthCheckCode = Verdict(a.served[key], st.Healthy, drained)
 		}
 		if old, ok := a.reported[key]; !ok || old != s {
 			r.Services = append(r.Services, s)
 			a.reported[key] = s
 		}
 	}
-	for key := range a.reported {
-		if _, ok := a.services[key]; !ok {
-			r.Removed = append(r.Removed, key)
-			delete(a.reported, key)
-		}
-	}
+	a.unsent = map[string]bool{} // new, not cleared: see Applied
 	if !full && len(r.Services) == 0 && len(r.Removed) == 0 && node == a.lastNode {
 		return nil
 	}

@@ -31,9 +31,17 @@ type Services struct {
 	log          *slog.Logger
 	bindErrors   prometheus.Gauge
 
-	mu      sync.Mutex // guards servers and addrs
+	mu      sync.Mutex // guards the fields below, up to drained
 	addrs   []netip.Addr
 	servers map[uint16]*portServer
+	// checks are the services' health checks by "namespace/name"; each
+	// port answers for its holder, the first service to ask for it (the
+	// others are told the port is taken).
+	checks  map[string]Service
+	holders map[uint16]string
+	// failing are the services whose port is not served (taken, or not
+	// opened): weir_service_health_bind_errors.
+	failing map[string]bool
 	// drained makes every port answer 503.
 	drained atomic.Bool
 	// conns bounds the connections every port together holds.
@@ -44,9 +52,10 @@ type Services struct {
 func (s *Services) SetDrained(drained bool) { s.drained.Store(drained) }
 
 type portServer struct {
-	svc     atomic.Pointer[Service] // swapped on every sync; read per request
-	http    *http.Server
-	bindErr error
+	svc       atomic.Pointer[Service] // swapped on every sync; read per request
+	http      *http.Server
+	listeners []net.Listener
+	bindErr   error
 }
 
 // NewServices returns listeners that answer 503 whenever proxyHealthy says
@@ -56,6 +65,9 @@ func NewServices(proxyHealthy func() bool, log *slog.Logger, reg prometheus.Regi
 		proxyHealthy: proxyHealthy,
 		log:          log,
 		servers:      map[uint16]*portServer{},
+		checks:       map[string]Service{},
+		holders:      map[uint16]string{},
+		failing:      map[string]bool{},
 		conns:        NewConnLimit(MaxServiceConnections),
 		bindErrors: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "weir_service_health_bind_errors",
@@ -88,57 +100,145 @@ func Verdict(localReady int, proxyHealthy, drained bool) int {
 
 // Sync makes the listeners match services: new ports open on addrs (all
 // addresses when empty), vanished ones close, and every answer follows the
-// new counts at once.
+// new counts at once. It returns every service's result.
 func (s *Services) Sync(addrs []netip.Addr, services []Service) map[string]Result {
 	s.mu.Lock()
+	want := make(map[string]bool, len(services))
+	for _, svc := range services {
+		want[svc.Namespace+"/"+svc.Name] = true
+	}
+	var gone []string
+	for key := range s.checks {
+		if !want[key] {
+			gone = append(gone, key)
+		}
+	}
+	s.mu.Unlock()
+	results := s.Update(addrs, services, gone)
+	for key := range results {
+		if !want[key] {
+			delete(results, key)
+		}
+	}
+	return results
+}
+
+// Update changes the health checks of the services named alone: set are
+// new or changed, gone (by "namespace/name") have none any more. Every
+// other service keeps its listener and answer, so that a change costs the
+// same with a thousand health checks as with one. New addrs reopen every
+// port on them. It returns the result of every service whose result may
+// have changed: those named, those that took over a port another let go,
+// and those whose port could not be opened before (tried again, since
+// whatever held the port may have let it go).
+func (s *Services) Update(addrs []netip.Addr, set []Service, gone []string) map[string]Result {
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	results := map[string]Result{}
+	// ports whose holder may change; release gives each up.
+	ports := map[uint16]bool{}
+	release := func(key string) {
+		if old, ok := s.checks[key]; ok {
+			delete(s.checks, key)
+			if s.holders[old.Port] == key {
+				delete(s.holders, old.Port)
+			}
+			ports[old.Port] = true
+		}
+		delete(s.failing, key)
+	}
 	if !sameAddrs(addrs, s.addrs) {
 		// The node's addresses changed: reopen everything on the new ones.
 		for port, ps := range s.servers {
 			ps.close()
 			delete(s.servers, port)
+			ports[port] = true
+		}
+		for key := range s.checks {
+			results[key] = Result{}
 		}
 		s.addrs = addrs
 	}
-	want := map[uint16]Service{}
-	results := map[string]Result{}
-	for _, svc := range services {
+	for _, key := range gone {
+		release(key)
+		results[key] = Result{}
+	}
+	for _, svc := range set {
 		key := svc.Namespace + "/" + svc.Name
-		if other, taken := want[svc.Port]; taken {
-			results[key] = Result{Err: fmt.Errorf("port %d is the health-check port of %s/%s too", svc.Port, other.Namespace, other.Name)}
+		if old, ok := s.checks[key]; ok && old.Port != svc.Port {
+			release(key)
+		}
+		s.checks[key] = svc
+		ports[svc.Port] = true
+	}
+	for key := range s.failing {
+		ports[s.checks[key].Port] = true
+	}
+	// A port let go passes to a service that waits for it: found among
+	// the failing, which hold every service refused a taken port.
+	for key := range s.failing {
+		if port := s.checks[key].Port; ports[port] && s.holders[port] == "" {
+			s.holders[port] = key
+		}
+	}
+	for _, svc := range set {
+		key := svc.Namespace + "/" + svc.Name
+		if s.holders[svc.Port] == "" {
+			s.holders[svc.Port] = key
+		}
+	}
+	for port := range ports {
+		key, held := s.holders[port]
+		ps := s.servers[port]
+		if !held {
+			if ps != nil {
+				ps.close()
+				delete(s.servers, port)
+			}
 			continue
 		}
-		want[svc.Port] = svc
-	}
-	for port, ps := range s.servers {
-		if _, ok := want[port]; !ok {
-			ps.close()
-			delete(s.servers, port)
-		}
-	}
-	for port, svc := range want {
-		ps := s.servers[port]
 		if ps == nil || ps.bindErr != nil {
 			// New, or failed before: (re)try, since whatever held the
 			// port may have let it go.
 			ps = s.open(port)
 			s.servers[port] = ps
 		}
+		svc := s.checks[key]
 		ps.svc.Store(&svc)
-		key := svc.Namespace + "/" + svc.Name
-		if ps.bindErr != nil {
-			results[key] = Result{Err: ps.bindErr}
-			continue
-		}
+	}
+	// The results of every service on a port looked at.
+	for key := range s.failing {
 		results[key] = Result{}
 	}
-	failed := 0
-	for _, r := range results {
-		if r.Err != nil {
-			failed++
+	for _, svc := range set {
+		results[svc.Namespace+"/"+svc.Name] = Result{}
+	}
+	for key := range results {
+		svc, ok := s.checks[key]
+		if !ok {
+			continue
+		}
+		var err error
+		switch holder := s.holders[svc.Port]; {
+		case holder != key:
+			other := s.checks[holder]
+			err = fmt.Errorf("port %d is the health-check port of %s/%s too", svc.Port, other.Namespace, other.Name)
+		case s.servers[svc.Port].bindErr != nil:
+			err = s.servers[svc.Port].bindErr
+		}
+		results[key] = Result{Err: err}
+		if err != nil {
+			s.failing[key] = true
+		} else {
+			delete(s.failing, key)
 		}
 	}
-	s.bindErrors.Set(float64(failed))
+	if len(s.failing) == 0 {
+		// A new map: an emptied one keeps its size, and is walked at
+		// every update.
+		s.failing = map[string]bool{}
+	}
+	s.bindErrors.Set(float64(len(s.failing)))
 	return results
 }
 
@@ -170,6 +270,7 @@ func (s *Services) open(port uint16) *portServer {
 		}
 		listeners = append(listeners, s.conns.Listen(ln))
 	}
+	ps.listeners = listeners
 	for _, ln := range listeners {
 		go func() {
 			if err := ps.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -180,7 +281,13 @@ func (s *Services) open(port uint16) *portServer {
 	return ps
 }
 
+// close stops serving the port. The listeners are closed here, not left
+// to Shutdown: a Serve goroutine not started yet would close its listener
+// later, and the port could not be opened again at once.
 func (ps *portServer) close() {
+	for _, ln := range ps.listeners {
+		ln.Close()
+	}
 	if ps.http != nil {
 		ps.http.Shutdown(context.Background())
 	}

@@ -40,9 +40,14 @@ type Asker struct {
 	clk    clock.WithTicker
 	log    *slog.Logger
 
-	mu      sync.Mutex
-	pools   []datapath.L2Pool
-	addrs   []netip.Addr            // the L2 load-balancer IPs of the node's state
+	mu    sync.Mutex
+	pools []datapath.L2Pool
+	// asked are the L2 load-balancer IPs each service of the node's state
+	// has, and askers how many services have each: kept per service, so
+	// that a change costs the services it names.
+	asked   map[datapath.ServiceKey][]netip.Addr
+	askers  map[netip.Addr]int
+	addrs   []netip.Addr            // the L2 load-balancer IPs of the node's state, sorted
 	ifaces  map[netip.Addr][]string // where each is answered
 	refused map[netip.Addr]string   // those that cannot be, and why
 	changed chan struct{}
@@ -51,26 +56,56 @@ type Asker struct {
 // NewAsker asks over conn (its own connection: it moves to the replica
 // that leads, whatever replica the node's state comes from).
 func NewAsker(conn grpc.ClientConnInterface, node string, leases *Leases, clk clock.WithTicker, log *slog.Logger) *Asker {
-	return &Asker{conn: conn, node: node, leases: leases, clk: clk, log: log, changed: make(chan struct{}, 1)}
+	return &Asker{conn: conn, node: node, leases: leases, clk: clk, log: log, changed: make(chan struct{}, 1),
+		asked: map[datapath.ServiceKey][]netip.Addr{}, askers: map[netip.Addr]int{}}
 }
 
-// Received takes the node's new state (syncer.Observer).
+// Received takes the node's new state (syncer.Observer): only the
+// services st.Changed names, unless it is nil or the L2 pools changed.
 func (a *Asker) Received(st datapath.NodeState) {
-	var addrs []netip.Addr
-	for _, svc := range st.Services {
-		if svc.OtherController {
-			continue // its controller answers for it
-		}
-		for _, vip := range svc.LoadBalancerIPs {
-			if _, ok := st.Node.L2PoolOf(vip); ok {
-				addrs = append(addrs, vip)
+	a.mu.Lock()
+	samePools := slices.EqualFunc(st.Node.L2Pools, a.pools, datapath.L2Pool.Equal)
+	moved := false // an address gained its first service or lost its last
+	ask := func(key datapath.ServiceKey, svc *datapath.Service) {
+		for _, vip := range a.asked[key] {
+			if a.askers[vip]--; a.askers[vip] == 0 {
+				delete(a.askers, vip)
+				moved = true
 			}
 		}
+		delete(a.asked, key)
+		if svc == nil || svc.OtherController {
+			return // its controller answers for it
+		}
+		var vips []netip.Addr
+		for _, vip := range svc.LoadBalancerIPs {
+			if _, ok := st.Node.L2PoolOf(vip); ok {
+				vips = append(vips, vip)
+				if a.askers[vip]++; a.askers[vip] == 1 {
+					moved = true
+				}
+			}
+		}
+		if vips != nil {
+			a.asked[key] = vips
+		}
 	}
-	slices.SortFunc(addrs, netip.Addr.Compare)
-	addrs = slices.Compact(addrs)
-	a.mu.Lock()
-	same := slices.Equal(addrs, a.addrs) && slices.EqualFunc(st.Node.L2Pools, a.pools, datapath.L2Pool.Equal)
+	if st.Changed == nil || !samePools {
+		a.asked, a.askers = map[datapath.ServiceKey][]netip.Addr{}, map[netip.Addr]int{}
+		for key, svc := range st.Services {
+			ask(key, svc)
+		}
+		moved = true
+	} else {
+		for _, key := range st.Changed {
+			ask(key, st.Services[key])
+		}
+	}
+	addrs := a.addrs
+	if moved {
+		addrs = slices.SortedFunc(maps.Keys(a.askers), netip.Addr.Compare)
+	}
+	same := slices.Equal(addrs, a.addrs) && samePools
 	a.pools, a.addrs = st.Node.L2Pools, addrs
 	a.mu.Unlock()
 	if !same {

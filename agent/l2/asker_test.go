@@ -2,10 +2,16 @@ package l2
 
 import (
 	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/weirlb/weir/datapath"
 )
 
 // Where an address is answered: the pool's interfaces, each of which must
@@ -36,5 +42,67 @@ func TestInterfacesFor(t *testing.T) {
 	}
 	if _, why := interfacesFor(netip.MustParseAddr("192.0.2.200"), nil, nil, errors.New("netlink: no")); !strings.Contains(why, "netlink: no") {
 		t.Errorf("a failed listing: %q", why)
+	}
+}
+
+// TestAskerFollowsChangesAsAWholeStateWould: over random states handed
+// over as changes (Changed naming the services that differ), with L2
+// pools that change now and then, the addresses the Asker asks leases
+// for are those of the whole state at every step.
+func TestAskerFollowsChangesAsAWholeStateWould(t *testing.T) {
+	// wanted is the whole state's L2 addresses, sorted.
+	wanted := func(st datapath.NodeState) []netip.Addr {
+		var out []netip.Addr
+		for _, svc := range st.Services {
+			if svc.OtherController {
+				continue
+			}
+			for _, vip := range svc.LoadBalancerIPs {
+				if _, ok := st.Node.L2PoolOf(vip); ok {
+					out = append(out, vip)
+				}
+			}
+		}
+		slices.SortFunc(out, netip.Addr.Compare)
+		return slices.Compact(out)
+	}
+	pools := func(rng *rand.Rand) []datapath.L2Pool {
+		last := byte(rng.IntN(8))
+		return []datapath.L2Pool{{Ranges: []datapath.AddressRange{{First: netip.AddrFrom4([4]byte{192, 0, 2, 0}), Last: netip.AddrFrom4([4]byte{192, 0, 2, last})}}}}
+	}
+	for seed := range uint64(10) {
+		rng := rand.New(rand.NewPCG(seed, 2))
+		a := NewAsker(nil, "node1", nil, nil, slog.New(slog.DiscardHandler))
+		st := datapath.NodeState{Node: datapath.NodeInfo{L2Pools: pools(rng)}, Services: map[datapath.ServiceKey]*datapath.Service{}}
+		for step := range 300 {
+			next := datapath.NodeState{Node: st.Node, Services: maps.Clone(st.Services), Changed: []datapath.ServiceKey{}}
+			if rng.IntN(10) == 0 {
+				next.Node.L2Pools = pools(rng)
+			}
+			for range rng.IntN(4) {
+				key := datapath.ServiceKey{Namespace: "default", Name: fmt.Sprintf("s%d", rng.IntN(12))}
+				next.Changed = append(next.Changed, key)
+				if rng.IntN(4) == 0 {
+					delete(next.Services, key)
+					continue
+				}
+				svc := &datapath.Service{Key: key, OtherController: rng.IntN(10) == 0}
+				for range rng.IntN(3) {
+					svc.LoadBalancerIPs = append(svc.LoadBalancerIPs, netip.AddrFrom4([4]byte{192, 0, byte(2 + rng.IntN(2)), byte(rng.IntN(10))}))
+				}
+				next.Services[key] = svc
+			}
+			if rng.IntN(20) == 0 {
+				next.Changed = nil
+			}
+			a.Received(next)
+			a.mu.Lock()
+			got := a.addrs
+			a.mu.Unlock()
+			if want := wanted(next); !slices.Equal(got, want) {
+				t.Fatalf("seed %d, step %d: asks for %v, want %v", seed, step, got, want)
+			}
+			st = next
+		}
 	}
 }

@@ -29,6 +29,9 @@ import (
 )
 
 // Applier programs a node's state; *datapath.Datapath is the real one.
+// The state's Services map is the syncer's own and changes after Apply
+// returns (the *Service values in it never do): an Applier keeps the
+// values it needs, never the map.
 type Applier interface {
 	Apply(context.Context, datapath.NodeState) error
 	Resync(context.Context) error
@@ -37,7 +40,12 @@ type Applier interface {
 // Observer follows what the syncer receives and applies, and has something
 // to report to the server; the node's health (*health.Agent) is one.
 type Observer interface {
-	// Received sees each new desired state before it is applied.
+	// Received sees each new desired state before it is applied. Its
+	// Changed names the services that may differ from the state last
+	// received (nil: any may); a node whose NodeInfo differs may mean
+	// every service looks different to the observer. The Services map is
+	// the syncer's own and changes after Received returns: an observer
+	// keeps what it needs from it, never the map.
 	Received(datapath.NodeState)
 	// Applied sees each successful apply.
 	Applied(took time.Duration)
@@ -157,14 +165,18 @@ type Syncer struct {
 	log     *slog.Logger
 	metrics *metrics
 
-	mu    sync.Mutex // guards the fields below
+	mu sync.Mutex // guards the fields below
+	// state is the desired state as received. Its Services map is changed
+	// in place, key by key, so that a change costs the same at 100,000
+	// services as at 10; the *Service values in it are never changed.
 	state datapath.NodeState
 	// changed names the services the messages since the last successful
 	// apply touched, for the datapath to look at those alone; nil when
-	// not known (a whole state came).
-	changed  map[datapath.ServiceKey]bool
-	received uint64 // version of state
-	applied  uint64 // last version applied successfully
+	// not known (a whole state came). unheard is the same since the
+	// observers last received a state.
+	changed, unheard map[datapath.ServiceKey]bool
+	received         uint64 // version of state
+	applied          uint64 // last version applied successfully
 	// receivedHistory and appliedHistory are the histories of received
 	// and applied (SyncResponse.history).
 	receivedHistory, appliedHistory string
@@ -176,7 +188,10 @@ type Syncer struct {
 	// in a later part of the same version is joined, not replaced.
 	assembling uint64
 	pieces     map[datapath.ServiceKey]bool
-	rejected   uint64 // a version refused, whose later parts are ignored
+	// before is the state as it was when the version's first part came,
+	// for a refused part to take the state back to.
+	before   undo
+	rejected uint64 // a version refused, whose later parts are ignored
 }
 
 // New returns a syncer for conn's server. obs may be nil.
@@ -372,62 +387,53 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 	}
 	if !s.partial || msg.GetVersion() != s.assembling {
 		s.assembling, s.pieces = msg.GetVersion(), map[datapath.ServiceKey]bool{}
+		s.before = undo{node: s.state.Node, replaced: map[datapath.ServiceKey]*datapath.Service{}}
 	}
-	next, err := merge(s.state, msg, s.cfg.NodeName, s.pieces)
+	d, err := decode(msg, s.cfg.NodeName)
 	if err != nil {
 		s.log.Error("rejecting state from server", "version", msg.GetVersion(), "error", err)
+		// Earlier parts of the version make no sense without this one.
+		s.before.restore(&s.state)
 		if msg.GetMore() || s.partial {
-			// Earlier or later parts make no sense without this one: ask
-			// for a whole state on the next stream.
+			// Nor do later ones: ask for a whole state on the next
+			// stream.
 			s.partial = true
 		}
 		s.rejected = msg.GetVersion()
 		s.metrics.stale.WithLabelValues("not_applied").Set(1)
 		return nack(msg.GetVersion(), err)
 	}
-	s.state = next
-	s.noteChanged(msg)
+	s.fold(msg.GetFull(), d)
 	if msg.GetMore() {
 		// Part of a bigger state: apply and answer once it is whole.
 		s.partial = true
 		return nil
 	}
 	s.partial, s.received, s.receivedHistory = false, msg.GetVersion(), msg.GetHistory()
+	s.before = undo{} // the version is whole: nothing to go back to, nor to keep
 	s.metrics.stale.WithLabelValues("not_applied").Set(1)
 	if s.changed == nil {
 		s.metrics.pending.Set(float64(len(s.state.Services)))
 	} else {
 		s.metrics.pending.Set(float64(len(s.changed)))
 	}
-	s.obs.Received(next)
+	s.obs.Received(withChanged(s.state, s.unheard))
+	s.unheard = map[datapath.ServiceKey]bool{} // what follows is a change from this
 	return s.applyLocked(ctx)
 }
 
-// noteChanged records the services msg touched.
-func (s *Syncer) noteChanged(msg *weirv1.SyncResponse) {
-	if msg.GetFull() {
-		s.changed = nil
-		return
+// withChanged is st naming the services in changed (nil: not known). No
+// change is an empty list, not nil, which would mean every service.
+func withChanged(st datapath.NodeState, changed map[datapath.ServiceKey]bool) datapath.NodeState {
+	if changed != nil {
+		st.Changed = slices.AppendSeq(make([]datapath.ServiceKey, 0, len(changed)), maps.Keys(changed))
 	}
-	if s.changed == nil {
-		return // since a whole state: every service is compared anyway
-	}
-	for _, ws := range msg.GetUpserts() {
-		s.changed[datapath.ServiceKey{Namespace: ws.GetNamespace(), Name: ws.GetName()}] = true
-	}
-	for _, key := range msg.GetRemovals() {
-		ns, name, _ := strings.Cut(key, "/")
-		s.changed[datapath.ServiceKey{Namespace: ns, Name: name}] = true
-	}
+	return st
 }
 
 func (s *Syncer) applyLocked(ctx context.Context) *weirv1.SyncRequest {
 	start := time.Now()
-	state := s.state
-	if s.changed != nil {
-		state.Changed = slices.Collect(maps.Keys(s.changed))
-	}
-	if err := s.dp.Apply(ctx, state); err != nil {
+	if err := s.dp.Apply(ctx, withChanged(s.state, s.changed)); err != nil {
 		s.metrics.failures.Inc()
 		s.lastErr = err
 		s.log.Error("applying state failed; the last good rules stay in place", "version", s.received, "error", err)
@@ -472,45 +478,131 @@ func nack(version uint64, err error) *weirv1.SyncRequest {
 	return &weirv1.SyncRequest{Message: &weirv1.SyncRequest_Nack{Nack: &weirv1.Nack{Version: version, Error: err.Error()}}}
 }
 
-// merge returns the state msg leads to from cur, sharing the unchanged
-// services so the datapath sees which ones changed.
-//
-// pieces holds the services earlier parts of the same version carried; a
-// service bigger than one message comes in several, each with every port
-// and some of the endpoints, and is joined here.
-func merge(cur datapath.NodeState, msg *weirv1.SyncResponse, node string, pieces map[datapath.ServiceKey]bool) (datapath.NodeState, error) {
-	next := datapath.NodeState{Node: cur.Node}
-	if msg.GetFull() {
-		next.Services = make(map[datapath.ServiceKey]*datapath.Service, len(msg.GetUpserts()))
-	} else {
-		next.Services = maps.Clone(cur.Services)
-	}
+// decoded is one message, decoded whole before any of it changes the
+// state: a message that cannot be decoded changes nothing.
+type decoded struct {
+	node     *datapath.NodeInfo // nil: unchanged
+	upserts  []*datapath.Service
+	removals []datapath.ServiceKey
+}
+
+func decode(msg *weirv1.SyncResponse, node string) (decoded, error) {
+	var d decoded
 	if msg.GetNode() != nil {
 		n, err := nodewire.DecodeNode(msg.GetNode())
 		if err != nil {
-			return cur, err
+			return decoded{}, err
 		}
-		next.Node = n
+		d.node = &n
 	}
+	d.upserts = make([]*datapath.Service, 0, len(msg.GetUpserts()))
 	for _, ws := range msg.GetUpserts() {
 		svc, err := nodewire.DecodeService(ws, node)
 		if err != nil {
-			return cur, err
+			return decoded{}, err
 		}
-		if pieces[svc.Key] {
-			svc = joinPieces(next.Services[svc.Key], svc)
-		}
-		next.Services[svc.Key] = svc
-		pieces[svc.Key] = true
+		d.upserts = append(d.upserts, svc)
 	}
+	d.removals = make([]datapath.ServiceKey, 0, len(msg.GetRemovals()))
 	for _, key := range msg.GetRemovals() {
 		ns, name, ok := strings.Cut(key, "/")
 		if !ok || ns == "" || name == "" {
-			return cur, fmt.Errorf("removal %q is not namespace/name", key)
+			return decoded{}, fmt.Errorf("removal %q is not namespace/name", key)
 		}
-		delete(next.Services, datapath.ServiceKey{Namespace: ns, Name: name})
+		d.removals = append(d.removals, datapath.ServiceKey{Namespace: ns, Name: name})
 	}
-	return next, nil
+	return d, nil
+}
+
+// fold brings the state to what d says, in place: a whole state (full)
+// replaces the services, a change replaces or removes the services it
+// names. Every *Service replaced stays as it was, so that the datapath
+// sees which ones changed by comparing pointers. The services earlier
+// parts of the same version carried are joined with this part's (a
+// service bigger than one message comes in several, each with every
+// port and some of the endpoints).
+func (s *Syncer) fold(full bool, d decoded) {
+	if full {
+		s.before.replaceAll(s.state.Services)
+		s.state.Services = make(map[datapath.ServiceKey]*datapath.Service, len(d.upserts))
+		s.changed = nil
+		s.unheard = nil
+	}
+	if d.node != nil {
+		s.state.Node = *d.node
+	}
+	set := func(key datapath.ServiceKey, svc *datapath.Service) {
+		s.before.note(key, s.state.Services)
+		if svc == nil {
+			delete(s.state.Services, key)
+		} else {
+			s.state.Services[key] = svc
+		}
+		// Since a whole state (nil), every service is compared anyway.
+		if s.changed != nil {
+			s.changed[key] = true
+		}
+		if s.unheard != nil {
+			s.unheard[key] = true
+		}
+	}
+	for _, svc := range d.upserts {
+		// A piece whose service a part removed since starts it anew.
+		if prev := s.state.Services[svc.Key]; s.pieces[svc.Key] && prev != nil {
+			svc = joinPieces(prev, svc)
+		}
+		set(svc.Key, svc)
+		s.pieces[svc.Key] = true
+	}
+	for _, key := range d.removals {
+		set(key, nil)
+	}
+}
+
+// undo takes the state back to what it was before a version's first
+// part, at the cost of what the version's parts changed.
+type undo struct {
+	node datapath.NodeInfo
+	// whole is the services as they were, when a part replaced them all
+	// (a whole state); replaced holds what the parts replaced in that map
+	// before (nil: the service was absent).
+	whole    map[datapath.ServiceKey]*datapath.Service
+	replaced map[datapath.ServiceKey]*datapath.Service
+}
+
+// note remembers what key was in services, unless it is remembered
+// already or services is a map the version made whole.
+func (u *undo) note(key datapath.ServiceKey, services map[datapath.ServiceKey]*datapath.Service) {
+	if u.whole != nil {
+		return
+	}
+	if _, ok := u.replaced[key]; !ok {
+		u.replaced[key] = services[key]
+	}
+}
+
+// replaceAll remembers services, about to be replaced whole.
+func (u *undo) replaceAll(services map[datapath.ServiceKey]*datapath.Service) {
+	if u.whole == nil {
+		u.whole = services
+	}
+}
+
+// restore takes st back to what it was before the version, and forgets
+// what it remembered.
+func (u *undo) restore(st *datapath.NodeState) {
+	if u.whole != nil {
+		st.Services = u.whole
+	}
+	for key, svc := range u.replaced {
+		if svc == nil {
+			delete(st.Services, key)
+		} else {
+			st.Services[key] = svc
+		}
+	}
+	st.Node = u.node
+	*u = undo{node: u.node, replaced: map[datapath.ServiceKey]*datapath.Service{}}
 }
 
 // joinPieces is a service with the endpoints of both pieces, port by port.

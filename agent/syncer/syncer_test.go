@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -37,6 +38,9 @@ func (f *fakeApplier) Apply(_ context.Context, st datapath.NodeState) error {
 	if f.fail != nil {
 		return f.fail
 	}
+	// The map is the syncer's, changed in place by the next message: a
+	// record keeps a copy.
+	st.Services = maps.Clone(st.Services)
 	f.applied = append(f.applied, st)
 	return nil
 }

@@ -2,7 +2,9 @@ package bgpspeaker
 
 import (
 	"context"
+	"iter"
 	"log/slog"
+	"maps"
 	"net/netip"
 )
 
@@ -24,6 +26,20 @@ type Paths interface {
 // announced keeps what succeeded. changed says whether announced moved;
 // failed whether a call failed (logged), for the next Reconcile to retry.
 func Reconcile[K comparable](ctx context.Context, sp Paths, announced, want map[K]Announcement, prefix func(K) netip.Prefix, rise bool, log *slog.Logger) (changed, failed bool) {
+	lookup := func(k K) (Announcement, bool) { w, ok := want[k]; return w, ok }
+	return reconcile(ctx, sp, announced, lookup, maps.Keys(announced), maps.Keys(want), prefix, rise, log)
+}
+
+// ReconcileKeys is Reconcile for the keys in keys alone, with what is
+// wanted read through want: for a caller that knows which keys may have
+// changed, so that the cost follows the change, not the table.
+func ReconcileKeys[K comparable](ctx context.Context, sp Paths, announced map[K]Announcement, want func(K) (Announcement, bool), keys iter.Seq[K], prefix func(K) netip.Prefix, rise bool, log *slog.Logger) (changed, failed bool) {
+	return reconcile(ctx, sp, announced, want, keys, keys, prefix, rise, log)
+}
+
+// reconcile is Reconcile over the keys of announced and of want that it
+// is given.
+func reconcile[K comparable](ctx context.Context, sp Paths, announced map[K]Announcement, want func(K) (Announcement, bool), announcedKeys, wantedKeys iter.Seq[K], prefix func(K) netip.Prefix, rise bool, log *slog.Logger) (changed, failed bool) {
 	withdraw := func(k K, had Announcement) {
 		if err := sp.Withdraw(ctx, prefix(k), had); err != nil {
 			log.Error("BGP withdraw failed", "prefix", prefix(k), "path_id", had.PathID, "next_hop", had.NextHop, "error", err)
@@ -44,8 +60,12 @@ func Reconcile[K comparable](ctx context.Context, sp Paths, announced, want map[
 		changed = true
 		log.Debug("path announced", "prefix", prefix(k), "path_id", w.PathID, "next_hop", w.NextHop, "weight", w.Weight)
 	}
-	for k, had := range announced {
-		w, ok := want[k]
+	for k := range announcedKeys {
+		had, ok := announced[k]
+		if !ok {
+			continue
+		}
+		w, ok := want(k)
 		switch {
 		case !ok || (w.NextHop != had.NextHop && !rise):
 			withdraw(k, had)
@@ -57,7 +77,11 @@ func Reconcile[K comparable](ctx context.Context, sp Paths, announced, want map[
 	if !rise {
 		return changed, failed
 	}
-	for k, w := range want {
+	for k := range wantedKeys {
+		w, ok := want(k)
+		if !ok {
+			continue
+		}
 		if had, ok := announced[k]; ok && had.Same(w) {
 			continue
 		}
