@@ -29,12 +29,23 @@ func options(tls *tlsconfig.Source) []grpc.DialOption {
 	if tls != nil {
 		creds = tls.ClientCredentials()
 	}
-	return []grpc.DialOption{
+	return append(Windows(),
 		grpc.WithTransportCredentials(creds),
 		// Pings find a dead server (or path) in seconds, not at TCP's pace.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: Backoff, MinConnectTimeout: 5 * time.Second}),
-	}
+	)
+}
+
+// Windows are the fixed receive windows of every connection to a server
+// (benches' simulated agents use them too). gRPC's default estimates the
+// bandwidth-delay product with a PING after each burst of data, so every
+// change a server sent cost every agent a PING and the server its answer,
+// as the server's own windows (server/limits) are fixed for the same
+// reason. 4 MiB a stream holds a part of a whole state many times over.
+func Windows() []grpc.DialOption {
+	const stream = 4 << 20
+	return []grpc.DialOption{grpc.WithStaticStreamWindowSize(stream), grpc.WithStaticConnWindowSize(4 * stream)}
 }
 
 // Backoff is how often a component tries to reach a server that is away:

@@ -304,8 +304,8 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 			// Agent i is on replica i mod N; when its replica goes, on the
 			// next one.
 			for k := i; agentsCtx.Err() == nil; k++ {
-				c, err := grpc.NewClient(servers[k%len(servers)].addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-					grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
+				c, err := grpc.NewClient(servers[k%len(servers)].addr, append(dial.Windows(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+					grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))...)
 				if err != nil {
 					fmt.Fprintln(os.Stderr, a.name, err)
 					return

@@ -43,6 +43,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/weirlb/weir/internal/dial"
 	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/certs"
@@ -376,12 +377,12 @@ func fleetTLS(c *weirlab.Cluster) (*tls.Config, error) {
 // dialServer connects to the lab's server from the router's namespace, as
 // the lab's own client does: across the rack LAN, not over loopback.
 func dialServer(c *weirlab.Cluster, tlsCfg *tls.Config) (*grpc.ClientConn, error) {
-	return grpc.NewClient("passthrough:///"+weirlab.ServerAddr(0).String(),
+	return grpc.NewClient("passthrough:///"+weirlab.ServerAddr(0).String(), append(dial.Windows(),
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return c.Router.DialContext(ctx, "tcp", addr)
 		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))...)
 }
 
 // waitProgrammed waits until the server says every one of the agents
