@@ -167,8 +167,10 @@ func TestAPortLetGoPassesToTheServiceWaitingForIt(t *testing.T) {
 	s := NewServices(func() bool { return true }, slog.New(slog.DiscardHandler), nil)
 	defer s.Close()
 	port := freePort(t)
-	results := s.Update(loopback, []Service{{Namespace: "a", Name: "first", Port: port, LocalReady: 1}}, nil)
-	results = s.Update(loopback, []Service{{Namespace: "b", Name: "second", Port: port, LocalReady: 2}}, nil)
+	if res := s.Update(loopback, []Service{{Namespace: "a", Name: "first", Port: port, LocalReady: 1}}, nil)["a/first"]; res.Err != nil {
+		t.Fatalf("the first service on a free port: %v", res.Err)
+	}
+	results := s.Update(loopback, []Service{{Namespace: "b", Name: "second", Port: port, LocalReady: 2}}, nil)
 	if err := results["b/second"].Err; err == nil || !strings.Contains(err.Error(), "a/first") {
 		t.Fatalf("the second service on a held port: %v, want an error naming a/first", err)
 	}
