@@ -306,11 +306,14 @@ func build(ctx context.Context, dir string) (weirlab.Binaries, error) {
 	return bin, nil
 }
 
-// load creates the services and their endpoint slices, 8 writers in
-// parallel (the store serialises them anyway).
+// load creates the services and their endpoint slices, 4 writers in
+// parallel (the store serialises them anyway). Well below the server's 8
+// calls in flight per caller: the server counts a call until its handler
+// has returned, which can be after the client has its answer and sent
+// the next.
 func load(ctx context.Context, reg weirv1.RegistryServiceClient, n int, nodes []string, wrote func(*weirv1.ObjectMeta)) error {
 	var wg sync.WaitGroup
-	errs := make([]error, 8)
+	errs := make([]error, 4)
 	for w := range errs {
 		wg.Go(func() {
 			for i := w; i < n; i += len(errs) {
