@@ -139,7 +139,11 @@ func run(ctx context.Context, cfg config) (err error) {
 
 	start = time.Now()
 	c, err := weirlab.Start(ctx, lab.Config{Nodes: cfg.nodes, Dir: filepath.Join(dir, "lab")}, bin, func(c *weirlab.Cluster) {
-		c.ServerArgs = []string{"--api-calls-per-second", "0", "--min-sync-period", cfg.minSync.String(), "--metrics-bind-address", serverMetrics}
+		// The simulated agents share one fleet certificate from one
+		// address (the router's), where real ones each have their node:
+		// the server counts a fleet certificate's connections per address.
+		c.ServerArgs = []string{"--api-calls-per-second", "0", "--min-sync-period", cfg.minSync.String(), "--metrics-bind-address", serverMetrics,
+			"--api-connections-per-caller", strconv.Itoa(cfg.agents + 8)}
 		c.AgentArgs = func(*lab.Node) []string { return []string{"--metrics-bind-address", agentMetrics} }
 	})
 	if err != nil {
