@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
 	"iter"
@@ -10,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -214,8 +212,7 @@ func (w *elementWriter) load(f *family, g generation, elems iter.Seq[element]) (
 		defer close(batches)
 		batch := make([]encodedElement, 0, loadBatch)
 		emit := func() bool {
-			// One message per set: elements of a set together.
-			slices.SortFunc(batch, func(a, b encodedElement) int { return strings.Compare(a.set, b.set) })
+			sortBySet(batch)
 			select {
 			case batches <- batch:
 				batch = make([]encodedElement, 0, loadBatch)
@@ -247,6 +244,11 @@ func (w *elementWriter) load(f *family, g generation, elems iter.Seq[element]) (
 		}
 	}
 	return rest, true, nil
+}
+
+// sortBySet puts the elements of a set together, for one message per set.
+func sortBySet(batch []encodedElement) {
+	slices.SortFunc(batch, func(a, b encodedElement) int { return strings.Compare(a.set, b.set) })
 }
 
 // open makes sure the writer has its socket; w.mu must be held.
@@ -397,70 +399,4 @@ func parseVerdict(v string) (*expr.Verdict, error) {
 		return &expr.Verdict{Kind: expr.VerdictJump, Chain: strings.TrimPrefix(v, "jump ")}, nil
 	}
 	return nil, fmt.Errorf("unknown verdict %q", v)
-}
-
-// KernelLoadFloor measures what the kernel alone takes to load state's
-// elements (both families' that the netlink writer can encode) into the
-// sets of a bare table in the current network namespace: the elements are
-// worked out and encoded first, untimed, then committed in the batches a
-// full sync uses, timed. It is the floor a full sync is compared with
-// (test/bench/datapath); the table, TableName+"_floor", is deleted after.
-func KernelLoadFloor(ctx context.Context, state NodeState, cfg Config) (time.Duration, int, error) {
-	d := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), cfg)
-	w := d.desire(state)
-	writer := newElementWriter()
-	conn, err := nftables.New()
-	if err != nil {
-		return 0, 0, err
-	}
-	var took time.Duration
-	count := 0
-	for _, f := range d.families() {
-		table := netlinkTable(f, TableName+"_floor")
-		nft, err := knftables.New(f.nft, table.Name)
-		if err != nil {
-			return 0, 0, err
-		}
-		tx := nft.NewTransaction()
-		tx.Add(&knftables.Table{})
-		tx.Delete(&knftables.Table{})
-		tx.Add(&knftables.Table{})
-		for _, obj := range tableSets(*f, genA) {
-			tx.Add(obj)
-		}
-		for p := range w.picks[f] {
-			tx.Add(p.object(*f, genA))
-		}
-		if err := nft.Run(ctx, tx); err != nil {
-			return 0, 0, err
-		}
-		var batches [][]encodedElement
-		for c := range slices.Chunk(slices.Collect(w.elements(f)), loadBatch) {
-			var batch []encodedElement
-			for _, e := range c {
-				if el, ok := writer.encode(f, genA, e); ok {
-					batch = append(batch, el)
-				}
-			}
-			slices.SortFunc(batch, func(a, b encodedElement) int { return strings.Compare(a.set, b.set) })
-			batches = append(batches, batch)
-		}
-		for _, b := range batches {
-			if err := queueElements(table, b, conn.SetAddElements); err != nil {
-				return 0, 0, err
-			}
-			count += len(b)
-			start := time.Now()
-			if err := conn.Flush(); err != nil {
-				return 0, 0, err
-			}
-			took += time.Since(start)
-		}
-		tx = nft.NewTransaction()
-		tx.Delete(&knftables.Table{})
-		if err := nft.Run(ctx, tx); err != nil {
-			return 0, 0, err
-		}
-	}
-	return took, count, nil
 }
