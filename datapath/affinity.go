@@ -53,19 +53,33 @@ func (o ownedObject) create() knftables.Object {
 	return &knftables.Chain{Name: o.name}
 }
 
-func shortHash(parts ...string) string {
+func port(p uint16) string { return strconv.Itoa(int(p)) }
+
+func shortHash(parts ...string) string { return fmt.Sprintf("%08x", hash32(parts...)) }
+
+func hash32(parts ...string) uint32 {
 	h := fnv.New32a()
 	for _, p := range parts {
 		h.Write([]byte(p))
 		h.Write([]byte{0})
 	}
-	return fmt.Sprintf("%08x", h.Sum32())
+	return h.Sum32()
+}
+
+// affinityChain names the chain that picks, with affinity, among the local
+// endpoints of service port id, or all its endpoints.
+func affinityChain(id uint32, local bool) string {
+	which := "cluster"
+	if local {
+		which = "local"
+	}
+	return fmt.Sprintf("affinity_%08x_%s", id, which)
 }
 
 // affinity builds the chains and sets of one affinity service port.
 type affinity struct {
 	f       *family
-	id      string // names the service port
+	id      uint32 // names the service port
 	proto   Protocol
 	timeout time.Duration
 	mark    uint32
@@ -77,7 +91,7 @@ func newAffinity(f *family, svc *Service, sp ServicePort, mark uint32) *affinity
 		f: f,
 		// The timeout is part of the name: a set's timeout cannot change
 		// in place, so a new timeout makes new sets.
-		id:      shortHash(svc.Key.String(), sp.Name, sp.Protocol.String(), port(sp.Port), svc.SessionAffinityTimeout.String()),
+		id:      hash32(svc.Key.String(), sp.Name, sp.Protocol.String(), port(sp.Port), svc.SessionAffinityTimeout.String()),
 		proto:   sp.Protocol,
 		timeout: svc.SessionAffinityTimeout,
 		mark:    mark,
@@ -85,10 +99,10 @@ func newAffinity(f *family, svc *Service, sp ServicePort, mark uint32) *affinity
 	}
 }
 
-// chainFor returns the chain that picks among eps with affinity; name says
-// which endpoint set it is ("cluster", "local").
-func (a *affinity) chainFor(name string, eps []Endpoint) string {
-	chain := "affinity_" + a.id + "_" + name
+// chainFor makes the chain that picks among eps with affinity, the local
+// endpoints or all, and returns the frontends map's value that goes to it.
+func (a *affinity) chainFor(local bool, eps []Endpoint) fields {
+	chain := affinityChain(a.id, local)
 	var rules, picks []string
 	for i, ep := range eps {
 		set, epChain := a.endpoint(ep)
@@ -98,13 +112,16 @@ func (a *affinity) chainFor(name string, eps []Endpoint) string {
 	// " , " and not ", ": knftables.Fake reads "goto X," as chain "X,".
 	rules = append(rules, "numgen random mod "+strconv.Itoa(len(eps))+" vmap { "+strings.Join(picks, " , ")+" }")
 	a.objs[chain] = ownedObject{family: a.f, name: chain, rules: rules}
-	return chain
+	var ref fields
+	ref.affinityRef(a.id, local)
+	return ref
 }
 
 // endpoint makes the set and the DNAT chain of one endpoint.
 func (a *affinity) endpoint(ep Endpoint) (set, chain string) {
 	eid := shortHash(ep.AddrPort().String())
-	set, chain = "affinity_"+a.id+"_"+eid, "affinity_"+a.id+"_"+eid+"_dnat"
+	set = fmt.Sprintf("affinity_%08x_%s", a.id, eid)
+	chain = set + "_dnat"
 	timeout := a.timeout
 	a.objs[set] = ownedObject{family: a.f, name: set, set: &knftables.Set{
 		Name: set, Type: a.f.addrType, Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Timeout: &timeout,

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -192,13 +193,13 @@ func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement, replaced map[Se
 	}
 	for id, was := range before {
 		now := d.liveAt(id)
-		switch k, isBackends := kindOfMap(id.set); {
+		switch k, isBackends := kindOfSet(id.set); {
 		case k != nil && !isBackends:
 			switch {
 			case now == nil || now.pick.drops():
 			case was != nil && was.pick.drops():
 				// drop -> endpoints: flows cached while dropping are stale.
-				if flow, ok := udpFlow(id.family, id.key, k.nodePort); ok {
+				if flow, ok := udpFlow(id, k.nodePort); ok {
 					emit(flow)
 				}
 			case was == nil && !k.nodePort && !d.wasFrontend(before, id):
@@ -206,15 +207,15 @@ func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement, replaced map[Se
 				// routed as they were, and their entries, whose replies
 				// come from the frontend itself, would keep the client's
 				// flow off the endpoints for as long as it keeps sending.
-				if flow, ok := udpFlow(id.family, id.key, false); ok {
+				if flow, ok := udpFlow(id, false); ok {
 					flow.Endpoint = flow.Dst
 					emit(flow)
 				}
 			}
-		case id.set == noEndpointFrontendsSet || id.set == noEndpointNodePortsSet:
+		case id.set == sets.noEndpointFrontends || id.set == sets.noEndpointNodePorts:
 			// The first endpoint arrived: flows cached while rejecting are stale.
 			if was != nil && now == nil {
-				if flow, ok := udpFlow(id.family, id.key, id.set == noEndpointNodePortsSet); ok {
+				if flow, ok := udpFlow(id, id.set == sets.noEndpointNodePorts); ok {
 					emit(flow)
 				}
 			}
@@ -228,8 +229,8 @@ func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement, replaced map[Se
 // it then went where the rules said, and any that are stale are found
 // from what changed there.
 func (d *Datapath) wasFrontend(before map[elemID]*liveElement, id elemID) bool {
-	for _, set := range []string{ipKind.frontends, externalIPKind.frontends, noEndpointFrontendsSet} {
-		other := elemID{id.family, set, id.key}
+	for _, set := range []setID{ipKind.frontendsSet, externalIPKind.frontendsSet, sets.noEndpointFrontends} {
+		other := elemID{id.fam, set, id.key}
 		if other == id {
 			continue
 		}
@@ -308,34 +309,38 @@ func servingUDPEndpoints(services map[ServiceKey]*Service) servingUDP {
 	return out
 }
 
-// udpFlow reads a frontend key ("addr . udp . port" or "udp . port").
-func udpFlow(f *family, frontend string, nodePort bool) (UDPFlow, bool) {
-	parts := strings.Split(frontend, " . ")
-	if (nodePort && len(parts) != 2) || (!nodePort && len(parts) != 3) || parts[len(parts)-2] != "udp" {
-		return UDPFlow{}, false
-	}
-	p, err := strconv.Atoi(parts[len(parts)-1])
-	if err != nil {
-		return UDPFlow{}, false
-	}
-	flow := UDPFlow{IPv6: f.is6, Port: uint16(p)}
+// udpFlow reads a UDP frontend's key (address . proto . port, or proto .
+// port for a node port).
+func udpFlow(id elemID, nodePort bool) (UDPFlow, bool) {
+	b := id.key.bytes()
+	f := id.family()
+	var dst netip.Addr
 	if !nodePort {
-		flow.Dst = netip.MustParseAddr(parts[0])
+		n := 4
+		if f.is6 {
+			n = 16
+		}
+		if len(b) < n {
+			return UDPFlow{}, false
+		}
+		dst, _ = netip.AddrFromSlice(b[:n])
+		b = b[n:]
 	}
-	return flow, true
+	if len(b) != 8 || protocolOfNumber(b[0]) != UDP {
+		return UDPFlow{}, false
+	}
+	return UDPFlow{IPv6: f.is6, Dst: dst, Port: binary.BigEndian.Uint16(b[4:])}, true
 }
 
-// kindOfMap finds the frontend kind a map belongs to, and whether it is one
+// kindOfSet finds the frontend kind a map belongs to, and whether it is one
 // of the kind's backends maps.
-func kindOfMap(name string) (k *frontendKind, isBackends bool) {
+func kindOfSet(set setID) (k *frontendKind, isBackends bool) {
 	for _, k := range frontendKinds {
-		if k.frontends == name {
+		if k.frontendsSet == set {
 			return k, false
 		}
-		for _, p := range protocols {
-			if k.backends(p) == name {
-				return k, true
-			}
+		if slices.Contains(k.backendsSet[:], set) {
+			return k, true
 		}
 	}
 	return nil, false

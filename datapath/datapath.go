@@ -177,7 +177,7 @@ type tableState struct {
 }
 
 type liveElement struct {
-	value string
+	value elemValue
 	pick  pick // the pick whose set holds a frontend, if any
 	refs  int32
 }
@@ -357,7 +357,7 @@ type desired struct {
 func (w *desired) elements(f *family) iter.Seq[element] {
 	return func(yield func(element) bool) {
 		for id, le := range w.live {
-			if id.family == f && !yield(element{family: f, set: id.set, key: id.key, value: le.value, pick: le.pick}) {
+			if id.fam == f.index && !yield(element{elemID: id, value: le.value, pick: le.pick}) {
 				return
 			}
 		}
@@ -378,15 +378,16 @@ func (d *Datapath) desire(state NodeState) *desired {
 	}
 	collect := func(es []element) {
 		for _, e := range es {
-			if le, ok := w.live[e.id()]; ok {
+			if le, ok := w.live[e.elemID]; ok {
 				le.refs++
-				w.live[e.id()] = le
+				w.live[e.elemID] = le
 				continue
 			}
-			w.live[e.id()] = liveElement{value: e.value, pick: e.pick, refs: 1}
-			w.counts[e.family]++
-			if e.pick.exists() && w.picks[e.family] != nil {
-				w.picks[e.family][e.pick]++
+			w.live[e.elemID] = liveElement{value: e.value, pick: e.pick, refs: 1}
+			f := e.family()
+			w.counts[f]++
+			if e.pick.exists() && w.picks[f] != nil {
+				w.picks[f][e.pick]++
 			}
 		}
 	}
@@ -413,7 +414,9 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	// What the last state was is not needed for a whole one: let it go
 	// before the new one takes the same memory again.
 	d.live, d.owned = nil, nil
+	start := time.Now()
 	w := d.desire(state)
+	d.cfg.Log.Debug("whole state worked out", "services", len(state.Services), "elements", len(w.live), "took", time.Since(start))
 	fams := d.families()
 	errs := make([]error, len(fams))
 	var wg sync.WaitGroup
@@ -646,7 +649,7 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 		writeChain(tx, c, g)
 	}
 	for e := range w.elements(f) {
-		tx.Add(elementObject(e, g))
+		tx.Add(e.object(g))
 	}
 	if err := nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("replacing %s table %q: %w", f, TableName, err)
@@ -800,7 +803,7 @@ func (d *Datapath) load(ctx context.Context, f *family, elems iter.Seq[element],
 			for c := range chunks {
 				tx := nft.NewTransaction()
 				for _, e := range c {
-					tx.Add(elementObject(e, g))
+					tx.Add(e.object(g))
 				}
 				if err := nft.Run(ctx, tx); err != nil {
 					mu.Lock()
@@ -831,21 +834,6 @@ func (d *Datapath) run(ctx context.Context, f *family, tx *knftables.Transaction
 		return fmt.Errorf("programming %s table %q: %w", f, TableName, err)
 	}
 	return nil
-}
-
-// elementObject renders an element of generation g.
-func elementObject(e element, g generation) *knftables.Element {
-	el := &knftables.Element{Key: []string{e.key}}
-	switch {
-	case e.pick.exists():
-		el.Set = g.of(e.pick.set())
-	case e.value == "":
-		el.Set = g.of(e.set)
-	default:
-		el.Map = g.of(e.set)
-		el.Value = []string{e.value}
-	}
-	return el
 }
 
 func nodeInfoEqual(a, b NodeInfo) bool {

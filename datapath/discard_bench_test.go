@@ -63,12 +63,12 @@ func BenchmarkFullSyncGoSide10k(b *testing.B) {
 //	go test ./datapath -run '^$' -bench FullSyncEncode -benchmem
 func BenchmarkFullSyncEncode10k(b *testing.B) {
 	st := benchState(10000)
-	writer := newElementWriter()
 	for b.Loop() {
 		dp := New(discardNFT{knftables.NewFake(knftables.IPv4Family, TableName)}, nil, Config{})
 		w := dp.desire(st)
+		var arena []byte
 		for e := range w.elements(&ipv4) {
-			writer.encode(&ipv4, genA, e)
+			e.kernel(genA, &arena)
 		}
 	}
 }

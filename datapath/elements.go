@@ -3,36 +3,9 @@ package datapath
 import (
 	"net/netip"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/weirlb/weir/internal/iprange"
 )
-
-// element is one set or map element of one family's table. Key and value
-// are nftables syntax ("10.96.0.1 . tcp . 80").
-type element struct {
-	family *family
-	set    string
-	key    string
-	value  string // empty for set elements
-	// pick, for a frontend without session affinity, is the pick whose set
-	// holds it (set is then its kind's frontends, value empty).
-	pick pick
-}
-
-// elemID identifies an element regardless of its value.
-type elemID struct {
-	family *family
-	set    string
-	key    string
-}
-
-func (e element) id() elemID { return elemID{e.family, e.set, e.key} }
-
-func concat(parts ...string) string { return strings.Join(parts, " . ") }
-
-func port(p uint16) string { return strconv.Itoa(int(p)) }
 
 // contribution is what one service adds to a node's tables: elements of
 // the shared sets and maps, and the few chains and sets it owns alone
@@ -60,28 +33,32 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 		// forward in it, not even its node ports (as in kube-proxy).
 		return
 	}
-	add := func(set, key, value string) {
-		c.elems = append(c.elems, element{family: f, set: set, key: key, value: value})
+	add := func(set setID, key fields) {
+		c.elems = append(c.elems, element{elemID: elemID{fam: f.index, set: set, key: key}})
 	}
 	var aff *affinity
-	// pickFor points a frontend of kind k at the endpoints eps (the set
-	// called setName): DNAT to one of them, or drop when a traffic policy
+	// pickFor points a frontend of kind k at the endpoints eps (the local
+	// ones or all): DNAT to one of them, or drop when a traffic policy
 	// leaves none on this node.
-	pickFor := func(k *frontendKind, p Protocol, fk string, eps []Endpoint, setName string) {
+	pickFor := func(k *frontendKind, p Protocol, fk fields, eps []Endpoint, local bool) {
+		id := elemID{fam: f.index, set: k.frontendsSet, key: fk}
 		if aff != nil && len(eps) > 0 {
-			add(k.frontends, fk, "goto "+aff.chainFor(setName, eps))
+			c.elems = append(c.elems, element{elemID: id, value: aff.chainFor(local, eps).asValue()})
 			return
 		}
-		c.elems = append(c.elems, element{family: f, set: k.frontends, key: fk, pick: k.pick(p, len(eps))})
+		c.elems = append(c.elems, element{elemID: id, pick: k.pick(p, len(eps))})
+		backends := k.backendsSet[p-1]
 		for i, ep := range eps {
-			add(k.backends(p), concat(fk, strconv.Itoa(i)), concat(ep.Addr.String(), port(ep.Port)))
+			key := fk
+			var value fields
+			value.addr(ep.Addr).port(ep.Port)
+			c.elems = append(c.elems, element{elemID: elemID{fam: f.index, set: backends, key: *key.slot(i)}, value: value.asValue()})
 		}
 	}
 	for _, ip := range clusterIPs {
-		add(clusterIPsSet, ip.String(), "")
+		add(sets.clusterIPs, *new(fields).addr(ip))
 	}
 	for _, sp := range svc.Ports {
-		proto := sp.Protocol.String()
 		aff = nil
 		if svc.SessionAffinityTimeout > 0 {
 			aff = newAffinity(f, svc, sp, mark)
@@ -92,44 +69,44 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 		// usable endpoints, with their own terminating fallback.
 		cluster := topology(all, node.Name, node.Zone)
 		local := usableEndpoints(sp.Endpoints, f.is6, func(e Endpoint) bool { return e.Local })
-		internal, internalName := cluster, "cluster"
+		internal, internalLocal := cluster, false
 		if svc.InternalTrafficPolicy == Local {
-			internal, internalName = local, "local"
+			internal, internalLocal = local, true
 		}
 		externalLocal := svc.ExternalTrafficPolicy == Local
 		for _, ip := range slices.Concat(clusterIPs, externalIPs) {
-			fk := concat(ip.String(), proto, port(sp.Port))
+			fk := *new(fields).addr(ip).proto(sp.Protocol).port(sp.Port)
 			if len(all) == 0 {
-				add(noEndpointFrontendsSet, fk, "")
+				add(sets.noEndpointFrontends, fk)
 				continue
 			}
 			if slices.Contains(clusterIPs, ip) {
-				pickFor(&ipKind, sp.Protocol, fk, internal, internalName)
+				pickFor(&ipKind, sp.Protocol, fk, internal, internalLocal)
 				continue
 			}
 			// External and load-balancer IPs: sources in the cluster are
 			// short-circuited to every endpoint, external ones follow the
 			// external policy.
-			pickFor(&ipKind, sp.Protocol, fk, cluster, "cluster")
+			pickFor(&ipKind, sp.Protocol, fk, cluster, false)
 			if externalLocal {
-				pickFor(&externalIPKind, sp.Protocol, fk, local, "local")
-				add(localFrontendsSet, fk, "")
+				pickFor(&externalIPKind, sp.Protocol, fk, local, true)
+				add(sets.localFrontends, fk)
 			} else {
-				add(masqueradeFrontendsSet, fk, "")
+				add(sets.masqueradeFrontends, fk)
 			}
 		}
 		if sp.NodePort != 0 {
-			nk := concat(proto, port(sp.NodePort))
+			nk := *new(fields).proto(sp.Protocol).port(sp.NodePort)
 			switch {
 			case len(all) == 0:
-				add(noEndpointNodePortsSet, nk, "")
+				add(sets.noEndpointNodePorts, nk)
 			default:
-				pickFor(&nodePortKind, sp.Protocol, nk, cluster, "cluster")
+				pickFor(&nodePortKind, sp.Protocol, nk, cluster, false)
 				if externalLocal {
-					pickFor(&externalNodePortKind, sp.Protocol, nk, local, "local")
-					add(localNodePortsSet, nk, "")
+					pickFor(&externalNodePortKind, sp.Protocol, nk, local, true)
+					add(sets.localNodePorts, nk)
 				} else {
-					add(masqueradeNodePortsSet, nk, "")
+					add(sets.masqueradeNodePorts, nk)
 				}
 			}
 		}
@@ -138,23 +115,23 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 				return slices.ContainsFunc(node.Addresses, p.Contains)
 			})
 			for _, ip := range addrsOfFamily(svc.LoadBalancerIPs, f.is6) {
-				fk := concat(ip.String(), proto, port(sp.Port))
-				add(firewallFrontendsSet, fk, "")
+				fk := *new(fields).addr(ip).proto(sp.Protocol).port(sp.Port)
+				add(sets.firewallFrontends, fk)
 				for _, r := range svc.LoadBalancerSourceRanges {
 					if r.Addr().Is6() == f.is6 {
-						add(firewallAllowSet, concat(fk, prefixString(r)), "")
+						key := fk
+						add(sets.firewallAllow, *key.prefix(r))
 					}
 				}
 				if allowLocal {
-					add(firewallAllowLocalSet, fk, "")
+					add(sets.firewallAllowLocal, fk)
 				}
 			}
 		}
 		for _, ep := range sp.Endpoints {
 			if ep.Local && ep.Addr.Is6() == f.is6 {
-				a := ep.Addr.String()
-				add(localEndpointsSet, a, "")
-				add(hairpinSet, concat(a, a), "")
+				add(sets.localEndpoints, *new(fields).addr(ep.Addr))
+				add(sets.hairpin, *new(fields).addr(ep.Addr).addr(ep.Addr))
 			}
 		}
 		if aff != nil {
@@ -167,24 +144,27 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 // served and which sources are inside the cluster.
 func nodeElements(node NodeInfo, cfg Config) []element {
 	var out []element
-	for _, f := range []*family{&ipv4, &ipv6} {
+	for _, f := range families {
+		add := func(set setID, key fields) {
+			out = append(out, element{elemID: elemID{fam: f.index, set: set, key: key}})
+		}
 		if len(cfg.NodePortAddresses) > 0 {
-			for _, p := range cfg.NodePortAddresses {
+			for _, p := range outermostPrefixes(cfg.NodePortAddresses) {
 				if p.Addr().Is6() == f.is6 {
-					out = append(out, element{family: f, set: nodePortAddressesSet, key: prefixString(p)})
+					add(sets.nodePortAddresses, *new(fields).prefix(p))
 				}
 			}
 		} else {
 			for _, a := range addrsOfFamily(node.Addresses, f.is6) {
 				if !a.IsLoopback() {
-					out = append(out, element{family: f, set: nodePortAddressesSet, key: a.String()})
+					add(sets.nodePortAddresses, *new(fields).prefix(netip.PrefixFrom(a, a.BitLen())))
 				}
 			}
 		}
 		usable := slices.DeleteFunc(slices.Concat(cfg.ServiceCIDRs, node.ServiceCIDRs), func(p netip.Prefix) bool { return !serviceRangeUsable(p, node) })
 		for _, p := range outermostPrefixes(usable) {
 			if p.Addr().Is6() == f.is6 {
-				out = append(out, element{family: f, set: serviceCIDRsSet, key: prefixString(p)})
+				add(sets.serviceCIDRs, *new(fields).prefix(p))
 			}
 		}
 		var local []netip.Prefix
@@ -196,7 +176,7 @@ func nodeElements(node NodeInfo, cfg Config) []element {
 		}
 		for _, p := range outermostPrefixes(local) {
 			if p.Addr().Is6() == f.is6 {
-				out = append(out, element{family: f, set: clusterCIDRsSet, key: prefixString(p)})
+				add(sets.clusterCIDRs, *new(fields).prefix(p))
 			}
 		}
 		if cfg.Flows != nil && node.FlowRing >= 2 && slices.ContainsFunc(node.FlowPeers, func(p FlowPeer) bool {
@@ -205,11 +185,7 @@ func nodeElements(node NodeInfo, cfg Config) []element {
 			// A packet first sent on has FlowTTL, one that passed k nodes
 			// FlowTTL-k: it may go on while it has not met every node.
 			low := max(FlowTTL+2-node.FlowRing, minFlowTTL)
-			key := strconv.Itoa(low) + "-" + strconv.Itoa(FlowTTL)
-			if low == FlowTTL {
-				key = strconv.Itoa(FlowTTL)
-			}
-			out = append(out, element{family: f, set: flowTTLsSet, key: key})
+			add(sets.flowTTLs, *new(fields).ttls(uint8(low), FlowTTL))
 		}
 	}
 	return dedupe(out)

@@ -18,7 +18,6 @@ import (
 func KernelLoadFloor(ctx context.Context, state NodeState, cfg Config) (time.Duration, int, error) {
 	d := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), cfg)
 	w := d.desire(state)
-	writer := newElementWriter()
 	conn, err := nftables.New()
 	if err != nil {
 		return 0, 0, err
@@ -53,8 +52,9 @@ func KernelLoadFloor(ctx context.Context, state NodeState, cfg Config) (time.Dur
 		var batches [][]encodedElement
 		for c := range slices.Chunk(slices.Collect(w.elements(f)), loadBatch) {
 			var batch []encodedElement
+			var arena []byte
 			for _, e := range c {
-				if el, ok := writer.encode(f, genA, e); ok {
+				if el, ok := e.kernel(genA, &arena); ok {
 					batch = append(batch, el)
 				}
 			}

@@ -109,6 +109,10 @@ type frontendKind struct {
 	nodePort  bool   // keyed by proto . port on a node-port address
 	external  bool   // consulted only for sources outside the cluster
 	frontends string // frontend -> goto its session-affinity chain
+	// frontendsSet and backendsSet, by protocol, are the setIDs of
+	// frontends and backends(p).
+	frontendsSet setID
+	backendsSet  [3]setID
 }
 
 var (
@@ -226,6 +230,7 @@ func (k *frontendKind) key(f family) string {
 
 // family holds what differs between the IPv4 and IPv6 tables.
 type family struct {
+	index    uint8 // in families
 	nft      knftables.Family
 	is6      bool
 	addrType string // nftables address type
@@ -235,7 +240,9 @@ type family struct {
 
 var (
 	ipv4 = family{nft: knftables.IPv4Family, addrType: "ipv4_addr", ip: "ip", ttl: "ip ttl"}
-	ipv6 = family{nft: knftables.IPv6Family, is6: true, addrType: "ipv6_addr", ip: "ip6", ttl: "ip6 hoplimit"}
+	ipv6 = family{index: 1, nft: knftables.IPv6Family, is6: true, addrType: "ipv6_addr", ip: "ip6", ttl: "ip6 hoplimit"}
+
+	families = []*family{&ipv4, &ipv6}
 )
 
 func (f family) String() string { return string(f.nft) }

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 
 	"sigs.k8s.io/knftables"
 )
@@ -90,7 +89,7 @@ func (d *Datapath) track(state NodeState) touched {
 	// change replaces the elements was with now.
 	change := func(was, now []element) {
 		for _, e := range was {
-			id := e.id()
+			id := e.elemID
 			remember(id)
 			if le := d.live[id]; le.refs > 1 {
 				le.refs--
@@ -100,7 +99,7 @@ func (d *Datapath) track(state NodeState) touched {
 			}
 		}
 		for _, e := range now {
-			id := e.id()
+			id := e.elemID
 			remember(id)
 			le := d.live[id]
 			if le.refs == 0 {
@@ -187,16 +186,17 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 	}
 	for id, was := range t.before {
 		now := d.liveAt(id)
-		if d.tables[id.family] == nil {
+		f := id.family()
+		if d.tables[f] == nil {
 			continue // a family this Datapath leaves alone
 		}
 		if was != nil && (now == nil || !now.sameAs(was)) {
-			of(id.family).deletes = append(of(id.family).deletes, element{family: id.family, set: id.set, key: id.key, value: was.value, pick: was.pick})
-			countPick(id.family, was.pick, -1)
+			of(f).deletes = append(of(f).deletes, element{elemID: id, value: was.value, pick: was.pick})
+			countPick(f, was.pick, -1)
 		}
 		if now != nil && (was == nil || !now.sameAs(was)) {
-			of(id.family).adds = append(of(id.family).adds, element{family: id.family, set: id.set, key: id.key, value: now.value, pick: now.pick})
-			countPick(id.family, now.pick, +1)
+			of(f).adds = append(of(f).adds, element{elemID: id, value: now.value, pick: now.pick})
+			countPick(f, now.pick, +1)
 		}
 	}
 	for f, change := range picks {
@@ -220,24 +220,17 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 	}
 	// Sorted, for transactions that read the same every time.
 	for _, c := range plan {
-		slices.SortFunc(c.deletes, compareElements)
-		slices.SortFunc(c.adds, compareElements)
+		slices.SortFunc(c.deletes, func(a, b element) int { return compareIDs(a.elemID, b.elemID) })
+		slices.SortFunc(c.adds, func(a, b element) int { return compareIDs(a.elemID, b.elemID) })
 	}
 	return plan
-}
-
-func compareElements(a, b element) int {
-	if c := strings.Compare(a.set, b.set); c != 0 {
-		return c
-	}
-	return strings.Compare(a.key, b.key)
 }
 
 // render is the nft transaction that makes c in f's table of generation g.
 func (d *Datapath) render(f *family, c *familyChange, g generation) *knftables.Transaction {
 	tx := d.nft[f][0].NewTransaction()
 	for _, e := range c.deletes {
-		tx.Delete(elementObject(e, g))
+		tx.Delete(e.object(g))
 	}
 	for _, p := range c.picksIn {
 		tx.Add(p.object(*f, g))
@@ -261,7 +254,7 @@ func (d *Datapath) render(f *family, c *familyChange, g generation) *knftables.T
 	}
 	c.owned.render(tx)
 	for _, e := range c.adds {
-		tx.Add(elementObject(e, g))
+		tx.Add(e.object(g))
 	}
 	return tx
 }

@@ -254,6 +254,11 @@ func TestNodePortAddresses(t *testing.T) {
 			[]netip.Addr{nodeAddr, netip.MustParseAddr("127.0.0.1")}, []string{"192.0.2.11"}},
 		{"--nodeport-addresses CIDRs", Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}},
 			[]netip.Addr{nodeAddr}, []string{"198.51.100.0/24"}},
+		// An interval set refuses overlapping elements: the whole sync
+		// would fail on a careless flag.
+		{"overlapping CIDRs: the outermost", Config{NodePortAddresses: []netip.Prefix{
+			netip.MustParsePrefix("198.51.100.7/32"), netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("198.51.100.0/25")}},
+			[]netip.Addr{nodeAddr}, []string{"198.51.100.0/24"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v4 := knftables.NewFake(knftables.IPv4Family, TableName)

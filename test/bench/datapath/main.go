@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,11 +29,14 @@ import (
 
 const insideEnv = "WEIR_BENCH_NETNS"
 
+var cpuProfile string
+
 func main() {
 	services := flag.Int("services", 10000, "services to program")
 	changes := flag.Int("changes", 200, "one-endpoint changes to time")
 	adds := flag.Int("adds", 40, "services to add, one at a time, half over netlink and half through nft")
 	restarts := flag.Int("restarts", 10, "agent restarts to time (a new Datapath over the table, with one service changed meanwhile)")
+	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the full sync and the resync to this file")
 	flag.Parse()
 	if os.Getenv(insideEnv) == "" {
 		os.Exit(reexec())
@@ -67,41 +71,48 @@ type rssPeak struct{ self, total atomic.Int64 }
 
 var peak rssPeak
 
-// sampleRSS samples /proc every 2 ms until the returned func is called:
-// getrusage cannot tell a child's own peak from the memory it shared with
-// this process until it exec'ed.
+// sampleRSS watches this process's nft children until the returned func is
+// called, every 10 ms: getrusage cannot tell a child's own peak from the
+// memory it shared with this process until it exec'ed. This process's own
+// peak is the kernel's high-water mark, exact. A process once seen not to
+// be nft is not read again, so the sampling takes little of the CPU the
+// syncs it measures run on.
 func sampleRSS(p *rssPeak) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	me := os.Getpid()
+	notNft := map[int]bool{}
 	go func() {
 		defer close(finished)
 		for {
 			select {
 			case <-done:
+				self := hwmOf(me)
+				p.self.Store(self)
+				p.total.Store(max(p.total.Load(), self))
 				return
-			case <-time.After(2 * time.Millisecond):
+			case <-time.After(10 * time.Millisecond):
 			}
-			self := rssOf(me)
-			total := self
+			total := rssOf(me)
 			entries, _ := os.ReadDir("/proc")
 			for _, e := range entries {
 				pid, err := strconv.Atoi(e.Name())
-				if err != nil || pid == me {
+				if err != nil || pid == me || notNft[pid] {
 					continue
 				}
 				stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 				// "pid (comm) state ppid ..."
-				if err != nil || !strings.Contains(string(stat), "(nft)") {
+				if err != nil {
+					continue
+				}
+				if !strings.Contains(string(stat), "(nft)") {
+					notNft[pid] = true
 					continue
 				}
 				fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
 				if len(fields) > 1 && fields[1] == strconv.Itoa(me) {
 					total += rssOf(pid)
 				}
-			}
-			if self > p.self.Load() {
-				p.self.Store(self)
 			}
 			if total > p.total.Load() {
 				p.total.Store(total)
@@ -111,21 +122,25 @@ func sampleRSS(p *rssPeak) (stop func()) {
 	return func() { close(done); <-finished }
 }
 
+// hwmOf reads a process's peak resident memory in bytes.
+func hwmOf(pid int) int64 { return statusField(pid, "VmHWM:") }
+
 // rssOf reads a process's resident memory in bytes.
-func rssOf(pid int) int64 {
+func rssOf(pid int) int64 { return statusField(pid, "VmRSS:") }
+
+func statusField(pid int, name string) int64 {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for line := range strings.SplitSeq(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, name); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return kb << 10
 		}
 	}
 	return 0
 }
-
 func addr4(a, b, c, d int) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(a), byte(b), byte(c), byte(d)})
 }
@@ -174,6 +189,16 @@ func run(n, changes, adds, restarts int) error {
 	stopSampling := sampleRSS(&peak)
 	fmt.Printf("workload: %d services x 1 TCP port x 10 endpoints, %d LoadBalancer with node ports, IPv4\n", n, (n+99)/100)
 
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
 	if err := dp.Apply(ctx, state); err != nil {
 		return err
@@ -187,6 +212,7 @@ func run(n, changes, adds, restarts int) error {
 	fmt.Printf("full resync replacing the table:     %v\n", time.Since(start).Round(time.Millisecond))
 
 	stopSampling()
+	pprof.StopCPUProfile()
 	fmt.Printf("peak RSS during the syncs: this process + its nft processes together %d MiB (this process alone %d MiB)\n",
 		peak.total.Load()>>20, peak.self.Load()>>20)
 
