@@ -65,7 +65,7 @@ func BenchmarkFullSyncEncode10k(b *testing.B) {
 	st := benchState(10000)
 	for b.Loop() {
 		dp := New(discardNFT{knftables.NewFake(knftables.IPv4Family, TableName)}, nil, Config{})
-		w := dp.desire(st)
+		w := dp.desire(st, nil)
 		var arena []byte
 		for e := range w.elements(&ipv4) {
 			e.kernel(genA, &arena)

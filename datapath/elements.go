@@ -19,10 +19,15 @@ type contribution struct {
 // tables on a node.
 func serviceContribution(svc *Service, node NodeInfo, mark uint32) contribution {
 	var c contribution
-	for _, f := range []*family{&ipv4, &ipv6} {
+	c.addServiceFamilies(svc, node, mark)
+	return c
+}
+
+// addServiceFamilies adds what svc contributes to both families' tables.
+func (c *contribution) addServiceFamilies(svc *Service, node NodeInfo, mark uint32) {
+	for _, f := range families {
 		c.addService(f, svc, node, mark)
 	}
-	return c
 }
 
 func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark uint32) {

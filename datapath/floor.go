@@ -17,7 +17,7 @@ import (
 // (test/bench/datapath); the table, TableName+"_floor", is deleted after.
 func KernelLoadFloor(ctx context.Context, state NodeState, cfg Config) (time.Duration, int, error) {
 	d := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), cfg)
-	w := d.desire(state)
+	w := d.desire(state, nil)
 	conn, err := nftables.New()
 	if err != nil {
 		return 0, 0, err

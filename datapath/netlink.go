@@ -1,12 +1,12 @@
 package datapath
 
 import (
-	"iter"
 	"slices"
 	"strings"
 	"sync"
 
 	"github.com/google/nftables"
+	"sigs.k8s.io/knftables"
 )
 
 // elementWriter commits transactions made only of set and map elements
@@ -85,59 +85,62 @@ func (w *elementWriter) commit(f *family, g generation, ops *elementOps) (ok boo
 const loadBatch = 2000
 
 // load adds elements to generation g of f's table, which nothing reads
-// yet, in transactions of loadBatch elements over the netlink socket,
-// encoding each batch just before it goes: neither nft's parser nor a
-// second copy of the table in memory. It returns the elements it cannot
-// write (interval sets), for nft, and ok false when it has no socket.
-func (w *elementWriter) load(f *family, g generation, elems iter.Seq[element]) (rest []element, ok bool, err error) {
+// yet, as one transaction over the netlink socket: neither nft's parser
+// nor the elements' text. It returns the elements it cannot write
+// (interval sets'), for nft, and ok false when it has no socket.
+func (w *elementWriter) load(f *family, g generation, elems []element) (rest []element, ok bool, err error) {
+	batch := make([]encodedElement, 0, len(elems))
+	var arena []byte
+	for _, e := range elems {
+		el, ok := e.kernel(g, &arena)
+		if !ok {
+			rest = append(rest, e)
+			continue
+		}
+		batch = append(batch, el)
+	}
+	sortBySet(batch)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.open() {
 		return nil, false, nil
 	}
-	// Batches are encoded while the kernel commits the one before: the
-	// kernel does its part in the sending thread, so on two cores the two
-	// overlap.
-	batches := make(chan []encodedElement, 2)
-	stop := make(chan struct{})
-	go func() {
-		defer close(batches)
-		batch := make([]encodedElement, 0, loadBatch)
-		var arena []byte
-		emit := func() bool {
-			sortBySet(batch)
-			select {
-			case batches <- batch:
-				batch = make([]encodedElement, 0, loadBatch)
-				arena = nil
-				return true
-			case <-stop:
-				return false
-			}
-		}
-		for e := range elems {
-			el, ok := e.kernel(g, &arena)
-			if !ok {
-				rest = append(rest, e)
-				continue
-			}
-			if batch = append(batch, el); len(batch) == loadBatch && !emit() {
-				return
-			}
-		}
-		if len(batch) > 0 {
-			emit()
-		}
-	}()
-	for batch := range batches {
-		if err = w.flush(w.queue(f, batch, w.conn.SetAddElements)); err != nil {
-			close(stop)
-			for range batches {
-			}
-			return nil, true, err
-		}
+	if err := w.flush(w.queue(f, batch, w.conn.SetAddElements)); err != nil {
+		return nil, true, err
 	}
 	return rest, true, nil
+}
+
+// deleteObjects deletes sets, maps and chains of f's table, unreferenced,
+// as one transaction: over the socket that stays open, the kernel frees a
+// set's elements after the commit, in the background, where nft's exit
+// would wait for it (about a second for a million elements). ok is false
+// when it has no socket.
+func (w *elementWriter) deleteObjects(f *family, objs []knftables.Object) (ok bool, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.open() {
+		return false, nil
+	}
+	for _, o := range objs {
+		switch o.(type) {
+		case *knftables.Set, *knftables.Map, *knftables.Chain:
+		default:
+			return false, nil
+		}
+	}
+	table := netlinkTable(f, TableName)
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *knftables.Set:
+			w.conn.DelSet(&nftables.Set{Table: table, Name: o.Name})
+		case *knftables.Map:
+			w.conn.DelSet(&nftables.Set{Table: table, Name: o.Name})
+		case *knftables.Chain:
+			w.conn.DelChain(&nftables.Chain{Table: table, Name: o.Name})
+		}
+	}
+	return true, w.flush(nil)
 }
 
 // sortBySet puts the elements of a set together, for one message per set.
