@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
 
@@ -58,7 +60,8 @@ func BenchmarkFullSyncGoSide10k(b *testing.B) {
 
 // BenchmarkFullSyncEncode10k is what a full sync over the netlink socket
 // costs on the Go side before the kernel: working out the elements of
-// 10,000 services and encoding them as the kernel takes them.
+// 10,000 services and laying them out as the netlink messages the kernel
+// takes.
 //
 //	go test ./datapath -run '^$' -bench FullSyncEncode -benchmem
 func BenchmarkFullSyncEncode10k(b *testing.B) {
@@ -66,9 +69,8 @@ func BenchmarkFullSyncEncode10k(b *testing.B) {
 	for b.Loop() {
 		dp := New(discardNFT{knftables.NewFake(knftables.IPv4Family, TableName)}, nil, Config{})
 		w := dp.desire(st, nil)
-		var arena []byte
-		for e := range w.elements(&ipv4) {
-			e.kernel(genA, &arena)
+		for chunk := range slices.Chunk(slices.Collect(w.elements(&ipv4)), loadBatch) {
+			newBatch().elements(unix.NFT_MSG_NEWSETELEM, &ipv4, genA, chunk)
 		}
 	}
 }

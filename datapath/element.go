@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	"sigs.k8s.io/knftables"
 )
 
@@ -398,39 +396,6 @@ func (e element) object(g generation) *knftables.Element {
 		el.Value = []string{e.valueText()}
 	}
 	return el
-}
-
-// kernel is the element as a netlink message carries it, with the name of
-// the set it goes in within generation g; ok is false for an interval
-// set's, which only nft writes. Key and value are appended to arena.
-func (e element) kernel(g generation, arena *[]byte) (encodedElement, bool) {
-	format := e.format()
-	if format.interval {
-		return encodedElement{}, false
-	}
-	set := e.set.String()
-	if e.pick.exists() {
-		set = e.pick.set()
-	}
-	var el nftables.SetElement
-	el.Key = appendBytes(arena, e.key.bytes())
-	switch {
-	case format.verdict && e.value.n > 0:
-		el.VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.verdictChain()}
-	case e.value.n > 0:
-		el.Val = appendBytes(arena, e.value.bytes())
-	}
-	return encodedElement{g.of(set), el}, true
-}
-
-// appendBytes appends b to the arena and returns its copy there.
-func appendBytes(arena *[]byte, b []byte) []byte {
-	if cap(*arena)-len(*arena) < len(b) {
-		*arena = make([]byte, 0, max(64<<10, len(b)))
-	}
-	start := len(*arena)
-	*arena = append(*arena, b...)
-	return (*arena)[start:len(*arena):len(*arena)]
 }
 
 // String is the element as nft reads it, for logs and tests.

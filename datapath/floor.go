@@ -5,28 +5,30 @@ import (
 	"slices"
 	"time"
 
-	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
 
 // KernelLoadFloor measures what the kernel alone takes to load state's
 // elements (both families' that the netlink writer can encode) into the
 // sets of a bare table in the current network namespace: the elements are
-// worked out and encoded first, untimed, then committed in the batches a
-// full sync uses, timed. It is the floor a full sync is compared with
-// (test/bench/datapath); the table, TableName+"_floor", is deleted after.
+// worked out and laid out as messages first, untimed, then committed in
+// the batches a full sync uses, timed. It is the floor a full sync is
+// compared with (test/bench/datapath); the table, TableName+"_floor", is
+// deleted after.
 func KernelLoadFloor(ctx context.Context, state NodeState, cfg Config) (time.Duration, int, error) {
 	d := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), cfg)
 	w := d.desire(state, nil)
-	conn, err := nftables.New()
+	conn, err := dialNF()
 	if err != nil {
 		return 0, 0, err
 	}
+	defer conn.Close()
+	const table = TableName + "_floor"
 	var took time.Duration
 	count := 0
 	for _, f := range d.families() {
-		table := netlinkTable(f, TableName+"_floor")
-		nft, err := knftables.New(f.nft, table.Name)
+		nft, err := knftables.New(f.nft, table)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -49,25 +51,16 @@ func KernelLoadFloor(ctx context.Context, state NodeState, cfg Config) (time.Dur
 			tx.Delete(&knftables.Table{})
 			nft.Run(context.WithoutCancel(ctx), tx)
 		}()
-		var batches [][]encodedElement
-		for c := range slices.Chunk(slices.Collect(w.elements(f)), loadBatch) {
-			var batch []encodedElement
-			var arena []byte
-			for _, e := range c {
-				if el, ok := e.kernel(genA, &arena); ok {
-					batch = append(batch, el)
-				}
-			}
-			sortBySet(batch)
-			batches = append(batches, batch)
+		var batches []*nfBatch
+		for chunk := range slices.Chunk(slices.Collect(w.elements(f)), loadBatch) {
+			b := &nfBatch{table: table}
+			rest := b.elements(unix.NFT_MSG_NEWSETELEM, f, genA, chunk)
+			count += len(chunk) - len(rest)
+			batches = append(batches, b)
 		}
 		for _, b := range batches {
-			if err := queueElements(table, b, conn.SetAddElements); err != nil {
-				return 0, 0, err
-			}
-			count += len(b)
 			start := time.Now()
-			if err := conn.Flush(); err != nil {
+			if err := conn.commit(b); err != nil {
 				return 0, 0, err
 			}
 			took += time.Since(start)

@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,8 +9,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
 
@@ -159,43 +160,97 @@ func (d *Datapath) syncFamily(ctx context.Context, f *family, w *desired, s *str
 }
 
 // stream loads the elements of a family's whole state into the generation
-// the table's chains do not use, as they are worked out: startSwitch
-// prepares the generation, and loads each batch the full sync adds while
-// the next is worked out. A frontend waits in held for the sets of the
-// picks, known only at the end.
+// the table's chains do not use, as they are worked out. The full sync's
+// goroutine adds elements and, for the element writer, lays each batch out
+// as netlink messages; the stream's loader lists the table, prepares the
+// generation with the first batch, and commits each batch while the next
+// is worked out.
+//
+// A frontend goes in its pick's set, which must exist first: the picks the
+// first batch names are created with the generation (most states have
+// few endpoint counts, all met early); the frontends of a pick met later,
+// and session-affinity verdicts (whose chains come with the whole state),
+// wait in held for the end (see switchGeneration).
 type stream struct {
 	f       *family
-	batch   []element
+	netlink bool // batches are laid out for the element writer
 	size    int
-	batches chan []element
+	batch   []element
+	batches chan streamBatch
+	sent    bool          // the first batch went
+	picks   map[pick]bool // the first batch's picks
 	held    []element
-	done    chan struct{}
-	// Set before done closes.
+	rest    []element // interval sets' elements after the first batch: nft writes them
+	failed  atomic.Bool
+	ready   chan struct{} // closed once next and existing are known
+	done    chan struct{} // closed once every batch is loaded
+	// Set by the loader.
 	started          time.Time
 	listed, prepared time.Duration
 	existing         tableObjects
 	next             generation
-	rest             []element // interval sets', for nft
 	err              error
+}
+
+// streamBatch is one batch of a stream: its elements as netlink messages
+// (encoded) or, without an element writer, for nft. The first also names
+// the picks and carries the interval sets' elements that the transaction
+// preparing the generation creates.
+type streamBatch struct {
+	encoded   *nfBatch
+	elems     []element
+	first     bool
+	picks     []pick
+	intervals []element
 }
 
 // add hands the stream one element: the full sync's goroutine alone calls it.
 func (s *stream) add(e element) {
 	if e.frontend() {
-		s.held = append(s.held, e)
-		return
+		if s.sent && !s.picks[e.pick] || !e.pick.exists() {
+			s.held = append(s.held, e)
+			return
+		}
+		s.picks[e.pick] = true
 	}
 	if s.batch = append(s.batch, e); len(s.batch) == s.size {
-		s.batches <- s.batch
+		s.send()
+	}
+}
+
+// send hands the batch to the loader, laid out as messages for the element
+// writer once the generation it goes in is known.
+func (s *stream) send() {
+	sb := streamBatch{first: !s.sent}
+	if !s.sent {
+		<-s.ready
+		sb.picks = slices.Collect(maps.Keys(s.picks))
+	}
+	switch {
+	case s.failed.Load():
+		// Nothing is loaded any more; the family will be rebuilt.
+		s.batch = s.batch[:0]
+	case s.netlink:
+		sb.encoded = newBatch()
+		rest := sb.encoded.elements(unix.NFT_MSG_NEWSETELEM, s.f, s.next, s.batch)
+		if sb.first {
+			sb.intervals = rest
+		} else {
+			s.rest = append(s.rest, rest...)
+		}
+		s.batch = s.batch[:0]
+	default:
+		sb.elems = s.batch
 		s.batch = make([]element, 0, s.size)
 	}
+	s.sent = true
+	s.batches <- sb
 }
 
 // finish sends the last batch and waits until every batch is loaded.
 func (s *stream) finish() {
-	if len(s.batch) > 0 {
-		s.batches <- s.batch
-		s.batch = nil
+	if len(s.batch) > 0 || !s.sent {
+		s.send()
 	}
 	close(s.batches)
 	<-s.done
@@ -204,39 +259,50 @@ func (s *stream) finish() {
 // startSwitch starts the generation switch of f's table: its first steps
 // run while the elements come (see switchGeneration).
 func (d *Datapath) startSwitch(ctx context.Context, f *family) *stream {
-	s := &stream{f: f, size: d.chunk, batches: make(chan []element, 2), done: make(chan struct{}), started: time.Now()}
-	if d.elements != nil {
-		s.size = loadBatch
+	s := &stream{f: f, netlink: d.elements != nil, size: d.chunk, picks: map[pick]bool{},
+		ready: make(chan struct{}), done: make(chan struct{}), started: time.Now()}
+	queued := 4
+	if s.netlink {
+		// Room for what is worked out while the generation is prepared.
+		s.size, queued = loadBatch, 32
 	}
 	s.batch = make([]element, 0, s.size)
+	s.batches = make(chan streamBatch, queued)
 	go func() {
 		defer close(s.done)
 		s.existing, s.err = d.existingObjects(ctx, f)
 		s.listed = time.Since(s.started)
-		if s.err == nil {
-			s.next = d.tables[f].gen.other()
-			s.err = d.prepare(ctx, f, s.next)
+		s.next = d.tables[f].gen.other()
+		s.failed.Store(s.err != nil)
+		close(s.ready)
+		fail := func(err error) {
+			if err != nil && !s.failed.Swap(true) {
+				s.err = err
+			}
 		}
-		s.prepared = time.Since(s.started)
+		first, ok := <-s.batches
+		if ok && !s.failed.Load() {
+			fail(d.prepare(ctx, f, s.next, first.picks, first.intervals))
+			s.prepared = time.Since(s.started)
+			if !s.failed.Load() {
+				fail(d.loadBatch(ctx, f, s.next, first, 0))
+			}
+		}
+		loaders := 1
+		if !s.netlink {
+			loaders = len(d.nft[f]) // several nft processes parse at once
+		}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
-		loaders := 1
-		if d.elements == nil {
-			loaders = len(d.nft[f])
-		}
 		for i := range loaders {
 			wg.Go(func() {
-				for batch := range s.batches {
-					mu.Lock()
-					failed := s.err != nil
-					mu.Unlock()
-					if failed {
+				for sb := range s.batches {
+					if s.failed.Load() {
 						continue // taken, so that the full sync never waits
 					}
-					rest, err := d.loadBatch(ctx, f, s.next, batch, i)
+					err := d.loadBatch(ctx, f, s.next, sb, i)
 					mu.Lock()
-					s.rest = append(s.rest, rest...)
-					s.err = cmp.Or(s.err, err)
+					fail(err)
 					mu.Unlock()
 				}
 			})
@@ -258,12 +324,19 @@ func (id elemID) frontend() bool {
 }
 
 // prepare is the switch's first transaction: the table, generation g's
-// empty sets and maps, and any missing chain.
-func (d *Datapath) prepare(ctx context.Context, f *family, g generation) error {
+// empty sets and maps with the sets of picks and the interval sets'
+// elements of the first batch, and any missing chain.
+func (d *Datapath) prepare(ctx context.Context, f *family, g generation, picks []pick, intervals []element) error {
 	tx := d.nft[f][0].NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for Kubernetes-style services, owned by weir-agent")})
 	for _, obj := range tableSets(*f, g) {
 		// Fresh, even if a failed sync left one behind.
+		tx.Add(obj)
+		tx.Delete(obj)
+		tx.Add(obj)
+	}
+	for _, p := range picks {
+		obj := p.object(*f, g)
 		tx.Add(obj)
 		tx.Delete(obj)
 		tx.Add(obj)
@@ -278,6 +351,9 @@ func (d *Datapath) prepare(ctx context.Context, f *family, g generation) error {
 			// here changes nothing for packets.
 			writeChain(tx, c, g)
 		}
+	}
+	for _, e := range intervals {
+		tx.Add(e.object(g))
 	}
 	return d.run(ctx, f, tx)
 }
@@ -307,13 +383,16 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 	t := d.tables[f]
 	next, existing, picks := s.next, s.existing, w.picks[f]
 
-	// 3. The picks and the services' own objects.
+	// 3. The picks met after the first batch, the services' own objects,
+	// the interval sets' later elements; then the frontends that waited.
 	tx := d.nft[f][0].NewTransaction()
 	for p := range picks {
-		obj := p.object(*f, next)
-		tx.Add(obj)
-		tx.Delete(obj)
-		tx.Add(obj)
+		if !s.picks[p] {
+			obj := p.object(*f, next)
+			tx.Add(obj)
+			tx.Delete(obj)
+			tx.Add(obj)
+		}
 	}
 	if c := planOwned(nil, w.objects[f])[f]; c != nil {
 		c.render(tx)
@@ -321,15 +400,20 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 	for _, e := range s.rest {
 		tx.Add(e.object(next))
 	}
-	if err := d.run(ctx, f, tx); err != nil {
-		return err
+	if tx.NumOperations() > 0 {
+		if err := d.run(ctx, f, tx); err != nil {
+			return err
+		}
 	}
 	for batch := range slices.Chunk(s.held, s.size) {
-		rest, err := d.loadBatch(ctx, f, next, batch, 0)
-		if err == nil && len(rest) > 0 {
-			err = fmt.Errorf("%d frontends could not be loaded", len(rest))
+		sb := streamBatch{elems: batch}
+		if s.netlink {
+			sb.encoded = newBatch()
+			if rest := sb.encoded.elements(unix.NFT_MSG_NEWSETELEM, f, next, batch); len(rest) > 0 {
+				return fmt.Errorf("%d frontends could not be laid out", len(rest))
+			}
 		}
-		if err != nil {
+		if err := d.loadBatch(ctx, f, next, sb, 0); err != nil {
 			return err
 		}
 	}
@@ -595,30 +679,32 @@ func objectName(obj knftables.Object) string {
 	return setName(obj)
 }
 
-// loadBatch adds elements to generation g of f's table: over the element
-// writer's netlink socket when the Datapath has one, else through nft, on
-// the family's i-th interface, so that several nft processes may parse at
-// once. It returns the elements the socket cannot write (the interval
-// sets'), for nft.
-func (d *Datapath) loadBatch(ctx context.Context, f *family, g generation, elems []element, i int) (rest []element, err error) {
-	if d.elements != nil {
-		rest, ok, err := d.elements.load(f, g, elems)
+// loadBatch loads a batch into generation g of f's table: its messages
+// over the element writer's socket, or its elements through nft, on the
+// family's i-th interface.
+func (d *Datapath) loadBatch(ctx context.Context, f *family, g generation, sb streamBatch, i int) error {
+	if sb.encoded != nil {
+		ok, err := d.elements.send(sb.encoded)
+		if !ok {
+			err = errors.New("no netlink socket to nf_tables")
+		}
 		if err != nil {
-			return nil, fmt.Errorf("loading %s table %q: %w", f, TableName, err)
+			return fmt.Errorf("loading %s table %q: %w", f, TableName, err)
 		}
-		if ok {
-			return rest, nil
-		}
+		return nil
+	}
+	if len(sb.elems) == 0 {
+		return nil
 	}
 	nft := d.nft[f][i%len(d.nft[f])]
 	tx := nft.NewTransaction()
-	for _, e := range elems {
+	for _, e := range sb.elems {
 		tx.Add(e.object(g))
 	}
 	if err := nft.Run(ctx, tx); err != nil {
-		return nil, fmt.Errorf("loading %s table %q: %w", f, TableName, err)
+		return fmt.Errorf("loading %s table %q: %w", f, TableName, err)
 	}
-	return nil, nil
+	return nil
 }
 
 // run commits one family's transaction, atomically.
