@@ -400,6 +400,9 @@ func canonicalTables(t *testing.T) []string {
 			}
 			fold[g.comment()] = "weir generation G"
 			fold[g.marker()] = "generation_G"
+			for _, k := range frontendKinds {
+				fold[k.pickChain(g)] = strings.TrimSuffix(k.pickChain(g), "_"+string(g)) + "_G"
+			}
 		}
 	}
 	var lines []string

@@ -329,6 +329,17 @@ func (id elemID) frontend() bool {
 func (d *Datapath) prepare(ctx context.Context, f *family, g generation, picks []pick, intervals []element) error {
 	tx := d.nft[f][0].NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for Kubernetes-style services, owned by weir-agent")})
+	first := map[pick]int{}
+	for _, p := range picks {
+		first[p] = 1
+	}
+	pcs := pickChains(*f, d.cfg.MasqueradeMark, g, first)
+	for _, pc := range pcs {
+		// Emptied first: a failed sync may have left rules in them that
+		// refer to the sets made afresh next.
+		tx.Add(pc.chain)
+		tx.Flush(pc.chain)
+	}
 	for _, obj := range tableSets(*f, g) {
 		// Fresh, even if a failed sync left one behind.
 		tx.Add(obj)
@@ -351,6 +362,10 @@ func (d *Datapath) prepare(ctx context.Context, f *family, g generation, picks [
 			// here changes nothing for packets.
 			writeChain(tx, c, g)
 		}
+	}
+	// The generation's own pick chains, while its maps are empty.
+	for _, pc := range pcs {
+		writeChain(tx, pc, g)
 	}
 	for _, e := range intervals {
 		tx.Add(e.object(g))
@@ -386,12 +401,19 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 	// 3. The picks met after the first batch, the services' own objects,
 	// the interval sets' later elements; then the frontends that waited.
 	tx := d.nft[f][0].NewTransaction()
+	late := map[uint8]bool{} // kinds with picks the first batch did not name
 	for p := range picks {
 		if !s.picks[p] {
 			obj := p.object(*f, next)
 			tx.Add(obj)
 			tx.Delete(obj)
 			tx.Add(obj)
+			late[p.kind] = true
+		}
+	}
+	for i, pc := range pickChains(*f, d.cfg.MasqueradeMark, next, picks) {
+		if late[uint8(i+1)] {
+			writeChain(tx, pc, next)
 		}
 	}
 	if c := planOwned(nil, w.objects[f])[f]; c != nil {
@@ -422,9 +444,13 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 	// 4. Switch.
 	tx = d.nft[f][0].NewTransaction()
 	keep := map[string]bool{}
+	written := map[string]bool{} // the generation's pick chains
+	for _, k := range frontendKinds {
+		written[k.pickChain(next)] = true
+	}
 	for _, c := range tableChains(*f, d.cfg, next, picks) {
 		keep[c.chain.Name] = true
-		if !c.base() {
+		if !c.base() && !written[c.chain.Name] {
 			writeChain(tx, c, next)
 		}
 	}

@@ -135,8 +135,12 @@ var (
 // one protocol.
 func (k *frontendKind) backends(p Protocol) string { return k.name + p.String() + "_backends" }
 
-// pickChain is the chain of the kind's picks, one rule each.
-func (k *frontendKind) pickChain() string { return k.name + "pick" }
+// pickChain is the chain of the kind's picks in generation g, one rule
+// each. It belongs to the generation: its rules bind the generation's
+// backends maps, and binding a map to a chain makes the kernel walk every
+// element of it (nf_tables_bind_set), so a full sync writes the chain
+// while the maps are still empty, never after they are loaded.
+func (k *frontendKind) pickChain(g generation) string { return g.of(k.name + "pick") }
 
 // keyType is the nftables type of the kind's frontends.
 func (k *frontendKind) keyType(f family) string {
@@ -215,7 +219,7 @@ func pickChains(f family, mark uint32, g generation, picks map[pick]int) []chain
 	}
 	out := make([]chainSpec, len(frontendKinds))
 	for i, k := range frontendKinds {
-		out[i] = regularChain(k.pickChain(), byKind[i]...)
+		out[i] = regularChain(k.pickChain(g), byKind[i]...)
 	}
 	return out
 }
@@ -436,15 +440,15 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 		// node's endpoints (or drop) so the client address survives.
 		regularChain("services", append(services,
 			frontend+" vmap "+g.ref(ipKind.frontends),
-			"jump "+ipKind.pickChain(),
+			"jump "+ipKind.pickChain(g),
 			nodePortMatch+" vmap "+g.ref(nodePortKind.frontends),
-			nodePortAddress+" jump "+nodePortKind.pickChain())...),
+			nodePortAddress+" jump "+nodePortKind.pickChain(g))...),
 		regularChain("host_services", slices.Concat(exempt, hostServices, []string{"goto services"})...),
 		regularChain("external_services",
 			frontend+" vmap "+g.ref(externalIPKind.frontends),
-			"jump "+externalIPKind.pickChain(),
+			"jump "+externalIPKind.pickChain(g),
 			nodePortMatch+" vmap "+g.ref(externalNodePortKind.frontends),
-			nodePortAddress+" jump "+externalNodePortKind.pickChain(),
+			nodePortAddress+" jump "+externalNodePortKind.pickChain(g),
 			"goto services"),
 		regularChain("dispatch", slices.Concat(
 			exempt, passOn,

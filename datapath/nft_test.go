@@ -142,7 +142,7 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if out, err := exec.Command("nft", "list", "ruleset").CombinedOutput(); err != nil {
 		t.Fatalf("nft list ruleset: %v: %s", err, out)
 	}
-	out, err = exec.Command("nft", "list", "chain", "ip", TableName, ipKind.pickChain()).CombinedOutput()
+	out, err = exec.Command("nft", "list", "chain", "ip", TableName, ipKind.pickChain(dp.tables[&ipv4].gen)).CombinedOutput()
 	udpRule := ""
 	for line := range strings.Lines(string(out)) {
 		if strings.Contains(line, "@"+dp.tables[&ipv4].gen.of(ipKind.pick(UDP, 2).set())+" ") {
