@@ -38,7 +38,7 @@ func (s *Server) leadL2(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.registryChanged:
+		case <-s.l2InputChanged:
 		case <-statusChanged:
 		}
 	}
@@ -91,12 +91,19 @@ func (s *Server) awaitNodes(ctx context.Context, within time.Duration) {
 	}
 }
 
-// watchRegistry has registryChanged signalled after every write.
+// watchRegistry has l2InputChanged signalled after every write of what
+// the L2 candidates are worked out from in the registry: a service's own
+// object, a node or its drain, a pool. Not after an endpoint slice's: the
+// endpoints a node has reach the candidates through its agent's report,
+// a change of its status.
 func (s *Server) watchRegistry() {
-	s.registryChanged = make(chan struct{}, 1)
-	s.Registry.OnChange(func(registry.Change) {
+	s.l2InputChanged = make(chan struct{}, 1)
+	s.Registry.OnChange(func(ch registry.Change) {
+		if len(ch.ServiceObjects) == 0 && len(ch.Nodes) == 0 && len(ch.Pools) == 0 {
+			return
+		}
 		select {
-		case s.registryChanged <- struct{}{}:
+		case s.l2InputChanged <- struct{}{}:
 		default:
 		}
 	})
@@ -109,6 +116,9 @@ func (s *Server) l2Candidates() map[netip.Addr][]string {
 		return nil
 	}
 	nodes, _ := s.Registry.Nodes.List("", nil)
-	services, _ := s.Registry.Services.List("", nil)
+	// Only a load balancer has L2 addresses: the other services are
+	// not looked at, however many there are.
+	var services []*model.Service
+	s.Registry.Read(func(v registry.View) { services = v.LoadBalancerServices() })
 	return receive.L2Addresses(receive.Cluster{Nodes: nodes, Pools: pools, Services: services, Observed: s.Agents.Status(), Aside: s.Registry.Aside})
 }

@@ -109,11 +109,12 @@ type Server struct {
 	stopEvents context.CancelFunc
 	ipam       *ipam.Allocator
 	l2         *l2owner.Owners
-	// registryChanged is signalled after every write (watchRegistry).
-	registryChanged chan struct{}
-	resFile         *resourcefile.Watcher
-	store           store.Backend
-	replica         *replicas.Config // nil without a shared store
+	// l2InputChanged is signalled after every write the L2 candidates
+	// may follow (watchRegistry).
+	l2InputChanged chan struct{}
+	resFile        *resourcefile.Watcher
+	store          store.Backend
+	replica        *replicas.Config // nil without a shared store
 	// election is nil unless Kubernetes replicas, each with its own
 	// store, elect the one that assigns addresses with a Lease.
 	election *kubernetes.LeaderElection

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -89,6 +90,10 @@ type Registry struct {
 	// services that may share an address or a node port.
 	rules      ServiceRules
 	claimIndex claimIndex
+	// loadBalancers are the keys of the services with load-balancer IPs,
+	// kept with every write (reindex): what follows those addresses (the
+	// L2 owners, the announcers) looks at them, not at every service.
+	loadBalancers map[string]bool
 
 	Services       *Collection[*model.Service]
 	EndpointSlices *Collection[*model.EndpointSlice]
@@ -107,7 +112,7 @@ type storedKind interface {
 // Open loads every stored resource.
 func Open(st store.Backend) (*Registry, error) {
 	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}, drained: map[string]time.Time{},
-		rules: DefaultServiceRules()}
+		loadBalancers: map[string]bool{}, rules: DefaultServiceRules()}
 	r.Services = newCollection(r, "services", true, func(s *model.Service) error {
 		if err := s.Validate(); err != nil {
 			return err
@@ -154,10 +159,10 @@ func Open(st store.Backend) (*Registry, error) {
 	}
 	r.rev = rev
 	for _, s := range r.EndpointSlices.items {
-		r.indexSlice(s, nil)
+		r.reindex(s, nil)
 	}
-	for key, s := range r.Services.items {
-		r.claimIndex.update(key, nil, s)
+	for _, s := range r.Services.items {
+		r.reindex(s, nil)
 	}
 	return r, nil
 }
@@ -319,13 +324,18 @@ func (v View) ServiceKeys() []string {
 
 // LoadBalancerServiceKeys lists the services with load-balancer IPs.
 func (v View) LoadBalancerServiceKeys() []string {
-	var keys []string
-	for k, s := range v.r.Services.items {
-		if len(s.LoadBalancerIPs) > 0 {
-			keys = append(keys, k)
-		}
+	return slices.Collect(maps.Keys(v.r.loadBalancers))
+}
+
+// LoadBalancerServices lists the services with load-balancer IPs, by key.
+func (v View) LoadBalancerServices() []*model.Service {
+	keys := v.LoadBalancerServiceKeys()
+	slices.Sort(keys)
+	out := make([]*model.Service, len(keys))
+	for i, k := range keys {
+		out[i] = v.r.Services.items[k]
 	}
-	return keys
+	return out
 }
 
 // NodeNames lists every node.
@@ -708,7 +718,13 @@ func (r *Registry) reindex(obj, old model.Object) {
 	case *model.Service:
 		now, _ := obj.(*model.Service)
 		was, _ := old.(*model.Service)
-		r.claimIndex.update(firstNonNil(obj, old).GetMeta().Key(), was, now)
+		key := firstNonNil(obj, old).GetMeta().Key()
+		r.claimIndex.update(key, was, now)
+		if now != nil && len(now.LoadBalancerIPs) > 0 {
+			r.loadBalancers[key] = true
+		} else {
+			delete(r.loadBalancers, key)
+		}
 	case *model.EndpointSlice:
 		now, _ := obj.(*model.EndpointSlice)
 		was, _ := old.(*model.EndpointSlice)
