@@ -116,11 +116,22 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	})
 	d.cfg.Log.Debug("whole state worked out", "services", len(state.Services), "elements", len(w.live), "took", time.Since(start))
 	errs := make([]error, len(fams))
+	cleanups := make([]func(), len(fams))
 	var wg sync.WaitGroup
 	for i, f := range fams {
-		wg.Go(func() { errs[i] = d.syncFamily(ctx, f, w, streams[f.index]) })
+		wg.Go(func() { cleanups[i], errs[i] = d.syncFamily(ctx, f, w, streams[f.index]) })
 	}
 	wg.Wait()
+	defer func() {
+		// Last: the kernel frees a deleted generation's elements in the
+		// background, and any process closing a netfilter socket (the
+		// conntrack tool clearing flows) would wait for that.
+		for _, c := range cleanups {
+			if c != nil {
+				c()
+			}
+		}
+	}()
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -135,12 +146,12 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 
 // syncFamily is one family's full sync: the generation switch s started,
 // or when that fails (or failed last time) a rebuild. It records the
-// outcome in the family's tableState.
-func (d *Datapath) syncFamily(ctx context.Context, f *family, w *desired, s *stream) error {
+// outcome in the family's tableState, and returns what deletes the objects
+// a switch left unused, to call once the rest is done.
+func (d *Datapath) syncFamily(ctx context.Context, f *family, w *desired, s *stream) (cleanup func(), err error) {
 	t := d.tables[f]
-	var err error
 	if s != nil {
-		err = d.switchGeneration(ctx, f, w, s)
+		cleanup, err = d.switchGeneration(ctx, f, w, s)
 	}
 	if s == nil || (err != nil && ctx.Err() == nil) {
 		// The table holds something the switch could not get past
@@ -148,15 +159,15 @@ func (d *Datapath) syncFamily(ctx context.Context, f *family, w *desired, s *str
 		if err != nil {
 			d.cfg.Log.Warn("generation switch failed; replacing the table", "family", f.String(), "error", err)
 		}
-		err = d.rebuild(ctx, f, w)
+		cleanup, err = nil, d.rebuild(ctx, f, w)
 	}
 	if err != nil {
 		t.known = false
 		t.rebuild = ctx.Err() == nil
-		return err
+		return nil, err
 	}
 	t.known, t.rebuild, t.picks = true, false, w.picks[f]
-	return nil
+	return cleanup, nil
 }
 
 // stream loads the elements of a family's whole state into the generation
@@ -383,16 +394,17 @@ func (d *Datapath) prepare(ctx context.Context, f *family, g generation, picks [
 //     elements, and the frontends load;
 //  4. one transaction points every chain at the new generation and empties
 //     every chain that is not Weir's now;
-//  5. a last transaction deletes the old generation and whatever else is
-//     not Weir's now: objects that are no longer referenced only after the
-//     switch, as kube-proxy deletes stale chains a sync after flushing them.
+//  5. a last transaction (the cleanup returned, which the full sync calls
+//     last) deletes the old generation and whatever else is not Weir's
+//     now: objects that are no longer referenced only after the switch,
+//     as kube-proxy deletes stale chains a sync after flushing them.
 //
 // A failure before step 4 leaves the old generation forwarding; a failure
 // of step 5 leaves forwarding right and only litter, retried later.
-func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, s *stream) error {
+func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, s *stream) (cleanup func(), err error) {
 	s.finish()
 	if s.err != nil {
-		return s.err
+		return nil, s.err
 	}
 	loaded := time.Since(s.started)
 	t := d.tables[f]
@@ -424,7 +436,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 	}
 	if tx.NumOperations() > 0 {
 		if err := d.run(ctx, f, tx); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	for batch := range slices.Chunk(s.held, s.size) {
@@ -432,11 +444,11 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 		if s.netlink {
 			sb.encoded = newBatch()
 			if rest := sb.encoded.elements(unix.NFT_MSG_NEWSETELEM, f, next, batch); len(rest) > 0 {
-				return fmt.Errorf("%d frontends could not be laid out", len(rest))
+				return nil, fmt.Errorf("%d frontends could not be laid out", len(rest))
 			}
 		}
 		if err := d.loadBatch(ctx, f, next, sb, 0); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	frontends := time.Since(s.started)
@@ -476,7 +488,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 		}
 	}
 	if err := d.nft[f][0].Run(ctx, tx); err != nil {
-		return fmt.Errorf("programming %s table %q: %w", f, TableName, err)
+		return nil, fmt.Errorf("programming %s table %q: %w", f, TableName, err)
 	}
 	t.gen = next
 	switched := time.Since(s.started)
@@ -500,11 +512,13 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 			gone = append(gone, &knftables.Chain{Name: name})
 		}
 	}
-	d.deleteObjects(ctx, f, gone)
 	d.cfg.Log.Debug("generation switched", "family", f.String(), "generation", string(next), "elements", w.counts[f],
-		"listed", s.listed, "prepared", s.prepared, "loaded", loaded, "frontends", frontends, "switched", switched,
-		"deleted", time.Since(s.started))
-	return nil
+		"listed", s.listed, "prepared", s.prepared, "loaded", loaded, "frontends", frontends, "switched", switched)
+	return func() {
+		start := time.Now()
+		d.deleteObjects(ctx, f, gone)
+		d.cfg.Log.Debug("old generation deleted", "family", f.String(), "objects", len(gone), "took", time.Since(start))
+	}, nil
 }
 
 // deleteObjects deletes what the table no longer needs, in one transaction
