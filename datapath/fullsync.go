@@ -18,11 +18,9 @@ import (
 
 // A full sync makes each family's table hold exactly a whole state,
 // whatever it held before, by a generation switch (see switchGeneration):
-// the state is worked out service by service and each element goes to the
-// kernel as soon as it is known, while the table is being prepared and
-// the kernel commits the elements before it. Only the frontends wait: the
-// sets of their picks, and the session-affinity chains their verdicts go
-// to, exist once the whole state is known.
+// the state is worked out service by service, and each batch of elements
+// goes to the kernel as soon as it is known, while the next is worked out.
+// Only a few frontends wait for the whole state (see stream).
 
 // desired is a whole state as elements and objects, per family.
 type desired struct {
@@ -352,16 +350,10 @@ func (d *Datapath) prepare(ctx context.Context, f *family, g generation, picks [
 		tx.Flush(pc.chain)
 	}
 	for _, obj := range tableSets(*f, g) {
-		// Fresh, even if a failed sync left one behind.
-		tx.Add(obj)
-		tx.Delete(obj)
-		tx.Add(obj)
+		addFresh(tx, obj)
 	}
 	for _, p := range picks {
-		obj := p.object(*f, g)
-		tx.Add(obj)
-		tx.Delete(obj)
-		tx.Add(obj)
+		addFresh(tx, p.object(*f, g))
 	}
 	for _, c := range flowCounters(d.cfg) {
 		tx.Add(c) // an existing counter keeps its count
@@ -382,6 +374,13 @@ func (d *Datapath) prepare(ctx context.Context, f *family, g generation, picks [
 		tx.Add(e.object(g))
 	}
 	return d.run(ctx, f, tx)
+}
+
+// addFresh adds an empty set or map, even if a failed sync left one behind.
+func addFresh(tx *knftables.Transaction, obj knftables.Object) {
+	tx.Add(obj)
+	tx.Delete(obj)
+	tx.Add(obj)
 }
 
 // switchGeneration loads w into the generation the table's chains do not
@@ -416,10 +415,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 	late := map[uint8]bool{} // kinds with picks the first batch did not name
 	for p := range picks {
 		if !s.picks[p] {
-			obj := p.object(*f, next)
-			tx.Add(obj)
-			tx.Delete(obj)
-			tx.Add(obj)
+			addFresh(tx, p.object(*f, next))
 			late[p.kind] = true
 		}
 	}

@@ -10,20 +10,28 @@ import (
 	"github.com/weirlb/weir/server/store"
 )
 
+// openTestRegistry opens a registry over a store of its own, closed when
+// the test ends.
+func openTestRegistry(t *testing.T) (*store.Bolt, *Registry) {
+	t.Helper()
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	r, err := Open(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, r
+}
+
 // TestDrainsReadBackFromTheStore: a replica learns another's drains from
 // the store (etcd), each write as it comes (putStored) or the whole store
 // again when its place in the history is gone (reload); both formats are
 // read, and a changed deadline alone is a change of the node.
 func TestDrainsReadBackFromTheStore(t *testing.T) {
-	st, err := store.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	r, err := Open(st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, r := openTestRegistry(t)
 	if _, err := r.Nodes.Create(&model.Node{Meta: model.Meta{Name: "n1"}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.10")}}); err != nil {
 		t.Fatal(err)
 	}

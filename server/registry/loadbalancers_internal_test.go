@@ -19,15 +19,7 @@ import (
 // checked, a deletion, another replica's write read back, a restart. At
 // every step the index lists what a look at every service finds.
 func TestLoadBalancerServicesFollowEveryWrite(t *testing.T) {
-	st, err := store.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	r, err := Open(st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, r := openTestRegistry(t)
 	service := func(name string, clusterIP string, lbIPs ...string) *model.Service {
 		s := &model.Service{Meta: model.Meta{Namespace: "shop", Name: name}, Type: model.LoadBalancer,
 			ClusterIPs: []netip.Addr{netip.MustParseAddr(clusterIP)}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}},
