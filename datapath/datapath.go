@@ -239,23 +239,45 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 }
 
 // NewForNode opens the real nftables tables of the current network
-// namespace, with one loader per CPU for full syncs.
+// namespace. Opening one costs an nft run (knftables checks the binary),
+// so they are opened at once; without the element writer, a full sync loads
+// through nft, with one process per CPU.
 func NewForNode(cfg Config) (*Datapath, error) {
 	if cfg.Conntrack == nil {
 		cfg.Conntrack = ConntrackTool{}
 	}
 	d := New(nil, nil, cfg)
-	for _, f := range []*family{&ipv4, &ipv6} {
-		for range max(2, min(runtime.NumCPU(), 4)) {
-			nft, err := knftables.New(f.nft, TableName)
-			if err != nil {
-				return nil, fmt.Errorf("nftables for %s: %w", f, err)
-			}
-			d.nft[f] = append(d.nft[f], nft)
+	loaders := 1
+	if cfg.ElementsOverNft {
+		loaders = max(2, min(runtime.NumCPU(), 4))
+	}
+	type opened struct {
+		nft  []knftables.Interface
+		errs []error
+		nl   knftables.Interface
+	}
+	open := make([]opened, len(families))
+	var wg sync.WaitGroup
+	for i, f := range families {
+		open[i].nft, open[i].errs = make([]knftables.Interface, loaders), make([]error, loaders)
+		for j := range loaders {
+			wg.Go(func() { open[i].nft[j], open[i].errs[j] = knftables.New(f.nft, TableName) })
 		}
+		wg.Go(func() {
+			if nl, err := knftables.New(f.nft, TableName, knftables.UseNetlink); err == nil {
+				open[i].nl = nl
+			}
+		})
+	}
+	wg.Wait()
+	for i, f := range families {
+		if err := errors.Join(open[i].errs...); err != nil {
+			return nil, fmt.Errorf("nftables for %s: %w", f, err)
+		}
+		d.nft[f] = open[i].nft
 		d.lister[f] = d.nft[f][0]
-		if nl, err := knftables.New(f.nft, TableName, knftables.UseNetlink); err == nil {
-			d.lister[f] = nl
+		if open[i].nl != nil {
+			d.lister[f] = open[i].nl
 		}
 		d.tables[f] = &tableState{}
 	}
