@@ -245,7 +245,7 @@ func run(n, changes, adds, restarts int) error {
 	}
 	took, added := map[bool][]time.Duration{}, map[bool][]time.Duration{}
 	c, next := 0, n
-	addsPerRound := max(adds/4, 1)
+	changesPerRound, addsPerRound := max(changes/4, 1), max(adds/4, 1)
 	for round := range 4 {
 		overNft := round%2 == 1
 		if dp, err = datapath.NewForNode(datapath.Config{Log: debugLog, ElementsOverNft: overNft}); err != nil {
@@ -254,7 +254,7 @@ func run(n, changes, adds, restarts int) error {
 		if err := dp.Apply(ctx, state); err != nil {
 			return err
 		}
-		for range changes / 4 {
+		for range changesPerRound {
 			change(c)
 			c++
 			start := time.Now()
