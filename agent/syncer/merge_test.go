@@ -44,6 +44,7 @@ type refModel struct {
 	partial        bool
 	pieces         map[datapath.ServiceKey]bool
 	rejected       uint64
+	missing        uint64 // a version refused since the last whole state
 	// named since the last apply and since the last Received; nil: a
 	// whole state came since.
 	sinceApply, sinceReceived map[datapath.ServiceKey]bool
@@ -55,6 +56,10 @@ func (m *refModel) step(t *testing.T, msg *weirv1.SyncResponse) (whole, refused,
 	t.Helper()
 	if m.rejected != 0 && msg.GetVersion() == m.rejected {
 		return false, false, true
+	}
+	if m.missing != 0 && !msg.GetFull() && (!m.partial || msg.GetVersion() != m.assembling) {
+		m.rejected = msg.GetVersion()
+		return false, true, false
 	}
 	if !m.partial || msg.GetVersion() != m.assembling {
 		m.assembling, m.pieces = msg.GetVersion(), map[datapath.ServiceKey]bool{}
@@ -70,7 +75,7 @@ func (m *refModel) step(t *testing.T, msg *weirv1.SyncResponse) (whole, refused,
 		if msg.GetMore() || m.partial {
 			m.partial = true
 		}
-		m.rejected = msg.GetVersion()
+		m.rejected, m.missing = msg.GetVersion(), msg.GetVersion()
 		return false, true, false
 	}
 	if msg.GetNode() != nil {
@@ -104,6 +109,7 @@ func (m *refModel) step(t *testing.T, msg *weirv1.SyncResponse) (whole, refused,
 	}
 	m.node, m.services = node, next
 	if msg.GetFull() {
+		m.missing = 0
 		m.sinceApply, m.sinceReceived = nil, nil
 	}
 	for _, key := range named {
@@ -271,16 +277,27 @@ func TestARefusedPartTakesBackTheVersion(t *testing.T) {
 		{Version: 1, Full: true, Upserts: []*weirv1.NodeService{svc("web", "10.96.0.10")}},
 		{Version: 2, Upserts: []*weirv1.NodeService{svc("db", "10.96.0.20")}, Removals: []string{"default/web"}, More: true},
 		{Version: 2, Upserts: []*weirv1.NodeService{svc("cache", "not-an-ip")}},
-		{Version: 3, Upserts: []*weirv1.NodeService{svc("api", "10.96.0.30")}},
 	} {
 		s.handle(ctx, m)
 	}
-	var got []string
-	for key, svc := range dp.last().Services {
-		got = append(got, key.Name+" "+svc.ClusterIPs[0].String())
+	applied := func() []string {
+		var got []string
+		for key, svc := range dp.last().Services {
+			got = append(got, key.Name+" "+svc.ClusterIPs[0].String())
+		}
+		slices.Sort(got)
+		return got
 	}
-	slices.Sort(got)
-	if want := []string{"api 10.96.0.30", "web 10.96.0.10"}; !slices.Equal(got, want) {
+	if got, want := applied(), []string{"web 10.96.0.10"}; !slices.Equal(got, want) {
 		t.Errorf("applied %q after a refused version, want %q: the refused version's first part left behind", got, want)
+	}
+	// A later delta lacks version 2 and is refused; a whole state is
+	// applied.
+	if a := s.handle(ctx, &weirv1.SyncResponse{Version: 3, Upserts: []*weirv1.NodeService{svc("api", "10.96.0.30")}}); a.GetNack().GetVersion() != 3 {
+		t.Errorf("answer to a delta after a refused version: %v, want NACK 3", a)
+	}
+	s.handle(ctx, &weirv1.SyncResponse{Version: 4, Full: true, Upserts: []*weirv1.NodeService{svc("api", "10.96.0.30"), svc("db", "10.96.0.20")}})
+	if got, want := applied(), []string{"api 10.96.0.30", "db 10.96.0.20"}; !slices.Equal(got, want) {
+		t.Errorf("applied %q after a whole state, want %q", got, want)
 	}
 }

@@ -192,6 +192,12 @@ type Syncer struct {
 	// for a refused part to take the state back to.
 	before   undo
 	rejected uint64 // a version refused, whose later parts are ignored
+	// missing is a version refused since the last whole state: a delta
+	// after it would be applied without it, and answered as if the
+	// kernel held what the server sent. Until a whole state comes, every
+	// delta is refused too (the server answers a refusal with a whole
+	// state at its next change).
+	missing uint64
 }
 
 // New returns a syncer for conn's server. obs may be nil.
@@ -270,8 +276,9 @@ func (s *Syncer) session(ctx context.Context, server string, acceptStale, waitFo
 	}
 	s.mu.Lock()
 	applied, history := s.applied, s.appliedHistory
-	if s.partial {
-		// A state broke off half-way: ask for a whole one.
+	if s.partial || s.missing != 0 {
+		// A state broke off half-way, or a refused version is missing:
+		// ask for a whole one.
 		applied = 0
 	}
 	s.mu.Unlock()
@@ -385,6 +392,10 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 	if s.rejected != 0 && msg.GetVersion() == s.rejected {
 		return nil // the rest of a version already refused
 	}
+	if s.missing != 0 && !msg.GetFull() && (!s.partial || msg.GetVersion() != s.assembling) {
+		s.rejected = msg.GetVersion()
+		return nack(msg.GetVersion(), fmt.Errorf("version %d, refused before, is missing from this change: waiting for a whole state", s.missing))
+	}
 	if !s.partial || msg.GetVersion() != s.assembling {
 		s.assembling, s.pieces = msg.GetVersion(), map[datapath.ServiceKey]bool{}
 		s.before = undo{node: s.state.Node, replaced: map[datapath.ServiceKey]*datapath.Service{}}
@@ -399,9 +410,12 @@ func (s *Syncer) handle(ctx context.Context, msg *weirv1.SyncResponse) *weirv1.S
 			// stream.
 			s.partial = true
 		}
-		s.rejected = msg.GetVersion()
+		s.rejected, s.missing = msg.GetVersion(), msg.GetVersion()
 		s.metrics.stale.WithLabelValues("not_applied").Set(1)
 		return nack(msg.GetVersion(), err)
+	}
+	if msg.GetFull() {
+		s.missing = 0 // a whole state has everything
 	}
 	s.fold(msg.GetFull(), d)
 	if msg.GetMore() {

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -194,22 +195,42 @@ func TestSyncerAcksNacksAndKeepsLastGoodState(t *testing.T) {
 		t.Errorf("after a NACK the applied web has cluster IP %s, want the last good 10.96.0.10", got)
 	}
 
+	// A later delta would be applied without version 6's change, and its
+	// ACK would tell the server the node holds what it sent: refused too,
+	// until a whole state comes.
+	send(&weirv1.SyncResponse{Version: 7, Upserts: []*weirv1.NodeService{svc("cache", "10.96.0.30")}})
+	if a := recvAnswer(t, stream); a.GetNack().GetVersion() != 7 || !strings.Contains(a.GetNack().GetError(), "version 6") {
+		t.Fatalf("answer to version 7 after version 6 was refused: %v, want NACK 7 naming version 6", a)
+	}
+	if n := len(dp.last().Services); n != 2 {
+		t.Errorf("applied %d services after a refused delta, want the last good 2", n)
+	}
+	metricsSay("a version missing", 0, 1, 0)
+	send(&weirv1.SyncResponse{Version: 8, Full: true, Upserts: []*weirv1.NodeService{svc("web", "10.96.0.11"), svc("db", "10.96.0.20")}})
+	if a := recvAnswer(t, stream); a.GetAck().GetVersion() != 8 {
+		t.Fatalf("answer to the whole version 8: %v, want ACK 8", a)
+	}
+	if got := dp.last().Services[datapath.ServiceKey{Namespace: "default", Name: "web"}].ClusterIPs[0].String(); got != "10.96.0.11" {
+		t.Errorf("after the whole state the applied web has cluster IP %s, want 10.96.0.11", got)
+	}
+
 	// The datapath fails: NACK; when it recovers, the periodic retry ACKs.
+	// The state was received whole, so later deltas go on.
 	dp.setFail(errors.New("nft: no space left"))
-	send(&weirv1.SyncResponse{Version: 7, Removals: []string{"default/db"}})
-	if a := recvAnswer(t, stream); a.GetNack().GetVersion() != 7 {
-		t.Fatalf("answer to version 7 with a failing datapath: %v, want NACK 7", a)
+	send(&weirv1.SyncResponse{Version: 9, Removals: []string{"default/db"}})
+	if a := recvAnswer(t, stream); a.GetNack().GetVersion() != 9 {
+		t.Fatalf("answer to version 9 with a failing datapath: %v, want NACK 9", a)
 	}
 	metricsSay("the datapath failing", 0, 1, 1)
 	dp.setFail(nil)
-	if a := recvAnswer(t, stream); a.GetAck().GetVersion() != 7 {
-		t.Fatalf("after recovery: %v, want ACK 7 from the retry", a)
+	if a := recvAnswer(t, stream); a.GetAck().GetVersion() != 9 {
+		t.Fatalf("after recovery: %v, want ACK 9 from the retry", a)
 	}
 	if n := len(dp.last().Services); n != 1 {
 		t.Errorf("applied %d services after removing db, want 1", n)
 	}
-	if st := s.Status(); st.AppliedVersion != 7 || st.LastError != nil {
-		t.Errorf("status %+v, want applied 7 and no error", st)
+	if st := s.Status(); st.AppliedVersion != 9 || st.LastError != nil {
+		t.Errorf("status %+v, want applied 9 and no error", st)
 	}
 	metricsSay("recovered", 0, 0, 0)
 	cancel()
@@ -260,6 +281,26 @@ func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {
 	case h := <-second:
 		if h.GetAppliedVersion() != 9 {
 			t.Errorf("reconnect hello says applied %d, want 9", h.GetAppliedVersion())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("agent did not reconnect")
+	}
+	// A version refused is missing from the applied state: resuming from
+	// 9 would skip it, so the next stream asks for a whole state.
+	stream := <-ss.streams
+	if err := stream.Send(&weirv1.SyncResponse{Version: 10, Upserts: []*weirv1.NodeService{svc("web", "not-an-ip")}}); err != nil {
+		t.Fatal(err)
+	}
+	if a := recvAnswer(t, stream); a.GetNack().GetVersion() != 10 {
+		t.Fatalf("answer to a bad version 10: %v, want NACK 10", a)
+	}
+	third := make(chan *weirv1.Hello, 1)
+	go func() { third <- <-ss.hellos }()
+	ss.end <- nil
+	select {
+	case h := <-third:
+		if h.GetAppliedVersion() != 0 {
+			t.Errorf("reconnect hello after a refused version says applied %d, want 0 (a whole state)", h.GetAppliedVersion())
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("agent did not reconnect")

@@ -6,6 +6,7 @@ package agentsync
 import (
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/weirlb/weir/internal/bounded"
@@ -16,7 +17,7 @@ import (
 	"github.com/weirlb/weir/server/observed"
 )
 
-func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *observed.Node, inflight *inflight, log *slog.Logger) error {
+func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *observed.Node, inflight *inflight, refused *atomic.Bool, log *slog.Logger) error {
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -32,8 +33,10 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *observed
 		case *weirv1.SyncRequest_Ack:
 			settled = inflight.settle(m.Ack.GetVersion())
 		case *weirv1.SyncRequest_Nack:
-			// Recorded, never resent: the same state would fail the same way.
+			// Recorded, never resent: the same state would fail the same
+			// way. The next change goes as a whole state.
 			inflight.settle(m.Nack.GetVersion())
+			refused.Store(true)
 			h.metrics.nacks.Inc()
 			log.Warn("agent rejected state", "version", m.Nack.GetVersion(), "error", m.Nack.GetError())
 		case *weirv1.SyncRequest_Report:

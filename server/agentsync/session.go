@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -36,6 +37,10 @@ type session struct {
 	// ended is why the hub ended the session, if it did (set under h.mu).
 	ended error
 	done  chan struct{}
+	// refused is set when the agent refuses a version: it would refuse
+	// every delta after it too (the refused change is missing from what
+	// it holds), so its next message is a whole state.
+	refused atomic.Bool
 }
 
 // HelloTimeout bounds how long a new stream may stay silent.
@@ -124,7 +129,7 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 
 	inflight := newInflight()
 	recvErr := make(chan error, 1)
-	go func() { recvErr <- h.receiveAnswers(stream, st, inflight, log) }()
+	go func() { recvErr <- h.receiveAnswers(stream, st, inflight, &s.refused, log) }()
 
 	kind := "resume"
 	v := hello.GetAppliedVersion()
@@ -180,6 +185,9 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		var since time.Time
 		msg, since = s.client.Next()
 		kind = "delta"
+		if msg != nil && s.refused.Swap(false) {
+			msg, kind = s.client.Full(), "full"
+		}
 		if msg != nil && !since.IsZero() {
 			inflight.add(msg.Version, since)
 		}

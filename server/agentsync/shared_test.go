@@ -222,12 +222,32 @@ func TestAgentsMakingTheSameStepShareOneEncoding(t *testing.T) {
 	}
 	msgs := step("a new service", func() uint64 { return create("b", 12) }, nil)
 
-	// n2 refuses it: the others are still sent what it is.
+	// n2 refuses it. An agent that refused a version refuses every delta
+	// after it (what it holds lacks the refused change), so n2's next
+	// message is a whole state; the others are still sent the step they
+	// share.
 	refused := msgs["n2"][0].msg.GetVersion()
 	agents["n2"].answer(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Nack{Nack: &weirv1.Nack{Version: refused, Error: "no room"}}})
 	agents["n1"].answer(ack(refused))
 	agents["n3"].answer(ack(refused))
-	step("a service after a refusal", func() uint64 { return create("c", 13) }, nil)
+	wait.Until(t, 10*time.Second, "n2's refusal is recorded", func() bool {
+		for _, st := range h.Status() {
+			if st.Node == "n2" && st.LastErrorVersion == refused {
+				return true
+			}
+		}
+		return false
+	})
+	v := create("c", 13)
+	wait.Until(t, 10*time.Second, "the fanout waits out the period", clk.HasWaiters)
+	clk.Step(time.Second)
+	for n, a := range agents {
+		parts := a.next("a service after a refusal to " + n)
+		first := parts[0].msg
+		if first.GetVersion() != v || first.GetFull() != (n == "n2") {
+			t.Fatalf("a service after n2's refusal: %s sent version %d, whole %v; want %d, whole only to n2", n, first.GetVersion(), first.GetFull(), v)
+		}
+	}
 
 	// n3's node changes with a service in the same batch: n3's own
 	// description in front of the services every agent shares.
