@@ -271,6 +271,8 @@ func run(ctx context.Context, cfg config) (err error) {
 		return err
 	}
 
+	var gcBefore, gcAfter runtime.MemStats
+	runtime.ReadMemStats(&gcBefore)
 	changes, err := makeChanges(ctx, c.Registry, status, cfg, names)
 	if err != nil {
 		return err
@@ -296,12 +298,14 @@ func run(ctx context.Context, cfg config) (err error) {
 			return err
 		}
 	}
+	runtime.ReadMemStats(&gcAfter)
 	after, err := scrapeAll(ctx, c, reals)
 	if err != nil {
 		return err
 	}
 	stopAgents()
 	report(cfg, changes, sims, reals, before, after)
+	reportStalls(changes, sims, before, after, gcOf(&gcBefore, &gcAfter))
 	return nil
 }
 

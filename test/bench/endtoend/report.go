@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
+	"runtime"
 	"slices"
 	"time"
 
@@ -95,4 +97,67 @@ func report(cfg config, changes []*change, sims []*simAgent, reals []*realNode, 
 func median(d durations) time.Duration {
 	s := slices.Sorted(slices.Values(d))
 	return s[len(s)/2]
+}
+
+// gcPauses is what the collector of this program (the simulated agents)
+// stopped it for while the changes were made.
+type gcPauses struct {
+	cycles         uint32
+	total, longest time.Duration
+}
+
+func gcOf(before, after *runtime.MemStats) gcPauses {
+	g := gcPauses{cycles: after.NumGC - before.NumGC, total: time.Duration(after.PauseTotalNs - before.PauseTotalNs)}
+	for n := before.NumGC + 1; n <= after.NumGC && n+256 > after.NumGC; n++ {
+		g.longest = max(g.longest, time.Duration(after.PauseNs[(n+255)%256]))
+	}
+	return g
+}
+
+// reportStalls shows whether the slowest changes were late for every
+// agent (the whole process or machine stalled: the median receipt is
+// late too) or for a few (stragglers: the median is early, the last
+// late), and what the collectors stopped.
+func reportStalls(changes []*change, sims []*simAgent, before, after scrapes, own gcPauses) {
+	type late struct {
+		ch       *change
+		receipts durations
+		slowest  time.Duration
+	}
+	var all []late
+	for _, ch := range changes {
+		l := late{ch: ch}
+		for _, a := range sims {
+			at, _ := a.receivedAt(ch.revision)
+			l.receipts = append(l.receipts, at.Sub(ch.accepted))
+		}
+		slices.Sort(l.receipts)
+		if len(l.receipts) > 0 {
+			l.slowest = l.receipts[len(l.receipts)-1]
+		}
+		all = append(all, l)
+	}
+	slices.SortFunc(all, func(a, b late) int { return cmp.Compare(b.slowest, a.slowest) })
+	fmt.Println("\nthe slowest changes, by their last simulated agent (a late median: everything stalled; an early one: stragglers):")
+	for _, l := range all[:min(5, len(all))] {
+		n := len(l.receipts)
+		if n == 0 {
+			continue
+		}
+		over := 0
+		for _, d := range l.receipts {
+			if d > 100*time.Millisecond {
+				over++
+			}
+		}
+		fmt.Printf("  revision %d: p50 %v  p90 %v  last %v; %d of %d agents after 100 ms; the write took %v\n",
+			l.ch.revision, round(l.receipts[n/2]), round(l.receipts[n*9/10]), round(l.receipts[n-1]), over, n,
+			round(l.ch.accepted.Sub(l.ch.called)))
+	}
+	fmt.Println("garbage collection while the changes were made:")
+	fmt.Printf("  %-46s %d cycles, %v stopped, longest %v\n", "this program (the simulated agents)", own.cycles, round(own.total), round(own.longest))
+	cycles := after.server["go_gc_duration_seconds_count"] - before.server["go_gc_duration_seconds_count"]
+	paused := seconds(after.server["go_gc_duration_seconds_sum"] - before.server["go_gc_duration_seconds_sum"])
+	fmt.Printf("  %-46s %.0f cycles, %v stopped, longest recent %v\n", "weir-server", cycles, round(paused),
+		round(seconds(after.server[`go_gc_duration_seconds{quantile="1"}`])))
 }
