@@ -26,6 +26,15 @@ func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
+	// Sent after the registry's lock, never under it: a send waits while
+	// the registry's reader of ch is busy, and a write waiting for the
+	// lock would hold up every other reader meanwhile.
+	var metrics []prometheus.Metric
+	defer func() {
+		for _, m := range metrics {
+			ch <- m
+		}
+	}()
 	c.reg.Read(func(v registry.View) {
 		var services []*model.Service
 		for _, key := range v.LoadBalancerServiceKeys() {
@@ -38,12 +47,14 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 				has4, has6 = has4 || r.First.Is4(), has6 || !r.First.Is4()
 			}
 			if has4 {
-				ch <- prometheus.MustNewConstMetric(poolSize, prometheus.GaugeValue, float64(u.AssignedIPv4)+float64(u.AvailableIPv4), p.Name, "IPv4")
-				ch <- prometheus.MustNewConstMetric(poolInUse, prometheus.GaugeValue, float64(u.AssignedIPv4), p.Name, "IPv4")
+				metrics = append(metrics,
+					prometheus.MustNewConstMetric(poolSize, prometheus.GaugeValue, float64(u.AssignedIPv4)+float64(u.AvailableIPv4), p.Name, "IPv4"),
+					prometheus.MustNewConstMetric(poolInUse, prometheus.GaugeValue, float64(u.AssignedIPv4), p.Name, "IPv4"))
 			}
 			if has6 {
-				ch <- prometheus.MustNewConstMetric(poolSize, prometheus.GaugeValue, float64(u.AssignedIPv6)+float64(u.AvailableIPv6), p.Name, "IPv6")
-				ch <- prometheus.MustNewConstMetric(poolInUse, prometheus.GaugeValue, float64(u.AssignedIPv6), p.Name, "IPv6")
+				metrics = append(metrics,
+					prometheus.MustNewConstMetric(poolSize, prometheus.GaugeValue, float64(u.AssignedIPv6)+float64(u.AvailableIPv6), p.Name, "IPv6"),
+					prometheus.MustNewConstMetric(poolInUse, prometheus.GaugeValue, float64(u.AssignedIPv6), p.Name, "IPv6"))
 			}
 		}
 	})

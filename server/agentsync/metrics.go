@@ -91,15 +91,24 @@ func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	version := c.h.metrics.stateVersion.Load()
+	// Read under the hub's lock, sent after it: the registry takes the
+	// metrics from ch in the goroutine that also reads weir_server_current,
+	// which takes the same lock, so a send under it waits for ever once ch
+	// is full (a few hundred nodes), and with it every agent's answers.
+	var metrics []prometheus.Metric
 	c.h.eachStatus(func(n *observed.Node) {
 		lag := uint64(0)
 		if p := n.ProgrammedVersion(); p < version {
 			lag = version - p
 		}
-		ch <- prometheus.MustNewConstMetric(nodeConnected, prometheus.GaugeValue, bool01(n.Connected), n.Node)
-		ch <- prometheus.MustNewConstMetric(nodeLag, prometheus.GaugeValue, float64(lag), n.Node)
-		ch <- prometheus.MustNewConstMetric(nodeFailing, prometheus.GaugeValue, bool01(n.LastError != ""), n.Node)
+		metrics = append(metrics,
+			prometheus.MustNewConstMetric(nodeConnected, prometheus.GaugeValue, bool01(n.Connected), n.Node),
+			prometheus.MustNewConstMetric(nodeLag, prometheus.GaugeValue, float64(lag), n.Node),
+			prometheus.MustNewConstMetric(nodeFailing, prometheus.GaugeValue, bool01(n.LastError != ""), n.Node))
 	})
+	for _, m := range metrics {
+		ch <- m
+	}
 }
 
 func bool01(b bool) float64 {

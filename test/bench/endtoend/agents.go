@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -194,16 +197,28 @@ func watchStatuses(ctx context.Context, status weirv1.StatusServiceClient, reals
 
 // scrapes are the lab's metrics at one moment.
 type scrapes struct {
-	server metrics
-	agents []metrics // the real nodes', in order
+	server     metrics
+	serverTook time.Duration // to read the server's page
+	agents     []metrics     // the real nodes', in order
 }
 
 func scrapeAll(ctx context.Context, c *weirlab.Cluster, reals []*realNode) (scrapes, error) {
 	var s scrapes
 	var err error
-	if s.server, err = scrape(ctx, c.Control.HTTPClient(2*time.Second), serverMetrics); err != nil {
+	// Prometheus's own default scrape timeout: a page with a series per
+	// node for 500 nodes, read while they settle.
+	start := time.Now()
+	if s.server, err = scrape(ctx, c.Control.HTTPClient(10*time.Second), serverMetrics); err != nil {
+		// What the server was doing instead.
+		if dump, derr := get(ctx, c.Control.HTTPClient(30*time.Second), "http://"+serverMetrics+"/debug/pprof/goroutine?debug=1"); derr == nil {
+			path := filepath.Join(c.Dir, "server-goroutines.txt")
+			if os.WriteFile(path, dump, 0o644) == nil {
+				err = fmt.Errorf("%w (its goroutines: %s)", err, path)
+			}
+		}
 		return s, fmt.Errorf("the server: %w", err)
 	}
+	s.serverTook = time.Since(start)
 	for _, r := range reals {
 		m, err := scrape(ctx, r.metrics, agentMetrics)
 		if err != nil {
@@ -212,4 +227,18 @@ func scrapeAll(ctx context.Context, c *weirlab.Cluster, reals []*realNode) (scra
 		s.agents = append(s.agents, m)
 	}
 	return s, nil
+}
+
+// get reads url through client.
+func get(ctx context.Context, client *http.Client, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return io.ReadAll(resp.Body)
 }

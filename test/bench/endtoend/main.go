@@ -143,7 +143,7 @@ func run(ctx context.Context, cfg config) (err error) {
 		// address (the router's), where real ones each have their node:
 		// the server counts a fleet certificate's connections per address.
 		c.ServerArgs = []string{"--api-calls-per-second", "0", "--min-sync-period", cfg.minSync.String(), "--metrics-bind-address", serverMetrics,
-			"--api-connections-per-caller", strconv.Itoa(cfg.agents + 8)}
+			"--api-connections-per-caller", strconv.Itoa(cfg.agents + 8), "--profiling"}
 		c.AgentArgs = func(*lab.Node) []string { return []string{"--metrics-bind-address", agentMetrics} }
 	})
 	if err != nil {

@@ -154,6 +154,8 @@ func reportStalls(changes []*change, sims []*simAgent, before, after scrapes, ow
 			l.ch.revision, round(l.receipts[n/2]), round(l.receipts[n*9/10]), round(l.receipts[n-1]), over, n,
 			round(l.ch.accepted.Sub(l.ch.called)))
 	}
+	fmt.Printf("the server's /metrics page: %d series, read in %v before the changes and %v after\n",
+		len(after.server), round(before.serverTook), round(after.serverTook))
 	fmt.Println("garbage collection while the changes were made:")
 	fmt.Printf("  %-46s %d cycles, %v stopped, longest %v\n", "this program (the simulated agents)", own.cycles, round(own.total), round(own.longest))
 	cycles := after.server["go_gc_duration_seconds_count"] - before.server["go_gc_duration_seconds_count"]
