@@ -42,7 +42,9 @@ func TestAScrapeOfManyNodesEnds(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a scrape of 2,000 nodes' series has not ended in 10 s")
 		}
-		h.mu.Lock() // the hub's lock is free again
+		if !h.mu.TryLock() {
+			t.Fatal("the hub's lock is still held after the scrape")
+		}
 		h.mu.Unlock()
 	}
 }
