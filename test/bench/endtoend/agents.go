@@ -240,5 +240,8 @@ func get(ctx context.Context, client *http.Client, url string) ([]byte, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
 	return io.ReadAll(resp.Body)
 }

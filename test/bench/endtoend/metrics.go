@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -19,20 +20,12 @@ type metrics map[string]float64
 
 // scrape reads http://addr/metrics through client.
 func scrape(ctx context.Context, client *http.Client, addr string) (metrics, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	page, err := get(ctx, client, "http://"+addr+"/metrics")
 	if err != nil {
 		return nil, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", req.URL, resp.Status)
 	}
 	m := metrics{}
-	lines := bufio.NewScanner(resp.Body)
+	lines := bufio.NewScanner(bytes.NewReader(page))
 	lines.Buffer(nil, 1<<20)
 	for lines.Scan() {
 		line := lines.Text()
