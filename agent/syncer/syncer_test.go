@@ -259,6 +259,22 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, reason string) float64 
 	return 0
 }
 
+// endAndReconnect ends the agent's stream from the server's side and
+// returns the hello it sends again.
+func endAndReconnect(t *testing.T, ss *scriptedServer) *weirv1.Hello {
+	t.Helper()
+	next := make(chan *weirv1.Hello, 1)
+	go func() { next <- <-ss.hellos }()
+	ss.end <- nil
+	select {
+	case h := <-next:
+		return h
+	case <-time.After(5 * time.Second):
+		t.Fatal("agent did not reconnect")
+		return nil
+	}
+}
+
 func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {
 	ss, conn := startScripted(t)
 	dp := &fakeApplier{}
@@ -274,16 +290,8 @@ func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {
 	}
 	recvAnswer(t, first)
 	// End the stream from the server side (as a server restart would).
-	second := make(chan *weirv1.Hello, 1)
-	go func() { second <- <-ss.hellos }()
-	ss.end <- nil
-	select {
-	case h := <-second:
-		if h.GetAppliedVersion() != 9 {
-			t.Errorf("reconnect hello says applied %d, want 9", h.GetAppliedVersion())
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("agent did not reconnect")
+	if h := endAndReconnect(t, ss); h.GetAppliedVersion() != 9 {
+		t.Errorf("reconnect hello says applied %d, want 9", h.GetAppliedVersion())
 	}
 	// A version refused is missing from the applied state: resuming from
 	// 9 would skip it, so the next stream asks for a whole state.
@@ -294,16 +302,8 @@ func TestSyncerReconnectsWithAppliedVersion(t *testing.T) {
 	if a := recvAnswer(t, stream); a.GetNack().GetVersion() != 10 {
 		t.Fatalf("answer to a bad version 10: %v, want NACK 10", a)
 	}
-	third := make(chan *weirv1.Hello, 1)
-	go func() { third <- <-ss.hellos }()
-	ss.end <- nil
-	select {
-	case h := <-third:
-		if h.GetAppliedVersion() != 0 {
-			t.Errorf("reconnect hello after a refused version says applied %d, want 0 (a whole state)", h.GetAppliedVersion())
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("agent did not reconnect")
+	if h := endAndReconnect(t, ss); h.GetAppliedVersion() != 0 {
+		t.Errorf("reconnect hello after a refused version says applied %d, want 0 (a whole state)", h.GetAppliedVersion())
 	}
 	cancel()
 	<-done
