@@ -42,6 +42,9 @@ type Config struct {
 	// L2 answers the nodes' L2 leases (the Leases stream); nil refuses
 	// them.
 	L2 *l2owner.Owners
+	// FullStatesAtOnce bounds the whole states being sent at once (0:
+	// FullStatesAtOnce).
+	FullStatesAtOnce int
 }
 
 // Hub serves AgentService. Its jobs are in their own places: the cache of
@@ -110,10 +113,13 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
+	if cfg.FullStatesAtOnce <= 0 {
+		cfg.FullStatesAtOnce = FullStatesAtOnce
+	}
 	h := &Hub{
 		reg: reg, cfg: cfg, clock: cfg.Clock, log: cfg.Log,
 		wake:       make(chan struct{}, 1),
-		fullSends:  make(chan struct{}, FullStatesAtOnce),
+		fullSends:  make(chan struct{}, cfg.FullStatesAtOnce),
 		sessions:   map[string]*session{},
 		status:     map[string]*observed.Node{},
 		remote:     map[string]*observed.Node{},

@@ -18,6 +18,7 @@ import (
 )
 
 func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *observed.Node, inflight *inflight, refused *atomic.Bool, log *slog.Logger) error {
+	defer inflight.end()
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -70,10 +71,19 @@ func (h *Hub) receiveAnswers(stream weirv1.AgentService_SyncServer, st *observed
 }
 
 // inflight remembers, per version sent, when its oldest change was
-// accepted, until the agent answers.
+// accepted, until the agent answers; and who waits for an answer.
 type inflight struct {
 	mu    sync.Mutex
 	sends []sentAt
+	// waiters are closed by an answer to their version or a later one,
+	// or when the agent's answers end.
+	waiters []waiter
+	ended   bool
+}
+
+type waiter struct {
+	version uint64
+	done    chan struct{}
 }
 
 type sentAt struct {
@@ -89,10 +99,45 @@ func (f *inflight) add(version uint64, since time.Time) {
 	f.sends = append(f.sends, sentAt{version, since})
 }
 
-// settle removes and returns the sends an answer for version covers.
+// answered returns a channel closed when the agent answers version (an
+// acknowledgement or a refusal) or a later one, or its answers end.
+func (f *inflight) answered(version uint64) <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	done := make(chan struct{})
+	if f.ended {
+		close(done)
+	} else {
+		f.waiters = append(f.waiters, waiter{version, done})
+	}
+	return done
+}
+
+// end releases every waiter: the agent will answer nothing more.
+func (f *inflight) end() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ended = true
+	for _, w := range f.waiters {
+		close(w.done)
+	}
+	f.waiters = nil
+}
+
+// settle removes and returns the sends an answer for version covers, and
+// releases its waiters.
 func (f *inflight) settle(version uint64) []time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	waiting := f.waiters[:0]
+	for _, w := range f.waiters {
+		if w.version <= version {
+			close(w.done)
+		} else {
+			waiting = append(waiting, w)
+		}
+	}
+	f.waiters = waiting
 	var out []time.Time
 	keep := f.sends[:0]
 	for _, s := range f.sends {

@@ -154,11 +154,24 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		}
 		msg = s.client.Full()
 		n, err := h.send(stream, msg)
+		if err == nil {
+			h.record(st, msg, n, kind, s.client.Covered())
+			// The place is the agent's until it answers: a send ends
+			// when the state is queued, and a whole state fits in an
+			// agent's receive window, so without the wait every agent
+			// would be sent one at once, all finishing last.
+			timeout := h.clock.NewTimer(FullStateAnswerWait)
+			select {
+			case <-inflight.answered(msg.Version):
+			case <-ctx.Done():
+			case <-timeout.C():
+			}
+			timeout.Stop()
+		}
 		<-h.fullSends
 		if err != nil {
 			return err
 		}
-		h.record(st, msg, n, kind, s.client.Covered())
 		msg = nil
 	}
 	log.Info("agent connected", "applied_version", hello.GetAppliedVersion(), "start", kind)
@@ -194,12 +207,18 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	}
 }
 
-// FullStatesAtOnce is how many whole states are sent at once. Their
-// encodings are shared (one per version), so what bounds them is the
-// versions in flight while changes go on: at most this many copies of the
-// encoded state (3.8 MB at 10,000 services), and the agents served first
-// finish first instead of every agent finishing last.
+// FullStatesAtOnce is how many whole states are sent at once, each from
+// its first byte to its agent's answer. Their encodings are shared (one
+// per version), so what bounds them is the versions in flight while
+// changes go on: at most this many copies of the encoded state (3.8 MB at
+// 10,000 services), and the agents served first finish first instead of
+// every agent finishing last.
 const FullStatesAtOnce = 64
+
+// FullStateAnswerWait is the longest an agent that does not answer its
+// whole state holds its place: an agent applies 100,000 services in about
+// three seconds; one that is stuck must not hold the others up for ever.
+const FullStateAnswerWait = 30 * time.Second
 
 // ChunkServices is the most services one message carries, and
 // ChunkBytes about the most bytes: a bigger state goes in parts, so that no

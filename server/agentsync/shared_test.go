@@ -291,3 +291,105 @@ type refusal struct {
 	err     string
 	version uint64
 }
+
+// A whole state holds its place among the few sent at once until its agent
+// answers it (or its stream ends, or it stays silent too long), not only
+// until it is queued: a whole state fits in an agent's receive window, so
+// a place given back when the send returned bounded nothing, and thousands
+// of new agents were all sent theirs at once, every one finishing last.
+func TestAWholeStateHoldsItsPlaceUntilItsAgentAnswers(t *testing.T) {
+	reg := registrytest.Open(t)
+	nodes := []string{"n1", "n2", "n3", "n4", "n5"}
+	for i, n := range nodes {
+		if _, err := reg.Nodes.Create(&model.Node{Meta: model.Meta{Name: n}, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(11 + i)})}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := reg.Services.Create(&model.Service{Meta: model.Meta{Namespace: "shop", Name: "a"}, Type: model.ClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}},
+		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster}); err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC))
+	h := New(reg, Config{Clock: clk, FullStatesAtOnce: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	srv := grpc.NewServer()
+	weirv1.RegisterAgentServiceServer(srv, h)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	defer srv.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+
+	agents := map[string]*rawAgent{}
+	streamCtx := map[string]context.CancelFunc{}
+	connect := func(n string) {
+		c, stop := context.WithCancel(ctx)
+		agents[n], streamCtx[n] = connectRaw(t, c, conn, &weirv1.Hello{NodeName: n}), stop
+	}
+	whole := func(n string) uint64 {
+		t.Helper()
+		parts := agents[n].next(n + "'s whole state")
+		if !parts[0].msg.GetFull() {
+			t.Fatalf("%s was sent %v first; want its whole state", n, parts[0].msg)
+		}
+		return parts[0].msg.GetVersion()
+	}
+	// waiting says n has been sent nothing yet. Were its place free, its
+	// state would come within milliseconds.
+	waiting := func(n, why string) {
+		t.Helper()
+		select {
+		case r := <-agents[n].got:
+			t.Fatalf("%s was sent %v while %s", n, r.msg, why)
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	defer func() {
+		for _, stop := range streamCtx {
+			stop()
+		}
+	}()
+
+	connect("n1")
+	connect("n2")
+	v1, _ := whole("n1"), whole("n2")
+	connect("n3")
+	waiting("n3", "n1 and n2 had not answered theirs")
+
+	// An acknowledgement gives the place back.
+	agents["n1"].answer(ack(v1))
+	v3 := whole("n3")
+
+	// So does a stream that ends.
+	connect("n4")
+	waiting("n4", "n2 and n3 had not answered theirs")
+	streamCtx["n2"]()
+	whole("n4")
+
+	// And a refusal: the agent answered.
+	connect("n5")
+	waiting("n5", "n3 and n4 had not answered theirs")
+	agents["n3"].answer(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Nack{Nack: &weirv1.Nack{Version: v3, Error: "no room"}}})
+	whole("n5")
+
+	// An agent that stays silent holds its place FullStateAnswerWait at
+	// most. n4 and n5 hold the two places; n1 comes back without the
+	// version it applied.
+	streamCtx["n1"]()
+	connect("n1")
+	waiting("n1", "n4 and n5 had not answered theirs")
+	wait.Until(t, 10*time.Second, "the silent agents' timers are set", clk.HasWaiters)
+	clk.Step(FullStateAnswerWait)
+	whole("n1")
+}

@@ -121,13 +121,15 @@ func (a *agent) run(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.Cal
 		if msg.GetMore() {
 			continue // a state in parts: answer the last one
 		}
-		if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}}); err != nil {
-			return err
-		}
 		if first {
+			// Before the answer: an agent whose answer fails resumes
+			// from this version, and is not sent it again.
 			a.full.Store(int64(total))
 			close(a.ready)
 			first = false
+		}
+		if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}}); err != nil {
+			return err
 		}
 	}
 }
