@@ -8,6 +8,12 @@
 // instead, the agents spread over them, writes through each in turn, and
 // then kills one replica and times its agents' return on the others.
 //
+// The simulated agents read only what a message says of itself (its
+// version, whether it is whole, whether more parts follow), not the
+// services: thousands of agents decoding on the server's cores would
+// measure their decoding (an agent's own, on its own node; see
+// agent/syncer's benchmarks), not the server. -decode makes them decode.
+//
 //	go run ./test/bench/controlplane -services 10000 -agents 500
 //	go run ./test/bench/controlplane -services 10000 -agents 1500 -replicas 3
 package main
@@ -29,6 +35,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/weirlb/weir/internal/dial"
@@ -41,6 +49,7 @@ var (
 	restartFlag      *bool
 	simulatedRestart *bool
 	replicas         int
+	decode           *bool
 )
 
 func main() {
@@ -50,6 +59,7 @@ func main() {
 	minSync := flag.Duration("min-sync-period", 50*time.Millisecond, "the server's --min-sync-period")
 	restartFlag = flag.Bool("server-restart", true, "then run real agent syncers, restart the server and time their return (one server)")
 	simulatedRestart = flag.Bool("restart-simulated", false, "time the server restart with the simulated agents instead of real syncers (which hold a decoded state each: about 4.7 MB, too much for thousands in one process)")
+	decode = flag.Bool("decode", false, "simulated agents decode every message, on the server's cores")
 	flag.IntVar(&replicas, "replicas", 1, "replicas of the server on a three-member etcd cluster (1: one server on its embedded store)")
 	flag.Parse()
 	if err := run(*services, *agents, *changes, *minSync); err != nil {
@@ -86,7 +96,8 @@ type agent struct {
 }
 
 func (a *agent) run(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
-	stream, err := weirv1.NewAgentServiceClient(conn).Sync(ctx, append(opts, grpc.MaxCallRecvMsgSize(1<<30))...)
+	codec := &envelopeCodec{decode: *decode}
+	stream, err := weirv1.NewAgentServiceClient(conn).Sync(ctx, append(opts, grpc.MaxCallRecvMsgSize(1<<30), grpc.ForceCodecV2(codec))...)
 	if err != nil {
 		return err
 	}
@@ -104,7 +115,7 @@ func (a *agent) run(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.Cal
 			return err
 		}
 		now := time.Now()
-		size := proto.Size(msg)
+		size := codec.size
 		a.mu.Lock()
 		if resuming && a.back.IsZero() {
 			a.back, a.backFull = now, msg.GetFull()
@@ -133,6 +144,64 @@ func (a *agent) run(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.Cal
 		}
 	}
 }
+
+// envelopeCodec is gRPC's proto codec for a simulated agent's stream,
+// which decodes of a SyncResponse only its own fields (unless decode),
+// and keeps the size of the last message received.
+type envelopeCodec struct {
+	decode bool
+	size   int
+}
+
+func (c *envelopeCodec) Marshal(v any) (mem.BufferSlice, error) {
+	b, err := proto.Marshal(v.(proto.Message))
+	return mem.BufferSlice{mem.SliceBuffer(b)}, err
+}
+
+func (c *envelopeCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	raw := data.Materialize()
+	c.size = len(raw)
+	msg := v.(*weirv1.SyncResponse)
+	if c.decode {
+		return proto.Unmarshal(raw, msg)
+	}
+	for len(raw) > 0 {
+		num, typ, n := protowire.ConsumeTag(raw)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		raw = raw[n:]
+		switch {
+		case typ == protowire.VarintType && (num == 1 || num == 2 || num == 6):
+			x, n := protowire.ConsumeVarint(raw)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			switch num {
+			case 1:
+				msg.Version = x
+			case 2:
+				msg.Full = x != 0
+			case 6:
+				msg.More = x != 0
+			}
+		case typ == protowire.BytesType && num == 7:
+			b, n := protowire.ConsumeBytes(raw)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			msg.History = string(b)
+		}
+		n = protowire.ConsumeFieldValue(num, typ, raw)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		raw = raw[n:]
+	}
+	return nil
+}
+
+func (c *envelopeCodec) Name() string { return "proto" }
 
 func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	ctx, cancel := context.WithCancel(context.Background())
