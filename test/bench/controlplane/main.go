@@ -403,6 +403,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	cpuBefore = cpuAfter
 
 	// Changes: one endpoint of one service at a time.
+	benchBefore := cpuTime(os.Getpid())
 	var lat []time.Duration
 	var perChange []int
 	for c := range nChanges {
@@ -443,7 +444,11 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	fmt.Printf("bytes per agent per change: median %d (the whole state is %d)\n", perChange[len(perChange)/2], all[0].full.Load())
 	// The server's own share, apart from the simulated agents on the same
 	// CPUs: its CPU time over the changes (write, fan-out, answers).
-	fmt.Printf("server CPU per change: %v\n", ((cpuTime(srv.Process.Pid) - cpuBefore) / time.Duration(nChanges)).Round(100*time.Microsecond))
+	fmt.Printf("server CPU per change: %v; the simulated agents': %v\n", ((cpuTime(srv.Process.Pid) - cpuBefore) / time.Duration(nChanges)).Round(100*time.Microsecond),
+		((cpuTime(os.Getpid()) - benchBefore) / time.Duration(nChanges)).Round(100*time.Microsecond))
+	if err := measureFloor(nAgents, nChanges, perChange[len(perChange)/2]); err != nil {
+		return err
+	}
 	fmt.Printf("%s\n", memories())
 	if len(servers) > 1 {
 		return measureReplicaLoss(servers, all)
