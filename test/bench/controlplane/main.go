@@ -404,11 +404,16 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 
 	// Changes: one endpoint of one service at a time.
 	benchBefore := cpuTime(os.Getpid())
+	gen := map[int]int{} // each service's generation; all are loaded at 0
 	var lat []time.Duration
 	var perChange []int
 	for c := range nChanges {
 		i := (c * 7919) % nServices
-		s := slice(i, c+1)
+		// The service's next generation: one a change's number would
+		// give could be one the service had, a change that changes
+		// nothing, which no agent is sent.
+		gen[i]++
+		s := slice(i, gen[i])
 		accepted := time.Now()
 		resp, err := regs[c%len(regs)].UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: s})
 		if err != nil {

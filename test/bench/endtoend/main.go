@@ -365,7 +365,11 @@ func serviceName(i int) string { return fmt.Sprintf("svc-%d", i) }
 
 // endpointSlice is service i's ten endpoints, spread over the nodes; gen
 // moves the first one to another address, as a replaced pod would, and
-// leaves the others as they are.
+// leaves the others as they are. Generations 64 apart are the same slice:
+// a change must take the service's next generation, or it changes nothing
+// an agent is sent (the 64th change of a run was once such a no-op, which
+// the agents saw only with the next change and the bench took for a
+// stall).
 func endpointSlice(i, gen int, nodes []string) *weirv1.EndpointSlice {
 	s := &weirv1.EndpointSlice{Metadata: &weirv1.ObjectMeta{Namespace: "bench", Name: serviceName(i)}, ServiceName: serviceName(i),
 		Ports: []*weirv1.EndpointPort{{Name: "http", Port: 8080}}}
@@ -448,6 +452,7 @@ type change struct {
 // waiting for it would.
 func makeChanges(ctx context.Context, reg weirv1.RegistryServiceClient, status weirv1.StatusServiceClient, cfg config, nodes []string) ([]*change, error) {
 	changes := make([]*change, cfg.changes)
+	gen := map[int]int{} // each service's generation; all are loaded at 0
 	for k := range changes {
 		// The gap runs from the previous write's answer: a slow write
 		// does not bring the next one closer.
@@ -459,8 +464,9 @@ func makeChanges(ctx context.Context, reg weirv1.RegistryServiceClient, status w
 			}
 		}
 		i := (k * 7919) % cfg.services // a prime stride: a different service each time
+		gen[i]++
 		ch := &change{called: time.Now()}
-		resp, err := reg.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: endpointSlice(i, k+1, nodes)})
+		resp, err := reg.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: endpointSlice(i, gen[i], nodes)})
 		if err != nil {
 			return nil, fmt.Errorf("change %d: %w", k, err)
 		}
