@@ -156,6 +156,8 @@ func reportStalls(changes []*change, sims []*simAgent, before, after scrapes, ow
 	}
 	fmt.Printf("the server's /metrics page: %d series, read in %v before the changes and %v after\n",
 		len(after.server), round(before.serverTook), round(after.serverTook))
+	fmt.Printf("the server's CPU per change: %v (process_cpu_seconds_total over the changes, gaps included)\n",
+		round(seconds((after.server["process_cpu_seconds_total"]-before.server["process_cpu_seconds_total"])/float64(max(1, len(changes))))))
 	fmt.Println("garbage collection while the changes were made:")
 	fmt.Printf("  %-46s %d cycles, %v stopped, longest %v\n", "this program (the simulated agents)", own.cycles, round(own.total), round(own.longest))
 	cycles := after.server["go_gc_duration_seconds_count"] - before.server["go_gc_duration_seconds_count"]
