@@ -71,6 +71,17 @@ func (h *Hub) eachStatus(f func(*observed.Node)) {
 	}
 }
 
+// Progress is every node's progress toward a version, sorted by node
+// name, the nodes as Status chooses them: cheap enough to read at every
+// status change, as a wait for a version does while thousands of agents
+// answer (Status copies what each node reports, every service it has).
+func (h *Hub) Progress() []observed.Progress {
+	var out []observed.Progress
+	h.eachStatus(func(s *observed.Node) { out = append(out, s.Progress()) })
+	slices.SortFunc(out, func(a, b observed.Progress) int { return strings.Compare(a.Node, b.Node) })
+	return out
+}
+
 func cloneStatus(s *observed.Node) observed.Node {
 	c := *s
 	c.Services = maps.Clone(s.Services)

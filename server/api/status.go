@@ -66,18 +66,28 @@ func (s *StatusService) GetServerInfo(context.Context, *weirv1.GetServerInfoRequ
 // statuses is every node the registry or the hub knows, sorted by name:
 // a registered node whose agent never connected shows as disconnected.
 func (s *StatusService) statuses() []observed.Node {
-	out := s.hub.Status()
+	return withRegistered(s.reg, s.hub.Status(), func(n observed.Node) string { return n.Node }, func(name string) observed.Node { return observed.Node{Node: name} })
+}
+
+// progress is statuses' progress alone (observed.Progress).
+func (s *StatusService) progress() []observed.Progress {
+	return withRegistered(s.reg, s.hub.Progress(), func(n observed.Progress) string { return n.Node }, func(name string) observed.Progress { return observed.Progress{Node: name} })
+}
+
+// withRegistered adds to out, nodes as the hub has them, the registered
+// nodes it lacks (unseen: as never connected), and sorts them by name.
+func withRegistered[T any](reg *registry.Registry, out []T, name func(T) string, unseen func(string) T) []T {
 	seen := map[string]bool{}
 	for _, n := range out {
-		seen[n.Node] = true
+		seen[name(n)] = true
 	}
-	nodes, _ := s.reg.Nodes.List("", nil)
+	nodes, _ := reg.Nodes.List("", nil)
 	for _, n := range nodes {
 		if !seen[n.Name] {
-			out = append(out, observed.Node{Node: n.Name})
+			out = append(out, unseen(n.Name))
 		}
 	}
-	slices.SortFunc(out, func(a, b observed.Node) int { return strings.Compare(a.Node, b.Node) })
+	slices.SortFunc(out, func(a, b T) int { return strings.Compare(name(a), name(b)) })
 	return out
 }
 
@@ -111,7 +121,8 @@ func (s *StatusService) WaitProgrammed(ctx context.Context, req *weirv1.WaitProg
 	for {
 		changed := s.hub.StatusChanged()
 		var tierChanged <-chan struct{} // nil without a tier: never ready
-		resp, settled := progress(s.statuses(), rev)
+		// Read at every status change: not what the nodes report.
+		resp, settled := progressToward(s.progress(), rev)
 		if s.speakers != nil {
 			tierChanged = s.speakers.Changed()
 			var ok bool
@@ -131,14 +142,14 @@ func (s *StatusService) WaitProgrammed(ctx context.Context, req *weirv1.WaitProg
 	}
 }
 
-// progress says where every node stands toward revision rev, and whether
-// waiting longer can change the answer: it cannot once every connected
-// node is through rev or has refused a state that holds it.
-func progress(statuses []observed.Node, rev uint64) (*weirv1.WaitProgrammedResponse, bool) {
+// progressToward says where every node stands toward revision rev, and
+// whether waiting longer can change the answer: it cannot once every
+// connected node is through rev or has refused a state that holds it.
+func progressToward(nodes []observed.Progress, rev uint64) (*weirv1.WaitProgrammedResponse, bool) {
 	resp := &weirv1.WaitProgrammedResponse{Programmed: true}
 	settled := true
-	for _, n := range statuses {
-		p := &weirv1.NodeProgress{Name: n.Node, Connected: n.Connected, ProgrammedVersion: n.ProgrammedVersion()}
+	for _, n := range nodes {
+		p := &weirv1.NodeProgress{Name: n.Node, Connected: n.Connected, ProgrammedVersion: n.Programmed}
 		switch {
 		case p.ProgrammedVersion >= rev:
 		case !n.Connected:

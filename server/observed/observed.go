@@ -67,6 +67,22 @@ type Drain struct {
 	EndedAtDeadline int       `json:",omitzero"`
 }
 
+// Progress is where a node stands toward a version, and no more: what a
+// wait for a version reads at every status change.
+type Progress struct {
+	Node      string
+	Connected bool
+	// Programmed is the node's ProgrammedVersion.
+	Programmed       uint64
+	LastError        string
+	LastErrorVersion uint64
+}
+
+// Progress is n's progress.
+func (n *Node) Progress() Progress {
+	return Progress{Node: n.Node, Connected: n.Connected, Programmed: n.ProgrammedVersion(), LastError: n.LastError, LastErrorVersion: n.LastErrorVersion}
+}
+
 // ProgrammedVersion is the highest store revision such that everything up
 // to it that concerns the node is applied in its kernel: what the agent
 // acknowledged, or, once it has acknowledged everything it was sent, what
