@@ -82,6 +82,15 @@ func (h *Hub) Progress() []observed.Progress {
 	return out
 }
 
+// Applying says whether a node is still applying version rev
+// (observed.Progress.Applying), reading every node's status in place: a
+// wait asks at every status change, while thousands of agents answer.
+func (h *Hub) Applying(rev uint64) bool {
+	applying := false
+	h.eachStatus(func(s *observed.Node) { applying = applying || s.Progress().Applying(rev) })
+	return applying
+}
+
 func cloneStatus(s *observed.Node) observed.Node {
 	c := *s
 	c.Services = maps.Clone(s.Services)

@@ -9,7 +9,8 @@ import (
 
 // What reading every node's status costs at one status change, with 500
 // nodes, two of which report 10,000 services each: Status copies the
-// reports, Progress (what a wait for a version reads) does not.
+// reports, Progress does not; Applying (what a wait for a version asks at
+// every status change) reads them in place.
 //
 //	go test ./server/agentsync -run '^$' -bench StatusRead
 func BenchmarkStatusRead(b *testing.B) {
@@ -35,6 +36,13 @@ func BenchmarkStatusRead(b *testing.B) {
 		for b.Loop() {
 			if len(h.Progress()) != 500 {
 				b.Fatal("nodes missing")
+			}
+		}
+	})
+	b.Run("Applying", func(b *testing.B) {
+		for b.Loop() {
+			if h.Applying(7) {
+				b.Fatal("a node applying")
 			}
 		}
 	})

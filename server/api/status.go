@@ -118,52 +118,58 @@ func (s *StatusService) WaitProgrammed(ctx context.Context, req *weirv1.WaitProg
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	answer := func() *weirv1.WaitProgrammedResponse {
+		resp := progressToward(s.progress(), rev)
+		if s.speakers != nil {
+			var ok bool
+			resp.Speakers, ok = s.speakers.progress(rev)
+			resp.Programmed = resp.Programmed && ok
+		}
+		return resp
+	}
 	for {
 		changed := s.hub.StatusChanged()
 		var tierChanged <-chan struct{} // nil without a tier: never ready
-		// Read at every status change: not what the nodes report.
-		resp, settled := progressToward(s.progress(), rev)
+		// Asked at every status change (each agent's answer): the
+		// nodes are read in place, and the answer built once.
+		settled := !s.hub.Applying(rev)
 		if s.speakers != nil {
 			tierChanged = s.speakers.Changed()
-			var ok bool
-			resp.Speakers, ok = s.speakers.progress(rev)
 			// A speaker only follows: it can always still get there.
-			resp.Programmed, settled = resp.Programmed && ok, settled && ok
+			_, ok := s.speakers.progress(rev)
+			settled = settled && ok
 		}
 		if settled {
-			return resp, nil
+			return answer(), nil
 		}
 		select {
 		case <-ctx.Done():
-			return resp, nil
+			return answer(), nil
 		case <-changed:
 		case <-tierChanged:
 		}
 	}
 }
 
-// progressToward says where every node stands toward revision rev, and
-// whether waiting longer can change the answer: it cannot once every
-// connected node is through rev or has refused a state that holds it.
-func progressToward(nodes []observed.Progress, rev uint64) (*weirv1.WaitProgrammedResponse, bool) {
+// progressToward says where every node stands toward revision rev.
+func progressToward(nodes []observed.Progress, rev uint64) *weirv1.WaitProgrammedResponse {
 	resp := &weirv1.WaitProgrammedResponse{Programmed: true}
-	settled := true
 	for _, n := range nodes {
 		p := &weirv1.NodeProgress{Name: n.Node, Connected: n.Connected, ProgrammedVersion: n.Programmed}
 		switch {
 		case p.ProgrammedVersion >= rev:
 		case !n.Connected:
 			p.Reason = "not connected"
-		case n.LastError != "" && n.LastErrorVersion >= rev:
-			p.Reason = fmt.Sprintf("refused version %d: %s", n.LastErrorVersion, n.LastError)
+		case n.Applying(rev):
+			p.Reason = "applying"
 			resp.Programmed = false
 		default:
-			p.Reason = "applying"
-			resp.Programmed, settled = false, false
+			p.Reason = fmt.Sprintf("refused version %d: %s", n.LastErrorVersion, n.LastError)
+			resp.Programmed = false
 		}
 		resp.Nodes = append(resp.Nodes, p)
 	}
-	return resp, settled
+	return resp
 }
 
 // WatchStatusPeriod is the least time between two statuses sent to a

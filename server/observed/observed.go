@@ -78,6 +78,13 @@ type Progress struct {
 	LastErrorVersion uint64
 }
 
+// Applying says the node may still reach version rev: its agent is
+// connected, has not programmed rev, and has not refused a state that
+// holds it. Waiting for rev is over once no node is applying it.
+func (p Progress) Applying(rev uint64) bool {
+	return p.Connected && p.Programmed < rev && (p.LastError == "" || p.LastErrorVersion < rev)
+}
+
 // Progress is n's progress.
 func (n *Node) Progress() Progress {
 	return Progress{Node: n.Node, Connected: n.Connected, Programmed: n.ProgrammedVersion(), LastError: n.LastError, LastErrorVersion: n.LastErrorVersion}
