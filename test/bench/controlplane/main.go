@@ -41,6 +41,7 @@ import (
 
 	"github.com/weirlb/weir/internal/dial"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/bench/fanoutfloor"
 	"github.com/weirlb/weir/test/etcdcluster"
 	"github.com/weirlb/weir/test/weirlab"
 )
@@ -348,7 +349,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	agentsCtx, stopAgents := context.WithCancel(ctx)
 	defer stopAgents()
 	start = time.Now()
-	cpuBefore := cpuTime(srv.Process.Pid)
+	cpuBefore := fanoutfloor.CPUTime(srv.Process.Pid)
 	var all []*agent
 	for i := range nAgents {
 		a := &agent{name: fmt.Sprintf("node-%d", i), received: map[uint64]time.Time{}, bytes: map[uint64]int{}, ready: make(chan struct{})}
@@ -398,12 +399,12 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 		}
 	}
 	fmt.Printf("%d agents connected and received their full state (%d KiB each) in %v (%s)\n", nAgents, all[0].full.Load()>>10, time.Since(start).Round(time.Millisecond), memories())
-	cpuAfter := cpuTime(srv.Process.Pid)
+	cpuAfter := fanoutfloor.CPUTime(srv.Process.Pid)
 	fmt.Printf("server CPU while they took it: %v\n", cpuAfter-cpuBefore)
 	cpuBefore = cpuAfter
 
 	// Changes: one endpoint of one service at a time.
-	benchBefore := cpuTime(os.Getpid())
+	benchBefore := fanoutfloor.CPUTime(os.Getpid())
 	gen := map[int]int{} // each service's generation; all are loaded at 0
 	var lat []time.Duration
 	var perChange []int
@@ -449,11 +450,13 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	fmt.Printf("bytes per agent per change: median %d (the whole state is %d)\n", perChange[len(perChange)/2], all[0].full.Load())
 	// The server's own share, apart from the simulated agents on the same
 	// CPUs: its CPU time over the changes (write, fan-out, answers).
-	fmt.Printf("server CPU per change: %v; the simulated agents': %v\n", ((cpuTime(srv.Process.Pid) - cpuBefore) / time.Duration(nChanges)).Round(100*time.Microsecond),
-		((cpuTime(os.Getpid()) - benchBefore) / time.Duration(nChanges)).Round(100*time.Microsecond))
-	if err := measureFloor(nAgents, nChanges, perChange[len(perChange)/2]); err != nil {
+	fmt.Printf("server CPU per change: %v; the simulated agents': %v\n", ((fanoutfloor.CPUTime(srv.Process.Pid) - cpuBefore) / time.Duration(nChanges)).Round(100*time.Microsecond),
+		((fanoutfloor.CPUTime(os.Getpid()) - benchBefore) / time.Duration(nChanges)).Round(100*time.Microsecond))
+	floor, err := fanoutfloor.Measure(nAgents, nChanges, perChange[len(perChange)/2], false)
+	if err != nil {
 		return err
 	}
+	fmt.Println(floor)
 	fmt.Printf("%s\n", memories())
 	if len(servers) > 1 {
 		return measureReplicaLoss(servers, all)
@@ -533,20 +536,6 @@ func measureReplicaLoss(servers []*server, all []*agent) error {
 		fmt.Printf("replica %d: %s\n", i+1, memory(sv.cmd.Process.Pid))
 	}
 	return nil
-}
-
-// cpuTime is a process's user and system CPU time so far (in clock ticks
-// of 10 ms, Linux's USER_HZ).
-func cpuTime(pid int) time.Duration {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command name may hold spaces: fields count from after ")".
-	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	utime, _ := strconv.ParseInt(fields[11], 10, 64)
-	stime, _ := strconv.ParseInt(fields[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // memory reads a process's resident and peak resident memory.

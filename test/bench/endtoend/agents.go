@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/lab"
@@ -22,8 +23,10 @@ import (
 type simAgent struct {
 	name string
 
-	mu       sync.Mutex // guards arrivals
+	mu       sync.Mutex // guards arrivals and deltaBytes
 	arrivals []arrival  // whole states, in the order they came (versions rise)
+	// deltaBytes is the size of the last delta (not a whole state).
+	deltaBytes int
 }
 
 // arrival is a state version and when it was seen.
@@ -51,6 +54,9 @@ func (a *simAgent) run(ctx context.Context, conn *grpc.ClientConn) error {
 		now := time.Now()
 		a.mu.Lock()
 		a.arrivals = append(a.arrivals, arrival{msg.GetVersion(), now})
+		if !msg.GetFull() {
+			a.deltaBytes = proto.Size(msg)
+		}
 		a.mu.Unlock()
 		if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}}); err != nil {
 			return err

@@ -47,6 +47,7 @@ import (
 	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/certs"
+	"github.com/weirlb/weir/test/bench/fanoutfloor"
 	"github.com/weirlb/weir/test/lab"
 	"github.com/weirlb/weir/test/weirlab"
 )
@@ -306,6 +307,15 @@ func run(ctx context.Context, cfg config) (err error) {
 	stopAgents()
 	report(cfg, changes, sims, reals, before, after)
 	reportStalls(changes, sims, before, after, gcOf(&gcBefore, &gcAfter))
+	// The floor: as many agents, the same delta, over bare TLS sockets.
+	sims[0].mu.Lock()
+	size := sims[0].deltaBytes
+	sims[0].mu.Unlock()
+	floor, err := fanoutfloor.Measure(cfg.agents, cfg.changes, size, true)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%v\n  (back to back, on loopback in this program: the same 2 CPUs, without gRPC, HTTP/2, the hub or the lab's veths)\n", floor)
 	return nil
 }
 

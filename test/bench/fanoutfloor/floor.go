@@ -1,0 +1,200 @@
+// Package fanoutfloor measures the floor of a change's fan-out: the same
+// bytes to the same number of agents over bare sockets on loopback, one
+// connection each (TCP, or TLS as the agents' mTLS), with no gRPC, HTTP/2
+// or hub: one write of a delta's size to every agent, each agent reading
+// it and writing a small answer back, read by the sender. What the
+// kernel, Go's poller and (with TLS) the record layer alone cost, for a
+// bench to print beside its own figures from the same run.
+package fanoutfloor
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Result is one measurement.
+type Result struct {
+	Agents, Changes, Size int
+	TLS                   bool
+	// P50, P99 and Max are the agents' receipts, from the start of the
+	// change's writes.
+	P50, P99, Max time.Duration
+	// CPU is this process's CPU time per change: both sides.
+	CPU time.Duration
+}
+
+func (r Result) String() string {
+	over := "TCP"
+	if r.TLS {
+		over = "TLS"
+	}
+	return fmt.Sprintf("floor, the same fan-out over bare %s sockets (%d bytes to each of %d agents, a 15-byte answer back, %d changes): p50 %v  p99 %v  max %v; CPU per change, both sides: %v",
+		over, r.Size, r.Agents, r.Changes, r.P50, r.P99, r.Max, r.CPU)
+}
+
+// Measure sends changes deltas of size bytes to n agents.
+func Measure(n, changes, size int, withTLS bool) (Result, error) {
+	res := Result{Agents: n, Changes: changes, Size: size, TLS: withTLS}
+	var ln net.Listener
+	var err error
+	var clientTLS *tls.Config
+	if withTLS {
+		serverTLS, c, err := selfSigned()
+		if err != nil {
+			return res, err
+		}
+		clientTLS = c
+		ln, err = tls.Listen("tcp", "127.0.0.1:0", serverTLS)
+		if err != nil {
+			return res, err
+		}
+	} else if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		return res, err
+	}
+	defer ln.Close()
+	servers := make([]net.Conn, 0, n)
+	accepted := make(chan error, 1)
+	go func() {
+		for range n {
+			c, err := ln.Accept()
+			if err != nil {
+				accepted <- err
+				return
+			}
+			servers = append(servers, c)
+		}
+		accepted <- nil
+	}()
+	clients := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+		for _, c := range servers {
+			c.Close()
+		}
+	}()
+	for range n {
+		var c net.Conn
+		if withTLS {
+			c, err = tls.Dial("tcp", ln.Addr().String(), clientTLS)
+		} else {
+			c, err = net.Dial("tcp", ln.Addr().String())
+		}
+		if err != nil {
+			return res, err
+		}
+		clients = append(clients, c)
+	}
+	if err := <-accepted; err != nil {
+		return res, err
+	}
+
+	// Each agent: read a delta, note when, answer.
+	received := make([][]time.Time, n)
+	var agents sync.WaitGroup
+	for i, c := range clients {
+		agents.Add(1)
+		go func() {
+			defer agents.Done()
+			buf := make([]byte, size)
+			for range changes {
+				if _, err := io.ReadFull(c, buf); err != nil {
+					return
+				}
+				received[i] = append(received[i], time.Now())
+				if _, err := c.Write(buf[:15]); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	// The sender reads every answer, as a server reads every
+	// acknowledgement.
+	answered := make(chan struct{}, n)
+	for _, c := range servers {
+		go func() {
+			buf := make([]byte, 15)
+			for range changes {
+				if _, err := io.ReadFull(c, buf); err != nil {
+					return
+				}
+				answered <- struct{}{}
+			}
+		}()
+	}
+
+	delta := make([]byte, size)
+	var lat []time.Duration
+	cpuBefore := CPUTime(os.Getpid())
+	for k := range changes {
+		start := time.Now()
+		for _, c := range servers {
+			if _, err := c.Write(delta); err != nil {
+				return res, err
+			}
+		}
+		for range n {
+			<-answered
+		}
+		for i := range received {
+			lat = append(lat, received[i][k].Sub(start))
+		}
+	}
+	res.CPU = ((CPUTime(os.Getpid()) - cpuBefore) / time.Duration(changes)).Round(100 * time.Microsecond)
+	agents.Wait()
+	slices.Sort(lat)
+	q := func(p int) time.Duration { return lat[min(len(lat)-1, len(lat)*p/100)].Round(100 * time.Microsecond) }
+	res.P50, res.P99, res.Max = q(50), q(99), lat[len(lat)-1].Round(100*time.Microsecond)
+	return res, nil
+}
+
+// selfSigned is a server and a client TLS configuration around a fresh
+// self-signed certificate for 127.0.0.1 (P-256, as the lab's).
+func selfSigned() (server, client *tls.Config, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS13},
+		&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13}, nil
+}
+
+// CPUTime is a process's user and system CPU time so far (in clock
+// ticks of 10 ms, Linux's USER_HZ).
+func CPUTime(pid int) time.Duration {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name may hold spaces: fields count from after ")".
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
