@@ -131,7 +131,6 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- h.receiveAnswers(stream, st, inflight, &s.refused, log) }()
 
-	kind := "resume"
 	v := hello.GetAppliedVersion()
 	// Versions are the store's revisions, the same for every node: an
 	// agent that applied v needs only what changed after v, provided its v
@@ -141,49 +140,17 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	if hello.GetAppliedHistory() == h.reg.HistoryAt(v) {
 		msg, resumed = s.client.Resume(v, prev)
 	}
+	start := "resume"
 	if !resumed {
-		kind = "full"
-		// A whole state's encoding is shared by every agent sent the
-		// same version, but each version in flight holds its own: a
-		// bounded number at a time keeps that bounded while versions
-		// change, and lets the first agents finish early.
-		select {
-		case h.fullSends <- struct{}{}:
-		case <-ctx.Done():
-			return h.endErr(s, ctx.Err())
-		}
-		msg = s.client.Full()
-		n, err := h.send(stream, msg)
-		if err == nil {
-			h.record(st, msg, n, kind, s.client.Covered())
-			// The place is the agent's until it answers: a send ends
-			// when the state is queued, and a whole state fits in an
-			// agent's receive window, so without the wait every agent
-			// would be sent one at once, all finishing last.
-			timeout := h.clock.NewTimer(FullStateAnswerWait)
-			select {
-			case <-inflight.answered(msg.Version):
-			case <-ctx.Done():
-			case <-timeout.C():
-			}
-			timeout.Stop()
-		}
-		<-h.fullSends
-		if err != nil {
+		start = "full"
+		if err := h.sendWhole(ctx, stream, s, st, inflight, time.Time{}); err != nil {
 			return err
 		}
-		msg = nil
+	} else if err := h.sendStep(stream, st, s, msg, "resume"); err != nil {
+		return err
 	}
-	log.Info("agent connected", "applied_version", hello.GetAppliedVersion(), "start", kind)
+	log.Info("agent connected", "applied_version", v, "start", start)
 	for {
-		n := 0
-		if msg != nil {
-			var err error
-			if n, err = h.send(stream, msg); err != nil {
-				return err
-			}
-		}
-		h.record(st, msg, n, kind, s.client.Covered())
 		select {
 		case <-ctx.Done():
 			return h.endErr(s, ctx.Err())
@@ -195,16 +162,71 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 			return nil
 		case <-s.client.Wake():
 		}
-		var since time.Time
-		msg, since = s.client.Next()
-		kind = "delta"
+		msg, since := s.client.Next()
 		if msg != nil && s.refused.Swap(false) {
-			msg, kind = s.client.Full(), "full"
+			if err := h.sendWhole(ctx, stream, s, st, inflight, since); err != nil {
+				return err
+			}
+			continue
 		}
 		if msg != nil && !since.IsZero() {
 			inflight.add(msg.Version, since)
 		}
+		if err := h.sendStep(stream, st, s, msg, "delta"); err != nil {
+			return err
+		}
 	}
+}
+
+// sendStep sends msg, a delta (none when nil: the changes did not concern
+// the node), and records what the node now has been sent.
+func (h *Hub) sendStep(stream weirv1.AgentService_SyncServer, st *observed.Node, s *session, msg *cache.Message, kind string) error {
+	n := 0
+	if msg != nil {
+		var err error
+		if n, err = h.send(stream, msg); err != nil {
+			return err
+		}
+	}
+	h.record(st, msg, n, kind, s.client.Covered())
+	return nil
+}
+
+// sendWhole sends the node its whole state: at its first stream, and
+// after it refused a version (since is then when the oldest change it
+// holds was accepted). It holds one of the FullStatesAtOnce places from
+// before the state is worked out until the agent answers it, its answers
+// end, or FullStateAnswerWait passes: a send ends when the state is
+// queued, and a whole state fits in an agent's receive window, so without
+// the wait every agent would be sent one at once, all finishing last.
+func (h *Hub) sendWhole(ctx context.Context, stream weirv1.AgentService_SyncServer, s *session, st *observed.Node, inflight *inflight, since time.Time) error {
+	// A whole state's encoding is shared by every agent sent the same
+	// version, but each version in flight holds its own: a bounded number
+	// at a time keeps that bounded while versions change, and lets the
+	// first agents finish early.
+	select {
+	case h.fullSends <- struct{}{}:
+	case <-ctx.Done():
+		return h.endErr(s, ctx.Err())
+	}
+	defer func() { <-h.fullSends }()
+	msg := s.client.Full()
+	if !since.IsZero() {
+		inflight.add(msg.Version, since)
+	}
+	n, err := h.send(stream, msg)
+	if err != nil {
+		return err
+	}
+	h.record(st, msg, n, "full", s.client.Covered())
+	timeout := h.clock.NewTimer(FullStateAnswerWait)
+	defer timeout.Stop()
+	select {
+	case <-inflight.answered(msg.Version):
+	case <-ctx.Done():
+	case <-timeout.C():
+	}
+	return nil
 }
 
 // FullStatesAtOnce is how many whole states are sent at once, each from

@@ -187,6 +187,13 @@ func TestAgentsMakingTheSameStepShareOneEncoding(t *testing.T) {
 		full[n] = servicesPart(parts)
 		agents[n].answer(ack(parts[0].msg.GetVersion()))
 	}
+	// A whole state's place is held, on the clock, until its agent
+	// answers: the fanout's wait is the only timer a step may find.
+	answered := func(what string) {
+		t.Helper()
+		wait.Until(t, 10*time.Second, what, func() bool { return !clk.HasWaiters() })
+	}
+	answered("the whole states are answered")
 	sameBytes("the whole state's services", full)
 	if e, s := encoded(), sent(); e <= 0 || s < 3*e {
 		t.Fatalf("%v bytes encoded, %v sent: want the whole state's services encoded once for three agents", e, s)
@@ -238,6 +245,15 @@ func TestAgentsMakingTheSameStepShareOneEncoding(t *testing.T) {
 		}
 		return false
 	})
+	var n2 *refusal
+	for _, st := range h.Status() {
+		if st.Node == "n2" {
+			n2 = &refusal{st.LastError, st.LastErrorVersion}
+		}
+	}
+	if n2 == nil || n2.err != "no room" || n2.version != refused {
+		t.Fatalf("n2's status %+v; want its refusal of %d recorded", n2, refused)
+	}
 	v := create("c", 13)
 	wait.Until(t, 10*time.Second, "the fanout waits out the period", clk.HasWaiters)
 	clk.Step(time.Second)
@@ -247,7 +263,9 @@ func TestAgentsMakingTheSameStepShareOneEncoding(t *testing.T) {
 		if first.GetVersion() != v || first.GetFull() != (n == "n2") {
 			t.Fatalf("a service after n2's refusal: %s sent version %d, whole %v; want %d, whole only to n2", n, first.GetVersion(), first.GetFull(), v)
 		}
+		a.answer(ack(v))
 	}
+	answered("n2's whole state is answered")
 
 	// n3's node changes with a service in the same batch: n3's own
 	// description in front of the services every agent shares.
@@ -263,15 +281,6 @@ func TestAgentsMakingTheSameStepShareOneEncoding(t *testing.T) {
 		}
 		return create("d", 14)
 	}, map[string]bool{"n3": true})
-	var n2 *refusal
-	for _, st := range h.Status() {
-		if st.Node == "n2" {
-			n2 = &refusal{st.LastError, st.LastErrorVersion}
-		}
-	}
-	if n2 == nil || n2.err != "no room" || n2.version != refused {
-		t.Fatalf("n2's status %+v; want its refusal of %d recorded", n2, refused)
-	}
 
 	// n2 comes back from the version it applied before the refusal: its
 	// own step, and the others' next step is theirs as before.
@@ -299,7 +308,7 @@ type refusal struct {
 // of new agents were all sent theirs at once, every one finishing last.
 func TestAWholeStateHoldsItsPlaceUntilItsAgentAnswers(t *testing.T) {
 	reg := registrytest.Open(t)
-	nodes := []string{"n1", "n2", "n3", "n4", "n5"}
+	nodes := []string{"n1", "n2", "n3", "n4", "n5", "n6", "n7"}
 	for i, n := range nodes {
 		if _, err := reg.Nodes.Create(&model.Node{Meta: model.Meta{Name: n}, Addresses: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(11 + i)})}}); err != nil {
 			t.Fatal(err)
@@ -391,5 +400,39 @@ func TestAWholeStateHoldsItsPlaceUntilItsAgentAnswers(t *testing.T) {
 	waiting("n1", "n4 and n5 had not answered theirs")
 	wait.Until(t, 10*time.Second, "the silent agents' timers are set", clk.HasWaiters)
 	clk.Step(FullStateAnswerWait)
+	v1 = whole("n1")
+
+	// A whole state sent after a refusal takes a place too. n1 refuses
+	// its state (giving its place back), n6 and n7 take both places, and
+	// a change follows. (n3, which refused earlier, would want a place
+	// for the change too: it goes.)
+	streamCtx["n3"]()
+	wait.Until(t, 10*time.Second, "n3's stream ends", func() bool {
+		for _, st := range h.Status() {
+			if st.Node == "n3" {
+				return !st.Connected
+			}
+		}
+		return true
+	})
+	agents["n1"].answer(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Nack{Nack: &weirv1.Nack{Version: v1, Error: "no room"}}})
+	wait.Until(t, 10*time.Second, "n1's refusal is recorded", func() bool {
+		for _, st := range h.Status() {
+			if st.Node == "n1" && st.LastErrorVersion == v1 {
+				return true
+			}
+		}
+		return false
+	})
+	connect("n6")
+	connect("n7")
+	v6, _ := whole("n6"), whole("n7")
+	if _, err := reg.Services.Create(&model.Service{Meta: model.Meta{Namespace: "shop", Name: "b"}, Type: model.ClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.11")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}},
+		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster}); err != nil {
+		t.Fatal(err)
+	}
+	waiting("n1", "n6 and n7 had not answered theirs")
+	agents["n6"].answer(ack(v6))
 	whole("n1")
 }

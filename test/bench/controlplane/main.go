@@ -452,7 +452,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	// CPUs: its CPU time over the changes (write, fan-out, answers).
 	fmt.Printf("server CPU per change: %v; the simulated agents': %v\n", ((fanoutfloor.CPUTime(srv.Process.Pid) - cpuBefore) / time.Duration(nChanges)).Round(100*time.Microsecond),
 		((fanoutfloor.CPUTime(os.Getpid()) - benchBefore) / time.Duration(nChanges)).Round(100*time.Microsecond))
-	floor, err := fanoutfloor.Measure(nAgents, nChanges, perChange[len(perChange)/2], false)
+	floor, err := fanoutfloor.Measure(ctx, nAgents, nChanges, perChange[len(perChange)/2], false)
 	if err != nil {
 		return err
 	}

@@ -311,7 +311,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	sims[0].mu.Lock()
 	size := sims[0].deltaBytes
 	sims[0].mu.Unlock()
-	floor, err := fanoutfloor.Measure(cfg.agents, cfg.changes, size, true)
+	floor, err := fanoutfloor.Measure(ctx, cfg.agents, cfg.changes, size, true)
 	if err != nil {
 		return err
 	}

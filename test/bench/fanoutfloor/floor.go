@@ -8,6 +8,7 @@
 package fanoutfloor
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -45,8 +46,8 @@ func (r Result) String() string {
 		over, r.Size, r.Agents, r.Changes, r.P50, r.P99, r.Max, r.CPU)
 }
 
-// Measure sends changes deltas of size bytes to n agents.
-func Measure(n, changes, size int, withTLS bool) (Result, error) {
+// Measure sends changes deltas of size bytes to n agents, until ctx ends.
+func Measure(ctx context.Context, n, changes, size int, withTLS bool) (Result, error) {
 	res := Result{Agents: n, Changes: changes, Size: size, TLS: withTLS}
 	var ln net.Listener
 	var err error
@@ -70,6 +71,13 @@ func Measure(n, changes, size int, withTLS bool) (Result, error) {
 	go func() {
 		for range n {
 			c, err := ln.Accept()
+			if err == nil {
+				if tc, ok := c.(*tls.Conn); ok {
+					// The agents dial one at a time, each waiting
+					// for its handshake to end.
+					err = tc.HandshakeContext(ctx)
+				}
+			}
 			if err != nil {
 				accepted <- err
 				return
@@ -78,6 +86,9 @@ func Measure(n, changes, size int, withTLS bool) (Result, error) {
 		}
 		accepted <- nil
 	}()
+	// Everything blocking below ends with the sockets.
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
 	clients := make([]net.Conn, 0, n)
 	defer func() {
 		for _, c := range clients {
@@ -90,9 +101,9 @@ func Measure(n, changes, size int, withTLS bool) (Result, error) {
 	for range n {
 		var c net.Conn
 		if withTLS {
-			c, err = tls.Dial("tcp", ln.Addr().String(), clientTLS)
+			c, err = (&tls.Dialer{Config: clientTLS}).DialContext(ctx, "tcp", ln.Addr().String())
 		} else {
-			c, err = net.Dial("tcp", ln.Addr().String())
+			c, err = (&net.Dialer{}).DialContext(ctx, "tcp", ln.Addr().String())
 		}
 		if err != nil {
 			return res, err
@@ -102,6 +113,15 @@ func Measure(n, changes, size int, withTLS bool) (Result, error) {
 	if err := <-accepted; err != nil {
 		return res, err
 	}
+	closeAll := context.AfterFunc(ctx, func() {
+		for _, c := range clients {
+			c.Close()
+		}
+		for _, c := range servers {
+			c.Close()
+		}
+	})
+	defer closeAll()
 
 	// Each agent: read a delta, note when, answer.
 	received := make([][]time.Time, n)
@@ -148,7 +168,11 @@ func Measure(n, changes, size int, withTLS bool) (Result, error) {
 			}
 		}
 		for range n {
-			<-answered
+			select {
+			case <-answered:
+			case <-ctx.Done():
+				return res, ctx.Err()
+			}
 		}
 		for i := range received {
 			lat = append(lat, received[i][k].Sub(start))
