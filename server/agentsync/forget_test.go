@@ -2,14 +2,10 @@ package agentsync
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"slices"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
@@ -27,22 +23,7 @@ func TestADeletedNodeIsForgotten(t *testing.T) {
 		}
 	}
 	h := New(reg, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	go h.Run(ctx)
-	srv := grpc.NewServer()
-	weirv1.RegisterAgentServiceServer(srv, h)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(lis)
-	defer srv.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	ctx, conn, srv := serve(t, h)
 	connect := func(node string) (weirv1.AgentService_SyncClient, context.CancelFunc) {
 		t.Helper()
 		sctx, scancel := context.WithCancel(ctx)

@@ -38,6 +38,30 @@ func (c *rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 
 func (c *rawCodec) Name() string { return "proto" }
 
+// serve runs h and serves its AgentService on loopback until the test
+// ends: a connection to it, the context its streams may live in, and the
+// server (stopping it ends every stream).
+func serve(t *testing.T, h *Hub) (context.Context, *grpc.ClientConn, *grpc.Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	srv := grpc.NewServer()
+	weirv1.RegisterAgentServiceServer(srv, h)
+	t.Cleanup(func() { srv.Stop(); cancel(); <-done })
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return ctx, conn, srv
+}
+
 // received is one message as an agent got it.
 type received struct {
 	msg *weirv1.SyncResponse
@@ -144,24 +168,7 @@ func TestAgentsMakingTheSameStepShareOneEncoding(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC))
 	metrics := prometheus.NewRegistry()
 	h := New(reg, Config{MinSyncPeriod: time.Second, Clock: clk, Metrics: metrics})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	done := make(chan struct{})
-	go func() { h.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	srv := grpc.NewServer()
-	weirv1.RegisterAgentServiceServer(srv, h)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(lis)
-	defer srv.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	ctx, conn, _ := serve(t, h)
 	encoded := func() float64 { return testutil.ToFloat64(h.metrics.encoded) }
 	sent := func() float64 { return testutil.ToFloat64(h.metrics.bytes) }
 	sameBytes := func(what string, msgs map[string]received) {
@@ -321,24 +328,7 @@ func TestAWholeStateHoldsItsPlaceUntilItsAgentAnswers(t *testing.T) {
 	}
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC))
 	h := New(reg, Config{Clock: clk, FullStatesAtOnce: 2})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	done := make(chan struct{})
-	go func() { h.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	srv := grpc.NewServer()
-	weirv1.RegisterAgentServiceServer(srv, h)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(lis)
-	defer srv.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	ctx, conn, _ := serve(t, h)
 
 	agents := map[string]*rawAgent{}
 	streamCtx := map[string]context.CancelFunc{}
