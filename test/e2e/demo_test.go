@@ -10,14 +10,15 @@ import (
 )
 
 // TestDemo runs README's demo as a newcomer would (make demo runs the same
-// program): it must end well and show pods answering the client.
+// program): it must end well and show pods answering the client. Its logs
+// go to the test's own folder, removed when the test ends.
 func TestDemo(t *testing.T) {
 	lab.SkipUnlessPrivileged(t)
 	root, err := weirlab.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("go", "run", "./test/cmd/demo")
+	cmd := exec.Command("go", "run", "./test/cmd/demo", "-logs", t.TempDir())
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	if err != nil {

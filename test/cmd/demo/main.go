@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/netip"
 	"os"
@@ -25,7 +26,9 @@ var (
 const nodePort = 30080
 
 func main() {
-	if err := run(); err != nil {
+	logs := flag.String("logs", "", "folder for the lab's logs (default: a new folder in $TMPDIR, kept)")
+	flag.Parse()
+	if err := run(*logs); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -33,7 +36,7 @@ func main() {
 
 func step(format string, args ...any) { fmt.Printf("==> "+format+"\n", args...) }
 
-func run() error {
+func run(logs string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root (network namespaces and nftables)")
 	}
@@ -47,7 +50,7 @@ func run() error {
 	defer removeBin()
 
 	step("starting the lab: client -- router -- rack LAN (control, node1, node2); pods n1p1, n1p2 on node1, n2p1 on node2")
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}}, bin)
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 2, PodsPerNode: []int{2, 1}, Dir: logs}, bin)
 	if err != nil {
 		return err
 	}
