@@ -457,6 +457,10 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 		return err
 	}
 	fmt.Println(floor)
+	if floor, err = fanoutfloor.MeasureGRPC(ctx, nAgents, nChanges, perChange[len(perChange)/2], false); err != nil {
+		return err
+	}
+	fmt.Println(floor)
 	fmt.Printf("%s\n", memories())
 	if len(servers) > 1 {
 		return measureReplicaLoss(servers, all)

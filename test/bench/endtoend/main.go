@@ -316,6 +316,12 @@ func run(ctx context.Context, cfg config) (err error) {
 		return err
 	}
 	fmt.Printf("%v\n  (back to back, on loopback in this program: the same 2 CPUs, without gRPC, HTTP/2, the hub or the lab's veths)\n", floor)
+	// And through gRPC alone: what its transport adds, without the hub.
+	floor, err = fanoutfloor.MeasureGRPC(ctx, cfg.agents, cfg.changes, size, true)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%v\n  (the same, each agent on a gRPC stream of its own, a change encoded once: without the hub, Weir's messages or the lab's veths)\n", floor)
 	return nil
 }
 

@@ -30,6 +30,7 @@ import (
 type Result struct {
 	Agents, Changes, Size int
 	TLS                   bool
+	GRPC                  bool // over gRPC streams (MeasureGRPC), not bare sockets
 	// P50, P99 and Max are the agents' receipts, from the start of the
 	// change's writes.
 	P50, P99, Max time.Duration
@@ -42,8 +43,12 @@ func (r Result) String() string {
 	if r.TLS {
 		over = "TLS"
 	}
-	return fmt.Sprintf("floor, the same fan-out over bare %s sockets (%d bytes to each of %d agents, a 15-byte answer back, %d changes): p50 %v  p99 %v  max %v; CPU per change, both sides: %v",
-		over, r.Size, r.Agents, r.Changes, r.P50, r.P99, r.Max, r.CPU)
+	how := "over bare " + over + " sockets"
+	if r.GRPC {
+		how = "through bare gRPC streams over " + over
+	}
+	return fmt.Sprintf("floor, the same fan-out %s (%d bytes to each of %d agents, a 15-byte answer back, %d changes): p50 %v  p99 %v  max %v; CPU per change, both sides: %v",
+		how, r.Size, r.Agents, r.Changes, r.P50, r.P99, r.Max, r.CPU)
 }
 
 // Measure sends changes deltas of size bytes to n agents, until ctx ends.
