@@ -7,6 +7,15 @@ BUF      := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.47.2
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
 STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
+# Every compile here (the binaries, vet and staticcheck, the tests, the
+# tools go run builds, the binaries the labs and the images build) uses the
+# flags the shipped binaries are built with (deploy/container/
+# build-images.sh): static, without cgo, paths trimmed. One set of flags is
+# one compile of the dependencies on a new machine, not one per set: go vet
+# after the images' build takes 64 s instead of 238 s cold.
+export CGO_ENABLED ?= 0
+export GOFLAGS ?= -trimpath
+
 PREFIX   ?= /usr/local
 SYSTEMD  ?= /etc/systemd/system
 
