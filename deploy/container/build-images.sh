@@ -153,10 +153,11 @@ copy_in() {
 
 # libs_of FILE LIBPATH: sets libs to the image paths of everything ldd says
 # FILE loads, the dynamic loader included. A library not found, or found
-# outside the downloaded packages, fails the build.
+# outside the downloaded packages, fails the build. ldd runs without the
+# caller's LD_PRELOAD (stdbuf sets one), which it would list as a need.
 libs_of() {
   local listing line path
-  listing=$(LD_LIBRARY_PATH=$2 ldd "$1") || die "ldd $1 failed"
+  listing=$(env -u LD_PRELOAD LD_LIBRARY_PATH=$2 ldd "$1") || die "ldd $1 failed"
   libs=()
   while read -r line; do
     case $line in
@@ -206,7 +207,7 @@ for f in /etc/protocols /etc/services; do copy_in "$agent_root" "$f"; done
 # inside the image.
 rootlibs=$(find "$agent_root" -name '*.so*' \( -type f -o -type l \) -printf '%h\n' | sort -u | paste -sd: -)
 for prog in /usr/sbin/nft /usr/sbin/conntrack; do
-  LD_LIBRARY_PATH=$rootlibs ldd "$agent_root$prog" | awk -v r="$agent_root" \
+  env -u LD_PRELOAD LD_LIBRARY_PATH=$rootlibs ldd "$agent_root$prog" | awk -v r="$agent_root" \
     '/=>/ && (/not found/ || index($3, r) != 1) { print; bad = 1 } END { exit bad }' ||
     die "$prog needs libraries the image lacks"
 done
