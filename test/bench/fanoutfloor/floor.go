@@ -34,6 +34,9 @@ type Result struct {
 	// P50, P99 and Max are the agents' receipts, from the start of the
 	// change's writes.
 	P50, P99, Max time.Duration
+	// LastP50 and LastP99 are the same for the last agent of each change:
+	// when every agent had it.
+	LastP50, LastP99 time.Duration
 	// CPU is this process's CPU time per change: both sides.
 	CPU time.Duration
 }
@@ -47,8 +50,30 @@ func (r Result) String() string {
 	if r.GRPC {
 		how = "through bare gRPC streams over " + over
 	}
-	return fmt.Sprintf("floor, the same fan-out %s (%d bytes to each of %d agents, a 15-byte answer back, %d changes): p50 %v  p99 %v  max %v; CPU per change, both sides: %v",
-		how, r.Size, r.Agents, r.Changes, r.P50, r.P99, r.Max, r.CPU)
+	return fmt.Sprintf("floor, the same fan-out %s (%d bytes to each of %d agents, a 15-byte answer back, %d changes): an agent has it p50 %v  p99 %v  max %v; every agent has it p50 %v  p99 %v; CPU per change, both sides: %v",
+		how, r.Size, r.Agents, r.Changes, r.P50, r.P99, r.Max, r.LastP50, r.LastP99, r.CPU)
+}
+
+// summarize sets the quantiles from when each change started and when each
+// agent received each change.
+func (r *Result) summarize(starts []time.Time, received [][]time.Time) {
+	var lat, last []time.Duration
+	for k, start := range starts {
+		var slowest time.Duration
+		for i := range received {
+			d := received[i][k].Sub(start)
+			lat = append(lat, d)
+			slowest = max(slowest, d)
+		}
+		last = append(last, slowest)
+	}
+	slices.Sort(lat)
+	slices.Sort(last)
+	q := func(d []time.Duration, p int) time.Duration {
+		return d[min(len(d)-1, len(d)*p/100)].Round(100 * time.Microsecond)
+	}
+	r.P50, r.P99, r.Max = q(lat, 50), q(lat, 99), lat[len(lat)-1].Round(100*time.Microsecond)
+	r.LastP50, r.LastP99 = q(last, 50), q(last, 99)
 }
 
 // Measure sends changes deltas of size bytes to n agents, until ctx ends.
@@ -163,10 +188,11 @@ func Measure(ctx context.Context, n, changes, size int, withTLS bool) (Result, e
 	}
 
 	delta := make([]byte, size)
-	var lat []time.Duration
+	starts := make([]time.Time, 0, changes)
 	cpuBefore := CPUTime(os.Getpid())
-	for k := range changes {
+	for range changes {
 		start := time.Now()
+		starts = append(starts, start)
 		for _, c := range servers {
 			if _, err := c.Write(delta); err != nil {
 				return res, err
@@ -179,15 +205,10 @@ func Measure(ctx context.Context, n, changes, size int, withTLS bool) (Result, e
 				return res, ctx.Err()
 			}
 		}
-		for i := range received {
-			lat = append(lat, received[i][k].Sub(start))
-		}
 	}
 	res.CPU = ((CPUTime(os.Getpid()) - cpuBefore) / time.Duration(changes)).Round(100 * time.Microsecond)
 	agents.Wait()
-	slices.Sort(lat)
-	q := func(p int) time.Duration { return lat[min(len(lat)-1, len(lat)*p/100)].Round(100 * time.Microsecond) }
-	res.P50, res.P99, res.Max = q(50), q(99), lat[len(lat)-1].Round(100*time.Microsecond)
+	res.summarize(starts, received)
 	return res, nil
 }
 

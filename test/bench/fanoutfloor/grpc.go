@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
 	"sync"
 	"time"
 
@@ -103,10 +102,11 @@ func MeasureGRPC(ctx context.Context, n, changes, size int, withTLS bool) (Resul
 	}
 
 	delta := make([]byte, size)
-	var lat []time.Duration
+	starts := make([]time.Time, 0, changes)
 	cpuBefore := CPUTime(os.Getpid())
-	for k := range changes {
+	for range changes {
 		start := time.Now()
+		starts = append(starts, start)
 		prepared := &grpc.PreparedMsg{}
 		if err := prepared.Encode(streams[0].ss, &delta); err != nil {
 			return res, err
@@ -121,21 +121,13 @@ func MeasureGRPC(ctx context.Context, n, changes, size int, withTLS bool) (Resul
 				return res, ctx.Err()
 			}
 		}
-		for i := range received {
-			if len(received[i]) <= k {
-				return res, fmt.Errorf("fanoutfloor: agent %d answered change %d without its receipt", i, k)
-			}
-			lat = append(lat, received[i][k].Sub(start))
-		}
 	}
 	res.CPU = ((CPUTime(os.Getpid()) - cpuBefore) / time.Duration(changes)).Round(100 * time.Microsecond)
 	for _, s := range streams {
 		close(s.out)
 	}
 	agents.Wait()
-	slices.Sort(lat)
-	q := func(p int) time.Duration { return lat[min(len(lat)-1, len(lat)*p/100)].Round(100 * time.Microsecond) }
-	res.P50, res.P99, res.Max = q(50), q(99), lat[len(lat)-1].Round(100*time.Microsecond)
+	res.summarize(starts, received)
 	return res, nil
 }
 
