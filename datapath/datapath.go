@@ -131,10 +131,10 @@ type Datapath struct {
 	cfg Config
 	// nft holds, per family, the interface for ordinary transactions and,
 	// after it, any more that a full sync may load through in parallel.
+	// The first also lists object names, over netlink where it can (see
+	// NewForNode), because nft reads every element of the table to list
+	// even just the names.
 	nft map[*family][]knftables.Interface
-	// lister lists object names; over netlink where it can, because nft
-	// reads every element of the table to list even just the names.
-	lister map[*family]knftables.Interface
 	// elements commits the transactions of elements alone over netlink
 	// (see elementWriter); nil to use nft for everything.
 	elements *elementWriter
@@ -223,25 +223,24 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	d := &Datapath{cfg: cfg, nft: map[*family][]knftables.Interface{}, lister: map[*family]knftables.Interface{},
+	d := &Datapath{cfg: cfg, nft: map[*family][]knftables.Interface{},
 		tables: map[*family]*tableState{}, needFull: true, chunk: FullSyncChunk}
 	if nftIPv4 != nil {
 		d.nft[&ipv4] = []knftables.Interface{nftIPv4}
-		d.lister[&ipv4] = nftIPv4
 		d.tables[&ipv4] = &tableState{}
 	}
 	if nftIPv6 != nil {
 		d.nft[&ipv6] = []knftables.Interface{nftIPv6}
-		d.lister[&ipv6] = nftIPv6
 		d.tables[&ipv6] = &tableState{}
 	}
 	return d
 }
 
 // NewForNode opens the real nftables tables of the current network
-// namespace. Opening one costs an nft run (knftables checks the binary),
-// so they are opened at once; without the element writer, a full sync loads
-// through nft, with one process per CPU.
+// namespace. Opening one costs two nft runs (knftables checks the binary),
+// so they are opened at once, and the first of each family, which lists
+// objects over netlink, also runs every transaction; without the element
+// writer, a full sync loads through nft, with one process per CPU.
 func NewForNode(cfg Config) (*Datapath, error) {
 	if cfg.Conntrack == nil {
 		cfg.Conntrack = ConntrackTool{}
@@ -254,20 +253,24 @@ func NewForNode(cfg Config) (*Datapath, error) {
 	type opened struct {
 		nft  []knftables.Interface
 		errs []error
-		nl   knftables.Interface
 	}
 	open := make([]opened, len(families))
 	var wg sync.WaitGroup
 	for i, f := range families {
 		open[i].nft, open[i].errs = make([]knftables.Interface, loaders), make([]error, loaders)
 		for j := range loaders {
-			wg.Go(func() { open[i].nft[j], open[i].errs[j] = knftables.New(f.nft, TableName) })
+			wg.Go(func() {
+				if j == 0 {
+					// Listing over netlink where the kernel allows it;
+					// through nft where it does not.
+					if nft, err := knftables.New(f.nft, TableName, knftables.UseNetlink); err == nil {
+						open[i].nft[j] = nft
+						return
+					}
+				}
+				open[i].nft[j], open[i].errs[j] = knftables.New(f.nft, TableName)
+			})
 		}
-		wg.Go(func() {
-			if nl, err := knftables.New(f.nft, TableName, knftables.UseNetlink); err == nil {
-				open[i].nl = nl
-			}
-		})
 	}
 	wg.Wait()
 	for i, f := range families {
@@ -275,10 +278,6 @@ func NewForNode(cfg Config) (*Datapath, error) {
 			return nil, fmt.Errorf("nftables for %s: %w", f, err)
 		}
 		d.nft[f] = open[i].nft
-		d.lister[f] = d.nft[f][0]
-		if open[i].nl != nil {
-			d.lister[f] = open[i].nl
-		}
 		d.tables[f] = &tableState{}
 	}
 	if !cfg.ElementsOverNft {
@@ -339,7 +338,7 @@ func (d *Datapath) Forwarding(ctx context.Context) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, f := range d.families() {
-		if chains, err := d.lister[f].List(ctx, "chain"); err == nil && liveGeneration(chains) != "" {
+		if chains, err := d.nft[f][0].List(ctx, "chain"); err == nil && liveGeneration(chains) != "" {
 			return true
 		}
 	}
@@ -434,7 +433,7 @@ func (d *Datapath) RepairIfGone(ctx context.Context) (bool, error) {
 		if !t.known || t.gen == "" {
 			return false, nil
 		}
-		chains, err := d.lister[f].List(ctx, "chain")
+		chains, err := d.nft[f][0].List(ctx, "chain")
 		if err != nil && !knftables.IsNotFound(err) {
 			return false, fmt.Errorf("listing the %s table: %w", f, err)
 		}

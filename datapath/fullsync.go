@@ -656,7 +656,7 @@ func (d *Datapath) listObjects(ctx context.Context, f *family) (tableObjects, er
 		kind string
 		into *[]string
 	}{{"chain", &objs.chains}, {"set", &objs.sets}, {"map", &objs.maps}} {
-		names, err := d.lister[f].List(ctx, l.kind)
+		names, err := d.nft[f][0].List(ctx, l.kind)
 		if err != nil && !knftables.IsNotFound(err) {
 			return objs, fmt.Errorf("listing %s %ss: %w", f, l.kind, err)
 		}
