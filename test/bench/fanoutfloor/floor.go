@@ -54,6 +54,29 @@ func (r Result) String() string {
 		how, r.Size, r.Agents, r.Changes, r.P50, r.P99, r.Max, r.LastP50, r.LastP99, r.CPU)
 }
 
+// run makes changes changes back to back: each sent by send, then its n
+// answers awaited. It returns when each started, and sets the CPU time
+// per change.
+func (r *Result) run(ctx context.Context, n, changes int, answered <-chan struct{}, send func() error) ([]time.Time, error) {
+	starts := make([]time.Time, 0, changes)
+	cpuBefore := CPUTime(os.Getpid())
+	for range changes {
+		starts = append(starts, time.Now())
+		if err := send(); err != nil {
+			return nil, err
+		}
+		for range n {
+			select {
+			case <-answered:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	r.CPU = ((CPUTime(os.Getpid()) - cpuBefore) / time.Duration(changes)).Round(100 * time.Microsecond)
+	return starts, nil
+}
+
 // summarize sets the quantiles from when each change started and when each
 // agent received each change.
 func (r *Result) summarize(starts []time.Time, received [][]time.Time) {
@@ -188,25 +211,17 @@ func Measure(ctx context.Context, n, changes, size int, withTLS bool) (Result, e
 	}
 
 	delta := make([]byte, size)
-	starts := make([]time.Time, 0, changes)
-	cpuBefore := CPUTime(os.Getpid())
-	for range changes {
-		start := time.Now()
-		starts = append(starts, start)
+	starts, err := res.run(ctx, n, changes, answered, func() error {
 		for _, c := range servers {
 			if _, err := c.Write(delta); err != nil {
-				return res, err
+				return err
 			}
 		}
-		for range n {
-			select {
-			case <-answered:
-			case <-ctx.Done():
-				return res, ctx.Err()
-			}
-		}
+		return nil
+	})
+	if err != nil {
+		return res, err
 	}
-	res.CPU = ((CPUTime(os.Getpid()) - cpuBefore) / time.Duration(changes)).Round(100 * time.Microsecond)
 	agents.Wait()
 	res.summarize(starts, received)
 	return res, nil

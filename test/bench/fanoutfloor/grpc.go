@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"time"
 
@@ -102,27 +101,19 @@ func MeasureGRPC(ctx context.Context, n, changes, size int, withTLS bool) (Resul
 	}
 
 	delta := make([]byte, size)
-	starts := make([]time.Time, 0, changes)
-	cpuBefore := CPUTime(os.Getpid())
-	for range changes {
-		start := time.Now()
-		starts = append(starts, start)
+	starts, err := res.run(ctx, n, changes, f.answered, func() error {
 		prepared := &grpc.PreparedMsg{}
 		if err := prepared.Encode(streams[0].ss, &delta); err != nil {
-			return res, err
+			return err
 		}
 		for _, s := range streams {
 			s.out <- prepared
 		}
-		for range n {
-			select {
-			case <-f.answered:
-			case <-ctx.Done():
-				return res, ctx.Err()
-			}
-		}
+		return nil
+	})
+	if err != nil {
+		return res, err
 	}
-	res.CPU = ((CPUTime(os.Getpid()) - cpuBefore) / time.Duration(changes)).Round(100 * time.Microsecond)
 	for _, s := range streams {
 		close(s.out)
 	}
