@@ -33,6 +33,15 @@ import (
 )
 
 // startKube runs a real apiserver and returns clients for it.
+// setDuring sets *p to v for the rest of the test, and back once the
+// cleanups registered after it have run: a server the test starts later
+// has stopped by then, so none of its goroutines reads *p as it changes.
+func setDuring[T any](t *testing.T, p *T, v T) {
+	old := *p
+	*p = v
+	t.Cleanup(func() { *p = old })
+}
+
 func startKube(t *testing.T) (*kubeapi.Cluster, clientset.Interface, dynamic.Interface) {
 	t.Helper()
 	c := kubeapi.StartForTest(t)
@@ -90,9 +99,8 @@ func installCRDs(t *testing.T, ctx context.Context, dyn dynamic.Interface) {
 // the reason), how much of a pool is in use and how many sessions a peer
 // has, as kubectl get shows them; deleting an object removes it.
 func TestCustomResourcesOnARealAPIServer(t *testing.T) {
-	kubernetes.RetryPeriod = 200 * time.Millisecond
-	server.AnnouncePeriod = 100 * time.Millisecond
-	defer func() { kubernetes.RetryPeriod, server.AnnouncePeriod = 5*time.Second, time.Second }()
+	setDuring(t, &kubernetes.RetryPeriod, 200*time.Millisecond)
+	setDuring(t, &server.AnnouncePeriod, 100*time.Millisecond)
 	c, kc, dyn := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -282,8 +290,8 @@ func tableRow(ctx context.Context, kc clientset.Interface, resource, name string
 // CRDs' rules pass it), and the server takes every pool and peer, the
 // password through its Secret.
 func TestConvertedMetalLBIsAccepted(t *testing.T) {
-	kubernetes.RetryPeriod, server.AnnouncePeriod = 200*time.Millisecond, 100*time.Millisecond
-	defer func() { kubernetes.RetryPeriod, server.AnnouncePeriod = 5*time.Second, time.Second }()
+	setDuring(t, &kubernetes.RetryPeriod, 200*time.Millisecond)
+	setDuring(t, &server.AnnouncePeriod, 100*time.Millisecond)
 	c, kc, dyn := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -455,8 +463,7 @@ func TestAdmissionRefusesWhatTheServerWould(t *testing.T) {
 // password's Secret made first) are taken, a Service gets the pool's first
 // address and an IPAllocated Event, and kubectl get addresspools counts it.
 func TestGettingStartedCustomResources(t *testing.T) {
-	server.AnnouncePeriod = 100 * time.Millisecond
-	defer func() { server.AnnouncePeriod = time.Second }()
+	setDuring(t, &server.AnnouncePeriod, 100*time.Millisecond)
 	doc, err := os.ReadFile("../docs/getting-started.md")
 	if err != nil {
 		t.Fatal(err)

@@ -27,8 +27,8 @@ import (
 // (the Announced condition and Events, following the nodes). A service of
 // another controller gets nothing from Weir.
 func TestKubernetesServicesAreToldWhatHappened(t *testing.T) {
-	server.AnnouncePeriod, server.AnnounceSettle = 100*time.Millisecond, 300*time.Millisecond
-	defer func() { server.AnnouncePeriod, server.AnnounceSettle = time.Second, 3*time.Second }()
+	setDuring(t, &server.AnnouncePeriod, 100*time.Millisecond)
+	setDuring(t, &server.AnnounceSettle, 300*time.Millisecond)
 	c, kc, _ := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
