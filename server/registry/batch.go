@@ -65,12 +65,13 @@ func (r *Registry) Apply(objs []model.Object, dryRun bool) (uint64, []Applied, e
 			ops[i] = store.Op{Kind: s.kind, Key: s.key, Value: b}
 		}
 		return &pending{ops: ops, what: fmt.Sprintf("%d resources", len(ops)), publish: func(rev uint64, readBack bool) {
-			defer func() {
+			stamp := func() {
 				for _, a := range out {
 					a.Object.GetMeta().ResourceVersion = rev
 				}
-			}()
+			}
 			if readBack {
+				stamp()
 				return
 			}
 			// The registry is as it was when they were checked (with the
@@ -80,6 +81,9 @@ func (r *Registry) Apply(objs []model.Object, dryRun bool) (uint64, []Applied, e
 			if err != nil {
 				panic(fmt.Sprintf("registry: a batch refused when published at revision %d: %v", rev, err))
 			}
+			// At their new version before anyone is told: a watch event
+			// carries the object itself.
+			stamp()
 			ch := Change{Revision: rev}
 			for _, s := range again {
 				r.touched(s.obj, s.old, &ch)
