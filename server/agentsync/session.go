@@ -214,6 +214,9 @@ func (h *Hub) sendWhole(ctx context.Context, stream weirv1.AgentService_SyncServ
 	if !since.IsZero() {
 		inflight.add(msg.Version, since)
 	}
+	// Waited for from before the send: the agent may answer before the
+	// send returns.
+	answered := inflight.answered(msg.Version)
 	n, err := h.send(stream, msg)
 	if err != nil {
 		return err
@@ -222,7 +225,7 @@ func (h *Hub) sendWhole(ctx context.Context, stream weirv1.AgentService_SyncServ
 	timeout := h.clock.NewTimer(FullStateAnswerWait)
 	defer timeout.Stop()
 	select {
-	case <-inflight.answered(msg.Version):
+	case <-answered:
 	case <-ctx.Done():
 	case <-timeout.C():
 	}

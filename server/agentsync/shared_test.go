@@ -38,15 +38,15 @@ func (c *rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 
 func (c *rawCodec) Name() string { return "proto" }
 
-// serve runs h and serves its AgentService on loopback until the test
+// serve runs h and serves its AgentService (with opts) on loopback until the test
 // ends: a connection to it, the context its streams may live in, and the
 // server (stopping it ends every stream).
-func serve(t *testing.T, h *Hub) (context.Context, *grpc.ClientConn, *grpc.Server) {
+func serve(t *testing.T, h *Hub, opts ...grpc.ServerOption) (context.Context, *grpc.ClientConn, *grpc.Server) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(opts...)
 	weirv1.RegisterAgentServiceServer(srv, h)
 	t.Cleanup(func() { srv.Stop(); cancel(); <-done })
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -425,4 +425,68 @@ func TestAWholeStateHoldsItsPlaceUntilItsAgentAnswers(t *testing.T) {
 	waiting("n1", "n6 and n7 had not answered theirs")
 	agents["n6"].answer(ack(v6))
 	whole("n1")
+}
+
+// TestAWholeStateAnsweredAtOnceFreesItsAgent: an agent may answer its
+// whole state before the server, which has just queued it, looks for the
+// answer (a small state, a fast agent, a server goroutine that waits for a
+// CPU). The answer counts: the agent's next change goes out at once, not
+// after FullStateAnswerWait. The server's stream here returns from sending
+// the whole state only once the hub has read the agent's answer.
+func TestAWholeStateAnsweredAtOnceFreesItsAgent(t *testing.T) {
+	reg := registrytest.Open(t)
+	if _, err := reg.Nodes.Create(&model.Node{Meta: model.Meta{Name: "n1"}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.11")}}); err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC))
+	h := New(reg, Config{MinSyncPeriod: time.Second, Clock: clk})
+	ctx, conn, _ := serve(t, h, grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return handler(srv, &answeredFirst{ServerStream: ss, reads: make(chan struct{}, 16)})
+	}))
+	agent := connectRaw(t, ctx, conn, &weirv1.Hello{NodeName: "n1"})
+	whole := agent.next("the whole state")
+	if !whole[0].msg.GetFull() {
+		t.Fatalf("first message: %v, want the whole state", whole[0].msg)
+	}
+	agent.answer(ack(whole[len(whole)-1].msg.GetVersion()))
+
+	svc, err := reg.Services.Create(&model.Service{Meta: model.Meta{Namespace: "shop", Name: "a"}, Type: model.ClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}},
+		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A lone change goes out at once: the fake clock never moves here.
+	if got := agent.next("the change after the answered whole state")[0].msg.GetVersion(); got != svc.ResourceVersion {
+		t.Fatalf("the change went out at version %d, want %d", got, svc.ResourceVersion)
+	}
+}
+
+// answeredFirst is a server stream whose first send returns once the hub
+// has read what the agent sent after it: its third read (the hello, the
+// answer, then the wait for more) has begun.
+type answeredFirst struct {
+	grpc.ServerStream
+	reads chan struct{}
+	sent  bool
+}
+
+func (s *answeredFirst) RecvMsg(m any) error {
+	s.reads <- struct{}{}
+	return s.ServerStream.RecvMsg(m)
+}
+
+func (s *answeredFirst) SendMsg(m any) error {
+	if err := s.ServerStream.SendMsg(m); err != nil || s.sent {
+		return err
+	}
+	s.sent = true
+	for range 3 {
+		select {
+		case <-s.reads:
+		case <-time.After(10 * time.Second):
+			return nil // the test fails on what it waits for instead
+		}
+	}
+	return nil
 }
