@@ -3,6 +3,7 @@ package datapath
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -10,6 +11,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Conntrack deletes stale connection-tracking entries: the seam to the
@@ -51,11 +55,21 @@ func (f UDPFlow) String() string {
 	return s
 }
 
-// ConntrackTool is the real Conntrack: the conntrack(8) program.
-type ConntrackTool struct{}
+// ConntrackTool is the real Conntrack: it lists the kernel's entries over
+// a netlink socket it keeps open, and deletes them with the conntrack(8)
+// program. Its zero value is ready.
+//
+// Why a socket that stays open: a full sync lists the entries right after
+// its switch, whose rules the kernel frees in the background, and any
+// process closing a netfilter socket (the conntrack program listing) waits
+// for that, 10-30 ms per run (see elementWriter).
+type ConntrackTool struct {
+	mu    sync.Mutex
+	conns [2]*netlink.Conn // per family; nil until first used, and after an error
+}
 
 // ClearUDP runs conntrack -D for the flow.
-func (ConntrackTool) ClearUDP(ctx context.Context, f UDPFlow) error {
+func (*ConntrackTool) ClearUDP(ctx context.Context, f UDPFlow) error {
 	args := []string{"-D", "-p", "udp", "--orig-port-dst", strconv.Itoa(int(f.Port))}
 	if f.IPv6 {
 		args = append(args, "-f", "ipv6")
@@ -76,57 +90,170 @@ func (ConntrackTool) ClearUDP(ctx context.Context, f UDPFlow) error {
 	return nil
 }
 
+// ctnetlink's numbers (linux/netfilter/nfnetlink_conntrack.h), which
+// x/sys/unix does not name.
+const (
+	nfnlSubsysCtnetlink = 1
+	ipctnlMsgCtGet      = 1
+
+	ctaTupleOrig  = 1
+	ctaTupleReply = 2
+	ctaFilter     = 25
+
+	ctaTupleIP    = 1
+	ctaTupleProto = 2
+	ctaIPv4Src    = 1
+	ctaIPv4Dst    = 2
+	ctaIPv6Src    = 3
+	ctaIPv6Dst    = 4
+	ctaProtoNum   = 1
+	ctaProtoSrc   = 2
+	ctaProtoDst   = 3
+
+	ctaFilterOrigFlags = 1
+	ctaFilterProtoNum  = 1 << 3 // CTA_FILTER_F_CTA_PROTO_NUM
+)
+
 // NotDNATedUDP lists the table's UDP entries, both families, and keeps
-// those whose reply source is their original destination.
-func (ConntrackTool) NotDNATedUDP(ctx context.Context) ([]UDPFlow, error) {
-	var out []UDPFlow
-	for _, fam := range []string{"ipv4", "ipv6"} {
-		list, err := exec.CommandContext(ctx, "conntrack", "-L", "-p", "udp", "-f", fam).Output()
+// those whose reply source is their original destination. The kernel
+// lists only UDP entries (a filter kernels before 5.8 ignore; the others
+// are skipped here).
+func (c *ConntrackTool) NotDNATedUDP(ctx context.Context) ([]UDPFlow, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// A dump per family, which the kernel's filter needs, at once: each
+	// walks every bucket of the table's hash, however few entries it holds.
+	var flows [2][]UDPFlow
+	var errs [2]error
+	var wg sync.WaitGroup
+	for i, fam := range []byte{unix.AF_INET, unix.AF_INET6} {
+		wg.Go(func() { flows[i], errs[i] = c.notDNATed(i, fam) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, err
+	}
+	return append(flows[0], flows[1]...), nil
+}
+
+// notDNATed dumps one family's UDP entries on the i-th socket.
+func (c *ConntrackTool) notDNATed(i int, fam byte) ([]UDPFlow, error) {
+	if c.conns[i] == nil {
+		conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
 		if err != nil {
-			return nil, fmt.Errorf("conntrack -L -p udp -f %s: %w", fam, err)
+			return nil, fmt.Errorf("conntrack: %w", err)
 		}
-		for _, line := range strings.Split(string(list), "\n") {
-			if f, ok := notDNATed(line); ok {
-				out = append(out, f)
-			}
+		c.conns[i] = conn
+	}
+	msgs, err := c.conns[i].Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysCtnetlink<<8 | ipctnlMsgCtGet), Flags: netlink.Request | netlink.Dump},
+		Data:   append([]byte{fam, unix.NFNETLINK_V0, 0, 0}, udpFilter...),
+	})
+	if err != nil {
+		c.conns[i].Close()
+		c.conns[i] = nil
+		return nil, fmt.Errorf("listing conntrack entries: %w", err)
+	}
+	var out []UDPFlow
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		if f, ok := notDNATedEntry(m.Data[4:]); ok {
+			out = append(out, f)
 		}
 	}
 	return out, nil
 }
 
-// notDNATed reads one line of conntrack -L ("udp 17 29 src=A dst=B
-// sport=P dport=Q [UNREPLIED] src=B dst=A sport=Q dport=P ...") and
-// returns its flow when the reply comes from the original destination.
-func notDNATed(line string) (UDPFlow, bool) {
-	var orig, reply map[string]string
-	for _, field := range strings.Fields(line) {
-		k, v, ok := strings.Cut(field, "=")
-		if !ok {
-			continue
-		}
-		if k == "src" {
-			if orig == nil {
-				orig = map[string]string{}
-			} else if reply == nil {
-				reply = map[string]string{}
-			}
-		}
-		switch {
-		case reply != nil:
-			reply[k] = v
-		case orig != nil:
-			orig[k] = v
-		}
+// udpFilter is a dump's filter on the original direction's protocol: UDP.
+var udpFilter = func() []byte {
+	ae := netlink.NewAttributeEncoder()
+	ae.Nested(ctaTupleOrig, func(ae *netlink.AttributeEncoder) error {
+		ae.Nested(ctaTupleProto, func(ae *netlink.AttributeEncoder) error {
+			ae.Uint8(ctaProtoNum, unix.IPPROTO_UDP)
+			return nil
+		})
+		return nil
+	})
+	ae.Nested(ctaFilter, func(ae *netlink.AttributeEncoder) error {
+		ae.Uint32(ctaFilterOrigFlags, ctaFilterProtoNum)
+		return nil
+	})
+	b, err := ae.Encode()
+	if err != nil {
+		panic(err)
 	}
-	if orig == nil || reply == nil || reply["src"] != orig["dst"] || reply["sport"] != orig["dport"] {
+	return b
+}()
+
+// ctTuple is one direction of a conntrack entry.
+type ctTuple struct {
+	src, dst         netip.Addr
+	proto            uint8
+	srcPort, dstPort uint16
+}
+
+// notDNATedEntry reads one entry's attributes and returns its flow when it
+// is UDP and its reply comes from its original destination.
+func notDNATedEntry(attrs []byte) (UDPFlow, bool) {
+	ad, err := netlink.NewAttributeDecoder(attrs)
+	if err != nil {
 		return UDPFlow{}, false
 	}
-	dst, err := netip.ParseAddr(orig["dst"])
-	port, perr := strconv.ParseUint(orig["dport"], 10, 16)
-	if err != nil || perr != nil {
+	var orig, reply ctTuple
+	for ad.Next() {
+		switch ad.Type() {
+		case ctaTupleOrig:
+			ad.Nested(func(nad *netlink.AttributeDecoder) error { orig = readTuple(nad); return nil })
+		case ctaTupleReply:
+			ad.Nested(func(nad *netlink.AttributeDecoder) error { reply = readTuple(nad); return nil })
+		}
+	}
+	if ad.Err() != nil || orig.proto != unix.IPPROTO_UDP || !orig.dst.IsValid() ||
+		reply.src != orig.dst || reply.srcPort != orig.dstPort {
 		return UDPFlow{}, false
 	}
-	return UDPFlow{IPv6: dst.Is6(), Dst: dst, Port: uint16(port), Endpoint: dst}, true
+	return UDPFlow{IPv6: orig.dst.Is6(), Dst: orig.dst, Port: orig.dstPort, Endpoint: orig.dst}, true
+}
+
+func readTuple(ad *netlink.AttributeDecoder) ctTuple {
+	var t ctTuple
+	addr := func(b []byte) netip.Addr {
+		a, _ := netip.AddrFromSlice(b)
+		return a
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case ctaTupleIP:
+			ad.Nested(func(ad *netlink.AttributeDecoder) error {
+				for ad.Next() {
+					switch ad.Type() {
+					case ctaIPv4Src, ctaIPv6Src:
+						t.src = addr(ad.Bytes())
+					case ctaIPv4Dst, ctaIPv6Dst:
+						t.dst = addr(ad.Bytes())
+					}
+				}
+				return nil
+			})
+		case ctaTupleProto:
+			ad.Nested(func(ad *netlink.AttributeDecoder) error {
+				for ad.Next() {
+					switch ad.Type() {
+					case ctaProtoNum:
+						t.proto = ad.Uint8()
+					case ctaProtoSrc:
+						t.srcPort = binary.BigEndian.Uint16(ad.Bytes())
+					case ctaProtoDst:
+						t.dstPort = binary.BigEndian.Uint16(ad.Bytes())
+					}
+				}
+				return nil
+			})
+		}
+	}
+	return t
 }
 
 // FakeConntrack records what it was asked to clear, and lists NotDNATed.

@@ -2,7 +2,9 @@ package datapath
 
 import (
 	"context"
+	"net"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -146,18 +148,82 @@ func TestAWholeStateClearsUDPEntriesNoRuleCaught(t *testing.T) {
 	}
 }
 
-func TestConntrackLinesNotDNATed(t *testing.T) {
-	for line, want := range map[string]*UDPFlow{
-		"udp      17 29 src=198.51.100.2 dst=10.96.0.57 sport=40063 dport=53 [UNREPLIED] src=10.96.0.57 dst=198.51.100.2 sport=53 dport=40063 mark=0 use=1": {
-			Dst: netip.MustParseAddr("10.96.0.57"), Port: 53, Endpoint: netip.MustParseAddr("10.96.0.57")},
-		"udp      17 29 src=198.51.100.2 dst=10.96.0.57 sport=40063 dport=53 src=10.244.1.11 dst=198.51.100.2 sport=8080 dport=40063 mark=0 use=1": nil,
-		"udp      17 29 src=fd00:244:1::5 dst=fd00:96::53 sport=40063 dport=53 [UNREPLIED] src=fd00:96::53 dst=fd00:244:1::5 sport=53 dport=40063 mark=0 use=1": {
-			IPv6: true, Dst: netip.MustParseAddr("fd00:96::53"), Port: 53, Endpoint: netip.MustParseAddr("fd00:96::53")},
-		"conntrack v1.4.7 (conntrack-tools): 1 flow entries have been shown.": nil,
+// TestConntrackListsUDPEntriesNoRuleCaught: the real Conntrack lists, from
+// the kernel's table, the UDP entries of both families whose replies come
+// from their original destination, and not a UDP flow DNAT'ed elsewhere,
+// nor a TCP connection.
+func TestConntrackListsUDPEntriesNoRuleCaught(t *testing.T) {
+	if runInNewNetns(t) {
+		return
+	}
+	for _, args := range [][]string{
+		{"ip", "link", "set", "lo", "up"},
+		{"nft", "add table inet t"},
+		{"nft", "add chain inet t out { type nat hook output priority -100 ; }"},
+		{"nft", "add rule inet t out ct state new udp dport 5454 dnat ip to 127.0.0.2"},
+		{"nft", "add rule inet t out ct state new udp dport 5456 dnat ip to 127.0.0.1:5455"},
 	} {
-		got, ok := notDNATed(line)
-		if (want == nil) == ok || (ok && got != *want) {
-			t.Errorf("%q: %v %v; want %v", line, got, ok, want)
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, out)
+		}
+	}
+	send := func(network, to string) {
+		// A listener that never answers: the entry stays unreplied.
+		l, err := net.ListenPacket(network, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		c, err := net.Dial(network, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("q")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("udp4", "127.0.0.1:53")
+	send("udp6", "[::1]:53")
+	for _, dnat := range []struct{ to, from string }{
+		{"127.0.0.2:5454", "127.0.0.1:5454"}, // to another address
+		{"127.0.0.1:5455", "127.0.0.1:5456"}, // to another port
+	} {
+		l, err := net.ListenPacket("udp4", dnat.to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		c, err := net.Dial("udp4", dnat.from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("q")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tl, err := net.Listen("tcp4", "127.0.0.1:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	tc, err := net.Dial("tcp4", "127.0.0.1:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+
+	ct := &ConntrackTool{}
+	for range 2 { // and again on the socket it kept
+		got, err := ct.NotDNATedUDP(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		v4, v6 := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")
+		want := []UDPFlow{{Dst: v4, Port: 53, Endpoint: v4}, {IPv6: true, Dst: v6, Port: 53, Endpoint: v6}}
+		if diff := cmp.Diff(want, got, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
+			t.Fatalf("UDP entries no rule caught (-want +got):\n%s", diff)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os/exec"
 	"runtime"
 	"slices"
 	"sync"
@@ -237,53 +238,128 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 }
 
 // NewForNode opens the real nftables tables of the current network
-// namespace. Opening one costs two nft runs (knftables checks the binary),
-// so they are opened at once, and the first of each family, which lists
-// objects over netlink, also runs every transaction; without the element
-// writer, a full sync loads through nft, with one process per CPU.
+// namespace. Opening one costs two nft runs (knftables checks the binary
+// and the kernel), which run in the background: the first apply lists the
+// table, creates its sets and loads its elements over netlink meanwhile,
+// and whatever needs nft waits for them (see opening). The first interface
+// of each family, which lists objects over netlink where it can, also runs
+// every transaction; without the element writer, a full sync loads through
+// nft, with one process per CPU. NewForNode fails only when there is no
+// nft to run; an interface that fails to open fails every call on it.
 func NewForNode(cfg Config) (*Datapath, error) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
 	if cfg.Conntrack == nil {
-		cfg.Conntrack = ConntrackTool{}
+		cfg.Conntrack = &ConntrackTool{}
 	}
 	d := New(nil, nil, cfg)
 	loaders := 1
 	if cfg.ElementsOverNft {
 		loaders = max(2, min(runtime.NumCPU(), 4))
 	}
-	type opened struct {
-		nft  []knftables.Interface
-		errs []error
-	}
-	open := make([]opened, len(families))
-	var wg sync.WaitGroup
-	for i, f := range families {
-		open[i].nft, open[i].errs = make([]knftables.Interface, loaders), make([]error, loaders)
+	for _, f := range families {
+		d.nft[f] = make([]knftables.Interface, loaders)
 		for j := range loaders {
-			wg.Go(func() {
+			o := &opening{done: make(chan struct{}), family: f}
+			go func() {
+				defer close(o.done)
 				if j == 0 {
 					// Listing over netlink where the kernel allows it;
 					// through nft where it does not.
 					if nft, err := knftables.New(f.nft, TableName, knftables.UseNetlink); err == nil {
-						open[i].nft[j] = nft
+						o.nft = nft
 						return
 					}
 				}
-				open[i].nft[j], open[i].errs[j] = knftables.New(f.nft, TableName)
-			})
+				if o.nft, o.err = knftables.New(f.nft, TableName); o.err != nil {
+					o.err = fmt.Errorf("nftables for %s: %w", f, o.err)
+				}
+			}()
+			d.nft[f][j] = o
 		}
-	}
-	wg.Wait()
-	for i, f := range families {
-		if err := errors.Join(open[i].errs...); err != nil {
-			return nil, fmt.Errorf("nftables for %s: %w", f, err)
-		}
-		d.nft[f] = open[i].nft
 		d.tables[f] = &tableState{}
 	}
 	if !cfg.ElementsOverNft {
 		d.elements = newElementWriter()
 	}
 	return d, nil
+}
+
+// opening is a knftables interface opened in the background: each call
+// waits for it, and fails as the opening failed.
+type opening struct {
+	done   chan struct{}
+	family *family
+	nft    knftables.Interface
+	err    error
+}
+
+func (o *opening) wait(ctx context.Context) error {
+	select {
+	case <-o.done:
+		return o.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// NewTransaction makes a transaction for the family's table; when the
+// opening failed, one that Run refuses.
+func (o *opening) NewTransaction() *knftables.Transaction {
+	if o.wait(context.Background()) != nil {
+		return knftables.NewFake(o.family.nft, TableName).NewTransaction()
+	}
+	return o.nft.NewTransaction()
+}
+
+func (o *opening) Run(ctx context.Context, tx *knftables.Transaction) error {
+	if err := o.wait(ctx); err != nil {
+		return err
+	}
+	return o.nft.Run(ctx, tx)
+}
+
+func (o *opening) Check(ctx context.Context, tx *knftables.Transaction) error {
+	if err := o.wait(ctx); err != nil {
+		return err
+	}
+	return o.nft.Check(ctx, tx)
+}
+
+func (o *opening) ListAll(ctx context.Context) (map[string][]string, error) {
+	if err := o.wait(ctx); err != nil {
+		return nil, err
+	}
+	return o.nft.ListAll(ctx)
+}
+
+func (o *opening) List(ctx context.Context, objectType string) ([]string, error) {
+	if err := o.wait(ctx); err != nil {
+		return nil, err
+	}
+	return o.nft.List(ctx, objectType)
+}
+
+func (o *opening) ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
+	if err := o.wait(ctx); err != nil {
+		return nil, err
+	}
+	return o.nft.ListRules(ctx, chain)
+}
+
+func (o *opening) ListElements(ctx context.Context, objectType, name string) ([]*knftables.Element, error) {
+	if err := o.wait(ctx); err != nil {
+		return nil, err
+	}
+	return o.nft.ListElements(ctx, objectType, name)
+}
+
+func (o *opening) ListCounters(ctx context.Context) ([]*knftables.Counter, error) {
+	if err := o.wait(ctx); err != nil {
+		return nil, err
+	}
+	return o.nft.ListCounters(ctx)
 }
 
 // Apply makes the kernel forward exactly what state describes. Services are

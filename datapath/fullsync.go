@@ -120,25 +120,28 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 		wg.Go(func() { cleanups[i], errs[i] = d.syncFamily(ctx, f, w, streams[f.index]) })
 	}
 	wg.Wait()
-	defer func() {
-		// Last: the kernel frees a deleted generation's elements in the
-		// background, and any process closing a netfilter socket (the
-		// conntrack tool clearing flows) would wait for that.
+	deleteUnused := func() {
 		for _, c := range cleanups {
 			if c != nil {
 				c()
 			}
 		}
-	}()
+	}
 	if err := errors.Join(errs...); err != nil {
+		deleteUnused()
 		return err
 	}
 	d.needFull = false
 	d.live, d.owned = w.live, w.owned
 	d.node, d.services = state.Node, maps.Clone(state.Services)
-	// Only after the rules are in: a flow cleared earlier could be
-	// re-created on the old path.
-	d.clearNotDNATedUDP(ctx)
+	// Only after the rules are in, since a flow cleared earlier could be
+	// re-created on the old path; beside the deletion, which the listing
+	// does not wait for (a socket that stays open). Clearing runs the
+	// conntrack program, whose exit waits for the kernel to free what was
+	// deleted: only when a flow bypassed the rules.
+	wg.Go(func() { d.clearNotDNATedUDP(ctx) })
+	deleteUnused()
+	wg.Wait()
 	return nil
 }
 
@@ -256,13 +259,12 @@ func (s *stream) send() {
 	s.batches <- sb
 }
 
-// finish sends the last batch and waits until every batch is loaded.
-func (s *stream) finish() {
+// close sends the last batch; s.done closes once every batch is loaded.
+func (s *stream) close() {
 	if len(s.batch) > 0 || !s.sent {
 		s.send()
 	}
 	close(s.batches)
-	<-s.done
 }
 
 // startSwitch starts the generation switch of f's table: its first steps
@@ -289,9 +291,21 @@ func (d *Datapath) startSwitch(ctx context.Context, f *family) *stream {
 				s.err = err
 			}
 		}
+		// Over netlink the sets come first, in a moment, and the rest
+		// of the preparation (chains, rules, counters: nft's work) runs
+		// beside the loads.
+		var chains chan error
 		first, ok := <-s.batches
 		if ok && !s.failed.Load() {
-			fail(d.prepare(ctx, f, s.next, first.picks, first.intervals))
+			if s.netlink {
+				fail(d.prepareSets(f, s.next, first.picks))
+				if !s.failed.Load() {
+					chains = make(chan error, 1)
+					go func() { chains <- d.prepare(ctx, f, s.next, first.picks, first.intervals, false) }()
+				}
+			} else {
+				fail(d.prepare(ctx, f, s.next, first.picks, first.intervals, true))
+			}
 			s.prepared = time.Since(s.started)
 			if !s.failed.Load() {
 				fail(d.loadBatch(ctx, f, s.next, first, 0))
@@ -317,6 +331,9 @@ func (d *Datapath) startSwitch(ctx context.Context, f *family) *stream {
 			})
 		}
 		wg.Wait()
+		if chains != nil {
+			fail(<-chains)
+		}
 	}()
 	return s
 }
@@ -332,12 +349,58 @@ func (id elemID) frontend() bool {
 	return false
 }
 
-// prepare is the switch's first transaction: the table, generation g's
-// empty sets and maps with the sets of picks and the interval sets'
-// elements of the first batch, and any missing chain.
-func (d *Datapath) prepare(ctx context.Context, f *family, g generation, picks []pick, intervals []element) error {
+// tableComment says whose the table is.
+const tableComment = "rules for Kubernetes-style services, owned by weir-agent"
+
+// prepareSets is the switch's first transaction over netlink: the table,
+// generation g's empty sets and maps with the sets of picks of the first
+// batch, and its pick chains emptied, as prepare (withSets) would make
+// them through nft.
+func (d *Datapath) prepareSets(f *family, g generation, picks []pick) error {
+	b := newBatch()
+	b.newTable(f, tableComment)
+	for _, k := range frontendKinds {
+		// Emptied first: a failed sync may have left rules in them that
+		// refer to the sets made afresh next.
+		b.newChain(f, k.pickChain(g))
+		b.flushChain(f, k.pickChain(g))
+	}
+	fresh := func(obj knftables.Object) error {
+		// Created, deleted, created: empty even if a failed sync left
+		// one behind.
+		if err := b.newSet(f, obj); err != nil {
+			return err
+		}
+		b.delete(unix.NFT_MSG_DELSET, f, setName(obj))
+		return b.newSet(f, obj)
+	}
+	for _, obj := range tableSets(*f, g) {
+		if err := fresh(obj); err != nil {
+			return err
+		}
+	}
+	for _, p := range picks {
+		if err := fresh(p.object(*f, g)); err != nil {
+			return err
+		}
+	}
+	ok, err := d.elements.send(b)
+	if !ok {
+		err = errors.New("no netlink socket to nf_tables")
+	}
+	if err != nil {
+		return fmt.Errorf("preparing %s table %q: %w", f, TableName, err)
+	}
+	return nil
+}
+
+// prepare is the switch's first transaction through nft: the table,
+// generation g's empty sets and maps with the sets of picks (withSets, or
+// made already by prepareSets), the interval sets' elements of the first
+// batch, and any missing chain, with the generation's pick chains.
+func (d *Datapath) prepare(ctx context.Context, f *family, g generation, picks []pick, intervals []element, withSets bool) error {
 	tx := d.nft[f][0].NewTransaction()
-	tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for Kubernetes-style services, owned by weir-agent")})
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo(tableComment)})
 	first := map[pick]int{}
 	for _, p := range picks {
 		first[p] = 1
@@ -349,11 +412,13 @@ func (d *Datapath) prepare(ctx context.Context, f *family, g generation, picks [
 		tx.Add(pc.chain)
 		tx.Flush(pc.chain)
 	}
-	for _, obj := range tableSets(*f, g) {
-		addFresh(tx, obj)
-	}
-	for _, p := range picks {
-		addFresh(tx, p.object(*f, g))
+	if withSets {
+		for _, obj := range tableSets(*f, g) {
+			addFresh(tx, obj)
+		}
+		for _, p := range picks {
+			addFresh(tx, p.object(*f, g))
+		}
 	}
 	for _, c := range flowCounters(d.cfg) {
 		tx.Add(c) // an existing counter keeps its count
@@ -383,14 +448,45 @@ func addFresh(tx *knftables.Transaction, obj knftables.Object) {
 	tx.Add(obj)
 }
 
+// addObjects is step 3 of switchGeneration: what the generation needs
+// once the whole state is known, besides the elements the stream loads.
+func (d *Datapath) addObjects(ctx context.Context, f *family, w *desired, s *stream) error {
+	tx := d.nft[f][0].NewTransaction()
+	late := map[uint8]bool{} // kinds with picks the first batch did not name
+	for p := range w.picks[f] {
+		if !s.picks[p] {
+			addFresh(tx, p.object(*f, s.next))
+			late[p.kind] = true
+		}
+	}
+	for i, pc := range pickChains(*f, d.cfg.MasqueradeMark, s.next, w.picks[f]) {
+		if late[uint8(i+1)] {
+			writeChain(tx, pc, s.next)
+		}
+	}
+	if c := planOwned(nil, w.objects[f])[f]; c != nil {
+		c.render(tx)
+	}
+	for _, e := range s.rest {
+		tx.Add(e.object(s.next))
+	}
+	if tx.NumOperations() == 0 {
+		return nil
+	}
+	return d.run(ctx, f, tx)
+}
+
 // switchGeneration loads w into the generation the table's chains do not
 // use, while that one keeps forwarding, and switches over:
-//  1. one transaction creates the table, the new generation's empty sets
-//     and maps, and any missing chain (s, while the state is worked out);
+//  1. the table and the new generation's empty sets and maps are created
+//     (s, while the state is worked out): over netlink, when the elements
+//     load over netlink, and the chains and their rules through nft while
+//     they load; otherwise in one nft transaction;
 //  2. the elements load as they come, in batches (s);
-//  3. once the whole state is known, one transaction creates the picks'
-//     sets and the services' own objects, with the interval sets' few
-//     elements, and the frontends load;
+//  3. once the whole state is known, while the last batches load, one
+//     transaction creates the picks' later sets and the services' own
+//     objects, with the interval sets' few elements (addObjects); then
+//     the frontends that waited load;
 //  4. one transaction points every chain at the new generation and empties
 //     every chain that is not Weir's now;
 //  5. a last transaction (the cleanup returned, which the full sync calls
@@ -401,40 +497,27 @@ func addFresh(tx *knftables.Transaction, obj knftables.Object) {
 // A failure before step 4 leaves the old generation forwarding; a failure
 // of step 5 leaves forwarding right and only litter, retried later.
 func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, s *stream) (cleanup func(), err error) {
-	s.finish()
+	// 3. While the last batches load: the picks met after the first
+	// batch, the services' own objects, the interval sets' later
+	// elements; then the frontends that waited.
+	s.close()
+	objects := make(chan error, 1)
+	if s.failed.Load() {
+		objects <- nil
+	} else {
+		go func() { objects <- d.addObjects(ctx, f, w, s) }()
+	}
+	<-s.done
+	err = <-objects
 	if s.err != nil {
 		return nil, s.err
+	}
+	if err != nil {
+		return nil, err
 	}
 	loaded := time.Since(s.started)
 	t := d.tables[f]
 	next, existing, picks := s.next, s.existing, w.picks[f]
-
-	// 3. The picks met after the first batch, the services' own objects,
-	// the interval sets' later elements; then the frontends that waited.
-	tx := d.nft[f][0].NewTransaction()
-	late := map[uint8]bool{} // kinds with picks the first batch did not name
-	for p := range picks {
-		if !s.picks[p] {
-			addFresh(tx, p.object(*f, next))
-			late[p.kind] = true
-		}
-	}
-	for i, pc := range pickChains(*f, d.cfg.MasqueradeMark, next, picks) {
-		if late[uint8(i+1)] {
-			writeChain(tx, pc, next)
-		}
-	}
-	if c := planOwned(nil, w.objects[f])[f]; c != nil {
-		c.render(tx)
-	}
-	for _, e := range s.rest {
-		tx.Add(e.object(next))
-	}
-	if tx.NumOperations() > 0 {
-		if err := d.run(ctx, f, tx); err != nil {
-			return nil, err
-		}
-	}
 	for batch := range slices.Chunk(s.held, s.size) {
 		sb := streamBatch{elems: batch}
 		if s.netlink {
@@ -450,7 +533,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 	frontends := time.Since(s.started)
 
 	// 4. Switch.
-	tx = d.nft[f][0].NewTransaction()
+	tx := d.nft[f][0].NewTransaction()
 	keep := map[string]bool{}
 	written := map[string]bool{} // the generation's pick chains
 	for _, k := range frontendKinds {
@@ -559,7 +642,7 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	const g = genA
 	nft := d.nft[f][0]
 	tx := nft.NewTransaction()
-	table := &knftables.Table{Comment: knftables.PtrTo("rules for Kubernetes-style services, owned by weir-agent")}
+	table := &knftables.Table{Comment: knftables.PtrTo(tableComment)}
 	tx.Add(table)
 	tx.Delete(table)
 	tx.Add(table)
@@ -652,6 +735,16 @@ func (d *Datapath) existingObjects(ctx context.Context, f *family) (tableObjects
 // errTableUnknown.
 func (d *Datapath) listObjects(ctx context.Context, f *family) (tableObjects, error) {
 	var objs tableObjects
+	if d.elements != nil {
+		var ok bool
+		var err error
+		if objs, ok, err = d.elements.list(f); err != nil {
+			return objs, err
+		}
+		if ok {
+			return d.learnGeneration(f, objs)
+		}
+	}
 	for _, l := range []struct {
 		kind string
 		into *[]string
@@ -667,6 +760,12 @@ func (d *Datapath) listObjects(ctx context.Context, f *family) (tableObjects, er
 			break
 		}
 	}
+	return d.learnGeneration(f, objs)
+}
+
+// learnGeneration learns from the names of the family's objects which
+// generation forwards.
+func (d *Datapath) learnGeneration(f *family, objs tableObjects) (tableObjects, error) {
 	t := d.tables[f]
 	if len(objs.chains) == 0 {
 		t.gen = genB // nothing forwards: load generation a

@@ -96,3 +96,22 @@ func (w *elementWriter) send(b *nfBatch) (ok bool, err error) {
 	w.commits++
 	return true, nil
 }
+
+// list names the chains, sets and maps of f's table (none when there is
+// no table), over the socket: ok is false when there is no socket.
+func (w *elementWriter) list(f *family) (objs tableObjects, ok bool, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.conn == nil {
+		conn, err := dialNF()
+		if err != nil {
+			return objs, false, nil
+		}
+		w.conn = conn
+	}
+	if objs, err = w.conn.listTable(f, TableName); err != nil {
+		w.conn.Close()
+		w.conn = nil
+	}
+	return objs, true, err
+}

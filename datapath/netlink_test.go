@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os/exec"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"sigs.k8s.io/knftables"
 )
 
 // TestElementChangesOverNetlinkMatchNft: changes made of elements alone
@@ -95,5 +99,69 @@ func TestElementChangesOverNetlinkMatchNft(t *testing.T) {
 			t.Fatalf("%s: the tables differ from a fresh agent's (-fresh +got):\n%s", step.what, diff)
 		}
 		dp = fresh // the walk goes on from a fresh agent's tables
+	}
+}
+
+// TestTableListedOverNetlinkAsByNft: the names a full sync lists over the
+// element writer's socket (chains, sets, maps, both families) are those
+// knftables lists, with foreign objects and a rule's anonymous set in the
+// table;
+// and a family without a table lists nothing.
+func TestTableListedOverNetlinkAsByNft(t *testing.T) {
+	if runInNewNetns(t) {
+		return
+	}
+	ctx := context.Background()
+	dp, err := NewForNode(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Apply(ctx, nodeState(stableService())); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range []string{
+		"add map ip weir foreign_map { type ipv4_addr : ipv4_addr ; }",
+		"add set ip weir foreign_set { type inet_service ; }",
+		"add chain ip weir foreign_chain",
+		"add rule ip weir foreign_chain ip daddr { 192.0.2.1, 192.0.2.2 } accept",
+		"add table ip other",
+		"add chain ip other elsewhere",
+		"delete table ip6 weir",
+	} {
+		if out, err := exec.Command("nft", args).CombinedOutput(); err != nil {
+			t.Fatalf("nft %s: %v: %s", args, err, out)
+		}
+	}
+	for _, f := range families {
+		got, ok, err := dp.elements.list(f)
+		if !ok || err != nil {
+			t.Fatalf("%s: listing over netlink: %v %v", f, ok, err)
+		}
+		var want tableObjects
+		for _, l := range []struct {
+			kind string
+			into *[]string
+		}{{"chain", &want.chains}, {"set", &want.sets}, {"map", &want.maps}} {
+			names, err := dp.nft[f][0].List(ctx, l.kind)
+			if err != nil && !knftables.IsNotFound(err) {
+				t.Fatal(err)
+			}
+			*l.into = names
+			if len(want.chains) == 0 {
+				break // no table: knftables fails on its sets
+			}
+		}
+		for _, names := range [][]string{got.chains, got.sets, got.maps, want.chains, want.sets, want.maps} {
+			slices.Sort(names)
+		}
+		if diff := cmp.Diff(want, got, cmp.AllowUnexported(tableObjects{}), cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("%s: listed over netlink (-by knftables +over netlink):\n%s", f, diff)
+		}
+		if f.is6 && len(got.chains) != 0 {
+			t.Errorf("ip6: no table, yet %v listed", got)
+		}
+		if !f.is6 && !slices.Contains(got.maps, "foreign_map") {
+			t.Errorf("ip: the foreign map not listed: %v", got)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 
 	"github.com/mdlayher/netlink"
@@ -18,6 +19,7 @@ type nfBatch struct {
 	table string // the table's name in every family
 	buf   []byte
 	msgs  []nfMsg
+	sets  uint32 // sets created, which the kernel numbers
 }
 
 func newBatch() *nfBatch { return &nfBatch{table: TableName} }
@@ -214,8 +216,9 @@ func (c *nfConn) commit(b *nfBatch) error {
 	msgs = append(msgs, netlink.Message{Header: netlink.Header{Type: unix.NFNL_MSG_BATCH_BEGIN, Flags: netlink.Request}, Data: batchHeader})
 	for _, m := range b.msgs {
 		flags := netlink.Request | netlink.Acknowledge
-		if m.typ&0xff == unix.NFT_MSG_NEWSETELEM {
-			flags |= netlink.Create
+		switch m.typ & 0xff {
+		case unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_NEWSET, unix.NFT_MSG_NEWTABLE, unix.NFT_MSG_NEWCHAIN:
+			flags |= netlink.Create // as nft's "add": what exists stays
 		}
 		msgs = append(msgs, netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(m.typ), Flags: flags}, Data: b.buf[m.start:m.end]})
 	}
@@ -234,3 +237,87 @@ func (c *nfConn) commit(b *nfBatch) error {
 	}
 	return errs
 }
+
+// listTable names the chains, sets and maps of f's table: the kernel's
+// dumps of their names, without their contents.
+func (c *nfConn) listTable(f *family, table string) (tableObjects, error) {
+	var objs tableObjects
+	b := newBatch()
+	start := b.begin(f)
+	b.attrString(unix.NFTA_CHAIN_TABLE, table)
+	b.end(unix.NFT_MSG_GETCHAIN, start)
+	chains, err := c.dump(b)
+	if err != nil {
+		return objs, fmt.Errorf("listing %s chains: %w", f, err)
+	}
+	for _, attrs := range chains {
+		if attrs.string(unix.NFTA_CHAIN_TABLE) == table {
+			objs.chains = append(objs.chains, attrs.string(unix.NFTA_CHAIN_NAME))
+		}
+	}
+	if len(objs.chains) == 0 {
+		// No chains: no table of ours (Weir's always has chains), and
+		// the kernel refuses to list the sets of a missing table.
+		return objs, nil
+	}
+	b = newBatch()
+	start = b.begin(f)
+	b.attrString(unix.NFTA_SET_TABLE, table)
+	b.end(unix.NFT_MSG_GETSET, start)
+	sets, err := c.dump(b)
+	if err != nil {
+		return objs, fmt.Errorf("listing %s sets: %w", f, err)
+	}
+	for _, attrs := range sets {
+		flags := uint32(0)
+		if v := attrs[unix.NFTA_SET_FLAGS]; len(v) == 4 {
+			flags = binary.BigEndian.Uint32(v)
+		}
+		switch {
+		case attrs.string(unix.NFTA_SET_TABLE) != table:
+		case flags&unix.NFT_SET_MAP != 0:
+			objs.maps = append(objs.maps, attrs.string(unix.NFTA_SET_NAME))
+		default:
+			objs.sets = append(objs.sets, attrs.string(unix.NFTA_SET_NAME))
+		}
+	}
+	return objs, nil
+}
+
+// dump sends b's one request as a dump and returns each answer's
+// attributes.
+func (c *nfConn) dump(b *nfBatch) ([]nfAttrs, error) {
+	m := b.msgs[0]
+	msgs, err := c.conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(m.typ), Flags: netlink.Request | netlink.Dump},
+		Data:   b.buf[m.start:m.end],
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []nfAttrs
+	for _, msg := range msgs {
+		if len(msg.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(msg.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		attrs := nfAttrs{}
+		for ad.Next() {
+			attrs[ad.Type()] = ad.Bytes()
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+		out = append(out, attrs)
+	}
+	return out, nil
+}
+
+// nfAttrs are a message's attributes by type.
+type nfAttrs map[uint16][]byte
+
+// string is a string attribute, without its terminating NUL.
+func (a nfAttrs) string(typ uint16) string { return strings.TrimSuffix(string(a[typ]), "\x00") }
