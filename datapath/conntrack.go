@@ -261,12 +261,14 @@ type FakeConntrack struct {
 	mu        sync.Mutex
 	Cleared   []UDPFlow
 	NotDNATed []UDPFlow
+	Listings  int // calls of NotDNATedUDP
 }
 
 // NotDNATedUDP returns c.NotDNATed.
 func (c *FakeConntrack) NotDNATedUDP(context.Context) ([]UDPFlow, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.Listings++
 	return slices.Clone(c.NotDNATed), nil
 }
 
@@ -375,18 +377,15 @@ func (d *Datapath) wasFrontend(before map[elemID]*liveElement, id elemID) bool {
 // starting, a service arriving with its first state), they would keep the
 // client's flow off the endpoints for as long as it keeps sending.
 func (d *Datapath) clearNotDNATedUDP(ctx context.Context) {
-	if d.cfg.Conntrack == nil {
-		return
+	served := servingUDPEndpoints(d.services)
+	if d.cfg.Conntrack == nil || len(served) == 0 {
+		return // no UDP endpoint a flow could be cleared for
 	}
 	entries, err := d.cfg.Conntrack.NotDNATedUDP(ctx)
 	if err != nil {
 		d.cfg.Log.Warn("UDP conntrack entries not listed; those made before the rules were in place stay", "error", err)
 		return
 	}
-	if len(entries) == 0 {
-		return
-	}
-	served := servingUDPEndpoints(d.services)
 	for _, e := range entries {
 		if len(served[UDPFlow{IPv6: e.IPv6, Dst: e.Dst, Port: e.Port}]) == 0 {
 			continue

@@ -148,6 +148,32 @@ func TestAWholeStateClearsUDPEntriesNoRuleCaught(t *testing.T) {
 	}
 }
 
+// TestAWholeStateWithoutUDPEndpointsListsNoConntrack: a whole state in
+// which no UDP port has an endpoint has no flow to clear, and the table of
+// connections (whose listing walks every bucket of its hash) is not read.
+func TestAWholeStateWithoutUDPEndpointsListsNoConntrack(t *testing.T) {
+	vip := netip.MustParseAddr("10.96.0.53")
+	ct := &FakeConntrack{NotDNATed: []UDPFlow{{Dst: vip, Port: 53, Endpoint: vip}}}
+	for _, c := range []struct {
+		what     string
+		state    NodeState
+		listings int
+	}{
+		{"TCP only", nodeState(dnsService(TCP, ep("10.244.1.11", true))), 0},
+		{"UDP without endpoints", nodeState(dnsService(UDP)), 0},
+		{"UDP with an endpoint", nodeState(dnsService(UDP, ep("10.244.1.11", true))), 1},
+	} {
+		ct.Listings, ct.Cleared = 0, nil
+		dp := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), Config{Conntrack: ct})
+		if err := dp.Apply(context.Background(), c.state); err != nil {
+			t.Fatal(err)
+		}
+		if ct.Listings != c.listings || len(ct.Cleared) != c.listings {
+			t.Errorf("%s: listed %d times, cleared %v; want %d listing(s) and as many flows", c.what, ct.Listings, ct.Cleared, c.listings)
+		}
+	}
+}
+
 // TestConntrackListsUDPEntriesNoRuleCaught: the real Conntrack lists, from
 // the kernel's table, the UDP entries of both families whose replies come
 // from their original destination, and not a UDP flow DNAT'ed elsewhere,

@@ -327,6 +327,11 @@ var damages = []struct {
 	{"both generations, the idle one referenced", func(t *testing.T, rng *rand.Rand) {
 		holdIdleFrontends(t, "ip")
 	}},
+	{"the idle generation's set, of another shape", func(t *testing.T, rng *rand.Rand) {
+		// The next switch creates its sets over netlink: the kernel
+		// refuses one whose name is taken by another shape.
+		nft(t, "add set ip weir "+kernelGeneration(t, "ip").other().of(clusterIPsSet)+" { type inet_service ; elements = { 80 } ; }")
+	}},
 	{"both generation markers", func(t *testing.T, rng *rand.Rand) {
 		nft(t, "add chain ip weir "+kernelGeneration(t, "ip").other().marker())
 	}},

@@ -245,7 +245,8 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 // of each family, which lists objects over netlink where it can, also runs
 // every transaction; without the element writer, a full sync loads through
 // nft, with one process per CPU. NewForNode fails only when there is no
-// nft to run; an interface that fails to open fails every call on it.
+// nft to run; an interface that fails to open fails the calls on it, each
+// of which tries to open it again.
 func NewForNode(cfg Config) (*Datapath, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
@@ -261,22 +262,20 @@ func NewForNode(cfg Config) (*Datapath, error) {
 	for _, f := range families {
 		d.nft[f] = make([]knftables.Interface, loaders)
 		for j := range loaders {
-			o := &opening{done: make(chan struct{}), family: f}
-			go func() {
-				defer close(o.done)
+			d.nft[f][j] = startOpening(f, func() (knftables.Interface, error) {
 				if j == 0 {
 					// Listing over netlink where the kernel allows it;
 					// through nft where it does not.
 					if nft, err := knftables.New(f.nft, TableName, knftables.UseNetlink); err == nil {
-						o.nft = nft
-						return
+						return nft, nil
 					}
 				}
-				if o.nft, o.err = knftables.New(f.nft, TableName); o.err != nil {
-					o.err = fmt.Errorf("nftables for %s: %w", f, o.err)
+				nft, err := knftables.New(f.nft, TableName)
+				if err != nil {
+					return nil, fmt.Errorf("nftables for %s: %w", f, err)
 				}
-			}()
-			d.nft[f][j] = o
+				return nft, nil
+			})
 		}
 		d.tables[f] = &tableState{}
 	}
@@ -287,79 +286,113 @@ func NewForNode(cfg Config) (*Datapath, error) {
 }
 
 // opening is a knftables interface opened in the background: each call
-// waits for it, and fails as the opening failed.
+// waits for it. When opening fails, the call fails, and the next call
+// tries again.
 type opening struct {
-	done   chan struct{}
+	done   chan struct{} // closed when the first attempt ends
 	family *family
-	nft    knftables.Interface
-	err    error
+	open   func() (knftables.Interface, error)
+
+	mu  sync.Mutex
+	nft knftables.Interface
+	err error
 }
 
-func (o *opening) wait(ctx context.Context) error {
+func startOpening(f *family, open func() (knftables.Interface, error)) *opening {
+	o := &opening{done: make(chan struct{}), family: f, open: open}
+	go func() {
+		defer close(o.done)
+		nft, err := open()
+		o.mu.Lock()
+		o.nft, o.err = nft, err
+		o.mu.Unlock()
+	}()
+	return o
+}
+
+// get is the interface, once open.
+func (o *opening) get(ctx context.Context) (knftables.Interface, error) {
 	select {
 	case <-o.done:
-		return o.err
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.nft != nil {
+		return o.nft, nil
+	}
+	err := o.err
+	if o.nft, o.err = o.open(); o.err == nil {
+		return o.nft, nil
+	}
+	return nil, err
 }
 
 // NewTransaction makes a transaction for the family's table; when the
-// opening failed, one that Run refuses.
+// interface does not open, one that Run refuses.
 func (o *opening) NewTransaction() *knftables.Transaction {
-	if o.wait(context.Background()) != nil {
+	nft, err := o.get(context.Background())
+	if err != nil {
 		return knftables.NewFake(o.family.nft, TableName).NewTransaction()
 	}
-	return o.nft.NewTransaction()
+	return nft.NewTransaction()
 }
 
 func (o *opening) Run(ctx context.Context, tx *knftables.Transaction) error {
-	if err := o.wait(ctx); err != nil {
+	nft, err := o.get(ctx)
+	if err != nil {
 		return err
 	}
-	return o.nft.Run(ctx, tx)
+	return nft.Run(ctx, tx)
 }
 
 func (o *opening) Check(ctx context.Context, tx *knftables.Transaction) error {
-	if err := o.wait(ctx); err != nil {
+	nft, err := o.get(ctx)
+	if err != nil {
 		return err
 	}
-	return o.nft.Check(ctx, tx)
+	return nft.Check(ctx, tx)
 }
 
 func (o *opening) ListAll(ctx context.Context) (map[string][]string, error) {
-	if err := o.wait(ctx); err != nil {
+	nft, err := o.get(ctx)
+	if err != nil {
 		return nil, err
 	}
-	return o.nft.ListAll(ctx)
+	return nft.ListAll(ctx)
 }
 
 func (o *opening) List(ctx context.Context, objectType string) ([]string, error) {
-	if err := o.wait(ctx); err != nil {
+	nft, err := o.get(ctx)
+	if err != nil {
 		return nil, err
 	}
-	return o.nft.List(ctx, objectType)
+	return nft.List(ctx, objectType)
 }
 
 func (o *opening) ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
-	if err := o.wait(ctx); err != nil {
+	nft, err := o.get(ctx)
+	if err != nil {
 		return nil, err
 	}
-	return o.nft.ListRules(ctx, chain)
+	return nft.ListRules(ctx, chain)
 }
 
 func (o *opening) ListElements(ctx context.Context, objectType, name string) ([]*knftables.Element, error) {
-	if err := o.wait(ctx); err != nil {
+	nft, err := o.get(ctx)
+	if err != nil {
 		return nil, err
 	}
-	return o.nft.ListElements(ctx, objectType, name)
+	return nft.ListElements(ctx, objectType, name)
 }
 
 func (o *opening) ListCounters(ctx context.Context) ([]*knftables.Counter, error) {
-	if err := o.wait(ctx); err != nil {
+	nft, err := o.get(ctx)
+	if err != nil {
 		return nil, err
 	}
-	return o.nft.ListCounters(ctx)
+	return nft.ListCounters(ctx)
 }
 
 // Apply makes the kernel forward exactly what state describes. Services are

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -363,5 +364,51 @@ func TestAddingAServiceAddsNoVerdict(t *testing.T) {
 		if got := trace(t, v4, externalSource, "tcp", netip.AddrPortFrom(nodeAddr, step.svc.Ports[0].NodePort)); !cmp.Equal(want, got) {
 			t.Errorf("%s: an external connection to the node port got %+v, want %+v", step.name, got, want)
 		}
+	}
+}
+
+// TestNewForNodeWithoutNft: with no nft to run, NewForNode fails at once
+// and says so.
+func TestNewForNodeWithoutNft(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	if _, err := NewForNode(Config{}); err == nil || !strings.Contains(err.Error(), "nft") {
+		t.Fatalf("NewForNode without nft: %v; want an error naming nft", err)
+	}
+}
+
+// TestAnInterfaceThatFailsToOpenIsTriedAgain: nft opened in the background
+// failing (the kernel refusing, a process that could not start) fails the
+// calls that need it, each of which tries again, and the first attempt
+// that succeeds serves every call after it.
+func TestAnInterfaceThatFailsToOpenIsTriedAgain(t *testing.T) {
+	ctx := context.Background()
+	attempts, fail := 0, true
+	o := startOpening(&ipv4, func() (knftables.Interface, error) {
+		attempts++
+		if fail {
+			return nil, errors.New("could not run nftables command")
+		}
+		return knftables.NewFake(knftables.IPv4Family, TableName), nil
+	})
+	tx := o.NewTransaction()
+	tx.Add(&knftables.Table{})
+	if err := o.Run(ctx, tx); err == nil {
+		t.Fatal("Run on an interface that does not open: no error")
+	}
+	if _, err := o.List(ctx, "chain"); err == nil {
+		t.Fatal("List on an interface that does not open: no error")
+	}
+	before := attempts
+	fail = false
+	tx = o.NewTransaction()
+	tx.Add(&knftables.Table{})
+	if err := o.Run(ctx, tx); err != nil {
+		t.Fatalf("Run once the interface opens: %v", err)
+	}
+	if _, err := o.List(ctx, "chain"); err != nil {
+		t.Fatalf("List once the interface opens: %v", err)
+	}
+	if attempts != before+1 {
+		t.Errorf("%d attempts to open after it first succeeded; want 1", attempts-before)
 	}
 }

@@ -448,10 +448,10 @@ func addFresh(tx *knftables.Transaction, obj knftables.Object) {
 	tx.Add(obj)
 }
 
-// addObjects is step 3 of switchGeneration: what the generation needs
-// once the whole state is known, besides the elements the stream loads.
-func (d *Datapath) addObjects(ctx context.Context, f *family, w *desired, s *stream) error {
-	tx := d.nft[f][0].NewTransaction()
+// addObjects adds step 3 of switchGeneration to tx: what the generation
+// needs once the whole state is known, besides the elements the stream
+// loads.
+func (d *Datapath) addObjects(tx *knftables.Transaction, f *family, w *desired, s *stream) {
 	late := map[uint8]bool{} // kinds with picks the first batch did not name
 	for p := range w.picks[f] {
 		if !s.picks[p] {
@@ -470,10 +470,6 @@ func (d *Datapath) addObjects(ctx context.Context, f *family, w *desired, s *str
 	for _, e := range s.rest {
 		tx.Add(e.object(s.next))
 	}
-	if tx.NumOperations() == 0 {
-		return nil
-	}
-	return d.run(ctx, f, tx)
 }
 
 // switchGeneration loads w into the generation the table's chains do not
@@ -483,10 +479,10 @@ func (d *Datapath) addObjects(ctx context.Context, f *family, w *desired, s *str
 //     load over netlink, and the chains and their rules through nft while
 //     they load; otherwise in one nft transaction;
 //  2. the elements load as they come, in batches (s);
-//  3. once the whole state is known, while the last batches load, one
-//     transaction creates the picks' later sets and the services' own
-//     objects, with the interval sets' few elements (addObjects); then
-//     the frontends that waited load;
+//  3. once the whole state is known, the picks' later sets and the
+//     services' own objects are made, with the interval sets' few elements
+//     (addObjects): while the last batches load when frontends wait for
+//     them, which then load; otherwise in step 4's transaction;
 //  4. one transaction points every chain at the new generation and empties
 //     every chain that is not Weir's now;
 //  5. a last transaction (the cleanup returned, which the full sync calls
@@ -497,15 +493,21 @@ func (d *Datapath) addObjects(ctx context.Context, f *family, w *desired, s *str
 // A failure before step 4 leaves the old generation forwarding; a failure
 // of step 5 leaves forwarding right and only litter, retried later.
 func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, s *stream) (cleanup func(), err error) {
-	// 3. While the last batches load: the picks met after the first
-	// batch, the services' own objects, the interval sets' later
-	// elements; then the frontends that waited.
+	// 3. The picks met after the first batch, the services' own objects,
+	// the interval sets' later elements; then the frontends that waited,
+	// if any: then in a transaction of their own, while the last batches
+	// load; if none, in the switch's, one nft run fewer.
 	s.close()
 	objects := make(chan error, 1)
-	if s.failed.Load() {
+	held := len(s.held) > 0
+	if s.failed.Load() || !held {
 		objects <- nil
 	} else {
-		go func() { objects <- d.addObjects(ctx, f, w, s) }()
+		go func() {
+			tx := d.nft[f][0].NewTransaction()
+			d.addObjects(tx, f, w, s)
+			objects <- d.run(ctx, f, tx)
+		}()
 	}
 	<-s.done
 	err = <-objects
@@ -534,6 +536,9 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 
 	// 4. Switch.
 	tx := d.nft[f][0].NewTransaction()
+	if !held {
+		d.addObjects(tx, f, w, s)
+	}
 	keep := map[string]bool{}
 	written := map[string]bool{} // the generation's pick chains
 	for _, k := range frontendKinds {

@@ -24,7 +24,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mdlayher/netlink"
 	"github.com/weirlb/weir/datapath"
+	"golang.org/x/sys/unix"
 )
 
 const insideEnv = "WEIR_BENCH_NETNS"
@@ -36,12 +38,13 @@ func main() {
 	changes := flag.Int("changes", 200, "one-endpoint changes to time")
 	adds := flag.Int("adds", 40, "services to add, one at a time, half over netlink and half through nft")
 	restarts := flag.Int("restarts", 10, "agent restarts to time (a new Datapath over the table, with one service changed meanwhile)")
+	pairs := flag.Int("pairs", 5, "full syncs and resyncs to time again, each paired with the kernel's own cost")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the full sync and the resync to this file")
 	flag.Parse()
 	if os.Getenv(insideEnv) == "" {
 		os.Exit(reexec())
 	}
-	if err := run(*services, *changes, *adds, *restarts); err != nil {
+	if err := run(*services, *changes, *adds, *restarts, *pairs); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -172,7 +175,7 @@ var debugLog = func() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }()
 
-func run(n, changes, adds, restarts int) error {
+func run(n, changes, adds, restarts, pairs int) error {
 	ctx := context.Background()
 	state := datapath.NodeState{
 		Node:     datapath.NodeInfo{Name: "bench", Addresses: []netip.Addr{addr4(192, 0, 2, 11)}, Registered: true},
@@ -228,6 +231,30 @@ func run(n, changes, adds, restarts int) error {
 		floor.Elements, floor.Load.Round(time.Millisecond), floor.Delete.Round(time.Millisecond))
 	fmt.Printf("  full sync / kernel load: %.2f;  resync / kernel load + delete: %.2f\n",
 		fullSync.Seconds()/floor.Load.Seconds(), resync.Seconds()/replace.Seconds())
+
+	// The same two syncs again, each paired with the kernel's own cost
+	// measured just before it, and each measurement started once the
+	// kernel has freed what the one before deleted (see settle): the
+	// pairs see the machine alike, where the figures above are single.
+	if pairs > 0 {
+		var syncs, resyncs pairedRuns
+		for range pairs {
+			if err := syncs.add(ctx, state, false, func() error {
+				if err := dp.Cleanup(ctx); err != nil {
+					return err
+				}
+				settle()
+				return nil
+			}, func() error { return dp.Apply(ctx, state) }); err != nil {
+				return err
+			}
+			if err := resyncs.add(ctx, state, true, nil, func() error { return dp.Resync(ctx) }); err != nil {
+				return err
+			}
+		}
+		syncs.print("full sync into an empty table", "load")
+		resyncs.print("full resync replacing the table", "load + delete")
+	}
 
 	// One endpoint of one service changes, as the agent would apply it:
 	// over the netlink socket the datapath keeps for element changes, and,
@@ -294,27 +321,79 @@ func run(n, changes, adds, restarts int) error {
 
 	// A restarted agent: a new Datapath that finds the table, lists it,
 	// and loads the state (changed a little while it was away) into the
-	// other generation.
-	var restartsTook []time.Duration
+	// other generation, paired like the syncs above.
+	var restarted pairedRuns
 	for r := range restarts {
 		changed := service(next - 1) // the last one added, changed while the agent was away
 		changed.Ports[0].Endpoints[0].Addr = addr4(10, 251, r>>8, r)
 		state.Services[changed.Key] = changed
-		start := time.Now()
-		dp, err = datapath.NewForNode(datapath.Config{Log: debugLog})
-		if err != nil {
+		if err := restarted.add(ctx, state, true, nil, func() error {
+			dp, err := datapath.NewForNode(datapath.Config{Log: debugLog})
+			if err != nil {
+				return err
+			}
+			return dp.Apply(ctx, state)
+		}); err != nil {
 			return err
 		}
-		if err := dp.Apply(ctx, state); err != nil {
-			return err
-		}
-		restartsTook = append(restartsTook, time.Since(start))
 	}
-	if d := restartsTook; len(d) > 0 {
-		slices.Sort(d)
-		fmt.Printf("agent restart to converged (%d):     p50 %v  p99 %v  max %v  (p50 / kernel load + delete: %.2f)\n", len(d),
-			d[len(d)/2].Round(time.Millisecond), d[len(d)*99/100].Round(time.Millisecond), d[len(d)-1].Round(time.Millisecond),
-			d[len(d)/2].Seconds()/replace.Seconds())
-	}
+	restarted.print("agent restart to converged", "load + delete")
 	return nil
+}
+
+// settle waits until the kernel has freed what nf_tables transactions
+// deleted: closing a netfilter netlink socket waits for that.
+func settle() {
+	if c, err := netlink.Dial(unix.NETLINK_NETFILTER, nil); err == nil {
+		c.Close()
+	}
+}
+
+// pairedRuns are timed runs, each with the kernel's own cost of the same
+// elements measured just before it.
+type pairedRuns struct {
+	took, floor []time.Duration
+}
+
+// add measures the kernel's load (and delete, withDelete) of state's
+// elements, then, after prepare, times run; each from a settled kernel.
+func (p *pairedRuns) add(ctx context.Context, state datapath.NodeState, withDelete bool, prepare, run func() error) error {
+	settle()
+	f, err := datapath.KernelLoadFloor(ctx, state, datapath.Config{})
+	if err != nil {
+		return err
+	}
+	floor := f.Load
+	if withDelete {
+		floor += f.Delete
+	}
+	settle()
+	if prepare != nil {
+		if err := prepare(); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	if err := run(); err != nil {
+		return err
+	}
+	p.took = append(p.took, time.Since(start))
+	p.floor = append(p.floor, floor)
+	return nil
+}
+
+func (p *pairedRuns) print(what, floorWhat string) {
+	n := len(p.took)
+	if n == 0 {
+		return
+	}
+	ratios := make([]float64, n)
+	for i := range n {
+		ratios[i] = p.took[i].Seconds() / p.floor[i].Seconds()
+	}
+	took, floor := slices.Sorted(slices.Values(p.took)), slices.Sorted(slices.Values(p.floor))
+	slices.Sort(ratios)
+	fmt.Printf("%s (%d, each after the kernel's own): p50 %v  max %v;  kernel %s p50 %v;  ratio p50 %.2f  max %.2f\n",
+		what, n, took[n/2].Round(time.Millisecond), took[n-1].Round(time.Millisecond), floorWhat,
+		floor[n/2].Round(time.Millisecond), ratios[n/2], ratios[n-1])
 }
