@@ -150,14 +150,28 @@ func parseKernelFields(decl string, typeof bool) ([]kernelField, error) {
 // existing one of the same shape is left as it is.
 func (b *nfBatch) newSet(f *family, obj knftables.Object) error {
 	var name, decl string
-	var typeof, interval bool
+	var typeof bool
+	var declared []knftables.SetFlag
 	switch o := obj.(type) {
 	case *knftables.Set:
-		name, decl, typeof, interval = o.Name, o.Type+o.TypeOf, o.TypeOf != "", len(o.Flags) > 0
+		name, decl, typeof, declared = o.Name, o.Type+o.TypeOf, o.TypeOf != "", o.Flags
+		if o.Comment != nil || o.Timeout != nil || o.GCInterval != nil || o.Size != nil || o.Policy != nil || o.AutoMerge != nil {
+			return fmt.Errorf("set %s: no netlink form for its options", name)
+		}
 	case *knftables.Map:
-		name, decl, typeof, interval = o.Name, o.Type+o.TypeOf, o.TypeOf != "", len(o.Flags) > 0
+		name, decl, typeof, declared = o.Name, o.Type+o.TypeOf, o.TypeOf != "", o.Flags
+		if o.Comment != nil || o.Timeout != nil || o.GCInterval != nil || o.Size != nil || o.Policy != nil {
+			return fmt.Errorf("map %s: no netlink form for its options", name)
+		}
 	default:
 		return fmt.Errorf("no netlink form for %T", obj)
+	}
+	interval := false
+	for _, fl := range declared {
+		if fl != knftables.IntervalFlag {
+			return fmt.Errorf("set %s: no netlink form for flag %q", name, fl)
+		}
+		interval = true
 	}
 	keyDecl, dataDecl, isMap := strings.Cut(decl, " : ")
 	key, err := parseKernelFields(keyDecl, typeof)

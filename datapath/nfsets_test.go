@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mdlayher/netlink"
@@ -168,4 +169,26 @@ func dumpTable(t *testing.T, f *family) map[string]dumped {
 		}
 	}
 	return out
+}
+
+// TestSetsWithoutANetlinkFormAreRefused: a declaration the netlink form
+// does not cover (a type, an expression, a flag or an option nft would
+// encode differently) is an error, never a set made differently from
+// nft's.
+func TestSetsWithoutANetlinkFormAreRefused(t *testing.T) {
+	timeout := time.Minute
+	for _, obj := range []knftables.Object{
+		&knftables.Set{Name: "s", Type: "ether_addr"},
+		&knftables.Set{Name: "s", TypeOf: "ip protocol"},
+		&knftables.Set{Name: "s", Type: "ipv4_addr", Flags: []knftables.SetFlag{knftables.DynamicFlag}},
+		&knftables.Set{Name: "s", Type: "ipv4_addr", Timeout: &timeout},
+		&knftables.Set{Name: "s", Type: "ipv4_addr", Comment: knftables.PtrTo("c")},
+		&knftables.Map{Name: "m", Type: "ipv4_addr : ether_addr"},
+		&knftables.Map{Name: "m", Type: "ipv4_addr : verdict", Comment: knftables.PtrTo("c")},
+		&knftables.Chain{Name: "c"},
+	} {
+		if err := newBatch().newSet(&ipv4, obj); err == nil {
+			t.Errorf("%#v: no error", obj)
+		}
+	}
 }
