@@ -242,11 +242,7 @@ func (c *nfConn) commit(b *nfBatch) error {
 // dumps of their names, without their contents.
 func (c *nfConn) listTable(f *family, table string) (tableObjects, error) {
 	var objs tableObjects
-	b := newBatch()
-	start := b.begin(f)
-	b.attrString(unix.NFTA_CHAIN_TABLE, table)
-	b.end(unix.NFT_MSG_GETCHAIN, start)
-	chains, err := c.dump(b)
+	chains, err := c.dump(f, unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, table)
 	if err != nil {
 		return objs, fmt.Errorf("listing %s chains: %w", f, err)
 	}
@@ -260,11 +256,7 @@ func (c *nfConn) listTable(f *family, table string) (tableObjects, error) {
 		// the kernel refuses to list the sets of a missing table.
 		return objs, nil
 	}
-	b = newBatch()
-	start = b.begin(f)
-	b.attrString(unix.NFTA_SET_TABLE, table)
-	b.end(unix.NFT_MSG_GETSET, start)
-	sets, err := c.dump(b)
+	sets, err := c.dump(f, unix.NFT_MSG_GETSET, unix.NFTA_SET_TABLE, table)
 	if err != nil {
 		return objs, fmt.Errorf("listing %s sets: %w", f, err)
 	}
@@ -284,9 +276,14 @@ func (c *nfConn) listTable(f *family, table string) (tableObjects, error) {
 	return objs, nil
 }
 
-// dump sends b's one request as a dump and returns each answer's
+// dump asks the kernel for its objects of one kind (typ: a GET message) in
+// f's table (named by the attribute tableAttr), and returns each one's
 // attributes.
-func (c *nfConn) dump(b *nfBatch) ([]nfAttrs, error) {
+func (c *nfConn) dump(f *family, typ, tableAttr uint16, table string) ([]nfAttrs, error) {
+	b := newBatch()
+	start := b.begin(f)
+	b.attrString(tableAttr, table)
+	b.end(typ, start)
 	m := b.msgs[0]
 	msgs, err := c.conn.Execute(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(m.typ), Flags: netlink.Request | netlink.Dump},
