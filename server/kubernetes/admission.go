@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,9 +17,17 @@ import (
 // AdmissionReviews (the ValidatingWebhookConfiguration weir.dev).
 const AdmissionPath = "/validate"
 
-// maxReview bounds an AdmissionReview's body: an object is at most 1.5 MiB
-// in etcd, and a review carries it twice (old and new).
-const maxReview = 4 << 20
+// MaxReviewBytes bounds an AdmissionReview's body; a larger one is
+// refused (413) without being read further, and the apiserver applies the
+// webhook's failurePolicy. The largest AddressPool or BGPPeer the server
+// takes is about 100 KiB of spec and labels (64 addresses, peers and
+// namespaces, two selectors of 64 labels: the CRDs' and the registry's
+// bounds); besides that an object carries at most 256 KiB of annotations
+// (Kubernetes' bound, kubectl's last-applied-configuration included),
+// its status and its managedFields, and an UPDATE's review carries it
+// twice (old and new). TestReviewBoundHoldsTheLargestObject builds that
+// review.
+const MaxReviewBytes = 1 << 20
 
 // Admission answers the apiserver's AdmissionReviews for Weir's custom
 // resources with what the server itself would say of them, so that kubectl
@@ -28,9 +37,12 @@ const maxReview = 4 << 20
 // it; the one the server then refuses says so in its Accepted condition.
 func (s *Source) Admission() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(io.LimitReader(r.Body, maxReview+1))
-		if err != nil || len(body) > maxReview {
-			http.Error(w, "unreadable or too large AdmissionReview", http.StatusBadRequest)
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxReviewBytes))
+		if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+			http.Error(w, fmt.Sprintf("an AdmissionReview of more than %d bytes", MaxReviewBytes), http.StatusRequestEntityTooLarge)
+			return
+		} else if err != nil {
+			http.Error(w, "unreadable AdmissionReview", http.StatusBadRequest)
 			return
 		}
 		var review admissionv1.AdmissionReview
