@@ -45,12 +45,13 @@ type Agent struct {
 	rising map[string]bool
 }
 
-// NewAgent returns the node's health with the given staleness timeout.
-func NewAgent(timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *Agent {
+// NewAgent returns the node's health with the given staleness timeout; its
+// health-check node ports hold connections within limits.
+func NewAgent(timeout time.Duration, limits Limits, log *slog.Logger, reg prometheus.Registerer) *Agent {
 	a := &Agent{Node: NewNode(timeout, reg),
 		services: map[string]report.ServiceReport{}, reported: map[string]report.ServiceReport{}, unsent: map[string]bool{},
 		checks: map[string]Service{}, served: map[string]int{}, rising: map[string]bool{}}
-	a.Services = NewServices(a.Node.Healthy, log, reg)
+	a.Services = NewServices(a.Node.Healthy, limits, log, reg)
 	return a
 }
 

@@ -51,7 +51,7 @@ func get(t *testing.T, port uint16, path string) httpAnswer {
 
 func TestServiceHealthCheckAnswersLikeKubeProxy(t *testing.T) {
 	healthy := true
-	s := NewServices(func() bool { return healthy }, slog.New(slog.DiscardHandler), nil)
+	s := NewServices(func() bool { return healthy }, ServiceLimits, slog.New(slog.DiscardHandler), nil)
 	defer s.Close()
 	port := freePort(t)
 	s.Sync(loopback, []Service{{Namespace: "shop", Name: "cart", Port: port, LocalReady: 2}})
@@ -86,7 +86,7 @@ func TestServiceHealthCheckAnswersLikeKubeProxy(t *testing.T) {
 }
 
 func TestServiceHealthCheckReportsPortsItCannotOpen(t *testing.T) {
-	s := NewServices(func() bool { return true }, slog.New(slog.DiscardHandler), nil)
+	s := NewServices(func() bool { return true }, ServiceLimits, slog.New(slog.DiscardHandler), nil)
 	defer s.Close()
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -163,7 +163,7 @@ func cartState(port uint16, ready int, terminating bool) datapath.NodeState {
 }
 
 func TestHealthChecksDropAtOnceButRiseOnlyWhenApplied(t *testing.T) {
-	a := NewAgent(time.Minute, slog.New(slog.DiscardHandler), nil)
+	a := NewAgent(time.Minute, ServiceLimits, slog.New(slog.DiscardHandler), nil)
 	defer a.Services.Close()
 	port := freePort(t)
 	// A terminating local endpoint never counts.
@@ -216,7 +216,7 @@ func TestTheReportedCodeIsWhatThePortAnswers(t *testing.T) {
 		}
 	}
 
-	a := NewAgent(time.Minute, slog.New(slog.DiscardHandler), nil)
+	a := NewAgent(time.Minute, ServiceLimits, slog.New(slog.DiscardHandler), nil)
 	defer a.Services.Close()
 	port := freePort(t)
 	state := func(ready int) datapath.NodeState { return cartState(port, ready, false) }
@@ -244,7 +244,7 @@ func TestTheReportedCodeIsWhatThePortAnswers(t *testing.T) {
 // between receiving the state and applying it. A balancer probing then
 // would mark a healthy node down on every unrelated change.
 func TestUnrelatedChangesLeaveHealthChecksAlone(t *testing.T) {
-	a := NewAgent(time.Minute, slog.New(slog.DiscardHandler), nil)
+	a := NewAgent(time.Minute, ServiceLimits, slog.New(slog.DiscardHandler), nil)
 	defer a.Services.Close()
 	port := freePort(t)
 	cart := &datapath.Service{Key: datapath.ServiceKey{Namespace: "shop", Name: "cart"},

@@ -30,7 +30,7 @@ func TestAgentFollowsChangesAsAWholeStateWould(t *testing.T) {
 	for seed := range uint64(4) {
 		ports := distinctPorts(t, rand.New(rand.NewPCG(seed, 8)), names)
 		rng := rand.New(rand.NewPCG(seed, 7))
-		a := NewAgent(time.Minute, slog.New(slog.DiscardHandler), nil)
+		a := NewAgent(time.Minute, ServiceLimits, slog.New(slog.DiscardHandler), nil)
 		stale := false
 		a.Node.now = func() time.Time {
 			if stale {
@@ -164,7 +164,7 @@ func TestAgentFollowsChangesAsAWholeStateWould(t *testing.T) {
 // for one health-check port, the second is refused while the first holds
 // it, and serves it once the first lets go, though it did not change.
 func TestAPortLetGoPassesToTheServiceWaitingForIt(t *testing.T) {
-	s := NewServices(func() bool { return true }, slog.New(slog.DiscardHandler), nil)
+	s := NewServices(func() bool { return true }, ServiceLimits, slog.New(slog.DiscardHandler), nil)
 	defer s.Close()
 	port := freePort(t)
 	if res := s.Update(loopback, []Service{{Namespace: "a", Name: "first", Port: port, LocalReady: 1}}, nil)["a/first"]; res.Err != nil {

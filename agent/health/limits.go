@@ -6,75 +6,111 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Health answers are one small request from a prober; nothing legitimate
-// holds a connection long. These bounds keep connections that send nothing
-// (half-open, slow) from piling up until the agent runs out of file
-// descriptors, which would stop its applies and fail its own /healthz.
+// Health answers are one small request from a prober, answered at once;
+// nothing legitimate holds a connection long. These bounds close
+// connections that send nothing (half-open, slow), so that they do not pile
+// up until the agent runs out of file descriptors, which would stop its
+// applies and fail its own /healthz.
 const (
 	readHeaderTimeout = 5 * time.Second
-	readTimeout       = 10 * time.Second
-	writeTimeout      = 10 * time.Second
-	idleTimeout       = 30 * time.Second
+	readTimeout       = 5 * time.Second
+	writeTimeout      = 5 * time.Second
+	idleTimeout       = 10 * time.Second
 	maxHeaderBytes    = 8 << 10
-
-	// MaxServiceConnections is how many connections every health-check
-	// node port together may hold; more wait in the kernel's backlog.
-	MaxServiceConnections = 512
-	// MaxNodeConnections bounds /healthz, /livez and /metrics likewise.
-	MaxNodeConnections = 128
-	// MaxConnectionsPerSource is how many of those one source address may
-	// hold at once; past it, its new connections are closed at once, so
-	// that one host holding slow connections cannot starve every
-	// load balancer's probes.
-	MaxConnectionsPerSource = 16
 )
 
-// NewHTTPServer is an HTTP server for health answers, with the timeouts
-// above.
-func NewHTTPServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: readTimeout,
-		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes}
+// Limits bound the connections that a set of health listeners holds
+// together. None of them makes a connection wait: a load balancer's prober
+// gives up after a few seconds, so a probe queued behind a flood is a probe
+// failed, and a node that fails every probe is taken out of the service.
+type Limits struct {
+	// Connections is how many connections the listeners hold together. At
+	// the limit, a new connection from a source holding fewer than the
+	// source holding the most takes the place of one of that source's;
+	// any other is closed at once.
+	Connections int
+	// PerSource is how many of them one source holds at once: past it, a
+	// new connection takes the place of the source's own that has waited
+	// longest.
+	PerSource int
+	// IPv4Prefix and IPv6Prefix are the prefix lengths within which
+	// addresses count as one source. An IPv6 host has a whole /64 to
+	// itself (SLAAC, privacy addresses): counted per address, one host
+	// would be as many sources as it liked.
+	IPv4Prefix, IPv6Prefix int
 }
+
+var (
+	// ServiceLimits are the defaults of every health-check node port
+	// together.
+	ServiceLimits = Limits{Connections: 512, PerSource: 16, IPv4Prefix: 32, IPv6Prefix: 64}
+	// NodeLimits are the defaults of /healthz and /livez, and of /metrics
+	// (each listener its own).
+	NodeLimits = Limits{Connections: 128, PerSource: 16, IPv4Prefix: 32, IPv6Prefix: 64}
+)
+
+// Why a ConnLimit closed a connection: the label values of
+// weir_health_connections_closed_total.
+const (
+	closedSourceShare = iota // its source opened one more past its share
+	closedEvicted            // the limit was reached, and a source holding fewer connected
+	closedRefused            // the limit was reached, and its source held as many as any
+	closedReasons
+)
+
+var closedReasonNames = [closedReasons]string{"source_share", "evicted", "refused"}
 
 // ConnLimit bounds the connections open across any number of listeners,
-// in all and per source address.
+// in all and per source, so that whoever holds connections open, from
+// however many addresses, cannot keep a prober's connection out: a prober
+// holds one connection at a time, never the most. It is a Prometheus
+// collector of what it holds and closed.
 type ConnLimit struct {
-	slots     chan struct{}
-	perSource int
+	limits               Limits
+	heldDesc, closedDesc *prometheus.Desc
 
-	mu       sync.Mutex // guards bySource
-	bySource map[netip.Addr]int
+	mu       sync.Mutex // guards the fields below and the held connections' state
+	held     map[*limitedConn]struct{}
+	bySource map[netip.Prefix]int
+	// clock orders the held connections' state changes; closed counts the
+	// connections closed, by reason.
+	clock  uint64
+	closed [closedReasons]uint64
 }
 
-func NewConnLimit(n int) *ConnLimit { return newConnLimit(n, MaxConnectionsPerSource) }
-
-func newConnLimit(n, perSource int) *ConnLimit {
-	return &ConnLimit{slots: make(chan struct{}, n), perSource: perSource, bySource: map[netip.Addr]int{}}
-}
-
-// take counts a connection from src; false when src holds its share.
-func (l *ConnLimit) take(src netip.Addr) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.bySource[src] >= l.perSource {
-		return false
-	}
-	l.bySource[src]++
-	return true
-}
-
-func (l *ConnLimit) release(src netip.Addr) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.bySource[src]--; l.bySource[src] <= 0 {
-		delete(l.bySource, src)
+// NewConnLimit returns a limit whose metrics carry listener as their
+// listener label. Limits are taken as given (the flags that set them are
+// checked where they are parsed).
+func NewConnLimit(listener string, limits Limits) *ConnLimit {
+	label := prometheus.Labels{"listener": listener}
+	return &ConnLimit{
+		limits: limits,
+		heldDesc: prometheus.NewDesc("weir_health_connections",
+			"Connections the agent's health listener holds now (every health-check node port together).", nil, label),
+		closedDesc: prometheus.NewDesc("weir_health_connections_closed_total",
+			"Connections the agent's health listener closed to keep within its limits, by reason: source_share (its source opened one more past its share), evicted (the listener was full and a source holding fewer connected), refused (the listener was full and its source held as many as any).",
+			[]string{"reason"}, label),
+		held:     map[*limitedConn]struct{}{},
+		bySource: map[netip.Prefix]int{},
 	}
 }
 
-// Listen wraps ln: Accept waits for a free slot first, so at the limit new
-// connections stay in the kernel's backlog instead of taking descriptors.
+// Server is an HTTP server for health answers, with the timeouts above; it
+// tells l which of the connections it serves are answering a request
+// (those are closed last).
+func (l *ConnLimit) Server(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: readTimeout,
+		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes,
+		ConnState: l.connState}
+}
+
+// Listen wraps ln: every connection it accepts is counted by l, and those
+// past l's limits are closed as they come, or make room by closing
+// another's.
 func (l *ConnLimit) Listen(ln net.Listener) net.Listener { return &limitedListener{ln, l} }
 
 type limitedListener struct {
@@ -84,41 +120,164 @@ type limitedListener struct {
 
 func (ln *limitedListener) Accept() (net.Conn, error) {
 	for {
-		ln.limit.slots <- struct{}{}
 		c, err := ln.Listener.Accept()
 		if err != nil {
-			<-ln.limit.slots
 			return nil, err
 		}
-		src := sourceOf(c)
-		if !ln.limit.take(src) {
+		lc := &limitedConn{Conn: c, limit: ln.limit, source: ln.limit.sourceOf(c)}
+		victim, ok := ln.limit.admit(lc)
+		if victim != nil {
+			// Its server sees the connection end and closes it again, which
+			// counts nothing twice: admit has let go of it.
+			victim.Conn.Close()
+		}
+		if !ok {
 			c.Close()
-			<-ln.limit.slots
 			continue
 		}
-		return &limitedConn{Conn: c, release: func() {
-			ln.limit.release(src)
-			<-ln.limit.slots
-		}}, nil
+		return lc, nil
 	}
 }
 
-// sourceOf is a connection's remote address (IPv4 as IPv4).
-func sourceOf(c net.Conn) netip.Addr {
-	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
-		return ap.Addr().Unmap()
+// admit counts c in, and says which held connection to close to make room
+// for it (nil for none); false when c itself is to be closed.
+func (l *ConnLimit) admit(c *limitedConn) (victim *limitedConn, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	mine := l.bySource[c.source]
+	switch {
+	case mine >= l.limits.PerSource:
+		victim = l.longestWaiting(func(o *limitedConn) bool { return o.source == c.source })
+		l.closed[closedSourceShare]++
+	case len(l.held) >= l.limits.Connections:
+		most := 0
+		for _, n := range l.bySource {
+			most = max(most, n)
+		}
+		if most > mine {
+			victim = l.longestWaiting(func(o *limitedConn) bool { return l.bySource[o.source] == most })
+		}
+		if victim == nil {
+			l.closed[closedRefused]++
+			return nil, false
+		}
+		l.closed[closedEvicted]++
 	}
-	return netip.Addr{}
+	if victim != nil {
+		l.drop(victim)
+	}
+	c.since = l.tick()
+	l.held[c] = struct{}{}
+	l.bySource[c.source]++
+	return victim, true
 }
 
+// longestWaiting is the held connection among those of which that is
+// answering no request and has been so longest; one answering a request
+// only when there is none. Called with mu held.
+func (l *ConnLimit) longestWaiting(of func(*limitedConn) bool) *limitedConn {
+	var found *limitedConn
+	for c := range l.held {
+		if !of(c) {
+			continue
+		}
+		if found == nil || (found.active && !c.active) || (found.active == c.active && c.since < found.since) {
+			found = c
+		}
+	}
+	return found
+}
+
+// connState follows the HTTP server's view of a connection: a request
+// read and being answered (active), or none yet, or the last answered
+// (waiting).
+func (l *ConnLimit) connState(c net.Conn, st http.ConnState) {
+	lc, ok := c.(*limitedConn)
+	if !ok || (st != http.StateActive && st != http.StateIdle) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc.active = st == http.StateActive
+	lc.since = l.tick()
+}
+
+// tick is the next instant of l's clock. Called with mu held.
+func (l *ConnLimit) tick() uint64 {
+	l.clock++
+	return l.clock
+}
+
+func (l *ConnLimit) release(c *limitedConn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.held[c]; ok {
+		l.drop(c)
+	}
+}
+
+// drop stops counting c. Called with mu held.
+func (l *ConnLimit) drop(c *limitedConn) {
+	delete(l.held, c)
+	if l.bySource[c.source]--; l.bySource[c.source] <= 0 {
+		delete(l.bySource, c.source)
+	}
+}
+
+// sourceOf is the source a connection counts against.
+func (l *ConnLimit) sourceOf(c net.Conn) netip.Prefix {
+	ap, err := netip.ParseAddrPort(c.RemoteAddr().String())
+	if err != nil {
+		return netip.Prefix{}
+	}
+	return l.source(ap.Addr())
+}
+
+// source is the source an address counts as: the address within the
+// limits' prefix of its family (IPv4-mapped IPv6 as IPv4).
+func (l *ConnLimit) source(a netip.Addr) netip.Prefix {
+	a = a.Unmap().WithZone("")
+	bits := l.limits.IPv6Prefix
+	if a.Is4() {
+		bits = l.limits.IPv4Prefix
+	}
+	p, err := a.Prefix(bits)
+	if err != nil {
+		return netip.PrefixFrom(a, a.BitLen())
+	}
+	return p
+}
+
+// Describe implements prometheus.Collector.
+func (l *ConnLimit) Describe(ch chan<- *prometheus.Desc) {
+	ch <- l.heldDesc
+	ch <- l.closedDesc
+}
+
+// Collect implements prometheus.Collector.
+func (l *ConnLimit) Collect(ch chan<- prometheus.Metric) {
+	l.mu.Lock()
+	held, closed := len(l.held), l.closed
+	l.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(l.heldDesc, prometheus.GaugeValue, float64(held))
+	for reason, n := range closed {
+		ch <- prometheus.MustNewConstMetric(l.closedDesc, prometheus.CounterValue, float64(n), closedReasonNames[reason])
+	}
+}
+
+// limitedConn is a connection a ConnLimit counts.
 type limitedConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	limit  *ConnLimit
+	source netip.Prefix
+	// Guarded by limit.mu: whether the connection is answering a request,
+	// and since when (limit's clock).
+	active bool
+	since  uint64
 }
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.limit.release(c)
 	return err
 }

@@ -59,8 +59,9 @@ type portServer struct {
 }
 
 // NewServices returns listeners that answer 503 whenever proxyHealthy says
-// the agent is not keeping up.
-func NewServices(proxyHealthy func() bool, log *slog.Logger, reg prometheus.Registerer) *Services {
+// the agent is not keeping up, and hold connections within limits, every
+// port together.
+func NewServices(proxyHealthy func() bool, limits Limits, log *slog.Logger, reg prometheus.Registerer) *Services {
 	s := &Services{
 		proxyHealthy: proxyHealthy,
 		log:          log,
@@ -68,14 +69,14 @@ func NewServices(proxyHealthy func() bool, log *slog.Logger, reg prometheus.Regi
 		checks:       map[string]Service{},
 		holders:      map[uint16]string{},
 		failing:      map[string]bool{},
-		conns:        NewConnLimit(MaxServiceConnections),
+		conns:        NewConnLimit("service_health_checks", limits),
 		bindErrors: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "weir_service_health_bind_errors",
 			Help: "Health-check node ports that could not be opened.",
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(s.bindErrors)
+		reg.MustRegister(s.bindErrors, s.conns)
 	}
 	return s
 }
@@ -246,7 +247,7 @@ func (s *Services) Update(addrs []netip.Addr, set []Service, gone []string) map[
 // (a balancer probing that address would get no answer).
 func (s *Services) open(port uint16) *portServer {
 	ps := &portServer{}
-	ps.http = NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	ps.http = s.conns.Server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		svc := ps.svc.Load()
 		s.answer(w, svc)
 	}))

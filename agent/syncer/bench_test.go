@@ -67,7 +67,7 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 	for _, n := range []int{1_000, 10_000, 100_000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			log := slog.New(slog.DiscardHandler)
-			nodeHealth := health.NewAgent(time.Hour, log, nil)
+			nodeHealth := health.NewAgent(time.Hour, health.ServiceLimits, log, nil)
 			defer nodeHealth.Services.Close()
 			leases := l2.NewLeases(clock.RealClock{}, func(l2.Owned) error { return nil })
 			obs := Observers{

@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestLocalDetectionFlags(t *testing.T) {
 	for _, tc := range []struct {
@@ -51,6 +54,36 @@ func TestBGPASNFlag(t *testing.T) {
 		var a asn
 		if err := a.Set(in); err == nil {
 			t.Errorf("--bgp-asn=%q accepted", in)
+		}
+	}
+}
+
+// The health listeners' limits: counts of at least one, prefix lengths of
+// their family; a bad one names its flag.
+func TestHealthLimitFlags(t *testing.T) {
+	for _, tc := range []struct {
+		hc, healthz, perSource, v4, v6 int
+		bad                            string // the flag the error names; "" for none
+	}{
+		{512, 128, 16, 32, 64, ""},
+		{1, 1, 1, 0, 0, ""},
+		{512, 128, 16, 24, 128, ""},
+		{0, 128, 16, 32, 64, "--health-check-max-connections"},
+		{512, 0, 16, 32, 64, "--healthz-max-connections"},
+		{512, 128, 0, 32, 64, "--health-connections-per-source"},
+		{512, 128, 16, 33, 64, "--health-source-ipv4-prefix"},
+		{512, 128, 16, -1, 64, "--health-source-ipv4-prefix"},
+		{512, 128, 16, 32, 129, "--health-source-ipv6-prefix"},
+	} {
+		hc, healthz, err := healthLimits(tc.hc, tc.healthz, tc.perSource, tc.v4, tc.v6)
+		switch {
+		case tc.bad == "" && err != nil:
+			t.Errorf("%+v: %v", tc, err)
+		case tc.bad != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.bad+" ")):
+			t.Errorf("%+v: %v; want an error naming %s", tc, err, tc.bad)
+		case tc.bad == "" && (hc.Connections != tc.hc || healthz.Connections != tc.healthz || hc.PerSource != tc.perSource ||
+			healthz.PerSource != tc.perSource || hc.IPv4Prefix != tc.v4 || healthz.IPv6Prefix != tc.v6):
+			t.Errorf("%+v: limits %+v and %+v", tc, hc, healthz)
 		}
 	}
 }

@@ -71,6 +71,11 @@ func run() error {
 		healthzAddr  = flag.String("healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
 		metricsAddr  = flag.String("metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus), and of /debug/pprof/ with --profiling")
 		healthTO     = flag.Duration("health-timeout", 60*time.Second, "how long an update may wait to be applied before /healthz fails")
+		hcConns      = flag.Int("health-check-max-connections", health.ServiceLimits.Connections, "connections every health-check node port together holds; when full, a new connection from a source holding fewer than another takes the place of one of that other's, and any other is closed")
+		healthzConns = flag.Int("healthz-max-connections", health.NodeLimits.Connections, "connections /healthz and /livez hold, and /metrics its own, likewise")
+		perSource    = flag.Int("health-connections-per-source", health.ServiceLimits.PerSource, "connections one source holds at once on the health listeners (each limit above); past it, its new connection takes the place of its own oldest")
+		sourceV4     = flag.Int("health-source-ipv4-prefix", health.ServiceLimits.IPv4Prefix, "prefix length within which IPv4 addresses count as one source of health connections")
+		sourceV6     = flag.Int("health-source-ipv6-prefix", health.ServiceLimits.IPv6Prefix, "prefix length within which IPv6 addresses count as one source of health connections (64: a host's SLAAC and privacy addresses are one source)")
 		bgpASN       = new(asn)
 		bgpRouterID  = flag.String("bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
 		bgpPeers     = flag.String("bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
@@ -123,6 +128,10 @@ func run() error {
 			}
 		}
 	}
+	hcLimits, healthzLimits, err := healthLimits(*hcConns, *healthzConns, *perSource, *sourceV4, *sourceV6)
+	if err != nil {
+		return err
+	}
 	if *flowsPort < 1 || *flowsPort > 65535 {
 		return fmt.Errorf("--moved-connections-port %d: want 1-65535", *flowsPort)
 	}
@@ -173,15 +182,15 @@ func run() error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	nodeHealth := health.NewAgent(*healthTO, log, reg)
+	nodeHealth := health.NewAgent(*healthTO, hcLimits, log, reg)
 	defer nodeHealth.Services.Close()
-	if err := serveHTTP(ctx, *healthzAddr, nodeHealth.Node.Handler(), log); err != nil {
+	if err := serveHTTP(ctx, *healthzAddr, nodeHealth.Node.Handler(), health.NewConnLimit("healthz", healthzLimits), reg, log); err != nil {
 		return fmt.Errorf("--healthz-bind-address: %w", err)
 	}
 	if tlsSrc != nil {
 		reg.MustRegister(tlsmetrics.Collector{tlsSrc})
 	}
-	if err := serveHTTP(ctx, *metricsAddr, common.MetricsHandler(reg, *metricsAddr, log), log); err != nil {
+	if err := serveHTTP(ctx, *metricsAddr, common.MetricsHandler(reg, *metricsAddr, log), health.NewConnLimit("metrics", healthzLimits), reg, log); err != nil {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
 
@@ -301,14 +310,16 @@ func repairTables(ctx context.Context, dp *datapath.Datapath, repairs prometheus
 	}
 }
 
-// serveHTTP serves h on addr until ctx ends.
-func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+// serveHTTP serves h on addr until ctx ends, within limit (registered
+// with reg).
+func serveHTTP(ctx context.Context, addr string, h http.Handler, limit *health.ConnLimit, reg prometheus.Registerer, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := health.NewHTTPServer(h)
-	ln = health.NewConnLimit(health.MaxNodeConnections).Listen(ln)
+	reg.MustRegister(limit)
+	srv := limit.Server(h)
+	ln = limit.Listen(ln)
 	go func() {
 		<-ctx.Done()
 		srv.Close()
@@ -319,6 +330,30 @@ func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logge
 		}
 	}()
 	return nil
+}
+
+// healthLimits are the connection limits of the health-check node ports
+// and of /healthz (and /metrics), from their flags.
+func healthLimits(hcConns, healthzConns, perSource, sourceV4, sourceV6 int) (hc, healthz health.Limits, err error) {
+	for _, f := range []struct {
+		name        string
+		value       int
+		least, most int
+	}{
+		{"--health-check-max-connections", hcConns, 1, 1 << 20},
+		{"--healthz-max-connections", healthzConns, 1, 1 << 20},
+		{"--health-connections-per-source", perSource, 1, 1 << 20},
+		{"--health-source-ipv4-prefix", sourceV4, 0, 32},
+		{"--health-source-ipv6-prefix", sourceV6, 0, 128},
+	} {
+		if f.value < f.least || f.value > f.most {
+			return hc, healthz, fmt.Errorf("%s %d: want %d-%d", f.name, f.value, f.least, f.most)
+		}
+	}
+	hc = health.Limits{Connections: hcConns, PerSource: perSource, IPv4Prefix: sourceV4, IPv6Prefix: sourceV6}
+	healthz = hc
+	healthz.Connections = healthzConns
+	return hc, healthz, nil
 }
 
 func parsePrefixes(flagName, list string) ([]netip.Prefix, error) {

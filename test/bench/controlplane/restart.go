@@ -47,7 +47,7 @@ func measureServerRestart(ctx context.Context, addr string, nAgents int, srv *ex
 		defer conn.Close()
 		// The agent's own health, with its default timeout: what its
 		// /healthz would answer through the restart.
-		healths[i] = health.NewAgent(60*time.Second, slog.New(slog.DiscardHandler), nil)
+		healths[i] = health.NewAgent(60*time.Second, health.ServiceLimits, slog.New(slog.DiscardHandler), nil)
 		s := syncer.New(syncer.Config{NodeName: fmt.Sprintf("node-%d", i)}, conn, noDatapath{}, healths[i], slog.New(slog.DiscardHandler))
 		syncers[i] = s
 		go s.Run(ctx)
