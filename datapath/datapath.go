@@ -73,6 +73,10 @@ type FlowRedirect struct {
 	// Mark is the packet-mark bit that routes a packet to Interface; 0
 	// means DefaultFlowMark.
 	Mark uint32
+	// Port is the UDP port the nodes' devices exchange packets on: only
+	// the nodes that pass packets to this one (NodeInfo.FlowSenders) may
+	// send to it. 0 means DefaultFlowPort.
+	Port uint16
 }
 
 // MasqueradeMode is a policy for the source address an endpoint sees.
@@ -215,6 +219,9 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 		fl := *cfg.Flows
 		if fl.Mark == 0 || fl.Mark&(fl.Mark-1) != 0 || fl.Mark&(cfg.MasqueradeMark|cfg.MasqueradeMark>>1|cfg.ControlMark) != 0 {
 			fl.Mark = DefaultFlowMark
+		}
+		if fl.Port == 0 {
+			fl.Port = DefaultFlowPort
 		}
 		cfg.Flows = &fl
 	}
@@ -477,7 +484,7 @@ func nodeInfoEqual(a, b NodeInfo) bool {
 		slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.PodCIDRs, b.PodCIDRs) && slices.Equal(a.BGPPeers, b.BGPPeers) &&
 		slices.EqualFunc(a.Advertisements, b.Advertisements, BGPAdvertisement.Equal) && slices.Equal(a.ServiceCIDRs, b.ServiceCIDRs) &&
 		slices.EqualFunc(a.L2Pools, b.L2Pools, L2Pool.Equal) && a.FlowRing == b.FlowRing &&
-		slices.EqualFunc(a.FlowPeers, b.FlowPeers, FlowPeer.Equal)
+		slices.EqualFunc(a.FlowPeers, b.FlowPeers, FlowPeer.Equal) && slices.EqualFunc(a.FlowSenders, b.FlowSenders, FlowPeer.Equal)
 }
 
 // FlowCounts is what the rules of moved connections counted on this node,
@@ -493,6 +500,10 @@ type FlowCounts struct {
 	// UnownedPackets went round the ring (or found no ring) and were
 	// served here as new: their endpoint refuses them.
 	UnownedPackets uint64
+	// RefusedNotAPeer reached the tunnel's UDP port from an address that
+	// is none of FlowSenders'; RefusedNotPassedOn came through the tunnel
+	// but are nothing a peer passes on. Both were dropped.
+	RefusedNotAPeer, RefusedNotPassedOn uint64
 }
 
 // FlowCounts reads the counters of moved connections. It does not wait
@@ -505,7 +516,7 @@ func (d *Datapath) FlowCounts(ctx context.Context) (FlowCounts, error) {
 	slot := map[string]*uint64{
 		counterPassedPackets: &out.PassedPackets, counterPassedConnections: &out.PassedConnections,
 		counterTaken1: &out.TakenPackets[0], counterTaken2: &out.TakenPackets[1], counterTaken3: &out.TakenPackets[2], counterTakenMore: &out.TakenPackets[3],
-		counterUnowned: &out.UnownedPackets,
+		counterUnowned: &out.UnownedPackets, counterRefusedNotAPeer: &out.RefusedNotAPeer, counterRefusedNotPassedOn: &out.RefusedNotPassedOn,
 	}
 	for _, f := range d.families() {
 		counters, err := d.nft[f][0].ListCounters(ctx)

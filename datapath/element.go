@@ -209,7 +209,7 @@ var sets struct {
 	noEndpointFrontends, noEndpointNodePorts, clusterIPs, nodePortAddresses,
 	localEndpoints, hairpin, serviceCIDRs, clusterCIDRs, firewallFrontends,
 	firewallAllow, firewallAllowLocal, masqueradeFrontends, masqueradeNodePorts,
-	localFrontends, localNodePorts, flowTTLs setID
+	localFrontends, localNodePorts, flowTTLs, flowSenders setID
 }
 
 func init() {
@@ -224,7 +224,7 @@ func init() {
 		{&sets.firewallFrontends, firewallFrontendsSet}, {&sets.firewallAllow, firewallAllowSet},
 		{&sets.firewallAllowLocal, firewallAllowLocalSet}, {&sets.masqueradeFrontends, masqueradeFrontendsSet},
 		{&sets.masqueradeNodePorts, masqueradeNodePortsSet}, {&sets.localFrontends, localFrontendsSet},
-		{&sets.localNodePorts, localNodePortsSet}, {&sets.flowTTLs, flowTTLsSet},
+		{&sets.localNodePorts, localNodePortsSet}, {&sets.flowTTLs, flowTTLsSet}, {&sets.flowSenders, flowSendersSet},
 	} {
 		*s.id = setOf(s.name)
 	}

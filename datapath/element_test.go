@@ -82,6 +82,7 @@ func everyKindOfElement() (NodeState, Config) {
 	st.Node.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
 	st.Node.FlowRing = 3
 	st.Node.FlowPeers = []FlowPeer{{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12"), netip.MustParseAddr("2001:db8::12")}}}
+	st.Node.FlowSenders = []FlowPeer{{Name: "node3", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.13"), netip.MustParseAddr("2001:db8::13")}}}
 	cfg := Config{
 		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/48")},
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("192.0.2.11/32"), netip.MustParsePrefix("2001:db8::/64")},

@@ -146,7 +146,8 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 }
 
 // nodeElements is what the node itself contributes: where node ports are
-// served and which sources are inside the cluster.
+// served, which sources are inside the cluster, and how far and from whom
+// moved connections come.
 func nodeElements(node NodeInfo, cfg Config) []element {
 	var out []element
 	for _, f := range families {
@@ -191,6 +192,15 @@ func nodeElements(node NodeInfo, cfg Config) []element {
 			// FlowTTL-k: it may go on while it has not met every node.
 			low := max(FlowTTL+2-node.FlowRing, minFlowTTL)
 			add(sets.flowTTLs, *new(fields).ttls(uint8(low), FlowTTL))
+		}
+		if cfg.Flows != nil {
+			// Whether or not this node can pass packets on, it takes
+			// back what it holds from the nodes that pass to it.
+			for _, p := range node.FlowSenders {
+				for _, a := range addrsOfFamily(p.Addresses, f.is6) {
+					add(sets.flowSenders, *new(fields).addr(a))
+				}
+			}
 		}
 	}
 	return dedupe(out)

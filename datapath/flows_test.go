@@ -224,3 +224,142 @@ func TestFlowCountsSurviveFullSyncs(t *testing.T) {
 		t.Errorf("without redirection: %+v, %v; want nothing", got, err)
 	}
 }
+
+// The tunnel's port takes only the nodes that pass packets to this one:
+// a host that is not one of them is dropped (and counted) before the
+// kernel's VXLAN socket sees its packet; nothing else the node receives
+// is filtered, whatever the source.
+func TestFlowTunnelTakesOnlyItsSenders(t *testing.T) {
+	ctx := context.Background()
+	sender := FlowPeer{Name: "node4", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.14"), netip.MustParseAddr("2001:db8::14")}}
+	next := FlowPeer{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12"), netip.MustParseAddr("2001:db8::12")}}
+	stranger, stranger6 := netip.MustParseAddr("192.0.2.99"), netip.MustParseAddr("2001:db8::99")
+	refused := verdict{Dropped: true, Counted: []string{counterRefusedNotAPeer}}
+	for _, tc := range []struct {
+		name    string
+		port    uint16 // FlowRedirect.Port
+		senders []FlowPeer
+		src     netip.Addr
+		proto   string
+		dst     netip.AddrPort
+		want    verdict
+	}{
+		{name: "from the node before this one", senders: []FlowPeer{sender}, src: sender.Addresses[0], proto: "udp", dst: netip.AddrPortFrom(nodeAddr, DefaultFlowPort)},
+		{name: "from the node before it, over IPv6", senders: []FlowPeer{sender}, src: sender.Addresses[1], proto: "udp", dst: netip.MustParseAddrPort("[2001:db8::11]:7449")},
+		{name: "from a host that is not a node", senders: []FlowPeer{sender}, src: stranger, proto: "udp", dst: netip.AddrPortFrom(nodeAddr, DefaultFlowPort), want: refused},
+		{name: "from a host that is not a node, over IPv6", senders: []FlowPeer{sender}, src: stranger6, proto: "udp", dst: netip.MustParseAddrPort("[2001:db8::11]:7449"), want: refused},
+		// It passes packets to this node's next one, not to this one.
+		{name: "from the next node", senders: []FlowPeer{sender}, src: next.Addresses[0], proto: "udp", dst: netip.AddrPortFrom(nodeAddr, DefaultFlowPort), want: refused},
+		{name: "no sender known", src: sender.Addresses[0], proto: "udp", dst: netip.AddrPortFrom(nodeAddr, DefaultFlowPort), want: refused},
+		{name: "the port the agent was given", port: 9000, senders: []FlowPeer{sender}, src: stranger, proto: "udp", dst: netip.AddrPortFrom(nodeAddr, 9000), want: refused},
+		{name: "another port, from anyone", port: 9000, senders: []FlowPeer{sender}, src: stranger, proto: "udp", dst: netip.AddrPortFrom(nodeAddr, DefaultFlowPort)},
+		{name: "DNS on the node, from anyone", senders: []FlowPeer{sender}, src: stranger, proto: "udp", dst: netip.AddrPortFrom(nodeAddr, 53)},
+		{name: "TCP to the same port number, from anyone", senders: []FlowPeer{sender}, src: stranger, proto: "tcp", dst: netip.AddrPortFrom(nodeAddr, DefaultFlowPort)},
+		{name: "a connection to a load-balancer IP, from anyone", senders: []FlowPeer{sender}, src: stranger, proto: "tcp", dst: netip.AddrPortFrom(lbIP, 80),
+			want: verdict{Endpoints: []string{"10.244.1.11:8080", "10.244.2.11:8080"}, Masqueraded: []string{"10.244.1.11:8080", "10.244.2.11:8080"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dp, v4, v6 := newConfiguredFakeDatapath(Config{Flows: &FlowRedirect{Interface: "weir-flows", Port: tc.port}})
+			st := flowsState(4, next)
+			st.Node.FlowSenders = tc.senders
+			if err := dp.Apply(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			fake := v4
+			if tc.src.Is6() {
+				fake = v6
+			}
+			got := traceFlow(t, fake, packet{src: tc.src, iif: uplink, proto: tc.proto, dst: tc.dst})
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// What comes through the tunnel is what a peer passes on: a TCP packet
+// to a load-balancer or external IP (a SYN too: a peer passes on one
+// that a stale entry of its own took), or a probe to the node itself.
+// Anything else is dropped and counted, an entry for it or not; a SYN
+// meets the service's source ranges as it would from the router.
+func TestFlowTunnelTakesOnlyWhatPeersPassOn(t *testing.T) {
+	ctx := context.Background()
+	peer := FlowPeer{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12")}}
+	svc := webService(ep("10.244.1.11", true), ep("10.244.2.11", false))
+	svc.Ports = append(svc.Ports, ServicePort{Name: "dns", Protocol: UDP, Port: 53, NodePort: 30053, Endpoints: []Endpoint{ep("10.244.1.11", true)}})
+	ranged := &Service{Key: ServiceKey{"default", "ranged"}, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("203.0.113.20")},
+		LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/28")},
+		Ports:                    []ServicePort{{Name: "http", Protocol: TCP, Port: 80, Endpoints: []Endpoint{ep("10.244.1.12", true)}}}}
+	both := []string{"10.244.1.11:8080", "10.244.2.11:8080"}
+	refused := verdict{Dropped: true, Counted: []string{counterRefusedNotPassedOn}}
+	outsideRanges := netip.MustParseAddr("198.51.100.77")
+	for _, tc := range []struct {
+		name string
+		pkt  packet
+		want verdict
+	}{{
+		name: "a moved TCP packet to a load-balancer IP",
+		pkt:  packet{src: externalSource, proto: "tcp", dst: netip.AddrPortFrom(lbIP, 80), midFlow: true, ttl: FlowTTL - 1},
+		want: verdict{Endpoints: both, Masqueraded: both, Counted: []string{counterUnowned}},
+	}, {
+		name: "a SYN to a load-balancer IP",
+		pkt:  packet{src: externalSource, proto: "tcp", dst: netip.AddrPortFrom(lbIP, 80), ttl: FlowTTL - 1},
+		want: verdict{Endpoints: both, Masqueraded: both},
+	}, {
+		name: "a SYN from outside the service's source ranges",
+		pkt:  packet{src: outsideRanges, proto: "tcp", dst: netip.MustParseAddrPort("203.0.113.20:80"), ttl: FlowTTL - 1},
+		want: verdict{Dropped: true},
+	}, {
+		name: "a probe to the node",
+		pkt:  packet{src: peer.Addresses[0], proto: "icmp", dst: netip.AddrPortFrom(nodeAddr, 0)},
+		want: verdict{},
+	}, {
+		name: "a datagram to a load-balancer IP",
+		pkt:  packet{src: externalSource, proto: "udp", dst: netip.AddrPortFrom(lbIP, 53), ttl: FlowTTL - 1},
+		want: refused,
+	}, {
+		name: "a datagram of a flow this node DNAT'ed",
+		pkt:  packet{src: externalSource, proto: "udp", dst: netip.AddrPortFrom(lbIP, 53), midFlow: true, heldBy: netip.MustParseAddrPort("10.244.1.11:8080"), ttl: FlowTTL - 1},
+		want: refused,
+	}, {
+		name: "a SYN to a cluster IP",
+		pkt:  packet{src: externalSource, proto: "tcp", dst: netip.AddrPortFrom(clusterIP, 80), ttl: FlowTTL - 1},
+		want: refused,
+	}, {
+		name: "a SYN to a node port",
+		pkt:  packet{src: externalSource, proto: "tcp", dst: netip.AddrPortFrom(nodeAddr, 30080), ttl: FlowTTL - 1},
+		want: refused,
+	}, {
+		name: "a SYN to a pod",
+		pkt:  packet{src: externalSource, proto: "tcp", dst: netip.MustParseAddrPort("10.244.1.11:8080"), ttl: FlowTTL - 1},
+		want: refused,
+	}, {
+		name: "an echo request to a load-balancer IP",
+		pkt:  packet{src: externalSource, proto: "icmp", dst: netip.AddrPortFrom(lbIP, 0)},
+		want: refused,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dp, v4, _ := newConfiguredFakeDatapath(Config{Flows: &FlowRedirect{Interface: "weir-flows"}})
+			st := flowsState(2, peer)
+			st.Node.FlowSenders = []FlowPeer{peer}
+			st.Services[ranged.Key] = ranged
+			st.Services[svc.Key] = svc
+			if err := dp.Apply(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			pkt := tc.pkt
+			pkt.iif = "weir-flows"
+			if diff := cmp.Diff(tc.want, traceFlow(t, v4, pkt)); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+			// From the router, the same packet meets the same source
+			// ranges.
+			if tc.pkt.src == outsideRanges {
+				pkt.iif = uplink
+				if got := traceFlow(t, v4, pkt); !got.Dropped {
+					t.Errorf("from the router: %+v; want it dropped as through the tunnel", got)
+				}
+			}
+		})
+	}
+}

@@ -31,6 +31,10 @@ const DefaultControlMark = 0x40
 // kube-proxy's, Calico's, Cilium's or Weir's other bits.
 const DefaultFlowMark = 0x80
 
+// DefaultFlowPort is the UDP port of the nodes' VXLAN devices that carry
+// moved connections: not 4789 (CNI plugins' VXLAN) nor 8472 (flannel's).
+const DefaultFlowPort = 7449
+
 // FlowTTL is the TTL (IPv6: hop limit) a node gives a moved connection's
 // packet when it first sends it on: each node it passes lowers it by one,
 // so a node tells from it how far the packet has gone.
@@ -93,6 +97,9 @@ const (
 	// flowTTLsSet: the TTLs (IPv6: hop limits) with which a moved
 	// connection's packet may still be sent on to the next node.
 	flowTTLsSet = "flow_ttls"
+	// flowSendersSet: the addresses of the nodes that pass moved
+	// connections to this one, the only sources its tunnel takes.
+	flowSendersSet = "flow_senders"
 )
 
 // frontendKind is one way a packet's destination names a service port. Each
@@ -321,7 +328,8 @@ func tableSets(f family, g generation) []knftables.Object {
 		s.Name = g.of(s.Name)
 		objs = append(objs, s)
 	}
-	objs = append(objs, &knftables.Set{Name: g.of(flowTTLsSet), TypeOf: f.ttl, Flags: interval})
+	objs = append(objs, &knftables.Set{Name: g.of(flowTTLsSet), TypeOf: f.ttl, Flags: interval},
+		&knftables.Set{Name: g.of(flowSendersSet), Type: addr})
 	return objs
 }
 
@@ -559,15 +567,20 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 				// refused by the endpoint.
 				countStatement(counterUnowned) + " accept",
 			})...),
-		// What peers send through the interface: moved packets, the SYNs
-		// of the next rule, and the probes that tell them this node
-		// takes what they pass on. Nothing else.
+		// What peers send through the interface: TCP packets to the
+		// frontends whose moved connections the rules below pass on
+		// (SYNs too: see the last of them), and the probes that tell
+		// peers this node takes what they pass on. Nothing else, and
+		// before anything else: no entry, DNAT'ed or not, makes a
+		// UDP datagram, or a packet to another address, one that a
+		// peer passes on.
 		regularChain("from_flow_peer",
 			"fib daddr type local "+echoRequest(f)+" return",
-			frontend+" "+g.ref(masqueradeFrontendsSet)+" return",
-			frontend+" "+g.ref(localFrontendsSet)+" return",
-			"drop"),
+			"meta l4proto tcp "+frontend+" "+g.ref(masqueradeFrontendsSet)+" return",
+			"meta l4proto tcp "+frontend+" "+g.ref(localFrontendsSet)+" return",
+			countStatement(counterRefusedNotPassedOn)+" drop"),
 		{baseChain("flows_prerouting", knftables.FilterType, knftables.PreroutingHook, "-120"), []string{
+			dev + " jump from_flow_peer",
 			"ct status dnat " + dev + " goto moved_taken",
 			"ct status dnat return",
 			"tcp flags & syn == 0 jump moved_flows",
@@ -576,7 +589,17 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 			// conntrack ignores it there, so it goes on too, to a node
 			// with no entry, which serves it.
 			"tcp flags & syn == syn ct status confirmed jump moved_flows",
-			dev + " jump from_flow_peer",
+		}},
+		// The tunnel's outer packets: only the nodes that pass packets
+		// to this one may send to its port, and the kernel's VXLAN
+		// socket, past the input hook, never sees another's. Nothing
+		// else is filtered here, so no state can cut the node off its
+		// server or its other services.
+		regularChain("from_flow_sender",
+			f.ip+" saddr "+g.ref(flowSendersSet)+" return",
+			countStatement(counterRefusedNotAPeer)+" drop"),
+		{baseChain("flows_input", knftables.FilterType, knftables.InputHook, "-120"), []string{
+			"udp dport " + strconv.Itoa(int(fl.Port)) + " jump from_flow_sender",
 		}},
 	}
 }
@@ -591,6 +614,10 @@ const (
 	counterTaken3            = "moved_taken_packets_3_hops"
 	counterTakenMore         = "moved_taken_packets_more_hops"
 	counterUnowned           = "moved_unowned_packets"
+	// Dropped before the rules above: see from_flow_sender and
+	// from_flow_peer.
+	counterRefusedNotAPeer    = "moved_refused_not_a_peer"
+	counterRefusedNotPassedOn = "moved_refused_not_passed_on"
 )
 
 // flowCounters are the counters the rules of moved connections use.
@@ -599,7 +626,8 @@ func flowCounters(cfg Config) []*knftables.Counter {
 		return nil
 	}
 	var out []*knftables.Counter
-	for _, name := range []string{counterPassedPackets, counterPassedConnections, counterTaken1, counterTaken2, counterTaken3, counterTakenMore, counterUnowned} {
+	for _, name := range []string{counterPassedPackets, counterPassedConnections, counterTaken1, counterTaken2, counterTaken3, counterTakenMore, counterUnowned,
+		counterRefusedNotAPeer, counterRefusedNotPassedOn} {
 		out = append(out, &knftables.Counter{Name: name})
 	}
 	return out

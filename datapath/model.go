@@ -57,6 +57,10 @@ type NodeInfo struct {
 	// far a packet goes by FlowRing; agent/flows routes to FlowPeers.
 	FlowRing  int
 	FlowPeers []FlowPeer
+	// FlowSenders are the nodes before this one on the ring, nearest
+	// first: those that pass packets (and probes) to it. The datapath
+	// drops what reaches the tunnel's port from any other address.
+	FlowSenders []FlowPeer
 }
 
 // FlowPeer is a node of the ring of moved connections.

@@ -25,12 +25,13 @@ import (
 type packet struct {
 	src   netip.Addr
 	iif   string // input interface; "" for the node's own traffic (output hook)
-	proto string // tcp, udp, sctp
+	proto string // tcp, udp, sctp; icmp, icmpv6: an echo request
 	dst   netip.AddrPort
 	mark  uint32 // the socket's mark, for the node's own traffic
 	// midFlow: a TCP packet without SYN. held: this node DNAT'ed the
 	// connection, to heldBy (its entry says so; NAT chains are not
-	// run). entered: the node has an entry for it already (confirmed),
+	// run, and the destination is heldBy from the NAT hook's priority
+	// on, as conntrack rewrites it there). entered: the node has an entry for it already (confirmed),
 	// without DNAT, from an earlier packet it passed on. ttl: as it
 	// arrives (0: 64).
 	midFlow, entered bool
@@ -130,7 +131,7 @@ func traceRemembering(t *testing.T, fake *knftables.Fake, pkt packet, remembered
 	var v verdict
 	choices := 1
 	for choice := 0; choice < choices; choice++ {
-		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: cmp.Or(pkt.heldBy, pkt.dst), mark: pkt.mark, remembered: remembered, added: memory{}, ttl: cmp.Or(pkt.ttl, 64)}
+		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: pkt.dst, mark: pkt.mark, remembered: remembered, added: memory{}, ttl: cmp.Or(pkt.ttl, 64)}
 		w.run()
 		if choice == 0 {
 			choices = max(w.choices, 1)
@@ -242,7 +243,17 @@ func (w *walker) runHook(hook knftables.BaseChainHook) bool {
 	slices.SortFunc(chains, func(a, b *knftables.FakeChain) int {
 		return cmp.Compare(w.priority(*a.Priority), w.priority(*b.Priority))
 	})
+	// A held connection's packet takes its endpoint as destination at
+	// the NAT hook's priority, whether or not a NAT chain runs.
+	translate := func() {
+		if w.pkt.heldBy.IsValid() && (hook == knftables.PreroutingHook || hook == knftables.OutputHook) {
+			w.dst = w.pkt.heldBy
+		}
+	}
 	for _, c := range chains {
+		if w.priority(*c.Priority) >= w.priority(knftables.DNATPriority) {
+			translate()
+		}
 		if w.runChain(c.Name) == drop {
 			w.end = endDrop
 			if w.rejected {
@@ -251,6 +262,7 @@ func (w *walker) runHook(hook knftables.BaseChainHook) bool {
 			return false
 		}
 	}
+	translate()
 	return true
 }
 
@@ -553,6 +565,12 @@ func (r *ruleReader) selector() value {
 			}
 			return value{s: "none"}
 		}
+	case "icmp", "icmpv6":
+		r.expect("type")
+		if p.proto != tok {
+			return value{s: "no " + tok + " header"}
+		}
+		return value{s: "echo-request"}
 	case "iifname":
 		return value{s: p.iif}
 	case "fib":
