@@ -45,8 +45,15 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 		out.L2Pools = append(out.L2Pools, &weirv1.L2Pool{Ranges: encodeRanges(p.Ranges), Interfaces: p.Interfaces})
 	}
 	out.FlowRingSize = uint32(n.FlowRing)
-	for _, p := range n.FlowPeers {
-		out.FlowPeers = append(out.FlowPeers, &weirv1.FlowPeer{Name: p.Name, Addresses: strs(p.Addresses)})
+	out.FlowPeers = encodeFlowPeers(n.FlowPeers)
+	out.FlowSenders = encodeFlowPeers(n.FlowSenders)
+	return out
+}
+
+func encodeFlowPeers(ps []datapath.FlowPeer) []*weirv1.FlowPeer {
+	var out []*weirv1.FlowPeer
+	for _, p := range ps {
+		out = append(out, &weirv1.FlowPeer{Name: p.Name, Addresses: strs(p.Addresses)})
 	}
 	return out
 }
@@ -131,18 +138,31 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 		}
 		info.L2Pools = append(info.L2Pools, datapath.L2Pool{Ranges: rs, Interfaces: p.GetInterfaces()})
 	}
-	if r := n.GetFlowRingSize(); r > 1<<16 || int(r) < len(n.GetFlowPeers())+1 && r != 0 {
-		return datapath.NodeInfo{}, fmt.Errorf("node.flow_ring_size: %d with %d peers", r, len(n.GetFlowPeers()))
+	r := n.GetFlowRingSize()
+	if peers := max(len(n.GetFlowPeers()), len(n.GetFlowSenders())); r > 1<<16 || int(r) < peers+1 && r != 0 {
+		return datapath.NodeInfo{}, fmt.Errorf("node.flow_ring_size: %d with %d peers and %d senders", r, len(n.GetFlowPeers()), len(n.GetFlowSenders()))
 	}
-	info.FlowRing = int(n.GetFlowRingSize())
-	for i, p := range n.GetFlowPeers() {
-		peerAddrs, err := parseAddrs(fmt.Sprintf("node.flow_peers[%d].addresses", i), p.GetAddresses())
-		if err != nil {
-			return datapath.NodeInfo{}, err
-		}
-		info.FlowPeers = append(info.FlowPeers, datapath.FlowPeer{Name: p.GetName(), Addresses: peerAddrs})
+	info.FlowRing = int(r)
+	if info.FlowPeers, err = decodeFlowPeers("node.flow_peers", n.GetFlowPeers()); err != nil {
+		return datapath.NodeInfo{}, err
+	}
+	if info.FlowSenders, err = decodeFlowPeers("node.flow_senders", n.GetFlowSenders()); err != nil {
+		return datapath.NodeInfo{}, err
 	}
 	return info, nil
+}
+
+// decodeFlowPeers reads the ring's nodes given in field.
+func decodeFlowPeers(field string, ps []*weirv1.FlowPeer) ([]datapath.FlowPeer, error) {
+	var out []datapath.FlowPeer
+	for i, p := range ps {
+		addrs, err := parseAddrs(fmt.Sprintf("%s[%d].addresses", field, i), p.GetAddresses())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, datapath.FlowPeer{Name: p.GetName(), Addresses: addrs})
+	}
+	return out, nil
 }
 
 // EncodeService is the wire form of a service as one node forwards it.

@@ -2,6 +2,7 @@ package nodewire
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,6 +65,8 @@ func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
 		FlowRing:      3,
 		FlowPeers: []datapath.FlowPeer{{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12"), netip.MustParseAddr("2001:db8::12")}},
 			{Name: "node3", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.13")}}},
+		FlowSenders: []datapath.FlowPeer{{Name: "node3", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.13")}},
+			{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12"), netip.MustParseAddr("2001:db8::12")}}},
 	}
 	out, err := DecodeNode(EncodeNode(in))
 	if err != nil {
@@ -77,6 +80,12 @@ func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
 	}
 	if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", FlowRingSize: 2, FlowPeers: []*weirv1.FlowPeer{{Name: "a"}, {Name: "b"}}}); err == nil {
 		t.Error("a ring smaller than its peers decoded without error")
+	}
+	if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", FlowRingSize: 2, FlowSenders: []*weirv1.FlowPeer{{Name: "a"}, {Name: "b"}}}); err == nil {
+		t.Error("a ring smaller than its senders decoded without error")
+	}
+	if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", FlowRingSize: 2, FlowSenders: []*weirv1.FlowPeer{{Name: "a", Addresses: []string{"node2"}}}}); err == nil || !strings.Contains(err.Error(), "node.flow_senders[0].addresses") {
+		t.Errorf("a sender's bad address: %v; want an error naming node.flow_senders[0].addresses", err)
 	}
 }
 

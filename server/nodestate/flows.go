@@ -44,8 +44,8 @@ func FlowRingOf(v registry.View) FlowRing {
 // Equal reports whether two rings are the same.
 func (r FlowRing) Equal(o FlowRing) bool { return slices.EqualFunc(r, o, datapath.FlowPeer.Equal) }
 
-// place sets the node's ring size and next peers; a node not on the ring
-// (no address) passes nothing on.
+// place sets the node's ring size, next peers and senders; a node not on
+// the ring (no address) passes nothing on and takes nothing.
 func (r FlowRing) place(info *datapath.NodeInfo) {
 	i, ok := slices.BinarySearchFunc(r, info.Name, func(p datapath.FlowPeer, name string) int {
 		switch {
@@ -62,5 +62,7 @@ func (r FlowRing) place(info *datapath.NodeInfo) {
 	info.FlowRing = len(r)
 	for k := 1; k < len(r) && k <= flowPeersSent; k++ {
 		info.FlowPeers = append(info.FlowPeers, r[(i+k)%len(r)])
+		// The node k before this one has it among its next nodes.
+		info.FlowSenders = append(info.FlowSenders, r[(i-k+len(r))%len(r)])
 	}
 }

@@ -1501,6 +1501,10 @@ type NodeInfo struct {
 	// When the drained node ends the external connections it still serves;
 	// unset: it serves them until they end.
 	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
+	// The nodes of that ring before this one, nearest first: those that
+	// pass it packets (a node passes to the first alive of its next
+	// nodes). Only their addresses may send to this node's tunnel.
+	FlowSenders   []*FlowPeer `protobuf:"bytes,16,rep,name=flow_senders,json=flowSenders,proto3" json:"flow_senders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1636,6 +1640,13 @@ func (x *NodeInfo) GetFlowPeers() []*FlowPeer {
 func (x *NodeInfo) GetDrainDeadline() *timestamppb.Timestamp {
 	if x != nil {
 		return x.DrainDeadline
+	}
+	return nil
+}
+
+func (x *NodeInfo) GetFlowSenders() []*FlowPeer {
+	if x != nil {
+		return x.FlowSenders
 	}
 	return nil
 }
@@ -2399,7 +2410,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\aupserts\x18\x04 \x03(\v2\x14.weir.v1.NodeServiceR\aupserts\x12\x1a\n" +
 	"\bremovals\x18\x05 \x03(\tR\bremovals\x12\x12\n" +
 	"\x04more\x18\x06 \x01(\bR\x04more\x12\x18\n" +
-	"\ahistory\x18\a \x01(\tR\ahistory\"\xbf\x04\n" +
+	"\ahistory\x18\a \x01(\tR\ahistory\"\xf5\x04\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x12\n" +
@@ -2419,7 +2430,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x0eflow_ring_size\x18\r \x01(\rR\fflowRingSize\x120\n" +
 	"\n" +
 	"flow_peers\x18\x0e \x03(\v2\x11.weir.v1.FlowPeerR\tflowPeers\x12A\n" +
-	"\x0edrain_deadline\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\"<\n" +
+	"\x0edrain_deadline\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x124\n" +
+	"\fflow_senders\x18\x10 \x03(\v2\x11.weir.v1.FlowPeerR\vflowSenders\"<\n" +
 	"\bFlowPeer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\"@\n" +
@@ -2565,22 +2577,23 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	20, // 28: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
 	19, // 29: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
 	27, // 30: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
-	24, // 31: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	28, // 32: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	28, // 33: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	29, // 34: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	30, // 35: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	31, // 36: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	25, // 37: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	4,  // 38: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	0,  // 39: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
-	17, // 40: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	3,  // 41: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
-	40, // [40:42] is the sub-list for method output_type
-	38, // [38:40] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	19, // 31: weir.v1.NodeInfo.flow_senders:type_name -> weir.v1.FlowPeer
+	24, // 32: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	28, // 33: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	28, // 34: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	29, // 35: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	30, // 36: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	31, // 37: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	25, // 38: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	4,  // 39: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	0,  // 40: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
+	17, // 41: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	3,  // 42: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
+	41, // [41:43] is the sub-list for method output_type
+	39, // [39:41] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
