@@ -32,10 +32,8 @@ import (
 // Defaults of Config.
 const (
 	DefaultInterface = "weir-flows"
-	// DefaultPort is the UDP port of the nodes' VXLAN devices: not 4789
-	// (CNI plugins' VXLAN) nor 8472 (flannel's).
-	DefaultPort = 7449
-	DefaultVNI  = 7449
+	DefaultPort      = datapath.DefaultFlowPort
+	DefaultVNI       = 7449
 	// DefaultTable is the routing table of marked packets; the rules
 	// that pick it have priorities DefaultTable-1 and DefaultTable.
 	DefaultTable = 7449
@@ -99,9 +97,11 @@ func New(cfg Config) *Flows {
 	return &Flows{cfg: cfg}
 }
 
-// Redirect is what the datapath needs to know of the device.
+// Redirect is what the datapath needs to know of the device: its name, the
+// mark that routes to it, and the port its peers send to (which the
+// datapath closes to all but them).
 func (f *Flows) Redirect() *datapath.FlowRedirect {
-	return &datapath.FlowRedirect{Interface: f.cfg.Interface, Mark: f.cfg.Mark}
+	return &datapath.FlowRedirect{Interface: f.cfg.Interface, Mark: f.cfg.Mark, Port: uint16(f.cfg.Port)}
 }
 
 // MAC is the hardware address of a node's device whose outer address is

@@ -35,7 +35,13 @@ type Reporter struct {
 	// last report said.
 	last, sent         report.MovedReport
 	haveLast, haveSent bool
+	// refused is the newest reading's packets the tunnel refused: for
+	// Prometheus only, not the server's status.
+	refused refusedCounts
 }
+
+// refusedCounts are the packets the tunnel refused, by reason.
+type refusedCounts struct{ notAPeer, notPassedOn uint64 }
 
 // NewReporter reports on f with counts.
 func NewReporter(f *Flows, counts Counts) *Reporter {
@@ -68,6 +74,7 @@ func (r *Reporter) read(ctx context.Context) {
 		TakenPackets: c.TakenPackets, UnownedPackets: c.UnownedPackets, ChangedAt: r.now()}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.refused = refusedCounts{notAPeer: c.RefusedNotAPeer, notPassedOn: c.RefusedNotPassedOn}
 	if !r.haveLast || !m.Equal(r.last) {
 		r.last, r.haveLast = m, true
 	}
@@ -114,13 +121,16 @@ var (
 	movedTakenDesc = prometheus.NewDesc("weir_moved_packets_taken_total",
 		"Packets that peers passed to this node and that it served, holding their connection, by how many nodes they crossed (1, 2, 3, 4+).",
 		[]string{"hops"}, nil)
+	movedRefusedDesc = prometheus.NewDesc("weir_moved_packets_refused_total",
+		"Packets the tunnel of moved connections dropped, by reason: not_a_peer (sent to its UDP port from an address that is not one of the nodes that pass packets to this one) or not_passed_on (came through it, but not a TCP packet to a load-balancer or external IP, nor a probe).",
+		[]string{"reason"}, nil)
 	movedNotAnsweringDesc = prometheus.NewDesc("weir_moved_next_nodes_not_answering",
 		"Next nodes of the ring of moved connections that this node passes over because they stopped answering its probes.", nil, nil)
 )
 
 // Describe is part of prometheus.Collector.
 func (r *Reporter) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{movedPacketsDesc, movedConnectionsDesc, movedTakenDesc, movedNotAnsweringDesc} {
+	for _, d := range []*prometheus.Desc{movedPacketsDesc, movedConnectionsDesc, movedTakenDesc, movedRefusedDesc, movedNotAnsweringDesc} {
 		ch <- d
 	}
 }
@@ -129,7 +139,7 @@ func (r *Reporter) Describe(ch chan<- *prometheus.Desc) {
 // wait on the kernel.
 func (r *Reporter) Collect(ch chan<- prometheus.Metric) {
 	r.mu.Lock()
-	m := r.last
+	m, refused := r.last, r.refused
 	r.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(movedPacketsDesc, prometheus.CounterValue, float64(m.PassedPackets), "passed_on")
 	ch <- prometheus.MustNewConstMetric(movedPacketsDesc, prometheus.CounterValue, float64(m.UnownedPackets), "unowned")
@@ -137,5 +147,7 @@ func (r *Reporter) Collect(ch chan<- prometheus.Metric) {
 	for i, hops := range []string{"1", "2", "3", "4+"} {
 		ch <- prometheus.MustNewConstMetric(movedTakenDesc, prometheus.CounterValue, float64(m.TakenPackets[i]), hops)
 	}
+	ch <- prometheus.MustNewConstMetric(movedRefusedDesc, prometheus.CounterValue, float64(refused.notAPeer), "not_a_peer")
+	ch <- prometheus.MustNewConstMetric(movedRefusedDesc, prometheus.CounterValue, float64(refused.notPassedOn), "not_passed_on")
 	ch <- prometheus.MustNewConstMetric(movedNotAnsweringDesc, prometheus.GaugeValue, float64(len(m.NotAnswering)))
 }

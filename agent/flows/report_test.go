@@ -48,6 +48,13 @@ func TestReporterReportsChanges(t *testing.T) {
 	if got := r.Report(false); got != nil {
 		t.Errorf("nothing changed but the time, yet reported %+v", got.Moved)
 	}
+	// What the tunnel refused goes to Prometheus only: the server
+	// hears of no change.
+	counts.c.RefusedNotAPeer, counts.c.RefusedNotPassedOn = 5, 2
+	r.read(ctx)
+	if got := r.Report(false); got != nil {
+		t.Errorf("only refused packets changed, yet reported %+v", got.Moved)
+	}
 	counts.c.PassedPackets, counts.err = 99, errors.New("nft: no table")
 	r.read(ctx)
 	if got := r.Report(false); got != nil {
@@ -74,11 +81,15 @@ weir_moved_packets_taken_total{hops="4+"} 0
 # TYPE weir_moved_packets_total counter
 weir_moved_packets_total{action="passed_on"} 99
 weir_moved_packets_total{action="unowned"} 1
+# HELP weir_moved_packets_refused_total Packets the tunnel of moved connections dropped, by reason: not_a_peer (sent to its UDP port from an address that is not one of the nodes that pass packets to this one) or not_passed_on (came through it, but not a TCP packet to a load-balancer or external IP, nor a probe).
+# TYPE weir_moved_packets_refused_total counter
+weir_moved_packets_refused_total{reason="not_a_peer"} 5
+weir_moved_packets_refused_total{reason="not_passed_on"} 2
 # HELP weir_moved_next_nodes_not_answering Next nodes of the ring of moved connections that this node passes over because they stopped answering its probes.
 # TYPE weir_moved_next_nodes_not_answering gauge
 weir_moved_next_nodes_not_answering 1
 `
-	if err := testutil.CollectAndCompare(r, strings.NewReader(wantMetrics), "weir_moved_packets_taken_total", "weir_moved_packets_total", "weir_moved_next_nodes_not_answering"); err != nil {
+	if err := testutil.CollectAndCompare(r, strings.NewReader(wantMetrics), "weir_moved_packets_taken_total", "weir_moved_packets_total", "weir_moved_packets_refused_total", "weir_moved_next_nodes_not_answering"); err != nil {
 		t.Error(err)
 	}
 }
