@@ -63,7 +63,10 @@ func (s *Server) awaitNodes(ctx context.Context, within time.Duration) {
 	defer poll.Stop()
 	for {
 		changed := s.Agents.StatusChanged()
-		l2 := len(s.l2Candidates()) > 0
+		// The addresses bound what the nodes may claim meanwhile.
+		candidates := s.l2Candidates()
+		s.l2.SetCandidates(candidates)
+		l2 := len(candidates) > 0
 		ready := map[string]bool{}
 		for _, n := range s.Agents.Status() {
 			ready[n.Node] = n.Connected && n.AppliedVersion > 0 && (!l2 || s.l2.Asked(n.Node))

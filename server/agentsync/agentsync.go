@@ -45,6 +45,9 @@ type Config struct {
 	// FullStatesAtOnce bounds the whole states being sent at once (0:
 	// FullStatesAtOnce).
 	FullStatesAtOnce int
+	// FullStatesPerParty bounds those of one caller with a certificate
+	// (auth.Party; 0: FullStatesPerParty).
+	FullStatesPerParty int
 }
 
 // Hub serves AgentService. Its jobs are in their own places: the cache of
@@ -85,8 +88,8 @@ type Hub struct {
 	candidates *nodestate.Candidates
 
 	// fullSends bounds how many whole states are being sent at once
-	// (FullStatesAtOnce).
-	fullSends chan struct{}
+	// (FullStatesAtOnce, FullStatesPerParty).
+	fullSends *places
 
 	mu       sync.Mutex // guards sessions, status, remote, notCurrent and history
 	sessions map[string]*session
@@ -116,10 +119,13 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	if cfg.FullStatesAtOnce <= 0 {
 		cfg.FullStatesAtOnce = FullStatesAtOnce
 	}
+	if cfg.FullStatesPerParty <= 0 {
+		cfg.FullStatesPerParty = FullStatesPerParty
+	}
 	h := &Hub{
 		reg: reg, cfg: cfg, clock: cfg.Clock, log: cfg.Log,
 		wake:       make(chan struct{}, 1),
-		fullSends:  make(chan struct{}, cfg.FullStatesAtOnce),
+		fullSends:  newPlaces(cfg.FullStatesAtOnce, cfg.FullStatesPerParty),
 		sessions:   map[string]*session{},
 		status:     map[string]*observed.Node{},
 		remote:     map[string]*observed.Node{},

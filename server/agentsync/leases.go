@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/server/auth"
 	"github.com/weirlb/weir/server/l2owner"
 )
 
@@ -35,9 +36,15 @@ func (h *Hub) Leases(stream weirv1.AgentService_LeasesServer) error {
 	if err := authorizeNode(ctx, node); err != nil {
 		return err
 	}
-	s, err := h.cfg.L2.Open(node)
-	if errors.Is(err, l2owner.ErrNotLeading) {
+	if err := h.registered("node_name", node); err != nil {
+		return err
+	}
+	s, err := h.cfg.L2.Open(node, auth.SharedAgent(ctx))
+	switch {
+	case errors.Is(err, l2owner.ErrNotLeading):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, l2owner.ErrNodeHasItsOwn):
+		return status.Errorf(codes.PermissionDenied, "node_name: %v", err)
 	}
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync/cache"
+	"github.com/weirlb/weir/server/auth"
 	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/registry"
 )
@@ -34,6 +35,9 @@ type session struct {
 	cancel context.CancelFunc
 	// stale: the agent takes a state from a replica that is not current.
 	stale bool
+	// shared: the stream is on the agents' shared certificate, which
+	// never replaces a stream on the node's own.
+	shared bool
 	// ended is why the hub ended the session, if it did (set under h.mu).
 	ended error
 	done  chan struct{}
@@ -58,21 +62,18 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	if err := authorizeNode(ctx, node); err != nil {
 		return err
 	}
-	var registered bool
-	var revision uint64
-	h.reg.Read(func(v registry.View) { registered, revision = v.Node(node) != nil, v.Revision() })
-	if !registered {
-		// Without its Node the agent would not know its addresses: it
-		// retries until an orchestrator (or Kubernetes) registers it.
-		return status.Errorf(codes.FailedPrecondition, "hello.node_name: node %q is not registered; create it first (RegistryService.CreateNode, or the Kubernetes Node)", node)
+	if err := h.registered("hello.node_name", node); err != nil {
+		return err
 	}
+	var revision uint64
+	h.reg.Read(func(v registry.View) { revision = v.Revision() })
 	// Everything accepted before the hello goes out in the first message,
 	// not as a delta right after it.
 	if err := h.catchUp(ctx, revision); err != nil {
 		return err
 	}
 	log := h.log.With("node", node, "agent", hello.GetAgentVersion())
-	s := &session{node: node, cancel: cancel, stale: hello.GetAcceptStale(), done: make(chan struct{})}
+	s := &session{node: node, cancel: cancel, stale: hello.GetAcceptStale(), shared: auth.SharedAgent(ctx), done: make(chan struct{})}
 	defer close(s.done)
 
 	h.mu.Lock()
@@ -82,6 +83,10 @@ func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 		return err
 	}
 	if old := h.sessions[node]; old != nil {
+		if s.shared && !old.shared {
+			h.mu.Unlock()
+			return status.Errorf(codes.PermissionDenied, "hello.node_name: node %q has a stream open on its own certificate; the agents' shared certificate may not replace it", node)
+		}
 		// The agent reconnected; its old stream is dead or a duplicate.
 		// Wait for it to record what it sent.
 		old.cancel()
@@ -204,12 +209,15 @@ func (h *Hub) sendWhole(ctx context.Context, stream weirv1.AgentService_SyncServ
 	// version, but each version in flight holds its own: a bounded number
 	// at a time keeps that bounded while versions change, and lets the
 	// first agents finish early.
-	select {
-	case h.fullSends <- struct{}{}:
-	case <-ctx.Done():
-		return h.endErr(s, ctx.Err())
+	party := ""
+	if _, ok := auth.Certified(ctx); ok {
+		party = auth.Party(ctx)
 	}
-	defer func() { <-h.fullSends }()
+	release, err := h.fullSends.take(ctx, party)
+	if err != nil {
+		return h.endErr(s, err)
+	}
+	defer release()
 	msg := s.client.Full()
 	if !since.IsZero() {
 		inflight.add(msg.Version, since)
@@ -239,6 +247,12 @@ func (h *Hub) sendWhole(ctx context.Context, stream weirv1.AgentService_SyncServ
 // 10,000 services), and the agents served first finish first instead of
 // every agent finishing last.
 const FullStatesAtOnce = 64
+
+// FullStatesPerParty is how many of them one caller with a certificate
+// may hold (auth.Party: a node's agent, or the agents' shared certificate
+// at one address): one agent needs one at a time, and a caller whose
+// streams never answer cannot hold the places the other nodes need.
+const FullStatesPerParty = 8
 
 // FullStateAnswerWait is the longest an agent that does not answer its
 // whole state holds its place: an agent applies 100,000 services in about

@@ -91,14 +91,22 @@ func TestRolesDecideWhoMayCallWhat(t *testing.T) {
 	if err := sync("node2"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "node2") {
 		t.Errorf("agent node1 streaming node2: got %v, want PermissionDenied naming node2", err)
 	}
-	// The fleet certificate streams any node.
-	fleet, err := weirv1.NewAgentServiceClient(dial(t, addr, dir, certs.FleetAgentName)).Sync(ctx)
-	if err != nil {
+	// The fleet certificate streams any node that has no stream on its
+	// own certificate.
+	if _, err := admin.CreateNode(ctx, &weirv1.CreateNodeRequest{Node: node("node3")}); err != nil {
 		t.Fatal(err)
 	}
-	fleet.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: "node1"}}})
-	if _, err := fleet.Recv(); err != nil {
-		t.Errorf("the fleet agent certificate streaming node1: %v", err)
+	for _, n := range []string{"node3", "node1"} {
+		fleet, err := weirv1.NewAgentServiceClient(dial(t, addr, dir, certs.FleetAgentName)).Sync(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fleet.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{NodeName: n}}})
+		if _, err := fleet.Recv(); n == "node3" && err != nil {
+			t.Errorf("the fleet agent certificate streaming node3: %v", err)
+		} else if n == "node1" && status.Code(err) != codes.PermissionDenied {
+			t.Errorf("the fleet agent certificate streaming node1 while node1 streams on its own: got %v, want PermissionDenied", err)
+		}
 	}
 	s, err := weirv1.NewAgentServiceClient(dial(t, addr, dir, "alice")).Sync(ctx)
 	if err != nil {

@@ -151,7 +151,8 @@ func (o *Owners) Lead(ctx context.Context, heard <-chan struct{}) {
 
 // SetCandidates gives the nodes that may own each L2 address now, by the
 // cluster's rules (receive.L2Addresses); an address not given has no
-// owner.
+// owner. It is given before the server has heard from the nodes too: the
+// addresses alone then bound what a node may claim.
 func (o *Owners) SetCandidates(c map[netip.Addr][]string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -164,10 +165,13 @@ func (o *Owners) SetCandidates(c map[netip.Addr][]string) {
 			delete(o.movedAt, a)
 		}
 	}
-	for a := range o.lapsed {
-		if _, ok := c[a]; !ok {
+	for a, cl := range o.lapsed {
+		if !o.mayClaimLocked(a, cl.node) {
 			delete(o.lapsed, a)
 		}
+	}
+	for _, st := range o.streams {
+		maps.DeleteFunc(st.refused, func(a netip.Addr, _ string) bool { _, ok := c[a]; return !ok })
 	}
 	if o.table != nil {
 		o.table.Forget(func(a netip.Addr) bool { _, ok := c[a]; return ok })
@@ -185,6 +189,7 @@ type claim struct {
 type Stream struct {
 	o       *Owners
 	node    string
+	shared  bool // opened on a credential every node may hold
 	lastAsk time.Time
 	// refused are the addresses the node cannot answer for, and why.
 	refused map[netip.Addr]string
@@ -195,18 +200,27 @@ type Stream struct {
 	closed   bool
 }
 
+// ErrNodeHasItsOwn refuses a stream opened on a credential every node may
+// hold while the node has one open on its own.
+var ErrNodeHasItsOwn = errors.New("the node has a stream open on its own credential; a shared one may not replace it")
+
 // Open starts node's stream; a newer stream of the same node ends the
-// older one.
-func (o *Owners) Open(node string) (*Stream, error) {
+// older one, except that a stream on a credential every node may hold
+// (shared) never ends one the node opened on its own: that would let any
+// holder of the shared credential move the node's addresses.
+func (o *Owners) Open(node string, shared bool) (*Stream, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.table == nil {
 		return nil, ErrNotLeading
 	}
 	if old := o.streams[node]; old != nil {
+		if shared && !old.shared {
+			return nil, ErrNodeHasItsOwn
+		}
 		old.closeLocked()
 	}
-	s := &Stream{o: o, node: node, nudge: make(chan struct{}, 1), done: make(chan struct{})}
+	s := &Stream{o: o, node: node, shared: shared, nudge: make(chan struct{}, 1), done: make(chan struct{})}
 	o.streams[node] = s
 	return s, nil
 }
@@ -297,6 +311,17 @@ func (s *Stream) Ask(q Asked) []Grant {
 	}
 	wasLive := o.liveLocked(s)
 	s.lastAsk = o.clk.Now()
+	// What a node says is kept only where the registry makes it matter:
+	// an address that is no L2 address, or one the node is no candidate
+	// for, is dropped here, so no node can grow what the server holds
+	// past the addresses and nodes the registry has.
+	refused = maps.Collect(func(yield func(netip.Addr, string) bool) {
+		for a, why := range refused {
+			if _, l2 := o.candidates[a]; l2 && !yield(a, why) {
+				return
+			}
+		}
+	})
 	reassign := !wasLive || !maps.Equal(refused, s.refused)
 	s.refused = refused
 	for _, r := range released {
@@ -308,21 +333,19 @@ func (s *Stream) Ask(q Asked) []Grant {
 	// A lease the table does not know (a restart, a new leader) is taken
 	// as the table's: a running one at once, since no other can run on
 	// its address; a lapsed one once no lease of an earlier server can
-	// still run. Before the server has heard from the nodes it cannot
-	// tell a candidate: it keeps what it is told, and the choice moves it
-	// later where needed.
+	// still run (mayClaimLocked says which claims count).
 	claims := held
 	if !o.table.Fencing() {
 		claims = slices.Concat(held, q.Lapsed)
 	}
 	for _, l := range q.Lapsed {
-		if _, known := o.table.leases[l.Addr]; !known && l.Epoch > o.lapsed[l.Addr].epoch {
+		if _, known := o.table.leases[l.Addr]; !known && l.Epoch > o.lapsed[l.Addr].epoch && o.mayClaimLocked(l.Addr, s.node) {
 			o.lapsed[l.Addr] = claim{node: s.node, epoch: l.Epoch}
 			reassign = true
 		}
 	}
 	for _, h := range claims {
-		if _, known := o.table.leases[h.Addr]; !known && (!o.warm || slices.Contains(o.candidates[h.Addr], s.node)) {
+		if _, known := o.table.leases[h.Addr]; !known && o.mayClaimLocked(h.Addr, s.node) {
 			o.table.Adopt(h.Addr, s.node, h.Epoch)
 			delete(o.lapsed, h.Addr)
 			reassign = true
@@ -361,6 +384,16 @@ func (s *Stream) Ask(q Asked) []Grant {
 		}
 	}
 	return out
+}
+
+// mayClaimLocked reports whether node's claim on addr is taken: addr is
+// an L2 address, and once the server has heard from the nodes, node is
+// one of its candidates. Before then a node's candidacy is unknown (it
+// rests on what the nodes report), so any node may keep what it holds on
+// an L2 address, and the choice moves it later where needed.
+func (o *Owners) mayClaimLocked(addr netip.Addr, node string) bool {
+	candidates, l2 := o.candidates[addr]
+	return l2 && (!o.warm || slices.Contains(candidates, node))
 }
 
 // Stop is the node going away (the agent stops): it releases every lease

@@ -58,7 +58,7 @@ func leadingCold(t *testing.T) (o *Owners, clk *clocktesting.FakeClock, warm fun
 
 func open(t *testing.T, o *Owners, node string) *Stream {
 	t.Helper()
-	s, err := o.Open(node)
+	s, err := o.Open(node, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,6 +244,9 @@ func TestARestartedServerKeepsTheHeldLeases(t *testing.T) {
 	o, clk, warm := leadingCold(t)
 	a, b := open(t, o, "a"), open(t, o, "b")
 	other := netip.MustParseAddr("192.0.2.82")
+	// Cold, a node's candidacy is unknown (it rests on reports): the
+	// holder's claim counts on any L2 address.
+	o.SetCandidates(map[netip.Addr][]string{vip: {"b"}})
 	step(o, clk, testTTL+testMargin) // past the start fence: still nothing new
 	if got, ok := holds(a.Ask(Asked{Held: []Held{{vip, 5}}}), vip); !ok || got <= 5 {
 		t.Fatalf("cold: the holder's lease of epoch 5 was not kept under a newer epoch (%v, epoch %d)", ok, got)
@@ -290,7 +293,7 @@ func TestAWarmServerAdoptsOnlyCandidates(t *testing.T) {
 func TestOnlyTheLeaderAnswers(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	o := NewOwners(clk, testTTL, testMargin, slog.New(slog.DiscardHandler), nil)
-	if _, err := o.Open("a"); err != ErrNotLeading {
+	if _, err := o.Open("a", false); err != ErrNotLeading {
 		t.Fatalf("Open before Lead: %v; want ErrNotLeading", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -424,5 +427,48 @@ func TestALapsedClaimIsChosenBeforeTheFenceEnds(t *testing.T) {
 			}
 			t.Fatal("the fence did not end")
 		})
+	}
+}
+
+// What a node says is kept only for the L2 addresses (and, once the
+// server has heard from the nodes, only those it is a candidate for):
+// a node listing thousands of other addresses as held, lapsed or refused
+// grows nothing the server keeps.
+func TestWhatANodeClaimsIsBoundedByTheRegistry(t *testing.T) {
+	o, clk, warm := leadingCold(t)
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
+	a, c := open(t, o, "a"), open(t, o, "c")
+	var junk []Held
+	refused := map[netip.Addr]string{}
+	for i := range 5000 {
+		addr := netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
+		junk = append(junk, Held{addr, uint64(i + 1)})
+		refused[addr] = CannotAnswer
+	}
+	kept := func() (leases, lapsed, refusals int) {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		for _, s := range o.streams {
+			refusals += len(s.refused)
+		}
+		return len(o.table.leases), len(o.lapsed), refusals
+	}
+	cold := Asked{Held: junk, Lapsed: junk, Refused: refused}
+	a.Ask(cold)
+	step(o, clk, testTTL+testMargin) // past the start fence: lapsed claims count too
+	a.Ask(cold)
+	if l, lp, r := kept(); l != 0 || lp != 0 || r != 0 {
+		t.Fatalf("cold: kept %d leases, %d lapsed claims, %d refusals on addresses that are not L2 addresses; want none", l, lp, r)
+	}
+	// Cold, the holder of an L2 address keeps it whoever it is.
+	if _, ok := holds(c.Ask(Asked{Held: []Held{{vip, 9}}}), vip); !ok {
+		t.Fatal("cold: a node's lease on an L2 address was not kept")
+	}
+	warm()
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}, netip.MustParseAddr("192.0.2.81"): {"b"}})
+	// Warm, a node claims only what it is a candidate for.
+	c.Ask(Asked{Lapsed: []Held{{netip.MustParseAddr("192.0.2.81"), 1 << 62}}, Refused: refused})
+	if l, lp, r := kept(); l > 1 || lp != 0 || r != 0 {
+		t.Fatalf("warm: kept %d leases, %d lapsed claims, %d refusals; want at most the one L2 lease, no lapsed claim of a non-candidate, no refusal of other addresses", l, lp, r)
 	}
 }

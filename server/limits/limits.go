@@ -31,7 +31,6 @@ import (
 
 	"github.com/weirlb/weir/internal/bounded"
 	"github.com/weirlb/weir/server/auth"
-	"github.com/weirlb/weir/server/certs"
 )
 
 // Config is the limits; the zero value of a field means its default.
@@ -361,19 +360,8 @@ func (c *caller) endWatch() {
 	c.mu.Unlock()
 }
 
-// capKey is whom the per-certificate caps count: the certificate's
-// identity, and for the agents' shared certificate, which every node's
-// agent holds, the identity at each address.
-func capKey(ctx context.Context) string {
-	who := key(ctx)
-	if id, ok := auth.Certified(ctx); ok && id.Name == certs.FleetAgentName {
-		if p, ok := peer.FromContext(ctx); ok {
-			host, _, _ := net.SplitHostPort(p.Addr.String())
-			who += " at " + host
-		}
-	}
-	return who
-}
+// capKey is whom the per-certificate caps count (auth.Party).
+func capKey(ctx context.Context) string { return auth.Party(ctx) }
 
 // key is the caller's certificate identity or, in plain text, its address
 // without the port (one machine is one caller).
