@@ -18,9 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,6 +26,7 @@ import (
 	"github.com/weirlb/weir/internal/tlsconfig"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/webhook"
+	"github.com/weirlb/weir/server/webhook/webhooktest"
 )
 
 // testCA signs the test's certificates.
@@ -292,90 +291,11 @@ func TestSlowLargeBodiesAreBounded(t *testing.T) {
 		t.Skip("30 s of attack")
 	}
 	s := serve(t, kubernetesAdmission, "", webhook.Config{})
-	heap := func() uint64 {
-		var m runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
-	base := heap()
-	const (
-		conns, sources = 150, 30
-		bodyBytes      = 4 << 20
-		chunk          = 8 << 10
-		every          = 125 * time.Millisecond // 64 KiB/s
-		attack         = 30 * time.Second
-	)
-	ctx, cancel := context.WithTimeout(context.Background(), attack)
-	defer cancel()
-	var (
-		open, maxOpen, closedByServer, accepted atomic.Int64
-		mu                                      sync.Mutex
-		longest                                 time.Duration // a connection's life from its handshake to the server closing it
-		wg                                      sync.WaitGroup
-	)
-	zeros := make([]byte, chunk)
-	for i := range conns {
-		wg.Go(func() {
-			c, err := s.dial(fmt.Sprintf("127.0.1.%d", 10+i%sources), nil, attack)
-			if err != nil {
-				return // still waiting in the backlog when the attack ended
-			}
-			defer c.Close()
-			context.AfterFunc(ctx, func() { c.Close() })
-			accepted.Add(1)
-			for n, m := open.Add(1), maxOpen.Load(); n > m && !maxOpen.CompareAndSwap(m, n); m = maxOpen.Load() {
-			}
-			defer open.Add(-1)
-			start := time.Now()
-			if _, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", kubernetes.AdmissionPath, bodyBytes); err != nil {
-				return
-			}
-			// The server's closing shows as a failed write, or an answer
-			// (413) followed by the end.
-			gone := make(chan struct{})
-			go func() {
-				io.Copy(io.Discard, c)
-				close(gone)
-			}()
-			for sent := 0; sent < bodyBytes; sent += chunk {
-				select {
-				case <-ctx.Done():
-					return
-				case <-gone:
-				case <-time.After(every):
-					c.SetWriteDeadline(time.Now().Add(every))
-					if _, err := c.Write(zeros); err == nil || isTimeout(err) {
-						continue
-					}
-				}
-				if ctx.Err() != nil {
-					return
-				}
-				closedByServer.Add(1)
-				mu.Lock()
-				longest = max(longest, time.Since(start))
-				mu.Unlock()
-				return
-			}
-		})
-	}
-	var peak uint64
-	for ctx.Err() == nil {
-		peak = max(peak, heap())
-		time.Sleep(250 * time.Millisecond)
-	}
-	wg.Wait()
-	t.Logf("heap %d MiB before, %d MiB at most during the attack (+%d MiB); connections accepted %d, open at most %d, closed by the server %d, the longest lived %v",
-		base>>20, peak>>20, (peak-base)>>20, accepted.Load(), maxOpen.Load(), closedByServer.Load(), longest)
-	if bound := uint64(webhook.DefaultMaxConnections) * 2 * kubernetes.MaxReviewBytes; peak > base+bound {
-		t.Errorf("the heap grew by %d MiB; want at most %d MiB (%d connections of two review bounds)", (peak-base)>>20, bound>>20, webhook.DefaultMaxConnections)
-	}
-	if maxOpen.Load() > webhook.DefaultMaxConnections {
-		t.Errorf("%d connections open at once; want at most %d", maxOpen.Load(), webhook.DefaultMaxConnections)
-	}
-	if longest > webhook.ReadTimeout+2*time.Second || closedByServer.Load() < 2*webhook.DefaultMaxConnections {
-		t.Errorf("%d connections closed by the server, the longest after %v; want each closed within %v of its accept, and slots taken again", closedByServer.Load(), longest, webhook.ReadTimeout)
+	out := webhooktest.SlowBodies{Addr: s.addr, Path: kubernetes.AdmissionPath, TLS: s.clientTLS(nil),
+		Conns: 150, Sources: 30, BodyBytes: 4 << 20, Chunk: 8 << 10, Every: 125 * time.Millisecond, For: 30 * time.Second}.Run()
+	t.Log(out)
+	if err := out.Bounded(webhook.DefaultMaxConnections, 2*kubernetes.MaxReviewBytes, webhook.ReadTimeout+2*time.Second); err != nil {
+		t.Error(err)
 	}
 	c, err := s.dial("127.0.0.2", nil, 15*time.Second)
 	if err != nil {
