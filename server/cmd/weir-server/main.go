@@ -33,6 +33,7 @@ import (
 	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/store"
+	"github.com/weirlb/weir/server/webhook"
 )
 
 // version is set at build time.
@@ -77,9 +78,11 @@ func run() error {
 		resAll         = flag.Bool("resources-file-allow-removing-all", false, "apply a resources file even when it is empty or removes every address pool in use (refused by default: a half-written file looks like that)")
 		proxyNm        = flag.String("service-proxy-name", "", "handle only Kubernetes services labelled service.kubernetes.io/service-proxy-name=NAME (default: only unlabelled ones, as kube-proxy)")
 		lbClass        = flag.String("load-balancer-class", kubernetes.DefaultLoadBalancerClass, "assign and announce the addresses of Kubernetes LoadBalancer services whose spec.loadBalancerClass is CLASS; another controller's services are forwarded, never touched")
-		webhookAddr    = flag.String("webhook-bind-address", "", "with --kubernetes: serve the apiserver's admission reviews of weir.dev objects (the ValidatingWebhookConfiguration weir.dev) over HTTPS here, e.g. 0.0.0.0:7445; empty: not served")
+		webhookAddr    = flag.String("webhook-bind-address", "", "with --kubernetes: serve the apiserver's admission reviews of weir.dev objects (the ValidatingWebhookConfiguration weir.dev) over HTTPS here, e.g. [$(POD_IP)]:7445; empty: not served")
 		webhookCert    = flag.String("webhook-cert-file", "", "the admission webhook's certificate (PEM)")
 		webhookKey     = flag.String("webhook-key-file", "", "the admission webhook's private key (PEM)")
+		webhookCA      = flag.String("webhook-client-ca-file", "", "the admission webhook requires a client certificate this CA signed (PEM), the one the apiserver's AdmissionConfiguration presents; empty: any caller that reaches the address is answered")
+		webhookNames   = flag.String("webhook-client-names", "", "with --webhook-client-ca-file: comma-separated names (CommonName or DNS name) of the client certificates the webhook takes; empty: any the CA signed")
 		lbDefault      = flag.Bool("default-load-balancer", false, "Weir is the cluster's default load balancer: also handle LoadBalancer services with no spec.loadBalancerClass (leave false beside MetalLB or another controller that handles them)")
 		apiRate        = flag.Float64("api-calls-per-second", limits.DefaultCallsPerSecond, "each caller's rate of API calls (bursts of twice as many); a caller over it waits, others do not; 0: no limit")
 		apiWatch       = flag.Int("api-watches-per-caller", limits.DefaultMaxWatchesPerCaller, "most Watch streams one caller may hold open")
@@ -203,23 +206,34 @@ func run() error {
 		if srv.Admission() == nil || *webhookCert == "" || *webhookKey == "" {
 			return errors.New("--webhook-bind-address needs --kubernetes, --webhook-cert-file and --webhook-key-file")
 		}
-		src, err := tlsconfig.Load(tlsconfig.Files{Cert: *webhookCert, Key: *webhookKey}, tlsconfig.Options{Use: "webhook", Log: log})
+		var names []string
+		for _, n := range strings.Split(*webhookNames, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				names = append(names, n)
+			}
+		}
+		if len(names) > 0 && *webhookCA == "" {
+			return errors.New("--webhook-client-names needs --webhook-client-ca-file")
+		}
+		src, err := tlsconfig.Load(tlsconfig.Files{Cert: *webhookCert, Key: *webhookKey, CA: *webhookCA}, tlsconfig.Options{Use: "webhook", Log: log})
 		if err != nil {
-			return fmt.Errorf("--webhook-cert-file: %w", err)
+			return fmt.Errorf("--webhook-cert-file, --webhook-key-file, --webhook-client-ca-file: %w", err)
 		}
 		certSources = append(certSources, src)
-		tlsCfg, err := src.ServerConfig()
+		mux := http.NewServeMux()
+		mux.Handle(kubernetes.AdmissionPath, srv.Admission())
+		wh, err := webhook.New(mux, webhook.Config{TLS: src, ClientNames: names, Log: log})
 		if err != nil {
-			return err
+			return fmt.Errorf("the admission webhook: %w", err)
 		}
 		wln, err := net.Listen("tcp", *webhookAddr)
 		if err != nil {
 			return fmt.Errorf("--webhook-bind-address: %w", err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle(kubernetes.AdmissionPath, srv.Admission())
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsCfg}
-		go hs.ServeTLS(wln, "", "")
+		if *webhookCA == "" && !loopback(*webhookAddr) {
+			log.Warn("the admission webhook answers any caller (no --webhook-client-ca-file), and its refusals say what the registry holds: let only the apiserver reach its address", "address", wln.Addr().String())
+		}
+		go wh.Serve(context.Background(), wln) // until the process ends
 	}
 	reg.MustRegister(certSources)
 	go http.Serve(mln, common.MetricsHandler(reg, *metrics, log))
