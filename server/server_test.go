@@ -1043,7 +1043,8 @@ func TestServiceCIDRsReachTheAgents(t *testing.T) {
 // says so (update_mask), are kept by one that does not, and go with the
 // type: the nodes stop forwarding them.
 func TestLoadBalancerAddressesCanBeClearedAndGoWithTheType(t *testing.T) {
-	ts := startServer(t, t.TempDir())
+	// The addresses are an outside load balancer's: allowed, as they must be.
+	ts := servertest.Start(t, t.TempDir(), allowExternal("203.0.113.0/24"))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	agent := connectAgent(t, ctx, ts, "node1", 0)

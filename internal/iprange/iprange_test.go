@@ -21,3 +21,51 @@ func TestPrefixes(t *testing.T) {
 		}
 	}
 }
+
+// A service range gives neither its network address nor (IPv4) its
+// broadcast address, as Kubernetes' allocator; IPv6's last address is an
+// ordinary one.
+func TestServiceAddr(t *testing.T) {
+	for _, tc := range []struct {
+		prefix, addr string
+		want         bool
+	}{
+		{"10.96.0.0/16", "10.96.0.1", true},
+		{"10.96.0.0/16", "10.96.255.254", true},
+		{"10.96.0.0/16", "10.96.0.0", false},
+		{"10.96.0.0/16", "10.96.255.255", false},
+		{"10.96.0.0/16", "10.97.0.1", false},
+		{"10.96.0.0/31", "10.96.0.1", false},
+		{"fd00:96::/108", "fd00:96::", false},
+		{"fd00:96::/108", "fd00:96::1", true},
+		{"fd00:96::/108", "fd00:96::f:ffff", true},
+		{"10.96.0.0/16", "fd00:96::1", false},
+	} {
+		if got := ServiceAddr(netip.MustParsePrefix(tc.prefix), netip.MustParseAddr(tc.addr)); got != tc.want {
+			t.Errorf("ServiceAddr(%s, %s) = %v, want %v", tc.prefix, tc.addr, got, tc.want)
+		}
+	}
+}
+
+// A service range is no wider than 2^20 IPv4 addresses (Kubernetes'
+// --service-cluster-ip-range bound) and no wider than an IPv6 /64 (its
+// ServiceCIDR allocator's).
+func TestValidateServiceRangeBoundsTheWidth(t *testing.T) {
+	for _, tc := range []struct {
+		prefix string
+		ok     bool
+	}{
+		{"10.96.0.0/12", true},
+		{"10.96.0.0/16", true},
+		{"10.0.0.0/8", false},
+		{"10.64.0.0/11", false},
+		{"fd00:96::/64", true},
+		{"fd00:96::/108", true},
+		{"fd00::/63", false},
+	} {
+		err := ValidateServiceRange(netip.MustParsePrefix(tc.prefix))
+		if (err == nil) != tc.ok {
+			t.Errorf("ValidateServiceRange(%s) = %v; want ok=%v", tc.prefix, err, tc.ok)
+		}
+	}
+}

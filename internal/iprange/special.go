@@ -23,16 +23,18 @@ var SpecialPurpose = []netip.Prefix{
 }
 
 // Widest service ranges: every node drops new connections to a range's
-// free addresses, so a range is bounded as Kubernetes bounds its own
-// (IPv4 /12 there; /8 here, for racks that carve their own).
+// free addresses, so a range is bounded. IPv4: 2^20 addresses, the bound
+// kube-apiserver long held --service-cluster-ip-range to (kubeadm's
+// default, 10.96.0.0/12, is that size). IPv6: /64, the bound Kubernetes'
+// ServiceCIDR allocator holds every range to.
 const (
-	WidestServiceRange4 = 8
+	WidestServiceRange4 = 12
 	WidestServiceRange6 = 64
 )
 
 // ValidateServiceRange checks one range cluster IPs come from (a
 // ServiceCidr resource, weir-server's --service-cluster-ip-range or
-// weir-agent's --service-cidr): a canonical prefix, not wider than /8
+// weir-agent's --service-cidr): a canonical prefix, not wider than /12
 // (IPv6 /64), clear of every special-purpose range.
 func ValidateServiceRange(p netip.Prefix) error {
 	if !p.IsValid() || p.Masked() != p || p.Addr().Zone() != "" {
@@ -54,4 +56,29 @@ func ValidateServiceRange(p netip.Prefix) error {
 		}
 	}
 	return nil
+}
+
+// ServiceAddr says whether a is an address range p may give a service as
+// its cluster IP: inside p and not one of its reserved addresses.
+func ServiceAddr(p netip.Prefix, a netip.Addr) bool {
+	return p.Contains(a) && ReservedServiceAddr(p, a) == ""
+}
+
+// ReservedServiceAddr names what a is in p when a range gives it to no
+// service, "" otherwise: p's first address (the network's; in IPv6 the
+// subnet-router anycast address) and, in IPv4, its last (the broadcast
+// address). Kubernetes' allocator never hands those out, and counts a
+// service holding one as outside the range.
+func ReservedServiceAddr(p netip.Prefix, a netip.Addr) string {
+	switch {
+	case !p.Contains(a):
+		return ""
+	case a == p.Masked().Addr() && a.Is6():
+		return "the subnet-router anycast address"
+	case a == p.Masked().Addr():
+		return "the network address"
+	case a.Is4() && a == Last(p):
+		return "the broadcast address"
+	}
+	return ""
 }

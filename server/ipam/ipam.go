@@ -3,7 +3,9 @@
 // a pool and free, else the first free address of the service's pool (or of
 // any pool that is not manual-only), one per family of the service; an
 // address may be shared by services that name the same sharing key and use
-// distinct ports. Assignments live in the services' status, so they survive
+// distinct ports. An address no load-balancer IP may be (a node's or the
+// server's own, one in a service range: registry.Reserved) is never
+// assigned, and one assigned before it became so is replaced. Assignments live in the services' status, so they survive
 // restarts and stay put; addresses outside every pool are an outside load
 // balancer's, and are left alone, as are the services another controller
 // handles (their addresses are taken, never shared).
@@ -30,7 +32,8 @@ const (
 	ReasonNotInAnyPool  = "NotInAnyPool"
 	ReasonNoPool        = "NoPool"
 	// ReasonNotAllowed: the address asked for is in a pool scoped to
-	// other services (its service_allocation).
+	// other services (its service_allocation), or is one no load-balancer
+	// IP may be (registry.Reserved).
 	ReasonNotAllowed = "NotAllowed"
 )
 
@@ -55,8 +58,11 @@ func New(reg *registry.Registry, writers map[string]Writer, log *slog.Logger) *A
 	a := &Allocator{reg: reg, log: log, writers: writers, wake: make(chan struct{}, 1)}
 	reg.OnChange(func(ch registry.Change) {
 		// Allocations follow the services' own objects and the pools,
-		// never endpoints: an endpoint slice's change wakes nothing.
-		if len(ch.ServiceObjects) > 0 || len(ch.Pools) > 0 {
+		// never endpoints: an endpoint slice's change wakes nothing. A
+		// node or a service range that comes to hold a service's address
+		// makes it reserved (the write lists the service).
+		hosts := (len(ch.Nodes) > 0 || len(ch.ServiceCIDRs) > 0) && len(ch.Services) > 0
+		if len(ch.ServiceObjects) > 0 || len(ch.Pools) > 0 || hosts {
 			select {
 			case a.wake <- struct{}{}:
 			default:
@@ -111,8 +117,10 @@ type Write struct {
 func (a *Allocator) Plan() []Write {
 	var pools []*model.AddressPool
 	var svcs []*model.Service
+	var reserved registry.Reserved
 	a.reg.Read(func(v registry.View) {
 		pools = AllocationOrder(v.Pools())
+		reserved = v.LoadBalancerReserved()
 		for _, k := range v.ServiceKeys() {
 			if s := v.Service(k); s.Type == model.LoadBalancer {
 				svcs = append(svcs, s)
@@ -181,7 +189,7 @@ func (a *Allocator) Plan() []Write {
 		}
 		keep := managed && (len(s.RequestedLoadBalancerIPs) == 0 || sameAddrs(s.RequestedLoadBalancerIPs, s.LoadBalancerIPs))
 		for _, ip := range s.LoadBalancerIPs {
-			if keep && !shareable(ip, s) {
+			if keep && (!shareable(ip, s) || reserved.Why(ip) != "") {
 				keep = false
 			}
 		}
@@ -201,6 +209,8 @@ func (a *Allocator) Plan() []Write {
 			ok := true
 			for _, ip := range s.RequestedLoadBalancerIPs {
 				switch p := inPool(ip); {
+				case reserved.Why(ip) != "":
+					w.reason, w.message, ok = ReasonNotAllowed, reserved.Why(ip), false
 				case p == nil:
 					w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is in no address pool", ip), false
 				case s.AddressPool != "" && p.Name != s.AddressPool:
@@ -216,7 +226,7 @@ func (a *Allocator) Plan() []Write {
 			}
 		} else {
 			for _, is6 := range families(s) {
-				ip, reason, msg := pick(pools, s, is6, used, shareable)
+				ip, reason, msg := pick(pools, s, is6, used, shareable, reserved)
 				switch {
 				case reason == ReasonNoPool && len(families(s)) > 1:
 					// A dual-stack service gets the families pools have.
@@ -249,8 +259,8 @@ func (a *Allocator) Plan() []Write {
 }
 
 // pick finds the first free address of the family in the pools s may use,
-// in allocation order.
-func pick(pools []*model.AddressPool, s *model.Service, is6 bool, used map[netip.Addr][]*model.Service, shareable func(netip.Addr, *model.Service) bool) (netip.Addr, string, string) {
+// in allocation order, leaving out the reserved ones.
+func pick(pools []*model.AddressPool, s *model.Service, is6 bool, used map[netip.Addr][]*model.Service, shareable func(netip.Addr, *model.Service) bool, reserved registry.Reserved) (netip.Addr, string, string) {
 	eligible, scopedOut := 0, ""
 	for _, p := range pools {
 		if (s.AddressPool != "" && p.Name != s.AddressPool) || (s.AddressPool == "" && p.ManualOnly) {
@@ -267,6 +277,9 @@ func pick(pools []*model.AddressPool, s *model.Service, is6 bool, used map[netip
 			eligible++
 			// Sharing first: an address already used under the same key.
 			for ip := r.First; ip.IsValid() && ip.Compare(r.Last) <= 0; ip = ip.Next() {
+				if reserved.Why(ip) != "" {
+					continue
+				}
 				if len(used[ip]) > 0 && s.AllowSharedIP != "" && shareable(ip, s) {
 					return ip, "", ""
 				}

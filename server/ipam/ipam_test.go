@@ -1,10 +1,14 @@
 package ipam
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/registry/registrytest"
 )
 
@@ -113,5 +117,77 @@ func TestOnlyServicesAndPoolsWakeTheAllocator(t *testing.T) {
 		if got := woken(); got != step.wake {
 			t.Errorf("%s: the allocator woken %v, want %v", step.what, got, step.wake)
 		}
+	}
+}
+
+// An address no load-balancer IP may be (a node's, the server's, one in a
+// service range) is never assigned, whatever pool holds it: the next free
+// one is; asked for, it is refused with the reason. One assigned before a
+// node came to hold it is replaced, and that node's write wakes the
+// allocator.
+func TestReservedAddressesAreNeverAssigned(t *testing.T) {
+	reg := registrytest.Open(t)
+	rules := registry.DefaultServiceRules()
+	rules.ServerAddrs = []netip.Addr{netip.MustParseAddr("203.0.113.1")}
+	rules.ServiceRanges = append(rules.ServiceRanges, netip.MustParsePrefix("203.0.113.2/31"))
+	reg.SetServiceRules(rules)
+	r, err := model.ParseAddressRange("203.0.113.0/29")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
+		t.Fatal(err)
+	}
+	node := func(name, addr string) error {
+		_, err := reg.Nodes.Create(&model.Node{Meta: model.Meta{Name: name, Source: model.SourceKubernetes}, Addresses: []netip.Addr{netip.MustParseAddr(addr)}})
+		return err
+	}
+	if err := node("n1", "203.0.113.0"); err != nil {
+		t.Fatal(err)
+	}
+	for i, ask := range []string{"", "203.0.113.0"} {
+		s := &model.Service{Meta: model.Meta{Namespace: "shop", Name: fmt.Sprintf("s%d", i)}, Type: model.LoadBalancer,
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(10 + i)})}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}},
+			ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster}
+		if ask != "" {
+			s.RequestedLoadBalancerIPs = []netip.Addr{netip.MustParseAddr(ask)}
+		}
+		if _, err := reg.Services.Create(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := New(reg, map[string]Writer{model.SourceNative: RegistryWriter{Registry: reg}}, nil)
+	round := func() map[string]string {
+		t.Helper()
+		got := map[string]string{}
+		for _, w := range a.Plan() {
+			got[w.Service.Key()] = fmt.Sprint(w.IPs, " ", w.Reason, " ", w.Message)
+			if err := a.writers[w.Service.Source].WriteStatus(context.Background(), w.Service, w.IPs, w.Reason, w.Message); err != nil {
+				t.Fatalf("writing %s: %v", w.Service.Key(), err)
+			}
+		}
+		return got
+	}
+	got := round()
+	if want := "[203.0.113.4]  "; got["shop/s0"] != want {
+		t.Errorf("shop/s0 was given %q; want %q (.0 is node n1's, .1 the server's, .2 and .3 a service range's)", got["shop/s0"], want)
+	}
+	if want := "[] " + ReasonNotAllowed + " 203.0.113.0 is an address of node n1"; !strings.HasPrefix(got["shop/s1"], want) {
+		t.Errorf("shop/s1, asking for node n1's address: %q; want %q...", got["shop/s1"], want)
+	}
+	select {
+	case <-a.wake:
+	default:
+	}
+	if err := node("n2", "203.0.113.4"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.wake:
+	default:
+		t.Error("a node on an assigned address did not wake the allocator")
+	}
+	if got := round(); got["shop/s0"] != "[203.0.113.5]  " {
+		t.Errorf("once node n2 holds its address, shop/s0 was given %q; want [203.0.113.5]", got["shop/s0"])
 	}
 }

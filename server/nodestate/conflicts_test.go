@@ -42,6 +42,10 @@ func TestNativeWritesFollowTheAllocationRules(t *testing.T) {
 	// between a cluster IP and an external IP.
 	rules.ServiceRanges = append(rules.ServiceRanges, netip.MustParsePrefix("198.51.100.0/24"))
 	reg.SetServiceRules(rules)
+	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "lb"},
+		Ranges: []model.AddressRange{{First: netip.MustParseAddr("203.0.113.0"), Last: netip.MustParseAddr("203.0.113.255")}}}); err != nil {
+		t.Fatal(err)
+	}
 	web := svc("shop", "web", "10.96.0.10", func(s *model.Service) {
 		s.Ports[0].NodePort = 30080
 		s.ExternalTrafficPolicy, s.HealthCheckNodePort = model.PolicyLocal, 31000
@@ -204,11 +208,12 @@ func TestServiceRangesStayClearOfTheControlPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ cidr, says string }{
-		{"0.0.0.0/0", "wider than /8"},
+		{"0.0.0.0/0", "wider than /12"},
 		{"::/0", "wider than /64"},
-		{"10.0.0.0/7", "wider than /8"},
+		{"10.0.0.0/7", "wider than /12"},
+		{"10.0.0.0/8", "wider than /12"},
 		{"fe80::/64", "special-purpose"},
-		{"16.0.0.0/4", "wider than /8"},
+		{"16.0.0.0/4", "wider than /12"},
 		{"169.254.0.0/16", "special-purpose"},
 		{"::ffff:10.0.0.0/104", "canonical"},
 		{"192.0.2.96/28", "weir-server"},
@@ -241,4 +246,95 @@ func TestServiceRangesStayClearOfTheControlPlane(t *testing.T) {
 			t.Errorf("node %v %v: %v; want a field error naming the service range", n.Addresses, n.PodCIDRs, err)
 		}
 	}
+}
+
+// A Kubernetes service's load-balancer status is written by whichever
+// controller the cluster lets: the nodes program it, as kube-proxy does,
+// unless it is the server's or a node's own address or lies in a service
+// range, which no node ever captures; the status says why. A node or a
+// service range that comes later takes the address back from the
+// service, and its write recomputes the service. A native node or range
+// is refused instead.
+func TestKubernetesLoadBalancerIPsNeverTakeAHostsAddress(t *testing.T) {
+	reg := registrytest.Open(t)
+	rules := registry.DefaultServiceRules()
+	rules.ServerAddrs = addrs("192.0.2.100")
+	reg.SetServiceRules(rules)
+	var changes []registry.Change
+	reg.OnChange(func(c registry.Change) { changes = append(changes, c) })
+	if _, err := reg.Nodes.Create(&model.Node{Meta: model.Meta{Name: "n1", Source: model.SourceKubernetes}, Addresses: addrs("192.0.2.11")}); err != nil {
+		t.Fatal(err)
+	}
+	k8s := func(name, clusterIP, lbIP string) *model.Service {
+		s := svc("shop", name, clusterIP, func(s *model.Service) { s.LoadBalancerIPs = addrs(lbIP) })
+		s.Source = model.SourceKubernetes
+		return s
+	}
+	for _, tc := range []struct {
+		name, clusterIP, lbIP, says string // says: "" when programmed
+	}{
+		{"outside", "10.96.1.1", "198.51.100.7", ""},
+		{"server", "10.96.1.2", "192.0.2.100", "an address of weir-server"},
+		{"node", "10.96.1.3", "192.0.2.11", "an address of node n1"},
+		{"range", "10.96.1.4", "10.96.0.200", "service range 10.96.0.0/12"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := k8s(tc.name, tc.clusterIP, tc.lbIP)
+			if _, err := reg.Services.Create(s); err != nil {
+				t.Fatalf("a Kubernetes service was refused: %v", err)
+			}
+			reg.Read(func(v registry.View) {
+				got := Service(v, s.Key(), nil)
+				programmed := got != nil && slices.Equal(got.LoadBalancerIPs, s.LoadBalancerIPs)
+				if programmed != (tc.says == "") {
+					t.Errorf("load-balancer IP %s programmed: %v (%+v)", tc.lbIP, programmed, got)
+				}
+				cs := v.ServiceConflicts(s)
+				if tc.says == "" && len(cs) != 0 || tc.says != "" && (len(cs) != 1 || cs[0].Field != "status.load_balancer_ips[0]" || !strings.Contains(cs[0].Message, tc.says)) {
+					t.Errorf("status conflicts %+v; want one on status.load_balancer_ips[0] saying %q", cs, tc.says)
+				}
+			})
+		})
+	}
+
+	// The outside address becomes a node's: the service loses it.
+	if _, err := reg.Nodes.Create(&model.Node{Meta: model.Meta{Name: "n2", Source: model.SourceKubernetes}, Addresses: addrs("198.51.100.7")}); err != nil {
+		t.Fatal(err)
+	}
+	if last := changes[len(changes)-1]; !slices.Contains(last.Services, "shop/outside") {
+		t.Errorf("node n2's write changed services %v; want shop/outside recomputed", last.Services)
+	}
+	reg.Read(func(v registry.View) {
+		if got := Service(v, "shop/outside", nil); got == nil || len(got.LoadBalancerIPs) != 0 {
+			t.Errorf("on node n2's address, the load-balancer IP is programmed: %+v", got)
+		}
+	})
+	// A native node on a service's load-balancer IP is refused.
+	_, err := reg.Nodes.Create(&model.Node{Meta: model.Meta{Name: "n3"}, Addresses: addrs("192.0.2.12", "198.51.100.7")})
+	var fe *model.FieldError
+	if !errors.As(err, &fe) || fe.Field != "addresses[1]" || !strings.Contains(fe.Reason, "service shop/outside") {
+		t.Errorf("a native node on a load-balancer IP: %v; want a field error on addresses[1] naming the service", err)
+	}
+
+	// A service range: a native one holding a load-balancer IP is refused,
+	// a Kubernetes one stands and the service loses the address.
+	if _, err := reg.Services.Create(k8s("later", "10.96.1.50", "10.100.0.7")); err != nil {
+		t.Fatal(err)
+	}
+	cidr := &model.ServiceCIDR{Meta: model.Meta{Name: "more"}, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.100.0.0/16")}}
+	if _, err := reg.ServiceCIDRs.Create(cidr); !errors.As(err, &fe) || fe.Field != "cidrs[0]" || !strings.Contains(fe.Reason, "service shop/later") {
+		t.Errorf("a native range holding a load-balancer IP: %v; want a field error on cidrs[0] naming the service", err)
+	}
+	cidr.Source = model.SourceKubernetes
+	if _, err := reg.ServiceCIDRs.Create(cidr); err != nil {
+		t.Fatalf("a Kubernetes range: %v", err)
+	}
+	if last := changes[len(changes)-1]; !slices.Contains(last.Services, "shop/later") {
+		t.Errorf("the range's write changed services %v; want shop/later recomputed", last.Services)
+	}
+	reg.Read(func(v registry.View) {
+		if got := Service(v, "shop/later", nil); got == nil || len(got.LoadBalancerIPs) != 0 {
+			t.Errorf("in the Kubernetes range, the load-balancer IP is programmed: %+v", got)
+		}
+	})
 }

@@ -3,11 +3,13 @@ package registry
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/weirlb/weir/internal/iprange"
 	"github.com/weirlb/weir/server/model"
 )
 
@@ -256,21 +258,133 @@ func (r *Registry) ruleBreaches(s *model.Service) []Conflict {
 	if s.Source != model.SourceKubernetes {
 		ranges := r.serviceRanges()
 		for i, a := range s.ClusterIPs {
-			if !slices.ContainsFunc(ranges, func(p netip.Prefix) bool { return p.Contains(a) }) {
-				out = append(out, Conflict{fmt.Sprintf("spec.cluster_ips[%d]", i), fmt.Sprintf("%s is outside the service ranges %v (weir-server --service-cluster-ip-range, and the ServiceCidr resources)", a, ranges)})
+			if why := clusterIPBreach(ranges, a); why != "" {
+				out = append(out, Conflict{fmt.Sprintf("spec.cluster_ips[%d]", i), why})
 			}
 		}
 	}
 	for i, a := range s.ExternalIPs {
-		if !slices.ContainsFunc(r.rules.ExternalIPCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
-			allowed := "none are allowed (weir-server --allowed-external-ip-cidrs)"
-			if len(r.rules.ExternalIPCIDRs) > 0 {
-				allowed = fmt.Sprintf("allowed: %v", r.rules.ExternalIPCIDRs)
-			}
-			out = append(out, Conflict{fmt.Sprintf("spec.external_ips[%d]", i), fmt.Sprintf("%s is not an allowed external IP; %s", a, allowed)})
+		if why := r.frontendBreach(s, a, false); why != "" {
+			out = append(out, Conflict{fmt.Sprintf("spec.external_ips[%d]", i), why})
+		}
+	}
+	for i, a := range s.LoadBalancerIPs {
+		if why := r.frontendBreach(s, a, true); why != "" {
+			out = append(out, Conflict{fmt.Sprintf("status.load_balancer_ips[%d]", i), why})
 		}
 	}
 	return dedupeConflicts(out)
+}
+
+// clusterIPBreach says why a native service may not have a as a cluster
+// IP ("" when it may): it comes from a service range, and is none of the
+// addresses a range gives to no service.
+func clusterIPBreach(ranges []netip.Prefix, a netip.Addr) string {
+	if slices.ContainsFunc(ranges, func(p netip.Prefix) bool { return iprange.ServiceAddr(p, a) }) {
+		return ""
+	}
+	for _, p := range ranges {
+		if what := iprange.ReservedServiceAddr(p, a); what != "" {
+			return fmt.Sprintf("%s is %s of the service range %s, which no service is given", a, what, p)
+		}
+	}
+	return fmt.Sprintf("%s is outside the service ranges %v (weir-server --service-cluster-ip-range, and the ServiceCidr resources)", a, ranges)
+}
+
+// frontendBreach says why the rules refuse a as an external IP of s or
+// (loadBalancer) a load-balancer IP; "" when they do not. Either takes
+// the address's traffic to the service's ports on every node, so neither
+// is ever the server's or a node's own address (CVE-2020-8554's capture).
+// External IPs come from the allowed CIDRs. A load-balancer IP lies
+// outside the service ranges; a native service's comes from an address
+// pool or the allowed CIDRs, while a Kubernetes service's status is the
+// cluster's to bound (whoever may write it there), as kube-proxy takes it.
+func (r *Registry) frontendBreach(s *model.Service, a netip.Addr, loadBalancer bool) string {
+	if why := r.reserved(loadBalancer).Why(a); why != "" {
+		return why
+	}
+	allowed := slices.ContainsFunc(r.rules.ExternalIPCIDRs, func(p netip.Prefix) bool { return p.Contains(a) })
+	switch {
+	case !loadBalancer && !allowed:
+		return fmt.Sprintf("%s is not an allowed external IP; %s", a, r.allowedExternalIPs())
+	case loadBalancer && s.Source != model.SourceKubernetes && !allowed && !r.inPool(a):
+		return fmt.Sprintf("%s is in no address pool, and not an allowed external IP (%s)", a, r.allowedExternalIPs())
+	}
+	return ""
+}
+
+// Reserved are the addresses no service's frontend may be, whatever pool
+// or allowed CIDR holds them.
+type Reserved struct {
+	// hostOf names the host an address is of ("weir-server", "node n1").
+	hostOf func(netip.Addr) string
+	// ranges are the service ranges, where no load-balancer IP lies
+	// (none for external IPs).
+	ranges []netip.Prefix
+}
+
+// Why says why a is reserved, "" when it is not.
+func (x Reserved) Why(a netip.Addr) string {
+	if host := x.hostOf(a); host != "" {
+		return fmt.Sprintf("%s is an address of %s: every node would send that host's traffic on the service's ports to the service", a, host)
+	}
+	if i := slices.IndexFunc(x.ranges, func(p netip.Prefix) bool { return p.Contains(a) }); i >= 0 {
+		return fmt.Sprintf("%s is in the service range %s, where cluster IPs come from", a, x.ranges[i])
+	}
+	return ""
+}
+
+// reserved is Reserved for load-balancer IPs, or for external IPs, as the
+// registry holds it now. Called with mu held.
+func (r *Registry) reserved(loadBalancer bool) Reserved {
+	x := Reserved{hostOf: r.hostOf}
+	if loadBalancer {
+		x.ranges = r.serviceRanges()
+	}
+	return x
+}
+
+// LoadBalancerReserved is what no load-balancer IP may be, as of this view
+// and kept after it: what an allocator leaves out of its pools.
+func (v View) LoadBalancerReserved() Reserved {
+	hosts := make(map[netip.Addr]string, len(v.r.nodeAddrs)+len(v.r.rules.ServerAddrs))
+	for a := range v.r.nodeAddrs {
+		hosts[a] = v.r.hostOf(a)
+	}
+	for _, a := range v.r.rules.ServerAddrs {
+		hosts[a] = v.r.hostOf(a)
+	}
+	return Reserved{hostOf: func(a netip.Addr) string { return hosts[a] }, ranges: v.r.serviceRanges()}
+}
+
+// allowedExternalIPs says where external IPs may come from.
+func (r *Registry) allowedExternalIPs() string {
+	if len(r.rules.ExternalIPCIDRs) == 0 {
+		return "none are allowed (weir-server --allowed-external-ip-cidrs)"
+	}
+	return fmt.Sprintf("allowed: %v", r.rules.ExternalIPCIDRs)
+}
+
+// hostOf names the host a is an address of ("weir-server", "node n1"),
+// "" when none.
+func (r *Registry) hostOf(a netip.Addr) string {
+	if slices.Contains(r.rules.ServerAddrs, a) {
+		return "weir-server"
+	}
+	if names := r.nodeAddrs[a]; len(names) > 0 {
+		return "node " + slices.Min(slices.Collect(maps.Keys(names)))
+	}
+	return ""
+}
+
+// inPool says whether an address pool holds a.
+func (r *Registry) inPool(a netip.Addr) bool {
+	for _, p := range r.Pools.items {
+		if slices.ContainsFunc(p.Ranges, func(rg model.AddressRange) bool { return rg.Contains(a) }) {
+			return true
+		}
+	}
+	return false
 }
 
 // conflicts lists s's claims that another service holds: all of them when
@@ -344,7 +458,10 @@ func (r *Registry) serviceRanges() []netip.Prefix {
 
 // checkServiceCIDRClear refuses a service range that holds a node's
 // address, overlaps its pod CIDRs, or holds the server's own address:
-// every node drops new connections to a range's free addresses.
+// every node drops new connections to a range's free addresses. A native
+// range holding a load-balancer IP is refused too (no load-balancer IP
+// lies in a service range); a Kubernetes one is the cluster's, and the
+// address is what the nodes leave out.
 func (r *Registry) checkServiceCIDRClear(c *model.ServiceCIDR) error {
 	for i, p := range c.CIDRs {
 		field := fmt.Sprintf("cidrs[%d]", i)
@@ -358,13 +475,25 @@ func (r *Registry) checkServiceCIDRClear(c *model.ServiceCIDR) error {
 				return err
 			}
 		}
+		if c.Source == model.SourceKubernetes {
+			continue // the cluster's range stands; the address is not programmed
+		}
+		for _, key := range slices.Sorted(maps.Keys(r.loadBalancers)) {
+			for _, a := range r.Services.items[key].LoadBalancerIPs {
+				if p.Contains(a) {
+					return &model.FieldError{Field: field, Reason: fmt.Sprintf("%s holds %s, a load-balancer IP of service %s", p, a, key)}
+				}
+			}
+		}
 	}
 	return nil
 }
 
 // checkNodeClear refuses a native node with an address or a pod CIDR in
-// a service range (a Kubernetes node is the cluster's; its agents never
-// drop their own addresses whatever the ranges say).
+// a service range, or with an address a service has as an external or
+// load-balancer IP (a Kubernetes node is the cluster's: its agents never
+// drop their own addresses whatever the ranges say, and a service's
+// frontend on its address is what the nodes leave out).
 func (r *Registry) checkNodeClear(n *model.Node) error {
 	if n.Source == model.SourceKubernetes {
 		return nil
@@ -372,6 +501,15 @@ func (r *Registry) checkNodeClear(n *model.Node) error {
 	for _, p := range r.serviceRanges() {
 		if err := rangeClearOfNode("", p, n); err != nil {
 			return err
+		}
+	}
+	for i, a := range n.Addresses {
+		for _, key := range slices.Sorted(maps.Keys(r.claimIndex.byAddr[a])) {
+			for _, c := range claimsOf(r.Services.items[key]) {
+				if c.kind == frontend && c.addr == a {
+					return &model.FieldError{Field: fmt.Sprintf("addresses[%d]", i), Reason: fmt.Sprintf("%s is %s of service %s", a, c.use, key)}
+				}
+			}
 		}
 	}
 	return nil

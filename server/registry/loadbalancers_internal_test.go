@@ -57,6 +57,11 @@ func TestLoadBalancerServicesFollowEveryWrite(t *testing.T) {
 		}
 	}
 
+	// The addresses come from a pool, as a native service's must.
+	pool := &model.AddressPool{Meta: model.Meta{Name: "lb"}, Ranges: []model.AddressRange{{First: netip.MustParseAddr("192.0.2.0"), Last: netip.MustParseAddr("192.0.2.255")}}}
+	if _, err := r.Pools.Create(pool); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := r.Services.Create(service("a", "10.96.0.10", "192.0.2.1")); err != nil {
 		t.Fatal(err)
 	}

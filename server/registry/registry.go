@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -94,6 +95,9 @@ type Registry struct {
 	// kept with every write (reindex): what follows those addresses (the
 	// L2 owners, the announcers) looks at them, not at every service.
 	loadBalancers map[string]bool
+	// nodeAddrs are the nodes by their addresses (reindex): no service
+	// may take one as an external or load-balancer IP.
+	nodeAddrs map[netip.Addr]map[string]bool
 
 	Services       *Collection[*model.Service]
 	EndpointSlices *Collection[*model.EndpointSlice]
@@ -112,7 +116,7 @@ type storedKind interface {
 // Open loads every stored resource.
 func Open(st store.Backend) (*Registry, error) {
 	r := &Registry{store: st, now: time.Now, slicesByService: map[string]map[string]*model.EndpointSlice{}, drained: map[string]time.Time{},
-		loadBalancers: map[string]bool{}, rules: DefaultServiceRules()}
+		loadBalancers: map[string]bool{}, nodeAddrs: map[netip.Addr]map[string]bool{}, rules: DefaultServiceRules()}
 	r.Services = newCollection(r, "services", true, func(s *model.Service) error {
 		if err := s.Validate(); err != nil {
 			return err
@@ -163,6 +167,9 @@ func Open(st store.Backend) (*Registry, error) {
 	}
 	for _, s := range r.Services.items {
 		r.reindex(s, nil)
+	}
+	for _, n := range r.Nodes.items {
+		r.reindex(n, nil)
 	}
 	return r, nil
 }
@@ -729,6 +736,22 @@ func (r *Registry) reindex(obj, old model.Object) {
 		now, _ := obj.(*model.EndpointSlice)
 		was, _ := old.(*model.EndpointSlice)
 		r.indexSlice(now, was)
+	case *model.Node:
+		if was, ok := old.(*model.Node); ok {
+			for _, a := range was.Addresses {
+				if m := r.nodeAddrs[a]; m != nil {
+					delete(m, was.Name)
+					if len(m) == 0 {
+						delete(r.nodeAddrs, a)
+					}
+				}
+			}
+		}
+		if now, ok := obj.(*model.Node); ok {
+			for _, a := range now.Addresses {
+				add(r.nodeAddrs, a, now.Name)
+			}
+		}
 	}
 }
 
@@ -755,15 +778,56 @@ func (r *Registry) touched(obj, old model.Object, ch *Change) {
 	case *model.Node:
 		ch.Nodes = append(ch.Nodes, o.Name)
 		r.candidatesRev = ch.Revision
+		// A node's addresses are never a service's frontends (ruleBreaches):
+		// the services on its old and new ones are recomputed.
+		for _, n := range []model.Object{obj, old} {
+			if n, ok := n.(*model.Node); ok && n != nil {
+				for _, a := range n.Addresses {
+					ch.Services = append(ch.Services, slices.Sorted(maps.Keys(r.claimIndex.byAddr[a]))...)
+				}
+			}
+		}
 	case *model.AddressPool:
 		ch.Pools = append(ch.Pools, o.Name)
 		r.candidatesRev = ch.Revision
+		// A native service's load-balancer IPs come from the pools.
+		var ranges []model.AddressRange
+		for _, p := range []model.Object{obj, old} {
+			if p, ok := p.(*model.AddressPool); ok && p != nil {
+				ranges = append(ranges, p.Ranges...)
+			}
+		}
+		ch.Services = append(ch.Services, r.loadBalancersWhere(func(a netip.Addr) bool {
+			return slices.ContainsFunc(ranges, func(rg model.AddressRange) bool { return rg.Contains(a) })
+		})...)
 	case *model.BGPPeer:
 		ch.Peers = append(ch.Peers, o.Name)
 		r.candidatesRev = ch.Revision
 	case *model.ServiceCIDR:
 		ch.ServiceCIDRs = append(ch.ServiceCIDRs, o.Name)
+		// No load-balancer IP lies in a service range.
+		var cidrs []netip.Prefix
+		for _, c := range []model.Object{obj, old} {
+			if c, ok := c.(*model.ServiceCIDR); ok && c != nil {
+				cidrs = append(cidrs, c.CIDRs...)
+			}
+		}
+		ch.Services = append(ch.Services, r.loadBalancersWhere(func(a netip.Addr) bool {
+			return slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(a) })
+		})...)
 	}
+}
+
+// loadBalancersWhere lists the services with a load-balancer IP that in
+// says is in.
+func (r *Registry) loadBalancersWhere(in func(netip.Addr) bool) []string {
+	var out []string
+	for key := range r.loadBalancers {
+		if slices.ContainsFunc(r.Services.items[key].LoadBalancerIPs, in) {
+			out = append(out, key)
+		}
+	}
+	return out
 }
 
 func firstNonNil(a, b model.Object) model.Object {

@@ -38,6 +38,14 @@ const ServerPort = 7443
 // PodPort is where every pod's echo server answers (TCP and UDP).
 const PodPort = 8080
 
+// LoadBalancerCIDRs are where the lab's load-balancer IPs come from when a
+// test writes them into a service's status, as an outside load balancer
+// would (the documentation ranges, and the benchmarks' 198.18.0.0/15):
+// the server allows them (--allowed-external-ip-cidrs), as it must for a
+// status address that no pool holds. A test's own ServerArgs may say
+// otherwise.
+const LoadBalancerCIDRs = "203.0.113.0/24,2001:db8:113::/48,198.18.0.0/15"
+
 // Binaries are the programs the lab runs.
 type Binaries struct{ Server, Agent, Speaker, Lbctl, Echo string }
 
@@ -335,7 +343,8 @@ func (c *Cluster) StartReplicas(ctx context.Context) error {
 func (c *Cluster) startServer(ctx context.Context, i int, args ...string) (*lab.Process, error) {
 	addr := ServerAddr(i).String()
 	args = append(append([]string{"--listen", addr,
-		"--tls-cert-file", c.cert("server.crt"), "--tls-key-file", c.cert("server.key"), "--client-ca-file", c.cert("ca.crt")},
+		"--tls-cert-file", c.cert("server.crt"), "--tls-key-file", c.cert("server.key"), "--client-ca-file", c.cert("ca.crt"),
+		"--allowed-external-ip-cidrs", LoadBalancerCIDRs},
 		args...), c.ServerArgs...)
 	p, err := c.Controls[i].Start(c.Bin.Server, args...)
 	if err != nil {
