@@ -106,10 +106,11 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	// The examples' external IPs are allowed, as an operator would.
+	// The examples' external IPs, and the load-balancer IPs they write as
+	// an outside load balancer would, are allowed, as an operator would.
 	srv := servertest.Start(t, t.TempDir(), func(c *server.Config) {
 		rules := registry.DefaultServiceRules()
-		rules.ExternalIPCIDRs = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+		rules.ExternalIPCIDRs = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("203.0.113.0/24")}
 		c.ServiceRules = &rules
 	})
 	return &env{t: t, srv: srv, addr: srv.Addr, registry: srv.Registry, now: time.Now()}
