@@ -277,6 +277,41 @@ func TestFlowTunnelTakesOnlyItsSenders(t *testing.T) {
 	}
 }
 
+// The senders follow the node's state: a change of the ring replaces
+// them in place (a partial sync), and a full sync keeps them.
+func TestFlowSendersFollowTheRing(t *testing.T) {
+	ctx := context.Background()
+	node3 := FlowPeer{Name: "node3", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.13")}}
+	node4 := FlowPeer{Name: "node4", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.14")}}
+	dp, v4, _ := newConfiguredFakeDatapath(Config{Flows: &FlowRedirect{Interface: "weir-flows"}})
+	takes := func(sender FlowPeer) bool {
+		t.Helper()
+		return !traceFlow(t, v4, packet{src: sender.Addresses[0], iif: uplink, proto: "udp", dst: netip.AddrPortFrom(nodeAddr, DefaultFlowPort)}).Dropped
+	}
+	st := flowsState(3, node3)
+	st.Node.FlowSenders = []FlowPeer{node3}
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if !takes(node3) || takes(node4) {
+		t.Fatalf("senders node3: takes node3 %v, node4 %v; want only node3", takes(node3), takes(node4))
+	}
+	st = flowsState(3, node4)
+	st.Node.FlowSenders = []FlowPeer{node4}
+	if err := dp.Apply(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if takes(node3) || !takes(node4) {
+		t.Errorf("senders node4: takes node3 %v, node4 %v; want only node4", takes(node3), takes(node4))
+	}
+	if err := dp.Resync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if takes(node3) || !takes(node4) {
+		t.Errorf("after a full sync: takes node3 %v, node4 %v; want only node4", takes(node3), takes(node4))
+	}
+}
+
 // What comes through the tunnel is what a peer passes on: a TCP packet
 // to a load-balancer or external IP (a SYN too: a peer passes on one
 // that a stale entry of its own took), or a probe to the node itself.

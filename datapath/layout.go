@@ -529,7 +529,9 @@ func echoRequest(f family) string {
 // connection takes it. The TTL counts the nodes it has passed; a packet
 // that went round the ring is DNAT'ed where it is, as without
 // redirection, so that its endpoint refuses it and the client learns at
-// once. Connections this node DNAT'ed return at the first rule.
+// once. Connections this node DNAT'ed return at the first rules. Only the
+// nodes that pass packets here (NodeInfo.FlowSenders) may send to the
+// interface's UDP port, and only what a peer passes on comes out of it.
 func flowChains(f family, cfg Config, g generation, frontend string, exempt []string) []chainSpec {
 	fl := cfg.Flows
 	if fl == nil {
@@ -570,10 +572,13 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 		// What peers send through the interface: TCP packets to the
 		// frontends whose moved connections the rules below pass on
 		// (SYNs too: see the last of them), and the probes that tell
-		// peers this node takes what they pass on. Nothing else, and
-		// before anything else: no entry, DNAT'ed or not, makes a
-		// UDP datagram, or a packet to another address, one that a
-		// peer passes on.
+		// peers this node takes what they pass on. Nothing else is
+		// taken, and this is checked first: an entry, DNAT'ed or not,
+		// never makes a datagram or a packet to another address one
+		// that a peer passes on. A SYN opens a connection here, so
+		// the firewall chain holds it to the service's source ranges
+		// as it holds one from the router; a packet of a connection
+		// this node holds met them at that connection's first packet.
 		regularChain("from_flow_peer",
 			"fib daddr type local "+echoRequest(f)+" return",
 			"meta l4proto tcp "+frontend+" "+g.ref(masqueradeFrontendsSet)+" return",
