@@ -38,9 +38,9 @@ type Limits struct {
 	// longest.
 	PerSource int
 	// IPv4Prefix and IPv6Prefix are the prefix lengths within which
-	// addresses count as one source. An IPv6 host has a whole /64 to
-	// itself (SLAAC, privacy addresses): counted per address, one host
-	// would be as many sources as it liked.
+	// addresses count as one source, but for known addresses (below). An
+	// IPv6 host has a whole /64 to itself (SLAAC, privacy addresses):
+	// counted per address, one host would be as many sources as it liked.
 	IPv4Prefix, IPv6Prefix int
 }
 
@@ -51,6 +51,21 @@ var (
 	// NodeLimits are the defaults of /healthz and /livez, and of /metrics
 	// (each listener its own).
 	NodeLimits = Limits{Connections: 128, PerSource: 16, IPv4Prefix: 32, IPv6Prefix: 64}
+)
+
+// Known addresses: an address answered on a health listener within
+// knownFor is a source of its own, not one address of its prefix; at most
+// knownPerPrefix addresses of one prefix, and maxKnown in all, are known
+// at once. A load balancer's prober on the node network shares its /64
+// with every host there: counted as the /64, it would share the /64's
+// connections with whoever floods from it, and a flood that opened the
+// /64's share of connections faster than the prober's request arrives
+// would close the prober's every time. Known, it holds its own share, and
+// a host can split at most knownPerPrefix addresses of its /64 off.
+const (
+	knownFor       = 5 * time.Minute // longer than any balancer's probe interval (AWS and GCP allow up to 300 s)
+	knownPerPrefix = 8
+	maxKnown       = 4096
 )
 
 // Why a ConnLimit closed a connection: the label values of
@@ -72,14 +87,26 @@ var closedReasonNames = [closedReasons]string{"source_share", "evicted", "refuse
 type ConnLimit struct {
 	limits               Limits
 	heldDesc, closedDesc *prometheus.Desc
+	now                  func() time.Time // the known addresses' clock
 
 	mu       sync.Mutex // guards the fields below and the held connections' state
 	held     map[*limitedConn]struct{}
 	bySource map[netip.Prefix]int
+	// known are the addresses answered lately, and knownIn how many of
+	// them each prefix has; swept is when stale ones were last forgotten.
+	known   map[netip.Addr]knownAddr
+	knownIn map[netip.Prefix]int
+	swept   time.Time
 	// clock orders the held connections' state changes; closed counts the
 	// connections closed, by reason.
 	clock  uint64
 	closed [closedReasons]uint64
+}
+
+// knownAddr is an address answered lately: its prefix, and when.
+type knownAddr struct {
+	prefix   netip.Prefix
+	answered time.Time
 }
 
 // NewConnLimit returns a limit whose metrics carry listener as their
@@ -94,8 +121,11 @@ func NewConnLimit(listener string, limits Limits) *ConnLimit {
 		closedDesc: prometheus.NewDesc("weir_health_connections_closed_total",
 			"Connections the agent's health listener closed to keep within its limits, by reason: source_share (its source opened one more past its share), evicted (the listener was full and a source holding fewer connected), refused (the listener was full and its source held as many as any).",
 			[]string{"reason"}, label),
+		now:      time.Now,
 		held:     map[*limitedConn]struct{}{},
 		bySource: map[netip.Prefix]int{},
+		known:    map[netip.Addr]knownAddr{},
+		knownIn:  map[netip.Prefix]int{},
 	}
 }
 
@@ -124,7 +154,7 @@ func (ln *limitedListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		lc := &limitedConn{Conn: c, limit: ln.limit, source: ln.limit.sourceOf(c)}
+		lc := &limitedConn{Conn: c, limit: ln.limit, addr: remoteAddr(c)}
 		victim, ok := ln.limit.admit(lc)
 		if victim != nil {
 			// Its server sees the connection end and closes it again, which
@@ -144,6 +174,7 @@ func (ln *limitedListener) Accept() (net.Conn, error) {
 func (l *ConnLimit) admit(c *limitedConn) (victim *limitedConn, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	c.source = l.source(c.addr)
 	mine := l.bySource[c.source]
 	switch {
 	case mine >= l.limits.PerSource:
@@ -190,7 +221,7 @@ func (l *ConnLimit) longestWaiting(of func(*limitedConn) bool) *limitedConn {
 
 // connState follows the HTTP server's view of a connection: a request
 // read and being answered (active), or none yet, or the last answered
-// (waiting).
+// (waiting). An address whose request is answered is known from then on.
 func (l *ConnLimit) connState(c net.Conn, st http.ConnState) {
 	lc, ok := c.(*limitedConn)
 	if !ok || (st != http.StateActive && st != http.StateIdle) {
@@ -200,6 +231,49 @@ func (l *ConnLimit) connState(c net.Conn, st http.ConnState) {
 	defer l.mu.Unlock()
 	lc.active = st == http.StateActive
 	lc.since = l.tick()
+	if lc.active {
+		l.answered(lc.addr)
+	}
+}
+
+// answered makes a a known address, or keeps it one, when its prefix and
+// the table have room. Called with mu held.
+func (l *ConnLimit) answered(a netip.Addr) {
+	now := l.now()
+	if k, ok := l.known[a]; ok {
+		l.known[a] = knownAddr{k.prefix, now}
+		return
+	}
+	p := l.prefix(a)
+	if p.Bits() == a.BitLen() {
+		return // a source of its own anyway
+	}
+	full := func() bool { return l.knownIn[p] >= knownPerPrefix || len(l.known) >= maxKnown }
+	if full() {
+		l.forgetStale(now)
+		if full() {
+			return
+		}
+	}
+	l.known[a] = knownAddr{p, now}
+	l.knownIn[p]++
+}
+
+// forgetStale forgets the addresses not answered within knownFor, at most
+// once a second (it walks the table). Called with mu held.
+func (l *ConnLimit) forgetStale(now time.Time) {
+	if now.Sub(l.swept) < time.Second {
+		return
+	}
+	l.swept = now
+	for a, k := range l.known {
+		if now.Sub(k.answered) >= knownFor {
+			delete(l.known, a)
+			if l.knownIn[k.prefix]--; l.knownIn[k.prefix] <= 0 {
+				delete(l.knownIn, k.prefix)
+			}
+		}
+	}
 }
 
 // tick is the next instant of l's clock. Called with mu held.
@@ -224,19 +298,26 @@ func (l *ConnLimit) drop(c *limitedConn) {
 	}
 }
 
-// sourceOf is the source a connection counts against.
-func (l *ConnLimit) sourceOf(c net.Conn) netip.Prefix {
+// remoteAddr is a connection's remote address (IPv4-mapped IPv6 as IPv4).
+func remoteAddr(c net.Conn) netip.Addr {
 	ap, err := netip.ParseAddrPort(c.RemoteAddr().String())
 	if err != nil {
-		return netip.Prefix{}
+		return netip.Addr{}
 	}
-	return l.source(ap.Addr())
+	return ap.Addr().Unmap().WithZone("")
 }
 
-// source is the source an address counts as: the address within the
-// limits' prefix of its family (IPv4-mapped IPv6 as IPv4).
+// source is the source a connection from a counts against: a alone when
+// known, else its prefix. Called with mu held.
 func (l *ConnLimit) source(a netip.Addr) netip.Prefix {
-	a = a.Unmap().WithZone("")
+	if k, ok := l.known[a]; ok && l.now().Sub(k.answered) < knownFor {
+		return netip.PrefixFrom(a, a.BitLen())
+	}
+	return l.prefix(a)
+}
+
+// prefix is a within the limits' prefix length of its family.
+func (l *ConnLimit) prefix(a netip.Addr) netip.Prefix {
 	bits := l.limits.IPv6Prefix
 	if a.Is4() {
 		bits = l.limits.IPv4Prefix
@@ -268,10 +349,11 @@ func (l *ConnLimit) Collect(ch chan<- prometheus.Metric) {
 // limitedConn is a connection a ConnLimit counts.
 type limitedConn struct {
 	net.Conn
-	limit  *ConnLimit
+	limit *ConnLimit
+	addr  netip.Addr // remote
+	// Guarded by limit.mu: the source it counts against, whether it is
+	// answering a request, and since when (limit's clock).
 	source netip.Prefix
-	// Guarded by limit.mu: whether the connection is answering a request,
-	// and since when (limit's clock).
 	active bool
 	since  uint64
 }

@@ -82,12 +82,13 @@ func TestConnLimitMakesRoomFromTheSourceHoldingMost(t *testing.T) {
 			var held []*limitedConn
 			for _, h := range tc.held {
 				addr, active := strings.CutSuffix(h, "!")
-				c := &limitedConn{limit: l, source: l.source(netip.MustParseAddr(addr)), active: active, since: l.tick()}
+				a := netip.MustParseAddr(addr)
+				c := &limitedConn{limit: l, addr: a, source: l.source(a), active: active, since: l.tick()}
 				l.held[c] = struct{}{}
 				l.bySource[c.source]++
 				held = append(held, c)
 			}
-			newcomer := &limitedConn{limit: l, source: l.source(netip.MustParseAddr(tc.from))}
+			newcomer := &limitedConn{limit: l, addr: netip.MustParseAddr(tc.from).Unmap()}
 			victim, ok := l.admit(newcomer)
 			got := "admitted"
 			switch {
@@ -111,6 +112,47 @@ func TestConnLimitMakesRoomFromTheSourceHoldingMost(t *testing.T) {
 				t.Errorf("after it, %d held (by source %v); want at most %d, %d a source", len(l.held), l.bySource, tc.limits.Connections, tc.limits.PerSource)
 			}
 		})
+	}
+}
+
+// An address answered lately is a source of its own, not one address of
+// its /64: a prober keeps its share when another host of its /64 floods.
+// A /64 has at most knownPerPrefix known addresses, and an address is
+// known for knownFor after its last answer.
+func TestKnownAddressesAreSourcesOfTheirOwn(t *testing.T) {
+	l := NewConnLimit("test", Limits{Connections: 8, PerSource: 2, IPv4Prefix: 32, IPv6Prefix: 64})
+	now := time.Unix(1000, 0)
+	l.now = func() time.Time { return now }
+	conn := func(addr string) (victim *limitedConn, ok bool) {
+		return l.admit(&limitedConn{limit: l, addr: netip.MustParseAddr(addr)})
+	}
+	conn("2001:db8::1")
+	conn("2001:db8::2") // the /64 holds its share
+	l.answered(netip.MustParseAddr("2001:db8::9"))
+	if victim, ok := conn("2001:db8::9"); !ok || victim != nil {
+		t.Errorf("a known address of a /64 at its share: closes %v, admitted %v; want admitted, nothing closed", victim != nil, ok)
+	}
+	now = now.Add(knownFor)
+	if victim, ok := conn("2001:db8::9"); !ok || victim == nil || victim.source != netip.MustParsePrefix("2001:db8::/64") {
+		t.Errorf("%s after its last answer: closes %v, admitted %v; want one of its /64's closed for it", knownFor, victim, ok)
+	}
+
+	for i := range knownPerPrefix + 1 {
+		l.answered(netip.MustParseAddr(fmt.Sprintf("2001:db8::1:%x", i)))
+	}
+	if _, ok := l.known[netip.MustParseAddr(fmt.Sprintf("2001:db8::1:%x", knownPerPrefix))]; ok || len(l.known) != knownPerPrefix {
+		t.Errorf("%d addresses of one /64 known; want at most %d", len(l.known), knownPerPrefix)
+	}
+	now = now.Add(knownFor)
+	l.answered(netip.MustParseAddr("2001:db8::2:1"))
+	if _, ok := l.known[netip.MustParseAddr("2001:db8::2:1")]; !ok || len(l.known) != 1 {
+		t.Errorf("after %s, %d known; want the stale ones forgotten and the new one known", knownFor, len(l.known))
+	}
+	// IPv4 addresses are sources of their own already (the /32 default):
+	// they take no room in the table.
+	l.answered(netip.MustParseAddr("192.0.2.1"))
+	if len(l.known) != 1 {
+		t.Errorf("an IPv4 address of a /32 source taken into the table")
 	}
 }
 
@@ -203,7 +245,8 @@ func addrs(first string, n int) []netip.Addr {
 // A load balancer's prober is answered within its timeout, every time, on
 // the health-check node ports and on /healthz, while one attacker holds as
 // many connections as it can from 40 IPv4 addresses and 40 addresses of
-// one IPv6 /64: one host must not be able to make the node look unhealthy.
+// one IPv6 /64, the prober's own /64 or another: one host must not be able
+// to make the node look unhealthy.
 func TestProbesAreAnsweredWhileManySourcesHoldConnections(t *testing.T) {
 	const probeTimeout = 2 * time.Second // HAProxy's default check timeout (its 2 s interval); cloud balancers allow 5 s
 	for _, tc := range []struct {
@@ -214,9 +257,11 @@ func TestProbesAreAnsweredWhileManySourcesHoldConnections(t *testing.T) {
 		probers  []netip.Addr
 	}{
 		{name: "IPv4", server: addrs("127.0.0.1", 1), attacker: addrs("127.0.1.1", 40), probers: addrs("127.0.0.2", 1)},
+		// The probers: one in another /64, one in the attacker's own (a
+		// load balancer on the node network shares its /64).
 		{name: "IPv4 and an IPv6 /64", netns: true, server: []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("fd00:64::1")},
 			attacker: append(addrs("127.0.1.1", 40), addrs("fd00:64::1:0", 40)...),
-			probers:  []netip.Addr{netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("fd00:65::2")}},
+			probers:  []netip.Addr{netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("fd00:65::2"), netip.MustParseAddr("fd00:64::2")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The flood and the prober each dial from a thread of their
@@ -265,28 +310,42 @@ func TestProbesAreAnsweredWhileManySourcesHoldConnections(t *testing.T) {
 				t.Fatal(err)
 			}
 
+			// Every prober asks each of its family's ports, as it did
+			// before the flood began.
+			type prober struct {
+				from   netip.Addr
+				client *http.Client
+				urls   []string
+			}
+			var probers []prober
+			for _, from := range tc.probers {
+				p := prober{from: from, client: &http.Client{Timeout: probeTimeout, Transport: &http.Transport{DisableKeepAlives: true,
+					DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+						return probe(ctx, from, netip.MustParseAddrPort(addr))
+					}}}}
+				for _, to := range targets {
+					if to.Addr().Is4() == from.Is4() {
+						p.urls = append(p.urls, fmt.Sprintf("http://%s/healthz", to))
+					}
+				}
+				if r := connflood.Probe(p.client, p.urls, 1, http.StatusOK); r.Answered != r.Asked {
+					t.Fatalf("from %s before the flood: %s", from, strings.Join(r.Failures, "; "))
+				}
+				probers = append(probers, p)
+			}
+
 			f := connflood.Start(flood, tc.attacker, targets, ServiceLimits.PerSource+1)
 			defer f.Stop()
 			wait.Until(t, 30*time.Second, "every connection of the flood opened once", func() bool { return f.Connected() == f.Slots() })
 			time.Sleep(500 * time.Millisecond) // the agent takes what it will of them
 
-			for _, from := range tc.probers {
-				var urls []string
-				client := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{DisableKeepAlives: true,
-					DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
-						return probe(ctx, from, netip.MustParseAddrPort(addr))
-					}}}
-				for _, to := range targets {
-					if to.Addr().Is4() == from.Is4() {
-						urls = append(urls, fmt.Sprintf("http://%s/healthz", to))
-					}
-				}
-				p := connflood.Probe(client, urls, 50, http.StatusOK)
+			for _, p := range probers {
+				r := connflood.Probe(p.client, p.urls, 50, http.StatusOK)
 				t.Logf("from %s: %d of %d probes answered within %s, the slowest in %s; the flood held %d connection slots",
-					from, p.Answered, p.Asked, probeTimeout, p.Slowest.Round(time.Millisecond), f.Slots())
-				if p.Answered != p.Asked {
+					p.from, r.Answered, r.Asked, probeTimeout, r.Slowest.Round(time.Millisecond), f.Slots())
+				if r.Answered != r.Asked {
 					t.Errorf("from %s: %d of %d probes unanswered within %s while one host held connections open: %s",
-						from, p.Asked-p.Answered, p.Asked, probeTimeout, strings.Join(p.Failures, "; "))
+						p.from, r.Asked-r.Answered, r.Asked, probeTimeout, strings.Join(r.Failures, "; "))
 				}
 			}
 		})
