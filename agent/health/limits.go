@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -89,9 +90,10 @@ type ConnLimit struct {
 	heldDesc, closedDesc *prometheus.Desc
 	now                  func() time.Time // the known addresses' clock
 
-	mu       sync.Mutex // guards the fields below and the held connections' state
-	held     map[*limitedConn]struct{}
-	bySource map[netip.Prefix]int
+	mu sync.Mutex // guards the fields below and the held connections' state
+	// held counts the connections held, bySource holds them by source.
+	held     int
+	bySource map[netip.Prefix][]*limitedConn
 	// known are the addresses answered lately, and knownIn how many of
 	// them each prefix has; swept is when stale ones were last forgotten.
 	known   map[netip.Addr]knownAddr
@@ -122,8 +124,7 @@ func NewConnLimit(listener string, limits Limits) *ConnLimit {
 			"Connections the agent's health listener closed to keep within its limits, by reason: source_share (its source opened one more past its share), evicted (the listener was full and a source holding fewer connected), refused (the listener was full and its source held as many as any).",
 			[]string{"reason"}, label),
 		now:      time.Now,
-		held:     map[*limitedConn]struct{}{},
-		bySource: map[netip.Prefix]int{},
+		bySource: map[netip.Prefix][]*limitedConn{},
 		known:    map[netip.Addr]knownAddr{},
 		knownIn:  map[netip.Prefix]int{},
 	}
@@ -175,18 +176,22 @@ func (l *ConnLimit) admit(c *limitedConn) (victim *limitedConn, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c.source = l.source(c.addr)
-	mine := l.bySource[c.source]
+	mine := len(l.bySource[c.source])
 	switch {
 	case mine >= l.limits.PerSource:
-		victim = l.longestWaiting(func(o *limitedConn) bool { return o.source == c.source })
+		victim = longestWaiting(nil, l.bySource[c.source])
 		l.closed[closedSourceShare]++
-	case len(l.held) >= l.limits.Connections:
+	case l.held >= l.limits.Connections:
 		most := 0
-		for _, n := range l.bySource {
-			most = max(most, n)
+		for _, conns := range l.bySource {
+			most = max(most, len(conns))
 		}
 		if most > mine {
-			victim = l.longestWaiting(func(o *limitedConn) bool { return l.bySource[o.source] == most })
+			for _, conns := range l.bySource {
+				if len(conns) == most {
+					victim = longestWaiting(victim, conns)
+				}
+			}
 		}
 		if victim == nil {
 			l.closed[closedRefused]++
@@ -198,20 +203,16 @@ func (l *ConnLimit) admit(c *limitedConn) (victim *limitedConn, ok bool) {
 		l.drop(victim)
 	}
 	c.since = l.tick()
-	l.held[c] = struct{}{}
-	l.bySource[c.source]++
+	l.held++
+	l.bySource[c.source] = append(l.bySource[c.source], c)
 	return victim, true
 }
 
-// longestWaiting is the held connection among those of which that is
-// answering no request and has been so longest; one answering a request
-// only when there is none. Called with mu held.
-func (l *ConnLimit) longestWaiting(of func(*limitedConn) bool) *limitedConn {
-	var found *limitedConn
-	for c := range l.held {
-		if !of(c) {
-			continue
-		}
+// longestWaiting is, of found and conns, the connection answering no
+// request that has been so longest; one answering a request only when
+// there is none. Called with mu held.
+func longestWaiting(found *limitedConn, conns []*limitedConn) *limitedConn {
+	for _, c := range conns {
 		if found == nil || (found.active && !c.active) || (found.active == c.active && c.since < found.since) {
 			found = c
 		}
@@ -285,16 +286,21 @@ func (l *ConnLimit) tick() uint64 {
 func (l *ConnLimit) release(c *limitedConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.held[c]; ok {
-		l.drop(c)
-	}
+	l.drop(c)
 }
 
-// drop stops counting c. Called with mu held.
+// drop stops counting c, if it is counted. Called with mu held.
 func (l *ConnLimit) drop(c *limitedConn) {
-	delete(l.held, c)
-	if l.bySource[c.source]--; l.bySource[c.source] <= 0 {
+	conns := l.bySource[c.source]
+	i := slices.Index(conns, c)
+	if i < 0 {
+		return // closed to make room, and counted out then
+	}
+	l.held--
+	if conns = slices.Delete(conns, i, i+1); len(conns) == 0 {
 		delete(l.bySource, c.source)
+	} else {
+		l.bySource[c.source] = conns
 	}
 }
 
@@ -338,7 +344,7 @@ func (l *ConnLimit) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (l *ConnLimit) Collect(ch chan<- prometheus.Metric) {
 	l.mu.Lock()
-	held, closed := len(l.held), l.closed
+	held, closed := l.held, l.closed
 	l.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(l.heldDesc, prometheus.GaugeValue, float64(held))
 	for reason, n := range closed {
