@@ -397,10 +397,20 @@ func (a *app) readDocuments(files []string) ([]document, error) {
 }
 
 func (a *app) readFile(file string) ([]byte, error) {
-	if file == "-" {
-		return io.ReadAll(a.stdin)
+	f, err := a.open(file)
+	if err != nil {
+		return nil, err
 	}
-	return os.ReadFile(file)
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
+// open opens file for reading; "-" is standard input.
+func (a *app) open(file string) (io.ReadCloser, error) {
+	if file == "-" {
+		return io.NopCloser(a.stdin), nil
+	}
+	return os.Open(file)
 }
 
 // parseDocument reads one document: a resource, or a list of them under

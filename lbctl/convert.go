@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -20,7 +21,7 @@ func (a *app) convertCmd() *cobra.Command {
 	mlb := &cobra.Command{
 		Use:   "metallb -f FILE",
 		Short: "Turn MetalLB's resources into Weir's address pools and BGP peers",
-		Long: `Turn MetalLB's resources (metallb.io IPAddressPool, BGPAdvertisement,
+		Long: fmt.Sprintf(`Turn MetalLB's resources (metallb.io IPAddressPool, BGPAdvertisement,
 L2Advertisement, BGPPeer, Community; e.g. the output of
 kubectl get ipaddresspools,bgpadvertisements,l2advertisements,bgppeers,communities -A -o yaml
 split into documents, or the files they were applied from) into Weir's
@@ -29,7 +30,11 @@ apply -f or a resources file) or Weir's Kubernetes custom resources (--to
 crds, for kubectl apply -f; a peer's password becomes a Secret). What Weir
 does not do as MetalLB did is listed at the top of the output as comments,
 and on standard error: nothing is dropped silently. Nothing is sent to the
-server.`,
+server.
+
+The input is read strictly, never the last one winning: a key said twice
+in one mapping is an error naming it and its line, two objects of one
+kind with one name an error naming both. It is at most %d MiB and %d documents in all.`, convert.MaxInputBytes>>20, convert.MaxDocuments),
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if err := checkTo(to); err != nil {
@@ -38,16 +43,11 @@ server.`,
 			if len(files) == 0 {
 				return usageErrorf("no file given: use -f FILE (or -f - for standard input)")
 			}
-			var in strings.Builder
-			for _, f := range files {
-				data, err := a.readFile(f)
-				if err != nil {
-					return err
-				}
-				in.Write(data)
-				in.WriteString("\n---\n")
+			in, err := a.readStream(files, convert.MaxInputBytes)
+			if err != nil {
+				return err
 			}
-			r, err := convert.FromMetalLB(in.String())
+			r, err := convert.FromMetalLB(in)
 			if err != nil {
 				return err
 			}
@@ -93,6 +93,28 @@ to the server.`,
 	res.Flags().StringVar(&rnamespace, "namespace", "weir-system", "the server's namespace, where password Secrets go")
 	cmd.AddCommand(mlb, res)
 	return cmd
+}
+
+// readStream reads files one after the other as one YAML stream, and no
+// more than limit bytes of them: past it, an error.
+func (a *app) readStream(files []string, limit int) (string, error) {
+	var in strings.Builder
+	for _, file := range files {
+		f, err := a.open(file)
+		if err != nil {
+			return "", err
+		}
+		_, err = io.Copy(&in, io.LimitReader(f, int64(limit-in.Len()+1)))
+		f.Close()
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", file, err)
+		}
+		in.WriteString("\n---\n")
+		if in.Len() > limit {
+			return "", fmt.Errorf("%s: more than %d MiB in all: %w", file, limit>>20, convert.ErrTooLarge)
+		}
+	}
+	return in.String(), nil
 }
 
 func checkTo(to string) error {

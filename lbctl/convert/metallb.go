@@ -16,9 +16,16 @@
 // lets several advertisements, of both kinds, select one pool. The first
 // advertisement that selects a pool (in the input's order) is kept and
 // every other is named in a Note.
+//
+// The input is read as kubectl reads it, and strictly: a mapping that says
+// a key twice, or two objects of one kind with one name, is an error, not
+// the last one winning. It is bounded (MaxInputBytes, MaxDocuments), and
+// its conversion takes time in proportion to its size.
 package convert
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -62,12 +69,23 @@ type selector struct {
 	} `json:"matchExpressions,omitempty"`
 }
 
-// matches tells whether labels match s, and whether s could be read (an
-// unknown operator cannot).
-func (s selector) matches(labels map[string]string) (bool, error) {
+// check says what of s cannot be read: an unknown operator.
+func (s selector) check() error {
+	for _, e := range s.MatchExpressions {
+		switch e.Operator {
+		case "In", "NotIn", "Exists", "DoesNotExist":
+		default:
+			return fmt.Errorf("unknown selector operator %q", e.Operator)
+		}
+	}
+	return nil
+}
+
+// matches tells whether labels match s, a selector check passed.
+func (s selector) matches(labels map[string]string) bool {
 	for k, v := range s.MatchLabels {
 		if got, ok := labels[k]; !ok || got != v {
-			return false, nil
+			return false
 		}
 	}
 	for _, e := range s.MatchExpressions {
@@ -75,25 +93,23 @@ func (s selector) matches(labels map[string]string) (bool, error) {
 		switch e.Operator {
 		case "In":
 			if !has || !slices.Contains(e.Values, v) {
-				return false, nil
+				return false
 			}
 		case "NotIn":
 			if has && slices.Contains(e.Values, v) {
-				return false, nil
+				return false
 			}
 		case "Exists":
 			if !has {
-				return false, nil
+				return false
 			}
 		case "DoesNotExist":
 			if has {
-				return false, nil
+				return false
 			}
-		default:
-			return false, fmt.Errorf("unknown selector operator %q", e.Operator)
 		}
 	}
-	return true, nil
+	return true
 }
 
 type meta struct {
@@ -103,12 +119,24 @@ type meta struct {
 }
 
 type object struct {
-	APIVersion string         `json:"apiVersion"`
-	Kind       string         `json:"kind"`
-	Metadata   meta           `json:"metadata"`
-	Spec       map[string]any `json:"spec"`
-	raw        []byte         // the document, read again into its kind's spec
-	parsed     any            // the spec, as its kind's type
+	APIVersion string          `json:"apiVersion"`
+	Kind       string          `json:"kind"`
+	Metadata   meta            `json:"metadata"`
+	Spec       json.RawMessage `json:"spec"`
+	doc        int             // its document's number in the input, from 1
+	parsed     any             // the spec, as its kind's type
+}
+
+// ref names o in notes and errors: "IPAddressPool/public".
+func (o *object) ref() string { return o.Kind + "/" + o.Metadata.Name }
+
+// where names o in an error: "document 3 (IPAddressPool metallb-system/public)".
+func (o *object) where() string {
+	name := o.Metadata.Name
+	if o.Metadata.Namespace != "" {
+		name = o.Metadata.Namespace + "/" + name
+	}
+	return fmt.Sprintf("document %d (%s %s)", o.doc, o.Kind, name)
 }
 
 type poolSpec struct {
@@ -135,6 +163,16 @@ type advertisementSpec struct {
 	Peers               []string `json:"peers,omitempty"`
 	// L2 only.
 	Interfaces []string `json:"interfaces,omitempty"`
+}
+
+// check says what of s cannot be read: a pool selector's unknown operator.
+func (s *advertisementSpec) check() error {
+	for i, sel := range s.IPAddressPoolSelectors {
+		if err := sel.check(); err != nil {
+			return fmt.Errorf("spec.ipAddressPoolSelectors[%d]: %w", i, err)
+		}
+	}
+	return nil
 }
 
 type peerSpec struct {
@@ -170,31 +208,48 @@ var peerFields = map[string]string{
 	"passwordSecret": "Weir reads no Secrets: the password is to be set in the BgpPeer",
 }
 
+// MaxInputBytes bounds the input FromMetalLB takes: 32 MiB, a thousand
+// times a large MetalLB configuration. The conversion holds a few times
+// its input in memory; read the input through an io.LimitReader so that
+// no more than this is read.
+const MaxInputBytes = 32 << 20
+
+// MaxDocuments bounds the input's documents (blank ones aside), counted
+// before any is read.
+const MaxDocuments = 100_000
+
+// ErrTooLarge is the error of an input past MaxInputBytes or MaxDocuments.
+var ErrTooLarge = errors.New("too large for a MetalLB configuration")
+
 // FromMetalLB reads MetalLB's objects from a YAML stream (documents of kind
 // IPAddressPool, BGPAdvertisement, L2Advertisement, BGPPeer, Community in
 // the metallb.io group; others are named in a Note) and returns Weir's.
 func FromMetalLB(data string) (*Result, error) {
-	var objs []*object
-	for i, doc := range yamldocs.Split(data) {
-		if strings.TrimSpace(stripComments(doc)) == "" {
-			continue
-		}
-		o := &object{raw: []byte(doc)}
-		if err := yaml.Unmarshal(o.raw, o); err != nil {
-			return nil, fmt.Errorf("document %d: %w", i+1, err)
-		}
-		objs = append(objs, o)
+	if len(data) > MaxInputBytes {
+		return nil, fmt.Errorf("%d bytes, more than %d MiB: %w", len(data), MaxInputBytes>>20, ErrTooLarge)
+	}
+	objs, err := readObjects(data)
+	if err != nil {
+		return nil, err
 	}
 	r := &Result{}
 	var pools, bgpAds, l2Ads, peers []*object
 	communities := map[string]string{}
+	definedBy := map[string]*object{} // a community's name: the Community that defines it
+	// MetalLB reads its objects from one namespace, an advertisement names
+	// its pools without one and Weir's pools and peers have none: a name
+	// is one object of a kind.
+	named := map[string]*object{}
 	for _, o := range objs {
 		group, _, _ := strings.Cut(o.APIVersion, "/")
-		ref := o.Kind + "/" + o.Metadata.Name
 		if group != "metallb.io" {
-			r.Notes = append(r.Notes, Note{Object: ref, Says: fmt.Sprintf("not a MetalLB object (%s): left out", o.APIVersion)})
+			r.Notes = append(r.Notes, Note{Object: o.ref(), Says: fmt.Sprintf("not a MetalLB object (%s): left out", o.APIVersion)})
 			continue
 		}
+		if first, ok := named[o.ref()]; ok {
+			return nil, fmt.Errorf("%s: the kind and name of %s: which one is meant?", o.where(), first.where())
+		}
+		named[o.ref()] = o
 		var err error
 		switch o.Kind {
 		case "IPAddressPool":
@@ -203,7 +258,9 @@ func FromMetalLB(data string) (*Result, error) {
 			pools = append(pools, o)
 		case "BGPAdvertisement", "L2Advertisement":
 			var s advertisementSpec
-			err, o.parsed = spec(o, &s), &s
+			if err, o.parsed = spec(o, &s), &s; err == nil {
+				err = s.check()
+			}
 			if o.Kind == "BGPAdvertisement" {
 				bgpAds = append(bgpAds, o)
 			} else {
@@ -215,23 +272,28 @@ func FromMetalLB(data string) (*Result, error) {
 			peers = append(peers, o)
 		case "Community":
 			var s communitySpec
-			if err = spec(o, &s); err == nil {
-				for _, c := range s.Communities {
-					communities[c.Name] = c.Value
+			err = spec(o, &s)
+			for _, c := range s.Communities {
+				if first, ok := definedBy[c.Name]; ok && err == nil {
+					err = fmt.Errorf("spec.communities: %q is defined by %s too: which value is meant?", c.Name, first.where())
 				}
+				communities[c.Name], definedBy[c.Name] = c.Value, o
 			}
 		default:
-			r.Notes = append(r.Notes, Note{Object: ref, Says: "Weir has no equivalent: left out"})
+			r.Notes = append(r.Notes, Note{Object: o.ref(), Says: "Weir has no equivalent: left out"})
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", ref, err)
+			return nil, fmt.Errorf("%s: %w", o.where(), err)
 		}
 	}
+	ads := indexAdvertisements(slices.Concat(bgpAds, l2Ads))
+	used := make([]bool, len(ads.all))
 	for _, o := range pools {
-		pool, notes, err := convertPool(o, bgpAds, l2Ads, communities)
-		if err != nil {
-			return nil, err
+		mine := ads.selecting(o)
+		for _, ad := range mine {
+			used[ad] = true
 		}
+		pool, notes := convertPool(o, ads.pick(mine), communities)
 		r.Pools = append(r.Pools, pool)
 		r.Notes = append(r.Notes, notes...)
 	}
@@ -241,61 +303,134 @@ func FromMetalLB(data string) (*Result, error) {
 		r.Notes = append(r.Notes, notes...)
 	}
 	// An advertisement that selects no pool says nothing.
-	for _, ad := range slices.Concat(bgpAds, l2Ads) {
-		used := false
-		for _, p := range pools {
-			ok, _ := selects(ad, p)
-			used = used || ok
-		}
-		if !used {
-			r.Notes = append(r.Notes, Note{Object: ad.Kind + "/" + ad.Metadata.Name, Says: "selects no IPAddressPool of the input: left out"})
+	for i, ad := range ads.all {
+		if !used[i] {
+			r.Notes = append(r.Notes, Note{Object: ad.ref(), Says: "selects no IPAddressPool of the input: left out"})
 		}
 	}
 	return r, nil
 }
 
+// readObjects reads the objects of a YAML stream, strictly as kubectl
+// reads them: a key said twice in a mapping is a mistake (which one was
+// meant?), not the last one winning.
+func readObjects(data string) ([]*object, error) {
+	docs := yamldocs.Split(data)
+	count := 0
+	for _, doc := range docs {
+		if strings.TrimSpace(doc) != "" {
+			count++
+		}
+	}
+	if count > MaxDocuments {
+		return nil, fmt.Errorf("%d documents, more than %d: %w", count, MaxDocuments, ErrTooLarge)
+	}
+	var objs []*object
+	line := 1 // of the input, where the document starts
+	for _, doc := range docs {
+		start, n := line, len(objs)+1
+		line += strings.Count(doc, "\n") // Split keeps every line break
+		j, err := yaml.YAMLToJSONStrict([]byte(doc))
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", n, inputLines(doc, start, err))
+		}
+		if string(j) == "null" { // only comments, or nothing
+			continue
+		}
+		o := &object{doc: n}
+		if err := json.Unmarshal(j, o); err != nil {
+			return nil, fmt.Errorf("document %d: %w", n, err)
+		}
+		objs = append(objs, o)
+	}
+	return objs, nil
+}
+
+// inputLines is err, the YAML reader's error of doc, with the lines of
+// the input rather than of the document (doc starts on the input's line
+// start), on one line: the document is read again after as many empty
+// lines, so the reader itself says where.
+func inputLines(doc string, start int, err error) error {
+	if _, again := yaml.YAMLToJSONStrict([]byte(strings.Repeat("\n", start-1) + doc)); again != nil {
+		err = again
+	}
+	return oneLine{err}
+}
+
+// oneLine is an error whose text is on one line ("yaml: unmarshal errors:
+// line 9: key \"addresses\" already set in map").
+type oneLine struct{ error }
+
+func (e oneLine) Error() string { return strings.Join(strings.Fields(e.error.Error()), " ") }
+func (e oneLine) Unwrap() error { return e.error }
+
 // spec reads the object's spec as its kind's type.
 func spec(o *object, into any) error {
-	var doc struct {
-		Spec any `json:"spec"`
+	if len(o.Spec) == 0 {
+		return nil
 	}
-	doc.Spec = into
-	return yaml.Unmarshal(o.raw, &doc)
+	if err := json.Unmarshal(o.Spec, into); err != nil {
+		return fmt.Errorf("spec: %w", err)
+	}
+	return nil
 }
 
-// stripComments drops comment lines, to tell an empty document.
-func stripComments(doc string) string {
-	var b strings.Builder
-	for l := range strings.Lines(doc) {
-		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
-			b.WriteString(l)
+// advertisements are the input's BGP and L2 advertisements, indexed by
+// what they select, so that a pool finds its own without reading every
+// one: a conversion's time grows with its input, not with pools times
+// advertisements.
+type advertisements struct {
+	all      []*object        // BGP ones, then L2 ones, each in the input's order
+	byName   map[string][]int // of all, those that name a pool, by its name
+	bySelect []int            // of all, those with pool selectors
+	forAll   []int            // of all, those that name and select nothing: every pool
+}
+
+func indexAdvertisements(all []*object) *advertisements {
+	a := &advertisements{all: all, byName: map[string][]int{}}
+	for i, ad := range all {
+		s := ad.parsed.(*advertisementSpec)
+		for _, p := range s.IPAddressPools {
+			a.byName[p] = append(a.byName[p], i)
+		}
+		if len(s.IPAddressPoolSelectors) > 0 {
+			a.bySelect = append(a.bySelect, i)
+		}
+		if len(s.IPAddressPools) == 0 && len(s.IPAddressPoolSelectors) == 0 {
+			a.forAll = append(a.forAll, i)
 		}
 	}
-	return b.String()
+	return a
 }
 
-// selects tells whether advertisement ad selects pool p: by name, by
-// label selector, or (neither given) every pool.
-func selects(ad, p *object) (bool, error) {
-	s := ad.parsed.(*advertisementSpec)
-	if len(s.IPAddressPools) == 0 && len(s.IPAddressPoolSelectors) == 0 {
-		return true, nil
-	}
-	if slices.Contains(s.IPAddressPools, p.Metadata.Name) {
-		return true, nil
-	}
-	for _, sel := range s.IPAddressPoolSelectors {
-		ok, err := sel.matches(p.Metadata.Labels)
-		if err != nil || ok {
-			return ok, err
+// selecting lists the advertisements that select pool p, in order: by
+// name, by a label selector, or (neither given) every pool.
+func (a *advertisements) selecting(p *object) []int {
+	mine := slices.Concat(a.byName[p.Metadata.Name], a.forAll)
+	for _, i := range a.bySelect {
+		sels := a.all[i].parsed.(*advertisementSpec).IPAddressPoolSelectors
+		if slices.ContainsFunc(sels, func(s selector) bool { return s.matches(p.Metadata.Labels) }) {
+			mine = append(mine, i)
 		}
 	}
-	return false, nil
+	slices.Sort(mine)
+	return slices.Compact(mine)
 }
 
-func convertPool(o *object, bgpAds, l2Ads []*object, communities map[string]string) (*weirv1.AddressPool, []Note, error) {
+// pick is the advertisements of indexes.
+func (a *advertisements) pick(indexes []int) []*object {
+	out := make([]*object, len(indexes))
+	for i, ad := range indexes {
+		out[i] = a.all[ad]
+	}
+	return out
+}
+
+// convertPool is pool o, advertised by mine (those that select it, in
+// order).
+func convertPool(o *object, mine []*object, communities map[string]string) (*weirv1.AddressPool, []Note) {
 	s := o.parsed.(*poolSpec)
-	ref := "IPAddressPool/" + o.Metadata.Name
+	ref := o.ref()
 	var notes []Note
 	note := func(field, says string) { notes = append(notes, Note{Object: ref, Field: field, Says: says}) }
 	pool := &weirv1.AddressPool{Metadata: &weirv1.ObjectMeta{Name: o.Metadata.Name, Labels: o.Metadata.Labels}, Addresses: s.Addresses}
@@ -316,33 +451,23 @@ func convertPool(o *object, bgpAds, l2Ads []*object, communities map[string]stri
 			note("spec.serviceAllocation.serviceSelectors", "Weir selects services by labels that must all match (matchLabels of one selector): left out")
 		}
 	}
-	var mine []*object
-	for _, ad := range slices.Concat(bgpAds, l2Ads) {
-		ok, err := selects(ad, o)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s/%s: %w", ad.Kind, ad.Metadata.Name, err)
-		}
-		if ok {
-			mine = append(mine, ad)
-		}
-	}
 	if len(mine) == 0 {
 		note("", "no advertisement selects it, so MetalLB assigns its addresses without announcing them; Weir announces every pool over BGP unless it is an L2 pool")
-		return pool, notes, nil
+		return pool, notes
 	}
 	for _, other := range mine[1:] {
-		note("", fmt.Sprintf("%s/%s also selects it: Weir advertises a pool one way, with one set of attributes, and keeps %s/%s; split the pool to keep both", other.Kind, other.Metadata.Name, mine[0].Kind, mine[0].Metadata.Name))
+		note("", fmt.Sprintf("%s also selects it: Weir advertises a pool one way, with one set of attributes, and keeps %s; split the pool to keep both", other.ref(), mine[0].ref()))
 	}
 	ad := mine[0]
 	as := ad.parsed.(*advertisementSpec)
-	adRef := ad.Kind + "/" + ad.Metadata.Name
+	adRef := ad.ref()
 	selector, ok := nodeSelector(as.NodeSelectors)
 	if ad.Kind == "L2Advertisement" {
 		pool.L2Advertisement = &weirv1.L2Advertisement{Interfaces: as.Interfaces, NodeSelector: selector}
 		if !ok {
 			notes = append(notes, Note{Object: adRef, Field: "spec.nodeSelectors", Says: "Weir selects nodes by labels that must all match (matchLabels of one selector): the pool is answered from every node"})
 		}
-		return pool, notes, nil
+		return pool, notes
 	}
 	bgp := &weirv1.BgpAdvertisement{LocalPreference: as.LocalPref, Peers: as.Peers}
 	if l := as.AggregationLength; l != nil && *l != 32 {
@@ -370,7 +495,7 @@ func convertPool(o *object, bgpAds, l2Ads []*object, communities map[string]stri
 		notes = append(notes, Note{Object: adRef, Field: "spec.nodeSelectors", Says: "Weir chooses the announcing nodes per peer (the BgpPeer's node_selector) and by max_announcing_nodes, not per advertisement: every node peering announces the pool"})
 	}
 	pool.BgpAdvertisement = bgp
-	return pool, notes, nil
+	return pool, notes
 }
 
 // nodeSelector is the one matchLabels selector Weir can express; ok is
@@ -387,7 +512,7 @@ func nodeSelector(sels []selector) (map[string]string, bool) {
 
 func convertPeer(o *object) (*weirv1.BgpPeer, []Note) {
 	s := o.parsed.(*peerSpec)
-	ref := "BGPPeer/" + o.Metadata.Name
+	ref := o.ref()
 	var notes []Note
 	peer := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: o.Metadata.Name, Labels: o.Metadata.Labels},
 		Address: s.PeerAddress, Asn: s.PeerASN, MyAsn: s.MyASN, Port: int32(s.PeerPort), Password: s.Password,
@@ -408,7 +533,9 @@ func convertPeer(o *object) (*weirv1.BgpPeer, []Note) {
 	if !ok {
 		notes = append(notes, Note{Object: ref, Field: "spec.nodeSelectors", Says: "Weir selects nodes by labels that must all match (matchLabels of one selector): every node peers"})
 	}
-	for _, f := range slices.Sorted(maps.Keys(o.Spec)) {
+	var given map[string]json.RawMessage
+	json.Unmarshal(o.Spec, &given) // read as a peerSpec already: an object, or nothing
+	for _, f := range slices.Sorted(maps.Keys(given)) {
 		if says, ok := peerFields[f]; ok && says != "" {
 			notes = append(notes, Note{Object: ref, Field: "spec." + f, Says: says})
 		}

@@ -1,10 +1,14 @@
 package convert
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -84,6 +88,136 @@ func TestBadInputIsRefused(t *testing.T) {
 	} {
 		if _, err := FromMetalLB(doc); err == nil {
 			t.Errorf("%s: converted without error", name)
+		}
+	}
+}
+
+// TestAKeySaidTwiceIsRefused: YAML lets a mapping say a key twice and
+// readers keep the last; a pool whose addresses are said twice, the
+// second time all of IPv4, is refused, naming the document, the key and
+// its line, wherever the mapping is.
+func TestAKeySaidTwiceIsRefused(t *testing.T) {
+	pool := "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: ok\nspec:\n  addresses: [192.0.2.0/28]\n---\n"
+	for name, tc := range map[string]struct{ doc, want string }{
+		// The second document's lines are the input's, from 8.
+		"in the spec": {pool + "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: public\nspec:\n  addresses: [203.0.113.0/28]\n  addresses: [0.0.0.0/0]\n",
+			`document 2: yaml: unmarshal errors: line 14: key "addresses" already set in map`},
+		"at the top": {pool + "apiVersion: metallb.io/v1beta1\nkind: BGPPeer\nkind: IPAddressPool\nmetadata:\n  name: p\n",
+			`document 2: yaml: unmarshal errors: line 10: key "kind" already set in map`},
+		"in a list's mapping": {pool + "apiVersion: metallb.io/v1beta1\nkind: Community\nmetadata:\n  name: c\nspec:\n  communities:\n  - name: a\n    value: 64512:1\n    value: 64512:2\n",
+			`document 2: yaml: unmarshal errors: line 16: key "value" already set in map`},
+		"in the first document": {"apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: public\n  name: other\n",
+			`document 1: yaml: unmarshal errors: line 5: key "name" already set in map`},
+	} {
+		_, err := FromMetalLB(tc.doc)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one saying %q", name, err, tc.want)
+		}
+	}
+}
+
+// TestTwoObjectsOfOneNameAreRefused: two objects of one kind and one name
+// (in one namespace or not: MetalLB reads one, advertisements name pools
+// without it, and Weir's pools and peers have none) are refused, naming
+// both documents; so is a community name that two Communities define.
+func TestTwoObjectsOfOneNameAreRefused(t *testing.T) {
+	obj := func(kind, ns, name, spec string) string {
+		return fmt.Sprintf("apiVersion: metallb.io/v1beta1\nkind: %s\nmetadata:\n  name: %s\n  namespace: %s\nspec:\n%s---\n", kind, name, ns, spec)
+	}
+	pool := func(ns, addrs string) string { return obj("IPAddressPool", ns, "public", "  addresses: ["+addrs+"]\n") }
+	for name, tc := range map[string]struct{ in, want string }{
+		"two pools": {pool("metallb-system", "203.0.113.0/28") + pool("metallb-system", "0.0.0.0/0"),
+			"document 2 (IPAddressPool metallb-system/public): the kind and name of document 1 (IPAddressPool metallb-system/public)"},
+		"two pools in two namespaces": {pool("metallb-system", "203.0.113.0/28") + obj("BGPPeer", "metallb-system", "public", "  peerAddress: 192.0.2.1\n") + pool("other", "0.0.0.0/0"),
+			"document 3 (IPAddressPool other/public): the kind and name of document 1 (IPAddressPool metallb-system/public)"},
+		"two peers": {obj("BGPPeer", "metallb-system", "tor", "  peerAddress: 192.0.2.1\n") + obj("BGPPeer", "metallb-system", "tor", "  peerAddress: 192.0.2.66\n"),
+			"document 2 (BGPPeer metallb-system/tor): the kind and name of document 1 (BGPPeer metallb-system/tor)"},
+		"two advertisements": {obj("L2Advertisement", "metallb-system", "a", "  ipAddressPools: [x]\n") + obj("L2Advertisement", "metallb-system", "a", "  ipAddressPools: [y]\n"),
+			"document 2 (L2Advertisement metallb-system/a): the kind and name of document 1 (L2Advertisement metallb-system/a)"},
+		"a community defined twice": {obj("Community", "metallb-system", "c1", "  communities:\n  - {name: no-export, value: '65535:65281'}\n") +
+			obj("Community", "metallb-system", "c2", "  communities:\n  - {name: no-export, value: '64512:1'}\n"),
+			`document 2 (Community metallb-system/c2): spec.communities: "no-export" is defined by document 1 (Community metallb-system/c1) too`},
+	} {
+		_, err := FromMetalLB(tc.in)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one saying %q", name, err, tc.want)
+		}
+	}
+	// One name in two kinds is two objects.
+	if _, err := FromMetalLB(pool("metallb-system", "203.0.113.0/28") + obj("BGPAdvertisement", "metallb-system", "public", "  ipAddressPools: [public]\n")); err != nil {
+		t.Errorf("a pool and an advertisement of one name: %v", err)
+	}
+}
+
+// TestTheInputIsBounded: past MaxInputBytes or MaxDocuments the input is
+// refused, saying so, before anything of it is converted.
+func TestTheInputIsBounded(t *testing.T) {
+	pool := "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: p\nspec:\n  addresses: [192.0.2.0/28]\n---\n"
+	big := pool + "# " + strings.Repeat("x", MaxInputBytes) + "\n"
+	if _, err := FromMetalLB(big); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "more than 32 MiB") {
+		t.Errorf("%d bytes: error %v, want %v saying more than 32 MiB", len(big), err, ErrTooLarge)
+	}
+	many := strings.Repeat(pool, MaxDocuments+1)
+	if _, err := FromMetalLB(many); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "100001 documents, more than 100000") {
+		t.Errorf("%d documents: error %v, want %v saying more than 100000 documents", MaxDocuments+1, err, ErrTooLarge)
+	}
+}
+
+// manyPools is n pools, each with a BGP advertisement that names it.
+func manyPools(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: pool%d\nspec:\n  addresses: [10.%d.%d.0/24]\n---\n", i, i/256, i%256)
+	}
+	for i := range n {
+		fmt.Fprintf(&b, "apiVersion: metallb.io/v1beta1\nkind: BGPAdvertisement\nmetadata:\n  name: ad%d\nspec:\n  ipAddressPools: [pool%d]\n  localPref: %d\n---\n", i, i, i+1)
+	}
+	return b.String()
+}
+
+// TestTenThousandPoolsConvertInLinearTime: 10,000 pools and 10,000
+// advertisements (each naming its pool) convert in well under the time a
+// scan of every advertisement for every pool takes (11 s of CPU
+// measured), and each pool gets its own advertisement. CPU time, not wall
+// time, so that a busy machine does not fail it.
+func TestTenThousandPoolsConvertInLinearTime(t *testing.T) {
+	in := manyPools(10_000)
+	before := cpuTime(t)
+	r, err := FromMetalLB(in)
+	took := cpuTime(t) - before
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Alone, about half a second, most of it reading YAML.
+	if took > 3*time.Second {
+		t.Errorf("10,000 pools x 10,000 advertisements took %v of CPU, want under 3 s", took)
+	}
+	t.Logf("10,000 pools x 10,000 advertisements: %v of CPU", took)
+	if len(r.Pools) != 10_000 || len(r.Notes) != 0 {
+		t.Fatalf("%d pools, %d notes; want 10000 pools, no notes", len(r.Pools), len(r.Notes))
+	}
+	for i, p := range r.Pools {
+		if got := p.GetBgpAdvertisement().GetLocalPreference(); got != uint32(i+1) {
+			t.Fatalf("pool %s: local preference %d, want %d (its own advertisement's)", p.GetMetadata().GetName(), got, i+1)
+		}
+	}
+}
+
+// cpuTime is the CPU time the test's process has used.
+func cpuTime(t *testing.T) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func BenchmarkFromMetalLB10kPools(b *testing.B) {
+	in := manyPools(10_000)
+	for b.Loop() {
+		if _, err := FromMetalLB(in); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
