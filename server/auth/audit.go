@@ -25,15 +25,19 @@ import (
 // AuditOptions log one line (message "audit") for every write the API is
 // asked for, whatever its result, and every call it denies: who (the
 // certificate's name and role, or the peer's address in plain text), the
-// method, the resource (every one of an Apply), the result, whether it
-// was a dry run (validate_only: nothing written) and, for a write done,
-// its revision. Writes are INFO, denials WARN, and writes the server
-// failed to make (Internal, Unavailable, DataLoss, Unknown) ERROR. They
-// come first in the chain, so the denials of the roles are seen.
+// method, the resource (for an Apply, how many it carries), the result,
+// whether it was a dry run (validate_only: nothing written) and, for a
+// write done, its revision. An Apply done adds one line for each resource
+// it wrote (kind, resource, created or replaced), so that a change among
+// many is named as plainly as one alone. Writes are INFO, denials WARN,
+// and writes the server failed to make (Internal, Unavailable, DataLoss,
+// Unknown) ERROR. They come first in the chain, so the denials of the
+// roles are seen.
 //
-// A caller cannot flood the log: each value is cut to MaxAuditValue bytes,
-// and a caller's denied calls log at most deniedBurst lines, then one a
-// second, with the count of those left out.
+// A caller cannot flood the log: each value is cut to MaxAuditValue bytes
+// (a line has a fixed set of values), and a caller's denied calls log at
+// most deniedBurst lines, then one a second, with the count of those left
+// out.
 func AuditOptions(log *slog.Logger) []grpc.ServerOption {
 	a := &auditor{log: log, denials: map[string]*denials{}}
 	return []grpc.ServerOption{
@@ -90,19 +94,23 @@ func (a *auditor) audit(ctx context.Context, method string, req, resp any, err e
 			return
 		}
 	}
-	attrs := []any{"who", short(who), "method", short(strings.TrimPrefix(method, "/")), "result", code.String()}
+	call := []any{"who", short(who), "method", short(strings.TrimPrefix(method, "/")), "result", code.String()}
+	attrs := slices.Clone(call)
 	if r := resource(req); r != "" {
 		attrs = append(attrs, "resource", short(r))
 	}
-	dryRun := boolField(req, "validate_only")
-	if rs := applied(req, resp, dryRun); rs != "" {
-		attrs = append(attrs, "resources", short(rs))
+	batch, isApply := req.(*weirv1.ApplyRequest)
+	if isApply {
+		attrs = append(attrs, "resources", len(batch.GetResources()))
 	}
+	dryRun := boolField(req, "validate_only")
 	if dryRun {
 		attrs = append(attrs, "dry_run", true)
 	}
+	revision := ""
 	if err == nil {
 		if rv := field(resp, "resource_version"); rv != "" && !dryRun {
+			revision = rv
 			attrs = append(attrs, "revision", rv)
 		}
 	} else {
@@ -121,6 +129,11 @@ func (a *auditor) audit(ctx context.Context, method string, req, resp any, err e
 		level = slog.LevelError
 	}
 	a.log.Log(ctx, level, "audit", attrs...)
+	if isApply && revision != "" {
+		for _, w := range applied(batch, resp) {
+			a.log.Log(ctx, level, "audit", append(slices.Clone(call), "kind", w.kind, "resource", short(w.name), "verb", w.verb, "revision", revision)...)
+		}
+	}
 }
 
 // allowDenial says whether a denied call of who gets its line, and how
@@ -164,36 +177,33 @@ func (a *auditor) forgetOldest() {
 // short cuts s to MaxAuditValue bytes.
 func short(s string) string { return bounded.String(s, MaxAuditValue) }
 
-// applied names every resource of an Apply: "kind namespace/name", with
-// "created" or "replaced" when it was done ("would be ..." in a dry run).
-func applied(req, resp any, dryRun bool) string {
-	ar, ok := req.(*weirv1.ApplyRequest)
-	if !ok {
-		return ""
+// write is one resource an Apply wrote.
+type write struct {
+	kind string // "addresspool"
+	name string // "namespace/name"
+	verb string // "created", "replaced"
+}
+
+// applied lists the resources req wrote, in its order, as resp says.
+func applied(req *weirv1.ApplyRequest, resp any) []write {
+	r, ok := resp.(*weirv1.ApplyResponse)
+	if !ok || r == nil {
+		return nil
 	}
-	results := map[int]bool{}
-	if r, ok := resp.(*weirv1.ApplyResponse); ok && r != nil {
-		for i, res := range r.GetResults() {
-			results[i] = res.GetCreated()
+	var out []write
+	for i, res := range r.GetResults() {
+		if i >= len(req.GetResources()) {
+			break
 		}
-	}
-	var out []string
-	for i, res := range ar.GetResources() {
 		var kind string
-		res.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, _ protoreflect.Value) bool {
+		req.GetResources()[i].ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, _ protoreflect.Value) bool {
 			kind = string(fd.Name())
 			return false
 		})
-		name := strings.ReplaceAll(kind, "_", "") + " " + resource(res)
-		if created, done := results[i]; done {
-			if dryRun {
-				name += " would be"
-			}
-			name += map[bool]string{true: " created", false: " replaced"}[created]
-		}
-		out = append(out, name)
+		out = append(out, write{kind: strings.ReplaceAll(kind, "_", ""), name: resource(req.GetResources()[i]),
+			verb: map[bool]string{true: "created", false: "replaced"}[res.GetCreated()]})
 	}
-	return strings.Join(out, ", ")
+	return out
 }
 
 // boolField reads a top-level bool field of a message.

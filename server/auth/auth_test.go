@@ -211,9 +211,9 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// An Apply's audit line names every resource, and a dry run says so and
-// carries no revision; a caller denied again and again, with names of
-// megabytes, writes a bounded log.
+// An Apply's audit lines name every resource it wrote, and a dry run's
+// line says so and carries no revision; a caller denied again and again,
+// with names of megabytes, writes a bounded log.
 func TestAuditNamesWhatApplyChangedAndCannotBeFlooded(t *testing.T) {
 	dir, addr, auditLines := auditedServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -231,12 +231,14 @@ func TestAuditNamesWhatApplyChangedAndCannotBeFlooded(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := auditLines()
-	if len(lines) != 2 {
-		t.Fatalf("audit lines:\n%s\nwant 2", strings.Join(lines, "\n"))
+	if len(lines) != 4 {
+		t.Fatalf("audit lines:\n%s\nwant 4", strings.Join(lines, "\n"))
 	}
 	for i, want := range [][]string{
-		{`resources="node node1 would be created, addresspool public would be created"`, "dry_run=true"},
-		{`resources="node node1 created, addresspool public created"`, "revision="},
+		{"resources=2", "dry_run=true"},
+		{"resources=2", "revision="},
+		{"kind=node resource=node1 verb=created", "revision="},
+		{"kind=addresspool resource=public verb=created", "revision="},
 	} {
 		for _, w := range want {
 			if !strings.Contains(lines[i], w) {
