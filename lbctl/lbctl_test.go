@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/weirlb/weir/internal/yamldocs"
+	"github.com/weirlb/weir/lbctl/convert"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/certs"
@@ -780,7 +782,8 @@ func TestDrainAndUncordon(t *testing.T) {
 
 // A drain's timeout: checked before anything is asked (a usage error, the
 // node left as it was), a deadline the node is read back with (and apply
-// takes as no change), cleared by a drain without one.
+// takes as no change), kept by a drain again without one, changed by one
+// with a timeout (cleared with 0), each saying what it did.
 func TestDrainTimeout(t *testing.T) {
 	e := newEnv(t)
 	e.mustLbctl(fixture, "apply", "-f", "-")
@@ -817,8 +820,22 @@ func TestDrainTimeout(t *testing.T) {
 	if got := e.mustLbctl(e.mustLbctl("", "get", "node", "node1", "-o", "yaml"), "apply", "-f", "-"); got != "node/node1 unchanged\n" || !proto.Equal(deadline(), d) {
 		t.Errorf("applying a node with a deadline back: %q, deadline %v; want unchanged, %v", got, deadline(), d)
 	}
-	if out := e.mustLbctl("", "node", "drain", "node1"); out != "node/node1 drained\n" || deadline() != nil {
-		t.Errorf("drained again without a timeout: %q, deadline %v; want none", out, deadline())
+	// Drained again: without a timeout the deadline stays; a timeout
+	// changes it, 0 clears it, and each says what became of it.
+	at := func(d *timestamppb.Timestamp) string { return d.AsTime().Format(time.RFC3339) }
+	if out := e.mustLbctl("", "node", "drain", "node1"); out != "node/node1 already drained; drain deadline kept at "+at(d)+"\n" || !proto.Equal(deadline(), d) {
+		t.Errorf("drained again without a timeout: %q, deadline %v; want %v kept", out, deadline(), d)
+	}
+	out = e.mustLbctl("", "node", "drain", "node1", "--drain-timeout", "1h")
+	later := deadline()
+	if want := "node/node1 already drained; drain deadline changed from " + at(d) + " to " + at(later) + "\n"; out != want || !later.AsTime().After(d.AsTime()) {
+		t.Errorf("drained again for an hour: %q, deadline %v; want %q, after %v", out, later, want, d)
+	}
+	if out := e.mustLbctl("", "node", "drain", "node1", "--drain-timeout", "0"); out != "node/node1 already drained; drain deadline changed from "+at(later)+" to none\n" || deadline() != nil {
+		t.Errorf("drained again with --drain-timeout 0: %q, deadline %v; want cleared", out, deadline())
+	}
+	if out := e.mustLbctl("", "node", "drain", "node1"); out != "node/node1 already drained; no drain deadline\n" || deadline() != nil {
+		t.Errorf("drained again without a deadline: %q, deadline %v", out, deadline())
 	}
 }
 
@@ -1790,7 +1807,13 @@ func TestApplyOfManyDocumentsIsTwoCalls(t *testing.T) {
 	writes := func() int {
 		mu.Lock()
 		defer mu.Unlock()
-		n := strings.Count(buf.String(), "msg=audit")
+		// One audit line a call; an Apply's resources' lines (verb=) follow it.
+		n := 0
+		for l := range strings.Lines(buf.String()) {
+			if strings.Contains(l, "msg=audit") && !strings.Contains(l, " verb=") {
+				n++
+			}
+		}
 		buf.Reset()
 		return n
 	}
@@ -1848,6 +1871,38 @@ func TestConvertMetalLBAppliesAsIs(t *testing.T) {
 			t.Errorf("get pools -o wide has no %q:\n%s", row, got)
 		}
 	}
+}
+
+// TestConvertMetalLBReadsABoundedInput: an input past convert's limit (32
+// MiB) is refused, saying so, after reading no more than the limit of it:
+// the memory of a conversion is bounded, whatever is piped in.
+func TestConvertMetalLBReadsABoundedInput(t *testing.T) {
+	in := &commentStream{size: 64 << 20}
+	var out, errOut bytes.Buffer
+	a := &app{stdin: in, stdout: &out, stderr: &errOut, now: time.Now}
+	code := a.run(context.Background(), []string{"convert", "metallb", "-f", "-"})
+	if code == 0 || !strings.Contains(errOut.String(), "-: more than 32 MiB in all") {
+		t.Errorf("64 MiB in: exit %d, stderr %q; want an error saying more than 32 MiB", code, errOut.String())
+	}
+	if in.read > convert.MaxInputBytes+1 {
+		t.Errorf("read %d bytes of the input, want no more than the limit (%d) and one", in.read, convert.MaxInputBytes)
+	}
+}
+
+// commentStream is YAML comment lines, size bytes of them.
+type commentStream struct{ size, read int }
+
+func (c *commentStream) Read(p []byte) (int, error) {
+	const line = "# padding\n"
+	n := min(len(p), c.size-c.read)
+	if n == 0 {
+		return 0, io.EOF
+	}
+	for i := range n {
+		p[i] = line[(c.read+i)%len(line)]
+	}
+	c.read += n
+	return n, nil
 }
 
 // TestConvertResourcesToCustomResources: lbctl's pools and peers become

@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/internal/draintimeout"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
@@ -33,8 +35,9 @@ serves (TCP connections to a load-balancer IP, an external IP or one of
 its node ports) and their clients are reset at their next packet, so that
 the node can be taken down without leaving them hanging. lbctl describe
 node shows the deadline and how many connections are left (counted every
-2 s). Draining a drained node again sets a new deadline, or clears it
-without --drain-timeout.
+2 s). Draining a drained node again keeps its deadline, so that a drain
+repeated to make sure moves nothing; with --drain-timeout it replaces the
+deadline (--drain-timeout=0 clears it), and lbctl says what it was.
 
 Uncordon undoes it. Either works whichever source (native or kubernetes)
 owns the node, and survives server restarts.`,
@@ -45,29 +48,29 @@ owns the node, and survives server restarts.`,
 		Short: "Stop new external traffic to a node (see lbctl node --help for established connections)",
 		Args:  cobra.ExactArgs(1),
 	}
-	drain.Flags().DurationVar(&timeout, "drain-timeout", 0, "end the external connections the node still serves this long after the drain (whole seconds, at most 168h); 0: let them run until they end")
+	drain.Flags().DurationVar(&timeout, "drain-timeout", 0, "end the external connections the node still serves this long after the drain (whole seconds, at most 168h); 0: no deadline, they run until they end. Not given, a drained node keeps the deadline it has")
 	uncordon := &cobra.Command{
 		Use:   "uncordon NODE",
 		Short: "Let a drained node receive external traffic again",
 		Args:  cobra.ExactArgs(1),
 	}
 	for _, v := range []struct {
-		cmd  *cobra.Command
-		done string
-		// call returns the node and the store revision of the change.
-		call func(ctx context.Context, c client, name string) (*weirv1.Node, uint64, error)
+		cmd *cobra.Command
+		// call makes the change and says what it did, with the store
+		// revision of the change.
+		call func(ctx context.Context, c client, name string) (said string, rev uint64, err error)
 	}{
-		{drain, "drained", func(ctx context.Context, c client, name string) (*weirv1.Node, uint64, error) {
+		{drain, func(ctx context.Context, c client, name string) (string, uint64, error) {
 			req := &weirv1.DrainNodeRequest{Name: name}
-			if timeout != 0 {
+			if drain.Flags().Changed("drain-timeout") {
 				req.DrainTimeout = durationpb.New(timeout)
 			}
 			r, err := c.DrainNode(ctx, req)
-			return r.GetNode(), revisionOf(r), err
+			return drained(name, r), revisionOf(r), err
 		}},
-		{uncordon, "uncordoned", func(ctx context.Context, c client, name string) (*weirv1.Node, uint64, error) {
+		{uncordon, func(ctx context.Context, c client, name string) (string, uint64, error) {
 			r, err := c.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: name})
-			return r.GetNode(), revisionOf(r), err
+			return "node/" + name + " uncordoned", revisionOf(r), err
 		}},
 	} {
 		var wait time.Duration
@@ -80,15 +83,11 @@ owns the node, and survives server restarts.`,
 			if err != nil {
 				return err
 			}
-			node, rev, err := v.call(cmd.Context(), c, args[0])
+			said, rev, err := v.call(cmd.Context(), c, args[0])
 			if err != nil {
 				return explain(kindNamed("Node"), args[0], err)
 			}
-			if d := node.GetDrainDeadline(); d != nil {
-				fmt.Fprintf(a.stdout, "node/%s %s (drain deadline %s)\n", args[0], v.done, d.AsTime().UTC().Format(time.RFC3339))
-			} else {
-				fmt.Fprintf(a.stdout, "node/%s %s\n", args[0], v.done)
-			}
+			fmt.Fprintln(a.stdout, said)
 			if wait > 0 {
 				return a.waitProgrammed(cmd.Context(), rev, wait)
 			}
@@ -98,4 +97,29 @@ owns the node, and survives server restarts.`,
 		cmd.AddCommand(v.cmd)
 	}
 	return cmd
+}
+
+// drained says what a drain did: drained, or, to a node drained already,
+// what became of its deadline.
+func drained(name string, r *weirv1.DrainNodeResponse) string {
+	now, before := r.GetNode().GetDrainDeadline(), r.GetPreviousDrainDeadline()
+	switch {
+	case !r.GetWasDrained() && now == nil:
+		return fmt.Sprintf("node/%s drained", name)
+	case !r.GetWasDrained():
+		return fmt.Sprintf("node/%s drained (drain deadline %s)", name, deadlineText(now))
+	case proto.Equal(before, now) && now == nil:
+		return fmt.Sprintf("node/%s already drained; no drain deadline", name)
+	case proto.Equal(before, now):
+		return fmt.Sprintf("node/%s already drained; drain deadline kept at %s", name, deadlineText(now))
+	}
+	return fmt.Sprintf("node/%s already drained; drain deadline changed from %s to %s", name, deadlineText(before), deadlineText(now))
+}
+
+// deadlineText is a drain's deadline, or "none".
+func deadlineText(d *timestamppb.Timestamp) string {
+	if d == nil {
+		return "none"
+	}
+	return d.AsTime().UTC().Format(time.RFC3339)
 }

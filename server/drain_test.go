@@ -75,8 +75,8 @@ func TestDrainTimeoutIsValidatedAtTheEdge(t *testing.T) {
 
 // TestDrainDeadline: the deadline is the server's time of the request
 // plus the timeout (whole seconds, never earlier); it reaches the node's
-// agent, survives a restart, and a drain again sets it anew or, without a
-// timeout, clears it; a timeout of 0 is no deadline.
+// agent, survives a restart, and a drain again with a timeout sets it
+// anew; a timeout of 0 is no deadline.
 func TestDrainDeadline(t *testing.T) {
 	dir := t.TempDir()
 	ts := startServer(t, dir)
@@ -113,20 +113,80 @@ func TestDrainDeadline(t *testing.T) {
 	if err != nil || !later.GetNode().GetDrainDeadline().AsTime().After(deadline) {
 		t.Errorf("drained again for an hour: deadline %v, %v; want after %v", later.GetNode().GetDrainDeadline(), err, deadline)
 	}
-	for _, timeout := range []*durationpb.Duration{nil, durationpb.New(0)} {
-		if _, err := ts.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: "node1", DrainTimeout: durationpb.New(time.Hour)}); err != nil {
-			t.Fatal(err)
-		}
-		none, err := ts.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: "node1", DrainTimeout: timeout})
-		if err != nil || !none.GetNode().GetDrained() || none.GetNode().GetDrainDeadline() != nil {
-			t.Errorf("drained again with timeout %v: drained %v, deadline %v, %v; want drained without a deadline", timeout, none.GetNode().GetDrained(), none.GetNode().GetDrainDeadline(), err)
-		}
+	none, err := ts.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: "node1", DrainTimeout: durationpb.New(0)})
+	if err != nil || !none.GetNode().GetDrained() || none.GetNode().GetDrainDeadline() != nil {
+		t.Errorf("drained again with a timeout of 0: drained %v, deadline %v, %v; want drained without a deadline", none.GetNode().GetDrained(), none.GetNode().GetDrainDeadline(), err)
 	}
 	if _, err := ts.Registry.UncordonNode(ctx, &weirv1.UncordonNodeRequest{Name: "node1"}); err != nil {
 		t.Fatal(err)
 	}
 	if n := getNode(t, ts, "node1"); n.GetDrained() || n.GetDrainDeadline() != nil {
 		t.Errorf("uncordoned: drained %v, deadline %v", n.GetDrained(), n.GetDrainDeadline())
+	}
+}
+
+// TestDrainAgainKeepsTheDeadline: a drain of a drained node without a
+// timeout (a drain repeated to make sure) keeps its deadline, writes
+// nothing and tells the agent nothing; with a timeout it replaces it (0
+// clears it). Each answer says what the drain was before it.
+func TestDrainAgainKeepsTheDeadline(t *testing.T) {
+	ts := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	agent := connectAgent(t, ctx, ts, "node1", 0)
+	agent.ack(agent.recv().GetVersion())
+	registerNode(t, ts, "node2")
+
+	drain := func(node string, timeout *durationpb.Duration) *weirv1.DrainNodeResponse {
+		t.Helper()
+		r, err := ts.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: node, DrainTimeout: timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	// said is what an answer says of the drain: before -> now.
+	said := func(r *weirv1.DrainNodeResponse) string {
+		at := func(ts *timestamppb.Timestamp) string {
+			if ts == nil {
+				return "none"
+			}
+			return ts.AsTime().Format(time.RFC3339)
+		}
+		return fmt.Sprintf("was drained %v, %s -> %s", r.GetWasDrained(), at(r.GetPreviousDrainDeadline()), at(r.GetNode().GetDrainDeadline()))
+	}
+	first := drain("node1", durationpb.New(time.Hour))
+	d := first.GetNode().GetDrainDeadline()
+	if got, want := said(first), "was drained false, none -> "+d.AsTime().Format(time.RFC3339); d == nil || got != want {
+		t.Errorf("the first drain: %s, want %s", got, want)
+	}
+	agent.ack(agent.recv().GetVersion())
+
+	again := drain("node1", nil)
+	if got, want := said(again), fmt.Sprintf("was drained true, %[1]s -> %[1]s", d.AsTime().Format(time.RFC3339)); got != want || again.GetRevision() != first.GetRevision() {
+		t.Errorf("drained again without a timeout: %s at revision %d; want %s, no write (revision %d)", got, again.GetRevision(), want, first.GetRevision())
+	}
+	if n := getNode(t, ts, "node1"); !proto.Equal(n.GetDrainDeadline(), d) {
+		t.Errorf("drained again without a timeout: the node's deadline is %v, want %v kept", n.GetDrainDeadline(), d)
+	}
+
+	later := drain("node1", durationpb.New(2*time.Hour))
+	l := later.GetNode().GetDrainDeadline()
+	if got, want := said(later), fmt.Sprintf("was drained true, %s -> %s", d.AsTime().Format(time.RFC3339), l.AsTime().Format(time.RFC3339)); got != want || !l.AsTime().After(d.AsTime()) {
+		t.Errorf("drained again for 2h: %s, want %s, later than %v", got, want, d)
+	}
+	if msg := agent.recv(); !proto.Equal(msg.GetNode().GetDrainDeadline(), l) {
+		t.Errorf("the agent was told deadline %v, want %v (the drain without a timeout told it nothing)", msg.GetNode().GetDrainDeadline(), l)
+	}
+	if got, want := said(drain("node1", durationpb.New(0))), "was drained true, "+l.AsTime().Format(time.RFC3339)+" -> none"; got != want {
+		t.Errorf("drained again with a timeout of 0: %s, want %s", got, want)
+	}
+	if got, want := said(drain("node1", nil)), "was drained true, none -> none"; got != want {
+		t.Errorf("drained again without a deadline: %s, want %s", got, want)
+	}
+	// A node not drained gets no deadline without a timeout.
+	if got, want := said(drain("node2", nil)), "was drained false, none -> none"; got != want {
+		t.Errorf("node2's first drain: %s, want %s", got, want)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/internal/draintimeout"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
@@ -149,25 +150,31 @@ func (s *RegistryService) DeleteAddressPool(_ context.Context, req *weirv1.Delet
 }
 
 func (s *RegistryService) DrainNode(_ context.Context, req *weirv1.DrainNodeRequest) (*weirv1.DrainNodeResponse, error) {
-	deadline, err := drainDeadline(req.GetDrainTimeout(), time.Now())
+	var change registry.DrainChange // absent: a drained node keeps its deadline
+	if req.GetDrainTimeout() != nil {
+		deadline, err := drainDeadline(req.GetDrainTimeout(), time.Now())
+		if err != nil {
+			return nil, Status("", err)
+		}
+		change = registry.DrainChange{SetDeadline: true, Deadline: deadline}
+	}
+	d, err := s.reg.DrainNode(req.GetName(), change)
 	if err != nil {
 		return nil, Status("", err)
 	}
-	n, rev, err := s.reg.Drain(req.GetName(), deadline)
-	if err != nil {
-		return nil, Status("", err)
+	resp := &weirv1.DrainNodeResponse{Node: s.nodes.to(d.Node), ResourceVersion: revisionString(d.Revision), Revision: d.Revision,
+		WasDrained: d.WasDrained}
+	if !d.PreviousDeadline.IsZero() {
+		resp.PreviousDrainDeadline = timestamppb.New(d.PreviousDeadline)
 	}
-	return &weirv1.DrainNodeResponse{Node: s.nodes.to(n), ResourceVersion: revisionString(rev), Revision: rev}, nil
+	return resp, nil
 }
 
 // drainDeadline is when a drain asked at now with timeout ends what the
-// node still serves: zero for no timeout (absent or 0), otherwise now plus
-// the timeout, rounded up to the second so that it reads the same after
-// a trip through the store.
+// node still serves: zero for a timeout of 0, otherwise now plus the
+// timeout, rounded up to the second so that it reads the same after a
+// trip through the store.
 func drainDeadline(timeout *durationpb.Duration, now time.Time) (time.Time, error) {
-	if timeout == nil {
-		return time.Time{}, nil
-	}
 	if err := timeout.CheckValid(); err != nil {
 		return time.Time{}, &model.FieldError{Field: "drain_timeout", Reason: err.Error()}
 	}

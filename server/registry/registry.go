@@ -185,52 +185,6 @@ func (r *Registry) SetServiceRules(rules ServiceRules) {
 	r.rules = rules
 }
 
-// Drain drains a node (it takes no new external traffic) until deadline,
-// when its agent ends the external connections it still serves (zero: no
-// deadline). Draining a drained node again sets its deadline anew. It
-// returns the node and the revision that holds the change (the current
-// one when the node was already so).
-func (r *Registry) Drain(node string, deadline time.Time) (n *model.Node, rev uint64, err error) {
-	value, err := encodeDrain(deadline)
-	if err != nil {
-		return nil, 0, err
-	}
-	return r.setDrain(node, value)
-}
-
-// Uncordon undoes a node's drain, as Drain returns.
-func (r *Registry) Uncordon(node string) (n *model.Node, rev uint64, err error) {
-	return r.setDrain(node, nil)
-}
-
-// setDrain stores a node's drain (value nil: none).
-func (r *Registry) setDrain(node string, value []byte) (n *model.Node, rev uint64, err error) {
-	rev, err = r.write(func() (*pending, error) {
-		var ok bool
-		if n, ok = r.Nodes.items[node]; !ok {
-			return nil, fmt.Errorf("nodes %s: %w", node, ErrNotFound)
-		}
-		deadline, drained := r.drained[node]
-		if drained == (value != nil) && deadline.Equal(decodeDrain(value)) {
-			return nil, nil
-		}
-		op := store.Op{Kind: drainsKind, Key: node, Value: value}
-		return &pending{ops: []store.Op{op}, what: "the drain of " + node, publish: func(rev uint64, readBack bool) {
-			if !readBack {
-				ch := Change{Revision: rev}
-				r.putDrain(op, &ch)
-				r.notifyListeners(ch)
-			}
-		}}, nil
-	})
-	if err != nil {
-		return nil, 0, err
-	}
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.withDrain(n), rev, nil
-}
-
 // putDrain puts a drain write in place. Called with mu held.
 func (r *Registry) putDrain(op store.Op, ch *Change) {
 	if op.Value != nil {

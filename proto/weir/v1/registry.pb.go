@@ -11,6 +11,7 @@ import (
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -2051,11 +2052,13 @@ type DrainNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// How long the drained node keeps serving the external connections it
-	// holds; 0 or absent: until they end. At the deadline (the server's
-	// time of the request plus this, in whole seconds) the node's agent
-	// ends those it still serves: their clients are reset. Whole seconds,
-	// at most 7 days. Draining a drained node again sets its deadline anew
-	// (none clears it).
+	// holds; 0: until they end. At the deadline (the server's time of the
+	// request plus this, in whole seconds) the node's agent ends those it
+	// still serves: their clients are reset. Whole seconds, at most 7 days.
+	// Absent, a node not drained gets no deadline and a drained node keeps
+	// the one it has: a drain repeated to make sure moves nothing. Set, it
+	// replaces a drained node's deadline (0 clears it); the response says
+	// what it was (previous_drain_deadline).
 	DrainTimeout  *durationpb.Duration `protobuf:"bytes,2,opt,name=drain_timeout,json=drainTimeout,proto3" json:"drain_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2107,14 +2110,20 @@ func (x *DrainNodeRequest) GetDrainTimeout() *durationpb.Duration {
 
 type DrainNodeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// As it is now: node.drain_deadline is the drain's deadline.
+	Node *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// The store revision the change produced (see DeleteServiceResponse).
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// The same store revision as a number: what StatusService.WaitProgrammed
 	// takes. resource_version carries it as Kubernetes' opaque string.
-	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The node was drained before this call.
+	WasDrained bool `protobuf:"varint,4,opt,name=was_drained,json=wasDrained,proto3" json:"was_drained,omitempty"`
+	// The deadline of the drain before this call; unset when it had none
+	// (or the node was not drained).
+	PreviousDrainDeadline *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=previous_drain_deadline,json=previousDrainDeadline,proto3" json:"previous_drain_deadline,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *DrainNodeResponse) Reset() {
@@ -2166,6 +2175,20 @@ func (x *DrainNodeResponse) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *DrainNodeResponse) GetWasDrained() bool {
+	if x != nil {
+		return x.WasDrained
+	}
+	return false
+}
+
+func (x *DrainNodeResponse) GetPreviousDrainDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PreviousDrainDeadline
+	}
+	return nil
 }
 
 type UncordonNodeRequest struct {
@@ -4104,7 +4127,7 @@ var File_weir_v1_registry_proto protoreflect.FileDescriptor
 
 const file_weir_v1_registry_proto_rawDesc = "" +
 	"\n" +
-	"\x16weir/v1/registry.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x17weir/v1/resources.proto\"g\n" +
+	"\x16weir/v1/registry.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"g\n" +
 	"\x14CreateServiceRequest\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.weir.v1.ServiceR\aservice\x12#\n" +
 	"\rvalidate_only\x18\x02 \x01(\bR\fvalidateOnly\"C\n" +
@@ -4222,11 +4245,14 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x04node\x18\x02 \x01(\v2\r.weir.v1.NodeR\x04node\"f\n" +
 	"\x10DrainNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12>\n" +
-	"\rdrain_timeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\"}\n" +
+	"\rdrain_timeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\"\xf2\x01\n" +
 	"\x11DrainNodeResponse\x12!\n" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12)\n" +
 	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\")\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x12\x1f\n" +
+	"\vwas_drained\x18\x04 \x01(\bR\n" +
+	"wasDrained\x12R\n" +
+	"\x17previous_drain_deadline\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x15previousDrainDeadline\")\n" +
 	"\x13UncordonNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x80\x01\n" +
 	"\x14UncordonNodeResponse\x12!\n" +
@@ -4479,9 +4505,10 @@ var file_weir_v1_registry_proto_goTypes = []any{
 	(*EndpointSlice)(nil),               // 77: weir.v1.EndpointSlice
 	(*Node)(nil),                        // 78: weir.v1.Node
 	(*durationpb.Duration)(nil),         // 79: google.protobuf.Duration
-	(*AddressPool)(nil),                 // 80: weir.v1.AddressPool
-	(*BgpPeer)(nil),                     // 81: weir.v1.BgpPeer
-	(*ServiceCidr)(nil),                 // 82: weir.v1.ServiceCidr
+	(*timestamppb.Timestamp)(nil),       // 80: google.protobuf.Timestamp
+	(*AddressPool)(nil),                 // 81: weir.v1.AddressPool
+	(*BgpPeer)(nil),                     // 82: weir.v1.BgpPeer
+	(*ServiceCidr)(nil),                 // 83: weir.v1.ServiceCidr
 }
 var file_weir_v1_registry_proto_depIdxs = []int32{
 	75, // 0: weir.v1.CreateServiceRequest.service:type_name -> weir.v1.Service
@@ -4511,112 +4538,113 @@ var file_weir_v1_registry_proto_depIdxs = []int32{
 	78, // 24: weir.v1.WatchNodesResponse.node:type_name -> weir.v1.Node
 	79, // 25: weir.v1.DrainNodeRequest.drain_timeout:type_name -> google.protobuf.Duration
 	78, // 26: weir.v1.DrainNodeResponse.node:type_name -> weir.v1.Node
-	78, // 27: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
-	80, // 28: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	80, // 29: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	80, // 30: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	80, // 31: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
-	80, // 32: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
-	80, // 33: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
-	81, // 34: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
-	81, // 35: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	81, // 36: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	81, // 37: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
-	81, // 38: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
-	81, // 39: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
-	82, // 40: weir.v1.CreateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
-	82, // 41: weir.v1.CreateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	82, // 42: weir.v1.GetServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	82, // 43: weir.v1.ListServiceCidrsResponse.service_cidrs:type_name -> weir.v1.ServiceCidr
-	82, // 44: weir.v1.UpdateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
-	82, // 45: weir.v1.UpdateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
-	72, // 46: weir.v1.ApplyRequest.resources:type_name -> weir.v1.ApplyResource
-	75, // 47: weir.v1.ApplyResource.service:type_name -> weir.v1.Service
-	77, // 48: weir.v1.ApplyResource.endpoint_slice:type_name -> weir.v1.EndpointSlice
-	78, // 49: weir.v1.ApplyResource.node:type_name -> weir.v1.Node
-	80, // 50: weir.v1.ApplyResource.address_pool:type_name -> weir.v1.AddressPool
-	81, // 51: weir.v1.ApplyResource.bgp_peer:type_name -> weir.v1.BgpPeer
-	82, // 52: weir.v1.ApplyResource.service_cidr:type_name -> weir.v1.ServiceCidr
-	74, // 53: weir.v1.ApplyResponse.results:type_name -> weir.v1.ApplyResult
-	72, // 54: weir.v1.ApplyResult.resource:type_name -> weir.v1.ApplyResource
-	72, // 55: weir.v1.ApplyResult.previous:type_name -> weir.v1.ApplyResource
-	1,  // 56: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
-	3,  // 57: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
-	5,  // 58: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
-	7,  // 59: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
-	9,  // 60: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
-	11, // 61: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
-	13, // 62: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
-	15, // 63: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
-	17, // 64: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
-	19, // 65: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
-	21, // 66: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
-	23, // 67: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
-	25, // 68: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
-	27, // 69: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
-	29, // 70: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
-	31, // 71: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
-	33, // 72: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
-	35, // 73: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
-	37, // 74: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
-	39, // 75: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
-	41, // 76: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
-	43, // 77: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
-	45, // 78: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
-	47, // 79: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
-	49, // 80: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
-	51, // 81: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
-	53, // 82: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
-	55, // 83: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
-	57, // 84: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
-	59, // 85: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
-	71, // 86: weir.v1.RegistryService.Apply:input_type -> weir.v1.ApplyRequest
-	61, // 87: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
-	63, // 88: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
-	65, // 89: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
-	67, // 90: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
-	69, // 91: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
-	2,  // 92: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
-	4,  // 93: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
-	6,  // 94: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
-	8,  // 95: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
-	10, // 96: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
-	12, // 97: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
-	14, // 98: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
-	16, // 99: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
-	18, // 100: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
-	20, // 101: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
-	22, // 102: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
-	24, // 103: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
-	26, // 104: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
-	28, // 105: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
-	30, // 106: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
-	32, // 107: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
-	34, // 108: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
-	36, // 109: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
-	38, // 110: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
-	40, // 111: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
-	42, // 112: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
-	44, // 113: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
-	46, // 114: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
-	48, // 115: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
-	50, // 116: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
-	52, // 117: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
-	54, // 118: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
-	56, // 119: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
-	58, // 120: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
-	60, // 121: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
-	73, // 122: weir.v1.RegistryService.Apply:output_type -> weir.v1.ApplyResponse
-	62, // 123: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
-	64, // 124: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
-	66, // 125: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
-	68, // 126: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
-	70, // 127: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
-	92, // [92:128] is the sub-list for method output_type
-	56, // [56:92] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	80, // 27: weir.v1.DrainNodeResponse.previous_drain_deadline:type_name -> google.protobuf.Timestamp
+	78, // 28: weir.v1.UncordonNodeResponse.node:type_name -> weir.v1.Node
+	81, // 29: weir.v1.CreateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	81, // 30: weir.v1.CreateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	81, // 31: weir.v1.GetAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	81, // 32: weir.v1.ListAddressPoolsResponse.address_pools:type_name -> weir.v1.AddressPool
+	81, // 33: weir.v1.UpdateAddressPoolRequest.address_pool:type_name -> weir.v1.AddressPool
+	81, // 34: weir.v1.UpdateAddressPoolResponse.address_pool:type_name -> weir.v1.AddressPool
+	82, // 35: weir.v1.CreateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	82, // 36: weir.v1.CreateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	82, // 37: weir.v1.GetBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	82, // 38: weir.v1.ListBgpPeersResponse.bgp_peers:type_name -> weir.v1.BgpPeer
+	82, // 39: weir.v1.UpdateBgpPeerRequest.bgp_peer:type_name -> weir.v1.BgpPeer
+	82, // 40: weir.v1.UpdateBgpPeerResponse.bgp_peer:type_name -> weir.v1.BgpPeer
+	83, // 41: weir.v1.CreateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
+	83, // 42: weir.v1.CreateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	83, // 43: weir.v1.GetServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	83, // 44: weir.v1.ListServiceCidrsResponse.service_cidrs:type_name -> weir.v1.ServiceCidr
+	83, // 45: weir.v1.UpdateServiceCidrRequest.service_cidr:type_name -> weir.v1.ServiceCidr
+	83, // 46: weir.v1.UpdateServiceCidrResponse.service_cidr:type_name -> weir.v1.ServiceCidr
+	72, // 47: weir.v1.ApplyRequest.resources:type_name -> weir.v1.ApplyResource
+	75, // 48: weir.v1.ApplyResource.service:type_name -> weir.v1.Service
+	77, // 49: weir.v1.ApplyResource.endpoint_slice:type_name -> weir.v1.EndpointSlice
+	78, // 50: weir.v1.ApplyResource.node:type_name -> weir.v1.Node
+	81, // 51: weir.v1.ApplyResource.address_pool:type_name -> weir.v1.AddressPool
+	82, // 52: weir.v1.ApplyResource.bgp_peer:type_name -> weir.v1.BgpPeer
+	83, // 53: weir.v1.ApplyResource.service_cidr:type_name -> weir.v1.ServiceCidr
+	74, // 54: weir.v1.ApplyResponse.results:type_name -> weir.v1.ApplyResult
+	72, // 55: weir.v1.ApplyResult.resource:type_name -> weir.v1.ApplyResource
+	72, // 56: weir.v1.ApplyResult.previous:type_name -> weir.v1.ApplyResource
+	1,  // 57: weir.v1.RegistryService.CreateService:input_type -> weir.v1.CreateServiceRequest
+	3,  // 58: weir.v1.RegistryService.GetService:input_type -> weir.v1.GetServiceRequest
+	5,  // 59: weir.v1.RegistryService.ListServices:input_type -> weir.v1.ListServicesRequest
+	7,  // 60: weir.v1.RegistryService.UpdateService:input_type -> weir.v1.UpdateServiceRequest
+	9,  // 61: weir.v1.RegistryService.DeleteService:input_type -> weir.v1.DeleteServiceRequest
+	11, // 62: weir.v1.RegistryService.WatchServices:input_type -> weir.v1.WatchServicesRequest
+	13, // 63: weir.v1.RegistryService.CreateEndpointSlice:input_type -> weir.v1.CreateEndpointSliceRequest
+	15, // 64: weir.v1.RegistryService.GetEndpointSlice:input_type -> weir.v1.GetEndpointSliceRequest
+	17, // 65: weir.v1.RegistryService.ListEndpointSlices:input_type -> weir.v1.ListEndpointSlicesRequest
+	19, // 66: weir.v1.RegistryService.UpdateEndpointSlice:input_type -> weir.v1.UpdateEndpointSliceRequest
+	21, // 67: weir.v1.RegistryService.DeleteEndpointSlice:input_type -> weir.v1.DeleteEndpointSliceRequest
+	23, // 68: weir.v1.RegistryService.WatchEndpointSlices:input_type -> weir.v1.WatchEndpointSlicesRequest
+	25, // 69: weir.v1.RegistryService.CreateNode:input_type -> weir.v1.CreateNodeRequest
+	27, // 70: weir.v1.RegistryService.GetNode:input_type -> weir.v1.GetNodeRequest
+	29, // 71: weir.v1.RegistryService.ListNodes:input_type -> weir.v1.ListNodesRequest
+	31, // 72: weir.v1.RegistryService.UpdateNode:input_type -> weir.v1.UpdateNodeRequest
+	33, // 73: weir.v1.RegistryService.DeleteNode:input_type -> weir.v1.DeleteNodeRequest
+	35, // 74: weir.v1.RegistryService.WatchNodes:input_type -> weir.v1.WatchNodesRequest
+	37, // 75: weir.v1.RegistryService.DrainNode:input_type -> weir.v1.DrainNodeRequest
+	39, // 76: weir.v1.RegistryService.UncordonNode:input_type -> weir.v1.UncordonNodeRequest
+	41, // 77: weir.v1.RegistryService.CreateAddressPool:input_type -> weir.v1.CreateAddressPoolRequest
+	43, // 78: weir.v1.RegistryService.GetAddressPool:input_type -> weir.v1.GetAddressPoolRequest
+	45, // 79: weir.v1.RegistryService.ListAddressPools:input_type -> weir.v1.ListAddressPoolsRequest
+	47, // 80: weir.v1.RegistryService.UpdateAddressPool:input_type -> weir.v1.UpdateAddressPoolRequest
+	49, // 81: weir.v1.RegistryService.DeleteAddressPool:input_type -> weir.v1.DeleteAddressPoolRequest
+	51, // 82: weir.v1.RegistryService.CreateBgpPeer:input_type -> weir.v1.CreateBgpPeerRequest
+	53, // 83: weir.v1.RegistryService.GetBgpPeer:input_type -> weir.v1.GetBgpPeerRequest
+	55, // 84: weir.v1.RegistryService.ListBgpPeers:input_type -> weir.v1.ListBgpPeersRequest
+	57, // 85: weir.v1.RegistryService.UpdateBgpPeer:input_type -> weir.v1.UpdateBgpPeerRequest
+	59, // 86: weir.v1.RegistryService.DeleteBgpPeer:input_type -> weir.v1.DeleteBgpPeerRequest
+	71, // 87: weir.v1.RegistryService.Apply:input_type -> weir.v1.ApplyRequest
+	61, // 88: weir.v1.RegistryService.CreateServiceCidr:input_type -> weir.v1.CreateServiceCidrRequest
+	63, // 89: weir.v1.RegistryService.GetServiceCidr:input_type -> weir.v1.GetServiceCidrRequest
+	65, // 90: weir.v1.RegistryService.ListServiceCidrs:input_type -> weir.v1.ListServiceCidrsRequest
+	67, // 91: weir.v1.RegistryService.UpdateServiceCidr:input_type -> weir.v1.UpdateServiceCidrRequest
+	69, // 92: weir.v1.RegistryService.DeleteServiceCidr:input_type -> weir.v1.DeleteServiceCidrRequest
+	2,  // 93: weir.v1.RegistryService.CreateService:output_type -> weir.v1.CreateServiceResponse
+	4,  // 94: weir.v1.RegistryService.GetService:output_type -> weir.v1.GetServiceResponse
+	6,  // 95: weir.v1.RegistryService.ListServices:output_type -> weir.v1.ListServicesResponse
+	8,  // 96: weir.v1.RegistryService.UpdateService:output_type -> weir.v1.UpdateServiceResponse
+	10, // 97: weir.v1.RegistryService.DeleteService:output_type -> weir.v1.DeleteServiceResponse
+	12, // 98: weir.v1.RegistryService.WatchServices:output_type -> weir.v1.WatchServicesResponse
+	14, // 99: weir.v1.RegistryService.CreateEndpointSlice:output_type -> weir.v1.CreateEndpointSliceResponse
+	16, // 100: weir.v1.RegistryService.GetEndpointSlice:output_type -> weir.v1.GetEndpointSliceResponse
+	18, // 101: weir.v1.RegistryService.ListEndpointSlices:output_type -> weir.v1.ListEndpointSlicesResponse
+	20, // 102: weir.v1.RegistryService.UpdateEndpointSlice:output_type -> weir.v1.UpdateEndpointSliceResponse
+	22, // 103: weir.v1.RegistryService.DeleteEndpointSlice:output_type -> weir.v1.DeleteEndpointSliceResponse
+	24, // 104: weir.v1.RegistryService.WatchEndpointSlices:output_type -> weir.v1.WatchEndpointSlicesResponse
+	26, // 105: weir.v1.RegistryService.CreateNode:output_type -> weir.v1.CreateNodeResponse
+	28, // 106: weir.v1.RegistryService.GetNode:output_type -> weir.v1.GetNodeResponse
+	30, // 107: weir.v1.RegistryService.ListNodes:output_type -> weir.v1.ListNodesResponse
+	32, // 108: weir.v1.RegistryService.UpdateNode:output_type -> weir.v1.UpdateNodeResponse
+	34, // 109: weir.v1.RegistryService.DeleteNode:output_type -> weir.v1.DeleteNodeResponse
+	36, // 110: weir.v1.RegistryService.WatchNodes:output_type -> weir.v1.WatchNodesResponse
+	38, // 111: weir.v1.RegistryService.DrainNode:output_type -> weir.v1.DrainNodeResponse
+	40, // 112: weir.v1.RegistryService.UncordonNode:output_type -> weir.v1.UncordonNodeResponse
+	42, // 113: weir.v1.RegistryService.CreateAddressPool:output_type -> weir.v1.CreateAddressPoolResponse
+	44, // 114: weir.v1.RegistryService.GetAddressPool:output_type -> weir.v1.GetAddressPoolResponse
+	46, // 115: weir.v1.RegistryService.ListAddressPools:output_type -> weir.v1.ListAddressPoolsResponse
+	48, // 116: weir.v1.RegistryService.UpdateAddressPool:output_type -> weir.v1.UpdateAddressPoolResponse
+	50, // 117: weir.v1.RegistryService.DeleteAddressPool:output_type -> weir.v1.DeleteAddressPoolResponse
+	52, // 118: weir.v1.RegistryService.CreateBgpPeer:output_type -> weir.v1.CreateBgpPeerResponse
+	54, // 119: weir.v1.RegistryService.GetBgpPeer:output_type -> weir.v1.GetBgpPeerResponse
+	56, // 120: weir.v1.RegistryService.ListBgpPeers:output_type -> weir.v1.ListBgpPeersResponse
+	58, // 121: weir.v1.RegistryService.UpdateBgpPeer:output_type -> weir.v1.UpdateBgpPeerResponse
+	60, // 122: weir.v1.RegistryService.DeleteBgpPeer:output_type -> weir.v1.DeleteBgpPeerResponse
+	73, // 123: weir.v1.RegistryService.Apply:output_type -> weir.v1.ApplyResponse
+	62, // 124: weir.v1.RegistryService.CreateServiceCidr:output_type -> weir.v1.CreateServiceCidrResponse
+	64, // 125: weir.v1.RegistryService.GetServiceCidr:output_type -> weir.v1.GetServiceCidrResponse
+	66, // 126: weir.v1.RegistryService.ListServiceCidrs:output_type -> weir.v1.ListServiceCidrsResponse
+	68, // 127: weir.v1.RegistryService.UpdateServiceCidr:output_type -> weir.v1.UpdateServiceCidrResponse
+	70, // 128: weir.v1.RegistryService.DeleteServiceCidr:output_type -> weir.v1.DeleteServiceCidrResponse
+	93, // [93:129] is the sub-list for method output_type
+	57, // [57:93] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_registry_proto_init() }
