@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"k8s.io/client-go/dynamic"
 	clientset "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
 	"github.com/weirlb/weir/internal/tlsconfig"
@@ -89,6 +90,10 @@ type Config struct {
 	// giving an address whose lease was not given up to another node
 	// (zero: DefaultL2LeaseTTL and DefaultL2LeaseMargin).
 	L2LeaseTTL, L2LeaseMargin time.Duration
+	// SharedAgentCertificateNeedsToken refuses agents on the agents'
+	// shared certificate that present no node token; in Kubernetes mode
+	// the server reviews those tokens (auth.Options).
+	SharedAgentCertificateNeedsToken bool
 }
 
 // The L2 leases' defaults: an owner that fails is replaced within about
@@ -187,8 +192,22 @@ func New(cfg Config) (*Server, error) {
 	// The limits come before authorization, so that what a denied caller
 	// sends is bounded too.
 	opts = append(opts, limits.ServerOptions(cfg.Limits, creds, cfg.Log)...)
+	var rc *rest.Config
+	var client clientset.Interface
+	authOpts := auth.Options{SharedNeedsToken: cfg.SharedAgentCertificateNeedsToken}
+	if cfg.Kubernetes != nil {
+		if rc, err = kubernetes.RestConfig(cfg.Kubernetes.Kubeconfig); err != nil {
+			st.Close()
+			return nil, fmt.Errorf("kubernetes client config: %w", err)
+		}
+		if client, err = clientset.NewForConfig(rc); err != nil {
+			st.Close()
+			return nil, err
+		}
+		authOpts.NodeTokens = kubernetes.NewNodeTokens(client, cfg.Kubernetes.AgentTokens, cmp.Or(cfg.Kubernetes.Namespace, kubernetes.PodNamespace()))
+	}
 	if cfg.TLS != nil && cfg.TLS.Mutual() {
-		opts = append(opts, auth.ServerOptions()...)
+		opts = append(opts, auth.ServerOptions(authOpts)...)
 	}
 	ttl, margin := cmp.Or(cfg.L2LeaseTTL, DefaultL2LeaseTTL), cmp.Or(cfg.L2LeaseMargin, DefaultL2LeaseMargin)
 	l2 := l2owner.NewOwners(clock.RealClock{}, ttl, margin, cfg.Log.With("component", "l2"), cfg.Metrics)
@@ -208,16 +227,6 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.watchRegistry()
 	if cfg.Kubernetes != nil {
-		rc, err := kubernetes.RestConfig(cfg.Kubernetes.Kubeconfig)
-		if err != nil {
-			st.Close()
-			return nil, fmt.Errorf("kubernetes client config: %w", err)
-		}
-		client, err := clientset.NewForConfig(rc)
-		if err != nil {
-			st.Close()
-			return nil, err
-		}
 		kc := *cfg.Kubernetes
 		kc.Log = cfg.Log
 		if kc.Dynamic == nil {

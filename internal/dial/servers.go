@@ -87,17 +87,15 @@ func NewServers(list string, tls *tlsconfig.Source, opts ...Option) (*Servers, e
 	if err != nil {
 		return nil, err
 	}
-	dialOpts := options(tls)
-	s := &Servers{entries: entries, resolver: net.DefaultResolver, conns: map[address]*grpc.ClientConn{}}
+	s := &Servers{entries: entries, resolver: net.DefaultResolver, conns: map[address]*grpc.ClientConn{}, opts: options(tls)}
 	for _, o := range opts {
 		o(s)
 	}
 	if s.dialer != nil {
-		dialOpts = append(dialOpts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		s.opts = append(s.opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return s.dialer.DialContext(ctx, "tcp", addr)
 		}))
 	}
-	s.opts = dialOpts
 	s.round, s.tried = shuffled(s.resolve(entries)), 1
 	return s, nil
 }

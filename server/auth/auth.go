@@ -23,6 +23,9 @@ import (
 type Identity struct {
 	Name string
 	Role string
+	// NodeToken: an agent on the shared certificate whose node token
+	// names the node Name (Options.NodeTokens).
+	NodeToken bool
 }
 
 type identityKey struct{}
@@ -56,7 +59,7 @@ func rolesFor(method string) []string {
 }
 
 // authorize finds the caller and checks its role for method.
-func authorize(ctx context.Context, method string) (context.Context, error) {
+func (o Options) authorize(ctx context.Context, tokens *nodeTokens, method string) (context.Context, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
 		return nil, status.Error(codes.Unauthenticated, "no peer")
@@ -64,6 +67,12 @@ func authorize(ctx context.Context, method string) (context.Context, error) {
 	id, ok := certIdentity(p)
 	if !ok {
 		return nil, status.Error(codes.Unauthenticated, "a client certificate signed by the server's CA is required")
+	}
+	if id.Name == certs.FleetAgentName && id.Role == certs.RoleAgent {
+		var err error
+		if id, err = o.bindShared(ctx, tokens, id); err != nil {
+			return nil, err
+		}
 	}
 	allowed := rolesFor(method)
 	for _, r := range allowed {
@@ -112,17 +121,21 @@ func certIdentity(p *peer.Peer) (Identity, bool) {
 }
 
 // ServerOptions are the interceptors that enforce the roles.
-func ServerOptions() []grpc.ServerOption {
+func ServerOptions(o Options) []grpc.ServerOption {
+	var tokens *nodeTokens
+	if o.NodeTokens != nil {
+		tokens = newNodeTokens(o.NodeTokens)
+	}
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			ctx, err := authorize(ctx, info.FullMethod)
+			ctx, err := o.authorize(ctx, tokens, info.FullMethod)
 			if err != nil {
 				return nil, err
 			}
 			return h(ctx, req)
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-			ctx, err := authorize(ss.Context(), info.FullMethod)
+			ctx, err := o.authorize(ss.Context(), tokens, info.FullMethod)
 			if err != nil {
 				return err
 			}

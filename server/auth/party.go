@@ -14,6 +14,9 @@ import (
 // hold, the identity at each address. In plain text it is the caller's
 // address.
 func Party(ctx context.Context) string {
+	if id, ok := FromContext(ctx); ok && id.NodeToken {
+		return id.Name + " (agent, by its node token)"
+	}
 	who := Caller(ctx)
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -32,8 +35,9 @@ func Party(ctx context.Context) string {
 }
 
 // SharedAgent reports whether ctx's caller holds the agents' shared
-// certificate, which may speak for any node: such a caller never displaces
-// an agent that holds its node's own certificate.
+// certificate without a node token, and so may speak for any node: such a
+// caller never displaces an agent bound to its node (by its own
+// certificate or its node token).
 func SharedAgent(ctx context.Context) bool {
 	id, ok := FromContext(ctx)
 	return ok && id.Name == certs.FleetAgentName

@@ -51,7 +51,10 @@ type Config struct {
 	// Lease writing back to the cluster (the server's concern: the source
 	// itself runs on every replica).
 	LeaderElection *LeaderElection
-	Log            *slog.Logger
+	// AgentTokens say which tokens bind agents on the shared certificate
+	// to their nodes (NodeTokens).
+	AgentTokens AgentTokens
+	Log         *slog.Logger
 }
 
 // RestConfig loads the client configuration cfg names.

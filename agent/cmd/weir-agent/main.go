@@ -53,35 +53,36 @@ func main() {
 func run() error {
 	hostname, _ := os.Hostname()
 	var (
-		serverAddr   = flag.String("server", "127.0.0.1:7443", "comma-separated HOST:PORT of weir-server's replicas (a DNS name counts as all its addresses); the agent is on one at a time, from a random start, and moves to the next when it goes away or is not current")
-		nodeName     = flag.String("node-name", hostname, "this node's name, as the server knows it")
-		plain        = flag.Bool("insecure", false, "talk to the server in plain text (lab and demo only)")
-		caFile       = flag.String("ca-file", "", "CA that signed the server's certificate")
-		certFile     = flag.String("cert-file", "", "this agent's client certificate (PEM)")
-		keyFile      = flag.String("key-file", "", "this agent's private key (PEM)")
-		clusterCIDRs = flag.String("cluster-cidr", "", "comma-separated pod CIDRs of the cluster: sources in them are local to the cluster (their connections to cluster IPs are not masqueraded)")
-		masqMode     = flag.String("masquerade-mode", "kube-proxy", "which connections endpoints see from the node's address: kube-proxy (as kube-proxy: every connection to a node port, external or load-balancer IP of an externalTrafficPolicy Cluster service, and to a cluster IP from outside --cluster-cidr) or preserve-local (keep the client's address wherever the endpoint is on the node the connection entered; see docs/kube-proxy.md)")
-		masqAll      = flag.Bool("masquerade-all", false, "also masquerade every connection to a cluster IP, from any source (kube-proxy's --masquerade-all)")
-		detectLocal  = flag.String("detect-local-mode", "ClusterCIDR", "how a source is told to be a pod of the cluster, as kube-proxy's: ClusterCIDR (--cluster-cidr and the node's pod CIDRs), NodeCIDR (the node's pod CIDRs), BridgeInterface (--pod-bridge-interface), InterfaceNamePrefix (--pod-interface-name-prefix) or None")
-		podBridge    = flag.String("pod-bridge-interface", "", "with --detect-local-mode BridgeInterface: the bridge the node's pods are on")
-		podIfPrefix  = flag.String("pod-interface-name-prefix", "", "with --detect-local-mode InterfaceNamePrefix: the name prefix of the pods' interfaces on the node")
-		serviceCIDRs = flag.String("service-cidr", "", "comma-separated ranges cluster IPs are allocated from: new connections to an address in them that no service holds are dropped instead of routed out (kube-proxy's unallocated ClusterIPs)")
-		nodePortAddr = flag.String("nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
-		resync       = flag.Duration("resync-period", 5*time.Minute, "how often the whole nftables table is rewritten, repairing what others changed")
-		healthzAddr  = flag.String("healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
-		metricsAddr  = flag.String("metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus), and of /debug/pprof/ with --profiling")
-		healthTO     = flag.Duration("health-timeout", 60*time.Second, "how long an update may wait to be applied before /healthz fails")
-		hcConns      = flag.Int("health-check-max-connections", health.ServiceLimits.Connections, "connections every health-check node port together holds; when full, a new connection from a source holding fewer than another takes the place of one of that other's, and any other is closed")
-		healthzConns = flag.Int("healthz-max-connections", health.NodeLimits.Connections, "connections /healthz and /livez hold, and /metrics its own, likewise")
-		perSource    = flag.Int("health-connections-per-source", health.ServiceLimits.PerSource, "connections one source holds at once on the health listeners (each limit above); past it, its new connection takes the place of its own oldest")
-		sourceV4     = flag.Int("health-source-ipv4-prefix", health.ServiceLimits.IPv4Prefix, "prefix length within which IPv4 addresses count as one source of health connections")
-		sourceV6     = flag.Int("health-source-ipv6-prefix", health.ServiceLimits.IPv6Prefix, "prefix length within which IPv6 addresses count as one source of health connections (64: a host's SLAAC and privacy addresses are one source)")
-		bgpASN       = new(asn)
-		bgpRouterID  = flag.String("bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
-		bgpPeers     = flag.String("bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
-		passFlows    = flag.Bool("pass-moved-connections", true, "pass the packets of established connections that a router moves to this node (when the nodes behind its ECMP route change) on to the node that holds them, through a VXLAN device (UDP port --moved-connections-port between the nodes), instead of refusing them here")
-		flowsPort    = flag.Int("moved-connections-port", flows.DefaultPort, "UDP port of the VXLAN device that carries moved connections between the nodes (the same on every node)")
-		cleanup      = flag.Bool("cleanup", false, "delete every nftables table the agent programs (ip and ip6 weir) and exit, as kube-proxy's --cleanup; the node then forwards no service")
+		serverAddr    = flag.String("server", "127.0.0.1:7443", "comma-separated HOST:PORT of weir-server's replicas (a DNS name counts as all its addresses); the agent is on one at a time, from a random start, and moves to the next when it goes away or is not current")
+		nodeName      = flag.String("node-name", hostname, "this node's name, as the server knows it")
+		plain         = flag.Bool("insecure", false, "talk to the server in plain text (lab and demo only)")
+		caFile        = flag.String("ca-file", "", "CA that signed the server's certificate")
+		certFile      = flag.String("cert-file", "", "this agent's client certificate (PEM)")
+		keyFile       = flag.String("key-file", "", "this agent's private key (PEM)")
+		nodeTokenFile = flag.String("node-token-file", "", "a service-account token naming this node (a projected token volume with the server's --agent-token-audience), sent with every call: on the agents' shared certificate, the server then lets this agent act for its own node only")
+		clusterCIDRs  = flag.String("cluster-cidr", "", "comma-separated pod CIDRs of the cluster: sources in them are local to the cluster (their connections to cluster IPs are not masqueraded)")
+		masqMode      = flag.String("masquerade-mode", "kube-proxy", "which connections endpoints see from the node's address: kube-proxy (as kube-proxy: every connection to a node port, external or load-balancer IP of an externalTrafficPolicy Cluster service, and to a cluster IP from outside --cluster-cidr) or preserve-local (keep the client's address wherever the endpoint is on the node the connection entered; see docs/kube-proxy.md)")
+		masqAll       = flag.Bool("masquerade-all", false, "also masquerade every connection to a cluster IP, from any source (kube-proxy's --masquerade-all)")
+		detectLocal   = flag.String("detect-local-mode", "ClusterCIDR", "how a source is told to be a pod of the cluster, as kube-proxy's: ClusterCIDR (--cluster-cidr and the node's pod CIDRs), NodeCIDR (the node's pod CIDRs), BridgeInterface (--pod-bridge-interface), InterfaceNamePrefix (--pod-interface-name-prefix) or None")
+		podBridge     = flag.String("pod-bridge-interface", "", "with --detect-local-mode BridgeInterface: the bridge the node's pods are on")
+		podIfPrefix   = flag.String("pod-interface-name-prefix", "", "with --detect-local-mode InterfaceNamePrefix: the name prefix of the pods' interfaces on the node")
+		serviceCIDRs  = flag.String("service-cidr", "", "comma-separated ranges cluster IPs are allocated from: new connections to an address in them that no service holds are dropped instead of routed out (kube-proxy's unallocated ClusterIPs)")
+		nodePortAddr  = flag.String("nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
+		resync        = flag.Duration("resync-period", 5*time.Minute, "how often the whole nftables table is rewritten, repairing what others changed")
+		healthzAddr   = flag.String("healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
+		metricsAddr   = flag.String("metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus), and of /debug/pprof/ with --profiling")
+		healthTO      = flag.Duration("health-timeout", 60*time.Second, "how long an update may wait to be applied before /healthz fails")
+		hcConns       = flag.Int("health-check-max-connections", health.ServiceLimits.Connections, "connections every health-check node port together holds; when full, a new connection from a source holding fewer than another takes the place of one of that other's, and any other is closed")
+		healthzConns  = flag.Int("healthz-max-connections", health.NodeLimits.Connections, "connections /healthz and /livez hold, and /metrics its own, likewise")
+		perSource     = flag.Int("health-connections-per-source", health.ServiceLimits.PerSource, "connections one source holds at once on the health listeners (each limit above); past it, its new connection takes the place of its own oldest")
+		sourceV4      = flag.Int("health-source-ipv4-prefix", health.ServiceLimits.IPv4Prefix, "prefix length within which IPv4 addresses count as one source of health connections")
+		sourceV6      = flag.Int("health-source-ipv6-prefix", health.ServiceLimits.IPv6Prefix, "prefix length within which IPv6 addresses count as one source of health connections (64: a host's SLAAC and privacy addresses are one source)")
+		bgpASN        = new(asn)
+		bgpRouterID   = flag.String("bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
+		bgpPeers      = flag.String("bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
+		passFlows     = flag.Bool("pass-moved-connections", true, "pass the packets of established connections that a router moves to this node (when the nodes behind its ECMP route change) on to the node that holds them, through a VXLAN device (UDP port --moved-connections-port between the nodes), instead of refusing them here")
+		flowsPort     = flag.Int("moved-connections-port", flows.DefaultPort, "UDP port of the VXLAN device that carries moved connections between the nodes (the same on every node)")
+		cleanup       = flag.Bool("cleanup", false, "delete every nftables table the agent programs (ip and ip6 weir) and exit, as kube-proxy's --cleanup; the node then forwards no service")
 	)
 	flag.Var(bgpASN, "bgp-asn", "announce load-balancer IPs over BGP from this AS, 1-4294967295 (0 or empty: no BGP, and BgpPeer resources are ignored; empty lets a manifest pass an unset setting through)")
 	var members membership.Flags
@@ -168,7 +169,11 @@ func run() error {
 	}
 	// Marked, so that nothing the datapath programs can take or refuse the
 	// agent's connections to its server.
-	conn, err := dial.NewServers(*serverAddr, tlsSrc, dial.WithSocketMark(datapath.DefaultControlMark))
+	dialOpts := []dial.Option{dial.WithSocketMark(datapath.DefaultControlMark)}
+	if *nodeTokenFile != "" {
+		dialOpts = append(dialOpts, dial.WithNodeToken(*nodeTokenFile))
+	}
+	conn, err := dial.NewServers(*serverAddr, tlsSrc, dialOpts...)
 	if err != nil {
 		return err
 	}
@@ -254,7 +259,7 @@ func run() error {
 	// L2 addresses: the node answers ARP and NDP for those it holds a
 	// lease on, asked of the server that decides the owners over a
 	// connection of its own (with replicas, the leader's).
-	leaseConn, err := dial.NewServers(*serverAddr, tlsSrc, dial.WithSocketMark(datapath.DefaultControlMark))
+	leaseConn, err := dial.NewServers(*serverAddr, tlsSrc, dialOpts...)
 	if err != nil {
 		return err
 	}
