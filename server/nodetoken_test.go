@@ -48,8 +48,9 @@ func TestAnAgentActsForTheNodeItsTokenNames(t *testing.T) {
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: "default"}
 		cfg.SharedAgentCertificateNeedsToken = true
 	})
+	admin := weirv1.NewRegistryServiceClient(servertest.Dial(t, ts.Addr, dir, "alice"))
 	eventually(t, 15*time.Second, func() error {
-		_, err := ts.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: "node2"})
+		_, err := admin.GetNode(ctx, &weirv1.GetNodeRequest{Name: "node2"})
 		return err
 	})
 
