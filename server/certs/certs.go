@@ -12,11 +12,13 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -46,19 +48,23 @@ const (
 )
 
 // InitCA writes ca.crt and ca.key into dir, refusing to overwrite a CA.
-func InitCA(dir string) error {
+// The CA is valid for ten years (ValidFor changes that).
+func InitCA(dir string, opts ...Option) error {
 	if _, err := os.Stat(filepath.Join(dir, "ca.key")); err == nil {
 		return fmt.Errorf("%s already holds a CA (ca.key)", dir)
 	}
+	o := issuing{validFor: caValidity, now: time.Now}
+	o.apply(opts)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return err
 	}
+	now := o.now()
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
 		Subject:               pkix.Name{CommonName: "weir CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(caValidity),
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(o.validFor),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
@@ -148,27 +154,91 @@ func checkClientName(name string) error {
 }
 
 // Option changes how a certificate is issued.
-type Option func(*x509.Certificate)
+type Option func(*issuing)
 
-// ValidFor issues a certificate valid for d from now, instead of a year.
-func ValidFor(d time.Duration) Option {
-	return func(c *x509.Certificate) { c.NotAfter = time.Now().Add(d) }
+// issuing is what the options set.
+type issuing struct {
+	validFor time.Duration
+	now      func() time.Time
+	capped   func(Capped)
 }
 
-func issue(dir, name string, tmpl *x509.Certificate, opts []Option) error {
-	ca, caKey, err := loadCA(dir)
-	if err != nil {
-		return err
+func (o *issuing) apply(opts []Option) {
+	for _, opt := range opts {
+		opt(o)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+}
+
+// ValidFor issues a certificate valid for d from now, instead of a year
+// (ten years for a CA); never past the end of the CA that signs it.
+func ValidFor(d time.Duration) Option {
+	return func(o *issuing) { o.validFor = d }
+}
+
+// Clock issues as of the time now returns instead of the system's.
+func Clock(now func() time.Time) Option {
+	return func(o *issuing) { o.now = now }
+}
+
+// OnCapped has fn told of every certificate issued to end with its CA,
+// sooner than asked.
+func OnCapped(fn func(Capped)) Option {
+	return func(o *issuing) { o.capped = fn }
+}
+
+// Capped is a certificate asked to outlive its CA and issued to end with
+// it instead, as kubeadm does: past its CA's end, nothing verifies it.
+type Capped struct {
+	File     string    // the certificate's file
+	Asked    time.Time // the end asked for
+	NotAfter time.Time // the end it has: the CA's
+	CAFile   string
+}
+
+func (c Capped) String() string {
+	return fmt.Sprintf("%s ends at %s, with its CA %s, not at %s as asked: no certificate outlives the CA that signs it; make a new CA before then (rotate cannot renew a CA)",
+		c.File, stamp(c.NotAfter), c.CAFile, stamp(c.Asked))
+}
+
+// MinCappedValidity is the shortest life a certificate cut at its CA's
+// end may have: a shorter one would be due for renewal at once, by a CA
+// that cannot be renewed.
+const MinCappedValidity = 24 * time.Hour
+
+// Errors of a CA that cannot sign.
+var (
+	// ErrCANotValid: the CA has expired or is not yet valid, so that
+	// nothing it signs would verify.
+	ErrCANotValid = errors.New("the CA is not valid")
+	// ErrCAEndsSoon: the CA ends within MinCappedValidity.
+	ErrCAEndsSoon = errors.New("the CA ends too soon")
+)
+
+func issue(dir, name string, tmpl *x509.Certificate, opts []Option) error {
+	o := issuing{validFor: certValidity, now: time.Now}
+	o.apply(opts)
+	now := o.now()
+	ca, caKey, err := loadSigner(dir, now)
 	if err != nil {
 		return err
 	}
 	tmpl.SerialNumber = serial()
-	tmpl.NotBefore = time.Now().Add(-time.Hour)
-	tmpl.NotAfter = time.Now().Add(certValidity)
-	for _, o := range opts {
-		o(tmpl)
+	tmpl.NotBefore = now.Add(-time.Hour)
+	tmpl.NotAfter = now.Add(o.validFor)
+	if tmpl.NotAfter.After(ca.NotAfter) {
+		caFile := filepath.Join(dir, "ca.crt")
+		if left := ca.NotAfter.Sub(now); left < MinCappedValidity {
+			return fmt.Errorf("%s: %w: it ends at %s (NotAfter), in %v, and a certificate from it would last no longer; make a new CA",
+				caFile, ErrCAEndsSoon, stamp(ca.NotAfter), left.Round(time.Minute))
+		}
+		if o.capped != nil {
+			o.capped(Capped{File: filepath.Join(dir, name+".crt"), Asked: tmpl.NotAfter, NotAfter: ca.NotAfter, CAFile: caFile})
+		}
+		tmpl.NotAfter = ca.NotAfter
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
 	}
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
@@ -178,29 +248,74 @@ func issue(dir, name string, tmpl *x509.Certificate, opts []Option) error {
 	return writePair(dir, name, der, key)
 }
 
-func loadCA(dir string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
-	certPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+// loadSigner reads dir's CA and its key, refusing a CA that is not valid
+// at now.
+func loadSigner(dir string, now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	cert, err := loadCA(dir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the CA (run init first): %w", err)
+		return nil, nil, err
+	}
+	if err := checkCA(filepath.Join(dir, "ca.crt"), cert, now); err != nil {
+		return nil, nil, err
 	}
 	keyPEM, err := os.ReadFile(filepath.Join(dir, "ca.key"))
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the CA key: %w", err)
 	}
-	cb, _ := pem.Decode(certPEM)
 	kb, _ := pem.Decode(keyPEM)
-	if cb == nil || kb == nil {
-		return nil, nil, errors.New("the CA files are not PEM")
-	}
-	cert, err := x509.ParseCertificate(cb.Bytes)
-	if err != nil {
-		return nil, nil, err
+	if kb == nil {
+		return nil, nil, errors.New("the CA key is not PEM")
 	}
 	key, err := x509.ParseECPrivateKey(kb.Bytes)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("the CA key: %w", err)
 	}
 	return cert, key, nil
+}
+
+// checkCA refuses a CA outside its validity at now.
+func checkCA(file string, ca *x509.Certificate, now time.Time) error {
+	switch {
+	case now.After(ca.NotAfter):
+		return fmt.Errorf("%s: %w: it expired at %s (NotAfter), and nothing it signs verifies; make a new CA and move to it", file, ErrCANotValid, stamp(ca.NotAfter))
+	case now.Before(ca.NotBefore):
+		return fmt.Errorf("%s: %w: it is not valid before %s (NotBefore; it ends at %s): is this host's clock behind?", file, ErrCANotValid, stamp(ca.NotBefore), stamp(ca.NotAfter))
+	}
+	return nil
+}
+
+// stamp is how a certificate's time reads in messages.
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// loadCA reads dir's CA certificate, the first of ca.crt (a bundle, in a
+// CA rotation, lists the signing CA first).
+func loadCA(dir string) (*x509.Certificate, error) {
+	file := filepath.Join(dir, "ca.crt")
+	c, err := readCert(file)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("reading the CA %s (run init first): %w", file, err)
+	case err != nil:
+		return nil, fmt.Errorf("the CA %s: %w", file, err)
+	}
+	return c, nil
+}
+
+// readCert reads the first certificate of a PEM file; its errors do not
+// name the file, which callers do.
+func readCert(file string) (*x509.Certificate, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return nil, err
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "CERTIFICATE" {
+		return nil, errors.New("no PEM certificate in it")
+	}
+	return x509.ParseCertificate(blk.Bytes)
 }
 
 func writePair(dir, name string, der []byte, key *ecdsa.PrivateKey) error {
@@ -242,48 +357,139 @@ func replaceFile(path string, b []byte, mode os.FileMode) error {
 	return os.Rename(f.Name(), path)
 }
 
-// Rotate reissues every certificate in dir that the CA signed (the
-// server's and the clients') that expires within the given time, with the
-// same names, addresses and role and a new key; it returns their names.
-// Processes that use them take them within tlsconfig.ReloadPeriod, and
-// their connections move to them by the old ones' end.
-func Rotate(dir string, within time.Duration, opts ...Option) ([]string, error) {
+// Certificate is one certificate of a folder.
+type Certificate struct {
+	File       string // its path
+	Name       string // its file's name without .crt: a client's identity, or "server"
+	CommonName string
+	// Role is the role its Organization names (weir:<role>), "server"
+	// for a server certificate, "" when neither.
+	Role     string
+	NotAfter time.Time
+	// OtherCA: the folder's CA did not sign it (rotate leaves it alone).
+	OtherCA bool
+
+	cert *x509.Certificate
+}
+
+// Folder is what a folder of certificates holds.
+type Folder struct {
+	CA           Certificate
+	Certificates []Certificate // every other .crt file, by name
+	Failed       []FileError   // the files that could not be read
+}
+
+// FileError is a file of the folder that could not be handled.
+type FileError struct {
+	File string
+	Err  error
+}
+
+func (e FileError) Error() string { return e.File + ": " + e.Err.Error() }
+func (e FileError) Unwrap() error { return e.Err }
+
+// ReadFolder reads the CA and every other certificate of dir. A file that
+// cannot be read is in Failed and the others are read all the same; only
+// a CA that cannot be read is an error.
+func ReadFolder(dir string) (Folder, error) {
+	ca, err := loadCA(dir)
+	if err != nil {
+		return Folder{}, err
+	}
+	f := Folder{CA: describe(filepath.Join(dir, "ca.crt"), ca, ca)}
 	files, err := filepath.Glob(filepath.Join(dir, "*.crt"))
 	if err != nil {
-		return nil, err
+		return Folder{}, err
 	}
-	ca, _, err := loadCA(dir)
-	if err != nil {
-		return nil, err
-	}
-	var done []string
-	for _, f := range files {
-		name := strings.TrimSuffix(filepath.Base(f), ".crt")
-		if name == "ca" {
+	for _, file := range files {
+		if filepath.Base(file) == "ca.crt" {
 			continue
 		}
-		b, err := os.ReadFile(f)
+		c, err := readCert(file)
 		if err != nil {
-			return done, err
+			f.Failed = append(f.Failed, FileError{File: file, Err: err})
+			continue
 		}
-		blk, _ := pem.Decode(b)
-		if blk == nil {
-			return done, fmt.Errorf("%s is not PEM", f)
+		f.Certificates = append(f.Certificates, describe(file, c, ca))
+	}
+	return f, nil
+}
+
+func describe(file string, c, ca *x509.Certificate) Certificate {
+	var roles []string
+	for _, o := range c.Subject.Organization {
+		if r, ok := strings.CutPrefix(o, RolePrefix); ok {
+			roles = append(roles, r)
 		}
-		old, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			return done, fmt.Errorf("%s: %w", f, err)
-		}
-		if old.CheckSignatureFrom(ca) != nil || time.Until(old.NotAfter) > within {
+	}
+	if len(roles) == 0 && slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageServerAuth) {
+		roles = append(roles, "server")
+	}
+	return Certificate{
+		File: file, Name: strings.TrimSuffix(filepath.Base(file), ".crt"), CommonName: c.Subject.CommonName,
+		Role: strings.Join(roles, ","), NotAfter: c.NotAfter, OtherCA: c != ca && c.CheckSignatureFrom(ca) != nil, cert: c,
+	}
+}
+
+// Rotation is what Rotate did.
+type Rotation struct {
+	CA       Certificate
+	Reissued []string // the names reissued
+	// EndWithCA are the certificates due that end with the CA already:
+	// no renewal would end later, so they are left as they are.
+	EndWithCA []Certificate
+	Failed    []FileError // the files not read, or not reissued
+}
+
+// Rotate reissues every certificate in dir that the CA signed (the
+// server's and the clients') that expires within the given time, with the
+// same names, addresses and role and a new key. A file it cannot read or
+// reissue does not stop it: it goes on with the others and returns an
+// error naming every such file. Nothing is reissued with a CA that is not
+// valid, and a renewal ends no later than the CA (OnCapped tells of one
+// cut short); a certificate that already ends with the CA is not
+// reissued again (EndWithCA), so rotations do not renew it in a loop. Processes that use the new files take
+// them within tlsconfig.ReloadPeriod, and their connections move to them
+// by the old ones' end.
+func Rotate(dir string, within time.Duration, opts ...Option) (Rotation, error) {
+	o := issuing{validFor: certValidity, now: time.Now}
+	o.apply(opts)
+	now := o.now()
+	f, err := ReadFolder(dir)
+	if err != nil {
+		return Rotation{}, err
+	}
+	r := Rotation{CA: f.CA, Failed: f.Failed}
+	if err := checkCA(f.CA.File, f.CA.cert, now); err != nil {
+		return r, err
+	}
+	for _, c := range f.Certificates {
+		if c.OtherCA || c.NotAfter.Sub(now) > within {
 			continue // another CA's, or not yet due
 		}
-		tmpl := &x509.Certificate{Subject: old.Subject, DNSNames: old.DNSNames, IPAddresses: old.IPAddresses, ExtKeyUsage: old.ExtKeyUsage}
-		if err := issue(dir, name, tmpl, opts); err != nil {
-			return done, fmt.Errorf("reissuing %s: %w", name, err)
+		if now.Add(o.validFor).After(f.CA.NotAfter) && !f.CA.NotAfter.After(c.NotAfter) {
+			// A renewal would end with the CA, as this one does: reissuing
+			// it at every rotation would gain nothing.
+			r.EndWithCA = append(r.EndWithCA, c)
+			continue
 		}
-		done = append(done, name)
+		old := c.cert
+		tmpl := &x509.Certificate{Subject: old.Subject, DNSNames: old.DNSNames, IPAddresses: old.IPAddresses, ExtKeyUsage: old.ExtKeyUsage}
+		if err := issue(dir, c.Name, tmpl, opts); err != nil {
+			r.Failed = append(r.Failed, FileError{File: c.File, Err: fmt.Errorf("reissuing: %w", err)})
+			continue
+		}
+		r.Reissued = append(r.Reissued, c.Name)
 	}
-	return done, nil
+	if len(r.Failed) == 0 {
+		return r, nil
+	}
+	slices.SortFunc(r.Failed, func(a, b FileError) int { return strings.Compare(a.File, b.File) })
+	errs := make([]error, len(r.Failed))
+	for i, fe := range r.Failed {
+		errs[i] = fe
+	}
+	return r, fmt.Errorf("certificate files of %s not renewed (%d):\n%w", dir, len(errs), errors.Join(errs...))
 }
 
 func serial() *big.Int {

@@ -39,7 +39,9 @@ const (
 // type kubernetes.io/tls, with the keys cert-manager writes. A Secret that exists is never changed, so running it again (each
 // install, each upgrade) changes nothing, and certificates made by hand or
 // by cert-manager are kept. It returns the names of the Secrets it made.
-func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace string, extraHosts []string) ([]string, error) {
+// Certificates are issued as certs issues them (opts), from a valid CA
+// only and to end no later than it.
+func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace string, extraHosts []string, opts ...certs.Option) ([]string, error) {
 	secrets := client.CoreV1().Secrets(namespace)
 	missing := map[string]bool{}
 	for _, name := range []string{SecretServer, SecretAgent, SecretAdmin, SecretWebhook} {
@@ -94,11 +96,11 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 		{SecretServer, func() error {
 			hosts := []string{"weir-server", "weir-server." + namespace, "weir-server." + namespace + ".svc", "weir-server." + namespace + ".svc.cluster.local",
 				"localhost", "127.0.0.1", "::1"}
-			return certs.IssueServer(dir, append(hosts, extraHosts...))
+			return certs.IssueServer(dir, append(hosts, extraHosts...), opts...)
 		}, map[string]string{"ca.crt": "ca.crt", "tls.crt": "server.crt", "tls.key": "server.key"}},
-		{SecretAgent, func() error { return certs.IssueClient(dir, certs.FleetAgentName, certs.RoleAgent) },
+		{SecretAgent, func() error { return certs.IssueClient(dir, certs.FleetAgentName, certs.RoleAgent, opts...) },
 			map[string]string{"ca.crt": "ca.crt", "tls.crt": certs.FleetAgentName + ".crt", "tls.key": certs.FleetAgentName + ".key"}},
-		{SecretAdmin, func() error { return certs.IssueClient(dir, "admin", certs.RoleAdmin) },
+		{SecretAdmin, func() error { return certs.IssueClient(dir, "admin", certs.RoleAdmin, opts...) },
 			map[string]string{"ca.crt": "ca.crt", "tls.crt": "admin.crt", "tls.key": "admin.key"}},
 		{SecretWebhook, func() error {
 			// A server certificate too: its own folder, not to replace
@@ -112,7 +114,7 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 					return err
 				}
 			}
-			return certs.IssueServer(wdir, []string{"weir-webhook." + namespace + ".svc", "weir-webhook." + namespace + ".svc.cluster.local"})
+			return certs.IssueServer(wdir, []string{"weir-webhook." + namespace + ".svc", "weir-webhook." + namespace + ".svc.cluster.local"}, opts...)
 		}, map[string]string{"ca.crt": "ca.crt", "tls.crt": "webhook/server.crt", "tls.key": "webhook/server.key"}},
 	}
 	for _, s := range issue {
@@ -120,7 +122,7 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 			continue
 		}
 		if err := s.make(); err != nil {
-			return made, err
+			return made, fmt.Errorf("the Secret %s/%s from the CA of %s: %w", namespace, s.secret, SecretCA, err)
 		}
 		data, err := files(dir, s.files)
 		if err != nil {

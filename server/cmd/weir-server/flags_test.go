@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -90,7 +91,7 @@ func TestCertsRefuseBadDurations(t *testing.T) {
 		{"init", "--dir", dir, "--hosts", "127.0.0.1", "--valid-for", "0s"},
 		{"rotate", "--dir", dir, "--within", "-1h"},
 	} {
-		err := certsCommand(args)
+		err := certsCommand(args, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "--"+strings.TrimPrefix(args[len(args)-2], "--")) {
 			t.Errorf("certs %v: %v, want an error naming the flag", args, err)
 		}

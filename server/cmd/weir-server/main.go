@@ -21,14 +21,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/apimachinery/pkg/util/validation"
-	clientset "k8s.io/client-go/kubernetes"
 
 	"github.com/weirlb/weir/internal/daemon"
 	"github.com/weirlb/weir/internal/iprange"
 	"github.com/weirlb/weir/internal/tlsconfig"
 	"github.com/weirlb/weir/internal/tlsconfig/tlsmetrics"
 	"github.com/weirlb/weir/server"
-	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/registry"
@@ -48,7 +46,7 @@ func main() {
 		return
 	}
 	if len(os.Args) > 1 && os.Args[1] == "certs" {
-		if err := certsCommand(os.Args[2:]); err != nil {
+		if err := certsCommand(os.Args[2:], os.Stdout, os.Stderr); err != nil {
 			fmt.Fprintln(os.Stderr, "weir-server certs:", err)
 			os.Exit(1)
 		}
@@ -249,108 +247,6 @@ func run() error {
 		log.Info("serving", "address", lis.Addr().String(), "data_dir", *dataDir, "tls", tlsSrc != nil, "version", version)
 	}
 	return srv.Serve(ctx, lis)
-}
-
-// certsCommand issues certificates: "init" makes a CA and the server's
-// certificate, "issue" a client's.
-func certsCommand(args []string) error {
-	usage := "usage: weir-server certs init --dir DIR --hosts NAME,IP,...\n       weir-server certs server --dir DIR --hosts NAME,IP,...\n       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker [--force]\n       weir-server certs rotate --dir DIR [--within 720h]\n       weir-server certs kubernetes [--namespace NS] [--hosts NAME,IP,...] [--kubeconfig FILE]"
-	if len(args) == 0 {
-		return errors.New(usage)
-	}
-	fs := flag.NewFlagSet("certs "+args[0], flag.ContinueOnError)
-	dir := fs.String("dir", "/etc/weir/tls", "folder of the CA and the certificates")
-	hosts := fs.String("hosts", "", "comma-separated names and addresses the server answers on (init, server; kubernetes: besides the Service weir-server's in-cluster names)")
-	name := fs.String("name", "", "the client's identity: a node name for an agent (issue)")
-	role := fs.String("role", "", "admin, viewer, agent or speaker (issue)")
-	force := fs.Bool("force", false, "replace the name's existing certificate and key (issue)")
-	namespace := fs.String("namespace", "weir-system", "the namespace of the Secrets (kubernetes)")
-	kubeconfig := fs.String("kubeconfig", "", "the cluster's kubeconfig; empty: the in-cluster config (kubernetes)")
-	validFor := fs.Duration("valid-for", 365*24*time.Hour, "how long the certificates issued are valid (server, issue, rotate)")
-	within := fs.Duration("within", 30*24*time.Hour, "reissue the certificates that expire within this time (rotate; 0: only those expired)")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil // the usage is printed
-		}
-		return err
-	}
-	if *validFor < time.Minute {
-		return fmt.Errorf("--valid-for %v: at least a minute (a certificate that ends at once cuts off whoever uses it)", *validFor)
-	}
-	if *within < 0 {
-		return fmt.Errorf("--within %v: 0 or more", *within)
-	}
-	var hs []string
-	for _, h := range strings.Split(*hosts, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			hs = append(hs, h)
-		}
-	}
-	switch args[0] {
-	case "init":
-		if err := certs.InitCA(*dir); err != nil {
-			return err
-		}
-		if err := certs.IssueServer(*dir, hs, certs.ValidFor(*validFor)); err != nil {
-			return err
-		}
-		fmt.Printf("wrote %s/ca.crt, ca.key, server.crt, server.key\n", *dir)
-	case "server":
-		// A new server certificate from the existing CA: for more
-		// addresses (replicas), or a rotation. Clients keep trusting it.
-		if err := certs.IssueServer(*dir, hs, certs.ValidFor(*validFor)); err != nil {
-			return err
-		}
-		fmt.Printf("wrote %s/server.crt, server.key\n", *dir)
-	case "issue":
-		issue := certs.IssueClient
-		if *force {
-			issue = certs.ReissueClient
-		}
-		if err := issue(*dir, *name, *role, certs.ValidFor(*validFor)); err != nil {
-			return err
-		}
-		fmt.Printf("wrote %s/%s.crt and %s.key (role %s)\n", *dir, *name, *name, *role)
-	case "rotate":
-		// Every certificate the CA signed that is due, reissued in place
-		// with its names and role: the processes that use them take the
-		// new files within tlsconfig.ReloadPeriod, without a restart.
-		done, err := certs.Rotate(*dir, *within, certs.ValidFor(*validFor))
-		for _, n := range done {
-			fmt.Printf("reissued %s/%s.crt and %s.key\n", *dir, n, n)
-		}
-		if err != nil {
-			return err
-		}
-		if len(done) == 0 {
-			fmt.Printf("no certificate in %s expires within %v: nothing changed\n", *dir, *within)
-		}
-	case "kubernetes":
-		// The Secrets the manifests mount, made once (the weir-certs Job).
-		rc, err := kubernetes.RestConfig(*kubeconfig)
-		if err != nil {
-			return err
-		}
-		client, err := clientset.NewForConfig(rc)
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		made, err := kubernetes.BootstrapSecrets(ctx, client, *namespace, hs)
-		for _, m := range made {
-			fmt.Printf("made Secret %s/%s\n", *namespace, m)
-		}
-		if err != nil {
-			return err
-		}
-		if len(made) == 0 {
-			fmt.Printf("the Secrets of %s are there already: nothing changed\n", *namespace)
-		}
-	default:
-		return errors.New(usage)
-	}
-	return nil
 }
 
 // checkLeaderElect refuses --leader-elect where there is no Lease to

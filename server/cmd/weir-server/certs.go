@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/duration"
+	clientset "k8s.io/client-go/kubernetes"
+
+	"github.com/weirlb/weir/server/certs"
+	"github.com/weirlb/weir/server/kubernetes"
+)
+
+const certsUsage = `usage: weir-server certs init --dir DIR --hosts NAME,IP,...
+       weir-server certs server --dir DIR --hosts NAME,IP,...
+       weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker [--force]
+       weir-server certs rotate --dir DIR [--within 720h]
+       weir-server certs check-expiration --dir DIR
+       weir-server certs kubernetes [--namespace NS] [--hosts NAME,IP,...] [--kubeconfig FILE]`
+
+// certsCommand issues certificates: "init" makes a CA and the server's
+// certificate, "issue" a client's, "rotate" renews what ends soon and
+// "check-expiration" shows when each ends. Warnings go to stderr.
+func certsCommand(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return errors.New(certsUsage)
+	}
+	fs := flag.NewFlagSet("certs "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "/etc/weir/tls", "folder of the CA and the certificates")
+	hosts := fs.String("hosts", "", "comma-separated names and addresses the server answers on (init, server; kubernetes: besides the Service weir-server's in-cluster names)")
+	name := fs.String("name", "", "the client's identity: a node name for an agent (issue)")
+	role := fs.String("role", "", "admin, viewer, agent or speaker (issue)")
+	force := fs.Bool("force", false, "replace the name's existing certificate and key (issue)")
+	namespace := fs.String("namespace", "weir-system", "the namespace of the Secrets (kubernetes)")
+	kubeconfig := fs.String("kubeconfig", "", "the cluster's kubeconfig; empty: the in-cluster config (kubernetes)")
+	validFor := fs.Duration("valid-for", 365*24*time.Hour, "how long the certificates issued are valid, never past the CA's end (server, issue, rotate)")
+	within := fs.Duration("within", 30*24*time.Hour, "reissue the certificates that expire within this time (rotate; 0: only those expired)")
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil // the usage is printed
+		}
+		return err
+	}
+	if *validFor < time.Minute {
+		return fmt.Errorf("--valid-for %v: at least a minute (a certificate that ends at once cuts off whoever uses it)", *validFor)
+	}
+	if *within < 0 {
+		return fmt.Errorf("--within %v: 0 or more", *within)
+	}
+	var hs []string
+	for _, h := range strings.Split(*hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hs = append(hs, h)
+		}
+	}
+	// Every certificate issued here ends no later than its CA; one cut
+	// short says so.
+	warnCapped := certs.OnCapped(func(c certs.Capped) { fmt.Fprintln(stderr, "warning:", c) })
+	opts := []certs.Option{certs.ValidFor(*validFor), warnCapped}
+	switch args[0] {
+	case "init":
+		if err := certs.InitCA(*dir); err != nil {
+			return err
+		}
+		if err := certs.IssueServer(*dir, hs, opts...); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s/ca.crt, ca.key, server.crt, server.key\n", *dir)
+	case "server":
+		// A new server certificate from the existing CA: for more
+		// addresses (replicas), or a rotation. Clients keep trusting it.
+		if err := certs.IssueServer(*dir, hs, opts...); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s/server.crt, server.key\n", *dir)
+	case "issue":
+		issue := certs.IssueClient
+		if *force {
+			issue = certs.ReissueClient
+		}
+		if err := issue(*dir, *name, *role, opts...); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s/%s.crt and %s.key (role %s)\n", *dir, *name, *name, *role)
+	case "rotate":
+		return rotate(*dir, *within, *validFor, opts, stdout, stderr)
+	case "check-expiration":
+		return checkExpiration(*dir, stdout)
+	case "kubernetes":
+		// The Secrets the manifests mount, made once (the weir-certs Job).
+		rc, err := kubernetes.RestConfig(*kubeconfig)
+		if err != nil {
+			return err
+		}
+		client, err := clientset.NewForConfig(rc)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		made, err := kubernetes.BootstrapSecrets(ctx, client, *namespace, hs, warnCapped)
+		for _, m := range made {
+			fmt.Fprintf(stdout, "made Secret %s/%s\n", *namespace, m)
+		}
+		if err != nil {
+			return err
+		}
+		if len(made) == 0 {
+			fmt.Fprintf(stdout, "the Secrets of %s are there already: nothing changed\n", *namespace)
+		}
+	default:
+		return errors.New(certsUsage)
+	}
+	return nil
+}
+
+// rotate reissues in place, with its names and role, every certificate
+// the CA signed that is due: the processes that use them take the new
+// files within tlsconfig.ReloadPeriod, without a restart. It says how
+// long the CA has left, which no rotation extends.
+func rotate(dir string, within, validFor time.Duration, opts []certs.Option, stdout, stderr io.Writer) error {
+	if validFor <= within {
+		return fmt.Errorf("--valid-for %v is not longer than --within %v: every certificate renewed would be due again at the next rotation", validFor, within)
+	}
+	r, err := certs.Rotate(dir, within, opts...)
+	for _, n := range r.Reissued {
+		fmt.Fprintf(stdout, "reissued %s/%s.crt and %s.key\n", dir, n, n)
+	}
+	for _, c := range r.EndWithCA {
+		fmt.Fprintf(stderr, "warning: %s is due but not renewed: it ends with its CA, at %s, and no renewal can end later\n", c.File, c.NotAfter.UTC().Format(time.RFC3339))
+	}
+	if ca := r.CA; ca.File != "" {
+		left := time.Until(ca.NotAfter)
+		fmt.Fprintf(stdout, "the CA %s ends at %s (residual time %s)\n", ca.File, ca.NotAfter.UTC().Format(time.RFC3339), residual(left))
+		if left > 0 && left <= within {
+			fmt.Fprintf(stderr, "warning: the CA %s ends at %s, within --within %v: rotate does not renew a CA, and no certificate outlives the CA that signs it; make a new CA and move every certificate to it before then (docs/operations.md, CA rotation)\n",
+				ca.File, ca.NotAfter.UTC().Format(time.RFC3339), within)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if len(r.Reissued) == 0 && len(r.EndWithCA) == 0 {
+		fmt.Fprintf(stdout, "no certificate in %s expires within %v: nothing changed\n", dir, within)
+	}
+	return nil
+}
+
+// checkExpiration prints, as kubeadm's "certs check-expiration" does,
+// when every certificate of dir ends and how long it has left, then the
+// CA; a file it cannot read is listed after, and fails the command.
+func checkExpiration(dir string, stdout io.Writer) error {
+	f, err := certs.ReadFolder(dir)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(stdout, 0, 8, 3, ' ', 0)
+	fmt.Fprintln(tw, "CERTIFICATE\tCOMMON NAME\tROLE\tEXPIRES\tRESIDUAL TIME\tCERTIFICATE AUTHORITY")
+	var outlive []certs.Certificate
+	for _, c := range f.Certificates {
+		ca := "ca"
+		if c.OtherCA {
+			ca = "another CA"
+		} else if c.NotAfter.After(f.CA.NotAfter) {
+			outlive = append(outlive, c)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Name, c.CommonName, orNone(c.Role), expires(c.NotAfter), residual(c.NotAfter.Sub(now)), ca)
+	}
+	fmt.Fprintln(tw, "\nCERTIFICATE AUTHORITY\tEXPIRES\tRESIDUAL TIME")
+	fmt.Fprintf(tw, "%s\t%s\t%s\n", f.CA.Name, expires(f.CA.NotAfter), residual(f.CA.NotAfter.Sub(now)))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, c := range outlive {
+		fmt.Fprintf(stdout, "\n%s ends after its CA: nothing verifies it past %s\n", c.Name, expires(f.CA.NotAfter))
+	}
+	if len(f.Failed) == 0 {
+		return nil
+	}
+	errs := make([]error, len(f.Failed))
+	for i, fe := range f.Failed {
+		errs[i] = fe
+	}
+	return fmt.Errorf("certificate files of %s not read (%d):\n%w", dir, len(errs), errors.Join(errs...))
+}
+
+// expires is how kubeadm writes a certificate's end.
+func expires(t time.Time) string { return t.UTC().Format("Jan 02, 2006 15:04 MST") }
+
+// residual is the time left, in kubeadm's short form (364d, 9y).
+func residual(d time.Duration) string {
+	if d <= 0 {
+		return "expired"
+	}
+	return duration.ShortHumanDuration(d)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
