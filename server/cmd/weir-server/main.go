@@ -27,6 +27,7 @@ import (
 	"github.com/weirlb/weir/internal/tlsconfig"
 	"github.com/weirlb/weir/internal/tlsconfig/tlsmetrics"
 	"github.com/weirlb/weir/server"
+	"github.com/weirlb/weir/server/certs"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/limits"
 	"github.com/weirlb/weir/server/registry"
@@ -99,6 +100,9 @@ func run() error {
 		svcRanges      = flag.String("service-cluster-ip-range", "10.96.0.0/12,fd00:96::/108", "comma-separated ranges (one per family) the cluster IPs of native services come from, besides the ServiceCidr resources (as the apiserver's flag); none may hold an address of this host")
 		l2TTL          = flag.Duration("l2-lease-duration", server.DefaultL2LeaseTTL, "how long a node's lease on an L2 address lasts from its ask (it asks four times as often); an owner that fails is replaced within about this plus --l2-lease-margin")
 		l2Margin       = flag.Duration("l2-lease-margin", server.DefaultL2LeaseMargin, "how much longer than a lease the server waits before it gives an L2 address whose owner did not give it up to another node: room for the two clocks' rates")
+		agentNeedsTok  = flag.Bool("agents-need-node-tokens", false, "refuse agents on the shared certificate (CommonName "+certs.FleetAgentName+") that present no node token: each agent then acts for its own node only (with --kubernetes; the Helm chart and manifests set it). Without it such an agent may act for any node, which is deprecated")
+		agentTokAud    = flag.String("agent-token-audience", kubernetes.DefaultAgentTokenAudience, "with --kubernetes: the audience of the agents' node tokens (their projected service-account token volume's)")
+		agentTokSA     = flag.String("agent-service-account", "", "with --kubernetes: namespace/name of the agents' service account, whose pod-bound tokens are node tokens (default: the server's namespace/weir-agent)")
 		extCIDRs       = flag.String("allowed-external-ip-cidrs", "", "comma-separated CIDRs external IPs may come from (default none: a service's external IP takes an address's traffic on every node; Kubernetes recommends denying them)")
 	)
 	common := daemon.AddFlags(flag.CommandLine)
@@ -163,6 +167,7 @@ func run() error {
 		return fmt.Errorf("--l2-lease-duration %v, --l2-lease-margin %v: the lease at least 100ms, the margin between 0 and the lease", *l2TTL, *l2Margin)
 	}
 	cfg.L2LeaseTTL, cfg.L2LeaseMargin = *l2TTL, *l2Margin
+	cfg.SharedAgentCertificateNeedsToken = *agentNeedsTok
 	var etcdTLS *tlsconfig.Source
 	if cfg.Etcd, etcdTLS, err = etcdFlags.config(log); err != nil {
 		return err
@@ -181,7 +186,8 @@ func run() error {
 	}
 	if *kube || *kubecfg != "" {
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: *kubecfg, ProxyName: *proxyNm, Resync: 10 * time.Minute,
-			Classes: kubernetes.Classes{Class: *lbClass, Default: *lbDefault}}
+			Classes:     kubernetes.Classes{Class: *lbClass, Default: *lbDefault},
+			AgentTokens: kubernetes.AgentTokens{Audience: *agentTokAud, ServiceAccount: *agentTokSA}}
 	}
 	if err := checkLeaderElect(*leaderElect, cfg.Kubernetes != nil, cfg.Etcd != nil); err != nil {
 		return err
