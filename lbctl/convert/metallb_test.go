@@ -6,7 +6,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -175,24 +174,13 @@ func manyPools(n int) string {
 	return b.String()
 }
 
-// TestTenThousandPoolsConvertInLinearTime: 10,000 pools and 10,000
-// advertisements (each naming its pool) convert in well under the time a
-// scan of every advertisement for every pool takes (11 s of CPU
-// measured), and each pool gets its own advertisement. CPU time, not wall
-// time, so that a busy machine does not fail it.
-func TestTenThousandPoolsConvertInLinearTime(t *testing.T) {
-	in := manyPools(10_000)
-	before := cpuTime(t)
-	r, err := FromMetalLB(in)
-	took := cpuTime(t) - before
+// 10,000 pools and 10,000 advertisements (each naming its pool): each
+// pool gets its own advertisement.
+func TestTenThousandPoolsEachGetTheirOwnAdvertisement(t *testing.T) {
+	r, err := FromMetalLB(manyPools(10_000))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Alone, about half a second, most of it reading YAML.
-	if took > 3*time.Second {
-		t.Errorf("10,000 pools x 10,000 advertisements took %v of CPU, want under 3 s", took)
-	}
-	t.Logf("10,000 pools x 10,000 advertisements: %v of CPU", took)
 	if len(r.Pools) != 10_000 || len(r.Notes) != 0 {
 		t.Fatalf("%d pools, %d notes; want 10000 pools, no notes", len(r.Pools), len(r.Notes))
 	}
@@ -203,16 +191,10 @@ func TestTenThousandPoolsConvertInLinearTime(t *testing.T) {
 	}
 }
 
-// cpuTime is the CPU time the test's process has used.
-func cpuTime(t *testing.T) time.Duration {
-	t.Helper()
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		t.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
+// The conversion's cost grows with the input, not with pools times
+// advertisements: go test -bench FromMetalLB ./lbctl/convert (10,000 of
+// each, about 0.6 s of CPU a run, most of it reading YAML; 7.4 s when
+// every pool scanned every advertisement).
 func BenchmarkFromMetalLB10kPools(b *testing.B) {
 	in := manyPools(10_000)
 	for b.Loop() {
