@@ -1,10 +1,12 @@
 package health
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -21,15 +23,16 @@ import (
 
 var loopback = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
 
-// freePort finds a port that is free on loopback right now.
+// freePort finds a port free on every address, below the range the
+// kernel takes source ports from (see distinctPorts). A port the kernel
+// hands out for 127.0.0.1:0 may be held on another address meanwhile: a
+// connection bound to 127.0.1.1:0, say, takes its port from the same
+// range and lingers in TIME_WAIT for a minute after it closes, and the
+// agent, told of loopback addresses only, opens its ports on every
+// address.
 func freePort(t *testing.T) uint16 {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return uint16(ln.Addr().(*net.TCPAddr).Port)
+	return distinctPorts(t, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), 1)[0]
 }
 
 type httpAnswer struct {
@@ -82,6 +85,76 @@ func TestServiceHealthCheckAnswersLikeKubeProxy(t *testing.T) {
 	s.Sync(loopback, nil)
 	if _, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
 		t.Error("the health-check port is still open after its service went")
+	}
+}
+
+// TestNodeAddressChangesLeaveTheAddressesThatStayAlone: when the node
+// gains or loses an address, a health-check port opens or closes its
+// listener there alone. A balancer probing an address the node keeps
+// sees no gap, neither a refused probe nor its open connection closed.
+func TestNodeAddressChangesLeaveTheAddressesThatStayAlone(t *testing.T) {
+	s := NewServices(func() bool { return true }, ServiceLimits, slog.New(slog.DiscardHandler), nil)
+	defer s.Close()
+	port := freePort(t)
+	one, two := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")
+	cart := []Service{{Namespace: "shop", Name: "cart", Port: port, LocalReady: 1}}
+	// A prober's connection, kept open between its probes (HTTP
+	// keep-alive), and one probe on it.
+	type conn struct {
+		net.Conn
+		r *bufio.Reader
+	}
+	dial := func(a netip.Addr) (conn, error) {
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(a, port).String(), time.Second)
+		if err != nil {
+			return conn{}, err
+		}
+		t.Cleanup(func() { c.Close() })
+		return conn{c, bufio.NewReader(c)}, nil
+	}
+	probe := func(c conn) (int, error) {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: node\r\n\r\n"); err != nil {
+			return 0, err
+		}
+		resp, err := http.ReadResponse(c.r, nil)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, err
+	}
+	answers := func(when string, c conn) {
+		t.Helper()
+		if code, err := probe(c); code != http.StatusOK {
+			t.Errorf("%s: a prober's open connection to %s gets %d, %v; want 200", when, c.RemoteAddr(), code, err)
+		}
+	}
+
+	s.Sync([]netip.Addr{one}, cart)
+	first, err := dial(one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers("one address", first)
+
+	s.Sync([]netip.Addr{one, two}, cart)
+	answers("an address added", first)
+	second, err := dial(two)
+	if err != nil {
+		t.Fatalf("an address added: %v", err)
+	}
+	answers("an address added", second)
+
+	s.Sync([]netip.Addr{two, one}, cart)
+	answers("the same addresses in another order", first)
+	answers("the same addresses in another order", second)
+
+	s.Sync([]netip.Addr{two}, cart)
+	answers("another address gone", second)
+	if _, err := dial(one); err == nil {
+		t.Errorf("the port still takes connections on %s after the node lost it", one)
 	}
 }
 

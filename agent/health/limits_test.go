@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -291,7 +292,8 @@ func TestProbesAreAnsweredWhileManySourcesHoldConnections(t *testing.T) {
 			nodeLimit := NewConnLimit("healthz", NodeLimits)
 			srv := nodeLimit.Server(node.Handler())
 			defer srv.Close()
-			hcPort, healthzPort := freePort(t), freePort(t)
+			ports := distinctPorts(t, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), 2)
+			hcPort, healthzPort := ports[0], ports[1]
 			var targets []netip.AddrPort
 			var err error
 			listen(func() {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -52,9 +53,10 @@ type Services struct {
 func (s *Services) SetDrained(drained bool) { s.drained.Store(drained) }
 
 type portServer struct {
-	svc       atomic.Pointer[Service] // swapped on every sync; read per request
-	http      *http.Server
-	listeners []net.Listener
+	svc  atomic.Pointer[Service] // swapped on every sync; read per request
+	http *http.Server
+	// listeners are the port's, by address ("" for every address).
+	listeners map[string]net.Listener
 	bindErr   error
 }
 
@@ -127,11 +129,13 @@ func (s *Services) Sync(addrs []netip.Addr, services []Service) map[string]Resul
 // Update changes the health checks of the services named alone: set are
 // new or changed, gone (by "namespace/name") have none any more. Every
 // other service keeps its listener and answer, so that a change costs the
-// same with a thousand health checks as with one. New addrs reopen every
-// port on them. It returns the result of every service whose result may
-// have changed: those named, those that took over a port another let go,
-// and those whose port could not be opened before (tried again, since
-// whatever held the port may have let it go).
+// same with a thousand health checks as with one. New addrs move every
+// port to them, address by address: a port keeps its listener, and its
+// connections, on an address the node keeps. It returns the result of
+// every service whose result may have changed: those named, those that
+// took over a port another let go, and those whose port could not be
+// opened before (tried again, since whatever held the port may have let
+// it go).
 func (s *Services) Update(addrs []netip.Addr, set []Service, gone []string) map[string]Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -149,10 +153,8 @@ func (s *Services) Update(addrs []netip.Addr, set []Service, gone []string) map[
 		delete(s.failing, key)
 	}
 	if !sameAddrs(addrs, s.addrs) {
-		// The node's addresses changed: reopen everything on the new ones.
-		for port, ps := range s.servers {
-			ps.close()
-			delete(s.servers, port)
+		// The node's addresses changed: every port follows them.
+		for port := range s.servers {
 			ports[port] = true
 		}
 		for key := range s.checks {
@@ -198,12 +200,14 @@ func (s *Services) Update(addrs []netip.Addr, set []Service, gone []string) map[
 			}
 			continue
 		}
-		if ps == nil || ps.bindErr != nil {
-			// New, or failed before: (re)try, since whatever held the
-			// port may have let it go.
-			ps = s.open(port)
+		if ps == nil {
+			ps = s.newPortServer()
 			s.servers[port] = ps
 		}
+		// Open what is missing: the port is new, the node has new
+		// addresses, or an address failed before (whatever held the port
+		// there may have let it go).
+		s.listen(ps, port)
 		svc := s.checks[key]
 		ps.svc.Store(&svc)
 	}
@@ -243,14 +247,25 @@ func (s *Services) Update(addrs []netip.Addr, set []Service, gone []string) map[
 	return results
 }
 
-// open binds port on every address; a failure on any is the port's error
-// (a balancer probing that address would get no answer).
-func (s *Services) open(port uint16) *portServer {
-	ps := &portServer{}
+// newPortServer returns a port's server, listening nowhere yet.
+func (s *Services) newPortServer() *portServer {
+	ps := &portServer{listeners: map[string]net.Listener{}}
 	ps.http = s.conns.Server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		svc := ps.svc.Load()
 		s.answer(w, svc)
 	}))
+	return ps
+}
+
+// listen makes ps listen on port on the node's addresses (every address
+// when it has none), keeping the listeners it has on them: a balancer
+// probing an address the node keeps must not be refused, nor lose its
+// connection, because another address came or went. Listeners on
+// addresses gone are closed first (one on every address would keep the
+// port from being opened on one). A failure on any address is the port's
+// error (a balancer probing that address gets no answer); the addresses
+// opened keep answering.
+func (s *Services) listen(ps *portServer, port uint16) {
 	hosts := []string{""}
 	if len(s.addrs) > 0 {
 		hosts = hosts[:0]
@@ -258,28 +273,35 @@ func (s *Services) open(port uint16) *portServer {
 			hosts = append(hosts, a.String())
 		}
 	}
-	var listeners []net.Listener
+	for h, ln := range ps.listeners {
+		if !slices.Contains(hosts, h) {
+			ln.Close()
+			delete(ps.listeners, h)
+		}
+	}
+	ps.bindErr = nil
 	for _, h := range hosts {
+		if ps.listeners[h] != nil {
+			continue
+		}
 		ln, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(int(port))))
 		if err != nil {
-			for _, l := range listeners {
-				l.Close()
+			if ps.bindErr == nil {
+				ps.bindErr = fmt.Errorf("opening health-check port %d: %w", port, err)
 			}
-			ps.bindErr = fmt.Errorf("opening health-check port %d: %w", port, err)
 			s.log.Error("health-check port not served", "port", port, "error", err)
-			return ps
+			continue
 		}
-		listeners = append(listeners, s.conns.Listen(ln))
-	}
-	ps.listeners = listeners
-	for _, ln := range listeners {
+		lim := s.conns.Listen(ln)
+		ps.listeners[h] = lim
 		go func() {
-			if err := ps.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			// A listener closed here, its address gone, ends its Serve
+			// with net.ErrClosed; the port itself serves on.
+			if err := ps.http.Serve(lim); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 				s.log.Error("health-check port stopped", "port", port, "error", err)
 			}
 		}()
 	}
-	return ps
 }
 
 // close stops serving the port. The listeners are closed here, not left
