@@ -39,10 +39,9 @@ const extraNodeName = "authentication.kubernetes.io/node-name"
 // names the pod's node, and the agent presenting it acts for that node
 // alone.
 type NodeTokens struct {
-	client    clientset.Interface
-	audience  string
-	namespace string
-	account   string // the service account's user name
+	client   clientset.Interface
+	audience string
+	account  string // the service account's user name
 }
 
 // NewNodeTokens reviews tokens through client; namespace is the server's,
