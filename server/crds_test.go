@@ -32,7 +32,6 @@ import (
 	"github.com/weirlb/weir/test/kubeapi"
 )
 
-// startKube runs a real apiserver and returns clients for it.
 // setDuring sets *p to v for the rest of the test, and back once the
 // cleanups registered after it have run: a server the test starts later
 // has stopped by then, so none of its goroutines reads *p as it changes.
@@ -42,9 +41,11 @@ func setDuring[T any](t *testing.T, p *T, v T) {
 	t.Cleanup(func() { *p = old })
 }
 
-func startKube(t *testing.T) (*kubeapi.Cluster, clientset.Interface, dynamic.Interface) {
+// startKube runs a real apiserver (apiserverArgs added to its flags) and
+// returns clients for it.
+func startKube(t *testing.T, apiserverArgs ...string) (*kubeapi.Cluster, clientset.Interface, dynamic.Interface) {
 	t.Helper()
-	c := kubeapi.StartForTest(t)
+	c := kubeapi.StartForTest(t, apiserverArgs...)
 	rc, err := kubernetes.RestConfig(c.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -397,21 +398,7 @@ func TestAdmissionRefusesWhatTheServerWould(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := "https://" + lis.Addr().String() + kubernetes.AdmissionPath
-	fail, none := admissionregistrationv1.Fail, admissionregistrationv1.SideEffectClassNone
-	if _, err := kc.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "weir.dev"},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name: "validate.weir.dev", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
-			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"weir.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"addresspools", "bgppeers"}},
-			}},
-			FailurePolicy: &fail, SideEffects: &none, AdmissionReviewVersions: []string{"v1"},
-		}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	registerWebhook(t, ctx, kc, lis.Addr().String(), caPEM)
 	create := func(res schema.GroupVersionResource, doc string, dryRun bool) error {
 		var obj map[string]any
 		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
@@ -455,6 +442,29 @@ func TestAdmissionRefusesWhatTheServerWould(t *testing.T) {
 	// What the server takes passes.
 	if err := create(v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: other\nspec:\n  addresses: [198.51.100.0/28]\n", false); err != nil {
 		t.Errorf("a pool the server takes: %v", err)
+	}
+}
+
+// registerWebhook registers the ValidatingWebhookConfiguration weir.dev
+// for the server's webhook at addr, trusted with caPEM, as the manifests
+// do but with failurePolicy Fail: a write the webhook does not answer
+// fails.
+func registerWebhook(t *testing.T, ctx context.Context, kc clientset.Interface, addr string, caPEM []byte) {
+	t.Helper()
+	url := "https://" + addr + kubernetes.AdmissionPath
+	fail, none := admissionregistrationv1.Fail, admissionregistrationv1.SideEffectClassNone
+	if _, err := kc.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "weir.dev"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name: "validate.weir.dev", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"weir.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"addresspools", "bgppeers"}},
+			}},
+			FailurePolicy: &fail, SideEffects: &none, AdmissionReviewVersions: []string{"v1"},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -50,9 +50,10 @@ type Cluster struct {
 // Start starts etcd and the apiserver on free loopback ports, with all data
 // under a new temporary directory, and returns once /readyz is ok. It builds
 // the apiserver first if needed (see Binary) and, when running as root,
-// installs Debian's etcd-server package if etcd is missing. On error it
-// stops whatever it started. The caller must call Close.
-func Start(ctx context.Context) (_ *Cluster, err error) {
+// installs Debian's etcd-server package if etcd is missing. apiserverArgs
+// are added to the apiserver's flags (--admission-control-config-file,
+// say). On error it stops whatever it started. The caller must call Close.
+func Start(ctx context.Context, apiserverArgs ...string) (_ *Cluster, err error) {
 	bin, err := Binary(ctx)
 	if err != nil {
 		return nil, err
@@ -110,25 +111,25 @@ func Start(ctx context.Context) (_ *Cluster, err error) {
 	// The apiserver generates a self-signed serving certificate (with its
 	// CA appended) here, valid for --advertise-address.
 	c.CAFile = filepath.Join(certDir, "apiserver.crt")
-	c.apiserver, err = testproc.Start(dir, "kube-apiserver", bin,
-		"--etcd-servers="+etcdURL,
+	c.apiserver, err = testproc.Start(dir, "kube-apiserver", bin, append([]string{
+		"--etcd-servers=" + etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(ports[2]),
-		"--cert-dir="+certDir,
-		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
+		"--secure-port=" + strconv.Itoa(ports[2]),
+		"--cert-dir=" + certDir,
+		"--token-auth-file=" + filepath.Join(dir, "tokens.csv"),
 		// RBAC rather than AlwaysAllow, so tests can check that Weir's
 		// roles suffice; system:masters bypasses it.
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+filepath.Join(dir, "sa.key"),
-		"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
-		"--service-cluster-ip-range="+ServiceCIDR,
+		"--service-account-key-file=" + filepath.Join(dir, "sa.key"),
+		"--service-account-signing-key-file=" + filepath.Join(dir, "sa.key"),
+		"--service-cluster-ip-range=" + ServiceCIDR,
 		// Endpoints may not hold loopback addresses, so reconciling the
 		// "kubernetes" Service to 127.0.0.1 would only log an error every
 		// 10 s; that Service has no endpoints here.
 		"--endpoint-reconciler-type=none",
-	)
+	}, apiserverArgs...)...)
 	if err != nil {
 		return nil, err
 	}

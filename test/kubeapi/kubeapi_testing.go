@@ -10,14 +10,14 @@ import (
 	"time"
 )
 
-// StartForTest starts a cluster for t, closed when t ends, or skips t as
-// SkipUnlessAvailable does.
-func StartForTest(t testing.TB) *Cluster {
+// StartForTest starts a cluster for t (the apiserver with apiserverArgs
+// added), closed when t ends, or skips t as SkipUnlessAvailable does.
+func StartForTest(t testing.TB, apiserverArgs ...string) *Cluster {
 	t.Helper()
 	SkipUnlessAvailable(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	c, err := Start(ctx)
+	c, err := Start(ctx, apiserverArgs...)
 	if err != nil {
 		t.Fatal(err)
 	}
