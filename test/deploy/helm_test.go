@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +27,16 @@ const kubeVersion = "v1.36.0"
 // helm runs the helm binary (built once per machine) on the chart.
 func helm(t *testing.T, args ...string) []byte {
 	t.Helper()
+	out, err := tryHelm(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// tryHelm is helm that returns helm's failure, its output in the error.
+func tryHelm(t *testing.T, args ...string) ([]byte, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	bin, err := toolbin.Helm(ctx)
@@ -41,9 +52,9 @@ func helm(t *testing.T, args ...string) []byte {
 		if ee, ok := err.(*exec.ExitError); ok {
 			stderr = ee.Stderr
 		}
-		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr)
+		return nil, fmt.Errorf("helm %s: %w\n%s%s", strings.Join(args, " "), err, out, stderr)
 	}
-	return out
+	return out, nil
 }
 
 var chart = filepath.Join("deploy", "helm", "weir")
@@ -159,6 +170,74 @@ func TestHelmValuesReachTheObjects(t *testing.T) {
 			}
 		}
 	}))
+}
+
+// TestHelmWebhookValues: by default the webhook listens on the pod's own
+// address, not every address of the pod. webhook.clientCASecret makes the
+// server require a client certificate of the Secret's CA (mounted where
+// the flag reads it), webhook.clientNames names the certificates taken
+// (and is refused without a CA: it would check nothing), and
+// webhook.allowedCIDRs adds a NetworkPolicy that opens the webhook's port
+// to those CIDRs alone and leaves the server's other ports open; the
+// objects are valid for a real apiserver.
+func TestHelmWebhookValues(t *testing.T) {
+	container := func(objs map[string]*unstructured.Unstructured) map[string]any {
+		containers, _, _ := unstructured.NestedSlice(objs["Deployment/weir-server"].Object, "spec", "template", "spec", "containers")
+		return containers[0].(map[string]any)
+	}
+	plain := render(t)
+	c := container(plain)
+	args := fmt.Sprint(c["args"])
+	podIP := map[string]any{"name": "POD_IP", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.podIP"}}}
+	if !strings.Contains(args, "--webhook-bind-address=[$(POD_IP)]:7445") || !slices.ContainsFunc(c["env"].([]any), func(e any) bool { return cmp.Equal(e, any(podIP)) }) {
+		t.Errorf("the webhook listens as %s, env %v; want [$(POD_IP)]:7445, POD_IP from status.podIP", args, c["env"])
+	}
+	if strings.Contains(args, "--webhook-client") || plain["NetworkPolicy/weir-webhook"] != nil {
+		t.Errorf("by default: args %s, a NetworkPolicy %v; want neither client authentication nor a policy", args, plain["NetworkPolicy/weir-webhook"] != nil)
+	}
+
+	got := render(t, "webhook.clientCASecret=apiserver-webhook-client-ca", "webhook.clientNames=kube-apiserver\\,apiserver.example", "webhook.allowedCIDRs={192.0.2.10/32,2001:db8::10/128}")
+	c = container(got)
+	args = fmt.Sprint(c["args"])
+	for _, want := range []string{"--webhook-client-ca-file=/etc/weir/webhook-client-ca/ca.crt", "--webhook-client-names=kube-apiserver,apiserver.example"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("server args %s lack %s", args, want)
+		}
+	}
+	mounts, _ := c["volumeMounts"].([]any)
+	if !slices.ContainsFunc(mounts, func(m any) bool {
+		return m.(map[string]any)["name"] == "webhook-client-ca" && m.(map[string]any)["mountPath"] == "/etc/weir/webhook-client-ca"
+	}) {
+		t.Errorf("no webhook-client-ca mount at /etc/weir/webhook-client-ca: %v", mounts)
+	}
+	volumes, _, _ := unstructured.NestedSlice(got["Deployment/weir-server"].Object, "spec", "template", "spec", "volumes")
+	if !slices.ContainsFunc(volumes, func(v any) bool {
+		name, _, _ := unstructured.NestedString(v.(map[string]any), "secret", "secretName")
+		return v.(map[string]any)["name"] == "webhook-client-ca" && name == "apiserver-webhook-client-ca"
+	}) {
+		t.Errorf("no volume webhook-client-ca of the Secret apiserver-webhook-client-ca: %v", volumes)
+	}
+	policy := got["NetworkPolicy/weir-webhook"]
+	if policy == nil {
+		t.Fatal("webhook.allowedCIDRs renders no NetworkPolicy weir-webhook")
+	}
+	ingress, _, _ := unstructured.NestedSlice(policy.Object, "spec", "ingress")
+	want := []any{
+		map[string]any{"ports": []any{map[string]any{"port": "grpc"}, map[string]any{"port": "metrics"}}},
+		map[string]any{"from": []any{map[string]any{"ipBlock": map[string]any{"cidr": "192.0.2.10/32"}}, map[string]any{"ipBlock": map[string]any{"cidr": "2001:db8::10/128"}}},
+			"ports": []any{map[string]any{"port": "webhook"}}},
+	}
+	if diff := cmp.Diff(want, ingress); diff != "" {
+		t.Errorf("the NetworkPolicy's ingress (-want +got):\n%s", diff)
+	}
+	if sel, _, _ := unstructured.NestedStringMap(policy.Object, "spec", "podSelector", "matchLabels"); sel["app.kubernetes.io/name"] != "weir-server" {
+		t.Errorf("the NetworkPolicy selects %v; want the server's pods", sel)
+	}
+
+	if _, err := tryHelm(t, "template", "weir", chart, "--namespace", "weir-system", "--kube-version", kubeVersion, "--set", "webhook.clientNames=kube-apiserver"); err == nil || !strings.Contains(err.Error(), "webhook.clientNames needs webhook.clientCASecret") {
+		t.Errorf("webhook.clientNames without webhook.clientCASecret: %v; want refused", err)
+	}
+	applyAll(t, slices.Collect(maps.Values(got)))
 }
 
 // TestMonitoringObjects: with monitoring.enabled the chart renders the
