@@ -89,9 +89,9 @@ func asKubernetesStores(t *testing.T, p *v1alpha1.AddressPool) *v1alpha1.Address
 	}
 	now := metav1.Now()
 	p.ManagedFields = []metav1.ManagedFieldsEntry{
-		{Manager: "kubectl-client-side-apply", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "weir.dev/v1alpha1", Time: &now, FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(fieldsV1)}},
+		{Manager: "kubectl-client-side-apply", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "weir.dev/v1alpha1", Time: &now, FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(fieldsV1)},
 		{Manager: "weir-server", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "weir.dev/v1alpha1", Time: &now, FieldsType: "FieldsV1", Subresource: "status",
-			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{".":{},"f:assignedIPv4":{},"f:assignedIPv6":{},"f:availableIPv4":{},"f:availableIPv6":{},"f:conditions":{".":{},"k:{\"type\":\"Accepted\"}":{".":{},"f:lastTransitionTime":{},"f:message":{},"f:observedGeneration":{},"f:reason":{},"f:status":{},"f:type":{}}},"f:mode":{}}}`)}},
+			FieldsV1: metav1.NewFieldsV1(`{"f:status":{".":{},"f:assignedIPv4":{},"f:assignedIPv6":{},"f:availableIPv4":{},"f:availableIPv6":{},"f:conditions":{".":{},"k:{\"type\":\"Accepted\"}":{".":{},"f:lastTransitionTime":{},"f:message":{},"f:observedGeneration":{},"f:reason":{},"f:status":{},"f:type":{}}},"f:mode":{}}}`)},
 	}
 	p.UID, p.ResourceVersion, p.Generation, p.CreationTimestamp = "0b7c6f2e-5f43-4a3e-9d7e-1c2b3a4d5e6f", "123456789", 12, now
 	p.Status = v1alpha1.AddressPoolStatus{Mode: "L2", AvailableIPv6: 1 << 62, Conditions: []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionFalse,
