@@ -50,6 +50,10 @@ func (o Outcome) String() string {
 		o.HeapBefore>>20, o.HeapPeak>>20, (o.HeapPeak-min(o.HeapBefore, o.HeapPeak))>>20, o.Accepted, o.HandshakeFailed, o.MaxOpen, o.ClosedByServer, o.Longest.Round(time.Millisecond))
 }
 
+// seenLate is how many more connections than a server holds its
+// attacker may count open.
+const seenLate = 4
+
 // Bounded says how the outcome breaks a server's bounds, nil when it does
 // not: at most conns connections open at once, each closed within
 // lifetime of its accept and its slot taken again, and a heap grown by
@@ -59,8 +63,11 @@ func (o Outcome) Bounded(conns int, perConn uint64, lifetime time.Duration) erro
 	if bound := uint64(conns) * perConn; o.HeapPeak > o.HeapBefore+bound {
 		errs = append(errs, fmt.Errorf("the heap grew by %d MiB; want at most %d MiB (%d connections of %d KiB)", (o.HeapPeak-o.HeapBefore)>>20, bound>>20, conns, perConn>>10))
 	}
-	if o.MaxOpen > int64(conns) {
-		errs = append(errs, fmt.Errorf("%d connections open at once; want at most %d", o.MaxOpen, conns))
+	// The attacker learns that the server closed a connection a moment
+	// after the server may have taken the next one: a few more than the
+	// server holds can look open.
+	if o.MaxOpen > int64(conns)+seenLate {
+		errs = append(errs, fmt.Errorf("%d connections open at once; want at most %d (and %d seen closed late)", o.MaxOpen, conns, seenLate))
 	}
 	if o.Longest > lifetime || o.ClosedByServer <= int64(conns) {
 		errs = append(errs, fmt.Errorf("%d connections closed by the server, the longest after %v; want each closed within %v of its accept, and their slots taken again", o.ClosedByServer, o.Longest, lifetime))
