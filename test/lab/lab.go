@@ -453,7 +453,9 @@ func (l *Lab) teardown() error {
 		if out, err := exec.CommandContext(ctx, "ip", "netns", "pids", ns.Name).Output(); err == nil {
 			for _, f := range strings.Fields(string(out)) {
 				var pid int
-				if _, err := fmt.Sscan(f, &pid); err == nil && pid > 0 {
+				// Never the test itself: one of its threads may be in the
+				// namespace (Netns.Do, Thread).
+				if _, err := fmt.Sscan(f, &pid); err == nil && pid > 0 && pid != os.Getpid() {
 					syscall.Kill(pid, syscall.SIGKILL)
 				}
 			}

@@ -25,23 +25,45 @@ func (n *Netns) Thread() (*Thread, error) {
 	joined := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		fd, err := unix.Open(n.path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err == nil {
-			err = unix.Setns(fd, unix.CLONE_NEWNET)
-			unix.Close(fd)
-		}
-		joined <- err
-		if err != nil {
+		if unix.Gettid() == unix.Getpid() {
+			// Never the main thread: Go never ends it, and a namespace it
+			// joins is the whole process's in /proc/PID/ns/net, where
+			// `ip netns pids` finds the test itself (and the lab's Close
+			// kills it). Another goroutine takes the job while this one
+			// holds the main thread, so it cannot run there.
+			locked := make(chan struct{})
+			go func() {
+				runtime.LockOSThread()
+				close(locked)
+				t.serve(n, joined)
+			}()
+			<-locked
+			runtime.UnlockOSThread()
 			return
 		}
-		for fn := range t.run {
-			fn()
-		}
+		t.serve(n, joined)
 	}()
 	if err := <-joined; err != nil {
 		return nil, fmt.Errorf("lab: a thread in %s: %w", n.Name, err)
 	}
 	return t, nil
+}
+
+// serve joins n on the calling goroutine's locked thread, says so on
+// joined, and runs what Do hands it until Close.
+func (t *Thread) serve(n *Netns, joined chan<- error) {
+	fd, err := unix.Open(n.path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		err = unix.Setns(fd, unix.CLONE_NEWNET)
+		unix.Close(fd)
+	}
+	joined <- err
+	if err != nil {
+		return
+	}
+	for fn := range t.run {
+		fn()
+	}
 }
 
 // Do runs fn on the thread and waits for it. Sockets fn creates are in
