@@ -13,10 +13,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"sigs.k8s.io/yaml"
-
 	"github.com/weirlb/weir/internal/tlsconfig"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server"
@@ -101,16 +97,7 @@ func TestAdmissionWebhookAnswersOnlyTheAPIServer(t *testing.T) {
 	registerWebhook(t, ctx, kc, lis.Addr().String(), servingCA)
 
 	create := func(doc string, dryRun bool) error {
-		var obj map[string]any
-		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
-			t.Fatal(err)
-		}
-		opts := metav1.CreateOptions{}
-		if dryRun {
-			opts.DryRun = []string{metav1.DryRunAll}
-		}
-		_, err := dyn.Resource(v1alpha1.AddressPools).Create(ctx, &unstructured.Unstructured{Object: obj}, opts)
-		return err
+		return createDoc(t, ctx, dyn, v1alpha1.AddressPools, doc, dryRun)
 	}
 	const overlap, want = "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: overlap\nspec:\n  addresses: [203.0.113.8-203.0.113.20]\n",
 		"spec.addresses[0]: 203.0.113.8-203.0.113.20 overlaps pool public"

@@ -400,16 +400,7 @@ func TestAdmissionRefusesWhatTheServerWould(t *testing.T) {
 	}
 	registerWebhook(t, ctx, kc, lis.Addr().String(), caPEM)
 	create := func(res schema.GroupVersionResource, doc string, dryRun bool) error {
-		var obj map[string]any
-		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
-			t.Fatal(err)
-		}
-		opts := metav1.CreateOptions{}
-		if dryRun {
-			opts.DryRun = []string{metav1.DryRunAll}
-		}
-		_, err := dyn.Resource(res).Create(ctx, &unstructured.Unstructured{Object: obj}, opts)
-		return err
+		return createDoc(t, ctx, dyn, res, doc, dryRun)
 	}
 	if err := create(v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: public\nspec:\n  addresses: [203.0.113.0/28]\n", false); err != nil {
 		t.Fatal(err)
@@ -549,4 +540,20 @@ func TestGettingStartedCustomResources(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// createDoc creates the YAML document doc as a res, only validating it
+// (webhook included) with dryRun.
+func createDoc(t *testing.T, ctx context.Context, dyn dynamic.Interface, res schema.GroupVersionResource, doc string, dryRun bool) error {
+	t.Helper()
+	var obj map[string]any
+	if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+		t.Fatal(err)
+	}
+	opts := metav1.CreateOptions{}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	_, err := dyn.Resource(res).Create(ctx, &unstructured.Unstructured{Object: obj}, opts)
+	return err
 }
