@@ -93,88 +93,138 @@ func validPort(p int32) bool { return p >= 1 && p <= 65535 }
 func validProtocol(p Protocol) bool { return p == TCP || p == UDP || p == SCTP }
 
 // Validate checks a service on its own; conflicts with other services are
-// the registry's to find.
+// the registry's to find. The sections are checked in the order of the
+// spec, and the first problem found is the one reported.
 func (s *Service) Validate() error {
-	if err := validateMeta(&s.Meta, true, dns1123Label); err != nil {
-		return err
+	return firstError(
+		func() error { return validateMeta(&s.Meta, true, dns1123Label) },
+		s.validateType,
+		s.validateAddresses,
+		s.validatePorts,
+		s.validateTrafficPolicies,
+		s.validateLoadBalancer,
+	)
+}
+
+// firstError runs checks in order and returns the first error.
+func firstError(checks ...func() error) error {
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+func (s *Service) validateType() error {
 	switch s.Type {
 	case ClusterIP, NodePort, LoadBalancer:
+		return nil
 	default:
 		return fieldErr("spec.type", "unknown service type %q", s.Type)
 	}
+}
+
+// validateAddresses checks the cluster, external and load-balancer IPs.
+func (s *Service) validateAddresses() error {
 	if len(s.ClusterIPs) == 0 {
 		return fieldErr("spec.cluster_ips", "at least one cluster IP is required")
 	}
 	if len(s.ClusterIPs) > 2 || (len(s.ClusterIPs) == 2 && s.ClusterIPs[0].Is4() == s.ClusterIPs[1].Is4()) {
 		return fieldErr("spec.cluster_ips", "at most one address per family")
 	}
-	for i, a := range s.ClusterIPs {
-		if err := validateServiceAddr(fmt.Sprintf("spec.cluster_ips[%d]", i), a); err != nil {
-			return err
-		}
-	}
-	for i, a := range s.ExternalIPs {
-		if err := validateServiceAddr(fmt.Sprintf("spec.external_ips[%d]", i), a); err != nil {
-			return err
-		}
-	}
-	for i, a := range s.LoadBalancerIPs {
-		if err := validateServiceAddr(fmt.Sprintf("status.load_balancer_ips[%d]", i), a); err != nil {
+	for _, list := range []struct {
+		field string
+		addrs []netip.Addr
+	}{{"spec.cluster_ips", s.ClusterIPs}, {"spec.external_ips", s.ExternalIPs}, {"status.load_balancer_ips", s.LoadBalancerIPs}} {
+		if err := validateServiceAddrs(list.field, list.addrs); err != nil {
 			return err
 		}
 	}
 	if len(s.LoadBalancerIPs) > 0 && s.Type != LoadBalancer {
 		return fieldErr("status.load_balancer_ips", "only LOAD_BALANCER services have load-balancer addresses")
 	}
+	return nil
+}
+
+// validateServiceAddrs checks a list of service addresses given in field.
+func validateServiceAddrs(field string, addrs []netip.Addr) error {
+	for i, a := range addrs {
+		if err := validateServiceAddr(fmt.Sprintf("%s[%d]", field, i), a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validatePorts checks the ports one by one, in order, and that no two
+// share a name, a protocol and port, or a node port.
+func (s *Service) validatePorts() error {
 	if len(s.Ports) == 0 {
 		return fieldErr("spec.ports", "at least one port is required")
 	}
 	if len(s.Ports) > maxServicePorts {
 		return fieldErr("spec.ports", "%d ports; at most %d", len(s.Ports), maxServicePorts)
 	}
-	names := map[string]int{}
-	ports := map[string]int{}
+	seen := portsSeen{names: map[string]int{}, ports: map[string]int{}}
 	for i, p := range s.Ports {
-		f := fmt.Sprintf("spec.ports[%d]", i)
-		if len(s.Ports) > 1 && p.Name == "" {
-			return fieldErr(f+".name", "required when the service has more than one port")
-		}
-		if p.Name != "" && !dns1123Label.MatchString(p.Name) {
-			return fieldErr(f+".name", "%q is not a DNS-1123 label", p.Name)
-		}
-		if j, dup := names[p.Name]; dup && p.Name != "" {
-			return fieldErr(f+".name", "duplicate of spec.ports[%d].name %q", j, p.Name)
-		}
-		names[p.Name] = i
-		if !validProtocol(p.Protocol) {
-			return fieldErr(f+".protocol", "unknown protocol %q", p.Protocol)
-		}
-		if !validPort(p.Port) {
-			return fieldErr(f+".port", "%d is not a port (1-65535)", p.Port)
-		}
-		k := fmt.Sprintf("%s/%d", p.Protocol, p.Port)
-		if j, dup := ports[k]; dup {
-			return fieldErr(f+".port", "duplicate of spec.ports[%d]: %s", j, k)
-		}
-		ports[k] = i
-		if p.TargetPort != 0 && !validPort(p.TargetPort) {
-			return fieldErr(f+".target_port", "%d is not a port (1-65535)", p.TargetPort)
-		}
-		if p.NodePort != 0 {
-			if s.Type == ClusterIP {
-				return fieldErr(f+".node_port", "only NODE_PORT and LOAD_BALANCER services have node ports")
-			}
-			if !validPort(p.NodePort) {
-				return fieldErr(f+".node_port", "%d is not a port (1-65535)", p.NodePort)
-			}
-			k := fmt.Sprintf("node/%s/%d", p.Protocol, p.NodePort)
-			if j, dup := ports[k]; dup {
-				return fieldErr(f+".node_port", "duplicate of spec.ports[%d].node_port", j)
-			}
-			ports[k] = i
+		if err := s.validatePort(i, p, seen); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// portsSeen records, for the ports checked so far, the index of each name
+// and of each protocol/port and node/protocol/port key.
+type portsSeen struct{ names, ports map[string]int }
+
+func (s *Service) validatePort(i int, p ServicePort, seen portsSeen) error {
+	f := fmt.Sprintf("spec.ports[%d]", i)
+	if len(s.Ports) > 1 && p.Name == "" {
+		return fieldErr(f+".name", "required when the service has more than one port")
+	}
+	if p.Name != "" && !dns1123Label.MatchString(p.Name) {
+		return fieldErr(f+".name", "%q is not a DNS-1123 label", p.Name)
+	}
+	if j, dup := seen.names[p.Name]; dup && p.Name != "" {
+		return fieldErr(f+".name", "duplicate of spec.ports[%d].name %q", j, p.Name)
+	}
+	seen.names[p.Name] = i
+	if !validProtocol(p.Protocol) {
+		return fieldErr(f+".protocol", "unknown protocol %q", p.Protocol)
+	}
+	if !validPort(p.Port) {
+		return fieldErr(f+".port", "%d is not a port (1-65535)", p.Port)
+	}
+	k := fmt.Sprintf("%s/%d", p.Protocol, p.Port)
+	if j, dup := seen.ports[k]; dup {
+		return fieldErr(f+".port", "duplicate of spec.ports[%d]: %s", j, k)
+	}
+	seen.ports[k] = i
+	if p.TargetPort != 0 && !validPort(p.TargetPort) {
+		return fieldErr(f+".target_port", "%d is not a port (1-65535)", p.TargetPort)
+	}
+	if p.NodePort == 0 {
+		return nil
+	}
+	if s.Type == ClusterIP {
+		return fieldErr(f+".node_port", "only NODE_PORT and LOAD_BALANCER services have node ports")
+	}
+	if !validPort(p.NodePort) {
+		return fieldErr(f+".node_port", "%d is not a port (1-65535)", p.NodePort)
+	}
+	k = fmt.Sprintf("node/%s/%d", p.Protocol, p.NodePort)
+	if j, dup := seen.ports[k]; dup {
+		return fieldErr(f+".node_port", "duplicate of spec.ports[%d].node_port", j)
+	}
+	seen.ports[k] = i
+	return nil
+}
+
+// validateTrafficPolicies checks session affinity, the traffic policies
+// and the health-check node port that goes with a LOCAL policy.
+func (s *Service) validateTrafficPolicies() error {
 	if s.SessionAffinityTimeout < 0 || s.SessionAffinityTimeout > 86400*time.Second {
 		return fieldErr("spec.session_affinity_timeout_seconds", "must be between 1 and 86400")
 	}
@@ -187,26 +237,34 @@ func (s *Service) Validate() error {
 	if s.ExternalTrafficPolicy == PolicyLocal && s.Type == ClusterIP && len(s.ExternalIPs) == 0 {
 		return fieldErr("spec.external_traffic_policy", "LOCAL applies only to traffic from outside: NODE_PORT and LOAD_BALANCER services, or those with external IPs")
 	}
-	if s.HealthCheckNodePort != 0 {
-		if s.Type != LoadBalancer || s.ExternalTrafficPolicy != PolicyLocal {
-			return fieldErr("spec.health_check_node_port", "only a LOAD_BALANCER service with external_traffic_policy LOCAL has one")
-		}
-		if !validPort(s.HealthCheckNodePort) {
-			return fieldErr("spec.health_check_node_port", "%d is not a port (1-65535)", s.HealthCheckNodePort)
-		}
+	if s.HealthCheckNodePort == 0 {
+		return nil
 	}
-	for i, a := range s.RequestedLoadBalancerIPs {
-		if err := validateServiceAddr(fmt.Sprintf("spec.load_balancer_ips[%d]", i), a); err != nil {
-			return err
-		}
+	if s.Type != LoadBalancer || s.ExternalTrafficPolicy != PolicyLocal {
+		return fieldErr("spec.health_check_node_port", "only a LOAD_BALANCER service with external_traffic_policy LOCAL has one")
 	}
-	if (len(s.RequestedLoadBalancerIPs) > 0 || s.AddressPool != "" || s.AllowSharedIP != "") && s.Type != LoadBalancer {
+	if !validPort(s.HealthCheckNodePort) {
+		return fieldErr("spec.health_check_node_port", "%d is not a port (1-65535)", s.HealthCheckNodePort)
+	}
+	return nil
+}
+
+// validateLoadBalancer checks what only a LoadBalancer service may ask
+// for: addresses, a pool, a shared-IP key, source ranges and a class.
+func (s *Service) validateLoadBalancer() error {
+	if err := validateServiceAddrs("spec.load_balancer_ips", s.RequestedLoadBalancerIPs); err != nil {
+		return err
+	}
+	if s.Type == LoadBalancer {
+		return nil
+	}
+	if len(s.RequestedLoadBalancerIPs) > 0 || s.AddressPool != "" || s.AllowSharedIP != "" {
 		return fieldErr("spec.load_balancer_ips", "only LOAD_BALANCER services get load-balancer addresses")
 	}
-	if len(s.LoadBalancerSourceRanges) > 0 && s.Type != LoadBalancer {
+	if len(s.LoadBalancerSourceRanges) > 0 {
 		return fieldErr("spec.load_balancer_source_ranges", "only LOAD_BALANCER services have them")
 	}
-	if (s.LoadBalancerClass != "" || s.OtherController) && s.Type != LoadBalancer {
+	if s.LoadBalancerClass != "" || s.OtherController {
 		return fieldErr("spec.load_balancer_class", "only LOAD_BALANCER services have one")
 	}
 	return nil
@@ -335,11 +393,31 @@ func (c *ServiceCIDR) Validate() error {
 }
 
 // Validate checks a pool on its own; overlaps with other pools are the
-// registry's to find.
+// registry's to find. The first problem found, in the order of the
+// sections below, is the one reported.
 func (p *AddressPool) Validate() error {
-	if err := validateMeta(&p.Meta, false, dns1123Subdomain); err != nil {
-		return err
-	}
+	return firstError(
+		func() error { return validateMeta(&p.Meta, false, dns1123Subdomain) },
+		p.validateRanges,
+		func() error {
+			if p.L2 == nil {
+				return nil
+			}
+			return p.L2.validate(!p.BGP.IsZero())
+		},
+		func() error {
+			if p.Allocation == nil {
+				return nil
+			}
+			return p.Allocation.validate()
+		},
+		p.validateBGP,
+	)
+}
+
+// validateRanges checks that every range holds only assignable addresses,
+// then that no two ranges overlap.
+func (p *AddressPool) validateRanges() error {
 	if len(p.Ranges) == 0 {
 		return fieldErr("addresses", "at least one CIDR or range is required")
 	}
@@ -358,60 +436,63 @@ func (p *AddressPool) Validate() error {
 			}
 		}
 	}
-	if p.L2 != nil {
-		if err := p.L2.validate(!p.BGP.IsZero()); err != nil {
-			return err
+	return nil
+}
+
+func (a *ServiceAllocation) validate() error {
+	if a.Priority < 0 {
+		return fieldErr("service_allocation.priority", "%d is negative", a.Priority)
+	}
+	if len(a.Namespaces) > maxAllocationNamespaces {
+		return fieldErr("service_allocation.namespaces", "%d namespaces; at most %d", len(a.Namespaces), maxAllocationNamespaces)
+	}
+	for i, ns := range a.Namespaces {
+		if !dns1123Label.MatchString(ns) {
+			return fieldErr(fmt.Sprintf("service_allocation.namespaces[%d]", i), "%q is not a namespace name", ns)
+		}
+		if slices.Contains(a.Namespaces[:i], ns) {
+			return fieldErr(fmt.Sprintf("service_allocation.namespaces[%d]", i), "%q is given twice", ns)
 		}
 	}
-	if a := p.Allocation; a != nil {
-		if a.Priority < 0 {
-			return fieldErr("service_allocation.priority", "%d is negative", a.Priority)
-		}
-		if len(a.Namespaces) > maxAllocationNamespaces {
-			return fieldErr("service_allocation.namespaces", "%d namespaces; at most %d", len(a.Namespaces), maxAllocationNamespaces)
-		}
-		for i, ns := range a.Namespaces {
-			if !dns1123Label.MatchString(ns) {
-				return fieldErr(fmt.Sprintf("service_allocation.namespaces[%d]", i), "%q is not a namespace name", ns)
-			}
-			if slices.Contains(a.Namespaces[:i], ns) {
-				return fieldErr(fmt.Sprintf("service_allocation.namespaces[%d]", i), "%q is given twice", ns)
-			}
-		}
-		if err := validateLabels("service_allocation.service_selector", a.ServiceSelector); err != nil {
-			return err
-		}
-	}
+	return validateLabels("service_allocation.service_selector", a.ServiceSelector)
+}
+
+// validateBGP checks the peers named and the aggregation lengths of each
+// family.
+func (p *AddressPool) validateBGP() error {
 	for i, peer := range p.BGP.Peers {
 		if !dns1123Subdomain.MatchString(peer) {
 			return fieldErr(fmt.Sprintf("bgp_advertisement.peers[%d]", i), "%q is not a BGP peer's name", peer)
 		}
 	}
-	for _, agg := range []struct {
-		field string
-		bits  int
-		is4   bool
-	}{{"bgp_advertisement.aggregation_length", p.BGP.AggregationLength, true}, {"bgp_advertisement.aggregation_length_v6", p.BGP.AggregationLengthV6, false}} {
-		if agg.bits == 0 {
+	if err := p.validateAggregation("bgp_advertisement.aggregation_length", p.BGP.AggregationLength, true); err != nil {
+		return err
+	}
+	return p.validateAggregation("bgp_advertisement.aggregation_length_v6", p.BGP.AggregationLengthV6, false)
+}
+
+// validateAggregation checks one family's aggregation length, 0 being
+// none.
+func (p *AddressPool) validateAggregation(field string, bits int, is4 bool) error {
+	if bits == 0 {
+		return nil
+	}
+	width := 128
+	if is4 {
+		width = 32
+	}
+	if bits < 1 || bits > width {
+		return fieldErr(field, "%d is not a prefix length (1-%d)", bits, width)
+	}
+	// Each address's aggregate must lie inside the pool: no prefix of
+	// the pool may be longer than the aggregation length.
+	for i, r := range p.Ranges {
+		if r.First.Is4() != is4 {
 			continue
 		}
-		width := 128
-		if agg.is4 {
-			width = 32
-		}
-		if agg.bits < 1 || agg.bits > width {
-			return fieldErr(agg.field, "%d is not a prefix length (1-%d)", agg.bits, width)
-		}
-		// Each address's aggregate must lie inside the pool: no prefix of
-		// the pool may be longer than the aggregation length.
-		for i, r := range p.Ranges {
-			if r.First.Is4() != agg.is4 {
-				continue
-			}
-			for _, pfx := range r.Prefixes() {
-				if pfx.Bits() > agg.bits {
-					return fieldErr(agg.field, "%d would announce addresses outside the pool: addresses[%d] holds %s, longer than /%d", agg.bits, i, pfx, agg.bits)
-				}
+		for _, pfx := range r.Prefixes() {
+			if pfx.Bits() > bits {
+				return fieldErr(field, "%d would announce addresses outside the pool: addresses[%d] holds %s, longer than /%d", bits, i, pfx, bits)
 			}
 		}
 	}
