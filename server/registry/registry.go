@@ -204,9 +204,7 @@ func (r *Registry) putDrain(op store.Op, ch *Change) {
 func (r *Registry) Aside(node string) model.Aside {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	n := r.Nodes.items[node]
-	_, drained := r.drained[node]
-	return model.Aside{Drained: drained, Excluded: n != nil && n.Excluded()}
+	return View{r}.Aside(node)
 }
 
 // WithDrain is n with its drain state (Drained, DrainDeadline), for a
