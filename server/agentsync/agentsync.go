@@ -19,7 +19,6 @@ import (
 	"github.com/weirlb/weir/server/agentsync/cache"
 	"github.com/weirlb/weir/server/l2owner"
 	"github.com/weirlb/weir/server/nodestate"
-	"github.com/weirlb/weir/server/observed"
 	"github.com/weirlb/weir/server/registry"
 )
 
@@ -56,8 +55,11 @@ type Config struct {
 // agents' answers (answers.go), status and currency (current.go).
 //
 // Lock order: the registry's (its Read) before changesMu; mu before the
-// cache's (a session connects to the cache under mu). The cache calls
-// nothing of the hub.
+// cache's (a session connects to the cache under mu). Never take the
+// registry's lock or changesMu while holding mu, nor mu under the
+// registry's: the registry's listener (onChange) takes only changesMu.
+// The cache calls nothing of the hub. TestTheLockOrderHolds runs every
+// path that takes two of them at once, concurrently.
 type Hub struct {
 	weirv1.UnimplementedAgentServiceServer
 	reg     *registry.Registry
@@ -70,7 +72,7 @@ type Hub struct {
 	// queues the change here and wakes the fanout goroutine.
 	changesMu sync.Mutex
 	changes   []timedChange
-	wake      chan struct{}
+	wake      notify.Kick
 
 	// The wire form of every service and node, shared by all sessions:
 	// a service is encoded once per change, whatever the number of nodes.
@@ -91,15 +93,12 @@ type Hub struct {
 	// (FullStatesAtOnce, FullStatesPerParty).
 	fullSends *places
 
-	mu       sync.Mutex // guards sessions, status, remote, notCurrent and history
-	sessions map[string]*session
-	status   map[string]*observed.Node
-	// remote is the status of nodes connected to other replicas.
-	remote map[string]*observed.Node
+	mu sync.Mutex // guards nodes, the records' fields and notCurrent
+	// nodes is what the hub knows of each node (nodes.go).
+	nodes map[string]*nodeRecord
 	// notCurrent says why this replica's state is not current ("" when
 	// it is): agents are then sent elsewhere (see SetNotCurrent).
 	notCurrent string
-	history    map[string]*cache.Client // what each node was last sent, to resume
 	// changed is broadcast whenever a node's status changes.
 	changed notify.Signal
 }
@@ -124,12 +123,8 @@ func New(reg *registry.Registry, cfg Config) *Hub {
 	}
 	h := &Hub{
 		reg: reg, cfg: cfg, clock: cfg.Clock, log: cfg.Log,
-		wake:       make(chan struct{}, 1),
 		fullSends:  newPlaces(cfg.FullStatesAtOnce, cfg.FullStatesPerParty),
-		sessions:   map[string]*session{},
-		status:     map[string]*observed.Node{},
-		remote:     map[string]*observed.Node{},
-		history:    map[string]*cache.Client{},
+		nodes:      map[string]*nodeRecord{},
 		candidates: &nodestate.Candidates{},
 	}
 	h.metrics = newMetrics(cfg.Metrics, h)

@@ -16,14 +16,16 @@ import (
 // registry, unless its agent is still connected (then its session's end
 // does). Called with h.mu held.
 func (h *Hub) forgetLocked(node string) {
-	if h.sessions[node] != nil {
+	rec := h.nodes[node]
+	if rec == nil || rec.session != nil {
 		return
 	}
-	if _, ok := h.status[node]; ok {
-		delete(h.status, node)
+	if rec.status != nil {
+		rec.status = nil
 		h.statusChanged()
 	}
-	delete(h.history, node)
+	rec.history = nil
+	h.tidyLocked(node)
 }
 
 // statusChanged wakes the status watchers. Called with h.mu held.
@@ -41,7 +43,13 @@ func (h *Hub) StatusChanged() <-chan struct{} {
 func (h *Hub) Connected() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.sessions)
+	n := 0
+	for _, rec := range h.nodes {
+		if rec.session != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // Status returns every node's status, sorted by node name: as this
@@ -59,14 +67,9 @@ func (h *Hub) Status() []observed.Node {
 func (h *Hub) eachStatus(f func(*observed.Node)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for node, s := range h.status {
-		if r := h.remote[node]; r == nil || s.Connected {
+	for _, rec := range h.nodes {
+		if s := rec.shown(); s != nil {
 			f(s)
-		}
-	}
-	for node, r := range h.remote {
-		if s := h.status[node]; s == nil || !s.Connected {
-			f(r)
 		}
 	}
 }
@@ -103,9 +106,9 @@ func (h *Hub) LocalStatus() []observed.Node {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []observed.Node
-	for node, s := range h.status {
-		if h.sessions[node] != nil {
-			out = append(out, cloneStatus(s))
+	for _, rec := range h.nodes {
+		if rec.session != nil {
+			out = append(out, cloneStatus(rec.status))
 		}
 	}
 	return out
@@ -116,11 +119,8 @@ func (h *Hub) LocalStatus() []observed.Node {
 func (h *Hub) SetRemoteStatus(node string, st *observed.Node) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if st == nil {
-		delete(h.remote, node)
-	} else {
-		h.remote[node] = st
-	}
+	h.nodeLocked(node).remote = st
+	h.tidyLocked(node)
 	h.statusChanged()
 }
 
@@ -152,8 +152,8 @@ func (h *Hub) SetNotCurrent(reason string) {
 	if reason == "" {
 		return
 	}
-	for _, s := range h.sessions {
-		if !s.stale && s.ended == nil {
+	for _, rec := range h.nodes {
+		if s := rec.session; s != nil && !s.stale && s.ended == nil {
 			s.ended = notCurrentError(reason)
 			s.cancel()
 		}

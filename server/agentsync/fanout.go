@@ -27,10 +27,7 @@ func (h *Hub) onChange(ch registry.Change) {
 	h.changesMu.Lock()
 	h.changes = append(h.changes, timedChange{ch, h.clock.Now()})
 	h.changesMu.Unlock()
-	select {
-	case h.wake <- struct{}{}:
-	default:
-	}
+	h.wake.Kick()
 }
 
 // Run turns queued changes into new cache entries and tells the sessions,
@@ -41,7 +38,7 @@ func (h *Hub) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-h.wake:
+		case <-h.wake.C():
 		}
 		if wait := h.cfg.MinSyncPeriod - h.clock.Since(last); wait > 0 {
 			select {

@@ -45,8 +45,10 @@ func TestADeletedNodeIsForgotten(t *testing.T) {
 			out = append(out, s.Node)
 		}
 		h.mu.Lock()
-		for n := range h.history {
-			out = append(out, "history of "+n)
+		for n, rec := range h.nodes {
+			if rec.history != nil {
+				out = append(out, "history of "+n)
+			}
 		}
 		h.mu.Unlock()
 		slices.Sort(out)

@@ -22,7 +22,7 @@ func TestAScrapeOfManyNodesEnds(t *testing.T) {
 	h.mu.Lock()
 	for i := range 2000 {
 		node := fmt.Sprintf("node-%d", i)
-		h.status[node] = &observed.Node{Node: node, Connected: true}
+		h.nodeLocked(node).status = &observed.Node{Node: node, Connected: true}
 	}
 	h.mu.Unlock()
 	for range 20 {

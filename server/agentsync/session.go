@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -31,8 +32,14 @@ import (
 // can, so a slow agent coalesces changes instead of holding anyone up.
 type session struct {
 	node   string
+	stream weirv1.AgentService_SyncServer
+	log    *slog.Logger
 	client *cache.Client // what the agent has been sent, and what changed since
-	cancel context.CancelFunc
+	// status is the node's record's status (written under h.mu).
+	status *observed.Node
+	// inflight is what was sent and not yet answered.
+	inflight *inflight
+	cancel   context.CancelFunc
 	// stale: the agent takes a state from a replica that is not current.
 	stale bool
 	// shared: the stream is on the agents' shared certificate, which
@@ -50,150 +57,198 @@ type session struct {
 // HelloTimeout bounds how long a new stream may stay silent.
 const HelloTimeout = 10 * time.Second
 
-// Sync implements AgentService.Sync.
+// Sync implements AgentService.Sync: a hello admitted, the stream
+// registered as its node's, a first state (resumed or whole), then deltas
+// until the stream or the hub ends it.
 func (h *Hub) Sync(stream weirv1.AgentService_SyncServer) error {
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	hello, err := recvHello(stream)
+	hello, err := h.admit(ctx, stream)
 	if err != nil {
 		return err
 	}
-	node := hello.GetNodeName()
-	if err := authorizeNode(ctx, node); err != nil {
+	s := &session{node: hello.GetNodeName(), stream: stream, inflight: newInflight(), cancel: cancel,
+		stale: hello.GetAcceptStale(), shared: auth.SharedAgent(ctx), done: make(chan struct{}),
+		log: h.log.With("node", hello.GetNodeName(), "agent", hello.GetAgentVersion())}
+	prev, err := h.open(ctx, s, hello)
+	if err != nil {
 		return err
 	}
-	if err := h.registered("hello.node_name", node); err != nil {
+	defer h.close(s)
+	answersEnded := make(chan error, 1)
+	go func() { answersEnded <- h.receiveAnswers(stream, s.status, s.inflight, &s.refused, s.log) }()
+	if err := h.start(ctx, s, hello, prev); err != nil {
 		return err
+	}
+	return h.serve(ctx, s, answersEnded)
+}
+
+// admit reads the stream's hello and checks it may be served: the caller
+// speaks for a registered node. It returns once the cache holds
+// everything accepted before the hello, which then goes out in the first
+// message, not as a delta right after it.
+func (h *Hub) admit(ctx context.Context, stream weirv1.AgentService_SyncServer) (*weirv1.Hello, error) {
+	hello, err := recvHello(stream)
+	if err != nil {
+		return nil, err
+	}
+	node := hello.GetNodeName()
+	if err := authorizeNode(ctx, node); err != nil {
+		return nil, err
+	}
+	if err := h.registered("hello.node_name", node); err != nil {
+		return nil, err
 	}
 	var revision uint64
 	h.reg.Read(func(v registry.View) { revision = v.Revision() })
-	// Everything accepted before the hello goes out in the first message,
-	// not as a delta right after it.
 	if err := h.catchUp(ctx, revision); err != nil {
-		return err
+		return nil, err
 	}
-	log := h.log.With("node", node, "agent", hello.GetAgentVersion())
-	s := &session{node: node, cancel: cancel, stale: hello.GetAcceptStale(), shared: auth.SharedAgent(ctx), done: make(chan struct{})}
-	defer close(s.done)
+	return hello, nil
+}
 
+// open makes s its node's stream, connected to the cache, and returns
+// what the node's last stream was sent (nil if none), to resume from.
+func (h *Hub) open(ctx context.Context, s *session, hello *weirv1.Hello) (prev *cache.Client, err error) {
 	h.mu.Lock()
-	if h.notCurrent != "" && !s.stale {
-		err := notCurrentError(h.notCurrent)
-		h.mu.Unlock()
-		return err
+	defer h.mu.Unlock()
+	if err := h.displaceLocked(s); err != nil {
+		return nil, err
 	}
-	if old := h.sessions[node]; old != nil {
-		if s.shared && !old.shared {
-			h.mu.Unlock()
-			return status.Errorf(codes.PermissionDenied, "hello.node_name: node %q has a stream open on its own certificate; the agents' shared certificate may not replace it", node)
-		}
-		// The agent reconnected; its old stream is dead or a duplicate.
-		// Wait for it to record what it sent.
-		old.cancel()
-		h.mu.Unlock()
-		<-old.done
-		h.mu.Lock()
+	rec := h.nodeLocked(s.node)
+	rec.session = s
+	s.client = h.cache.Connect(s.node)
+	if rec.status == nil {
+		rec.status = &observed.Node{Node: s.node}
 	}
-	h.sessions[node] = s
-	s.client = h.cache.Connect(node)
-	st := h.status[node]
-	if st == nil {
-		st = &observed.Node{Node: node}
-		h.status[node] = st
-	}
+	st := rec.status
+	s.status = st
 	st.Connected, st.LastSeen = true, h.clock.Now()
 	st.AgentVersion, st.CertificateNotAfter = hello.GetAgentVersion(), certificateNotAfter(ctx)
 	h.statusChanged()
-	prev := h.history[node]
-	delete(h.history, node)
+	prev, rec.history = rec.history, nil
 	h.metrics.connected.Inc()
+	return prev, nil
+}
+
+// displaceLocked refuses s, or ends the node's open stream for it and
+// waits until that stream has recorded what it sent: the agent
+// reconnected, and its old stream is dead or a duplicate. Called with
+// h.mu held, which it lets go while it waits.
+func (h *Hub) displaceLocked(s *session) error {
+	if h.notCurrent != "" && !s.stale {
+		return notCurrentError(h.notCurrent)
+	}
+	rec := h.nodes[s.node]
+	if rec == nil || rec.session == nil {
+		return nil
+	}
+	old := rec.session
+	if s.shared && !old.shared {
+		return status.Errorf(codes.PermissionDenied, "hello.node_name: node %q has a stream open on its own certificate; the agents' shared certificate may not replace it", s.node)
+	}
+	old.cancel()
 	h.mu.Unlock()
+	<-old.done
+	h.mu.Lock()
+	return nil
+}
 
-	defer func() {
+// close ends s: its node is no longer connected here (unless a newer
+// stream took its place), and what it was sent is kept to resume from.
+func (h *Hub) close(s *session) {
+	defer close(s.done)
+	h.mu.Lock()
+	rec := h.nodeLocked(s.node)
+	if rec.session == s {
+		rec.session = nil
+		s.status.Connected = false
+		h.statusChanged()
+	}
+	s.client.Close()
+	rec.history = s.client
+	h.metrics.connected.Dec()
+	h.mu.Unlock()
+	// A node deleted while its agent was connected was left to its
+	// session (forgetLocked): read after the session is gone, so that a
+	// deletion the hub takes meanwhile is not missed either.
+	var registered bool
+	h.reg.Read(func(v registry.View) { registered = v.Node(s.node) != nil })
+	if !registered {
 		h.mu.Lock()
-		if h.sessions[node] == s {
-			delete(h.sessions, node)
-			st.Connected = false
-			h.statusChanged()
-		}
-		s.client.Close()
-		h.history[node] = s.client
-		h.metrics.connected.Dec()
+		h.forgetLocked(s.node)
 		h.mu.Unlock()
-		// A node deleted while its agent was connected was left to its
-		// session (forgetLocked): read after the session is gone, so that
-		// a deletion the hub takes meanwhile is not missed either.
-		var registered bool
-		h.reg.Read(func(v registry.View) { registered = v.Node(node) != nil })
-		if !registered {
-			h.mu.Lock()
-			h.forgetLocked(node)
-			h.mu.Unlock()
-		}
-	}()
+	}
+}
 
-	inflight := newInflight()
-	recvErr := make(chan error, 1)
-	go func() { recvErr <- h.receiveAnswers(stream, st, inflight, &s.refused, log) }()
-
+// start sends the agent its first state: what changed since the version
+// it applied when that version is of this store's history (after a
+// restore from a copy, the same number may stand for other content),
+// else its whole state. Versions are the store's revisions, the same for
+// every node.
+func (h *Hub) start(ctx context.Context, s *session, hello *weirv1.Hello, prev *cache.Client) error {
 	v := hello.GetAppliedVersion()
-	// Versions are the store's revisions, the same for every node: an
-	// agent that applied v needs only what changed after v, provided its v
-	// is of this store's history (after a restore from a copy, the same
-	// number may stand for other content).
 	msg, resumed := (*cache.Message)(nil), false
 	if hello.GetAppliedHistory() == h.reg.HistoryAt(v) {
 		msg, resumed = s.client.Resume(v, prev)
 	}
-	start := "resume"
-	if !resumed {
-		start = "full"
-		if err := h.sendWhole(ctx, stream, s, st, inflight, time.Time{}); err != nil {
-			return err
-		}
-	} else if err := h.sendStep(stream, st, s, msg, "resume"); err != nil {
+	start, err := "resume", error(nil)
+	if resumed {
+		err = h.sendStep(s, msg, "resume")
+	} else {
+		start, err = "full", h.sendWhole(ctx, s, time.Time{})
+	}
+	if err != nil {
 		return err
 	}
-	log.Info("agent connected", "applied_version", v, "start", start)
+	s.log.Info("agent connected", "applied_version", v, "start", start)
+	return nil
+}
+
+// serve sends the agent what changes for it, as the cache marks it, until
+// the hub ends the session or the agent's answers end.
+func (h *Hub) serve(ctx context.Context, s *session, answersEnded <-chan error) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return h.endErr(s, ctx.Err())
-		case err := <-recvErr:
-			if errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled {
-				return nil
+		case err := <-answersEnded:
+			if !errors.Is(err, context.Canceled) && status.Code(err) != codes.Canceled {
+				s.log.Info("agent disconnected", "reason", err)
 			}
-			log.Info("agent disconnected", "reason", err)
 			return nil
 		case <-s.client.Wake():
 		}
-		msg, since := s.client.Next()
-		if msg != nil && s.refused.Swap(false) {
-			if err := h.sendWhole(ctx, stream, s, st, inflight, since); err != nil {
-				return err
-			}
-			continue
-		}
-		if msg != nil && !since.IsZero() {
-			inflight.add(msg.Version, since)
-		}
-		if err := h.sendStep(stream, st, s, msg, "delta"); err != nil {
+		if err := h.sendNext(ctx, s); err != nil {
 			return err
 		}
 	}
 }
 
+// sendNext sends the delta of what changed since the last message; a
+// whole state instead after the agent refused a version.
+func (h *Hub) sendNext(ctx context.Context, s *session) error {
+	msg, since := s.client.Next()
+	if msg != nil && s.refused.Swap(false) {
+		return h.sendWhole(ctx, s, since)
+	}
+	if msg != nil && !since.IsZero() {
+		s.inflight.add(msg.Version, since)
+	}
+	return h.sendStep(s, msg, "delta")
+}
+
 // sendStep sends msg, a delta (none when nil: the changes did not concern
 // the node), and records what the node now has been sent.
-func (h *Hub) sendStep(stream weirv1.AgentService_SyncServer, st *observed.Node, s *session, msg *cache.Message, kind string) error {
+func (h *Hub) sendStep(s *session, msg *cache.Message, kind string) error {
 	n := 0
 	if msg != nil {
 		var err error
-		if n, err = h.send(stream, msg); err != nil {
+		if n, err = h.send(s.stream, msg); err != nil {
 			return err
 		}
 	}
-	h.record(st, msg, n, kind, s.client.Covered())
+	h.record(s.status, msg, n, kind, s.client.Covered())
 	return nil
 }
 
@@ -204,7 +259,7 @@ func (h *Hub) sendStep(stream weirv1.AgentService_SyncServer, st *observed.Node,
 // end, or FullStateAnswerWait passes: a send ends when the state is
 // queued, and a whole state fits in an agent's receive window, so without
 // the wait every agent would be sent one at once, all finishing last.
-func (h *Hub) sendWhole(ctx context.Context, stream weirv1.AgentService_SyncServer, s *session, st *observed.Node, inflight *inflight, since time.Time) error {
+func (h *Hub) sendWhole(ctx context.Context, s *session, since time.Time) error {
 	// A whole state's encoding is shared by every agent sent the same
 	// version, but each version in flight holds its own: a bounded number
 	// at a time keeps that bounded while versions change, and lets the
@@ -220,16 +275,16 @@ func (h *Hub) sendWhole(ctx context.Context, stream weirv1.AgentService_SyncServ
 	defer release()
 	msg := s.client.Full()
 	if !since.IsZero() {
-		inflight.add(msg.Version, since)
+		s.inflight.add(msg.Version, since)
 	}
 	// Waited for from before the send: the agent may answer before the
 	// send returns.
-	answered := inflight.answered(msg.Version)
-	n, err := h.send(stream, msg)
+	answered := s.inflight.answered(msg.Version)
+	n, err := h.send(s.stream, msg)
 	if err != nil {
 		return err
 	}
-	h.record(st, msg, n, "full", s.client.Covered())
+	h.record(s.status, msg, n, "full", s.client.Covered())
 	timeout := h.clock.NewTimer(FullStateAnswerWait)
 	defer timeout.Stop()
 	select {

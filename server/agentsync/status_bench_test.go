@@ -14,7 +14,7 @@ import (
 //
 //	go test ./server/agentsync -run '^$' -bench StatusRead
 func BenchmarkStatusRead(b *testing.B) {
-	h := &Hub{status: map[string]*observed.Node{}, remote: map[string]*observed.Node{}}
+	h := &Hub{nodes: map[string]*nodeRecord{}}
 	for i := range 500 {
 		n := &observed.Node{Node: fmt.Sprintf("node-%d", i), Connected: true, AppliedVersion: 7, SentVersion: 7}
 		if i < 2 {
@@ -23,7 +23,7 @@ func BenchmarkStatusRead(b *testing.B) {
 				n.Services[fmt.Sprintf("bench/svc-%d", k)] = observed.Service{}
 			}
 		}
-		h.status[n.Node] = n
+		h.nodes[n.Node] = &nodeRecord{status: n}
 	}
 	b.Run("Status", func(b *testing.B) {
 		for b.Loop() {
