@@ -21,6 +21,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/weirlb/weir/internal/notify"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
 )
@@ -47,7 +48,7 @@ type Allocator struct {
 	reg     *registry.Registry
 	log     *slog.Logger
 	writers map[string]Writer
-	wake    chan struct{}
+	wake    notify.Kick
 }
 
 // New returns an allocator over reg; Run does the work.
@@ -55,7 +56,7 @@ func New(reg *registry.Registry, writers map[string]Writer, log *slog.Logger) *A
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Allocator{reg: reg, log: log, writers: writers, wake: make(chan struct{}, 1)}
+	a := &Allocator{reg: reg, log: log, writers: writers}
 	reg.OnChange(func(ch registry.Change) {
 		// Allocations follow the services' own objects and the pools,
 		// never endpoints: an endpoint slice's change wakes nothing. A
@@ -63,10 +64,7 @@ func New(reg *registry.Registry, writers map[string]Writer, log *slog.Logger) *A
 		// makes it reserved (the write lists the service).
 		hosts := (len(ch.Nodes) > 0 || len(ch.ServiceCIDRs) > 0) && len(ch.Services) > 0
 		if len(ch.ServiceObjects) > 0 || len(ch.Pools) > 0 || hosts {
-			select {
-			case a.wake <- struct{}{}:
-			default:
-			}
+			a.wake.Kick()
 		}
 	})
 	return a
@@ -76,15 +74,12 @@ func New(reg *registry.Registry, writers map[string]Writer, log *slog.Logger) *A
 // ctx ends.
 // It may run again after it stopped (a replica leading again).
 func (a *Allocator) Run(ctx context.Context) {
-	select {
-	case a.wake <- struct{}{}:
-	default: // a round is due already
-	}
+	a.wake.Kick() // a first round, unless one is due already
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.wake:
+		case <-a.wake.C():
 		}
 		for _, w := range a.Plan() {
 			writer := a.writers[w.Service.Source]
@@ -113,140 +108,160 @@ type Write struct {
 }
 
 // Plan computes the status writes that bring every LoadBalancer service to
-// its assignment.
+// its assignment: first what already holds stays put, then the rest are
+// assigned, oldest first, and only the services whose status changes are
+// written.
 func (a *Allocator) Plan() []Write {
-	var pools []*model.AddressPool
+	p, svcs := a.snapshot()
+	svcs = p.setAsideOtherControllers(svcs)
+	wants := make([]*want, 0, len(svcs))
+	var pending []*want
+	for _, s := range svcs {
+		w := &want{svc: s}
+		wants = append(wants, w)
+		if !p.keepHeld(w) {
+			pending = append(pending, w)
+		}
+	}
+	for _, w := range pending {
+		if len(w.svc.RequestedLoadBalancerIPs) > 0 {
+			p.assignRequested(w)
+		} else {
+			p.assignFromPools(w)
+		}
+		p.take(w.svc, w.ips)
+	}
+	return changedStatus(wants)
+}
+
+// want is the status a round decides for one service.
+type want struct {
+	svc     *model.Service
+	ips     []netip.Addr
+	reason  string
+	message string
+}
+
+// planner is one round's state: the pools in allocation order, the
+// addresses no service may take, and the services using each address so
+// far.
+type planner struct {
+	pools    []*model.AddressPool
+	reserved registry.Reserved
+	used     map[netip.Addr][]*model.Service
+}
+
+// snapshot reads the pools, the reserved addresses and the LoadBalancer
+// services under one registry read, the services oldest first: older
+// services keep priority over newer ones for the same address.
+func (a *Allocator) snapshot() (*planner, []*model.Service) {
+	p := &planner{used: map[netip.Addr][]*model.Service{}}
 	var svcs []*model.Service
-	var reserved registry.Reserved
 	a.reg.Read(func(v registry.View) {
-		pools = AllocationOrder(v.Pools())
-		reserved = v.LoadBalancerReserved()
+		p.pools = AllocationOrder(v.Pools())
+		p.reserved = v.LoadBalancerReserved()
 		for _, k := range v.ServiceKeys() {
 			if s := v.Service(k); s.Type == model.LoadBalancer {
 				svcs = append(svcs, s)
 			}
 		}
 	})
-	// Older services keep priority over newer ones for the same address.
 	slices.SortFunc(svcs, func(x, y *model.Service) int {
 		return cmp.Or(x.CreateTime.Compare(y.CreateTime), cmp.Compare(x.Key(), y.Key()))
 	})
-	inPool := func(ip netip.Addr) *model.AddressPool {
-		for _, p := range pools {
-			for _, r := range p.Ranges {
-				if r.Contains(ip) {
-					return p
-				}
-			}
-		}
-		return nil
-	}
-	used := map[netip.Addr][]*model.Service{}
-	shareable := func(ip netip.Addr, s *model.Service) bool {
-		for _, o := range used[ip] {
-			if o.Key() == s.Key() {
-				continue
-			}
-			if s.AllowSharedIP == "" || o.AllowSharedIP != s.AllowSharedIP || portsOverlap(o, s) || o.OtherController {
-				return false
-			}
-		}
-		return true
-	}
+	return p, svcs
+}
 
-	type want struct {
-		svc     *model.Service
-		ips     []netip.Addr
-		reason  string
-		message string
-	}
-	wants := make([]*want, 0, len(svcs))
-	var pending []*want
-	// Another controller's services are not Weir's to write; the
-	// addresses they hold are taken.
-	svcs = slices.DeleteFunc(svcs, func(s *model.Service) bool {
+// setAsideOtherControllers drops another controller's services, which
+// are not Weir's to write, and takes the addresses they hold.
+func (p *planner) setAsideOtherControllers(svcs []*model.Service) []*model.Service {
+	return slices.DeleteFunc(svcs, func(s *model.Service) bool {
 		if s.OtherController {
-			for _, ip := range s.LoadBalancerIPs {
-				used[ip] = append(used[ip], s)
-			}
+			p.take(s, s.LoadBalancerIPs)
 		}
 		return s.OtherController
 	})
-	// First, what already holds: valid addresses in status stay put.
-	for _, s := range svcs {
-		w := &want{svc: s}
-		wants = append(wants, w)
-		managed := len(s.LoadBalancerIPs) > 0
-		for _, ip := range s.LoadBalancerIPs {
-			if inPool(ip) == nil {
-				managed = false
-			}
-		}
-		if len(s.LoadBalancerIPs) > 0 && !managed && len(s.RequestedLoadBalancerIPs) == 0 {
-			// Set by an outside load balancer: not Weir's to change.
-			w.ips, w.reason, w.message = s.LoadBalancerIPs, s.AddressReason, s.AddressMessage
-			continue
-		}
-		keep := managed && (len(s.RequestedLoadBalancerIPs) == 0 || sameAddrs(s.RequestedLoadBalancerIPs, s.LoadBalancerIPs))
-		for _, ip := range s.LoadBalancerIPs {
-			if keep && (!shareable(ip, s) || reserved.Why(ip) != "") {
-				keep = false
-			}
-		}
-		if keep {
-			w.ips = s.LoadBalancerIPs
-			for _, ip := range w.ips {
-				used[ip] = append(used[ip], s)
-			}
-			continue
-		}
-		pending = append(pending, w)
-	}
-	// Then the rest, oldest first.
-	for _, w := range pending {
-		s := w.svc
-		if len(s.RequestedLoadBalancerIPs) > 0 {
-			ok := true
-			for _, ip := range s.RequestedLoadBalancerIPs {
-				switch p := inPool(ip); {
-				case reserved.Why(ip) != "":
-					w.reason, w.message, ok = ReasonNotAllowed, reserved.Why(ip), false
-				case p == nil:
-					w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is in no address pool", ip), false
-				case s.AddressPool != "" && p.Name != s.AddressPool:
-					w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is not in pool %s", ip, s.AddressPool), false
-				case !p.Allows(s):
-					w.reason, w.message, ok = ReasonNotAllowed, fmt.Sprintf("%s is in pool %s, which is for %s", ip, p.Name, p.Allocation.Scope()), false
-				case !shareable(ip, s):
-					w.reason, w.message, ok = ReasonAddressTaken, fmt.Sprintf("%s is assigned to %s", ip, used[ip][0].Key()), false
-				}
-			}
-			if ok {
-				w.ips = s.RequestedLoadBalancerIPs
-			}
-		} else {
-			for _, is6 := range families(s) {
-				ip, reason, msg := pick(pools, s, is6, used, shareable, reserved)
-				switch {
-				case reason == ReasonNoPool && len(families(s)) > 1:
-					// A dual-stack service gets the families pools have.
-				case reason != "":
-					w.reason, w.message = reason, msg
-				default:
-					w.ips = append(w.ips, ip)
-				}
-			}
-			if w.reason != "" && w.reason != ReasonNoPool {
-				w.ips = nil // all or nothing when a pool is full
-			}
-			if len(w.ips) == 0 && w.reason == "" {
-				w.reason, w.message = ReasonNoPool, "no address pool has addresses for this service"
-			}
-		}
-		for _, ip := range w.ips {
-			used[ip] = append(used[ip], s)
+}
+
+// keepHeld keeps what already holds, and reports whether it did: the
+// addresses an outside load balancer set, and valid addresses of Weir's
+// pools in status (the ones asked for, if any), free of conflicts.
+func (p *planner) keepHeld(w *want) bool {
+	s := w.svc
+	managed := len(s.LoadBalancerIPs) > 0
+	for _, ip := range s.LoadBalancerIPs {
+		if p.inPool(ip) == nil {
+			managed = false
 		}
 	}
+	if len(s.LoadBalancerIPs) > 0 && !managed && len(s.RequestedLoadBalancerIPs) == 0 {
+		// Set by an outside load balancer: not Weir's to change.
+		w.ips, w.reason, w.message = s.LoadBalancerIPs, s.AddressReason, s.AddressMessage
+		return true
+	}
+	keep := managed && (len(s.RequestedLoadBalancerIPs) == 0 || sameAddrs(s.RequestedLoadBalancerIPs, s.LoadBalancerIPs))
+	for _, ip := range s.LoadBalancerIPs {
+		if keep && (!p.shareable(ip, s) || p.reserved.Why(ip) != "") {
+			keep = false
+		}
+	}
+	if keep {
+		w.ips = s.LoadBalancerIPs
+		p.take(s, w.ips)
+	}
+	return keep
+}
+
+// assignRequested gives the service the addresses it asks for, or none
+// with the reason of the last one it may not have.
+func (p *planner) assignRequested(w *want) {
+	s := w.svc
+	ok := true
+	for _, ip := range s.RequestedLoadBalancerIPs {
+		switch pool := p.inPool(ip); {
+		case p.reserved.Why(ip) != "":
+			w.reason, w.message, ok = ReasonNotAllowed, p.reserved.Why(ip), false
+		case pool == nil:
+			w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is in no address pool", ip), false
+		case s.AddressPool != "" && pool.Name != s.AddressPool:
+			w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is not in pool %s", ip, s.AddressPool), false
+		case !pool.Allows(s):
+			w.reason, w.message, ok = ReasonNotAllowed, fmt.Sprintf("%s is in pool %s, which is for %s", ip, pool.Name, pool.Allocation.Scope()), false
+		case !p.shareable(ip, s):
+			w.reason, w.message, ok = ReasonAddressTaken, fmt.Sprintf("%s is assigned to %s", ip, p.used[ip][0].Key()), false
+		}
+	}
+	if ok {
+		w.ips = s.RequestedLoadBalancerIPs
+	}
+}
+
+// assignFromPools gives the service one address of each of its families
+// from the pools: all or nothing when a pool is full, the families pools
+// have for a dual-stack service.
+func (p *planner) assignFromPools(w *want) {
+	s := w.svc
+	for _, is6 := range families(s) {
+		ip, reason, msg := p.pick(s, is6)
+		switch {
+		case reason == ReasonNoPool && len(families(s)) > 1:
+			// A dual-stack service gets the families pools have.
+		case reason != "":
+			w.reason, w.message = reason, msg
+		default:
+			w.ips = append(w.ips, ip)
+		}
+	}
+	if w.reason != "" && w.reason != ReasonNoPool {
+		w.ips = nil // all or nothing when a pool is full
+	}
+	if len(w.ips) == 0 && w.reason == "" {
+		w.reason, w.message = ReasonNoPool, "no address pool has addresses for this service"
+	}
+}
+
+// changedStatus are the writes of the services whose status changes.
+func changedStatus(wants []*want) []Write {
 	var out []Write
 	for _, w := range wants {
 		s := w.svc
@@ -258,32 +273,65 @@ func (a *Allocator) Plan() []Write {
 	return out
 }
 
+// inPool is the pool holding ip, or nil.
+func (p *planner) inPool(ip netip.Addr) *model.AddressPool {
+	for _, pool := range p.pools {
+		for _, r := range pool.Ranges {
+			if r.Contains(ip) {
+				return pool
+			}
+		}
+	}
+	return nil
+}
+
+// shareable reports whether s may use ip beside the services using it so
+// far: all under s's sharing key, on other ports, and Weir's.
+func (p *planner) shareable(ip netip.Addr, s *model.Service) bool {
+	for _, o := range p.used[ip] {
+		if o.Key() == s.Key() {
+			continue
+		}
+		if s.AllowSharedIP == "" || o.AllowSharedIP != s.AllowSharedIP || portsOverlap(o, s) || o.OtherController {
+			return false
+		}
+	}
+	return true
+}
+
+// take records that s uses ips.
+func (p *planner) take(s *model.Service, ips []netip.Addr) {
+	for _, ip := range ips {
+		p.used[ip] = append(p.used[ip], s)
+	}
+}
+
 // pick finds the first free address of the family in the pools s may use,
 // in allocation order, leaving out the reserved ones.
-func pick(pools []*model.AddressPool, s *model.Service, is6 bool, used map[netip.Addr][]*model.Service, shareable func(netip.Addr, *model.Service) bool, reserved registry.Reserved) (netip.Addr, string, string) {
+func (p *planner) pick(s *model.Service, is6 bool) (netip.Addr, string, string) {
 	eligible, scopedOut := 0, ""
-	for _, p := range pools {
-		if (s.AddressPool != "" && p.Name != s.AddressPool) || (s.AddressPool == "" && p.ManualOnly) {
+	for _, pool := range p.pools {
+		if (s.AddressPool != "" && pool.Name != s.AddressPool) || (s.AddressPool == "" && pool.ManualOnly) {
 			continue
 		}
-		if !p.Allows(s) {
-			scopedOut = fmt.Sprintf(" (pool %s is for %s)", p.Name, p.Allocation.Scope())
+		if !pool.Allows(s) {
+			scopedOut = fmt.Sprintf(" (pool %s is for %s)", pool.Name, pool.Allocation.Scope())
 			continue
 		}
-		for _, r := range p.Ranges {
+		for _, r := range pool.Ranges {
 			if r.First.Is6() != is6 {
 				continue
 			}
 			eligible++
 			// Sharing first: an address already used under the same key.
 			for ip := r.First; ip.IsValid() && ip.Compare(r.Last) <= 0; ip = ip.Next() {
-				if reserved.Why(ip) != "" {
+				if p.reserved.Why(ip) != "" {
 					continue
 				}
-				if len(used[ip]) > 0 && s.AllowSharedIP != "" && shareable(ip, s) {
+				if len(p.used[ip]) > 0 && s.AllowSharedIP != "" && p.shareable(ip, s) {
 					return ip, "", ""
 				}
-				if len(used[ip]) == 0 {
+				if len(p.used[ip]) == 0 {
 					return ip, "", ""
 				}
 			}

@@ -76,7 +76,7 @@ func TestOnlyServicesAndPoolsWakeTheAllocator(t *testing.T) {
 	a := New(reg, nil, nil)
 	woken := func() bool {
 		select {
-		case <-a.wake:
+		case <-a.wake.C():
 			return true
 		default:
 			return false
@@ -176,14 +176,14 @@ func TestReservedAddressesAreNeverAssigned(t *testing.T) {
 		t.Errorf("shop/s1, asking for node n1's address: %q; want %q...", got["shop/s1"], want)
 	}
 	select {
-	case <-a.wake:
+	case <-a.wake.C():
 	default:
 	}
 	if err := node("n2", "203.0.113.4"); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-a.wake:
+	case <-a.wake.C():
 	default:
 		t.Error("a node on an assigned address did not wake the allocator")
 	}
