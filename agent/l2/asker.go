@@ -16,6 +16,8 @@ import (
 
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/dial"
+	"github.com/weirlb/weir/internal/notify"
+	"github.com/weirlb/weir/internal/recv"
 	"github.com/weirlb/weir/internal/report"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
@@ -40,6 +42,11 @@ type Asker struct {
 	clk    clock.WithTicker
 	log    *slog.Logger
 
+	changed notify.Kick // what the node cannot answer for changed
+
+	// mu guards the fields below and is a leaf: the Asker holds no other
+	// lock under it, and calls its Leases outside it (the package's lock
+	// order is at Leases).
 	mu    sync.Mutex
 	pools []datapath.L2Pool
 	// asked are the L2 load-balancer IPs each service of the node's state
@@ -50,13 +57,12 @@ type Asker struct {
 	addrs   []netip.Addr            // the L2 load-balancer IPs of the node's state, sorted
 	ifaces  map[netip.Addr][]string // where each is answered
 	refused map[netip.Addr]string   // those that cannot be, and why
-	changed chan struct{}
 }
 
 // NewAsker asks over conn (its own connection: it moves to the replica
 // that leads, whatever replica the node's state comes from).
 func NewAsker(conn grpc.ClientConnInterface, node string, leases *Leases, clk clock.WithTicker, log *slog.Logger) *Asker {
-	return &Asker{conn: conn, node: node, leases: leases, clk: clk, log: log, changed: make(chan struct{}, 1),
+	return &Asker{conn: conn, node: node, leases: leases, clk: clk, log: log,
 		asked: map[datapath.ServiceKey][]netip.Addr{}, askers: map[netip.Addr]int{}}
 }
 
@@ -139,10 +145,7 @@ func (a *Asker) resolve() {
 	a.ifaces, a.refused = ifaces, refused
 	a.mu.Unlock()
 	if changed {
-		select {
-		case a.changed <- struct{}{}:
-		default:
-		}
+		a.changed.Kick()
 	}
 }
 
@@ -206,8 +209,9 @@ func interfacesFor(addr netip.Addr, named []string, links []localLink, linkErr e
 // wanted reports whether the node's state has L2 addresses.
 func (a *Asker) wanted() bool {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.addrs) > 0 || len(a.leases.Holding()) > 0
+	has := len(a.addrs) > 0
+	a.mu.Unlock()
+	return has || len(a.leases.Holding()) > 0
 }
 
 // Run keeps the leases until ctx ends, then gives them up.
@@ -221,7 +225,7 @@ func (a *Asker) Run(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-a.changed:
+			case <-a.changed.C():
 			case <-resolveEvery.C():
 			}
 		}
@@ -244,129 +248,146 @@ func (a *Asker) Run(ctx context.Context) {
 // session runs one Leases stream; granted reports whether the server
 // answered at all.
 func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, err error) {
+	// The stream outlives ctx by the time it takes to give the leases up.
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stream, err := weirv1.NewAgentServiceClient(a.conn).Leases(sctx, grpc.WaitForReady(waitForReady))
 	if err != nil {
 		return false, err
 	}
-	var (
-		seq      uint64
-		asked    = map[uint64]time.Time{}
-		released []*weirv1.L2Lease
-		ttl      = DefaultTTL
-	)
-	stopping := false
-	ask := func() error {
-		seq++
-		// The lease counts from before the ask leaves.
-		asked[seq] = a.clk.Now()
-		msg := &weirv1.LeasesRequest{NodeName: a.node, Sequence: seq, Released: released, Stopping: stopping}
-		for addr, epoch := range a.leases.Holding() {
-			msg.Held = append(msg.Held, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
-		}
-		for addr, epoch := range a.leases.Lapsed() {
-			msg.Lapsed = append(msg.Lapsed, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
-		}
-		a.mu.Lock()
-		for addr, why := range a.refused {
-			msg.Refused = append(msg.Refused, &weirv1.L2Refusal{Address: addr.String(), Reason: why})
-		}
-		a.mu.Unlock()
-		if err := stream.Send(msg); err != nil {
-			return err
-		}
-		released = nil
-		return nil
-	}
-	grants, recvErr := make(chan *weirv1.LeasesResponse, 16), make(chan error, 1)
-	go func() {
-		for {
-			g, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			grants <- g
-		}
-	}()
-	if err := ask(); err != nil {
+	s := &leaseSession{a: a, stream: stream, asked: map[uint64]time.Time{}, ttl: DefaultTTL}
+	grants, recvErr := recv.Pump(sctx, stream.Recv, 16)
+	if err := s.ask(); err != nil {
 		return false, err
 	}
-	tick := a.clk.NewTicker(ttl / 4)
-	defer func() { tick.Stop() }()
+	s.tick = a.clk.NewTicker(s.ttl / 4)
+	defer func() { s.tick.Stop() }()
 	resolveEvery := a.clk.NewTicker(5 * time.Second)
 	defer resolveEvery.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			// Stopping: give everything up and say so, then go.
-			for addr := range a.leases.Holding() {
-				if epoch, ok := a.leases.Release(addr); ok {
-					released = append(released, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
-				}
-			}
-			a.leases.Close()
-			stopping = true
-			gaveUp := len(released)
-			if err := ask(); err == nil {
-				// The server has read the release once it answers this
-				// ask (an answer to an earlier one may come first): until
-				// then the stream must stay, or the ask may be lost with it.
-				deadline := time.After(time.Second)
-			wait:
-				for {
-					select {
-					case g := <-grants:
-						if g.GetSequence() == seq {
-							break wait
-						}
-					case <-recvErr:
-						break wait
-					case <-deadline:
-						a.log.Warn("stopping: the server did not confirm that the L2 leases were given up; they end with their lease")
-						break wait
-					}
-				}
-			}
-			a.log.Info("stopping: gave the L2 leases up", "addresses", gaveUp)
-			stream.CloseSend()
-			return granted, ctx.Err()
+			s.stop(grants, recvErr)
+			return s.granted, ctx.Err()
 		case err := <-recvErr:
-			return granted, err
-		case <-tick.C():
-			err = ask()
-		case <-a.changed:
-			err = ask()
+			return s.granted, err
+		case <-s.tick.C():
+			err = s.ask()
+		case <-a.changed.C():
+			err = s.ask()
 		case <-resolveEvery.C():
 			a.resolve()
 		case g := <-grants:
-			granted = true
-			if g.GetSequence() == 0 {
-				err = ask()
-				break
-			}
-			at, ok := asked[g.GetSequence()]
-			if !ok {
-				break // answered already
-			}
-			for s := range asked {
-				if s <= g.GetSequence() {
-					delete(asked, s)
-				}
-			}
-			if d := g.GetTtl().AsDuration(); d > 0 && d != ttl {
-				ttl = d
-				tick.Stop()
-				tick = a.clk.NewTicker(ttl / 4)
-			}
-			released = append(released, a.take(g, at, ttl)...)
-			if len(released) > 0 {
-				err = ask()
-			}
+			err = s.received(g)
 		}
 		if err != nil {
-			return granted, err
+			return s.granted, err
+		}
+	}
+}
+
+// leaseSession is one Leases stream: the asks not yet answered, the
+// leases given up and not yet told, and the lease life the server says.
+type leaseSession struct {
+	a        *Asker
+	stream   grpc.BidiStreamingClient[weirv1.LeasesRequest, weirv1.LeasesResponse]
+	seq      uint64
+	asked    map[uint64]time.Time // by sequence: when it was asked
+	released []*weirv1.L2Lease
+	ttl      time.Duration
+	tick     clock.Ticker // asks a few times a lease's life
+	stopping bool
+	granted  bool // the server answered at all
+}
+
+// ask sends what the node holds, has lost, cannot answer for and gave up.
+func (s *leaseSession) ask() error {
+	a := s.a
+	s.seq++
+	// The lease counts from before the ask leaves.
+	s.asked[s.seq] = a.clk.Now()
+	msg := &weirv1.LeasesRequest{NodeName: a.node, Sequence: s.seq, Released: s.released, Stopping: s.stopping}
+	for addr, epoch := range a.leases.Holding() {
+		msg.Held = append(msg.Held, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
+	}
+	for addr, epoch := range a.leases.Lapsed() {
+		msg.Lapsed = append(msg.Lapsed, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
+	}
+	a.mu.Lock()
+	for addr, why := range a.refused {
+		msg.Refused = append(msg.Refused, &weirv1.L2Refusal{Address: addr.String(), Reason: why})
+	}
+	a.mu.Unlock()
+	if err := s.stream.Send(msg); err != nil {
+		return err
+	}
+	s.released = nil
+	return nil
+}
+
+// received takes one answer: a grant to an ask, or a request to ask again
+// (sequence 0).
+func (s *leaseSession) received(g *weirv1.LeasesResponse) error {
+	s.granted = true
+	if g.GetSequence() == 0 {
+		return s.ask()
+	}
+	at, ok := s.asked[g.GetSequence()]
+	if !ok {
+		return nil // answered already
+	}
+	for seq := range s.asked {
+		if seq <= g.GetSequence() {
+			delete(s.asked, seq)
+		}
+	}
+	if d := g.GetTtl().AsDuration(); d > 0 && d != s.ttl {
+		s.ttl = d
+		s.tick.Stop()
+		s.tick = s.a.clk.NewTicker(s.ttl / 4)
+	}
+	s.released = append(s.released, s.a.take(g, at, s.ttl)...)
+	if len(s.released) > 0 {
+		return s.ask()
+	}
+	return nil
+}
+
+// stop gives every lease up and says so, then ends the stream.
+func (s *leaseSession) stop(grants <-chan *weirv1.LeasesResponse, recvErr <-chan error) {
+	a := s.a
+	for addr := range a.leases.Holding() {
+		if epoch, ok := a.leases.Release(addr); ok {
+			s.released = append(s.released, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
+		}
+	}
+	a.leases.Close()
+	s.stopping = true
+	gaveUp := len(s.released)
+	if err := s.ask(); err == nil {
+		s.awaitAnswer(grants, recvErr)
+	}
+	a.log.Info("stopping: gave the L2 leases up", "addresses", gaveUp)
+	s.stream.CloseSend()
+}
+
+// awaitAnswer waits, a second at most, for the answer to the last ask:
+// the server has read the release once it answers it (an answer to an
+// earlier one may come first), and until then the stream must stay, or
+// the ask may be lost with it.
+func (s *leaseSession) awaitAnswer(grants <-chan *weirv1.LeasesResponse, recvErr <-chan error) {
+	deadline := time.After(time.Second)
+	for {
+		select {
+		case g := <-grants:
+			if g.GetSequence() == s.seq {
+				return
+			}
+		case <-recvErr:
+			return
+		case <-deadline:
+			s.a.log.Warn("stopping: the server did not confirm that the L2 leases were given up; they end with their lease")
+			return
 		}
 	}
 }

@@ -39,6 +39,10 @@ type Owned map[netip.Addr][]string
 type Responder struct {
 	log *slog.Logger
 
+	// mu guards the fields below. It comes after Leases.mu in the lock
+	// order (Leases.mu, then Responder.mu: the Leases set what is owned
+	// under their lock), so valid, which takes the Leases', is called
+	// outside it.
 	mu     sync.Mutex
 	owned  map[netip.Addr]map[string]bool // address → interfaces
 	valid  func(netip.Addr) bool          // see Valid

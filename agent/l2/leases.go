@@ -19,6 +19,11 @@ type Leases struct {
 	clk   clock.WithDelayedExecution
 	apply func(Owned) error // the Responder's Set, or a fake
 
+	// mu guards the fields below. Lock order: Leases.mu, then
+	// Responder.mu. apply (the Responder's Set) runs with mu held, so
+	// that the answers follow the leases in the order they change; the
+	// Responder asks Valid outside its own lock, and a timer's function
+	// takes mu on a goroutine of its own, never under the clock's lock.
 	mu   sync.Mutex
 	held map[netip.Addr]held
 	// lapsed are the leases that ended without being given up (no
