@@ -65,9 +65,6 @@ type resource[T model.Object, P proto.Message] struct {
 	coll  *registry.Collection[T]
 	from  func(P) (T, error)
 	to    func(T) P
-	// keepStatus, when set, carries over what an update leaves out of the
-	// status, which Weir itself writes.
-	keepStatus func(now, old T)
 }
 
 func (r resource[T, P]) create(p P, validateOnly bool) (P, error) {
@@ -87,27 +84,24 @@ func (r resource[T, P]) create(p P, validateOnly bool) (P, error) {
 	return r.to(obj), nil
 }
 
+// update writes the request's spec: what Weir writes itself is kept as
+// the registry decides when it makes the write (registry.Keep).
 func (r resource[T, P]) update(p P, validateOnly bool) (P, error) {
-	return r.updateKeeping(p, validateOnly, r.keepStatus)
+	return r.updateKeeping(p, validateOnly, nil)
 }
 
-// updateKeeping is update with keep in place of keepStatus (nil: the
-// request says every field).
-func (r resource[T, P]) updateKeeping(p P, validateOnly bool, keep func(now, old T)) (P, error) {
+// updateKeeping is update with keep in place of the collection's rule
+// for a spec update (nil: that rule).
+func (r resource[T, P]) updateKeeping(p P, validateOnly bool, keep registry.Keep[T]) (P, error) {
 	obj, err := r.from(p)
 	if err != nil {
 		return *new(P), Status(r.field, err)
 	}
 	obj.GetMeta().Source = model.SourceNative
 	if keep != nil {
-		if old, err := r.coll.Get(obj.GetMeta().Key()); err == nil {
-			keep(obj, old)
-		}
-	}
-	if validateOnly {
-		obj, err = r.coll.CheckUpdate(obj)
+		obj, err = r.coll.UpdateKeeping(obj, keep, validateOnly)
 	} else {
-		obj, err = r.coll.Update(obj)
+		obj, err = r.coll.UpdateSpec(obj, validateOnly)
 	}
 	if err != nil {
 		return *new(P), Status(r.field, err)

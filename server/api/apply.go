@@ -56,7 +56,7 @@ func (s *RegistryService) Apply(_ context.Context, req *weirv1.ApplyRequest) (*w
 		seen[id] = i
 		objs, fields = append(objs, obj), append(fields, path)
 	}
-	rev, applied, err := s.reg.Apply(objs, req.GetValidateOnly())
+	rev, applied, err := s.reg.ApplySpec(objs, req.GetValidateOnly())
 	if err != nil {
 		var be *registry.BatchError
 		if errors.As(err, &be) {
@@ -102,18 +102,14 @@ func (s *RegistryService) wire(obj model.Object) *weirv1.ApplyResource {
 	return nil
 }
 
-// prepare reads one resource of a batch as an update of it would: native,
-// with what an update keeps carried over.
+// prepare reads one resource of a batch as an update of it would:
+// native; what an update keeps the registry decides when it makes the
+// write (Registry.ApplySpec).
 func (r resource[T, P]) prepare(p P) (model.Object, error) {
 	obj, err := r.from(p)
 	if err != nil {
 		return nil, err
 	}
 	obj.GetMeta().Source = model.SourceNative
-	if r.keepStatus != nil {
-		if old, err := r.coll.Get(obj.GetMeta().Key()); err == nil {
-			r.keepStatus(obj, old)
-		}
-	}
 	return obj, nil
 }

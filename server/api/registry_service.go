@@ -47,28 +47,13 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 					}
 				})
 				return p
-			},
-			keepStatus: func(now, old *model.Service) {
-				// An update without status keeps the assigned addresses,
-				// as Kubernetes keeps status across spec updates, while
-				// the service stays a load balancer.
-				if len(now.LoadBalancerIPs) == 0 && now.Type == model.LoadBalancer {
-					now.LoadBalancerIPs, now.AddressReason, now.AddressMessage = old.LoadBalancerIPs, old.AddressReason, old.AddressMessage
-				}
 			}},
 		endpoints: resource[*model.EndpointSlice, *weirv1.EndpointSlice]{field: "endpoint_slice", coll: reg.EndpointSlices, from: resourcewire.EndpointSliceFromProto, to: resourcewire.EndpointSliceToProto},
 		nodes: resource[*model.Node, *weirv1.Node]{field: "node", coll: reg.Nodes, from: resourcewire.NodeFromProto, to: func(n *model.Node) *weirv1.Node {
 			return resourcewire.NodeToProto(reg.WithDrain(n))
 		}},
 		pools: resource[*model.AddressPool, *weirv1.AddressPool]{field: "address_pool", coll: reg.Pools, from: resourcewire.PoolFromProto, to: resourcewire.PoolToProto},
-		peers: resource[*model.BGPPeer, *weirv1.BgpPeer]{field: "bgp_peer", coll: reg.Peers, from: resourcewire.BGPPeerFromProto, to: resourcewire.BGPPeerToProto,
-			keepStatus: func(now, old *model.BGPPeer) {
-				// The password is never read back, so an update that
-				// leaves it out keeps it.
-				if now.Password == "" {
-					now.Password = old.Password
-				}
-			}},
+		peers: resource[*model.BGPPeer, *weirv1.BgpPeer]{field: "bgp_peer", coll: reg.Peers, from: resourcewire.BGPPeerFromProto, to: resourcewire.BGPPeerToProto},
 		cidrs: resource[*model.ServiceCIDR, *weirv1.ServiceCidr]{field: "service_cidr", coll: reg.ServiceCIDRs, from: resourcewire.ServiceCIDRFromProto, to: resourcewire.ServiceCIDRToProto},
 		reg:   reg,
 	}
@@ -212,18 +197,12 @@ func (s *RegistryService) ListServices(_ context.Context, req *weirv1.ListServic
 }
 
 func (s *RegistryService) UpdateService(_ context.Context, req *weirv1.UpdateServiceRequest) (*weirv1.UpdateServiceResponse, error) {
-	keep := s.services.keepStatus
+	var keep registry.Keep[*model.Service] // nil: a spec update's rule
 	for i, p := range req.GetUpdateMask().GetPaths() {
 		if p != "status.load_balancer_ips" {
 			return nil, status.Errorf(codes.InvalidArgument, "update_mask.paths[%d]: %q is not a path an update can be told to replace (status.load_balancer_ips)", i, p)
 		}
-		keep = func(now, old *model.Service) {
-			// The request's addresses stand, even none; the reason
-			// Weir assigned none is Weir's to keep.
-			if now.Type == model.LoadBalancer {
-				now.AddressReason, now.AddressMessage = old.AddressReason, old.AddressMessage
-			}
-		}
+		keep = registry.KeepAddressReason
 	}
 	obj, err := s.services.updateKeeping(req.GetService(), req.GetValidateOnly(), keep)
 	return &weirv1.UpdateServiceResponse{Service: obj}, err

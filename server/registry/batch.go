@@ -41,9 +41,20 @@ type staged struct {
 // other are refused too. Any refusal, or a failed commit, leaves the
 // registry as it was. With dryRun nothing is written.
 func (r *Registry) Apply(objs []model.Object, dryRun bool) (uint64, []Applied, error) {
+	return r.apply(objs, dryRun, false)
+}
+
+// ApplySpec is Apply by a writer of the specs alone (the native API):
+// each object replacing one keeps what its collection's rule keeps, as
+// UpdateSpec.
+func (r *Registry) ApplySpec(objs []model.Object, dryRun bool) (uint64, []Applied, error) {
+	return r.apply(objs, dryRun, true)
+}
+
+func (r *Registry) apply(objs []model.Object, dryRun, spec bool) (uint64, []Applied, error) {
 	var out []Applied
 	rev, err := r.write(func() (*pending, error) {
-		done, err := r.stageAll(objs)
+		done, err := r.stageAll(objs, spec)
 		if err != nil {
 			return nil, err
 		}
@@ -77,9 +88,12 @@ func (r *Registry) Apply(objs []model.Object, dryRun bool) (uint64, []Applied, e
 			// The registry is as it was when they were checked (with the
 			// versions they were checked at): staging them again cannot
 			// fail.
-			again, err := r.stageAll(objs)
+			again, err := r.stageAll(objs, spec)
 			if err != nil {
 				panic(fmt.Sprintf("registry: a batch refused when published at revision %d: %v", rev, err))
+			}
+			for i, s := range again {
+				out[i].Object = s.obj // what a rule kept is a copy: the one now stored
 			}
 			// At their new version before anyone is told: a watch event
 			// carries the object itself.
@@ -96,25 +110,26 @@ func (r *Registry) Apply(objs []model.Object, dryRun bool) (uint64, []Applied, e
 }
 
 // stageAll stages every object in order, or none (BatchError names the
-// one refused). Called with mu held.
-func (r *Registry) stageAll(objs []model.Object) ([]staged, error) {
+// one refused); spec: as writes of the spec alone (ApplySpec). Called
+// with mu held.
+func (r *Registry) stageAll(objs []model.Object, spec bool) ([]staged, error) {
 	var done []staged
 	for i, obj := range objs {
 		var s staged
 		var err error
 		switch o := obj.(type) {
 		case *model.Service:
-			s, err = stage(r.Services, o)
+			s, err = stage(r.Services, o, spec)
 		case *model.EndpointSlice:
-			s, err = stage(r.EndpointSlices, o)
+			s, err = stage(r.EndpointSlices, o, spec)
 		case *model.Node:
-			s, err = stage(r.Nodes, o)
+			s, err = stage(r.Nodes, o, spec)
 		case *model.AddressPool:
-			s, err = stage(r.Pools, o)
+			s, err = stage(r.Pools, o, spec)
 		case *model.BGPPeer:
-			s, err = stage(r.Peers, o)
+			s, err = stage(r.Peers, o, spec)
 		case *model.ServiceCIDR:
-			s, err = stage(r.ServiceCIDRs, o)
+			s, err = stage(r.ServiceCIDRs, o, spec)
 		default:
 			err = fmt.Errorf("%T is not a resource", obj)
 		}
@@ -134,9 +149,10 @@ func unstage(done []staged) {
 	}
 }
 
-// stage checks obj as Create or Update would and puts it in place in
-// memory (items and indexes), returning how to take it out again.
-func stage[T model.Object](c *Collection[T], obj T) (staged, error) {
+// stage checks obj as Create or Update (UpdateSpec when spec) would and
+// puts it in place in memory (items and indexes), returning how to take
+// it out again.
+func stage[T model.Object](c *Collection[T], obj T, spec bool) (staged, error) {
 	m := obj.GetMeta()
 	if m.Source == "" {
 		m.Source = model.SourceNative
@@ -150,6 +166,10 @@ func stage[T model.Object](c *Collection[T], obj T) (staged, error) {
 		}
 		if om.Source != m.Source {
 			return staged{}, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
+		}
+		if spec && c.specRule != nil {
+			obj = c.specRule(obj, old)
+			m = obj.GetMeta()
 		}
 		m.CreateTime = om.CreateTime
 	} else {

@@ -17,8 +17,11 @@ type Collection[T model.Object] struct {
 	kind       string
 	namespaced bool
 	check      func(T) error
-	items      map[string]T
-	watchers   map[*watcher[T]]struct{}
+	// specRule is what an update of the spec alone keeps of the stored
+	// object (UpdateSpec, ApplySpec); nil: nothing.
+	specRule Keep[T]
+	items    map[string]T
+	watchers map[*watcher[T]]struct{}
 }
 
 func newCollection[T model.Object](r *Registry, kind string, namespaced bool, check func(T) error) *Collection[T] {
@@ -116,53 +119,86 @@ func (c *Collection[T]) decideCreate(obj T, dryRun bool) (*pending, error) {
 	})
 }
 
-// Update replaces a resource. A non-zero ResourceVersion must match the
+// Update replaces a resource with obj whole: its writer (a source, a
+// controller) says every field. A non-zero ResourceVersion must match the
 // stored one.
-func (c *Collection[T]) Update(obj T) (T, error) { return c.update(store.Guard{}, obj, false) }
+func (c *Collection[T]) Update(obj T) (T, error) { return c.update(store.Guard{}, obj, nil, false) }
 
 // UpdateGuarded is Update, made only while g holds: the writes of a job
 // that only the leader of the replicas runs.
 func (c *Collection[T]) UpdateGuarded(g store.Guard, obj T) (T, error) {
-	return c.update(g, obj, false)
+	return c.update(g, obj, nil, false)
 }
 
 // CheckUpdate runs every check Update would, and writes nothing.
-func (c *Collection[T]) CheckUpdate(obj T) (T, error) { return c.update(store.Guard{}, obj, true) }
+func (c *Collection[T]) CheckUpdate(obj T) (T, error) { return c.update(store.Guard{}, obj, nil, true) }
 
-func (c *Collection[T]) update(g store.Guard, obj T, dryRun bool) (T, error) {
-	_, err := c.r.write(func() (*pending, error) { return c.decideUpdate(g, obj, dryRun) })
-	return obj, err
+// UpdateSpec is Update by a writer of the spec alone (the native API):
+// what Weir writes itself (status) and what is never read back (a
+// password) are kept as the collection's rule says (see Keep). With
+// dryRun it writes nothing.
+func (c *Collection[T]) UpdateSpec(obj T, dryRun bool) (T, error) {
+	return c.update(store.Guard{}, obj, c.specRule, dryRun)
 }
 
-func (c *Collection[T]) decideUpdate(g store.Guard, obj T, dryRun bool) (*pending, error) {
+// UpdateKeeping is Update keeping of the stored object what keep says
+// (nil: nothing). With dryRun it writes nothing.
+func (c *Collection[T]) UpdateKeeping(obj T, keep Keep[T], dryRun bool) (T, error) {
+	return c.update(store.Guard{}, obj, keep, dryRun)
+}
+
+// update returns the object stored (or that would be): obj with what
+// keep kept.
+func (c *Collection[T]) update(g store.Guard, obj T, keep Keep[T], dryRun bool) (T, error) {
+	stored := obj
+	_, err := c.r.write(func() (*pending, error) {
+		var p *pending
+		var err error
+		stored, p, err = c.decideUpdate(g, obj, keep, dryRun)
+		return p, err
+	})
+	return stored, err
+}
+
+// decideUpdate decides an update of the stored object by obj, under the
+// registry's lock; keep runs here, against the object stored now, so
+// what another writer wrote since the caller read the resource is never
+// written over with what it read. obj is not changed by keep: a write
+// decided again (after another replica's) starts from the request.
+func (c *Collection[T]) decideUpdate(g store.Guard, obj T, keep Keep[T], dryRun bool) (T, *pending, error) {
 	m := obj.GetMeta()
 	key := m.Key()
 	old, ok := c.items[key]
 	if !ok {
-		return nil, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
+		return obj, nil, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
 	}
 	om := old.GetMeta()
 	if m.ResourceVersion != 0 && m.ResourceVersion != om.ResourceVersion {
-		return nil, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, om.ResourceVersion, m.ResourceVersion, ErrConflict)
+		return obj, nil, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, om.ResourceVersion, m.ResourceVersion, ErrConflict)
 	}
 	if m.Source == "" {
 		m.Source = om.Source
 	}
 	if m.Source != om.Source {
-		return nil, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
+		return obj, nil, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
+	}
+	if keep != nil {
+		obj = keep(obj, old)
+		m = obj.GetMeta()
 	}
 	if err := c.check(obj); err != nil {
-		return nil, err
+		return obj, nil, err
 	}
 	m.CreateTime = om.CreateTime
 	if dryRun {
 		m.ResourceVersion = om.ResourceVersion
-		return nil, nil
+		return obj, nil, nil
 	}
-	return c.r.pendingWrite(g, c.kind, key, obj, old, func() {
+	p, err := c.r.pendingWrite(g, c.kind, key, obj, old, func() {
 		c.items[key] = obj
 		c.notify(Modified, obj)
 	})
+	return obj, p, err
 }
 
 // Delete removes a resource that source owns (any source when empty) and

@@ -137,6 +137,7 @@ func Open(st store.Backend) (*Registry, error) {
 		return r.checkPoolOverlap(p)
 	})
 	r.Peers = newCollection(r, "bgppeers", false, (*model.BGPPeer).Validate)
+	r.Services.specRule, r.Peers.specRule = KeepServiceStatus, KeepPeerPassword
 	r.ServiceCIDRs = newCollection(r, "servicecidrs", false, func(c *model.ServiceCIDR) error {
 		if err := c.Validate(); err != nil {
 			return err
