@@ -495,41 +495,52 @@ func checkFields(m protoreflect.Message, path string) error {
 	fields := m.Descriptor().Fields()
 	for i := range fields.Len() {
 		fd := fields.Get(i)
-		name := string(fd.Name())
-		p := name
+		p := string(fd.Name())
 		if path != "" {
-			p = path + "." + name
+			p = path + "." + p
 		}
-		switch {
-		case fd.IsMap():
-		case fd.Message() != nil && fd.IsList():
-			l := m.Get(fd).List()
-			for j := range l.Len() {
-				if err := checkFields(l.Get(j).Message(), fmt.Sprintf("%s[%d]", p, j)); err != nil {
-					return err
-				}
-			}
-		case fd.Message() != nil:
-			if m.Has(fd) && fd.Message().ParentFile().Package() == "weir.v1" {
-				if err := checkFields(m.Get(fd).Message(), p); err != nil {
-					return err
-				}
-			}
-		case fd.Kind() == protoreflect.Int32Kind && (name == "port" || strings.HasSuffix(name, "_port")):
-			// A service's "port" is required; the other ports are
-			// optional, 0 meaning none (or, for a BGP peer, 179).
-			required := name == "port" && m.Descriptor().FullName() != "weir.v1.BgpPeer"
-			if v := m.Get(fd).Int(); (v != 0 || required) && (v < 1 || v > 65535) {
-				return fmt.Errorf("%s: %d is not a port (1-65535)", p, v)
-			}
-		case fd.IsList() && fd.Kind() == protoreflect.StringKind && m.Descriptor().FullName() != "weir.v1.AddressPool":
-			// (A pool's addresses are CIDRs and ranges: the server checks them.)
-			l := m.Get(fd).List()
-			for j := range l.Len() {
-				if err := checkAddress(name, fmt.Sprintf("%s[%d]", p, j), l.Get(j).String()); err != nil {
-					return err
-				}
-			}
+		if err := checkField(m, fd, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkField checks m's field fd, found at path p: Weir's nested messages
+// field by field, ports, and lists of addresses or CIDRs.
+func checkField(m protoreflect.Message, fd protoreflect.FieldDescriptor, p string) error {
+	name := string(fd.Name())
+	switch {
+	case fd.IsMap():
+	case fd.Message() != nil && fd.IsList():
+		return checkEach(m.Get(fd).List(), p, func(v protoreflect.Value, at string) error {
+			return checkFields(v.Message(), at)
+		})
+	case fd.Message() != nil:
+		if m.Has(fd) && fd.Message().ParentFile().Package() == "weir.v1" {
+			return checkFields(m.Get(fd).Message(), p)
+		}
+	case fd.Kind() == protoreflect.Int32Kind && (name == "port" || strings.HasSuffix(name, "_port")):
+		// A service's "port" is required; the other ports are
+		// optional, 0 meaning none (or, for a BGP peer, 179).
+		required := name == "port" && m.Descriptor().FullName() != "weir.v1.BgpPeer"
+		if v := m.Get(fd).Int(); (v != 0 || required) && (v < 1 || v > 65535) {
+			return fmt.Errorf("%s: %d is not a port (1-65535)", p, v)
+		}
+	case fd.IsList() && fd.Kind() == protoreflect.StringKind && m.Descriptor().FullName() != "weir.v1.AddressPool":
+		// (A pool's addresses are CIDRs and ranges: the server checks them.)
+		return checkEach(m.Get(fd).List(), p, func(v protoreflect.Value, at string) error {
+			return checkAddress(name, at, v.String())
+		})
+	}
+	return nil
+}
+
+// checkEach checks every item of the list at path p, in order.
+func checkEach(l protoreflect.List, p string, check func(v protoreflect.Value, at string) error) error {
+	for j := range l.Len() {
+		if err := check(l.Get(j), fmt.Sprintf("%s[%d]", p, j)); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -233,9 +233,47 @@ func FromMetalLB(data string) (*Result, error) {
 		return nil, err
 	}
 	r := &Result{}
-	var pools, bgpAds, l2Ads, peers []*object
-	communities := map[string]string{}
-	definedBy := map[string]*object{} // a community's name: the Community that defines it
+	in, err := r.parseObjects(objs)
+	if err != nil {
+		return nil, err
+	}
+	ads := indexAdvertisements(slices.Concat(in.bgpAds, in.l2Ads))
+	used := make([]bool, len(ads.all))
+	for _, o := range in.pools {
+		mine := ads.selecting(o)
+		for _, ad := range mine {
+			used[ad] = true
+		}
+		pool, notes := convertPool(o, ads.pick(mine), in.communities)
+		r.Pools = append(r.Pools, pool)
+		r.Notes = append(r.Notes, notes...)
+	}
+	for _, o := range in.peers {
+		peer, notes := convertPeer(o)
+		r.Peers = append(r.Peers, peer)
+		r.Notes = append(r.Notes, notes...)
+	}
+	// An advertisement that selects no pool says nothing.
+	for i, ad := range ads.all {
+		if !used[i] {
+			r.Notes = append(r.Notes, Note{Object: ad.ref(), Says: "selects no IPAddressPool of the input: left out"})
+		}
+	}
+	return r, nil
+}
+
+// metallbInput is the input's MetalLB objects by kind, their specs parsed,
+// and the communities the Community objects define.
+type metallbInput struct {
+	pools, bgpAds, l2Ads, peers []*object
+	communities                 map[string]string  // a community's name: its value
+	definedBy                   map[string]*object // a community's name: the Community that defines it
+}
+
+// parseObjects parses the MetalLB objects of the input, in order, and
+// notes the objects it leaves out.
+func (r *Result) parseObjects(objs []*object) (*metallbInput, error) {
+	in := &metallbInput{communities: map[string]string{}, definedBy: map[string]*object{}}
 	// MetalLB reads its objects from one namespace, an advertisement names
 	// its pools without one and Weir's pools and peers have none: a name
 	// is one object of a kind.
@@ -250,65 +288,52 @@ func FromMetalLB(data string) (*Result, error) {
 			return nil, fmt.Errorf("%s: the kind and name of %s: which one is meant?", o.where(), first.where())
 		}
 		named[o.ref()] = o
-		var err error
-		switch o.Kind {
-		case "IPAddressPool":
-			var s poolSpec
-			err, o.parsed = spec(o, &s), &s
-			pools = append(pools, o)
-		case "BGPAdvertisement", "L2Advertisement":
-			var s advertisementSpec
-			if err, o.parsed = spec(o, &s), &s; err == nil {
-				err = s.check()
-			}
-			if o.Kind == "BGPAdvertisement" {
-				bgpAds = append(bgpAds, o)
-			} else {
-				l2Ads = append(l2Ads, o)
-			}
-		case "BGPPeer":
-			var s peerSpec
-			err, o.parsed = spec(o, &s), &s
-			peers = append(peers, o)
-		case "Community":
-			var s communitySpec
-			err = spec(o, &s)
-			for _, c := range s.Communities {
-				if first, ok := definedBy[c.Name]; ok && err == nil {
-					err = fmt.Errorf("spec.communities: %q is defined by %s too: which value is meant?", c.Name, first.where())
-				}
-				communities[c.Name], definedBy[c.Name] = c.Value, o
-			}
-		default:
+		known, err := in.add(o)
+		if !known {
 			r.Notes = append(r.Notes, Note{Object: o.ref(), Says: "Weir has no equivalent: left out"})
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", o.where(), err)
 		}
 	}
-	ads := indexAdvertisements(slices.Concat(bgpAds, l2Ads))
-	used := make([]bool, len(ads.all))
-	for _, o := range pools {
-		mine := ads.selecting(o)
-		for _, ad := range mine {
-			used[ad] = true
+	return in, nil
+}
+
+// add parses o's spec as its kind's and files it; known is false for a
+// kind Weir has no equivalent of.
+func (in *metallbInput) add(o *object) (known bool, err error) {
+	switch o.Kind {
+	case "IPAddressPool":
+		var s poolSpec
+		err, o.parsed = spec(o, &s), &s
+		in.pools = append(in.pools, o)
+	case "BGPAdvertisement", "L2Advertisement":
+		var s advertisementSpec
+		if err, o.parsed = spec(o, &s), &s; err == nil {
+			err = s.check()
 		}
-		pool, notes := convertPool(o, ads.pick(mine), communities)
-		r.Pools = append(r.Pools, pool)
-		r.Notes = append(r.Notes, notes...)
-	}
-	for _, o := range peers {
-		peer, notes := convertPeer(o)
-		r.Peers = append(r.Peers, peer)
-		r.Notes = append(r.Notes, notes...)
-	}
-	// An advertisement that selects no pool says nothing.
-	for i, ad := range ads.all {
-		if !used[i] {
-			r.Notes = append(r.Notes, Note{Object: ad.ref(), Says: "selects no IPAddressPool of the input: left out"})
+		if o.Kind == "BGPAdvertisement" {
+			in.bgpAds = append(in.bgpAds, o)
+		} else {
+			in.l2Ads = append(in.l2Ads, o)
 		}
+	case "BGPPeer":
+		var s peerSpec
+		err, o.parsed = spec(o, &s), &s
+		in.peers = append(in.peers, o)
+	case "Community":
+		var s communitySpec
+		err = spec(o, &s)
+		for _, c := range s.Communities {
+			if first, ok := in.definedBy[c.Name]; ok && err == nil {
+				err = fmt.Errorf("spec.communities: %q is defined by %s too: which value is meant?", c.Name, first.where())
+			}
+			in.communities[c.Name], in.definedBy[c.Name] = c.Value, o
+		}
+	default:
+		return false, nil
 	}
-	return r, nil
+	return true, err
 }
 
 // readObjects reads the objects of a YAML stream, strictly as kubectl
