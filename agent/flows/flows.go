@@ -10,21 +10,14 @@ package flows
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"maps"
-	"math"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/weirlb/weir/datapath"
 )
@@ -54,7 +47,8 @@ type Config struct {
 // marked packets and the two rules that select it. Set is idempotent and
 // repairs what it finds wrong.
 type Flows struct {
-	cfg Config
+	cfg    Config
+	kernel kernel
 
 	mu     sync.Mutex
 	local  netip.Addr // the device's outer address
@@ -94,7 +88,7 @@ func New(cfg Config) *Flows {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Flows{cfg: cfg}
+	return &Flows{cfg: cfg, kernel: netlinkKernel{cfg: cfg}}
 }
 
 // Redirect is what the datapath needs to know of the device: its name, the
@@ -142,87 +136,124 @@ func (f *Flows) Set(node datapath.NodeInfo) (datapath.NodeInfo, error) {
 }
 
 func (f *Flows) setLocked(node datapath.NodeInfo) (datapath.NodeInfo, error) {
-	local, ok := outer(node.Addresses)
-	var next datapath.FlowPeer
-	var nextOuter netip.Addr
-	if ok {
-		// The first alive peer; the first reachable one when none is.
-		for _, p := range node.FlowPeers {
-			if a, ok := outer(p.Addresses); ok && a.Is4() == local.Is4() {
-				if !nextOuter.IsValid() || f.dead[next.Name] && !f.dead[p.Name] {
-					next, nextOuter = p, a
-				}
-			}
-		}
+	p, ok := f.choose(node)
+	if !ok {
+		return f.stop(node)
 	}
-	if node.FlowRing < 2 || !nextOuter.IsValid() {
-		if f.local.IsValid() || f.next.Name != "" {
-			f.cfg.Log.Info("no node to pass moved connections to", "ring", node.FlowRing)
-		}
-		node.FlowRing, node.FlowPeers = 0, nil
-		f.local, f.next = netip.Addr{}, datapath.FlowPeer{}
-		return node, f.removeRoutes()
-	}
-	own4, _ := datapath.NextHop(node.Addresses, false)
-	link, err := f.device(local, own4)
+	routed, err := f.program(p)
 	if err != nil {
 		node.FlowRing, node.FlowPeers = 0, nil
 		return node, err
+	}
+	if f.next.Name != p.next.Name || f.local != p.local {
+		f.cfg.Log.Info("moved connections go to the next node", "next", p.next.Name, "via", p.nextOuter, "ring", node.FlowRing, "not_answering", f.passedOver(node))
+	}
+	f.local, f.next, f.routed = p.local, p.next, routed
+	// The datapath marks only packets of a family with a route.
+	node.FlowPeers = []datapath.FlowPeer{{Name: p.next.Name, Addresses: slices.DeleteFunc(slices.Clone(p.next.Addresses), func(a netip.Addr) bool {
+		return !routed[boolIndex(a.Is6())]
+	})}}
+	return node, nil
+}
+
+// path is where moved packets go: from the node's outer address (and its
+// own IPv4 address, which the device holds) to the next peer's device.
+type path struct {
+	local, own4 netip.Addr
+	next        datapath.FlowPeer
+	nextOuter   netip.Addr
+	// probed are the outer addresses of every peer the probes ask.
+	probed []netip.Addr
+}
+
+// choose picks the first alive peer of the ring that the node's outer
+// family reaches, the first reachable one when none is alive. It is false
+// when nothing can be sent: no ring, or no peer of the family.
+func (f *Flows) choose(node datapath.NodeInfo) (path, bool) {
+	local, ok := outer(node.Addresses)
+	if !ok || node.FlowRing < 2 {
+		return path{}, false
+	}
+	p := path{local: local}
+	p.own4, _ = datapath.NextHop(node.Addresses, false)
+	for _, peer := range node.FlowPeers {
+		a, ok := outer(peer.Addresses)
+		if !ok || a.Is4() != local.Is4() {
+			continue
+		}
+		p.probed = append(p.probed, a)
+		if !p.nextOuter.IsValid() || f.dead[p.next.Name] && !f.dead[peer.Name] {
+			p.next, p.nextOuter = peer, a
+		}
+	}
+	return p, p.nextOuter.IsValid()
+}
+
+// gateway is the family's gateway to the next peer's device: its address
+// for IPv4; for IPv6 the link-local address of its device, because the
+// kernel refuses an IPv6 gateway that the main table reaches by another
+// device.
+func (p path) gateway(is6 bool) (netip.Addr, bool) {
+	gw, ok := datapath.NextHop(p.next.Addresses, is6)
+	if ok && is6 {
+		gw = linkLocal(MAC(p.nextOuter))
+	}
+	return gw, ok
+}
+
+// program makes the kernel send marked packets along p, and says which
+// families have a route.
+func (f *Flows) program(p path) (routed [2]bool, err error) {
+	link, err := f.kernel.device(p.local, p.own4)
+	if err != nil {
+		return routed, err
 	}
 	// Every next node the probes ask must be reachable through the
 	// device, not only the one packets go to now: without a forwarding
 	// entry the device drops the probe, and a live node would be
 	// passed over for good.
-	for _, p := range node.FlowPeers {
-		if a, ok := outer(p.Addresses); ok && a.Is4() == local.Is4() {
-			if err := f.forwardTo(link, a); err != nil {
-				node.FlowRing, node.FlowPeers = 0, nil
-				return node, err
-			}
+	for _, a := range p.probed {
+		if err := f.kernel.forwardTo(link, a); err != nil {
+			return routed, err
 		}
 	}
-	var routed [2]bool
 	for fam, is6 := range []bool{false, true} {
-		gw, ok := datapath.NextHop(next.Addresses, is6)
+		gw, ok := p.gateway(is6)
 		if !ok {
 			continue
 		}
-		if is6 {
-			// The kernel refuses an IPv6 gateway that the main table
-			// reaches by another device; a link-local one is the
-			// device's own.
-			gw = linkLocal(MAC(nextOuter))
-		}
-		if err := f.route(link, gw, MAC(nextOuter), nextOuter); err != nil {
-			node.FlowRing, node.FlowPeers = 0, nil
-			return node, err
+		if err := f.kernel.route(link, gw, MAC(p.nextOuter), p.nextOuter); err != nil {
+			return routed, err
 		}
 		routed[fam] = true
 	}
 	for fam, is6 := range []bool{false, true} {
 		if !routed[fam] {
-			f.removeRoute(is6)
+			f.kernel.removeRoute(is6)
 		}
 	}
-	if err := f.rules(); err != nil {
-		node.FlowRing, node.FlowPeers = 0, nil
-		return node, err
+	return routed, f.kernel.rules()
+}
+
+// stop removes the routes to a next node and returns node without a ring.
+func (f *Flows) stop(node datapath.NodeInfo) (datapath.NodeInfo, error) {
+	if f.local.IsValid() || f.next.Name != "" {
+		f.cfg.Log.Info("no node to pass moved connections to", "ring", node.FlowRing)
 	}
-	if f.next.Name != next.Name || f.local != local {
-		var passed []string
-		for _, p := range node.FlowPeers {
-			if f.dead[p.Name] {
-				passed = append(passed, p.Name)
-			}
+	node.FlowRing, node.FlowPeers = 0, nil
+	f.local, f.next = netip.Addr{}, datapath.FlowPeer{}
+	return node, f.kernel.removeRoutes()
+}
+
+// passedOver are the node's peers that do not answer.
+func (f *Flows) passedOver(node datapath.NodeInfo) []string {
+	var passed []string
+	for _, p := range node.FlowPeers {
+		if f.dead[p.Name] {
+			passed = append(passed, p.Name)
 		}
-		f.cfg.Log.Info("moved connections go to the next node", "next", next.Name, "via", nextOuter, "ring", node.FlowRing, "not_answering", passed)
 	}
-	f.local, f.next, f.routed = local, next, routed
-	// The datapath marks only packets of a family with a route.
-	node.FlowPeers = []datapath.FlowPeer{{Name: next.Name, Addresses: slices.DeleteFunc(slices.Clone(next.Addresses), func(a netip.Addr) bool {
-		return !routed[boolIndex(a.Is6())]
-	})}}
-	return node, nil
+	return passed
 }
 
 func boolIndex(b bool) int {
@@ -232,234 +263,15 @@ func boolIndex(b bool) int {
 	return 0
 }
 
-// device returns the VXLAN device, made or remade for the outer address.
-func (f *Flows) device(local, own4 netip.Addr) (netlink.Link, error) {
-	mac := MAC(local)
-	if link, err := netlink.LinkByName(f.cfg.Interface); err == nil {
-		vx, ok := link.(*netlink.Vxlan)
-		if ok && vx.VxlanId == f.cfg.VNI && vx.Port == f.cfg.Port && vx.SrcAddr.Equal(local.AsSlice()) &&
-			!vx.Learning && vx.HardwareAddr.String() == mac.String() {
-			if vx.Flags&net.FlagUp == 0 {
-				if err := netlink.LinkSetUp(link); err != nil {
-					return nil, fmt.Errorf("flows: %s up: %w", f.cfg.Interface, err)
-				}
-			}
-			return link, f.address(link, own4)
-		}
-		if err := netlink.LinkDel(link); err != nil {
-			return nil, fmt.Errorf("flows: replacing %s: %w", f.cfg.Interface, err)
-		}
-	}
-	attrs := netlink.NewLinkAttrs()
-	attrs.Name = f.cfg.Interface
-	attrs.HardwareAddr = mac
-	// The packets are the clients' own, at the size they came in: the
-	// outer packet is fragmented when it must be, rather than the
-	// client told to send smaller.
-	attrs.MTU = 1500
-	vx := &netlink.Vxlan{LinkAttrs: attrs, VxlanId: f.cfg.VNI, SrcAddr: local.AsSlice(), Port: f.cfg.Port, Learning: false}
-	if err := netlink.LinkAdd(vx); err != nil {
-		return nil, fmt.Errorf("flows: adding %s (VXLAN): %w", f.cfg.Interface, err)
-	}
-	link, err := netlink.LinkByName(f.cfg.Interface)
-	if err != nil {
-		return nil, fmt.Errorf("flows: %s: %w", f.cfg.Interface, err)
-	}
-	// A peer's packet comes in with the client's source, which the node
-	// reaches by another interface: strict reverse-path filtering would
-	// drop it.
-	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+f.cfg.Interface+"/rp_filter", []byte("2"), 0); err != nil {
-		return nil, fmt.Errorf("flows: loose reverse-path filter on %s: %w", f.cfg.Interface, err)
-	}
-	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+f.cfg.Interface+"/forwarding", []byte("1"), 0)
-	if err := netlink.LinkSetUp(link); err != nil {
-		return nil, fmt.Errorf("flows: %s up: %w", f.cfg.Interface, err)
-	}
-	return link, f.address(link, own4)
-}
-
-// address gives the device the node's own IPv4 address, as a host address
-// with no route: the kernel's reverse-path check, loose or strict, drops
-// every packet that arrives by an interface with no IPv4 address.
-func (f *Flows) address(link netlink.Link, own4 netip.Addr) error {
-	addrs, err := netlink.AddrList(link, unix.AF_INET)
-	if err != nil {
-		return fmt.Errorf("flows: addresses of %s: %w", f.cfg.Interface, err)
-	}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == own4 {
-			continue
-		}
-		_ = netlink.AddrDel(link, &a)
-	}
-	if !own4.IsValid() || slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IP.Equal(own4.AsSlice()) }) {
-		return nil
-	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: own4.AsSlice(), Mask: net.CIDRMask(32, 32)}, Scope: unix.RT_SCOPE_HOST, Flags: unix.IFA_F_NOPREFIXROUTE}
-	if err := netlink.AddrAdd(link, addr); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("flows: address of %s: %w", f.cfg.Interface, err)
-	}
-	return nil
-}
-
-// route sends the family of gw's marked packets to gw, a peer's address
-// whose device has mac and listens on outerAddr.
-func (f *Flows) route(link netlink.Link, gw netip.Addr, mac net.HardwareAddr, outerAddr netip.Addr) error {
-	idx := link.Attrs().Index
-	if err := f.forwardTo(link, outerAddr); err != nil {
-		return err
-	}
-	fam := unix.AF_INET
-	dst := &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}
-	if gw.Is6() {
-		fam = unix.AF_INET6
-		dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
-	}
-	neigh := &netlink.Neigh{LinkIndex: idx, Family: fam, State: netlink.NUD_PERMANENT, IP: gw.AsSlice(), HardwareAddr: mac}
-	if err := netlink.NeighSet(neigh); err != nil {
-		return fmt.Errorf("flows: neighbour %s: %w", gw, err)
-	}
-	r := &netlink.Route{LinkIndex: idx, Dst: dst, Gw: gw.AsSlice(), Table: f.cfg.Table, Family: fam}
-	if gw.Is4() {
-		// The peer's address is the main table's, reached by the LAN.
-		r.Flags = int(netlink.FLAG_ONLINK)
-	}
-	if err := netlink.RouteReplace(r); err != nil {
-		return fmt.Errorf("flows: route to %s: %w", gw, err)
-	}
-	return nil
-}
-
-// forwardTo makes the device send frames for the device of the peer whose
-// outer address is outerAddr to that address.
-func (f *Flows) forwardTo(link netlink.Link, outerAddr netip.Addr) error {
-	fdb := &netlink.Neigh{LinkIndex: link.Attrs().Index, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT | netlink.NUD_NOARP, Flags: netlink.NTF_SELF,
-		IP: outerAddr.AsSlice(), HardwareAddr: MAC(outerAddr)}
-	if err := netlink.NeighSet(fdb); err != nil {
-		return fmt.Errorf("flows: forwarding entry of %s: %w", outerAddr, err)
-	}
-	return nil
-}
-
-// removeRoute removes the family's route to a next node; the blackhole
-// stays.
-func (f *Flows) removeRoute(is6 bool) { f.deleteRoutes(is6, false) }
-
-// deleteRoutes deletes the family's routes of the table, and the blackhole
-// too when all is set.
-func (f *Flows) deleteRoutes(is6, all bool) {
-	fam := unix.AF_INET
-	if is6 {
-		fam = unix.AF_INET6
-	}
-	routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: f.cfg.Table}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return
-	}
-	for _, r := range routes {
-		if r.Type == unix.RTN_BLACKHOLE && !all {
-			continue
-		}
-		_ = netlink.RouteDel(&r)
-	}
-}
-
-// blackholes make the table end in a drop for each family. A marked packet
-// with no route to a next node (its device being replaced or deleted, the
-// route removed before the datapath stops marking) would otherwise take
-// the main table, back to the router that sent it, which sends it to a
-// node that passes it round the ring again: for ever, each first node
-// giving it a fresh TTL.
-func (f *Flows) blackholes() error {
-	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		dst := &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}
-		if fam == unix.AF_INET6 {
-			dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
-		}
-		r := &netlink.Route{Table: f.cfg.Table, Type: unix.RTN_BLACKHOLE, Dst: dst, Priority: math.MaxUint32, Family: fam}
-		if err := netlink.RouteReplace(r); err != nil {
-			return fmt.Errorf("flows: blackhole of table %d: %w", f.cfg.Table, err)
-		}
-	}
-	return nil
-}
-
-// rules: marked packets the node forwards take the table; the device's own
-// outer packets, which keep the mark, take the main table.
-func (f *Flows) rules() error {
-	if err := f.blackholes(); err != nil {
-		return err
-	}
-	mask := f.cfg.Mark
-	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		want := []*netlink.Rule{f.rule(fam, f.cfg.Table-1, unix.RT_TABLE_MAIN, "lo", &mask), f.rule(fam, f.cfg.Table, f.cfg.Table, "", &mask)}
-		have, err := netlink.RuleListFiltered(fam, &netlink.Rule{Priority: f.cfg.Table - 1}, netlink.RT_FILTER_PRIORITY)
-		if err != nil {
-			return fmt.Errorf("flows: listing rules: %w", err)
-		}
-		have2, err := netlink.RuleListFiltered(fam, &netlink.Rule{Priority: f.cfg.Table}, netlink.RT_FILTER_PRIORITY)
-		if err != nil {
-			return fmt.Errorf("flows: listing rules: %w", err)
-		}
-		have = append(have, have2...)
-		for _, w := range want {
-			if slices.ContainsFunc(have, func(h netlink.Rule) bool { return sameRule(h, *w) }) {
-				continue
-			}
-			if err := netlink.RuleAdd(w); err != nil && !errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("flows: rule %v: %w", w, err)
-			}
-		}
-	}
-	return nil
-}
-
-func (f *Flows) rule(fam, prio, table int, iif string, mask *uint32) *netlink.Rule {
-	r := netlink.NewRule()
-	r.Family, r.Priority, r.Table, r.Mark, r.Mask, r.IifName = fam, prio, table, f.cfg.Mark, mask, iif
-	return r
-}
-
-func sameRule(a, b netlink.Rule) bool {
-	return a.Priority == b.Priority && a.Table == b.Table && a.Mark == b.Mark && a.Mask != nil && b.Mask != nil && *a.Mask == *b.Mask && a.IifName == b.IifName
-}
-
-func (f *Flows) removeRoutes() error {
-	f.removeRoute(false)
-	f.removeRoute(true)
-	return nil
-}
-
 // Close removes everything Flows made: the device, its routes and rules.
 // The agent calls it only when told to clean up; a stopping agent leaves
 // them, so that moved connections keep being passed on while it is away.
 func (f *Flows) Close(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var errs []error
-	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		for _, prio := range []int{f.cfg.Table - 1, f.cfg.Table} {
-			rules, err := netlink.RuleListFiltered(fam, &netlink.Rule{Priority: prio}, netlink.RT_FILTER_PRIORITY)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			for _, r := range rules {
-				if err := netlink.RuleDel(&r); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
-	}
-	f.deleteRoutes(false, true)
-	f.deleteRoutes(true, true)
-	if link, err := netlink.LinkByName(f.cfg.Interface); err == nil {
-		if err := netlink.LinkDel(link); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	err := f.kernel.removeAll()
 	f.local, f.next = netip.Addr{}, datapath.FlowPeer{}
-	return errors.Join(errs...)
+	return err
 }
 
 // Datapath is what Applier programs after the routes.

@@ -13,6 +13,7 @@ package flows
 import (
 	"context"
 	"encoding/binary"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -55,42 +56,12 @@ func (f *Flows) Run(ctx context.Context) {
 		return
 	}
 	defer replies.Close()
-	go func() {
-		<-ctx.Done()
-		replies.Close()
-	}()
+	stop := context.AfterFunc(ctx, func() { replies.Close() })
+	defer stop()
 	answered := make(chan netip.Addr, 64)
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := replies.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			m, err := icmp.ParseMessage(1, buf[:n])
-			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
-				continue
-			}
-			if e, ok := m.Body.(*icmp.Echo); !ok || e.ID != id {
-				continue
-			}
-			if a, ok := netip.AddrFromSlice(from.(*net.IPAddr).IP); ok {
-				select {
-				case answered <- a.Unmap():
-				default:
-				}
-			}
-		}
-	}()
-
-	var conn *packet.Conn
-	var connIndex int
-	defer func() {
-		if conn != nil {
-			conn.Close()
-		}
-	}()
-	seq := 0
+	go readAnswers(replies, id, answered)
+	s := &sender{iface: f.cfg.Interface, log: f.cfg.Log, id: id}
+	defer s.close()
 	tick := time.NewTicker(probeInterval)
 	defer tick.Stop()
 	last := time.Now()
@@ -100,49 +71,102 @@ func (f *Flows) Run(ctx context.Context) {
 			return
 		case a := <-answered:
 			f.answered(a, time.Now())
-			continue
 		case now := <-tick.C:
 			if now.Sub(last) > 3*probeInterval {
 				f.restartClock(now)
 			}
 			last = now
-			// Answers already read count before any judgement.
-			for drained := false; !drained; {
-				select {
-				case a := <-answered:
-					f.answered(a, now)
-				default:
-					drained = true
-				}
+			f.takeAnswers(answered, now)
+			if s.send(f.probeTargets()) {
+				f.judge(time.Now())
 			}
 		}
-		src, srcMAC, targets := f.probeTargets()
-		if len(targets) == 0 || !src.IsValid() {
-			continue
-		}
-		ifi, err := net.InterfaceByName(f.cfg.Interface)
+	}
+}
+
+// readAnswers passes on the addresses of the echo replies to this
+// prober's id until replies is closed.
+func readAnswers(replies *icmp.PacketConn, id int, answered chan<- netip.Addr) {
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := replies.ReadFrom(buf)
 		if err != nil {
+			return
+		}
+		m, err := icmp.ParseMessage(1, buf[:n])
+		if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
 			continue
 		}
-		if conn == nil || connIndex != ifi.Index {
-			if conn != nil {
-				conn.Close()
-			}
-			if conn, err = packet.Listen(ifi, packet.Raw, int(ethernet.EtherTypeIPv4), nil); err != nil {
-				f.cfg.Log.Warn("probing the next nodes", "error", err)
-				conn = nil
-				continue
-			}
-			connIndex = ifi.Index
+		if e, ok := m.Body.(*icmp.Echo); !ok || e.ID != id {
+			continue
 		}
-		seq++
-		for _, t := range targets {
-			frame, err := echoFrame(srcMAC, t.mac, src, t.addr, id, seq)
-			if err == nil {
-				_, _ = conn.WriteTo(frame, &packet.Addr{HardwareAddr: t.mac})
+		if a, ok := netip.AddrFromSlice(from.(*net.IPAddr).IP); ok {
+			select {
+			case answered <- a.Unmap():
+			default:
 			}
 		}
-		f.judge(time.Now())
+	}
+}
+
+// takeAnswers records the answers already read, so that they count
+// before any judgement.
+func (f *Flows) takeAnswers(answered <-chan netip.Addr, now time.Time) {
+	for {
+		select {
+		case a := <-answered:
+			f.answered(a, now)
+		default:
+			return
+		}
+	}
+}
+
+// sender sends the probes through the device, on a raw socket it opens
+// again when the device is remade.
+type sender struct {
+	iface string
+	log   *slog.Logger
+	id    int
+
+	conn  *packet.Conn
+	index int // of the device conn is bound to
+	seq   int
+}
+
+// send sends one round of echo requests from src, the node's IPv4
+// address, and its device's MAC to the targets. It is false when no round
+// went out: nothing to probe, or no device to send through.
+func (s *sender) send(src netip.Addr, srcMAC net.HardwareAddr, targets []probeTarget) bool {
+	if len(targets) == 0 || !src.IsValid() {
+		return false
+	}
+	ifi, err := net.InterfaceByName(s.iface)
+	if err != nil {
+		return false
+	}
+	if s.conn == nil || s.index != ifi.Index {
+		s.close()
+		if s.conn, err = packet.Listen(ifi, packet.Raw, int(ethernet.EtherTypeIPv4), nil); err != nil {
+			s.log.Warn("probing the next nodes", "error", err)
+			s.conn = nil
+			return false
+		}
+		s.index = ifi.Index
+	}
+	s.seq++
+	for _, t := range targets {
+		frame, err := echoFrame(srcMAC, t.mac, src, t.addr, s.id, s.seq)
+		if err == nil {
+			_, _ = s.conn.WriteTo(frame, &packet.Addr{HardwareAddr: t.mac})
+		}
+	}
+	return true
+}
+
+func (s *sender) close() {
+	if s.conn != nil {
+		s.conn.Close()
 	}
 }
 

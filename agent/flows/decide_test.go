@@ -1,0 +1,296 @@
+package flows
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/vishvananda/netlink"
+
+	"github.com/weirlb/weir/datapath"
+)
+
+// fakeKernel records what Flows programs, as the kernel would hold it:
+// the device's addresses, its forwarding entries and the table's routes.
+type fakeKernel struct {
+	failAt string // "device", "forward", "route" or "rules": that step fails
+
+	local, own4 netip.Addr // the device's, invalid when there is none
+	forwards    map[netip.Addr]bool
+	routes      map[bool]fakeRoute // by family: is6
+	ruled       bool
+}
+
+type fakeRoute struct {
+	gw, outer netip.Addr
+	mac       string
+}
+
+var errKernel = errors.New("kernel says no")
+
+func (k *fakeKernel) fail(step string) error {
+	if k.failAt == step {
+		return errKernel
+	}
+	return nil
+}
+
+func (k *fakeKernel) device(local, own4 netip.Addr) (netlink.Link, error) {
+	if err := k.fail("device"); err != nil {
+		return nil, err
+	}
+	k.local, k.own4 = local, own4
+	return &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: DefaultInterface, Index: 7}}, nil
+}
+
+func (k *fakeKernel) forwardTo(_ netlink.Link, outer netip.Addr) error {
+	if k.forwards == nil {
+		k.forwards = map[netip.Addr]bool{}
+	}
+	k.forwards[outer] = true
+	return k.fail("forward")
+}
+
+func (k *fakeKernel) route(_ netlink.Link, gw netip.Addr, mac net.HardwareAddr, outer netip.Addr) error {
+	if err := k.fail("route"); err != nil {
+		return err
+	}
+	if k.routes == nil {
+		k.routes = map[bool]fakeRoute{}
+	}
+	k.routes[gw.Is6()] = fakeRoute{gw: gw, outer: outer, mac: mac.String()}
+	return nil
+}
+
+func (k *fakeKernel) removeRoute(is6 bool) { delete(k.routes, is6) }
+
+func (k *fakeKernel) removeRoutes() error {
+	clear(k.routes)
+	return nil
+}
+
+func (k *fakeKernel) rules() error {
+	k.ruled = true
+	return k.fail("rules")
+}
+
+func (k *fakeKernel) removeAll() error {
+	*k = fakeKernel{}
+	return nil
+}
+
+func newFake() (*Flows, *fakeKernel) {
+	f := New(Config{})
+	k := &fakeKernel{}
+	f.kernel = k
+	return f, k
+}
+
+func addrs(s ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range s {
+		out = append(out, netip.MustParseAddr(a))
+	}
+	return out
+}
+
+func flowPeer(name string, a ...string) datapath.FlowPeer {
+	return datapath.FlowPeer{Name: name, Addresses: addrs(a...)}
+}
+
+func v4Route(gw string) fakeRoute {
+	a := netip.MustParseAddr(gw)
+	return fakeRoute{gw: a, outer: a, mac: MAC(a).String()}
+}
+
+// v6Route is the IPv6 route to the device whose outer address is outer:
+// through its link-local address, which the device reaches directly.
+func v6Route(outer string) fakeRoute {
+	a := netip.MustParseAddr(outer)
+	return fakeRoute{gw: linkLocal(MAC(a)), outer: a, mac: MAC(a).String()}
+}
+
+// Where Set sends moved packets, and what it tells the datapath to mark:
+// the first peer of the ring that answers and that the node's outer family
+// reaches, routed in each family the peer has; no ring at all when there
+// is no such peer, so that no packet is marked for a route that does not
+// exist. Every peer the probes ask gets a forwarding entry.
+func TestSetSendsToTheFirstAlivePeer(t *testing.T) {
+	dual := addrs("192.0.2.11", "2001:db8::11")
+	for _, tc := range []struct {
+		name     string
+		node     datapath.NodeInfo
+		dead     map[string]bool
+		want     datapath.NodeInfo
+		routes   map[bool]fakeRoute
+		forwards []string
+	}{{
+		name: "both families to the first peer",
+		node: datapath.NodeInfo{Name: "node1", Addresses: dual, FlowRing: 3,
+			FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12", "2001:db8::12"), flowPeer("node3", "192.0.2.13")}},
+		want: datapath.NodeInfo{Name: "node1", Addresses: dual, FlowRing: 3,
+			FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12", "2001:db8::12")}},
+		routes:   map[bool]fakeRoute{false: v4Route("192.0.2.12"), true: v6Route("192.0.2.12")},
+		forwards: []string{"192.0.2.12", "192.0.2.13"},
+	}, {
+		name: "a silent first peer is passed over, and its IPv6 route goes with it",
+		node: datapath.NodeInfo{Name: "node1", Addresses: dual, FlowRing: 3,
+			FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12", "2001:db8::12"), flowPeer("node3", "192.0.2.13")}},
+		dead: map[string]bool{"node2": true},
+		want: datapath.NodeInfo{Name: "node1", Addresses: dual, FlowRing: 3,
+			FlowPeers: []datapath.FlowPeer{flowPeer("node3", "192.0.2.13")}},
+		routes:   map[bool]fakeRoute{false: v4Route("192.0.2.13")},
+		forwards: []string{"192.0.2.12", "192.0.2.13"},
+	}, {
+		name: "no peer answers: the first reachable one",
+		node: datapath.NodeInfo{Name: "node1", Addresses: dual, FlowRing: 4,
+			FlowPeers: []datapath.FlowPeer{flowPeer("node2", "2001:db8::12"), flowPeer("node3", "192.0.2.13"), flowPeer("node4", "192.0.2.14")}},
+		dead: map[string]bool{"node3": true, "node4": true},
+		want: datapath.NodeInfo{Name: "node1", Addresses: dual, FlowRing: 4,
+			FlowPeers: []datapath.FlowPeer{flowPeer("node3", "192.0.2.13")}},
+		routes:   map[bool]fakeRoute{false: v4Route("192.0.2.13")},
+		forwards: []string{"192.0.2.13", "192.0.2.14"},
+	}, {
+		name: "an IPv6-only node sends to IPv6 peers only",
+		node: datapath.NodeInfo{Name: "node1", Addresses: addrs("2001:db8::11"), FlowRing: 3,
+			FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12"), flowPeer("node3", "2001:db8::13")}},
+		want: datapath.NodeInfo{Name: "node1", Addresses: addrs("2001:db8::11"), FlowRing: 3,
+			FlowPeers: []datapath.FlowPeer{flowPeer("node3", "2001:db8::13")}},
+		routes:   map[bool]fakeRoute{true: v6Route("2001:db8::13")},
+		forwards: []string{"2001:db8::13"},
+	}, {
+		name: "a ring of one: nothing to pass on",
+		node: datapath.NodeInfo{Name: "node1", Addresses: dual, FlowRing: 1, FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12")}},
+		want: datapath.NodeInfo{Name: "node1", Addresses: dual},
+	}, {
+		name: "no peer of the node's family",
+		node: datapath.NodeInfo{Name: "node1", Addresses: addrs("192.0.2.11"), FlowRing: 2, FlowPeers: []datapath.FlowPeer{flowPeer("node2", "2001:db8::12")}},
+		want: datapath.NodeInfo{Name: "node1", Addresses: addrs("192.0.2.11")},
+	}, {
+		name: "a node without addresses",
+		node: datapath.NodeInfo{Name: "node1", FlowRing: 2, FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12")}},
+		want: datapath.NodeInfo{Name: "node1"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, k := newFake()
+			f.dead = tc.dead
+			got, err := f.Set(tc.node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+				t.Errorf("the node as the datapath must program it (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.routes, k.routes, cmp.AllowUnexported(fakeRoute{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("routes by family, is6 (-want +got):\n%s", diff)
+			}
+			var forwards []string
+			for _, a := range addrs(tc.forwards...) {
+				if !k.forwards[a] {
+					t.Errorf("no forwarding entry for the probes to %s", a)
+				}
+				forwards = append(forwards, a.String())
+			}
+			if len(k.forwards) != len(forwards) {
+				t.Errorf("forwarding entries %v; want %v", k.forwards, forwards)
+			}
+			if len(tc.routes) > 0 && !k.ruled {
+				t.Error("routes but no rules selecting their table")
+			}
+		})
+	}
+}
+
+// A node that had a route and loses its ring has its routes removed, and
+// says so to the datapath.
+func TestSetRemovesTheRoutesWithTheRing(t *testing.T) {
+	f, k := newFake()
+	node := datapath.NodeInfo{Name: "node1", Addresses: addrs("192.0.2.11"), FlowRing: 2, FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12")}}
+	if _, err := f.Set(node); err != nil || len(k.routes) != 1 {
+		t.Fatalf("Set: %v, routes %v; want one route", err, k.routes)
+	}
+	node.FlowRing = 1
+	got, err := f.Set(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.FlowRing != 0 || got.FlowPeers != nil || len(k.routes) != 0 {
+		t.Errorf("ring %d, peers %v, routes %v; want none", got.FlowRing, got.FlowPeers, k.routes)
+	}
+	if next, _ := f.sendingTo(); next != "" {
+		t.Errorf("still sending to %q", next)
+	}
+}
+
+// A step the kernel refuses leaves the node without a ring (the datapath
+// then marks nothing) and returns the kernel's error; where packets went
+// before is kept, so that the next Set reports the change.
+func TestSetRefusedByTheKernel(t *testing.T) {
+	for _, step := range []string{"device", "forward", "route", "rules"} {
+		t.Run(step, func(t *testing.T) {
+			f, k := newFake()
+			node := datapath.NodeInfo{Name: "node1", Addresses: addrs("192.0.2.11"), FlowRing: 3,
+				FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12"), flowPeer("node3", "192.0.2.13")}}
+			if _, err := f.Set(node); err != nil {
+				t.Fatal(err)
+			}
+			k.failAt = step
+			f.dead = map[string]bool{"node2": true}
+			got, err := f.Set(node)
+			if !errors.Is(err, errKernel) {
+				t.Errorf("error %v; want the kernel's", err)
+			}
+			if got.FlowRing != 0 || got.FlowPeers != nil {
+				t.Errorf("ring %d, peers %v; want none", got.FlowRing, got.FlowPeers)
+			}
+			if next, _ := f.sendingTo(); next != "node2" {
+				t.Errorf("sending to %q; want node2 kept until a Set succeeds", next)
+			}
+		})
+	}
+}
+
+// Which next node is alive, as the probes' answers come and go: no
+// verdict before the first deadline, a silent peer passed over (the route
+// moves to the next one), taken back when it answers again, and a node
+// that hears no peer at all keeps its route.
+func TestJudgeMovesTheRoute(t *testing.T) {
+	f, k := newFake()
+	node := datapath.NodeInfo{Name: "node1", Addresses: addrs("192.0.2.11"), FlowRing: 4,
+		FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12"), flowPeer("node3", "192.0.2.13"), flowPeer("node4", "192.0.2.14")}}
+	if _, err := f.Set(node); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	f.started = t0
+	for _, s := range []struct {
+		what      string
+		at        time.Duration
+		answering []string
+		next      string
+		passed    []string
+	}{
+		{"no answer yet, within the first deadline", probeDeadline - time.Millisecond, nil, "node2", nil},
+		{"every peer answers", 3 * time.Second, []string{"192.0.2.12", "192.0.2.13", "192.0.2.14"}, "node2", nil},
+		{"node2 silent", 6 * time.Second, []string{"192.0.2.13", "192.0.2.14"}, "node3", []string{"node2"}},
+		{"node3 silent too", 9 * time.Second, []string{"192.0.2.14"}, "node4", []string{"node2", "node3"}},
+		{"no peer answers: nothing changes", 12 * time.Second, nil, "node4", []string{"node2", "node3"}},
+		{"node2 answers again", 13 * time.Second, []string{"192.0.2.12", "192.0.2.14"}, "node2", []string{"node3"}},
+	} {
+		for _, a := range s.answering {
+			f.answered(netip.MustParseAddr(a), t0.Add(s.at-100*time.Millisecond))
+		}
+		f.judge(t0.Add(s.at))
+		next, passed := f.sendingTo()
+		if next != s.next || !cmp.Equal(passed, s.passed) {
+			t.Errorf("%s: next %s, passing over %v; want %s, passing over %v", s.what, next, passed, s.next, s.passed)
+		}
+		if want := v4Route(map[string]string{"node2": "192.0.2.12", "node3": "192.0.2.13", "node4": "192.0.2.14"}[s.next]); k.routes[false] != want {
+			t.Errorf("%s: route %+v; want %+v", s.what, k.routes[false], want)
+		}
+	}
+}
