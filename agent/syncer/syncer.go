@@ -25,6 +25,7 @@ import (
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/dial"
 	"github.com/weirlb/weir/internal/nodewire"
+	"github.com/weirlb/weir/internal/recv"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -274,68 +275,16 @@ func (s *Syncer) session(ctx context.Context, server string, acceptStale, waitFo
 	if err != nil {
 		return false, err
 	}
-	s.mu.Lock()
-	applied, history := s.applied, s.appliedHistory
-	if s.partial || s.missing != 0 {
-		// A state broke off half-way, or a refused version is missing:
-		// ask for a whole one.
-		applied = 0
-	}
-	s.mu.Unlock()
-	if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{
-		NodeName: s.cfg.NodeName, AppliedVersion: applied, AppliedHistory: history, AgentVersion: s.cfg.AgentVersion,
-		AcceptStale: acceptStale,
-	}}}); err != nil {
+	if err := s.hello(stream, acceptStale); err != nil {
 		return false, err
 	}
-
-	msgs := make(chan *weirv1.SyncResponse)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			msg, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case msgs <- msg:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-
+	msgs, recvErr := recv.Pump(ctx, stream.Recv, 0)
 	reports := time.NewTicker(ReportPeriod)
 	defer reports.Stop()
-	fullReport := true // the first report of a stream is whole
-	sendReport := func() error {
-		r := s.obs.Report(fullReport)
-		if r == nil {
-			return nil
-		}
-		fullReport = false
-		for _, part := range splitReport(reportToProto(r).GetReport(), ReportChunk) {
-			if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: part}}); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	// One timer: the retry of a failed apply when there is one, else the
 	// periodic resync.
-	timer := time.NewTimer(s.cfg.ResyncPeriod)
-	defer timer.Stop()
-	rearm := func() {
-		s.mu.Lock()
-		failing := s.lastErr != nil
-		s.mu.Unlock()
-		if failing {
-			timer.Reset(s.cfg.RetryPeriod)
-		} else {
-			timer.Reset(s.cfg.ResyncPeriod)
-		}
-	}
+	ss := &stateSession{s: s, stream: stream, fullReport: true, timer: time.NewTimer(s.cfg.ResyncPeriod)}
+	defer ss.timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -353,34 +302,98 @@ func (s *Syncer) session(ctx context.Context, server string, acceptStale, waitFo
 			}
 			s.metrics.lastQueued.SetToCurrentTime()
 			gotState = true
-			answer := s.handle(ctx, msg)
-			if answer == nil {
-				continue // more parts to come
-			}
-			// What the node now reports goes first: when the server
-			// hears the ACK, it already knows the health of the state
-			// acknowledged (the load-balancer tier's targets and
-			// WaitProgrammed rely on it).
-			if err := sendReport(); err != nil {
-				return gotState, err
-			}
-			if err := stream.Send(answer); err != nil {
-				return gotState, err
-			}
-			rearm()
+			err = ss.answer(ctx, msg)
 		case <-reports.C:
-			if err := sendReport(); err != nil {
-				return gotState, err
-			}
-		case <-timer.C:
-			answer := s.resync(ctx)
-			rearm()
-			if answer != nil {
-				if err := stream.Send(answer); err != nil {
-					return gotState, err
-				}
-			}
+			err = ss.report()
+		case <-ss.timer.C:
+			err = ss.resync(ctx)
 		}
+		if err != nil {
+			return gotState, err
+		}
+	}
+}
+
+// hello opens a stream: what the node has applied, or nothing when it
+// needs a whole state.
+func (s *Syncer) hello(stream weirv1.AgentService_SyncClient, acceptStale bool) error {
+	s.mu.Lock()
+	applied, history := s.applied, s.appliedHistory
+	if s.partial || s.missing != 0 {
+		// A state broke off half-way, or a refused version is missing:
+		// ask for a whole one.
+		applied = 0
+	}
+	s.mu.Unlock()
+	return stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Hello{Hello: &weirv1.Hello{
+		NodeName: s.cfg.NodeName, AppliedVersion: applied, AppliedHistory: history, AgentVersion: s.cfg.AgentVersion,
+		AcceptStale: acceptStale,
+	}}})
+}
+
+// stateSession is one Sync stream's sending side: the node's reports
+// and answers, and the timer of the next resync or retry.
+type stateSession struct {
+	s          *Syncer
+	stream     weirv1.AgentService_SyncClient
+	fullReport bool // the first report of a stream is whole
+	timer      *time.Timer
+}
+
+// answer applies one message and, once a version is whole, answers it.
+func (ss *stateSession) answer(ctx context.Context, msg *weirv1.SyncResponse) error {
+	answer := ss.s.handle(ctx, msg)
+	if answer == nil {
+		return nil // more parts to come
+	}
+	// What the node now reports goes first: when the server hears the
+	// ACK, it already knows the health of the state acknowledged (the
+	// load-balancer tier's targets and WaitProgrammed rely on it).
+	if err := ss.report(); err != nil {
+		return err
+	}
+	if err := ss.stream.Send(answer); err != nil {
+		return err
+	}
+	ss.rearm()
+	return nil
+}
+
+// report sends what the observers have to report, if anything.
+func (ss *stateSession) report() error {
+	r := ss.s.obs.Report(ss.fullReport)
+	if r == nil {
+		return nil
+	}
+	ss.fullReport = false
+	for _, part := range splitReport(reportToProto(r).GetReport(), ReportChunk) {
+		if err := ss.stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Report{Report: part}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resync rewrites the tables, or retries a failed apply, and answers
+// when a retry succeeds.
+func (ss *stateSession) resync(ctx context.Context) error {
+	answer := ss.s.resync(ctx)
+	ss.rearm()
+	if answer == nil {
+		return nil
+	}
+	return ss.stream.Send(answer)
+}
+
+// rearm sets the timer: the retry while an apply fails, else the resync.
+func (ss *stateSession) rearm() {
+	ss.s.mu.Lock()
+	failing := ss.s.lastErr != nil
+	ss.s.mu.Unlock()
+	if failing {
+		ss.timer.Reset(ss.s.cfg.RetryPeriod)
+	} else {
+		ss.timer.Reset(ss.s.cfg.ResyncPeriod)
 	}
 }
 
