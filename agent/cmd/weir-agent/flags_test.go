@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"strings"
 	"testing"
 )
@@ -84,6 +85,30 @@ func TestHealthLimitFlags(t *testing.T) {
 		case tc.bad == "" && (hc.Connections != tc.hc || healthz.Connections != tc.healthz || hc.PerSource != tc.perSource ||
 			healthz.PerSource != tc.perSource || hc.IPv4Prefix != tc.v4 || healthz.IPv6Prefix != tc.v6):
 			t.Errorf("%+v: limits %+v and %+v", tc, hc, healthz)
+		}
+	}
+}
+
+// The flags that reach the server keep their names, defaults and help
+// (they are shared with weir-speaker's, which says "speaker" instead).
+func TestServerFlags(t *testing.T) {
+	fs := flag.NewFlagSet("weir-agent", flag.ContinueOnError)
+	newOptions(fs)
+	for name, want := range map[string][2]string{
+		"server":          {"127.0.0.1:7443", "comma-separated HOST:PORT of weir-server's replicas (a DNS name counts as all its addresses); the agent is on one at a time, from a random start, and moves to the next when it goes away or is not current"},
+		"insecure":        {"false", "talk to the server in plain text (lab and demo only)"},
+		"ca-file":         {"", "CA that signed the server's certificate"},
+		"cert-file":       {"", "this agent's client certificate (PEM)"},
+		"key-file":        {"", "this agent's private key (PEM)"},
+		"node-token-file": {"", "a service-account token naming this node (a projected token volume with the server's --agent-token-audience), sent with every call: on the agents' shared certificate, the server then lets this agent act for its own node only"},
+	} {
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Errorf("no --%s", name)
+			continue
+		}
+		if f.DefValue != want[0] || f.Usage != want[1] {
+			t.Errorf("--%s: default %q, help %q; want %q, %q", name, f.DefValue, f.Usage, want[0], want[1])
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,242 +52,404 @@ func main() {
 }
 
 func run() error {
-	hostname, _ := os.Hostname()
-	var (
-		serverAddr    = flag.String("server", "127.0.0.1:7443", "comma-separated HOST:PORT of weir-server's replicas (a DNS name counts as all its addresses); the agent is on one at a time, from a random start, and moves to the next when it goes away or is not current")
-		nodeName      = flag.String("node-name", hostname, "this node's name, as the server knows it")
-		plain         = flag.Bool("insecure", false, "talk to the server in plain text (lab and demo only)")
-		caFile        = flag.String("ca-file", "", "CA that signed the server's certificate")
-		certFile      = flag.String("cert-file", "", "this agent's client certificate (PEM)")
-		keyFile       = flag.String("key-file", "", "this agent's private key (PEM)")
-		nodeTokenFile = flag.String("node-token-file", "", "a service-account token naming this node (a projected token volume with the server's --agent-token-audience), sent with every call: on the agents' shared certificate, the server then lets this agent act for its own node only")
-		clusterCIDRs  = flag.String("cluster-cidr", "", "comma-separated pod CIDRs of the cluster: sources in them are local to the cluster (their connections to cluster IPs are not masqueraded)")
-		masqMode      = flag.String("masquerade-mode", "kube-proxy", "which connections endpoints see from the node's address: kube-proxy (as kube-proxy: every connection to a node port, external or load-balancer IP of an externalTrafficPolicy Cluster service, and to a cluster IP from outside --cluster-cidr) or preserve-local (keep the client's address wherever the endpoint is on the node the connection entered; see docs/kube-proxy.md)")
-		masqAll       = flag.Bool("masquerade-all", false, "also masquerade every connection to a cluster IP, from any source (kube-proxy's --masquerade-all)")
-		detectLocal   = flag.String("detect-local-mode", "ClusterCIDR", "how a source is told to be a pod of the cluster, as kube-proxy's: ClusterCIDR (--cluster-cidr and the node's pod CIDRs), NodeCIDR (the node's pod CIDRs), BridgeInterface (--pod-bridge-interface), InterfaceNamePrefix (--pod-interface-name-prefix) or None")
-		podBridge     = flag.String("pod-bridge-interface", "", "with --detect-local-mode BridgeInterface: the bridge the node's pods are on")
-		podIfPrefix   = flag.String("pod-interface-name-prefix", "", "with --detect-local-mode InterfaceNamePrefix: the name prefix of the pods' interfaces on the node")
-		serviceCIDRs  = flag.String("service-cidr", "", "comma-separated ranges cluster IPs are allocated from: new connections to an address in them that no service holds are dropped instead of routed out (kube-proxy's unallocated ClusterIPs)")
-		nodePortAddr  = flag.String("nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
-		resync        = flag.Duration("resync-period", 5*time.Minute, "how often the whole nftables table is rewritten, repairing what others changed")
-		healthzAddr   = flag.String("healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
-		metricsAddr   = flag.String("metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus), and of /debug/pprof/ with --profiling")
-		healthTO      = flag.Duration("health-timeout", 60*time.Second, "how long an update may wait to be applied before /healthz fails")
-		hcConns       = flag.Int("health-check-max-connections", health.ServiceLimits.Connections, "connections every health-check node port together holds; when full, a new connection from a source holding fewer than another takes the place of one of that other's, and any other is closed")
-		healthzConns  = flag.Int("healthz-max-connections", health.NodeLimits.Connections, "connections /healthz and /livez hold, and /metrics its own, likewise")
-		perSource     = flag.Int("health-connections-per-source", health.ServiceLimits.PerSource, "connections one source holds at once on the health listeners (each limit above); past it, its new connection takes the place of its own oldest")
-		sourceV4      = flag.Int("health-source-ipv4-prefix", health.ServiceLimits.IPv4Prefix, "prefix length within which IPv4 addresses count as one source of health connections")
-		sourceV6      = flag.Int("health-source-ipv6-prefix", health.ServiceLimits.IPv6Prefix, "prefix length within which IPv6 addresses count as one source of health connections (64: a host's SLAAC and privacy addresses are one source)")
-		bgpASN        = new(asn)
-		bgpRouterID   = flag.String("bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
-		bgpPeers      = flag.String("bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
-		passFlows     = flag.Bool("pass-moved-connections", true, "pass the packets of established connections that a router moves to this node (when the nodes behind its ECMP route change) on to the node that holds them, through a VXLAN device (UDP port --moved-connections-port between the nodes), instead of refusing them here")
-		flowsPort     = flag.Int("moved-connections-port", flows.DefaultPort, "UDP port of the VXLAN device that carries moved connections between the nodes (the same on every node)")
-		cleanup       = flag.Bool("cleanup", false, "delete every nftables table the agent programs (ip and ip6 weir) and exit, as kube-proxy's --cleanup; the node then forwards no service")
-	)
-	flag.Var(bgpASN, "bgp-asn", "announce load-balancer IPs over BGP from this AS, 1-4294967295 (0 or empty: no BGP, and BgpPeer resources are ignored; empty lets a manifest pass an unset setting through)")
-	var members membership.Flags
-	members.AddFlags(flag.CommandLine, "comma-separated ADDRESS:PORT of members to join (the load-balancer speakers), so that they learn within a second when this node dies")
-	common := daemon.AddFlags(flag.CommandLine)
+	o := newOptions(flag.CommandLine)
 	flag.Parse()
-	log, done, err := common.Start("weir-agent", version, os.Stdout, os.Stderr)
+	log, done, err := o.common.Start("weir-agent", version, os.Stdout, os.Stderr)
 	if done || err != nil {
 		return err
 	}
-	log = log.With("node", *nodeName)
-	if *nodeName == "" {
-		return fmt.Errorf("--node-name: required")
+	log = log.With("node", o.nodeName)
+	set, err := o.settings(log)
+	if err != nil {
+		return err
 	}
-	cfg := datapath.Config{Log: log, MasqueradeAll: *masqAll}
-	switch *masqMode {
-	case "kube-proxy":
-		cfg.Masquerade = datapath.MasqueradeKubeProxy
-	case string(datapath.MasqueradePreserveLocal):
-		if *masqAll {
-			return fmt.Errorf("--masquerade-all: only with --masquerade-mode kube-proxy")
+	a, err := newAgent(o, set, log)
+	if err != nil {
+		return err
+	}
+	if o.cleanup {
+		return a.cleanup()
+	}
+	defer a.stop()
+	for _, start := range []func() error{
+		a.forward,          // the datapath the states are applied to
+		a.dialServer,       // the connection to the server's replicas
+		a.catchSignals,     // SIGTERM ends what follows, in reverse
+		a.serveHealth,      // /healthz, /livez, /metrics, health-check node ports
+		a.repairTables,     // tables someone else removed put back
+		a.reportMovedFlows, // moved connections passed on, and reported
+		a.drain,            // a drained node's connections counted and ended
+		a.announceBGP,      // load-balancer IPs announced to routers
+		a.joinMembers,      // the failure-detection membership
+		a.answerL2,         // ARP and NDP for the L2 addresses leased
+	} {
+		if err := start(); err != nil {
+			return err
 		}
-		cfg.Masquerade = datapath.MasqueradePreserveLocal
-	default:
-		return fmt.Errorf("--masquerade-mode %q: want kube-proxy or preserve-local", *masqMode)
 	}
-	if cfg.LocalDetection, err = localDetection(*detectLocal, *podBridge, *podIfPrefix); err != nil {
-		return err
+	return a.sync()
+}
+
+// options are the agent's flags.
+type options struct {
+	common   *daemon.Flags
+	server   dial.Flags
+	members  membership.Flags
+	nodeName string
+
+	clusterCIDRs, masqMode, detectLocal, podBridge, podIfPrefix string
+	serviceCIDRs, nodePortAddr                                  string
+	masqAll, cleanup                                            bool
+	resync                                                      time.Duration
+
+	healthzAddr, metricsAddr                             string
+	healthTO                                             time.Duration
+	hcConns, healthzConns, perSource, sourceV4, sourceV6 int
+
+	bgpASN                asn
+	bgpRouterID, bgpPeers string
+	passFlows             bool
+	flowsPort             int
+}
+
+// newOptions registers the agent's flags on fs.
+func newOptions(fs *flag.FlagSet) *options {
+	hostname, _ := os.Hostname()
+	o := &options{server: dial.Flags{Who: "agent", Moves: ", from a random start, and moves to the next when it goes away or is not current", NodeToken: true}}
+	o.server.Register(fs)
+	fs.StringVar(&o.nodeName, "node-name", hostname, "this node's name, as the server knows it")
+	fs.StringVar(&o.clusterCIDRs, "cluster-cidr", "", "comma-separated pod CIDRs of the cluster: sources in them are local to the cluster (their connections to cluster IPs are not masqueraded)")
+	fs.StringVar(&o.masqMode, "masquerade-mode", "kube-proxy", "which connections endpoints see from the node's address: kube-proxy (as kube-proxy: every connection to a node port, external or load-balancer IP of an externalTrafficPolicy Cluster service, and to a cluster IP from outside --cluster-cidr) or preserve-local (keep the client's address wherever the endpoint is on the node the connection entered; see docs/kube-proxy.md)")
+	fs.BoolVar(&o.masqAll, "masquerade-all", false, "also masquerade every connection to a cluster IP, from any source (kube-proxy's --masquerade-all)")
+	fs.StringVar(&o.detectLocal, "detect-local-mode", "ClusterCIDR", "how a source is told to be a pod of the cluster, as kube-proxy's: ClusterCIDR (--cluster-cidr and the node's pod CIDRs), NodeCIDR (the node's pod CIDRs), BridgeInterface (--pod-bridge-interface), InterfaceNamePrefix (--pod-interface-name-prefix) or None")
+	fs.StringVar(&o.podBridge, "pod-bridge-interface", "", "with --detect-local-mode BridgeInterface: the bridge the node's pods are on")
+	fs.StringVar(&o.podIfPrefix, "pod-interface-name-prefix", "", "with --detect-local-mode InterfaceNamePrefix: the name prefix of the pods' interfaces on the node")
+	fs.StringVar(&o.serviceCIDRs, "service-cidr", "", "comma-separated ranges cluster IPs are allocated from: new connections to an address in them that no service holds are dropped instead of routed out (kube-proxy's unallocated ClusterIPs)")
+	fs.StringVar(&o.nodePortAddr, "nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
+	fs.DurationVar(&o.resync, "resync-period", 5*time.Minute, "how often the whole nftables table is rewritten, repairing what others changed")
+	fs.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus), and of /debug/pprof/ with --profiling")
+	fs.DurationVar(&o.healthTO, "health-timeout", 60*time.Second, "how long an update may wait to be applied before /healthz fails")
+	fs.IntVar(&o.hcConns, "health-check-max-connections", health.ServiceLimits.Connections, "connections every health-check node port together holds; when full, a new connection from a source holding fewer than another takes the place of one of that other's, and any other is closed")
+	fs.IntVar(&o.healthzConns, "healthz-max-connections", health.NodeLimits.Connections, "connections /healthz and /livez hold, and /metrics its own, likewise")
+	fs.IntVar(&o.perSource, "health-connections-per-source", health.ServiceLimits.PerSource, "connections one source holds at once on the health listeners (each limit above); past it, its new connection takes the place of its own oldest")
+	fs.IntVar(&o.sourceV4, "health-source-ipv4-prefix", health.ServiceLimits.IPv4Prefix, "prefix length within which IPv4 addresses count as one source of health connections")
+	fs.IntVar(&o.sourceV6, "health-source-ipv6-prefix", health.ServiceLimits.IPv6Prefix, "prefix length within which IPv6 addresses count as one source of health connections (64: a host's SLAAC and privacy addresses are one source)")
+	fs.StringVar(&o.bgpRouterID, "bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
+	fs.StringVar(&o.bgpPeers, "bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
+	fs.BoolVar(&o.passFlows, "pass-moved-connections", true, "pass the packets of established connections that a router moves to this node (when the nodes behind its ECMP route change) on to the node that holds them, through a VXLAN device (UDP port --moved-connections-port between the nodes), instead of refusing them here")
+	fs.IntVar(&o.flowsPort, "moved-connections-port", flows.DefaultPort, "UDP port of the VXLAN device that carries moved connections between the nodes (the same on every node)")
+	fs.BoolVar(&o.cleanup, "cleanup", false, "delete every nftables table the agent programs (ip and ip6 weir) and exit, as kube-proxy's --cleanup; the node then forwards no service")
+	fs.Var(&o.bgpASN, "bgp-asn", "announce load-balancer IPs over BGP from this AS, 1-4294967295 (0 or empty: no BGP, and BgpPeer resources are ignored; empty lets a manifest pass an unset setting through)")
+	o.members.AddFlags(fs, "comma-separated ADDRESS:PORT of members to join (the load-balancer speakers), so that they learn within a second when this node dies")
+	o.common = daemon.AddFlags(fs)
+	return o
+}
+
+// settings are what the flags ask of the datapath and the health
+// listeners, checked.
+type settings struct {
+	datapath                       datapath.Config
+	healthChecks, healthzListeners health.Limits
+}
+
+// settings checks the flags and reads what they ask for.
+func (o *options) settings(log *slog.Logger) (settings, error) {
+	set := settings{datapath: datapath.Config{Log: log, MasqueradeAll: o.masqAll}}
+	cfg := &set.datapath
+	if o.nodeName == "" {
+		return set, fmt.Errorf("--node-name: required")
 	}
-	if cfg.ClusterCIDRs, err = parsePrefixes("--cluster-cidr", *clusterCIDRs); err != nil {
-		return err
+	var err error
+	if cfg.Masquerade, err = masquerade(o.masqMode, o.masqAll); err != nil {
+		return set, err
 	}
-	if cfg.ServiceCIDRs, err = serviceRanges(*serviceCIDRs); err != nil {
-		return err
+	if cfg.LocalDetection, err = localDetection(o.detectLocal, o.podBridge, o.podIfPrefix); err != nil {
+		return set, err
 	}
-	if cfg.NodePortAddresses, err = parsePrefixes("--nodeport-addresses", *nodePortAddr); err != nil {
-		return err
+	if cfg.ClusterCIDRs, err = parsePrefixes("--cluster-cidr", o.clusterCIDRs); err != nil {
+		return set, err
 	}
-	// The agent's own ports stay the agent's whatever the state says.
-	for _, addr := range []string{*healthzAddr, *metricsAddr} {
+	if cfg.ServiceCIDRs, err = serviceRanges(o.serviceCIDRs); err != nil {
+		return set, err
+	}
+	if cfg.NodePortAddresses, err = parsePrefixes("--nodeport-addresses", o.nodePortAddr); err != nil {
+		return set, err
+	}
+	cfg.ProtectedPorts = protectedPorts(o.healthzAddr, o.metricsAddr)
+	if set.healthChecks, set.healthzListeners, err = healthLimits(o.hcConns, o.healthzConns, o.perSource, o.sourceV4, o.sourceV6); err != nil {
+		return set, err
+	}
+	if o.flowsPort < 1 || o.flowsPort > 65535 {
+		return set, fmt.Errorf("--moved-connections-port %d: want 1-65535", o.flowsPort)
+	}
+	return set, nil
+}
+
+// masquerade reads --masquerade-mode, which --masquerade-all must agree
+// with.
+func masquerade(mode string, all bool) (datapath.MasqueradeMode, error) {
+	switch mode {
+	case "kube-proxy":
+		return datapath.MasqueradeKubeProxy, nil
+	case string(datapath.MasqueradePreserveLocal):
+		if all {
+			return "", fmt.Errorf("--masquerade-all: only with --masquerade-mode kube-proxy")
+		}
+		return datapath.MasqueradePreserveLocal, nil
+	}
+	return "", fmt.Errorf("--masquerade-mode %q: want kube-proxy or preserve-local", mode)
+}
+
+// protectedPorts are the agent's own ports, which stay the agent's
+// whatever the state says.
+func protectedPorts(addrs ...string) []uint16 {
+	var out []uint16
+	for _, addr := range addrs {
 		if _, port, err := net.SplitHostPort(addr); err == nil {
 			if p, err := strconv.ParseUint(port, 10, 16); err == nil && p != 0 {
-				cfg.ProtectedPorts = append(cfg.ProtectedPorts, uint16(p))
+				out = append(out, uint16(p))
 			}
 		}
 	}
-	hcLimits, healthzLimits, err := healthLimits(*hcConns, *healthzConns, *perSource, *sourceV4, *sourceV6)
-	if err != nil {
-		return err
-	}
-	if *flowsPort < 1 || *flowsPort > 65535 {
-		return fmt.Errorf("--moved-connections-port %d: want 1-65535", *flowsPort)
-	}
-	moved := flows.New(flows.Config{Port: *flowsPort, Log: log.With("component", "flows")})
-	if *passFlows {
-		cfg.Flows = moved.Redirect()
-	}
-	dp, err := datapath.NewForNode(cfg)
-	if err != nil {
-		return err
-	}
-	if *cleanup {
-		if err := dp.Cleanup(context.Background()); err != nil {
-			return fmt.Errorf("--cleanup: %w", err)
-		}
-		if err := moved.Close(context.Background()); err != nil {
-			return fmt.Errorf("--cleanup: %w", err)
-		}
-		log.Info("deleted the ip and ip6 weir tables and the device of moved connections")
-		return nil
-	}
-	var applier flows.Datapath = dp
-	if *passFlows {
-		applier = &flows.Applier{Flows: moved, Datapath: dp}
-	} else if err := moved.Close(context.Background()); err != nil {
-		log.Warn("removing the device of moved connections", "error", err)
-	}
+	return out
+}
 
-	var tlsSrc *tlsconfig.Source
-	if !*plain {
-		if tlsSrc, err = tlsconfig.Load(tlsconfig.Files{CA: *caFile, Cert: *certFile, Key: *keyFile}, tlsconfig.Options{Use: "agent", Log: log}); err != nil {
-			return err
-		}
+// agent is the running agent: its parts, which run starts in order, and
+// what each leaves to undo when the agent stops.
+type agent struct {
+	o   *options
+	set settings
+	log *slog.Logger
+
+	dp      *datapath.Datapath
+	moved   *flows.Flows
+	applier flows.Datapath // what the syncer applies to
+	tls     *tlsconfig.Source
+	conn    *dial.Servers
+	ctx     context.Context    // ends at SIGINT or SIGTERM
+	cancel  context.CancelFunc // ends ctx, and stops catching the signals
+	reg     *prometheus.Registry
+	health  *health.Agent
+	// observers follow the states received and report to the server.
+	observers syncer.Observers
+	// undo is what the parts started leave to do at the end, in reverse.
+	undo []func()
+}
+
+// newAgent makes the datapath (and the device of moved connections) the
+// flags ask for.
+func newAgent(o *options, set settings, log *slog.Logger) (*agent, error) {
+	a := &agent{o: o, set: set, log: log}
+	a.moved = flows.New(flows.Config{Port: o.flowsPort, Log: log.With("component", "flows")})
+	if o.passFlows {
+		a.set.datapath.Flows = a.moved.Redirect()
 	}
-	// Marked, so that nothing the datapath programs can take or refuse the
-	// agent's connections to its server.
-	dialOpts := []dial.Option{dial.WithSocketMark(datapath.DefaultControlMark)}
-	if *nodeTokenFile != "" {
-		dialOpts = append(dialOpts, dial.WithNodeToken(*nodeTokenFile))
+	var err error
+	a.dp, err = datapath.NewForNode(a.set.datapath)
+	return a, err
+}
+
+// cleanup is --cleanup: the tables and the device removed.
+func (a *agent) cleanup() error {
+	if err := a.dp.Cleanup(context.Background()); err != nil {
+		return fmt.Errorf("--cleanup: %w", err)
 	}
-	conn, err := dial.NewServers(*serverAddr, tlsSrc, dialOpts...)
-	if err != nil {
+	if err := a.moved.Close(context.Background()); err != nil {
+		return fmt.Errorf("--cleanup: %w", err)
+	}
+	a.log.Info("deleted the ip and ip6 weir tables and the device of moved connections")
+	return nil
+}
+
+// atStop adds f to what stop does, before everything added earlier.
+func (a *agent) atStop(f func()) { a.undo = append(a.undo, f) }
+
+// stop undoes the parts started, the last first.
+func (a *agent) stop() {
+	for _, f := range slices.Backward(a.undo) {
+		f()
+	}
+}
+
+// forward chooses the datapath: with moved connections passed on, or
+// without (and their device removed).
+func (a *agent) forward() error {
+	a.applier = a.dp
+	if a.o.passFlows {
+		a.applier = &flows.Applier{Flows: a.moved, Datapath: a.dp}
+	} else if err := a.moved.Close(context.Background()); err != nil {
+		a.log.Warn("removing the device of moved connections", "error", err)
+	}
+	return nil
+}
+
+// dialServer connects to the server's replicas, marked, so that nothing
+// the datapath programs can take or refuse the agent's connections.
+func (a *agent) dialServer() error {
+	var err error
+	if a.tls, err = a.o.server.TLS(a.log); err != nil {
 		return err
 	}
-	defer conn.Close()
+	if a.conn, err = a.o.server.Dial(a.tls, dial.WithSocketMark(datapath.DefaultControlMark)); err != nil {
+		return err
+	}
+	a.atStop(func() { a.conn.Close() })
+	return nil
+}
 
+// catchSignals makes the context that SIGINT and SIGTERM end, and starts
+// passing moved connections on.
+func (a *agent) catchSignals() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if *passFlows {
-		go moved.Run(ctx)
+	a.ctx, a.cancel = ctx, stop
+	a.atStop(stop)
+	if a.o.passFlows {
+		go a.moved.Run(ctx)
 	}
+	return nil
+}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	nodeHealth := health.NewAgent(*healthTO, hcLimits, log, reg)
-	defer nodeHealth.Services.Close()
-	if err := serveHTTP(ctx, *healthzAddr, nodeHealth.Node.Handler(), health.NewConnLimit("healthz", healthzLimits), reg, log); err != nil {
+// serveHealth starts the node's health (its node ports and /healthz) and
+// the metrics listener.
+func (a *agent) serveHealth() error {
+	a.reg = prometheus.NewRegistry()
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.health = health.NewAgent(a.o.healthTO, a.set.healthChecks, a.log, a.reg)
+	a.atStop(a.health.Services.Close)
+	a.observers = append(a.observers, a.health)
+	if err := serveHTTP(a.ctx, a.o.healthzAddr, a.health.Node.Handler(), health.NewConnLimit("healthz", a.set.healthzListeners), a.reg, a.log); err != nil {
 		return fmt.Errorf("--healthz-bind-address: %w", err)
 	}
-	if tlsSrc != nil {
-		reg.MustRegister(tlsmetrics.Collector{tlsSrc})
+	if a.tls != nil {
+		a.reg.MustRegister(tlsmetrics.Collector{a.tls})
 	}
-	if err := serveHTTP(ctx, *metricsAddr, common.MetricsHandler(reg, *metricsAddr, log), health.NewConnLimit("metrics", healthzLimits), reg, log); err != nil {
+	if err := serveHTTP(a.ctx, a.o.metricsAddr, a.o.common.MetricsHandler(a.reg, a.o.metricsAddr, a.log), health.NewConnLimit("metrics", a.set.healthzListeners), a.reg, a.log); err != nil {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
+	return nil
+}
 
-	// Someone flushing the ruleset (an nftables service reloading) takes
-	// the node's tables with it: put them back within seconds, not at
-	// the next resync.
+// repairTables: someone flushing the ruleset (an nftables service
+// reloading) takes the node's tables with it; they are put back within
+// seconds, not at the next resync.
+func (a *agent) repairTables() error {
 	repairs := prometheus.NewCounter(prometheus.CounterOpts{Name: "weir_datapath_table_repairs_total",
 		Help: "Times the agent found its nftables tables gone (the ruleset flushed or a table deleted by someone else) and rewrote them from the last state."})
-	reg.MustRegister(repairs)
-	go repairTables(ctx, dp, repairs, log)
+	a.reg.MustRegister(repairs)
+	go repairTables(a.ctx, a.dp, repairs, a.log)
+	return nil
+}
 
-	observers := syncer.Observers{nodeHealth}
-	if *passFlows {
-		movedReport := flows.NewReporter(moved, dp)
-		reg.MustRegister(movedReport)
-		go movedReport.Run(ctx)
-		observers = append(observers, movedReport)
+// reportMovedFlows reports the moved connections passed on.
+func (a *agent) reportMovedFlows() error {
+	if !a.o.passFlows {
+		return nil
 	}
-	// A drained node counts the external connections it still serves and
-	// ends them at the drain's deadline.
-	drainer := drain.New(drain.Netlink{}, clock.RealClock{}, log.With("component", "drain"), reg)
-	go drainer.Run(ctx)
-	observers = append(observers, drainer)
-	if *bgpASN != 0 {
-		// Rules left by the agent before this one still forward: tell
-		// graceful-restart routers so, and they keep the routes they hold.
-		cfg := bgpspeaker.Config{ASN: uint32(*bgpASN), Restarting: dp.Forwarding(ctx), Log: log.With("component", "bgp")}
-		if cfg.RouterID, err = bgpspeaker.RouterID(*bgpRouterID); err != nil {
-			return fmt.Errorf("--bgp-router-id: %w", err)
-		}
-		if cfg.Peers, err = bgpspeaker.ParsePeers(*bgpPeers); err != nil {
-			return fmt.Errorf("--bgp-peers: %w", err)
-		}
-		speaker, err := bgpspeaker.Start(ctx, cfg)
-		if err != nil {
-			return err
-		}
-		reg.MustRegister(speaker.Collector())
-		defer func() {
-			if ctx.Err() != nil && speaker.GracefulRestart() {
-				// Stopped (SIGTERM: a restart, an upgrade): the sessions
-				// end with the process, without a NOTIFICATION, so that
-				// graceful-restart routers keep forwarding to this node
-				// on the rules left in place. Drain a node to take it out.
-				log.Info("leaving BGP sessions to graceful restart: routers keep this node's routes for the restart time")
-				return
-			}
-			speaker.Close()
-		}()
-		observers = append(observers, bgp.NewAnnouncer(speaker, nodeHealth.Node.Healthy, log.With("component", "bgp")))
+	movedReport := flows.NewReporter(a.moved, a.dp)
+	a.reg.MustRegister(movedReport)
+	go movedReport.Run(a.ctx)
+	a.observers = append(a.observers, movedReport)
+	return nil
+}
+
+// drain: a drained node counts the external connections it still serves
+// and ends them at the drain's deadline.
+func (a *agent) drain() error {
+	drainer := drain.New(drain.Netlink{}, clock.RealClock{}, a.log.With("component", "drain"), a.reg)
+	go drainer.Run(a.ctx)
+	a.observers = append(a.observers, drainer)
+	return nil
+}
+
+// announceBGP announces the node's load-balancer IPs, with --bgp-asn.
+func (a *agent) announceBGP() error {
+	if a.o.bgpASN == 0 {
+		return nil
 	}
-	member, err := members.Start(*nodeName, nil, log.With("component", "membership"))
+	// Rules left by the agent before this one still forward: tell
+	// graceful-restart routers so, and they keep the routes they hold.
+	cfg := bgpspeaker.Config{ASN: uint32(a.o.bgpASN), Restarting: a.dp.Forwarding(a.ctx), Log: a.log.With("component", "bgp")}
+	var err error
+	if cfg.RouterID, err = bgpspeaker.RouterID(a.o.bgpRouterID); err != nil {
+		return fmt.Errorf("--bgp-router-id: %w", err)
+	}
+	if cfg.Peers, err = bgpspeaker.ParsePeers(a.o.bgpPeers); err != nil {
+		return fmt.Errorf("--bgp-peers: %w", err)
+	}
+	speaker, err := bgpspeaker.Start(a.ctx, cfg)
+	if err != nil {
+		return err
+	}
+	a.reg.MustRegister(speaker.Collector())
+	a.atStop(func() {
+		if a.ctx.Err() != nil && speaker.GracefulRestart() {
+			// Stopped (SIGTERM: a restart, an upgrade): the sessions
+			// end with the process, without a NOTIFICATION, so that
+			// graceful-restart routers keep forwarding to this node
+			// on the rules left in place. Drain a node to take it out.
+			a.log.Info("leaving BGP sessions to graceful restart: routers keep this node's routes for the restart time")
+			return
+		}
+		speaker.Close()
+	})
+	a.observers = append(a.observers, bgp.NewAnnouncer(speaker, a.health.Node.Healthy, a.log.With("component", "bgp")))
+	return nil
+}
+
+// joinMembers joins the failure-detection membership, with
+// --memberlist-bind-address.
+func (a *agent) joinMembers() error {
+	member, err := a.o.members.Start(a.o.nodeName, nil, a.log.With("component", "membership"))
 	if err != nil {
 		return err
 	}
 	if member != nil {
 		// A stopping agent takes its node out of the load balancers at
 		// once: its health answers stop too.
-		defer member.Leave()
+		a.atStop(member.Leave)
 	}
-	// L2 addresses: the node answers ARP and NDP for those it holds a
-	// lease on, asked of the server that decides the owners over a
-	// connection of its own (with replicas, the leader's).
-	leaseConn, err := dial.NewServers(*serverAddr, tlsSrc, dialOpts...)
+	return nil
+}
+
+// answerL2: the node answers ARP and NDP for the L2 addresses it holds a
+// lease on, asked of the server that decides the owners over a
+// connection of its own (with replicas, the leader's).
+func (a *agent) answerL2() error {
+	leaseConn, err := a.o.server.Dial(a.tls, dial.WithSocketMark(datapath.DefaultControlMark))
 	if err != nil {
 		return err
 	}
-	defer leaseConn.Close()
-	responder := l2.New(log.With("component", "l2"))
-	defer responder.Close()
+	a.atStop(func() { leaseConn.Close() })
+	responder := l2.New(a.log.With("component", "l2"))
+	a.atStop(responder.Close)
 	leases := l2.NewLeases(clock.RealClock{}, responder.Set)
 	responder.Valid(leases.Valid)
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "weir_l2_answered_addresses", Help: "L2 addresses this node answers ARP and NDP for now (it holds their leases).",
 	}, func() float64 { return float64(len(leases.Held())) }))
-	asker := l2.NewAsker(leaseConn, *nodeName, leases, clock.RealClock{}, log.With("component", "l2"))
-	observers = append(observers, asker)
+	asker := l2.NewAsker(leaseConn, a.o.nodeName, leases, clock.RealClock{}, a.log.With("component", "l2"))
+	a.observers = append(a.observers, asker)
 	askerDone := make(chan struct{})
-	go func() { asker.Run(ctx); close(askerDone) }()
+	go func() { asker.Run(a.ctx); close(askerDone) }()
 	// On SIGTERM the node's L2 addresses are given up (and the server
 	// told) before the agent goes.
-	defer func() { stop(); <-askerDone }()
+	a.atStop(func() { a.cancel(); <-askerDone })
+	return nil
+}
 
-	s := syncer.New(syncer.Config{NodeName: *nodeName, AgentVersion: version, ResyncPeriod: *resync, Metrics: reg}, conn, faults.Wrap(applier, log), observers, log)
-	log.Info("starting", "servers", *serverAddr, "server", conn.Current(), "tls", !*plain, "version", version)
-	if err := s.Run(ctx); err != nil && ctx.Err() == nil {
+// sync streams the node's state from the server and applies it until
+// SIGTERM. On exit the rules stay: forwarding must not stop because the
+// agent restarts. Removing Weir is `nft delete table ip weir; nft delete
+// table ip6 weir`.
+func (a *agent) sync() error {
+	s := syncer.New(syncer.Config{NodeName: a.o.nodeName, AgentVersion: version, ResyncPeriod: a.o.resync, Metrics: a.reg},
+		a.conn, faults.Wrap(a.applier, a.log), a.observers, a.log)
+	a.log.Info("starting", "servers", a.o.server.Servers, "server", a.conn.Current(), "tls", !a.o.server.Insecure, "version", version)
+	if err := s.Run(a.ctx); err != nil && a.ctx.Err() == nil {
 		return err
 	}
-	// On exit the rules stay: forwarding must not stop because the agent
-	// restarts. Removing Weir is `nft delete table ip weir; nft delete table ip6 weir`.
-	log.Info("stopped; nftables rules left in place")
+	a.log.Info("stopped; nftables rules left in place")
 	return nil
 }
 
