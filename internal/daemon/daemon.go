@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -89,4 +90,19 @@ func Loopback(listen string) bool {
 	}
 	a, err := netip.ParseAddr(host)
 	return err == nil && a.IsLoopback()
+}
+
+// Undo is what a daemon's parts leave to do when it stops, done in
+// reverse: the part started last is stopped first, as deferred calls
+// would be. The zero Undo is ready to use.
+type Undo struct{ fs []func() }
+
+// Add adds f, to be done before everything added earlier.
+func (u *Undo) Add(f func()) { u.fs = append(u.fs, f) }
+
+// Run does what was added, the last first.
+func (u *Undo) Run() {
+	for _, f := range slices.Backward(u.fs) {
+		f()
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -93,5 +94,19 @@ func TestVersionStops(t *testing.T) {
 	}
 	if _, done, err := parse(t).Start("weir-agent", "v0.2.0", &out, &out); done || err != nil {
 		t.Errorf("without --version: done %v, err %v", done, err)
+	}
+}
+
+// A daemon's parts stop in the reverse of the order they started, as
+// deferred calls would.
+func TestUndoRunsTheLastFirst(t *testing.T) {
+	var u Undo
+	var got []int
+	for i := range 3 {
+		u.Add(func() { got = append(got, i) })
+	}
+	u.Run()
+	if want := []int{2, 1, 0}; !slices.Equal(got, want) {
+		t.Fatalf("stopped in the order %v, want %v", got, want)
 	}
 }

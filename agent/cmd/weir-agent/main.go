@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -70,7 +69,7 @@ func run() error {
 	if o.cleanup {
 		return a.cleanup()
 	}
-	defer a.stop()
+	defer a.undo.Run()
 	for _, start := range []func() error{
 		a.forward,          // the datapath the states are applied to
 		a.dialServer,       // the connection to the server's replicas
@@ -233,8 +232,7 @@ type agent struct {
 	health  *health.Agent
 	// observers follow the states received and report to the server.
 	observers syncer.Observers
-	// undo is what the parts started leave to do at the end, in reverse.
-	undo []func()
+	undo      daemon.Undo // what the parts started leave to do at the end
 }
 
 // newAgent makes the datapath (and the device of moved connections) the
@@ -262,16 +260,6 @@ func (a *agent) cleanup() error {
 	return nil
 }
 
-// atStop adds f to what stop does, before everything added earlier.
-func (a *agent) atStop(f func()) { a.undo = append(a.undo, f) }
-
-// stop undoes the parts started, the last first.
-func (a *agent) stop() {
-	for _, f := range slices.Backward(a.undo) {
-		f()
-	}
-}
-
 // forward chooses the datapath: with moved connections passed on, or
 // without (and their device removed).
 func (a *agent) forward() error {
@@ -294,7 +282,7 @@ func (a *agent) dialServer() error {
 	if a.conn, err = a.o.server.Dial(a.tls, dial.WithSocketMark(datapath.DefaultControlMark)); err != nil {
 		return err
 	}
-	a.atStop(func() { a.conn.Close() })
+	a.undo.Add(func() { a.conn.Close() })
 	return nil
 }
 
@@ -303,7 +291,7 @@ func (a *agent) dialServer() error {
 func (a *agent) catchSignals() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	a.ctx, a.cancel = ctx, stop
-	a.atStop(stop)
+	a.undo.Add(stop)
 	if a.o.passFlows {
 		go a.moved.Run(ctx)
 	}
@@ -316,7 +304,7 @@ func (a *agent) serveHealth() error {
 	a.reg = prometheus.NewRegistry()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.health = health.NewAgent(a.o.healthTO, a.set.healthChecks, a.log, a.reg)
-	a.atStop(a.health.Services.Close)
+	a.undo.Add(a.health.Services.Close)
 	a.observers = append(a.observers, a.health)
 	if err := serveHTTP(a.ctx, a.o.healthzAddr, a.health.Node.Handler(), health.NewConnLimit("healthz", a.set.healthzListeners), a.reg, a.log); err != nil {
 		return fmt.Errorf("--healthz-bind-address: %w", err)
@@ -382,7 +370,7 @@ func (a *agent) announceBGP() error {
 		return err
 	}
 	a.reg.MustRegister(speaker.Collector())
-	a.atStop(func() {
+	a.undo.Add(func() {
 		if a.ctx.Err() != nil && speaker.GracefulRestart() {
 			// Stopped (SIGTERM: a restart, an upgrade): the sessions
 			// end with the process, without a NOTIFICATION, so that
@@ -407,7 +395,7 @@ func (a *agent) joinMembers() error {
 	if member != nil {
 		// A stopping agent takes its node out of the load balancers at
 		// once: its health answers stop too.
-		a.atStop(member.Leave)
+		a.undo.Add(member.Leave)
 	}
 	return nil
 }
@@ -420,9 +408,9 @@ func (a *agent) answerL2() error {
 	if err != nil {
 		return err
 	}
-	a.atStop(func() { leaseConn.Close() })
+	a.undo.Add(func() { leaseConn.Close() })
 	responder := l2.New(a.log.With("component", "l2"))
-	a.atStop(responder.Close)
+	a.undo.Add(responder.Close)
 	leases := l2.NewLeases(clock.RealClock{}, responder.Set)
 	responder.Valid(leases.Valid)
 	a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -434,7 +422,7 @@ func (a *agent) answerL2() error {
 	go func() { asker.Run(a.ctx); close(askerDone) }()
 	// On SIGTERM the node's L2 addresses are given up (and the server
 	// told) before the agent goes.
-	a.atStop(func() { a.cancel(); <-askerDone })
+	a.undo.Add(func() { a.cancel(); <-askerDone })
 	return nil
 }
 
