@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/internal/bgpspeaker"
+	"github.com/weirlb/weir/internal/nodewire"
+	"github.com/weirlb/weir/internal/notify"
+	"github.com/weirlb/weir/internal/report"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -37,7 +39,7 @@ type Speaker struct {
 	cfg    Config
 	bgp    BGP
 	prober *Prober
-	kick   chan struct{}
+	kick   notify.Kick // the inputs changed: sync again
 	report chan *weirv1.SpeakerStatus
 
 	mu          sync.Mutex // guards the fields below
@@ -58,18 +60,13 @@ func New(cfg Config, b BGP) *Speaker {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Speaker{cfg: cfg, bgp: b, kick: make(chan struct{}, 1), report: make(chan *weirv1.SpeakerStatus, 1),
+	s := &Speaker{cfg: cfg, bgp: b, report: make(chan *weirv1.SpeakerStatus, 1),
 		dead: map[string]bool{}, ids: map[string]uint32{}, announced: map[PathKey]bgpspeaker.Announcement{}, warned: map[netip.Addr]bool{}}
 	s.prober = NewProber(cfg.Probes, s.poke)
 	return s
 }
 
-func (s *Speaker) poke() {
-	select {
-	case s.kick <- struct{}{}:
-	default:
-	}
-}
+func (s *Speaker) poke() { s.kick.Kick() }
 
 // SetTargets takes the server's newest targets, which reflect every
 // write through store revision revision.
@@ -134,7 +131,7 @@ func (s *Speaker) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.kick:
+		case <-s.kick.C():
 			s.sync(ctx)
 		case <-tick.C:
 		}
@@ -207,10 +204,7 @@ func (s *Speaker) publish(ctx context.Context) {
 			s.cfg.Log.Error("router did not negotiate ADD-PATH: it hears one next hop per load-balancer IP instead of all of them; enable ADD-PATH receive for this speaker on the router",
 				"peer", ses.PeerAddress)
 		}
-		bs := &weirv1.BgpSession{PeerAddress: ses.PeerAddress.String(), PeerAsn: ses.PeerASN, State: ses.State}
-		if !ses.Since.IsZero() {
-			bs.EstablishedSince = timestamppb.New(ses.Since)
-		}
+		bs := nodewire.EncodeSession(report.BGPSession{PeerAddress: ses.PeerAddress, PeerASN: ses.PeerASN, State: ses.State, Since: ses.Since})
 		st.Sessions = append(st.Sessions, &weirv1.SpeakerSession{Session: bs, AddPath: ses.AddPath})
 	}
 	for _, p := range status {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/notify"
 	"github.com/weirlb/weir/internal/report"
 )
 
@@ -43,7 +44,7 @@ type Drain struct {
 	// connections is weir_drain_connections.
 	connections prometheus.Gauge
 	// wake tells Run that the drain or its deadline changed.
-	wake chan struct{}
+	wake notify.Kick
 
 	mu sync.Mutex // guards the fields below
 	// drained and deadline are the node's drain as last received;
@@ -70,7 +71,7 @@ type Drain struct {
 // New returns the node's drain over ct; reg, when not nil, receives
 // weir_drain_connections.
 func New(ct Conntrack, clk clock.WithTicker, log *slog.Logger, reg prometheus.Registerer) *Drain {
-	d := &Drain{ct: ct, clock: clk, log: log, wake: make(chan struct{}, 1),
+	d := &Drain{ct: ct, clock: clk, log: log,
 		connections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "weir_drain_connections",
 			Help: "External connections this node still serves while an operator has it drained (conntrack entries of TCP connections it DNAT'ed to a load-balancer IP, an external IP or a node port), counted every 2 s; 0 when it is not drained.",
@@ -170,10 +171,7 @@ func (d *Drain) Received(st datapath.NodeState) {
 	d.drained, d.deadline = st.Node.Drained, st.Node.DrainDeadline
 	d.mu.Unlock()
 	if changed {
-		select {
-		case d.wake <- struct{}{}:
-		default:
-		}
+		d.wake.Kick()
 	}
 }
 
@@ -228,7 +226,7 @@ func (d *Drain) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 		case <-tick.C():
-		case <-d.wake:
+		case <-d.wake.C():
 		case <-atDeadline:
 		}
 		if timer != nil {
