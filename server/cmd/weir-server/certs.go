@@ -31,92 +31,141 @@ func certsCommand(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return errors.New(certsUsage)
 	}
+	f, err := parseCertsFlags(args, stderr)
+	if f == nil || err != nil {
+		return err // on -help, the usage is printed
+	}
+	hs := f.hostList()
+	// Every certificate issued here ends no later than its CA; one cut
+	// short says so.
+	warnCapped := certs.OnCapped(func(c certs.Capped) { fmt.Fprintln(stderr, "warning:", c) })
+	opts := []certs.Option{certs.ValidFor(*f.validFor), warnCapped}
+	switch args[0] {
+	case "init":
+		return initCerts(*f.dir, hs, opts, stdout)
+	case "server":
+		return serverCert(*f.dir, hs, opts, stdout)
+	case "issue":
+		return issueCert(*f.dir, *f.name, *f.role, *f.force, opts, stdout)
+	case "rotate":
+		return rotate(*f.dir, *f.within, *f.validFor, opts, stdout, stderr)
+	case "check-expiration":
+		return checkExpiration(*f.dir, stdout)
+	case "kubernetes":
+		return kubernetesSecrets(*f.kubeconfig, *f.namespace, hs, warnCapped, stdout)
+	default:
+		return errors.New(certsUsage)
+	}
+}
+
+// certsFlags are the flags of "certs": each subcommand reads the ones it
+// needs.
+type certsFlags struct {
+	dir, hosts, name, role, namespace, kubeconfig *string
+	force                                         *bool
+	validFor, within                              *time.Duration
+}
+
+// parseCertsFlags reads the flags after the subcommand args[0], and
+// checks the durations; it returns nil, nil on -help.
+func parseCertsFlags(args []string, stderr io.Writer) (*certsFlags, error) {
 	fs := flag.NewFlagSet("certs "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dir := fs.String("dir", "/etc/weir/tls", "folder of the CA and the certificates")
-	hosts := fs.String("hosts", "", "comma-separated names and addresses the server answers on (init, server; kubernetes: besides the Service weir-server's in-cluster names)")
-	name := fs.String("name", "", "the client's identity: a node name for an agent (issue)")
-	role := fs.String("role", "", "admin, viewer, agent or speaker (issue)")
-	force := fs.Bool("force", false, "replace the name's existing certificate and key (issue)")
-	namespace := fs.String("namespace", "weir-system", "the namespace of the Secrets (kubernetes)")
-	kubeconfig := fs.String("kubeconfig", "", "the cluster's kubeconfig; empty: the in-cluster config (kubernetes)")
-	validFor := fs.Duration("valid-for", 365*24*time.Hour, "how long the certificates issued are valid, never past the CA's end (server, issue, rotate)")
-	within := fs.Duration("within", 30*24*time.Hour, "reissue the certificates that expire within this time (rotate; 0: only those expired)")
+	f := &certsFlags{
+		dir:        fs.String("dir", "/etc/weir/tls", "folder of the CA and the certificates"),
+		hosts:      fs.String("hosts", "", "comma-separated names and addresses the server answers on (init, server; kubernetes: besides the Service weir-server's in-cluster names)"),
+		name:       fs.String("name", "", "the client's identity: a node name for an agent (issue)"),
+		role:       fs.String("role", "", "admin, viewer, agent or speaker (issue)"),
+		force:      fs.Bool("force", false, "replace the name's existing certificate and key (issue)"),
+		namespace:  fs.String("namespace", "weir-system", "the namespace of the Secrets (kubernetes)"),
+		kubeconfig: fs.String("kubeconfig", "", "the cluster's kubeconfig; empty: the in-cluster config (kubernetes)"),
+		validFor:   fs.Duration("valid-for", 365*24*time.Hour, "how long the certificates issued are valid, never past the CA's end (server, issue, rotate)"),
+		within:     fs.Duration("within", 30*24*time.Hour, "reissue the certificates that expire within this time (rotate; 0: only those expired)"),
+	}
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return nil // the usage is printed
+			return nil, nil
 		}
-		return err
+		return nil, err
 	}
-	if *validFor < time.Minute {
-		return fmt.Errorf("--valid-for %v: at least a minute (a certificate that ends at once cuts off whoever uses it)", *validFor)
+	if *f.validFor < time.Minute {
+		return nil, fmt.Errorf("--valid-for %v: at least a minute (a certificate that ends at once cuts off whoever uses it)", *f.validFor)
 	}
-	if *within < 0 {
-		return fmt.Errorf("--within %v: 0 or more", *within)
+	if *f.within < 0 {
+		return nil, fmt.Errorf("--within %v: 0 or more", *f.within)
 	}
+	return f, nil
+}
+
+// hostList is --hosts as a list, blanks left out.
+func (f *certsFlags) hostList() []string {
 	var hs []string
-	for _, h := range strings.Split(*hosts, ",") {
+	for _, h := range strings.Split(*f.hosts, ",") {
 		if h = strings.TrimSpace(h); h != "" {
 			hs = append(hs, h)
 		}
 	}
-	// Every certificate issued here ends no later than its CA; one cut
-	// short says so.
-	warnCapped := certs.OnCapped(func(c certs.Capped) { fmt.Fprintln(stderr, "warning:", c) })
-	opts := []certs.Option{certs.ValidFor(*validFor), warnCapped}
-	switch args[0] {
-	case "init":
-		if err := certs.InitCA(*dir); err != nil {
-			return err
-		}
-		if err := certs.IssueServer(*dir, hs, opts...); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "wrote %s/ca.crt, ca.key, server.crt, server.key\n", *dir)
-	case "server":
-		// A new server certificate from the existing CA: for more
-		// addresses (replicas), or a rotation. Clients keep trusting it.
-		if err := certs.IssueServer(*dir, hs, opts...); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "wrote %s/server.crt, server.key\n", *dir)
-	case "issue":
-		issue := certs.IssueClient
-		if *force {
-			issue = certs.ReissueClient
-		}
-		if err := issue(*dir, *name, *role, opts...); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "wrote %s/%s.crt and %s.key (role %s)\n", *dir, *name, *name, *role)
-	case "rotate":
-		return rotate(*dir, *within, *validFor, opts, stdout, stderr)
-	case "check-expiration":
-		return checkExpiration(*dir, stdout)
-	case "kubernetes":
-		// The Secrets the manifests mount, made once (the weir-certs Job).
-		rc, err := kubernetes.RestConfig(*kubeconfig)
-		if err != nil {
-			return err
-		}
-		client, err := clientset.NewForConfig(rc)
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		made, err := kubernetes.BootstrapSecrets(ctx, client, *namespace, hs, warnCapped)
-		for _, m := range made {
-			fmt.Fprintf(stdout, "made Secret %s/%s\n", *namespace, m)
-		}
-		if err != nil {
-			return err
-		}
-		if len(made) == 0 {
-			fmt.Fprintf(stdout, "the Secrets of %s are there already: nothing changed\n", *namespace)
-		}
-	default:
-		return errors.New(certsUsage)
+	return hs
+}
+
+// initCerts makes a CA and the server's certificate.
+func initCerts(dir string, hosts []string, opts []certs.Option, stdout io.Writer) error {
+	if err := certs.InitCA(dir); err != nil {
+		return err
+	}
+	if err := certs.IssueServer(dir, hosts, opts...); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s/ca.crt, ca.key, server.crt, server.key\n", dir)
+	return nil
+}
+
+// serverCert issues a new server certificate from the existing CA: for
+// more addresses (replicas), or a rotation. Clients keep trusting it.
+func serverCert(dir string, hosts []string, opts []certs.Option, stdout io.Writer) error {
+	if err := certs.IssueServer(dir, hosts, opts...); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s/server.crt, server.key\n", dir)
+	return nil
+}
+
+// issueCert issues a client's certificate; force replaces one the name
+// has already.
+func issueCert(dir, name, role string, force bool, opts []certs.Option, stdout io.Writer) error {
+	issue := certs.IssueClient
+	if force {
+		issue = certs.ReissueClient
+	}
+	if err := issue(dir, name, role, opts...); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s/%s.crt and %s.key (role %s)\n", dir, name, name, role)
+	return nil
+}
+
+// kubernetesSecrets makes the Secrets the manifests mount, once (the
+// weir-certs Job).
+func kubernetesSecrets(kubeconfig, namespace string, hosts []string, warnCapped certs.Option, stdout io.Writer) error {
+	rc, err := kubernetes.RestConfig(kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := clientset.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	made, err := kubernetes.BootstrapSecrets(ctx, client, namespace, hosts, warnCapped)
+	for _, m := range made {
+		fmt.Fprintf(stdout, "made Secret %s/%s\n", namespace, m)
+	}
+	if err != nil {
+		return err
+	}
+	if len(made) == 0 {
+		fmt.Fprintf(stdout, "the Secrets of %s are there already: nothing changed\n", namespace)
 	}
 	return nil
 }
