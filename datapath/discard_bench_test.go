@@ -70,7 +70,7 @@ func BenchmarkFullSyncEncode10k(b *testing.B) {
 		dp := New(discardNFT{knftables.NewFake(knftables.IPv4Family, TableName)}, nil, Config{})
 		w := dp.desire(st, nil)
 		for chunk := range slices.Chunk(slices.Collect(w.elements(&ipv4)), loadBatch) {
-			newBatch().elements(unix.NFT_MSG_NEWSETELEM, &ipv4, genA, chunk)
+			encodeElements(newBatch(), unix.NFT_MSG_NEWSETELEM, &ipv4, genA, chunk)
 		}
 	}
 }

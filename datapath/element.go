@@ -163,12 +163,12 @@ func protocolOfNumber(n byte) Protocol {
 	return 0
 }
 
-// setID names one set or map of a family's table (tableSets), whatever the
+// setID names one set or map of a family's table (tableDecls), whatever the
 // generation. A pick's set is no setID: its elements carry their pick.
 type setID uint8
 
 // setNames are the names of the sets by setID; formats their layout per
-// family, as tableSets declares them.
+// family, as tableDecls declares them.
 var (
 	setNames []string
 	setIDs   = map[string]setID{}
@@ -176,28 +176,14 @@ var (
 )
 
 func init() {
-	for fi, f := range families {
-		for _, obj := range tableSets(*f, "") {
-			var name, typ string
-			var interval bool
-			switch o := obj.(type) {
-			case *knftables.Set:
-				name, typ, interval = o.Name, o.Type+o.TypeOf, len(o.Flags) > 0
-			case *knftables.Map:
-				name, typ, interval = o.Name, o.Type+o.TypeOf, len(o.Flags) > 0
+	for fi := range families {
+		for _, d := range declared[fi] {
+			if _, known := setIDs[d.name]; !known {
+				setIDs[d.name] = setID(len(setNames))
+				setNames = append(setNames, d.name)
 			}
-			name = strings.TrimSuffix(name, "_")
-			format, ok := parseFormat(typ)
-			if !ok {
-				panic("datapath: cannot read the type of set " + name + ": " + typ)
-			}
-			format.interval = interval
-			if _, known := setIDs[name]; !known {
-				setIDs[name] = setID(len(setNames))
-				setNames = append(setNames, name)
-			}
-			formats[fi] = append(formats[fi], format)
-			if int(setIDs[name]) != len(formats[fi])-1 {
+			formats[fi] = append(formats[fi], d.format())
+			if int(setIDs[d.name]) != len(formats[fi])-1 {
 				panic("datapath: the families' tables list their sets in different orders")
 			}
 		}
@@ -236,7 +222,7 @@ func init() {
 	}
 }
 
-// setOf is the setID of a set of tableSets.
+// setOf is the setID of a set of tableDecls.
 func setOf(name string) setID {
 	id, ok := setIDs[name]
 	if !ok {
@@ -267,52 +253,6 @@ const (
 	integerField // numgen's result: 32 bits, host order
 	ttlField     // the TTL or hop limit: one byte
 )
-
-// parseFormat reads a set's type ("ipv4_addr . inet_service") or typeof
-// ("ip daddr . numgen random mod 1 : ip daddr . tcp dport") declaration.
-func parseFormat(typ string) (setFormat, bool) {
-	keyPart, valuePart, isMap := strings.Cut(typ, " : ")
-	var out setFormat
-	var ok bool
-	if out.key, ok = parseFields(keyPart); !ok {
-		return setFormat{}, false
-	}
-	switch {
-	case !isMap:
-	case valuePart == "verdict":
-		out.verdict = true
-	default:
-		if out.value, ok = parseFields(valuePart); !ok {
-			return setFormat{}, false
-		}
-	}
-	return out, true
-}
-
-func parseFields(s string) ([]fieldKind, bool) {
-	var out []fieldKind
-	for part := range strings.SplitSeq(s, " . ") {
-		var k fieldKind
-		switch {
-		case part == "ipv4_addr" || part == "ip daddr" || part == "ip saddr":
-			k = addr4Field
-		case part == "ipv6_addr" || part == "ip6 daddr" || part == "ip6 saddr":
-			k = addr6Field
-		case part == "inet_proto" || part == "meta l4proto":
-			k = protoField
-		case part == "inet_service" || strings.HasSuffix(part, " dport"):
-			k = serviceField
-		case strings.HasPrefix(part, "numgen "):
-			k = integerField
-		case part == "ip ttl" || part == "ip6 hoplimit":
-			k = ttlField
-		default:
-			return nil, false
-		}
-		out = append(out, k)
-	}
-	return out, true
-}
 
 // text renders fields laid out as kinds in nft syntax ("10.96.0.1 . tcp .
 // 80"); interval says they are an interval set's.

@@ -1,92 +1,44 @@
 package datapath
 
 import (
-	"context"
 	"slices"
-	"time"
 
+	"github.com/weirlb/weir/datapath/internal/floorhook"
+	"github.com/weirlb/weir/datapath/internal/nfwire"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
 
-// KernelFloor is what the kernel alone takes for the elements of a state.
-type KernelFloor struct {
-	// Load commits the elements, in the batches a full sync uses.
-	Load time.Duration
-	// Delete deletes the sets and maps holding them, in one transaction:
-	// what replacing a table costs beyond loading the new one.
-	Delete time.Duration
-	// Elements is how many there are.
-	Elements int
+// The kernel floor (package kernelfloor, for benchmarks) loads a state's
+// elements as a full sync does, through floorhook.
+func init() {
+	floorhook.Plan = func(state, cfg any, table string) []floorhook.Family {
+		return floorPlan(state.(NodeState), cfg.(Config), table)
+	}
 }
 
-// KernelLoadFloor measures what the kernel alone takes to load state's
-// elements (both families' that the netlink writer can encode) into the
-// sets of a bare table in the current network namespace, and to delete
-// them: the elements are worked out and laid out as messages first,
-// untimed, then committed in the batches a full sync uses, timed. It is
-// the floor a full sync is compared with (test/bench/datapath); the table,
-// TableName+"_floor", is deleted after.
-func KernelLoadFloor(ctx context.Context, state NodeState, cfg Config) (KernelFloor, error) {
-	var floor KernelFloor
+// floorPlan lays out state's elements (both families' that the netlink
+// writer can encode) for the sets of generation a of a table named table,
+// in the batches a full sync uses.
+func floorPlan(state NodeState, cfg Config, table string) []floorhook.Family {
 	d := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), cfg)
 	w := d.desire(state, nil)
-	conn, err := dialNF()
-	if err != nil {
-		return floor, err
-	}
-	defer conn.Close()
-	const table = TableName + "_floor"
+	var out []floorhook.Family
 	for _, f := range d.families() {
-		nft, err := knftables.New(f.nft, table)
-		if err != nil {
-			return floor, err
-		}
-		tx := nft.NewTransaction()
-		tx.Add(&knftables.Table{})
-		tx.Delete(&knftables.Table{})
-		tx.Add(&knftables.Table{})
-		for _, obj := range tableSets(*f, genA) {
-			tx.Add(obj)
-		}
+		plan := floorhook.Family{NFT: f.nft, Sets: tableSets(*f, genA), Delete: nfwire.NewBatch(table)}
 		for p := range w.picks[f] {
-			tx.Add(p.object(*f, genA))
+			plan.Sets = append(plan.Sets, p.object(*f, genA))
 		}
-		if err := nft.Run(ctx, tx); err != nil {
-			return floor, err
-		}
-		// Deleted whatever happens next.
-		defer func() {
-			tx := nft.NewTransaction()
-			tx.Delete(&knftables.Table{})
-			nft.Run(context.WithoutCancel(ctx), tx)
-		}()
-		var batches []*nfBatch
 		for chunk := range slices.Chunk(slices.Collect(w.elements(f)), loadBatch) {
-			b := &nfBatch{table: table}
-			rest := b.elements(unix.NFT_MSG_NEWSETELEM, f, genA, chunk)
-			floor.Elements += len(chunk) - len(rest)
-			batches = append(batches, b)
+			b := nfwire.NewBatch(table)
+			rest := encodeElements(b, unix.NFT_MSG_NEWSETELEM, f, genA, chunk)
+			plan.Elements += len(chunk) - len(rest)
+			plan.Load = append(plan.Load, b)
 		}
-		for _, b := range batches {
-			start := time.Now()
-			if err := conn.commit(b); err != nil {
-				return floor, err
-			}
-			floor.Load += time.Since(start)
+		for _, obj := range plan.Sets {
+			plan.Delete.DeleteSet(f.wire, setName(obj))
 		}
-		del := &nfBatch{table: table}
-		for _, obj := range tableSets(*f, genA) {
-			del.delete(unix.NFT_MSG_DELSET, f, setName(obj))
-		}
-		for p := range w.picks[f] {
-			del.delete(unix.NFT_MSG_DELSET, f, genA.of(p.set()))
-		}
-		start := time.Now()
-		if err := conn.commit(del); err != nil {
-			return floor, err
-		}
-		floor.Delete += time.Since(start)
+		out = append(out, plan)
 	}
-	return floor, nil
+	return out
 }

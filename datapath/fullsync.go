@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/weirlb/weir/datapath/internal/nfwire"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
@@ -209,7 +210,7 @@ type stream struct {
 // the picks and carries the interval sets' elements that the transaction
 // preparing the generation creates.
 type streamBatch struct {
-	encoded   *nfBatch
+	encoded   *nfwire.Batch
 	elems     []element
 	first     bool
 	picks     []pick
@@ -244,7 +245,7 @@ func (s *stream) send() {
 		s.batch = s.batch[:0]
 	case s.netlink:
 		sb.encoded = newBatch()
-		rest := sb.encoded.elements(unix.NFT_MSG_NEWSETELEM, s.f, s.next, s.batch)
+		rest := encodeElements(sb.encoded, unix.NFT_MSG_NEWSETELEM, s.f, s.next, s.batch)
 		if sb.first {
 			sb.intervals = rest
 		} else {
@@ -358,29 +359,32 @@ const tableComment = "rules for Kubernetes-style services, owned by weir-agent"
 // them through nft.
 func (d *Datapath) prepareSets(f *family, g generation, picks []pick) error {
 	b := newBatch()
-	b.newTable(f, tableComment)
+	b.NewTable(f.wire, tableComment)
 	for _, k := range frontendKinds {
 		// Emptied first: a failed sync may have left rules in them that
 		// refer to the sets made afresh next.
-		b.newChain(f, k.pickChain(g))
-		b.flushChain(f, k.pickChain(g))
+		b.NewChain(f.wire, k.pickChain(g))
+		b.FlushChain(f.wire, k.pickChain(g))
 	}
-	fresh := func(obj knftables.Object) error {
-		// Created, deleted, created: empty even if a failed sync left
-		// one behind.
-		if err := b.newSet(f, obj); err != nil {
+	fresh := func(decl setDecl) error {
+		s, err := decl.wire(g)
+		if err != nil {
 			return err
 		}
-		b.delete(unix.NFT_MSG_DELSET, f, setName(obj))
-		return b.newSet(f, obj)
+		// Created, deleted, created: empty even if a failed sync left
+		// one behind.
+		b.NewSet(f.wire, s)
+		b.DeleteSet(f.wire, s.Name)
+		b.NewSet(f.wire, s)
+		return nil
 	}
-	for _, obj := range tableSets(*f, g) {
-		if err := fresh(obj); err != nil {
+	for _, decl := range declared[f.index] {
+		if err := fresh(decl); err != nil {
 			return err
 		}
 	}
 	for _, p := range picks {
-		if err := fresh(p.object(*f, g)); err != nil {
+		if err := fresh(p.decl(*f)); err != nil {
 			return err
 		}
 	}
@@ -493,13 +497,38 @@ func (d *Datapath) addObjects(tx *knftables.Transaction, f *family, w *desired, 
 // A failure before step 4 leaves the old generation forwarding; a failure
 // of step 5 leaves forwarding right and only litter, retried later.
 func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, s *stream) (cleanup func(), err error) {
-	// 3. The picks met after the first batch, the services' own objects,
-	// the interval sets' later elements; then the frontends that waited,
-	// if any: then in a transaction of their own, while the last batches
-	// load; if none, in the switch's, one nft run fewer.
+	held := len(s.held) > 0
+	if err := d.finishObjects(ctx, f, w, s, held); err != nil {
+		return nil, err
+	}
+	loaded := time.Since(s.started)
+	if err := d.loadHeld(ctx, f, s); err != nil {
+		return nil, err
+	}
+	frontends := time.Since(s.started)
+	keep, existing, err := d.switchChains(ctx, f, w, s, !held)
+	if err != nil {
+		return nil, err
+	}
+	switched := time.Since(s.started)
+	gone := staleObjects(existing, keep)
+	d.cfg.Log.Debug("generation switched", "family", f.String(), "generation", string(s.next), "elements", w.counts[f],
+		"listed", s.listed, "prepared", s.prepared, "loaded", loaded, "frontends", frontends, "switched", switched)
+	return func() {
+		start := time.Now()
+		d.deleteObjects(ctx, f, gone)
+		d.cfg.Log.Debug("old generation deleted", "family", f.String(), "objects", len(gone), "took", time.Since(start))
+	}, nil
+}
+
+// finishObjects is step 3 of switchGeneration: the picks met after the
+// first batch, the services' own objects, the interval sets' later
+// elements. When frontends wait (held), in a transaction of their own
+// while the last batches load; otherwise in the switch's, one nft run
+// fewer. It returns once every batch is loaded.
+func (d *Datapath) finishObjects(ctx context.Context, f *family, w *desired, s *stream, held bool) error {
 	s.close()
 	objects := make(chan error, 1)
-	held := len(s.held) > 0
 	if s.failed.Load() || !held {
 		objects <- nil
 	} else {
@@ -510,55 +539,41 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 		}()
 	}
 	<-s.done
-	err = <-objects
+	err := <-objects
 	if s.err != nil {
-		return nil, s.err
+		return s.err
 	}
-	if err != nil {
-		return nil, err
-	}
-	loaded := time.Since(s.started)
-	t := d.tables[f]
-	next, existing, picks := s.next, s.existing, w.picks[f]
+	return err
+}
+
+// loadHeld loads the frontends that waited for their picks' sets.
+func (d *Datapath) loadHeld(ctx context.Context, f *family, s *stream) error {
 	for batch := range slices.Chunk(s.held, s.size) {
 		sb := streamBatch{elems: batch}
 		if s.netlink {
 			sb.encoded = newBatch()
-			if rest := sb.encoded.elements(unix.NFT_MSG_NEWSETELEM, f, next, batch); len(rest) > 0 {
-				return nil, fmt.Errorf("%d frontends could not be laid out", len(rest))
+			if rest := encodeElements(sb.encoded, unix.NFT_MSG_NEWSETELEM, f, s.next, batch); len(rest) > 0 {
+				return fmt.Errorf("%d frontends could not be laid out", len(rest))
 			}
 		}
-		if err := d.loadBatch(ctx, f, next, sb, 0); err != nil {
-			return nil, err
+		if err := d.loadBatch(ctx, f, s.next, sb, 0); err != nil {
+			return err
 		}
 	}
-	frontends := time.Since(s.started)
+	return nil
+}
 
-	// 4. Switch.
+// switchChains is step 4 of switchGeneration: one transaction (with step
+// 3's objects, withObjects) points every chain at the new generation and
+// empties every chain that is not Weir's now. It returns the names Weir
+// keeps, and what the table held besides the old marker.
+func (d *Datapath) switchChains(ctx context.Context, f *family, w *desired, s *stream, withObjects bool) (keep map[string]bool, existing tableObjects, err error) {
+	next, existing := s.next, s.existing
 	tx := d.nft[f][0].NewTransaction()
-	if !held {
+	if withObjects {
 		d.addObjects(tx, f, w, s)
 	}
-	keep := map[string]bool{}
-	written := map[string]bool{} // the generation's pick chains
-	for _, k := range frontendKinds {
-		written[k.pickChain(next)] = true
-	}
-	for _, c := range tableChains(*f, d.cfg, next, picks) {
-		keep[c.chain.Name] = true
-		if !c.base() && !written[c.chain.Name] {
-			writeChain(tx, c, next)
-		}
-	}
-	for _, obj := range tableSets(*f, next) {
-		keep[setName(obj)] = true
-	}
-	for p := range picks {
-		keep[next.of(p.set())] = true
-	}
-	for _, o := range w.objects[f] {
-		keep[o.name] = true
-	}
+	keep = d.keptNames(tx, f, w, next)
 	tx.Add(&knftables.Chain{Name: next.marker()})
 	keep[next.marker()] = true
 	if slices.Contains(existing.chains, next.other().marker()) {
@@ -572,14 +587,44 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 		}
 	}
 	if err := d.nft[f][0].Run(ctx, tx); err != nil {
-		return nil, fmt.Errorf("programming %s table %q: %w", f, TableName, err)
+		return nil, existing, fmt.Errorf("programming %s table %q: %w", f, TableName, err)
 	}
-	t.gen = next
-	switched := time.Since(s.started)
+	d.tables[f].gen = next
+	return keep, existing, nil
+}
 
-	// 5. Delete: maps first (an older layout's verdict maps jump to
-	// chains that may go), then sets, then chains. Anonymous sets and
-	// maps ("__map0") belong to rules and go with them.
+// keptNames are the chains, sets and maps of generation next with w, and
+// the fixed chains, which it writes to tx (but the generation's pick
+// chains, written when its maps were empty).
+func (d *Datapath) keptNames(tx *knftables.Transaction, f *family, w *desired, next generation) map[string]bool {
+	keep := map[string]bool{}
+	written := map[string]bool{} // the generation's pick chains
+	for _, k := range frontendKinds {
+		written[k.pickChain(next)] = true
+	}
+	for _, c := range tableChains(*f, d.cfg, next, w.picks[f]) {
+		keep[c.chain.Name] = true
+		if !c.base() && !written[c.chain.Name] {
+			writeChain(tx, c, next)
+		}
+	}
+	for _, decl := range declared[f.index] {
+		keep[next.of(decl.name)] = true
+	}
+	for p := range w.picks[f] {
+		keep[next.of(p.set())] = true
+	}
+	for _, o := range w.objects[f] {
+		keep[o.name] = true
+	}
+	return keep
+}
+
+// staleObjects is what step 5 of switchGeneration deletes: maps first (an
+// older layout's verdict maps jump to chains that may go), then sets, then
+// chains. Anonymous sets and maps ("__map0") belong to rules and go with
+// them.
+func staleObjects(existing tableObjects, keep map[string]bool) []knftables.Object {
 	var gone []knftables.Object
 	for _, name := range existing.maps {
 		if !keep[name] && !strings.HasPrefix(name, "__") {
@@ -596,13 +641,7 @@ func (d *Datapath) switchGeneration(ctx context.Context, f *family, w *desired, 
 			gone = append(gone, &knftables.Chain{Name: name})
 		}
 	}
-	d.cfg.Log.Debug("generation switched", "family", f.String(), "generation", string(next), "elements", w.counts[f],
-		"listed", s.listed, "prepared", s.prepared, "loaded", loaded, "frontends", frontends, "switched", switched)
-	return func() {
-		start := time.Now()
-		d.deleteObjects(ctx, f, gone)
-		d.cfg.Log.Debug("old generation deleted", "family", f.String(), "objects", len(gone), "took", time.Since(start))
-	}, nil
+	return gone
 }
 
 // deleteObjects deletes what the table no longer needs, in one transaction

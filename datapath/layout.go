@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/weirlb/weir/datapath/internal/nfwire"
 	"sigs.k8s.io/knftables"
 )
 
@@ -149,12 +150,12 @@ func (k *frontendKind) backends(p Protocol) string { return k.name + p.String() 
 // while the maps are still empty, never after they are loaded.
 func (k *frontendKind) pickChain(g generation) string { return g.of(k.name + "pick") }
 
-// keyType is the nftables type of the kind's frontends.
-func (k *frontendKind) keyType(f family) string {
+// keyType is the type of the kind's frontends.
+func (k *frontendKind) keyType(f family) []field {
 	if k.nodePort {
-		return "inet_proto . inet_service"
+		return []field{inetProto, inetService}
 	}
-	return f.addrType + " . inet_proto . inet_service"
+	return []field{addrType(f), inetProto, inetService}
 }
 
 // pick is the frontends of one kind and protocol that have n endpoints on
@@ -191,9 +192,15 @@ func (p pick) set() string {
 	return p.frontendKind().name + p.proto.String() + "_endpoints_" + strconv.Itoa(int(p.n))
 }
 
+// decl declares the pick's set.
+func (p pick) decl(f family) setDecl {
+	return setDecl{name: p.set(), key: p.frontendKind().keyType(f)}
+}
+
 // object is the pick's set in table generation g.
-func (p pick) object(f family, g generation) *knftables.Set {
-	return &knftables.Set{Name: g.of(p.set()), Type: p.frontendKind().keyType(f)}
+func (p pick) object(f family, g generation) knftables.Object {
+	d := p.decl(f)
+	return d.object(g)
 }
 
 // rule is the pick's rule, reading generation g.
@@ -232,17 +239,22 @@ func pickChains(f family, mark uint32, g generation, picks map[pick]int) []chain
 }
 
 // key is the nftables expression of the packet's frontend for this kind.
-func (k *frontendKind) key(f family) string {
+func (k *frontendKind) key(f family) string { return fieldsText(k.keyExprs(f)) }
+
+// keyExprs are the fields of the packet's frontend for this kind, as a
+// rule reads them.
+func (k *frontendKind) keyExprs(f family) []field {
 	if k.nodePort {
-		return "meta l4proto . th dport"
+		return []field{l4proto, thDport}
 	}
-	return f.ip + " daddr . meta l4proto . th dport"
+	return []field{daddr(f), l4proto, thDport}
 }
 
 // family holds what differs between the IPv4 and IPv6 tables.
 type family struct {
 	index    uint8 // in families
 	nft      knftables.Family
+	wire     nfwire.Family
 	is6      bool
 	addrType string // nftables address type
 	ip       string // nftables address-match prefix
@@ -250,8 +262,8 @@ type family struct {
 }
 
 var (
-	ipv4 = family{nft: knftables.IPv4Family, addrType: "ipv4_addr", ip: "ip", ttl: "ip ttl"}
-	ipv6 = family{index: 1, nft: knftables.IPv6Family, is6: true, addrType: "ipv6_addr", ip: "ip6", ttl: "ip6 hoplimit"}
+	ipv4 = family{nft: knftables.IPv4Family, wire: nfwire.IPv4, addrType: "ipv4_addr", ip: "ip", ttl: "ip ttl"}
+	ipv6 = family{index: 1, nft: knftables.IPv6Family, wire: nfwire.IPv6, is6: true, addrType: "ipv6_addr", ip: "ip6", ttl: "ip6 hoplimit"}
 
 	families = []*family{&ipv4, &ipv6}
 )
@@ -294,43 +306,52 @@ func (g generation) marker() string { return "generation_" + string(g) }
 // ref is a rule's reference to a set or map of this generation.
 func (g generation) ref(set string) string { return "@" + g.of(set) }
 
-// tableSets is every set and map of one generation, named with its suffix.
+// tableSets is every set and map of one generation, named with its suffix,
+// for nft.
 func tableSets(f family, g generation) []knftables.Object {
-	addr := f.addrType
-	ip := f.ip
-	frontendType := ipKind.keyType(f)
-	interval := []knftables.SetFlag{knftables.IntervalFlag}
 	var objs []knftables.Object
+	for _, d := range declared[f.index] {
+		objs = append(objs, d.object(g))
+	}
+	return objs
+}
+
+// declared are the families' sets and maps, as tableDecls declares them.
+var declared = [2][]setDecl{tableDecls(ipv4), tableDecls(ipv6)}
+
+// tableDecls declares every set and map of f's table, in the order of
+// their setIDs.
+func tableDecls(f family) []setDecl {
+	addr := addrType(f)
+	frontend := ipKind.keyType(f)
+	nodePort := []field{inetProto, inetService}
+	var decls []setDecl
 	for _, k := range frontendKinds {
-		objs = append(objs, &knftables.Map{Name: g.of(k.frontends), Type: k.keyType(f) + " : verdict"})
+		decls = append(decls, setDecl{name: k.frontends, key: k.keyType(f), verdict: true})
 		for _, p := range protocols {
-			objs = append(objs, &knftables.Map{Name: g.of(k.backends(p)),
-				TypeOf: k.key(f) + " . numgen random mod 1 : " + ip + " daddr . " + p.String() + " dport"})
+			decls = append(decls, setDecl{name: k.backends(p),
+				key: append(k.keyExprs(f), numgenSlot), value: []field{daddr(f), protocolDport(p)}})
 		}
 	}
-	for _, s := range []*knftables.Set{
-		{Name: noEndpointFrontendsSet, Type: frontendType},
-		{Name: noEndpointNodePortsSet, Type: "inet_proto . inet_service"},
-		{Name: clusterIPsSet, Type: addr},
-		{Name: nodePortAddressesSet, Type: addr, Flags: interval},
-		{Name: localEndpointsSet, Type: addr},
-		{Name: hairpinSet, Type: addr + " . " + addr},
-		{Name: clusterCIDRsSet, Type: addr, Flags: interval},
-		{Name: serviceCIDRsSet, Type: addr, Flags: interval},
-		{Name: firewallFrontendsSet, Type: frontendType},
-		{Name: firewallAllowSet, Type: frontendType + " . " + addr, Flags: interval},
-		{Name: firewallAllowLocalSet, Type: frontendType},
-		{Name: masqueradeFrontendsSet, Type: frontendType},
-		{Name: masqueradeNodePortsSet, Type: "inet_proto . inet_service"},
-		{Name: localFrontendsSet, Type: frontendType},
-		{Name: localNodePortsSet, Type: "inet_proto . inet_service"},
-	} {
-		s.Name = g.of(s.Name)
-		objs = append(objs, s)
-	}
-	objs = append(objs, &knftables.Set{Name: g.of(flowTTLsSet), TypeOf: f.ttl, Flags: interval},
-		&knftables.Set{Name: g.of(flowSendersSet), Type: addr})
-	return objs
+	return append(decls,
+		setDecl{name: noEndpointFrontendsSet, key: frontend},
+		setDecl{name: noEndpointNodePortsSet, key: nodePort},
+		setDecl{name: clusterIPsSet, key: []field{addr}},
+		setDecl{name: nodePortAddressesSet, key: []field{addr}, interval: true},
+		setDecl{name: localEndpointsSet, key: []field{addr}},
+		setDecl{name: hairpinSet, key: []field{addr, addr}},
+		setDecl{name: clusterCIDRsSet, key: []field{addr}, interval: true},
+		setDecl{name: serviceCIDRsSet, key: []field{addr}, interval: true},
+		setDecl{name: firewallFrontendsSet, key: frontend},
+		setDecl{name: firewallAllowSet, key: append(slices.Clip(frontend), addr), interval: true},
+		setDecl{name: firewallAllowLocalSet, key: frontend},
+		setDecl{name: masqueradeFrontendsSet, key: frontend},
+		setDecl{name: masqueradeNodePortsSet, key: nodePort},
+		setDecl{name: localFrontendsSet, key: frontend},
+		setDecl{name: localNodePortsSet, key: nodePort},
+		setDecl{name: flowTTLsSet, key: []field{ttl(f)}, interval: true},
+		setDecl{name: flowSendersSet, key: []field{addr}},
+	)
 }
 
 // chainSpec is a chain with its rules.

@@ -3,14 +3,15 @@ package datapath
 import (
 	"sync"
 
+	"github.com/weirlb/weir/datapath/internal/nfwire"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
 
 // elementWriter commits transactions made only of set and map elements
 // (what an endpoint change is), and the loads and deletions of a full
-// sync, over one netlink socket it keeps open (nfConn), as batches it lays
-// out itself (nfBatch).
+// sync, over one netlink socket it keeps open (nfwire.Conn), as batches it
+// lays out itself (nfwire.Batch).
 //
 // Why not nft: deleting an element leaves it for the kernel to free after
 // an RCU grace period, and the kernel waits for that when a netfilter
@@ -25,8 +26,8 @@ import (
 // It writes no interval set's elements; those go through nft.
 type elementWriter struct {
 	mu      sync.Mutex
-	conn    *nfConn // nil until first used, and after an error
-	commits int     // batches committed, for tests
+	conn    *nfwire.Conn // nil until first used, and after an error
+	commits int          // batches committed, for tests
 }
 
 func newElementWriter() *elementWriter { return &elementWriter{} }
@@ -41,8 +42,8 @@ type elementOps struct {
 // set it cannot write.
 func (w *elementWriter) commit(f *family, g generation, ops *elementOps) (ok bool, err error) {
 	b := newBatch()
-	if len(b.elements(unix.NFT_MSG_DELSETELEM, f, g, ops.deletes)) > 0 ||
-		len(b.elements(unix.NFT_MSG_NEWSETELEM, f, g, ops.adds)) > 0 {
+	if len(encodeElements(b, unix.NFT_MSG_DELSETELEM, f, g, ops.deletes)) > 0 ||
+		len(encodeElements(b, unix.NFT_MSG_NEWSETELEM, f, g, ops.adds)) > 0 {
 		return false, nil
 	}
 	return w.send(b)
@@ -64,11 +65,11 @@ func (w *elementWriter) deleteObjects(f *family, objs []knftables.Object) (ok bo
 	for _, o := range objs {
 		switch o := o.(type) {
 		case *knftables.Set:
-			b.delete(unix.NFT_MSG_DELSET, f, o.Name)
+			b.DeleteSet(f.wire, o.Name)
 		case *knftables.Map:
-			b.delete(unix.NFT_MSG_DELSET, f, o.Name)
+			b.DeleteSet(f.wire, o.Name)
 		case *knftables.Chain:
-			b.delete(unix.NFT_MSG_DELCHAIN, f, o.Name)
+			b.DeleteChain(f.wire, o.Name)
 		default:
 			return false, nil
 		}
@@ -78,17 +79,17 @@ func (w *elementWriter) deleteObjects(f *family, objs []knftables.Object) (ok bo
 
 // send commits b: ok is false when there is no socket. After a failure the
 // next use opens a fresh socket.
-func (w *elementWriter) send(b *nfBatch) (ok bool, err error) {
+func (w *elementWriter) send(b *nfwire.Batch) (ok bool, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.conn == nil {
-		conn, err := dialNF()
+		conn, err := nfwire.Dial()
 		if err != nil {
 			return false, nil // nft can still do it
 		}
 		w.conn = conn
 	}
-	if err := w.conn.commit(b); err != nil {
+	if err := w.conn.Commit(b); err != nil {
 		w.conn.Close()
 		w.conn = nil
 		return true, err
@@ -103,15 +104,84 @@ func (w *elementWriter) list(f *family) (objs tableObjects, ok bool, err error) 
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.conn == nil {
-		conn, err := dialNF()
+		conn, err := nfwire.Dial()
 		if err != nil {
 			return objs, false, nil
 		}
 		w.conn = conn
 	}
-	if objs, err = w.conn.listTable(f, TableName); err != nil {
+	listed, err := w.conn.ListTable(f.wire, TableName)
+	if err != nil {
 		w.conn.Close()
 		w.conn = nil
 	}
-	return objs, true, err
+	return tableObjects{chains: listed.Chains, sets: listed.Sets, maps: listed.Maps}, true, err
+}
+
+// newBatch starts a transaction on the table.
+func newBatch() *nfwire.Batch { return nfwire.NewBatch(TableName) }
+
+// destination is the set or map an element goes in: a pick's set, or one
+// of tableDecls.
+type destination struct {
+	set  setID
+	pick pick
+}
+
+func (e element) destination() destination {
+	if e.pick.exists() {
+		return destination{pick: e.pick}
+	}
+	return destination{set: e.set}
+}
+
+func (d destination) name(g generation) string {
+	if d.pick.exists() {
+		return g.of(d.pick.set())
+	}
+	return g.of(d.set.String())
+}
+
+// encodeElements adds to b messages that add (unix.NFT_MSG_NEWSETELEM) or
+// delete (unix.NFT_MSG_DELSETELEM) elems in generation g of f's table, one
+// message per set and up to nfwire.MaxListElements elements. It returns
+// the elements of interval sets, which only nft writes.
+func encodeElements(b *nfwire.Batch, op uint16, f *family, g generation, elems []element) (rest []element) {
+	var order []destination
+	groups := map[destination][]int32{}
+	for i, e := range elems {
+		if e.format().interval {
+			rest = append(rest, e)
+			continue
+		}
+		d := e.destination()
+		if _, ok := groups[d]; !ok {
+			order = append(order, d)
+		}
+		groups[d] = append(groups[d], int32(i))
+	}
+	for _, d := range order {
+		name := d.name(g)
+		idx := groups[d]
+		for len(idx) > 0 {
+			n := min(len(idx), nfwire.MaxListElements)
+			encodeList(b, op, f, name, elems, idx[:n])
+			idx = idx[n:]
+		}
+	}
+	return rest
+}
+
+// encodeList adds one message for the elements idx of elems, all of set.
+func encodeList(b *nfwire.Batch, op uint16, f *family, set string, elems []element, idx []int32) {
+	list := b.Elements(op, f.wire, set)
+	for _, i := range idx {
+		e := &elems[i]
+		if op == unix.NFT_MSG_NEWSETELEM && e.value.n > 0 && e.format().verdict {
+			list.AddGoto(e.key.bytes(), e.verdictChain())
+			continue
+		}
+		list.Add(e.key.bytes(), e.value.bytes())
+	}
+	list.End()
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mdlayher/netlink"
+	"github.com/weirlb/weir/datapath/internal/nfwire"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
@@ -26,14 +27,14 @@ func TestSetsOverNetlinkMatchNft(t *testing.T) {
 	}
 	ctx := context.Background()
 	const comment = tableComment
-	objects := func(f family) []knftables.Object {
-		objs := tableSets(f, genA)
+	decls := func(f family) []setDecl {
+		decls := slices.Clone(declared[f.index])
 		for _, k := range frontendKinds {
 			for _, p := range []pick{k.pick(TCP, 1), k.pick(SCTP, 0)} {
-				objs = append(objs, p.object(f, genA))
+				decls = append(decls, p.decl(f))
 			}
 		}
-		return objs
+		return decls
 	}
 	byNft := map[string]dumped{}
 	for _, f := range families {
@@ -44,8 +45,8 @@ func TestSetsOverNetlinkMatchNft(t *testing.T) {
 		tx := nft.NewTransaction()
 		tx.Add(&knftables.Table{Comment: knftables.PtrTo(comment)})
 		tx.Add(&knftables.Chain{Name: "pick_a"})
-		for _, obj := range objects(*f) {
-			tx.Add(obj)
+		for _, d := range decls(*f) {
+			tx.Add(d.object(genA))
 		}
 		if err := nft.Run(ctx, tx); err != nil {
 			t.Fatal(err)
@@ -54,7 +55,7 @@ func TestSetsOverNetlinkMatchNft(t *testing.T) {
 	}
 	removeTables(t)
 
-	conn, err := dialNF()
+	conn, err := nfwire.Dial()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,15 +63,17 @@ func TestSetsOverNetlinkMatchNft(t *testing.T) {
 	for range 2 { // the second time over what the first made
 		b := newBatch()
 		for _, f := range families {
-			b.newTable(f, comment)
-			b.newChain(f, "pick_a")
-			for _, obj := range objects(*f) {
-				if err := b.newSet(f, obj); err != nil {
+			b.NewTable(f.wire, comment)
+			b.NewChain(f.wire, "pick_a")
+			for _, d := range decls(*f) {
+				s, err := d.wire(genA)
+				if err != nil {
 					t.Fatal(err)
 				}
+				b.NewSet(f.wire, s)
 			}
 		}
-		if err := conn.commit(b); err != nil {
+		if err := conn.Commit(b); err != nil {
 			t.Fatal(err)
 		}
 		byNetlink := map[string]dumped{}
@@ -172,23 +175,20 @@ func dumpTable(t *testing.T, f *family) map[string]dumped {
 }
 
 // TestSetsWithoutANetlinkFormAreRefused: a declaration the netlink form
-// does not cover (a type, an expression, a flag or an option nft would
-// encode differently) is an error, never a set made differently from
-// nft's.
+// does not cover (an option nft would encode differently) is an error,
+// never a set made differently from nft's. A type, an expression or a
+// flag with no netlink form cannot be declared: fields and flags are
+// typed.
 func TestSetsWithoutANetlinkFormAreRefused(t *testing.T) {
-	timeout := time.Minute
-	for _, obj := range []knftables.Object{
-		&knftables.Set{Name: "s", Type: "ether_addr"},
-		&knftables.Set{Name: "s", TypeOf: "ip protocol"},
-		&knftables.Set{Name: "s", Type: "ipv4_addr", Flags: []knftables.SetFlag{knftables.DynamicFlag}},
-		&knftables.Set{Name: "s", Type: "ipv4_addr", Timeout: &timeout},
-		&knftables.Set{Name: "s", Type: "ipv4_addr", Comment: knftables.PtrTo("c")},
-		&knftables.Map{Name: "m", Type: "ipv4_addr : ether_addr"},
-		&knftables.Map{Name: "m", Type: "ipv4_addr : verdict", Comment: knftables.PtrTo("c")},
-		&knftables.Chain{Name: "c"},
+	addr := addrType(ipv4)
+	for _, d := range []setDecl{
+		{name: "s", key: []field{addr}, timeout: time.Minute},
+		{name: "s", key: []field{addr}, comment: "c"},
+		{name: "m", key: []field{addr}, verdict: true, comment: "c"},
+		{name: "m", key: []field{daddr(ipv4)}, value: []field{protocolDport(TCP)}, timeout: time.Minute},
 	} {
-		if err := newBatch().newSet(&ipv4, obj); err == nil {
-			t.Errorf("%#v: no error", obj)
+		if _, err := d.wire(genA); err == nil {
+			t.Errorf("%#v: no error", d)
 		}
 	}
 }

@@ -38,23 +38,25 @@ func renderSets(t *testing.T) string {
 		for _, g := range []generation{genA, genB} {
 			tx := knftables.NewFake(f.nft, TableName).NewTransaction()
 			b := newBatch()
-			b.newTable(f, tableComment)
-			add := func(obj knftables.Object) {
-				tx.Add(obj)
-				if err := b.newSet(f, obj); err != nil {
+			b.NewTable(f.wire, tableComment)
+			add := func(d setDecl) {
+				tx.Add(d.object(g))
+				s, err := d.wire(g)
+				if err != nil {
 					t.Fatal(err)
 				}
+				b.NewSet(f.wire, s)
 			}
-			for _, obj := range tableSets(*f, g) {
-				add(obj)
+			for _, d := range declared[f.index] {
+				add(d)
 			}
 			for _, p := range goldenPicks() {
-				add(p.object(*f, g))
+				add(p.decl(*f))
 			}
 			fmt.Fprintf(&sb, "# %s generation %s: nft\n%s", f, g, tx.String())
 			fmt.Fprintf(&sb, "# %s generation %s: netlink\n", f, g)
-			for _, m := range b.msgs {
-				fmt.Fprintf(&sb, "%#x %s\n", m.typ, hex.EncodeToString(b.buf[m.start:m.end]))
+			for typ, msg := range b.Messages() {
+				fmt.Fprintf(&sb, "%#x %s\n", typ, hex.EncodeToString(msg))
 			}
 		}
 		fmt.Fprintf(&sb, "# %s: element layout\n", f)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/datapath/kernelfloor"
 	"golang.org/x/sys/unix"
 )
 
@@ -222,7 +223,7 @@ func run(n, changes, adds, restarts, pairs int) error {
 
 	// The floor: the kernel alone committing the same elements into a
 	// bare table, encoded beforehand.
-	floor, err := datapath.KernelLoadFloor(ctx, state, datapath.Config{})
+	floor, err := kernelfloor.Measure(ctx, state, datapath.Config{})
 	if err != nil {
 		return err
 	}
@@ -359,7 +360,7 @@ type pairedRuns struct {
 // elements, then, after prepare, times run; each from a settled kernel.
 func (p *pairedRuns) add(ctx context.Context, state datapath.NodeState, withDelete bool, prepare, run func() error) error {
 	settle()
-	f, err := datapath.KernelLoadFloor(ctx, state, datapath.Config{})
+	f, err := kernelfloor.Measure(ctx, state, datapath.Config{})
 	if err != nil {
 		return err
 	}
