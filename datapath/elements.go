@@ -30,6 +30,8 @@ func (c *contribution) addServiceFamilies(svc *Service, node NodeInfo, mark uint
 	}
 }
 
+// addService adds what svc contributes to f's table: its cluster IPs, then
+// per port its frontends, node port, source ranges and local endpoints.
 func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark uint32) {
 	clusterIPs := addrsOfFamily(svc.ClusterIPs, f.is6)
 	externalIPs := slices.Concat(addrsOfFamily(svc.ExternalIPs, f.is6), addrsOfFamily(svc.LoadBalancerIPs, f.is6))
@@ -38,109 +40,160 @@ func (c *contribution) addService(f *family, svc *Service, node NodeInfo, mark u
 		// forward in it, not even its node ports (as in kube-proxy).
 		return
 	}
-	add := func(set setID, key fields) {
-		c.elems = append(c.elems, element{elemID: elemID{fam: f.index, set: set, key: key}})
-	}
-	var aff *affinity
-	// pickFor points a frontend of kind k at the endpoints eps (the local
-	// ones or all): DNAT to one of them, or drop when a traffic policy
-	// leaves none on this node.
-	pickFor := func(k *frontendKind, p Protocol, fk fields, eps []Endpoint, local bool) {
-		id := elemID{fam: f.index, set: k.frontendsSet, key: fk}
-		if aff != nil && len(eps) > 0 {
-			c.elems = append(c.elems, element{elemID: id, value: aff.chainFor(local, eps).asValue()})
-			return
-		}
-		c.elems = append(c.elems, element{elemID: id, pick: k.pick(p, len(eps))})
-		backends := k.backendsSet[p-1]
-		for i, ep := range eps {
-			key := fk
-			var value fields
-			value.addr(ep.Addr).port(ep.Port)
-			c.elems = append(c.elems, element{elemID: elemID{fam: f.index, set: backends, key: *key.slot(i)}, value: value.asValue()})
-		}
-	}
 	for _, ip := range clusterIPs {
-		add(sets.clusterIPs, *new(fields).addr(ip))
+		c.add(f, sets.clusterIPs, *new(fields).addr(ip))
 	}
 	for _, sp := range svc.Ports {
-		aff = nil
-		if svc.SessionAffinityTimeout > 0 {
-			aff = newAffinity(f, svc, sp, mark)
+		p := c.servicePort(f, svc, sp, node, mark)
+		p.addFrontends(clusterIPs, externalIPs)
+		p.addNodePort()
+		p.addSourceRanges(node)
+		p.addLocalEndpoints()
+		if p.aff != nil {
+			c.owned = append(c.owned, p.aff.objects()...)
 		}
-		all := usableEndpoints(sp.Endpoints, f.is6, nil)
-		// Connections that may go anywhere use the cluster-wide set, made
-		// close when topology asks; Local policies use this node's own
-		// usable endpoints, with their own terminating fallback.
-		cluster := topology(all, node.Name, node.Zone)
-		local := usableEndpoints(sp.Endpoints, f.is6, func(e Endpoint) bool { return e.Local })
-		internal, internalLocal := cluster, false
-		if svc.InternalTrafficPolicy == Local {
-			internal, internalLocal = local, true
+	}
+}
+
+func (c *contribution) add(f *family, set setID, key fields) {
+	c.elems = append(c.elems, element{elemID: elemID{fam: f.index, set: set, key: key}})
+}
+
+// portContribution is what one service port adds to f's table, with the
+// endpoints its frontends lead to.
+type portContribution struct {
+	c   *contribution
+	f   *family
+	svc *Service
+	sp  ServicePort
+	aff *affinity // nil without session affinity
+	// all are the usable endpoints; cluster those connections that may go
+	// anywhere use (close ones, when topology asks); local this node's
+	// own, with their own terminating fallback.
+	all, cluster, local []Endpoint
+	// internal are the endpoints of cluster IPs (internalLocal: local
+	// ones, by the internal traffic policy).
+	internal      []Endpoint
+	internalLocal bool
+	externalLocal bool // the external traffic policy is Local
+}
+
+func (c *contribution) servicePort(f *family, svc *Service, sp ServicePort, node NodeInfo, mark uint32) portContribution {
+	p := portContribution{c: c, f: f, svc: svc, sp: sp, externalLocal: svc.ExternalTrafficPolicy == Local}
+	if svc.SessionAffinityTimeout > 0 {
+		p.aff = newAffinity(f, svc, sp, mark)
+	}
+	p.all = usableEndpoints(sp.Endpoints, f.is6, nil)
+	p.cluster = topology(p.all, node.Name, node.Zone)
+	p.local = usableEndpoints(sp.Endpoints, f.is6, func(e Endpoint) bool { return e.Local })
+	p.internal = p.cluster
+	if svc.InternalTrafficPolicy == Local {
+		p.internal, p.internalLocal = p.local, true
+	}
+	return p
+}
+
+func (p *portContribution) add(set setID, key fields) { p.c.add(p.f, set, key) }
+
+// pickFor points a frontend of kind k at the endpoints eps (the local
+// ones or all): DNAT to one of them, or drop when a traffic policy leaves
+// none on this node.
+func (p *portContribution) pickFor(k *frontendKind, fk fields, eps []Endpoint, local bool) {
+	c, f := p.c, p.f
+	id := elemID{fam: f.index, set: k.frontendsSet, key: fk}
+	if p.aff != nil && len(eps) > 0 {
+		c.elems = append(c.elems, element{elemID: id, value: p.aff.chainFor(local, eps).asValue()})
+		return
+	}
+	c.elems = append(c.elems, element{elemID: id, pick: k.pick(p.sp.Protocol, len(eps))})
+	backends := k.backendsSet[p.sp.Protocol-1]
+	for i, ep := range eps {
+		key := fk
+		var value fields
+		value.addr(ep.Addr).port(ep.Port)
+		c.elems = append(c.elems, element{elemID: elemID{fam: f.index, set: backends, key: *key.slot(i)}, value: value.asValue()})
+	}
+}
+
+// addFrontends adds the port on the service's cluster, external and
+// load-balancer IPs.
+func (p *portContribution) addFrontends(clusterIPs, externalIPs []netip.Addr) {
+	sp := p.sp
+	for _, ip := range slices.Concat(clusterIPs, externalIPs) {
+		fk := *new(fields).addr(ip).proto(sp.Protocol).port(sp.Port)
+		if len(p.all) == 0 {
+			p.add(sets.noEndpointFrontends, fk)
+			continue
 		}
-		externalLocal := svc.ExternalTrafficPolicy == Local
-		for _, ip := range slices.Concat(clusterIPs, externalIPs) {
-			fk := *new(fields).addr(ip).proto(sp.Protocol).port(sp.Port)
-			if len(all) == 0 {
-				add(sets.noEndpointFrontends, fk)
-				continue
-			}
-			if slices.Contains(clusterIPs, ip) {
-				pickFor(&ipKind, sp.Protocol, fk, internal, internalLocal)
-				continue
-			}
-			// External and load-balancer IPs: sources in the cluster are
-			// short-circuited to every endpoint, external ones follow the
-			// external policy.
-			pickFor(&ipKind, sp.Protocol, fk, cluster, false)
-			if externalLocal {
-				pickFor(&externalIPKind, sp.Protocol, fk, local, true)
-				add(sets.localFrontends, fk)
-			} else {
-				add(sets.masqueradeFrontends, fk)
+		if slices.Contains(clusterIPs, ip) {
+			p.pickFor(&ipKind, fk, p.internal, p.internalLocal)
+			continue
+		}
+		// External and load-balancer IPs: sources in the cluster are
+		// short-circuited to every endpoint, external ones follow the
+		// external policy.
+		p.pickFor(&ipKind, fk, p.cluster, false)
+		if p.externalLocal {
+			p.pickFor(&externalIPKind, fk, p.local, true)
+			p.add(sets.localFrontends, fk)
+		} else {
+			p.add(sets.masqueradeFrontends, fk)
+		}
+	}
+}
+
+// addNodePort adds the port's node port, if it has one.
+func (p *portContribution) addNodePort() {
+	if p.sp.NodePort == 0 {
+		return
+	}
+	nk := *new(fields).proto(p.sp.Protocol).port(p.sp.NodePort)
+	switch {
+	case len(p.all) == 0:
+		p.add(sets.noEndpointNodePorts, nk)
+	default:
+		p.pickFor(&nodePortKind, nk, p.cluster, false)
+		if p.externalLocal {
+			p.pickFor(&externalNodePortKind, nk, p.local, true)
+			p.add(sets.localNodePorts, nk)
+		} else {
+			p.add(sets.masqueradeNodePorts, nk)
+		}
+	}
+}
+
+// addSourceRanges adds the port's load-balancer IPs with the source
+// ranges allowed to reach them.
+func (p *portContribution) addSourceRanges(node NodeInfo) {
+	svc, sp, f := p.svc, p.sp, p.f
+	if len(svc.LoadBalancerSourceRanges) == 0 {
+		return
+	}
+	allowLocal := slices.ContainsFunc(svc.LoadBalancerSourceRanges, func(p netip.Prefix) bool {
+		return slices.ContainsFunc(node.Addresses, p.Contains)
+	})
+	for _, ip := range addrsOfFamily(svc.LoadBalancerIPs, f.is6) {
+		fk := *new(fields).addr(ip).proto(sp.Protocol).port(sp.Port)
+		p.add(sets.firewallFrontends, fk)
+		for _, r := range svc.LoadBalancerSourceRanges {
+			if r.Addr().Is6() == f.is6 {
+				key := fk
+				p.add(sets.firewallAllow, *key.prefix(r))
 			}
 		}
-		if sp.NodePort != 0 {
-			nk := *new(fields).proto(sp.Protocol).port(sp.NodePort)
-			switch {
-			case len(all) == 0:
-				add(sets.noEndpointNodePorts, nk)
-			default:
-				pickFor(&nodePortKind, sp.Protocol, nk, cluster, false)
-				if externalLocal {
-					pickFor(&externalNodePortKind, sp.Protocol, nk, local, true)
-					add(sets.localNodePorts, nk)
-				} else {
-					add(sets.masqueradeNodePorts, nk)
-				}
-			}
+		if allowLocal {
+			p.add(sets.firewallAllowLocal, fk)
 		}
-		if len(svc.LoadBalancerSourceRanges) > 0 {
-			allowLocal := slices.ContainsFunc(svc.LoadBalancerSourceRanges, func(p netip.Prefix) bool {
-				return slices.ContainsFunc(node.Addresses, p.Contains)
-			})
-			for _, ip := range addrsOfFamily(svc.LoadBalancerIPs, f.is6) {
-				fk := *new(fields).addr(ip).proto(sp.Protocol).port(sp.Port)
-				add(sets.firewallFrontends, fk)
-				for _, r := range svc.LoadBalancerSourceRanges {
-					if r.Addr().Is6() == f.is6 {
-						key := fk
-						add(sets.firewallAllow, *key.prefix(r))
-					}
-				}
-				if allowLocal {
-					add(sets.firewallAllowLocal, fk)
-				}
-			}
-		}
-		for _, ep := range sp.Endpoints {
-			if ep.Local && ep.Addr.Is6() == f.is6 {
-				add(sets.localEndpoints, *new(fields).addr(ep.Addr))
-				add(sets.hairpin, *new(fields).addr(ep.Addr).addr(ep.Addr))
-			}
-		}
-		if aff != nil {
-			c.owned = append(c.owned, aff.objects()...)
+	}
+}
+
+// addLocalEndpoints adds the port's endpoints on this node, whose replies
+// come back here, and their hairpin.
+func (p *portContribution) addLocalEndpoints() {
+	for _, ep := range p.sp.Endpoints {
+		if ep.Local && ep.Addr.Is6() == p.f.is6 {
+			p.add(sets.localEndpoints, *new(fields).addr(ep.Addr))
+			p.add(sets.hairpin, *new(fields).addr(ep.Addr).addr(ep.Addr))
 		}
 	}
 }

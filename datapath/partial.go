@@ -80,58 +80,31 @@ func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
 // services that may have changed, and says what they were.
 func (d *Datapath) track(state NodeState) touched {
 	t := touched{before: map[elemID]*liveElement{}, replaced: map[ServiceKey]*Service{}}
-	remember := func(id elemID) {
-		if _, ok := t.before[id]; ok {
-			return
-		}
-		t.before[id] = d.liveAt(id)
-	}
-	// change replaces the elements was with now.
-	change := func(was, now []element) {
-		for _, e := range was {
-			id := e.elemID
-			remember(id)
-			if le := d.live[id]; le.refs > 1 {
-				le.refs--
-				d.live[id] = le
-			} else {
-				delete(d.live, id)
-			}
-		}
-		for _, e := range now {
-			id := e.elemID
-			remember(id)
-			le := d.live[id]
-			if le.refs == 0 {
-				le = liveElement{value: e.value, pick: e.pick}
-			}
-			le.refs++
-			d.live[id] = le
-		}
-	}
-	// A service's elements as they were are worked out again from the
-	// service as it was, rather than kept: they are most of what a
-	// Datapath would hold in memory.
-	changeService := func(key ServiceKey, c contribution) {
-		var was []element
-		if old := d.services[key]; old != nil {
-			was = serviceContribution(old, d.node, d.cfg.MasqueradeMark).elems
-		}
-		change(was, c.elems)
-		t.oldOwned = append(t.oldOwned, d.owned[key]...)
-		t.newOwned = append(t.newOwned, c.owned...)
-		if len(c.owned) > 0 {
-			d.owned[key] = c.owned
-		} else {
-			delete(d.owned, key)
-		}
-	}
 	nodeChanged := !nodeInfoEqual(state.Node, d.node)
 	if nodeChanged {
-		change(nodeElements(d.node, d.cfg), nodeElements(state.Node, d.cfg))
+		d.change(&t, nodeElements(d.node, d.cfg), nodeElements(state.Node, d.cfg))
 	}
-	// The node's zone and addresses shape every service's elements; else
-	// only the services the caller names may have changed.
+	for _, key := range d.candidates(state, nodeChanged) {
+		svc, now := state.Services[key]
+		old, was := d.services[key]
+		switch {
+		case now && (nodeChanged || old != svc):
+			d.changeService(&t, key, serviceContribution(svc, state.Node, d.cfg.MasqueradeMark))
+			if old != svc {
+				t.replaced[key] = old
+			}
+		case !now && was:
+			d.changeService(&t, key, contribution{})
+			t.replaced[key] = old
+		}
+	}
+	return t
+}
+
+// candidates are the services that may have changed: those the caller
+// names, or every one when the node changed (its zone and addresses shape
+// every service's elements) or the caller names none.
+func (d *Datapath) candidates(state NodeState, nodeChanged bool) []ServiceKey {
 	candidates := state.Changed
 	if nodeChanged || candidates == nil {
 		candidates = slices.Collect(maps.Keys(state.Services))
@@ -146,21 +119,56 @@ func (d *Datapath) track(state NodeState) touched {
 		slices.SortFunc(candidates, ServiceKey.Compare)
 		candidates = slices.Compact(candidates)
 	}
-	for _, key := range candidates {
-		svc, now := state.Services[key]
-		old, was := d.services[key]
-		switch {
-		case now && (nodeChanged || old != svc):
-			changeService(key, serviceContribution(svc, state.Node, d.cfg.MasqueradeMark))
-			if old != svc {
-				t.replaced[key] = old
-			}
-		case !now && was:
-			changeService(key, contribution{})
-			t.replaced[key] = old
+	return candidates
+}
+
+// changeService replaces what the service key contributes with c. A
+// service's elements as they were are worked out again from the service
+// as it was, rather than kept: they are most of what a Datapath would hold
+// in memory.
+func (d *Datapath) changeService(t *touched, key ServiceKey, c contribution) {
+	var was []element
+	if old := d.services[key]; old != nil {
+		was = serviceContribution(old, d.node, d.cfg.MasqueradeMark).elems
+	}
+	d.change(t, was, c.elems)
+	t.oldOwned = append(t.oldOwned, d.owned[key]...)
+	t.newOwned = append(t.newOwned, c.owned...)
+	if len(c.owned) > 0 {
+		d.owned[key] = c.owned
+	} else {
+		delete(d.owned, key)
+	}
+}
+
+// change replaces the live elements was with now, remembering in t what
+// each was before.
+func (d *Datapath) change(t *touched, was, now []element) {
+	remember := func(id elemID) {
+		if _, ok := t.before[id]; !ok {
+			t.before[id] = d.liveAt(id)
 		}
 	}
-	return t
+	for _, e := range was {
+		id := e.elemID
+		remember(id)
+		if le := d.live[id]; le.refs > 1 {
+			le.refs--
+			d.live[id] = le
+		} else {
+			delete(d.live, id)
+		}
+	}
+	for _, e := range now {
+		id := e.elemID
+		remember(id)
+		le := d.live[id]
+		if le.refs == 0 {
+			le = liveElement{value: e.value, pick: e.pick}
+		}
+		le.refs++
+		d.live[id] = le
+	}
 }
 
 // planPartial is what changes in each family's table: the touched
@@ -168,14 +176,34 @@ func (d *Datapath) track(state NodeState) touched {
 // reference or lose their last. It counts the pick chains' references
 // as planned; a run that fails forgets them with everything else.
 func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
-	plan := map[*family]*familyChange{}
-	of := func(f *family) *familyChange {
-		if plan[f] == nil {
-			plan[f] = &familyChange{}
-		}
-		return plan[f]
+	plan := partialPlan{}
+	picks := d.planElements(plan, t)
+	d.planPicks(plan, picks)
+	for f, c := range planOwned(t.oldOwned, t.newOwned) {
+		plan.of(f).owned = *c
 	}
-	picks := map[*family]map[pick]int{} // change in each pick's frontends
+	// Sorted, for transactions that read the same every time.
+	for _, c := range plan {
+		slices.SortFunc(c.deletes, func(a, b element) int { return compareIDs(a.elemID, b.elemID) })
+		slices.SortFunc(c.adds, func(a, b element) int { return compareIDs(a.elemID, b.elemID) })
+	}
+	return plan
+}
+
+// partialPlan is the change of each family a partial sync makes.
+type partialPlan map[*family]*familyChange
+
+func (plan partialPlan) of(f *family) *familyChange {
+	if plan[f] == nil {
+		plan[f] = &familyChange{}
+	}
+	return plan[f]
+}
+
+// planElements plans the element deletes and adds of what t touched, and
+// returns the change in each pick's frontends.
+func (d *Datapath) planElements(plan partialPlan, t touched) map[*family]map[pick]int {
+	picks := map[*family]map[pick]int{}
 	countPick := func(f *family, p pick, n int) {
 		if p.exists() {
 			if picks[f] == nil {
@@ -191,39 +219,36 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 			continue // a family this Datapath leaves alone
 		}
 		if was != nil && (now == nil || !now.sameAs(was)) {
-			of(f).deletes = append(of(f).deletes, element{elemID: id, value: was.value, pick: was.pick})
+			plan.of(f).deletes = append(plan.of(f).deletes, element{elemID: id, value: was.value, pick: was.pick})
 			countPick(f, was.pick, -1)
 		}
 		if now != nil && (was == nil || !now.sameAs(was)) {
-			of(f).adds = append(of(f).adds, element{elemID: id, value: now.value, pick: now.pick})
+			plan.of(f).adds = append(plan.of(f).adds, element{elemID: id, value: now.value, pick: now.pick})
 			countPick(f, now.pick, +1)
 		}
 	}
+	return picks
+}
+
+// planPicks plans the picks whose sets a change makes or empties, and
+// counts each table's picks' frontends anew.
+func (d *Datapath) planPicks(plan partialPlan, picks map[*family]map[pick]int) {
 	for f, change := range picks {
 		tab := d.tables[f]
 		for _, chain := range slices.SortedFunc(maps.Keys(change), comparePicks) {
 			before, existed := tab.picks[chain]
 			switch after := before + change[chain]; {
 			case after > 0 && !existed:
-				of(f).picksIn = append(of(f).picksIn, chain)
+				plan.of(f).picksIn = append(plan.of(f).picksIn, chain)
 				tab.picks[chain] = after
 			case after <= 0 && existed:
-				of(f).picksOut = append(of(f).picksOut, chain)
+				plan.of(f).picksOut = append(plan.of(f).picksOut, chain)
 				delete(tab.picks, chain)
 			case after > 0:
 				tab.picks[chain] = after
 			}
 		}
 	}
-	for f, c := range planOwned(t.oldOwned, t.newOwned) {
-		of(f).owned = *c
-	}
-	// Sorted, for transactions that read the same every time.
-	for _, c := range plan {
-		slices.SortFunc(c.deletes, func(a, b element) int { return compareIDs(a.elemID, b.elemID) })
-		slices.SortFunc(c.adds, func(a, b element) int { return compareIDs(a.elemID, b.elemID) })
-	}
-	return plan
 }
 
 // render is the nft transaction that makes c in f's table of generation g.
