@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
+
+	"github.com/weirlb/weir/internal/notify"
 )
 
 // Owners is the server's side of the L2 leases. It chooses the owner of
@@ -39,7 +41,11 @@ type Owners struct {
 	// their nodes, as it keeps running leases with their holders.
 	lapsed  map[netip.Addr]claim
 	streams map[string]*Stream
-	wake    chan struct{} // the timer loop looks again
+	wake    notify.Kick // the timer loop looks again
+	// asked is broadcast when a stream's node asks for the first time
+	// (Asked turns true): the leader's warm-up waits on it. Its lock is
+	// taken under mu, never the other way round.
+	asked notify.Signal
 	// warm: the server has heard from the nodes (Lead's heard).
 	warm bool
 }
@@ -57,7 +63,7 @@ var ErrNotLeading = errors.New("this server does not decide the L2 owners (it is
 // when not nil, receives the metrics.
 func NewOwners(clk clock.Clock, ttl, margin time.Duration, log *slog.Logger, reg prometheus.Registerer) *Owners {
 	o := &Owners{clk: clk, ttl: ttl, margin: margin, log: log, candidates: map[netip.Addr][]string{},
-		owner: map[netip.Addr]string{}, movedAt: map[netip.Addr]time.Time{}, lapsed: map[netip.Addr]claim{}, streams: map[string]*Stream{}, wake: make(chan struct{}, 1)}
+		owner: map[netip.Addr]string{}, movedAt: map[netip.Addr]time.Time{}, lapsed: map[netip.Addr]claim{}, streams: map[string]*Stream{}}
 	o.metrics = newMetrics(o, reg)
 	return o
 }
@@ -138,7 +144,7 @@ func (o *Owners) Lead(ctx context.Context, heard <-chan struct{}) {
 		case <-ctx.Done():
 			return
 		case <-timer.C():
-		case <-o.wake:
+		case <-o.wake.C():
 		case <-heard:
 			heard = nil
 			o.mu.Lock()
@@ -195,7 +201,7 @@ type Stream struct {
 	refused map[netip.Addr]string
 	// stopping: the node said it is going away.
 	stopping bool
-	nudge    chan struct{}
+	nudge    notify.Kick
 	done     chan struct{}
 	closed   bool
 }
@@ -220,7 +226,7 @@ func (o *Owners) Open(node string, shared bool) (*Stream, error) {
 		}
 		old.closeLocked()
 	}
-	s := &Stream{o: o, node: node, shared: shared, nudge: make(chan struct{}, 1), done: make(chan struct{})}
+	s := &Stream{o: o, node: node, shared: shared, done: make(chan struct{})}
 	o.streams[node] = s
 	return s, nil
 }
@@ -243,8 +249,12 @@ func (o *Owners) Asked(node string) bool {
 	return st != nil && !st.lastAsk.IsZero()
 }
 
+// AskedChanged is closed when a node asks on its stream for the first
+// time (Asked turns true); take it before calling Asked.
+func (o *Owners) AskedChanged() <-chan struct{} { return o.asked.Changed() }
+
 // Nudged is signalled when the node should ask at once.
-func (s *Stream) Nudged() <-chan struct{} { return s.nudge }
+func (s *Stream) Nudged() <-chan struct{} { return s.nudge.C() }
 
 // Done is closed when the stream ends on the server's side (another
 // stream of the node, or the end of the leadership).
@@ -310,6 +320,9 @@ func (s *Stream) Ask(q Asked) []Grant {
 		return nil
 	}
 	wasLive := o.liveLocked(s)
+	if s.lastAsk.IsZero() {
+		defer o.asked.Broadcast()
+	}
 	s.lastAsk = o.clk.Now()
 	// What a node says is kept only where the registry makes it matter:
 	// an address that is no L2 address, or one the node is no candidate
@@ -509,20 +522,12 @@ func (o *Owners) ownsAny(node string) bool {
 
 func (o *Owners) nudgeLocked(node string) {
 	if s := o.streams[node]; s != nil {
-		select {
-		case s.nudge <- struct{}{}:
-		default:
-		}
+		s.nudge.Kick()
 	}
 }
 
 // poke has the timer loop look again.
-func (o *Owners) poke() {
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
-}
+func (o *Owners) poke() { o.wake.Kick() }
 
 // Report is what the server knows of one address's owner.
 type Report struct {
