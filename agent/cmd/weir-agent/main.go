@@ -73,7 +73,7 @@ func run() error {
 	for _, start := range []func() error{
 		a.forward,          // the datapath the states are applied to
 		a.dialServer,       // the connection to the server's replicas
-		a.catchSignals,     // SIGTERM ends what follows, in reverse
+		a.catchSignals,     // the context SIGINT and SIGTERM end
 		a.serveHealth,      // /healthz, /livez, /metrics, health-check node ports
 		a.repairTables,     // tables someone else removed put back
 		a.reportMovedFlows, // moved connections passed on, and reported

@@ -56,7 +56,7 @@ func run() error {
 		s.loadTLS,       // the certificate, reloaded when it changes
 		s.serveMetrics,  // /metrics
 		s.dialServer,    // the connection to the server's replicas
-		s.catchSignals,  // SIGTERM ends what follows, in reverse
+		s.catchSignals,  // the context SIGINT and SIGTERM end
 		s.startBGP,      // the BGP speaker, with no router yet
 		s.plan,          // what to announce, from targets and probes
 		s.joinMembers,   // the failure-detection membership
