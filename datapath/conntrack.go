@@ -292,65 +292,81 @@ func (c *FakeConntrack) ClearUDP(_ context.Context, f UDPFlow) error {
 // services as they were (nil when new); d.services is already the new
 // state.
 func (d *Datapath) staleUDPFlows(before map[elemID]*liveElement, replaced map[ServiceKey]*Service) []UDPFlow {
-	var flows []UDPFlow
-	seen := map[UDPFlow]bool{}
-	emit := func(f UDPFlow) {
-		if !seen[f] {
-			seen[f] = true
-			flows = append(flows, f)
-		}
-	}
+	stale := udpFlows{seen: map[UDPFlow]bool{}}
 	for key, old := range replaced {
-		if old == nil {
-			continue
-		}
-		was := servingUDPEndpoints(map[ServiceKey]*Service{key: old})
-		var now servingUDP
-		if svc := d.services[key]; svc != nil {
-			now = servingUDPEndpoints(map[ServiceKey]*Service{key: svc})
-		}
-		for frontend, eps := range was {
-			for ep := range eps {
-				if !now[frontend][ep] {
-					// Gone, not serving, or serving on another port.
-					flow := frontend
-					flow.Endpoint, flow.EndpointPort = ep.Addr(), ep.Port()
-					emit(flow)
-				}
-			}
+		if old != nil {
+			d.endpointsLeft(&stale, key, old)
 		}
 	}
 	for id, was := range before {
-		now := d.liveAt(id)
-		switch k, isBackends := kindOfSet(id.set); {
-		case k != nil && !isBackends:
-			switch {
-			case now == nil || now.pick.drops():
-			case was != nil && was.pick.drops():
-				// drop -> endpoints: flows cached while dropping are stale.
-				if flow, ok := udpFlow(id, k.nodePort); ok {
-					emit(flow)
-				}
-			case was == nil && !k.nodePort && !d.wasFrontend(before, id):
-				// A new frontend: datagrams sent before it existed were
-				// routed as they were, and their entries, whose replies
-				// come from the frontend itself, would keep the client's
-				// flow off the endpoints for as long as it keeps sending.
-				if flow, ok := udpFlow(id, false); ok {
-					flow.Endpoint = flow.Dst
-					emit(flow)
-				}
-			}
-		case id.set == sets.noEndpointFrontends || id.set == sets.noEndpointNodePorts:
-			// The first endpoint arrived: flows cached while rejecting are stale.
-			if was != nil && now == nil {
-				if flow, ok := udpFlow(id, id.set == sets.noEndpointNodePorts); ok {
-					emit(flow)
-				}
+		if flow, ok := d.frontendFlow(before, id, was); ok {
+			stale.add(flow)
+		}
+	}
+	return stale.flows
+}
+
+// udpFlows are flows in the order found, each once.
+type udpFlows struct {
+	flows []UDPFlow
+	seen  map[UDPFlow]bool
+}
+
+func (u *udpFlows) add(f UDPFlow) {
+	if !u.seen[f] {
+		u.seen[f] = true
+		u.flows = append(u.flows, f)
+	}
+}
+
+// endpointsLeft adds the flows to the endpoints that served the service
+// key as it was (old) and no longer serve it: gone, not serving, or
+// serving on another port.
+func (d *Datapath) endpointsLeft(stale *udpFlows, key ServiceKey, old *Service) {
+	was := servingUDPEndpoints(map[ServiceKey]*Service{key: old})
+	var now servingUDP
+	if svc := d.services[key]; svc != nil {
+		now = servingUDPEndpoints(map[ServiceKey]*Service{key: svc})
+	}
+	for frontend, eps := range was {
+		for ep := range eps {
+			if !now[frontend][ep] {
+				flow := frontend
+				flow.Endpoint, flow.EndpointPort = ep.Addr(), ep.Port()
+				stale.add(flow)
 			}
 		}
 	}
-	return flows
+}
+
+// frontendFlow is the flow of the element id (was before the sync) that
+// the change of the element made stale, if any: a frontend that dropped,
+// rejected or did not exist, and now has endpoints.
+func (d *Datapath) frontendFlow(before map[elemID]*liveElement, id elemID, was *liveElement) (UDPFlow, bool) {
+	now := d.liveAt(id)
+	switch k, isBackends := kindOfSet(id.set); {
+	case k != nil && !isBackends:
+		switch {
+		case now == nil || now.pick.drops():
+		case was != nil && was.pick.drops():
+			// drop -> endpoints: flows cached while dropping are stale.
+			return udpFlow(id, k.nodePort)
+		case was == nil && !k.nodePort && !d.wasFrontend(before, id):
+			// A new frontend: datagrams sent before it existed were
+			// routed as they were, and their entries, whose replies
+			// come from the frontend itself, would keep the client's
+			// flow off the endpoints for as long as it keeps sending.
+			flow, ok := udpFlow(id, false)
+			flow.Endpoint = flow.Dst
+			return flow, ok
+		}
+	case id.set == sets.noEndpointFrontends || id.set == sets.noEndpointNodePorts:
+		// The first endpoint arrived: flows cached while rejecting are stale.
+		if was != nil && now == nil {
+			return udpFlow(id, id.set == sets.noEndpointNodePorts)
+		}
+	}
+	return UDPFlow{}, false
 }
 
 // wasFrontend says whether id's frontend was already served before the
