@@ -3,6 +3,7 @@ package agentsync
 // Leases: the edge of the L2 leases (the decisions are l2owner's).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/weirlb/weir/internal/recv"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/auth"
 	"github.com/weirlb/weir/server/l2owner"
@@ -19,126 +21,165 @@ import (
 // maxLeasesPerAsk bounds the leases one ask may list (Weir's).
 const maxLeasesPerAsk = 65536
 
-// Leases implements AgentService.Leases.
+// Leases implements AgentService.Leases: the first ask names the node,
+// which opens its lease stream; then every ask is answered, and a nudge
+// asks the agent to ask again, until either side ends the stream.
 func (h *Hub) Leases(stream weirv1.AgentService_LeasesServer) error {
-	ctx := stream.Context()
-	if h.cfg.L2 == nil {
-		return status.Error(codes.Unimplemented, "this server answers no L2 leases")
-	}
-	first, err := stream.Recv()
+	first, err := h.admitLeases(stream)
 	if err != nil {
 		return err
 	}
-	node := first.GetNodeName()
-	if node == "" {
-		return status.Error(codes.InvalidArgument, "node_name: the first ask must name the node")
-	}
-	if err := authorizeNode(ctx, node); err != nil {
-		return err
-	}
-	if err := h.registered("node_name", node); err != nil {
-		return err
-	}
-	s, err := h.cfg.L2.Open(node, auth.SharedAgent(ctx))
+	ctx := stream.Context()
+	owner, err := h.cfg.L2.Open(first.GetNodeName(), auth.SharedAgent(ctx))
 	switch {
 	case errors.Is(err, l2owner.ErrNotLeading):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, l2owner.ErrNodeHasItsOwn):
 		return status.Errorf(codes.PermissionDenied, "node_name: %v", err)
+	case err != nil:
+		return err
 	}
+	defer owner.Close()
+	ls := &leaseStream{stream: stream, owner: owner, node: first.GetNodeName(), ttl: durationpb.New(h.cfg.L2.TTL())}
+	// The stream's context ends when this returns: the pump with it.
+	asks, ended := recv.Pump(ctx, stream.Recv, 16)
+	if err := ls.answer(first); err != nil {
+		return err
+	}
+	return ls.serve(ctx, asks, ended)
+}
+
+// admitLeases reads the stream's first ask and checks that it names a
+// registered node the caller speaks for.
+func (h *Hub) admitLeases(stream weirv1.AgentService_LeasesServer) (*weirv1.LeasesRequest, error) {
+	if h.cfg.L2 == nil {
+		return nil, status.Error(codes.Unimplemented, "this server answers no L2 leases")
+	}
+	first, err := stream.Recv()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer s.Close()
-	asks, recvErr := make(chan *weirv1.LeasesRequest, 16), make(chan error, 1)
-	go func() {
-		for {
-			ask, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case asks <- ask:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	ttl := durationpb.New(h.cfg.L2.TTL())
-	answer := func(ask *weirv1.LeasesRequest) error {
-		if n := ask.GetNodeName(); n != "" && n != node {
-			return status.Errorf(codes.InvalidArgument, "node_name: %q on a stream of %q", n, node)
-		}
-		held, err := leasesOf("held", ask.GetHeld())
-		if err != nil {
-			return err
-		}
-		released, err := leasesOf("released", ask.GetReleased())
-		if err != nil {
-			return err
-		}
-		if len(ask.GetRefused()) > maxLeasesPerAsk {
-			return status.Errorf(codes.InvalidArgument, "refused: %d addresses; at most %d", len(ask.GetRefused()), maxLeasesPerAsk)
-		}
-		var refused map[netip.Addr]string
-		for i, r := range ask.GetRefused() {
-			a, err := netip.ParseAddr(r.GetAddress())
-			if err != nil || a.Zone() != "" {
-				return status.Errorf(codes.InvalidArgument, "refused[%d].address: %q is not an IP address", i, r.GetAddress())
-			}
-			if refused == nil {
-				refused = map[netip.Addr]string{}
-			}
-			refused[a] = truncate(r.GetReason())
-		}
-		out := &weirv1.LeasesResponse{Sequence: ask.GetSequence(), Ttl: ttl}
-		if ask.GetStopping() {
-			s.Stop(released)
-			return stream.Send(out)
-		}
-		lapsed, err := leasesOf("lapsed", ask.GetLapsed())
-		if err != nil {
-			return err
-		}
-		for _, g := range s.Ask(l2owner.Asked{Held: held, Released: released, Lapsed: lapsed, Refused: refused}) {
-			out.Leases = append(out.Leases, &weirv1.L2Lease{Address: g.Addr.String(), Epoch: g.Epoch})
-		}
-		return stream.Send(out)
+	node := first.GetNodeName()
+	if node == "" {
+		return nil, status.Error(codes.InvalidArgument, "node_name: the first ask must name the node")
 	}
-	if err := answer(first); err != nil {
-		return err
+	if err := authorizeNode(stream.Context(), node); err != nil {
+		return nil, err
 	}
+	if err := h.registered("node_name", node); err != nil {
+		return nil, err
+	}
+	return first, nil
+}
+
+// leaseStream is one node's Leases stream and its lease owner's side.
+type leaseStream struct {
+	stream weirv1.AgentService_LeasesServer
+	owner  *l2owner.Stream
+	node   string
+	ttl    *durationpb.Duration
+}
+
+// serve answers the asks and passes on the owner's nudges until the
+// stream ends, the owner ends it (leadership lost, a newer stream) or ctx
+// ends.
+func (ls *leaseStream) serve(ctx context.Context, asks <-chan *weirv1.LeasesRequest, ended <-chan error) error {
 	for {
 		select {
 		case ask := <-asks:
-			if err := answer(ask); err != nil {
+			if err := ls.answer(ask); err != nil {
 				return err
 			}
-		case <-s.Nudged():
-			if err := stream.Send(&weirv1.LeasesResponse{Ttl: ttl}); err != nil {
+		case <-ls.owner.Nudged():
+			if err := ls.stream.Send(&weirv1.LeasesResponse{Ttl: ls.ttl}); err != nil {
 				return err
 			}
-		case <-s.Done():
+		case <-ls.owner.Done():
 			return status.Error(codes.Unavailable, "the server no longer decides the L2 owners")
-		case err := <-recvErr:
-			// What the agent sent before it closed is answered first: its
-			// last ask may give everything up (a stopping agent).
-			for {
-				select {
-				case ask := <-asks:
-					if err := answer(ask); err != nil {
-						return err
-					}
-					continue
-				default:
-				}
-				return err
-			}
+		case err := <-ended:
+			return ls.answerLast(asks, err)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+// answerLast answers what the agent sent before its stream ended, then
+// returns how it ended: its last ask may give everything up (a stopping
+// agent). The pump passes every ask on before the end.
+func (ls *leaseStream) answerLast(asks <-chan *weirv1.LeasesRequest, ended error) error {
+	for {
+		select {
+		case ask := <-asks:
+			if err := ls.answer(ask); err != nil {
+				return err
+			}
+		default:
+			return ended
+		}
+	}
+}
+
+// answer answers one ask: the leases the node now holds, or, when it
+// stops, only that its leases are given up.
+func (ls *leaseStream) answer(ask *weirv1.LeasesRequest) error {
+	asked, err := askedOf(ls.node, ask)
+	if err != nil {
+		return err
+	}
+	out := &weirv1.LeasesResponse{Sequence: ask.GetSequence(), Ttl: ls.ttl}
+	if ask.GetStopping() {
+		ls.owner.Stop(asked.Released)
+		return ls.stream.Send(out)
+	}
+	for _, g := range ls.owner.Ask(asked) {
+		out.Leases = append(out.Leases, &weirv1.L2Lease{Address: g.Addr.String(), Epoch: g.Epoch})
+	}
+	return ls.stream.Send(out)
+}
+
+// askedOf reads an ask of node's stream (InvalidArgument naming the
+// field it cannot read). A stopping ask's lapsed leases are not read: the
+// agent gives everything up.
+func askedOf(node string, ask *weirv1.LeasesRequest) (l2owner.Asked, error) {
+	var asked l2owner.Asked
+	if n := ask.GetNodeName(); n != "" && n != node {
+		return asked, status.Errorf(codes.InvalidArgument, "node_name: %q on a stream of %q", n, node)
+	}
+	var err error
+	if asked.Held, err = leasesOf("held", ask.GetHeld()); err != nil {
+		return asked, err
+	}
+	if asked.Released, err = leasesOf("released", ask.GetReleased()); err != nil {
+		return asked, err
+	}
+	if asked.Refused, err = refusedOf(ask.GetRefused()); err != nil {
+		return asked, err
+	}
+	if !ask.GetStopping() {
+		asked.Lapsed, err = leasesOf("lapsed", ask.GetLapsed())
+	}
+	return asked, err
+}
+
+// refusedOf reads the addresses an ask says the node cannot answer for,
+// and why (nil when none).
+func refusedOf(in []*weirv1.L2Refusal) (map[netip.Addr]string, error) {
+	if len(in) > maxLeasesPerAsk {
+		return nil, status.Errorf(codes.InvalidArgument, "refused: %d addresses; at most %d", len(in), maxLeasesPerAsk)
+	}
+	var refused map[netip.Addr]string
+	for i, r := range in {
+		a, err := netip.ParseAddr(r.GetAddress())
+		if err != nil || a.Zone() != "" {
+			return nil, status.Errorf(codes.InvalidArgument, "refused[%d].address: %q is not an IP address", i, r.GetAddress())
+		}
+		if refused == nil {
+			refused = map[netip.Addr]string{}
+		}
+		refused[a] = truncate(r.GetReason())
+	}
+	return refused, nil
 }
 
 // leasesOf reads the leases of an ask's field.
