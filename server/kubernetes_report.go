@@ -134,7 +134,7 @@ func (s *Server) reportConflicts(ctx context.Context, told map[string]string) {
 			}
 			var said []string
 			for _, c := range v.ServiceConflicts(svc) {
-				said = append(said, c.Field+": "+c.Message)
+				said = append(said, c.String())
 			}
 			if len(said) > 0 {
 				now[key], svcs[key] = strings.Join(said, "; "), svc

@@ -37,7 +37,7 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 				p := resourcewire.ServiceToProto(s)
 				reg.Read(func(v registry.View) {
 					for _, c := range v.ServiceConflicts(s) {
-						p.Status.Conflicts = append(p.Status.Conflicts, &weirv1.ServiceConflict{Field: c.Field, Message: c.Message})
+						p.Status.Conflicts = append(p.Status.Conflicts, &weirv1.ServiceConflict{Field: c.Field(), Message: c.Message()})
 					}
 					chosen := nodestate.Announcers(v, s, nil)
 					for _, ip := range s.LoadBalancerIPs {

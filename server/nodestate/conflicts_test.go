@@ -166,7 +166,7 @@ func TestKubernetesConflictsAreResolvedTheSameEverywhere(t *testing.T) {
 			t.Errorf("the younger service's node port as programmed: %+v; want none", got)
 		}
 		c := v.ServiceConflicts(attacker)
-		if len(c) != 1 || c[0].Field != "spec.external_ips[0]" || !strings.Contains(c[0].Message, "cluster IP of service shop/db") {
+		if len(c) != 1 || c[0].Field() != "spec.external_ips[0]" || !strings.Contains(c[0].Message(), "cluster IP of service shop/db") {
 			t.Errorf("the attacker's status conflicts: %+v", c)
 		}
 		if c := v.ServiceConflicts(victim); len(c) != 0 {
@@ -290,7 +290,7 @@ func TestKubernetesLoadBalancerIPsNeverTakeAHostsAddress(t *testing.T) {
 					t.Errorf("load-balancer IP %s programmed: %v (%+v)", tc.lbIP, programmed, got)
 				}
 				cs := v.ServiceConflicts(s)
-				if tc.says == "" && len(cs) != 0 || tc.says != "" && (len(cs) != 1 || cs[0].Field != "status.load_balancer_ips[0]" || !strings.Contains(cs[0].Message, tc.says)) {
+				if tc.says == "" && len(cs) != 0 || tc.says != "" && (len(cs) != 1 || cs[0].Field() != "status.load_balancer_ips[0]" || !strings.Contains(cs[0].Message(), tc.says)) {
 					t.Errorf("status conflicts %+v; want one on status.load_balancer_ips[0] saying %q", cs, tc.says)
 				}
 			})

@@ -4,7 +4,6 @@
 package nodestate
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 
@@ -201,30 +200,34 @@ func withoutConflicts(svc *model.Service, lost []registry.Conflict) (*model.Serv
 	if len(lost) == 0 {
 		return svc, true
 	}
-	drop := map[string]bool{}
-	for _, c := range lost {
-		drop[c.Field] = true
+	type place struct {
+		field registry.ClaimField
+		index int
 	}
-	keep := func(field string, addrs []netip.Addr) []netip.Addr {
+	drop := map[place]bool{}
+	for _, c := range lost {
+		drop[place{c.Claim.Field, c.Claim.Index}] = true
+	}
+	keep := func(field registry.ClaimField, addrs []netip.Addr) []netip.Addr {
 		var out []netip.Addr
 		for i, a := range addrs {
-			if !drop[fmt.Sprintf("%s[%d]", field, i)] {
+			if !drop[place{field, i}] {
 				out = append(out, a)
 			}
 		}
 		return out
 	}
 	cp := *svc
-	cp.ClusterIPs = keep("spec.cluster_ips", svc.ClusterIPs)
-	cp.ExternalIPs = keep("spec.external_ips", svc.ExternalIPs)
-	cp.LoadBalancerIPs = keep("status.load_balancer_ips", svc.LoadBalancerIPs)
+	cp.ClusterIPs = keep(registry.ClusterIPs, svc.ClusterIPs)
+	cp.ExternalIPs = keep(registry.ExternalIPs, svc.ExternalIPs)
+	cp.LoadBalancerIPs = keep(registry.LoadBalancerIPs, svc.LoadBalancerIPs)
 	cp.Ports = slices.Clone(svc.Ports)
 	for i := range cp.Ports {
-		if drop[fmt.Sprintf("spec.ports[%d].node_port", i)] {
+		if drop[place{registry.NodePort, i}] {
 			cp.Ports[i].NodePort = 0
 		}
 	}
-	if drop["spec.health_check_node_port"] {
+	if drop[place{registry.HealthCheckNodePort, 0}] {
 		cp.HealthCheckNodePort = 0
 	}
 	return &cp, len(cp.ClusterIPs) > 0

@@ -76,18 +76,75 @@ func ParsePortRange(s string) (PortRange, error) {
 	return PortRange{int32(first), int32(last)}, nil
 }
 
-// A claim is one thing a service takes that no other service may: a whole
+// ClaimField is the field of a service a claim is made in.
+type ClaimField int
+
+const (
+	ClusterIPs          ClaimField = iota // spec.cluster_ips
+	ExternalIPs                           // spec.external_ips
+	LoadBalancerIPs                       // status.load_balancer_ips
+	NodePort                              // spec.ports[].node_port
+	HealthCheckNodePort                   // spec.health_check_node_port
+)
+
+// path is the field's path for the value at index i.
+func (f ClaimField) path(i int) string {
+	switch f {
+	case ClusterIPs:
+		return fmt.Sprintf("spec.cluster_ips[%d]", i)
+	case ExternalIPs:
+		return fmt.Sprintf("spec.external_ips[%d]", i)
+	case LoadBalancerIPs:
+		return fmt.Sprintf("status.load_balancer_ips[%d]", i)
+	case NodePort:
+		return fmt.Sprintf("spec.ports[%d].node_port", i)
+	}
+	return "spec.health_check_node_port"
+}
+
+// use is what a claim in the field is to its service, for another
+// service's messages.
+func (f ClaimField) use() string {
+	switch f {
+	case ClusterIPs:
+		return "the cluster IP"
+	case ExternalIPs:
+		return "a frontend (spec.external_ips)"
+	case LoadBalancerIPs:
+		return "a frontend (status.load_balancer_ips)"
+	case NodePort:
+		return "a node port"
+	}
+	return "the health-check node port"
+}
+
+// kind is how a claim in the field clashes with others.
+func (f ClaimField) kind() claimKind {
+	switch f {
+	case ClusterIPs:
+		return clusterAddr
+	case ExternalIPs, LoadBalancerIPs:
+		return frontend
+	}
+	return nodePort
+}
+
+// A Claim is one thing a service takes that no other service may: a whole
 // address (its cluster IPs), an address, protocol and port (external and
 // load-balancer IPs), or a node port (any protocol: node ports and
 // health-check node ports share one space, as in Kubernetes' allocator).
-type claim struct {
-	kind  claimKind
-	addr  netip.Addr
-	proto model.Protocol
-	port  int32
-	field string // where the service says it, for messages
-	use   string // what it is to its service, for the other's messages
+type Claim struct {
+	Field ClaimField
+	// Index is the value's place in its field: the address's, or the
+	// port's in spec.ports for a node port (0 for the health-check one).
+	Index    int
+	Addr     netip.Addr     // none for a node port
+	Protocol model.Protocol // a frontend's
+	Port     int32          // a frontend's port, or the node port
 }
+
+// Path is where the service says it: "spec.external_ips[0]".
+func (c Claim) Path() string { return c.Field.path(c.Index) }
 
 type claimKind int
 
@@ -97,61 +154,62 @@ const (
 	nodePort
 )
 
-func claimsOf(s *model.Service) []claim {
-	var out []claim
+func claimsOf(s *model.Service) []Claim {
+	var out []Claim
 	for i, a := range s.ClusterIPs {
-		out = append(out, claim{kind: clusterAddr, addr: a, field: fmt.Sprintf("spec.cluster_ips[%d]", i), use: "the cluster IP"})
+		out = append(out, Claim{Field: ClusterIPs, Index: i, Addr: a})
 	}
 	for _, p := range s.Ports {
 		for i, a := range s.ExternalIPs {
-			out = append(out, claim{kind: frontend, addr: a, proto: p.Protocol, port: p.Port, field: fmt.Sprintf("spec.external_ips[%d]", i), use: "a frontend (spec.external_ips)"})
+			out = append(out, Claim{Field: ExternalIPs, Index: i, Addr: a, Protocol: p.Protocol, Port: p.Port})
 		}
 		for i, a := range s.LoadBalancerIPs {
-			out = append(out, claim{kind: frontend, addr: a, proto: p.Protocol, port: p.Port, field: fmt.Sprintf("status.load_balancer_ips[%d]", i), use: "a frontend (status.load_balancer_ips)"})
+			out = append(out, Claim{Field: LoadBalancerIPs, Index: i, Addr: a, Protocol: p.Protocol, Port: p.Port})
 		}
 	}
 	for i, p := range s.Ports {
 		if p.NodePort != 0 {
-			out = append(out, claim{kind: nodePort, port: p.NodePort, field: fmt.Sprintf("spec.ports[%d].node_port", i), use: "a node port"})
+			out = append(out, Claim{Field: NodePort, Index: i, Port: p.NodePort})
 		}
 	}
 	if s.HealthCheckNodePort != 0 {
-		out = append(out, claim{kind: nodePort, port: s.HealthCheckNodePort, field: "spec.health_check_node_port", use: "the health-check node port"})
+		out = append(out, Claim{Field: HealthCheckNodePort, Port: s.HealthCheckNodePort})
 	}
 	return out
 }
 
 // clashes says whether two services' claims cannot both hold.
-func clashes(a, b claim) bool {
+func clashes(a, b Claim) bool {
+	ak, bk := a.Field.kind(), b.Field.kind()
 	switch {
-	case a.kind == nodePort || b.kind == nodePort:
-		return a.kind == b.kind && a.port == b.port
-	case a.addr != b.addr:
+	case ak == nodePort || bk == nodePort:
+		return ak == bk && a.Port == b.Port
+	case a.Addr != b.Addr:
 		return false
-	case a.kind == clusterAddr || b.kind == clusterAddr:
+	case ak == clusterAddr || bk == clusterAddr:
 		return true // a cluster IP is its service's on every port
 	default:
-		return a.proto == b.proto && a.port == b.port
+		return a.Protocol == b.Protocol && a.Port == b.Port
 	}
 }
 
-func (c claim) String() string {
-	switch c.kind {
+func (c Claim) String() string {
+	switch c.Field.kind() {
 	case clusterAddr:
-		return c.addr.String()
+		return c.Addr.String()
 	case frontend:
-		return fmt.Sprintf("%s %s/%d", c.addr, c.proto, c.port)
+		return fmt.Sprintf("%s %s/%d", c.Addr, c.Protocol, c.Port)
 	}
-	return strconv.Itoa(int(c.port))
+	return strconv.Itoa(int(c.Port))
 }
 
 // wins says whether a's claim holds against b's (of another service):
 // a cluster IP over any other use of its address, else the older service
 // (by creation time, then key), so every node and every restart decides
 // alike.
-func wins(a *model.Service, ca claim, b *model.Service, cb claim) bool {
-	if (ca.kind == clusterAddr) != (cb.kind == clusterAddr) {
-		return ca.kind == clusterAddr
+func wins(a *model.Service, ca Claim, b *model.Service, cb Claim) bool {
+	if (ca.Field == ClusterIPs) != (cb.Field == ClusterIPs) {
+		return ca.Field == ClusterIPs
 	}
 	if c := a.CreateTime.Compare(b.CreateTime); c != 0 {
 		return c < 0
@@ -159,11 +217,36 @@ func wins(a *model.Service, ca claim, b *model.Service, cb claim) bool {
 	return a.Key() < b.Key()
 }
 
-// Conflict is a claim of a service the nodes do not program.
+// Conflict is a claim of a service the nodes do not program, and why:
+// another service holds it, or a rule refuses it. Field and Message
+// render it for status, Events and errors.
 type Conflict struct {
-	Field   string // where the service says it: "spec.external_ips[0]"
-	Message string
+	Claim Claim
+	// Holder is the service that holds the claim ("namespace/name") and
+	// Held its claim; Holder is "" when a rule refuses the claim.
+	Holder string
+	Held   Claim
+	// Rule says why the rules refuse the claim.
+	Rule string
 }
+
+// Field is where the service says what is not programmed:
+// "spec.external_ips[0]".
+func (c Conflict) Field() string { return c.Claim.Path() }
+
+// Message says why it is not programmed.
+func (c Conflict) Message() string {
+	if c.Holder == "" {
+		return c.Rule
+	}
+	return fmt.Sprintf("%s is %s of service %s", c.Claim, c.Held.Field.use(), c.Holder)
+}
+
+// String is the conflict as one line: "FIELD: MESSAGE".
+func (c Conflict) String() string { return c.Field() + ": " + c.Message() }
+
+// refused is a conflict of a claim a rule refuses.
+func refused(c Claim, why string) Conflict { return Conflict{Claim: c, Rule: why} }
 
 // claimIndex finds the services that may share a claim with another.
 type claimIndex struct {
@@ -182,29 +265,29 @@ func (x *claimIndex) update(key string, old, now *model.Service) {
 	}
 	if now != nil {
 		for _, c := range claimsOf(now) {
-			if c.kind == nodePort {
-				add(x.byPort, c.port, key)
+			if c.Field.kind() == nodePort {
+				add(x.byPort, c.Port, key)
 			} else {
-				add(x.byAddr, c.addr, key)
+				add(x.byAddr, c.Addr, key)
 			}
 		}
 	}
 }
 
-func (x *claimIndex) remove(key string, c claim) {
-	if c.kind == nodePort {
-		if m := x.byPort[c.port]; m != nil {
+func (x *claimIndex) remove(key string, c Claim) {
+	if c.Field.kind() == nodePort {
+		if m := x.byPort[c.Port]; m != nil {
 			delete(m, key)
 			if len(m) == 0 {
-				delete(x.byPort, c.port)
+				delete(x.byPort, c.Port)
 			}
 		}
 		return
 	}
-	if m := x.byAddr[c.addr]; m != nil {
+	if m := x.byAddr[c.Addr]; m != nil {
 		delete(m, key)
 		if len(m) == 0 {
-			delete(x.byAddr, c.addr)
+			delete(x.byAddr, c.Addr)
 		}
 	}
 }
@@ -222,10 +305,10 @@ func (x *claimIndex) neighbours(s *model.Service) []string {
 	seen := map[string]bool{}
 	for _, c := range claimsOf(s) {
 		var m map[string]bool
-		if c.kind == nodePort {
-			m = x.byPort[c.port]
+		if c.Field.kind() == nodePort {
+			m = x.byPort[c.Port]
 		} else {
-			m = x.byAddr[c.addr]
+			m = x.byAddr[c.Addr]
 		}
 		for k := range m {
 			seen[k] = true
@@ -246,31 +329,31 @@ func (x *claimIndex) neighbours(s *model.Service) []string {
 func (r *Registry) ruleBreaches(s *model.Service) []Conflict {
 	var out []Conflict
 	for _, c := range claimsOf(s) {
-		switch c.kind {
-		case nodePort:
-			if what, ok := r.rules.ReservedPorts[c.port]; ok {
-				out = append(out, Conflict{c.field, fmt.Sprintf("port %d is %s on every node", c.port, what)})
-			} else if s.Source != model.SourceKubernetes && !r.rules.NodePorts.Contains(c.port) {
-				out = append(out, Conflict{c.field, fmt.Sprintf("%d is outside the node-port range %s", c.port, r.rules.NodePorts)})
-			}
+		if c.Field.kind() != nodePort {
+			continue
+		}
+		if what, ok := r.rules.ReservedPorts[c.Port]; ok {
+			out = append(out, refused(c, fmt.Sprintf("port %d is %s on every node", c.Port, what)))
+		} else if s.Source != model.SourceKubernetes && !r.rules.NodePorts.Contains(c.Port) {
+			out = append(out, refused(c, fmt.Sprintf("%d is outside the node-port range %s", c.Port, r.rules.NodePorts)))
 		}
 	}
 	if s.Source != model.SourceKubernetes {
 		ranges := r.serviceRanges()
 		for i, a := range s.ClusterIPs {
 			if why := clusterIPBreach(ranges, a); why != "" {
-				out = append(out, Conflict{fmt.Sprintf("spec.cluster_ips[%d]", i), why})
+				out = append(out, refused(Claim{Field: ClusterIPs, Index: i, Addr: a}, why))
 			}
 		}
 	}
 	for i, a := range s.ExternalIPs {
 		if why := r.frontendBreach(s, a, false); why != "" {
-			out = append(out, Conflict{fmt.Sprintf("spec.external_ips[%d]", i), why})
+			out = append(out, refused(Claim{Field: ExternalIPs, Index: i, Addr: a}, why))
 		}
 	}
 	for i, a := range s.LoadBalancerIPs {
 		if why := r.frontendBreach(s, a, true); why != "" {
-			out = append(out, Conflict{fmt.Sprintf("status.load_balancer_ips[%d]", i), why})
+			out = append(out, refused(Claim{Field: LoadBalancerIPs, Index: i, Addr: a}, why))
 		}
 	}
 	return dedupeConflicts(out)
@@ -403,7 +486,7 @@ func (r *Registry) conflicts(s *model.Service, lostOnly bool) []Conflict {
 				if !clashes(c, o) || (lostOnly && wins(s, c, other, o)) {
 					continue
 				}
-				out = append(out, Conflict{c.field, fmt.Sprintf("%s is %s of service %s", c, o.use, key)})
+				out = append(out, Conflict{Claim: c, Holder: key, Held: o})
 			}
 		}
 	}
@@ -412,9 +495,9 @@ func (r *Registry) conflicts(s *model.Service, lostOnly bool) []Conflict {
 
 func dedupeConflicts(cs []Conflict) []Conflict {
 	slices.SortFunc(cs, func(a, b Conflict) int {
-		return cmp.Or(cmp.Compare(a.Field, b.Field), cmp.Compare(a.Message, b.Message))
+		return cmp.Or(cmp.Compare(a.Field(), b.Field()), cmp.Compare(a.Message(), b.Message()))
 	})
-	return slices.CompactFunc(cs, func(a, b Conflict) bool { return a.Field == b.Field })
+	return slices.CompactFunc(cs, func(a, b Conflict) bool { return a.Claim.Field == b.Claim.Field && a.Claim.Index == b.Claim.Index })
 }
 
 // checkServiceClaims refuses a native write that breaks a rule or takes
@@ -432,10 +515,10 @@ func (r *Registry) checkServiceClaims(s *model.Service) error {
 		}
 	}
 	if bad := r.ruleBreaches(s); len(bad) > 0 {
-		return &model.FieldError{Field: bad[0].Field, Reason: bad[0].Message}
+		return &model.FieldError{Field: bad[0].Field(), Reason: bad[0].Message()}
 	}
 	if taken := r.conflicts(s, false); len(taken) > 0 {
-		return fmt.Errorf("%w: %s: %s", ErrInUse, taken[0].Field, taken[0].Message)
+		return fmt.Errorf("%w: %s", ErrInUse, taken[0])
 	}
 	return nil
 }
@@ -506,8 +589,8 @@ func (r *Registry) checkNodeClear(n *model.Node) error {
 	for i, a := range n.Addresses {
 		for _, key := range slices.Sorted(maps.Keys(r.claimIndex.byAddr[a])) {
 			for _, c := range claimsOf(r.Services.items[key]) {
-				if c.kind == frontend && c.addr == a {
-					return &model.FieldError{Field: fmt.Sprintf("addresses[%d]", i), Reason: fmt.Sprintf("%s is %s of service %s", a, c.use, key)}
+				if c.Field.kind() == frontend && c.Addr == a {
+					return &model.FieldError{Field: fmt.Sprintf("addresses[%d]", i), Reason: fmt.Sprintf("%s is %s of service %s", a, c.Field.use(), key)}
 				}
 			}
 		}
