@@ -55,84 +55,14 @@ func (h *Hub) Run(ctx context.Context) {
 // apply recomputes what the queued changes touched and hands it to the
 // cache as one batch, which marks what every client has to be sent.
 func (h *Hub) apply() {
-	services, nodes := map[string]bool{}, map[string]bool{}
-	newServices := map[string]*weirv1.NodeService{}
-	newNodes := map[string]*weirv1.NodeInfo{}
+	var batch cache.Batch
 	var gone []string // nodes deleted from the registry
-	var version uint64
-	var since time.Time
-	h.reg.Read(func(v registry.View) {
-		// The queue is taken under the registry's lock, which every
-		// change holds while queuing: the batch is then exactly the
-		// changes up to this revision, and the cache can claim it.
-		version = v.Revision()
-		h.changesMu.Lock()
-		batch := h.changes
-		h.changes = nil
-		h.changesMu.Unlock()
-		if len(batch) == 0 {
-			return
-		}
-		since = batch[0].at
-		allNodes, nodeSet := false, false
-		for _, c := range batch {
-			allNodes = allNodes || len(c.Peers) > 0 || len(c.Pools) > 0 || len(c.ServiceCIDRs) > 0
-			nodeSet = nodeSet || len(c.Nodes) > 0 || len(c.Peers) > 0 || len(c.Pools) > 0
-			for _, k := range c.Services {
-				services[k] = true
-			}
-			for _, n := range c.Nodes {
-				nodes[n] = true
-			}
-		}
-		if nodeSet && nodestate.LimitsAnnouncers(v) {
-			// Which nodes announce a load-balancer IP depends on the
-			// nodes, peers and pools: every such service is worked out
-			// again, and only those whose announcers moved are sent.
-			for _, key := range v.LoadBalancerServiceKeys() {
-				services[key] = true
-			}
-		}
-		if nodeSet {
-			// The ring of moved connections is every node's: when it
-			// changes, so does every node's place on it.
-			if ring := nodestate.FlowRingOf(v); !ring.Equal(h.ring) {
-				h.ring, allNodes = ring, true
-			}
-		}
-		if allNodes {
-			// A peer's node selector may pick any node; a pool's
-			// advertisement and the service CIDRs concern every node.
-			for _, name := range v.NodeNames() {
-				nodes[name] = true
-			}
-		}
-		for key := range services {
-			if svc := nodestate.Service(v, key, h.candidates); svc != nil {
-				newServices[key] = nodewire.EncodeService(svc)
-			}
-		}
-		for name := range nodes {
-			if v.Node(name) == nil {
-				gone = append(gone, name)
-				continue
-			}
-			newNodes[name] = nodewire.EncodeNode(nodestate.NodeOnRing(v, name, h.ring))
-		}
-	})
-	if since.IsZero() {
+	h.reg.Read(func(v registry.View) { batch, gone = h.batchOf(v) })
+	if batch.Since.IsZero() {
 		return // nothing was queued
 	}
 	if beforeCacheUpdate != nil {
 		beforeCacheUpdate()
-	}
-	batch := cache.Batch{Version: version, Services: make(map[string]*weirv1.NodeService, len(services)),
-		Nodes: make(map[string]*weirv1.NodeInfo, len(nodes)), Since: since}
-	for key := range services {
-		batch.Services[key] = newServices[key]
-	}
-	for name := range nodes {
-		batch.Nodes[name] = newNodes[name]
 	}
 	h.cache.Apply(batch)
 	if len(gone) > 0 {
@@ -142,7 +72,96 @@ func (h *Hub) apply() {
 		}
 		h.mu.Unlock()
 	}
-	h.metrics.setVersion(version)
+	h.metrics.setVersion(batch.Version)
+}
+
+// batchOf takes the queued changes and encodes, as of v, every service
+// and node they touched (nil for those gone), with the nodes deleted
+// from the registry. It runs under the registry's lock, which every
+// change holds while queuing: the batch is then exactly the changes up
+// to v's revision, and the cache can claim it.
+func (h *Hub) batchOf(v registry.View) (batch cache.Batch, gone []string) {
+	batch.Version = v.Revision()
+	h.changesMu.Lock()
+	queued := h.changes
+	h.changes = nil
+	h.changesMu.Unlock()
+	if len(queued) == 0 {
+		return batch, nil
+	}
+	batch.Since = queued[0].at
+	t := touchedBy(queued)
+	h.widen(v, &t)
+	batch.Services = make(map[string]*weirv1.NodeService, len(t.services))
+	for key := range t.services {
+		batch.Services[key] = nil
+		if svc := nodestate.Service(v, key, h.candidates); svc != nil {
+			batch.Services[key] = nodewire.EncodeService(svc)
+		}
+	}
+	batch.Nodes = make(map[string]*weirv1.NodeInfo, len(t.nodes))
+	for name := range t.nodes {
+		batch.Nodes[name] = nil
+		if v.Node(name) == nil {
+			gone = append(gone, name)
+			continue
+		}
+		batch.Nodes[name] = nodewire.EncodeNode(nodestate.NodeOnRing(v, name, h.ring))
+	}
+	return batch, gone
+}
+
+// touched is what a batch of changes may have changed for the agents.
+type touched struct {
+	services, nodes map[string]bool
+	// allNodes: what every node's description holds changed.
+	allNodes bool
+	// nodeSet: nodes, peers or pools changed, which may move who
+	// announces a load-balancer IP and the ring of moved connections.
+	nodeSet bool
+}
+
+// touchedBy is what the changes name.
+func touchedBy(changes []timedChange) touched {
+	t := touched{services: map[string]bool{}, nodes: map[string]bool{}}
+	for _, c := range changes {
+		t.allNodes = t.allNodes || len(c.Peers) > 0 || len(c.Pools) > 0 || len(c.ServiceCIDRs) > 0
+		t.nodeSet = t.nodeSet || len(c.Nodes) > 0 || len(c.Peers) > 0 || len(c.Pools) > 0
+		for _, k := range c.Services {
+			t.services[k] = true
+		}
+		for _, n := range c.Nodes {
+			t.nodes[n] = true
+		}
+	}
+	return t
+}
+
+// widen adds to t what its changes touch through others, as of v, and
+// keeps the ring up to date.
+func (h *Hub) widen(v registry.View, t *touched) {
+	if t.nodeSet && nodestate.LimitsAnnouncers(v) {
+		// Which nodes announce a load-balancer IP depends on the nodes,
+		// peers and pools: every such service is worked out again, and
+		// only those whose announcers moved are sent.
+		for _, key := range v.LoadBalancerServiceKeys() {
+			t.services[key] = true
+		}
+	}
+	if t.nodeSet {
+		// The ring of moved connections is every node's: when it
+		// changes, so does every node's place on it.
+		if ring := nodestate.FlowRingOf(v); !ring.Equal(h.ring) {
+			h.ring, t.allNodes = ring, true
+		}
+	}
+	if t.allNodes {
+		// A peer's node selector may pick any node; a pool's
+		// advertisement and the service CIDRs concern every node.
+		for _, name := range v.NodeNames() {
+			t.nodes[name] = true
+		}
+	}
 }
 
 // beforeCacheUpdate, when set by a test, runs just before a batch reaches
