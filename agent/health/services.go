@@ -137,48 +137,81 @@ func (s *Services) Sync(addrs []netip.Addr, services []Service) map[string]Resul
 // opened before (tried again, since whatever held the port may have let
 // it go).
 func (s *Services) Update(addrs []netip.Addr, set []Service, gone []string) map[string]Result {
+	// The steps below are called with s.mu held.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	results := map[string]Result{}
-	// ports whose holder may change; release gives each up.
+	// ports whose holder may change, or whose listeners may have to.
 	ports := map[uint16]bool{}
-	release := func(key string) {
-		if old, ok := s.checks[key]; ok {
-			delete(s.checks, key)
-			if s.holders[old.Port] == key {
-				delete(s.holders, old.Port)
-			}
-			ports[old.Port] = true
-		}
-		delete(s.failing, key)
-	}
-	if !sameAddrs(addrs, s.addrs) {
-		// The node's addresses changed: every port follows them.
-		for port := range s.servers {
-			ports[port] = true
-		}
-		for key := range s.checks {
-			results[key] = Result{}
-		}
-		s.addrs = addrs
-	}
+	s.followAddrs(addrs, ports, results)
 	for _, key := range gone {
-		release(key)
+		s.release(key, ports)
+		results[key] = Result{}
+	}
+	s.record(set, ports)
+	s.assignHolders(set, ports)
+	for port := range ports {
+		s.serve(port)
+	}
+	// The results of every service on a port looked at.
+	for key := range s.failing {
 		results[key] = Result{}
 	}
 	for _, svc := range set {
+		results[svc.Namespace+"/"+svc.Name] = Result{}
+	}
+	s.checkResults(results)
+	return results
+}
+
+// followAddrs moves every port to the node's new addresses, if they
+// changed; every service's result may then change.
+func (s *Services) followAddrs(addrs []netip.Addr, ports map[uint16]bool, results map[string]Result) {
+	if sameAddrs(addrs, s.addrs) {
+		return
+	}
+	for port := range s.servers {
+		ports[port] = true
+	}
+	for key := range s.checks {
+		results[key] = Result{}
+	}
+	s.addrs = addrs
+}
+
+// release gives up key's health check, and the port it held.
+func (s *Services) release(key string, ports map[uint16]bool) {
+	if old, ok := s.checks[key]; ok {
+		delete(s.checks, key)
+		if s.holders[old.Port] == key {
+			delete(s.holders, old.Port)
+		}
+		ports[old.Port] = true
+	}
+	delete(s.failing, key)
+}
+
+// record keeps the new or changed health checks; one that moves to
+// another port gives up its old one.
+func (s *Services) record(set []Service, ports map[uint16]bool) {
+	for _, svc := range set {
 		key := svc.Namespace + "/" + svc.Name
 		if old, ok := s.checks[key]; ok && old.Port != svc.Port {
-			release(key)
+			s.release(key, ports)
 		}
 		s.checks[key] = svc
 		ports[svc.Port] = true
 	}
+}
+
+// assignHolders gives every free port to a service that asks for it: a
+// port let go passes first to a service that waits for it, found among
+// the failing (which hold every service refused a taken port), then to a
+// service of set, the first to ask.
+func (s *Services) assignHolders(set []Service, ports map[uint16]bool) {
 	for key := range s.failing {
 		ports[s.checks[key].Port] = true
 	}
-	// A port let go passes to a service that waits for it: found among
-	// the failing, which hold every service refused a taken port.
 	for key := range s.failing {
 		if port := s.checks[key].Port; ports[port] && s.holders[port] == "" {
 			s.holders[port] = key
@@ -190,34 +223,35 @@ func (s *Services) Update(addrs []netip.Addr, set []Service, gone []string) map[
 			s.holders[svc.Port] = key
 		}
 	}
-	for port := range ports {
-		key, held := s.holders[port]
-		ps := s.servers[port]
-		if !held {
-			if ps != nil {
-				ps.close()
-				delete(s.servers, port)
-			}
-			continue
+}
+
+// serve makes port answer for its holder, or closes it when it has none.
+func (s *Services) serve(port uint16) {
+	key, held := s.holders[port]
+	ps := s.servers[port]
+	if !held {
+		if ps != nil {
+			ps.close()
+			delete(s.servers, port)
 		}
-		if ps == nil {
-			ps = s.newPortServer()
-			s.servers[port] = ps
-		}
-		// Open what is missing: the port is new, the node has new
-		// addresses, or an address failed before (whatever held the port
-		// there may have let it go).
-		s.listen(ps, port)
-		svc := s.checks[key]
-		ps.svc.Store(&svc)
+		return
 	}
-	// The results of every service on a port looked at.
-	for key := range s.failing {
-		results[key] = Result{}
+	if ps == nil {
+		ps = s.newPortServer()
+		s.servers[port] = ps
 	}
-	for _, svc := range set {
-		results[svc.Namespace+"/"+svc.Name] = Result{}
-	}
+	// Open what is missing: the port is new, the node has new addresses,
+	// or an address failed before (whatever held the port there may have
+	// let it go).
+	s.listen(ps, port)
+	svc := s.checks[key]
+	ps.svc.Store(&svc)
+}
+
+// checkResults fills in the results of the services still checked: an
+// error when another holds their port or it could not be opened; those
+// failing are counted in weir_service_health_bind_errors.
+func (s *Services) checkResults(results map[string]Result) {
 	for key := range results {
 		svc, ok := s.checks[key]
 		if !ok {
@@ -244,7 +278,6 @@ func (s *Services) Update(addrs []netip.Addr, set []Service, gone []string) map[
 		s.failing = map[string]bool{}
 	}
 	s.bindErrors.Set(float64(len(s.failing)))
-	return results
 }
 
 // newPortServer returns a port's server, listening nowhere yet.
