@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
+	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -147,18 +148,31 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 	if err != nil {
 		return "", err
 	}
-	if output != "table" {
-		var mine []proto.Message
-		for _, s := range endpointSlices {
-			if s.GetServiceName() == name {
-				mine = append(mine, s)
-			}
+	var mine []*weirv1.EndpointSlice
+	for _, s := range endpointSlices {
+		if s.GetServiceName() == name {
+			mine = append(mine, s)
 		}
+	}
+	if output != "table" {
 		k, _ := kindFor("service")
-		return describeDocument(k, o, map[string]any{"endpoint_slices": mine, "status": report.GetStatus()}, output)
+		var docs []proto.Message
+		for _, s := range mine {
+			docs = append(docs, s)
+		}
+		return describeDocument(k, o, map[string]any{"endpoint_slices": docs, "status": report.GetStatus()}, output)
 	}
 
 	var b strings.Builder
+	fields(&b, "", slices.Concat(a.metaFields(o), serviceFields(svc))...)
+	servicePorts(&b, svc)
+	serviceEndpoints(&b, mine)
+	a.serviceNodes(&b, svc, report.GetStatus(), statuses)
+	return b.String(), nil
+}
+
+// serviceFields is a service's spec and addresses, as field and value.
+func serviceFields(svc *weirv1.Service) []string {
 	spec := svc.GetSpec()
 	external := policy(spec.GetExternalTrafficPolicy())
 	if spec.GetHealthCheckNodePort() != 0 {
@@ -182,39 +196,42 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 	if spec.GetSessionAffinity() == weirv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP {
 		affinity = fmt.Sprintf("ClientIP (timeout %ds)", spec.GetSessionAffinityTimeoutSeconds())
 	}
-	fields(&b, "", slices.Concat(a.metaFields(o),
-		[]string{
-			"Type", serviceType(spec.GetType()),
-			"Cluster IPs", list(spec.GetClusterIps()),
-			"External IPs", list(spec.GetExternalIps()),
-			"LoadBalancer IPs", lbIPs,
-		}, class, []string{
-			"LoadBalancer Source Ranges", list(spec.GetLoadBalancerSourceRanges()),
-			"External Traffic Policy", external,
-			"Internal Traffic Policy", policy(spec.GetInternalTrafficPolicy()),
-			"Session Affinity", affinity,
-		})...)
+	return slices.Concat([]string{
+		"Type", serviceType(spec.GetType()),
+		"Cluster IPs", list(spec.GetClusterIps()),
+		"External IPs", list(spec.GetExternalIps()),
+		"LoadBalancer IPs", lbIPs,
+	}, class, []string{
+		"LoadBalancer Source Ranges", list(spec.GetLoadBalancerSourceRanges()),
+		"External Traffic Policy", external,
+		"Internal Traffic Policy", policy(spec.GetInternalTrafficPolicy()),
+		"Session Affinity", affinity,
+	})
+}
 
+// servicePorts is a service's ports, and the fields that keep it from
+// being programmed.
+func servicePorts(b *strings.Builder, svc *weirv1.Service) {
 	var ports [][]string
-	for _, p := range spec.GetPorts() {
+	for _, p := range svc.GetSpec().GetPorts() {
 		ports = append(ports, []string{orNone(p.GetName()), strconv.Itoa(int(p.GetPort())), protocol(p.GetProtocol()),
 			strconv.Itoa(int(cmp.Or(p.GetTargetPort(), p.GetPort()))), port(p.GetNodePort())})
 	}
-	section(&b, "Ports", []string{"NAME", "PORT", "PROTOCOL", "TARGET PORT", "NODE PORT"}, ports)
+	section(b, "Ports", []string{"NAME", "PORT", "PROTOCOL", "TARGET PORT", "NODE PORT"}, ports)
 	if cs := svc.GetStatus().GetConflicts(); len(cs) > 0 {
 		var rows [][]string
 		for _, c := range cs {
 			rows = append(rows, []string{c.GetField(), c.GetMessage()})
 		}
 		b.WriteString("\n")
-		section(&b, "Not programmed", []string{"FIELD", "WHY"}, rows)
+		section(b, "Not programmed", []string{"FIELD", "WHY"}, rows)
 	}
+}
 
+// serviceEndpoints is the endpoints of a service's slices, sorted.
+func serviceEndpoints(b *strings.Builder, endpointSlices []*weirv1.EndpointSlice) {
 	var endpoints [][]string
 	for _, s := range endpointSlices {
-		if s.GetServiceName() != name {
-			continue
-		}
 		var ports []string
 		for _, p := range s.GetPorts() {
 			ports = append(ports, strconv.Itoa(int(p.GetPort()))+"/"+protocol(p.GetProtocol()))
@@ -227,100 +244,131 @@ func (a *app) describeService(ctx context.Context, c client, st weirv1.StatusSer
 	}
 	slices.SortFunc(endpoints, func(x, y []string) int { return slices.Compare(x, y) })
 	b.WriteString("\n")
-	section(&b, "Endpoints", []string{"NODE", "ADDRESS", "PORT(S)", "READY", "SERVING", "TERMINATING", "ZONE"}, endpoints)
+	section(b, "Endpoints", []string{"NODE", "ADDRESS", "PORT(S)", "READY", "SERVING", "TERMINATING", "ZONE"}, endpoints)
+}
 
-	var nodes, announced, families [][]string
-	var errs, why []string
-	for _, n := range report.GetStatus().GetNodes() {
+// serviceNodeRows is a service across the nodes, row by row, gathered
+// in one pass over the nodes' statuses.
+type serviceNodeRows struct {
+	nodes, announced, families [][]string
+	errs, why                  []string
+}
+
+func (a *app) serviceNodeRows(report *weirv1.ServiceReport, statuses map[string]*weirv1.NodeStatus) serviceNodeRows {
+	var r serviceNodeRows
+	for _, n := range report.GetNodes() {
 		if m := n.GetMessage(); m != "" {
-			why = append(why, n.GetNode()+": "+m)
+			r.why = append(r.why, n.GetNode()+": "+m)
 		}
 		for _, f := range n.GetFamilies() {
-			families = append(families, []string{n.GetNode(), f.GetFamily(), list(f.GetAddresses()),
+			r.families = append(r.families, []string{n.GetNode(), string(nodewire.FamilyOf(f)), list(f.GetAddresses()),
 				yesNo(f.GetReceivesExternalTraffic()), cmp.Or(f.GetReason(), "-")})
 		}
 		for _, an := range n.GetAnnouncements() {
-			weight := "-"
-			if an.GetWeight() > 0 {
-				weight = strconv.FormatUint(uint64(an.GetWeight()), 10)
-			}
-			sessions := bgpSessions(statuses[n.GetNode()].GetBgpSessions())
-			if stale := a.staleSince(statuses[n.GetNode()]); stale != "" {
-				// What a node that is not connected announces is not known.
-				sessions = stale
-			}
-			announced = append(announced, []string{an.GetPrefix(), n.GetNode(), an.GetNextHop(), weight, sessions})
+			r.announced = append(r.announced, a.announcedRow(an, n.GetNode(), statuses[n.GetNode()]))
 		}
 		appliedSent, lag := versions(statuses[n.GetNode()])
-		nodes = append(nodes, slices.Concat([]string{n.GetNode(), yesNo(n.GetProgrammed()), appliedSent, lag}, healthCells(n)))
+		r.nodes = append(r.nodes, slices.Concat([]string{n.GetNode(), yesNo(n.GetProgrammed()), appliedSent, lag}, healthCells(n)))
 		if e := n.GetHealth().GetHealthCheckError(); e != "" {
-			errs = append(errs, n.GetNode()+": "+e)
+			r.errs = append(r.errs, n.GetNode()+": "+e)
 		}
 	}
+	return r
+}
+
+// announcedRow is one prefix a node announces, with the node's sessions.
+func (a *app) announcedRow(an *weirv1.BgpAnnouncement, node string, status *weirv1.NodeStatus) []string {
+	weight := "-"
+	if an.GetWeight() > 0 {
+		weight = strconv.FormatUint(uint64(an.GetWeight()), 10)
+	}
+	sessions := bgpSessions(status.GetBgpSessions())
+	if stale := a.staleSince(status); stale != "" {
+		// What a node that is not connected announces is not known.
+		sessions = stale
+	}
+	return []string{an.GetPrefix(), node, an.GetNextHop(), weight, sessions}
+}
+
+// serviceNodes is a service across the nodes: each node's programming and
+// health check, who receives external traffic, then (where they apply)
+// the pool's announcing nodes, L2, address families, BGP announcements and
+// the load-balancer speakers.
+func (a *app) serviceNodes(b *strings.Builder, svc *weirv1.Service, report *weirv1.ServiceReport, statuses map[string]*weirv1.NodeStatus) {
+	r := a.serviceNodeRows(report, statuses)
 	b.WriteString("\n")
-	section(&b, "Nodes", []string{"NODE", "PROGRAMMED", "APPLIED/SENT", "LAG", "HEALTH CHECK", "LOCAL READY", "EXTERNAL TRAFFIC", "REASON"}, nodes)
-	for _, e := range errs {
-		fmt.Fprintf(&b, "  Health check error on %s\n", e)
+	section(b, "Nodes", []string{"NODE", "PROGRAMMED", "APPLIED/SENT", "LAG", "HEALTH CHECK", "LOCAL READY", "EXTERNAL TRAFFIC", "REASON"}, r.nodes)
+	for _, e := range r.errs {
+		fmt.Fprintf(b, "  Health check error on %s\n", e)
 	}
-	for _, w := range why {
-		fmt.Fprintf(&b, "  Not receiving on %s\n", w)
+	for _, w := range r.why {
+		fmt.Fprintf(b, "  Not receiving on %s\n", w)
 	}
-	fmt.Fprintf(&b, "\nReceiving external traffic: %s\n", orNone(strings.Join(report.GetStatus().GetReceivingNodes(), ", ")))
-	if chosen := svc.GetStatus().GetAnnouncers(); len(chosen) > 0 {
-		// Only where a pool limits its announcing nodes: the nodes
-		// chosen for each address, which alone announce it.
-		var rows [][]string
-		for _, c := range chosen {
-			rows = append(rows, []string{c.GetAddress(), strconv.Itoa(len(c.GetNodes())), orNone(strings.Join(c.GetNodes(), ", "))})
-		}
-		b.WriteString("\n")
-		section(&b, "Announcing nodes (the pool's limit)", []string{"ADDRESS", "COUNT", "NODES"}, rows)
-	}
-	if l2 := report.GetStatus().GetL2Addresses(); len(l2) > 0 {
-		// Only for addresses of L2 pools: the node that answers ARP and
-		// NDP, under which lease, and why the others may not.
-		var rows [][]string
-		var passed []string
-		for _, s := range l2 {
-			owner, epoch, since, chosen := "-", "-", "-", orNone(s.GetChosen())
-			switch {
-			case !s.GetDecided():
-				owner, chosen = "unknown (the leader decides)", "unknown"
-			case s.GetOwner() != "":
-				owner, epoch, since = s.GetOwner(), strconv.FormatUint(s.GetEpoch(), 10), age(a.now(), s.GetSince())
-			}
-			rows = append(rows, []string{s.GetAddress(), owner, epoch, since, chosen, orNone(strings.Join(s.GetCandidates(), ", "))})
-			for _, p := range s.GetPassedOver() {
-				passed = append(passed, fmt.Sprintf("%s on %s: %s (%s)", p.GetNode(), s.GetAddress(), p.GetReason(), p.GetMessage()))
-			}
-		}
-		b.WriteString("\n")
-		section(&b, "L2 (ARP and NDP)", []string{"ADDRESS", "OWNER", "EPOCH", "SINCE", "CHOSEN", "CANDIDATES"}, rows)
-		for _, p := range passed {
-			fmt.Fprintf(&b, "  Passed over: %s\n", p)
-		}
-	}
-	if len(families) > 0 {
+	fmt.Fprintf(b, "\nReceiving external traffic: %s\n", orNone(strings.Join(report.GetReceivingNodes(), ", ")))
+	announcers(b, svc.GetStatus().GetAnnouncers())
+	a.l2Addresses(b, report.GetL2Addresses())
+	if len(r.families) > 0 {
 		// Only where nodes run BGP speakers: each family of the
 		// load-balancer IPs separately, as a router hears it.
 		b.WriteString("\n")
-		section(&b, "External traffic by address family", []string{"NODE", "FAMILY", "ADDRESSES", "RECEIVES", "REASON"}, families)
+		section(b, "External traffic by address family", []string{"NODE", "FAMILY", "ADDRESSES", "RECEIVES", "REASON"}, r.families)
 	}
-	if len(announced) > 0 {
+	if len(r.announced) > 0 {
 		// Only where nodes run BGP speakers: each announced prefix, from
 		// which node, with which next hop and weight, to how many of the
 		// node's routers (established/configured).
-		slices.SortFunc(announced, func(x, y []string) int { return slices.Compare(x, y) })
+		slices.SortFunc(r.announced, func(x, y []string) int { return slices.Compare(x, y) })
 		b.WriteString("\n")
-		section(&b, "BGP announcements", []string{"PREFIX", "NODE", "NEXT HOP", "WEIGHT", "SESSIONS"}, announced)
+		section(b, "BGP announcements", []string{"PREFIX", "NODE", "NEXT HOP", "WEIGHT", "SESSIONS"}, r.announced)
 	}
-	if tier := a.speakerRows(report.GetStatus().GetSpeakers()); len(tier) > 0 {
+	if tier := a.speakerRows(report.GetSpeakers()); len(tier) > 0 {
 		// Only with load-balancer speakers: each target node of each
 		// prefix, whether the speaker announces it, and why not.
 		b.WriteString("\n")
-		section(&b, "Load-balancer speakers", []string{"SPEAKER", "PREFIX", "NODE", "NEXT HOP", "WEIGHT", "ANNOUNCED", "PROBE", "REASON"}, tier)
+		section(b, "Load-balancer speakers", []string{"SPEAKER", "PREFIX", "NODE", "NEXT HOP", "WEIGHT", "ANNOUNCED", "PROBE", "REASON"}, tier)
 	}
-	return b.String(), nil
+}
+
+// announcers is, only where a pool limits its announcing nodes, the
+// nodes chosen for each address, which alone announce it.
+func announcers(b *strings.Builder, chosen []*weirv1.AddressAnnouncers) {
+	if len(chosen) == 0 {
+		return
+	}
+	var rows [][]string
+	for _, c := range chosen {
+		rows = append(rows, []string{c.GetAddress(), strconv.Itoa(len(c.GetNodes())), orNone(strings.Join(c.GetNodes(), ", "))})
+	}
+	b.WriteString("\n")
+	section(b, "Announcing nodes (the pool's limit)", []string{"ADDRESS", "COUNT", "NODES"}, rows)
+}
+
+// l2Addresses is, only for addresses of L2 pools, the node that answers
+// ARP and NDP, under which lease, and why the others may not.
+func (a *app) l2Addresses(b *strings.Builder, l2 []*weirv1.L2AddressStatus) {
+	if len(l2) == 0 {
+		return
+	}
+	var rows [][]string
+	var passed []string
+	for _, s := range l2 {
+		owner, epoch, since, chosen := "-", "-", "-", orNone(s.GetChosen())
+		switch {
+		case !s.GetDecided():
+			owner, chosen = "unknown (the leader decides)", "unknown"
+		case s.GetOwner() != "":
+			owner, epoch, since = s.GetOwner(), strconv.FormatUint(s.GetEpoch(), 10), age(a.now(), s.GetSince())
+		}
+		rows = append(rows, []string{s.GetAddress(), owner, epoch, since, chosen, orNone(strings.Join(s.GetCandidates(), ", "))})
+		for _, p := range s.GetPassedOver() {
+			passed = append(passed, fmt.Sprintf("%s on %s: %s (%s)", p.GetNode(), s.GetAddress(), p.GetReason(), p.GetMessage()))
+		}
+	}
+	b.WriteString("\n")
+	section(b, "L2 (ARP and NDP)", []string{"ADDRESS", "OWNER", "EPOCH", "SINCE", "CHOSEN", "CANDIDATES"}, rows)
+	for _, p := range passed {
+		fmt.Fprintf(b, "  Passed over: %s\n", p)
+	}
 }
 
 func (a *app) speakerRows(speakers []*weirv1.SpeakerServicePaths) [][]string {
@@ -429,7 +477,7 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 			if s.GetEstablishedSince() != nil {
 				up = age(a.now(), s.GetEstablishedSince())
 			}
-			state := s.GetState()
+			state := string(nodewire.StateOf(s))
 			if stale := a.staleSince(n); stale != "" {
 				state, up = stale+" (last reported "+state+")", "-"
 			}
@@ -547,11 +595,12 @@ func section(b *strings.Builder, title string, header []string, rows [][]string)
 func families(fs []*weirv1.BgpFamily) string {
 	var out []string
 	for _, f := range fs {
+		name := string(nodewire.FamilyOf(f))
 		if !f.GetNegotiated() {
-			out = append(out, f.GetFamily()+" not negotiated")
+			out = append(out, name+" not negotiated")
 			continue
 		}
-		out = append(out, fmt.Sprintf("%s sent %d accepted %d", f.GetFamily(), f.GetSent(), f.GetAccepted()))
+		out = append(out, fmt.Sprintf("%s sent %d accepted %d", name, f.GetSent(), f.GetAccepted()))
 	}
 	return orNone(strings.Join(out, "; "))
 }

@@ -18,6 +18,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/weirlb/weir/internal/nodewire"
+	"github.com/weirlb/weir/internal/report"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -45,58 +47,14 @@ reached; the same whatever the output format.`,
 			if err := checkOutput(output); err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			health, err := a.health(ctx)
+			in, err := a.readStatus(cmd.Context())
 			if err != nil {
 				return err
 			}
-			c, st, err := a.clients()
-			if err != nil {
-				return err
-			}
-			info, err := st.GetServerInfo(ctx, &weirv1.GetServerInfoRequest{})
-			if err != nil {
-				return plain(nil, err)
-			}
-			nodes, err := listNodes(ctx, c, &weirv1.ListNodesRequest{})
-			if err != nil {
-				return plain(nil, err)
-			}
-			statuses, err := listNodeStatuses(ctx, st)
-			if err != nil {
-				return plain(nil, err)
-			}
-			pools, err := a.poolUsage(ctx, c)
-			if err != nil {
-				return plain(nil, err)
-			}
-			drained := map[string]bool{}
-			for _, n := range nodes {
-				drained[n.GetMetadata().GetName()] = n.GetDrained()
-			}
-
-			var problems []string
-			for _, n := range statuses {
-				if p := a.nodeProblem(n); p != "" {
-					problems = append(problems, p)
-				}
-			}
-			var summary []string
-			if health != healthpb.HealthCheckResponse_SERVING {
-				summary = append(summary, "the server's health is "+health.String())
-			}
-			if e := info.GetStoreWriteError(); e != "" {
-				summary = append(summary, fmt.Sprintf("the server's store has refused writes for %s: %s", age(a.now(), info.GetStoreWriteFailingSince()), e))
-			}
-			if len(problems) > 0 {
-				summary = append(summary, fmt.Sprintf("%d of %d nodes not ready: %s", len(problems), len(statuses), strings.Join(problems, "; ")))
-			}
-			var failed error
-			if len(summary) > 0 {
-				failed = errors.New(strings.Join(summary, "; "))
-			}
+			problems := a.nodeProblems(in.statuses)
+			failed := a.statusFailure(in, problems)
 			if output != "table" {
-				doc, err := statusDocument(a.server, health, info, pools, statuses, drained, problems)
+				doc, err := statusDocument(a.server, in.health, in.info, in.pools, in.statuses, in.drained, problems)
 				if err != nil {
 					return err
 				}
@@ -105,42 +63,7 @@ reached; the same whatever the output format.`,
 				}
 				return failed
 			}
-
-			var b strings.Builder
-			fields(&b, "",
-				"Server", fmt.Sprintf("%s (%s)", a.server, health),
-				"Version", orNone(info.GetVersion()),
-				"State version", strconv.FormatUint(info.GetStateVersion(), 10),
-				"Uptime", age(a.now(), info.GetStarted()),
-				"Sources", list(info.GetSources()),
-				"Agents", fmt.Sprintf("%d connected, %d nodes registered", info.GetAgentsConnected(), len(nodes)),
-				"Agent versions", agentVersions(statuses),
-				"Pools", pools,
-			)
-			b.WriteString("\n")
-			t := &table{w: &b}
-			// L2: the addresses each node answers ARP and NDP for, where
-			// any does.
-			l2 := slices.ContainsFunc(statuses, func(n *weirv1.NodeStatus) bool { return n.GetL2Addresses() > 0 })
-			header := []string{"NAME", "CONNECTED", "APPLIED/SENT", "LAG", "HEALTHZ", "BGP"}
-			if l2 {
-				header = append(header, "L2")
-			}
-			t.add(append(header, "DRAINED", "LAST ERROR")...)
-			for _, n := range statuses {
-				appliedSent, lag := versions(n)
-				row := []string{n.GetName(), yesNo(n.GetConnected()), appliedSent, lag, code(n.GetHealth().GetHealthzCode()), bgpSessions(n.GetBgpSessions())}
-				if l2 {
-					row = append(row, strconv.Itoa(int(n.GetL2Addresses())))
-				}
-				t.add(append(row, yesNo(drained[n.GetName()]), orNone(n.GetLastError()))...)
-			}
-			if len(statuses) == 0 {
-				b.WriteString("No nodes registered.\n")
-			} else {
-				_ = t.flush() // a strings.Builder takes every write
-			}
-			if _, err := io.WriteString(a.stdout, b.String()); err != nil {
+			if _, err := io.WriteString(a.stdout, a.statusTable(in)); err != nil {
 				return err
 			}
 			return failed
@@ -148,6 +71,126 @@ reached; the same whatever the output format.`,
 	}
 	addOutputFlag(cmd, &output)
 	return cmd
+}
+
+// statusInputs is what status shows, read from the server.
+type statusInputs struct {
+	health   healthpb.HealthCheckResponse_ServingStatus
+	info     *weirv1.GetServerInfoResponse
+	nodes    int // registered
+	statuses []*weirv1.NodeStatus
+	drained  map[string]bool
+	pools    string
+}
+
+// readStatus reads the server's health and information, the nodes, their
+// statuses and the pools' usage.
+func (a *app) readStatus(ctx context.Context) (statusInputs, error) {
+	var in statusInputs
+	health, err := a.health(ctx)
+	if err != nil {
+		return in, err
+	}
+	c, st, err := a.clients()
+	if err != nil {
+		return in, err
+	}
+	in.health = health
+	if in.info, err = st.GetServerInfo(ctx, &weirv1.GetServerInfoRequest{}); err != nil {
+		return in, plain(nil, err)
+	}
+	nodes, err := listNodes(ctx, c, &weirv1.ListNodesRequest{})
+	if err != nil {
+		return in, plain(nil, err)
+	}
+	if in.statuses, err = listNodeStatuses(ctx, st); err != nil {
+		return in, plain(nil, err)
+	}
+	if in.pools, err = a.poolUsage(ctx, c); err != nil {
+		return in, plain(nil, err)
+	}
+	in.nodes, in.drained = len(nodes), map[string]bool{}
+	for _, n := range nodes {
+		in.drained[n.GetMetadata().GetName()] = n.GetDrained()
+	}
+	return in, nil
+}
+
+// nodeProblems says, per node that is not ready, why.
+func (a *app) nodeProblems(statuses []*weirv1.NodeStatus) []string {
+	var problems []string
+	for _, n := range statuses {
+		if p := a.nodeProblem(n); p != "" {
+			problems = append(problems, p)
+		}
+	}
+	return problems
+}
+
+// statusFailure is what makes status fail (exit code 1), in one line;
+// nil when the server is healthy and every node ready.
+func (a *app) statusFailure(in statusInputs, problems []string) error {
+	var summary []string
+	if in.health != healthpb.HealthCheckResponse_SERVING {
+		summary = append(summary, "the server's health is "+in.health.String())
+	}
+	if e := in.info.GetStoreWriteError(); e != "" {
+		summary = append(summary, fmt.Sprintf("the server's store has refused writes for %s: %s", age(a.now(), in.info.GetStoreWriteFailingSince()), e))
+	}
+	if len(problems) > 0 {
+		summary = append(summary, fmt.Sprintf("%d of %d nodes not ready: %s", len(problems), len(in.statuses), strings.Join(problems, "; ")))
+	}
+	if len(summary) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(summary, "; "))
+}
+
+// statusTable is status as text: the server's fields, then a row a node.
+func (a *app) statusTable(in statusInputs) string {
+	var b strings.Builder
+	info := in.info
+	fields(&b, "",
+		"Server", fmt.Sprintf("%s (%s)", a.server, in.health),
+		"Version", orNone(info.GetVersion()),
+		"State version", strconv.FormatUint(serverRevision(info), 10),
+		"Uptime", age(a.now(), info.GetStarted()),
+		"Sources", list(info.GetSources()),
+		"Agents", fmt.Sprintf("%d connected, %d nodes registered", info.GetAgentsConnected(), in.nodes),
+		"Agent versions", agentVersions(in.statuses),
+		"Pools", in.pools,
+	)
+	b.WriteString("\n")
+	if len(in.statuses) == 0 {
+		b.WriteString("No nodes registered.\n")
+		return b.String()
+	}
+	t := &table{w: &b}
+	// L2: the addresses each node answers ARP and NDP for, where
+	// any does.
+	l2 := slices.ContainsFunc(in.statuses, func(n *weirv1.NodeStatus) bool { return n.GetL2Addresses() > 0 })
+	header := []string{"NAME", "CONNECTED", "APPLIED/SENT", "LAG", "HEALTHZ", "BGP"}
+	if l2 {
+		header = append(header, "L2")
+	}
+	t.add(append(header, "DRAINED", "LAST ERROR")...)
+	for _, n := range in.statuses {
+		appliedSent, lag := versions(n)
+		row := []string{n.GetName(), yesNo(n.GetConnected()), appliedSent, lag, code(n.GetHealth().GetHealthzCode()), bgpSessions(n.GetBgpSessions())}
+		if l2 {
+			row = append(row, strconv.Itoa(int(n.GetL2Addresses())))
+		}
+		t.add(append(row, yesNo(in.drained[n.GetName()]), orNone(n.GetLastError()))...)
+	}
+	_ = t.flush() // a strings.Builder takes every write
+	return b.String()
+}
+
+// serverRevision is the server's newest store revision; a server of the
+// previous release says it only as state_version.
+func serverRevision(info *weirv1.GetServerInfoResponse) uint64 {
+	//lint:ignore SA1019 what a server of the previous release fills
+	return cmp.Or(info.GetRevision(), info.GetStateVersion())
 }
 
 // statusDocument is status as one JSON document: field names as in the
@@ -227,7 +270,7 @@ func bgpSessions(sessions []*weirv1.BgpSession) string {
 	}
 	up := 0
 	for _, s := range sessions {
-		if s.GetState() == "established" {
+		if nodewire.StateOf(s) == report.BGPEstablished {
 			up++
 		}
 	}

@@ -22,6 +22,8 @@ import (
 	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v3/pkg/server"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/weirlb/weir/internal/report"
 )
 
 // Peer is an upstream router.
@@ -160,7 +162,7 @@ func (a Announcement) Same(b Announcement) bool {
 type Session struct {
 	PeerAddress netip.Addr
 	PeerASN     uint32
-	State       string // idle, connect, active, opensent, openconfirm, established
+	State       report.BGPState
 	Since       time.Time
 	// AddPath: the router agreed to receive several paths per prefix.
 	AddPath bool
@@ -174,7 +176,7 @@ type Session struct {
 
 // Family is one address family of a session.
 type Family struct {
-	Name string // ipv4 or ipv6
+	Name report.Family
 	// Negotiated: both sides agreed to carry it in this session.
 	Negotiated bool
 	// Sent counts the prefixes advertised to the router, Received and
@@ -483,25 +485,25 @@ func (g *GoBGP) Sessions(ctx context.Context) ([]Session, error) {
 			return
 		}
 		st := Session{PeerAddress: addr, PeerASN: p.GetState().GetPeerAsn(),
-			State: strings.ToLower(p.GetState().GetSessionState().String()), LastError: g.notes.get(addr)}
-		st.AddPath = g.cfg.AddPath && st.State == "established" && receivesAddPath(p.GetState().GetRemoteCap())
-		if st.State == "established" && p.GetTimers().GetState().GetUptime() != nil {
+			State: report.BGPState(strings.ToLower(p.GetState().GetSessionState().String())), LastError: g.notes.get(addr)}
+		st.AddPath = g.cfg.AddPath && st.State == report.BGPEstablished && receivesAddPath(p.GetState().GetRemoteCap())
+		if st.State == report.BGPEstablished && p.GetTimers().GetState().GetUptime() != nil {
 			st.Since = p.GetTimers().GetState().GetUptime().AsTime()
 		}
 		remote := remoteFamilies(p.GetState().GetRemoteCap())
 		for _, af := range p.GetAfiSafis() {
 			fs := af.GetState()
-			name := "ipv4"
+			name := report.IPv4
 			if fs.GetFamily().GetAfi() == api.Family_AFI_IP6 {
-				name = "ipv6"
+				name = report.IPv6
 			}
 			// Enabled is only this side's configuration: the family is
 			// carried when the router offered it too.
-			negotiated := st.State == "established" && fs.GetEnabled() && remote[fs.GetFamily().GetAfi()]
+			negotiated := st.State == report.BGPEstablished && fs.GetEnabled() && remote[fs.GetFamily().GetAfi()]
 			st.Families = append(st.Families, Family{Name: name, Negotiated: negotiated,
 				Sent: fs.GetAdvertised(), Received: fs.GetReceived(), Accepted: fs.GetAccepted()})
 		}
-		slices.SortFunc(st.Families, func(a, b Family) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(st.Families, func(a, b Family) int { return strings.Compare(string(a.Name), string(b.Name)) })
 		out = append(out, st)
 	})
 	slices.SortFunc(out, func(a, b Session) int { return a.PeerAddress.Compare(b.PeerAddress) })

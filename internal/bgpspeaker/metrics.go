@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weirlb/weir/internal/report"
 )
 
 // Per peer (and family): bounded by the routers a speaker peers with.
@@ -37,7 +39,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range sessions {
 		peer := s.PeerAddress.String()
 		up := 0.0
-		if s.State == "established" {
+		if s.State == report.BGPEstablished {
 			up = 1
 		}
 		ch <- prometheus.MustNewConstMetric(sessionUp, prometheus.GaugeValue, up, peer)
@@ -45,9 +47,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		for _, f := range s.Families {
-			ch <- prometheus.MustNewConstMetric(prefixes, prometheus.GaugeValue, float64(f.Sent), peer, f.Name, "sent")
-			ch <- prometheus.MustNewConstMetric(prefixes, prometheus.GaugeValue, float64(f.Received), peer, f.Name, "received")
-			ch <- prometheus.MustNewConstMetric(prefixes, prometheus.GaugeValue, float64(f.Accepted), peer, f.Name, "accepted")
+			fam := string(f.Name)
+			ch <- prometheus.MustNewConstMetric(prefixes, prometheus.GaugeValue, float64(f.Sent), peer, fam, "sent")
+			ch <- prometheus.MustNewConstMetric(prefixes, prometheus.GaugeValue, float64(f.Received), peer, fam, "received")
+			ch <- prometheus.MustNewConstMetric(prefixes, prometheus.GaugeValue, float64(f.Accepted), peer, fam, "accepted")
 		}
 	}
 }

@@ -109,12 +109,7 @@ func EncodeDrain(d report.DrainReport) *weirv1.DrainStatus {
 func EncodeSessions(sessions []report.BGPSession) []*weirv1.BgpSession {
 	out := make([]*weirv1.BgpSession, 0, len(sessions))
 	for _, s := range sessions {
-		ps := &weirv1.BgpSession{PeerAddress: addrString(s.PeerAddress), PeerAsn: s.PeerASN, State: s.State,
-			LastError: s.LastError, EstablishedSince: timestamp(s.Since)}
-		for _, f := range s.Families {
-			ps.Families = append(ps.Families, &weirv1.BgpFamily{Family: f.Name, Negotiated: f.Negotiated, Sent: f.Sent, Received: f.Received, Accepted: f.Accepted})
-		}
-		out = append(out, ps)
+		out = append(out, EncodeSession(s))
 	}
 	return out
 }
@@ -123,14 +118,7 @@ func EncodeSessions(sessions []report.BGPSession) []*weirv1.BgpSession {
 func DecodeSessions(sessions []*weirv1.BgpSession) []report.BGPSession {
 	out := make([]report.BGPSession, 0, len(sessions))
 	for _, s := range sessions {
-		peer, _ := netip.ParseAddr(s.GetPeerAddress())
-		rs := report.BGPSession{PeerAddress: peer, PeerASN: s.GetPeerAsn(), State: s.GetState(),
-			LastError: s.GetLastError(), Since: timeOf(s.GetEstablishedSince())}
-		for _, f := range s.GetFamilies() {
-			rs.Families = append(rs.Families, report.BGPFamily{Name: f.GetFamily(), Negotiated: f.GetNegotiated(),
-				Sent: f.GetSent(), Received: f.GetReceived(), Accepted: f.GetAccepted()})
-		}
-		out = append(out, rs)
+		out = append(out, DecodeSession(s))
 	}
 	return out
 }

@@ -102,7 +102,7 @@ type BGPAnnouncement struct {
 type BGPSession struct {
 	PeerAddress netip.Addr
 	PeerASN     uint32
-	State       string // idle, connect, active, opensent, openconfirm, established
+	State       BGPState
 	Since       time.Time
 	// LastError is the session's last NOTIFICATION, from either side.
 	LastError string
@@ -112,10 +112,31 @@ type BGPSession struct {
 
 // BGPFamily is one address family of a BGP session.
 type BGPFamily struct {
-	Name                     string
+	Name                     Family
 	Negotiated               bool
 	Sent, Received, Accepted uint64
 }
+
+// BGPState is a BGP session's finite-state-machine state (RFC 4271,
+// section 8.2.2), in the lower-case words the speaker reports.
+type BGPState string
+
+const (
+	BGPIdle        BGPState = "idle"
+	BGPConnect     BGPState = "connect"
+	BGPActive      BGPState = "active"
+	BGPOpenSent    BGPState = "opensent"
+	BGPOpenConfirm BGPState = "openconfirm"
+	BGPEstablished BGPState = "established"
+)
+
+// Family is an IP address family.
+type Family string
+
+const (
+	IPv4 Family = "ipv4"
+	IPv6 Family = "ipv6"
+)
 
 // Merge adds o's parts to r.
 func (r *Report) Merge(o *Report) {

@@ -53,10 +53,12 @@ func NewStatusService(hub *agentsync.Hub, reg *registry.Registry, info ServerInf
 }
 
 func (s *StatusService) GetServerInfo(context.Context, *weirv1.GetServerInfoRequest) (*weirv1.GetServerInfoResponse, error) {
+	rev := s.hub.Version()
 	info := &weirv1.GetServerInfoResponse{
-		Version: s.info.Version, StateVersion: s.hub.Version(), AgentsConnected: int32(s.hub.Connected()),
+		Version: s.info.Version, Revision: rev, AgentsConnected: int32(s.hub.Connected()),
 		Started: timestamp(s.info.Started), Sources: s.info.Sources,
 	}
+	info.StateVersion = rev //lint:ignore SA1019 filled for clients of the previous release
 	if since, err := s.reg.WriteFailure(); err != nil {
 		info.StoreWriteError, info.StoreWriteFailingSince = err.Error(), timestamp(since)
 	}
@@ -328,7 +330,9 @@ func bgpSessions(n observed.Node) []*weirv1.BgpSession {
 func families(v receive.Verdict) []*weirv1.ServiceFamilyStatus {
 	var out []*weirv1.ServiceFamilyStatus
 	for _, f := range v.Families {
-		pf := &weirv1.ServiceFamilyStatus{Family: f.Family, Reason: f.Reason, Message: f.Message, ReceivesExternalTraffic: f.Reason == ""}
+		pf := &weirv1.ServiceFamilyStatus{AddressFamily: nodewire.AddressFamily(report.Family(f.Family)),
+			Reason: f.Reason, Message: f.Message, ReceivesExternalTraffic: f.Reason == ""}
+		pf.Family = f.Family //lint:ignore SA1019 filled for clients of the previous release
 		for _, a := range f.Addresses {
 			pf.Addresses = append(pf.Addresses, a.String())
 		}

@@ -206,7 +206,7 @@ func sessionReason(sessions []report.BGPSession, fam string) (string, string) {
 		peer := fmt.Sprintf("%s (AS %d)", s.PeerAddress, s.PeerASN)
 		switch {
 		case s.State != "established":
-			w := peer + " " + s.State
+			w := peer + " " + string(s.State)
 			if s.LastError != "" {
 				w += ": " + s.LastError
 			}
@@ -227,7 +227,7 @@ func carriesFamily(s report.BGPSession, fam string) (carries, negotiated bool) {
 		return same, same
 	}
 	for _, f := range s.Families {
-		if f.Name == fam && f.Negotiated {
+		if string(f.Name) == fam && f.Negotiated {
 			return true, true
 		}
 	}

@@ -23,9 +23,9 @@ func healthyNode(sessions []report.BGPSession, announced ...string) observed.Nod
 }
 
 func session(peer, state, lastError string, negotiated ...string) report.BGPSession {
-	s := report.BGPSession{PeerAddress: netip.MustParseAddr(peer), PeerASN: 64512, State: state, LastError: lastError}
+	s := report.BGPSession{PeerAddress: netip.MustParseAddr(peer), PeerASN: 64512, State: report.BGPState(state), LastError: lastError}
 	for _, f := range []string{"ipv4", "ipv6"} {
-		s.Families = append(s.Families, report.BGPFamily{Name: f, Negotiated: state == "established" && strings.Contains(strings.Join(negotiated, ","), f)})
+		s.Families = append(s.Families, report.BGPFamily{Name: report.Family(f), Negotiated: state == "established" && strings.Contains(strings.Join(negotiated, ","), f)})
 	}
 	return s
 }

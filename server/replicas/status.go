@@ -200,10 +200,23 @@ type publishedNode struct {
 func wireNode(st observed.Node) publishedNode {
 	p := publishedNode{Node: st}
 	if st.BGPSessions != nil {
-		p.BGPSessions = nodewire.EncodeSessions(st.BGPSessions)
+		p.BGPSessions = sharedSessions(nodewire.EncodeSessions(st.BGPSessions))
 	}
 	p.BGPAnnouncements = nodewire.EncodeAnnouncements(st.BGPAnnouncements)
 	return p
+}
+
+// sharedSessions is sessions as replicas share them: the state and the
+// families in words only, without the enums, so that what a replica
+// publishes stays byte for byte what every version of the server reads.
+func sharedSessions(sessions []*weirv1.BgpSession) []*weirv1.BgpSession {
+	for _, s := range sessions {
+		s.SessionState = weirv1.BgpSessionState_BGP_SESSION_STATE_UNSPECIFIED
+		for _, f := range s.Families {
+			f.AddressFamily = weirv1.AddressFamily_ADDRESS_FAMILY_UNSPECIFIED
+		}
+	}
+	return sessions
 }
 
 func setRemote(cfg Config, node string, value []byte) {

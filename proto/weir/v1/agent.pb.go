@@ -23,6 +23,119 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// BgpSessionState is a BGP session's finite-state-machine state (RFC
+// 4271, section 8.2.2).
+type BgpSessionState int32
+
+const (
+	BgpSessionState_BGP_SESSION_STATE_UNSPECIFIED  BgpSessionState = 0
+	BgpSessionState_BGP_SESSION_STATE_IDLE         BgpSessionState = 1
+	BgpSessionState_BGP_SESSION_STATE_CONNECT      BgpSessionState = 2
+	BgpSessionState_BGP_SESSION_STATE_ACTIVE       BgpSessionState = 3
+	BgpSessionState_BGP_SESSION_STATE_OPEN_SENT    BgpSessionState = 4
+	BgpSessionState_BGP_SESSION_STATE_OPEN_CONFIRM BgpSessionState = 5
+	BgpSessionState_BGP_SESSION_STATE_ESTABLISHED  BgpSessionState = 6
+)
+
+// Enum value maps for BgpSessionState.
+var (
+	BgpSessionState_name = map[int32]string{
+		0: "BGP_SESSION_STATE_UNSPECIFIED",
+		1: "BGP_SESSION_STATE_IDLE",
+		2: "BGP_SESSION_STATE_CONNECT",
+		3: "BGP_SESSION_STATE_ACTIVE",
+		4: "BGP_SESSION_STATE_OPEN_SENT",
+		5: "BGP_SESSION_STATE_OPEN_CONFIRM",
+		6: "BGP_SESSION_STATE_ESTABLISHED",
+	}
+	BgpSessionState_value = map[string]int32{
+		"BGP_SESSION_STATE_UNSPECIFIED":  0,
+		"BGP_SESSION_STATE_IDLE":         1,
+		"BGP_SESSION_STATE_CONNECT":      2,
+		"BGP_SESSION_STATE_ACTIVE":       3,
+		"BGP_SESSION_STATE_OPEN_SENT":    4,
+		"BGP_SESSION_STATE_OPEN_CONFIRM": 5,
+		"BGP_SESSION_STATE_ESTABLISHED":  6,
+	}
+)
+
+func (x BgpSessionState) Enum() *BgpSessionState {
+	p := new(BgpSessionState)
+	*p = x
+	return p
+}
+
+func (x BgpSessionState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BgpSessionState) Descriptor() protoreflect.EnumDescriptor {
+	return file_weir_v1_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (BgpSessionState) Type() protoreflect.EnumType {
+	return &file_weir_v1_agent_proto_enumTypes[0]
+}
+
+func (x BgpSessionState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BgpSessionState.Descriptor instead.
+func (BgpSessionState) EnumDescriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+// AddressFamily is an IP address family.
+type AddressFamily int32
+
+const (
+	AddressFamily_ADDRESS_FAMILY_UNSPECIFIED AddressFamily = 0
+	AddressFamily_ADDRESS_FAMILY_IPV4        AddressFamily = 1
+	AddressFamily_ADDRESS_FAMILY_IPV6        AddressFamily = 2
+)
+
+// Enum value maps for AddressFamily.
+var (
+	AddressFamily_name = map[int32]string{
+		0: "ADDRESS_FAMILY_UNSPECIFIED",
+		1: "ADDRESS_FAMILY_IPV4",
+		2: "ADDRESS_FAMILY_IPV6",
+	}
+	AddressFamily_value = map[string]int32{
+		"ADDRESS_FAMILY_UNSPECIFIED": 0,
+		"ADDRESS_FAMILY_IPV4":        1,
+		"ADDRESS_FAMILY_IPV6":        2,
+	}
+)
+
+func (x AddressFamily) Enum() *AddressFamily {
+	p := new(AddressFamily)
+	*p = x
+	return p
+}
+
+func (x AddressFamily) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AddressFamily) Descriptor() protoreflect.EnumDescriptor {
+	return file_weir_v1_agent_proto_enumTypes[1].Descriptor()
+}
+
+func (AddressFamily) Type() protoreflect.EnumType {
+	return &file_weir_v1_agent_proto_enumTypes[1]
+}
+
+func (x AddressFamily) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AddressFamily.Descriptor instead.
+func (AddressFamily) EnumDescriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
 // LeasesRequest is an agent asking to hold (or keep holding) the L2 addresses the
 // server chose it for.
 type LeasesRequest struct {
@@ -1018,8 +1131,11 @@ type BgpSession struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	PeerAddress string                 `protobuf:"bytes,1,opt,name=peer_address,json=peerAddress,proto3" json:"peer_address,omitempty"`
 	PeerAsn     uint32                 `protobuf:"varint,2,opt,name=peer_asn,json=peerAsn,proto3" json:"peer_asn,omitempty"`
-	// The BGP finite-state-machine state, lower case: idle, connect,
-	// active, opensent, openconfirm or established.
+	// Deprecated: session_state. Still filled, lower case (idle, connect,
+	// active, opensent, openconfirm or established), for clients and
+	// replicas that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/agent.proto.
 	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
 	// When the session was last established.
 	EstablishedSince *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=established_since,json=establishedSince,proto3" json:"established_since,omitempty"`
@@ -1028,7 +1144,9 @@ type BgpSession struct {
 	// subcode 2(bad peer as)"); empty when there was none.
 	LastError string `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	// The session per address family.
-	Families      []*BgpFamily `protobuf:"bytes,6,rep,name=families,proto3" json:"families,omitempty"`
+	Families []*BgpFamily `protobuf:"bytes,6,rep,name=families,proto3" json:"families,omitempty"`
+	// The BGP finite-state-machine state.
+	SessionState  BgpSessionState `protobuf:"varint,7,opt,name=session_state,json=sessionState,proto3,enum=weir.v1.BgpSessionState" json:"session_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1077,6 +1195,7 @@ func (x *BgpSession) GetPeerAsn() uint32 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in weir/v1/agent.proto.
 func (x *BgpSession) GetState() string {
 	if x != nil {
 		return x.State
@@ -1105,17 +1224,28 @@ func (x *BgpSession) GetFamilies() []*BgpFamily {
 	return nil
 }
 
+func (x *BgpSession) GetSessionState() BgpSessionState {
+	if x != nil {
+		return x.SessionState
+	}
+	return BgpSessionState_BGP_SESSION_STATE_UNSPECIFIED
+}
+
 // BgpFamily is one address family of a BGP session.
 type BgpFamily struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "ipv4" or "ipv6".
+	// Deprecated: address_family. Still filled ("ipv4" or "ipv6") for
+	// clients and replicas that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/agent.proto.
 	Family string `protobuf:"bytes,1,opt,name=family,proto3" json:"family,omitempty"`
 	// Both sides agreed to carry the family in the current session.
 	Negotiated bool `protobuf:"varint,2,opt,name=negotiated,proto3" json:"negotiated,omitempty"`
 	// Prefixes advertised to the router; prefixes it sent, and those kept.
-	Sent          uint64 `protobuf:"varint,3,opt,name=sent,proto3" json:"sent,omitempty"`
-	Received      uint64 `protobuf:"varint,4,opt,name=received,proto3" json:"received,omitempty"`
-	Accepted      uint64 `protobuf:"varint,5,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	Sent          uint64        `protobuf:"varint,3,opt,name=sent,proto3" json:"sent,omitempty"`
+	Received      uint64        `protobuf:"varint,4,opt,name=received,proto3" json:"received,omitempty"`
+	Accepted      uint64        `protobuf:"varint,5,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	AddressFamily AddressFamily `protobuf:"varint,6,opt,name=address_family,json=addressFamily,proto3,enum=weir.v1.AddressFamily" json:"address_family,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1150,6 +1280,7 @@ func (*BgpFamily) Descriptor() ([]byte, []int) {
 	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
+// Deprecated: Marked as deprecated in weir/v1/agent.proto.
 func (x *BgpFamily) GetFamily() string {
 	if x != nil {
 		return x.Family
@@ -1183,6 +1314,13 @@ func (x *BgpFamily) GetAccepted() uint64 {
 		return x.Accepted
 	}
 	return 0
+}
+
+func (x *BgpFamily) GetAddressFamily() AddressFamily {
+	if x != nil {
+		return x.AddressFamily
+	}
+	return AddressFamily_ADDRESS_FAMILY_UNSPECIFIED
 }
 
 // NodeHealth is what the node answers on its health port (10256).
@@ -2368,24 +2506,26 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x0fBgpAnnouncement\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x19\n" +
 	"\bnext_hop\x18\x02 \x01(\tR\anextHop\x12\x16\n" +
-	"\x06weight\x18\x03 \x01(\rR\x06weight\"\xf8\x01\n" +
+	"\x06weight\x18\x03 \x01(\rR\x06weight\"\xbb\x02\n" +
 	"\n" +
 	"BgpSession\x12!\n" +
 	"\fpeer_address\x18\x01 \x01(\tR\vpeerAddress\x12\x19\n" +
-	"\bpeer_asn\x18\x02 \x01(\rR\apeerAsn\x12\x14\n" +
-	"\x05state\x18\x03 \x01(\tR\x05state\x12G\n" +
+	"\bpeer_asn\x18\x02 \x01(\rR\apeerAsn\x12\x18\n" +
+	"\x05state\x18\x03 \x01(\tB\x02\x18\x01R\x05state\x12G\n" +
 	"\x11established_since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x10establishedSince\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x05 \x01(\tR\tlastError\x12.\n" +
-	"\bfamilies\x18\x06 \x03(\v2\x12.weir.v1.BgpFamilyR\bfamilies\"\x8f\x01\n" +
-	"\tBgpFamily\x12\x16\n" +
-	"\x06family\x18\x01 \x01(\tR\x06family\x12\x1e\n" +
+	"\bfamilies\x18\x06 \x03(\v2\x12.weir.v1.BgpFamilyR\bfamilies\x12=\n" +
+	"\rsession_state\x18\a \x01(\x0e2\x18.weir.v1.BgpSessionStateR\fsessionState\"\xd2\x01\n" +
+	"\tBgpFamily\x12\x1a\n" +
+	"\x06family\x18\x01 \x01(\tB\x02\x18\x01R\x06family\x12\x1e\n" +
 	"\n" +
 	"negotiated\x18\x02 \x01(\bR\n" +
 	"negotiated\x12\x12\n" +
 	"\x04sent\x18\x03 \x01(\x04R\x04sent\x12\x1a\n" +
 	"\breceived\x18\x04 \x01(\x04R\breceived\x12\x1a\n" +
-	"\baccepted\x18\x05 \x01(\x04R\baccepted\"\xb2\x01\n" +
+	"\baccepted\x18\x05 \x01(\x04R\baccepted\x12=\n" +
+	"\x0eaddress_family\x18\x06 \x01(\x0e2\x16.weir.v1.AddressFamilyR\raddressFamily\"\xb2\x01\n" +
 	"\n" +
 	"NodeHealth\x12!\n" +
 	"\fhealthz_code\x18\x01 \x01(\x05R\vhealthzCode\x12\x1d\n" +
@@ -2493,7 +2633,19 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	" \x03(\tR\thintNodes\x12\x14\n" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12\x18\n" +
 	"\aserving\x18\a \x01(\bR\aserving\x12 \n" +
-	"\vterminating\x18\b \x01(\bR\vterminatingJ\x04\b\x03\x10\x04R\x05local2\x86\x01\n" +
+	"\vterminating\x18\b \x01(\bR\vterminatingJ\x04\b\x03\x10\x04R\x05local*\xf5\x01\n" +
+	"\x0fBgpSessionState\x12!\n" +
+	"\x1dBGP_SESSION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16BGP_SESSION_STATE_IDLE\x10\x01\x12\x1d\n" +
+	"\x19BGP_SESSION_STATE_CONNECT\x10\x02\x12\x1c\n" +
+	"\x18BGP_SESSION_STATE_ACTIVE\x10\x03\x12\x1f\n" +
+	"\x1bBGP_SESSION_STATE_OPEN_SENT\x10\x04\x12\"\n" +
+	"\x1eBGP_SESSION_STATE_OPEN_CONFIRM\x10\x05\x12!\n" +
+	"\x1dBGP_SESSION_STATE_ESTABLISHED\x10\x06*a\n" +
+	"\rAddressFamily\x12\x1e\n" +
+	"\x1aADDRESS_FAMILY_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13ADDRESS_FAMILY_IPV4\x10\x01\x12\x17\n" +
+	"\x13ADDRESS_FAMILY_IPV6\x10\x022\x86\x01\n" +
 	"\fAgentService\x127\n" +
 	"\x04Sync\x12\x14.weir.v1.SyncRequest\x1a\x15.weir.v1.SyncResponse(\x010\x01\x12=\n" +
 	"\x06Leases\x12\x16.weir.v1.LeasesRequest\x1a\x17.weir.v1.LeasesResponse(\x010\x01B-Z+github.com/weirlb/weir/proto/weir/v1;weirv1b\x06proto3"
@@ -2510,90 +2662,95 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 	return file_weir_v1_agent_proto_rawDescData
 }
 
+var file_weir_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_weir_v1_agent_proto_goTypes = []any{
-	(*LeasesRequest)(nil),         // 0: weir.v1.LeasesRequest
-	(*L2Refusal)(nil),             // 1: weir.v1.L2Refusal
-	(*L2Lease)(nil),               // 2: weir.v1.L2Lease
-	(*LeasesResponse)(nil),        // 3: weir.v1.LeasesResponse
-	(*SyncRequest)(nil),           // 4: weir.v1.SyncRequest
-	(*Hello)(nil),                 // 5: weir.v1.Hello
-	(*Ack)(nil),                   // 6: weir.v1.Ack
-	(*Nack)(nil),                  // 7: weir.v1.Nack
-	(*Report)(nil),                // 8: weir.v1.Report
-	(*MovedConnections)(nil),      // 9: weir.v1.MovedConnections
-	(*DrainStatus)(nil),           // 10: weir.v1.DrainStatus
-	(*BgpSessions)(nil),           // 11: weir.v1.BgpSessions
-	(*BgpAnnouncement)(nil),       // 12: weir.v1.BgpAnnouncement
-	(*BgpSession)(nil),            // 13: weir.v1.BgpSession
-	(*BgpFamily)(nil),             // 14: weir.v1.BgpFamily
-	(*NodeHealth)(nil),            // 15: weir.v1.NodeHealth
-	(*ServiceHealth)(nil),         // 16: weir.v1.ServiceHealth
-	(*SyncResponse)(nil),          // 17: weir.v1.SyncResponse
-	(*NodeInfo)(nil),              // 18: weir.v1.NodeInfo
-	(*FlowPeer)(nil),              // 19: weir.v1.FlowPeer
-	(*L2Pool)(nil),                // 20: weir.v1.L2Pool
-	(*PoolAdvertisement)(nil),     // 21: weir.v1.PoolAdvertisement
-	(*NodePeer)(nil),              // 22: weir.v1.NodePeer
-	(*NodeService)(nil),           // 23: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 24: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 25: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 28: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 29: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 30: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 31: weir.v1.Protocol
+	(BgpSessionState)(0),          // 0: weir.v1.BgpSessionState
+	(AddressFamily)(0),            // 1: weir.v1.AddressFamily
+	(*LeasesRequest)(nil),         // 2: weir.v1.LeasesRequest
+	(*L2Refusal)(nil),             // 3: weir.v1.L2Refusal
+	(*L2Lease)(nil),               // 4: weir.v1.L2Lease
+	(*LeasesResponse)(nil),        // 5: weir.v1.LeasesResponse
+	(*SyncRequest)(nil),           // 6: weir.v1.SyncRequest
+	(*Hello)(nil),                 // 7: weir.v1.Hello
+	(*Ack)(nil),                   // 8: weir.v1.Ack
+	(*Nack)(nil),                  // 9: weir.v1.Nack
+	(*Report)(nil),                // 10: weir.v1.Report
+	(*MovedConnections)(nil),      // 11: weir.v1.MovedConnections
+	(*DrainStatus)(nil),           // 12: weir.v1.DrainStatus
+	(*BgpSessions)(nil),           // 13: weir.v1.BgpSessions
+	(*BgpAnnouncement)(nil),       // 14: weir.v1.BgpAnnouncement
+	(*BgpSession)(nil),            // 15: weir.v1.BgpSession
+	(*BgpFamily)(nil),             // 16: weir.v1.BgpFamily
+	(*NodeHealth)(nil),            // 17: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 18: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 19: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 20: weir.v1.NodeInfo
+	(*FlowPeer)(nil),              // 21: weir.v1.FlowPeer
+	(*L2Pool)(nil),                // 22: weir.v1.L2Pool
+	(*PoolAdvertisement)(nil),     // 23: weir.v1.PoolAdvertisement
+	(*NodePeer)(nil),              // 24: weir.v1.NodePeer
+	(*NodeService)(nil),           // 25: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 26: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 27: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 30: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 31: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 32: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 33: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
-	2,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
-	2,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
-	1,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
-	2,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
-	26, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
-	2,  // 5: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
-	5,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
-	6,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
-	7,  // 8: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
-	8,  // 9: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	15, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	16, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	26, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
-	11, // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
-	9,  // 14: weir.v1.Report.moved_connections:type_name -> weir.v1.MovedConnections
-	10, // 15: weir.v1.Report.drain:type_name -> weir.v1.DrainStatus
-	27, // 16: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
-	27, // 17: weir.v1.DrainStatus.counted_at:type_name -> google.protobuf.Timestamp
-	27, // 18: weir.v1.DrainStatus.deadline:type_name -> google.protobuf.Timestamp
-	13, // 19: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
-	12, // 20: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	27, // 21: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	14, // 22: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
-	27, // 23: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	18, // 24: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	23, // 25: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	22, // 26: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	21, // 27: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
-	20, // 28: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
-	19, // 29: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
-	27, // 30: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
-	19, // 31: weir.v1.NodeInfo.flow_senders:type_name -> weir.v1.FlowPeer
-	24, // 32: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	28, // 33: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	28, // 34: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	29, // 35: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	30, // 36: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	31, // 37: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	25, // 38: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	4,  // 39: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	0,  // 40: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
-	17, // 41: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	3,  // 42: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
-	41, // [41:43] is the sub-list for method output_type
-	39, // [39:41] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	4,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
+	4,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
+	3,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
+	4,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
+	28, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
+	4,  // 5: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
+	7,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
+	8,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
+	9,  // 8: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
+	10, // 9: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
+	17, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	18, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	28, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	13, // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
+	11, // 14: weir.v1.Report.moved_connections:type_name -> weir.v1.MovedConnections
+	12, // 15: weir.v1.Report.drain:type_name -> weir.v1.DrainStatus
+	29, // 16: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
+	29, // 17: weir.v1.DrainStatus.counted_at:type_name -> google.protobuf.Timestamp
+	29, // 18: weir.v1.DrainStatus.deadline:type_name -> google.protobuf.Timestamp
+	15, // 19: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
+	14, // 20: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
+	29, // 21: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	16, // 22: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
+	0,  // 23: weir.v1.BgpSession.session_state:type_name -> weir.v1.BgpSessionState
+	1,  // 24: weir.v1.BgpFamily.address_family:type_name -> weir.v1.AddressFamily
+	29, // 25: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	20, // 26: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	25, // 27: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	24, // 28: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	23, // 29: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	22, // 30: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
+	21, // 31: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
+	29, // 32: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
+	21, // 33: weir.v1.NodeInfo.flow_senders:type_name -> weir.v1.FlowPeer
+	26, // 34: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	30, // 35: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	30, // 36: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	31, // 37: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	32, // 38: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	33, // 39: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	27, // 40: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	6,  // 41: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	2,  // 42: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
+	19, // 43: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	5,  // 44: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
+	43, // [43:45] is the sub-list for method output_type
+	41, // [41:43] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -2613,13 +2770,14 @@ func file_weir_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      2,
 			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_weir_v1_agent_proto_goTypes,
 		DependencyIndexes: file_weir_v1_agent_proto_depIdxs,
+		EnumInfos:         file_weir_v1_agent_proto_enumTypes,
 		MessageInfos:      file_weir_v1_agent_proto_msgTypes,
 	}.Build()
 	File_weir_v1_agent_proto = out.File

@@ -350,14 +350,17 @@ func (x *ListServicesRequest) GetPageToken() string {
 type ListServicesResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Services []*Service             `protobuf:"bytes,1,rep,name=services,proto3" json:"services,omitempty"`
-	// The store revision the list was read at.
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// Pass as page_token for the next page; empty on the last. Pages are
 	// read at their own revisions: items are in key order, and one changed
 	// between two pages shows as it was when its page was read.
 	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
+	// The store revision the list was read at (what
+	// StatusService.WaitProgrammed takes).
 	Revision      uint64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -400,6 +403,7 @@ func (x *ListServicesResponse) GetServices() []*Service {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *ListServicesResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -595,11 +599,13 @@ func (x *DeleteServiceRequest) GetResourceVersion() string {
 
 type DeleteServiceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
-	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
 	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -635,6 +641,7 @@ func (*DeleteServiceResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{9}
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *DeleteServiceResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -1026,14 +1033,17 @@ func (x *ListEndpointSlicesRequest) GetPageToken() string {
 type ListEndpointSlicesResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	EndpointSlices []*EndpointSlice       `protobuf:"bytes,1,rep,name=endpoint_slices,json=endpointSlices,proto3" json:"endpoint_slices,omitempty"`
-	// The store revision the list was read at.
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// Pass as page_token for the next page; empty on the last. Pages are
 	// read at their own revisions: items are in key order, and one changed
 	// between two pages shows as it was when its page was read.
 	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
+	// The store revision the list was read at (what
+	// StatusService.WaitProgrammed takes).
 	Revision      uint64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1076,6 +1086,7 @@ func (x *ListEndpointSlicesResponse) GetEndpointSlices() []*EndpointSlice {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *ListEndpointSlicesResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -1258,11 +1269,13 @@ func (x *DeleteEndpointSliceRequest) GetResourceVersion() string {
 
 type DeleteEndpointSliceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
-	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
 	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1298,6 +1311,7 @@ func (*DeleteEndpointSliceResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{21}
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *DeleteEndpointSliceResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -1672,14 +1686,17 @@ func (x *ListNodesRequest) GetPageToken() string {
 type ListNodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Nodes []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	// The store revision the list was read at.
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// Pass as page_token for the next page; empty on the last. Pages are
 	// read at their own revisions: items are in key order, and one changed
 	// between two pages shows as it was when its page was read.
 	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
+	// The store revision the list was read at (what
+	// StatusService.WaitProgrammed takes).
 	Revision      uint64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1722,6 +1739,7 @@ func (x *ListNodesResponse) GetNodes() []*Node {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *ListNodesResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -1896,11 +1914,13 @@ func (x *DeleteNodeRequest) GetResourceVersion() string {
 
 type DeleteNodeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
-	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
 	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1936,6 +1956,7 @@ func (*DeleteNodeResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{33}
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *DeleteNodeResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -2112,10 +2133,13 @@ type DrainNodeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// As it is now: node.drain_deadline is the drain's deadline.
 	Node *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	// The store revision the change produced (see DeleteServiceResponse).
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
+	// The store revision the change produced (what
+	// StatusService.WaitProgrammed takes).
 	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
 	// The node was drained before this call.
 	WasDrained bool `protobuf:"varint,4,opt,name=was_drained,json=wasDrained,proto3" json:"was_drained,omitempty"`
@@ -2163,6 +2187,7 @@ func (x *DrainNodeResponse) GetNode() *Node {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *DrainNodeResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -2238,10 +2263,13 @@ func (x *UncordonNodeRequest) GetName() string {
 type UncordonNodeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	// The store revision the change produced (see DeleteServiceResponse).
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
+	// The store revision the change produced (what
+	// StatusService.WaitProgrammed takes).
 	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2284,6 +2312,7 @@ func (x *UncordonNodeResponse) GetNode() *Node {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *UncordonNodeResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -2742,11 +2771,13 @@ func (x *DeleteAddressPoolRequest) GetResourceVersion() string {
 
 type DeleteAddressPoolResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
-	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
 	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2782,6 +2813,7 @@ func (*DeleteAddressPoolResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{49}
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *DeleteAddressPoolResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -3240,11 +3272,13 @@ func (x *DeleteBgpPeerRequest) GetResourceVersion() string {
 
 type DeleteBgpPeerResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
-	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
 	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3280,6 +3314,7 @@ func (*DeleteBgpPeerResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{59}
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *DeleteBgpPeerResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -3738,11 +3773,13 @@ func (x *DeleteServiceCidrRequest) GetResourceVersion() string {
 
 type DeleteServiceCidrResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
+	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// The store revision the deletion produced: StatusService.WaitProgrammed
 	// tells when every node forwards without it.
-	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
 	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3778,6 +3815,7 @@ func (*DeleteServiceCidrResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{69}
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *DeleteServiceCidrResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -3998,12 +4036,15 @@ func (*ApplyResource_ServiceCidr) isApplyResource_Resource() {}
 
 type ApplyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The store revision that holds every resource (StatusService.WaitProgrammed).
+	// Deprecated: revision, the same store revision as a number. Still
+	// filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 	ResourceVersion string `protobuf:"bytes,1,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	// Per resource, in the request's order: as stored, and whether created.
 	Results []*ApplyResult `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
-	// The same store revision as a number: what StatusService.WaitProgrammed
-	// takes. resource_version carries it as Kubernetes' opaque string.
+	// The store revision that holds every resource (what
+	// StatusService.WaitProgrammed takes).
 	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4039,6 +4080,7 @@ func (*ApplyResponse) Descriptor() ([]byte, []int) {
 	return file_weir_v1_registry_proto_rawDescGZIP(), []int{72}
 }
 
+// Deprecated: Marked as deprecated in weir/v1/registry.proto.
 func (x *ApplyResponse) GetResourceVersion() string {
 	if x != nil {
 		return x.ResourceVersion
@@ -4143,10 +4185,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"\xb3\x01\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xb7\x01\n" +
 	"\x14ListServicesResponse\x12,\n" +
-	"\bservices\x18\x01 \x03(\v2\x10.weir.v1.ServiceR\bservices\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12&\n" +
+	"\bservices\x18\x01 \x03(\v2\x10.weir.v1.ServiceR\bservices\x12-\n" +
+	"\x10resource_version\x18\x02 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12&\n" +
 	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\"\xa4\x01\n" +
 	"\x14UpdateServiceRequest\x12*\n" +
@@ -4159,9 +4201,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x14DeleteServiceRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"^\n" +
-	"\x15DeleteServiceResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"b\n" +
+	"\x15DeleteServiceResponse\x12-\n" +
+	"\x10resource_version\x18\x01 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\"[\n" +
 	"\x14WatchServicesRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12%\n" +
@@ -4184,10 +4226,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"\xcc\x01\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xd0\x01\n" +
 	"\x1aListEndpointSlicesResponse\x12?\n" +
-	"\x0fendpoint_slices\x18\x01 \x03(\v2\x16.weir.v1.EndpointSliceR\x0eendpointSlices\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12&\n" +
+	"\x0fendpoint_slices\x18\x01 \x03(\v2\x16.weir.v1.EndpointSliceR\x0eendpointSlices\x12-\n" +
+	"\x10resource_version\x18\x02 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12&\n" +
 	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\"\x80\x01\n" +
 	"\x1aUpdateEndpointSliceRequest\x12=\n" +
@@ -4198,9 +4240,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x1aDeleteEndpointSliceRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"d\n" +
-	"\x1bDeleteEndpointSliceResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersion\"h\n" +
+	"\x1bDeleteEndpointSliceResponse\x12-\n" +
+	"\x10resource_version\x18\x01 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\"a\n" +
 	"\x1aWatchEndpointSlicesRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12%\n" +
@@ -4221,10 +4263,10 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageTokenJ\x04\b\x01\x10\x02\"\xa7\x01\n" +
+	"page_token\x18\x04 \x01(\tR\tpageTokenJ\x04\b\x01\x10\x02\"\xab\x01\n" +
 	"\x11ListNodesResponse\x12#\n" +
-	"\x05nodes\x18\x01 \x03(\v2\r.weir.v1.NodeR\x05nodes\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12&\n" +
+	"\x05nodes\x18\x01 \x03(\v2\r.weir.v1.NodeR\x05nodes\x12-\n" +
+	"\x10resource_version\x18\x02 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12&\n" +
 	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\"[\n" +
 	"\x11UpdateNodeRequest\x12!\n" +
@@ -4234,9 +4276,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\"X\n" +
 	"\x11DeleteNodeRequest\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersionJ\x04\b\x01\x10\x02\"[\n" +
-	"\x12DeleteNodeResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\x10resource_version\x18\x03 \x01(\tR\x0fresourceVersionJ\x04\b\x01\x10\x02\"_\n" +
+	"\x12DeleteNodeResponse\x12-\n" +
+	"\x10resource_version\x18\x01 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\"@\n" +
 	"\x11WatchNodesRequest\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelectorJ\x04\b\x01\x10\x02\"d\n" +
@@ -4245,19 +4287,19 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\x04node\x18\x02 \x01(\v2\r.weir.v1.NodeR\x04node\"f\n" +
 	"\x10DrainNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12>\n" +
-	"\rdrain_timeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\"\xf2\x01\n" +
+	"\rdrain_timeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\"\xf6\x01\n" +
 	"\x11DrainNodeResponse\x12!\n" +
-	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12-\n" +
+	"\x10resource_version\x18\x02 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\x12\x1f\n" +
 	"\vwas_drained\x18\x04 \x01(\bR\n" +
 	"wasDrained\x12R\n" +
 	"\x17previous_drain_deadline\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x15previousDrainDeadline\")\n" +
 	"\x13UncordonNodeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x80\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x84\x01\n" +
 	"\x14UncordonNodeResponse\x12!\n" +
-	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\x04node\x18\x01 \x01(\v2\r.weir.v1.NodeR\x04node\x12-\n" +
+	"\x10resource_version\x18\x02 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\"x\n" +
 	"\x18CreateAddressPoolRequest\x127\n" +
 	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\x12#\n" +
@@ -4282,9 +4324,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\faddress_pool\x18\x01 \x01(\v2\x14.weir.v1.AddressPoolR\vaddressPool\"Y\n" +
 	"\x18DeleteAddressPoolRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"b\n" +
-	"\x19DeleteAddressPoolResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"f\n" +
+	"\x19DeleteAddressPoolResponse\x12-\n" +
+	"\x10resource_version\x18\x01 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\"h\n" +
 	"\x14CreateBgpPeerRequest\x12+\n" +
 	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\x12#\n" +
@@ -4309,9 +4351,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\bbgp_peer\x18\x01 \x01(\v2\x10.weir.v1.BgpPeerR\abgpPeer\"U\n" +
 	"\x14DeleteBgpPeerRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"^\n" +
-	"\x15DeleteBgpPeerResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"b\n" +
+	"\x15DeleteBgpPeerResponse\x12-\n" +
+	"\x10resource_version\x18\x01 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\"x\n" +
 	"\x18CreateServiceCidrRequest\x127\n" +
 	"\fservice_cidr\x18\x01 \x01(\v2\x14.weir.v1.ServiceCidrR\vserviceCidr\x12#\n" +
@@ -4336,9 +4378,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\fservice_cidr\x18\x01 \x01(\v2\x14.weir.v1.ServiceCidrR\vserviceCidr\"Y\n" +
 	"\x18DeleteServiceCidrRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
-	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"b\n" +
-	"\x19DeleteServiceCidrResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12\x1a\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\"f\n" +
+	"\x19DeleteServiceCidrResponse\x12-\n" +
+	"\x10resource_version\x18\x01 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\"i\n" +
 	"\fApplyRequest\x124\n" +
 	"\tresources\x18\x01 \x03(\v2\x16.weir.v1.ApplyResourceR\tresources\x12#\n" +
@@ -4351,9 +4393,9 @@ const file_weir_v1_registry_proto_rawDesc = "" +
 	"\bbgp_peer\x18\x05 \x01(\v2\x10.weir.v1.BgpPeerH\x00R\abgpPeer\x129\n" +
 	"\fservice_cidr\x18\x06 \x01(\v2\x14.weir.v1.ServiceCidrH\x00R\vserviceCidrB\n" +
 	"\n" +
-	"\bresource\"\x86\x01\n" +
-	"\rApplyResponse\x12)\n" +
-	"\x10resource_version\x18\x01 \x01(\tR\x0fresourceVersion\x12.\n" +
+	"\bresource\"\x8a\x01\n" +
+	"\rApplyResponse\x12-\n" +
+	"\x10resource_version\x18\x01 \x01(\tB\x02\x18\x01R\x0fresourceVersion\x12.\n" +
 	"\aresults\x18\x02 \x03(\v2\x14.weir.v1.ApplyResultR\aresults\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\"\x8f\x01\n" +
 	"\vApplyResult\x122\n" +

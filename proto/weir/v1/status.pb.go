@@ -62,7 +62,9 @@ func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
 type GetServerInfoResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Version string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
-	// The newest state version (the store's revision).
+	// Deprecated: revision. Still filled for clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/status.proto.
 	StateVersion    uint64                 `protobuf:"varint,2,opt,name=state_version,json=stateVersion,proto3" json:"state_version,omitempty"`
 	AgentsConnected int32                  `protobuf:"varint,3,opt,name=agents_connected,json=agentsConnected,proto3" json:"agents_connected,omitempty"`
 	Started         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=started,proto3" json:"started,omitempty"`
@@ -74,8 +76,10 @@ type GetServerInfoResponse struct {
 	// meanwhile.
 	StoreWriteError        string                 `protobuf:"bytes,6,opt,name=store_write_error,json=storeWriteError,proto3" json:"store_write_error,omitempty"`
 	StoreWriteFailingSince *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=store_write_failing_since,json=storeWriteFailingSince,proto3" json:"store_write_failing_since,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The newest store revision: what every node is being brought to.
+	Revision      uint64 `protobuf:"varint,8,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetServerInfoResponse) Reset() {
@@ -115,6 +119,7 @@ func (x *GetServerInfoResponse) GetVersion() string {
 	return ""
 }
 
+// Deprecated: Marked as deprecated in weir/v1/status.proto.
 func (x *GetServerInfoResponse) GetStateVersion() uint64 {
 	if x != nil {
 		return x.StateVersion
@@ -155,6 +160,13 @@ func (x *GetServerInfoResponse) GetStoreWriteFailingSince() *timestamppb.Timesta
 		return x.StoreWriteFailingSince
 	}
 	return nil
+}
+
+func (x *GetServerInfoResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type WatchNodeStatusesRequest struct {
@@ -1272,14 +1284,18 @@ func (x *ServiceNodeStatus) GetFamilies() []*ServiceFamilyStatus {
 // ServiceFamilyStatus is one address family of a service on one node.
 type ServiceFamilyStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "ipv4" or "ipv6".
+	// Deprecated: address_family. Still filled ("ipv4" or "ipv6") for
+	// clients that read it.
+	//
+	// Deprecated: Marked as deprecated in weir/v1/status.proto.
 	Family string `protobuf:"bytes,1,opt,name=family,proto3" json:"family,omitempty"`
 	// The service's load-balancer IPs of the family.
 	Addresses               []string `protobuf:"bytes,2,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	ReceivesExternalTraffic bool     `protobuf:"varint,3,opt,name=receives_external_traffic,json=receivesExternalTraffic,proto3" json:"receives_external_traffic,omitempty"`
 	// As ServiceNodeStatus.reason, for this family.
-	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
-	Message       string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	Reason        string        `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message       string        `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	AddressFamily AddressFamily `protobuf:"varint,6,opt,name=address_family,json=addressFamily,proto3,enum=weir.v1.AddressFamily" json:"address_family,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1314,6 +1330,7 @@ func (*ServiceFamilyStatus) Descriptor() ([]byte, []int) {
 	return file_weir_v1_status_proto_rawDescGZIP(), []int{17}
 }
 
+// Deprecated: Marked as deprecated in weir/v1/status.proto.
 func (x *ServiceFamilyStatus) GetFamily() string {
 	if x != nil {
 		return x.Family
@@ -1349,20 +1366,28 @@ func (x *ServiceFamilyStatus) GetMessage() string {
 	return ""
 }
 
+func (x *ServiceFamilyStatus) GetAddressFamily() AddressFamily {
+	if x != nil {
+		return x.AddressFamily
+	}
+	return AddressFamily_ADDRESS_FAMILY_UNSPECIFIED
+}
+
 var File_weir_v1_status_proto protoreflect.FileDescriptor
 
 const file_weir_v1_status_proto_rawDesc = "" +
 	"\n" +
 	"\x14weir/v1/status.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x13weir/v1/agent.proto\x1a\x14weir/v1/lbtier.proto\"\x16\n" +
-	"\x14GetServerInfoRequest\"\xd4\x02\n" +
+	"\x14GetServerInfoRequest\"\xf4\x02\n" +
 	"\x15GetServerInfoResponse\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\tR\aversion\x12#\n" +
-	"\rstate_version\x18\x02 \x01(\x04R\fstateVersion\x12)\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12'\n" +
+	"\rstate_version\x18\x02 \x01(\x04B\x02\x18\x01R\fstateVersion\x12)\n" +
 	"\x10agents_connected\x18\x03 \x01(\x05R\x0fagentsConnected\x124\n" +
 	"\astarted\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x12\x18\n" +
 	"\asources\x18\x05 \x03(\tR\asources\x12*\n" +
 	"\x11store_write_error\x18\x06 \x01(\tR\x0fstoreWriteError\x12U\n" +
-	"\x19store_write_failing_since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x16storeWriteFailingSince\"\x1a\n" +
+	"\x19store_write_failing_since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x16storeWriteFailingSince\x12\x1a\n" +
+	"\brevision\x18\b \x01(\x04R\brevision\"\x1a\n" +
 	"\x18WatchNodeStatusesRequest\"F\n" +
 	"\x19WatchNodeStatusesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.weir.v1.NodeStatusR\x05nodes\"U\n" +
@@ -1451,13 +1476,14 @@ const file_weir_v1_status_proto_rawDesc = "" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12>\n" +
 	"\rannouncements\x18\x06 \x03(\v2\x18.weir.v1.BgpAnnouncementR\rannouncements\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x128\n" +
-	"\bfamilies\x18\b \x03(\v2\x1c.weir.v1.ServiceFamilyStatusR\bfamilies\"\xb9\x01\n" +
-	"\x13ServiceFamilyStatus\x12\x16\n" +
-	"\x06family\x18\x01 \x01(\tR\x06family\x12\x1c\n" +
+	"\bfamilies\x18\b \x03(\v2\x1c.weir.v1.ServiceFamilyStatusR\bfamilies\"\xfc\x01\n" +
+	"\x13ServiceFamilyStatus\x12\x1a\n" +
+	"\x06family\x18\x01 \x01(\tB\x02\x18\x01R\x06family\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12:\n" +
 	"\x19receives_external_traffic\x18\x03 \x01(\bR\x17receivesExternalTraffic\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\x05 \x01(\tR\amessage2\xc2\x03\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12=\n" +
+	"\x0eaddress_family\x18\x06 \x01(\x0e2\x16.weir.v1.AddressFamilyR\raddressFamily2\xc2\x03\n" +
 	"\rStatusService\x12W\n" +
 	"\x10ListNodeStatuses\x12 .weir.v1.ListNodeStatusesRequest\x1a!.weir.v1.ListNodeStatusesResponse\x12\\\n" +
 	"\x11WatchNodeStatuses\x12!.weir.v1.WatchNodeStatusesRequest\x1a\".weir.v1.WatchNodeStatusesResponse0\x01\x12W\n" +
@@ -1506,6 +1532,7 @@ var file_weir_v1_status_proto_goTypes = []any{
 	(*SpeakerPath)(nil),               // 24: weir.v1.SpeakerPath
 	(*ServiceHealth)(nil),             // 25: weir.v1.ServiceHealth
 	(*BgpAnnouncement)(nil),           // 26: weir.v1.BgpAnnouncement
+	(AddressFamily)(0),                // 27: weir.v1.AddressFamily
 }
 var file_weir_v1_status_proto_depIdxs = []int32{
 	18, // 0: weir.v1.GetServerInfoResponse.started:type_name -> google.protobuf.Timestamp
@@ -1534,21 +1561,22 @@ var file_weir_v1_status_proto_depIdxs = []int32{
 	25, // 23: weir.v1.ServiceNodeStatus.health:type_name -> weir.v1.ServiceHealth
 	26, // 24: weir.v1.ServiceNodeStatus.announcements:type_name -> weir.v1.BgpAnnouncement
 	17, // 25: weir.v1.ServiceNodeStatus.families:type_name -> weir.v1.ServiceFamilyStatus
-	4,  // 26: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
-	2,  // 27: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
-	10, // 28: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
-	0,  // 29: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
-	7,  // 30: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
-	5,  // 31: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
-	3,  // 32: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
-	11, // 33: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
-	1,  // 34: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
-	8,  // 35: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
-	31, // [31:36] is the sub-list for method output_type
-	26, // [26:31] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	27, // 26: weir.v1.ServiceFamilyStatus.address_family:type_name -> weir.v1.AddressFamily
+	4,  // 27: weir.v1.StatusService.ListNodeStatuses:input_type -> weir.v1.ListNodeStatusesRequest
+	2,  // 28: weir.v1.StatusService.WatchNodeStatuses:input_type -> weir.v1.WatchNodeStatusesRequest
+	10, // 29: weir.v1.StatusService.GetServiceStatus:input_type -> weir.v1.GetServiceStatusRequest
+	0,  // 30: weir.v1.StatusService.GetServerInfo:input_type -> weir.v1.GetServerInfoRequest
+	7,  // 31: weir.v1.StatusService.WaitProgrammed:input_type -> weir.v1.WaitProgrammedRequest
+	5,  // 32: weir.v1.StatusService.ListNodeStatuses:output_type -> weir.v1.ListNodeStatusesResponse
+	3,  // 33: weir.v1.StatusService.WatchNodeStatuses:output_type -> weir.v1.WatchNodeStatusesResponse
+	11, // 34: weir.v1.StatusService.GetServiceStatus:output_type -> weir.v1.GetServiceStatusResponse
+	1,  // 35: weir.v1.StatusService.GetServerInfo:output_type -> weir.v1.GetServerInfoResponse
+	8,  // 36: weir.v1.StatusService.WaitProgrammed:output_type -> weir.v1.WaitProgrammedResponse
+	32, // [32:37] is the sub-list for method output_type
+	27, // [27:32] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_status_proto_init() }

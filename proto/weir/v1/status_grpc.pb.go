@@ -40,7 +40,7 @@ type StatusServiceClient interface {
 	GetServerInfo(ctx context.Context, in *GetServerInfoRequest, opts ...grpc.CallOption) (*GetServerInfoResponse, error)
 	// WaitProgrammed returns once every connected node's kernel holds
 	// everything up to a store revision (what a write returned as its
-	// resource_version), or when that cannot happen without a change (a node
+	// revision), or when that cannot happen without a change (a node
 	// refused it), or at the timeout; it says where every node stands.
 	WaitProgrammed(ctx context.Context, in *WaitProgrammedRequest, opts ...grpc.CallOption) (*WaitProgrammedResponse, error)
 }
@@ -126,7 +126,7 @@ type StatusServiceServer interface {
 	GetServerInfo(context.Context, *GetServerInfoRequest) (*GetServerInfoResponse, error)
 	// WaitProgrammed returns once every connected node's kernel holds
 	// everything up to a store revision (what a write returned as its
-	// resource_version), or when that cannot happen without a change (a node
+	// revision), or when that cannot happen without a change (a node
 	// refused it), or at the timeout; it says where every node stands.
 	WaitProgrammed(context.Context, *WaitProgrammedRequest) (*WaitProgrammedResponse, error)
 	mustEmbedUnimplementedStatusServiceServer()
