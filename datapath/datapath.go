@@ -60,10 +60,6 @@ type Config struct {
 	Conntrack Conntrack
 	// Log receives what the datapath cannot return as an error; nil discards.
 	Log *slog.Logger
-	// ElementsOverNft commits element changes through nft too, instead of
-	// the netlink socket NewForNode keeps open for them: how every change
-	// went before, kept to measure against (test/bench/datapath).
-	ElementsOverNft bool
 }
 
 // FlowRedirect is where moved connections' packets go.
@@ -254,7 +250,13 @@ func New(nftIPv4, nftIPv6 knftables.Interface, cfg Config) *Datapath {
 // nft, with one process per CPU. NewForNode fails only when there is no
 // nft to run; an interface that fails to open fails the calls on it, each
 // of which tries to open it again.
-func NewForNode(cfg Config) (*Datapath, error) {
+func NewForNode(cfg Config) (*Datapath, error) { return newForNode(cfg, false) }
+
+// newForNode is NewForNode; elementsOverNft commits element changes
+// through nft too, instead of the netlink socket it keeps open for them:
+// how every change went before, kept to measure against (package
+// benchhook, for test/bench/datapath).
+func newForNode(cfg Config, elementsOverNft bool) (*Datapath, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
@@ -263,7 +265,7 @@ func NewForNode(cfg Config) (*Datapath, error) {
 	}
 	d := New(nil, nil, cfg)
 	loaders := 1
-	if cfg.ElementsOverNft {
+	if elementsOverNft {
 		loaders = max(2, min(runtime.NumCPU(), 4))
 	}
 	for _, f := range families {
@@ -286,7 +288,7 @@ func NewForNode(cfg Config) (*Datapath, error) {
 		}
 		d.tables[f] = &tableState{}
 	}
-	if !cfg.ElementsOverNft {
+	if !elementsOverNft {
 		d.elements = newElementWriter()
 	}
 	return d, nil

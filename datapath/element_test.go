@@ -103,8 +103,7 @@ func TestFullSyncOverNetlinkMatchesNft(t *testing.T) {
 	tables := map[bool][]string{}
 	for _, overNft := range []bool{false, true} {
 		removeTables(t)
-		cfg.ElementsOverNft = overNft
-		dp, err := NewForNode(cfg)
+		dp, err := newForNode(cfg, overNft)
 		if err != nil {
 			t.Fatal(err)
 		}

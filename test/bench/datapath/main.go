@@ -26,7 +26,7 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"github.com/weirlb/weir/datapath"
-	"github.com/weirlb/weir/datapath/kernelfloor"
+	"github.com/weirlb/weir/datapath/benchhook"
 	"golang.org/x/sys/unix"
 )
 
@@ -192,7 +192,25 @@ func run(n, changes, adds, restarts, pairs int) error {
 	}
 	stopSampling := sampleRSS(&peak)
 	fmt.Printf("workload: %d services x 1 TCP port x 10 endpoints, %d LoadBalancer with node ports, IPv4\n", n, (n+99)/100)
+	if err := fullSyncs(ctx, dp, state, stopSampling); err != nil {
+		return err
+	}
+	if pairs > 0 {
+		if err := pairedSyncs(ctx, dp, state, pairs); err != nil {
+			return err
+		}
+	}
+	next, err := partialSyncs(ctx, &state, n, changes, adds)
+	if err != nil {
+		return err
+	}
+	return restartRuns(ctx, state, next, restarts)
+}
 
+// fullSyncs times a full sync into an empty table and a resync replacing
+// it (profiled when asked), with the peak memory of both (stopSampling
+// ends its sampling), and compares them with the kernel's floor.
+func fullSyncs(ctx context.Context, dp *datapath.Datapath, state datapath.NodeState, stopSampling func()) error {
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)
 		if err != nil {
@@ -223,7 +241,7 @@ func run(n, changes, adds, restarts, pairs int) error {
 
 	// The floor: the kernel alone committing the same elements into a
 	// bare table, encoded beforehand.
-	floor, err := kernelfloor.Measure(ctx, state, datapath.Config{})
+	floor, err := benchhook.KernelLoadFloor(ctx, state, datapath.Config{})
 	if err != nil {
 		return err
 	}
@@ -232,35 +250,41 @@ func run(n, changes, adds, restarts, pairs int) error {
 		floor.Elements, floor.Load.Round(time.Millisecond), floor.Delete.Round(time.Millisecond))
 	fmt.Printf("  full sync / kernel load: %.2f;  resync / kernel load + delete: %.2f\n",
 		fullSync.Seconds()/floor.Load.Seconds(), resync.Seconds()/replace.Seconds())
+	return nil
+}
 
-	// The same two syncs again, each paired with the kernel's own cost
-	// measured just before it, and each measurement started once the
-	// kernel has freed what the one before deleted (see settle): the
-	// pairs see the machine alike, where the figures above are single.
-	if pairs > 0 {
-		var syncs, resyncs pairedRuns
-		for range pairs {
-			if err := syncs.add(ctx, state, false, func() error {
-				if err := dp.Cleanup(ctx); err != nil {
-					return err
-				}
-				settle()
-				return nil
-			}, func() error { return dp.Apply(ctx, state) }); err != nil {
+// pairedSyncs times the same two syncs again, each paired with the
+// kernel's own cost measured just before it, and each measurement started
+// once the kernel has freed what the one before deleted (see settle): the
+// pairs see the machine alike, where the figures of fullSyncs are single.
+func pairedSyncs(ctx context.Context, dp *datapath.Datapath, state datapath.NodeState, pairs int) error {
+	var syncs, resyncs pairedRuns
+	for range pairs {
+		if err := syncs.add(ctx, state, false, func() error {
+			if err := dp.Cleanup(ctx); err != nil {
 				return err
 			}
-			if err := resyncs.add(ctx, state, true, nil, func() error { return dp.Resync(ctx) }); err != nil {
-				return err
-			}
+			settle()
+			return nil
+		}, func() error { return dp.Apply(ctx, state) }); err != nil {
+			return err
 		}
-		syncs.print("full sync into an empty table", "load")
-		resyncs.print("full resync replacing the table", "load + delete")
+		if err := resyncs.add(ctx, state, true, nil, func() error { return dp.Resync(ctx) }); err != nil {
+			return err
+		}
 	}
+	syncs.print("full sync into an empty table", "load")
+	resyncs.print("full resync replacing the table", "load + delete")
+	return nil
+}
 
-	// One endpoint of one service changes, as the agent would apply it:
-	// over the netlink socket the datapath keeps for element changes, and,
-	// as the baseline in the same run, through nft as before it (a new
-	// Datapath over the same table each time the way changes), in turns.
+// partialSyncs times one endpoint of one service changing, and one service
+// added, as the agent would apply them: over the netlink socket the
+// datapath keeps for element changes, and, as the baseline in the same
+// run, through nft as before it (a new Datapath over the same table each
+// time the way changes), in turns. It returns the number of the next
+// service to add.
+func partialSyncs(ctx context.Context, state *datapath.NodeState, n, changes, adds int) (next int, err error) {
 	change := func(c int) {
 		key := datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", (c*7919)%n)}
 		svc := *state.Services[key]
@@ -276,18 +300,19 @@ func run(n, changes, adds, restarts, pairs int) error {
 	changesPerRound, addsPerRound := max(changes/4, 1), max(adds/4, 1)
 	for round := range 4 {
 		overNft := round%2 == 1
-		if dp, err = datapath.NewForNode(datapath.Config{Log: debugLog, ElementsOverNft: overNft}); err != nil {
-			return err
+		dp, err := newDatapath(datapath.Config{Log: debugLog}, overNft)
+		if err != nil {
+			return next, err
 		}
-		if err := dp.Apply(ctx, state); err != nil {
-			return err
+		if err := dp.Apply(ctx, *state); err != nil {
+			return next, err
 		}
 		for range changesPerRound {
 			change(c)
 			c++
 			start := time.Now()
-			if err := dp.Apply(ctx, state); err != nil {
-				return err
+			if err := dp.Apply(ctx, *state); err != nil {
+				return next, err
 			}
 			took[overNft] = append(took[overNft], time.Since(start))
 		}
@@ -297,32 +322,36 @@ func run(n, changes, adds, restarts, pairs int) error {
 			state.Services[add.Key] = add
 			state.Changed = []datapath.ServiceKey{add.Key}
 			start := time.Now()
-			if err := dp.Apply(ctx, state); err != nil {
-				return err
+			if err := dp.Apply(ctx, *state); err != nil {
+				return next, err
 			}
 			added[overNft] = append(added[overNft], time.Since(start))
 		}
 	}
 	for _, overNft := range []bool{false, true} {
-		d := took[overNft]
-		slices.Sort(d)
 		how := "over netlink"
 		if overNft {
 			how = "through nft (baseline)"
 		}
-		fmt.Printf("one endpoint change, %-22s (%d samples): p50 %v  p90 %v  p99 %v  max %v\n", how, len(d),
-			d[len(d)/2].Round(10*time.Microsecond), d[len(d)*9/10].Round(10*time.Microsecond),
-			d[len(d)*99/100].Round(10*time.Microsecond), d[len(d)-1].Round(10*time.Microsecond))
-		a := added[overNft]
-		slices.Sort(a)
-		fmt.Printf("adding one service, %-22s (%d samples): p50 %v  p90 %v  p99 %v  max %v\n", how, len(a),
-			a[len(a)/2].Round(10*time.Microsecond), a[len(a)*9/10].Round(10*time.Microsecond),
-			a[len(a)*99/100].Round(10*time.Microsecond), a[len(a)-1].Round(10*time.Microsecond))
+		printPercentiles(fmt.Sprintf("one endpoint change, %-22s", how), took[overNft])
+		printPercentiles(fmt.Sprintf("adding one service, %-22s", how), added[overNft])
 	}
+	return next, nil
+}
 
-	// A restarted agent: a new Datapath that finds the table, lists it,
-	// and loads the state (changed a little while it was away) into the
-	// other generation, paired like the syncs above.
+// printPercentiles prints what took d's durations.
+func printPercentiles(what string, d []time.Duration) {
+	slices.Sort(d)
+	fmt.Printf("%s (%d samples): p50 %v  p90 %v  p99 %v  max %v\n", what, len(d),
+		d[len(d)/2].Round(10*time.Microsecond), d[len(d)*9/10].Round(10*time.Microsecond),
+		d[len(d)*99/100].Round(10*time.Microsecond), d[len(d)-1].Round(10*time.Microsecond))
+}
+
+// restartRuns times a restarted agent: a new Datapath that finds the
+// table, lists it, and loads the state (changed a little while it was
+// away: service next-1, the last one added) into the other generation,
+// paired like the syncs of pairedSyncs.
+func restartRuns(ctx context.Context, state datapath.NodeState, next, restarts int) error {
 	var restarted pairedRuns
 	for r := range restarts {
 		changed := service(next - 1) // the last one added, changed while the agent was away
@@ -360,7 +389,7 @@ type pairedRuns struct {
 // elements, then, after prepare, times run; each from a settled kernel.
 func (p *pairedRuns) add(ctx context.Context, state datapath.NodeState, withDelete bool, prepare, run func() error) error {
 	settle()
-	f, err := kernelfloor.Measure(ctx, state, datapath.Config{})
+	f, err := benchhook.KernelLoadFloor(ctx, state, datapath.Config{})
 	if err != nil {
 		return err
 	}
@@ -397,4 +426,13 @@ func (p *pairedRuns) print(what, floorWhat string) {
 	fmt.Printf("%s (%d, each after the kernel's own): p50 %v  max %v;  kernel %s p50 %v;  ratio p50 %.2f  max %.2f\n",
 		what, n, took[n/2].Round(time.Millisecond), took[n-1].Round(time.Millisecond), floorWhat,
 		floor[n/2].Round(time.Millisecond), ratios[n/2], ratios[n-1])
+}
+
+// newDatapath is the node's datapath; overNft commits its element changes
+// through nft, as every change went before.
+func newDatapath(cfg datapath.Config, overNft bool) (*datapath.Datapath, error) {
+	if overNft {
+		return benchhook.NewForNodeOverNft(cfg)
+	}
+	return datapath.NewForNode(cfg)
 }

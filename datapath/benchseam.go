@@ -3,29 +3,33 @@ package datapath
 import (
 	"slices"
 
-	"github.com/weirlb/weir/datapath/internal/floorhook"
+	"github.com/weirlb/weir/datapath/internal/benchseam"
 	"github.com/weirlb/weir/datapath/internal/nfwire"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
 
-// The kernel floor (package kernelfloor, for benchmarks) loads a state's
-// elements as a full sync does, through floorhook.
+// What package benchhook, for benchmarks, reaches through benchseam: the
+// kernel floor loads a state's elements as a full sync does, and a
+// datapath may commit its element changes through nft as it once did.
 func init() {
-	floorhook.Plan = func(state, cfg any, table string) []floorhook.Family {
+	benchseam.Plan = func(state, cfg any, table string) []benchseam.Family {
 		return floorPlan(state.(NodeState), cfg.(Config), table)
+	}
+	benchseam.NewForNodeOverNft = func(cfg any) (any, error) {
+		return newForNode(cfg.(Config), true)
 	}
 }
 
 // floorPlan lays out state's elements (both families' that the netlink
 // writer can encode) for the sets of generation a of a table named table,
 // in the batches a full sync uses.
-func floorPlan(state NodeState, cfg Config, table string) []floorhook.Family {
+func floorPlan(state NodeState, cfg Config, table string) []benchseam.Family {
 	d := New(knftables.NewFake(knftables.IPv4Family, TableName), knftables.NewFake(knftables.IPv6Family, TableName), cfg)
 	w := d.desire(state, nil)
-	var out []floorhook.Family
+	var out []benchseam.Family
 	for _, f := range d.families() {
-		plan := floorhook.Family{NFT: f.nft, Sets: tableSets(*f, genA), Delete: nfwire.NewBatch(table)}
+		plan := benchseam.Family{NFT: f.nft, Sets: tableSets(*f, genA), Delete: nfwire.NewBatch(table)}
 		for p := range w.picks[f] {
 			plan.Sets = append(plan.Sets, p.object(*f, genA))
 		}
