@@ -102,24 +102,72 @@ func (r *Result) summarize(starts []time.Time, received [][]time.Time) {
 // Measure sends changes deltas of size bytes to n agents, until ctx ends.
 func Measure(ctx context.Context, n, changes, size int, withTLS bool) (Result, error) {
 	res := Result{Agents: n, Changes: changes, Size: size, TLS: withTLS}
-	var ln net.Listener
-	var err error
-	var clientTLS *tls.Config
-	if withTLS {
-		serverTLS, c, err := selfSigned()
-		if err != nil {
-			return res, err
-		}
-		clientTLS = c
-		ln, err = tls.Listen("tcp", "127.0.0.1:0", serverTLS)
-		if err != nil {
-			return res, err
-		}
-	} else if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+	ln, clientTLS, err := listen(withTLS)
+	if err != nil {
 		return res, err
 	}
 	defer ln.Close()
-	servers := make([]net.Conn, 0, n)
+	var cs conns
+	defer cs.close()
+	if err := cs.connect(ctx, ln, n, clientTLS); err != nil {
+		return res, err
+	}
+	// Everything blocking below ends with the sockets.
+	closeAll := context.AfterFunc(ctx, cs.close)
+	defer closeAll()
+
+	received, agents := cs.runAgents(changes, size)
+	answered := cs.readAnswers(changes)
+	delta := make([]byte, size)
+	starts, err := res.run(ctx, n, changes, answered, func() error {
+		for _, c := range cs.servers {
+			if _, err := c.Write(delta); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	agents.Wait()
+	res.summarize(starts, received)
+	return res, nil
+}
+
+// listen opens the server's socket on loopback, with TLS when asked (and
+// then the clients' configuration).
+func listen(withTLS bool) (net.Listener, *tls.Config, error) {
+	if !withTLS {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		return ln, nil, err
+	}
+	serverTLS, clientTLS, err := selfSigned()
+	if err != nil {
+		return nil, nil, err
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", serverTLS)
+	return ln, clientTLS, err
+}
+
+// conns are the agents' connections (clients) and the server's ends of
+// them (servers), in the same order.
+type conns struct {
+	clients, servers []net.Conn
+}
+
+func (cs *conns) close() {
+	for _, c := range cs.clients {
+		c.Close()
+	}
+	for _, c := range cs.servers {
+		c.Close()
+	}
+}
+
+// connect dials n agents to ln, one at a time, and accepts them.
+func (cs *conns) connect(ctx context.Context, ln net.Listener, n int, clientTLS *tls.Config) error {
+	cs.servers = make([]net.Conn, 0, n)
 	accepted := make(chan error, 1)
 	go func() {
 		for range n {
@@ -135,51 +183,37 @@ func Measure(ctx context.Context, n, changes, size int, withTLS bool) (Result, e
 				accepted <- err
 				return
 			}
-			servers = append(servers, c)
+			cs.servers = append(cs.servers, c)
 		}
 		accepted <- nil
 	}()
-	// Everything blocking below ends with the sockets.
+	// Accepting ends with the socket.
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	clients := make([]net.Conn, 0, n)
-	defer func() {
-		for _, c := range clients {
-			c.Close()
-		}
-		for _, c := range servers {
-			c.Close()
-		}
-	}()
+	cs.clients = make([]net.Conn, 0, n)
 	for range n {
 		var c net.Conn
-		if withTLS {
+		var err error
+		if clientTLS != nil {
 			c, err = (&tls.Dialer{Config: clientTLS}).DialContext(ctx, "tcp", ln.Addr().String())
 		} else {
 			c, err = (&net.Dialer{}).DialContext(ctx, "tcp", ln.Addr().String())
 		}
 		if err != nil {
-			return res, err
+			return err
 		}
-		clients = append(clients, c)
+		cs.clients = append(cs.clients, c)
 	}
-	if err := <-accepted; err != nil {
-		return res, err
-	}
-	closeAll := context.AfterFunc(ctx, func() {
-		for _, c := range clients {
-			c.Close()
-		}
-		for _, c := range servers {
-			c.Close()
-		}
-	})
-	defer closeAll()
+	return <-accepted
+}
 
-	// Each agent: read a delta, note when, answer.
-	received := make([][]time.Time, n)
-	var agents sync.WaitGroup
-	for i, c := range clients {
+// runAgents starts each agent: read a delta, note when, answer. The
+// agents are done once each has read changes deltas, or its connection
+// ended.
+func (cs *conns) runAgents(changes, size int) (received [][]time.Time, agents *sync.WaitGroup) {
+	received = make([][]time.Time, len(cs.clients))
+	agents = &sync.WaitGroup{}
+	for i, c := range cs.clients {
 		agents.Add(1)
 		go func() {
 			defer agents.Done()
@@ -195,10 +229,14 @@ func Measure(ctx context.Context, n, changes, size int, withTLS bool) (Result, e
 			}
 		}()
 	}
-	// The sender reads every answer, as a server reads every
-	// acknowledgement.
-	answered := make(chan struct{}, n)
-	for _, c := range servers {
+	return received, agents
+}
+
+// readAnswers reads every answer, as a server reads every
+// acknowledgement: one value on the channel each.
+func (cs *conns) readAnswers(changes int) <-chan struct{} {
+	answered := make(chan struct{}, len(cs.servers))
+	for _, c := range cs.servers {
 		go func() {
 			buf := make([]byte, 15)
 			for range changes {
@@ -209,22 +247,7 @@ func Measure(ctx context.Context, n, changes, size int, withTLS bool) (Result, e
 			}
 		}()
 	}
-
-	delta := make([]byte, size)
-	starts, err := res.run(ctx, n, changes, answered, func() error {
-		for _, c := range servers {
-			if _, err := c.Write(delta); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return res, err
-	}
-	agents.Wait()
-	res.summarize(starts, received)
-	return res, nil
+	return answered
 }
 
 // selfSigned is a server and a client TLS configuration around a fresh

@@ -139,41 +139,87 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 	l.CloseOnInterrupt()
 	defer l.Close()
 	node, pod := l.Nodes[0], l.Nodes[0].Pods[0]
+	b := &bench{l: l, node: node, pod: pod, phase: phase, flows: "0",
+		dst: netip.AddrPortFrom(node.IPv4, nodePort).String()}
+	closeEndpoints, err := b.startEndpoints()
+	defer closeEndpoints()
+	if err != nil {
+		return err
+	}
+	echoLn, err := b.startEcho()
+	if err != nil {
+		return err
+	}
+	defer echoLn.Close()
+	if err := b.tableSize(rounds, many); err != nil {
+		return err
+	}
+	if err := b.movedRules(rounds); err != nil {
+		return err
+	}
+	b.flows = "0"
+	if err := b.programNode(many); err != nil {
+		return err
+	}
+	return b.uniformity(conns)
+}
 
-	// The endpoints: one listener per port in the pod, counting accepts.
-	accepted := make([]atomic.Int64, endpoints)
+// bench is one node of a lab with one pod behind its node port.
+type bench struct {
+	l     *lab.Lab
+	node  *lab.Node
+	pod   *lab.Pod
+	phase time.Duration
+	dst   string // the node port
+	flows string // "1": the node has the rules of moved connections
+	// accepted counts each endpoint's connections.
+	accepted []atomic.Int64
+}
+
+// startEndpoints starts the endpoints: one listener per port in the pod,
+// counting accepts. The function returned closes those started.
+func (b *bench) startEndpoints() (func(), error) {
+	b.accepted = make([]atomic.Int64, endpoints)
+	var lns []net.Listener
+	closeAll := func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}
 	for i := range endpoints {
 		var ln net.Listener
-		if err := pod.Do(func() error {
+		if err := b.pod.Do(func() error {
 			var err error
 			ln, err = net.Listen("tcp", fmt.Sprintf(":%d", podPort+i))
 			return err
 		}); err != nil {
-			return err
+			return closeAll, err
 		}
-		defer ln.Close()
+		lns = append(lns, ln)
 		go func() {
 			for {
 				c, err := ln.Accept()
 				if err != nil {
 					return
 				}
-				accepted[i].Add(1)
+				b.accepted[i].Add(1)
 				c.Close()
 			}
 		}()
 	}
+	return closeAll, nil
+}
 
-	// The echo endpoint.
+// startEcho starts the echo endpoint, which sends back every byte.
+func (b *bench) startEcho() (net.Listener, error) {
 	var echoLn net.Listener
-	if err := pod.Do(func() error {
+	if err := b.pod.Do(func() error {
 		var err error
 		echoLn, err = net.Listen("tcp", fmt.Sprintf(":%d", podPort+endpoints))
 		return err
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	defer echoLn.Close()
 	go func() {
 		for {
 			c, err := echoLn.Accept()
@@ -194,68 +240,100 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 			}()
 		}
 	}()
+	return echoLn, nil
+}
 
-	flows := "0"
-	programNode := func(n int) error {
-		self, err := os.Executable()
+// programNode programs n services on the node, from a copy of this
+// program in the node's namespace.
+func (b *bench) programNode(n int) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("ip", "netns", "exec", b.node.Netns.Name, self)
+	cmd.Env = append(os.Environ(), programEnv+"="+strconv.Itoa(n), "WEIR_PACKETRATE_POD="+b.pod.IPv4.String(), "WEIR_PACKETRATE_NODE="+b.node.IPv4.String(), flowsEnv+"="+b.flows,
+		"WEIR_PACKETRATE_ENDPOINTS="+strconv.Itoa(endpoints), "WEIR_PACKETRATE_DISTINCT="+strconv.Itoa(distinct))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("programming %d services: %w: %s", n, err, out)
+	}
+	return nil
+}
+
+// rate runs 4 client workers for a phase; each calls work until the
+// phase ends, and every call is counted.
+func (b *bench) rate(work func(end time.Time, count *atomic.Int64) error) (float64, error) {
+	var count atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	end := time.Now().Add(b.phase)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- b.l.Client.Do(func() error { return work(end, &count) })
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return 0, err
+		}
+	}
+	return float64(count.Load()) / b.phase.Seconds(), nil
+}
+
+// newConns is the rate of new connections through the node port.
+func (b *bench) newConns() (float64, error) {
+	return b.rate(func(end time.Time, count *atomic.Int64) error {
+		d := net.Dialer{Timeout: time.Second}
+		for time.Now().Before(end) {
+			c, err := d.Dial("tcp", b.dst)
+			if err != nil {
+				return err
+			}
+			closeAbortively(c)
+			count.Add(1)
+		}
+		return nil
+	})
+}
+
+// roundTrips is the rate of one-byte round trips on established
+// connections to the echo endpoint.
+func (b *bench) roundTrips() (float64, error) {
+	echoDst := netip.AddrPortFrom(b.node.IPv4, echoPort).String()
+	return b.rate(func(end time.Time, count *atomic.Int64) error {
+		c, err := net.DialTimeout("tcp", echoDst, time.Second)
 		if err != nil {
 			return err
 		}
-		cmd := exec.Command("ip", "netns", "exec", node.Netns.Name, self)
-		cmd.Env = append(os.Environ(), programEnv+"="+strconv.Itoa(n), "WEIR_PACKETRATE_POD="+pod.IPv4.String(), "WEIR_PACKETRATE_NODE="+node.IPv4.String(), flowsEnv+"="+flows,
-			"WEIR_PACKETRATE_ENDPOINTS="+strconv.Itoa(endpoints), "WEIR_PACKETRATE_DISTINCT="+strconv.Itoa(distinct))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("programming %d services: %w: %s", n, err, out)
+		defer closeAbortively(c)
+		buf := []byte{1}
+		for time.Now().Before(end) {
+			if _, err := c.Write(buf); err != nil {
+				return err
+			}
+			if _, err := c.Read(buf); err != nil {
+				return err
+			}
+			count.Add(1)
 		}
 		return nil
-	}
-	dst := netip.AddrPortFrom(node.IPv4, nodePort).String()
-	// rate runs 4 client workers for a phase; each calls work until the
-	// phase ends, and every call is counted.
-	rate := func(work func(end time.Time, count *atomic.Int64) error) (float64, error) {
-		var count atomic.Int64
-		var wg sync.WaitGroup
-		errs := make(chan error, 4)
-		end := time.Now().Add(phase)
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs <- l.Client.Do(func() error { return work(end, &count) })
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			if err != nil {
-				return 0, err
-			}
-		}
-		return float64(count.Load()) / phase.Seconds(), nil
-	}
-	measure := func() (float64, error) {
-		return rate(func(end time.Time, count *atomic.Int64) error {
-			d := net.Dialer{Timeout: time.Second}
-			for time.Now().Before(end) {
-				c, err := d.Dial("tcp", dst)
-				if err != nil {
-					return err
-				}
-				closeAbortively(c)
-				count.Add(1)
-			}
-			return nil
-		})
-	}
+	})
+}
 
-	fmt.Printf("new TCP connections per second through a node port (4 client workers, %v phases):\n", phase)
+// tableSize compares the rate of new connections with 10 services and
+// with many, in turns.
+func (b *bench) tableSize(rounds, many int) error {
+	fmt.Printf("new TCP connections per second through a node port (4 client workers, %v phases):\n", b.phase)
 	var small, large []float64
 	for r := range rounds {
 		for _, n := range []int{10, many} {
-			if err := programNode(n); err != nil {
+			if err := b.programNode(n); err != nil {
 				return err
 			}
-			rate, err := measure()
+			rate, err := b.newConns()
 			if err != nil {
 				return err
 			}
@@ -269,42 +347,25 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 	}
 	ms, ml := mean(small), mean(large)
 	fmt.Printf("mean: 10 services %.0f conn/s, %d services %.0f conn/s: ratio %.3f\n", ms, many, ml, ml/ms)
+	return nil
+}
 
-	// The rules of moved connections, on and off, on the small table.
-	echoDst := netip.AddrPortFrom(node.IPv4, echoPort).String()
-	roundTrips := func() (float64, error) {
-		return rate(func(end time.Time, count *atomic.Int64) error {
-			c, err := net.DialTimeout("tcp", echoDst, time.Second)
-			if err != nil {
-				return err
-			}
-			defer closeAbortively(c)
-			buf := []byte{1}
-			for time.Now().Before(end) {
-				if _, err := c.Write(buf); err != nil {
-					return err
-				}
-				if _, err := c.Read(buf); err != nil {
-					return err
-				}
-				count.Add(1)
-			}
-			return nil
-		})
-	}
-	fmt.Printf("with and without the rules that pass moved connections on (10 services, 4 client workers, %v phases):\n", phase)
+// movedRules compares the rates with the rules of moved connections on
+// and off, on the small table.
+func (b *bench) movedRules(rounds int) error {
+	fmt.Printf("with and without the rules that pass moved connections on (10 services, 4 client workers, %v phases):\n", b.phase)
 	rates := map[string][2][]float64{}
 	for r := range rounds {
 		for _, on := range []string{"0", "1"} {
-			flows = on
-			if err := programNode(10); err != nil {
+			b.flows = on
+			if err := b.programNode(10); err != nil {
 				return err
 			}
-			rt, err := roundTrips()
+			rt, err := b.roundTrips()
 			if err != nil {
 				return err
 			}
-			nc, err := measure()
+			nc, err := b.newConns()
 			if err != nil {
 				return err
 			}
@@ -321,18 +382,18 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 	}
 	fmt.Printf("mean ratio with/without: round trips %.3f, new connections %.3f\n",
 		mean(rates["rt"][1])/mean(rates["rt"][0]), mean(rates["nc"][1])/mean(rates["nc"][0]))
-	flows = "0"
-	if err := programNode(many); err != nil {
-		return err
-	}
+	return nil
+}
 
-	// Uniformity over the 10 endpoints, on the large table.
-	for i := range accepted {
-		accepted[i].Store(0)
+// uniformity checks that conns connections spread uniformly over the
+// endpoints, on the table as programmed.
+func (b *bench) uniformity(conns int) error {
+	for i := range b.accepted {
+		b.accepted[i].Store(0)
 	}
-	if err := l.Client.Do(func() error {
+	if err := b.l.Client.Do(func() error {
 		for range conns {
-			c, err := net.DialTimeout("tcp", dst, time.Second)
+			c, err := net.DialTimeout("tcp", b.dst, time.Second)
 			if err != nil {
 				return err
 			}
@@ -344,16 +405,16 @@ func run(many int, phase time.Duration, rounds, conns int) error {
 	}
 	time.Sleep(200 * time.Millisecond) // let the last accepts land
 	var total int64
-	for i := range accepted {
-		total += accepted[i].Load()
+	for i := range b.accepted {
+		total += b.accepted[i].Load()
 	}
 	expected := float64(total) / float64(endpoints)
 	chi2 := 0.0
 	fmt.Printf("%d connections over %d endpoints:", total, endpoints)
-	for i := range accepted {
-		n := float64(accepted[i].Load())
+	for i := range b.accepted {
+		n := float64(b.accepted[i].Load())
 		chi2 += (n - expected) * (n - expected) / expected
-		fmt.Printf(" %d", accepted[i].Load())
+		fmt.Printf(" %d", b.accepted[i].Load())
 	}
 	critical := chiSquareCritical(endpoints - 1)
 	verdict := "uniform"
