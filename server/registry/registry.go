@@ -708,67 +708,95 @@ func (r *Registry) reindex(obj, old model.Object) {
 	}
 }
 
-// touched adds to ch what a write of obj over old concerns.
+// touched adds to ch what a write of obj over old concerns (either may be
+// nil, never both).
 func (r *Registry) touched(obj, old model.Object, ch *Change) {
 	switch o := firstNonNil(obj, old).(type) {
 	case *model.Service:
-		// A service's claims decide what its neighbours keep (see
-		// View.ServiceConflicts): they are recomputed too.
-		ch.Services = append(ch.Services, o.Key())
-		ch.ServiceObjects = append(ch.ServiceObjects, o.Key())
-		for _, s := range []model.Object{obj, old} {
-			if s, ok := s.(*model.Service); ok && s != nil {
-				ch.Services = append(ch.Services, r.claimIndex.neighbours(s)...)
-			}
-		}
+		r.touchedService(o.Key(), versionsOf[*model.Service](obj, old), ch)
 	case *model.EndpointSlice:
-		now, _ := obj.(*model.EndpointSlice)
-		was, _ := old.(*model.EndpointSlice)
-		ch.Services = append(ch.Services, o.ServiceKey())
-		if was != nil && now != nil && was.ServiceKey() != now.ServiceKey() {
-			ch.Services = append(ch.Services, was.ServiceKey())
-		}
+		touchedSlice(versionsOf[*model.EndpointSlice](obj, old), ch)
 	case *model.Node:
 		ch.Nodes = append(ch.Nodes, o.Name)
 		r.candidatesRev = ch.Revision
-		// A node's addresses are never a service's frontends (ruleBreaches):
-		// the services on its old and new ones are recomputed.
-		for _, n := range []model.Object{obj, old} {
-			if n, ok := n.(*model.Node); ok && n != nil {
-				for _, a := range n.Addresses {
-					ch.Services = append(ch.Services, slices.Sorted(maps.Keys(r.claimIndex.byAddr[a]))...)
-				}
-			}
-		}
+		r.touchedNodeAddrs(versionsOf[*model.Node](obj, old), ch)
 	case *model.AddressPool:
 		ch.Pools = append(ch.Pools, o.Name)
 		r.candidatesRev = ch.Revision
-		// A native service's load-balancer IPs come from the pools.
-		var ranges []model.AddressRange
-		for _, p := range []model.Object{obj, old} {
-			if p, ok := p.(*model.AddressPool); ok && p != nil {
-				ranges = append(ranges, p.Ranges...)
-			}
-		}
-		ch.Services = append(ch.Services, r.loadBalancersWhere(func(a netip.Addr) bool {
-			return slices.ContainsFunc(ranges, func(rg model.AddressRange) bool { return rg.Contains(a) })
-		})...)
+		r.touchedPoolRanges(versionsOf[*model.AddressPool](obj, old), ch)
 	case *model.BGPPeer:
 		ch.Peers = append(ch.Peers, o.Name)
 		r.candidatesRev = ch.Revision
 	case *model.ServiceCIDR:
 		ch.ServiceCIDRs = append(ch.ServiceCIDRs, o.Name)
-		// No load-balancer IP lies in a service range.
-		var cidrs []netip.Prefix
-		for _, c := range []model.Object{obj, old} {
-			if c, ok := c.(*model.ServiceCIDR); ok && c != nil {
-				cidrs = append(cidrs, c.CIDRs...)
-			}
-		}
-		ch.Services = append(ch.Services, r.loadBalancersWhere(func(a netip.Addr) bool {
-			return slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(a) })
-		})...)
+		r.touchedServiceRanges(versionsOf[*model.ServiceCIDR](obj, old), ch)
 	}
+}
+
+// versionsOf are a write's new and old object (those that are not nil),
+// as T.
+func versionsOf[T model.Object](obj, old model.Object) []T {
+	var out []T
+	for _, o := range []model.Object{obj, old} {
+		if t, ok := o.(T); ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// touchedService: a service's claims decide what its neighbours keep
+// (see View.ServiceConflicts), so they are recomputed too, on its old
+// claims and its new.
+func (r *Registry) touchedService(key string, versions []*model.Service, ch *Change) {
+	ch.Services = append(ch.Services, key)
+	ch.ServiceObjects = append(ch.ServiceObjects, key)
+	for _, s := range versions {
+		ch.Services = append(ch.Services, r.claimIndex.neighbours(s)...)
+	}
+}
+
+// touchedSlice: a slice's service, and the one it left.
+func touchedSlice(versions []*model.EndpointSlice, ch *Change) {
+	ch.Services = append(ch.Services, versions[0].ServiceKey())
+	if len(versions) == 2 && versions[1].ServiceKey() != versions[0].ServiceKey() {
+		ch.Services = append(ch.Services, versions[1].ServiceKey())
+	}
+}
+
+// touchedNodeAddrs: a node's addresses are never a service's frontends
+// (ruleBreaches), so the services on its old and new ones are recomputed.
+func (r *Registry) touchedNodeAddrs(versions []*model.Node, ch *Change) {
+	for _, n := range versions {
+		for _, a := range n.Addresses {
+			ch.Services = append(ch.Services, slices.Sorted(maps.Keys(r.claimIndex.byAddr[a]))...)
+		}
+	}
+}
+
+// touchedPoolRanges: a native service's load-balancer IPs come from the
+// pools, so the services with one in the pool's old or new ranges are
+// recomputed.
+func (r *Registry) touchedPoolRanges(versions []*model.AddressPool, ch *Change) {
+	var ranges []model.AddressRange
+	for _, p := range versions {
+		ranges = append(ranges, p.Ranges...)
+	}
+	ch.Services = append(ch.Services, r.loadBalancersWhere(func(a netip.Addr) bool {
+		return slices.ContainsFunc(ranges, func(rg model.AddressRange) bool { return rg.Contains(a) })
+	})...)
+}
+
+// touchedServiceRanges: no load-balancer IP lies in a service range, so
+// the services with one in the range's old or new CIDRs are recomputed.
+func (r *Registry) touchedServiceRanges(versions []*model.ServiceCIDR, ch *Change) {
+	var cidrs []netip.Prefix
+	for _, c := range versions {
+		cidrs = append(cidrs, c.CIDRs...)
+	}
+	ch.Services = append(ch.Services, r.loadBalancersWhere(func(a netip.Addr) bool {
+		return slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(a) })
+	})...)
 }
 
 // loadBalancersWhere lists the services with a load-balancer IP that in
