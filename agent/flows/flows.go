@@ -48,7 +48,7 @@ type Config struct {
 // repairs what it finds wrong.
 type Flows struct {
 	cfg    Config
-	kernel kernel
+	kernel kernel // programs what Set decides: netlink, or a fake in tests
 
 	mu     sync.Mutex
 	local  netip.Addr // the device's outer address
