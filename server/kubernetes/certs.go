@@ -42,16 +42,9 @@ const (
 // Certificates are issued as certs issues them (opts), from a valid CA
 // only and to end no later than it.
 func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace string, extraHosts []string, opts ...certs.Option) ([]string, error) {
-	secrets := client.CoreV1().Secrets(namespace)
-	missing := map[string]bool{}
-	for _, name := range []string{SecretServer, SecretAgent, SecretAdmin, SecretWebhook} {
-		_, err := secrets.Get(ctx, name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			missing[name] = true
-		case err != nil:
-			return nil, err
-		}
+	missing, err := missingSecrets(ctx, client, namespace)
+	if err != nil {
+		return nil, err
 	}
 	if len(missing) == 0 {
 		return nil, caBundle(ctx, client, namespace)
@@ -62,37 +55,90 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 	}
 	defer os.RemoveAll(dir)
 	var made []string
-	ca, err := secrets.Get(ctx, SecretCA, metav1.GetOptions{})
+	madeCA, err := loadCA(ctx, client, namespace, dir)
+	if err != nil {
+		return nil, err
+	}
+	if madeCA {
+		made = append(made, SecretCA)
+	}
+	for _, s := range issuedSecrets(dir, namespace, extraHosts, opts) {
+		if !missing[s.secret] {
+			continue
+		}
+		if err := s.make(); err != nil {
+			return made, fmt.Errorf("the Secret %s/%s from the CA of %s: %w", namespace, s.secret, SecretCA, err)
+		}
+		data, err := files(dir, s.files)
+		if err != nil {
+			return made, err
+		}
+		if err := create(ctx, client, namespace, s.secret, corev1.SecretTypeTLS, data); err != nil {
+			return made, err
+		}
+		made = append(made, s.secret)
+	}
+	return made, caBundle(ctx, client, namespace)
+}
+
+// missingSecrets are the certificates' Secrets namespace lacks.
+func missingSecrets(ctx context.Context, client clientset.Interface, namespace string) (map[string]bool, error) {
+	missing := map[string]bool{}
+	for _, name := range []string{SecretServer, SecretAgent, SecretAdmin, SecretWebhook} {
+		_, err := client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			missing[name] = true
+		case err != nil:
+			return nil, err
+		}
+	}
+	return missing, nil
+}
+
+// loadCA writes the CA that weir-ca holds into dir or, without that
+// Secret, makes a new CA there and the Secret, and says so.
+func loadCA(ctx context.Context, client clientset.Interface, namespace, dir string) (made bool, err error) {
+	ca, err := client.CoreV1().Secrets(namespace).Get(ctx, SecretCA, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		if err := certs.InitCA(dir); err != nil {
-			return nil, err
+			return false, err
 		}
 		data, err := files(dir, map[string]string{"ca.crt": "ca.crt", "ca.key": "ca.key"})
 		if err != nil {
-			return nil, err
+			return false, err
 		}
 		if err := create(ctx, client, namespace, SecretCA, corev1.SecretTypeOpaque, data); err != nil {
-			return nil, err
+			return false, err
 		}
-		made = append(made, SecretCA)
+		return true, nil
 	case err != nil:
-		return nil, err
-	default:
-		for _, f := range []string{"ca.crt", "ca.key"} {
-			if len(ca.Data[f]) == 0 {
-				return nil, fmt.Errorf("the Secret %s/%s has no %s", namespace, SecretCA, f)
-			}
-			if err := os.WriteFile(filepath.Join(dir, f), ca.Data[f], 0o600); err != nil {
-				return nil, err
-			}
+		return false, err
+	}
+	for _, f := range []string{"ca.crt", "ca.key"} {
+		if len(ca.Data[f]) == 0 {
+			return false, fmt.Errorf("the Secret %s/%s has no %s", namespace, SecretCA, f)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), ca.Data[f], 0o600); err != nil {
+			return false, err
 		}
 	}
-	issue := []struct {
-		secret string
-		make   func() error
-		files  map[string]string // key in the Secret: file in dir
-	}{
+	return false, nil
+}
+
+// issuedSecret is a certificate's Secret: how to issue it from the CA in
+// dir, and the files that make its data.
+type issuedSecret struct {
+	secret string
+	make   func() error
+	files  map[string]string // key in the Secret: file in dir
+}
+
+// issuedSecrets are the certificates' Secrets, in the order they are
+// made: the server's, the agents', the admin's and the webhook's.
+func issuedSecrets(dir, namespace string, extraHosts []string, opts []certs.Option) []issuedSecret {
+	return []issuedSecret{
 		{SecretServer, func() error {
 			hosts := []string{"weir-server", "weir-server." + namespace, "weir-server." + namespace + ".svc", "weir-server." + namespace + ".svc.cluster.local",
 				"localhost", "127.0.0.1", "::1"}
@@ -117,23 +163,6 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 			return certs.IssueServer(wdir, []string{"weir-webhook." + namespace + ".svc", "weir-webhook." + namespace + ".svc.cluster.local"}, opts...)
 		}, map[string]string{"ca.crt": "ca.crt", "tls.crt": "webhook/server.crt", "tls.key": "webhook/server.key"}},
 	}
-	for _, s := range issue {
-		if !missing[s.secret] {
-			continue
-		}
-		if err := s.make(); err != nil {
-			return made, fmt.Errorf("the Secret %s/%s from the CA of %s: %w", namespace, s.secret, SecretCA, err)
-		}
-		data, err := files(dir, s.files)
-		if err != nil {
-			return made, err
-		}
-		if err := create(ctx, client, namespace, s.secret, corev1.SecretTypeTLS, data); err != nil {
-			return made, err
-		}
-		made = append(made, s.secret)
-	}
-	return made, caBundle(ctx, client, namespace)
 }
 
 // caBundle makes the ValidatingWebhookConfiguration trust the webhook

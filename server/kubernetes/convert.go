@@ -75,95 +75,123 @@ func service(s *corev1.Service, classes Classes) *model.Service {
 	}
 	out := &model.Service{
 		Meta:                  meta(&s.ObjectMeta),
-		Type:                  model.ClusterIP,
+		Type:                  serviceType(s.Spec.Type),
+		ClusterIPs:            addrs(s.Spec.ClusterIPs),
+		ExternalIPs:           addrs(s.Spec.ExternalIPs),
 		ExternalTrafficPolicy: model.PolicyCluster,
 		InternalTrafficPolicy: model.PolicyCluster,
 		HealthCheckNodePort:   s.Spec.HealthCheckNodePort,
 	}
-	switch s.Spec.Type {
-	case corev1.ServiceTypeNodePort:
-		out.Type = model.NodePort
-	case corev1.ServiceTypeLoadBalancer:
-		out.Type = model.LoadBalancer
-	}
-	for _, ip := range s.Spec.ClusterIPs {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			out.ClusterIPs = append(out.ClusterIPs, a)
-		}
-	}
 	if len(out.ClusterIPs) == 0 {
 		return nil // headless ("None") or not yet allocated
 	}
-	out.ExternalIPs = addrs(s.Spec.ExternalIPs)
-	for _, p := range s.Spec.Ports {
-		sp := model.ServicePort{Name: p.Name, Protocol: protocol(p.Protocol), Port: p.Port, NodePort: p.NodePort}
-		if p.TargetPort.IntVal != 0 {
-			sp.TargetPort = p.TargetPort.IntVal
-		}
-		if out.Type == model.ClusterIP {
-			sp.NodePort = 0
-		}
-		out.Ports = append(out.Ports, sp)
-	}
-	if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
-		out.SessionAffinityTimeout = model.DefaultSessionAffinityTimeout
-		if c := s.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
-			out.SessionAffinityTimeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
-		}
-	}
-	if s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && out.Type != model.ClusterIP {
-		out.ExternalTrafficPolicy = model.PolicyLocal
-	} else {
-		out.HealthCheckNodePort = 0
-	}
-	if p := s.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
-		out.InternalTrafficPolicy = model.PolicyLocal
-	}
+	out.Ports = servicePorts(s.Spec.Ports, out.Type)
+	out.SessionAffinityTimeout = sessionAffinityTimeout(&s.Spec)
+	setTrafficPolicies(out, &s.Spec)
 	if out.Type == model.LoadBalancer {
-		for _, r := range s.Spec.LoadBalancerSourceRanges {
-			if p, err := netip.ParsePrefix(r); err == nil {
-				out.LoadBalancerSourceRanges = append(out.LoadBalancerSourceRanges, p.Masked())
-			}
-		}
-		for _, ing := range s.Status.LoadBalancer.Ingress {
-			// An ingress with ipMode Proxy is reached through a proxy
-			// that rewrites the destination: nothing to program for it.
-			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
-				continue
-			}
-			if a, err := netip.ParseAddr(ing.IP); err == nil {
-				out.LoadBalancerIPs = append(out.LoadBalancerIPs, a)
-			}
-		}
-	}
-	if out.Type == model.LoadBalancer {
-		m0, m1 := metalLBAnnotations[0], metalLBAnnotations[1]
-		requested := annotation(s, AnnotationLoadBalancerIPs, m0.ips, m1.ips)
-		if requested == "" {
-			requested = s.Spec.LoadBalancerIP
-		}
-		for _, ip := range strings.Split(requested, ",") {
-			if a, err := netip.ParseAddr(strings.TrimSpace(ip)); err == nil {
-				out.RequestedLoadBalancerIPs = append(out.RequestedLoadBalancerIPs, a)
-			}
-		}
-		out.AddressPool = annotation(s, AnnotationAddressPool, m0.pool, m1.pool)
-		out.AllowSharedIP = annotation(s, AnnotationAllowSharedIP, m0.shared, m1.shared)
-		if c := s.Spec.LoadBalancerClass; c != nil {
-			out.LoadBalancerClass = *c
-		}
-		out.OtherController = !classes.ours(s.Spec.LoadBalancerClass)
-		// Why no address could be assigned lives in the condition the
-		// status writer sets.
-		if c := apimeta.FindStatusCondition(s.Status.Conditions, ConditionAddressAssigned); c != nil && !out.OtherController &&
-			c.Status == metav1.ConditionFalse && c.Reason != "Released" {
-			out.AddressReason, out.AddressMessage = c.Reason, c.Message
-		}
+		setLoadBalancer(out, s, classes)
 	}
 	if d := s.Spec.TrafficDistribution; d != nil && (*d == corev1.ServiceTrafficDistributionPreferClose || *d == "PreferSameZone") {
 		out.PreferClose = true
 	}
 	return out
+}
+
+func serviceType(t corev1.ServiceType) model.ServiceType {
+	switch t {
+	case corev1.ServiceTypeNodePort:
+		return model.NodePort
+	case corev1.ServiceTypeLoadBalancer:
+		return model.LoadBalancer
+	}
+	return model.ClusterIP
+}
+
+// servicePorts maps the ports; a named target port is the endpoints' to
+// resolve, and a ClusterIP service has no node ports.
+func servicePorts(ports []corev1.ServicePort, typ model.ServiceType) []model.ServicePort {
+	var out []model.ServicePort
+	for _, p := range ports {
+		sp := model.ServicePort{Name: p.Name, Protocol: protocol(p.Protocol), Port: p.Port, NodePort: p.NodePort}
+		if p.TargetPort.IntVal != 0 {
+			sp.TargetPort = p.TargetPort.IntVal
+		}
+		if typ == model.ClusterIP {
+			sp.NodePort = 0
+		}
+		out = append(out, sp)
+	}
+	return out
+}
+
+// sessionAffinityTimeout is 0 without ClientIP affinity, else the timeout
+// given or Kubernetes' default.
+func sessionAffinityTimeout(spec *corev1.ServiceSpec) time.Duration {
+	if spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		return 0
+	}
+	if c := spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		return time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+	}
+	return model.DefaultSessionAffinityTimeout
+}
+
+// setTrafficPolicies sets the traffic policies: an external policy of
+// Local applies to traffic from outside only, and brings the health-check
+// node port.
+func setTrafficPolicies(out *model.Service, spec *corev1.ServiceSpec) {
+	if spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && out.Type != model.ClusterIP {
+		out.ExternalTrafficPolicy = model.PolicyLocal
+	} else {
+		out.HealthCheckNodePort = 0
+	}
+	if p := spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
+		out.InternalTrafficPolicy = model.PolicyLocal
+	}
+}
+
+// setLoadBalancer sets a LoadBalancer service's fields: its source
+// ranges, its addresses, what it asks Weir's pools for (Weir's
+// annotations, else MetalLB's, else spec.loadBalancerIP), its class and
+// why no address could be assigned.
+func setLoadBalancer(out *model.Service, s *corev1.Service, classes Classes) {
+	for _, r := range s.Spec.LoadBalancerSourceRanges {
+		if p, err := netip.ParsePrefix(r); err == nil {
+			out.LoadBalancerSourceRanges = append(out.LoadBalancerSourceRanges, p.Masked())
+		}
+	}
+	for _, ing := range s.Status.LoadBalancer.Ingress {
+		// An ingress with ipMode Proxy is reached through a proxy
+		// that rewrites the destination: nothing to program for it.
+		if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
+			continue
+		}
+		if a, err := netip.ParseAddr(ing.IP); err == nil {
+			out.LoadBalancerIPs = append(out.LoadBalancerIPs, a)
+		}
+	}
+	m0, m1 := metalLBAnnotations[0], metalLBAnnotations[1]
+	requested := annotation(s, AnnotationLoadBalancerIPs, m0.ips, m1.ips)
+	if requested == "" {
+		requested = s.Spec.LoadBalancerIP
+	}
+	for _, ip := range strings.Split(requested, ",") {
+		if a, err := netip.ParseAddr(strings.TrimSpace(ip)); err == nil {
+			out.RequestedLoadBalancerIPs = append(out.RequestedLoadBalancerIPs, a)
+		}
+	}
+	out.AddressPool = annotation(s, AnnotationAddressPool, m0.pool, m1.pool)
+	out.AllowSharedIP = annotation(s, AnnotationAllowSharedIP, m0.shared, m1.shared)
+	if c := s.Spec.LoadBalancerClass; c != nil {
+		out.LoadBalancerClass = *c
+	}
+	out.OtherController = !classes.ours(s.Spec.LoadBalancerClass)
+	// Why no address could be assigned lives in the condition the
+	// status writer sets.
+	if c := apimeta.FindStatusCondition(s.Status.Conditions, ConditionAddressAssigned); c != nil && !out.OtherController &&
+		c.Status == metav1.ConditionFalse && c.Reason != "Released" {
+		out.AddressReason, out.AddressMessage = c.Reason, c.Message
+	}
 }
 
 // endpointSlice maps an EndpointSlice, or returns nil for one no proxy
