@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 replies of a server of the previous release name the revision as resource_version only
+
 package main
 
 import (

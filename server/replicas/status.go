@@ -55,75 +55,12 @@ func encodeStatus(replica string, st observed.Node) (value []byte, cut bool) {
 }
 
 func publishStatus(ctx context.Context, cfg Config, sess *concurrency.Session) {
-	cli := cfg.Store.Client()
-	done := map[string]string{}
-	cutLogged := map[string]bool{}
-	var lastErr string
+	p := &publisher{cfg: cfg, cli: cfg.Store.Client(), lease: sess.Lease(), done: map[string]string{}, cutLogged: map[string]bool{}}
 	for {
 		changed := cfg.Hub.StatusChanged()
-		now, failed := map[string]string{}, false
-		for _, st := range cfg.Hub.LocalStatus() {
-			b, cut := encodeStatus(cfg.Name, st)
-			if b == nil {
-				continue
-			}
-			if cut && !cutLogged[st.Node] {
-				cfg.Log.Warn("a node's status is too large to share with the other replicas: they show it without its services, sessions and announcements", "node", st.Node, "limit_bytes", MaxStatusBytes)
-			}
-			cutLogged[st.Node] = cut
-			now[st.Node] = string(b)
-		}
-		// What changed goes in transactions of statusBatch nodes and
-		// statusBatchBytes: one etcd proposal (and fsync) each, not one
-		// a node.
-		var nodes []string
-		var puts []clientv3.Op
-		bytes := 0
-		flush := func() {
-			if len(puts) == 0 || failed {
-				return
-			}
-			if _, err := cli.Txn(ctx).Then(puts...).Commit(); err != nil {
-				failed = true
-				if err.Error() != lastErr && ctx.Err() == nil {
-					cfg.Log.Warn("publishing agents' status failed; trying again every second", "nodes", len(nodes), "error", err)
-				}
-				lastErr = err.Error()
-				return
-			}
-			lastErr = ""
-			for _, node := range nodes {
-				done[node] = now[node]
-			}
-			nodes, puts, bytes = nodes[:0], puts[:0], 0
-		}
-		for node, v := range now {
-			if done[node] != v {
-				if len(puts) > 0 && bytes+len(v) > statusBatchBytes {
-					flush()
-				}
-				nodes = append(nodes, node)
-				puts = append(puts, clientv3.OpPut(statusPrefix(cfg)+node, v, clientv3.WithLease(sess.Lease())))
-				bytes += len(v)
-				if len(puts) == statusBatch {
-					flush()
-				}
-			}
-		}
-		flush()
-		for node := range maps.Clone(done) {
-			if _, ok := now[node]; ok {
-				continue
-			}
-			// Only if still ours: the agent may have published from its
-			// new replica already.
-			key := statusPrefix(cfg) + node
-			if _, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(key), "=", sess.Lease())).Then(clientv3.OpDelete(key)).Commit(); err == nil {
-				delete(done, node)
-			} else {
-				failed = true
-			}
-		}
+		now := p.encode()
+		failed := !p.putChanged(ctx, now)
+		failed = !p.deleteGone(ctx, now) || failed
 		if failed {
 			// etcd away: try again in a second, changed or not.
 			sleep(ctx, time.Second)
@@ -138,6 +75,103 @@ func publishStatus(ctx context.Context, cfg Config, sess *concurrency.Session) {
 		}
 		sleep(ctx, PublishPeriod)
 	}
+}
+
+// publisher is a replica publishing its agents' status, round after
+// round; only publishStatus's goroutine uses it.
+type publisher struct {
+	cfg       Config
+	cli       *clientv3.Client
+	lease     clientv3.LeaseID
+	done      map[string]string // node: the value etcd holds from this replica
+	cutLogged map[string]bool   // node: its status was too large, and it was said
+	lastErr   string            // the last failed transaction's, said once
+}
+
+// encode is every local node's status as published, by node.
+func (p *publisher) encode() map[string]string {
+	now := map[string]string{}
+	for _, st := range p.cfg.Hub.LocalStatus() {
+		b, cut := encodeStatus(p.cfg.Name, st)
+		if b == nil {
+			continue
+		}
+		if cut && !p.cutLogged[st.Node] {
+			p.cfg.Log.Warn("a node's status is too large to share with the other replicas: they show it without its services, sessions and announcements", "node", st.Node, "limit_bytes", MaxStatusBytes)
+		}
+		p.cutLogged[st.Node] = cut
+		now[st.Node] = string(b)
+	}
+	return now
+}
+
+// putChanged publishes what changed since the last round in transactions
+// of statusBatch nodes and statusBatchBytes: one etcd proposal (and
+// fsync) each, not one a node. It stops at the first that fails.
+func (p *publisher) putChanged(ctx context.Context, now map[string]string) bool {
+	var nodes []string
+	var puts []clientv3.Op
+	bytes := 0
+	for node, v := range now {
+		if p.done[node] == v {
+			continue
+		}
+		if len(puts) > 0 && bytes+len(v) > statusBatchBytes {
+			if !p.commit(ctx, nodes, puts, now) {
+				return false
+			}
+			nodes, puts, bytes = nodes[:0], puts[:0], 0
+		}
+		nodes = append(nodes, node)
+		puts = append(puts, clientv3.OpPut(statusPrefix(p.cfg)+node, v, clientv3.WithLease(p.lease)))
+		bytes += len(v)
+		if len(puts) == statusBatch {
+			if !p.commit(ctx, nodes, puts, now) {
+				return false
+			}
+			nodes, puts, bytes = nodes[:0], puts[:0], 0
+		}
+	}
+	return p.commit(ctx, nodes, puts, now)
+}
+
+// commit is one transaction of puts, for nodes; a failure is logged once
+// until a transaction succeeds or fails differently.
+func (p *publisher) commit(ctx context.Context, nodes []string, puts []clientv3.Op, now map[string]string) bool {
+	if len(puts) == 0 {
+		return true
+	}
+	if _, err := p.cli.Txn(ctx).Then(puts...).Commit(); err != nil {
+		if err.Error() != p.lastErr && ctx.Err() == nil {
+			p.cfg.Log.Warn("publishing agents' status failed; trying again every second", "nodes", len(nodes), "error", err)
+		}
+		p.lastErr = err.Error()
+		return false
+	}
+	p.lastErr = ""
+	for _, node := range nodes {
+		p.done[node] = now[node]
+	}
+	return true
+}
+
+// deleteGone withdraws what this replica published of nodes no longer
+// connected to it, only where the entry is still its own: the agent may
+// have published from its new replica already.
+func (p *publisher) deleteGone(ctx context.Context, now map[string]string) bool {
+	ok := true
+	for node := range maps.Clone(p.done) {
+		if _, here := now[node]; here {
+			continue
+		}
+		key := statusPrefix(p.cfg) + node
+		if _, err := p.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(key), "=", p.lease)).Then(clientv3.OpDelete(key)).Commit(); err == nil {
+			delete(p.done, node)
+		} else {
+			ok = false
+		}
+	}
+	return ok
 }
 
 // watchStatus feeds the hub the status other replicas publish.

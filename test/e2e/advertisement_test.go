@@ -200,7 +200,7 @@ func testGracefulRestart(t *testing.T, c *weirlab.Cluster, r bgpRouter) {
 		for _, n := range r.GetNodes() {
 			for _, s := range n.GetBgpSessions() {
 				for _, f := range s.GetFamilies() {
-					if n.GetName() == node1.Name && f.GetFamily() == "ipv4" && f.GetNegotiated() && f.GetSent() >= 1 {
+					if n.GetName() == node1.Name && f.GetAddressFamily() == weirv1.AddressFamily_ADDRESS_FAMILY_IPV4 && f.GetNegotiated() && f.GetSent() >= 1 {
 						return nil
 					}
 				}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/frr"
 	"github.com/weirlb/weir/test/lab"
@@ -474,10 +475,10 @@ func waitSessions(t *testing.T, c *weirlab.Cluster, want map[string]string) {
 		for _, n := range resp.GetNodes() {
 			var lines []string
 			for _, s := range n.GetBgpSessions() {
-				if s.GetState() == "established" && s.GetEstablishedSince() == nil {
+				if s.GetSessionState() == weirv1.BgpSessionState_BGP_SESSION_STATE_ESTABLISHED && s.GetEstablishedSince() == nil {
 					return fmt.Errorf("%s: session with %s established at no time", n.GetName(), s.GetPeerAddress())
 				}
-				lines = append(lines, s.GetPeerAddress()+" "+s.GetState())
+				lines = append(lines, s.GetPeerAddress()+" "+string(nodewire.StateOf(s)))
 			}
 			got[n.GetName()] = strings.Join(lines, "\n")
 		}
@@ -723,7 +724,7 @@ func TestWrongASNIsNamed(t *testing.T) {
 				continue
 			}
 			for _, s := range n.GetBgpSessions() {
-				if s.GetState() != "established" && strings.Contains(s.GetLastError(), "bad peer as") {
+				if s.GetSessionState() != weirv1.BgpSessionState_BGP_SESSION_STATE_ESTABLISHED && strings.Contains(s.GetLastError(), "bad peer as") {
 					return nil
 				}
 			}
@@ -743,7 +744,7 @@ func TestWrongASNIsNamed(t *testing.T) {
 		for _, n := range resp.GetStatus().GetNodes() {
 			var fams []string
 			for _, f := range n.GetFamilies() {
-				fams = append(fams, fmt.Sprintf("%s %v %s", f.GetFamily(), f.GetReceivesExternalTraffic(), f.GetReason()))
+				fams = append(fams, fmt.Sprintf("%s %v %s", nodewire.FamilyOf(f), f.GetReceivesExternalTraffic(), f.GetReason()))
 			}
 			if want := []string{"ipv4 false BGPSessionsDown", "ipv6 true "}; !slices.Equal(fams, want) {
 				return fmt.Errorf("%s: families %q, want %q", n.GetNode(), fams, want)

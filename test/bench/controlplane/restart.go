@@ -83,7 +83,7 @@ func measureServerRestart(ctx context.Context, addr string, nAgents int, srv *ex
 		return srv, err
 	}
 	began := time.Now()
-	if _, err := waitApplied(syncers, info.GetStateVersion(), 15*time.Minute); err != nil {
+	if _, err := waitApplied(syncers, info.GetRevision(), 15*time.Minute); err != nil {
 		return srv, err
 	}
 	fmt.Printf("%d real agent syncers took the whole state in %v\n", nAgents, time.Since(began).Round(time.Millisecond))
