@@ -83,7 +83,8 @@ func (s *sharedStore) Watch(ctx context.Context, after uint64, fn func(uint64, [
 // An update that says nothing of status (and no resource_version) races
 // the address allocator: the allocator's write lands after the update's
 // replica read the service and before its write is decided. The update
-// keeps the address the allocator wrote; no address flaps.
+// keeps the address the allocator wrote, not the one it read; no address
+// flaps.
 func TestSpecUpdateKeepsTheAddressAnAllocatorWroteMeanwhile(t *testing.T) {
 	assigned := netip.MustParseAddr("198.51.100.10")
 	for _, tc := range []struct {
@@ -123,6 +124,11 @@ func TestSpecUpdateKeepsTheAddressAnAllocatorWroteMeanwhile(t *testing.T) {
 			if _, err := reg.Services.Create(svc); err != nil {
 				t.Fatal(err)
 			}
+			first := *svc
+			first.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.51.100.9")}
+			if _, err := reg.Services.Update(&first); err != nil {
+				t.Fatal(err)
+			}
 			ctx, cancel := context.WithCancel(context.Background())
 			followed := make(chan struct{})
 			go func() {
@@ -131,13 +137,14 @@ func TestSpecUpdateKeepsTheAddressAnAllocatorWroteMeanwhile(t *testing.T) {
 			}()
 			t.Cleanup(func() { cancel(); <-followed })
 
-			// The allocator, on the leader, assigns an address.
-			withIP := *svc
+			// The allocator, on the leader, moves the service to another
+			// address.
+			withIP := first
 			withIP.LoadBalancerIPs = []netip.Addr{assigned}
 			st.writeAsOther(t, reg.Revision(), "services", svc.Key(), &withIP)
 
 			// An operator relabels the service, saying nothing of status.
-			p := resourcewire.ServiceToProto(svc)
+			p := resourcewire.ServiceToProto(&first)
 			p.Status = nil
 			p.Metadata = &weirv1.ObjectMeta{Namespace: "shop", Name: "web", Labels: map[string]string{"team": "shop"}}
 			if err := tc.update(NewRegistryService(reg), p); err != nil {

@@ -61,6 +61,11 @@ type Registry struct {
 	// back from the store.
 	kinds map[string]storedKind
 
+	// Lock order: writeMu, then mu or failMu; mu and failMu are never
+	// held together (a write records the store's answer between its
+	// decision and its publication, holding neither), so onWrite, called
+	// under failMu, must not call back into the registry.
+	//
 	// writeMu lets one write of this replica through at a time, from its
 	// decision to its publication; mu is not held while the store
 	// commits, so reads, streams and the store's read-back go on then.
@@ -518,7 +523,8 @@ func (r *Registry) WriteFailure() (since time.Time, err error) {
 }
 
 // OnWriteFailure calls fn, with the error or nil, whenever the store starts
-// refusing writes or takes one again.
+// refusing writes or takes one again. fn is called under the lock that
+// guards that state, and must not call back into the registry.
 func (r *Registry) OnWriteFailure(fn func(error)) {
 	r.failMu.Lock()
 	defer r.failMu.Unlock()
