@@ -11,10 +11,11 @@
 // cache builds them once per step (Services) and every client making that
 // step gets the same value, which its sender encodes once for all.
 //
-// One lock guards the cache and the set of clients. A removal is
-// forgotten only once every client has been sent a version past it, and
-// since clients register and take their first state under that lock, no
-// client can fall between the check and the forgetting.
+// One lock guards the cache, the set of clients and what each client has
+// still to be sent. A removal is forgotten only once every client has been
+// sent a version past it, and since clients register and take their first
+// state under that lock, no client can fall between the check and the
+// forgetting.
 package cache
 
 import (
@@ -33,6 +34,12 @@ import (
 )
 
 // Cache is the wire form of every service and node.
+//
+// Lock order: mu before stepsMu, and mu before the advanced signal's; a
+// Services' encodeMu is taken with none of the cache's locks held (its
+// sender encodes after Next or Full returns), and the cache calls nothing
+// outside itself under any of them. TestTheLockOrderHolds runs the paths
+// that take two at once, concurrently.
 type Cache struct {
 	removalLimit int
 
@@ -258,16 +265,19 @@ type Client struct {
 	sentNode *weirv1.NodeInfo
 	covered  uint64
 
-	mu        sync.Mutex // guards the marks below
+	// The marks of what changed since the last message: set by Apply
+	// under the cache's write lock, emptied by the client's own goroutine
+	// (one per client) under its read lock, so the cache's lock guards
+	// them too.
 	pending   map[string]bool
 	nodeDirty bool
 	since     time.Time // when the oldest pending change was accepted
-	wake      chan struct{}
+	wake      notify.Kick
 }
 
 // Connect registers a client for node. A client is used by one goroutine.
 func (c *Cache) Connect(node string) *Client {
-	cl := &Client{c: c, node: node, pending: map[string]bool{}, wake: make(chan struct{}, 1)}
+	cl := &Client{c: c, node: node, pending: map[string]bool{}}
 	c.mu.Lock()
 	c.clients[cl] = true
 	c.mu.Unlock()
@@ -284,7 +294,7 @@ func (cl *Client) Close() {
 
 // Wake returns a channel that receives when the client has changes to
 // be sent.
-func (cl *Client) Wake() <-chan struct{} { return cl.wake }
+func (cl *Client) Wake() <-chan struct{} { return cl.wake.C() }
 
 // Sent is the version the client was last sent.
 func (cl *Client) Sent() uint64 { return cl.sent.Load() }
@@ -295,9 +305,9 @@ func (cl *Client) Sent() uint64 { return cl.sent.Load() }
 func (cl *Client) Covered() uint64 { return cl.covered }
 
 // mark records a batch's changes and wakes the client, even when none
-// concerns it: its next Next covers the batch's version.
+// concerns it: its next Next covers the batch's version. Called with the
+// cache's write lock held.
 func (cl *Client) mark(services []string, nodeDirty bool, since time.Time) {
-	cl.mu.Lock()
 	for _, k := range services {
 		cl.pending[k] = true
 	}
@@ -305,18 +315,13 @@ func (cl *Client) mark(services []string, nodeDirty bool, since time.Time) {
 	if cl.since.IsZero() || since.Before(cl.since) {
 		cl.since = since
 	}
-	cl.mu.Unlock()
-	select {
-	case cl.wake <- struct{}{}:
-	default:
-	}
+	cl.wake.Kick()
 }
 
-// take empties the marks. Called with the cache's lock held (read), so
-// that the marks are exactly those of the batches up to its version.
+// take empties the marks. Called by the client's own goroutine with the
+// cache's lock held (read), so that the marks are exactly those of the
+// batches up to its version, and no Apply marks them meanwhile.
 func (cl *Client) take() (services []string, nodeDirty bool, since time.Time) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
 	services = slices.Collect(maps.Keys(cl.pending))
 	clear(cl.pending)
 	nodeDirty, cl.nodeDirty = cl.nodeDirty, false
