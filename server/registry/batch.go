@@ -160,18 +160,14 @@ func stage[T model.Object](c *Collection[T], obj T, spec bool) (staged, error) {
 	key := m.Key()
 	old, exists := c.items[key]
 	if exists {
-		om := old.GetMeta()
-		if m.ResourceVersion != 0 && m.ResourceVersion != om.ResourceVersion {
-			return staged{}, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, om.ResourceVersion, m.ResourceVersion, ErrConflict)
+		var keep Keep[T]
+		if spec {
+			keep = c.specRule
 		}
-		if om.Source != m.Source {
-			return staged{}, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
+		var err error
+		if obj, err = c.replacing(obj, old, keep); err != nil {
+			return staged{}, err
 		}
-		if spec && c.specRule != nil {
-			obj = c.specRule(obj, old)
-			m = obj.GetMeta()
-		}
-		m.CreateTime = om.CreateTime
 	} else {
 		if m.ResourceVersion != 0 {
 			return staged{}, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)

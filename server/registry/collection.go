@@ -172,26 +172,18 @@ func (c *Collection[T]) decideUpdate(g store.Guard, obj T, keep Keep[T], dryRun 
 	if !ok {
 		return obj, nil, fmt.Errorf("%s %s: %w", c.kind, key, ErrNotFound)
 	}
-	om := old.GetMeta()
-	if m.ResourceVersion != 0 && m.ResourceVersion != om.ResourceVersion {
-		return obj, nil, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, om.ResourceVersion, m.ResourceVersion, ErrConflict)
-	}
 	if m.Source == "" {
-		m.Source = om.Source
+		m.Source = old.GetMeta().Source
 	}
-	if m.Source != om.Source {
-		return obj, nil, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, key, om.Source, ErrInUse)
-	}
-	if keep != nil {
-		obj = keep(obj, old)
-		m = obj.GetMeta()
+	obj, err := c.replacing(obj, old, keep)
+	if err != nil {
+		return obj, nil, err
 	}
 	if err := c.check(obj); err != nil {
 		return obj, nil, err
 	}
-	m.CreateTime = om.CreateTime
 	if dryRun {
-		m.ResourceVersion = om.ResourceVersion
+		obj.GetMeta().ResourceVersion = old.GetMeta().ResourceVersion
 		return obj, nil, nil
 	}
 	p, err := c.r.pendingWrite(g, c.kind, key, obj, old, func() {
@@ -199,6 +191,26 @@ func (c *Collection[T]) decideUpdate(g store.Guard, obj T, keep Keep[T], dryRun 
 		c.notify(Modified, obj)
 	})
 	return obj, p, err
+}
+
+// replacing decides, under the registry's lock, whether obj may replace
+// old (the version obj names, if any, is old's; so is its source) and
+// what it keeps of it (keep, and the creation time). It returns the
+// object to store.
+func (c *Collection[T]) replacing(obj, old T, keep Keep[T]) (T, error) {
+	m, om := obj.GetMeta(), old.GetMeta()
+	if m.ResourceVersion != 0 && m.ResourceVersion != om.ResourceVersion {
+		return obj, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, om.Key(), om.ResourceVersion, m.ResourceVersion, ErrConflict)
+	}
+	if m.Source != om.Source {
+		return obj, fmt.Errorf("%s %s is owned by the %s source: %w", c.kind, om.Key(), om.Source, ErrInUse)
+	}
+	if keep != nil {
+		obj = keep(obj, old)
+		m = obj.GetMeta()
+	}
+	m.CreateTime = om.CreateTime
+	return obj, nil
 }
 
 // Delete removes a resource that source owns (any source when empty) and
