@@ -946,9 +946,9 @@ func TestWaitProgrammedTellsWhenEveryNodeHasAWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, _ = strconv.ParseUint(del.GetResourceVersion(), 10, 64)
+	rev = del.GetRevision()
 	if rev == 0 {
-		t.Fatalf("a delete returned revision %q", del.GetResourceVersion())
+		t.Fatalf("a delete returned revision %d", rev)
 	}
 	m := agents["node1"].recv()
 	if err := agents["node1"].stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Nack{Nack: &weirv1.Nack{Version: m.GetVersion(), Error: "nft says no"}}}); err != nil {
@@ -966,7 +966,7 @@ func TestWaitProgrammedTellsWhenEveryNodeHasAWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, _ = strconv.ParseUint(drain.GetResourceVersion(), 10, 64)
+	rev = drain.GetRevision()
 	agents["node1"].ack(agents["node1"].recv().GetVersion())
 	if r := wait(rev, 5*time.Second); !r.GetProgrammed() {
 		t.Errorf("after node1 applied its drain: %v; want programmed", r)
@@ -1211,7 +1211,7 @@ func TestApplyIsOneWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rv := done.GetResourceVersion()
+	rv := done.GetResourceVersion() //lint:ignore SA1019 still filled, as the results' metadata.resource_version
 	for i, r := range done.GetResults() {
 		var got string
 		switch x := r.GetResource().GetResource().(type) {

@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 answers still fill the deprecated resource_version, the revision as a string, for clients of the previous release
+
 package api
 
 import (

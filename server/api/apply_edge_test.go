@@ -49,8 +49,9 @@ func TestApplyIsAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, r := range first.GetResults() {
+		//lint:ignore SA1019 the deprecated resource_version is still filled
 		if !r.GetCreated() || r.GetPrevious() != nil || r.GetResource().GetNode().GetMetadata().GetResourceVersion() != first.GetResourceVersion() {
-			t.Errorf("result %d of the first apply: %v; want created at the batch's one revision %s", i, r, first.GetResourceVersion())
+			t.Errorf("result %d of the first apply: %v; want created at the batch's one revision %s", i, r, first.GetResourceVersion()) //lint:ignore SA1019 as above
 		}
 	}
 	batch[1] = applyNode(node("b", "192.0.2.22"))

@@ -115,8 +115,9 @@ func TestVersionsGuardWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	//lint:ignore SA1019 the deprecated resource_version is still filled
 	if revision(t, del.GetResourceVersion()) != del.GetRevision() || del.GetRevision() <= revision(t, v2) {
-		t.Errorf("delete at %q (revision %d) after %s: want one revision, later", del.GetResourceVersion(), del.GetRevision(), v2)
+		t.Errorf("delete at %q (revision %d) after %s: want one revision, later", del.GetResourceVersion(), del.GetRevision(), v2) //lint:ignore SA1019 as above
 	}
 	for what, err := range map[string]error{
 		"get":    second(e.registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: "n1"})),

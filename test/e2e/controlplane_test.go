@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"testing"
 	"time"
 
@@ -73,10 +72,7 @@ func TestNoStateCutsANodeOffItsServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	delRev, err := strconv.ParseUint(del.GetResourceVersion(), 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	delRev := del.GetRevision()
 	waitEveryNodeProgrammed(t, c, "the hostile service's deletion", delRev)
 
 	eventually(t, "node1's /healthz answers the router", func() error {

@@ -55,7 +55,7 @@ func TestWaitProgrammedMeansInTheKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, _ = strconv.ParseUint(d.GetResourceVersion(), 10, 64)
+	rev = d.GetRevision()
 	r, err = st.WaitProgrammed(ctx, &weirv1.WaitProgrammedRequest{Revision: rev, Timeout: durationpb.New(10 * time.Second)})
 	if err != nil || !r.GetProgrammed() {
 		t.Fatalf("WaitProgrammed(%d) after the drain: %v, %v", rev, r, err)
