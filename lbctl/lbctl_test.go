@@ -1668,11 +1668,13 @@ func TestVersionAsJSON(t *testing.T) {
 			Health string `json:"health"`
 			Info   struct {
 				StateVersion string `json:"state_version"`
+				Revision     string `json:"revision"`
 			} `json:"info"`
 		} `json:"server"`
 	}
 	out := e.mustLbctl("", "version", "-o", "json")
-	if err := json.Unmarshal([]byte(out), &doc); err != nil || doc.Client.Version != "dev" || doc.Server.Health != "SERVING" || doc.Server.Info.StateVersion == "" {
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || doc.Client.Version != "dev" || doc.Server.Health != "SERVING" || doc.Server.Info.StateVersion == "" ||
+		doc.Server.Info.Revision != doc.Server.Info.StateVersion {
 		t.Errorf("version -o json: %+v (%v)\n%s", doc, err, out)
 	}
 }

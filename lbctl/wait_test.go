@@ -26,3 +26,21 @@ func TestRevisionOfAReply(t *testing.T) {
 		}
 	}
 }
+
+// The server's newest revision is its revision; a server of the previous
+// release says it only as state_version, which status shows the same.
+func TestServerRevision(t *testing.T) {
+	for _, tc := range []struct {
+		info *weirv1.GetServerInfoResponse
+		want uint64
+	}{
+		{&weirv1.GetServerInfoResponse{Revision: 12, StateVersion: 12}, 12},
+		{&weirv1.GetServerInfoResponse{Revision: 12}, 12},
+		{&weirv1.GetServerInfoResponse{StateVersion: 11}, 11},
+		{&weirv1.GetServerInfoResponse{}, 0},
+	} {
+		if got := serverRevision(tc.info); got != tc.want {
+			t.Errorf("serverRevision(%v) = %d, want %d", tc.info, got, tc.want)
+		}
+	}
+}
