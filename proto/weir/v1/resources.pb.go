@@ -285,8 +285,10 @@ type ObjectMeta struct {
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// Output only: which source owns the resource ("native" or "kubernetes").
 	Source string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
-	// Output only: resource_version as the store revision it is, a number
-	// (what StatusService.WaitProgrammed takes).
+	// Output only: the store revision of the resource's last write, the
+	// name the API gives it everywhere (what StatusService.WaitProgrammed
+	// takes). resource_version is the same revision as the opaque string an
+	// update or delete carries back, as in Kubernetes.
 	Revision      uint64 `protobuf:"varint,7,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
