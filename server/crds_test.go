@@ -101,7 +101,6 @@ func installCRDs(t *testing.T, ctx context.Context, dyn dynamic.Interface) {
 // has, as kubectl get shows them; deleting an object removes it.
 func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 	setDuring(t, &kubernetes.RetryPeriod, 200*time.Millisecond)
-	setDuring(t, &server.AnnouncePeriod, 100*time.Millisecond)
 	c, kc, dyn := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -144,6 +143,7 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 	}
 
 	ts := servertest.Start(t, t.TempDir(), func(cfg *server.Config) {
+		cfg.AnnouncePeriod = 100 * time.Millisecond
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: "default", Classes: kubernetes.Classes{Default: true}}
 	})
 	if err := create(v1alpha1.AddressPools, pool("public", "  addresses: [203.0.113.220/31, \"2001:db8::/120\"]\n  bgpAdvertisement:\n    communities: [\"64512:100\"]\n")); err != nil {
@@ -292,7 +292,6 @@ func tableRow(ctx context.Context, kc clientset.Interface, resource, name string
 // password through its Secret.
 func TestConvertedMetalLBIsAccepted(t *testing.T) {
 	setDuring(t, &kubernetes.RetryPeriod, 200*time.Millisecond)
-	setDuring(t, &server.AnnouncePeriod, 100*time.Millisecond)
 	c, kc, dyn := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -340,6 +339,7 @@ func TestConvertedMetalLBIsAccepted(t *testing.T) {
 		t.Fatalf("converted %v; want 4 pools and 2 peers", names)
 	}
 	ts := servertest.Start(t, t.TempDir(), func(cfg *server.Config) {
+		cfg.AnnouncePeriod = 100 * time.Millisecond
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: "default"}
 	})
 	eventually(t, 15*time.Second, func() error {
@@ -464,7 +464,6 @@ func registerWebhook(t *testing.T, ctx context.Context, kc clientset.Interface, 
 // password's Secret made first) are taken, a Service gets the pool's first
 // address and an IPAllocated Event, and kubectl get addresspools counts it.
 func TestGettingStartedCustomResources(t *testing.T) {
-	setDuring(t, &server.AnnouncePeriod, 100*time.Millisecond)
 	doc, err := os.ReadFile("../docs/getting-started.md")
 	if err != nil {
 		t.Fatal(err)
@@ -507,6 +506,7 @@ func TestGettingStartedCustomResources(t *testing.T) {
 		t.Fatalf("the documented block has pools %v and peers %v; want one of each", pools, peers)
 	}
 	servertest.Start(t, t.TempDir(), func(cfg *server.Config) {
+		cfg.AnnouncePeriod = 100 * time.Millisecond
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: "weir-system", Classes: kubernetes.Classes{Default: true}}
 	})
 	if _, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},

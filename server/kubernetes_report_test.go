@@ -27,8 +27,6 @@ import (
 // (the Announced condition and Events, following the nodes). A service of
 // another controller gets nothing from Weir.
 func TestKubernetesServicesAreToldWhatHappened(t *testing.T) {
-	setDuring(t, &server.AnnouncePeriod, 100*time.Millisecond)
-	setDuring(t, &server.AnnounceSettle, 300*time.Millisecond)
 	c, kc, _ := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -37,6 +35,7 @@ func TestKubernetesServicesAreToldWhatHappened(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := servertest.Start(t, t.TempDir(), func(cfg *server.Config) {
+		cfg.AnnouncePeriod, cfg.AnnounceSettle = 100*time.Millisecond, 300*time.Millisecond
 		cfg.ResourcesFile = file
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Classes: kubernetes.Classes{Class: kubernetes.DefaultLoadBalancerClass, Default: true}}
 	})

@@ -90,6 +90,16 @@ type Config struct {
 	// giving an address whose lease was not given up to another node
 	// (zero: DefaultL2LeaseTTL and DefaultL2LeaseMargin).
 	L2LeaseTTL, L2LeaseMargin time.Duration
+	// L2Period is the least time between two computations of the L2
+	// candidates, L2WarmUp how long a new leader waits at most to hear
+	// from every node before it decides L2 owners (zero:
+	// l2owner.DefaultPeriod and DefaultWarmUp).
+	L2Period, L2WarmUp time.Duration
+	// AnnouncePeriod is how often the leader looks at what the nodes do
+	// with each Kubernetes service's addresses, AnnounceSettle how long a
+	// change must hold before the service is told (zero:
+	// kubernetes.DefaultAnnouncePeriod and DefaultAnnounceSettle).
+	AnnouncePeriod, AnnounceSettle time.Duration
 	// SharedAgentCertificateNeedsToken refuses agents on the agents'
 	// shared certificate that present no node token; in Kubernetes mode
 	// the server reviews those tokens (auth.Options).
@@ -114,12 +124,11 @@ type Server struct {
 	stopEvents context.CancelFunc
 	ipam       *ipam.Allocator
 	l2         *l2owner.Owners
-	// l2InputChanged is signalled after every write the L2 candidates
-	// may follow (watchRegistry).
-	l2InputChanged chan struct{}
-	resFile        *resourcefile.Watcher
-	store          store.Backend
-	replica        *replicas.Config // nil without a shared store
+	l2Leader   *l2owner.Leader
+	reporter   *kubernetes.Reporter // nil without Kubernetes
+	resFile    *resourcefile.Watcher
+	store      store.Backend
+	replica    *replicas.Config // nil without a shared store
 	// election is nil unless Kubernetes replicas, each with its own
 	// store, elect the one that assigns addresses with a Lease.
 	election *kubernetes.LeaderElection
@@ -146,12 +155,31 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
+	st, reg, err := openRegistry(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s, err := assemble(cfg, st, reg)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// checkConfig refuses, before anything is opened, what the operator can
+// fix at once: leader election by Lease over a shared store, a bad
+// resources file.
+func checkConfig(cfg Config) error {
 	if k := cfg.Kubernetes; k != nil && k.LeaderElection != nil {
 		if cfg.Etcd != nil {
-			return nil, errors.New("leader election by Lease is for Kubernetes replicas with stores of their own; replicas sharing etcd elect their leader there")
+			return errors.New("leader election by Lease is for Kubernetes replicas with stores of their own; replicas sharing etcd elect their leader there")
 		}
 		if err := k.LeaderElection.Check(); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if cfg.ResourcesFile != "" {
@@ -161,21 +189,84 @@ func New(cfg Config) (*Server, error) {
 			_, err = resourcefile.Parse(cfg.ResourcesFile, data)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("--resources-file: %w", err)
+			return fmt.Errorf("--resources-file: %w", err)
 		}
 	}
+	return nil
+}
+
+// openRegistry opens the store and loads the registry from it.
+func openRegistry(cfg Config) (store.Backend, *registry.Registry, error) {
 	st, where, err := openStore(cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	reg, err := registry.Open(st)
 	if err != nil {
 		st.Close()
-		return nil, fmt.Errorf("loading state from %s: %w", where, err)
+		return nil, nil, fmt.Errorf("loading state from %s: %w", where, err)
 	}
 	if cfg.ServiceRules != nil {
 		reg.SetServiceRules(*cfg.ServiceRules)
 	}
+	return st, reg, nil
+}
+
+// assemble builds the server's parts over its registry, each from those
+// before it: the Kubernetes client, the L2 owners and the hub, the gRPC
+// server, the Kubernetes source, the jobs the leader runs, the resources
+// file, the replicas, the health of writes, the gRPC services.
+func assemble(cfg Config, st store.Backend, reg *registry.Registry) (*Server, error) {
+	s := &Server{Registry: reg, store: st, log: cfg.Log, health: health.NewServer()}
+	kc, err := newKubeClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.newAgents(cfg)
+	opts, err := grpcOptions(cfg, kc, s.Agents)
+	if err != nil {
+		return nil, err
+	}
+	s.grpc = grpc.NewServer(opts...)
+	if err := s.newKubernetes(cfg, kc); err != nil {
+		return nil, err
+	}
+	if err := s.newLeaderJobs(cfg); err != nil {
+		return nil, err
+	}
+	s.resFile = newResourcesFile(cfg, reg)
+	s.replica = s.newReplica(cfg)
+	s.watchWrites()
+	s.registerServices(cfg)
+	return s, nil
+}
+
+// kubeClient is the client of the Kubernetes API, when the server
+// mirrors a cluster.
+type kubeClient struct {
+	rest   *rest.Config
+	client clientset.Interface
+}
+
+// newKubeClient is the Kubernetes client cfg asks for, or nil.
+func newKubeClient(cfg Config) (*kubeClient, error) {
+	if cfg.Kubernetes == nil {
+		return nil, nil
+	}
+	rc, err := kubernetes.RestConfig(cfg.Kubernetes.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	client, err := clientset.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return &kubeClient{rest: rc, client: client}, nil
+}
+
+// grpcOptions are the gRPC server's keepalive, audit, limits and
+// authorization, in the order they apply to a call.
+func grpcOptions(cfg Config, kc *kubeClient, hub *agentsync.Hub) ([]grpc.ServerOption, error) {
 	opts := []grpc.ServerOption{
 		// Agents ping every 10 s so a dead node's stream is noticed; allow it.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
@@ -184,137 +275,159 @@ func New(cfg Config) (*Server, error) {
 	opts = append(opts, auth.AuditOptions(cfg.Log)...)
 	var creds credentials.TransportCredentials
 	if cfg.TLS != nil {
+		var err error
 		if creds, err = cfg.TLS.ServerCredentials(); err != nil {
-			st.Close()
 			return nil, err
 		}
 	}
 	// The limits come before authorization, so that what a denied caller
 	// sends is bounded too.
 	opts = append(opts, limits.ServerOptions(cfg.Limits, creds, cfg.Log)...)
-	var rc *rest.Config
-	var client clientset.Interface
 	authOpts := auth.Options{SharedNeedsToken: cfg.SharedAgentCertificateNeedsToken}
-	if cfg.Kubernetes != nil {
-		if rc, err = kubernetes.RestConfig(cfg.Kubernetes.Kubeconfig); err != nil {
-			st.Close()
-			return nil, fmt.Errorf("kubernetes client config: %w", err)
-		}
-		if client, err = clientset.NewForConfig(rc); err != nil {
-			st.Close()
-			return nil, err
-		}
-		authOpts.NodeTokens = kubernetes.NewNodeTokens(client, cfg.Kubernetes.AgentTokens, cmp.Or(cfg.Kubernetes.Namespace, kubernetes.PodNamespace()))
+	if kc != nil {
+		authOpts.NodeTokens = kubernetes.NewNodeTokens(kc.client, cfg.Kubernetes.AgentTokens, cmp.Or(cfg.Kubernetes.Namespace, kubernetes.PodNamespace()))
 	}
 	if cfg.TLS != nil && cfg.TLS.Mutual() {
 		opts = append(opts, auth.ServerOptions(authOpts)...)
 	}
+	return append(opts, currentOnly(hub)...), nil
+}
+
+// newAgents makes the L2 owners and the hub of the agents' streams.
+func (s *Server) newAgents(cfg Config) {
 	ttl, margin := cmp.Or(cfg.L2LeaseTTL, DefaultL2LeaseTTL), cmp.Or(cfg.L2LeaseMargin, DefaultL2LeaseMargin)
-	l2 := l2owner.NewOwners(clock.RealClock{}, ttl, margin, cfg.Log.With("component", "l2"), cfg.Metrics)
+	s.l2 = l2owner.NewOwners(clock.RealClock{}, ttl, margin, cfg.Log.With("component", "l2"), cfg.Metrics)
 	if cfg.Metrics != nil {
-		cfg.Metrics.MustRegister(poolCollector{reg})
+		cfg.Metrics.MustRegister(poolCollector{s.Registry})
 	}
-	hub := agentsync.New(reg, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log, RemovalLogLimit: cfg.RemovalLogLimit, L2: l2})
-	opts = append(opts, currentOnly(hub)...)
-	s := &Server{
-		Registry: reg,
-		Agents:   hub,
-		l2:       l2,
-		store:    st,
-		log:      cfg.Log,
-		grpc:     grpc.NewServer(opts...),
-		health:   health.NewServer(),
+	s.Agents = agentsync.New(s.Registry, agentsync.Config{MinSyncPeriod: cfg.MinSyncPeriod, Metrics: cfg.Metrics, Log: cfg.Log, RemovalLogLimit: cfg.RemovalLogLimit, L2: s.l2})
+}
+
+// newKubernetes makes the Kubernetes source and, where replicas elect
+// their leader by Lease, the election; nothing without kc.
+func (s *Server) newKubernetes(cfg Config, kc *kubeClient) error {
+	if kc == nil {
+		return nil
 	}
-	s.watchRegistry()
-	if cfg.Kubernetes != nil {
-		kc := *cfg.Kubernetes
-		kc.Log = cfg.Log
-		if kc.Dynamic == nil {
-			if kc.Dynamic, err = dynamic.NewForConfig(rc); err != nil {
-				st.Close()
-				return nil, err
-			}
-		}
-		if kc.Namespace == "" {
-			kc.Namespace = kubernetes.PodNamespace()
-		}
-		if s.kube, err = kubernetes.New(kc, client, reg); err != nil {
-			st.Close()
-			return nil, err
-		}
-		if kc.LeaderElection != nil {
-			le := *kc.LeaderElection
-			if le.Log == nil {
-				le.Log = cfg.Log
-			}
-			s.election = &le
+	k := *cfg.Kubernetes
+	k.Log = cfg.Log
+	if k.Dynamic == nil {
+		var err error
+		if k.Dynamic, err = dynamic.NewForConfig(kc.rest); err != nil {
+			return err
 		}
 	}
-	writers := map[string]ipam.Writer{model.SourceNative: ipam.RegistryWriter{Registry: reg}}
+	if k.Namespace == "" {
+		k.Namespace = kubernetes.PodNamespace()
+	}
+	var err error
+	if s.kube, err = kubernetes.New(k, kc.client, s.Registry); err != nil {
+		return err
+	}
+	if k.LeaderElection != nil {
+		le := *k.LeaderElection
+		if le.Log == nil {
+			le.Log = cfg.Log
+		}
+		s.election = &le
+	}
+	return nil
+}
+
+// newLeaderJobs makes the jobs that run once among replicas (lead):
+// address assignment, the L2 leader and, with Kubernetes, the reports to
+// its services, written with Events.
+func (s *Server) newLeaderJobs(cfg Config) error {
+	writers := map[string]ipam.Writer{model.SourceNative: ipam.RegistryWriter{Registry: s.Registry}}
 	if s.kube != nil {
 		ctx, stop := context.WithCancel(context.Background())
 		rec, err := kubernetes.NewRecorder(ctx, s.kube.Client())
 		if err != nil {
 			stop()
-			st.Close()
-			return nil, fmt.Errorf("recording Kubernetes Events: %w", err)
+			return fmt.Errorf("recording Kubernetes Events: %w", err)
 		}
 		s.kubeStatus, s.stopEvents = &kubernetes.StatusWriter{Client: s.kube.Client(), Events: rec, Log: cfg.Log}, stop
 		writers[model.SourceKubernetes] = s.kubeStatus
+		s.reporter = kubernetes.NewReporter(kubernetes.ReporterConfig{Registry: s.Registry, Status: s.Agents, L2: s.l2,
+			Services: s.kubeStatus, Custom: s.kube, Period: cfg.AnnouncePeriod, Settle: cfg.AnnounceSettle, Log: cfg.Log})
 	}
-	s.ipam = ipam.New(reg, writers, cfg.Log)
-	weirv1.RegisterRegistryServiceServer(s.grpc, api.NewRegistryService(reg))
-	weirv1.RegisterAgentServiceServer(s.grpc, s.Agents)
+	s.ipam = ipam.New(s.Registry, writers, cfg.Log)
+	s.l2Leader = l2owner.NewLeader(l2owner.LeaderConfig{Owners: s.l2, Registry: s.Registry, Status: s.Agents,
+		Period: cfg.L2Period, WarmUp: cfg.L2WarmUp, Log: cfg.Log})
+	return nil
+}
+
+// newResourcesFile is the watcher of the resources file, if one is set.
+func newResourcesFile(cfg Config, reg *registry.Registry) *resourcefile.Watcher {
+	if cfg.ResourcesFile == "" {
+		return nil
+	}
+	return &resourcefile.Watcher{
+		Registry: reg, Path: cfg.ResourcesFile, Log: cfg.Log,
+		Period: ResourcesFilePeriod, Settle: ResourcesFileSettle,
+		AllowRemovingAll: cfg.ResourcesFileAllowRemovingAll,
+		Rejected:         resourcefile.NewRejectedMetric(cfg.Metrics),
+	}
+}
+
+// newReplica is how this server runs among replicas sharing etcd, nil
+// on a store of its own.
+func (s *Server) newReplica(cfg Config) *replicas.Config {
+	etcd, ok := s.store.(*etcdstore.Etcd)
+	if !ok {
+		return nil
+	}
+	name := cfg.Replica
+	if name == "" {
+		host, _ := os.Hostname()
+		name = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	return &replicas.Config{
+		Store: etcd, Registry: s.Registry, Hub: s.Agents, Name: name, LeaseTTL: cfg.LeaseTTL, Log: cfg.Log,
+		Serving: func(ok bool) {
+			st := healthpb.HealthCheckResponse_SERVING
+			if !ok {
+				st = healthpb.HealthCheckResponse_NOT_SERVING
+			}
+			s.health.SetServingStatus("", st)
+		},
+		WentBack: s.stopWith,
+	}
+}
+
+// watchWrites has the registry service's health follow the store: reads
+// and the agents' streams go on while the store refuses writes (a full
+// disk), so the server stays SERVING, its registry does not.
+func (s *Server) watchWrites() {
+	s.Registry.OnWriteFailure(func(err error) {
+		st := healthpb.HealthCheckResponse_SERVING
+		if err != nil {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+			s.log.Error("the store refuses writes; weir.v1.RegistryService is NOT_SERVING until one is taken", "error", err)
+		} else {
+			s.log.Info("the store takes writes again; weir.v1.RegistryService is SERVING")
+		}
+		s.health.SetServingStatus(weirv1.RegistryService_ServiceDesc.ServiceName, st)
+	})
+	s.health.SetServingStatus(weirv1.RegistryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+}
+
+// registerServices puts the gRPC services on the server.
+func (s *Server) registerServices(cfg Config) {
 	info := api.ServerInfo{Version: cfg.Version, Started: time.Now(), Sources: []string{model.SourceNative}}
 	if cfg.Kubernetes != nil {
 		info.Sources = append(info.Sources, model.SourceKubernetes)
 	}
 	if cfg.ResourcesFile != "" {
-		s.resFile = &resourcefile.Watcher{
-			Registry: reg, Path: cfg.ResourcesFile, Log: cfg.Log,
-			Period: ResourcesFilePeriod, Settle: ResourcesFileSettle,
-			AllowRemovingAll: cfg.ResourcesFileAllowRemovingAll,
-			Rejected:         resourcefile.NewRejectedMetric(cfg.Metrics),
-		}
 		info.Sources = append(info.Sources, model.SourceFile)
 	}
-	if etcd, ok := st.(*etcdstore.Etcd); ok {
-		name := cfg.Replica
-		if name == "" {
-			host, _ := os.Hostname()
-			name = fmt.Sprintf("%s-%d", host, os.Getpid())
-		}
-		s.replica = &replicas.Config{
-			Store: etcd, Registry: reg, Hub: s.Agents, Name: name, LeaseTTL: cfg.LeaseTTL, Log: cfg.Log,
-			Serving: func(ok bool) {
-				st := healthpb.HealthCheckResponse_SERVING
-				if !ok {
-					st = healthpb.HealthCheckResponse_NOT_SERVING
-				}
-				s.health.SetServingStatus("", st)
-			},
-			WentBack: s.stopWith,
-		}
-	}
-	// Reads and the agents' streams go on while the store refuses writes
-	// (a full disk): the server stays SERVING, its registry does not.
-	reg.OnWriteFailure(func(err error) {
-		st := healthpb.HealthCheckResponse_SERVING
-		if err != nil {
-			st = healthpb.HealthCheckResponse_NOT_SERVING
-			cfg.Log.Error("the store refuses writes; weir.v1.RegistryService is NOT_SERVING until one is taken", "error", err)
-		} else {
-			cfg.Log.Info("the store takes writes again; weir.v1.RegistryService is SERVING")
-		}
-		s.health.SetServingStatus(weirv1.RegistryService_ServiceDesc.ServiceName, st)
-	})
-	s.health.SetServingStatus(weirv1.RegistryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	lbTier := api.NewLoadBalancerTierService(s.Agents, reg)
+	weirv1.RegisterRegistryServiceServer(s.grpc, api.NewRegistryService(s.Registry))
+	weirv1.RegisterAgentServiceServer(s.grpc, s.Agents)
+	lbTier := api.NewLoadBalancerTierService(s.Agents, s.Registry)
 	weirv1.RegisterLoadBalancerTierServiceServer(s.grpc, lbTier)
-	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, reg, info, lbTier, s.l2))
+	weirv1.RegisterStatusServiceServer(s.grpc, api.NewStatusService(s.Agents, s.Registry, info, lbTier, s.l2))
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
-	return s, nil
 }
 
 func openStore(cfg Config) (store.Backend, string, error) {
@@ -387,7 +500,7 @@ func (s *Server) Admission() http.Handler {
 // Kubernetes source's writes. A single server runs them from the start;
 // replicas, on the leader only.
 func (s *Server) lead(ctx context.Context) {
-	s.run(ctx, append(s.sources(), s.ipam.Run, s.leadL2, s.reportToKubernetes)...)
+	s.run(ctx, append(s.sources(), s.leaderJobs()...)...)
 }
 
 // leadByLease runs the jobs of a Kubernetes replica with a store of its
@@ -396,10 +509,20 @@ func (s *Server) lead(ctx context.Context) {
 // writes them to the cluster.
 func (s *Server) leadByLease(ctx context.Context) {
 	s.run(ctx, append(s.sources(), func(ctx context.Context) {
-		if err := kubernetes.RunLeased(ctx, s.kube.Client(), *s.election, func(ctx context.Context) { s.run(ctx, s.ipam.Run, s.leadL2, s.reportToKubernetes) }); err != nil {
+		if err := kubernetes.RunLeased(ctx, s.kube.Client(), *s.election, func(ctx context.Context) { s.run(ctx, s.leaderJobs()...) }); err != nil {
 			s.log.Error("leader election stopped: this replica assigns no addresses", "error", err)
 		}
 	})...)
+}
+
+// leaderJobs are the controllers that run on the leader only: address
+// assignment, the L2 owners, the reports to Kubernetes.
+func (s *Server) leaderJobs() []func(context.Context) {
+	jobs := []func(context.Context){s.ipam.Run, s.l2Leader.Run}
+	if s.reporter != nil {
+		jobs = append(jobs, s.reporter.Run)
+	}
+	return jobs
 }
 
 // sources are the jobs that fill the registry from outside: the resources

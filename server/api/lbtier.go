@@ -193,16 +193,14 @@ func (l *LoadBalancerTierService) pathsOf(key string) []*weirv1.SpeakerServicePa
 func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 	statuses := l.hub.Status()
 	var rev uint64
-	l.reg.Read(func(v registry.View) { rev = v.Revision() })
+	var cluster receive.Cluster
+	l.reg.Read(func(v registry.View) { rev, cluster = v.Revision(), receive.ClusterOf(v, statuses) })
 	for _, n := range statuses {
 		if n.Connected && n.LastError == "" {
 			rev = min(rev, n.ProgrammedVersion())
 		}
 	}
-	nodes, _ := l.reg.Nodes.List("", nil)
-	pools, _ := l.reg.Pools.List("", nil)
-	services, _ := l.reg.Services.List("", nil)
-	vips := receive.Targets(receive.Cluster{Nodes: nodes, Pools: pools, Services: services, Observed: statuses, Aside: l.reg.Aside})
+	vips := receive.Targets(cluster)
 	out := make([]*weirv1.VipTargets, 0, len(vips))
 	for _, v := range vips {
 		vt := &weirv1.VipTargets{Address: v.Address.String(), Service: v.Service,
