@@ -16,6 +16,10 @@
 // server's clock plus Margin (for the two clocks' rates), or once the
 // holder released it. So whatever the delays between them, the old
 // owner has stopped before the new one starts.
+//
+// The controller (Leader): while the server leads, it gives Owners each
+// address's candidates again at every change of the registry or of a
+// node's status, once it has heard from every node.
 package l2owner
 
 import (
