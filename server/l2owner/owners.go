@@ -306,7 +306,6 @@ type Asked struct {
 // released is not granted back in the same answer: the node gave it up
 // for a reason (it was not listed, it is stopping).
 func (s *Stream) Ask(q Asked) []Grant {
-	held, released, refused := q.Held, q.Released, q.Refused
 	o := s.o
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -314,20 +313,35 @@ func (s *Stream) Ask(q Asked) []Grant {
 		return nil
 	}
 	if s.stopping {
-		for _, r := range released {
+		for _, r := range q.Released {
 			o.table.Release(r.Addr, s.node, r.Epoch)
 		}
 		return nil
 	}
-	wasLive := o.liveLocked(s)
 	if s.lastAsk.IsZero() {
 		defer o.asked.Broadcast()
 	}
+	reassign := o.noteAskLocked(s, q.Refused)
+	o.releaseLocked(s.node, q.Released)
+	claims, adopted := o.claimLocked(s.node, q)
+	if !o.warm {
+		return o.grantClaimedLocked(s.node, claims)
+	}
+	if reassign || adopted {
+		o.assignLocked()
+	}
+	return o.grantOwnedLocked(s.node, q.Released)
+}
+
+// noteAskLocked records that s asked, and what it refuses, and reports
+// whether the owners must be chosen again: the node was not live, or
+// refuses other addresses than before. What a node says is kept only
+// where the registry makes it matter: an address that is no L2 address
+// is dropped here, so no node can grow what the server holds past the
+// addresses the registry has.
+func (o *Owners) noteAskLocked(s *Stream, refused map[netip.Addr]string) bool {
+	wasLive := o.liveLocked(s)
 	s.lastAsk = o.clk.Now()
-	// What a node says is kept only where the registry makes it matter:
-	// an address that is no L2 address, or one the node is no candidate
-	// for, is dropped here, so no node can grow what the server holds
-	// past the addresses and nodes the registry has.
 	refused = maps.Collect(func(yield func(netip.Addr, string) bool) {
 		for a, why := range refused {
 			if _, l2 := o.candidates[a]; l2 && !yield(a, why) {
@@ -335,65 +349,86 @@ func (s *Stream) Ask(q Asked) []Grant {
 			}
 		}
 	})
-	reassign := !wasLive || !maps.Equal(refused, s.refused)
+	changed := !wasLive || !maps.Equal(refused, s.refused)
 	s.refused = refused
+	return changed
+}
+
+// releaseLocked ends the leases node gave up, and wakes each address's
+// next owner so that it takes the address without waiting for its next
+// ask.
+func (o *Owners) releaseLocked(node string, released []Held) {
 	for _, r := range released {
-		o.table.Release(r.Addr, s.node, r.Epoch)
-		if next := o.owner[r.Addr]; next != "" && next != s.node {
+		o.table.Release(r.Addr, node, r.Epoch)
+		if next := o.owner[r.Addr]; next != "" && next != node {
 			o.nudgeLocked(next)
 		}
 	}
-	// A lease the table does not know (a restart, a new leader) is taken
-	// as the table's: a running one at once, since no other can run on
-	// its address; a lapsed one once no lease of an earlier server can
-	// still run (mayClaimLocked says which claims count).
-	claims := held
+}
+
+// claimLocked takes what node says it holds where the table knows
+// nothing of the address (a restart, a new leader): a running lease at
+// once, since no other can run on its address; a lapsed one once no
+// lease of an earlier server can still run (mayClaimLocked says which
+// claims count). It returns the leases node claims as running, and
+// whether any claim was taken.
+func (o *Owners) claimLocked(node string, q Asked) (claims []Held, taken bool) {
+	claims = q.Held
 	if !o.table.Fencing() {
-		claims = slices.Concat(held, q.Lapsed)
+		claims = slices.Concat(q.Held, q.Lapsed)
 	}
 	for _, l := range q.Lapsed {
-		if _, known := o.table.leases[l.Addr]; !known && l.Epoch > o.lapsed[l.Addr].epoch && o.mayClaimLocked(l.Addr, s.node) {
-			o.lapsed[l.Addr] = claim{node: s.node, epoch: l.Epoch}
-			reassign = true
+		if _, known := o.table.leases[l.Addr]; !known && l.Epoch > o.lapsed[l.Addr].epoch && o.mayClaimLocked(l.Addr, node) {
+			o.lapsed[l.Addr] = claim{node: node, epoch: l.Epoch}
+			taken = true
 		}
 	}
 	for _, h := range claims {
-		if _, known := o.table.leases[h.Addr]; !known && o.mayClaimLocked(h.Addr, s.node) {
-			o.table.Adopt(h.Addr, s.node, h.Epoch)
+		if _, known := o.table.leases[h.Addr]; !known && o.mayClaimLocked(h.Addr, node) {
+			o.table.Adopt(h.Addr, node, h.Epoch)
 			delete(o.lapsed, h.Addr)
-			reassign = true
+			taken = true
 		}
 	}
-	if !o.warm {
-		var out []Grant
-		for _, h := range claims {
-			if l, ok := o.table.leases[h.Addr]; ok && l.Node == s.node {
-				_, l := o.table.Request(h.Addr, s.node, s.node)
-				out = append(out, Grant{Addr: h.Addr, Lease: l})
-			}
+	return claims, taken
+}
+
+// grantClaimedLocked renews, before the server has heard from the
+// nodes, only what node holds already: no address moves yet.
+func (o *Owners) grantClaimedLocked(node string, claims []Held) []Grant {
+	var out []Grant
+	for _, h := range claims {
+		if l, ok := o.table.leases[h.Addr]; ok && l.Node == node {
+			_, l := o.table.Request(h.Addr, node, node)
+			out = append(out, Grant{Addr: h.Addr, Lease: l})
 		}
-		return out
 	}
-	if reassign {
-		o.assignLocked()
-	}
+	return out
+}
+
+// grantOwnedLocked grants node a lease on every address it is the chosen
+// owner of, except those it has just released, counting and logging each
+// lease that is new.
+func (o *Owners) grantOwnedLocked(node string, released []Held) []Grant {
 	var out []Grant
 	for _, a := range slices.SortedFunc(maps.Keys(o.owner), netip.Addr.Compare) {
-		if o.owner[a] != s.node || slices.ContainsFunc(released, func(r Held) bool { return r.Addr == a }) {
+		if o.owner[a] != node || slices.ContainsFunc(released, func(r Held) bool { return r.Addr == a }) {
 			continue
 		}
 		prev := o.table.leases[a]
-		if v, l := o.table.Request(a, s.node, s.node); v == Granted {
-			out = append(out, Grant{Addr: a, Lease: l})
-			delete(o.lapsed, a)
-			if prev == nil || prev.Epoch != l.Epoch {
-				o.metrics.changes.Inc()
-				if at, ok := o.movedAt[a]; ok {
-					o.metrics.takeover.Observe(o.clk.Since(at).Seconds())
-				}
-				delete(o.movedAt, a)
-				o.log.Info("L2 lease granted", "address", a, "node", s.node, "epoch", l.Epoch)
+		v, l := o.table.Request(a, node, node)
+		if v != Granted {
+			continue
+		}
+		out = append(out, Grant{Addr: a, Lease: l})
+		delete(o.lapsed, a)
+		if prev == nil || prev.Epoch != l.Epoch {
+			o.metrics.changes.Inc()
+			if at, ok := o.movedAt[a]; ok {
+				o.metrics.takeover.Observe(o.clk.Since(at).Seconds())
 			}
+			delete(o.movedAt, a)
+			o.log.Info("L2 lease granted", "address", a, "node", node, "epoch", l.Epoch)
 		}
 	}
 	return out
