@@ -319,7 +319,7 @@ func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 			defer wg.Done()
 			for i := w; i < nServices; i += 8 {
 				svc := &weirv1.Service{Metadata: &weirv1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)},
-					Spec: &weirv1.ServiceSpec{ClusterIps: []string{fmt.Sprintf("10.%d.%d.%d", 96+i>>16, (i>>8)&255, i&255)},
+					Spec: &weirv1.ServiceSpec{ClusterIps: []string{fmt.Sprintf("10.%d.%d.%d", 96+(i+1)>>16, ((i+1)>>8)&255, (i+1)&255)},
 						Ports: []*weirv1.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}}}}
 				if _, err := reg.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
 					errs <- err

@@ -356,7 +356,7 @@ func load(ctx context.Context, reg weirv1.RegistryServiceClient, n int, nodes []
 		wg.Go(func() {
 			for i := w; i < n; i += len(errs) {
 				svc := &weirv1.Service{Metadata: &weirv1.ObjectMeta{Namespace: "bench", Name: serviceName(i)},
-					Spec: &weirv1.ServiceSpec{ClusterIps: []string{fmt.Sprintf("10.96.%d.%d", i>>8, i&255)},
+					Spec: &weirv1.ServiceSpec{ClusterIps: []string{fmt.Sprintf("10.96.%d.%d", (i+1)>>8, (i+1)&255)},
 						Ports: []*weirv1.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}}}}
 				s, err := reg.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc})
 				if err != nil {
