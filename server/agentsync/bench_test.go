@@ -39,7 +39,7 @@ func benchService(i, variant int) (*model.Service, *model.EndpointSlice) {
 	ip := func(base, n int) netip.Addr { return addr(base, n>>16&0xff, n>>8&0xff, n&0xff) }
 	name := fmt.Sprintf("svc-%d", i)
 	svc := &model.Service{Meta: model.Meta{Namespace: "bench", Name: name}, Type: model.ClusterIP,
-		ClusterIPs:            []netip.Addr{addr(10, 96+(i>>16), i>>8&0xff, i&0xff)},
+		ClusterIPs:            []netip.Addr{addr(10, 96+((i+1)>>16), (i+1)>>8&0xff, (i+1)&0xff)}, // not the range's network address
 		Ports:                 []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, TargetPort: 8080}},
 		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster}
 	if i%100 == 0 {
