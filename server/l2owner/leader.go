@@ -63,6 +63,9 @@ type Leader struct {
 	// inputChanged is kicked after every write the candidates may
 	// follow.
 	inputChanged notify.Kick
+	// sawL2 is whether the last look found an L2 pool; only Run's
+	// goroutine reads and writes it.
+	sawL2 bool
 }
 
 // NewLeader returns a leader over cfg; Run does the work.
@@ -102,7 +105,7 @@ func (l *Leader) Run(ctx context.Context) {
 	close(heard)
 	for {
 		statusChanged := l.cfg.Status.StatusChanged()
-		l.cfg.Owners.SetCandidates(l.look().candidates)
+		l.cfg.Owners.SetCandidates(l.look(false).candidates)
 		// A node's status changes with every state it is sent and
 		// applies: computations are Period apart at least, so a burst
 		// of changes costs one more, while a lone change after a quiet
@@ -131,7 +134,7 @@ func (l *Leader) warmUp(ctx context.Context) {
 	defer timeout.Stop()
 	for {
 		statusChanged, asked := l.cfg.Status.StatusChanged(), l.cfg.Owners.AskedChanged()
-		lk := l.look()
+		lk := l.look(true)
 		// The addresses bound what the nodes may claim meanwhile.
 		l.cfg.Owners.SetCandidates(lk.candidates)
 		waiting := lk.waiting(l.cfg.Owners.Asked)
@@ -170,23 +173,39 @@ type look struct {
 	observed   []observed.Node
 }
 
-// look reads the nodes' status, then the registry once.
-func (l *Leader) look() look {
-	lk := look{observed: l.cfg.Status.Status()}
-	var c receive.Cluster
-	l2 := false
-	l.cfg.Registry.Read(func(v registry.View) {
-		lk.nodes = v.NodeNames()
-		// Only an L2 pool has L2 addresses: without one, the services
-		// are not looked at, however many there are.
-		if l2 = slices.ContainsFunc(v.Pools(), func(p *model.AddressPool) bool { return p.L2 != nil }); l2 {
-			c = receive.ClusterOf(v, lk.observed)
+// look reads the nodes' status, then the registry once. The status is
+// read only where it is needed: while the leader waits for the nodes
+// (forWarmUp), or when an L2 pool exists. A hub's status of every node is
+// worked out under the hub's lock, which every state sent to an agent
+// takes too: without an L2 pool the leader, woken by every round of
+// acknowledgements, would take it for nothing.
+func (l *Leader) look(forWarmUp bool) look {
+	withStatus := forWarmUp || l.sawL2
+	for {
+		var lk look
+		if withStatus {
+			lk.observed = l.cfg.Status.Status()
 		}
-	})
-	if l2 {
-		lk.candidates = receive.L2Addresses(c)
+		var c receive.Cluster
+		l2 := false
+		l.cfg.Registry.Read(func(v registry.View) {
+			lk.nodes = v.NodeNames()
+			// Only an L2 pool has L2 addresses: without one, the services
+			// are not looked at, however many there are.
+			if l2 = slices.ContainsFunc(v.Pools(), func(p *model.AddressPool) bool { return p.L2 != nil }); l2 && withStatus {
+				c = receive.ClusterOf(v, lk.observed)
+			}
+		})
+		l.sawL2 = l2
+		if l2 && !withStatus {
+			withStatus = true // an L2 pool came: read again, with the status
+			continue
+		}
+		if l2 {
+			lk.candidates = receive.L2Addresses(c)
+		}
+		return lk
 	}
-	return lk
 }
 
 // waiting are the registered nodes not heard from yet, by name: not

@@ -58,7 +58,7 @@ func BenchmarkL2Round(b *testing.B) {
 			st.set(nodes...)
 			o := NewOwners(clocktesting.NewFakeClock(time.Unix(0, 0)), testTTL, testMargin, slog.New(slog.DiscardHandler), nil)
 			l := NewLeader(LeaderConfig{Owners: o, Registry: reg, Status: st})
-			candidates := l.look().candidates
+			candidates := l.look(false).candidates
 			if len(candidates) != (n+99)/100 {
 				b.Fatalf("%d L2 addresses; want %d", len(candidates), (n+99)/100)
 			}
@@ -70,7 +70,7 @@ func BenchmarkL2Round(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				o.SetCandidates(l.look().candidates)
+				o.SetCandidates(l.look(false).candidates)
 			}
 		})
 	}

@@ -158,7 +158,12 @@ func TestLeaderWarmUpEndsAfterWarmUp(t *testing.T) {
 // a lone change after a quiet spell is taken at once.
 func TestLeaderBurstCostsOneMoreComputation(t *testing.T) {
 	st := &fakeStatus{}
-	_, _, clk := running(t, registrytest.Open(t), st, 0)
+	reg := registrytest.Open(t)
+	// An L2 pool, so that every computation reads the status.
+	if _, _, err := reg.Apply([]model.Object{l2Pool()}, false); err != nil {
+		t.Fatal(err)
+	}
+	_, _, clk := running(t, reg, st, 0)
 	// sleeping: the leader computed looks times and waits out Period
 	// (the owners' timer and its own).
 	sleeping := func(looks int) {
@@ -237,7 +242,7 @@ func TestLeaderCandidatesFollowTheirInputsOnly(t *testing.T) {
 		if woke != step.wake {
 			t.Errorf("%s: the L2 job woken %v; want %v", step.what, woke, step.wake)
 		}
-		got := l.look().candidates
+		got := l.look(false).candidates
 		pools, _ := reg.Pools.List("", nil)
 		nodes, _ := reg.Nodes.List("", nil)
 		services, _ := reg.Services.List("", nil)
@@ -249,4 +254,34 @@ func TestLeaderCandidatesFollowTheirInputsOnly(t *testing.T) {
 			t.Errorf("%s: candidates (-want +got):\n%s", step.what, diff)
 		}
 	}
+}
+
+// Without an L2 pool there are no candidates to work out, and the leader,
+// woken by every round of the agents' acknowledgements, leaves the hub's
+// status alone: reading it takes the lock every state sent to an agent
+// takes too. Once an L2 pool exists, it reads it again.
+func TestLeaderWithoutAnL2PoolReadsNoStatus(t *testing.T) {
+	st := &fakeStatus{}
+	reg := registrytest.Open(t)
+	if _, _, err := reg.Apply([]model.Object{testNode("n1", "198.51.100.1")}, false); err != nil {
+		t.Fatal(err)
+	}
+	st.set("n1")
+	_, o, clk := running(t, reg, st, time.Hour)
+	wait.Until(t, 5*time.Second, "the warm-up ending once n1 applied a state", func() bool { return warm(o) })
+	looks := st.looked()
+	for range 5 {
+		st.set("n1")
+		wait.Until(t, 5*time.Second, "the leader waiting out Period", func() bool { return clk.Waiters() >= 2 })
+		clk.Step(DefaultPeriod)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if got := st.looked() - looks; got != 0 {
+		t.Fatalf("the leader read the hub's status %d times after the warm-up with no L2 pool; want none", got)
+	}
+	if _, _, err := reg.Apply([]model.Object{l2Pool()}, false); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(DefaultPeriod)
+	wait.Until(t, 5*time.Second, "the leader reading the status once an L2 pool exists", func() bool { return st.looked() > looks })
 }
