@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"reflect"
 	"strings"
 	"time"
 
@@ -92,61 +91,22 @@ func decode[P proto.Message, T interface{ Validate() error }](body []byte, msg P
 	return m, m.Validate()
 }
 
-// Apply makes the registry's file-owned pools and peers those of r:
-// creates, updates what changed and deletes what left the file. It goes on
-// past a refused write (a pool overlapping one of the API's, say) and
-// returns every error.
+// Apply makes the registry's file-owned pools and peers those of r, as
+// one write: creates, updates what changed and deletes what left the file.
+// A refusal of any of them (a pool overlapping one of the API's, a name
+// another source owns) changes nothing at all: the content applied before
+// stays whole.
 func Apply(reg *registry.Registry, r *Resources) error {
-	return errors.Join(sync(reg.Pools, r.Pools), sync(reg.Peers, r.Peers))
-}
-
-func sync[T model.Object](c *registry.Collection[T], want []T) error {
-	var errs []error
-	keep := map[string]bool{}
-	for _, obj := range want {
-		obj.GetMeta().Source = model.SourceFile
-		key := obj.GetMeta().Key()
-		keep[key] = true
-		old, err := c.Get(key)
-		switch {
-		case errors.Is(err, registry.ErrNotFound):
-			_, err = c.Create(obj)
-		case err != nil:
-		case old.GetMeta().Source != model.SourceFile:
-			err = fmt.Errorf("%s is owned by the %s source: %w", key, old.GetMeta().Source, registry.ErrInUse)
-		case sameSpec(old, obj):
-			continue
-		default:
-			_, err = c.Update(obj)
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
+	_, err := reg.Declare(model.SourceFile, r.Pools, r.Peers)
+	var be *registry.BatchError
+	switch {
+	case !errors.As(err, &be):
+		return err
+	case be.Index < len(r.Pools):
+		return fmt.Errorf("AddressPool %s: %w", r.Pools[be.Index].Name, err)
+	default:
+		return fmt.Errorf("BgpPeer %s: %w", r.Peers[be.Index-len(r.Pools)].Name, err)
 	}
-	all, _ := c.List("", nil)
-	for _, old := range all {
-		if key := old.GetMeta().Key(); old.GetMeta().Source == model.SourceFile && !keep[key] {
-			if _, err := c.Delete(key, 0, model.SourceFile); err != nil && !errors.Is(err, registry.ErrNotFound) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// sameSpec compares two objects without their bookkeeping (version,
-// creation time), so that an unchanged file writes nothing. Stored objects
-// are shared: it compares their JSON and changes neither.
-func sameSpec[T model.Object](a, b T) bool {
-	strip := func(o T) map[string]any {
-		var m map[string]any
-		j, _ := json.Marshal(o)
-		json.Unmarshal(j, &m)
-		delete(m, "resourceVersion")
-		delete(m, "createTime")
-		return m
-	}
-	return reflect.DeepEqual(strip(a), strip(b))
 }
 
 // Watcher keeps the registry equal to a resources file.

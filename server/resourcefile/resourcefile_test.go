@@ -302,3 +302,51 @@ func mustRange(t *testing.T, s string) model.AddressRange {
 	}
 	return r
 }
+
+// A file the registry refuses in part changes nothing at all: its peer,
+// valid on its own, is not taken while its pool is refused (a pool of that
+// name is another source's), and the last good content stays whole.
+func TestARefusedFileChangesNothing(t *testing.T) {
+	reg := registrytest.Open(t)
+	mustApply(t, reg, rack)
+	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "theirs", Source: model.SourceKubernetes},
+		Ranges: []model.AddressRange{mustRange(t, "198.51.100.0/28")}}); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, reg)
+
+	for _, tc := range []struct{ name, content string }{
+		{"a pool of another source's name", strings.Replace(rack, "asn: 64500", "asn: 64501", 1) +
+			"---\nkind: AddressPool\nmetadata: {name: theirs}\naddresses: [198.51.100.32/28]\n" +
+			"---\nkind: BgpPeer\nmetadata: {name: rack-router-v4}\naddress: 192.0.2.9\nasn: 64500\nmy_asn: 64512\n"},
+		{"a pool overlapping another source's", "kind: BgpPeer\nmetadata: {name: rack-router-v4}\naddress: 192.0.2.9\nasn: 64500\nmy_asn: 64512\n" +
+			"---\nkind: AddressPool\nmetadata: {name: public}\naddresses: [198.51.100.8/29]\n"},
+	} {
+		r, err := Parse("rack.yaml", []byte(tc.content))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Apply(reg, r); !errors.Is(err, registry.ErrInUse) {
+			t.Errorf("%s: %v; want ErrInUse", tc.name, err)
+		}
+		if after := snapshot(t, reg); after != before {
+			t.Errorf("%s: the refused file changed the registry:\n%s\nwant\n%s", tc.name, after, before)
+		}
+	}
+}
+
+// snapshot is every pool and peer the registry holds, with its source,
+// version and what tells one content from another.
+func snapshot(t *testing.T, reg *registry.Registry) string {
+	t.Helper()
+	var b strings.Builder
+	pools, _ := reg.Pools.List("", nil)
+	for _, p := range pools {
+		fmt.Fprintf(&b, "pool %s source=%s v%d %v\n", p.Name, p.Source, p.ResourceVersion, p.Ranges)
+	}
+	peers, _ := reg.Peers.List("", nil)
+	for _, p := range peers {
+		fmt.Fprintf(&b, "peer %s source=%s v%d %s asn=%d\n", p.Name, p.Source, p.ResourceVersion, p.Address, p.ASN)
+	}
+	return b.String()
+}
