@@ -273,6 +273,13 @@ func stage[T model.Object](c *Collection[T], obj T, spec bool) (staged, error) {
 	if err := c.check(obj); err != nil {
 		return staged{}, err
 	}
+	// A batch takes no object's place: its writers (the native API, the
+	// resources file) are refused what another holds.
+	if c.displaced != nil {
+		if gone := c.displaced(obj); len(gone) > 0 {
+			return staged{}, fmt.Errorf("%s %s would take the place of %s: %w", c.kind, key, gone[0], ErrInUse)
+		}
+	}
 	s := staged{kind: c.kind, key: key, obj: obj}
 	var oldObj model.Object
 	if exists {

@@ -20,8 +20,11 @@ type Collection[T model.Object] struct {
 	// specRule is what an update of the spec alone keeps of the stored
 	// object (UpdateSpec, ApplySpec); nil: nothing.
 	specRule Keep[T]
-	items    map[string]T
-	watchers map[*watcher[T]]struct{}
+	// displaced lists the objects a write of one removes, which it takes
+	// the place of (pools: see displaces); nil: none.
+	displaced func(T) []string
+	items     map[string]T
+	watchers  map[*watcher[T]]struct{}
 }
 
 func newCollection[T model.Object](r *Registry, kind string, namespaced bool, check func(T) error) *Collection[T] {
@@ -113,10 +116,33 @@ func (c *Collection[T]) decideCreate(obj T, dryRun bool) (*pending, error) {
 	if dryRun {
 		return nil, nil
 	}
-	return c.r.pendingWrite(store.Guard{}, c.kind, key, obj, nil, func() {
+	put := resourceWrite{kind: c.kind, key: key, obj: obj, put: func() {
 		c.items[key] = obj
 		c.notify(Added, obj)
-	})
+	}}
+	return c.r.pendingWrite(store.Guard{}, append([]resourceWrite{put}, c.displacing(obj)...)...)
+}
+
+// removing is the write that removes the object of key.
+func (c *Collection[T]) removing(key string) resourceWrite {
+	old := c.items[key]
+	return resourceWrite{kind: c.kind, key: key, old: old, put: func() {
+		delete(c.items, key)
+		c.notify(Deleted, old)
+	}}
+}
+
+// displacing is the removals that go with a write of obj: the objects it
+// takes the place of.
+func (c *Collection[T]) displacing(obj T) []resourceWrite {
+	if c.displaced == nil {
+		return nil
+	}
+	var out []resourceWrite
+	for _, key := range c.displaced(obj) {
+		out = append(out, c.removing(key))
+	}
+	return out
 }
 
 // Update replaces a resource with obj whole: its writer (a source, a
@@ -186,10 +212,11 @@ func (c *Collection[T]) decideUpdate(g store.Guard, obj T, keep Keep[T], dryRun 
 		obj.GetMeta().ResourceVersion = old.GetMeta().ResourceVersion
 		return obj, nil, nil
 	}
-	p, err := c.r.pendingWrite(g, c.kind, key, obj, old, func() {
+	put := resourceWrite{kind: c.kind, key: key, obj: obj, old: old, put: func() {
 		c.items[key] = obj
 		c.notify(Modified, obj)
-	})
+	}}
+	p, err := c.r.pendingWrite(g, append([]resourceWrite{put}, c.displacing(obj)...)...)
 	return obj, p, err
 }
 
@@ -209,7 +236,13 @@ func (c *Collection[T]) replacing(obj, old T, keep Keep[T]) (T, error) {
 		obj = keep(obj, old)
 		m = obj.GetMeta()
 	}
-	m.CreateTime = om.CreateTime
+	// The creation time is the stored one, unless the cluster says when
+	// its object was made (one deleted and made again while this server
+	// was away keeps its name, not its age): what Precedes compares is
+	// then the same on a replica that kept its store and one that did not.
+	if m.Source != model.SourceKubernetes || m.CreateTime.IsZero() {
+		m.CreateTime = om.CreateTime
+	}
 	return obj, nil
 }
 
@@ -228,10 +261,7 @@ func (c *Collection[T]) Delete(key string, resourceVersion uint64, source string
 		if rv := old.GetMeta().ResourceVersion; resourceVersion != 0 && resourceVersion != rv {
 			return nil, fmt.Errorf("%s %s is at version %d, not %d: %w", c.kind, key, rv, resourceVersion, ErrConflict)
 		}
-		return c.r.pendingWrite(store.Guard{}, c.kind, key, nil, old, func() {
-			delete(c.items, key)
-			c.notify(Deleted, old)
-		})
+		return c.r.pendingWrite(store.Guard{}, c.removing(key))
 	})
 }
 

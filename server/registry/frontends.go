@@ -211,10 +211,7 @@ func wins(a *model.Service, ca Claim, b *model.Service, cb Claim) bool {
 	if (ca.Field == ClusterIPs) != (cb.Field == ClusterIPs) {
 		return ca.Field == ClusterIPs
 	}
-	if c := a.CreateTime.Compare(b.CreateTime); c != 0 {
-		return c < 0
-	}
-	return a.Key() < b.Key()
+	return Precedes(a, b)
 }
 
 // Conflict is a claim of a service the nodes do not program, and why:

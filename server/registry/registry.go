@@ -141,6 +141,7 @@ func Open(st store.Backend) (*Registry, error) {
 		}
 		return r.checkPoolOverlap(p)
 	})
+	r.Pools.displaced = r.displacedPools
 	r.Peers = newCollection(r, "bgppeers", false, (*model.BGPPeer).Validate)
 	r.Services.specRule, r.Peers.specRule = KeepServiceStatus, KeepPeerPassword
 	r.ServiceCIDRs = newCollection(r, "servicecidrs", false, func(c *model.ServiceCIDR) error {
@@ -354,22 +355,64 @@ func (e *OverlapError) Error() string {
 
 func (e *OverlapError) Unwrap() error { return ErrInUse }
 
-// checkPoolOverlap rejects a pool sharing addresses with another: an
-// address must come from one pool only.
-func (r *Registry) checkPoolOverlap(p *model.AddressPool) error {
-	for name, other := range r.Pools.items {
-		if name == p.Name {
-			continue
-		}
-		for i, a := range p.Ranges {
-			for _, b := range other.Ranges {
-				if a.First.Is4() == b.First.Is4() && a.First.Compare(b.Last) <= 0 && b.First.Compare(a.Last) <= 0 {
-					return &OverlapError{Index: i, Range: a, Pool: name}
-				}
+// Precedes says whether a comes before b where two objects want what
+// only one may have: the older creation time, then the key (as Kubernetes
+// breaks ties). It depends neither on the order the objects came in nor on
+// what the store held before, so every replica decides alike, after every
+// restart.
+func Precedes(a, b model.Object) bool {
+	am, bm := a.GetMeta(), b.GetMeta()
+	if c := am.CreateTime.Compare(bm.CreateTime); c != 0 {
+		return c < 0
+	}
+	return am.Key() < bm.Key()
+}
+
+// displaces says whether pool p takes the place of other, which shares
+// addresses with it: when both are the cluster's (an admission webhook
+// failing open lets Kubernetes hold both) and p precedes other. A pool of
+// another source is refused instead, the one taken first staying: the
+// store keeps that order, and the native API tells its writer at once.
+func displaces(p, other *model.AddressPool) bool {
+	return p.Source == model.SourceKubernetes && other.Source == model.SourceKubernetes && Precedes(p, other)
+}
+
+// overlap is the index of p's first range that shares addresses with
+// other's, and that range; ok is false when none does.
+func overlap(p, other *model.AddressPool) (i int, rg model.AddressRange, ok bool) {
+	for i, a := range p.Ranges {
+		for _, b := range other.Ranges {
+			if a.First.Is4() == b.First.Is4() && a.First.Compare(b.Last) <= 0 && b.First.Compare(a.Last) <= 0 {
+				return i, a, true
 			}
 		}
 	}
+	return 0, model.AddressRange{}, false
+}
+
+// checkPoolOverlap rejects a pool sharing addresses with another it does
+// not displace: an address must come from one pool only.
+func (r *Registry) checkPoolOverlap(p *model.AddressPool) error {
+	for _, name := range slices.Sorted(maps.Keys(r.Pools.items)) {
+		other := r.Pools.items[name]
+		if i, rg, ok := overlap(p, other); ok && name != p.Name && !displaces(p, other) {
+			return &OverlapError{Index: i, Range: rg, Pool: name}
+		}
+	}
 	return nil
+}
+
+// displacedPools lists the pools a write of p removes: those sharing
+// addresses with it that it displaces.
+func (r *Registry) displacedPools(p *model.AddressPool) []string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(r.Pools.items)) {
+		other := r.Pools.items[name]
+		if _, _, ok := overlap(p, other); ok && name != p.Name && displaces(p, other) {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // pending is a write decided against the registry and not yet in the
@@ -385,30 +428,48 @@ type pending struct {
 	publish func(rev uint64, readBack bool)
 }
 
-// pendingWrite is one resource write: put puts obj in place of old (either
-// may be nil) in its collection, and tells the collection's watchers.
+// resourceWrite is one resource's part of a write: obj in place of old
+// (either may be nil) in its collection; put puts it there and tells the
+// collection's watchers. put is called with mu held.
+type resourceWrite struct {
+	kind, key string
+	obj, old  model.Object
+	put       func()
+}
+
+// pendingWrite is a write of resources (the first one is the one asked
+// for; the others go with it, such as the pools it takes the place of).
 // Called with mu held.
-func (r *Registry) pendingWrite(g store.Guard, kind, key string, obj, old model.Object, put func()) (*pending, error) {
-	op := store.Op{Kind: kind, Key: key}
-	if obj != nil {
-		var err error
-		if op.Value, err = r.encode(obj); err != nil {
-			return nil, err
+func (r *Registry) pendingWrite(g store.Guard, ws ...resourceWrite) (*pending, error) {
+	p := &pending{guard: g, what: ws[0].kind + " " + ws[0].key}
+	for _, w := range ws {
+		op := store.Op{Kind: w.kind, Key: w.key}
+		if w.obj != nil {
+			var err error
+			if op.Value, err = r.encode(w.obj); err != nil {
+				return nil, err
+			}
 		}
+		p.ops = append(p.ops, op)
 	}
-	return &pending{guard: g, ops: []store.Op{op}, what: kind + " " + key, publish: func(rev uint64, readBack bool) {
-		if obj != nil {
-			obj.GetMeta().ResourceVersion = rev
+	p.publish = func(rev uint64, readBack bool) {
+		for _, w := range ws {
+			if w.obj != nil {
+				w.obj.GetMeta().ResourceVersion = rev
+			}
 		}
 		if readBack {
 			return
 		}
-		put()
 		ch := Change{Revision: rev}
-		r.reindex(obj, old)
-		r.touched(obj, old, &ch)
+		for _, w := range ws {
+			w.put()
+			r.reindex(w.obj, w.old)
+			r.touched(w.obj, w.old, &ch)
+		}
 		r.notifyListeners(ch)
-	}}, nil
+	}
+	return p, nil
 }
 
 // encode is obj as stored, with the revision the write will have in a
