@@ -35,8 +35,11 @@ import (
 // names the cached binary, so bumping it forces a rebuild.
 const Version = "v1.36.3"
 
-// Binary builds the apiserver once per machine and returns its path. The
-// binary is cached as <user cache dir>/weir/kube-apiserver-<Version>
+// Binary builds the Kubernetes binary once per machine and returns its path:
+// the kube-apiserver when started with flags only, and the
+// kube-controller-manager, kube-scheduler or kubelet when its first argument
+// names one (test/kubecluster runs them). The
+// binary is cached as <user cache dir>/weir/kube-<Version>
 // ($XDG_CACHE_HOME or ~/.cache) and rebuilt only when missing. The source is
 // found from the caller's module root (`go env GOMOD`), so the caller must
 // run inside the Weir module, as tests do. Concurrent callers, in this or
@@ -59,7 +62,7 @@ func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("kubeapi: %w", err)
 	}
-	bin := filepath.Join(dir, "kube-apiserver-"+Version)
+	bin := filepath.Join(dir, "kube-"+Version)
 	if isExecutable(bin) {
 		return bin, nil
 	}
@@ -85,7 +88,7 @@ func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 		return "", fmt.Errorf("kubeapi: %w", err)
 	}
 	defer os.RemoveAll(tmpDir)
-	tmp := filepath.Join(tmpDir, "kube-apiserver")
+	tmp := filepath.Join(tmpDir, "kube")
 
 	const pkg = "k8s.io/component-base/version"
 	minor := strings.Split(Version, ".")[1]
@@ -105,7 +108,7 @@ func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 	cmd.Stdout, cmd.Stderr = out, out
 	start := time.Now()
 	if progress != nil {
-		fmt.Fprintf(progress, "kubeapi: building kube-apiserver %s into %s (minutes on a new machine)\n", Version, bin)
+		fmt.Fprintf(progress, "kubeapi: building Kubernetes %s (apiserver, controller-manager, scheduler, kubelet) into %s (minutes on a new machine)\n", Version, bin)
 		stop := make(chan struct{})
 		defer close(stop)
 		go func() {

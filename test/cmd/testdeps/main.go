@@ -1,6 +1,6 @@
 // Command testdeps builds, before the tests run, the heavy dependencies
 // some tests need and that would otherwise be built inside a test's clock:
-// the real kube-apiserver (see test/kubeapi) and helm (test/toolbin). It is what `make
+// the real Kubernetes binary (see test/kubeapi) and helm (test/toolbin). It is what `make
 // testdeps` runs, and it does nothing when they are already built.
 package main
 
@@ -23,7 +23,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	fmt.Println("testdeps: kube-apiserver at", bin)
+	fmt.Println("testdeps: Kubernetes (apiserver, kubelet, ...) at", bin)
 	helm, err := toolbin.Helm(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
