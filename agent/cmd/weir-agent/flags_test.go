@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"log/slog"
 	"strings"
 	"testing"
 )
@@ -109,6 +110,34 @@ func TestServerFlags(t *testing.T) {
 		}
 		if f.DefValue != want[0] || f.Usage != want[1] {
 			t.Errorf("--%s: default %q, help %q; want %q, %q", name, f.DefValue, f.Usage, want[0], want[1])
+		}
+	}
+}
+
+// --own-daemonset names a DaemonSet as NAMESPACE/NAME, watched on an https
+// apiserver; anything else is refused before the agent starts.
+func TestOwnDaemonSetFlag(t *testing.T) {
+	for _, tc := range []struct {
+		daemonset, apiserver string
+		ok                   bool
+	}{
+		{"", "", true}, // no watch
+		{"weir-system/weir-agent", "", true},
+		{"weir-system/weir-agent", "https://10.0.0.1:6443", true},
+		{"weir-agent", "", false},
+		{"weir-system/", "", false},
+		{"/weir-agent", "", false},
+		{"Weir/weir-agent", "", false},
+		{"weir-system/weir-agent/x", "", false},
+		{"weir-system/weir-agent", "http://10.0.0.1:8080", false},
+	} {
+		o := &options{ownDaemonSet: tc.daemonset, kubeAPIServer: tc.apiserver}
+		cfg, err := o.removalWatch(slog.New(slog.DiscardHandler))
+		if (err == nil) != tc.ok {
+			t.Errorf("--own-daemonset %q --kube-apiserver %q: %v; want ok %v", tc.daemonset, tc.apiserver, err, tc.ok)
+		}
+		if err == nil && (cfg == nil) != (tc.daemonset == "") {
+			t.Errorf("--own-daemonset %q: watch %+v", tc.daemonset, cfg)
 		}
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/weirlb/weir/agent/flows"
 	"github.com/weirlb/weir/agent/health"
 	"github.com/weirlb/weir/agent/l2"
+	"github.com/weirlb/weir/agent/removal"
 	"github.com/weirlb/weir/agent/syncer"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bgpspeaker"
@@ -73,6 +74,7 @@ func run() error {
 	for _, start := range []func() error{
 		a.forward,          // the datapath the states are applied to
 		a.dialServer,       // the connection to the server's replicas
+		a.watchRemoval,     // the agent's DaemonSet: deleted, all removed at the end
 		a.catchSignals,     // the context SIGINT and SIGTERM end
 		a.serveHealth,      // /healthz, /livez, /metrics, health-check node ports
 		a.repairTables,     // tables someone else removed put back
@@ -104,6 +106,9 @@ type options struct {
 	healthzAddr, metricsAddr                             string
 	healthTO                                             time.Duration
 	hcConns, healthzConns, perSource, sourceV4, sourceV6 int
+
+	ownDaemonSet                     string
+	kubeAPIServer, kubeToken, kubeCA string
 
 	bgpASN                asn
 	bgpRouterID, bgpPeers string
@@ -138,6 +143,10 @@ func newOptions(fs *flag.FlagSet) *options {
 	fs.StringVar(&o.bgpPeers, "bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
 	fs.BoolVar(&o.passFlows, "pass-moved-connections", true, "pass the packets of established connections that a router moves to this node (when the nodes behind its ECMP route change) on to the node that holds them, through a VXLAN device (UDP port --moved-connections-port between the nodes), instead of refusing them here")
 	fs.IntVar(&o.flowsPort, "moved-connections-port", flows.DefaultPort, "UDP port of the VXLAN device that carries moved connections between the nodes (the same on every node)")
+	fs.StringVar(&o.ownDaemonSet, "own-daemonset", "", "NAMESPACE/NAME of the DaemonSet this agent runs in: the agent watches it, and when it stops after the DaemonSet was deleted (Weir uninstalled), removes what it programmed on the node, as --cleanup, and ends its BGP sessions; on any other stop (a restart, an upgrade) or when the watch could not tell, the node keeps forwarding (empty: no watch, as outside Kubernetes)")
+	fs.StringVar(&o.kubeAPIServer, "kube-apiserver", "", "with --own-daemonset: the Kubernetes apiserver's URL (default: the in-cluster address)")
+	fs.StringVar(&o.kubeToken, "kube-token-file", removal.DefaultTokenFile, "with --own-daemonset: the service-account token the DaemonSet is watched with")
+	fs.StringVar(&o.kubeCA, "kube-ca-file", removal.DefaultCAFile, "with --own-daemonset: the CA of the apiserver's certificate")
 	fs.BoolVar(&o.cleanup, "cleanup", false, "delete every nftables table the agent programs (ip and ip6 weir) and exit, as kube-proxy's --cleanup; the node then forwards no service")
 	fs.Var(&o.bgpASN, "bgp-asn", "announce load-balancer IPs over BGP from this AS, 1-4294967295 (0 or empty: no BGP, and BgpPeer resources are ignored; empty lets a manifest pass an unset setting through)")
 	o.members.AddFlags(fs, "comma-separated ADDRESS:PORT of members to join (the load-balancer speakers), so that they learn within a second when this node dies")
@@ -150,6 +159,7 @@ func newOptions(fs *flag.FlagSet) *options {
 type settings struct {
 	datapath                       datapath.Config
 	healthChecks, healthzListeners health.Limits
+	removal                        *removal.Config // with --own-daemonset
 }
 
 // settings checks the flags and reads what they ask for.
@@ -182,8 +192,34 @@ func (o *options) settings(log *slog.Logger) (settings, error) {
 	if o.flowsPort < 1 || o.flowsPort > 65535 {
 		return set, fmt.Errorf("--moved-connections-port %d: want 1-65535", o.flowsPort)
 	}
+	if set.removal, err = o.removalWatch(log); err != nil {
+		return set, err
+	}
 	return set, nil
 }
+
+// removalWatch reads --own-daemonset and the apiserver it is watched on.
+func (o *options) removalWatch(log *slog.Logger) (*removal.Config, error) {
+	if o.ownDaemonSet == "" {
+		return nil, nil
+	}
+	ns, name, ok := strings.Cut(o.ownDaemonSet, "/")
+	if !ok || !dnsLabel.MatchString(ns) || !dnsSubdomain.MatchString(name) {
+		return nil, fmt.Errorf("--own-daemonset %q: want NAMESPACE/NAME", o.ownDaemonSet)
+	}
+	if o.kubeAPIServer != "" && !strings.HasPrefix(o.kubeAPIServer, "https://") {
+		return nil, fmt.Errorf("--kube-apiserver %q: want an https:// URL", o.kubeAPIServer)
+	}
+	return &removal.Config{Namespace: ns, Name: name, APIServer: o.kubeAPIServer, TokenFile: o.kubeToken, CAFile: o.kubeCA,
+		Log: log.With("component", "removal")}, nil
+}
+
+// Kubernetes' names: a namespace is a DNS label, a DaemonSet's name a DNS
+// subdomain.
+var (
+	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
+)
 
 // masquerade reads --masquerade-mode, which --masquerade-all must agree
 // with.
@@ -229,6 +265,7 @@ type agent struct {
 	ctx     context.Context    // ends at SIGINT or SIGTERM
 	cancel  context.CancelFunc // ends ctx, and stops catching the signals
 	reg     *prometheus.Registry
+	removal *removal.Watch // with --own-daemonset
 	health  *health.Agent
 	// observers follow the states received and report to the server.
 	observers syncer.Observers
@@ -250,14 +287,55 @@ func newAgent(o *options, set settings, log *slog.Logger) (*agent, error) {
 
 // cleanup is --cleanup: the tables and the device removed.
 func (a *agent) cleanup() error {
-	if err := a.dp.Cleanup(context.Background()); err != nil {
+	if err := a.removeProgrammed("--cleanup"); err != nil {
 		return fmt.Errorf("--cleanup: %w", err)
 	}
-	if err := a.moved.Close(context.Background()); err != nil {
-		return fmt.Errorf("--cleanup: %w", err)
-	}
-	a.log.Info("deleted the ip and ip6 weir tables and the device of moved connections")
 	return nil
+}
+
+// removeProgrammed removes what the agent programs on the node and stays
+// when it stops: the ip and ip6 weir tables, and the device of moved
+// connections with its routes, rules and address. (The BGP sessions, the
+// L2 answers and the health listeners end with the process.) Each is
+// removed even when another cannot be.
+func (a *agent) removeProgrammed(why string) error {
+	err := errors.Join(a.dp.Cleanup(context.Background()), a.moved.Close(context.Background()))
+	if err != nil {
+		return err
+	}
+	a.log.Info("deleted the ip and ip6 weir tables and the device of moved connections ("+flows.DefaultInterface+"), its routes and rules", "why", why)
+	return nil
+}
+
+// watchRemoval watches the agent's DaemonSet, with --own-daemonset. Its
+// undo comes after every later part's: when the agent stops because Weir
+// is uninstalled, the BGP sessions have ended, the L2 answers stopped and
+// nothing writes the tables any more when they are removed.
+func (a *agent) watchRemoval() error {
+	if a.set.removal == nil {
+		return nil
+	}
+	var err error
+	if a.removal, err = removal.Start(*a.set.removal); err != nil {
+		return fmt.Errorf("--own-daemonset: %w", err)
+	}
+	a.undo.Add(func() {
+		v := a.removal.Stop()
+		if !v.Removed {
+			a.log.Info("stopped; the nftables tables stay: the node goes on forwarding", "why", v.Reason)
+			return
+		}
+		if err := a.removeProgrammed(v.Reason); err != nil {
+			a.log.Error("removing what the agent programmed on the node", "why", v.Reason, "error", err)
+		}
+	})
+	return nil
+}
+
+// uninstalled says whether the agent stops because Weir is uninstalled:
+// its DaemonSet was deleted. The first call decides for every part.
+func (a *agent) uninstalled() bool {
+	return a.removal != nil && a.removal.Stop().Removed
 }
 
 // forward chooses the datapath: with moved connections passed on, or
@@ -293,7 +371,11 @@ func (a *agent) catchSignals() error {
 	a.ctx, a.cancel = ctx, stop
 	a.undo.Add(stop)
 	if a.o.passFlows {
-		go a.moved.Run(ctx)
+		probing := make(chan struct{})
+		go func() { a.moved.Run(ctx); close(probing) }()
+		// The probes, which may move a route, end before the device
+		// can be removed.
+		a.undo.Add(func() { stop(); <-probing })
 	}
 	return nil
 }
@@ -325,7 +407,11 @@ func (a *agent) repairTables() error {
 	repairs := prometheus.NewCounter(prometheus.CounterOpts{Name: "weir_datapath_table_repairs_total",
 		Help: "Times the agent found its nftables tables gone (the ruleset flushed or a table deleted by someone else) and rewrote them from the last state."})
 	a.reg.MustRegister(repairs)
-	go repairTables(a.ctx, a.dp, repairs, a.log)
+	repairing := make(chan struct{})
+	go func() { repairTables(a.ctx, a.dp, repairs, a.log); close(repairing) }()
+	// The repairs end before the tables can be removed, or one would
+	// put them back.
+	a.undo.Add(func() { a.cancel(); <-repairing })
 	return nil
 }
 
@@ -371,11 +457,13 @@ func (a *agent) announceBGP() error {
 	}
 	a.reg.MustRegister(speaker.Collector())
 	a.undo.Add(func() {
-		if a.ctx.Err() != nil && speaker.GracefulRestart() {
+		if a.ctx.Err() != nil && speaker.GracefulRestart() && !a.uninstalled() {
 			// Stopped (SIGTERM: a restart, an upgrade): the sessions
 			// end with the process, without a NOTIFICATION, so that
 			// graceful-restart routers keep forwarding to this node
 			// on the rules left in place. Drain a node to take it out.
+			// Uninstalled, the rules go: the sessions are closed and
+			// the routers withdraw the routes at once.
 			a.log.Info("leaving BGP sessions to graceful restart: routers keep this node's routes for the restart time")
 			return
 		}
@@ -428,8 +516,8 @@ func (a *agent) answerL2() error {
 
 // sync streams the node's state from the server and applies it until
 // SIGTERM. On exit the rules stay: forwarding must not stop because the
-// agent restarts. Removing Weir is `nft delete table ip weir; nft delete
-// table ip6 weir`.
+// agent restarts. They go when the agent's DaemonSet was deleted
+// (--own-daemonset), or with --cleanup.
 func (a *agent) sync() error {
 	s := syncer.New(syncer.Config{NodeName: a.o.nodeName, AgentVersion: version, ResyncPeriod: a.o.resync, Metrics: a.reg},
 		a.conn, faults.Wrap(a.applier, a.log), a.observers, a.log)
@@ -437,7 +525,9 @@ func (a *agent) sync() error {
 	if err := s.Run(a.ctx); err != nil && a.ctx.Err() == nil {
 		return err
 	}
-	a.log.Info("stopped; nftables rules left in place")
+	if a.removal == nil {
+		a.log.Info("stopped; nftables rules left in place")
+	}
 	return nil
 }
 
