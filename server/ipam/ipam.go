@@ -166,9 +166,7 @@ func (a *Allocator) snapshot() (*planner, []*model.Service) {
 			}
 		}
 	})
-	slices.SortFunc(svcs, func(x, y *model.Service) int {
-		return cmp.Or(x.CreateTime.Compare(y.CreateTime), cmp.Compare(x.Key(), y.Key()))
-	})
+	slices.SortFunc(svcs, func(x, y *model.Service) int { return registry.CompareAge(x, y) })
 	return p, svcs
 }
 

@@ -5,6 +5,7 @@
 package registry
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -355,18 +356,18 @@ func (e *OverlapError) Error() string {
 
 func (e *OverlapError) Unwrap() error { return ErrInUse }
 
-// Precedes says whether a comes before b where two objects want what
-// only one may have: the older creation time, then the key (as Kubernetes
-// breaks ties). It depends neither on the order the objects came in nor on
-// what the store held before, so every replica decides alike, after every
+// CompareAge orders two objects where both want what only one may have:
+// the older creation time first, then the key (as Kubernetes breaks
+// ties). It depends neither on the order the objects came in nor on what
+// the store held before, so every replica decides alike, after every
 // restart.
-func Precedes(a, b model.Object) bool {
+func CompareAge(a, b model.Object) int {
 	am, bm := a.GetMeta(), b.GetMeta()
-	if c := am.CreateTime.Compare(bm.CreateTime); c != 0 {
-		return c < 0
-	}
-	return am.Key() < bm.Key()
+	return cmp.Or(am.CreateTime.Compare(bm.CreateTime), cmp.Compare(am.Key(), bm.Key()))
 }
+
+// Precedes says whether a comes before b by CompareAge.
+func Precedes(a, b model.Object) bool { return CompareAge(a, b) < 0 }
 
 // displaces says whether pool p takes the place of other, which shares
 // addresses with it: when both are the cluster's (an admission webhook
