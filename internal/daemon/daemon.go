@@ -4,6 +4,7 @@
 package daemon
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -12,10 +13,14 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/klog/v2"
 )
 
 // Flags are the shared flags, once parsed.
@@ -37,14 +42,61 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 
 // Start is what every daemon does first: with --version it prints
 // "NAME VERSION" to out and says to stop; otherwise it returns the logger
-// the flags ask for, writing to logs.
+// the flags ask for, writing to logs, and makes it the process's only
+// logger (see logEverythingThrough).
 func (f *Flags) Start(name, version string, out, logs io.Writer) (log *slog.Logger, stop bool, err error) {
 	if *f.version {
 		fmt.Fprintln(out, name, version)
 		return nil, true, nil
 	}
-	log, err = f.Logger(logs)
-	return log, false, err
+	if log, err = f.Logger(logs); err != nil {
+		return nil, false, err
+	}
+	logEverythingThrough(log)
+	return log, false, nil
+}
+
+// started is the logger Start made, nil before: Exit reports through it.
+var started atomic.Pointer[slog.Logger]
+
+// logEverythingThrough makes log the process's logger for the code that
+// does not take one: klog (client-go's reflectors, leader election), the
+// standard library's log package (net/http's server errors) and slog's
+// default. A log collector that parses --log-format json would drop or
+// mangle a plain-text line, and those are the lines that say why a daemon
+// cannot reach the cluster.
+func logEverythingThrough(log *slog.Logger) {
+	started.Store(log)
+	slog.SetDefault(log)
+	klog.SetSlogLogger(log)
+	// klog checks its own verbosity before it calls the logger: let its
+	// V(n) lines through as far as the handler takes them. A logr V(n)
+	// line is slog level -n, so --log-level debug (-4) shows klog's V(4)
+	// (client-go's requests and retries), info shows V(0) only, and
+	// debug-2 shows V(6).
+	v := 0
+	for log.Enabled(context.Background(), slog.Level(-v-1)) && v < maxKlogVerbosity {
+		v++
+	}
+	var level klog.Level
+	_ = level.Set(strconv.Itoa(v)) // a decimal integer always parses
+}
+
+// maxKlogVerbosity bounds klog's verbosity when the handler takes every
+// level: past 10, Kubernetes' code logs nothing more.
+const maxKlogVerbosity = 10
+
+// Exit ends a daemon whose run failed with err, with status 1. The error
+// is logged through the daemon's logger once Start made one, so that the
+// last line of a crashing pod is in the format the flags ask for; before
+// (a bad flag, --log-format itself) it is written as "NAME: err".
+func Exit(name string, err error) {
+	if log := started.Load(); log != nil {
+		log.Error("stopped", "error", err)
+	} else {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+	}
+	os.Exit(1)
 }
 
 // Logger is the logger the flags ask for, writing to w.

@@ -3,7 +3,10 @@ package daemon
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
+	"io"
+	stdlog "log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
 )
 
 func parse(t *testing.T, args ...string) *Flags {
@@ -82,6 +86,56 @@ func TestLogFormats(t *testing.T) {
 	for _, args := range [][]string{{"--log-format", "xml"}, {"--log-level", "loud"}} {
 		if _, err := parse(t, args...).Logger(&out); err == nil || !strings.Contains(err.Error(), args[0]) {
 			t.Errorf("%v: %v, want an error naming the flag", args, err)
+		}
+	}
+}
+
+// Once a daemon started, klog (client-go's logger) and the standard
+// library's log write through the daemon's handler, in its format, and
+// klog's verbosity follows --log-level: debug shows client-go's V(4)
+// lines (its requests and retries), info its V(0) lines only.
+func TestStartRoutesKlogAndTheStandardLog(t *testing.T) {
+	t.Cleanup(func() { klog.ClearLogger(); slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil))) })
+	for _, tc := range []struct {
+		level      string
+		shown, not []string
+	}{
+		{"info", []string{"klog error", "klog info", "std log"}, []string{"klog v1"}},
+		{"debug", []string{"klog error", "klog info", "klog v4", "std log"}, []string{"klog v5"}},
+		{"warn", []string{"klog error"}, []string{"klog info", "std log"}},
+	} {
+		var out bytes.Buffer
+		if _, _, err := parse(t, "--log-format", "json", "--log-level", tc.level).Start("weir-server", "v0.2.0", io.Discard, &out); err != nil {
+			t.Fatal(err)
+		}
+		klog.ErrorS(errors.New("connection refused"), "klog error", "resource", "services")
+		klog.InfoS("klog info")
+		klog.V(1).InfoS("klog v1")
+		klog.V(4).InfoS("klog v4")
+		klog.V(5).InfoS("klog v5")
+		stdlog.Print("std log")
+		msgs := map[string]bool{}
+		for line := range strings.Lines(out.String()) {
+			var obj map[string]any
+			if err := json.Unmarshal([]byte(line), &obj); err != nil {
+				t.Errorf("--log-level %s: a line is not JSON (%v): %s", tc.level, err, line)
+				continue
+			}
+			msg, _ := obj["msg"].(string)
+			msgs[msg] = true
+			if msg == "klog error" && (obj["level"] != "ERROR" || obj["err"] != "connection refused" || obj["resource"] != "services") {
+				t.Errorf("klog's error lost its level or values: %s", line)
+			}
+		}
+		for _, m := range tc.shown {
+			if !msgs[m] {
+				t.Errorf("--log-level %s: %q not logged; got %q", tc.level, m, out.String())
+			}
+		}
+		for _, m := range tc.not {
+			if msgs[m] {
+				t.Errorf("--log-level %s: %q logged", tc.level, m)
+			}
 		}
 	}
 }

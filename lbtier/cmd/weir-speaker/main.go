@@ -34,8 +34,7 @@ var version = "dev"
 
 func main() {
 	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "weir-speaker:", err)
-		os.Exit(1)
+		daemon.Exit("weir-speaker", err)
 	}
 }
 

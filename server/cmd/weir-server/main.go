@@ -55,8 +55,7 @@ func main() {
 		return
 	}
 	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "weir-server:", err)
-		os.Exit(1)
+		daemon.Exit("weir-server", err)
 	}
 }
 
@@ -106,7 +105,14 @@ func run() error {
 	} else {
 		log.Info("serving", "address", lis.Addr().String(), "data_dir", *f.dataDir, "tls", cfg.TLS != nil, "version", version)
 	}
-	return srv.Serve(ctx, lis)
+	err = srv.Serve(ctx, lis)
+	if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
+		// SIGTERM is how the kubelet and systemd stop the server: the
+		// signal ends Serve, and is no failure.
+		log.Info("stopped", "reason", err)
+		return nil
+	}
+	return err
 }
 
 // serverFlags are the server's flags (daemon.AddFlags adds the common
