@@ -46,8 +46,7 @@ var version = "dev"
 
 func main() {
 	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "weir-agent:", err)
-		os.Exit(1)
+		daemon.Exit("weir-agent", err)
 	}
 }
 
