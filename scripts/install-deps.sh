@@ -20,6 +20,11 @@ command -v bird >/dev/null || [ -x /usr/sbin/bird ] || need+=(bird2)
 command -v promtool >/dev/null || need+=(prometheus)
 # The CA bundle deploy/container/build-images.sh copies into the images.
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+# The cluster lab's nodes (test/kubecluster): a container runtime, its OCI
+# runtime and the CNI plugins the kubelets' pods are wired with.
+command -v containerd >/dev/null || need+=(containerd)
+command -v runc >/dev/null || need+=(runc)
+[ -x /usr/lib/cni/ptp ] || need+=(containernetworking-plugins)
 
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then

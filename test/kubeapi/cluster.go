@@ -103,7 +103,7 @@ func Start(ctx context.Context, apiserverArgs ...string) (_ *Cluster, err error)
 		return nil, err
 	}
 
-	c.Token, err = writeCredentials(dir)
+	c.Token, err = WriteCredentials(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -201,9 +201,10 @@ func (c *Cluster) ready(ctx context.Context) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// writeCredentials writes the static token file and the service account
-// signing key into dir and returns the token.
-func writeCredentials(dir string) (string, error) {
+// WriteCredentials writes the static token file (tokens.csv: the token of
+// user "admin" in group system:masters) and the service account signing key
+// (sa.key) into dir and returns the token.
+func WriteCredentials(dir string) (string, error) {
 	b := make([]byte, 16)
 	rand.Read(b)
 	token := hex.EncodeToString(b)
@@ -224,7 +225,13 @@ func writeCredentials(dir string) (string, error) {
 }
 
 func (c *Cluster) writeKubeconfig() error {
-	ca, err := os.ReadFile(c.CAFile)
+	return WriteKubeconfig(c.Kubeconfig, c.Host, c.CAFile, c.Token)
+}
+
+// WriteKubeconfig writes to path a kubeconfig for host (https://ADDR:PORT)
+// that trusts the certificates in caFile and presents token.
+func WriteKubeconfig(path, host, caFile, token string) error {
+	ca, err := os.ReadFile(caFile)
 	if err != nil {
 		return fmt.Errorf("kubeapi: %w", err)
 	}
@@ -245,8 +252,8 @@ contexts:
     cluster: weir-test
     user: admin
 current-context: weir-test
-`, c.Host, base64.StdEncoding.EncodeToString(ca), c.Token)
-	if err := os.WriteFile(c.Kubeconfig, []byte(cfg), 0o600); err != nil {
+`, host, base64.StdEncoding.EncodeToString(ca), token)
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return fmt.Errorf("kubeapi: %w", err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -67,6 +68,22 @@ func main() {
 }
 
 func handler(name string, log *slog.Logger) http.Handler {
+	var unready atomic.Bool
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /readyz", func(w http.ResponseWriter, r *http.Request) {
+		unready.Store(r.URL.Query().Get("ready") == "false")
+		log.Info("readiness set", "ready", !unready.Load())
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if unready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		}
+	})
+	mux.Handle("/", identify(name, log))
+	return mux
+}
+
+func identify(name string, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rep := reply{Pod: name, Remote: r.RemoteAddr}
 		if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
