@@ -166,13 +166,37 @@ func (w *Watch) what() string { return "DaemonSet " + w.cfg.Namespace + "/" + w.
 // acts on one answer.
 func (w *Watch) Stop() Verdict {
 	w.stopOnce.Do(func() {
+		w.confirm()
 		w.mu.Lock()
 		w.verdict = decide(w.st, w.what())
 		w.mu.Unlock()
 		w.cancel()
 		<-w.done
+		w.client.CloseIdleConnections()
 	})
 	return w.verdict
+}
+
+// confirmTimeout bounds the list Stop makes.
+const confirmTimeout = 2 * time.Second
+
+// confirm lists the DaemonSet once more when the watch is up and saw no
+// deletion: a deletion the watch has not delivered yet (the garbage
+// collector was quicker) is then seen. A refused or failed list changes
+// nothing: an uninstall may have deleted the agent's Role already, and
+// only what the watch saw decides then.
+func (w *Watch) confirm() {
+	w.mu.Lock()
+	ask := w.st.connected && !w.st.deleted
+	w.mu.Unlock()
+	if !ask {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), confirmTimeout)
+	defer cancel()
+	if _, err := w.list(ctx); err != nil {
+		w.cfg.Log.Info("listing the agent's DaemonSet on stop; the watch decides", "daemonset", w.cfg.Namespace+"/"+w.cfg.Name, "error", err)
+	}
 }
 
 // Retry delays after a failed list or watch.

@@ -1,9 +1,16 @@
 package removal
 
 import (
+	"encoding/pem"
 	"errors"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -66,6 +73,91 @@ func TestSaw(t *testing.T) {
 		s.do()
 		if w.st.deleted != s.deleted {
 			t.Fatalf("step %d: deleted %v; want %v", i, w.st.deleted, s.deleted)
+		}
+	}
+}
+
+// On stop, a watch that is up but has not delivered a deletion yet (the
+// garbage collector was quicker) is checked by one more list: gone from
+// it is an uninstall; a refused list (the Role already deleted) leaves
+// the decision to what the watch saw.
+func TestStopListsOnceMore(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		lastList  func(http.ResponseWriter)
+		removed   bool
+		reasonHas string
+	}{
+		{"gone from the list", func(rw http.ResponseWriter) { io.WriteString(rw, `{"metadata":{"resourceVersion":"9"},"items":[]}`) }, true, "was deleted"},
+		{"list refused", func(rw http.ResponseWriter) { http.Error(rw, `{"code":403}`, http.StatusForbidden) }, false, "in place"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var lists atomic.Int32
+			srv := httptest.NewTLSServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("Authorization") != "Bearer secret" || r.URL.Query().Get("fieldSelector") != "metadata.name=weir-agent" {
+					http.Error(rw, "unexpected request", http.StatusBadRequest)
+					return
+				}
+				if r.URL.Query().Get("watch") == "true" {
+					rw.WriteHeader(http.StatusOK)
+					rw.(http.Flusher).Flush()
+					<-r.Context().Done() // nothing delivered
+					return
+				}
+				if lists.Add(1) == 1 {
+					io.WriteString(rw, `{"metadata":{"resourceVersion":"5"},"items":[{"metadata":{"uid":"a","resourceVersion":"5"}}]}`)
+					return
+				}
+				tc.lastList(rw)
+			}))
+			defer srv.Close()
+			dir := t.TempDir()
+			ca := filepath.Join(dir, "ca.crt")
+			token := filepath.Join(dir, "token")
+			if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(token, []byte("secret\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			w, err := Start(Config{Namespace: "weir-system", Name: "weir-agent", APIServer: srv.URL, TokenFile: token, CAFile: ca})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				w.mu.Lock()
+				up := w.st.connected
+				w.mu.Unlock()
+				if up {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the watch never came up")
+				}
+			}
+			v := w.Stop()
+			if v.Removed != tc.removed || !strings.Contains(v.Reason, tc.reasonHas) {
+				t.Errorf("Stop: %+v; want removed %v, a reason with %q", v, tc.removed, tc.reasonHas)
+			}
+			if again := w.Stop(); again != v {
+				t.Errorf("a second Stop: %+v; want the first verdict %+v", again, v)
+			}
+		})
+	}
+}
+
+// Start refuses what cannot work, before any request.
+func TestStartRefuses(t *testing.T) {
+	dir := t.TempDir()
+	for name, cfg := range map[string]Config{
+		"no name":        {Namespace: "weir-system", APIServer: "https://127.0.0.1:1"},
+		"no CA file":     {Namespace: "weir-system", Name: "weir-agent", APIServer: "https://127.0.0.1:1", CAFile: filepath.Join(dir, "none")},
+		"not in a pod":   {Namespace: "weir-system", Name: "weir-agent"},
+		"no certificate": {Namespace: "weir-system", Name: "weir-agent", APIServer: "https://127.0.0.1:1", CAFile: os.DevNull},
+	} {
+		t.Setenv("KUBERNETES_SERVICE_HOST", "")
+		if _, err := Start(cfg); err == nil {
+			t.Errorf("%s: started", name)
 		}
 	}
 }
