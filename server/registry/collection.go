@@ -132,6 +132,18 @@ func (c *Collection[T]) removing(key string) resourceWrite {
 	}}
 }
 
+// Displaces lists the objects a write of obj would take the place of
+// (pools: see displaces), and writes nothing: what an admission check
+// refuses, so that what the cluster holds stays in place.
+func (c *Collection[T]) Displaces(obj T) []string {
+	c.r.mu.RLock()
+	defer c.r.mu.RUnlock()
+	if c.displaced == nil {
+		return nil
+	}
+	return c.displaced(obj)
+}
+
 // displacing is the removals that go with a write of obj: the objects it
 // takes the place of.
 func (c *Collection[T]) displacing(obj T) []resourceWrite {

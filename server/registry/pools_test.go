@@ -136,3 +136,26 @@ func TestTheClusterSaysWhenItsObjectWasMade(t *testing.T) {
 		}
 	}
 }
+
+// Displaces says, writing nothing, which pools a write would take the
+// place of.
+func TestDisplacesWritesNothing(t *testing.T) {
+	t0 := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	reg := registrytest.Open(t)
+	young := &model.AddressPool{Meta: model.Meta{Name: "young", Source: model.SourceKubernetes, CreateTime: t0.Add(time.Second)},
+		Ranges: []model.AddressRange{mustParseRange(t, "203.0.113.0/28")}}
+	if _, err := reg.Pools.Create(young); err != nil {
+		t.Fatal(err)
+	}
+	old := &model.AddressPool{Meta: model.Meta{Name: "old", Source: model.SourceKubernetes, CreateTime: t0},
+		Ranges: []model.AddressRange{mustParseRange(t, "203.0.113.8/29")}}
+	if got := reg.Pools.Displaces(old); !slices.Equal(got, []string{"young"}) {
+		t.Errorf("Displaces(old) = %v; want [young]", got)
+	}
+	if got := reg.Pools.Displaces(young); len(got) != 0 {
+		t.Errorf("Displaces(young) = %v; want none", got)
+	}
+	if _, err := reg.Pools.Get("young"); err != nil {
+		t.Errorf("after Displaces: %v", err)
+	}
+}
