@@ -23,7 +23,7 @@ func (a *app) convertCmd() *cobra.Command {
 		Short: "Turn MetalLB's resources into Weir's address pools and BGP peers",
 		Long: fmt.Sprintf(`Turn MetalLB's resources (metallb.io IPAddressPool, BGPAdvertisement,
 L2Advertisement, BGPPeer, Community; e.g. the output of
-kubectl get ipaddresspools,bgpadvertisements,l2advertisements,bgppeers,communities -A -o yaml
+kubectl get ipaddresspools.metallb.io,bgpadvertisements.metallb.io,l2advertisements.metallb.io,bgppeers.metallb.io,communities.metallb.io -A -o yaml
 split into documents, or the files they were applied from) into Weir's
 address pools and BGP peers: lbctl's documents (--to resources, for lbctl
 apply -f or a resources file) or Weir's Kubernetes custom resources (--to
@@ -65,7 +65,8 @@ kind with one name an error naming both. It is at most %d MiB and %d documents i
 		Short: "Turn lbctl's address pools and BGP peers into Weir's Kubernetes custom resources",
 		Long: `Turn the AddressPool and BgpPeer documents of lbctl's YAML (a resources
 file, such as the weir-resources ConfigMap's resources.yaml) into Weir's
-Kubernetes custom resources (weir.dev/v1alpha1), for kubectl apply -f: the
+Kubernetes custom resources (weir.dev/v1alpha1 WeirAddressPool and
+WeirBGPPeer), for kubectl apply -f: the
 move from the ConfigMap to custom resources. A peer's password becomes a
 Secret in --namespace. Other kinds are listed as left out. Nothing is sent
 to the server.`,

@@ -1940,9 +1940,9 @@ addresses: [192.0.2.11]
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{
-		"apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: public\nspec:\n  addresses:\n  - 203.0.113.0/28\n  autoAssign: false\n  bgpAdvertisement:\n    communities:\n    - 64512:100\n    maxAnnouncingNodes: 2\n",
+		"apiVersion: weir.dev/v1alpha1\nkind: WeirAddressPool\nmetadata:\n  name: public\nspec:\n  addresses:\n  - 203.0.113.0/28\n  autoAssign: false\n  bgpAdvertisement:\n    communities:\n    - 64512:100\n    maxAnnouncingNodes: 2\n",
 		"apiVersion: v1\nkind: Secret\nmetadata:\n  name: tor-a-bgp-password\n  namespace: weir-system\nstringData:\n  password: s3cret\n",
-		"kind: BGPPeer\nmetadata:\n  name: tor-a\nspec:\n  address: 192.0.2.1\n  asn: 64500\n  myASN: 64512\n  passwordSecretRef:\n    name: tor-a-bgp-password\n",
+		"kind: WeirBGPPeer\nmetadata:\n  name: tor-a\nspec:\n  address: 192.0.2.1\n  asn: 64500\n  myASN: 64512\n  passwordSecretRef:\n    name: tor-a-bgp-password\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks\n%s\nin\n%s", want, out)

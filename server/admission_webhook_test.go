@@ -99,12 +99,12 @@ func TestAdmissionWebhookAnswersOnlyTheAPIServer(t *testing.T) {
 	create := func(doc string, dryRun bool) error {
 		return createDoc(t, ctx, dyn, v1alpha1.AddressPools, doc, dryRun)
 	}
-	const overlap, want = "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: overlap\nspec:\n  addresses: [203.0.113.8-203.0.113.20]\n",
+	const overlap, want = "apiVersion: weir.dev/v1alpha1\nkind: WeirAddressPool\nmetadata:\n  name: overlap\nspec:\n  addresses: [203.0.113.8-203.0.113.20]\n",
 		"spec.addresses[0]: 203.0.113.8-203.0.113.20 overlaps pool public"
 	// The apiserver learns of the webhook within a moment: the first pool
 	// passes once it is answered (failurePolicy Fail).
 	eventually(t, 30*time.Second, func() error {
-		return create("apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: public\nspec:\n  addresses: [203.0.113.0/28]\n", false)
+		return create("apiVersion: weir.dev/v1alpha1\nkind: WeirAddressPool\nmetadata:\n  name: public\nspec:\n  addresses: [203.0.113.0/28]\n", false)
 	})
 	eventually(t, 15*time.Second, func() error {
 		_, err := ts.Registry.GetAddressPool(ctx, &weirv1.GetAddressPoolRequest{Name: "public"})
@@ -135,7 +135,7 @@ func TestAdmissionWebhookAnswersOnlyTheAPIServer(t *testing.T) {
 		{"another name the CA signed", []tls.Certificate{someone}, "bad certificate"},
 	} {
 		client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: tc.certs}}}
-		resp, err := client.Post("https://"+lis.Addr().String()+kubernetes.AdmissionPath, "application/json", strings.NewReader(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","kind":{"group":"weir.dev","version":"v1alpha1","kind":"AddressPool"},"object":{"metadata":{"name":"probe"},"spec":{"addresses":["203.0.113.8/29"]}}}}`))
+		resp, err := client.Post("https://"+lis.Addr().String()+kubernetes.AdmissionPath, "application/json", strings.NewReader(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","kind":{"group":"weir.dev","version":"v1alpha1","kind":"WeirAddressPool"},"object":{"metadata":{"name":"probe"},"spec":{"addresses":["203.0.113.8/29"]}}}}`))
 		if err == nil {
 			resp.Body.Close()
 			t.Errorf("%s: answered %s; want the handshake refused", tc.name, resp.Status)

@@ -114,10 +114,10 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 		return err
 	}
 	pool := func(name, spec string) string {
-		return "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: " + name + "\nspec:\n" + spec
+		return "apiVersion: weir.dev/v1alpha1\nkind: WeirAddressPool\nmetadata:\n  name: " + name + "\nspec:\n" + spec
 	}
 	peer := func(name, spec string) string {
-		return "apiVersion: weir.dev/v1alpha1\nkind: BGPPeer\nmetadata:\n  name: " + name + "\nspec:\n" + spec
+		return "apiVersion: weir.dev/v1alpha1\nkind: WeirBGPPeer\nmetadata:\n  name: " + name + "\nspec:\n" + spec
 	}
 
 	// Refused by the apiserver, the field named.
@@ -213,18 +213,18 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 15*time.Second, func() error {
-		row, err := tableRow(ctx, kc, "addresspools", "public")
+		row, err := tableRow(ctx, kc, v1alpha1.AddressPools.Resource, "public")
 		if err != nil {
 			return err
 		}
 		if want := "Mode=BGP IPv4 In Use=1 IPv4 Free=1 IPv6 In Use=0 IPv6 Free=256 Accepted=True"; !strings.Contains(row, want) {
-			return fmt.Errorf("kubectl get addresspools public: %s; want %s", row, want)
+			return fmt.Errorf("kubectl get weiraddresspools public: %s; want %s", row, want)
 		}
 		return nil
 	})
-	row, err := tableRow(ctx, kc, "bgppeers", "tor-a")
+	row, err := tableRow(ctx, kc, v1alpha1.BGPPeers.Resource, "tor-a")
 	if err != nil || !strings.Contains(row, "Address=192.0.2.1 ASN=64500 My ASN=64512 Sessions=0 Established=0 Accepted=True") {
-		t.Errorf("kubectl get bgppeers tor-a: %s, %v", row, err)
+		t.Errorf("kubectl get weirbgppeers tor-a: %s, %v", row, err)
 	}
 
 	// Deleting public lets overlap in; deleting a peer removes it.
@@ -322,12 +322,12 @@ func TestConvertedMetalLBIsAccepted(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err = kc.CoreV1().Secrets(s.Namespace).Create(ctx, &s, metav1.CreateOptions{})
-		case "AddressPool":
+		case v1alpha1.AddressPoolKind:
 			_, err = dyn.Resource(v1alpha1.AddressPools).Create(ctx, u, metav1.CreateOptions{})
-			names = append(names, "addresspools/"+u.GetName())
-		case "BGPPeer":
+			names = append(names, v1alpha1.AddressPools.Resource+"/"+u.GetName())
+		case v1alpha1.BGPPeerKind:
 			_, err = dyn.Resource(v1alpha1.BGPPeers).Create(ctx, u, metav1.CreateOptions{})
-			names = append(names, "bgppeers/"+u.GetName())
+			names = append(names, v1alpha1.BGPPeers.Resource+"/"+u.GetName())
 		default:
 			t.Fatalf("converted a %s", u.GetKind())
 		}
@@ -402,7 +402,7 @@ func TestAdmissionRefusesWhatTheServerWould(t *testing.T) {
 	create := func(res schema.GroupVersionResource, doc string, dryRun bool) error {
 		return createDoc(t, ctx, dyn, res, doc, dryRun)
 	}
-	if err := create(v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: public\nspec:\n  addresses: [203.0.113.0/28]\n", false); err != nil {
+	if err := create(v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: WeirAddressPool\nmetadata:\n  name: public\nspec:\n  addresses: [203.0.113.0/28]\n", false); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 15*time.Second, func() error {
@@ -415,9 +415,9 @@ func TestAdmissionRefusesWhatTheServerWould(t *testing.T) {
 		res       schema.GroupVersionResource
 		doc, want string
 	}{
-		{v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: overlap\nspec:\n  addresses: [198.51.100.0/28, 203.0.113.8-203.0.113.20]\n",
+		{v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: WeirAddressPool\nmetadata:\n  name: overlap\nspec:\n  addresses: [198.51.100.0/28, 203.0.113.8-203.0.113.20]\n",
 			"spec.addresses[1]: 203.0.113.8-203.0.113.20 overlaps pool public"},
-		{v1alpha1.BGPPeers, "apiVersion: weir.dev/v1alpha1\nkind: BGPPeer\nmetadata:\n  name: tor-a\nspec:\n  address: 192.0.2.1\n  asn: 64500\n  myASN: 64512\n  passwordSecretRef:\n    name: tor-a\n",
+		{v1alpha1.BGPPeers, "apiVersion: weir.dev/v1alpha1\nkind: WeirBGPPeer\nmetadata:\n  name: tor-a\nspec:\n  address: 192.0.2.1\n  asn: 64500\n  myASN: 64512\n  passwordSecretRef:\n    name: tor-a\n",
 			"spec.passwordSecretRef: no Secret default/tor-a"},
 	} {
 		eventually(t, 15*time.Second, func() error {
@@ -431,7 +431,7 @@ func TestAdmissionRefusesWhatTheServerWould(t *testing.T) {
 		}
 	}
 	// What the server takes passes.
-	if err := create(v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: AddressPool\nmetadata:\n  name: other\nspec:\n  addresses: [198.51.100.0/28]\n", false); err != nil {
+	if err := create(v1alpha1.AddressPools, "apiVersion: weir.dev/v1alpha1\nkind: WeirAddressPool\nmetadata:\n  name: other\nspec:\n  addresses: [198.51.100.0/28]\n", false); err != nil {
 		t.Errorf("a pool the server takes: %v", err)
 	}
 }
@@ -450,7 +450,7 @@ func registerWebhook(t *testing.T, ctx context.Context, kc clientset.Interface, 
 			Name: "validate.weir.dev", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"weir.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"addresspools", "bgppeers"}},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"weir.dev"}, APIVersions: []string{"v1alpha1"}, Resources: []string{v1alpha1.AddressPools.Resource, v1alpha1.BGPPeers.Resource}},
 			}},
 			FailurePolicy: &fail, SideEffects: &none, AdmissionReviewVersions: []string{"v1"},
 		}},
@@ -460,9 +460,9 @@ func registerWebhook(t *testing.T, ctx context.Context, kc clientset.Interface, 
 }
 
 // TestGettingStartedCustomResources follows docs/getting-started.md's
-// custom resources on a clean apiserver: its AddressPool and BGPPeer (the
+// custom resources on a clean apiserver: its WeirAddressPool and WeirBGPPeer (the
 // password's Secret made first) are taken, a Service gets the pool's first
-// address and an IPAllocated Event, and kubectl get addresspools counts it.
+// address and an IPAllocated Event, and kubectl get weiraddresspools counts it.
 func TestGettingStartedCustomResources(t *testing.T) {
 	doc, err := os.ReadFile("../docs/getting-started.md")
 	if err != nil {
@@ -493,7 +493,7 @@ func TestGettingStartedCustomResources(t *testing.T) {
 		}
 		u := &unstructured.Unstructured{Object: obj}
 		res := v1alpha1.AddressPools
-		if u.GetKind() == "BGPPeer" {
+		if u.GetKind() == v1alpha1.BGPPeerKind {
 			res, peers = v1alpha1.BGPPeers, append(peers, u.GetName())
 		} else {
 			pools = append(pools, u.GetName())
@@ -530,13 +530,13 @@ func TestGettingStartedCustomResources(t *testing.T) {
 		}) {
 			return fmt.Errorf("no IPAllocated Event on web")
 		}
-		row, err := tableRow(ctx, kc, "addresspools", pools[0])
+		row, err := tableRow(ctx, kc, v1alpha1.AddressPools.Resource, pools[0])
 		if err != nil || !strings.Contains(row, "Mode=BGP IPv4 In Use=1 IPv4 Free=9 IPv6 In Use=0 IPv6 Free=10 Accepted=True") {
-			return fmt.Errorf("kubectl get addresspools: %s, %v", row, err)
+			return fmt.Errorf("kubectl get weiraddresspools: %s, %v", row, err)
 		}
-		row, err = tableRow(ctx, kc, "bgppeers", peers[0])
+		row, err = tableRow(ctx, kc, v1alpha1.BGPPeers.Resource, peers[0])
 		if err != nil || !strings.Contains(row, "Accepted=True") {
-			return fmt.Errorf("kubectl get bgppeers: %s, %v", row, err)
+			return fmt.Errorf("kubectl get weirbgppeers: %s, %v", row, err)
 		}
 		return nil
 	})

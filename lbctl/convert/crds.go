@@ -8,10 +8,21 @@ import (
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
+// The custom resources' apiVersion and kinds, as the server's CRDs name
+// them (server/kubernetes/api/v1alpha1; lbctl stays free of the
+// Kubernetes libraries, and TestConvertedMetalLBIsAccepted applies this
+// output to a real apiserver). The kinds carry Weir's name, so no
+// kubectl name of them is also MetalLB's or Calico's.
+const (
+	crdAPIVersion      = "weir.dev/v1alpha1"
+	crdAddressPoolKind = "WeirAddressPool"
+	crdBGPPeerKind     = "WeirBGPPeer"
+)
+
 // CustomResources writes pools and peers as Weir's Kubernetes custom
-// resources (weir.dev/v1alpha1 AddressPool and BGPPeer) for kubectl
-// apply; a peer's password becomes a Secret in namespace (the server's),
-// which the BGPPeer names.
+// resources (weir.dev/v1alpha1 WeirAddressPool and WeirBGPPeer) for
+// kubectl apply; a peer's password becomes a Secret in namespace (the
+// server's), which the WeirBGPPeer names.
 func CustomResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, namespace string) (string, error) {
 	var docs []any
 	for _, p := range pools {
@@ -42,7 +53,7 @@ func CustomResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, names
 			set(alloc, "serviceSelector", a.GetServiceSelector(), len(a.GetServiceSelector()) > 0)
 			spec["serviceAllocation"] = alloc
 		}
-		docs = append(docs, customResource("AddressPool", p.GetMetadata(), spec))
+		docs = append(docs, customResource(crdAddressPoolKind, p.GetMetadata(), spec))
 	}
 	for _, p := range peers {
 		spec := map[string]any{"address": p.GetAddress(), "asn": p.GetAsn(), "myASN": p.GetMyAsn()}
@@ -57,7 +68,7 @@ func CustomResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, names
 				"stringData": map[string]string{"password": p.GetPassword()}})
 			spec["passwordSecretRef"] = map[string]any{"name": secret}
 		}
-		docs = append(docs, customResource("BGPPeer", p.GetMetadata(), spec))
+		docs = append(docs, customResource(crdBGPPeerKind, p.GetMetadata(), spec))
 	}
 	var out []string
 	for _, d := range docs {
@@ -81,5 +92,5 @@ func customResource(kind string, meta *weirv1.ObjectMeta, spec map[string]any) m
 	if len(meta.GetLabels()) > 0 {
 		md["labels"] = meta.GetLabels()
 	}
-	return map[string]any{"apiVersion": "weir.dev/v1alpha1", "kind": kind, "metadata": md, "spec": spec}
+	return map[string]any{"apiVersion": crdAPIVersion, "kind": kind, "metadata": md, "spec": spec}
 }

@@ -19,7 +19,7 @@ const AdmissionPath = "/validate"
 
 // MaxReviewBytes bounds an AdmissionReview's body; a larger one is
 // refused (413) without being read further, and the apiserver applies the
-// webhook's failurePolicy. The largest AddressPool or BGPPeer the server
+// webhook's failurePolicy. The largest WeirAddressPool or WeirBGPPeer the server
 // takes is about 100 KiB of spec and labels (64 addresses, peers and
 // namespaces, two selectors of 64 labels: the CRDs' and the registry's
 // bounds); besides that an object carries at most 256 KiB of annotations
@@ -69,20 +69,20 @@ func (s *Source) admit(req *admissionv1.AdmissionRequest) error {
 		return nil
 	}
 	switch req.Kind.Kind {
-	case "AddressPool":
-		var p v1alpha1.AddressPool
+	case v1alpha1.AddressPoolKind:
+		var p v1alpha1.WeirAddressPool
 		if err := json.Unmarshal(req.Object.Raw, &p); err != nil {
-			return fmt.Errorf("the AddressPool does not read: %w", err)
+			return fmt.Errorf("the WeirAddressPool does not read: %w", err)
 		}
 		m, err := PoolFromCRD(&p)
 		if err != nil {
 			return err
 		}
 		return specField(check(s.reg.Pools, m))
-	case "BGPPeer":
-		var p v1alpha1.BGPPeer
+	case v1alpha1.BGPPeerKind:
+		var p v1alpha1.WeirBGPPeer
 		if err := json.Unmarshal(req.Object.Raw, &p); err != nil {
-			return fmt.Errorf("the BGPPeer does not read: %w", err)
+			return fmt.Errorf("the WeirBGPPeer does not read: %w", err)
 		}
 		m, err := s.crds.peer(&p)
 		if err != nil {

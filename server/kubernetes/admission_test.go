@@ -17,10 +17,10 @@ import (
 	"github.com/weirlb/weir/server/kubernetes/api/v1alpha1"
 )
 
-// largestPool is the largest AddressPool the server takes: every list at
+// largestPool is the largest WeirAddressPool the server takes: every list at
 // the CRD's bound, every selector at the registry's 64 labels of the
 // longest key and value.
-func largestPool(t *testing.T) *v1alpha1.AddressPool {
+func largestPool(t *testing.T) *v1alpha1.WeirAddressPool {
 	t.Helper()
 	labels := func(tag string) map[string]string {
 		m := map[string]string{}
@@ -39,8 +39,8 @@ func largestPool(t *testing.T) *v1alpha1.AddressPool {
 	for i := range 16 {
 		interfaces = append(interfaces, fmt.Sprintf("interface%06d", i))
 	}
-	p := &v1alpha1.AddressPool{
-		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "AddressPool"},
+	p := &v1alpha1.WeirAddressPool{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: v1alpha1.AddressPoolKind},
 		ObjectMeta: metav1.ObjectMeta{Name: strings.Repeat("p", 253), Labels: labels("l")},
 		Spec: v1alpha1.AddressPoolSpec{
 			Addresses:         addresses,
@@ -62,7 +62,7 @@ func largestPool(t *testing.T) *v1alpha1.AddressPool {
 // stores: 256 KiB of annotations (Kubernetes' bound; kubectl's
 // last-applied-configuration among them), managedFields naming every
 // field, and a status whose condition has the longest message.
-func asKubernetesStores(t *testing.T, p *v1alpha1.AddressPool) *v1alpha1.AddressPool {
+func asKubernetesStores(t *testing.T, p *v1alpha1.WeirAddressPool) *v1alpha1.WeirAddressPool {
 	t.Helper()
 	applied, err := json.Marshal(p)
 	if err != nil {
@@ -113,8 +113,8 @@ func updateReview(t *testing.T, obj, old any) []byte {
 	review := admissionv1.AdmissionReview{
 		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
 		Request: &admissionv1.AdmissionRequest{UID: "7d4a6c1e-3f5b-4e2a-8c9d-0a1b2c3d4e5f",
-			Kind:     metav1.GroupVersionKind{Group: "weir.dev", Version: "v1alpha1", Kind: "AddressPool"},
-			Resource: metav1.GroupVersionResource{Group: "weir.dev", Version: "v1alpha1", Resource: "addresspools"},
+			Kind:     metav1.GroupVersionKind{Group: "weir.dev", Version: "v1alpha1", Kind: v1alpha1.AddressPoolKind},
+			Resource: metav1.GroupVersionResource{Group: "weir.dev", Version: "v1alpha1", Resource: v1alpha1.AddressPools.Resource},
 			Name:     strings.Repeat("p", 253), Operation: admissionv1.Update,
 			UserInfo: authenticationv1.UserInfo{Username: "system:serviceaccount:gitops:argocd-application-controller", Groups: []string{"system:serviceaccounts", "system:serviceaccounts:gitops", "system:authenticated"}},
 			Object:   raw(obj), OldObject: raw(old), Options: raw(metav1.UpdateOptions{FieldManager: "kubectl-client-side-apply"})},

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
@@ -23,8 +24,8 @@ import (
 	"github.com/weirlb/weir/server/resourcewire"
 )
 
-// crds mirrors Weir's custom resources (weir.dev AddressPools and
-// BGPPeers) into the registry, through the same conversion and validation
+// crds mirrors Weir's custom resources (weir.dev WeirAddressPools and
+// WeirBGPPeers) into the registry, through the same conversion and validation
 // as the native API, and remembers why one was refused, for its status.
 type crds struct {
 	dyn       dynamic.Interface
@@ -33,7 +34,7 @@ type crds struct {
 	factory   dynamicinformer.DynamicSharedInformerFactory
 
 	mu      sync.Mutex
-	refused map[string]error // "addresspools/NAME": why the registry does not hold it
+	refused map[string]error // "weiraddresspools/NAME": why the registry does not hold it
 }
 
 // crdsServed says whether the cluster has Weir's CRDs installed. Any
@@ -54,11 +55,8 @@ func (s *Source) crdsServed() (bool, error) {
 func (c *crds) makeInformers() ([]cache.InformerSynced, error) {
 	c.factory = dynamicinformer.NewDynamicSharedInformerFactory(c.dyn, c.src.cfg.Resync)
 	var synced []cache.InformerSynced
-	for _, gvr := range [...]struct {
-		res  string
-		kind string
-	}{{v1alpha1.AddressPools.Resource, "AddressPool"}, {v1alpha1.BGPPeers.Resource, "BGPPeer"}} {
-		inf := c.factory.ForResource(v1alpha1.GroupVersion.WithResource(gvr.res)).Informer()
+	for _, gvr := range []schema.GroupVersionResource{v1alpha1.AddressPools, v1alpha1.BGPPeers} {
+		inf := c.factory.ForResource(gvr).Informer()
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.upsert(obj) },
 			UpdateFunc: func(_, obj any) { c.upsert(obj) },
@@ -104,7 +102,7 @@ func (c *crds) retry(ctx context.Context) {
 }
 
 // Refused is why the registry does not hold the custom resource
-// (resource "addresspools" or "bgppeers"), or nil.
+// (resource "weiraddresspools" or "weirbgppeers"), or nil.
 func (c *crds) Refused(resource, name string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -133,18 +131,18 @@ func (c *crds) upsert(obj any) {
 	var err error
 	var key string
 	switch u.GetKind() {
-	case "AddressPool":
+	case v1alpha1.AddressPoolKind:
 		key = v1alpha1.AddressPools.Resource + "/" + u.GetName()
-		var p v1alpha1.AddressPool
+		var p v1alpha1.WeirAddressPool
 		if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err == nil {
 			var m *model.AddressPool
 			if m, err = PoolFromCRD(&p); err == nil {
 				err = specField(put(c.src.reg.Pools, m))
 			}
 		}
-	case "BGPPeer":
+	case v1alpha1.BGPPeerKind:
 		key = v1alpha1.BGPPeers.Resource + "/" + u.GetName()
-		var p v1alpha1.BGPPeer
+		var p v1alpha1.WeirBGPPeer
 		if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err == nil {
 			var m *model.BGPPeer
 			if m, err = c.peer(&p); err == nil {
@@ -169,10 +167,10 @@ func (c *crds) remove(obj any) {
 	}
 	var err error
 	switch u.GetKind() {
-	case "AddressPool":
+	case v1alpha1.AddressPoolKind:
 		c.setRefused(v1alpha1.AddressPools.Resource+"/"+u.GetName(), nil)
 		err = c.src.delete(c.src.reg.Pools, u.GetName())
-	case "BGPPeer":
+	case v1alpha1.BGPPeerKind:
 		c.setRefused(v1alpha1.BGPPeers.Resource+"/"+u.GetName(), nil)
 		err = c.src.delete(c.src.reg.Peers, u.GetName())
 	}
@@ -183,9 +181,9 @@ func (c *crds) remove(obj any) {
 	}
 }
 
-// PoolFromCRD is the registry's pool for an AddressPool, read and checked
+// PoolFromCRD is the registry's pool for a WeirAddressPool, read and checked
 // as the native API reads its own.
-func PoolFromCRD(p *v1alpha1.AddressPool) (*model.AddressPool, error) {
+func PoolFromCRD(p *v1alpha1.WeirAddressPool) (*model.AddressPool, error) {
 	w := &weirv1.AddressPool{Metadata: &weirv1.ObjectMeta{Name: p.Name, Labels: p.Labels}, Addresses: p.Spec.Addresses,
 		ManualOnly: p.Spec.AutoAssign != nil && !*p.Spec.AutoAssign}
 	if b := p.Spec.BGPAdvertisement; b != nil {
@@ -206,9 +204,9 @@ func PoolFromCRD(p *v1alpha1.AddressPool) (*model.AddressPool, error) {
 	return m, nil
 }
 
-// peer is the registry's peer for a BGPPeer, its password read from its
+// peer is the registry's peer for a WeirBGPPeer, its password read from its
 // Secret.
-func (c *crds) peer(p *v1alpha1.BGPPeer) (*model.BGPPeer, error) {
+func (c *crds) peer(p *v1alpha1.WeirBGPPeer) (*model.BGPPeer, error) {
 	w := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: p.Name, Labels: p.Labels}, Address: p.Spec.Address,
 		Asn: p.Spec.ASN, MyAsn: p.Spec.MyASN, Port: p.Spec.Port, HoldTimeSeconds: p.Spec.HoldTimeSeconds,
 		NodeSelector: p.Spec.NodeSelector, GracefulRestart: p.Spec.GracefulRestart}
@@ -283,12 +281,12 @@ func (c *crds) removeGone(present map[string]bool) {
 
 // CustomPools and CustomPeers are the custom resources the cluster has
 // now (copies of the informers' objects), nil without them.
-func (s *Source) CustomPools() []*v1alpha1.AddressPool {
-	return custom[v1alpha1.AddressPool](s, v1alpha1.AddressPools.Resource)
+func (s *Source) CustomPools() []*v1alpha1.WeirAddressPool {
+	return custom[v1alpha1.WeirAddressPool](s, v1alpha1.AddressPools.Resource)
 }
 
-func (s *Source) CustomPeers() []*v1alpha1.BGPPeer {
-	return custom[v1alpha1.BGPPeer](s, v1alpha1.BGPPeers.Resource)
+func (s *Source) CustomPeers() []*v1alpha1.WeirBGPPeer {
+	return custom[v1alpha1.WeirBGPPeer](s, v1alpha1.BGPPeers.Resource)
 }
 
 // custom reads the informer's objects of resource as T.
@@ -307,7 +305,7 @@ func custom[T any](s *Source, resource string) []*T {
 }
 
 // CustomRefused is why the registry does not hold a custom resource
-// (resource "addresspools" or "bgppeers"), or nil.
+// (resource "weiraddresspools" or "weirbgppeers"), or nil.
 func (s *Source) CustomRefused(resource, name string) error {
 	if s.crds == nil {
 		return nil
@@ -333,9 +331,9 @@ func (s *Source) WriteCustomStatus(ctx context.Context, resource string, obj met
 	}}
 	switch resource {
 	case v1alpha1.AddressPools.Resource:
-		u.SetKind("AddressPool")
+		u.SetKind(v1alpha1.AddressPoolKind)
 	case v1alpha1.BGPPeers.Resource:
-		u.SetKind("BGPPeer")
+		u.SetKind(v1alpha1.BGPPeerKind)
 	}
 	_, err = s.crds.dyn.Resource(v1alpha1.GroupVersion.WithResource(resource)).UpdateStatus(ctx, u, metav1.UpdateOptions{})
 	return err

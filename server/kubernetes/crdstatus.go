@@ -37,7 +37,7 @@ func accepted(obj metav1.Object, held bool, refused error) (metav1.Condition, bo
 // name (nil: none), why the source refused it, and the services that
 // may hold its addresses. changed is false when p's status says it
 // already.
-func PoolStatus(p *v1alpha1.AddressPool, held *model.AddressPool, refused error, services []*model.Service) (st v1alpha1.AddressPoolStatus, changed bool) {
+func PoolStatus(p *v1alpha1.WeirAddressPool, held *model.AddressPool, refused error, services []*model.Service) (st v1alpha1.AddressPoolStatus, changed bool) {
 	st = *p.Status.DeepCopy()
 	cond, ok := accepted(p, held != nil && held.Source == model.SourceKubernetes, refused)
 	if !ok {
@@ -59,7 +59,7 @@ func PoolStatus(p *v1alpha1.AddressPool, held *model.AddressPool, refused error,
 // PeerStatus is the status of custom peer p: the registry's peer of its
 // name, why the source refused it, and what the agents report of their
 // sessions with its address.
-func PeerStatus(p *v1alpha1.BGPPeer, held *model.BGPPeer, refused error, nodes []observed.Node) (st v1alpha1.BGPPeerStatus, changed bool) {
+func PeerStatus(p *v1alpha1.WeirBGPPeer, held *model.BGPPeer, refused error, nodes []observed.Node) (st v1alpha1.BGPPeerStatus, changed bool) {
 	st = *p.Status.DeepCopy()
 	cond, ok := accepted(p, held != nil && held.Source == model.SourceKubernetes, refused)
 	if !ok {

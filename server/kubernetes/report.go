@@ -56,8 +56,8 @@ type ServiceReports interface {
 // CustomResources are Weir's custom resources as the cluster has them
 // (Source).
 type CustomResources interface {
-	CustomPools() []*v1alpha1.AddressPool
-	CustomPeers() []*v1alpha1.BGPPeer
+	CustomPools() []*v1alpha1.WeirAddressPool
+	CustomPeers() []*v1alpha1.WeirBGPPeer
 	CustomRefused(resource, name string) error
 	WriteCustomStatus(ctx context.Context, resource string, obj metav1.Object, status any) error
 }
@@ -255,7 +255,7 @@ func (r *Reporter) reportCustomResources(ctx context.Context, s snapshot) {
 		st, changed := PoolStatus(p, s.pools[p.Name], r.cfg.Custom.CustomRefused(v1alpha1.AddressPools.Resource, p.Name), s.cluster.Services)
 		if changed {
 			if err := r.cfg.Custom.WriteCustomStatus(ctx, v1alpha1.AddressPools.Resource, p, &st); err != nil {
-				r.cfg.Log.Debug("an AddressPool's status not written (again next round)", "pool", p.Name, "error", err)
+				r.cfg.Log.Debug("a WeirAddressPool's status not written (again next round)", "pool", p.Name, "error", err)
 			}
 		}
 	}
@@ -263,7 +263,7 @@ func (r *Reporter) reportCustomResources(ctx context.Context, s snapshot) {
 		st, changed := PeerStatus(p, s.peers[p.Name], r.cfg.Custom.CustomRefused(v1alpha1.BGPPeers.Resource, p.Name), s.cluster.Observed)
 		if changed {
 			if err := r.cfg.Custom.WriteCustomStatus(ctx, v1alpha1.BGPPeers.Resource, p, &st); err != nil {
-				r.cfg.Log.Debug("a BGPPeer's status not written (again next round)", "peer", p.Name, "error", err)
+				r.cfg.Log.Debug("a WeirBGPPeer's status not written (again next round)", "peer", p.Name, "error", err)
 			}
 		}
 	}

@@ -51,8 +51,8 @@ func (f *reportFakes) WriteAnnounced(_ context.Context, _ *model.Service, a Anno
 
 func (f *reportFakes) WriteConflict(context.Context, *model.Service, string) error { return nil }
 
-func (f *reportFakes) CustomPools() []*v1alpha1.AddressPool      { return nil }
-func (f *reportFakes) CustomPeers() []*v1alpha1.BGPPeer          { return nil }
+func (f *reportFakes) CustomPools() []*v1alpha1.WeirAddressPool  { return nil }
+func (f *reportFakes) CustomPeers() []*v1alpha1.WeirBGPPeer      { return nil }
 func (f *reportFakes) CustomRefused(resource, name string) error { return nil }
 func (f *reportFakes) WriteCustomStatus(context.Context, string, metav1.Object, any) error {
 	return nil

@@ -198,9 +198,9 @@ func checkServerAccess(ctx context.Context, t *testing.T, rc *rest.Config) {
 		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "secrets", Name: "tor-a-password"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "list", Namespace: "weir-system", Resource: "secrets"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "shop", Resource: "secrets", Name: "tor-a-password"}, false},
-		{authorizationv1.ResourceAttributes{Verb: "watch", Group: "weir.dev", Resource: "addresspools"}, true},
-		{authorizationv1.ResourceAttributes{Verb: "update", Group: "weir.dev", Resource: "bgppeers", Subresource: "status"}, true},
-		{authorizationv1.ResourceAttributes{Verb: "update", Group: "weir.dev", Resource: "bgppeers"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "watch", Group: "weir.dev", Resource: "weiraddresspools"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "weir.dev", Resource: "weirbgppeers", Subresource: "status"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "weir.dev", Resource: "weirbgppeers"}, false},
 	})
 	// The Job weir-certs makes the certificate Secrets, and reads only those.
 	checkAccess(ctx, t, kc, "weir-certs", []access{

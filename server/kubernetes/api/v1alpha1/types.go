@@ -1,8 +1,8 @@
 // Package v1alpha1 is Weir's Kubernetes API (group weir.dev): the address
-// pools and BGP peers of the native API as custom resources, for a
-// cluster to declare with kubectl. The server mirrors them into its
-// registry, where the native API's rules validate them, and writes back
-// their status. The CustomResourceDefinitions in
+// pools and BGP peers of the native API as custom resources
+// (WeirAddressPool, WeirBGPPeer), for a cluster to declare with kubectl.
+// The server mirrors them into its registry, where the native API's rules
+// validate them, and writes back their status. The CustomResourceDefinitions in
 // deploy/kubernetes/crds are generated from these types (make generate).
 //
 // +kubebuilder:object:generate=true
@@ -18,18 +18,31 @@ import (
 // GroupVersion is the API's group and version.
 var GroupVersion = schema.GroupVersion{Group: "weir.dev", Version: "v1alpha1"}
 
-// The resources, as the dynamic client names them.
-var (
-	AddressPools = GroupVersion.WithResource("addresspools")
-	BGPPeers     = GroupVersion.WithResource("bgppeers")
+// Every name of the kinds and resources (plural, singular, short name)
+// begins with the product's, as Cilium's do (CiliumBGPPeerConfig):
+// kubectl resolves a name without a group to one group silently, and
+// MetalLB (addresspools, bgppeers) and Calico (bgppeers) install
+// resources of the plain names in the same clusters. The short names are
+// not the earlier CRDs' (wpool, wpeer) either: the apiserver establishes
+// no CRD whose short name another of its group holds, and both are served
+// while objects move from the old kinds to these.
+const (
+	AddressPoolKind = "WeirAddressPool"
+	BGPPeerKind     = "WeirBGPPeer"
 )
 
-// AddressPool is a set of addresses Weir assigns to LoadBalancer Services
+// The resources, as the dynamic client names them.
+var (
+	AddressPools = GroupVersion.WithResource("weiraddresspools")
+	BGPPeers     = GroupVersion.WithResource("weirbgppeers")
+)
+
+// WeirAddressPool is a set of addresses Weir assigns to LoadBalancer Services
 // of its class, and how the nodes announce them: over BGP (the default)
 // or, with l2Advertisement, by answering ARP and NDP.
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,categories=weir,shortName=wpool
+// +kubebuilder:resource:scope=Cluster,categories=weir,shortName=weirpool
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Addresses",type=string,JSONPath=`.spec.addresses`
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.status.mode`
@@ -39,7 +52,7 @@ var (
 // +kubebuilder:printcolumn:name="IPv6 Free",type=integer,JSONPath=`.status.availableIPv6`
 // +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
-type AddressPool struct {
+type WeirAddressPool struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
@@ -120,7 +133,7 @@ type BGPAdvertisement struct {
 	//
 	// +optional
 	LocalPreference uint32 `json:"localPreference,omitempty"`
-	// Peers are the names of the BGPPeers that hear the pool's routes;
+	// Peers are the names of the WeirBGPPeers that hear the pool's routes;
 	// empty: every peer.
 	//
 	// +optional
@@ -193,19 +206,19 @@ type AddressPoolStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
-// AddressPoolList is a list of AddressPools.
+// WeirAddressPoolList is a list of WeirAddressPools.
 //
 // +kubebuilder:object:root=true
-type AddressPoolList struct {
+type WeirAddressPoolList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []AddressPool `json:"items"`
+	Items           []WeirAddressPool `json:"items"`
 }
 
-// BGPPeer is a router the nodes' BGP speakers peer with.
+// WeirBGPPeer is a router the nodes' BGP speakers peer with.
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,categories=weir,shortName=wpeer
+// +kubebuilder:resource:scope=Cluster,categories=weir,shortName=weirpeer
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
 // +kubebuilder:printcolumn:name="ASN",type=integer,JSONPath=`.spec.asn`
@@ -214,7 +227,7 @@ type AddressPoolList struct {
 // +kubebuilder:printcolumn:name="Established",type=integer,JSONPath=`.status.established`
 // +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
-type BGPPeer struct {
+type WeirBGPPeer struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
@@ -284,7 +297,7 @@ type BGPPeerStatus struct {
 	Sessions int32 `json:"sessions"`
 	// +optional
 	Established int32 `json:"established"`
-	// Conditions: Accepted, as for AddressPool (a missing password
+	// Conditions: Accepted, as for WeirAddressPool (a missing password
 	// Secret leaves it False).
 	//
 	// +optional
@@ -293,18 +306,18 @@ type BGPPeerStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
-// BGPPeerList is a list of BGPPeers.
+// WeirBGPPeerList is a list of WeirBGPPeers.
 //
 // +kubebuilder:object:root=true
-type BGPPeerList struct {
+type WeirBGPPeerList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []BGPPeer `json:"items"`
+	Items           []WeirBGPPeer `json:"items"`
 }
 
 // AddToScheme registers the types.
 func AddToScheme(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &AddressPool{}, &AddressPoolList{}, &BGPPeer{}, &BGPPeerList{})
+	s.AddKnownTypes(GroupVersion, &WeirAddressPool{}, &WeirAddressPoolList{}, &WeirBGPPeer{}, &WeirBGPPeerList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }
