@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/weirlb/weir/agent/flows"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/kubeapi"
 	"github.com/weirlb/weir/test/lab"
 	"github.com/weirlb/weir/test/wait"
@@ -45,30 +47,8 @@ const (
 // SIGTERM the garbage collector's pod deletion would.
 func TestAgentsRemoveWhatTheyProgrammedOnlyWhenUninstalled(t *testing.T) {
 	lab.SkipUnlessPrivileged(t)
-	kube := kubeapi.StartForTest(t)
-	cs := kubeClient(t, kube)
-	ctx := context.Background()
-	createAgentObjects(t, cs)
-	token := filepath.Join(t.TempDir(), "token")
-	writeAgentToken(t, cs, token)
-	apiserver, err := url.Parse(kube.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	relayed := map[string]bool{}
-	c := startClusterWith(t, func(c *weirlab.Cluster) {
-		c.AgentArgs = func(n *lab.Node) []string {
-			// The apiserver listens on the host's loopback: the node
-			// reaches it at the same address on its own.
-			if !relayed[n.Name] {
-				relay(t, n.Netns, apiserver.Host)
-				relayed[n.Name] = true
-			}
-			return []string{"--own-daemonset", agentNamespace + "/" + agentDaemonSet,
-				"--kube-apiserver", kube.Host, "--kube-token-file", token, "--kube-ca-file", kube.CAFile}
-		}
-	})
+	kube, cs, watchArgs := installedAgents(t)
+	c := startClusterWith(t, func(c *weirlab.Cluster) { c.AgentArgs = watchArgs })
 	createWeb(t, c)
 	for i := range c.Nodes {
 		waitWatching(t, c, i)
@@ -96,23 +76,7 @@ func TestAgentsRemoveWhatTheyProgrammedOnlyWhenUninstalled(t *testing.T) {
 
 	// (2) An uninstall: the DaemonSet deleted, its RBAC right after,
 	// then the pods' SIGTERM.
-	// Helm and kubectl delete in the background: the DaemonSet goes at
-	// once, its pods after it.
-	background := metav1.DeletePropagationBackground
-	if err := cs.AppsV1().DaemonSets(agentNamespace).Delete(ctx, agentDaemonSet, metav1.DeleteOptions{PropagationPolicy: &background}); err != nil {
-		t.Fatal(err)
-	}
-	deleteAgentRBAC(t, cs)
-	for i, a := range c.Agents {
-		// The garbage collector deletes the pods once it has seen the
-		// deletion too; the agents' watch has it by then.
-		wait.For(t, 10*time.Second, fmt.Sprintf("agent %d sees its DaemonSet deleted", i+1), func() error {
-			if !strings.Contains(a.Log(), "DaemonSet is deleted") {
-				return errors.New("not yet")
-			}
-			return nil
-		})
-	}
+	uninstall(t, c, cs)
 	for i, a := range c.Agents {
 		if err := a.Stop(); err != nil {
 			t.Fatal(err)
@@ -152,6 +116,127 @@ func TestAgentsRemoveWhatTheyProgrammedOnlyWhenUninstalled(t *testing.T) {
 	}
 	if err := forwards(c.Nodes[0]); err != nil {
 		t.Errorf("with the apiserver and its agent gone, node1 no longer forwards: %v", err)
+	}
+}
+
+// With graceful restart offered to its router, an agent stopped for a
+// restart leaves its routes to the router (the node's rules stay), and an
+// agent stopped by an uninstall ends its sessions: the router withdraws
+// its routes at once, as its rules are gone.
+func TestUninstallEndsBGPSessions(t *testing.T) {
+	lab.SkipUnlessPrivileged(t)
+	_, cs, watchArgs := installedAgents(t)
+	ctx := context.Background()
+	c, r := startBGPClusterWith(t, watchArgs, labRouter)
+	node1 := c.Nodes[0]
+	if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: &weirv1.BgpPeer{
+		Metadata: &weirv1.ObjectMeta{Name: "upstream"}, Address: lab.RouterLANv4.String(), Asn: routerASN, MyAsn: nodeASN, GracefulRestart: true}}); err != nil {
+		t.Fatal(err)
+	}
+	svc := lbService("uninstalled", 30113, []string{"10.96.0.73"}, []string{"203.0.113.73"})
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = 32113
+	createService(t, c, svc, node1.Pods)
+	waitNextHops(t, r, "203.0.113.73", node1.IPv4.String())
+	eventually(t, "the router sees graceful restart from node1", func() error {
+		if ok, err := r.GracefulRestartFrom(ctx, node1.IPv4.String()); !ok {
+			return fmt.Errorf("not yet (%v)", err)
+		}
+		return nil
+	})
+	waitWatching(t, c, 0)
+
+	// A restart: the router keeps the route.
+	if err := c.Agents[0].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if hops, err := r.NextHops(ctx, "203.0.113.73"); err != nil || !slices.Contains(hops, node1.IPv4.String()) {
+		t.Fatalf("3 s after an agent stopped for a restart, the router's route goes via %v (%v); want node1 kept (graceful restart)", hops, err)
+	}
+	if err := c.StopAndRestartAgent(0); err != nil {
+		t.Fatal(err)
+	}
+	waitWatching(t, c, 0)
+	eventually(t, "the router holds node1's route from its new session", func() error {
+		if ok, err := r.RestartDone(ctx, node1.IPv4.String(), "203.0.113.73/32"); !ok {
+			return fmt.Errorf("not yet (%v)", err)
+		}
+		return nil
+	})
+
+	// An uninstall: the route goes at once.
+	uninstall(t, c, cs)
+	stopped := time.Now()
+	if err := c.Agents[0].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 3*time.Second, "the router withdraws node1's route after the uninstall", func() error {
+		if hops, err := r.NextHops(ctx, "203.0.113.73"); err == nil && slices.Contains(hops, node1.IPv4.String()) {
+			return fmt.Errorf("the route still goes via %v", hops)
+		}
+		return nil
+	})
+	t.Logf("route withdrawn %v after the SIGTERM", time.Since(stopped).Round(time.Millisecond))
+	if left := programmed(t, node1); left != programmed(t, nil) {
+		t.Errorf("after the uninstall, node1 still holds what Weir made:\n%s", left)
+	}
+}
+
+// installedAgents starts an apiserver holding what an install makes for
+// the agents, and returns it, a client, and the flags that make an agent
+// watch its DaemonSet there (the apiserver is relayed into each node).
+func installedAgents(t *testing.T) (*kubeapi.Cluster, kubernetes.Interface, func(*lab.Node) []string) {
+	t.Helper()
+	kube := kubeapi.StartForTest(t)
+	cs := kubeClient(t, kube)
+	createAgentObjects(t, cs)
+	token := filepath.Join(t.TempDir(), "token")
+	writeAgentToken(t, cs, token)
+	apiserver, err := url.Parse(kube.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	relayed := map[string]bool{}
+	return kube, cs, func(n *lab.Node) []string {
+		// The apiserver listens on the host's loopback: the node
+		// reaches it at the same address on its own.
+		mu.Lock()
+		defer mu.Unlock()
+		if !relayed[n.Name] {
+			relay(t, n.Netns, apiserver.Host)
+			relayed[n.Name] = true
+		}
+		return []string{"--own-daemonset", agentNamespace + "/" + agentDaemonSet,
+			"--kube-apiserver", kube.Host, "--kube-token-file", token, "--kube-ca-file", kube.CAFile}
+	}
+}
+
+// uninstall deletes the agents' DaemonSet and right after their RBAC, as
+// helm uninstall does, and waits until every running agent has seen the
+// deletion: the garbage collector deletes the pods (their SIGTERM) only
+// once it has seen it too.
+func uninstall(t *testing.T, c *weirlab.Cluster, cs kubernetes.Interface) {
+	t.Helper()
+	ctx := context.Background()
+	// Helm and kubectl delete in the background: the DaemonSet goes at
+	// once, its pods after it.
+	background := metav1.DeletePropagationBackground
+	if err := cs.AppsV1().DaemonSets(agentNamespace).Delete(ctx, agentDaemonSet, metav1.DeleteOptions{PropagationPolicy: &background}); err != nil {
+		t.Fatal(err)
+	}
+	deleteAgentRBAC(t, cs)
+	for i, a := range c.Agents {
+		if a.Exited() {
+			continue
+		}
+		wait.For(t, 10*time.Second, fmt.Sprintf("agent %d sees its DaemonSet deleted", i+1), func() error {
+			if !strings.Contains(a.Log(), "DaemonSet is deleted") {
+				return errors.New("not yet")
+			}
+			return nil
+		})
 	}
 }
 
