@@ -149,6 +149,12 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 	if err := create(v1alpha1.AddressPools, pool("public", "  addresses: [203.0.113.220/31, \"2001:db8::/120\"]\n  bgpAdvertisement:\n    communities: [\"64512:100\"]\n")); err != nil {
 		t.Fatal(err)
 	}
+	if err := create(v1alpha1.AddressPools, pool("other", "  addresses: [198.51.100.0/28]\n  autoAssign: false\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Of two overlapping pools the older is held, the name breaking a tie
+	// of creation times (whole seconds): overlap is made a second later.
+	time.Sleep(1100 * time.Millisecond)
 	if err := create(v1alpha1.AddressPools, pool("overlap", "  addresses: [203.0.113.221-203.0.113.222]\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -244,11 +250,8 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 		return nil
 	})
 
-	// An update the server refuses leaves the version it took in force,
-	// and says so.
-	if err := create(v1alpha1.AddressPools, pool("other", "  addresses: [198.51.100.0/28]\n")); err != nil {
-		t.Fatal(err)
-	}
+	// An update the server refuses (onto the older pool other's
+	// addresses) leaves the version it took in force, and says so.
 	u := get(v1alpha1.AddressPools, "overlap")
 	unstructured.SetNestedStringSlice(u.Object, []string{"203.0.113.221-203.0.113.222", "198.51.100.5/32"}, "spec", "addresses")
 	if _, err := dyn.Resource(v1alpha1.AddressPools).Update(ctx, u, metav1.UpdateOptions{}); err != nil {

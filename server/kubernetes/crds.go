@@ -137,7 +137,9 @@ func (c *crds) upsert(obj any) {
 		if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err == nil {
 			var m *model.AddressPool
 			if m, err = PoolFromCRD(&p); err == nil {
-				err = specField(put(c.src.reg.Pools, m))
+				if err = specField(put(c.src.reg.Pools, m)); err == nil {
+					c.refuseDisplaced()
+				}
 			}
 		}
 	case v1alpha1.BGPPeerKind:

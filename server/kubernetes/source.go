@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/weirlb/weir/server/kubernetes/api/v1alpha1"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/registry"
 )
@@ -263,7 +264,12 @@ func (s *Source) remove(obj any) {
 	}
 }
 
-// check tells whether put would take obj, and writes nothing.
+// check tells whether put would take obj, and writes nothing, for the
+// admission webhook: a write that would take another object's place (a
+// pool over another's addresses, made in the same second with an earlier
+// name, or an older pool changed to reach a younger one's) is refused
+// too, so that what the cluster holds stays in place. The source itself
+// still takes such a pool when the cluster has it (see crds.upsert).
 func check[T model.Object](c *registry.Collection[T], obj T) error {
 	_, err := c.Get(obj.GetMeta().Key())
 	switch {
@@ -271,6 +277,9 @@ func check[T model.Object](c *registry.Collection[T], obj T) error {
 		_, err = c.CheckCreate(obj)
 	case err == nil:
 		_, err = c.CheckUpdate(obj)
+	}
+	if gone := c.Displaces(obj); err == nil && len(gone) > 0 {
+		err = fmt.Errorf("it overlaps pool %s, which the server holds: %w", gone[0], registry.ErrInUse)
 	}
 	return err
 }
@@ -291,6 +300,29 @@ func put[T model.Object](c *registry.Collection[T], obj T) error {
 	}
 	_, err = c.Update(obj)
 	return err
+}
+
+// refuseDisplaced records why the registry no longer holds the cluster's
+// pools that a pool just taken displaced (the older of two overlapping
+// pools is held, see registry.CompareAge), for their Accepted condition:
+// the registry refuses each, naming the pool that holds its addresses. A
+// pool the informer has not delivered yet, which the registry would take,
+// is left to its own event.
+func (c *crds) refuseDisplaced() {
+	for _, p := range c.src.CustomPools() {
+		held, err := c.src.reg.Pools.Get(p.Name)
+		if (err == nil && held.Source == model.SourceKubernetes) || c.Refused(v1alpha1.AddressPools.Resource, p.Name) != nil {
+			continue
+		}
+		m, err := PoolFromCRD(p)
+		if err == nil {
+			_, err = c.src.reg.Pools.CheckCreate(m)
+			err = specField(err)
+		}
+		if key := v1alpha1.AddressPools.Resource + "/" + p.Name; err != nil && c.setRefused(key, err) {
+			c.src.log.Warn("custom resource not taken", "resource", key, "error", err)
+		}
+	}
 }
 
 // delete removes a resource the kubernetes source owns.
