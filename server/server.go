@@ -218,6 +218,8 @@ func openRegistry(cfg Config) (store.Backend, *registry.Registry, error) {
 // file, the replicas, the health of writes, the gRPC services.
 func assemble(cfg Config, st store.Backend, reg *registry.Registry) (*Server, error) {
 	s := &Server{Registry: reg, store: st, log: cfg.Log, health: health.NewServer()}
+	// Not serving until Serve says so (a new health server says SERVING).
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	kc, err := newKubeClient(cfg)
 	if err != nil {
 		return nil, err
@@ -440,6 +442,15 @@ func openStore(cfg Config) (store.Backend, string, error) {
 	defer cancel()
 	st, err := etcdstore.Open(ctx, *cfg.Etcd)
 	return st, where, err
+}
+
+// Ready reports whether the server serves: its gRPC health says SERVING
+// for the whole server (not before Serve, not after it stops, not while a
+// replica is behind its store). The kubelet reads it from /readyz: its
+// gRPC probe speaks no TLS.
+func (s *Server) Ready() bool {
+	resp, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+	return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
 }
 
 // Serve answers on lis until ctx ends, or the server fails (its store

@@ -67,6 +67,8 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		// Webhooks are called at their endpoints' addresses: the control
 		// host is no node and has no service proxy.
 		"--enable-aggregator-routing=true",
+		// No cluster DNS resolves the nodes' names (logs, exec).
+		"--kubelet-preferred-address-types=InternalIP",
 	); err != nil {
 		return err
 	}
@@ -89,11 +91,11 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		Dial:            ctl.DialContext,
 		QPS:             50, Burst: 100,
 	}
-	if c.Client, err = kubernetes.NewForConfig(c.Rest); err != nil {
+	if c.Kube, err = kubernetes.NewForConfig(c.Rest); err != nil {
 		return fmt.Errorf("kubecluster: %w", err)
 	}
 	if err := poll(ctx, time.Minute, func() bool {
-		_, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		_, err := c.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil
 	}); err != nil {
 		return fmt.Errorf("kubecluster: the apiserver is not ready: %w", err)
@@ -119,7 +121,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 func (c *Cluster) waitNodesReady(ctx context.Context, timeout time.Duration) error {
 	var last string
 	err := poll(ctx, timeout, func() bool {
-		list, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		list, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			last = err.Error()
 			return false

@@ -93,7 +93,7 @@ func run() error {
 		certSources = append(certSources, webhookTLS)
 	}
 	reg.MustRegister(certSources)
-	go http.Serve(mln, common.MetricsHandler(reg, *f.metrics, log))
+	go http.Serve(mln, withProbes(common.MetricsHandler(reg, *f.metrics, log), srv.Ready))
 	lis, err := net.Listen("tcp", *f.listen)
 	if err != nil {
 		return err
@@ -444,3 +444,20 @@ func checkPlainTextListen(insecure, allowRemote bool, listen string) error {
 
 // loopback: the listen address is on a loopback interface only.
 func loopback(listen string) bool { return daemon.Loopback(listen) }
+
+// withProbes adds to the metrics listener what a kubelet probes: /readyz
+// (200 while ready says so, else 503) and /livez (200 while the process
+// answers), as Kubernetes' own components serve them.
+func withProbes(metrics http.Handler, ready func() bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", metrics)
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready() {
+			http.Error(w, "not serving", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	return mux
+}
