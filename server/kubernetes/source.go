@@ -41,8 +41,8 @@ type Config struct {
 	// and announces; the nodes forward every service's addresses.
 	Classes Classes
 	// Dynamic, when not nil, reads Weir's custom resources (weir.dev
-	// AddressPools and BGPPeers) where their CRDs are installed, and
-	// Namespace is where BGPPeers' password Secrets are.
+	// WeirAddressPools and WeirBGPPeers) where their CRDs are installed, and
+	// Namespace is where WeirBGPPeers' password Secrets are.
 	Dynamic   dynamic.Interface
 	Namespace string
 	// Resync is the informers' resync period; 0 disables it.
