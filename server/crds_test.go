@@ -462,12 +462,12 @@ func registerWebhook(t *testing.T, ctx context.Context, kc clientset.Interface, 
 	}
 }
 
-// TestGettingStartedCustomResources follows docs/getting-started.md's
+// TestGettingStartedCustomResources follows docs/kubernetes.md's
 // custom resources on a clean apiserver: its WeirAddressPool and WeirBGPPeer (the
 // password's Secret made first) are taken, a Service gets the pool's first
 // address and an IPAllocated Event, and kubectl get weiraddresspools counts it.
 func TestGettingStartedCustomResources(t *testing.T) {
-	doc, err := os.ReadFile("../docs/getting-started.md")
+	doc, err := os.ReadFile("../docs/kubernetes.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +475,7 @@ func TestGettingStartedCustomResources(t *testing.T) {
 	_, block, ok2 := strings.Cut(section, "```yaml\n")
 	block, _, ok3 := strings.Cut(block, "```")
 	if !ok || !ok2 || !ok3 {
-		t.Fatal("docs/getting-started.md has no yaml block under \"Pools and peers as custom resources\"")
+		t.Fatal("docs/kubernetes.md has no yaml block under \"Pools and peers as custom resources\"")
 	}
 	c, kc, dyn := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
