@@ -3,7 +3,6 @@ package kubernetes
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientset "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/weirlb/weir/server/certs"
 )
@@ -36,12 +36,17 @@ const (
 // certificate for the Service weir-server's in-cluster names, localhost
 // (kubectl port-forward) and extra hosts, the agents' fleet certificate
 // and an admin certificate for lbctl. The certificates' Secrets are of
-// type kubernetes.io/tls, with the keys cert-manager writes. A Secret that exists is never changed, so running it again (each
-// install, each upgrade) changes nothing, and certificates made by hand or
-// by cert-manager are kept. It returns the names of the Secrets it made.
-// Certificates are issued as certs issues them (opts), from a valid CA
-// only and to end no later than it.
-func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace string, extraHosts []string, opts ...certs.Option) ([]string, error) {
+// type kubernetes.io/tls, with the keys cert-manager writes. A Secret that
+// exists is never changed, so running it again (each server pod's start)
+// changes nothing, and certificates made by hand or by cert-manager are
+// kept. Runs at once (replicas starting together) agree: each Secret is
+// made by the one whose create wins, and a run that loses weir-ca's
+// issues from the winner's CA, so every certificate verifies against
+// weir-ca. The Secrets made name owner, when given, as their owner: the
+// garbage collector deletes them with it (an uninstall). It returns the
+// names of the Secrets it made. Certificates are issued as certs issues
+// them (opts), from a valid CA only and to end no later than it.
+func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace string, extraHosts []string, owner *metav1.OwnerReference, opts ...certs.Option) ([]string, error) {
 	missing, err := missingSecrets(ctx, client, namespace)
 	if err != nil {
 		return nil, err
@@ -54,8 +59,9 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
+	secrets := secretMaker{client: client, namespace: namespace, owner: owner}
 	var made []string
-	madeCA, err := loadCA(ctx, client, namespace, dir)
+	madeCA, err := secrets.loadCA(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -73,12 +79,26 @@ func BootstrapSecrets(ctx context.Context, client clientset.Interface, namespace
 		if err != nil {
 			return made, err
 		}
-		if err := create(ctx, client, namespace, s.secret, corev1.SecretTypeTLS, data); err != nil {
+		created, err := secrets.create(ctx, s.secret, corev1.SecretTypeTLS, data)
+		if err != nil {
 			return made, err
 		}
-		made = append(made, s.secret)
+		// Not created: another run made it meanwhile, from the same CA.
+		if created {
+			made = append(made, s.secret)
+		}
 	}
 	return made, caBundle(ctx, client, namespace)
+}
+
+// ServiceAccountOwner is the owner reference of the ServiceAccount
+// namespace/name, for BootstrapSecrets.
+func ServiceAccountOwner(ctx context.Context, client clientset.Interface, namespace, name string) (*metav1.OwnerReference, error) {
+	sa, err := client.CoreV1().ServiceAccounts(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("the ServiceAccount %s/%s that owns the certificate Secrets: %w", namespace, name, err)
+	}
+	return &metav1.OwnerReference{APIVersion: "v1", Kind: "ServiceAccount", Name: sa.Name, UID: sa.UID}, nil
 }
 
 // missingSecrets are the certificates' Secrets namespace lacks.
@@ -97,34 +117,43 @@ func missingSecrets(ctx context.Context, client clientset.Interface, namespace s
 }
 
 // loadCA writes the CA that weir-ca holds into dir or, without that
-// Secret, makes a new CA there and the Secret, and says so.
-func loadCA(ctx context.Context, client clientset.Interface, namespace, dir string) (made bool, err error) {
-	ca, err := client.CoreV1().Secrets(namespace).Get(ctx, SecretCA, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		if err := certs.InitCA(dir); err != nil {
-			return false, err
+// Secret, makes a new CA there and the Secret, and says so. When another
+// run makes weir-ca first, its CA replaces the one made here.
+func (m secretMaker) loadCA(ctx context.Context, dir string) (bool, error) {
+	ca, err := m.client.CoreV1().Secrets(m.namespace).Get(ctx, SecretCA, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		made, makeErr := m.makeCA(ctx, dir)
+		if made || makeErr != nil {
+			return made, makeErr
 		}
-		data, err := files(dir, map[string]string{"ca.crt": "ca.crt", "ca.key": "ca.key"})
-		if err != nil {
-			return false, err
-		}
-		if err := create(ctx, client, namespace, SecretCA, corev1.SecretTypeOpaque, data); err != nil {
-			return false, err
-		}
-		return true, nil
-	case err != nil:
+		// Another run made weir-ca first: its CA signs, not this one.
+		ca, err = m.client.CoreV1().Secrets(m.namespace).Get(ctx, SecretCA, metav1.GetOptions{})
+	}
+	if err != nil {
 		return false, err
 	}
 	for _, f := range []string{"ca.crt", "ca.key"} {
 		if len(ca.Data[f]) == 0 {
-			return false, fmt.Errorf("the Secret %s/%s has no %s", namespace, SecretCA, f)
+			return false, fmt.Errorf("the Secret %s/%s has no %s", m.namespace, SecretCA, f)
 		}
 		if err := os.WriteFile(filepath.Join(dir, f), ca.Data[f], 0o600); err != nil {
 			return false, err
 		}
 	}
 	return false, nil
+}
+
+// makeCA makes a new CA in dir and, unless another run made one first,
+// the Secret weir-ca of it; it reports whether it did.
+func (m secretMaker) makeCA(ctx context.Context, dir string) (bool, error) {
+	if err := certs.InitCA(dir); err != nil {
+		return false, err
+	}
+	data, err := files(dir, map[string]string{"ca.crt": "ca.crt", "ca.key": "ca.key"})
+	if err != nil {
+		return false, err
+	}
+	return m.create(ctx, SecretCA, corev1.SecretTypeOpaque, data)
 }
 
 // issuedSecret is a certificate's Secret: how to issue it from the CA in
@@ -178,23 +207,27 @@ func caBundle(ctx context.Context, client clientset.Interface, namespace string)
 		return fmt.Errorf("the Secret %s/%s has no ca.crt for the webhook's caBundle", namespace, SecretWebhook)
 	}
 	vwcs := client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	vwc, err := vwcs.Get(ctx, WebhookConfiguration, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	changed := false
-	for i := range vwc.Webhooks {
-		if cc := &vwc.Webhooks[i].ClientConfig; cc.Service != nil && cc.Service.Namespace == namespace && !bytes.Equal(cc.CABundle, ca) {
-			cc.CABundle, changed = ca, true
+	// Replicas starting together write the same bundle: the one that
+	// loses a write reads it again and finds nothing left to do.
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		vwc, err := vwcs.Get(ctx, WebhookConfiguration, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
 		}
-	}
-	if changed {
-		_, err = vwcs.Update(ctx, vwc, metav1.UpdateOptions{})
-	}
-	return err
+		if err != nil {
+			return err
+		}
+		changed := false
+		for i := range vwc.Webhooks {
+			if cc := &vwc.Webhooks[i].ClientConfig; cc.Service != nil && cc.Service.Namespace == namespace && !bytes.Equal(cc.CABundle, ca) {
+				cc.CABundle, changed = ca, true
+			}
+		}
+		if changed {
+			_, err = vwcs.Update(ctx, vwc, metav1.UpdateOptions{})
+		}
+		return err
+	})
 }
 
 // files reads dir's files into a Secret's data.
@@ -210,15 +243,31 @@ func files(dir string, names map[string]string) (map[string][]byte, error) {
 	return out, nil
 }
 
-// create makes a Secret; one made meanwhile by another run is kept.
-func create(ctx context.Context, client clientset.Interface, namespace, name string, typ corev1.SecretType, data map[string][]byte) error {
-	_, err := client.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{"app.kubernetes.io/part-of": "weir"}},
+// secretMaker makes the Secrets of namespace, owned by owner (nil:
+// none).
+type secretMaker struct {
+	client    clientset.Interface
+	namespace string
+	owner     *metav1.OwnerReference
+}
+
+// create makes a Secret, and reports whether it did: one made meanwhile
+// by another run is kept, and is no error.
+func (m secretMaker) create(ctx context.Context, name string, typ corev1.SecretType, data map[string][]byte) (bool, error) {
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: m.namespace, Labels: map[string]string{"app.kubernetes.io/part-of": "weir"}},
 		Type:       typ,
 		Data:       data,
-	}, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		return errors.New("the Secret " + namespace + "/" + name + " was made meanwhile by another run: run again")
 	}
-	return err
+	if m.owner != nil {
+		s.OwnerReferences = []metav1.OwnerReference{*m.owner}
+	}
+	_, err := m.client.CoreV1().Secrets(m.namespace).Create(ctx, s, metav1.CreateOptions{})
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("creating the Secret %s/%s: %w", m.namespace, name, err)
+	}
+	return true, nil
 }

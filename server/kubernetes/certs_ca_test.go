@@ -70,7 +70,7 @@ func TestSecretsAreIssuedFromALiveCAOnly(t *testing.T) {
 	}
 
 	end := past.Add(365 * day).UTC().Format(time.RFC3339)
-	made, err := kubernetes.BootstrapSecrets(ctx, kc, "expired-ca", nil)
+	made, err := kubernetes.BootstrapSecrets(ctx, kc, "expired-ca", nil, nil)
 	if len(made) != 0 || err == nil || !strings.Contains(err.Error(), kubernetes.SecretCA) || !strings.Contains(err.Error(), "expired at "+end) {
 		t.Errorf("from an expired CA: made %v, %v; want nothing made and an error naming %s and its end %s", made, err, kubernetes.SecretCA, end)
 	}
@@ -80,7 +80,7 @@ func TestSecretsAreIssuedFromALiveCAOnly(t *testing.T) {
 	}
 
 	var capped []certs.Capped
-	if _, err := kubernetes.BootstrapSecrets(ctx, kc, "ending-ca", nil, certs.OnCapped(func(c certs.Capped) { capped = append(capped, c) })); err != nil {
+	if _, err := kubernetes.BootstrapSecrets(ctx, kc, "ending-ca", nil, nil, certs.OnCapped(func(c certs.Capped) { capped = append(capped, c) })); err != nil {
 		t.Fatal(err)
 	}
 	ca := secretCert("ending-ca", kubernetes.SecretCA, "ca.crt")

@@ -51,7 +51,7 @@ func TestSecretsAreBootstrappedOnce(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	made, err := kubernetes.BootstrapSecrets(ctx, kc, ns, []string{"weir.example.internal", "192.0.2.2"})
+	made, err := kubernetes.BootstrapSecrets(ctx, kc, ns, []string{"weir.example.internal", "192.0.2.2"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestSecretsAreBootstrappedOnce(t *testing.T) {
 	if err := kc.CoreV1().Secrets(ns).Delete(ctx, kubernetes.SecretAdmin, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if made, err := kubernetes.BootstrapSecrets(ctx, kc, ns, nil); err != nil || !slices.Equal(made, []string{kubernetes.SecretAdmin}) {
+	if made, err := kubernetes.BootstrapSecrets(ctx, kc, ns, nil, nil); err != nil || !slices.Equal(made, []string{kubernetes.SecretAdmin}) {
 		t.Fatalf("with the operator's admin Secret gone: made %v, %v", made, err)
 	}
 	adminSecret := get(kubernetes.SecretAdmin)
@@ -146,7 +146,7 @@ func TestSecretsAreBootstrappedOnce(t *testing.T) {
 	for _, n := range made {
 		before[n] = get(n).ResourceVersion
 	}
-	again, err := kubernetes.BootstrapSecrets(ctx, kc, ns, nil)
+	again, err := kubernetes.BootstrapSecrets(ctx, kc, ns, nil, nil)
 	if err != nil || len(again) != 0 {
 		t.Errorf("second run made %v, %v; want nothing", again, err)
 	}
@@ -159,7 +159,7 @@ func TestSecretsAreBootstrappedOnce(t *testing.T) {
 	if err := kc.CoreV1().Secrets(ns).Delete(ctx, kubernetes.SecretAgent, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if made, err := kubernetes.BootstrapSecrets(ctx, kc, ns, nil); err != nil || !slices.Equal(made, []string{kubernetes.SecretAgent}) {
+	if made, err := kubernetes.BootstrapSecrets(ctx, kc, ns, nil, nil); err != nil || !slices.Equal(made, []string{kubernetes.SecretAgent}) {
 		t.Fatalf("after losing the agents' Secret: made %v, %v", made, err)
 	}
 	if _, err := cert(get(kubernetes.SecretAgent).Data["tls.crt"]).Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {

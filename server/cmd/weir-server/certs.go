@@ -6,10 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
 	clientset "k8s.io/client-go/kubernetes"
 
@@ -22,7 +25,8 @@ const certsUsage = `usage: weir-server certs init --dir DIR --hosts NAME,IP,...
        weir-server certs issue --dir DIR --name NAME --role admin|viewer|agent|speaker [--force]
        weir-server certs rotate --dir DIR [--within 720h]
        weir-server certs check-expiration --dir DIR
-       weir-server certs kubernetes [--namespace NS] [--hosts NAME,IP,...] [--kubeconfig FILE]`
+       weir-server certs kubernetes [--namespace NS] [--hosts NAME,IP,...] [--kubeconfig FILE]
+                                    [--owner-service-account NAME] [--wait-mounted DIR,...]`
 
 // certsCommand issues certificates: "init" makes a CA and the server's
 // certificate, "issue" a client's, "rotate" renews what ends soon and
@@ -52,7 +56,7 @@ func certsCommand(args []string, stdout, stderr io.Writer) error {
 	case "check-expiration":
 		return checkExpiration(*f.dir, stdout)
 	case "kubernetes":
-		return kubernetesSecrets(*f.kubeconfig, *f.namespace, hs, warnCapped, stdout)
+		return kubernetesSecrets(f, hs, warnCapped, stdout)
 	default:
 		return errors.New(certsUsage)
 	}
@@ -62,6 +66,7 @@ func certsCommand(args []string, stdout, stderr io.Writer) error {
 // needs.
 type certsFlags struct {
 	dir, hosts, name, role, namespace, kubeconfig *string
+	owner, waitMounted                            *string
 	force                                         *bool
 	validFor, within                              *time.Duration
 }
@@ -72,15 +77,17 @@ func parseCertsFlags(args []string, stderr io.Writer) (*certsFlags, error) {
 	fs := flag.NewFlagSet("certs "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f := &certsFlags{
-		dir:        fs.String("dir", "/etc/weir/tls", "folder of the CA and the certificates"),
-		hosts:      fs.String("hosts", "", "comma-separated names and addresses the server answers on (init, server; kubernetes: besides the Service weir-server's in-cluster names)"),
-		name:       fs.String("name", "", "the client's identity: a node name for an agent (issue)"),
-		role:       fs.String("role", "", "admin, viewer, agent or speaker (issue)"),
-		force:      fs.Bool("force", false, "replace the name's existing certificate and key (issue)"),
-		namespace:  fs.String("namespace", "weir-system", "the namespace of the Secrets (kubernetes)"),
-		kubeconfig: fs.String("kubeconfig", "", "the cluster's kubeconfig; empty: the in-cluster config (kubernetes)"),
-		validFor:   fs.Duration("valid-for", 365*24*time.Hour, "how long the certificates issued are valid, never past the CA's end (server, issue, rotate)"),
-		within:     fs.Duration("within", 30*24*time.Hour, "reissue the certificates that expire within this time (rotate; 0: only those expired)"),
+		dir:         fs.String("dir", "/etc/weir/tls", "folder of the CA and the certificates"),
+		hosts:       fs.String("hosts", "", "comma-separated names and addresses the server answers on (init, server; kubernetes: besides the Service weir-server's in-cluster names)"),
+		name:        fs.String("name", "", "the client's identity: a node name for an agent (issue)"),
+		role:        fs.String("role", "", "admin, viewer, agent or speaker (issue)"),
+		force:       fs.Bool("force", false, "replace the name's existing certificate and key (issue)"),
+		namespace:   fs.String("namespace", "weir-system", "the namespace of the Secrets (kubernetes)"),
+		kubeconfig:  fs.String("kubeconfig", "", "the cluster's kubeconfig; empty: the in-cluster config (kubernetes)"),
+		owner:       fs.String("owner-service-account", "", "the ServiceAccount of --namespace that owns the Secrets made: deleting it (an uninstall) deletes them (kubernetes)"),
+		waitMounted: fs.String("wait-mounted", "", "comma-separated folders of the pod's Secret volumes to wait for, until each holds ca.crt, tls.crt and tls.key (kubernetes)"),
+		validFor:    fs.Duration("valid-for", 365*24*time.Hour, "how long the certificates issued are valid, never past the CA's end (server, issue, rotate)"),
+		within:      fs.Duration("within", 30*24*time.Hour, "reissue the certificates that expire within this time (rotate; 0: only those expired)"),
 	}
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -145,9 +152,9 @@ func issueCert(dir, name, role string, force bool, opts []certs.Option, stdout i
 }
 
 // kubernetesSecrets makes the Secrets the manifests mount, once (the
-// weir-certs Job).
-func kubernetesSecrets(kubeconfig, namespace string, hosts []string, warnCapped certs.Option, stdout io.Writer) error {
-	rc, err := kubernetes.RestConfig(kubeconfig)
+// server pods' init container), then waits for the pod's volumes of them.
+func kubernetesSecrets(f *certsFlags, hosts []string, warnCapped certs.Option, stdout io.Writer) error {
+	rc, err := kubernetes.RestConfig(*f.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -157,7 +164,14 @@ func kubernetesSecrets(kubeconfig, namespace string, hosts []string, warnCapped 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	made, err := kubernetes.BootstrapSecrets(ctx, client, namespace, hosts, warnCapped)
+	namespace := *f.namespace
+	var owner *metav1.OwnerReference
+	if *f.owner != "" {
+		if owner, err = kubernetes.ServiceAccountOwner(ctx, client, namespace, *f.owner); err != nil {
+			return err
+		}
+	}
+	made, err := kubernetes.BootstrapSecrets(ctx, client, namespace, hosts, owner, warnCapped)
 	for _, m := range made {
 		fmt.Fprintf(stdout, "made Secret %s/%s\n", namespace, m)
 	}
@@ -166,6 +180,50 @@ func kubernetesSecrets(kubeconfig, namespace string, hosts []string, warnCapped 
 	}
 	if len(made) == 0 {
 		fmt.Fprintf(stdout, "the Secrets of %s are there already: nothing changed\n", namespace)
+	}
+	var dirs []string
+	for _, d := range strings.Split(*f.waitMounted, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			dirs = append(dirs, d)
+		}
+	}
+	return waitMounted(dirs, mountWait, time.Second, stdout)
+}
+
+// mountWait bounds how long the init container waits for the kubelet to
+// fill the pod's Secret volumes; past it, the container fails and the
+// kubelet starts it again.
+const mountWait = 5 * time.Minute
+
+// waitMounted waits until each folder holds a certificate, its key and
+// its CA. A pod's optional Secret volume whose Secret appears after the
+// pod started is filled at the kubelet's next sync of the pod (about a
+// minute): the server's container, started after this one, then finds
+// its files.
+func waitMounted(dirs []string, timeout, every time.Duration, stdout io.Writer) error {
+	deadline := time.Now().Add(timeout)
+	for _, dir := range dirs {
+		said := false
+		for {
+			missing := ""
+			for _, f := range []string{"ca.crt", "tls.crt", "tls.key"} {
+				if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+					missing = f
+					break
+				}
+			}
+			if missing == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s has no %s after %v: is its Secret volume the Secret made?", dir, missing, timeout)
+			}
+			if !said {
+				fmt.Fprintf(stdout, "waiting for the kubelet to fill %s\n", dir)
+				said = true
+			}
+			time.Sleep(every)
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"crypto/tls"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -167,4 +168,28 @@ func quoteAll(ss []string) []string {
 		out[i] = regexp.QuoteMeta(s)
 	}
 	return out
+}
+
+// TestWaitMountedWaitsForTheKubelet: the init container returns once the
+// kubelet filled every Secret volume it waits for, and fails naming the
+// folder and the file when one stays empty.
+func TestWaitMountedWaitsForTheKubelet(t *testing.T) {
+	filled, empty := t.TempDir(), t.TempDir()
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		for _, f := range []string{"ca.crt", "tls.crt", "tls.key"} {
+			os.WriteFile(filepath.Join(filled, f), []byte("x"), 0o600)
+		}
+	}()
+	var out bytes.Buffer
+	if err := waitMounted([]string{filled}, 5*time.Second, 10*time.Millisecond, &out); err != nil {
+		t.Errorf("a folder filled after 50ms: %v", err)
+	}
+	if !strings.Contains(out.String(), "waiting for the kubelet to fill "+filled) {
+		t.Errorf("the wait is not said: %q", out.String())
+	}
+	err := waitMounted([]string{filled, empty}, 100*time.Millisecond, 10*time.Millisecond, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), empty+" has no ca.crt") {
+		t.Errorf("a folder never filled: %v; want an error naming it and ca.crt", err)
+	}
 }
