@@ -189,12 +189,14 @@ func byName[T model.Object](objs []T) map[string]T {
 }
 
 // conflictsOf are the Kubernetes services' conflicts (what the nodes
-// leave out of each, and why), for those that have some.
+// leave out of each, and why), for those that have some. Another
+// load-balancer controller's services are left out: Weir writes nothing
+// to them, Events included (their conflicts stay in Weir's API).
 func conflictsOf(v registry.View) map[string]conflict {
 	out := map[string]conflict{}
 	for _, key := range v.ServiceKeys() {
 		svc := v.Service(key)
-		if svc.Source != model.SourceKubernetes {
+		if svc.Source != model.SourceKubernetes || svc.OtherController {
 			continue
 		}
 		var said []string

@@ -1,0 +1,131 @@
+package kubernetes_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/weirlb/weir/server/ipam"
+	"github.com/weirlb/weir/server/kubernetes"
+	"github.com/weirlb/weir/server/model"
+	"github.com/weirlb/weir/server/observed"
+	"github.com/weirlb/weir/server/registry/registrytest"
+)
+
+// noNodes is a cluster whose nodes have not connected.
+type noNodes struct{}
+
+func (noNodes) Status() []observed.Node { return nil }
+
+// TestNothingIsWrittenOnAnotherControllersService: on a real apiserver,
+// with Weir not the default load balancer, two class-less LoadBalancer
+// Services whose addresses another controller set (the same address and
+// port: a conflict the nodes report) get no condition, no Event and no
+// status change from Weir, while Weir's own Service gets its address,
+// its conditions and its Events from the same writers.
+func TestNothingIsWrittenOnAnotherControllersService(t *testing.T) {
+	_, kc := startCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg := registrytest.Open(t)
+	r, _ := model.ParseAddressRange("203.0.113.200/30")
+	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
+		t.Fatal(err)
+	}
+	lb := func(name string, class *string, ingress string) *corev1.Service {
+		s, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+			Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: class, Ports: []corev1.ServicePort{{Port: 80}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ingress == "" {
+			return s
+		}
+		s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ingress}}
+		if s, err = kc.CoreV1().Services("default").UpdateStatus(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	theirs := []*corev1.Service{lb("theirs-a", nil, "198.51.100.7"), lb("theirs-b", nil, "198.51.100.7")}
+	lb("mine", ptr(kubernetes.DefaultLoadBalancerClass), "")
+
+	recorder, err := kubernetes.NewRecorder(ctx, kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer := kubernetes.StatusWriter{Client: kc, Events: recorder, Log: slog.New(slog.DiscardHandler)}
+	src, err := kubernetes.New(kubernetes.Config{Classes: kubernetes.Classes{Class: kubernetes.DefaultLoadBalancerClass}}, kc, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := ipam.New(reg, map[string]ipam.Writer{model.SourceKubernetes: writer}, nil)
+	reporter := kubernetes.NewReporter(kubernetes.ReporterConfig{Registry: reg, Status: noNodes{}, Services: writer, Custom: src,
+		Period: 50 * time.Millisecond, Settle: 100 * time.Millisecond})
+	done := make(chan struct{}, 3)
+	go func() { src.Run(ctx); done <- struct{}{} }()
+	go func() { alloc.Run(ctx); done <- struct{}{} }()
+	go func() { reporter.Run(ctx); done <- struct{}{} }()
+	defer func() { cancel(); <-done; <-done; <-done }()
+
+	// The writers work: Weir's own Service is told what Weir did.
+	regarding := func(name string) ([]string, error) {
+		evs, err := kc.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, e := range evs.Items {
+			if e.Regarding.Name == name {
+				out = append(out, e.Reason+": "+e.Note)
+			}
+		}
+		return out, nil
+	}
+	eventually(t, "Weir's Service has its address, its Announced condition and Events", func() error {
+		got, err := kc.CoreV1().Services("default").Get(ctx, "mine", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(got.Status.LoadBalancer.Ingress) != 1 || len(got.Status.Conditions) != 2 {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		evs, err := regarding("mine")
+		if err != nil || len(evs) < 2 {
+			return fmt.Errorf("events %v, %v", evs, err)
+		}
+		return nil
+	})
+	// The conflict of the other controller's two Services is seen.
+	eventually(t, "the registry sees the other controller's conflict", func() error {
+		a, err := reg.Services.Get("default/theirs-b")
+		if err != nil || !a.OtherController {
+			return fmt.Errorf("%+v, %v", a, err)
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // rounds of the allocator and the reporter
+	for _, s := range theirs {
+		got, err := kc.CoreV1().Services("default").Get(ctx, s.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ResourceVersion != s.ResourceVersion || len(got.Status.Conditions) != 0 {
+			t.Errorf("%s was written to (resourceVersion %s, was %s): %+v", s.Name, got.ResourceVersion, s.ResourceVersion, got.Status)
+		}
+		evs, err := regarding(s.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) != 0 {
+			t.Errorf("Weir recorded Events on %s, another controller's: %v", s.Name, evs)
+		}
+	}
+}
