@@ -19,6 +19,7 @@ import (
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -115,24 +116,8 @@ func TestManifestsApplyAsWritten(t *testing.T) {
 // returns the apiserver's client configuration, for more checks.
 func applyAll(t *testing.T, objs []*unstructured.Unstructured) (context.Context, *rest.Config) {
 	t.Helper()
-	kubeapi.SkipUnlessAvailable(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	t.Cleanup(cancel)
-	c, err := kubeapi.Start(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	ctx, c := startAPI(t)
 	rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dc, err := discovery.NewDiscoveryClientForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
-	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,36 +125,92 @@ func applyAll(t *testing.T, objs []*unstructured.Unstructured) (context.Context,
 		ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "weir-system"}}}
 		objs = append([]*unstructured.Unstructured{ns}, objs...)
 	}
+	for _, err := range apply(ctx, t, rc, objs) {
+		t.Error(err)
+	}
+	return ctx, rc
+}
+
+// startAPI starts a real apiserver for the test, and a context bounding
+// the test's work on it.
+func startAPI(t *testing.T) (context.Context, *kubeapi.Cluster) {
+	t.Helper()
+	kubeapi.SkipUnlessAvailable(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	// As kubeadm's apiserver: the agents run privileged, as kube-proxy.
+	c, err := kubeapi.Start(ctx, "--allow-privileged=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return ctx, c
+}
+
+// dynamicClients are a dynamic client and a mapper of kinds to resources
+// for the apiserver of rc.
+func dynamicClients(t *testing.T, rc *rest.Config) (*dynamic.DynamicClient, *restmapper.DeferredDiscoveryRESTMapper) {
+	t.Helper()
+	dc, err := discovery.NewDiscoveryClientForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+}
+
+// resourceFor is the client of obj's resource, in obj's namespace.
+func resourceFor(dyn dynamic.Interface, mapper meta.RESTMapper, obj *unstructured.Unstructured) (dynamic.ResourceInterface, error) {
+	gvk := obj.GroupVersionKind()
+	m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", gvk, err)
+	}
+	ri := dyn.Resource(m.Resource)
+	if obj.GetNamespace() != "" {
+		return ri.Namespace(obj.GetNamespace()), nil
+	}
+	return ri, nil
+}
+
+// apply server-side applies objs, in order, as kubectl apply
+// --server-side does, and reads each back: every field written must be
+// there with the value written. It returns what failed.
+func apply(ctx context.Context, t *testing.T, rc *rest.Config, objs []*unstructured.Unstructured) []error {
+	t.Helper()
+	dyn, mapper := dynamicClients(t, rc)
+	var errs []error
 	for _, obj := range objs {
-		gvk := obj.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		name := fmt.Sprintf("%s %s/%s", obj.GetKind(), obj.GetNamespace(), obj.GetName())
+		client, err := resourceFor(dyn, mapper, obj)
 		if err != nil {
-			t.Fatalf("%s: %v", gvk, err)
-		}
-		ri := dyn.Resource(m.Resource)
-		var client dynamic.ResourceInterface = ri
-		if obj.GetNamespace() != "" {
-			client = ri.Namespace(obj.GetNamespace())
+			// A kind of a CRD applied just before: ask discovery again.
+			mapper.Reset()
+			if client, err = resourceFor(dyn, mapper, obj); err != nil {
+				t.Fatal(err)
+			}
 		}
 		data, err := obj.MarshalJSON()
 		if err != nil {
 			t.Fatal(err)
 		}
-		name := fmt.Sprintf("%s %s/%s", gvk.Kind, obj.GetNamespace(), obj.GetName())
 		if _, err := client.Patch(ctx, obj.GetName(), types.ApplyPatchType, data, metav1ApplyOptions()); err != nil {
-			t.Errorf("server-side apply of %s: %v", name, err)
+			errs = append(errs, fmt.Errorf("server-side apply of %s: %w", name, err))
 			continue
 		}
 		live, err := client.Get(ctx, obj.GetName(), getOptions())
 		if err != nil {
-			t.Errorf("%s after apply: %v", name, err)
+			errs = append(errs, fmt.Errorf("%s after apply: %w", name, err))
 			continue
 		}
 		if path, ok := subset(obj.Object, live.Object, ""); !ok {
-			t.Errorf("%s: %s differs from what the manifest says", name, path)
+			errs = append(errs, fmt.Errorf("%s: %s differs from what the manifest says", name, path))
 		}
 	}
-	return ctx, rc
+	return errs
 }
 
 // checkServerAccess asks the apiserver's RBAC whether the server's
@@ -202,15 +243,18 @@ func checkServerAccess(ctx context.Context, t *testing.T, rc *rest.Config) {
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "weir.dev", Resource: "weirbgppeers", Subresource: "status"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "weir.dev", Resource: "weirbgppeers"}, false},
 	})
-	// The Job weir-certs makes the certificate Secrets, and reads only those.
-	checkAccess(ctx, t, kc, "weir-certs", []access{
+	// The server's init container makes the certificate Secrets, reads
+	// only those of them (its peer-password Role reads any one by name),
+	// names their owner, and puts the webhook's CA in its configuration.
+	checkAccess(ctx, t, kc, "weir-server", []access{
 		{authorizationv1.ResourceAttributes{Verb: "create", Namespace: "weir-system", Resource: "secrets"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "secrets", Name: "weir-ca"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "secrets", Name: "weir-agent-tls"}, true},
-		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "secrets", Name: "someone-elses"}, false},
-		{authorizationv1.ResourceAttributes{Verb: "list", Namespace: "weir-system", Resource: "secrets"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "update", Namespace: "weir-system", Resource: "secrets", Name: "weir-ca"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "delete", Namespace: "weir-system", Resource: "secrets", Name: "weir-ca"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "create", Namespace: "default", Resource: "secrets"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "serviceaccounts", Name: "weir-server"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "get", Namespace: "weir-system", Resource: "serviceaccounts", Name: "weir-agent"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations", Name: "weir.dev"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations", Name: "someone-elses"}, false},
 	})
@@ -408,33 +452,30 @@ func metav1ApplyOptions() metav1.PatchOptions {
 
 func getOptions() metav1.GetOptions { return metav1.GetOptions{} }
 
-// TestResourcesConfigMapIsValid: the pools and peers the manifests ship
-// parse and validate as the server reads them, at the path its flag names.
-func TestResourcesConfigMapIsValid(t *testing.T) {
-	var data string
-	var args []any
-	var mounts []any
-	for _, obj := range manifests(t) {
-		switch {
-		case obj.GetKind() == "ConfigMap" && obj.GetName() == "weir-resources":
-			data, _, _ = unstructured.NestedString(obj.Object, "data", "resources.yaml")
-		case obj.GetKind() == "Deployment" && obj.GetName() == "weir-server":
-			containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
-			c := containers[0].(map[string]any)
-			args, _ = c["args"].([]any)
-			mounts, _ = c["volumeMounts"].([]any)
-		}
+// TestResourcesFileExampleIsValid: the example resources file parses and
+// validates as the server reads it; the chart given it as resourcesFile
+// mounts it where the server's flag names it.
+func TestResourcesFileExampleIsValid(t *testing.T) {
+	file := filepath.Join(root(t), "deploy", "examples", "resources.yaml")
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if data == "" {
-		t.Fatal("no ConfigMap weir-resources with resources.yaml")
-	}
-	r, err := resourcefile.Parse("resources.yaml", []byte(data))
+	r, err := resourcefile.Parse("resources.yaml", data)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(r.Pools) == 0 || len(r.Peers) == 0 {
 		t.Errorf("want pools and peers, got %d and %d", len(r.Pools), len(r.Peers))
 	}
+	objs := renderWith(t, "--set-file", "resourcesFile="+file)
+	if got, _, _ := unstructured.NestedString(objs["ConfigMap/weir-resources"].Object, "data", "resources.yaml"); got != string(data) {
+		t.Errorf("weir-resources holds %q; want the example", got)
+	}
+	containers, _, _ := unstructured.NestedSlice(objs["Deployment/weir-server"].Object, "spec", "template", "spec", "containers")
+	c := containers[0].(map[string]any)
+	args, _ := c["args"].([]any)
+	mounts, _ := c["volumeMounts"].([]any)
 	if !slices.Contains(args, any("--resources-file=/etc/weir/resources/resources.yaml")) {
 		t.Errorf("the server's args %v do not name the resources file", args)
 	}

@@ -63,10 +63,17 @@ var chart = filepath.Join("deploy", "helm", "weir")
 // namespace weir-system, CRDs included.
 func render(t *testing.T, set ...string) map[string]*unstructured.Unstructured {
 	t.Helper()
-	args := []string{"template", "weir", chart, "--namespace", "weir-system", "--include-crds", "--kube-version", kubeVersion}
+	var args []string
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}
+	return renderWith(t, args...)
+}
+
+// renderWith is render with helm's own flags (--set-file, -f).
+func renderWith(t *testing.T, flags ...string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	args := append([]string{"template", "weir", chart, "--namespace", "weir-system", "--include-crds", "--kube-version", kubeVersion}, flags...)
 	return byName(decodeObjects(t, "helm template", helm(t, args...)))
 }
 
@@ -83,18 +90,34 @@ func byName(objs []*unstructured.Unstructured) map[string]*unstructured.Unstruct
 // builds.
 func withoutImageTags(o *unstructured.Unstructured) *unstructured.Unstructured {
 	o = o.DeepCopy()
-	containers, found, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
-	if !found {
-		return o
+	for _, field := range []string{"initContainers", "containers"} {
+		containers, found, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", field)
+		if !found {
+			continue
+		}
+		for _, c := range containers {
+			m := c.(map[string]any)
+			if img, ok := m["image"].(string); ok {
+				m["image"], _, _ = strings.Cut(img, ":")
+			}
+		}
+		unstructured.SetNestedSlice(o.Object, containers, "spec", "template", "spec", field)
 	}
-	for _, c := range containers {
-		m := c.(map[string]any)
-		if img, ok := m["image"].(string); ok {
-			m["image"], _, _ = strings.Cut(img, ":")
+	return o
+}
+
+// images are the images of obj's pod template's containers, init
+// containers first.
+func images(obj *unstructured.Unstructured) []string {
+	var out []string
+	for _, field := range []string{"initContainers", "containers"} {
+		containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", field)
+		for _, c := range containers {
+			img, _ := c.(map[string]any)["image"].(string)
+			out = append(out, img)
 		}
 	}
-	unstructured.SetNestedSlice(o.Object, containers, "spec", "template", "spec", "containers")
-	return o
+	return out
 }
 
 // TestHelmChartIsThePlainManifests: helm lint passes, and the chart with
@@ -126,10 +149,11 @@ func TestHelmChartIsThePlainManifests(t *testing.T) {
 			t.Errorf("the chart has %s, the plain manifests do not", name)
 		}
 	}
-	for _, kind := range []string{"Deployment/weir-server", "DaemonSet/weir-agent", "Job/weir-certs"} {
-		containers, _, _ := unstructured.NestedSlice(got[kind].Object, "spec", "template", "spec", "containers")
-		if img := containers[0].(map[string]any)["image"].(string); !strings.HasSuffix(img, ":0.1.0") {
-			t.Errorf("%s runs %s; want the chart's appVersion, 0.1.0", kind, img)
+	for _, kind := range []string{"Deployment/weir-server", "DaemonSet/weir-agent"} {
+		for _, img := range images(got[kind]) {
+			if !strings.HasSuffix(img, ":0.1.0") {
+				t.Errorf("%s runs %s; want the chart's appVersion, 0.1.0", kind, img)
+			}
 		}
 	}
 }
@@ -146,10 +170,10 @@ func TestHelmValuesReachTheObjects(t *testing.T) {
 			t.Errorf("weir-config %s = %q, want %q", k, config[k], v)
 		}
 	}
-	if got["ConfigMap/weir-resources"] != nil || got["Job/weir-certs"] != nil {
-		t.Error("resourcesFile empty and certificates.bootstrap false still render weir-resources or the Job")
-	}
 	server := got["Deployment/weir-server"]
+	if got["ConfigMap/weir-resources"] != nil || got["Role/weir-server-certs"] != nil || got["ClusterRole/weir-server-webhook-ca"] != nil || len(images(server)) != 1 {
+		t.Errorf("resourcesFile empty and certificates.bootstrap false still render weir-resources, the bootstrap's roles or its init container (images %v)", images(server))
+	}
 	if n, _, _ := unstructured.NestedFieldNoCopy(server.Object, "spec", "replicas"); fmt.Sprint(n) != "2" {
 		t.Errorf("replicas %v, want 2", n)
 	}

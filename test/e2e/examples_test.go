@@ -183,7 +183,7 @@ func TestKubernetesSettingsReachTheFlags(t *testing.T) {
 	var settings map[string]string
 	containers := map[string][]string{} // name: args
 	for doc := range strings.SplitSeq(readShipped(t, "deploy/kubernetes/config.yaml")+"\n---\n"+readShipped(t, "deploy/kubernetes/agent.yaml")+"\n---\n"+
-		readShipped(t, "deploy/kubernetes/server.yaml")+"\n---\n"+readShipped(t, "deploy/kubernetes/certs.yaml"), "\n---\n") {
+		readShipped(t, "deploy/kubernetes/server.yaml"), "\n---\n") {
 		var obj struct {
 			Kind     string
 			Metadata struct{ Name string }
@@ -191,7 +191,7 @@ func TestKubernetesSettingsReachTheFlags(t *testing.T) {
 			Spec     struct {
 				Template struct {
 					Spec struct {
-						Containers []struct {
+						InitContainers, Containers []struct {
 							Name string
 							Args []string
 						}
@@ -205,7 +205,7 @@ func TestKubernetesSettingsReachTheFlags(t *testing.T) {
 		if obj.Kind == "ConfigMap" && obj.Metadata.Name == "weir-config" {
 			settings = obj.Data
 		}
-		for _, c := range obj.Spec.Template.Spec.Containers {
+		for _, c := range append(obj.Spec.Template.Spec.InitContainers, obj.Spec.Template.Spec.Containers...) {
 			containers[c.Name] = c.Args
 		}
 	}
@@ -261,25 +261,15 @@ func TestKubernetesSettingsReachTheFlags(t *testing.T) {
 }
 
 // TestResourcesFileFeedsPoolsAndPeers: the server started with the
-// Kubernetes manifests' resources file (the weir-resources ConfigMap's
-// content) assigns a pool address, the nodes peer with the router it
-// names, and the client reaches the service through it.
+// example resources file for Kubernetes (deploy/examples/resources.yaml,
+// the chart's resourcesFile) assigns a pool address, the nodes peer with
+// the router it names, and the client reaches the service through it.
 func TestResourcesFileFeedsPoolsAndPeers(t *testing.T) {
-	var content string
-	for l := range strings.Lines(readShipped(t, "deploy/kubernetes/config.yaml")) {
-		switch {
-		case strings.HasPrefix(l, "  resources.yaml: |"):
-			content = "\n"
-		case content != "" && strings.HasPrefix(l, "    "):
-			content += l[4:]
-		case content != "" && strings.TrimSpace(l) != "":
-			t.Fatalf("unexpected line after resources.yaml: %q", l)
-		}
-	}
-	path := filepath.Join(t.TempDir(), "resources.yaml")
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+	root, err := weirlab.ModuleRoot()
+	if err != nil {
 		t.Fatal(err)
 	}
+	path := filepath.Join(root, "deploy", "examples", "resources.yaml")
 	c, r := startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter, func(c *weirlab.Cluster) {
 		c.ServerArgs = append(c.ServerArgs, "--resources-file", path)
 	})
