@@ -213,6 +213,29 @@ func (a *Announcer) Report(full bool) *report.Report {
 	return &report.Report{Full: full, BGP: &now}
 }
 
+// Established reports whether the node announces to a router: a state
+// was applied (so the announcements were made) and at least one session is
+// established. A rollout waits for it before it stops the next node's
+// agent (see the agent's /readyz).
+func (a *Announcer) Established() bool {
+	a.mu.Lock()
+	applied := a.applied
+	a.mu.Unlock()
+	if !applied {
+		return false
+	}
+	sessions, err := a.sp.Sessions(context.Background())
+	if err != nil {
+		return false
+	}
+	for _, s := range sessions {
+		if s.State == report.BGPEstablished {
+			return true
+		}
+	}
+	return false
+}
+
 // Announced lists what is announced now.
 func (a *Announcer) Announced() map[netip.Prefix]Announcement {
 	a.mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -365,5 +366,35 @@ func TestLivezCarriesNoNodeEligible(t *testing.T) {
 		if _, has := body["healthy"]; !has {
 			t.Errorf("%s: no healthy field: %s", path, rec.Body.String())
 		}
+	}
+}
+
+func TestReadyzWaitsForTheFirstApplyAndTheGate(t *testing.T) {
+	n := NewNode(time.Minute, nil)
+	srv := httptest.NewServer(n.Handler())
+	defer srv.Close()
+	code := func() int {
+		resp, err := http.Get(srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := code(); c != http.StatusServiceUnavailable {
+		t.Errorf("before the first apply: %d, want 503", c)
+	}
+	n.Updated()
+	if c := code(); c != http.StatusOK {
+		t.Errorf("after the first apply: %d, want 200", c)
+	}
+	var gate atomic.Bool
+	n.SetReady(gate.Load)
+	if c := code(); c != http.StatusServiceUnavailable {
+		t.Errorf("with the gate shut: %d, want 503", c)
+	}
+	gate.Store(true)
+	if c := code(); c != http.StatusOK {
+		t.Errorf("with the gate open: %d, want 200", c)
 	}
 }

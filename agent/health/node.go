@@ -6,6 +6,7 @@ package health
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -24,9 +25,10 @@ type Node struct {
 	healthz *prometheus.CounterVec
 	livez   *prometheus.CounterVec
 
-	mu          sync.Mutex // guards the fields below
-	lastUpdated time.Time  // last successful apply
-	oldestQueue time.Time  // oldest update not yet applied; zero when none
+	mu          sync.Mutex  // guards the fields below
+	ready       func() bool // more that /readyz waits for; nil: nothing
+	lastUpdated time.Time   // last successful apply
+	oldestQueue time.Time   // oldest update not yet applied; zero when none
 	eligible    bool
 }
 
@@ -78,6 +80,26 @@ func (n *Node) SetEligible(eligible bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.eligible = eligible
+}
+
+// SetReady adds what /readyz waits for besides a first apply (the BGP
+// sessions, say).
+func (n *Node) SetReady(ready func() bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.ready = ready
+}
+
+// Ready reports whether a rollout may go on to the next node: a state was
+// applied, the agent is healthy, and what SetReady gave says yes. Unlike
+// /healthz (kube-proxy's, healthy from the start until an update waits too
+// long), it is false until the first apply.
+func (n *Node) Ready() bool {
+	n.mu.Lock()
+	ready := n.ready
+	n.mu.Unlock()
+	st := n.Status()
+	return st.Healthy && !st.LastUpdated.IsZero() && (ready == nil || ready())
 }
 
 // Status is the node's health right now.
@@ -134,7 +156,8 @@ type answer struct {
 	Status       map[string]familyStatus `json:"status"`
 }
 
-// Handler serves /healthz (healthy and eligible) and /livez (healthy).
+// Handler serves /healthz (healthy and eligible), /livez (healthy) and
+// /readyz (Ready).
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	serve := func(counter *prometheus.CounterVec, needEligible bool) http.HandlerFunc {
@@ -159,5 +182,12 @@ func (n *Node) Handler() http.Handler {
 	}
 	mux.Handle("/healthz", serve(n.healthz, true))
 	mux.Handle("/livez", serve(n.livez, false))
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !n.Ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
 	return mux
 }

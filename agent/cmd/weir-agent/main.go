@@ -435,6 +435,9 @@ func (a *agent) drain() error {
 	return nil
 }
 
+// bgpReadyWait bounds how long /readyz waits for a BGP session.
+const bgpReadyWait = time.Minute
+
 // announceBGP announces the node's load-balancer IPs, with --bgp-asn.
 func (a *agent) announceBGP() error {
 	if a.o.bgpASN == 0 {
@@ -468,7 +471,14 @@ func (a *agent) announceBGP() error {
 		}
 		speaker.Close()
 	})
-	a.observers = append(a.observers, bgp.NewAnnouncer(speaker, a.health.Node.Healthy, a.log.With("component", "bgp")))
+	announcer := bgp.NewAnnouncer(speaker, a.health.Node.Healthy, a.log.With("component", "bgp"))
+	a.observers = append(a.observers, announcer)
+	// Ready (/readyz) once a router hears this node, so that a rollout
+	// never stops the next node's agent while this one announces nothing;
+	// or after bgpReadyWait, so that a router that is down stalls no
+	// rollout.
+	started := time.Now()
+	a.health.Node.SetReady(func() bool { return announcer.Established() || time.Since(started) > bgpReadyWait })
 	return nil
 }
 
