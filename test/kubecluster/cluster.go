@@ -68,11 +68,12 @@ type Cluster struct {
 	Kubeconfig string
 	// Rest reaches the apiserver from the caller's process, through the
 	// control host's namespace.
-	Rest   *rest.Config
-	Client kubernetes.Interface
+	Rest *rest.Config
+	Kube kubernetes.Interface
 
 	token, caFile string
 	nodes         []*node
+	stopLogs      func()            // ends keepPodLogs and waits for its last copy
 	tunables      map[string]string // kernel tunables as found, put back by Close
 }
 
@@ -114,6 +115,16 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		}
 		c.nodes = append(c.nodes, nd)
 	}
+	logsCtx, stopLogs := context.WithCancel(context.Background())
+	logsDone := make(chan struct{})
+	go func() {
+		defer close(logsDone)
+		c.keepPodLogs(logsCtx)
+	}()
+	c.stopLogs = func() {
+		stopLogs()
+		<-logsDone
+	}
 	if err := c.waitNodesReady(ctx, 3*time.Minute); err != nil {
 		return nil, err
 	}
@@ -144,6 +155,10 @@ func (c *Cluster) images(ctx context.Context, extra []Image) ([]Image, error) {
 // (logs). Safe to call more than once.
 func (c *Cluster) Close() error {
 	var errs []error
+	if c.stopLogs != nil {
+		c.stopLogs()
+		c.stopLogs = nil
+	}
 	for _, n := range c.nodes {
 		errs = append(errs, n.stop())
 	}

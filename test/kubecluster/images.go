@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -141,4 +142,93 @@ func sortedKeys(m map[string][]byte) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// WeirImages builds Weir's server and agent images with
+// deploy/container/build-images.sh, tagged tags[0], and the same images
+// again under each further tag (an upgrade to a new tag starts new pods of
+// the same code). The build takes a minute or two.
+func WeirImages(ctx context.Context, dir string, tags ...string) ([]Image, error) {
+	if len(tags) == 0 {
+		return nil, fmt.Errorf("kubecluster: WeirImages needs a tag")
+	}
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return nil, fmt.Errorf("kubecluster: go env GOMOD: %w", err)
+	}
+	repo := filepath.Dir(strings.TrimSpace(string(out)))
+	built := filepath.Join(dir, tags[0])
+	cmd := exec.CommandContext(ctx, filepath.Join(repo, "deploy/container/build-images.sh"),
+		"--tag", tags[0], "--oci-dir", built, "--out", filepath.Join(dir, "rootfs"))
+	cmd.Dir = repo
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("kubecluster: build-images.sh: %w\n%s", err, out)
+	}
+	var images []Image
+	for _, tag := range tags {
+		for _, name := range []string{"weir-server", "weir-agent"} {
+			im := Image{Ref: "docker.io/weir/" + name + ":" + tag, Archive: filepath.Join(built, name+".tar")}
+			if tag != tags[0] {
+				if im, err = retag(im, im.Ref, filepath.Join(dir, tag)); err != nil {
+					return nil, err
+				}
+			}
+			images = append(images, im)
+		}
+	}
+	return images, nil
+}
+
+// retag writes a copy of an image archive into dir whose index names the
+// image ref instead.
+func retag(im Image, ref, dir string) (Image, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return Image{}, fmt.Errorf("kubecluster: %w", err)
+	}
+	f, err := os.Open(im.Archive)
+	if err != nil {
+		return Image{}, fmt.Errorf("kubecluster: %w", err)
+	}
+	defer f.Close()
+	files := map[string][]byte{}
+	r := tar.NewReader(f)
+	for {
+		hdr, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return Image{}, fmt.Errorf("kubecluster: read %s: %w", im.Archive, err)
+		}
+		if hdr.Typeflag != tar.TypeReg {
+			continue
+		}
+		if files[hdr.Name], err = io.ReadAll(r); err != nil {
+			return Image{}, fmt.Errorf("kubecluster: read %s: %w", im.Archive, err)
+		}
+	}
+	var index struct {
+		SchemaVersion int              `json:"schemaVersion"`
+		MediaType     string           `json:"mediaType,omitempty"`
+		Manifests     []map[string]any `json:"manifests"`
+	}
+	if err := json.Unmarshal(files["index.json"], &index); err != nil {
+		return Image{}, fmt.Errorf("kubecluster: %s: index.json: %w", im.Archive, err)
+	}
+	for _, m := range index.Manifests {
+		m["annotations"] = map[string]string{"io.containerd.image.name": ref}
+	}
+	if files["index.json"], err = json.Marshal(index); err != nil {
+		return Image{}, fmt.Errorf("kubecluster: %w", err)
+	}
+	delete(files, "manifest.json") // Docker's, naming the old tag
+	archive, err := tarOf(files, 0o644)
+	if err != nil {
+		return Image{}, err
+	}
+	out := filepath.Join(dir, filepath.Base(im.Archive))
+	if err := os.WriteFile(out, archive, 0o644); err != nil {
+		return Image{}, fmt.Errorf("kubecluster: %w", err)
+	}
+	return Image{Ref: ref, Archive: out}, nil
 }

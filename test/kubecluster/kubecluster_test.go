@@ -1,7 +1,6 @@
 package kubecluster_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -41,7 +40,7 @@ func TestClusterRunsPods(t *testing.T) {
 	if len(nodes) != 2 {
 		t.Errorf("pods on nodes %v, want both nodes (spread by the scheduler)", nodes)
 	}
-	list, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	list, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,18 +55,24 @@ func get(t *testing.T, from *lab.Netns, to netip.AddrPort) echoReply {
 	t.Helper()
 	var r echoReply
 	wait.For(t, 30*time.Second, fmt.Sprintf("GET %s from %s", to, from), func() error {
-		resp, err := from.HTTPClient(2 * time.Second).Get("http://" + to.String() + "/")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return err
-		}
-		return json.Unmarshal(b, &r)
+		var err error
+		r, err = tryGet(from, to)
+		return err
 	})
 	return r
 }
 
-var _ = context.Background
+// tryGet makes one request on a new connection.
+func tryGet(from *lab.Netns, to netip.AddrPort) (echoReply, error) {
+	var r echoReply
+	resp, err := from.HTTPClient(2 * time.Second).Get("http://" + to.String() + "/")
+	if err != nil {
+		return r, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(b, &r)
+}

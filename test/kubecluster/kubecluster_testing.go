@@ -80,7 +80,7 @@ func ApplyEcho(t testing.TB, c *Cluster, ns, name string, replicas int32, nodeSe
 			},
 		},
 	}
-	deployments := c.Client.AppsV1().Deployments(ns)
+	deployments := c.Kube.AppsV1().Deployments(ns)
 	if _, err := deployments.Create(ctx, d, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
 		_, err = deployments.Update(ctx, d, metav1.UpdateOptions{})
 		if err != nil {
@@ -97,7 +97,7 @@ func WaitPodsReady(t testing.TB, c *Cluster, ns, selector string, want int) []co
 	t.Helper()
 	var pods []corev1.Pod
 	wait.For(t, 3*time.Minute, fmt.Sprintf("%d ready pods %s in %s", want, selector, ns), func() error {
-		list, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: selector})
+		list, err := c.Kube.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return err
 		}

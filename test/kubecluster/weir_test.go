@@ -1,0 +1,509 @@
+package kubecluster_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/weirlb/weir/test/frr"
+	"github.com/weirlb/weir/test/kubecluster"
+	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/toolbin"
+	"github.com/weirlb/weir/test/wait"
+)
+
+const (
+	routerASN = 64500
+	nodeASN   = 64512
+	// The pools of the resources file the chart is given: one announced by
+	// BGP to the router, one answered by ARP on the rack LAN.
+	bgpPool = "203.0.113.10-203.0.113.19"
+	l2Pool  = "192.0.2.200-192.0.2.209"
+)
+
+// Weir installed by Helm on a real cluster as its only service proxy and
+// load balancer (no kube-proxy), and the chart's whole life under traffic:
+// install, Services of every kind answered by real pods, a pod's failing
+// readiness probe taking its endpoint out, an upgrade to new images and a
+// rollback with no failed connection through the load-balancer address,
+// and an uninstall after which no node holds anything Weir made.
+func TestWeirOnARealCluster(t *testing.T) {
+	lab.RequireRoot(t, "the cluster lab", "it runs kubelets and containerd in network namespaces",
+		"ip", "nft", "containerd", "runc", "ctr", "/usr/lib/frr/bgpd")
+	ctx := t.Context()
+	start := time.Now()
+	images, err := kubecluster.WeirImages(ctx, t.TempDir(), "lab1", "lab2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Weir's images built in %v", time.Since(start).Round(time.Second))
+	c := kubecluster.StartForTest(t, kubecluster.Config{Nodes: 2, Images: images})
+	router, err := frr.StartTemp(ctx, c.Router, frr.Config{
+		ASN: routerASN, RouterID: lab.RouterLANv4.String(),
+		ListenRanges: []string{"192.0.2.0/24"}, PeerASN: nodeASN,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { router.Close() })
+	before := nodeState(t, c)
+	helm := newHelm(t, c)
+
+	helm.run(t, append([]string{"install", "weir", chartDir(t), "--namespace", "weir-system", "--create-namespace",
+		"--wait", "--timeout", "4m"}, weirValues(c, "lab1")...)...)
+	kubecluster.ApplyEcho(t, c, "default", "echo", 2, nil)
+	pods := kubecluster.WaitPodsReady(t, c, "default", "app=echo", 2)
+	svcs := applyServices(t, c)
+
+	var lbBGP, lbL2 netip.Addr
+	t.Run("services", func(t *testing.T) {
+		clusterIP := netip.MustParseAddr(svcs["echo-clusterip"].Spec.ClusterIP)
+		nodePort := uint16(svcs["echo-nodeport"].Spec.Ports[0].NodePort)
+		lbBGP = waitLoadBalancerIP(t, c, "echo-bgp")
+		lbL2 = waitLoadBalancerIP(t, c, "echo-l2")
+		lbLocal := waitLoadBalancerIP(t, c, "echo-local")
+		// ClusterIP from both nodes, answered by both pods.
+		for _, n := range c.Nodes {
+			seeAll(t, n.Netns, netip.AddrPortFrom(clusterIP, 80), names(pods))
+		}
+		// The kubernetes Service itself, through Weir's rules: pods reach
+		// the apiserver with no kube-proxy.
+		reach(t, c.Nodes[0].Netns, netip.AddrPortFrom(netip.MustParseAddr("10.96.0.1"), 443))
+		// NodePort from the client, through the router.
+		seeAll(t, c.Client, netip.AddrPortFrom(c.Nodes[0].IPv4, nodePort), names(pods))
+		// The BGP address through the router's route to the nodes.
+		seeAll(t, c.Client, netip.AddrPortFrom(lbBGP, 80), names(pods))
+		// The L2 address from the rack LAN (the control host's side).
+		seeAll(t, c.Control, netip.AddrPortFrom(lbL2, 80), names(pods))
+		// Local traffic policy: the client's address reaches the pod.
+		r := get(t, c.Client, netip.AddrPortFrom(lbLocal, 80))
+		if !strings.HasPrefix(r.Remote, lab.ClientIPv4.String()+":") {
+			t.Errorf("externalTrafficPolicy Local: the pod saw %s, want the client %s", r.Remote, lab.ClientIPv4)
+		}
+		checkStatus(t, c, "echo-bgp")
+	})
+
+	t.Run("readiness", func(t *testing.T) {
+		// A real readiness probe failing takes the pod out end to end.
+		out := pods[0]
+		post(t, c.Nodes[0].Netns, netip.AddrPortFrom(netip.MustParseAddr(out.Status.PodIP), 8080), "/readyz?ready=false")
+		wait.For(t, 30*time.Second, "only "+pods[1].Name+" answers", func() error {
+			return onlyAnswers(c.Client, netip.AddrPortFrom(lbBGP, 80), pods[1].Name, 10)
+		})
+		post(t, c.Nodes[0].Netns, netip.AddrPortFrom(netip.MustParseAddr(out.Status.PodIP), 8080), "/readyz?ready=true")
+		seeAll(t, c.Client, netip.AddrPortFrom(lbBGP, 80), names(pods))
+	})
+
+	t.Run("upgrade and rollback under traffic", func(t *testing.T) {
+		for _, step := range []struct {
+			name string
+			args []string
+		}{
+			{"upgrade to lab2", append([]string{"upgrade", "weir", chartDir(t), "--namespace", "weir-system", "--wait", "--timeout", "4m"}, weirValues(c, "lab2")...)},
+			{"rollback to revision 1", []string{"rollback", "weir", "1", "--namespace", "weir-system", "--wait", "--timeout", "4m"}},
+		} {
+			load := startLoad(c.Client, []netip.AddrPort{netip.AddrPortFrom(lbBGP, 80), netip.AddrPortFrom(lbL2, 80)})
+			began := time.Now()
+			helm.run(t, step.args...)
+			waitRolledOut(t, c)
+			// Keep going a little after the rollout: late breakage counts.
+			time.Sleep(3 * time.Second)
+			ok, failed := load.stop()
+			t.Logf("%s: %d connections, %d failed, in %v", step.name, ok+len(failed), len(failed), time.Since(began).Round(time.Millisecond))
+			if len(failed) > 0 {
+				t.Errorf("%s: %d connections failed, first: %v", step.name, len(failed), failed[:min(5, len(failed))])
+			}
+		}
+	})
+
+	t.Run("uninstall", func(t *testing.T) {
+		helm.run(t, "uninstall", "weir", "--namespace", "weir-system", "--wait", "--timeout", "3m")
+		wait.For(t, 60*time.Second, "no Weir pod left", func() error {
+			list, err := c.Kube.CoreV1().Pods("weir-system").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return err
+			}
+			if len(list.Items) > 0 {
+				return fmt.Errorf("%d pods left", len(list.Items))
+			}
+			return nil
+		})
+		wait.For(t, 30*time.Second, "every node as before the install", func() error {
+			after := nodeState(t, c)
+			for name, b := range before {
+				if d := diff(b, after[name]); d != "" {
+					return fmt.Errorf("%s:\n%s", name, d)
+				}
+			}
+			return nil
+		})
+		for name, s := range nodeState(t, c) {
+			t.Logf("after uninstall, %s holds:\n%s", name, s)
+		}
+		wait.For(t, 30*time.Second, "no BGP session at the router", func() error {
+			n, err := router.Established(ctx)
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				return fmt.Errorf("%d sessions established", n)
+			}
+			return nil
+		})
+		if out, err := c.Router.Run(ctx, "ip", "route", "show", "203.0.113.0/24"); err != nil || strings.TrimSpace(out) != "" {
+			t.Errorf("the router still routes the pool: %q %v", out, err)
+		}
+		if _, err := c.Control.DialContext(ctxTimeout(t, 3*time.Second), "tcp", netip.AddrPortFrom(lbL2, 80).String()); err == nil {
+			t.Errorf("%s still answers after the uninstall", lbL2)
+		}
+	})
+}
+
+func chartDir(t *testing.T) string {
+	dir, err := filepath.Abs("../../deploy/helm/weir")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// weirValues are the chart's settings for the lab: the server on the
+// nodes' own addresses (no service proxy exists before Weir's agents run),
+// the apiserver's real address, BGP to the router and the two pools.
+func weirValues(c *kubecluster.Cluster, tag string) []string {
+	var servers, hosts []string
+	for _, n := range c.Nodes {
+		servers = append(servers, n.IPv4.String()+":7443")
+		hosts = append(hosts, n.IPv4.String())
+	}
+	resources := fmt.Sprintf(`kind: AddressPool
+metadata:
+  name: public
+addresses:
+- %s
+---
+kind: AddressPool
+metadata:
+  name: rack-lan
+addresses:
+- %s
+l2_advertisement: {}
+`, bgpPool, l2Pool)
+	return []string{
+		"--set", "image.tag=" + tag,
+		"--set", "server.replicas=2",
+		"--set", "server.hostNetwork=true",
+		"--set", "server.address=" + strings.Join(servers, "\\,"),
+		"--set", "server.hosts=" + strings.Join(hosts, "\\,"),
+		"--set", "kubernetesAPI=" + c.APIServer.String(),
+		"--set", "clusterCIDR=" + kubecluster.ClusterCIDR,
+		"--set", "serviceCIDR=" + kubecluster.ServiceCIDR,
+		"--set", fmt.Sprintf("bgp.asn=%d", nodeASN),
+		"--set", fmt.Sprintf("bgp.peers=%s/%d", lab.RouterLANv4, routerASN),
+		"--set-string", "resourcesFile=" + resources,
+	}
+}
+
+type helmRunner struct {
+	bin, kubeconfig string
+	ns              *lab.Netns
+}
+
+func newHelm(t *testing.T, c *kubecluster.Cluster) *helmRunner {
+	bin, err := toolbin.Helm(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &helmRunner{bin: bin, kubeconfig: c.Kubeconfig, ns: c.Control}
+}
+
+// run runs helm on the control host, where the apiserver is.
+func (h *helmRunner) run(t *testing.T, args ...string) {
+	t.Helper()
+	began := time.Now()
+	out, err := h.ns.Run(t.Context(), h.bin, append([]string{"--kubeconfig", h.kubeconfig}, args...)...)
+	if err != nil {
+		t.Fatalf("helm %s: %v", args[0], err)
+	}
+	t.Logf("helm %s: %v", args[0], time.Since(began).Round(time.Millisecond))
+	_ = out
+}
+
+func applyServices(t *testing.T, c *kubecluster.Cluster) map[string]*corev1.Service {
+	t.Helper()
+	class := "weir.dev/weir"
+	mk := func(name string, typ corev1.ServiceType, mutate func(*corev1.Service)) *corev1.Service {
+		s := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: corev1.ServiceSpec{
+				Type:     typ,
+				Selector: map[string]string{"app": "echo"},
+				Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
+			},
+		}
+		if typ == corev1.ServiceTypeLoadBalancer {
+			s.Spec.LoadBalancerClass = &class
+		}
+		if mutate != nil {
+			mutate(s)
+		}
+		return s
+	}
+	pool := func(name string) func(*corev1.Service) {
+		return func(s *corev1.Service) { s.Annotations = map[string]string{"weir.dev/address-pool": name} }
+	}
+	want := []*corev1.Service{
+		mk("echo-clusterip", corev1.ServiceTypeClusterIP, nil),
+		mk("echo-nodeport", corev1.ServiceTypeNodePort, nil),
+		mk("echo-bgp", corev1.ServiceTypeLoadBalancer, pool("public")),
+		mk("echo-l2", corev1.ServiceTypeLoadBalancer, pool("rack-lan")),
+		mk("echo-local", corev1.ServiceTypeLoadBalancer, func(s *corev1.Service) {
+			pool("public")(s)
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}),
+	}
+	got := map[string]*corev1.Service{}
+	for _, s := range want {
+		created, err := c.Kube.CoreV1().Services("default").Create(t.Context(), s, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[s.Name] = created
+	}
+	return got
+}
+
+func waitLoadBalancerIP(t *testing.T, c *kubecluster.Cluster, name string) netip.Addr {
+	t.Helper()
+	var ip netip.Addr
+	wait.For(t, 60*time.Second, "an address for "+name, func() error {
+		s, err := c.Kube.CoreV1().Services("default").Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(s.Status.LoadBalancer.Ingress) == 0 {
+			return fmt.Errorf("no ingress yet")
+		}
+		ip, err = netip.ParseAddr(s.Status.LoadBalancer.Ingress[0].IP)
+		return err
+	})
+	return ip
+}
+
+// checkStatus: what a kubectl user sees on the Service: Weir's conditions
+// and its Events.
+func checkStatus(t *testing.T, c *kubecluster.Cluster, name string) {
+	t.Helper()
+	wait.For(t, 30*time.Second, name+"'s conditions and Events", func() error {
+		s, err := c.Kube.CoreV1().Services("default").Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var conds []string
+		for _, cond := range s.Status.Conditions {
+			conds = append(conds, cond.Type+"="+string(cond.Status))
+		}
+		if !slices.Contains(conds, "weir.dev/AddressAssigned=True") && !slices.ContainsFunc(conds, func(s string) bool { return strings.HasSuffix(s, "AddressAssigned=True") }) {
+			return fmt.Errorf("conditions %v", conds)
+		}
+		events, err := c.Kube.CoreV1().Events("default").List(t.Context(), metav1.ListOptions{
+			FieldSelector: "involvedObject.kind=Service,involvedObject.name=" + name,
+		})
+		if err != nil {
+			return err
+		}
+		if len(events.Items) == 0 {
+			return fmt.Errorf("no Events on the Service")
+		}
+		return nil
+	})
+}
+
+func names(pods []corev1.Pod) []string {
+	var n []string
+	for _, p := range pods {
+		n = append(n, p.Name)
+	}
+	return n
+}
+
+// seeAll waits until every one of want has answered at to, from from.
+func seeAll(t *testing.T, from *lab.Netns, to netip.AddrPort, want []string) {
+	t.Helper()
+	seen := map[string]bool{}
+	wait.For(t, 60*time.Second, fmt.Sprintf("%v answering %s from %s", want, to, from), func() error {
+		r, err := tryGet(from, to)
+		if err != nil {
+			return err
+		}
+		seen[r.Pod] = true
+		for _, w := range want {
+			if !seen[w] {
+				return fmt.Errorf("seen %v", seen)
+			}
+		}
+		return nil
+	})
+}
+
+func reach(t *testing.T, from *lab.Netns, to netip.AddrPort) {
+	t.Helper()
+	wait.For(t, 30*time.Second, fmt.Sprintf("a TCP connection to %s from %s", to, from), func() error {
+		conn, err := from.DialContext(ctxTimeout(t, 2*time.Second), "tcp", to.String())
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	})
+}
+
+func onlyAnswers(from *lab.Netns, to netip.AddrPort, pod string, n int) error {
+	for range n {
+		r, err := tryGet(from, to)
+		if err != nil {
+			return err
+		}
+		if r.Pod != pod {
+			return fmt.Errorf("%s answered", r.Pod)
+		}
+	}
+	return nil
+}
+
+func post(t *testing.T, from *lab.Netns, to netip.AddrPort, path string) {
+	t.Helper()
+	resp, err := from.HTTPClient(3*time.Second).Post("http://"+to.String()+path, "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// load opens a new connection to each target, one request each, every
+// 20 ms, until stopped, and keeps what failed.
+type load struct {
+	stopc  chan struct{}
+	wg     sync.WaitGroup
+	ok     atomic.Int64
+	mu     sync.Mutex
+	failed []string
+}
+
+func startLoad(from *lab.Netns, targets []netip.AddrPort) *load {
+	l := &load{stopc: make(chan struct{})}
+	for _, to := range targets {
+		l.wg.Go(func() {
+			tick := time.NewTicker(20 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-l.stopc:
+					return
+				case <-tick.C:
+				}
+				if _, err := tryGet(from, to); err != nil {
+					l.mu.Lock()
+					l.failed = append(l.failed, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), to, err))
+					l.mu.Unlock()
+					continue
+				}
+				l.ok.Add(1)
+			}
+		})
+	}
+	return l
+}
+
+func (l *load) stop() (int, []string) {
+	close(l.stopc)
+	l.wg.Wait()
+	return int(l.ok.Load()), l.failed
+}
+
+// waitRolledOut waits until the server Deployment and the agent DaemonSet
+// run only their newest pods, all ready.
+func waitRolledOut(t *testing.T, c *kubecluster.Cluster) {
+	t.Helper()
+	wait.For(t, 4*time.Minute, "Weir rolled out", func() error {
+		d, err := c.Kube.AppsV1().Deployments("weir-system").Get(t.Context(), "weir-server", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if d.Status.UpdatedReplicas != *d.Spec.Replicas || d.Status.ReadyReplicas != *d.Spec.Replicas || d.Status.Replicas != *d.Spec.Replicas {
+			return fmt.Errorf("server: %d updated, %d ready, %d in all", d.Status.UpdatedReplicas, d.Status.ReadyReplicas, d.Status.Replicas)
+		}
+		ds, err := c.Kube.AppsV1().DaemonSets("weir-system").Get(t.Context(), "weir-agent", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if ds.Status.UpdatedNumberScheduled != ds.Status.DesiredNumberScheduled || ds.Status.NumberReady != ds.Status.DesiredNumberScheduled {
+			return fmt.Errorf("agents: %d updated, %d ready of %d", ds.Status.UpdatedNumberScheduled, ds.Status.NumberReady, ds.Status.DesiredNumberScheduled)
+		}
+		return nil
+	})
+}
+
+// nodeState is what each node holds that Weir could have made: nftables
+// tables, addresses, routes, links (pods' veths left out: they come and go
+// with the workload).
+func nodeState(t *testing.T, c *kubecluster.Cluster) map[string]string {
+	t.Helper()
+	state := map[string]string{}
+	for _, n := range c.Nodes {
+		var b strings.Builder
+		for _, cmd := range [][]string{
+			{"nft", "list", "tables"},
+			{"ip", "-brief", "addr"},
+			{"ip", "route"},
+			{"ip", "-6", "route"},
+			{"ip", "-brief", "link"},
+		} {
+			out, err := n.Run(t.Context(), cmd[0], cmd[1:]...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for line := range strings.Lines(out) {
+				if strings.HasPrefix(line, "veth") || strings.Contains(line, " dev veth") || strings.Contains(line, "10.244.") && strings.Contains(line, "veth") {
+					continue
+				}
+				b.WriteString(strings.Join(cmd, " ") + ": " + line)
+			}
+		}
+		state[n.Name] = b.String()
+	}
+	return state
+}
+
+func diff(before, after string) string {
+	var d []string
+	b := strings.Split(before, "\n")
+	a := strings.Split(after, "\n")
+	for _, l := range a {
+		if !slices.Contains(b, l) {
+			d = append(d, "+ "+l)
+		}
+	}
+	for _, l := range b {
+		if !slices.Contains(a, l) {
+			d = append(d, "- "+l)
+		}
+	}
+	return strings.Join(d, "\n")
+}
