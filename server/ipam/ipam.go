@@ -181,22 +181,26 @@ func (p *planner) setAsideOtherControllers(svcs []*model.Service) []*model.Servi
 	})
 }
 
+// SetOutside reports whether another load balancer set the service's
+// addresses although its class is Weir's (a class-less service, with
+// Weir the default, that another controller addressed): it holds
+// addresses, one is in none of pools, and it asks for none. They are not
+// Weir's to change, nor to report on: Weir writes nothing to it.
+func SetOutside(s *model.Service, pools []*model.AddressPool) bool {
+	return len(s.LoadBalancerIPs) > 0 && len(s.RequestedLoadBalancerIPs) == 0 &&
+		slices.ContainsFunc(s.LoadBalancerIPs, func(ip netip.Addr) bool { return inPool(pools, ip) == nil })
+}
+
 // keepHeld keeps what already holds, and reports whether it did: the
 // addresses an outside load balancer set, and valid addresses of Weir's
 // pools in status (the ones asked for, if any), free of conflicts.
 func (p *planner) keepHeld(w *want) bool {
 	s := w.svc
-	managed := len(s.LoadBalancerIPs) > 0
-	for _, ip := range s.LoadBalancerIPs {
-		if p.inPool(ip) == nil {
-			managed = false
-		}
-	}
-	if len(s.LoadBalancerIPs) > 0 && !managed && len(s.RequestedLoadBalancerIPs) == 0 {
-		// Set by an outside load balancer: not Weir's to change.
+	if SetOutside(s, p.pools) {
 		w.ips, w.reason, w.message = s.LoadBalancerIPs, s.AddressReason, s.AddressMessage
 		return true
 	}
+	managed := len(s.LoadBalancerIPs) > 0 && !slices.ContainsFunc(s.LoadBalancerIPs, func(ip netip.Addr) bool { return inPool(p.pools, ip) == nil })
 	keep := managed && (len(s.RequestedLoadBalancerIPs) == 0 || sameAddrs(s.RequestedLoadBalancerIPs, s.LoadBalancerIPs))
 	for _, ip := range s.LoadBalancerIPs {
 		if keep && (!p.shareable(ip, s) || p.reserved.Why(ip) != "") {
@@ -272,8 +276,11 @@ func changedStatus(wants []*want) []Write {
 }
 
 // inPool is the pool holding ip, or nil.
-func (p *planner) inPool(ip netip.Addr) *model.AddressPool {
-	for _, pool := range p.pools {
+func (p *planner) inPool(ip netip.Addr) *model.AddressPool { return inPool(p.pools, ip) }
+
+// inPool is the first of pools that holds ip, or nil.
+func inPool(pools []*model.AddressPool, ip netip.Addr) *model.AddressPool {
+	for _, pool := range pools {
 		for _, r := range pool.Ranges {
 			if r.Contains(ip) {
 				return pool

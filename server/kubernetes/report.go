@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/weirlb/weir/server/ipam"
 	"github.com/weirlb/weir/server/kubernetes/api/v1alpha1"
 	"github.com/weirlb/weir/server/l2owner"
 	"github.com/weirlb/weir/server/model"
@@ -190,13 +191,15 @@ func byName[T model.Object](objs []T) map[string]T {
 
 // conflictsOf are the Kubernetes services' conflicts (what the nodes
 // leave out of each, and why), for those that have some. Another
-// load-balancer controller's services are left out: Weir writes nothing
-// to them, Events included (their conflicts stay in Weir's API).
+// load-balancer controller's services are left out, and those it
+// addressed although their class is Weir's: Weir writes nothing to them,
+// Events included (their conflicts stay in Weir's API).
 func conflictsOf(v registry.View) map[string]conflict {
 	out := map[string]conflict{}
+	pools := v.Pools()
 	for _, key := range v.ServiceKeys() {
 		svc := v.Service(key)
-		if svc.Source != model.SourceKubernetes || svc.OtherController {
+		if svc.Source != model.SourceKubernetes || svc.OtherController || ipam.SetOutside(svc, pools) {
 			continue
 		}
 		var said []string
@@ -217,7 +220,8 @@ func (r *Reporter) reportAnnounced(ctx context.Context, c receive.Cluster, seen 
 	now := r.cfg.Clock.Now()
 	live := map[string]bool{}
 	for _, svc := range c.Services {
-		if svc.Source != model.SourceKubernetes || svc.Type != model.LoadBalancer || svc.OtherController || len(svc.LoadBalancerIPs) == 0 {
+		if svc.Source != model.SourceKubernetes || svc.Type != model.LoadBalancer || svc.OtherController || len(svc.LoadBalancerIPs) == 0 ||
+			ipam.SetOutside(svc, c.Pools) {
 			continue
 		}
 		key := svc.Key()

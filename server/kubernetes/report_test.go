@@ -76,6 +76,11 @@ func (f *reportFakes) roundsDone() int {
 // it only once it held for Settle in turn.
 func TestReporterTellsOnlyWhatHeldForSettle(t *testing.T) {
 	reg := registrytest.Open(t)
+	// The service's address is of Weir's pool: Weir assigned it.
+	pool, _ := model.ParseAddressRange("203.0.113.220/32")
+	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{pool}}); err != nil {
+		t.Fatal(err)
+	}
 	svc := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "web", Source: model.SourceKubernetes}, Type: model.LoadBalancer,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}},
 		ExternalTrafficPolicy: model.PolicyCluster, InternalTrafficPolicy: model.PolicyCluster,
