@@ -3,6 +3,7 @@ package kubecluster
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/weirlb/weir/test/lab"
 	"github.com/weirlb/weir/test/wait"
 )
 
@@ -129,3 +131,34 @@ func PodReady(p *corev1.Pod) bool {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// PodNetns names the network namespace of a running pod (its first
+// container's) as a lab namespace, for traffic from the pod itself.
+func PodNetns(t testing.TB, c *Cluster, pod *corev1.Pod) *lab.Netns {
+	t.Helper()
+	var pid int
+	for _, n := range c.nodes {
+		if n.Name != pod.Spec.NodeName {
+			continue
+		}
+		// cgroupfs: <node cgroup>/kubepods/<qos>/pod<uid>/<container>.
+		root := filepath.Join(cgroupRoot, "pids", n.cgroup)
+		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err != nil || pid != 0 || !d.IsDir() || !strings.Contains(path, "pod"+string(pod.UID)+"/") {
+				return nil
+			}
+			if pids := cgroupPids(path); len(pids) > 0 {
+				pid = pids[0]
+			}
+			return nil
+		})
+	}
+	if pid == 0 {
+		t.Fatalf("no process of pod %s found in its node's cgroups", pod.Name)
+	}
+	ns, err := c.Lab.Attach(t.Context(), "pod-"+pod.Name[len(pod.Name)-5:], pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,6 +79,10 @@ func TestWeirOnARealCluster(t *testing.T) {
 		for _, n := range c.Nodes {
 			seeAll(t, n.Netns, netip.AddrPortFrom(clusterIP, 80), names(pods))
 		}
+		// And from a pod: its packets reach the node's prerouting hook,
+		// not output, and the reply must find its way back.
+		from := kubecluster.PodNetns(t, c, &pods[0])
+		seeAll(t, from, netip.AddrPortFrom(clusterIP, 80), names(pods))
 		// The kubernetes Service itself, through Weir's rules: pods reach
 		// the apiserver with no kube-proxy.
 		reach(t, c.Nodes[0].Netns, netip.AddrPortFrom(netip.MustParseAddr("10.96.0.1"), 443))
@@ -106,23 +112,33 @@ func TestWeirOnARealCluster(t *testing.T) {
 	})
 
 	t.Run("upgrade and rollback under traffic", func(t *testing.T) {
-		for _, step := range []struct {
-			name string
-			args []string
-		}{
-			{"upgrade to lab2", append([]string{"upgrade", "weir", chartDir(t), "--namespace", "weir-system", "--wait", "--timeout", "4m"}, weirValues(c, "lab2")...)},
-			{"rollback to revision 1", []string{"rollback", "weir", "1", "--namespace", "weir-system", "--wait", "--timeout", "4m"}},
-		} {
-			load := startLoad(c.Client, []netip.AddrPort{netip.AddrPortFrom(lbBGP, 80), netip.AddrPortFrom(lbL2, 80)})
-			began := time.Now()
-			helm.run(t, step.args...)
-			waitRolledOut(t, c)
-			// Keep going a little after the rollout: late breakage counts.
-			time.Sleep(3 * time.Second)
-			ok, failed := load.stop()
-			t.Logf("%s: %d connections, %d failed, in %v", step.name, ok+len(failed), len(failed), time.Since(began).Round(time.Millisecond))
-			if len(failed) > 0 {
-				t.Errorf("%s: %d connections failed, first: %v", step.name, len(failed), failed[:min(5, len(failed))])
+		// WEIR_CLUSTER_CYCLES=N (default 1): the longer, opt-in run.
+		cycles := 1
+		if v := os.Getenv("WEIR_CLUSTER_CYCLES"); v != "" {
+			if cycles, err = strconv.Atoi(v); err != nil || cycles < 1 {
+				t.Fatalf("WEIR_CLUSTER_CYCLES=%q: want a count", v)
+			}
+		}
+		for cycle := range cycles {
+			for _, step := range []struct {
+				name string
+				args []string
+			}{
+				{"upgrade to lab2", append([]string{"upgrade", "weir", chartDir(t), "--namespace", "weir-system", "--wait", "--timeout", "4m"}, weirValues(c, "lab2")...)},
+				// No revision: the one before, lab1's.
+				{"rollback", []string{"rollback", "weir", "--namespace", "weir-system", "--wait", "--timeout", "4m"}},
+			} {
+				load := startLoad(c.Client, []netip.AddrPort{netip.AddrPortFrom(lbBGP, 80), netip.AddrPortFrom(lbL2, 80)})
+				began := time.Now()
+				helm.run(t, step.args...)
+				waitRolledOut(t, c)
+				// Keep going a little after the rollout: late breakage counts.
+				time.Sleep(3 * time.Second)
+				ok, failed := load.stop()
+				t.Logf("cycle %d, %s: %d connections, %d failed, in %v", cycle+1, step.name, ok+len(failed), len(failed), time.Since(began).Round(time.Millisecond))
+				if len(failed) > 0 {
+					t.Errorf("cycle %d, %s: %d connections failed, first: %v", cycle+1, step.name, len(failed), failed[:min(5, len(failed))])
+				}
 			}
 		}
 	})

@@ -201,6 +201,24 @@ func (l *Lab) netns(role string) *Netns {
 	return &Netns{Name: l.Prefix + "-" + role, lab: l}
 }
 
+// Attach names the network namespace process pid is in (one a container
+// runtime made for a pod, say) as the lab's namespace "<prefix>-<role>",
+// so tests can run and dial from it. Close removes the name (and kills
+// what still runs in the namespace).
+func (l *Lab) Attach(ctx context.Context, role string, pid int) (*Netns, error) {
+	ns := l.netns(role)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, fmt.Errorf("lab: Attach %s: lab is closed", role)
+	}
+	if out, err := exec.CommandContext(ctx, "ip", "netns", "attach", ns.Name, fmt.Sprint(pid)).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("lab: ip netns attach %s %d: %w: %s", ns.Name, pid, err, out)
+	}
+	l.created = append(l.created, ns)
+	return ns, nil
+}
+
 // Namespaces returns every namespace of the lab: client, router, control,
 // nodes, then pods.
 func (l *Lab) Namespaces() []*Netns {
