@@ -327,3 +327,49 @@ func collected(ctx context.Context, t *testing.T, dyn dynamic.Interface, mapper 
 	}
 	return len(refs) > 0
 }
+
+// TestCertificatesInitContainer: the server's init container makes the
+// Secrets owned by the server's own ServiceAccount (the one its Role
+// lets it read), and waits for exactly the folders where the server's
+// container mounts them, from Secret volumes that are optional (else the
+// pod would wait for the Secrets before running the container that
+// makes them); without the bootstrap, the volumes are required again.
+func TestCertificatesInitContainer(t *testing.T) {
+	for what, objs := range map[string]map[string]*unstructured.Unstructured{"the chart": render(t), "deploy/kubernetes": byName(manifests(t))} {
+		pod, _, _ := unstructured.NestedMap(objs["Deployment/weir-server"].Object, "spec", "template", "spec")
+		inits, _ := pod["initContainers"].([]any)
+		if len(inits) != 1 {
+			t.Errorf("%s: init containers %v; want weir-certs", what, inits)
+			continue
+		}
+		args := fmt.Sprint(inits[0].(map[string]any)["args"])
+		if want := "--owner-service-account=" + pod["serviceAccountName"].(string); !strings.Contains(args, want) {
+			t.Errorf("%s: weir-certs args %s; want %s", what, args, want)
+		}
+		optional := map[string]bool{} // volume: optional Secret
+		for _, v := range pod["volumes"].([]any) {
+			if sec, ok := v.(map[string]any)["secret"].(map[string]any); ok {
+				optional[v.(map[string]any)["name"].(string)] = sec["optional"] == true
+			}
+		}
+		var waited []string
+		for _, m := range pod["containers"].([]any)[0].(map[string]any)["volumeMounts"].([]any) {
+			m := m.(map[string]any)
+			if name := m["name"].(string); name == "tls" || name == "webhook-tls" {
+				waited = append(waited, m["mountPath"].(string))
+				if !optional[name] {
+					t.Errorf("%s: the Secret volume %s is required: the pod would never start the init container that makes it", what, name)
+				}
+			}
+		}
+		if want := "--wait-mounted=" + strings.Join(waited, ","); !strings.Contains(args, want) {
+			t.Errorf("%s: weir-certs args %s; want %s, the server container's certificate folders", what, args, want)
+		}
+	}
+	volumes, _, _ := unstructured.NestedSlice(render(t, "certificates.bootstrap=false")["Deployment/weir-server"].Object, "spec", "template", "spec", "volumes")
+	for _, v := range volumes {
+		if sec, ok := v.(map[string]any)["secret"].(map[string]any); ok && sec["optional"] != nil {
+			t.Errorf("certificates.bootstrap false: the Secret volume %v is optional; the Secrets are the operator's to make first", v)
+		}
+	}
+}
