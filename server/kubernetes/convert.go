@@ -91,10 +91,16 @@ func service(s *corev1.Service, classes Classes) *model.Service {
 	if out.Type == model.LoadBalancer {
 		setLoadBalancer(out, s, classes)
 	}
+	out.WeirStatusLeft = (out.Type != model.LoadBalancer || out.OtherController) && hasWeirCondition(s.Status.Conditions)
 	if d := s.Spec.TrafficDistribution; d != nil && (*d == corev1.ServiceTrafficDistributionPreferClose || *d == "PreferSameZone") {
 		out.PreferClose = true
 	}
 	return out
+}
+
+// hasWeirCondition reports whether conditions hold one of Weir's.
+func hasWeirCondition(conditions []metav1.Condition) bool {
+	return slices.ContainsFunc(conditions, func(c metav1.Condition) bool { return slices.Contains(weirConditions, c.Type) })
 }
 
 func serviceType(t corev1.ServiceType) model.ServiceType {

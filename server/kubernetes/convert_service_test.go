@@ -124,7 +124,7 @@ func TestServiceConversion(t *testing.T) {
 		}), Classes{Class: DefaultLoadBalancerClass, Default: true}, func(s *corev1.Service) *model.Service {
 			return out(s, model.LoadBalancer, func(m *model.Service) { m.RequestedLoadBalancerIPs = ip("203.0.113.99") })
 		}},
-		{"another controller's LoadBalancer service keeps no reason", in(corev1.ServiceTypeLoadBalancer, func(s *corev1.Service) {
+		{"another controller's LoadBalancer service keeps no reason, and Weir's condition left on it is to go", in(corev1.ServiceTypeLoadBalancer, func(s *corev1.Service) {
 			s.Annotations = map[string]string{"metallb.universe.tf/loadBalancerIPs": "203.0.113.3", "metallb.io/address-pool": "new"}
 			s.Status.Conditions = []metav1.Condition{{Type: ConditionAddressAssigned, Status: metav1.ConditionFalse, Reason: "PoolExhausted"}}
 		}), weirs, func(s *corev1.Service) *model.Service {
@@ -132,7 +132,21 @@ func TestServiceConversion(t *testing.T) {
 				m.RequestedLoadBalancerIPs = ip("203.0.113.3")
 				m.AddressPool = "new"
 				m.OtherController = true
+				m.WeirStatusLeft = true
 			})
+		}},
+		{"a ClusterIP service that was Weir's: its Weir condition is to go, another's stays", in(corev1.ServiceTypeClusterIP, func(s *corev1.Service) {
+			s.Status.Conditions = []metav1.Condition{{Type: "example.com/Ready"}, {Type: ConditionAnnounced, Status: metav1.ConditionTrue}}
+		}), weirs, func(s *corev1.Service) *model.Service {
+			return out(s, model.ClusterIP, func(m *model.Service) {
+				m.Ports[0].NodePort, m.Ports[1].NodePort = 0, 0
+				m.WeirStatusLeft = true
+			})
+		}},
+		{"a ClusterIP service with another's condition only", in(corev1.ServiceTypeClusterIP, func(s *corev1.Service) {
+			s.Status.Conditions = []metav1.Condition{{Type: "example.com/Ready"}}
+		}), weirs, func(s *corev1.Service) *model.Service {
+			return out(s, model.ClusterIP, func(m *model.Service) { m.Ports[0].NodePort, m.Ports[1].NodePort = 0, 0 })
 		}},
 	} {
 		if diff := cmp.Diff(tc.want(tc.svc), service(tc.svc, tc.classes), cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{})); diff != "" {

@@ -143,3 +143,87 @@ func nothingWrittenOnTheirs(t *testing.T, classes kubernetes.Classes, a, b strin
 		}
 	}
 }
+
+// TestWeirsConditionsLeaveWithTheService: a Service Weir addressed, moved
+// away (to ClusterIP, then to another controller's class, as a move to
+// MetalLB goes), loses Weir's conditions: its status says nothing of Weir
+// once it is not Weir's.
+func TestWeirsConditionsLeaveWithTheService(t *testing.T) {
+	_, kc := startCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg := registrytest.Open(t)
+	r, _ := model.ParseAddressRange("203.0.113.200/30")
+	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr(kubernetes.DefaultLoadBalancerClass),
+			Ports: []corev1.ServicePort{{Port: 80}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	writer := kubernetes.StatusWriter{Client: kc, Log: slog.New(slog.DiscardHandler)}
+	src, err := kubernetes.New(kubernetes.Config{Classes: kubernetes.Classes{Class: kubernetes.DefaultLoadBalancerClass}}, kc, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := ipam.New(reg, map[string]ipam.Writer{model.SourceKubernetes: writer}, nil)
+	reporter := kubernetes.NewReporter(kubernetes.ReporterConfig{Registry: reg, Status: noNodes{}, Services: writer, Custom: src,
+		Period: 50 * time.Millisecond, Settle: 100 * time.Millisecond})
+	done := make(chan struct{}, 3)
+	go func() { src.Run(ctx); done <- struct{}{} }()
+	go func() { alloc.Run(ctx); done <- struct{}{} }()
+	go func() { reporter.Run(ctx); done <- struct{}{} }()
+	defer func() { cancel(); <-done; <-done; <-done }()
+
+	conditions := func() ([]string, error) {
+		got, err := kc.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, c := range got.Status.Conditions {
+			out = append(out, c.Type)
+		}
+		return out, nil
+	}
+	eventually(t, "Weir's conditions on its Service", func() error {
+		got, err := conditions()
+		if err == nil && len(got) != 2 {
+			err = fmt.Errorf("conditions %v", got)
+		}
+		return err
+	})
+	move := func(typ corev1.ServiceType, class *string) {
+		t.Helper()
+		s, err := kc.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Spec.Type, s.Spec.LoadBalancerClass = typ, class
+		if typ == corev1.ServiceTypeClusterIP {
+			for i := range s.Spec.Ports {
+				s.Spec.Ports[i].NodePort = 0
+			}
+			s.Spec.ExternalTrafficPolicy, s.Spec.AllocateLoadBalancerNodePorts = "", nil
+		}
+		if _, err := kc.CoreV1().Services("default").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	move(corev1.ServiceTypeClusterIP, nil)
+	eventually(t, "no Weir condition on the ClusterIP Service", func() error {
+		got, err := conditions()
+		if err == nil && len(got) != 0 {
+			err = fmt.Errorf("conditions %v", got)
+		}
+		return err
+	})
+	move(corev1.ServiceTypeLoadBalancer, ptr("metallb.io/metallb"))
+	time.Sleep(time.Second) // rounds of the allocator and the reporter
+	if got, err := conditions(); err != nil || len(got) != 0 {
+		t.Errorf("another controller's Service has conditions %v (%v)", got, err)
+	}
+}

@@ -52,6 +52,7 @@ type L2Owners interface {
 type ServiceReports interface {
 	WriteAnnounced(ctx context.Context, svc *model.Service, a Announcement) error
 	WriteConflict(ctx context.Context, svc *model.Service, message string) error
+	ClearConditions(ctx context.Context, svc *model.Service) error
 }
 
 // CustomResources are Weir's custom resources as the cluster has them
@@ -150,6 +151,18 @@ func (r *Reporter) round(ctx context.Context, t *told) {
 	r.reportAnnounced(ctx, s.cluster, t.announced)
 	r.reportCustomResources(ctx, s)
 	r.reportConflicts(ctx, s.conflicts, t.conflicts)
+	r.clearLeftStatus(ctx, s.left)
+}
+
+// clearLeftStatus removes Weir's conditions from the services that are no
+// longer Weir's: a service moved to another controller, or no longer a
+// LoadBalancer, says nothing of Weir.
+func (r *Reporter) clearLeftStatus(ctx context.Context, left []*model.Service) {
+	for _, svc := range left {
+		if err := r.cfg.Services.ClearConditions(ctx, svc); err != nil {
+			r.cfg.Log.Warn("a service that is no longer Weir's keeps Weir's conditions", "service", svc.Key(), "error", err)
+		}
+	}
 }
 
 // snapshot is what one round reads of the cluster.
@@ -160,6 +173,9 @@ type snapshot struct {
 	// conflicts are the Kubernetes services that have some, with what
 	// they say.
 	conflicts map[string]conflict
+	// left are the Kubernetes services no longer Weir's whose status
+	// still carries Weir's conditions.
+	left []*model.Service
 }
 
 type conflict struct {
@@ -176,6 +192,11 @@ func (r *Reporter) read() snapshot {
 		s.pools = byName(s.cluster.Pools)
 		s.peers = byName(v.Peers())
 		s.conflicts = conflictsOf(v)
+		for _, key := range v.ServiceKeys() {
+			if svc := v.Service(key); svc.Source == model.SourceKubernetes && svc.WeirStatusLeft {
+				s.left = append(s.left, svc)
+			}
+		}
 	})
 	return s
 }

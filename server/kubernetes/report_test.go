@@ -50,6 +50,7 @@ func (f *reportFakes) WriteAnnounced(_ context.Context, _ *model.Service, a Anno
 }
 
 func (f *reportFakes) WriteConflict(context.Context, *model.Service, string) error { return nil }
+func (f *reportFakes) ClearConditions(context.Context, *model.Service) error       { return nil }
 
 func (f *reportFakes) CustomPools() []*v1alpha1.WeirAddressPool  { return nil }
 func (f *reportFakes) CustomPeers() []*v1alpha1.WeirBGPPeer      { return nil }

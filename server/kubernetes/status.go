@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -49,6 +50,9 @@ const (
 	// receives its traffic; False (NotAnnounced) when one has none.
 	ConditionAnnounced = "weir.dev/Announced"
 )
+
+// weirConditions are the condition types Weir writes on a Service.
+var weirConditions = []string{ConditionAddressAssigned, ConditionAnnounced}
 
 // ReportingController names Weir in the Events it records.
 const ReportingController = "weir.dev/weir-server"
@@ -180,6 +184,38 @@ func (w StatusWriter) WriteAnnounced(ctx context.Context, svc *model.Service, a 
 		} else {
 			w.Events.Eventf(updated, nil, corev1.EventTypeNormal, EventAnnounced, "Announce", "%s", note(cond.Message))
 		}
+	}
+	return nil
+}
+
+// ClearConditions removes Weir's conditions from a service that is no
+// longer Weir's (another controller's, or no longer a LoadBalancer), so
+// that its status says nothing of Weir.
+func (w StatusWriter) ClearConditions(ctx context.Context, svc *model.Service) error {
+	cur, err := w.Client.CoreV1().Services(svc.Namespace).Get(ctx, svc.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	// Said already, or Weir's again since the registry saw it.
+	if !hasWeirCondition(cur.Status.Conditions) || cur.Spec.Type == corev1.ServiceTypeLoadBalancer && !svc.OtherController {
+		return nil
+	}
+	var del []map[string]string
+	for _, t := range weirConditions {
+		del = append(del, map[string]string{"type": t, "$patch": "delete"})
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": cur.UID}, // fails rather than patch a new service of the same name
+		"status":   map[string]any{"conditions": del},
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := w.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing Weir's conditions: %w", err)
 	}
 	return nil
 }

@@ -108,6 +108,10 @@ type Service struct {
 	// nodes forward its load-balancer IPs all the same, as kube-proxy
 	// does for any controller's.
 	OtherController bool `json:"otherController,omitempty"`
+	// WeirStatusLeft (Kubernetes): the service is not Weir's (another
+	// controller's, or no longer a LoadBalancer) but its status still
+	// carries Weir's conditions, from when it was: the leader removes them.
+	WeirStatusLeft bool `json:"weirStatusLeft,omitempty"`
 	// AddressReason and AddressMessage say why no address could be
 	// assigned (status).
 	AddressReason  string `json:"addressReason,omitempty"`
