@@ -38,11 +38,36 @@ const (
 // load balancer (no kube-proxy), and the chart's whole life under traffic:
 // install, Services of every kind answered by real pods, a pod's failing
 // readiness probe taking its endpoint out, an upgrade to new images and a
-// rollback with no failed connection through the load-balancer address,
-// and an uninstall after which no node holds anything Weir made.
+// rollback with every connection through the load-balancer addresses
+// counted, and an uninstall after which no node holds anything Weir made.
 func TestWeirOnARealCluster(t *testing.T) {
 	lab.RequireRoot(t, "the cluster lab", "it runs kubelets and containerd in network namespaces",
 		"ip", "nft", "containerd", "runc", "ctr", "/usr/lib/frr/bgpd")
+	l := install(t)
+	t.Run("services", l.services)
+	if t.Failed() {
+		return // the rest needs the addresses
+	}
+	t.Run("readiness", l.readiness)
+	t.Run("upgrade and rollback under traffic", l.upgradeAndRollback)
+	t.Run("uninstall", l.uninstall)
+}
+
+// life is the cluster Weir lives in, from its install on.
+type life struct {
+	c      *kubecluster.Cluster
+	router *frr.Router
+	helm   *helmRunner
+	before map[string]string // what each node held before the install
+	pods   []corev1.Pod
+	svcs   map[string]*corev1.Service
+	// The load-balancer addresses, once assigned (services).
+	lbBGP, lbL2 netip.Addr
+}
+
+// install builds the images and the cluster, starts the router, installs
+// Weir with Helm and the echo workload behind its Services.
+func install(t *testing.T) *life {
 	ctx := t.Context()
 	start := time.Now()
 	images, err := kubecluster.WeirImages(ctx, t.TempDir(), "lab1", "lab2")
@@ -50,143 +75,156 @@ func TestWeirOnARealCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("Weir's images built in %v", time.Since(start).Round(time.Second))
-	c := kubecluster.StartForTest(t, kubecluster.Config{Nodes: 2, Images: images})
-	router, err := frr.StartTemp(ctx, c.Router, frr.Config{
+	l := &life{c: kubecluster.StartForTest(t, kubecluster.Config{Nodes: 2, Images: images})}
+	l.router, err = frr.StartTemp(ctx, l.c.Router, frr.Config{
 		ASN: routerASN, RouterID: lab.RouterLANv4.String(),
 		ListenRanges: []string{"192.0.2.0/24"}, PeerASN: nodeASN,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { router.Close() })
-	before := nodeState(t, c)
-	helm := newHelm(t, c)
+	t.Cleanup(func() { l.router.Close() })
+	l.before = nodeState(t, l.c)
+	l.helm = newHelm(t, l.c)
+	l.helm.run(t, append([]string{"install", "weir", chartDir(t), "--namespace", "weir-system", "--create-namespace",
+		"--wait", "--timeout", "4m"}, weirValues(l.c, "lab1")...)...)
+	kubecluster.ApplyEcho(t, l.c, "default", "echo", 2, nil)
+	l.pods = kubecluster.WaitPodsReady(t, l.c, "default", "app=echo", 2)
+	l.svcs = applyServices(t, l.c)
+	return l
+}
 
-	helm.run(t, append([]string{"install", "weir", chartDir(t), "--namespace", "weir-system", "--create-namespace",
-		"--wait", "--timeout", "4m"}, weirValues(c, "lab1")...)...)
-	kubecluster.ApplyEcho(t, c, "default", "echo", 2, nil)
-	pods := kubecluster.WaitPodsReady(t, c, "default", "app=echo", 2)
-	svcs := applyServices(t, c)
+// services: every kind of Service, from where its users are, answered by
+// both pods.
+func (l *life) services(t *testing.T) {
+	c, pods := l.c, names(l.pods)
+	clusterIP := netip.MustParseAddr(l.svcs["echo-clusterip"].Spec.ClusterIP)
+	nodePort := uint16(l.svcs["echo-nodeport"].Spec.Ports[0].NodePort)
+	l.lbBGP = waitLoadBalancerIP(t, c, "echo-bgp")
+	l.lbL2 = waitLoadBalancerIP(t, c, "echo-l2")
+	lbLocal := waitLoadBalancerIP(t, c, "echo-local")
+	// ClusterIP from both nodes.
+	for _, n := range c.Nodes {
+		seeAll(t, n.Netns, netip.AddrPortFrom(clusterIP, 80), pods)
+	}
+	// And from a pod: its packets reach the node's prerouting hook, not
+	// output, and the reply must find its way back.
+	seeAll(t, kubecluster.PodNetns(t, c, &l.pods[0]), netip.AddrPortFrom(clusterIP, 80), pods)
+	// The kubernetes Service itself, through Weir's rules: pods reach the
+	// apiserver with no kube-proxy.
+	reach(t, c.Nodes[0].Netns, netip.AddrPortFrom(netip.MustParseAddr("10.96.0.1"), 443))
+	// NodePort from the client, through the router.
+	seeAll(t, c.Client, netip.AddrPortFrom(c.Nodes[0].IPv4, nodePort), pods)
+	// The BGP address through the router's route to the nodes.
+	seeAll(t, c.Client, netip.AddrPortFrom(l.lbBGP, 80), pods)
+	// The L2 address from the rack LAN (the control host's side).
+	seeAll(t, c.Control, netip.AddrPortFrom(l.lbL2, 80), pods)
+	// Local traffic policy: the client's address reaches the pod.
+	r := get(t, c.Client, netip.AddrPortFrom(lbLocal, 80))
+	if !strings.HasPrefix(r.Remote, lab.ClientIPv4.String()+":") {
+		t.Errorf("externalTrafficPolicy Local: the pod saw %s, want the client %s", r.Remote, lab.ClientIPv4)
+	}
+	checkStatus(t, c, "echo-bgp")
+}
 
-	var lbBGP, lbL2 netip.Addr
-	t.Run("services", func(t *testing.T) {
-		clusterIP := netip.MustParseAddr(svcs["echo-clusterip"].Spec.ClusterIP)
-		nodePort := uint16(svcs["echo-nodeport"].Spec.Ports[0].NodePort)
-		lbBGP = waitLoadBalancerIP(t, c, "echo-bgp")
-		lbL2 = waitLoadBalancerIP(t, c, "echo-l2")
-		lbLocal := waitLoadBalancerIP(t, c, "echo-local")
-		// ClusterIP from both nodes, answered by both pods.
-		for _, n := range c.Nodes {
-			seeAll(t, n.Netns, netip.AddrPortFrom(clusterIP, 80), names(pods))
-		}
-		// And from a pod: its packets reach the node's prerouting hook,
-		// not output, and the reply must find its way back.
-		from := kubecluster.PodNetns(t, c, &pods[0])
-		seeAll(t, from, netip.AddrPortFrom(clusterIP, 80), names(pods))
-		// The kubernetes Service itself, through Weir's rules: pods reach
-		// the apiserver with no kube-proxy.
-		reach(t, c.Nodes[0].Netns, netip.AddrPortFrom(netip.MustParseAddr("10.96.0.1"), 443))
-		// NodePort from the client, through the router.
-		seeAll(t, c.Client, netip.AddrPortFrom(c.Nodes[0].IPv4, nodePort), names(pods))
-		// The BGP address through the router's route to the nodes.
-		seeAll(t, c.Client, netip.AddrPortFrom(lbBGP, 80), names(pods))
-		// The L2 address from the rack LAN (the control host's side).
-		seeAll(t, c.Control, netip.AddrPortFrom(lbL2, 80), names(pods))
-		// Local traffic policy: the client's address reaches the pod.
-		r := get(t, c.Client, netip.AddrPortFrom(lbLocal, 80))
-		if !strings.HasPrefix(r.Remote, lab.ClientIPv4.String()+":") {
-			t.Errorf("externalTrafficPolicy Local: the pod saw %s, want the client %s", r.Remote, lab.ClientIPv4)
-		}
-		checkStatus(t, c, "echo-bgp")
+// readiness: a real readiness probe failing takes the pod out end to end,
+// and passing again brings it back.
+func (l *life) readiness(t *testing.T) {
+	out, in := l.pods[0], l.pods[1]
+	probe := netip.AddrPortFrom(netip.MustParseAddr(out.Status.PodIP), 8080)
+	post(t, l.c.Nodes[0].Netns, probe, "/readyz?ready=false")
+	wait.For(t, 30*time.Second, "only "+in.Name+" answers", func() error {
+		return onlyAnswers(l.c.Client, netip.AddrPortFrom(l.lbBGP, 80), in.Name, 10)
 	})
+	post(t, l.c.Nodes[0].Netns, probe, "/readyz?ready=true")
+	seeAll(t, l.c.Client, netip.AddrPortFrom(l.lbBGP, 80), names(l.pods))
+}
 
-	t.Run("readiness", func(t *testing.T) {
-		// A real readiness probe failing takes the pod out end to end.
-		out := pods[0]
-		post(t, c.Nodes[0].Netns, netip.AddrPortFrom(netip.MustParseAddr(out.Status.PodIP), 8080), "/readyz?ready=false")
-		wait.For(t, 30*time.Second, "only "+pods[1].Name+" answers", func() error {
-			return onlyAnswers(c.Client, netip.AddrPortFrom(lbBGP, 80), pods[1].Name, 10)
-		})
-		post(t, c.Nodes[0].Netns, netip.AddrPortFrom(netip.MustParseAddr(out.Status.PodIP), 8080), "/readyz?ready=true")
-		seeAll(t, c.Client, netip.AddrPortFrom(lbBGP, 80), names(pods))
-	})
+// upgradeAndRollback: helm upgrade to other image tags, then helm
+// rollback, each with a new connection to each load-balancer address
+// every 20 ms from the client, counted. WEIR_CLUSTER_CYCLES=N (default
+// 1) repeats both: the longer, opt-in run.
+func (l *life) upgradeAndRollback(t *testing.T) {
+	cycles := 1
+	if v := os.Getenv("WEIR_CLUSTER_CYCLES"); v != "" {
+		var err error
+		if cycles, err = strconv.Atoi(v); err != nil || cycles < 1 {
+			t.Fatalf("WEIR_CLUSTER_CYCLES=%q: want a count", v)
+		}
+	}
+	steps := []struct {
+		name string
+		args []string
+	}{
+		{"upgrade to lab2", append([]string{"upgrade", "weir", chartDir(t), "--namespace", "weir-system", "--wait", "--timeout", "4m"}, weirValues(l.c, "lab2")...)},
+		// No revision: the one before, lab1's.
+		{"rollback", []string{"rollback", "weir", "--namespace", "weir-system", "--wait", "--timeout", "4m"}},
+	}
+	targets := []netip.AddrPort{netip.AddrPortFrom(l.lbBGP, 80), netip.AddrPortFrom(l.lbL2, 80)}
+	for cycle := range cycles {
+		for _, step := range steps {
+			name := fmt.Sprintf("cycle %d, %s", cycle+1, step.name)
+			load := startLoad(l.c.Client, targets)
+			began := time.Now()
+			l.helm.run(t, step.args...)
+			waitRolledOut(t, l.c)
+			// Keep going a little after the rollout: late breakage counts.
+			time.Sleep(3 * time.Second)
+			ok, failed := load.stop()
+			t.Logf("%s: %d connections, %d failed, in %v", name, ok+len(failed), len(failed), time.Since(began).Round(time.Millisecond))
+			for _, f := range failed {
+				t.Logf("%s: failed: %s", name, f)
+			}
+			if err := withinOneBlip(failed); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		}
+	}
+}
 
-	t.Run("upgrade and rollback under traffic", func(t *testing.T) {
-		// WEIR_CLUSTER_CYCLES=N (default 1): the longer, opt-in run.
-		cycles := 1
-		if v := os.Getenv("WEIR_CLUSTER_CYCLES"); v != "" {
-			if cycles, err = strconv.Atoi(v); err != nil || cycles < 1 {
-				t.Fatalf("WEIR_CLUSTER_CYCLES=%q: want a count", v)
-			}
+// uninstall: after helm uninstall no node holds anything Weir made, no
+// router hears of Weir and the L2 address answers nothing.
+func (l *life) uninstall(t *testing.T) {
+	ctx, c := t.Context(), l.c
+	l.helm.run(t, "uninstall", "weir", "--namespace", "weir-system", "--wait", "--timeout", "3m")
+	wait.For(t, 60*time.Second, "no Weir pod left", func() error {
+		list, err := c.Kube.CoreV1().Pods("weir-system").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
 		}
-		for cycle := range cycles {
-			for _, step := range []struct {
-				name string
-				args []string
-			}{
-				{"upgrade to lab2", append([]string{"upgrade", "weir", chartDir(t), "--namespace", "weir-system", "--wait", "--timeout", "4m"}, weirValues(c, "lab2")...)},
-				// No revision: the one before, lab1's.
-				{"rollback", []string{"rollback", "weir", "--namespace", "weir-system", "--wait", "--timeout", "4m"}},
-			} {
-				load := startLoad(c.Client, []netip.AddrPort{netip.AddrPortFrom(lbBGP, 80), netip.AddrPortFrom(lbL2, 80)})
-				began := time.Now()
-				helm.run(t, step.args...)
-				waitRolledOut(t, c)
-				// Keep going a little after the rollout: late breakage counts.
-				time.Sleep(3 * time.Second)
-				ok, failed := load.stop()
-				t.Logf("cycle %d, %s: %d connections, %d failed, in %v", cycle+1, step.name, ok+len(failed), len(failed), time.Since(began).Round(time.Millisecond))
-				for _, f := range failed {
-					t.Logf("cycle %d, %s: failed: %s", cycle+1, step.name, f)
-				}
-				if err := withinOneBlip(failed); err != nil {
-					t.Errorf("cycle %d, %s: %v", cycle+1, step.name, err)
-				}
-			}
+		if len(list.Items) > 0 {
+			return fmt.Errorf("%d pods left", len(list.Items))
 		}
+		return nil
 	})
-
-	t.Run("uninstall", func(t *testing.T) {
-		helm.run(t, "uninstall", "weir", "--namespace", "weir-system", "--wait", "--timeout", "3m")
-		wait.For(t, 60*time.Second, "no Weir pod left", func() error {
-			list, err := c.Kube.CoreV1().Pods("weir-system").List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return err
+	wait.For(t, 30*time.Second, "every node as before the install", func() error {
+		after := nodeState(t, c)
+		for name, b := range l.before {
+			if d := diff(b, after[name]); d != "" {
+				return fmt.Errorf("%s:\n%s", name, d)
 			}
-			if len(list.Items) > 0 {
-				return fmt.Errorf("%d pods left", len(list.Items))
-			}
-			return nil
-		})
-		wait.For(t, 30*time.Second, "every node as before the install", func() error {
-			after := nodeState(t, c)
-			for name, b := range before {
-				if d := diff(b, after[name]); d != "" {
-					return fmt.Errorf("%s:\n%s", name, d)
-				}
-			}
-			return nil
-		})
-		for name, s := range nodeState(t, c) {
-			t.Logf("after uninstall, %s holds:\n%s", name, s)
 		}
-		wait.For(t, 30*time.Second, "no BGP session at the router", func() error {
-			n, err := router.Established(ctx)
-			if err != nil {
-				return err
-			}
-			if n > 0 {
-				return fmt.Errorf("%d sessions established", n)
-			}
-			return nil
-		})
-		if out, err := c.Router.Run(ctx, "ip", "route", "show", "203.0.113.0/24"); err != nil || strings.TrimSpace(out) != "" {
-			t.Errorf("the router still routes the pool: %q %v", out, err)
-		}
-		if _, err := c.Control.DialContext(ctxTimeout(t, 3*time.Second), "tcp", netip.AddrPortFrom(lbL2, 80).String()); err == nil {
-			t.Errorf("%s still answers after the uninstall", lbL2)
-		}
+		return nil
 	})
+	for name, s := range nodeState(t, c) {
+		t.Logf("after uninstall, %s holds:\n%s", name, s)
+	}
+	wait.For(t, 30*time.Second, "no BGP session at the router", func() error {
+		n, err := l.router.Established(ctx)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			return fmt.Errorf("%d sessions established", n)
+		}
+		return nil
+	})
+	if out, err := c.Router.Run(ctx, "ip", "route", "show", "203.0.113.0/24"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("the router still routes the pool: %q %v", out, err)
+	}
+	if _, err := c.Control.DialContext(ctxTimeout(t, 3*time.Second), "tcp", netip.AddrPortFrom(l.lbL2, 80).String()); err == nil {
+		t.Errorf("%s still answers after the uninstall", l.lbL2)
+	}
 }
 
 func chartDir(t *testing.T) string {
