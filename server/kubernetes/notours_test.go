@@ -9,11 +9,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientset "k8s.io/client-go/kubernetes"
 
 	"github.com/weirlb/weir/server/ipam"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/observed"
+	"github.com/weirlb/weir/server/registry"
 	"github.com/weirlb/weir/server/registry/registrytest"
 )
 
@@ -76,18 +78,7 @@ func nothingWrittenOnTheirs(t *testing.T, classes kubernetes.Classes, a, b strin
 		t.Fatal(err)
 	}
 	writer := kubernetes.StatusWriter{Client: kc, Events: recorder, Log: slog.New(slog.DiscardHandler)}
-	src, err := kubernetes.New(kubernetes.Config{Classes: classes}, kc, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	alloc := ipam.New(reg, map[string]ipam.Writer{model.SourceKubernetes: writer}, nil)
-	reporter := kubernetes.NewReporter(kubernetes.ReporterConfig{Registry: reg, Status: noNodes{}, Services: writer, Custom: src,
-		Period: 50 * time.Millisecond, Settle: 100 * time.Millisecond})
-	done := make(chan struct{}, 3)
-	go func() { src.Run(ctx); done <- struct{}{} }()
-	go func() { alloc.Run(ctx); done <- struct{}{} }()
-	go func() { reporter.Run(ctx); done <- struct{}{} }()
-	defer func() { cancel(); <-done; <-done; <-done }()
+	defer runLeader(t, ctx, cancel, kc, reg, classes, writer)()
 
 	// The writers work: Weir's own Service is told what Weir did.
 	regarding := func(name string) ([]string, error) {
@@ -165,18 +156,7 @@ func TestWeirsConditionsLeaveWithTheService(t *testing.T) {
 		t.Fatal(err)
 	}
 	writer := kubernetes.StatusWriter{Client: kc, Log: slog.New(slog.DiscardHandler)}
-	src, err := kubernetes.New(kubernetes.Config{Classes: kubernetes.Classes{Class: kubernetes.DefaultLoadBalancerClass}}, kc, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	alloc := ipam.New(reg, map[string]ipam.Writer{model.SourceKubernetes: writer}, nil)
-	reporter := kubernetes.NewReporter(kubernetes.ReporterConfig{Registry: reg, Status: noNodes{}, Services: writer, Custom: src,
-		Period: 50 * time.Millisecond, Settle: 100 * time.Millisecond})
-	done := make(chan struct{}, 3)
-	go func() { src.Run(ctx); done <- struct{}{} }()
-	go func() { alloc.Run(ctx); done <- struct{}{} }()
-	go func() { reporter.Run(ctx); done <- struct{}{} }()
-	defer func() { cancel(); <-done; <-done; <-done }()
+	defer runLeader(t, ctx, cancel, kc, reg, kubernetes.Classes{Class: kubernetes.DefaultLoadBalancerClass}, writer)()
 
 	conditions := func() ([]string, error) {
 		got, err := kc.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
@@ -226,4 +206,23 @@ func TestWeirsConditionsLeaveWithTheService(t *testing.T) {
 	if got, err := conditions(); err != nil || len(got) != 0 {
 		t.Errorf("another controller's Service has conditions %v (%v)", got, err)
 	}
+}
+
+// runLeader runs what a leading server runs for Kubernetes services (the
+// source, the allocator and the reporter, writing through writer) until
+// the returned stop, which cancels ctx and waits for all three.
+func runLeader(t *testing.T, ctx context.Context, cancel func(), kc clientset.Interface, reg *registry.Registry, classes kubernetes.Classes, writer kubernetes.StatusWriter) (stop func()) {
+	t.Helper()
+	src, err := kubernetes.New(kubernetes.Config{Classes: classes}, kc, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := ipam.New(reg, map[string]ipam.Writer{model.SourceKubernetes: writer}, nil)
+	reporter := kubernetes.NewReporter(kubernetes.ReporterConfig{Registry: reg, Status: noNodes{}, Services: writer, Custom: src,
+		Period: 50 * time.Millisecond, Settle: 100 * time.Millisecond})
+	done := make(chan struct{}, 3)
+	go func() { src.Run(ctx); done <- struct{}{} }()
+	go func() { alloc.Run(ctx); done <- struct{}{} }()
+	go func() { reporter.Run(ctx); done <- struct{}{} }()
+	return func() { cancel(); <-done; <-done; <-done }
 }
