@@ -18,23 +18,31 @@ func (a *app) convertCmd() *cobra.Command {
 	}
 	var files []string
 	var to, namespace string
+	var allowDrops bool
 	mlb := &cobra.Command{
 		Use:   "metallb -f FILE",
 		Short: "Turn MetalLB's resources into Weir's address pools and BGP peers",
 		Long: fmt.Sprintf(`Turn MetalLB's resources (metallb.io IPAddressPool, BGPAdvertisement,
-L2Advertisement, BGPPeer, Community; e.g. the output of
-kubectl get ipaddresspools.metallb.io,bgpadvertisements.metallb.io,l2advertisements.metallb.io,bgppeers.metallb.io,communities.metallb.io -A -o yaml
-split into documents, or the files they were applied from) into Weir's
+L2Advertisement, BGPPeer, Community, BFDProfile: the output of
+kubectl get ipaddresspools.metallb.io,bgpadvertisements.metallb.io,l2advertisements.metallb.io,bgppeers.metallb.io,communities.metallb.io,bfdprofiles.metallb.io -n metallb-system -o yaml
+as it is, a List, or the files they were applied from) into Weir's
 address pools and BGP peers: lbctl's documents (--to resources, for lbctl
 apply -f or a resources file) or Weir's Kubernetes custom resources (--to
-crds, for kubectl apply -f; a peer's password becomes a Secret). What Weir
-does not do as MetalLB did is listed at the top of the output as comments,
-and on standard error: nothing is dropped silently. Nothing is sent to the
-server.
+crds, for kubectl apply -f; a peer's password becomes a Secret, its
+passwordSecret the Secret it names).
 
-The input is read strictly, never the last one winning: a key said twice
-in one mapping is an error naming it and its line, two objects of one
-kind with one name an error naming both. It is at most %d MiB and %d documents in all.`, convert.MaxInputBytes>>20, convert.MaxDocuments),
+Nothing is dropped silently: every field of the input is carried over or
+named, object and field, in a note at the top of the output (as comments)
+and on standard error, saying what to do instead in Weir; a field MetalLB
+does not have is named too. When something was not carried over whole,
+the output is still written and the exit code is %d, so that a script
+stops to read the notes; --allow-drops, once they are read, makes it 0.
+Nothing is sent to the server.
+
+The input is read strictly, never the last one winning: a field of the
+wrong type is an error, a key said twice in one mapping is an error naming
+it and its line, two objects of one kind with one name an error naming
+both. It is at most %d MiB and %d documents in all.`, exitDropped, convert.MaxInputBytes>>20, convert.MaxDocuments),
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if err := checkTo(to); err != nil {
@@ -47,16 +55,23 @@ kind with one name an error naming both. It is at most %d MiB and %d documents i
 			if err != nil {
 				return err
 			}
-			r, err := convert.FromMetalLB(in)
+			r, err := convert.Convert(in, convert.Options{CustomResources: to == "crds", Namespace: namespace})
 			if err != nil {
 				return err
 			}
-			return a.printConverted("MetalLB", "lbctl convert metallb", r, to, namespace)
+			if err := a.printConverted("MetalLB", "lbctl convert metallb", r, to, namespace); err != nil {
+				return err
+			}
+			if r.Lossy() && !allowDrops {
+				return &droppedError{}
+			}
+			return nil
 		},
 	}
 	mlb.Flags().StringArrayVarP(&files, "filename", "f", nil, `MetalLB YAML file ("-" for standard input); may repeat`)
 	mlb.Flags().StringVar(&to, "to", "resources", "resources (lbctl's documents) or crds (weir.dev custom resources)")
 	mlb.Flags().StringVar(&namespace, "namespace", "weir-system", "with --to crds: the server's namespace, where password Secrets go")
+	mlb.Flags().BoolVar(&allowDrops, "allow-drops", false, fmt.Sprintf("exit 0, not %d, when the notes say something was not carried over whole", exitDropped))
 
 	var rfiles []string
 	var rnamespace string
@@ -131,7 +146,7 @@ func (a *app) printConverted(from, by string, r *convert.Result, to, namespace s
 	var body string
 	if to == "crds" {
 		var err error
-		if body, err = convert.CustomResources(r.Pools, r.Peers, namespace); err != nil {
+		if body, err = r.CustomResources(namespace); err != nil {
 			return err
 		}
 	} else {
@@ -165,4 +180,18 @@ func (a *app) printConverted(from, by string, r *convert.Result, to, namespace s
 	}
 	_, err := fmt.Fprint(a.stdout, head.String()+body)
 	return err
+}
+
+// exitDropped is convert metallb's exit code when the output is written
+// but something of the input was not carried over whole (its notes say
+// what): distinct from an error (1), a usage error (2) and a server that
+// could not be reached (3).
+const exitDropped = 5
+
+// droppedError is convert metallb's output written with losses; the
+// notes, on standard error already, say which.
+type droppedError struct{}
+
+func (*droppedError) Error() string {
+	return "not everything was carried over: read the notes, then convert again with --allow-drops to accept them"
 }

@@ -1854,7 +1854,7 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 // converted; its notes are on standard error as well as in the output.
 func TestConvertMetalLBAppliesAsIs(t *testing.T) {
 	e := newEnv(t)
-	out, stderr, code := runLbctl(context.Background(), e.now, "", "convert", "metallb", "-f", "convert/testdata/metallb.yaml")
+	out, stderr, code := runLbctl(context.Background(), e.now, "", "convert", "metallb", "-f", "convert/testdata/metallb.yaml", "--allow-drops")
 	if code != 0 {
 		t.Fatalf("convert: exit %d, %q", code, stderr)
 	}

@@ -517,6 +517,8 @@ func exitCode(err error) int {
 		return 2
 	case errors.As(err, &notProgrammed):
 		return 4
+	case errors.As(err, new(*droppedError)):
+		return exitDropped
 	}
 	return 1
 }

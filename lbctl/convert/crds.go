@@ -24,6 +24,18 @@ const (
 // kubectl apply; a peer's password becomes a Secret in namespace (the
 // server's), which the WeirBGPPeer names.
 func CustomResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, namespace string) (string, error) {
+	return customResources(pools, peers, nil, namespace)
+}
+
+// CustomResources writes r as Weir's custom resources (CustomResources),
+// a peer whose password MetalLB read from a Secret naming that Secret.
+func (r *Result) CustomResources(namespace string) (string, error) {
+	return customResources(r.Pools, r.Peers, r.PasswordSecrets, namespace)
+}
+
+// customResources writes pools and peers; secrets are the Secrets that
+// hold peers' passwords, by peer name.
+func customResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, secrets map[string]SecretKeyRef, namespace string) (string, error) {
 	var docs []any
 	for _, p := range pools {
 		spec := map[string]any{"addresses": p.GetAddresses()}
@@ -67,6 +79,8 @@ func CustomResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, names
 				"metadata":   map[string]any{"name": secret, "namespace": namespace},
 				"stringData": map[string]string{"password": p.GetPassword()}})
 			spec["passwordSecretRef"] = map[string]any{"name": secret}
+		} else if ref, ok := secrets[p.GetMetadata().GetName()]; ok {
+			spec["passwordSecretRef"] = ref
 		}
 		docs = append(docs, customResource(crdBGPPeerKind, p.GetMetadata(), spec))
 	}

@@ -1,7 +1,7 @@
 // Package convert turns configurations into Weir's resources: a MetalLB
 // configuration (its metallb.io custom resources) into Weir's address
 // pools and BGP peers, saying what of it has no equivalent in Weir so that
-// nothing is dropped silently (FromMetalLB); and Weir's pools and peers
+// nothing is dropped silently (Convert); and Weir's pools and peers
 // into its Kubernetes custom resources (CustomResources).
 //
 // MetalLB's objects map as follows:
@@ -17,13 +17,21 @@
 // advertisement that selects a pool (in the input's order) is kept and
 // every other is named in a Note.
 //
-// The input is read as kubectl reads it, and strictly: a mapping that says
-// a key twice, or two objects of one kind with one name, is an error, not
-// the last one winning. It is bounded (MaxInputBytes, MaxDocuments), and
+// Every field of MetalLB's kinds is in one table (metallbFields) with what
+// Weir does with it; after an object is converted, each leaf of it that
+// was neither carried over nor noted is noted from that table, or, not
+// in it, named as a field MetalLB does not have. So nothing of the input
+// is lost without a note, and the documentation's table is the same list.
+//
+// The input is read as kubectl reads it (documents, and Lists of objects
+// as kubectl get -o yaml writes them), and strictly: a field of the wrong
+// type, a mapping that says a key twice, or two objects of one kind with
+// one name, is an error, not the last one winning. It is bounded (MaxInputBytes, MaxDocuments), and
 // its conversion takes time in proportion to its size.
 package convert
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,11 +46,21 @@ import (
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
-// Note is one thing of the input that Weir does not do as MetalLB did.
+// Note is one thing of the input that Weir does not do as MetalLB did, or
+// that is to be done by hand.
 type Note struct {
 	Object string // "IPAddressPool/public"
 	Field  string // "spec.avoidBuggyIPs"; "" for the whole object
 	Says   string
+	// Fate is what became of the field (or object): Dropped and Narrowed
+	// are losses (Result.Lossy); Mapped is carried over, with something
+	// to do by hand; Ignored is input that is no MetalLB configuration.
+	Fate Fate
+	// whole: all of the object is left out, not only what Field names.
+	whole bool
+	// missed: a field the conversion should have carried over and did
+	// not; the test corpus fails on it.
+	missed bool
 }
 
 func (n Note) String() string {
@@ -56,7 +74,37 @@ func (n Note) String() string {
 type Result struct {
 	Pools []*weirv1.AddressPool
 	Peers []*weirv1.BgpPeer
-	Notes []Note
+	// PasswordSecrets are the Secrets that hold peers' passwords, by the
+	// peer's name, for custom resources (Options.CustomResources).
+	PasswordSecrets map[string]SecretKeyRef
+	Notes           []Note
+	// carried is, by object ("IPAddressPool/public"), the paths of the
+	// input carried over into the output, for the test corpus.
+	carried map[string][]string
+}
+
+// Lossy tells whether some field or object of the input was not carried
+// over whole.
+func (r *Result) Lossy() bool {
+	return slices.ContainsFunc(r.Notes, func(n Note) bool { return n.Fate == Dropped || n.Fate == Narrowed })
+}
+
+// SecretKeyRef is a key of a Secret in the server's namespace, as a
+// WeirBGPPeer's passwordSecretRef names it.
+type SecretKeyRef struct {
+	Name string `json:"name"`
+	Key  string `json:"key,omitempty"`
+}
+
+// Options say what the conversion is for.
+type Options struct {
+	// CustomResources: the output is Weir's custom resources, where a
+	// peer can name a Secret (MetalLB's passwordSecret) rather than hold
+	// its password.
+	CustomResources bool
+	// Namespace is the server's, where it reads Secrets, with
+	// CustomResources.
+	Namespace string
 }
 
 // selector is a Kubernetes label selector as MetalLB's objects carry it.
@@ -123,20 +171,99 @@ type object struct {
 	Kind       string          `json:"kind"`
 	Metadata   meta            `json:"metadata"`
 	Spec       json.RawMessage `json:"spec"`
+	raw        map[string]any  // the whole object, as read
 	doc        int             // its document's number in the input, from 1
+	item       int             // its number in the document's List, from 1; 0: not in a List
 	parsed     any             // the spec, as its kind's type
+	carried    []string        // the paths of it carried over
+	notes      []Note          // on it, in the order made
 }
 
 // ref names o in notes and errors: "IPAddressPool/public".
 func (o *object) ref() string { return o.Kind + "/" + o.Metadata.Name }
 
-// where names o in an error: "document 3 (IPAddressPool metallb-system/public)".
+// where names o in an error: "document 3 (IPAddressPool metallb-system/public)",
+// "document 1, item 2 (...)" in a List.
 func (o *object) where() string {
 	name := o.Metadata.Name
 	if o.Metadata.Namespace != "" {
 		name = o.Metadata.Namespace + "/" + name
 	}
-	return fmt.Sprintf("document %d (%s %s)", o.doc, o.Kind, name)
+	at := fmt.Sprintf("document %d", o.doc)
+	if o.item > 0 {
+		at += fmt.Sprintf(", item %d", o.item)
+	}
+	return fmt.Sprintf("%s (%s %s)", at, o.Kind, name)
+}
+
+// carry records paths of o as carried over into the output.
+func (o *object) carry(paths ...string) { o.carried = append(o.carried, paths...) }
+
+// note says something of o's field ("" for all of o).
+func (o *object) note(field string, fate Fate, says string) {
+	o.notes = append(o.notes, Note{Object: o.ref(), Field: field, Says: says, Fate: fate})
+}
+
+// leftOut notes all of o as left out, saying why.
+func (o *object) leftOut(fate Fate, says string) {
+	o.notes = append(o.notes, Note{Object: o.ref(), Says: says, Fate: fate, whole: true})
+}
+
+// leftOutFor notes all of o as left out because of what its field says,
+// in the field table's words.
+func (o *object) leftOutFor(path string, value any) {
+	f, _ := fieldOf(o.Kind, leafOf(path))
+	o.leftOut(Dropped, fmt.Sprintf("%s %v: %s", path, value, f.weir))
+}
+
+// covered tells whether path of o is carried over or noted: it, or a
+// field above it, or all of o.
+func (o *object) covered(path string) bool {
+	within := func(p string) bool {
+		return path == p || strings.HasPrefix(path, p+".") || strings.HasPrefix(path, p+"[")
+	}
+	return slices.ContainsFunc(o.carried, within) || slices.ContainsFunc(o.notes, func(n Note) bool { return n.whole || (!n.missed && within(n.Field)) })
+}
+
+// account notes every leaf of o that the conversion neither carried
+// over nor noted: a field Weir drops, with what to do instead; a field
+// MetalLB does not have, by its path. Nothing of the input is lost
+// without a note.
+func (o *object) account() {
+	if slices.ContainsFunc(o.notes, func(n Note) bool { return n.whole }) {
+		return
+	}
+	for _, l := range leaves(o.raw) {
+		path := l.path.String()
+		// A field MetalLB does not have is named even inside one carried
+		// over: a misspelt matchLabels is not what MetalLB read.
+		f, unknown := fieldOf(o.Kind, l.path)
+		if f == nil {
+			if u := unknown.String(); !slices.ContainsFunc(o.notes, func(n Note) bool { return n.Field == u }) {
+				o.note(u, Dropped, fmt.Sprintf("not a field of MetalLB's %s: left out (a misspelling?)", o.Kind))
+			}
+			continue
+		}
+		switch {
+		case o.covered(path), f.fate == Ignored:
+		case f.fate == Dropped && zero(l.value):
+			o.carry(path) // MetalLB's default, which is Weir's
+		case f.fate == Dropped:
+			o.note(f.path, Dropped, f.weir)
+		default:
+			o.notes = append(o.notes, Note{Object: o.ref(), Field: path, Fate: Dropped, missed: true,
+				Says: "not carried over (this converter does not read it yet): set its Weir equivalent by hand"})
+		}
+	}
+}
+
+// leafOf is a dotted path without list indexes as a leaf.
+func leafOf(path string) leaf {
+	var l leaf
+	for _, k := range strings.Split(path, ".") {
+		l = append(l, step{key: k})
+	}
+	return l
 }
 
 type poolSpec struct {
@@ -155,6 +282,7 @@ type advertisementSpec struct {
 	IPAddressPools         []string   `json:"ipAddressPools,omitempty"`
 	IPAddressPoolSelectors []selector `json:"ipAddressPoolSelectors,omitempty"`
 	NodeSelectors          []selector `json:"nodeSelectors,omitempty"`
+	ServiceSelectors       []selector `json:"serviceSelectors,omitempty"`
 	// BGP only.
 	AggregationLength   *int32   `json:"aggregationLength,omitempty"`
 	AggregationLengthV6 *int32   `json:"aggregationLengthV6,omitempty"`
@@ -162,7 +290,11 @@ type advertisementSpec struct {
 	Communities         []string `json:"communities,omitempty"`
 	Peers               []string `json:"peers,omitempty"`
 	// L2 only.
-	Interfaces []string `json:"interfaces,omitempty"`
+	Interfaces             []string `json:"interfaces,omitempty"`
+	PreferredNodeSelectors []struct {
+		Weight     int32    `json:"weight"`
+		Preference selector `json:"preference"`
+	} `json:"preferredNodeSelectors,omitempty"`
 }
 
 // check says what of s cannot be read: a pool selector's unknown operator.
@@ -175,15 +307,28 @@ func (s *advertisementSpec) check() error {
 	return nil
 }
 
+// peerSpec is a BGPPeer's spec, v1beta1 or v1beta2 (v1beta2 is v1beta1
+// and more).
 type peerSpec struct {
-	MyASN           uint32     `json:"myASN"`
-	PeerASN         uint32     `json:"peerASN"`
-	PeerAddress     string     `json:"peerAddress"`
-	PeerPort        uint16     `json:"peerPort,omitempty"`
-	HoldTime        string     `json:"holdTime,omitempty"`
-	Password        string     `json:"password,omitempty"`
-	NodeSelectors   []selector `json:"nodeSelectors,omitempty"`
-	GracefulRestart bool       `json:"enableGracefulRestart,omitempty"`
+	MyASN                  uint32     `json:"myASN"`
+	LocalASN               uint32     `json:"localASN,omitempty"`
+	PeerASN                uint32     `json:"peerASN"`
+	DynamicASN             string     `json:"dynamicASN,omitempty"`
+	PeerAddress            string     `json:"peerAddress"`
+	Interface              string     `json:"interface,omitempty"`
+	PeerPort               uint16     `json:"peerPort,omitempty"`
+	HoldTime               string     `json:"holdTime,omitempty"`
+	Password               string     `json:"password,omitempty"`
+	PasswordSecret         *secretRef `json:"passwordSecret,omitempty"`
+	NodeSelectors          []selector `json:"nodeSelectors,omitempty"`
+	GracefulRestart        bool       `json:"enableGracefulRestart,omitempty"`
+	DualStackAddressFamily *bool      `json:"dualStackAddressFamily,omitempty"`
+}
+
+// secretRef is a Kubernetes SecretReference.
+type secretRef struct {
+	Name      string `json:"name,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
 }
 
 type communitySpec struct {
@@ -193,21 +338,6 @@ type communitySpec struct {
 	} `json:"communities"`
 }
 
-// peerFields are BGPPeer fields Weir has no equivalent of, with what that
-// means.
-var peerFields = map[string]string{
-	"sourceAddress":  "the node's address of the peer's family is used",
-	"keepaliveTime":  "a third of the hold time is used",
-	"connectTime":    "GoBGP's connect retry is used",
-	"routerID":       "the node's address is the router ID",
-	"ebgpMultiHop":   "sessions are single-hop",
-	"bfdProfile":     "no BFD",
-	"vrf":            "sessions are in the default VRF",
-	"disableMP":      "every session carries both families",
-	"dynamicASN":     "set asn to the peer's ASN",
-	"passwordSecret": "Weir reads no Secrets: the password is to be set in the BgpPeer",
-}
-
 // MaxInputBytes bounds the input FromMetalLB takes: 32 MiB, a thousand
 // times a large MetalLB configuration. The conversion holds a few times
 // its input in memory; read the input through an io.LimitReader so that
@@ -215,16 +345,21 @@ var peerFields = map[string]string{
 const MaxInputBytes = 32 << 20
 
 // MaxDocuments bounds the input's documents (blank ones aside), counted
-// before any is read.
+// before any is read, and the objects in them (a List's items each).
 const MaxDocuments = 100_000
 
 // ErrTooLarge is the error of an input past MaxInputBytes or MaxDocuments.
 var ErrTooLarge = errors.New("too large for a MetalLB configuration")
 
-// FromMetalLB reads MetalLB's objects from a YAML stream (documents of kind
-// IPAddressPool, BGPAdvertisement, L2Advertisement, BGPPeer, Community in
+// FromMetalLB converts for lbctl's documents: Convert with no options.
+func FromMetalLB(data string) (*Result, error) { return Convert(data, Options{}) }
+
+// Convert reads MetalLB's objects from a YAML stream (documents, or Lists
+// of objects as kubectl get -o yaml writes them, of kind IPAddressPool,
+// BGPAdvertisement, L2Advertisement, BGPPeer, Community, BFDProfile in
 // the metallb.io group; others are named in a Note) and returns Weir's.
-func FromMetalLB(data string) (*Result, error) {
+// Every field of the input is carried over or named in a Note.
+func Convert(data string, opts Options) (*Result, error) {
 	if len(data) > MaxInputBytes {
 		return nil, fmt.Errorf("%d bytes, more than %d MiB: %w", len(data), MaxInputBytes>>20, ErrTooLarge)
 	}
@@ -232,32 +367,40 @@ func FromMetalLB(data string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Result{}
-	in, err := r.parseObjects(objs)
+	r := &Result{carried: map[string][]string{}}
+	in, err := parseObjects(objs)
 	if err != nil {
 		return nil, err
 	}
 	ads := indexAdvertisements(slices.Concat(in.bgpAds, in.l2Ads))
-	used := make([]bool, len(ads.all))
+	picked := make([]bool, len(ads.all))
 	for _, o := range in.pools {
 		mine := ads.selecting(o)
-		for _, ad := range mine {
-			used[ad] = true
+		if len(mine) > 0 {
+			picked[mine[0]] = true
 		}
-		pool, notes := convertPool(o, ads.pick(mine), in.communities)
-		r.Pools = append(r.Pools, pool)
-		r.Notes = append(r.Notes, notes...)
+		r.Pools = append(r.Pools, convertPool(o, ads.pick(mine), in.communities))
 	}
 	for _, o := range in.peers {
-		peer, notes := convertPeer(o)
-		r.Peers = append(r.Peers, peer)
-		r.Notes = append(r.Notes, notes...)
-	}
-	// An advertisement that selects no pool says nothing.
-	for i, ad := range ads.all {
-		if !used[i] {
-			r.Notes = append(r.Notes, Note{Object: ad.ref(), Says: "selects no IPAddressPool of the input: left out"})
+		if peer := r.convertPeer(o, opts); peer != nil {
+			r.Peers = append(r.Peers, peer)
 		}
+	}
+	for i, ad := range ads.all {
+		if !picked[i] {
+			says := "selects no IPAddressPool of the input: left out"
+			if pools := ads.pools(i, in.pools); len(pools) > 0 {
+				says = fmt.Sprintf("Weir advertises a pool one way and %s is advertised as another advertisement says: left out; give the services this one is for a pool of their own", strings.Join(pools, ", "))
+			}
+			ad.leftOut(Dropped, says)
+		}
+	}
+	for _, o := range objs {
+		if o.raw != nil {
+			o.account()
+		}
+		r.Notes = append(r.Notes, o.notes...)
+		r.carried[o.ref()] = append(r.carried[o.ref()], o.carried...)
 	}
 	return r, nil
 }
@@ -272,7 +415,7 @@ type metallbInput struct {
 
 // parseObjects parses the MetalLB objects of the input, in order, and
 // notes the objects it leaves out.
-func (r *Result) parseObjects(objs []*object) (*metallbInput, error) {
+func parseObjects(objs []*object) (*metallbInput, error) {
 	in := &metallbInput{communities: map[string]string{}, definedBy: map[string]*object{}}
 	// MetalLB reads its objects from one namespace, an advertisement names
 	// its pools without one and Weir's pools and peers have none: a name
@@ -281,64 +424,88 @@ func (r *Result) parseObjects(objs []*object) (*metallbInput, error) {
 	for _, o := range objs {
 		group, _, _ := strings.Cut(o.APIVersion, "/")
 		if group != "metallb.io" {
-			r.Notes = append(r.Notes, Note{Object: o.ref(), Says: fmt.Sprintf("not a MetalLB object (%s): left out", o.APIVersion)})
+			notForeign(o)
 			continue
 		}
 		if first, ok := named[o.ref()]; ok {
 			return nil, fmt.Errorf("%s: the kind and name of %s: which one is meant?", o.where(), first.where())
 		}
 		named[o.ref()] = o
-		known, err := in.add(o)
-		if !known {
-			r.Notes = append(r.Notes, Note{Object: o.ref(), Says: "Weir has no equivalent: left out"})
-		}
-		if err != nil {
+		o.carry("apiVersion", "kind", "metadata.name", "metadata.labels")
+		if err := in.add(o); err != nil {
 			return nil, fmt.Errorf("%s: %w", o.where(), err)
 		}
 	}
 	return in, nil
 }
 
-// add parses o's spec as its kind's and files it; known is false for a
-// kind Weir has no equivalent of.
-func (in *metallbInput) add(o *object) (known bool, err error) {
+// notForeign notes an object that is not MetalLB's: left out, all of it.
+// MetalLB's configuration from before its custom resources (a ConfigMap)
+// is named as such, with the way to convert it.
+func notForeign(o *object) {
+	data, _ := o.raw["data"].(map[string]any)
+	if config, ok := data["config"].(string); o.Kind == "ConfigMap" && ok && strings.Contains(config, "address-pools") {
+		o.leftOut(Dropped, "MetalLB's configuration of before its custom resources (v0.13): convert it to them first (MetalLB's configmaptocrs), then convert those")
+		return
+	}
+	o.leftOut(Ignored, fmt.Sprintf("not a MetalLB object (%s): left out", o.APIVersion))
+}
+
+// add parses o's spec as its kind's and files it.
+func (in *metallbInput) add(o *object) error {
 	switch o.Kind {
 	case "IPAddressPool":
 		var s poolSpec
-		err, o.parsed = spec(o, &s), &s
+		o.parsed = &s
 		in.pools = append(in.pools, o)
+		return spec(o, &s)
 	case "BGPAdvertisement", "L2Advertisement":
 		var s advertisementSpec
-		if err, o.parsed = spec(o, &s), &s; err == nil {
-			err = s.check()
-		}
+		o.parsed = &s
 		if o.Kind == "BGPAdvertisement" {
 			in.bgpAds = append(in.bgpAds, o)
 		} else {
 			in.l2Ads = append(in.l2Ads, o)
 		}
+		if err := spec(o, &s); err != nil {
+			return err
+		}
+		return s.check()
 	case "BGPPeer":
 		var s peerSpec
-		err, o.parsed = spec(o, &s), &s
+		o.parsed = &s
 		in.peers = append(in.peers, o)
+		return spec(o, &s)
 	case "Community":
 		var s communitySpec
-		err = spec(o, &s)
+		if err := spec(o, &s); err != nil {
+			return err
+		}
 		for _, c := range s.Communities {
-			if first, ok := in.definedBy[c.Name]; ok && err == nil {
-				err = fmt.Errorf("spec.communities: %q is defined by %s too: which value is meant?", c.Name, first.where())
+			if first, ok := in.definedBy[c.Name]; ok {
+				return fmt.Errorf("spec.communities: %q is defined by %s too: which value is meant?", c.Name, first.where())
 			}
 			in.communities[c.Name], in.definedBy[c.Name] = c.Value, o
 		}
+		// A Community is its names' values, resolved where named.
+		o.carry("spec.communities")
+	case "BFDProfile":
+		o.leftOut(Dropped, "Weir has no BFD: a dead node is withdrawn at the BGP hold time, so lower the BgpPeers' hold_time_seconds")
 	default:
-		return false, nil
+		if slices.Contains(statusKinds, o.Kind) {
+			o.leftOut(Ignored, "MetalLB's report, not configuration: left out")
+		} else {
+			o.leftOut(Dropped, "Weir has no equivalent: left out")
+		}
 	}
-	return true, err
+	return nil
 }
 
 // readObjects reads the objects of a YAML stream, strictly as kubectl
 // reads them: a key said twice in a mapping is a mistake (which one was
-// meant?), not the last one winning.
+// meant?), not the last one winning. A List (kind List, or a kind's
+// list such as IPAddressPoolList: what kubectl get -o yaml writes) is
+// its items, in order.
 func readObjects(data string) ([]*object, error) {
 	docs := yamldocs.Split(data)
 	count := 0
@@ -352,23 +519,66 @@ func readObjects(data string) ([]*object, error) {
 	}
 	var objs []*object
 	line := 1 // of the input, where the document starts
+	n := 0    // the document's number
 	for _, doc := range docs {
-		start, n := line, len(objs)+1
+		start := line
 		line += strings.Count(doc, "\n") // Split keeps every line break
+		n++
 		j, err := yaml.YAMLToJSONStrict([]byte(doc))
 		if err != nil {
 			return nil, fmt.Errorf("document %d: %w", n, inputLines(doc, start, err))
 		}
 		if string(j) == "null" { // only comments, or nothing
+			n--
 			continue
 		}
-		o := &object{doc: n}
-		if err := json.Unmarshal(j, o); err != nil {
-			return nil, fmt.Errorf("document %d: %w", n, err)
+		var raw map[string]any
+		if err := json.Unmarshal(j, &raw); err != nil {
+			return nil, fmt.Errorf("document %d: not an object: %w", n, err)
 		}
-		objs = append(objs, o)
+		items, isList := raw["items"].([]any)
+		kind, _ := raw["kind"].(string)
+		if !isList || !strings.HasSuffix(kind, "List") {
+			o, err := newObject(raw, n, 0)
+			if err != nil {
+				return nil, err
+			}
+			objs = append(objs, o)
+			continue
+		}
+		for i, item := range items {
+			raw, ok := item.(map[string]any)
+			if !ok {
+				return nil, fmt.Errorf("document %d: items[%d]: not an object", n, i)
+			}
+			o, err := newObject(raw, n, i+1)
+			if err != nil {
+				return nil, err
+			}
+			objs = append(objs, o)
+		}
+		if len(objs) > MaxDocuments {
+			return nil, fmt.Errorf("more than %d objects: %w", MaxDocuments, ErrTooLarge)
+		}
 	}
 	return objs, nil
+}
+
+// newObject reads an object's kind and metadata from raw.
+func newObject(raw map[string]any, doc, item int) (*object, error) {
+	o := &object{raw: raw, doc: doc, item: item}
+	at := fmt.Sprintf("document %d", doc)
+	if item > 0 {
+		at += fmt.Sprintf(", item %d", item)
+	}
+	j, err := json.Marshal(raw)
+	if err == nil {
+		err = json.Unmarshal(j, o)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", at, err)
+	}
+	return o, nil
 }
 
 // inputLines is err, the YAML reader's error of doc, with the lines of
@@ -389,9 +599,10 @@ type oneLine struct{ error }
 func (e oneLine) Error() string { return strings.Join(strings.Fields(e.error.Error()), " ") }
 func (e oneLine) Unwrap() error { return e.error }
 
-// spec reads the object's spec as its kind's type.
+// spec reads the object's spec as its kind's type. A field of the wrong
+// type is an error; a field the type does not have is noted (account).
 func spec(o *object, into any) error {
-	if len(o.Spec) == 0 {
+	if len(o.Spec) == 0 || string(o.Spec) == "null" {
 		return nil
 	}
 	if err := json.Unmarshal(o.Spec, into); err != nil {
@@ -442,6 +653,18 @@ func (a *advertisements) selecting(p *object) []int {
 	return slices.Compact(mine)
 }
 
+// pools names the pools advertisement i selects, of pools: only for a
+// note, so a scan is fine.
+func (a *advertisements) pools(i int, pools []*object) []string {
+	var out []string
+	for _, p := range pools {
+		if slices.Contains(a.selecting(p), i) {
+			out = append(out, p.ref())
+		}
+	}
+	return out
+}
+
 // pick is the advertisements of indexes.
 func (a *advertisements) pick(indexes []int) []*object {
 	out := make([]*object, len(indexes))
@@ -452,80 +675,76 @@ func (a *advertisements) pick(indexes []int) []*object {
 }
 
 // convertPool is pool o, advertised by mine (those that select it, in
-// order).
-func convertPool(o *object, mine []*object, communities map[string]string) (*weirv1.AddressPool, []Note) {
+// order): the first of them, the others noted.
+func convertPool(o *object, mine []*object, communities map[string]string) *weirv1.AddressPool {
 	s := o.parsed.(*poolSpec)
-	ref := o.ref()
-	var notes []Note
-	note := func(field, says string) { notes = append(notes, Note{Object: ref, Field: field, Says: says}) }
 	pool := &weirv1.AddressPool{Metadata: &weirv1.ObjectMeta{Name: o.Metadata.Name, Labels: o.Metadata.Labels}, Addresses: s.Addresses}
+	o.carry("spec.addresses", "spec.autoAssign")
 	if s.AutoAssign != nil && !*s.AutoAssign {
 		pool.ManualOnly = true
 	}
-	if s.AvoidBuggyIPs {
-		note("spec.avoidBuggyIPs", "Weir assigns every address of the range, .0 and .255 included: leave them out of the addresses")
-	}
 	if a := s.ServiceAllocation; a != nil {
 		pool.ServiceAllocation = &weirv1.ServiceAllocation{Priority: int32(a.Priority), Namespaces: a.Namespaces}
-		if len(a.NamespaceSelectors) > 0 {
-			note("spec.serviceAllocation.namespaceSelectors", "Weir scopes a pool by namespace names, not namespace labels: left out, list the namespaces")
-		}
-		sel, ok := nodeSelector(a.ServiceSelectors)
-		pool.ServiceAllocation.ServiceSelector = sel
-		if !ok {
-			note("spec.serviceAllocation.serviceSelectors", "Weir selects services by labels that must all match (matchLabels of one selector): left out")
+		o.carry("spec.serviceAllocation.priority", "spec.serviceAllocation.namespaces")
+		if sel, ok := oneMatchLabels(a.ServiceSelectors); ok {
+			pool.ServiceAllocation.ServiceSelector = sel
+			o.carry("spec.serviceAllocation.serviceSelectors")
+		} else {
+			o.note("spec.serviceAllocation.serviceSelectors", Narrowed, "Weir selects services by labels that must all match (matchLabels of one selector): left out, so the pool is for every service")
 		}
 	}
 	if len(mine) == 0 {
-		note("", "no advertisement selects it, so MetalLB assigns its addresses without announcing them; Weir announces every pool over BGP unless it is an L2 pool")
-		return pool, notes
+		// Said of the pool as a whole, though nothing of it is lost.
+		o.note("", Narrowed, "no advertisement selects it, so MetalLB assigns its addresses without announcing them; Weir announces every pool over BGP unless it is an L2 pool")
+		return pool
 	}
 	for _, other := range mine[1:] {
-		note("", fmt.Sprintf("%s also selects it: Weir advertises a pool one way, with one set of attributes, and keeps %s; split the pool to keep both", other.ref(), mine[0].ref()))
+		o.note("", Narrowed, fmt.Sprintf("%s also selects it: Weir advertises a pool one way, with one set of attributes, and keeps %s; split the pool to keep both", other.ref(), mine[0].ref()))
 	}
 	ad := mine[0]
 	as := ad.parsed.(*advertisementSpec)
-	adRef := ad.ref()
-	selector, ok := nodeSelector(as.NodeSelectors)
+	ad.carry("spec.ipAddressPools", "spec.ipAddressPoolSelectors")
 	if ad.Kind == "L2Advertisement" {
-		pool.L2Advertisement = &weirv1.L2Advertisement{Interfaces: as.Interfaces, NodeSelector: selector}
-		if !ok {
-			notes = append(notes, Note{Object: adRef, Field: "spec.nodeSelectors", Says: "Weir selects nodes by labels that must all match (matchLabels of one selector): the pool is answered from every node"})
+		pool.L2Advertisement = &weirv1.L2Advertisement{Interfaces: as.Interfaces}
+		ad.carry("spec.interfaces")
+		if sel, ok := oneMatchLabels(as.NodeSelectors); ok {
+			pool.L2Advertisement.NodeSelector = sel
+			ad.carry("spec.nodeSelectors")
+		} else {
+			ad.note("spec.nodeSelectors", Narrowed, "Weir selects nodes by labels that must all match (matchLabels of one selector): the pool is answered from every node")
 		}
-		return pool, notes
+		return pool
 	}
 	bgp := &weirv1.BgpAdvertisement{LocalPreference: as.LocalPref, Peers: as.Peers}
+	ad.carry("spec.localPref", "spec.peers", "spec.aggregationLength", "spec.aggregationLengthV6")
 	if l := as.AggregationLength; l != nil && *l != 32 {
 		bgp.AggregationLength = uint32(*l)
 	}
 	if l := as.AggregationLengthV6; l != nil && *l != 128 {
 		bgp.AggregationLengthV6 = uint32(*l)
 	}
-	for _, c := range as.Communities {
+	for i, c := range as.Communities {
 		value := c
 		if v, named := communities[c]; named {
 			value = v
 		}
-		if strings.HasPrefix(value, "large:") {
-			notes = append(notes, Note{Object: adRef, Field: "spec.communities", Says: fmt.Sprintf("%s is a large community: Weir sends standard ones only, left out", c)})
-			continue
-		}
-		if !strings.Contains(value, ":") {
-			notes = append(notes, Note{Object: adRef, Field: "spec.communities", Says: fmt.Sprintf("%q names no Community of the input, left out", c)})
+		// A value has a colon (64512:100, large:64512:1:2); a name of a
+		// Community, none.
+		field := fmt.Sprintf("spec.communities[%d]", i)
+		if !strings.Contains(value, ":") && !ad.covered(field) {
+			ad.note(field, Narrowed, fmt.Sprintf("%q names no Community of the input: left out", c))
 			continue
 		}
 		bgp.Communities = append(bgp.Communities, value)
-	}
-	if len(as.NodeSelectors) > 0 {
-		notes = append(notes, Note{Object: adRef, Field: "spec.nodeSelectors", Says: "Weir chooses the announcing nodes per peer (the BgpPeer's node_selector) and by max_announcing_nodes, not per advertisement: every node peering announces the pool"})
+		ad.carry(field)
 	}
 	pool.BgpAdvertisement = bgp
-	return pool, notes
+	return pool
 }
 
-// nodeSelector is the one matchLabels selector Weir can express; ok is
+// oneMatchLabels is the one matchLabels selector Weir can express; ok is
 // false when sels say more (several selectors, or expressions).
-func nodeSelector(sels []selector) (map[string]string, bool) {
+func oneMatchLabels(sels []selector) (map[string]string, bool) {
 	switch {
 	case len(sels) == 0:
 		return nil, true
@@ -535,35 +754,80 @@ func nodeSelector(sels []selector) (map[string]string, bool) {
 	return nil, false
 }
 
-func convertPeer(o *object) (*weirv1.BgpPeer, []Note) {
+// convertPeer is BGPPeer o as a BgpPeer, or nil (and a note) when Weir
+// cannot make its session.
+func (r *Result) convertPeer(o *object, opts Options) *weirv1.BgpPeer {
 	s := o.parsed.(*peerSpec)
-	ref := o.ref()
-	var notes []Note
+	switch {
+	case s.PeerAddress == "" && s.Interface != "":
+		o.leftOutFor("spec.interface", s.Interface)
+		return nil
+	case s.PeerASN == 0 && s.DynamicASN != "":
+		o.leftOutFor("spec.dynamicASN", s.DynamicASN)
+		return nil
+	}
 	peer := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: o.Metadata.Name, Labels: o.Metadata.Labels},
 		Address: s.PeerAddress, Asn: s.PeerASN, MyAsn: s.MyASN, Port: int32(s.PeerPort), Password: s.Password,
 		GracefulRestart: s.GracefulRestart}
+	o.carry("spec.peerAddress", "spec.peerASN", "spec.myASN", "spec.peerPort", "spec.password", "spec.enableGracefulRestart")
+	if s.LocalASN != 0 {
+		// MetalLB's myASN is the node's router's; localASN what it says
+		// to this peer: Weir's my_asn is per peer.
+		peer.MyAsn = s.LocalASN
+		o.carry("spec.localASN")
+	}
 	if peer.Port == 179 {
 		peer.Port = 0
 	}
 	if s.HoldTime != "" {
-		d, err := time.ParseDuration(s.HoldTime)
-		if err != nil {
-			notes = append(notes, Note{Object: ref, Field: "spec.holdTime", Says: fmt.Sprintf("%q is not a duration: the default hold time is used", s.HoldTime)})
+		if d, err := time.ParseDuration(s.HoldTime); err != nil {
+			o.note("spec.holdTime", Narrowed, fmt.Sprintf("%q is not a duration: the default hold time is used", s.HoldTime))
 		} else {
 			peer.HoldTimeSeconds = int32(d / time.Second)
+			o.carry("spec.holdTime")
 		}
 	}
-	sel, ok := nodeSelector(s.NodeSelectors)
-	peer.NodeSelector = sel
-	if !ok {
-		notes = append(notes, Note{Object: ref, Field: "spec.nodeSelectors", Says: "Weir selects nodes by labels that must all match (matchLabels of one selector): every node peers"})
+	if sel, ok := oneMatchLabels(s.NodeSelectors); ok {
+		peer.NodeSelector = sel
+		o.carry("spec.nodeSelectors")
+	} else {
+		o.note("spec.nodeSelectors", Narrowed, "Weir selects nodes by labels that must all match (matchLabels of one selector): every node peers")
 	}
-	var given map[string]json.RawMessage
-	json.Unmarshal(o.Spec, &given) // read as a peerSpec already: an object, or nothing
-	for _, f := range slices.Sorted(maps.Keys(given)) {
-		if says, ok := peerFields[f]; ok && says != "" {
-			notes = append(notes, Note{Object: ref, Field: "spec." + f, Says: says})
+	if d := s.DualStackAddressFamily; d != nil {
+		if *d {
+			o.carry("spec.dualStackAddressFamily")
+		} else {
+			o.note("spec.dualStackAddressFamily", Narrowed, "false: Weir's sessions carry both families on one session; make sure the router accepts that")
 		}
 	}
-	return peer, notes
+	if ref := s.PasswordSecret; ref != nil && ref.Name != "" {
+		r.passwordSecret(o, *ref, opts)
+	} else {
+		o.carry("spec.passwordSecret") // names no Secret: no password
+	}
+	return peer
+}
+
+// passwordSecret carries MetalLB's passwordSecret of peer o into the
+// custom resources' passwordSecretRef, or notes it.
+func (r *Result) passwordSecret(o *object, ref secretRef, opts Options) {
+	s := o.parsed.(*peerSpec)
+	switch {
+	case s.Password != "":
+		o.note("spec.passwordSecret", Dropped, "password is given too, and is what Weir uses")
+	case !opts.CustomResources:
+		o.note("spec.passwordSecret", Dropped, fmt.Sprintf("lbctl's BgpPeer holds its password: set password to Secret %s's key password, or convert with --to crds", ref.Name))
+	default:
+		if r.PasswordSecrets == nil {
+			r.PasswordSecrets = map[string]SecretKeyRef{}
+		}
+		// MetalLB's Secret is of type kubernetes.io/basic-auth, the
+		// password under the key "password".
+		r.PasswordSecrets[o.Metadata.Name] = SecretKeyRef{Name: ref.Name, Key: "password"}
+		o.carry("spec.passwordSecret")
+		ns := cmp.Or(ref.Namespace, o.Metadata.Namespace, "metallb-system")
+		if ns != opts.Namespace {
+			o.note("spec.passwordSecret", Mapped, fmt.Sprintf("Weir reads the password from Secret %s/%s: copy %s/%s there", opts.Namespace, ref.Name, ns, ref.Name))
+		}
+	}
 }

@@ -1,0 +1,184 @@
+package convert
+
+import (
+	"strings"
+	"testing"
+)
+
+// notesOf is r's notes as "Kind/name field" lines.
+func notesOf(r *Result) []string {
+	var out []string
+	for _, n := range r.Notes {
+		out = append(out, n.Object+" "+n.Field)
+	}
+	return out
+}
+
+// hasNote tells whether r has a note on object naming field (or, field
+// "", the whole object).
+func hasNote(r *Result, object, field string) bool {
+	for _, n := range r.Notes {
+		if n.Object == object && n.Field == field {
+			return true
+		}
+	}
+	return false
+}
+
+const poolDoc = "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: first-pool\n  namespace: metallb-system\nspec:\n  addresses: [192.168.10.0/24]\n---\n"
+
+// TestNothingIsDroppedSilently: each MetalLB field Weir does not carry
+// over whole, and a field MetalLB does not have, is a note naming the
+// object and the field's path.
+func TestNothingIsDroppedSilently(t *testing.T) {
+	// object, field: the note; field "" for the object left out.
+	for name, tc := range map[string]struct{ in, object, field string }{
+		"a made-up field": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: p\nspec:\n  addresses: [10.0.0.0/24]\n  bogus: 1\n",
+			"IPAddressPool/p", "spec.bogus"},
+		"a made-up field in a selector": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPools: [first-pool]\n  nodeSelectors:\n  - matchLabels: {a: b}\n    matchLabelz: {c: d}\n",
+			"L2Advertisement/a", "spec.nodeSelectors[0].matchLabelz"},
+		"a made-up top-level field": {"apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: p\nspec:\n  addresses: [10.0.0.0/24]\nspecs:\n  autoAssign: false\n",
+			"IPAddressPool/p", "specs"},
+		"BGPAdvertisement serviceSelectors": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: BGPAdvertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPools: [first-pool]\n  serviceSelectors:\n  - matchLabels: {environment: production}\n",
+			"BGPAdvertisement/a", "spec.serviceSelectors"},
+		"L2Advertisement serviceSelectors": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPools: [first-pool]\n  serviceSelectors:\n  - matchLabels: {environment: production}\n",
+			"L2Advertisement/a", "spec.serviceSelectors"},
+		"L2Advertisement preferredNodeSelectors": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPools: [first-pool]\n  preferredNodeSelectors:\n  - weight: 100\n    preference:\n      matchLabels: {zone: a}\n",
+			"L2Advertisement/a", "spec.preferredNodeSelectors"},
+		"BGPPeer interface": {"apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata:\n  name: unnumbered\nspec:\n  myASN: 64512\n  peerASN: 64513\n  interface: eth1\n",
+			"BGPPeer/unnumbered", ""},
+		"BGPPeer dualStackAddressFamily false": {"apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata:\n  name: p\nspec:\n  myASN: 64512\n  peerASN: 64513\n  peerAddress: 192.0.2.1\n  dualStackAddressFamily: false\n",
+			"BGPPeer/p", "spec.dualStackAddressFamily"},
+		"BGPPeer dynamicASN": {"apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata:\n  name: p\nspec:\n  myASN: 64512\n  dynamicASN: external\n  peerAddress: 192.0.2.1\n",
+			"BGPPeer/p", ""},
+		"a BGPPeer in a Kubernetes List": {"apiVersion: v1\nkind: List\nitems:\n- apiVersion: metallb.io/v1beta2\n  kind: BGPPeer\n  metadata:\n    name: p\n  spec:\n    myASN: 64512\n    peerASN: 64513\n    peerAddress: 192.0.2.1\n    bfdProfile: fast\n",
+			"BGPPeer/p", "spec.bfdProfile"},
+	} {
+		r, err := FromMetalLB(tc.in)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if !hasNote(r, tc.object, tc.field) {
+			t.Errorf("%s: no note on %s %s; notes: %q", name, tc.object, tc.field, notesOf(r))
+		}
+	}
+}
+
+// TestLocalASNIsTheSessionsASN: MetalLB's localASN is the AS a node says
+// to this one peer, which is what a Weir BgpPeer's my_asn is.
+func TestLocalASNIsTheSessionsASN(t *testing.T) {
+	r, err := FromMetalLB("apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata:\n  name: p\nspec:\n  myASN: 64512\n  localASN: 4200000001\n  peerASN: 64513\n  peerAddress: 192.0.2.1\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Peers) != 1 || r.Peers[0].GetMyAsn() != 4200000001 {
+		t.Errorf("peers %v; want one with my_asn 4200000001 (the localASN)", r.Peers)
+	}
+}
+
+// TestAnUnnumberedPeerIsNoPeer: a BGPPeer by interface, without an
+// address, becomes no BgpPeer (not one with an empty address) and a note
+// saying why.
+func TestAnUnnumberedPeerIsNoPeer(t *testing.T) {
+	r, err := FromMetalLB("apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata:\n  name: unnumbered\nspec:\n  myASN: 64512\n  peerASN: 64513\n  interface: eth1\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range r.Peers {
+		if p.GetAddress() == "" {
+			t.Errorf("a peer with no address: %v", p)
+		}
+	}
+	if !hasNote(r, "BGPPeer/unnumbered", "") {
+		t.Errorf("no note on BGPPeer/unnumbered; notes: %q", notesOf(r))
+	}
+}
+
+// TestAPoolSplitByServiceSelectors: MetalLB's own example of one pool
+// announced two ways by service labels cannot become one Weir pool
+// announced one way without saying so: each advertisement's service
+// selectors are named, and what Weir does instead.
+func TestAPoolSplitByServiceSelectors(t *testing.T) {
+	ad := func(name, pref, env string) string {
+		return "apiVersion: metallb.io/v1beta1\nkind: BGPAdvertisement\nmetadata:\n  name: " + name + "\n  namespace: metallb-system\nspec:\n  ipAddressPools:\n  - first-pool\n  localPref: " + pref +
+			"\n  serviceSelectors:\n  - matchLabels:\n      environment: " + env + "\n---\n"
+	}
+	r, err := FromMetalLB(poolDoc + ad("production-services", "200", "production") + ad("staging-services", "100", "staging"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasNote(r, "BGPAdvertisement/production-services", "spec.serviceSelectors") {
+		t.Errorf("no note on production-services' service selectors; notes: %q", notesOf(r))
+	}
+	if !hasNote(r, "BGPAdvertisement/staging-services", "") && !hasNote(r, "BGPAdvertisement/staging-services", "spec.serviceSelectors") {
+		t.Errorf("no note on staging-services; notes: %q", notesOf(r))
+	}
+	for _, n := range r.Notes {
+		if n.Object == "BGPAdvertisement/production-services" && n.Field == "spec.serviceSelectors" && !strings.Contains(n.Says, "every service") {
+			t.Errorf("note %q does not say that every service of the pool is announced so", n)
+		}
+	}
+}
+
+// TestAKubectlListIsItsObjects: kubectl get -o yaml of several kinds is
+// one List (kind List, or KindList); its items are converted as if each
+// were a document, in order.
+func TestAKubectlListIsItsObjects(t *testing.T) {
+	in := `apiVersion: v1
+kind: List
+metadata:
+  resourceVersion: ""
+items:
+- apiVersion: metallb.io/v1beta1
+  kind: IPAddressPool
+  metadata:
+    name: first-pool
+    namespace: metallb-system
+    uid: 4bd7a1f0-0000-4000-8000-000000000001
+    resourceVersion: "1234"
+    creationTimestamp: "2026-01-01T00:00:00Z"
+    generation: 1
+    annotations:
+      kubectl.kubernetes.io/last-applied-configuration: '{}'
+  spec:
+    addresses: [192.168.10.0/24]
+    autoAssign: true
+    avoidBuggyIPs: false
+  status:
+    assignedIPv4: 1
+- apiVersion: metallb.io/v1beta1
+  kind: BGPAdvertisement
+  metadata:
+    name: ad
+    namespace: metallb-system
+  spec:
+    ipAddressPools: [first-pool]
+    localPref: 150
+---
+apiVersion: metallb.io/v1beta2
+kind: BGPPeerList
+items:
+- apiVersion: metallb.io/v1beta2
+  kind: BGPPeer
+  metadata:
+    name: tor
+  spec:
+    myASN: 64512
+    peerASN: 64513
+    peerAddress: 192.0.2.1
+`
+	r, err := FromMetalLB(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Pools) != 1 || r.Pools[0].GetBgpAdvertisement().GetLocalPreference() != 150 {
+		t.Errorf("pools %v; want first-pool advertised with local preference 150", r.Pools)
+	}
+	if len(r.Peers) != 1 || r.Peers[0].GetAddress() != "192.0.2.1" {
+		t.Errorf("peers %v; want tor", r.Peers)
+	}
+	if len(r.Notes) != 0 {
+		t.Errorf("notes %q; want none (the apiserver's bookkeeping and status are no configuration)", notesOf(r))
+	}
+}
