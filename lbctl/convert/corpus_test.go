@@ -166,6 +166,106 @@ func TestTheCorpusDropsNothingSilently(t *testing.T) {
 	t.Logf("%d paths carried over, %d notes", carried, noted)
 }
 
+// eachAdvertisementWithItsPools is, for each advertisement of data, data
+// with that advertisement alone and a pool for it to select (by each name
+// it gives, by each of its selectors' labels, or one when it selects
+// every pool) where data has none: most of MetalLB's examples show an
+// advertisement without its pools, which would leave it out whole and
+// check none of its fields.
+func eachAdvertisementWithItsPools(t *testing.T, data string) map[string]string {
+	t.Helper()
+	var objs []map[string]any
+	for _, doc := range yamldocs.Split(data) {
+		j, err := yaml.YAMLToJSON([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var o map[string]any
+		if json.Unmarshal(j, &o) == nil && o != nil {
+			objs = append(objs, o)
+		}
+	}
+	isAd := func(o map[string]any) bool { return o["kind"] == "BGPAdvertisement" || o["kind"] == "L2Advertisement" }
+	pools := map[string]bool{}
+	for _, o := range objs {
+		if o["kind"] == "IPAddressPool" {
+			pools[o["metadata"].(map[string]any)["name"].(string)] = true
+		}
+	}
+	out := map[string]string{}
+	for _, ad := range objs {
+		if !isAd(ad) {
+			continue
+		}
+		docs := []any{ad}
+		for _, o := range objs {
+			if !isAd(o) {
+				docs = append(docs, o)
+			}
+		}
+		pool := func(name string, labels any) {
+			if !pools[name] {
+				md := map[string]any{"name": name}
+				if labels != nil {
+					md["labels"] = labels
+				}
+				docs = append(docs, map[string]any{"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": md,
+					"spec": map[string]any{"addresses": []any{"192.0.2.0/28"}}})
+			}
+		}
+		spec, _ := ad["spec"].(map[string]any)
+		names, _ := spec["ipAddressPools"].([]any)
+		sels, _ := spec["ipAddressPoolSelectors"].([]any)
+		for _, n := range names {
+			pool(n.(string), nil)
+		}
+		for i, sel := range sels {
+			pool(fmt.Sprintf("selected-%d", i), sel.(map[string]any)["matchLabels"])
+		}
+		if len(names) == 0 && len(sels) == 0 && len(pools) == 0 {
+			pool("any", nil)
+		}
+		var b strings.Builder
+		for _, d := range docs {
+			y, err := yaml.Marshal(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.WriteString(string(y) + "---\n")
+		}
+		out[fmt.Sprint(ad["kind"])+"/"+ad["metadata"].(map[string]any)["name"].(string)] = b.String()
+	}
+	return out
+}
+
+// TestTheCorpusAdvertisementsDropNothingSilently: each advertisement of
+// MetalLB's examples, given the pools it selects, is converted (not left
+// out whole) and every field of it is carried over or noted.
+func TestTheCorpusAdvertisementsDropNothingSilently(t *testing.T) {
+	count := 0
+	for file, data := range corpus(t) {
+		for ref, in := range eachAdvertisementWithItsPools(t, data) {
+			count++
+			r, err := Convert(in, Options{})
+			if err != nil {
+				t.Errorf("%s, %s: %v", file, ref, err)
+				continue
+			}
+			if lost := unaccounted(t, in, r); len(lost) > 0 {
+				t.Errorf("%s, %s: dropped silently:\n%s", file, ref, strings.Join(lost, "\n"))
+			}
+			for _, n := range r.Notes {
+				if n.Object == ref && n.whole || n.missed || strings.Contains(n.Says, "not a field of MetalLB's") {
+					t.Errorf("%s: %s", file, n)
+				}
+			}
+		}
+	}
+	if count < 30 {
+		t.Errorf("%d advertisements in the corpus, want MetalLB's 37", count)
+	}
+}
+
 // TestTheGuardSeesASilentDrop: the corpus check fails when a converted
 // field is neither carried over nor noted.
 func TestTheGuardSeesASilentDrop(t *testing.T) {
