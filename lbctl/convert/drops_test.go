@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -180,5 +181,41 @@ items:
 	}
 	if len(r.Notes) != 0 {
 		t.Errorf("notes %q; want none (the apiserver's bookkeeping and status are no configuration)", notesOf(r))
+	}
+}
+
+// TestCommunitiesAreCarriedVerbatim: standard and large communities, as
+// values or by a Community's name, are the advertisement's communities as
+// MetalLB spells them; a name no Community defines is noted.
+func TestCommunitiesAreCarriedVerbatim(t *testing.T) {
+	in := poolDoc + `apiVersion: metallb.io/v1beta1
+kind: Community
+metadata:
+  name: aliases
+spec:
+  communities:
+  - name: big
+    value: large:4200000001:1:2
+  - name: no-export
+    value: "65535:65281"
+---
+apiVersion: metallb.io/v1beta1
+kind: BGPAdvertisement
+metadata:
+  name: a
+spec:
+  ipAddressPools: [first-pool]
+  communities: [big, no-export, "large:64512:7:8", "64512:100", undefined]
+`
+	r, err := FromMetalLB(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"large:4200000001:1:2", "65535:65281", "large:64512:7:8", "64512:100"}
+	if got := r.Pools[0].GetBgpAdvertisement().GetCommunities(); !slices.Equal(got, want) {
+		t.Errorf("communities %q, want %q", got, want)
+	}
+	if len(r.Notes) != 1 || r.Notes[0].Object != "BGPAdvertisement/a" || r.Notes[0].Field != "spec.communities[4]" {
+		t.Errorf("notes %q; want one on spec.communities[4], the undefined name", notesOf(r))
 	}
 }

@@ -32,7 +32,7 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 	wantPools := []*weirv1.AddressPool{
 		{Metadata: meta("public", map[string]string{"tier": "edge"}), Addresses: []string{"203.0.113.0/28", "2001:db8:113::10-2001:db8:113::1f"},
 			BgpAdvertisement: &weirv1.BgpAdvertisement{AggregationLength: 28, AggregationLengthV6: 124, LocalPreference: 150,
-				Communities: []string{"65535:65281", "64512:100", "large:64512:1:2"}, Peers: []string{"tor-a"}}},
+				Communities: []string{"65535:65281", "64512:100"}, Peers: []string{"tor-a"}}},
 		{Metadata: meta("reserved", nil), Addresses: []string{"198.51.100.10-198.51.100.19"}, ManualOnly: true,
 			BgpAdvertisement:  &weirv1.BgpAdvertisement{},
 			ServiceAllocation: &weirv1.ServiceAllocation{Priority: 10, Namespaces: []string{"payments"}}},
