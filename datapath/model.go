@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/weirlb/weir/internal/bgpcommunity"
 )
 
 // NodeState is everything one node must forward.
@@ -98,9 +100,10 @@ func (n NodeInfo) L2PoolOf(addr netip.Addr) (L2Pool, bool) {
 
 // BGPAdvertisement is how the addresses in Ranges are announced.
 type BGPAdvertisement struct {
-	Ranges      []AddressRange
-	Communities []uint32 // ASN<<16 | VALUE
-	LocalPref   uint32
+	Ranges           []AddressRange
+	Communities      []uint32 // ASN<<16 | VALUE
+	LargeCommunities []bgpcommunity.Large
+	LocalPref        uint32
 	// Peers names the peers that hear the routes; empty means all.
 	Peers []string
 	// AggregationLength and AggregationLengthV6 are the prefix lengths
@@ -167,7 +170,8 @@ func (r AddressRange) Contains(a netip.Addr) bool {
 
 // Equal reports whether a and b are the same advertisement.
 func (a BGPAdvertisement) Equal(b BGPAdvertisement) bool {
-	return slices.Equal(a.Ranges, b.Ranges) && slices.Equal(a.Communities, b.Communities) && a.LocalPref == b.LocalPref &&
+	return slices.Equal(a.Ranges, b.Ranges) && slices.Equal(a.Communities, b.Communities) &&
+		slices.Equal(a.LargeCommunities, b.LargeCommunities) && a.LocalPref == b.LocalPref &&
 		slices.Equal(a.Peers, b.Peers) && a.AggregationLength == b.AggregationLength && a.AggregationLengthV6 == b.AggregationLengthV6
 }
 

@@ -350,7 +350,7 @@ func serviceWants(svc *datapath.Service, node datapath.NodeInfo) []prefixWant {
 				break
 			}
 		}
-		a.Communities, a.LocalPref = adv.Communities, adv.LocalPref
+		a.Communities, a.LargeCommunities, a.LocalPref = adv.Communities, adv.LargeCommunities, adv.LocalPref
 		if svc.ExternalTrafficPolicy == datapath.Local {
 			// The node gets traffic in proportion to its endpoints.
 			if a.Weight = readyLocal(svc, vip.Is6()); a.Weight == 0 {

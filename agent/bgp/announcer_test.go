@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/internal/bgpspeaker"
 	"github.com/weirlb/weir/internal/bgpspeaker/bgpfake"
 )
@@ -71,7 +72,8 @@ func TestAggregatesAndWeights(t *testing.T) {
 		return s
 	}
 	node := datapath.NodeInfo{Addresses: []netip.Addr{addr("192.0.2.11")}, Advertisements: []datapath.BGPAdvertisement{
-		{Ranges: []datapath.AddressRange{{First: addr("203.0.113.0"), Last: addr("203.0.113.255")}}, AggregationLength: 24, Communities: []uint32{7}},
+		{Ranges: []datapath.AddressRange{{First: addr("203.0.113.0"), Last: addr("203.0.113.255")}}, AggregationLength: 24, Communities: []uint32{7},
+			LargeCommunities: []bgpcommunity.Large{{Global: 4200000001, Local1: 1, Local2: 2}}},
 		{Ranges: []datapath.AddressRange{{First: addr("198.51.100.0"), Last: addr("198.51.100.255")}}, AggregationLength: 24},
 	}}
 	st := datapath.NodeState{Node: node, Services: map[datapath.ServiceKey]*datapath.Service{}}
@@ -87,12 +89,12 @@ func TestAggregatesAndWeights(t *testing.T) {
 	}
 	got := map[string]string{}
 	for p, a := range Wanted(st, true) {
-		got[p.String()] = fmt.Sprintf("via %s weight %d communities %v", a.NextHop, a.Weight, a.Communities)
+		got[p.String()] = fmt.Sprintf("via %s weight %d communities %v %v", a.NextHop, a.Weight, a.Communities, a.LargeCommunities)
 	}
 	want := map[string]string{
-		"203.0.113.0/24":  "via 192.0.2.11 weight 3 communities [7]", // both Local services' endpoints
-		"198.51.100.0/24": "via 192.0.2.11 weight 0 communities []",  // a Cluster service in it: unweighted
-		"192.0.2.200/32":  "via 192.0.2.11 weight 1 communities []",  // in no pool: the address alone
+		"203.0.113.0/24":  "via 192.0.2.11 weight 3 communities [7] [large:4200000001:1:2]", // both Local services' endpoints
+		"198.51.100.0/24": "via 192.0.2.11 weight 0 communities [] []",                      // a Cluster service in it: unweighted
+		"192.0.2.200/32":  "via 192.0.2.11 weight 1 communities [] []",                      // in no pool: the address alone
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("announcements (-want +got):\n%s", diff)

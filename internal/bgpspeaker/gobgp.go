@@ -23,6 +23,7 @@ import (
 	"github.com/osrg/gobgp/v3/pkg/server"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/internal/report"
 )
 
@@ -134,9 +135,11 @@ type Announcement struct {
 	// community, which routers turn into weighted ECMP. 0 announces no
 	// weight.
 	Weight uint32
-	// Communities and LocalPref come from the address's pool.
-	Communities []uint32
-	LocalPref   uint32
+	// Communities, LargeCommunities and LocalPref come from the address's
+	// pool.
+	Communities      []uint32
+	LargeCommunities []bgpcommunity.Large
+	LocalPref        uint32
 	// PathID tells apart several paths of one prefix from this speaker
 	// (ADD-PATH); 0 when there is one.
 	PathID uint32
@@ -155,7 +158,7 @@ func AddWeights(a, b uint32) uint32 {
 // Same tells whether a and b announce the same path.
 func (a Announcement) Same(b Announcement) bool {
 	return a.NextHop == b.NextHop && a.Weight == b.Weight && slices.Equal(a.Communities, b.Communities) &&
-		a.LocalPref == b.LocalPref && a.PathID == b.PathID
+		slices.Equal(a.LargeCommunities, b.LargeCommunities) && a.LocalPref == b.LocalPref && a.PathID == b.PathID
 }
 
 // Session is the speaker's session with one router.
@@ -433,6 +436,17 @@ func (g *GoBGP) path(prefix netip.Prefix, a Announcement) (*api.Path, error) {
 			return nil, err
 		}
 		attrs = append(attrs, c)
+	}
+	if len(a.LargeCommunities) > 0 {
+		var large []*api.LargeCommunity
+		for _, c := range a.LargeCommunities {
+			large = append(large, &api.LargeCommunity{GlobalAdmin: c.Global, LocalData1: c.Local1, LocalData2: c.Local2})
+		}
+		lc, err := anypb.New(&api.LargeCommunitiesAttribute{Communities: large})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, lc)
 	}
 	if a.LocalPref > 0 {
 		lp, err := anypb.New(&api.LocalPrefAttribute{LocalPref: a.LocalPref})

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/bgpcommunity"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -36,8 +37,8 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 			HoldTimeSeconds: int32(p.HoldTime / time.Second), Password: p.Password, Name: p.Name, GracefulRestart: p.GracefulRestart})
 	}
 	for _, a := range n.Advertisements {
-		pa := &weirv1.PoolAdvertisement{Communities: a.Communities, LocalPreference: a.LocalPref, Peers: a.Peers,
-			AggregationLength: uint32(a.AggregationLength), AggregationLengthV6: uint32(a.AggregationLengthV6)}
+		pa := &weirv1.PoolAdvertisement{Communities: a.Communities, LargeCommunities: EncodeLargeCommunities(a.LargeCommunities),
+			LocalPreference: a.LocalPref, Peers: a.Peers, AggregationLength: uint32(a.AggregationLength), AggregationLengthV6: uint32(a.AggregationLengthV6)}
 		pa.Ranges = encodeRanges(a.Ranges)
 		out.Advertisements = append(out.Advertisements, pa)
 	}
@@ -121,7 +122,8 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 			Name: p.GetName(), GracefulRestart: p.GetGracefulRestart()})
 	}
 	for i, pa := range n.GetAdvertisements() {
-		a := datapath.BGPAdvertisement{Communities: pa.GetCommunities(), LocalPref: pa.GetLocalPreference(), Peers: pa.GetPeers(),
+		a := datapath.BGPAdvertisement{Communities: pa.GetCommunities(), LargeCommunities: DecodeLargeCommunities(pa.GetLargeCommunities()),
+			LocalPref: pa.GetLocalPreference(), Peers: pa.GetPeers(),
 			AggregationLength: int(pa.GetAggregationLength()), AggregationLengthV6: int(pa.GetAggregationLengthV6())}
 		if a.AggregationLength > 32 || a.AggregationLengthV6 > 128 {
 			return datapath.NodeInfo{}, fmt.Errorf("node.advertisements[%d]: aggregation lengths %d and %d are not prefix lengths", i, a.AggregationLength, a.AggregationLengthV6)
@@ -324,4 +326,23 @@ func port16(field string, p int32, zeroOK bool) (uint16, error) {
 		return uint16(p), nil
 	}
 	return 0, fmt.Errorf("%s: %d is not a port", field, p)
+}
+
+// EncodeLargeCommunities is the wire form of large communities.
+func EncodeLargeCommunities(cs []bgpcommunity.Large) []*weirv1.LargeCommunity {
+	var out []*weirv1.LargeCommunity
+	for _, c := range cs {
+		out = append(out, &weirv1.LargeCommunity{GlobalAdmin: c.Global, LocalData1: c.Local1, LocalData2: c.Local2})
+	}
+	return out
+}
+
+// DecodeLargeCommunities reads large communities from their wire form;
+// every value of each field is one, so nothing is refused.
+func DecodeLargeCommunities(cs []*weirv1.LargeCommunity) []bgpcommunity.Large {
+	var out []bgpcommunity.Large
+	for _, c := range cs {
+		out = append(out, bgpcommunity.Large{Global: c.GetGlobalAdmin(), Local1: c.GetLocalData1(), Local2: c.GetLocalData2()})
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/bgpcommunity"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -100,5 +101,22 @@ func TestNodeDrainDeadline(t *testing.T) {
 	}
 	if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", DrainDeadline: &timestamppb.Timestamp{Seconds: 1, Nanos: -1}}); err == nil {
 		t.Error("a deadline that is no time decoded without error")
+	}
+}
+
+// A pool's attributes reach the node as the server has them: 32-bit local
+// preference, standard and large communities, each in its own list.
+func TestNodeAdvertisementsKeepEveryCommunity(t *testing.T) {
+	in := datapath.NodeInfo{Name: "node1", Advertisements: []datapath.BGPAdvertisement{{
+		Ranges:      []datapath.AddressRange{{First: netip.MustParseAddr("203.0.113.0"), Last: netip.MustParseAddr("203.0.113.15")}},
+		Communities: []uint32{64512<<16 | 100, 0xFFFFFF01}, LocalPref: 4000000000,
+		LargeCommunities: []bgpcommunity.Large{{Global: 4200000001, Local1: 1, Local2: 4294967295}, {Global: 64512, Local1: 0, Local2: 2}},
+	}}}
+	out, err := DecodeNode(EncodeNode(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(in.Advertisements, out.Advertisements); diff != "" {
+		t.Errorf("advertisements (-sent +received):\n%s", diff)
 	}
 }

@@ -210,7 +210,7 @@ func PoolFromCRD(p *v1alpha1.WeirAddressPool) (*model.AddressPool, error) {
 // Secret.
 func (c *crds) peer(p *v1alpha1.WeirBGPPeer) (*model.BGPPeer, error) {
 	w := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: p.Name, Labels: p.Labels}, Address: p.Spec.Address,
-		Asn: p.Spec.ASN, MyAsn: p.Spec.MyASN, Port: p.Spec.Port, HoldTimeSeconds: p.Spec.HoldTimeSeconds,
+		Asn: uint32(p.Spec.ASN), MyAsn: uint32(p.Spec.MyASN), Port: p.Spec.Port, HoldTimeSeconds: p.Spec.HoldTimeSeconds,
 		NodeSelector: p.Spec.NodeSelector, GracefulRestart: p.Spec.GracefulRestart}
 	if ref := p.Spec.PasswordSecretRef; ref != nil {
 		key := ref.Key

@@ -8,10 +8,10 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/internal/iprange"
 )
 
@@ -189,8 +189,11 @@ func (a *L2Advertisement) Selects(labels map[string]string) bool {
 
 // BGPAdvertisement is how a pool's addresses are announced.
 type BGPAdvertisement struct {
-	Communities []uint32 `json:"communities,omitempty"` // ASN<<16 | VALUE
-	LocalPref   uint32   `json:"localPref,omitempty"`
+	// Communities (ASN<<16 | VALUE) and LargeCommunities are the two
+	// attributes BGP carries a route's communities in.
+	Communities      []uint32             `json:"communities,omitempty"`
+	LargeCommunities []bgpcommunity.Large `json:"largeCommunities,omitempty"`
+	LocalPref        uint32               `json:"localPref,omitempty"`
 	// Peers names the BGPPeers that hear the routes; empty means all.
 	Peers []string `json:"peers,omitempty"`
 	// AggregationLength and AggregationLengthV6 are the prefix lengths
@@ -205,41 +208,34 @@ type BGPAdvertisement struct {
 // IsZero reports whether the advertisement is the default one: host
 // prefixes with no attributes, to every peer.
 func (a BGPAdvertisement) IsZero() bool {
-	return len(a.Communities) == 0 && a.LocalPref == 0 && len(a.Peers) == 0 && a.AggregationLength == 0 && a.AggregationLengthV6 == 0 &&
+	return len(a.Communities) == 0 && len(a.LargeCommunities) == 0 && a.LocalPref == 0 && len(a.Peers) == 0 && a.AggregationLength == 0 && a.AggregationLengthV6 == 0 &&
 		a.MaxAnnouncingNodes == 0
+}
+
+// AddCommunity adds c to the attribute BGP carries its kind in.
+func (a *BGPAdvertisement) AddCommunity(c bgpcommunity.Community) {
+	if c.IsLarge {
+		a.LargeCommunities = append(a.LargeCommunities, c.Large)
+	} else {
+		a.Communities = append(a.Communities, c.Standard)
+	}
+}
+
+// CommunityList writes the communities as bgpcommunity.Parse reads them:
+// the standard ones, then the large ones.
+func (a BGPAdvertisement) CommunityList() []string {
+	var out []string
+	for _, c := range a.Communities {
+		out = append(out, bgpcommunity.FormatStandard(c))
+	}
+	for _, c := range a.LargeCommunities {
+		out = append(out, c.String())
+	}
+	return out
 }
 
 // Prefixes are the fewest CIDRs that make up the range, in order.
 func (r AddressRange) Prefixes() []netip.Prefix { return iprange.Prefixes(r.First, r.Last) }
-
-// wellKnownCommunities are RFC 1997's and RFC 3765's names.
-var wellKnownCommunities = map[string]uint32{
-	"no-export": 0xFFFFFF01, "no-advertise": 0xFFFFFF02, "no-export-subconfed": 0xFFFFFF03, "no-peer": 0xFFFFFF04,
-}
-
-// ParseCommunity reads "ASN:VALUE" or a well-known community's name.
-func ParseCommunity(s string) (uint32, error) {
-	if c, ok := wellKnownCommunities[s]; ok {
-		return c, nil
-	}
-	hi, lo, ok := strings.Cut(s, ":")
-	a, err1 := strconv.ParseUint(hi, 10, 16)
-	b, err2 := strconv.ParseUint(lo, 10, 16)
-	if !ok || err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("%q is not a community (ASN:VALUE, each 0-65535, or no-export, no-advertise, no-export-subconfed, no-peer)", s)
-	}
-	return uint32(a)<<16 | uint32(b), nil
-}
-
-// FormatCommunity writes a community as ParseCommunity reads it.
-func FormatCommunity(c uint32) string {
-	for name, v := range wellKnownCommunities {
-		if v == c {
-			return name
-		}
-	}
-	return fmt.Sprintf("%d:%d", c>>16, c&0xFFFF)
-}
 
 // AddressRange is the addresses from First to Last, both included.
 type AddressRange struct {

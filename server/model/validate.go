@@ -527,6 +527,10 @@ func (a *L2Advertisement) validate(bgp bool) error {
 	return validateLabels("l2_advertisement.node_selector", a.NodeSelector)
 }
 
+// ASTrans is the 2-byte ASN a 4-byte speaker puts where an old one
+// expects its AS (RFC 6793): no AS of its own.
+const ASTrans = 23456
+
 // Validate checks a BGP peer.
 func (p *BGPPeer) Validate() error {
 	if err := validateMeta(&p.Meta, false, dns1123Subdomain); err != nil {
@@ -540,6 +544,14 @@ func (p *BGPPeer) Validate() error {
 	}
 	if p.MyASN == 0 {
 		return fieldErr("my_asn", "the nodes' AS number is required")
+	}
+	for _, f := range []struct {
+		field string
+		asn   uint32
+	}{{"asn", p.ASN}, {"my_asn", p.MyASN}} {
+		if f.asn == ASTrans {
+			return fieldErr(f.field, "23456 is AS_TRANS (RFC 6793), the stand-in for a 4-byte ASN, not an AS of its own")
+		}
 	}
 	if p.Port != 0 && !validPort(p.Port) {
 		return fieldErr("port", "%d is not a port (1-65535)", p.Port)

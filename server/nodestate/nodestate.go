@@ -75,7 +75,7 @@ func ranges(p *model.AddressPool) []datapath.AddressRange {
 
 // Advertisement is how the nodes announce the pool's addresses over BGP.
 func Advertisement(p *model.AddressPool) datapath.BGPAdvertisement {
-	a := datapath.BGPAdvertisement{Communities: p.BGP.Communities, LocalPref: p.BGP.LocalPref, Peers: p.BGP.Peers,
+	a := datapath.BGPAdvertisement{Communities: p.BGP.Communities, LargeCommunities: p.BGP.LargeCommunities, LocalPref: p.BGP.LocalPref, Peers: p.BGP.Peers,
 		AggregationLength: p.BGP.AggregationLength, AggregationLengthV6: p.BGP.AggregationLengthV6, Ranges: ranges(p)}
 	return a
 }

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/weirlb/weir/internal/bgpcommunity"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
 )
@@ -303,11 +304,11 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 	out.BGP.AggregationLength, out.BGP.AggregationLengthV6 = int(adv.GetAggregationLength()), int(adv.GetAggregationLengthV6())
 	out.BGP.MaxAnnouncingNodes = int(adv.GetMaxAnnouncingNodes())
 	for i, c := range adv.GetCommunities() {
-		v, err := model.ParseCommunity(c)
+		v, err := bgpcommunity.Parse(c)
 		if err != nil {
 			return nil, &model.FieldError{Field: fmt.Sprintf("bgp_advertisement.communities[%d]", i), Reason: err.Error()}
 		}
-		out.BGP.Communities = append(out.BGP.Communities, v)
+		out.BGP.AddCommunity(v)
 	}
 	for i, a := range p.GetAddresses() {
 		r, err := model.ParseAddressRange(a)
@@ -325,10 +326,7 @@ func PoolToProto(p *model.AddressPool) *weirv1.AddressPool {
 	if !p.BGP.IsZero() {
 		out.BgpAdvertisement = &weirv1.BgpAdvertisement{LocalPreference: p.BGP.LocalPref, Peers: p.BGP.Peers,
 			AggregationLength: uint32(p.BGP.AggregationLength), AggregationLengthV6: uint32(p.BGP.AggregationLengthV6),
-			MaxAnnouncingNodes: uint32(p.BGP.MaxAnnouncingNodes)}
-		for _, c := range p.BGP.Communities {
-			out.BgpAdvertisement.Communities = append(out.BgpAdvertisement.Communities, model.FormatCommunity(c))
-		}
+			MaxAnnouncingNodes: uint32(p.BGP.MaxAnnouncingNodes), Communities: p.BGP.CommunityList()}
 	}
 	if p.L2 != nil {
 		out.L2Advertisement = &weirv1.L2Advertisement{Interfaces: p.L2.Interfaces, NodeSelector: p.L2.NodeSelector}

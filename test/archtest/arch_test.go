@@ -46,6 +46,7 @@ func TestDependencyDirection(t *testing.T) {
 		{"server/agentsync", []string{module + "/internal/dial"}, "the server does not import the clients' dialer for its vocabulary (internal/apierr holds it)"},
 		{"server/resourcefile", []string{module + "/server/api"}, "the resources file reads resources as the API writes them (server/resourcewire), not through the gRPC edge"},
 		{"internal/notify internal/recv", []string{module + "/"}, "waking waiters and pumping a stream are leaves every component may use"},
+		{"internal/bgpcommunity", []string{module + "/"}, "communities as operators write them are a leaf every layer reads them by"},
 		{"datapath/internal/nfwire", []string{module + "/"}, "the kernel's netlink wire is a leaf that knows nothing of services"},
 		{"server/cmd/weir-server agent/cmd/weir-agent lbtier/cmd/weir-speaker", []string{module + "/datapath/benchhook"}, "the kernel floors the benches measure stay out of the product"},
 		{"server/cmd/weir-server", []string{module + "/test", "k8s.io/kubernetes"}, "test-only code stays out of the product"},

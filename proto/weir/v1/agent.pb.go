@@ -1913,8 +1913,10 @@ type PoolAdvertisement struct {
 	// Prefix lengths to announce (0 means the host prefix).
 	AggregationLength   uint32 `protobuf:"varint,5,opt,name=aggregation_length,json=aggregationLength,proto3" json:"aggregation_length,omitempty"`
 	AggregationLengthV6 uint32 `protobuf:"varint,6,opt,name=aggregation_length_v6,json=aggregationLengthV6,proto3" json:"aggregation_length_v6,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Large communities (RFC 8092), sent in the LARGE_COMMUNITY attribute.
+	LargeCommunities []*LargeCommunity `protobuf:"bytes,7,rep,name=large_communities,json=largeCommunities,proto3" json:"large_communities,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PoolAdvertisement) Reset() {
@@ -1989,6 +1991,76 @@ func (x *PoolAdvertisement) GetAggregationLengthV6() uint32 {
 	return 0
 }
 
+func (x *PoolAdvertisement) GetLargeCommunities() []*LargeCommunity {
+	if x != nil {
+		return x.LargeCommunities
+	}
+	return nil
+}
+
+// LargeCommunity is an RFC 8092 large community, written
+// "large:GLOBAL:LOCAL1:LOCAL2".
+type LargeCommunity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The global administrator, usually the AS that defines the community.
+	GlobalAdmin   uint32 `protobuf:"varint,1,opt,name=global_admin,json=globalAdmin,proto3" json:"global_admin,omitempty"`
+	LocalData1    uint32 `protobuf:"varint,2,opt,name=local_data1,json=localData1,proto3" json:"local_data1,omitempty"`
+	LocalData2    uint32 `protobuf:"varint,3,opt,name=local_data2,json=localData2,proto3" json:"local_data2,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LargeCommunity) Reset() {
+	*x = LargeCommunity{}
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LargeCommunity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LargeCommunity) ProtoMessage() {}
+
+func (x *LargeCommunity) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LargeCommunity.ProtoReflect.Descriptor instead.
+func (*LargeCommunity) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *LargeCommunity) GetGlobalAdmin() uint32 {
+	if x != nil {
+		return x.GlobalAdmin
+	}
+	return 0
+}
+
+func (x *LargeCommunity) GetLocalData1() uint32 {
+	if x != nil {
+		return x.LocalData1
+	}
+	return 0
+}
+
+func (x *LargeCommunity) GetLocalData2() uint32 {
+	if x != nil {
+		return x.LocalData2
+	}
+	return 0
+}
+
 type NodePeer struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Address         string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
@@ -2006,7 +2078,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2090,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2103,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -2122,7 +2194,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[23]
+	mi := &file_weir_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2134,7 +2206,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[23]
+	mi := &file_weir_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2147,7 +2219,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -2261,7 +2333,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[24]
+	mi := &file_weir_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2345,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[24]
+	mi := &file_weir_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2358,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -2344,7 +2416,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[25]
+	mi := &file_weir_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2428,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[25]
+	mi := &file_weir_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2441,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -2579,14 +2651,21 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x02 \x03(\tR\n" +
-	"interfaces\"\xf1\x01\n" +
+	"interfaces\"\xb7\x02\n" +
 	"\x11PoolAdvertisement\x12\x16\n" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12 \n" +
 	"\vcommunities\x18\x02 \x03(\rR\vcommunities\x12)\n" +
 	"\x10local_preference\x18\x03 \x01(\rR\x0flocalPreference\x12\x14\n" +
 	"\x05peers\x18\x04 \x03(\tR\x05peers\x12-\n" +
 	"\x12aggregation_length\x18\x05 \x01(\rR\x11aggregationLength\x122\n" +
-	"\x15aggregation_length_v6\x18\x06 \x01(\rR\x13aggregationLengthV6\"\xe8\x01\n" +
+	"\x15aggregation_length_v6\x18\x06 \x01(\rR\x13aggregationLengthV6\x12D\n" +
+	"\x11large_communities\x18\a \x03(\v2\x17.weir.v1.LargeCommunityR\x10largeCommunities\"u\n" +
+	"\x0eLargeCommunity\x12!\n" +
+	"\fglobal_admin\x18\x01 \x01(\rR\vglobalAdmin\x12\x1f\n" +
+	"\vlocal_data1\x18\x02 \x01(\rR\n" +
+	"localData1\x12\x1f\n" +
+	"\vlocal_data2\x18\x03 \x01(\rR\n" +
+	"localData2\"\xe8\x01\n" +
 	"\bNodePeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x10\n" +
@@ -2663,7 +2742,7 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(BgpSessionState)(0),          // 0: weir.v1.BgpSessionState
 	(AddressFamily)(0),            // 1: weir.v1.AddressFamily
@@ -2689,23 +2768,24 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*FlowPeer)(nil),              // 21: weir.v1.FlowPeer
 	(*L2Pool)(nil),                // 22: weir.v1.L2Pool
 	(*PoolAdvertisement)(nil),     // 23: weir.v1.PoolAdvertisement
-	(*NodePeer)(nil),              // 24: weir.v1.NodePeer
-	(*NodeService)(nil),           // 25: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 26: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 27: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 30: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 31: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 32: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 33: weir.v1.Protocol
+	(*LargeCommunity)(nil),        // 24: weir.v1.LargeCommunity
+	(*NodePeer)(nil),              // 25: weir.v1.NodePeer
+	(*NodeService)(nil),           // 26: weir.v1.NodeService
+	(*NodeServicePort)(nil),       // 27: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 28: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(TrafficPolicy)(0),            // 31: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 32: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 33: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 34: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	4,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
 	4,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
 	3,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
 	4,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
-	28, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
+	29, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
 	4,  // 5: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
 	7,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	8,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
@@ -2713,44 +2793,45 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	10, // 9: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
 	17, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
 	18, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	28, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	29, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
 	13, // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
 	11, // 14: weir.v1.Report.moved_connections:type_name -> weir.v1.MovedConnections
 	12, // 15: weir.v1.Report.drain:type_name -> weir.v1.DrainStatus
-	29, // 16: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
-	29, // 17: weir.v1.DrainStatus.counted_at:type_name -> google.protobuf.Timestamp
-	29, // 18: weir.v1.DrainStatus.deadline:type_name -> google.protobuf.Timestamp
+	30, // 16: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
+	30, // 17: weir.v1.DrainStatus.counted_at:type_name -> google.protobuf.Timestamp
+	30, // 18: weir.v1.DrainStatus.deadline:type_name -> google.protobuf.Timestamp
 	15, // 19: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
 	14, // 20: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	29, // 21: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	30, // 21: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
 	16, // 22: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
 	0,  // 23: weir.v1.BgpSession.session_state:type_name -> weir.v1.BgpSessionState
 	1,  // 24: weir.v1.BgpFamily.address_family:type_name -> weir.v1.AddressFamily
-	29, // 25: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	30, // 25: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
 	20, // 26: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	25, // 27: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	24, // 28: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	26, // 27: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	25, // 28: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
 	23, // 29: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
 	22, // 30: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
 	21, // 31: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
-	29, // 32: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
+	30, // 32: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
 	21, // 33: weir.v1.NodeInfo.flow_senders:type_name -> weir.v1.FlowPeer
-	26, // 34: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	30, // 35: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	30, // 36: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	31, // 37: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	32, // 38: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	33, // 39: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	27, // 40: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	6,  // 41: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	2,  // 42: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
-	19, // 43: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	5,  // 44: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
-	43, // [43:45] is the sub-list for method output_type
-	41, // [41:43] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	24, // 34: weir.v1.PoolAdvertisement.large_communities:type_name -> weir.v1.LargeCommunity
+	27, // 35: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	31, // 36: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	31, // 37: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	32, // 38: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	33, // 39: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	34, // 40: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	28, // 41: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	6,  // 42: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	2,  // 43: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
+	19, // 44: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	5,  // 45: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
+	44, // [44:46] is the sub-list for method output_type
+	42, // [42:44] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -2771,7 +2852,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

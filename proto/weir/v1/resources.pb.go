@@ -1503,9 +1503,12 @@ func (x *L2Advertisement) GetNodeSelector() map[string]string {
 type BgpAdvertisement struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Standard communities, "ASN:VALUE" (each 0-65535), or no-export,
-	// no-advertise, no-export-subconfed, no-peer.
+	// no-advertise, no-export-subconfed, no-peer; and large communities
+	// (RFC 8092), "large:GLOBAL:LOCAL1:LOCAL2" (each 0-4294967295), in the
+	// same list as MetalLB writes them. Numbers are decimals without
+	// leading zero. Read back, the standard ones come first.
 	Communities []string `protobuf:"bytes,1,rep,name=communities,proto3" json:"communities,omitempty"`
-	// LOCAL_PREF for internal (same-AS) peers; 0 sends none.
+	// LOCAL_PREF for internal (same-AS) peers, 0-4294967295; 0 sends none.
 	LocalPreference uint32 `protobuf:"varint,2,opt,name=local_preference,json=localPreference,proto3" json:"local_preference,omitempty"`
 	// Names of the BgpPeers that hear the pool's routes; empty means every
 	// peer (peers given on an agent's command line have no name and hear
@@ -1667,9 +1670,10 @@ type BgpPeer struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Metadata *ObjectMeta            `protobuf:"bytes,1,opt,name=metadata,proto3" json:"metadata,omitempty"`
 	Address  string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
-	// The router's AS.
+	// The router's AS: 1-4294967295 (4-byte ASNs, RFC 6793), not 23456
+	// (AS_TRANS).
 	Asn uint32 `protobuf:"varint,3,opt,name=asn,proto3" json:"asn,omitempty"`
-	// The nodes' own AS in this session.
+	// The nodes' own AS in this session, as asn.
 	MyAsn uint32 `protobuf:"varint,4,opt,name=my_asn,json=myAsn,proto3" json:"my_asn,omitempty"`
 	// 0 means 179.
 	Port int32 `protobuf:"varint,5,opt,name=port,proto3" json:"port,omitempty"`

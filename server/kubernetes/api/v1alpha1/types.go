@@ -122,16 +122,27 @@ type ServiceAllocation struct {
 
 // BGPAdvertisement is the pool's routes' attributes.
 type BGPAdvertisement struct {
-	// Communities are standard communities "ASN:VALUE" (each 0-65535) or
-	// no-export, no-advertise, no-export-subconfed, no-peer.
+	// The rule below is bgpcommunity.Parse's, in CEL (a test holds the
+	// two to the same verdict): numbers are bounded as numbers, since a
+	// pattern cannot say 65535 readably.
+
+	// Communities are standard communities "ASN:VALUE" (each 0-65535),
+	// no-export, no-advertise, no-export-subconfed, no-peer, and large
+	// communities "large:GLOBAL:LOCAL1:LOCAL2" (each 0-4294967295), in one
+	// list; numbers are decimals without leading zero.
 	//
 	// +optional
 	// +kubebuilder:validation:MaxItems=32
-	// +kubebuilder:validation:items:Pattern=`^([0-9]{1,5}:[0-9]{1,5}|no-export|no-advertise|no-export-subconfed|no-peer)$`
+	// +kubebuilder:validation:items:MaxLength=38
+	// +kubebuilder:validation:items:XValidation:rule="self in ['no-export', 'no-advertise', 'no-export-subconfed', 'no-peer'] || (self.matches('^(0|[1-9][0-9]{0,4}):(0|[1-9][0-9]{0,4})$') && self.split(':').all(n, int(n) <= 65535)) || (self.matches('^large:(0|[1-9][0-9]{0,9}):(0|[1-9][0-9]{0,9}):(0|[1-9][0-9]{0,9})$') && self.substring(6).split(':').all(n, int(n) <= 4294967295))",message="a community is ASN:VALUE (each 0-65535), large:GLOBAL:LOCAL1:LOCAL2 (each 0-4294967295), no-export, no-advertise, no-export-subconfed or no-peer"
 	Communities []string `json:"communities,omitempty"`
-	// LocalPreference is LOCAL_PREF for internal peers; 0 sends none.
+	// LocalPreference is LOCAL_PREF for internal peers, 0-4294967295; 0
+	// sends none.
 	//
 	// +optional
+	// +kubebuilder:validation:Format=int64
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
 	LocalPreference uint32 `json:"localPreference,omitempty"`
 	// Peers are the names of the WeirBGPPeers that hear the pool's routes;
 	// empty: every peer.
@@ -243,13 +254,9 @@ type BGPPeerSpec struct {
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="an IPv4 or IPv6 address"
 	Address string `json:"address"`
 	// ASN is the router's AS.
-	//
-	// +kubebuilder:validation:Minimum=1
-	ASN uint32 `json:"asn"`
+	ASN ASN `json:"asn"`
 	// MyASN is the nodes' own AS in this session.
-	//
-	// +kubebuilder:validation:Minimum=1
-	MyASN uint32 `json:"myASN"`
+	MyASN ASN `json:"myASN"`
 	// Port is the router's port; 0 means 179.
 	//
 	// +optional
@@ -275,6 +282,17 @@ type BGPPeerSpec struct {
 	// +optional
 	GracefulRestart bool `json:"gracefulRestart,omitempty"`
 }
+
+// ASN is an AS number, 1-4294967295 (4-byte ASNs, RFC 6793; 0 is
+// reserved by RFC 7607), and not AS_TRANS. controller-gen would say
+// int32 for a uint32, which the apiserver enforces, so the format is
+// given.
+//
+// +kubebuilder:validation:Format=int64
+// +kubebuilder:validation:Minimum=1
+// +kubebuilder:validation:Maximum=4294967295
+// +kubebuilder:validation:XValidation:rule="self != 23456",message="23456 is AS_TRANS (RFC 6793), the stand-in for a 4-byte ASN, not an AS of its own"
+type ASN uint32
 
 // SecretKeyRef is a key of a Secret in the server's namespace.
 type SecretKeyRef struct {
