@@ -374,10 +374,14 @@ func Convert(data string, opts Options) (*Result, error) {
 	}
 	ads := indexAdvertisements(slices.Concat(in.bgpAds, in.l2Ads))
 	picked := make([]bool, len(ads.all))
+	passedOver := make([]*object, len(ads.all)) // a pool that another advertisement's is
 	for _, o := range in.pools {
 		mine := ads.selecting(o)
 		if len(mine) > 0 {
 			picked[mine[0]] = true
+		}
+		for _, i := range mine[min(1, len(mine)):] {
+			passedOver[i] = cmp.Or(passedOver[i], o)
 		}
 		r.Pools = append(r.Pools, convertPool(o, ads.pick(mine), in.communities))
 	}
@@ -389,8 +393,8 @@ func Convert(data string, opts Options) (*Result, error) {
 	for i, ad := range ads.all {
 		if !picked[i] {
 			says := "selects no IPAddressPool of the input: left out"
-			if pools := ads.pools(i, in.pools); len(pools) > 0 {
-				says = fmt.Sprintf("Weir advertises a pool one way and %s is advertised as another advertisement says: left out; give the services this one is for a pool of their own", strings.Join(pools, ", "))
+			if p := passedOver[i]; p != nil {
+				says = fmt.Sprintf("Weir advertises a pool one way, and %s (with any other pool this selects) as another advertisement says: left out; give the services this one is for a pool of their own", p.ref())
 			}
 			ad.leftOut(Dropped, says)
 		}
@@ -651,18 +655,6 @@ func (a *advertisements) selecting(p *object) []int {
 	}
 	slices.Sort(mine)
 	return slices.Compact(mine)
-}
-
-// pools names the pools advertisement i selects, of pools: only for a
-// note, so a scan is fine.
-func (a *advertisements) pools(i int, pools []*object) []string {
-	var out []string
-	for _, p := range pools {
-		if slices.Contains(a.selecting(p), i) {
-			out = append(out, p.ref())
-		}
-	}
-	return out
 }
 
 // pick is the advertisements of indexes.
