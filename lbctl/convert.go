@@ -34,7 +34,8 @@ passwordSecret the Secret it names).
 Nothing is dropped silently: every field of the input is carried over or
 named, object and field, in a note at the top of the output (as comments)
 and on standard error, saying what to do instead in Weir; a field MetalLB
-does not have is named too. When something was not carried over whole,
+does not have is named too. (Metadata other than the name and labels, and
+status, configure nothing, and are not carried over.) When something was not carried over whole,
 the output is still written and the exit code is %d, so that a script
 stops to read the notes; --allow-drops, once they are read, makes it 0.
 Nothing is sent to the server.
