@@ -5,12 +5,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -71,6 +73,15 @@ func ApplyEcho(t testing.TB, c *Cluster, ns, name string, replicas int32, nodeSe
 							FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"},
 						}}},
 						Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
+						// A request, as a served workload has: a pod
+						// without one is BestEffort (cgroup cpu.shares 2),
+						// which any busy pod on a loaded node starves for
+						// seconds, seen here as answers seconds late
+						// while the agent pod starts.
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU:    resource.MustParse("100m"),
+							corev1.ResourceMemory: resource.MustParse("16Mi"),
+						}},
 						ReadinessProbe: &corev1.Probe{
 							ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
 								Path: "/readyz", Port: intstr.FromInt32(8080),
@@ -137,21 +148,11 @@ func ptr[T any](v T) *T { return &v }
 func PodNetns(t testing.TB, c *Cluster, pod *corev1.Pod) *lab.Netns {
 	t.Helper()
 	var pid int
-	for _, n := range c.nodes {
-		if n.Name != pod.Spec.NodeName {
-			continue
+	for _, dir := range c.podCgroups(pod) {
+		if pids := cgroupPids(dir); len(pids) > 0 {
+			pid = pids[0]
+			break
 		}
-		// cgroupfs: <node cgroup>/kubepods/<qos>/pod<uid>/<container>.
-		root := filepath.Join(cgroupRoot, "pids", n.cgroup)
-		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-			if err != nil || pid != 0 || !d.IsDir() || !strings.Contains(path, "pod"+string(pod.UID)+"/") {
-				return nil
-			}
-			if pids := cgroupPids(path); len(pids) > 0 {
-				pid = pids[0]
-			}
-			return nil
-		})
 	}
 	if pid == 0 {
 		t.Fatalf("no process of pod %s found in its node's cgroups", pod.Name)
@@ -161,4 +162,54 @@ func PodNetns(t testing.TB, c *Cluster, pod *corev1.Pod) *lab.Netns {
 		t.Fatal(err)
 	}
 	return ns
+}
+
+// KillContainer sends SIGKILL to every process of one container of a
+// running pod, as a crash or the kernel's OOM killer would: its kubelet
+// restarts it. It returns the processes killed.
+func KillContainer(t testing.TB, c *Cluster, pod *corev1.Pod, container string) []int {
+	t.Helper()
+	var id string
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.Name == container {
+			_, id, _ = strings.Cut(s.ContainerID, "://")
+		}
+	}
+	if id == "" {
+		t.Fatalf("pod %s has no running container %q", pod.Name, container)
+	}
+	var killed []int
+	for _, dir := range c.podCgroups(pod) {
+		if filepath.Base(dir) != id {
+			continue
+		}
+		for _, pid := range cgroupPids(dir) {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
+				killed = append(killed, pid)
+			}
+		}
+	}
+	if len(killed) == 0 {
+		t.Fatalf("no process of container %s of pod %s found in its node's cgroups", container, pod.Name)
+	}
+	return killed
+}
+
+// podCgroups lists the pids cgroups of a pod on its node, the pod's own
+// first. cgroupfs lays them out as <node cgroup>/kubepods/[<qos>/]
+// pod<uid>/<container id>.
+func (c *Cluster) podCgroups(pod *corev1.Pod) []string {
+	var dirs []string
+	for _, n := range c.nodes {
+		if n.Name != pod.Spec.NodeName {
+			continue
+		}
+		filepath.WalkDir(filepath.Join(cgroupRoot, "pids", n.cgroup), func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() && strings.Contains(path+"/", "/pod"+string(pod.UID)+"/") {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+	}
+	return dirs
 }
