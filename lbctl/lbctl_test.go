@@ -1227,10 +1227,10 @@ l2_advertisement:
 		t.Errorf("get pools (-want +got):\n%s", diff)
 	}
 	got = e.mustLbctl("", "get", "pools", "-o", "wide")
-	want = "NAME       ADDRESSES                     MODE   AUTO-ASSIGN   AGE   PEERS   INTERFACES       AGGREGATION   COMMUNITIES   LABELS\n" +
-		"public     203.0.113.0-203.0.113.15      bgp    yes           0s    tor-a   -                /28,/128      no-export     <none>\n" +
-		"rack-lan   192.0.2.200-192.0.2.209       l2     yes           0s    -       eth0,bond0.100   /32,/128      <none>        <none>\n" +
-		"reserved   198.51.100.10-198.51.100.20   bgp    no            0s    all     -                /32,/128      <none>        <none>\n"
+	want = "NAME       ADDRESSES                     MODE   AUTO-ASSIGN   AGE   PEERS   INTERFACES       AGGREGATION   LOCAL-PREF   COMMUNITIES   LABELS\n" +
+		"public     203.0.113.0-203.0.113.15      bgp    yes           0s    tor-a   -                /28,/128      <none>       no-export     <none>\n" +
+		"rack-lan   192.0.2.200-192.0.2.209       l2     yes           0s    -       eth0,bond0.100   /32,/128      <none>       <none>        <none>\n" +
+		"reserved   198.51.100.10-198.51.100.20   bgp    no            0s    all     -                /32,/128      <none>       <none>        <none>\n"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("get pools -o wide (-want +got):\n%s", diff)
 	}

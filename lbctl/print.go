@@ -239,6 +239,12 @@ var poolWide = []column{
 		adv := p.GetBgpAdvertisement()
 		return fmt.Sprintf("/%d,/%d", cmp.Or(adv.GetAggregationLength(), 32), cmp.Or(adv.GetAggregationLengthV6(), 128))
 	}),
+	col("LOCAL-PREF", func(p *weirv1.AddressPool) string {
+		if lp := p.GetBgpAdvertisement().GetLocalPreference(); lp != 0 {
+			return strconv.FormatUint(uint64(lp), 10)
+		}
+		return "<none>" // 0 sends no LOCAL_PREF
+	}),
 	col("COMMUNITIES", func(p *weirv1.AddressPool) string { return list(p.GetBgpAdvertisement().GetCommunities()) }),
 }
 

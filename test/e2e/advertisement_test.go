@@ -161,8 +161,13 @@ func TestGracefulRestartKeepsTrafficThroughAnAgentRestart(t *testing.T) {
 // nodes' sessions from the rack LAN; its log is shown when the test fails.
 func startLabBIRD(t *testing.T, c *weirlab.Cluster) *bird.Router {
 	t.Helper()
-	b, err := bird.Start(context.Background(), c.Router, bird.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(),
-		ListenRanges4: []string{"192.0.2.0/24"}, PeerASN: nodeASN})
+	return startBIRD(t, c, bird.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(), ListenRanges4: []string{"192.0.2.0/24"}, PeerASN: nodeASN})
+}
+
+// startBIRD starts BIRD configured by cfg in the lab's router namespace.
+func startBIRD(t *testing.T, c *weirlab.Cluster, cfg bird.Config) *bird.Router {
+	t.Helper()
+	b, err := bird.Start(context.Background(), c.Router, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
