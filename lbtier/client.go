@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/weirlb/weir/internal/dial"
+	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
@@ -77,6 +78,7 @@ func TargetsFromProto(vips []*weirv1.VipTargets, log *slog.Logger) []Target {
 			continue
 		}
 		prefix := netip.PrefixFrom(vip, bits).Masked()
+		large := nodewire.DecodeLargeCommunities(v.GetLargeCommunities())
 		for _, t := range v.GetTargets() {
 			hop, err := netip.ParseAddr(t.GetAddress())
 			if err != nil || hop.Is6() != vip.Is6() || t.GetHealthCheckPort() <= 0 || t.GetHealthCheckPort() > 65535 {
@@ -86,7 +88,7 @@ func TargetsFromProto(vips []*weirv1.VipTargets, log *slog.Logger) []Target {
 			out = append(out, Target{
 				VIP: vip, Prefix: prefix, Service: v.GetService(), Node: t.GetNode(), NextHop: hop, Weight: t.GetWeight(),
 				Probe:       ProbeKey{Addr: hop, Port: uint16(t.GetHealthCheckPort()), Path: t.GetHealthCheckPath()},
-				Communities: v.GetCommunities(), LocalPref: v.GetLocalPreference(),
+				Communities: v.GetCommunities(), LargeCommunities: large, LocalPref: v.GetLocalPreference(),
 			})
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/internal/dial"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
@@ -90,5 +91,18 @@ func TestFollowMovesToTheNextReplicaWhenItsIsNotCurrent(t *testing.T) {
 	}
 	if w := <-current.watches; w.GetAcceptStale() {
 		t.Errorf("watch on the current replica asks for stale targets: %v", w)
+	}
+}
+
+// A pool's attributes reach each target as the server sends them: local
+// preference, standard and large communities.
+func TestTargetsKeepThePoolsAttributes(t *testing.T) {
+	got := TargetsFromProto([]*weirv1.VipTargets{{Address: "203.0.113.5", Service: "shop/web", Communities: []uint32{64500<<16 | 1},
+		LargeCommunities: []*weirv1.LargeCommunity{{GlobalAdmin: 4200000001, LocalData1: 1, LocalData2: 4294967295}}, LocalPreference: 4000000000,
+		Targets: []*weirv1.Target{{Node: "node1", Address: "192.0.2.11", HealthCheckPort: 10256}}}}, slog.Default())
+	want := bgpcommunity.Large{Global: 4200000001, Local1: 1, Local2: 4294967295}
+	if len(got) != 1 || len(got[0].LargeCommunities) != 1 || got[0].LargeCommunities[0] != want || got[0].LocalPref != 4000000000 ||
+		len(got[0].Communities) != 1 || got[0].Communities[0] != 64500<<16|1 {
+		t.Errorf("targets %+v; want one with 64500:1, %v and local preference 4000000000", got, want)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/internal/bgpspeaker"
 )
 
@@ -27,8 +28,9 @@ type Target struct {
 	Weight  uint32
 	Probe   ProbeKey
 	// The address pool's path attributes.
-	Communities []uint32
-	LocalPref   uint32
+	Communities      []uint32
+	LargeCommunities []bgpcommunity.Large
+	LocalPref        uint32
 }
 
 // PathKey is one path of a prefix.
@@ -90,7 +92,7 @@ func Plan(targets []Target, in Inputs) (map[PathKey]bgpspeaker.Announcement, []P
 				weight = bgpspeaker.AddWeights(weight, other.Weight)
 			}
 			want[key] = bgpspeaker.Announcement{NextHop: t.NextHop, Weight: weight,
-				Communities: t.Communities, LocalPref: t.LocalPref, PathID: key.PathID}
+				Communities: t.Communities, LargeCommunities: t.LargeCommunities, LocalPref: t.LocalPref, PathID: key.PathID}
 		}
 		status = append(status, st)
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/weirlb/weir/internal/nodewire"
 	"github.com/weirlb/weir/internal/notify"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/agentsync"
@@ -204,7 +205,8 @@ func (l *LoadBalancerTierService) targets() ([]*weirv1.VipTargets, uint64) {
 	out := make([]*weirv1.VipTargets, 0, len(vips))
 	for _, v := range vips {
 		vt := &weirv1.VipTargets{Address: v.Address.String(), Service: v.Service,
-			Communities: v.Communities, LocalPreference: v.LocalPreference, PrefixLength: uint32(v.PrefixLength)}
+			Communities: v.Communities, LargeCommunities: nodewire.EncodeLargeCommunities(v.LargeCommunities), LocalPreference: v.LocalPreference,
+			PrefixLength: uint32(v.PrefixLength)}
 		for _, t := range v.Targets {
 			vt.Targets = append(vt.Targets, &weirv1.Target{Node: t.Node, Address: t.Address.String(), Weight: t.Weight,
 				HealthCheckPort: int32(t.HealthCheckPort), HealthCheckPath: t.HealthCheckPath})

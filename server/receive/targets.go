@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/server/announcers"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/nodestate"
@@ -21,12 +22,14 @@ const NodeHealthPort = 10256
 type VIP struct {
 	Address netip.Addr
 	Service string // "namespace/name"
-	// Communities, LocalPreference and PrefixLength are the address
-	// pool's BGP advertisement; PrefixLength 0 announces the host route.
-	Communities     []uint32
-	LocalPreference uint32
-	PrefixLength    int
-	Targets         []Target
+	// Communities, LargeCommunities, LocalPreference and PrefixLength
+	// are the address pool's BGP advertisement; PrefixLength 0 announces
+	// the host route.
+	Communities      []uint32
+	LargeCommunities []bgpcommunity.Large
+	LocalPreference  uint32
+	PrefixLength     int
+	Targets          []Target
 }
 
 // Target is one node that should receive a VIP's traffic now.
@@ -89,7 +92,7 @@ func Targets(c Cluster) []VIP {
 				continue // answered over L2: no router hears it
 			}
 			if pool != nil {
-				vt.Communities, vt.LocalPreference = pool.BGP.Communities, pool.BGP.LocalPref
+				vt.Communities, vt.LargeCommunities, vt.LocalPreference = pool.BGP.Communities, pool.BGP.LargeCommunities, pool.BGP.LocalPref
 				vt.PrefixLength = pool.BGP.AggregationLength
 				if vip.Is6() {
 					vt.PrefixLength = pool.BGP.AggregationLengthV6

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/server/announcers"
 	"github.com/weirlb/weir/server/model"
 	"github.com/weirlb/weir/server/nodestate"
@@ -15,7 +16,8 @@ func TestTargets(t *testing.T) {
 	vip, localVIP := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("203.0.113.6")
 	pool := &model.AddressPool{Meta: model.Meta{Name: "public"},
 		Ranges: []model.AddressRange{{First: netip.MustParseAddr("203.0.113.0"), Last: netip.MustParseAddr("203.0.113.15")}},
-		BGP:    model.BGPAdvertisement{MaxAnnouncingNodes: 1, Communities: []uint32{64500<<16 | 1}}}
+		BGP: model.BGPAdvertisement{MaxAnnouncingNodes: 1, Communities: []uint32{64500<<16 | 1},
+			LargeCommunities: []bgpcommunity.Large{{Global: 4200000001, Local1: 1, Local2: 2}}}}
 	cluster := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "web"}, LoadBalancerIPs: []netip.Addr{vip}}
 	local := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "cart"}, LoadBalancerIPs: []netip.Addr{localVIP},
 		ExternalTrafficPolicy: model.PolicyLocal, HealthCheckNodePort: 32000}
@@ -51,8 +53,9 @@ func TestTargets(t *testing.T) {
 		}
 	}
 	slices.Sort(want)
-	if !slices.Equal(names, want) || !slices.Equal(got[0].Communities, pool.BGP.Communities) {
-		t.Errorf("%s goes to %v with communities %v; want %v with %v", vip, names, got[0].Communities, want, pool.BGP.Communities)
+	if !slices.Equal(names, want) || !slices.Equal(got[0].Communities, pool.BGP.Communities) || !slices.Equal(got[0].LargeCommunities, pool.BGP.LargeCommunities) {
+		t.Errorf("%s goes to %v with communities %v %v; want %v with %v %v", vip, names, got[0].Communities, got[0].LargeCommunities, want,
+			pool.BGP.Communities, pool.BGP.LargeCommunities)
 	}
 	// Local: node1 has no ready endpoint; the others are weighted by
 	// theirs and probed on the service's health-check node port.

@@ -139,14 +139,15 @@ type VipTargets struct {
 	Service string    `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`
 	Targets []*Target `protobuf:"bytes,3,rep,name=targets,proto3" json:"targets,omitempty"`
 	// The address pool's BGP attributes: standard communities as 32-bit
-	// numbers (ASN << 16 | VALUE) and local preference.
+	// numbers (ASN << 16 | VALUE), large communities and local preference.
 	Communities     []uint32 `protobuf:"varint,4,rep,packed,name=communities,proto3" json:"communities,omitempty"`
 	LocalPreference uint32   `protobuf:"varint,5,opt,name=local_preference,json=localPreference,proto3" json:"local_preference,omitempty"`
 	// The length of the prefix announced for the address: its pool's
 	// aggregation length, 0 for the address alone.
-	PrefixLength  uint32 `protobuf:"varint,6,opt,name=prefix_length,json=prefixLength,proto3" json:"prefix_length,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PrefixLength     uint32            `protobuf:"varint,6,opt,name=prefix_length,json=prefixLength,proto3" json:"prefix_length,omitempty"`
+	LargeCommunities []*LargeCommunity `protobuf:"bytes,7,rep,name=large_communities,json=largeCommunities,proto3" json:"large_communities,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *VipTargets) Reset() {
@@ -219,6 +220,13 @@ func (x *VipTargets) GetPrefixLength() uint32 {
 		return x.PrefixLength
 	}
 	return 0
+}
+
+func (x *VipTargets) GetLargeCommunities() []*LargeCommunity {
+	if x != nil {
+		return x.LargeCommunities
+	}
+	return nil
 }
 
 // Target is a node that should receive a load-balancer IP's traffic.
@@ -629,7 +637,7 @@ const file_weir_v1_lbtier_proto_rawDesc = "" +
 	"\faccept_stale\x18\x02 \x01(\bR\vacceptStale\"[\n" +
 	"\x14WatchTargetsResponse\x12'\n" +
 	"\x04vips\x18\x01 \x03(\v2\x13.weir.v1.VipTargetsR\x04vips\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\"\xdd\x01\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"\xa3\x02\n" +
 	"\n" +
 	"VipTargets\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
@@ -637,7 +645,8 @@ const file_weir_v1_lbtier_proto_rawDesc = "" +
 	"\atargets\x18\x03 \x03(\v2\x0f.weir.v1.TargetR\atargets\x12 \n" +
 	"\vcommunities\x18\x04 \x03(\rR\vcommunities\x12)\n" +
 	"\x10local_preference\x18\x05 \x01(\rR\x0flocalPreference\x12#\n" +
-	"\rprefix_length\x18\x06 \x01(\rR\fprefixLength\"\xa6\x01\n" +
+	"\rprefix_length\x18\x06 \x01(\rR\fprefixLength\x12D\n" +
+	"\x11large_communities\x18\a \x03(\v2\x17.weir.v1.LargeCommunityR\x10largeCommunities\"\xa6\x01\n" +
 	"\x06Target\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x16\n" +
@@ -691,24 +700,26 @@ var file_weir_v1_lbtier_proto_goTypes = []any{
 	(*SpeakerStatus)(nil),         // 6: weir.v1.SpeakerStatus
 	(*SpeakerSession)(nil),        // 7: weir.v1.SpeakerSession
 	(*SpeakerPath)(nil),           // 8: weir.v1.SpeakerPath
-	(*BgpSession)(nil),            // 9: weir.v1.BgpSession
+	(*LargeCommunity)(nil),        // 9: weir.v1.LargeCommunity
+	(*BgpSession)(nil),            // 10: weir.v1.BgpSession
 }
 var file_weir_v1_lbtier_proto_depIdxs = []int32{
-	2, // 0: weir.v1.WatchTargetsResponse.vips:type_name -> weir.v1.VipTargets
-	3, // 1: weir.v1.VipTargets.targets:type_name -> weir.v1.Target
-	6, // 2: weir.v1.ReportSpeakerRequest.status:type_name -> weir.v1.SpeakerStatus
-	7, // 3: weir.v1.SpeakerStatus.sessions:type_name -> weir.v1.SpeakerSession
-	8, // 4: weir.v1.SpeakerStatus.paths:type_name -> weir.v1.SpeakerPath
-	9, // 5: weir.v1.SpeakerSession.session:type_name -> weir.v1.BgpSession
-	0, // 6: weir.v1.LoadBalancerTierService.WatchTargets:input_type -> weir.v1.WatchTargetsRequest
-	4, // 7: weir.v1.LoadBalancerTierService.ReportSpeaker:input_type -> weir.v1.ReportSpeakerRequest
-	1, // 8: weir.v1.LoadBalancerTierService.WatchTargets:output_type -> weir.v1.WatchTargetsResponse
-	5, // 9: weir.v1.LoadBalancerTierService.ReportSpeaker:output_type -> weir.v1.ReportSpeakerResponse
-	8, // [8:10] is the sub-list for method output_type
-	6, // [6:8] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	2,  // 0: weir.v1.WatchTargetsResponse.vips:type_name -> weir.v1.VipTargets
+	3,  // 1: weir.v1.VipTargets.targets:type_name -> weir.v1.Target
+	9,  // 2: weir.v1.VipTargets.large_communities:type_name -> weir.v1.LargeCommunity
+	6,  // 3: weir.v1.ReportSpeakerRequest.status:type_name -> weir.v1.SpeakerStatus
+	7,  // 4: weir.v1.SpeakerStatus.sessions:type_name -> weir.v1.SpeakerSession
+	8,  // 5: weir.v1.SpeakerStatus.paths:type_name -> weir.v1.SpeakerPath
+	10, // 6: weir.v1.SpeakerSession.session:type_name -> weir.v1.BgpSession
+	0,  // 7: weir.v1.LoadBalancerTierService.WatchTargets:input_type -> weir.v1.WatchTargetsRequest
+	4,  // 8: weir.v1.LoadBalancerTierService.ReportSpeaker:input_type -> weir.v1.ReportSpeakerRequest
+	1,  // 9: weir.v1.LoadBalancerTierService.WatchTargets:output_type -> weir.v1.WatchTargetsResponse
+	5,  // 10: weir.v1.LoadBalancerTierService.ReportSpeaker:output_type -> weir.v1.ReportSpeakerResponse
+	9,  // [9:11] is the sub-list for method output_type
+	7,  // [7:9] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_lbtier_proto_init() }
