@@ -396,8 +396,27 @@ func subset(want, got any, path string) (string, bool) {
 		}
 		return "", true
 	}
-	// Numbers come back as int64 from the server, float64 from YAML.
+	// Numbers come back as int64 from the server, float64 from YAML:
+	// compared as numbers, since fmt writes a float64 of ten digits
+	// (a CRD's maximum 4294967295) in e-notation.
+	if w, ok := number(want); ok {
+		g, ok := number(got)
+		return path, ok && w == g
+	}
 	return path, fmt.Sprint(want) == fmt.Sprint(got) || reflect.DeepEqual(want, got)
+}
+
+// number is v as a float64 when it is a JSON number.
+func number(v any) (float64, bool) {
+	switch n := v.(type) {
+	case int64:
+		return float64(n), true
+	case float64:
+		return n, true
+	case int:
+		return float64(n), true
+	}
+	return 0, false
 }
 
 // TestSystemdUnitsVerify runs systemd-analyze verify on every shipped unit,
