@@ -154,6 +154,10 @@ func (l *life) readiness(t *testing.T) {
 // through the new leader.
 func (l *life) crashes(t *testing.T) {
 	bgp, l2 := netip.AddrPortFrom(l.lbBGP, 80), netip.AddrPortFrom(l.lbL2, 80)
+	// Every replica running: helm --wait counts a Deployment ready with
+	// one replica short (its maxUnavailable), and a new replica waits for
+	// its certificates' volumes for up to a minute.
+	waitRolledOut(t, l.c)
 	underLoad(t, "agents killed", l.c.Client, []netip.AddrPort{bgp, l2}, func() {
 		for _, pod := range weirPods(t, l.c, "weir-agent") {
 			killAndWaitRestarted(t, l.c, []corev1.Pod{pod}, "weir-agent")
