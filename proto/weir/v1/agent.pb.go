@@ -2072,8 +2072,13 @@ type NodePeer struct {
 	// The BgpPeer's name, which advertisements refer to.
 	Name            string `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"`
 	GracefulRestart bool   `protobuf:"varint,8,opt,name=graceful_restart,json=gracefulRestart,proto3" json:"graceful_restart,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The BgpPeer's session options: 0 or empty means the default.
+	EbgpMultihopTtl     uint32 `protobuf:"varint,9,opt,name=ebgp_multihop_ttl,json=ebgpMultihopTtl,proto3" json:"ebgp_multihop_ttl,omitempty"`
+	SourceAddress       string `protobuf:"bytes,10,opt,name=source_address,json=sourceAddress,proto3" json:"source_address,omitempty"`
+	KeepaliveSeconds    int32  `protobuf:"varint,11,opt,name=keepalive_seconds,json=keepaliveSeconds,proto3" json:"keepalive_seconds,omitempty"`
+	ConnectRetrySeconds int32  `protobuf:"varint,12,opt,name=connect_retry_seconds,json=connectRetrySeconds,proto3" json:"connect_retry_seconds,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *NodePeer) Reset() {
@@ -2160,6 +2165,34 @@ func (x *NodePeer) GetGracefulRestart() bool {
 		return x.GracefulRestart
 	}
 	return false
+}
+
+func (x *NodePeer) GetEbgpMultihopTtl() uint32 {
+	if x != nil {
+		return x.EbgpMultihopTtl
+	}
+	return 0
+}
+
+func (x *NodePeer) GetSourceAddress() string {
+	if x != nil {
+		return x.SourceAddress
+	}
+	return ""
+}
+
+func (x *NodePeer) GetKeepaliveSeconds() int32 {
+	if x != nil {
+		return x.KeepaliveSeconds
+	}
+	return 0
+}
+
+func (x *NodePeer) GetConnectRetrySeconds() int32 {
+	if x != nil {
+		return x.ConnectRetrySeconds
+	}
+	return 0
 }
 
 // NodeService is one service as the nodes must forward it: every endpoint
@@ -2665,7 +2698,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\vlocal_data1\x18\x02 \x01(\rR\n" +
 	"localData1\x12\x1f\n" +
 	"\vlocal_data2\x18\x03 \x01(\rR\n" +
-	"localData2\"\xe8\x01\n" +
+	"localData2\"\x9c\x03\n" +
 	"\bNodePeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x10\n" +
@@ -2674,7 +2707,12 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x11hold_time_seconds\x18\x05 \x01(\x05R\x0fholdTimeSeconds\x12\x1a\n" +
 	"\bpassword\x18\x06 \x01(\tR\bpassword\x12\x12\n" +
 	"\x04name\x18\a \x01(\tR\x04name\x12)\n" +
-	"\x10graceful_restart\x18\b \x01(\bR\x0fgracefulRestart\"\xf4\x05\n" +
+	"\x10graceful_restart\x18\b \x01(\bR\x0fgracefulRestart\x12*\n" +
+	"\x11ebgp_multihop_ttl\x18\t \x01(\rR\x0febgpMultihopTtl\x12%\n" +
+	"\x0esource_address\x18\n" +
+	" \x01(\tR\rsourceAddress\x12+\n" +
+	"\x11keepalive_seconds\x18\v \x01(\x05R\x10keepaliveSeconds\x122\n" +
+	"\x15connect_retry_seconds\x18\f \x01(\x05R\x13connectRetrySeconds\"\xf4\x05\n" +
 	"\vNodeService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +

@@ -1689,8 +1689,23 @@ type BgpPeer struct {
 	// until the restart time runs out or the router's hold timer, whichever
 	// the router applies, so pair it with the load-balancer tier or BFD.
 	GracefulRestart bool `protobuf:"varint,9,opt,name=graceful_restart,json=gracefulRestart,proto3" json:"graceful_restart,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// eBGP multi-hop: the TTL of the session's packets, 1-255, for a router
+	// that is not on the node's own link (a route reflector or a spine
+	// behind a routed hop). 0 means directly connected (TTL 1).
+	EbgpMultihopTtl uint32 `protobuf:"varint,10,opt,name=ebgp_multihop_ttl,json=ebgpMultihopTtl,proto3" json:"ebgp_multihop_ttl,omitempty"`
+	// The node's local address the session is made from (its loopback, say,
+	// which the router names with update-source); of the peer's address
+	// family. Empty means the address the kernel picks for the route to the
+	// peer. A node that has no such address cannot open the session.
+	SourceAddress string `protobuf:"bytes,11,opt,name=source_address,json=sourceAddress,proto3" json:"source_address,omitempty"`
+	// Seconds between keepalives; 0 means a third of the hold time. Less
+	// than the hold time.
+	KeepaliveSeconds int32 `protobuf:"varint,12,opt,name=keepalive_seconds,json=keepaliveSeconds,proto3" json:"keepalive_seconds,omitempty"`
+	// Seconds between attempts to open the session while it is down,
+	// 1-65535; 0 means 1, so a router that comes back is peered with at once.
+	ConnectRetrySeconds int32 `protobuf:"varint,13,opt,name=connect_retry_seconds,json=connectRetrySeconds,proto3" json:"connect_retry_seconds,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *BgpPeer) Reset() {
@@ -1784,6 +1799,34 @@ func (x *BgpPeer) GetGracefulRestart() bool {
 		return x.GracefulRestart
 	}
 	return false
+}
+
+func (x *BgpPeer) GetEbgpMultihopTtl() uint32 {
+	if x != nil {
+		return x.EbgpMultihopTtl
+	}
+	return 0
+}
+
+func (x *BgpPeer) GetSourceAddress() string {
+	if x != nil {
+		return x.SourceAddress
+	}
+	return ""
+}
+
+func (x *BgpPeer) GetKeepaliveSeconds() int32 {
+	if x != nil {
+		return x.KeepaliveSeconds
+	}
+	return 0
+}
+
+func (x *BgpPeer) GetConnectRetrySeconds() int32 {
+	if x != nil {
+		return x.ConnectRetrySeconds
+	}
+	return 0
 }
 
 var File_weir_v1_resources_proto protoreflect.FileDescriptor
@@ -1918,7 +1961,7 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x14max_announcing_nodes\x18\x06 \x01(\rR\x12maxAnnouncingNodes\"T\n" +
 	"\vServiceCidr\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x14\n" +
-	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\"\x8e\x03\n" +
+	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\"\xc2\x04\n" +
 	"\aBgpPeer\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x10\n" +
@@ -1928,7 +1971,12 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x11hold_time_seconds\x18\x06 \x01(\x05R\x0fholdTimeSeconds\x12\x1a\n" +
 	"\bpassword\x18\a \x01(\tR\bpassword\x12G\n" +
 	"\rnode_selector\x18\b \x03(\v2\".weir.v1.BgpPeer.NodeSelectorEntryR\fnodeSelector\x12)\n" +
-	"\x10graceful_restart\x18\t \x01(\bR\x0fgracefulRestart\x1a?\n" +
+	"\x10graceful_restart\x18\t \x01(\bR\x0fgracefulRestart\x12*\n" +
+	"\x11ebgp_multihop_ttl\x18\n" +
+	" \x01(\rR\x0febgpMultihopTtl\x12%\n" +
+	"\x0esource_address\x18\v \x01(\tR\rsourceAddress\x12+\n" +
+	"\x11keepalive_seconds\x18\f \x01(\x05R\x10keepaliveSeconds\x122\n" +
+	"\x15connect_retry_seconds\x18\r \x01(\x05R\x13connectRetrySeconds\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x84\x01\n" +
