@@ -366,7 +366,28 @@ type BGPPeer struct {
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 	// GracefulRestart offers RFC 4724 graceful restart to the router.
 	GracefulRestart bool `json:"gracefulRestart,omitempty"`
+	// EBGPMultihopTTL is the TTL of the session's packets for a router
+	// beyond the node's link; 0 means directly connected (TTL 1).
+	EBGPMultihopTTL uint32 `json:"ebgpMultihopTTL,omitempty"`
+	// SourceAddress is the node's address the session is made from; the
+	// zero Addr lets the kernel choose.
+	SourceAddress netip.Addr `json:"sourceAddress,omitzero"`
+	// Keepalive is the time between keepalives; 0 means a third of the
+	// hold time.
+	Keepalive time.Duration `json:"keepalive,omitempty"`
+	// ConnectRetry is the time between attempts to open the session; 0
+	// means DefaultConnectRetry.
+	ConnectRetry time.Duration `json:"connectRetry,omitempty"`
 }
+
+// DefaultHoldTime is a peer's hold time when it sets none (RFC 4271's
+// suggestion).
+const DefaultHoldTime = 90 * time.Second
+
+// DefaultConnectRetry is a peer's connect-retry time when it sets none:
+// short, so a router that comes back is peered with at once (RFC 4271
+// suggests 120 s, for routers that dial each other).
+const DefaultConnectRetry = time.Second
 
 // Selects reports whether the peer applies to a node with these labels.
 func (p *BGPPeer) Selects(labels map[string]string) bool { return selects(p.NodeSelector, labels) }

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -559,7 +560,34 @@ func (p *BGPPeer) Validate() error {
 	if p.HoldTime != 0 && (p.HoldTime < 3*time.Second || p.HoldTime > 65535*time.Second) {
 		return fieldErr("hold_time_seconds", "must be 0 (90 s) or between 3 and 65535")
 	}
+	if err := p.validateSession(); err != nil {
+		return err
+	}
 	return validateLabels("node_selector", p.NodeSelector)
+}
+
+// validateSession checks the session options a fabric needs: multi-hop,
+// source address and timers.
+func (p *BGPPeer) validateSession() error {
+	if p.EBGPMultihopTTL > 255 {
+		return fieldErr("ebgp_multihop_ttl", "%d is not a TTL: must be 0 (directly connected) or 1-255", p.EBGPMultihopTTL)
+	}
+	if p.SourceAddress.IsValid() {
+		if err := validateUnicast("source_address", p.SourceAddress); err != nil {
+			return err
+		}
+		if p.SourceAddress.Is4() != p.Address.Is4() {
+			return fieldErr("source_address", "%s is not of the address family of the peer's address %s", p.SourceAddress, p.Address)
+		}
+	}
+	hold := cmp.Or(p.HoldTime, DefaultHoldTime)
+	if p.Keepalive < 0 || p.Keepalive >= hold {
+		return fieldErr("keepalive_seconds", "must be 0 (a third of the hold time) or 1 s or more and less than the hold time (%d s)", hold/time.Second)
+	}
+	if p.ConnectRetry < 0 || p.ConnectRetry > 65535*time.Second {
+		return fieldErr("connect_retry_seconds", "must be 0 (%d s) or 1-65535", DefaultConnectRetry/time.Second)
+	}
+	return nil
 }
 
 // notAssignable are the addresses a pool may not hold: a node cannot

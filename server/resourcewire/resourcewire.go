@@ -348,17 +348,30 @@ func BGPPeerFromProto(p *weirv1.BgpPeer) (*model.BGPPeer, error) {
 	}
 	out := &model.BGPPeer{Meta: meta, ASN: p.GetAsn(), MyASN: p.GetMyAsn(), Port: p.GetPort(),
 		HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword(), NodeSelector: p.GetNodeSelector(),
-		GracefulRestart: p.GetGracefulRestart()}
+		GracefulRestart: p.GetGracefulRestart(), EBGPMultihopTTL: p.GetEbgpMultihopTtl(),
+		Keepalive:    time.Duration(p.GetKeepaliveSeconds()) * time.Second,
+		ConnectRetry: time.Duration(p.GetConnectRetrySeconds()) * time.Second}
 	if out.Address, err = netip.ParseAddr(p.GetAddress()); err != nil {
 		return nil, &model.FieldError{Field: "address", Reason: fmt.Sprintf("%q is not an IP address", p.GetAddress())}
+	}
+	if s := p.GetSourceAddress(); s != "" {
+		if out.SourceAddress, err = netip.ParseAddr(s); err != nil {
+			return nil, &model.FieldError{Field: "source_address", Reason: fmt.Sprintf("%q is not an IP address", s)}
+		}
 	}
 	return out, nil
 }
 
 // BGPPeerToProto leaves the password out: it is write-only.
 func BGPPeerToProto(p *model.BGPPeer) *weirv1.BgpPeer {
-	return &weirv1.BgpPeer{Metadata: metaToProto(&p.Meta), Address: p.Address.String(), Asn: p.ASN, MyAsn: p.MyASN, Port: p.Port,
-		HoldTimeSeconds: int32(p.HoldTime / time.Second), NodeSelector: p.NodeSelector, GracefulRestart: p.GracefulRestart}
+	out := &weirv1.BgpPeer{Metadata: metaToProto(&p.Meta), Address: p.Address.String(), Asn: p.ASN, MyAsn: p.MyASN, Port: p.Port,
+		HoldTimeSeconds: int32(p.HoldTime / time.Second), NodeSelector: p.NodeSelector, GracefulRestart: p.GracefulRestart,
+		EbgpMultihopTtl: p.EBGPMultihopTTL, KeepaliveSeconds: int32(p.Keepalive / time.Second),
+		ConnectRetrySeconds: int32(p.ConnectRetry / time.Second)}
+	if p.SourceAddress.IsValid() {
+		out.SourceAddress = p.SourceAddress.String()
+	}
+	return out
 }
 
 // ServiceCIDRFromProto reads a service CIDR; a prefix with host bits set
