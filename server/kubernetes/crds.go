@@ -211,7 +211,9 @@ func PoolFromCRD(p *v1alpha1.WeirAddressPool) (*model.AddressPool, error) {
 func (c *crds) peer(p *v1alpha1.WeirBGPPeer) (*model.BGPPeer, error) {
 	w := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: p.Name, Labels: p.Labels}, Address: p.Spec.Address,
 		Asn: uint32(p.Spec.ASN), MyAsn: uint32(p.Spec.MyASN), Port: p.Spec.Port, HoldTimeSeconds: p.Spec.HoldTimeSeconds,
-		NodeSelector: p.Spec.NodeSelector, GracefulRestart: p.Spec.GracefulRestart}
+		NodeSelector: p.Spec.NodeSelector, GracefulRestart: p.Spec.GracefulRestart,
+		EbgpMultihopTtl: uint32(p.Spec.EBGPMultihopTTL), SourceAddress: p.Spec.SourceAddress,
+		KeepaliveSeconds: p.Spec.KeepaliveSeconds, ConnectRetrySeconds: p.Spec.ConnectRetrySeconds}
 	if ref := p.Spec.PasswordSecretRef; ref != nil {
 		key := ref.Key
 		if key == "" {

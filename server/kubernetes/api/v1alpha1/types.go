@@ -238,6 +238,8 @@ type WeirAddressPoolList struct {
 // +kubebuilder:printcolumn:name="Established",type=integer,JSONPath=`.status.established`
 // +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Multihop TTL",type=integer,JSONPath=`.spec.ebgpMultihopTTL`,priority=1
+// +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceAddress`,priority=1
 type WeirBGPPeer struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -247,6 +249,9 @@ type WeirBGPPeer struct {
 }
 
 // BGPPeerSpec is the router and the session.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || self.keepaliveSeconds < (has(self.holdTimeSeconds) && self.holdTimeSeconds != 0 ? self.holdTimeSeconds : 90)",message="less than the hold time (holdTimeSeconds, 90 when 0)",fieldPath=".keepaliveSeconds"
+// +kubebuilder:validation:XValidation:rule="!has(self.sourceAddress) || !isIP(self.address) || !isIP(self.sourceAddress) || ip(self.sourceAddress).family() == ip(self.address).family()",message="of the address family of spec.address",fieldPath=".sourceAddress"
 type BGPPeerSpec struct {
 	// Address is the router's address.
 	//
@@ -281,6 +286,36 @@ type BGPPeerSpec struct {
 	//
 	// +optional
 	GracefulRestart bool `json:"gracefulRestart,omitempty"`
+	// EBGPMultihopTTL is the TTL of the session's packets, 1-255, for a
+	// router beyond the node's link (a route reflector, a spine behind a
+	// routed hop); 0 means directly connected (TTL 1).
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=255
+	EBGPMultihopTTL int32 `json:"ebgpMultihopTTL,omitempty"`
+	// SourceAddress is the node's address the session is made from (its
+	// loopback, which the router names with update-source), of
+	// spec.address's family; empty: the kernel's choice.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="an IPv4 or IPv6 address"
+	SourceAddress string `json:"sourceAddress,omitempty"`
+	// KeepaliveSeconds is the time between keepalives; 0 means a third of
+	// the hold time. Less than the hold time.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65534
+	KeepaliveSeconds int32 `json:"keepaliveSeconds,omitempty"`
+	// ConnectRetrySeconds is the time between attempts to open the
+	// session while it is down; 0 means 1.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
+	ConnectRetrySeconds int32 `json:"connectRetrySeconds,omitempty"`
 }
 
 // ASN is an AS number, 1-4294967295 (4-byte ASNs, RFC 6793; 0 is
