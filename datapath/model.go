@@ -186,6 +186,15 @@ type BGPPeer struct {
 	// Name is the BgpPeer's, which advertisements refer to.
 	Name            string
 	GracefulRestart bool
+	// EBGPMultihopTTL is the TTL of the session's packets for a router
+	// beyond the node's link; 0 means directly connected.
+	EBGPMultihopTTL uint8
+	// SourceAddress is the node's address the session is made from; the
+	// zero Addr lets the kernel choose.
+	SourceAddress netip.Addr
+	// Keepalive (0: a third of the hold time) and ConnectRetry (0: the
+	// speaker's default) are the session's other timers.
+	Keepalive, ConnectRetry time.Duration
 }
 
 // ServiceKey names a service.

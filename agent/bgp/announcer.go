@@ -95,7 +95,8 @@ const PeerGracefulRestart = 120 * time.Second
 func (a *Announcer) setPeers(from []datapath.BGPPeer) {
 	peers := make([]Peer, len(from))
 	for i, p := range from {
-		peers[i] = Peer{Address: p.Address, Port: p.Port, ASN: p.ASN, MyASN: p.MyASN, HoldTime: p.HoldTime, Password: p.Password}
+		peers[i] = Peer{Address: p.Address, Port: p.Port, ASN: p.ASN, MyASN: p.MyASN, HoldTime: p.HoldTime, Password: p.Password,
+			EBGPMultihopTTL: p.EBGPMultihopTTL, SourceAddress: p.SourceAddress, Keepalive: p.Keepalive, ConnectRetry: p.ConnectRetry}
 		if p.GracefulRestart {
 			peers[i].GracefulRestart = PeerGracefulRestart
 		}

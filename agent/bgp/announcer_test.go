@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -58,6 +59,21 @@ func TestPeersThatFailAreRetried(t *testing.T) {
 	a.Report(false)
 	if len(sp.peers) != 1 || sp.peers[0].Address != router.Address || sp.peers[0].MyASN != 64512 {
 		t.Errorf("after the retry the speaker has %+v; want the router", sp.peers)
+	}
+}
+
+// A router's session options reach the speaker as the server sent them.
+func TestPeersKeepTheirSessionOptions(t *testing.T) {
+	sp := &failingSpeaker{}
+	a := NewAnnouncer(sp, func() bool { return true }, slog.New(slog.DiscardHandler))
+	router := datapath.BGPPeer{Address: netip.MustParseAddr("192.0.2.1"), ASN: 64500, MyASN: 64512, HoldTime: 30 * time.Second,
+		EBGPMultihopTTL: 2, SourceAddress: netip.MustParseAddr("198.51.100.7"), Keepalive: 10 * time.Second, ConnectRetry: 5 * time.Second}
+	a.Received(datapath.NodeState{Node: datapath.NodeInfo{BGPPeers: []datapath.BGPPeer{router}}})
+	a.Applied(0)
+	want := []Peer{{Address: router.Address, ASN: 64500, MyASN: 64512, HoldTime: 30 * time.Second,
+		EBGPMultihopTTL: 2, SourceAddress: router.SourceAddress, Keepalive: 10 * time.Second, ConnectRetry: 5 * time.Second}}
+	if diff := cmp.Diff(want, sp.peers, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("the speaker's peers (-want +got):\n%s", diff)
 	}
 }
 

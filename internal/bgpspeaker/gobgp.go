@@ -38,7 +38,25 @@ type Peer struct {
 	// GracefulRestart, when above 0, is the restart time offered to this
 	// router; 0 means the speaker's Config.GracefulRestart.
 	GracefulRestart time.Duration
+	// EBGPMultihopTTL, when above 0, is the TTL of an eBGP session's
+	// packets, for a router beyond the node's link; 0 sends them with TTL
+	// 1, so that only a directly connected router hears them.
+	EBGPMultihopTTL uint8
+	// SourceAddress is the local address the session is made from; the
+	// zero Addr lets the kernel choose.
+	SourceAddress netip.Addr
+	// Keepalive is the time between keepalives; 0 means a third of the
+	// hold time.
+	Keepalive time.Duration
+	// ConnectRetry is the time between attempts to open the session while
+	// it is down; 0 means DefaultConnectRetry.
+	ConnectRetry time.Duration
 }
+
+// DefaultConnectRetry is short, so a router that comes back is peered
+// with at once: the speaker only dials, so no collision of two dialling
+// routers (what RFC 4271's 120 s avoids) can happen.
+const DefaultConnectRetry = time.Second
 
 // ParsePeer reads "ADDRESS[:PORT]/ASN" (IPv6 addresses in brackets when a
 // port is given).
@@ -330,9 +348,21 @@ func (g *GoBGP) peerConfig(p Peer) *api.Peer {
 	if p.HoldTime > 0 {
 		hold = uint64(p.HoldTime / time.Second)
 	}
+	keepalive := max(1, hold/3)
+	if p.Keepalive > 0 {
+		keepalive = uint64(p.Keepalive / time.Second)
+	}
 	peer := &api.Peer{
-		Conf:   &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, LocalAsn: p.MyASN, AuthPassword: p.Password},
-		Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: max(1, hold/3), ConnectRetry: 1}},
+		Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, LocalAsn: p.MyASN, AuthPassword: p.Password},
+		Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: keepalive,
+			ConnectRetry: uint64(cmp.Or(p.ConnectRetry, DefaultConnectRetry) / time.Second)}},
+		Transport: &api.Transport{RemotePort: uint32(p.Port)},
+	}
+	if p.EBGPMultihopTTL > 0 {
+		peer.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.EBGPMultihopTTL)}
+	}
+	if p.SourceAddress.IsValid() {
+		peer.Transport.LocalAddress = p.SourceAddress.String()
 	}
 	restart := cmp.Or(p.GracefulRestart, g.cfg.GracefulRestart)
 	gr := restart > 0
@@ -349,9 +379,6 @@ func (g *GoBGP) peerConfig(p Peer) *api.Peer {
 			af.AddPaths = &api.AddPaths{Config: &api.AddPathsConfig{SendMax: 255}}
 		}
 		peer.AfiSafis = append(peer.AfiSafis, af)
-	}
-	if p.Port != 0 {
-		peer.Transport = &api.Transport{RemotePort: uint32(p.Port)}
 	}
 	return peer
 }

@@ -33,8 +33,14 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 		out.DrainDeadline = timestamppb.New(n.DrainDeadline)
 	}
 	for _, p := range n.BGPPeers {
-		out.BgpPeers = append(out.BgpPeers, &weirv1.NodePeer{Address: p.Address.String(), Port: int32(p.Port), Asn: p.ASN, MyAsn: p.MyASN,
-			HoldTimeSeconds: int32(p.HoldTime / time.Second), Password: p.Password, Name: p.Name, GracefulRestart: p.GracefulRestart})
+		np := &weirv1.NodePeer{Address: p.Address.String(), Port: int32(p.Port), Asn: p.ASN, MyAsn: p.MyASN,
+			HoldTimeSeconds: int32(p.HoldTime / time.Second), Password: p.Password, Name: p.Name, GracefulRestart: p.GracefulRestart,
+			EbgpMultihopTtl: uint32(p.EBGPMultihopTTL), KeepaliveSeconds: int32(p.Keepalive / time.Second),
+			ConnectRetrySeconds: int32(p.ConnectRetry / time.Second)}
+		if p.SourceAddress.IsValid() {
+			np.SourceAddress = p.SourceAddress.String()
+		}
+		out.BgpPeers = append(out.BgpPeers, np)
 	}
 	for _, a := range n.Advertisements {
 		pa := &weirv1.PoolAdvertisement{Communities: a.Communities, LargeCommunities: EncodeLargeCommunities(a.LargeCommunities),
@@ -117,9 +123,21 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 		if err != nil {
 			return datapath.NodeInfo{}, err
 		}
+		if p.GetEbgpMultihopTtl() > 255 {
+			return datapath.NodeInfo{}, fmt.Errorf("node.bgp_peers[%d].ebgp_multihop_ttl: %d is not a TTL", i, p.GetEbgpMultihopTtl())
+		}
+		var source netip.Addr
+		if s := p.GetSourceAddress(); s != "" {
+			if source, err = netip.ParseAddr(s); err != nil {
+				return datapath.NodeInfo{}, fmt.Errorf("node.bgp_peers[%d].source_address: %w", i, err)
+			}
+		}
 		info.BGPPeers = append(info.BGPPeers, datapath.BGPPeer{Address: a, Port: port, ASN: p.GetAsn(), MyASN: p.GetMyAsn(),
 			HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword(),
-			Name: p.GetName(), GracefulRestart: p.GetGracefulRestart()})
+			Name: p.GetName(), GracefulRestart: p.GetGracefulRestart(),
+			EBGPMultihopTTL: uint8(p.GetEbgpMultihopTtl()), SourceAddress: source,
+			Keepalive:    time.Duration(p.GetKeepaliveSeconds()) * time.Second,
+			ConnectRetry: time.Duration(p.GetConnectRetrySeconds()) * time.Second})
 	}
 	for i, pa := range n.GetAdvertisements() {
 		a := datapath.BGPAdvertisement{Communities: pa.GetCommunities(), LargeCommunities: DecodeLargeCommunities(pa.GetLargeCommunities()),

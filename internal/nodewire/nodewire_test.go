@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/datapath"
@@ -87,6 +88,31 @@ func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
 	}
 	if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", FlowRingSize: 2, FlowSenders: []*weirv1.FlowPeer{{Name: "a", Addresses: []string{"node2"}}}}); err == nil || !strings.Contains(err.Error(), "node.flow_senders[0].addresses") {
 		t.Errorf("a sender's bad address: %v; want an error naming node.flow_senders[0].addresses", err)
+	}
+}
+
+// A peer's session options cross the stream as they are; a TTL no packet
+// can carry is refused.
+func TestNodeRoundTripKeepsThePeersSessionOptions(t *testing.T) {
+	in := datapath.NodeInfo{Name: "node1", Registered: true, BGPPeers: []datapath.BGPPeer{
+		{Name: "rr-1", Address: netip.MustParseAddr("192.0.2.1"), ASN: 4200000100, MyASN: 4200000001, HoldTime: 30 * time.Second,
+			EBGPMultihopTTL: 2, SourceAddress: netip.MustParseAddr("198.51.100.7"), Keepalive: 10 * time.Second, ConnectRetry: 5 * time.Second},
+		{Name: "tor", Address: netip.MustParseAddr("2001:db8::1"), ASN: 64500, MyASN: 64512},
+	}}
+	out, err := DecodeNode(EncodeNode(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(in, out, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("round trip changed the node (-in +out):\n%s", diff)
+	}
+	for _, bad := range []*weirv1.NodePeer{
+		{Address: "192.0.2.1", Asn: 64500, MyAsn: 64512, EbgpMultihopTtl: 256},
+		{Address: "192.0.2.1", Asn: 64500, MyAsn: 64512, SourceAddress: "lo"},
+	} {
+		if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", BgpPeers: []*weirv1.NodePeer{bad}}); err == nil || !strings.Contains(err.Error(), "node.bgp_peers[0]") {
+			t.Errorf("peer %v: %v; want an error naming node.bgp_peers[0]", bad, err)
+		}
 	}
 }
 

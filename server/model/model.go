@@ -376,18 +376,13 @@ type BGPPeer struct {
 	// hold time.
 	Keepalive time.Duration `json:"keepalive,omitempty"`
 	// ConnectRetry is the time between attempts to open the session; 0
-	// means DefaultConnectRetry.
+	// means the node speaker's default (1 s).
 	ConnectRetry time.Duration `json:"connectRetry,omitempty"`
 }
 
 // DefaultHoldTime is a peer's hold time when it sets none (RFC 4271's
 // suggestion).
 const DefaultHoldTime = 90 * time.Second
-
-// DefaultConnectRetry is a peer's connect-retry time when it sets none:
-// short, so a router that comes back is peered with at once (RFC 4271
-// suggests 120 s, for routers that dial each other).
-const DefaultConnectRetry = time.Second
 
 // Selects reports whether the peer applies to a node with these labels.
 func (p *BGPPeer) Selects(labels map[string]string) bool { return selects(p.NodeSelector, labels) }

@@ -585,7 +585,7 @@ func (p *BGPPeer) validateSession() error {
 		return fieldErr("keepalive_seconds", "must be 0 (a third of the hold time) or 1 s or more and less than the hold time (%d s)", hold/time.Second)
 	}
 	if p.ConnectRetry < 0 || p.ConnectRetry > 65535*time.Second {
-		return fieldErr("connect_retry_seconds", "must be 0 (%d s) or 1-65535", DefaultConnectRetry/time.Second)
+		return fieldErr("connect_retry_seconds", "must be 0 (1 s) or 1-65535")
 	}
 	return nil
 }

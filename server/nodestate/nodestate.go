@@ -46,6 +46,8 @@ func NodeOnRing(v registry.View, name string, ring FlowRing) datapath.NodeInfo {
 			info.BGPPeers = append(info.BGPPeers, datapath.BGPPeer{
 				Address: p.Address, Port: uint16(p.Port), ASN: p.ASN, MyASN: p.MyASN, HoldTime: p.HoldTime, Password: p.Password,
 				Name: p.Name, GracefulRestart: p.GracefulRestart,
+				// Validation keeps the TTL within 255.
+				EBGPMultihopTTL: uint8(p.EBGPMultihopTTL), SourceAddress: p.SourceAddress, Keepalive: p.Keepalive, ConnectRetry: p.ConnectRetry,
 			})
 		}
 	}

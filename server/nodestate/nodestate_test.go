@@ -3,6 +3,7 @@ package nodestate
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -96,7 +97,8 @@ func TestNodeGetsThePeersThatSelectIt(t *testing.T) {
 	for _, p := range []*model.BGPPeer{
 		{Meta: model.Meta{Name: "everyone"}, Address: netip.MustParseAddr("192.0.2.1"), ASN: 64500, MyASN: 64512},
 		{Meta: model.Meta{Name: "r1-only"}, Address: netip.MustParseAddr("192.0.2.254"), ASN: 64501, MyASN: 64512, Port: 1179,
-			NodeSelector: map[string]string{"rack": "r1"}, GracefulRestart: true},
+			NodeSelector: map[string]string{"rack": "r1"}, GracefulRestart: true,
+			EBGPMultihopTTL: 2, SourceAddress: netip.MustParseAddr("198.51.100.7"), Keepalive: 10 * time.Second, ConnectRetry: 5 * time.Second},
 	} {
 		if _, err := reg.Peers.Create(p); err != nil {
 			t.Fatal(err)
@@ -111,7 +113,8 @@ func TestNodeGetsThePeersThatSelectIt(t *testing.T) {
 		got1, got2 = Node(v, "node1").BGPPeers, Node(v, "node2").BGPPeers
 	})
 	everyone := datapath.BGPPeer{Name: "everyone", Address: netip.MustParseAddr("192.0.2.1"), ASN: 64500, MyASN: 64512}
-	r1 := datapath.BGPPeer{Name: "r1-only", Address: netip.MustParseAddr("192.0.2.254"), Port: 1179, ASN: 64501, MyASN: 64512, GracefulRestart: true}
+	r1 := datapath.BGPPeer{Name: "r1-only", Address: netip.MustParseAddr("192.0.2.254"), Port: 1179, ASN: 64501, MyASN: 64512, GracefulRestart: true,
+		EBGPMultihopTTL: 2, SourceAddress: netip.MustParseAddr("198.51.100.7"), Keepalive: 10 * time.Second, ConnectRetry: 5 * time.Second}
 	if diff := cmp.Diff([]datapath.BGPPeer{everyone, r1}, got1, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 		t.Errorf("node1's peers (-want +got):\n%s", diff)
 	}
