@@ -1267,21 +1267,35 @@ port: 1179
 asn: 64501
 my_asn: 64512
 graceful_restart: true
+---
+kind: BgpPeer
+metadata:
+  name: rr-1
+address: 198.51.100.1
+asn: 4200000100
+my_asn: 4200000001
+hold_time_seconds: 30
+ebgp_multihop_ttl: 2
+source_address: 192.0.2.11
+keepalive_seconds: 10
+connect_retry_seconds: 5
 `
-	if out := e.mustLbctl(peers, "apply", "-f", "-"); out != "peer/tor-a created\npeer/tor-b created\n" {
+	if out := e.mustLbctl(peers, "apply", "-f", "-"); out != "peer/tor-a created\npeer/tor-b created\npeer/rr-1 created\n" {
 		t.Errorf("apply: %q", out)
 	}
 	got := e.mustLbctl("", "get", "peers")
-	want := "NAME    ADDRESS              ASN     MY-ASN   NODES     AGE\n" +
-		"tor-a   192.0.2.1            64500   64512    rack=r1   0s\n" +
-		"tor-b   [2001:db8::1]:1179   64501   64512    all       0s\n"
+	want := "NAME    ADDRESS              ASN          MY-ASN       NODES     AGE\n" +
+		"rr-1    198.51.100.1         4200000100   4200000001   all       0s\n" +
+		"tor-a   192.0.2.1            64500        64512        rack=r1   0s\n" +
+		"tor-b   [2001:db8::1]:1179   64501        64512        all       0s\n"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("get peers (-want +got):\n%s", diff)
 	}
 	got = e.mustLbctl("", "get", "peers", "-o", "wide")
-	want = "NAME    ADDRESS              ASN     MY-ASN   NODES     AGE   GRACEFUL-RESTART   LABELS\n" +
-		"tor-a   192.0.2.1            64500   64512    rack=r1   0s    no                 <none>\n" +
-		"tor-b   [2001:db8::1]:1179   64501   64512    all       0s    yes                <none>\n"
+	want = "NAME    ADDRESS              ASN          MY-ASN       NODES     AGE   GRACEFUL-RESTART   MULTIHOP-TTL   SOURCE       HOLD        KEEPALIVE   CONNECT-RETRY   LABELS\n" +
+		"rr-1    198.51.100.1         4200000100   4200000001   all       0s    no                 2              192.0.2.11   30s         10s         5s              <none>\n" +
+		"tor-a   192.0.2.1            64500        64512        rack=r1   0s    no                 <none>         <none>       <default>   <default>   <default>       <none>\n" +
+		"tor-b   [2001:db8::1]:1179   64501        64512        all       0s    yes                <none>         <none>       <default>   <default>   <default>       <none>\n"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("get peers -o wide (-want +got):\n%s", diff)
 	}

@@ -254,6 +254,25 @@ var serviceCIDRColumns = []column{
 
 var peerWide = []column{
 	col("GRACEFUL-RESTART", func(p *weirv1.BgpPeer) string { return yesNo(p.GetGracefulRestart()) }),
+	col("MULTIHOP-TTL", func(p *weirv1.BgpPeer) string {
+		if ttl := p.GetEbgpMultihopTtl(); ttl != 0 {
+			return strconv.FormatUint(uint64(ttl), 10)
+		}
+		return "<none>" // directly connected
+	}),
+	col("SOURCE", func(p *weirv1.BgpPeer) string { return orNone(p.GetSourceAddress()) }),
+	col("HOLD", func(p *weirv1.BgpPeer) string { return seconds(p.GetHoldTimeSeconds()) }),
+	col("KEEPALIVE", func(p *weirv1.BgpPeer) string { return seconds(p.GetKeepaliveSeconds()) }),
+	col("CONNECT-RETRY", func(p *weirv1.BgpPeer) string { return seconds(p.GetConnectRetrySeconds()) }),
+}
+
+// seconds is a peer's timer; 0 leaves it to the speaker's default, which
+// the API documents per field.
+func seconds(s int32) string {
+	if s == 0 {
+		return "<default>"
+	}
+	return strconv.Itoa(int(s)) + "s"
 }
 
 var peerColumns = []column{
