@@ -73,6 +73,10 @@ func customResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, secre
 		set(spec, "holdTimeSeconds", p.GetHoldTimeSeconds(), p.GetHoldTimeSeconds() != 0)
 		set(spec, "nodeSelector", p.GetNodeSelector(), len(p.GetNodeSelector()) > 0)
 		set(spec, "gracefulRestart", true, p.GetGracefulRestart())
+		set(spec, "ebgpMultihopTTL", p.GetEbgpMultihopTtl(), p.GetEbgpMultihopTtl() != 0)
+		set(spec, "sourceAddress", p.GetSourceAddress(), p.GetSourceAddress() != "")
+		set(spec, "keepaliveSeconds", p.GetKeepaliveSeconds(), p.GetKeepaliveSeconds() != 0)
+		set(spec, "connectRetrySeconds", p.GetConnectRetrySeconds(), p.GetConnectRetrySeconds() != 0)
 		if p.GetPassword() != "" {
 			secret := p.GetMetadata().GetName() + "-bgp-password"
 			docs = append(docs, map[string]any{"apiVersion": "v1", "kind": "Secret",

@@ -36,6 +36,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -204,6 +205,21 @@ func (o *object) note(field string, fate Fate, says string) {
 	o.notes = append(o.notes, Note{Object: o.ref(), Field: field, Says: says, Fate: fate})
 }
 
+// seconds is o's duration field at path in whole seconds; a value that is
+// no duration of 0 or more is noted, and 0 (Weir's default) is used.
+func (o *object) seconds(path, value string) int32 {
+	if value == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(value)
+	if err != nil || d < 0 || d/time.Second > math.MaxInt32 {
+		o.note(path, Narrowed, fmt.Sprintf("%q is not a duration: Weir's default is used", value))
+		return 0
+	}
+	o.carry(path)
+	return int32(d / time.Second)
+}
+
 // leftOut notes all of o as left out, saying why.
 func (o *object) leftOut(fate Fate, says string) {
 	o.notes = append(o.notes, Note{Object: o.ref(), Says: says, Fate: fate, whole: true})
@@ -318,6 +334,10 @@ type peerSpec struct {
 	Interface              string     `json:"interface,omitempty"`
 	PeerPort               uint16     `json:"peerPort,omitempty"`
 	HoldTime               string     `json:"holdTime,omitempty"`
+	KeepaliveTime          string     `json:"keepaliveTime,omitempty"`
+	ConnectTime            string     `json:"connectTime,omitempty"`
+	EBGPMultiHop           bool       `json:"ebgpMultiHop,omitempty"`
+	SourceAddress          string     `json:"sourceAddress,omitempty"`
 	Password               string     `json:"password,omitempty"`
 	PasswordSecret         *secretRef `json:"passwordSecret,omitempty"`
 	NodeSelectors          []selector `json:"nodeSelectors,omitempty"`
@@ -760,8 +780,14 @@ func (r *Result) convertPeer(o *object, opts Options) *weirv1.BgpPeer {
 	}
 	peer := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: o.Metadata.Name, Labels: o.Metadata.Labels},
 		Address: s.PeerAddress, Asn: s.PeerASN, MyAsn: s.MyASN, Port: int32(s.PeerPort), Password: s.Password,
-		GracefulRestart: s.GracefulRestart}
-	o.carry("spec.peerAddress", "spec.peerASN", "spec.myASN", "spec.peerPort", "spec.password", "spec.enableGracefulRestart")
+		GracefulRestart: s.GracefulRestart, SourceAddress: s.SourceAddress}
+	o.carry("spec.peerAddress", "spec.peerASN", "spec.myASN", "spec.peerPort", "spec.password", "spec.enableGracefulRestart",
+		"spec.sourceAddress", "spec.ebgpMultiHop")
+	if s.EBGPMultiHop {
+		// What MetalLB's FRR mode configures: ebgp-multihop without a
+		// count, FRR's 255.
+		peer.EbgpMultihopTtl = 255
+	}
 	if s.LocalASN != 0 {
 		// MetalLB's myASN is the node's router's; localASN what it says
 		// to this peer: Weir's my_asn is per peer.
@@ -771,14 +797,9 @@ func (r *Result) convertPeer(o *object, opts Options) *weirv1.BgpPeer {
 	if peer.Port == 179 {
 		peer.Port = 0
 	}
-	if s.HoldTime != "" {
-		if d, err := time.ParseDuration(s.HoldTime); err != nil {
-			o.note("spec.holdTime", Narrowed, fmt.Sprintf("%q is not a duration: the default hold time is used", s.HoldTime))
-		} else {
-			peer.HoldTimeSeconds = int32(d / time.Second)
-			o.carry("spec.holdTime")
-		}
-	}
+	peer.HoldTimeSeconds = o.seconds("spec.holdTime", s.HoldTime)
+	peer.KeepaliveSeconds = o.seconds("spec.keepaliveTime", s.KeepaliveTime)
+	peer.ConnectRetrySeconds = o.seconds("spec.connectTime", s.ConnectTime)
 	if sel, ok := oneMatchLabels(s.NodeSelectors); ok {
 		peer.NodeSelector = sel
 		o.carry("spec.nodeSelectors")
