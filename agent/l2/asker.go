@@ -258,7 +258,7 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 	s := &leaseSession{a: a, stream: stream, asked: map[uint64]time.Time{}, ttl: DefaultTTL}
 	grants, recvErr := recv.Pump(sctx, stream.Recv, 16)
 	if err := s.ask(); err != nil {
-		return false, err
+		return false, recv.SendError(sctx, err, grants, recvErr)
 	}
 	s.tick = a.clk.NewTicker(s.ttl / 4)
 	defer func() { s.tick.Stop() }()
@@ -281,7 +281,7 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 			err = s.received(g)
 		}
 		if err != nil {
-			return s.granted, err
+			return s.granted, recv.SendError(ctx, err, grants, recvErr)
 		}
 	}
 }

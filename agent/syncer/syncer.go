@@ -275,10 +275,10 @@ func (s *Syncer) session(ctx context.Context, server string, acceptStale, waitFo
 	if err != nil {
 		return false, err
 	}
-	if err := s.hello(stream, acceptStale); err != nil {
-		return false, err
-	}
 	msgs, recvErr := recv.Pump(ctx, stream.Recv, 0)
+	if err := s.hello(stream, acceptStale); err != nil {
+		return false, recv.SendError(ctx, err, msgs, recvErr)
+	}
 	reports := time.NewTicker(ReportPeriod)
 	defer reports.Stop()
 	// One timer: the retry of a failed apply when there is one, else the
@@ -309,7 +309,7 @@ func (s *Syncer) session(ctx context.Context, server string, acceptStale, waitFo
 			err = ss.resync(ctx)
 		}
 		if err != nil {
-			return gotState, err
+			return gotState, recv.SendError(ctx, err, msgs, recvErr)
 		}
 	}
 }

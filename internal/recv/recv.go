@@ -2,7 +2,11 @@
 // session's select can wait on beside its timers and its context.
 package recv
 
-import "context"
+import (
+	"context"
+	"errors"
+	"io"
+)
 
 // Pump calls recv until it fails, passing each message on through msgs
 // (buffered by buffer) and the failure through errs (buffered: the pump
@@ -28,4 +32,26 @@ func Pump[T any](ctx context.Context, recv func() (T, error), buffer int) (msgs 
 		}
 	}()
 	return out, failed
+}
+
+// SendError is the error to report for a failed Send on a stream whose
+// Recv Pump reports on msgs and errs. gRPC's Send fails with a bare io.EOF
+// once the server has ended the stream: the status the server ended it
+// with (Unauthenticated to a certificate without its node token,
+// PermissionDenied to a node acting for another) comes only from Recv, so
+// it is taken from errs, past the messages still unread (finite: the
+// stream has ended). Any other error is returned as it is.
+func SendError[T any](ctx context.Context, err error, msgs <-chan T, errs <-chan error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	for {
+		select {
+		case rerr := <-errs:
+			return rerr
+		case <-msgs:
+		case <-ctx.Done():
+			return err
+		}
+	}
 }

@@ -52,3 +52,31 @@ func TestPumpEndsWithItsContextWhileHoldingAMessage(t *testing.T) {
 	time.Sleep(10 * time.Millisecond) // the pump now waits to hand "grant" on
 	cancel()
 }
+
+// A Send that failed because the server ended the stream reports the
+// status the server ended it with, which Recv alone returns.
+func TestSendErrorIsTheServersStatus(t *testing.T) {
+	refused := errors.New("rpc error: code = Unauthenticated desc = no node token")
+	// Answers the session no longer reads come first.
+	msgs, errs := make(chan int, 2), make(chan error, 1)
+	msgs <- 1
+	msgs <- 2
+	go func() {
+		for len(msgs) > 0 {
+			time.Sleep(time.Millisecond)
+		}
+		errs <- refused
+	}()
+	if err := SendError(context.Background(), io.EOF, msgs, errs); err != refused {
+		t.Errorf("Send's io.EOF reported as %v, want the stream's status %v", err, refused)
+	}
+	other := errors.New("message too large")
+	if err := SendError(context.Background(), other, make(chan int), make(chan error)); err != other {
+		t.Errorf("Send's own failure reported as %v, want it as it is", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := SendError(ctx, io.EOF, make(chan int), make(chan error)); !errors.Is(err, io.EOF) {
+		t.Errorf("with the session over and no status: %v, want io.EOF", err)
+	}
+}
