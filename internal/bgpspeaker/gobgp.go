@@ -398,11 +398,15 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 		switch {
 		case ok && p == had:
 			continue
-		case ok && p.Port == had.Port:
+		case ok && p.Port == had.Port && p.EBGPMultihopTTL == had.EBGPMultihopTTL && p.ConnectRetry == had.ConnectRetry:
 			// A changed router is updated in place: what its OPEN does
 			// not carry (hold time, password) takes effect without
 			// closing the session; GoBGP re-opens it only for what the
-			// OPEN must say again (AS, graceful restart).
+			// OPEN must say again (AS, graceful restart, source
+			// address). A TTL or connect-retry change is not updated in
+			// place: GoBGP's dialer reads them once when the peer is
+			// added, so a session that is not up would keep dialling
+			// with the old ones.
 			if _, err := g.s.UpdatePeer(ctx, &api.UpdatePeerRequest{Peer: g.peerConfig(p)}); err != nil {
 				first = cmp.Or(first, fmt.Errorf("updating peer %s: %w", addr, err))
 				continue
