@@ -58,12 +58,7 @@ func speakingLab(t *testing.T) lab.Config {
 // startBGPClusterOf is startBGPClusterWith in the lab cfg.
 func startBGPClusterOf(t *testing.T, cfg lab.Config, agentArgs func(*lab.Node) []string, router frr.Config, options ...func(*weirlab.Cluster)) (*weirlab.Cluster, *frr.Router) {
 	t.Helper()
-	if _, err := os.Stat("/usr/lib/frr/bgpd"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("FRR is required (Debian package frr)")
-		}
-		t.Skip("needs FRR (apt-get install frr)")
-	}
+	requireFRR(t)
 	c := startSpeakingClusterOf(t, cfg, agentArgs, options...)
 	r, err := frr.StartTemp(context.Background(), c.Router, router)
 	if err != nil {
@@ -71,6 +66,18 @@ func startBGPClusterOf(t *testing.T, cfg lab.Config, agentArgs func(*lab.Node) [
 	}
 	t.Cleanup(r.Close)
 	return c, r
+}
+
+// requireFRR fails the test in CI, or skips it elsewhere, when FRR is
+// not installed.
+func requireFRR(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat("/usr/lib/frr/bgpd"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("FRR is required (Debian package frr)")
+		}
+		t.Skip("needs FRR (apt-get install frr)")
+	}
 }
 
 // startSpeakingCluster runs a cluster whose agents speak BGP (AS nodeASN)

@@ -1,0 +1,115 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/frr"
+	"github.com/weirlb/weir/test/lab"
+)
+
+// TestEBGPMultihopFromTheNodesLoopback: a node speaker peers with an FRR
+// router one routed hop away (the node, the lab's Linux router, FRR in
+// the client's namespace) from an address on the node's loopback, as a
+// fabric peers with a route reflector: FRR knows the node only by that
+// address, with ebgp-multihop 2 and update-source. With the peer's
+// ebgp_multihop_ttl 0 the session does not come up (its packets die at
+// the router); set to 2 it does, and FRR's RIB holds the pool's address
+// from the node's AS.
+func TestEBGPMultihopFromTheNodesLoopback(t *testing.T) {
+	requireFRR(t)
+	c := startSpeakingCluster(t, func(*lab.Node) []string { return nil })
+	ctx := context.Background()
+	node1 := c.Nodes[0]
+	const loopback = "10.255.0.11"
+	reflector := lab.ClientIPv4.String()
+	if _, err := node1.Run(ctx, "ip", "addr", "add", loopback+"/32", "dev", "lo"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Router.Run(ctx, "ip", "route", "add", loopback+"/32", "via", node1.IPv4.String()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := frr.StartTemp(ctx, c.Client, frr.Config{Text: fmt.Sprintf(`frr defaults traditional
+hostname reflector
+log stdout
+ip nht resolve-via-default
+!
+router bgp %[1]d
+ bgp router-id %[2]s
+ no bgp ebgp-requires-policy
+ no bgp default ipv4-unicast
+ timers bgp 3 9
+ neighbor %[3]s remote-as %[4]d
+ neighbor %[3]s passive
+ neighbor %[3]s ebgp-multihop 2
+ neighbor %[3]s update-source %[2]s
+ neighbor %[3]s advertisement-interval 0
+ address-family ipv4 unicast
+  neighbor %[3]s activate
+ exit-address-family
+!
+`, routerASN, reflector, loopback, nodeASN)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+
+	// Only node1 has the loopback address, so only node1 peers.
+	got, err := c.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: node1.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := got.GetNode()
+	n.Metadata.Labels = map[string]string{"loopback": "10.255.0.11"}
+	if _, err := c.Registry.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: n}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "fabric"}, Addresses: []string{"203.0.113.96/29"}, BgpAdvertisement: &weirv1.BgpAdvertisement{}}}); err != nil {
+		t.Fatal(err)
+	}
+	createService(t, c, lbService("multihop", 30130, []string{"10.96.0.97"}, []string{"203.0.113.97"}), c.Pods())
+
+	peer := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: "reflector"}, Address: reflector, Asn: routerASN, MyAsn: nodeASN,
+		SourceAddress: loopback, HoldTimeSeconds: 9, KeepaliveSeconds: 3, ConnectRetrySeconds: 1,
+		NodeSelector: map[string]string{"loopback": "10.255.0.11"}}
+	created, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: peer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Directly connected (TTL 1): the router drops every packet, however
+	// often the speaker dials (a new speaker waits 1-2 s, then every
+	// second).
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if up, err := r.Established(ctx); err != nil || up != 0 {
+			t.Fatalf("with ebgp_multihop_ttl 0: %d sessions established (%v); want none\n%s", up, err, r.Describe(ctx, "203.0.113.97/32"))
+		}
+	}
+
+	peer = created.GetBgpPeer()
+	peer.EbgpMultihopTtl = 2
+	if _, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: peer}); err != nil {
+		t.Fatal(err)
+	}
+	waitSessions(t, c, map[string]string{node1.Name: reflector + " established", c.Nodes[1].Name: ""})
+	want := fmt.Sprintf("as path %d; communities ; large communities ", nodeASN)
+	eventually(t, "FRR's RIB holds the pool's address from node1's AS", func() error {
+		got, err := frrAttributes(ctx, r, "203.0.113.97/32")
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(got) != strings.TrimSpace(want) {
+			return fmt.Errorf("FRR's paths for 203.0.113.97/32: %q; want %q\n%s", got, want, r.Describe(ctx, "203.0.113.97/32"))
+		}
+		return nil
+	})
+	// The session is FRR's neighbor 10.255.0.11: node1's loopback, not its
+	// LAN address.
+	if out, err := r.Vtysh(ctx, "show bgp neighbors "+loopback+" json"); err != nil || !strings.Contains(out, `"bgpState":"Established"`) {
+		t.Errorf("FRR's neighbor %s: %v\n%s", loopback, err, out)
+	}
+}
