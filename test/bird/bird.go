@@ -33,6 +33,10 @@ type Config struct {
 	PeerASN       uint32 // the speakers' AS
 	// HoldTime is the sessions' hold time in seconds (0: 9, for tests).
 	HoldTime int
+	// Multihop, when above 0, takes speakers that many hops away (BIRD's
+	// multihop), its own packets leaving from SourceAddress.
+	Multihop      int
+	SourceAddress string
 }
 
 // Start writes the configuration into a new temporary folder and starts
@@ -90,11 +94,19 @@ func config(cfg Config, dir string) string {
   connect retry time 1;
   error wait time 1, 2;
   debug { states, events, routes };
-  ipv4 { import all; export none; };
+  ipv4 { import all; export none; };%s
 }
-`, i, cfg.ASN, rg, cfg.PeerASN, hold)
+`, i, cfg.ASN, rg, cfg.PeerASN, hold, multihop(cfg))
 	}
 	return b.String()
+}
+
+// multihop is the protocol's lines for Config.Multihop.
+func multihop(cfg Config) string {
+	if cfg.Multihop == 0 {
+		return ""
+	}
+	return fmt.Sprintf("\n  multihop %d;\n  source address %s;", cfg.Multihop, cfg.SourceAddress)
 }
 
 // Birdc runs one birdc command against this router.

@@ -167,7 +167,13 @@ func startLabBIRD(t *testing.T, c *weirlab.Cluster) *bird.Router {
 // startBIRD starts BIRD configured by cfg in the lab's router namespace.
 func startBIRD(t *testing.T, c *weirlab.Cluster, cfg bird.Config) *bird.Router {
 	t.Helper()
-	b, err := bird.Start(context.Background(), c.Router, cfg)
+	return startBIRDIn(t, c.Router, cfg)
+}
+
+// startBIRDIn is startBIRD in the namespace ns.
+func startBIRDIn(t *testing.T, ns *lab.Netns, cfg bird.Config) *bird.Router {
+	t.Helper()
+	b, err := bird.Start(context.Background(), ns, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
