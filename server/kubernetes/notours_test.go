@@ -45,14 +45,7 @@ func TestNothingIsWrittenOnAnotherControllersService(t *testing.T) {
 // with classes beside two class-less Services another controller gave
 // the addresses a and b, and checks Weir writes nothing on them.
 func nothingWrittenOnTheirs(t *testing.T, classes kubernetes.Classes, a, b string) {
-	_, kc := startCluster(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reg := registrytest.Open(t)
-	r, _ := model.ParseAddressRange("203.0.113.200/30")
-	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, cancel, kc, reg := clusterWithPublicPool(t)
 	lb := func(name string, class *string, ingress string) *corev1.Service {
 		s, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
@@ -140,14 +133,7 @@ func nothingWrittenOnTheirs(t *testing.T, classes kubernetes.Classes, a, b strin
 // MetalLB goes), loses Weir's conditions: its status says nothing of Weir
 // once it is not Weir's.
 func TestWeirsConditionsLeaveWithTheService(t *testing.T) {
-	_, kc := startCluster(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reg := registrytest.Open(t)
-	r, _ := model.ParseAddressRange("203.0.113.200/30")
-	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, cancel, kc, reg := clusterWithPublicPool(t)
 	if _, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr(kubernetes.DefaultLoadBalancerClass),
@@ -225,4 +211,20 @@ func runLeader(t *testing.T, ctx context.Context, cancel func(), kc clientset.In
 	go func() { alloc.Run(ctx); done <- struct{}{} }()
 	go func() { reporter.Run(ctx); done <- struct{}{} }()
 	return func() { cancel(); <-done; <-done; <-done }
+}
+
+// clusterWithPublicPool starts an apiserver and a registry holding the
+// pool public (203.0.113.200/30), with a context that its cancel, or the
+// test's end, ends.
+func clusterWithPublicPool(t *testing.T) (context.Context, context.CancelFunc, clientset.Interface, *registry.Registry) {
+	t.Helper()
+	_, kc := startCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	reg := registrytest.Open(t)
+	r, _ := model.ParseAddressRange("203.0.113.200/30")
+	if _, err := reg.Pools.Create(&model.AddressPool{Meta: model.Meta{Name: "public"}, Ranges: []model.AddressRange{r}}); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, cancel, kc, reg
 }
