@@ -110,6 +110,9 @@ func frrAttributes(ctx context.Context, r *frr.Router, prefix string) (string, e
 // "show route all": BIRD writes (64512,100) and (4200000001, 1, 2).
 func birdAttributes(ctx context.Context, r *bird.Router, prefix string) (string, error) {
 	out, err := r.Birdc(ctx, "show route "+prefix+" all")
+	if err != nil && strings.Contains(err.Error(), "Network not found") {
+		return "", nil // birdc fails on a prefix with no paths
+	}
 	if err != nil {
 		return "", err
 	}

@@ -23,7 +23,8 @@ import (
 // 2, source address). With the peer's
 // ebgp_multihop_ttl 0 the session does not come up (its packets die at
 // the router); set to 2 it does, and the router's RIB holds the pool's
-// address from the node's AS.
+// address from the node's AS; set back to 0, the established session
+// ends and stays down.
 func TestEBGPMultihopFromTheNodesLoopback(t *testing.T) {
 	for _, impl := range []string{"FRR", "BIRD"} {
 		t.Run(impl, func(t *testing.T) { testEBGPMultihop(t, impl) })
@@ -125,7 +126,8 @@ router bgp %[1]d
 
 	peer = created.GetBgpPeer()
 	peer.EbgpMultihopTtl = 2
-	if _, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: peer}); err != nil {
+	updated, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: peer})
+	if err != nil {
 		t.Fatal(err)
 	}
 	waitSessions(t, c, map[string]string{node1.Name: reflector + " established", c.Nodes[1].Name: ""})
@@ -143,5 +145,28 @@ router bgp %[1]d
 	// neighbor, BIRD's range of one address): the session is from there.
 	if up, err := r.Established(ctx); err != nil || up != 1 {
 		t.Errorf("%d sessions established (%v); want node1's\n%s", up, err, r.Describe(ctx, "203.0.113.97/32"))
+	}
+
+	// Back to 0 on the established session: the speaker opens it again
+	// with TTL 1, which the router never hears, so the session ends, the
+	// router drops the node's route and no session comes back.
+	peer = updated.GetBgpPeer()
+	peer.EbgpMultihopTtl = 0
+	if _, err := c.Registry.UpdateBgpPeer(ctx, &weirv1.UpdateBgpPeerRequest{BgpPeer: peer}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the session ends and the router drops the route", func() error {
+		if up, err := r.Established(ctx); err != nil || up != 0 {
+			return fmt.Errorf("%d sessions established (%v); want none", up, err)
+		}
+		if got, err := attributes(ctx, "203.0.113.97/32"); err != nil || got != "" {
+			return fmt.Errorf("the router's paths for 203.0.113.97/32: %q (%v); want none", got, err)
+		}
+		return nil
+	})
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if up, err := r.Established(ctx); err != nil || up != 0 {
+			t.Fatalf("back at ebgp_multihop_ttl 0: %d sessions established (%v); want none\n%s", up, err, r.Describe(ctx, "203.0.113.97/32"))
+		}
 	}
 }
