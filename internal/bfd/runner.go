@@ -1,0 +1,297 @@
+package bfd
+
+import (
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// runner is one session's goroutine: it owns the session's machine and
+// sending socket.
+type runner struct {
+	m    *Manager
+	cfg  Session
+	disc uint32
+	conn *net.UDPConn
+	dst  *net.UDPAddr
+
+	rx       chan packet
+	profiles chan Profile
+	quit     chan struct{}
+	done     chan struct{}
+
+	mu     sync.Mutex
+	status Status
+}
+
+// start opens a session's socket and starts its goroutine; m.mu is held.
+func (m *Manager) start(s Session) (*runner, error) {
+	conn, err := dial(s)
+	if err != nil {
+		return nil, err
+	}
+	r := &runner{
+		m: m, cfg: s, disc: m.newDisc(), conn: conn,
+		dst: &net.UDPAddr{IP: s.Peer.AsSlice(), Zone: s.Peer.Zone(), Port: m.peerPorts[hop(s)]},
+		rx:  make(chan packet, 16), profiles: make(chan Profile, 1),
+		quit: make(chan struct{}), done: make(chan struct{}),
+		status: Status{Peer: s.Peer, MultiHop: s.MultiHop, State: Down},
+	}
+	if s.Interface != "" && s.Peer.Zone() == "" && s.Peer.Is6() && s.Peer.IsLinkLocalUnicast() {
+		r.dst.Zone = s.Interface
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer close(r.done)
+		r.run(time.Now)
+	}()
+	return r, nil
+}
+
+// deliver hands the goroutine a packet; when it lags behind, the packet
+// is dropped, as the network might have.
+func (r *runner) deliver(p packet) {
+	select {
+	case r.rx <- p:
+	default:
+	}
+}
+
+func (r *runner) setProfile(p Profile) {
+	select {
+	case <-r.profiles: // a newer profile replaces one not yet taken
+	default:
+	}
+	r.profiles <- p
+}
+
+// stop ends the session, sending AdminDown first.
+func (r *runner) stop() {
+	close(r.quit)
+}
+
+func (r *runner) snapshot() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status
+}
+
+// run is the session: it sends at the negotiated interval, applies what
+// arrives, watches the detection time and reports usability through the
+// damping rule.
+func (r *runner) run(now func() time.Time) {
+	defer r.conn.Close()
+	mc := newMachine(r.cfg.Profile, r.disc, now())
+	var d damping
+	usable := false // as last reported
+
+	tx := time.NewTimer(time.Hour)
+	tx.Stop()
+	if mc.txInterval() > 0 {
+		tx.Reset(0)
+	}
+	defer tx.Stop()
+	detect := time.NewTimer(time.Hour)
+	detect.Stop()
+	defer detect.Stop()
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
+	defer hold.Stop()
+
+	report := func(u bool) {
+		if u == usable {
+			return
+		}
+		usable = u
+		r.m.events.push(r.cfg.Peer, u)
+	}
+	send := func() {
+		if _, err := r.conn.WriteToUDP(mc.packet().marshal(), r.dst); err != nil {
+			r.m.log.Debug("BFD send failed", "peer", r.cfg.Peer, "err", err)
+		}
+	}
+	// schedule sets the next packet's time from the interval in force.
+	schedule := func() {
+		if iv := mc.txInterval(); iv > 0 {
+			tx.Reset(mc.jittered(iv))
+		}
+	}
+	// changed follows a state change: reporting, damping, timers.
+	changed := func(before State) {
+		t := now()
+		switch {
+		case mc.state == Up:
+			if h := d.up(t); h > 0 {
+				hold.Reset(h)
+			} else {
+				report(true)
+			}
+		case before == Up:
+			d.down(t)
+			hold.Stop()
+			report(false)
+		}
+		if mc.detectBy.IsZero() {
+			detect.Stop()
+		}
+		r.m.log.Info("BFD session "+mc.state.String(), "peer", r.cfg.Peer, "diagnostic", mc.diag.String())
+	}
+	publish := func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.status.State, r.status.Usable, r.status.Diagnostic = mc.state, usable, mc.diag
+		r.status.Flaps, r.status.LastChange = d.flaps, mc.lastStateTime
+		r.status.DetectTime = 0
+		if mc.state == Up {
+			r.status.DetectTime = mc.detectionTime()
+		}
+	}
+
+	for {
+		select {
+		case <-r.quit:
+			mc.adminDown(now())
+			// Three times: one lost packet must not leave the peer to
+			// find out by its detection time.
+			for range 3 {
+				send()
+			}
+			report(false)
+			return
+		case p := <-r.rx:
+			before, wasPolling, hadRemote := mc.state, mc.polling, mc.remoteDisc != 0
+			if mc.receive(p, now()) {
+				changed(before)
+			}
+			if !mc.detectBy.IsZero() {
+				detect.Reset(time.Until(mc.detectBy))
+			}
+			switch {
+			case mc.finalDue, mc.state != before:
+				send() // answer a Poll, and tell a change at once (6.8.7)
+				schedule()
+			case !hadRemote || wasPolling != mc.polling:
+				schedule() // a passive end starts sending; an interval ended its Poll
+			}
+		case <-tx.C:
+			if mc.txInterval() > 0 {
+				send()
+				schedule()
+			}
+		case <-detect.C:
+			before := mc.state
+			if mc.expire(now()) {
+				changed(before)
+				send()
+				schedule()
+			}
+		case <-hold.C:
+			if mc.state == Up {
+				report(true)
+			}
+		case p := <-r.profiles:
+			mc.setProfile(p)
+			r.cfg.Profile = p
+			send()
+			schedule()
+		}
+		publish()
+	}
+}
+
+// damping holds a flapping session back: a session that goes down once is
+// usable again as soon as it is Up, but each further flap within a minute
+// doubles the time it must stay Up first, from 1 s to 30 s, so a link that
+// loses packets in bursts does not move the peer's routes back and forth.
+// Flaps older than a minute are forgotten.
+type damping struct {
+	recent []time.Time // times the session left Up, in the last minute
+	flaps  int
+}
+
+const (
+	dampWindow  = time.Minute
+	dampInitial = time.Second
+	dampMax     = 30 * time.Second
+)
+
+func (d *damping) forget(now time.Time) {
+	i := 0
+	for i < len(d.recent) && now.Sub(d.recent[i]) > dampWindow {
+		i++
+	}
+	d.recent = d.recent[i:]
+}
+
+func (d *damping) down(now time.Time) {
+	d.forget(now)
+	d.recent = append(d.recent, now)
+	d.flaps++
+}
+
+// up is how long the session must stay Up before it is usable.
+func (d *damping) up(now time.Time) time.Duration {
+	d.forget(now)
+	if len(d.recent) <= 1 {
+		return 0
+	}
+	return min(dampInitial<<(len(d.recent)-2), dampMax)
+}
+
+// queue calls onChange in order, from one goroutine, without blocking the
+// sessions that push to it.
+type queue struct {
+	onChange func(netip.Addr, bool)
+	mu       sync.Mutex
+	pending  []event
+	wake     chan struct{}
+	done     chan struct{}
+}
+
+type event struct {
+	peer   netip.Addr
+	usable bool
+}
+
+func newQueue(onChange func(netip.Addr, bool)) *queue {
+	q := &queue{onChange: onChange, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go q.run()
+	return q
+}
+
+func (q *queue) push(peer netip.Addr, usable bool) {
+	q.mu.Lock()
+	q.pending = append(q.pending, event{peer, usable})
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (q *queue) run() {
+	for {
+		_, open := <-q.wake
+		q.mu.Lock()
+		batch := q.pending
+		q.pending = nil
+		q.mu.Unlock()
+		for _, e := range batch {
+			if q.onChange != nil {
+				q.onChange(e.peer, e.usable)
+			}
+		}
+		if !open {
+			close(q.done)
+			return
+		}
+	}
+}
+
+// close delivers what is pending, then stops.
+func (q *queue) close() {
+	close(q.wake)
+	<-q.done
+}
