@@ -98,26 +98,26 @@ const slowTx = time.Second
 type machine struct {
 	profile Profile
 
-	state         State
-	diag          Diag
-	myDisc        uint32
-	remoteState   State
-	remoteDisc    uint32
-	remoteMinRx   time.Duration // the peer's Required Min RX; 0 means send nothing
-	remoteMinTx   time.Duration // the peer's Desired Min TX
-	remoteMult    uint8
-	heard         bool // a packet came from the peer since the last reset
-	polling       bool // a Poll sequence is running
-	advertisedTx  time.Duration
-	advertisedRx  time.Duration
+	state        State
+	diag         Diag
+	myDisc       uint32
+	remoteState  State
+	remoteDisc   uint32
+	remoteMinRx  time.Duration // the peer's Required Min RX; 0 means send nothing
+	remoteMinTx  time.Duration // the peer's Desired Min TX
+	remoteMult   uint8
+	heard        bool // a packet came from the peer since the last reset
+	polling      bool // a Poll sequence is running
+	advertisedTx time.Duration
+	advertisedRx time.Duration
 	// txInUse and rxInUse are the intervals this end times itself by:
 	// while a Poll sequence runs, a slower transmit or a faster receive
 	// waits for the peer's Final, lest the peer time out on the old
 	// values (6.8.3).
 	txInUse, rxInUse time.Duration
-	detectBy      time.Time // zero while no detection runs
-	finalDue      bool      // a packet with Final must go out now
-	lastStateTime time.Time
+	detectBy         time.Time // zero while no detection runs
+	finalDue         bool      // a packet with Final must go out now
+	lastStateTime    time.Time
 }
 
 func newMachine(p Profile, disc uint32, now time.Time) *machine {
