@@ -483,7 +483,7 @@ func (d *Datapath) families() []*family {
 
 func nodeInfoEqual(a, b NodeInfo) bool {
 	return a.Name == b.Name && a.Zone == b.Zone && a.Deleting == b.Deleting && a.Drained == b.Drained && a.DrainDeadline.Equal(b.DrainDeadline) && a.Excluded == b.Excluded && a.Registered == b.Registered &&
-		slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.PodCIDRs, b.PodCIDRs) && slices.Equal(a.BGPPeers, b.BGPPeers) &&
+		slices.Equal(a.Addresses, b.Addresses) && slices.Equal(a.PodCIDRs, b.PodCIDRs) && slices.EqualFunc(a.BGPPeers, b.BGPPeers, BGPPeer.Equal) &&
 		slices.EqualFunc(a.Advertisements, b.Advertisements, BGPAdvertisement.Equal) && slices.Equal(a.ServiceCIDRs, b.ServiceCIDRs) &&
 		slices.EqualFunc(a.L2Pools, b.L2Pools, L2Pool.Equal) && a.FlowRing == b.FlowRing &&
 		slices.EqualFunc(a.FlowPeers, b.FlowPeers, FlowPeer.Equal) && slices.EqualFunc(a.FlowSenders, b.FlowSenders, FlowPeer.Equal)

@@ -5,6 +5,7 @@ package datapath
 
 import (
 	"cmp"
+	"github.com/weirlb/weir/internal/bfd"
 	"net/netip"
 	"slices"
 	"strings"
@@ -195,6 +196,15 @@ type BGPPeer struct {
 	// Keepalive (0: a third of the hold time) and ConnectRetry (0: the
 	// speaker's default) are the session's other timers.
 	Keepalive, ConnectRetry time.Duration
+	// BFD runs a BFD session beside the BGP one; nil for none.
+	BFD *bfd.Profile
+}
+
+// Equal tells whether two peers are configured alike.
+func (p BGPPeer) Equal(o BGPPeer) bool {
+	bfdEqual := (p.BFD == nil) == (o.BFD == nil) && (p.BFD == nil || *p.BFD == *o.BFD)
+	p.BFD, o.BFD = nil, nil
+	return p == o && bfdEqual
 }
 
 // ServiceKey names a service.

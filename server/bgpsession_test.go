@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
@@ -21,7 +22,8 @@ import (
 // route reflector two hops away, peered from the node's loopback.
 func fabricPeer(name string) *weirv1.BgpPeer {
 	return &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: name}, Address: "192.0.2.1", Asn: 4200000100, MyAsn: 4200000001,
-		HoldTimeSeconds: 30, EbgpMultihopTtl: 2, SourceAddress: "198.51.100.7", KeepaliveSeconds: 10, ConnectRetrySeconds: 5}
+		HoldTimeSeconds: 30, EbgpMultihopTtl: 2, SourceAddress: "198.51.100.7", KeepaliveSeconds: 10, ConnectRetrySeconds: 5,
+		Bfd: &weirv1.BfdProfile{ReceiveIntervalMs: 100, TransmitIntervalMs: 150, DetectMultiplier: 4, Passive: true, MinimumTtl: 253}}
 }
 
 // ignoreMeta leaves out the metadata the server writes.
@@ -61,6 +63,12 @@ func TestTheAPITakesAFabricsSessionOptions(t *testing.T) {
 		{"a negative keepalive", func(p *weirv1.BgpPeer) { p.KeepaliveSeconds = -1 }, "keepalive_seconds", ""},
 		{"a negative connect retry", func(p *weirv1.BgpPeer) { p.ConnectRetrySeconds = -1 }, "connect_retry_seconds", "1-65535"},
 		{"a connect retry of a day", func(p *weirv1.BgpPeer) { p.ConnectRetrySeconds = 86400 }, "connect_retry_seconds", "1-65535"},
+		{"a BFD interval of 5 ms", func(p *weirv1.BgpPeer) { p.Bfd.ReceiveIntervalMs = 5 }, "bfd.receive_interval_ms", "10ms"},
+		{"a BFD interval of two minutes", func(p *weirv1.BgpPeer) { p.Bfd.TransmitIntervalMs = 120000 }, "bfd.transmit_interval_ms", "1m0s"},
+		{"a BFD multiplier of 1", func(p *weirv1.BgpPeer) { p.Bfd.DetectMultiplier = 1 }, "bfd.detect_multiplier", "first lost packet"},
+		{"a BFD multiplier of 256", func(p *weirv1.BgpPeer) { p.Bfd.DetectMultiplier = 256 }, "bfd.detect_multiplier", "2-255"},
+		{"a BFD minimum TTL of 256", func(p *weirv1.BgpPeer) { p.Bfd.MinimumTtl = 256 }, "bfd.minimum_ttl", "1-255"},
+		{"a BFD minimum TTL on a single hop", func(p *weirv1.BgpPeer) { p.EbgpMultihopTtl = 0 }, "bfd.minimum_ttl", "multi-hop"},
 	} {
 		p := fabricPeer("bad")
 		tc.set(p)
@@ -106,6 +114,10 @@ func TestCustomResourcesTakeAFabricsSessionOptions(t *testing.T) {
 		{peer("keepalive-negative", "  keepaliveSeconds: -1\n"), "spec.keepaliveSeconds"},
 		{peer("connect-long", "  connectRetrySeconds: 65536\n"), "spec.connectRetrySeconds"},
 		{peer("connect-negative", "  connectRetrySeconds: -1\n"), "spec.connectRetrySeconds"},
+		{peer("bfd-fast", "  bfd:\n    receiveInterval: 5\n"), "spec.bfd.receiveInterval"},
+		{peer("bfd-slow", "  bfd:\n    transmitInterval: 60001\n"), "spec.bfd.transmitInterval"},
+		{peer("bfd-multiplier", "  bfd:\n    detectMultiplier: 1\n"), "spec.bfd.detectMultiplier"},
+		{peer("bfd-ttl", "  bfd:\n    minimumTtl: 256\n"), "spec.bfd.minimumTtl"},
 	} {
 		doc := tc.doc
 		if strings.Contains(doc, "holdTimeSeconds: 0") {
@@ -120,7 +132,8 @@ func TestCustomResourcesTakeAFabricsSessionOptions(t *testing.T) {
 		cfg.Kubernetes = &kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: "default", Classes: kubernetes.Classes{Default: true}}
 	})
 	if err := createDoc(t, ctx, dyn, v1alpha1.BGPPeers, peer("rr-1",
-		"  ebgpMultihopTTL: 2\n  sourceAddress: 198.51.100.7\n  keepaliveSeconds: 10\n  connectRetrySeconds: 5\n"), false); err != nil {
+		"  ebgpMultihopTTL: 2\n  sourceAddress: 198.51.100.7\n  keepaliveSeconds: 10\n  connectRetrySeconds: 5\n"+
+			"  bfd:\n    receiveInterval: 100\n    transmitInterval: 150\n    detectMultiplier: 4\n    passiveMode: true\n    minimumTtl: 253\n"), false); err != nil {
 		t.Fatalf("a peer with every session option: %v", err)
 	}
 	want := fabricPeer("rr-1")
@@ -131,7 +144,8 @@ func TestCustomResourcesTakeAFabricsSessionOptions(t *testing.T) {
 		}
 		p := got.GetBgpPeer()
 		if p.GetEbgpMultihopTtl() != want.EbgpMultihopTtl || p.GetSourceAddress() != want.SourceAddress ||
-			p.GetKeepaliveSeconds() != want.KeepaliveSeconds || p.GetConnectRetrySeconds() != want.ConnectRetrySeconds {
+			p.GetKeepaliveSeconds() != want.KeepaliveSeconds || p.GetConnectRetrySeconds() != want.ConnectRetrySeconds ||
+			!proto.Equal(p.GetBfd(), want.GetBfd()) {
 			return fmt.Errorf("rr-1 in the registry: %v; want %v", p, want)
 		}
 		return nil

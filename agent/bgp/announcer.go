@@ -63,7 +63,7 @@ func NewAnnouncer(sp Speaker, proxyHealthy func() bool, log *slog.Logger) *Annou
 func (a *Announcer) Received(st datapath.NodeState) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	peersChanged := !slices.Equal(st.Node.BGPPeers, a.node.BGPPeers)
+	peersChanged := !slices.EqualFunc(st.Node.BGPPeers, a.node.BGPPeers, datapath.BGPPeer.Equal)
 	rulesChanged := peersChanged || !slices.EqualFunc(st.Node.Advertisements, a.node.Advertisements, datapath.BGPAdvertisement.Equal)
 	if st.Changed == nil || !sameForWants(st.Node, a.node) {
 		// What every service asks for may differ.
@@ -96,7 +96,8 @@ func (a *Announcer) setPeers(from []datapath.BGPPeer) {
 	peers := make([]Peer, len(from))
 	for i, p := range from {
 		peers[i] = Peer{Address: p.Address, Port: p.Port, ASN: p.ASN, MyASN: p.MyASN, HoldTime: p.HoldTime, Password: p.Password,
-			EBGPMultihopTTL: p.EBGPMultihopTTL, SourceAddress: p.SourceAddress, Keepalive: p.Keepalive, ConnectRetry: p.ConnectRetry}
+			EBGPMultihopTTL: p.EBGPMultihopTTL, SourceAddress: p.SourceAddress, Keepalive: p.Keepalive, ConnectRetry: p.ConnectRetry,
+			BFD: p.BFD}
 		if p.GracefulRestart {
 			peers[i].GracefulRestart = PeerGracefulRestart
 		}

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -23,6 +24,7 @@ import (
 	"github.com/osrg/gobgp/v3/pkg/server"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/weirlb/weir/internal/bfd"
 	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/internal/report"
 )
@@ -51,6 +53,11 @@ type Peer struct {
 	// ConnectRetry is the time between attempts to open the session while
 	// it is down; 0 means DefaultConnectRetry.
 	ConnectRetry time.Duration
+	// BFD, when set, runs a BFD session with the router beside BGP: when
+	// it goes down (the router stopped answering within its detection
+	// time, or said so) the BGP session is closed at once, where the hold
+	// timer would take seconds; it opens again when BFD is back up.
+	BFD *bfd.Profile
 }
 
 // DefaultConnectRetry is short, so a router that comes back is peered
@@ -215,6 +222,7 @@ type GoBGP struct {
 	asn   uint32
 	cfg   Config
 	notes *notifications
+	bfd   *bfd.Manager
 
 	mu      sync.Mutex // guards dynamic, exportRules and exportAssigned
 	dynamic map[netip.Addr]Peer
@@ -321,14 +329,55 @@ func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
 		return nil, fmt.Errorf("starting BGP: %w", err)
 	}
 	g := &GoBGP{s: s, asn: cfg.ASN, cfg: cfg, dynamic: map[netip.Addr]Peer{}, notes: notes}
+	g.bfd = bfd.New(cfg.Log.With("component", "bfd"), g.bfdChanged)
 	for _, p := range cfg.Peers {
 		if err := g.addPeer(ctx, p); err != nil {
+			g.bfd.Close()
 			s.Stop()
 			return nil, err
 		}
 	}
+	if err := g.setBFD(); err != nil {
+		cfg.Log.Warn("BFD sessions not all set up", "err", err)
+	}
 	return g, nil
 }
+
+// setBFD runs a BFD session with each peer that asks for one; g.mu is
+// held or g not yet shared.
+func (g *GoBGP) setBFD() error {
+	var sessions []bfd.Session
+	for _, p := range slices.Concat(g.cfg.Peers, slices.Collect(maps.Values(g.dynamic))) {
+		if p.BFD == nil {
+			continue
+		}
+		sessions = append(sessions, bfd.Session{Peer: p.Address, Local: p.SourceAddress, MultiHop: p.EBGPMultihopTTL > 1, Profile: *p.BFD})
+	}
+	return g.bfd.Set(sessions)
+}
+
+// bfdChanged closes a router's BGP session when its BFD session goes
+// down, so that both ends drop its routes at once, and opens it again
+// when BFD is back up (after its damping).
+func (g *GoBGP) bfdChanged(peer netip.Addr, usable bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var err error
+	if usable {
+		err = g.s.EnablePeer(ctx, &api.EnablePeerRequest{Address: peer.String()})
+	} else {
+		err = g.s.DisablePeer(ctx, &api.DisablePeerRequest{Address: peer.String(), Communication: "BFD session down"})
+	}
+	if err != nil {
+		// The peer was removed meanwhile: nothing to close or open.
+		g.cfg.Log.Debug("BFD change not applied to BGP", "peer", peer, "usable", usable, "err", err)
+		return
+	}
+	g.cfg.Log.Info("BFD changed the BGP session", "peer", peer, "open", usable)
+}
+
+// BFD is the speaker's BFD sessions.
+func (g *GoBGP) BFD() []bfd.Status { return g.bfd.Status() }
 
 var families = []*api.Family{
 	{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST},
@@ -393,10 +442,13 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 		want[p.Address] = p
 	}
 	var first error
+	// BFD is not GoBGP's: a change of it alone leaves the BGP session be.
+	bgpOnly := func(p Peer) Peer { p.BFD = nil; return p }
 	for addr, had := range g.dynamic {
 		p, ok := want[addr]
 		switch {
-		case ok && p == had:
+		case ok && bgpOnly(p) == bgpOnly(had):
+			g.dynamic[addr] = p
 			continue
 		case ok && p.Port == had.Port && p.EBGPMultihopTTL == had.EBGPMultihopTTL && p.ConnectRetry == had.ConnectRetry:
 			// A changed router is updated in place: what its OPEN does
@@ -439,6 +491,9 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 	// Only the sessions of the restart itself say Restart State; routers
 	// added later meet a speaker that has long restarted.
 	g.cfg.Restarting = false
+	if err := g.setBFD(); err != nil {
+		first = cmp.Or(first, err)
+	}
 	return first
 }
 
@@ -599,6 +654,7 @@ func receivesAddPath(caps []*anypb.Any) bool {
 func (g *GoBGP) Close() {
 	g.s.StopBgp(context.Background(), &api.StopBgpRequest{})
 	g.s.Stop()
+	g.bfd.Close() // AdminDown to every router
 }
 
 // GracefulRestart reports whether any of the speaker's peers is offered

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/weirlb/weir/internal/bfd"
 	"github.com/weirlb/weir/internal/report"
 )
 
@@ -15,6 +16,10 @@ var (
 		"1 when the BGP session with the peer is established, else 0.", []string{"peer"}, nil)
 	prefixes = prometheus.NewDesc("weir_bgp_prefixes",
 		"Prefixes on an established session, by family and direction: sent to the peer, received from it, accepted of those.", []string{"peer", "family", "direction"}, nil)
+	bfdUp = prometheus.NewDesc("weir_bfd_session_up",
+		"1 when the BFD session with the peer is Up, else 0.", []string{"peer"}, nil)
+	bfdFlaps = prometheus.NewDesc("weir_bfd_session_flaps_total",
+		"Times the BFD session with the peer left Up.", []string{"peer"}, nil)
 )
 
 // Collector exports the speaker's sessions, read from GoBGP at each
@@ -26,9 +31,19 @@ type collector struct{ g *GoBGP }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- sessionUp
 	ch <- prefixes
+	ch <- bfdUp
+	ch <- bfdFlaps
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.g.BFD() {
+		up := 0.0
+		if s.State == bfd.Up {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(bfdUp, prometheus.GaugeValue, up, s.Peer.String())
+		ch <- prometheus.MustNewConstMetric(bfdFlaps, prometheus.CounterValue, float64(s.Flaps), s.Peer.String())
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	sessions, err := c.g.Sessions(ctx)

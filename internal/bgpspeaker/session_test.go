@@ -2,11 +2,14 @@ package bgpspeaker
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"testing"
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
+
+	"github.com/weirlb/weir/internal/bfd"
 )
 
 // TestPeersOpenSessionsAsConfigured: GoBGP holds each router's eBGP
@@ -67,4 +70,41 @@ func TestPeersOpenSessionsAsConfigured(t *testing.T) {
 		// No keepalive: a third of the hold time.
 		reflector.Address: {multihop: true, ttl: 3, source: "198.51.100.8", hold: 30, alive: 10, connectRetry: 5},
 	})
+}
+
+// TestBFDRunsBesideTheSessions: a peer with a BFD profile gets a BFD
+// session (multi-hop when its TTL is above 1), follows a change of the
+// profile, and ends when the peer drops BFD; a peer without BFD has none.
+func TestBFDRunsBesideTheSessions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g, err := Start(ctx, Config{ASN: 64512, RouterID: netip.MustParseAddr("192.0.2.100")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	tor := Peer{Address: netip.MustParseAddr("127.0.0.1"), ASN: 64500, BFD: &bfd.Profile{ReceiveInterval: 100 * time.Millisecond}}
+	reflector := Peer{Address: netip.MustParseAddr("::1"), ASN: 64500, EBGPMultihopTTL: 2, BFD: &bfd.Profile{}}
+	plain := Peer{Address: netip.MustParseAddr("127.0.0.2"), ASN: 64500}
+	if err := g.SetPeers(ctx, []Peer{tor, reflector, plain}); err != nil {
+		t.Fatal(err)
+	}
+	sessions := func() map[netip.Addr]bool {
+		out := map[netip.Addr]bool{}
+		for _, s := range g.BFD() {
+			out[s.Peer] = s.MultiHop
+		}
+		return out
+	}
+	if got, want := sessions(), map[netip.Addr]bool{tor.Address: false, reflector.Address: true}; !maps.Equal(got, want) {
+		t.Errorf("BFD sessions (peer: multi-hop) %v; want %v", got, want)
+	}
+	tor.BFD = &bfd.Profile{ReceiveInterval: 50 * time.Millisecond}
+	reflector.BFD = nil
+	if err := g.SetPeers(ctx, []Peer{tor, reflector, plain}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sessions(), map[netip.Addr]bool{tor.Address: false}; !maps.Equal(got, want) {
+		t.Errorf("after the change, BFD sessions %v; want %v", got, want)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/bfd"
 	"github.com/weirlb/weir/internal/bgpcommunity"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
@@ -36,7 +37,7 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 		np := &weirv1.NodePeer{Address: p.Address.String(), Port: int32(p.Port), Asn: p.ASN, MyAsn: p.MyASN,
 			HoldTimeSeconds: int32(p.HoldTime / time.Second), Password: p.Password, Name: p.Name, GracefulRestart: p.GracefulRestart,
 			EbgpMultihopTtl: uint32(p.EBGPMultihopTTL), KeepaliveSeconds: int32(p.Keepalive / time.Second),
-			ConnectRetrySeconds: int32(p.ConnectRetry / time.Second)}
+			ConnectRetrySeconds: int32(p.ConnectRetry / time.Second), Bfd: EncodeBFD(p.BFD)}
 		if p.SourceAddress.IsValid() {
 			np.SourceAddress = p.SourceAddress.String()
 		}
@@ -132,7 +133,11 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 				return datapath.NodeInfo{}, fmt.Errorf("node.bgp_peers[%d].source_address: %w", i, err)
 			}
 		}
-		info.BGPPeers = append(info.BGPPeers, datapath.BGPPeer{Address: a, Port: port, ASN: p.GetAsn(), MyASN: p.GetMyAsn(),
+		profile, err := DecodeBFD(p.GetBfd())
+		if err != nil {
+			return datapath.NodeInfo{}, fmt.Errorf("node.bgp_peers[%d].bfd.%w", i, err)
+		}
+		info.BGPPeers = append(info.BGPPeers, datapath.BGPPeer{Address: a, Port: port, ASN: p.GetAsn(), MyASN: p.GetMyAsn(), BFD: profile,
 			HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword(),
 			Name: p.GetName(), GracefulRestart: p.GetGracefulRestart(),
 			EBGPMultihopTTL: uint8(p.GetEbgpMultihopTtl()), SourceAddress: source,
@@ -363,4 +368,35 @@ func DecodeLargeCommunities(cs []*weirv1.LargeCommunity) []bgpcommunity.Large {
 		out = append(out, bgpcommunity.Large{Global: c.GetGlobalAdmin(), Local1: c.GetLocalData1(), Local2: c.GetLocalData2()})
 	}
 	return out
+}
+
+// EncodeBFD is a peer's BFD profile on the wire; nil for none.
+func EncodeBFD(p *bfd.Profile) *weirv1.BfdProfile {
+	if p == nil {
+		return nil
+	}
+	return &weirv1.BfdProfile{
+		ReceiveIntervalMs: uint32(p.ReceiveInterval / time.Millisecond), TransmitIntervalMs: uint32(p.TransmitInterval / time.Millisecond),
+		DetectMultiplier: uint32(p.DetectMultiplier), Passive: p.Passive, MinimumTtl: uint32(p.MinimumTTL),
+	}
+}
+
+// DecodeBFD reads a BFD profile; nil for none. It refuses the numbers that
+// fit no byte, naming the field ("detect_multiplier: ..."); the profile's
+// own bounds are bfd.Profile.Validate's.
+func DecodeBFD(p *weirv1.BfdProfile) (*bfd.Profile, error) {
+	if p == nil {
+		return nil, nil
+	}
+	if m := p.GetDetectMultiplier(); m > 255 {
+		return nil, fmt.Errorf("detect_multiplier: %d is not 0 (3) or 2-255", m)
+	}
+	if t := p.GetMinimumTtl(); t > 255 {
+		return nil, fmt.Errorf("minimum_ttl: %d is not a TTL: 0 (254) or 1-255", t)
+	}
+	return &bfd.Profile{
+		ReceiveInterval:  time.Duration(p.GetReceiveIntervalMs()) * time.Millisecond,
+		TransmitInterval: time.Duration(p.GetTransmitIntervalMs()) * time.Millisecond,
+		DetectMultiplier: uint8(p.GetDetectMultiplier()), Passive: p.GetPassive(), MinimumTTL: uint8(p.GetMinimumTtl()),
+	}, nil
 }

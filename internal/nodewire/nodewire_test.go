@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/bfd"
 	"github.com/weirlb/weir/internal/bgpcommunity"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
@@ -96,8 +97,9 @@ func TestNodeRoundTripKeepsTheServiceCIDRs(t *testing.T) {
 func TestNodeRoundTripKeepsThePeersSessionOptions(t *testing.T) {
 	in := datapath.NodeInfo{Name: "node1", Registered: true, BGPPeers: []datapath.BGPPeer{
 		{Name: "rr-1", Address: netip.MustParseAddr("192.0.2.1"), ASN: 4200000100, MyASN: 4200000001, HoldTime: 30 * time.Second,
-			EBGPMultihopTTL: 2, SourceAddress: netip.MustParseAddr("198.51.100.7"), Keepalive: 10 * time.Second, ConnectRetry: 5 * time.Second},
-		{Name: "tor", Address: netip.MustParseAddr("2001:db8::1"), ASN: 64500, MyASN: 64512},
+			EBGPMultihopTTL: 2, SourceAddress: netip.MustParseAddr("198.51.100.7"), Keepalive: 10 * time.Second, ConnectRetry: 5 * time.Second,
+			BFD: &bfd.Profile{ReceiveInterval: 100 * time.Millisecond, TransmitInterval: 150 * time.Millisecond, DetectMultiplier: 4, Passive: true, MinimumTTL: 253}},
+		{Name: "tor", Address: netip.MustParseAddr("2001:db8::1"), ASN: 64500, MyASN: 64512, BFD: &bfd.Profile{}},
 	}}
 	out, err := DecodeNode(EncodeNode(in))
 	if err != nil {
@@ -109,6 +111,8 @@ func TestNodeRoundTripKeepsThePeersSessionOptions(t *testing.T) {
 	for _, bad := range []*weirv1.NodePeer{
 		{Address: "192.0.2.1", Asn: 64500, MyAsn: 64512, EbgpMultihopTtl: 256},
 		{Address: "192.0.2.1", Asn: 64500, MyAsn: 64512, SourceAddress: "lo"},
+		{Address: "192.0.2.1", Asn: 64500, MyAsn: 64512, Bfd: &weirv1.BfdProfile{DetectMultiplier: 256}},
+		{Address: "192.0.2.1", Asn: 64500, MyAsn: 64512, Bfd: &weirv1.BfdProfile{MinimumTtl: 300}},
 	} {
 		if _, err := DecodeNode(&weirv1.NodeInfo{Name: "node1", BgpPeers: []*weirv1.NodePeer{bad}}); err == nil || !strings.Contains(err.Error(), "node.bgp_peers[0]") {
 			t.Errorf("peer %v: %v; want an error naming node.bgp_peers[0]", bad, err)

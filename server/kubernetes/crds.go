@@ -214,6 +214,11 @@ func (c *crds) peer(p *v1alpha1.WeirBGPPeer) (*model.BGPPeer, error) {
 		NodeSelector: p.Spec.NodeSelector, GracefulRestart: p.Spec.GracefulRestart,
 		EbgpMultihopTtl: uint32(p.Spec.EBGPMultihopTTL), SourceAddress: p.Spec.SourceAddress,
 		KeepaliveSeconds: p.Spec.KeepaliveSeconds, ConnectRetrySeconds: p.Spec.ConnectRetrySeconds}
+	if b := p.Spec.BFD; b != nil {
+		// The CRD's schema bounds each number, so none turns negative.
+		w.Bfd = &weirv1.BfdProfile{ReceiveIntervalMs: uint32(b.ReceiveInterval), TransmitIntervalMs: uint32(b.TransmitInterval),
+			DetectMultiplier: uint32(b.DetectMultiplier), Passive: b.PassiveMode, MinimumTtl: uint32(b.MinimumTTL)}
+	}
 	if ref := p.Spec.PasswordSecretRef; ref != nil {
 		key := ref.Key
 		if key == "" {

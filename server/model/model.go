@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weirlb/weir/internal/bfd"
 	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/internal/iprange"
 )
@@ -378,6 +379,8 @@ type BGPPeer struct {
 	// ConnectRetry is the time between attempts to open the session; 0
 	// means the node speaker's default (1 s).
 	ConnectRetry time.Duration `json:"connectRetry,omitempty"`
+	// BFD runs a BFD session with the router; nil for none.
+	BFD *bfd.Profile `json:"bfd,omitempty"`
 }
 
 // DefaultHoldTime is a peer's hold time when it sets none (RFC 4271's

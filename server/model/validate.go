@@ -587,6 +587,15 @@ func (p *BGPPeer) validateSession() error {
 	if p.ConnectRetry < 0 || p.ConnectRetry > 65535*time.Second {
 		return fieldErr("connect_retry_seconds", "must be 0 (1 s) or 1-65535")
 	}
+	if p.BFD != nil {
+		if err := p.BFD.Validate(); err != nil {
+			field, reason, _ := strings.Cut(err.Error(), ": ")
+			return fieldErr("bfd."+field, "%s", reason)
+		}
+		if p.BFD.MinimumTTL != 0 && p.EBGPMultihopTTL <= 1 {
+			return fieldErr("bfd.minimum_ttl", "only for a multi-hop session (ebgp_multihop_ttl above 1): a single-hop one takes only TTL 255")
+		}
+	}
 	return nil
 }
 

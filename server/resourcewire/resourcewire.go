@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/internal/bgpcommunity"
+	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
 )
@@ -351,6 +353,10 @@ func BGPPeerFromProto(p *weirv1.BgpPeer) (*model.BGPPeer, error) {
 		GracefulRestart: p.GetGracefulRestart(), EBGPMultihopTTL: p.GetEbgpMultihopTtl(),
 		Keepalive:    time.Duration(p.GetKeepaliveSeconds()) * time.Second,
 		ConnectRetry: time.Duration(p.GetConnectRetrySeconds()) * time.Second}
+	if out.BFD, err = nodewire.DecodeBFD(p.GetBfd()); err != nil {
+		field, reason, _ := strings.Cut(err.Error(), ": ")
+		return nil, &model.FieldError{Field: "bfd." + field, Reason: reason}
+	}
 	if out.Address, err = netip.ParseAddr(p.GetAddress()); err != nil {
 		return nil, &model.FieldError{Field: "address", Reason: fmt.Sprintf("%q is not an IP address", p.GetAddress())}
 	}
@@ -367,7 +373,7 @@ func BGPPeerToProto(p *model.BGPPeer) *weirv1.BgpPeer {
 	out := &weirv1.BgpPeer{Metadata: metaToProto(&p.Meta), Address: p.Address.String(), Asn: p.ASN, MyAsn: p.MyASN, Port: p.Port,
 		HoldTimeSeconds: int32(p.HoldTime / time.Second), NodeSelector: p.NodeSelector, GracefulRestart: p.GracefulRestart,
 		EbgpMultihopTtl: p.EBGPMultihopTTL, KeepaliveSeconds: int32(p.Keepalive / time.Second),
-		ConnectRetrySeconds: int32(p.ConnectRetry / time.Second)}
+		ConnectRetrySeconds: int32(p.ConnectRetry / time.Second), Bfd: nodewire.EncodeBFD(p.BFD)}
 	if p.SourceAddress.IsValid() {
 		out.SourceAddress = p.SourceAddress.String()
 	}

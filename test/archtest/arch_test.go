@@ -47,6 +47,7 @@ func TestDependencyDirection(t *testing.T) {
 		{"server/resourcefile", []string{module + "/server/api"}, "the resources file reads resources as the API writes them (server/resourcewire), not through the gRPC edge"},
 		{"internal/notify internal/recv", []string{module + "/"}, "waking waiters and pumping a stream are leaves every component may use"},
 		{"internal/bgpcommunity", []string{module + "/"}, "communities as operators write them are a leaf every layer reads them by"},
+		{"internal/bfd", []string{module + "/"}, "BFD is a protocol, a leaf the speakers and the layers that configure it share"},
 		{"datapath/internal/nfwire", []string{module + "/"}, "the kernel's netlink wire is a leaf that knows nothing of services"},
 		{"server/cmd/weir-server agent/cmd/weir-agent lbtier/cmd/weir-speaker", []string{module + "/datapath/benchhook"}, "the kernel floors the benches measure stay out of the product"},
 		{"server/cmd/weir-server", []string{module + "/test", "k8s.io/kubernetes"}, "test-only code stays out of the product"},

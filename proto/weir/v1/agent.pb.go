@@ -2077,8 +2077,10 @@ type NodePeer struct {
 	SourceAddress       string `protobuf:"bytes,10,opt,name=source_address,json=sourceAddress,proto3" json:"source_address,omitempty"`
 	KeepaliveSeconds    int32  `protobuf:"varint,11,opt,name=keepalive_seconds,json=keepaliveSeconds,proto3" json:"keepalive_seconds,omitempty"`
 	ConnectRetrySeconds int32  `protobuf:"varint,12,opt,name=connect_retry_seconds,json=connectRetrySeconds,proto3" json:"connect_retry_seconds,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The BgpPeer's BFD; absent for none.
+	Bfd           *BfdProfile `protobuf:"bytes,13,opt,name=bfd,proto3" json:"bfd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodePeer) Reset() {
@@ -2193,6 +2195,13 @@ func (x *NodePeer) GetConnectRetrySeconds() int32 {
 		return x.ConnectRetrySeconds
 	}
 	return 0
+}
+
+func (x *NodePeer) GetBfd() *BfdProfile {
+	if x != nil {
+		return x.Bfd
+	}
+	return nil
 }
 
 // NodeService is one service as the nodes must forward it: every endpoint
@@ -2698,7 +2707,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\vlocal_data1\x18\x02 \x01(\rR\n" +
 	"localData1\x12\x1f\n" +
 	"\vlocal_data2\x18\x03 \x01(\rR\n" +
-	"localData2\"\x9c\x03\n" +
+	"localData2\"\xc3\x03\n" +
 	"\bNodePeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x10\n" +
@@ -2712,7 +2721,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x0esource_address\x18\n" +
 	" \x01(\tR\rsourceAddress\x12+\n" +
 	"\x11keepalive_seconds\x18\v \x01(\x05R\x10keepaliveSeconds\x122\n" +
-	"\x15connect_retry_seconds\x18\f \x01(\x05R\x13connectRetrySeconds\"\xf4\x05\n" +
+	"\x15connect_retry_seconds\x18\f \x01(\x05R\x13connectRetrySeconds\x12%\n" +
+	"\x03bfd\x18\r \x01(\v2\x13.weir.v1.BfdProfileR\x03bfd\"\xf4\x05\n" +
 	"\vNodeService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -2813,10 +2823,11 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*NodeEndpoint)(nil),          // 28: weir.v1.NodeEndpoint
 	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(TrafficPolicy)(0),            // 31: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 32: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 33: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 34: weir.v1.Protocol
+	(*BfdProfile)(nil),            // 31: weir.v1.BfdProfile
+	(TrafficPolicy)(0),            // 32: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 33: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 34: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 35: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	4,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
@@ -2854,22 +2865,23 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	30, // 32: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
 	21, // 33: weir.v1.NodeInfo.flow_senders:type_name -> weir.v1.FlowPeer
 	24, // 34: weir.v1.PoolAdvertisement.large_communities:type_name -> weir.v1.LargeCommunity
-	27, // 35: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	31, // 36: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	31, // 37: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	32, // 38: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	33, // 39: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	34, // 40: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	28, // 41: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	6,  // 42: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	2,  // 43: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
-	19, // 44: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	5,  // 45: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
-	44, // [44:46] is the sub-list for method output_type
-	42, // [42:44] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	31, // 35: weir.v1.NodePeer.bfd:type_name -> weir.v1.BfdProfile
+	27, // 36: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	32, // 37: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	32, // 38: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	33, // 39: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	34, // 40: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	35, // 41: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	28, // 42: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	6,  // 43: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	2,  // 44: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
+	19, // 45: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	5,  // 46: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
+	45, // [45:47] is the sub-list for method output_type
+	43, // [43:45] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }

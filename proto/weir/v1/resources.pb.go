@@ -1704,8 +1704,16 @@ type BgpPeer struct {
 	// Seconds between attempts to open the session while it is down,
 	// 1-65535; 0 means 1, so a router that comes back is peered with at once.
 	ConnectRetrySeconds int32 `protobuf:"varint,13,opt,name=connect_retry_seconds,json=connectRetrySeconds,proto3" json:"connect_retry_seconds,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Run BFD (RFC 5880) with the router beside the session: when it finds
+	// the router gone (within detect_multiplier × the agreed interval), the
+	// node closes the BGP session at once instead of waiting for the hold
+	// time, and a router configured for BFD drops the node's routes as
+	// fast. Single hop (RFC 5881, UDP 3784, TTL 255) for a directly
+	// connected router; multi-hop (RFC 5883, UDP 4784) when
+	// ebgp_multihop_ttl is above 1. Absent: no BFD.
+	Bfd           *BfdProfile `protobuf:"bytes,14,opt,name=bfd,proto3" json:"bfd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BgpPeer) Reset() {
@@ -1825,6 +1833,102 @@ func (x *BgpPeer) GetKeepaliveSeconds() int32 {
 func (x *BgpPeer) GetConnectRetrySeconds() int32 {
 	if x != nil {
 		return x.ConnectRetrySeconds
+	}
+	return 0
+}
+
+func (x *BgpPeer) GetBfd() *BfdProfile {
+	if x != nil {
+		return x.Bfd
+	}
+	return nil
+}
+
+// BfdProfile is how a BFD session runs (MetalLB's BFDProfile); 0 means
+// the default of each field. There is no echo mode: an echo packet must be
+// looped back by the peer's forwarding plane, which a Linux node does not
+// do for BFD, and BIRD has none.
+type BfdProfile struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The least interval between the router's packets this node accepts,
+	// 10-60000 ms; 0 means 300.
+	ReceiveIntervalMs uint32 `protobuf:"varint,1,opt,name=receive_interval_ms,json=receiveIntervalMs,proto3" json:"receive_interval_ms,omitempty"`
+	// The interval between this node's packets it would like, 10-60000 ms;
+	// 0 means 300. The interval used is the slower of it and the router's
+	// receive interval.
+	TransmitIntervalMs uint32 `protobuf:"varint,2,opt,name=transmit_interval_ms,json=transmitIntervalMs,proto3" json:"transmit_interval_ms,omitempty"`
+	// Packets missed before the session is down, 2-255; 0 means 3.
+	DetectMultiplier uint32 `protobuf:"varint,3,opt,name=detect_multiplier,json=detectMultiplier,proto3" json:"detect_multiplier,omitempty"`
+	// Send nothing until the router has spoken.
+	Passive bool `protobuf:"varint,4,opt,name=passive,proto3" json:"passive,omitempty"`
+	// Multi-hop only: the lowest TTL the router's packets may arrive with,
+	// 1-255; 0 means 254 (one hop away).
+	MinimumTtl    uint32 `protobuf:"varint,5,opt,name=minimum_ttl,json=minimumTtl,proto3" json:"minimum_ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BfdProfile) Reset() {
+	*x = BfdProfile{}
+	mi := &file_weir_v1_resources_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BfdProfile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BfdProfile) ProtoMessage() {}
+
+func (x *BfdProfile) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_resources_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BfdProfile.ProtoReflect.Descriptor instead.
+func (*BfdProfile) Descriptor() ([]byte, []int) {
+	return file_weir_v1_resources_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *BfdProfile) GetReceiveIntervalMs() uint32 {
+	if x != nil {
+		return x.ReceiveIntervalMs
+	}
+	return 0
+}
+
+func (x *BfdProfile) GetTransmitIntervalMs() uint32 {
+	if x != nil {
+		return x.TransmitIntervalMs
+	}
+	return 0
+}
+
+func (x *BfdProfile) GetDetectMultiplier() uint32 {
+	if x != nil {
+		return x.DetectMultiplier
+	}
+	return 0
+}
+
+func (x *BfdProfile) GetPassive() bool {
+	if x != nil {
+		return x.Passive
+	}
+	return false
+}
+
+func (x *BfdProfile) GetMinimumTtl() uint32 {
+	if x != nil {
+		return x.MinimumTtl
 	}
 	return 0
 }
@@ -1961,7 +2065,7 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x14max_announcing_nodes\x18\x06 \x01(\rR\x12maxAnnouncingNodes\"T\n" +
 	"\vServiceCidr\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x14\n" +
-	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\"\xc2\x04\n" +
+	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\"\xe9\x04\n" +
 	"\aBgpPeer\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x10\n" +
@@ -1976,10 +2080,19 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	" \x01(\rR\x0febgpMultihopTtl\x12%\n" +
 	"\x0esource_address\x18\v \x01(\tR\rsourceAddress\x12+\n" +
 	"\x11keepalive_seconds\x18\f \x01(\x05R\x10keepaliveSeconds\x122\n" +
-	"\x15connect_retry_seconds\x18\r \x01(\x05R\x13connectRetrySeconds\x1a?\n" +
+	"\x15connect_retry_seconds\x18\r \x01(\x05R\x13connectRetrySeconds\x12%\n" +
+	"\x03bfd\x18\x0e \x01(\v2\x13.weir.v1.BfdProfileR\x03bfd\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x84\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd6\x01\n" +
+	"\n" +
+	"BfdProfile\x12.\n" +
+	"\x13receive_interval_ms\x18\x01 \x01(\rR\x11receiveIntervalMs\x120\n" +
+	"\x14transmit_interval_ms\x18\x02 \x01(\rR\x12transmitIntervalMs\x12+\n" +
+	"\x11detect_multiplier\x18\x03 \x01(\rR\x10detectMultiplier\x12\x18\n" +
+	"\apassive\x18\x04 \x01(\bR\apassive\x12\x1f\n" +
+	"\vminimum_ttl\x18\x05 \x01(\rR\n" +
+	"minimumTtl*\x84\x01\n" +
 	"\vServiceType\x12\x1c\n" +
 	"\x18SERVICE_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17SERVICE_TYPE_CLUSTER_IP\x10\x01\x12\x1a\n" +
@@ -2015,7 +2128,7 @@ func file_weir_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_weir_v1_resources_proto_goTypes = []any{
 	(ServiceType)(0),              // 0: weir.v1.ServiceType
 	(Protocol)(0),                 // 1: weir.v1.Protocol
@@ -2040,15 +2153,16 @@ var file_weir_v1_resources_proto_goTypes = []any{
 	(*BgpAdvertisement)(nil),      // 20: weir.v1.BgpAdvertisement
 	(*ServiceCidr)(nil),           // 21: weir.v1.ServiceCidr
 	(*BgpPeer)(nil),               // 22: weir.v1.BgpPeer
-	nil,                           // 23: weir.v1.ObjectMeta.LabelsEntry
-	nil,                           // 24: weir.v1.ServiceAllocation.ServiceSelectorEntry
-	nil,                           // 25: weir.v1.L2Advertisement.NodeSelectorEntry
-	nil,                           // 26: weir.v1.BgpPeer.NodeSelectorEntry
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*BfdProfile)(nil),            // 23: weir.v1.BfdProfile
+	nil,                           // 24: weir.v1.ObjectMeta.LabelsEntry
+	nil,                           // 25: weir.v1.ServiceAllocation.ServiceSelectorEntry
+	nil,                           // 26: weir.v1.L2Advertisement.NodeSelectorEntry
+	nil,                           // 27: weir.v1.BgpPeer.NodeSelectorEntry
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
 }
 var file_weir_v1_resources_proto_depIdxs = []int32{
-	23, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
-	27, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	24, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
+	28, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 2: weir.v1.Service.metadata:type_name -> weir.v1.ObjectMeta
 	7,  // 3: weir.v1.Service.spec:type_name -> weir.v1.ServiceSpec
 	9,  // 4: weir.v1.Service.status:type_name -> weir.v1.ServiceStatus
@@ -2067,21 +2181,22 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	14, // 17: weir.v1.Endpoint.conditions:type_name -> weir.v1.EndpointConditions
 	1,  // 18: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
 	5,  // 19: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
-	27, // 20: weir.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	28, // 20: weir.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
 	5,  // 21: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
 	20, // 22: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
 	19, // 23: weir.v1.AddressPool.l2_advertisement:type_name -> weir.v1.L2Advertisement
 	18, // 24: weir.v1.AddressPool.service_allocation:type_name -> weir.v1.ServiceAllocation
-	24, // 25: weir.v1.ServiceAllocation.service_selector:type_name -> weir.v1.ServiceAllocation.ServiceSelectorEntry
-	25, // 26: weir.v1.L2Advertisement.node_selector:type_name -> weir.v1.L2Advertisement.NodeSelectorEntry
+	25, // 25: weir.v1.ServiceAllocation.service_selector:type_name -> weir.v1.ServiceAllocation.ServiceSelectorEntry
+	26, // 26: weir.v1.L2Advertisement.node_selector:type_name -> weir.v1.L2Advertisement.NodeSelectorEntry
 	5,  // 27: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
 	5,  // 28: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
-	26, // 29: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
-	30, // [30:30] is the sub-list for method output_type
-	30, // [30:30] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	27, // 29: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
+	23, // 30: weir.v1.BgpPeer.bfd:type_name -> weir.v1.BfdProfile
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }
@@ -2096,7 +2211,7 @@ func file_weir_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_resources_proto_rawDesc), len(file_weir_v1_resources_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -240,6 +240,7 @@ type WeirAddressPoolList struct {
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Multihop TTL",type=integer,JSONPath=`.spec.ebgpMultihopTTL`,priority=1
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceAddress`,priority=1
+// +kubebuilder:printcolumn:name="BFD RX",type=integer,JSONPath=`.spec.bfd.receiveInterval`,priority=1
 type WeirBGPPeer struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -316,6 +317,53 @@ type BGPPeerSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=65535
 	ConnectRetrySeconds int32 `json:"connectRetrySeconds,omitempty"`
+	// BFD runs BFD (RFC 5880) with the router: when it finds the router
+	// gone, the node closes the session at once rather than at the hold
+	// time. Single hop, or multi-hop with ebgpMultihopTTL above 1.
+	//
+	// +optional
+	BFD *BFDProfile `json:"bfd,omitempty"`
+}
+
+// BFDProfile is how a BFD session runs (MetalLB's BFDProfile, without
+// echo mode); 0 means the default of each field.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.receiveInterval) || self.receiveInterval == 0 || (self.receiveInterval >= 10 && self.receiveInterval <= 60000)",message="0 (300) or 10-60000 milliseconds",fieldPath=".receiveInterval"
+// +kubebuilder:validation:XValidation:rule="!has(self.transmitInterval) || self.transmitInterval == 0 || (self.transmitInterval >= 10 && self.transmitInterval <= 60000)",message="0 (300) or 10-60000 milliseconds",fieldPath=".transmitInterval"
+// +kubebuilder:validation:XValidation:rule="!has(self.detectMultiplier) || self.detectMultiplier != 1",message="0 (3) or 2-255: 1 would take the session down at the first lost packet",fieldPath=".detectMultiplier"
+type BFDProfile struct {
+	// ReceiveInterval is the least interval, in milliseconds, between
+	// the router's packets the node accepts; 0 means 300.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=60000
+	ReceiveInterval int32 `json:"receiveInterval,omitempty"`
+	// TransmitInterval is the interval, in milliseconds, between the
+	// node's packets it would like; 0 means 300.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=60000
+	TransmitInterval int32 `json:"transmitInterval,omitempty"`
+	// DetectMultiplier is the packets missed before the session is down;
+	// 0 means 3.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=255
+	DetectMultiplier int32 `json:"detectMultiplier,omitempty"`
+	// PassiveMode sends nothing until the router has spoken.
+	//
+	// +optional
+	PassiveMode bool `json:"passiveMode,omitempty"`
+	// MinimumTTL is, for a multi-hop session, the lowest TTL the router's
+	// packets may arrive with; 0 means 254.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=255
+	MinimumTTL int32 `json:"minimumTtl,omitempty"`
 }
 
 // ASN is an AS number, 1-4294967295 (4-byte ASNs, RFC 6793; 0 is
