@@ -34,7 +34,10 @@ type Status struct {
 	// Diagnostic says why the session last left Up.
 	Diagnostic Diag
 	// Flaps counts the times it left Up.
-	Flaps      int
+	Flaps int
+	// HoldDown is how long the session must stay Up, once Up again,
+	// before it is usable: the damping of its recent flaps.
+	HoldDown   time.Duration
 	LastChange time.Time
 	// DetectTime is the negotiated detection time; 0 while not Up.
 	DetectTime time.Duration

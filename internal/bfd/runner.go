@@ -142,7 +142,7 @@ func (r *runner) run(now func() time.Time) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.status.State, r.status.Usable, r.status.Diagnostic = mc.state, usable, mc.diag
-		r.status.Flaps, r.status.LastChange = d.flaps, mc.lastStateTime
+		r.status.Flaps, r.status.LastChange, r.status.HoldDown = d.flaps, mc.lastStateTime, d.hold(now())
 		r.status.DetectTime = 0
 		if mc.state == Up {
 			r.status.DetectTime = mc.detectionTime()
@@ -234,10 +234,21 @@ func (d *damping) down(now time.Time) {
 // up is how long the session must stay Up before it is usable.
 func (d *damping) up(now time.Time) time.Duration {
 	d.forget(now)
-	if len(d.recent) <= 1 {
+	return d.hold(now)
+}
+
+// hold is the hold-down the flaps of the last minute call for.
+func (d *damping) hold(now time.Time) time.Duration {
+	n := 0
+	for _, t := range d.recent {
+		if now.Sub(t) <= dampWindow {
+			n++
+		}
+	}
+	if n <= 1 {
 		return 0
 	}
-	return min(dampInitial<<(len(d.recent)-2), dampMax)
+	return min(dampInitial<<(n-2), dampMax)
 }
 
 // queue calls onChange in order, from one goroutine, without blocking the

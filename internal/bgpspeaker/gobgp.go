@@ -224,6 +224,12 @@ type GoBGP struct {
 	notes *notifications
 	bfd   *bfd.Manager
 
+	reopenMu sync.Mutex
+	// reopen holds, for each router whose session BFD closed, the timer
+	// that opens it again.
+	reopen  map[netip.Addr]*time.Timer
+	closing bool
+
 	mu      sync.Mutex // guards dynamic, exportRules and exportAssigned
 	dynamic map[netip.Addr]Peer
 	// exportRules are the rules in force once exportAssigned.
@@ -328,7 +334,7 @@ func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
 		s.Stop()
 		return nil, fmt.Errorf("starting BGP: %w", err)
 	}
-	g := &GoBGP{s: s, asn: cfg.ASN, cfg: cfg, dynamic: map[netip.Addr]Peer{}, notes: notes}
+	g := &GoBGP{s: s, asn: cfg.ASN, cfg: cfg, dynamic: map[netip.Addr]Peer{}, notes: notes, reopen: map[netip.Addr]*time.Timer{}}
 	g.bfd = bfd.New(cfg.Log.With("component", "bfd"), g.bfdChanged)
 	for _, p := range cfg.Peers {
 		if err := g.addPeer(ctx, p); err != nil {
@@ -357,23 +363,63 @@ func (g *GoBGP) setBFD() error {
 }
 
 // bfdChanged closes a router's BGP session when its BFD session goes
-// down, so that both ends drop its routes at once, and opens it again
-// when BFD is back up (after its damping).
+// down, so that both ends drop its routes at once. The session opens
+// again when BFD is back up, or after minReopen (longer while BFD flaps:
+// its damping hold-down) whatever BFD says: many routers run BFD only
+// for a neighbour whose BGP session is up (FRR and BIRD do for the
+// dynamic neighbours of a listen range), so waiting for BFD first could
+// wait for ever. A path still dead then fails BGP's own connect.
 func (g *GoBGP) bfdChanged(peer netip.Addr, usable bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	var err error
-	if usable {
-		err = g.s.EnablePeer(ctx, &api.EnablePeerRequest{Address: peer.String()})
-	} else {
-		err = g.s.DisablePeer(ctx, &api.DisablePeerRequest{Address: peer.String(), Communication: "BFD session down"})
-	}
-	if err != nil {
-		// The peer was removed meanwhile: nothing to close or open.
-		g.cfg.Log.Debug("BFD change not applied to BGP", "peer", peer, "usable", usable, "err", err)
+	g.reopenMu.Lock()
+	defer g.reopenMu.Unlock()
+	if g.closing {
 		return
 	}
-	g.cfg.Log.Info("BFD changed the BGP session", "peer", peer, "open", usable)
+	if t := g.reopen[peer]; t != nil {
+		t.Stop()
+		delete(g.reopen, peer)
+	}
+	if usable {
+		g.enable(peer)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.s.DisablePeer(ctx, &api.DisablePeerRequest{Address: peer.String(), Communication: "BFD session down"}); err != nil {
+		// The peer was removed meanwhile: nothing to close or open.
+		g.cfg.Log.Debug("BFD down not applied to BGP", "peer", peer, "err", err)
+		return
+	}
+	wait := minReopen
+	for _, s := range g.bfd.Status() {
+		if s.Peer == peer {
+			wait = max(wait, s.HoldDown)
+		}
+	}
+	g.cfg.Log.Info("BFD session down: BGP session closed", "peer", peer, "reopen_in", wait)
+	g.reopen[peer] = time.AfterFunc(wait, func() {
+		g.reopenMu.Lock()
+		defer g.reopenMu.Unlock()
+		if g.reopen[peer] != nil && !g.closing {
+			delete(g.reopen, peer)
+			g.enable(peer)
+		}
+	})
+}
+
+// minReopen is the least time a session BFD closed stays closed.
+const minReopen = time.Second
+
+// enable opens a session BFD closed; g.reopenMu is held.
+func (g *GoBGP) enable(peer netip.Addr) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.s.EnablePeer(ctx, &api.EnablePeerRequest{Address: peer.String()}); err != nil {
+		// Not closed (BFD came up without having gone down), or removed.
+		g.cfg.Log.Debug("BGP session not reopened", "peer", peer, "err", err)
+		return
+	}
+	g.cfg.Log.Info("BGP session reopened after BFD", "peer", peer)
 }
 
 // BFD is the speaker's BFD sessions.
@@ -652,9 +698,17 @@ func receivesAddPath(caps []*anypb.Any) bool {
 // Close ends every session with a Cease NOTIFICATION: routers drop the
 // speaker's routes at once, graceful restart or not.
 func (g *GoBGP) Close() {
+	// BFD first, while GoBGP still takes requests: what BFD reports
+	// from here on changes nothing.
+	g.reopenMu.Lock()
+	g.closing = true
+	for _, t := range g.reopen {
+		t.Stop()
+	}
+	g.reopenMu.Unlock()
+	g.bfd.Close() // AdminDown to every router
 	g.s.StopBgp(context.Background(), &api.StopBgpRequest{})
 	g.s.Stop()
-	g.bfd.Close() // AdminDown to every router
 }
 
 // GracefulRestart reports whether any of the speaker's peers is offered

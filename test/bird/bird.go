@@ -37,6 +37,15 @@ type Config struct {
 	// multihop), its own packets leaving from SourceAddress.
 	Multihop      int
 	SourceAddress string
+	// BFD, when set, runs BFD with every speaker: a speaker whose BFD
+	// goes down loses its routes at once.
+	BFD *BFD
+}
+
+// BFD is the router's BFD setup for the speakers.
+type BFD struct {
+	Interval   time.Duration // receive and transmit
+	Multiplier int
 }
 
 // Start writes the configuration into a new temporary folder and starts
@@ -83,6 +92,13 @@ func config(cfg Config, dir string) string {
 	b.WriteString("protocol device { scan time 1; }\n")
 	// merge paths: several BGP paths of one prefix become one ECMP route.
 	b.WriteString("protocol kernel { ipv4 { import none; export all; }; merge paths on; }\n")
+	bfd := ""
+	if cfg.BFD != nil {
+		ms := cfg.BFD.Interval.Milliseconds()
+		fmt.Fprintf(&b, "protocol bfd {\n  interface \"*\" { min rx interval %d ms; min tx interval %d ms; multiplier %d; };\n  multihop { min rx interval %d ms; min tx interval %d ms; multiplier %d; };\n}\n",
+			ms, ms, cfg.BFD.Multiplier, ms, ms, cfg.BFD.Multiplier)
+		bfd = "\n  bfd on;"
+	}
 	for i, rg := range cfg.ListenRanges4 {
 		fmt.Fprintf(&b, `protocol bgp nodes%d {
   local as %d;
@@ -94,9 +110,9 @@ func config(cfg Config, dir string) string {
   connect retry time 1;
   error wait time 1, 2;
   debug { states, events, routes };
-  ipv4 { import all; export none; };%s
+  ipv4 { import all; export none; };%s%s
 }
-`, i, cfg.ASN, rg, cfg.PeerASN, hold, multihop(cfg))
+`, i, cfg.ASN, rg, cfg.PeerASN, hold, multihop(cfg), bfd)
 	}
 	return b.String()
 }
@@ -202,4 +218,22 @@ func (r *Router) Close() {
 		r.proc.Stop()
 	}
 	os.RemoveAll(r.Dir)
+}
+
+// BFDSessions is each BFD session's state by peer address ("Up", "Down",
+// "Init"), as birdc shows it.
+func (r *Router) BFDSessions(ctx context.Context) (map[string]string, error) {
+	out, err := r.Birdc(ctx, "show bfd sessions")
+	if err != nil {
+		return nil, err
+	}
+	states := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		// "192.0.2.11  veth0  Up  12:00:00.000  0.100  0.300"
+		f := strings.Fields(line)
+		if len(f) >= 3 && strings.Count(f[0], ".")+strings.Count(f[0], ":") >= 2 {
+			states[f[0]] = f[2]
+		}
+	}
+	return states, nil
 }

@@ -44,6 +44,15 @@ type Config struct {
 	// Text, when set, is the whole configuration, used as it is (the
 	// fields above are then ignored).
 	Text string
+	// BFD, when set, starts bfdd and runs BFD with every speaker of the
+	// peer groups: a speaker whose BFD goes down loses its routes at once.
+	BFD *BFD
+}
+
+// BFD is the router's BFD profile for the speakers.
+type BFD struct {
+	Interval   time.Duration // receive and transmit
+	Multiplier int
 }
 
 // Start writes the configuration and starts zebra then bgpd in ns.
@@ -78,6 +87,13 @@ func Start(ctx context.Context, ns *lab.Netns, dir string, cfg Config) (*Router,
 		return nil, err
 	}
 	r.procs = append(r.procs, bgpd)
+	if cfg.BFD != nil {
+		bfdd, err := ns.Start("/usr/lib/frr/bfdd", append(common, "-i", filepath.Join(dir, "bfdd.pid"))...)
+		if err != nil {
+			return nil, err
+		}
+		r.procs = append(r.procs, bfdd)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := r.Vtysh(ctx, "show bgp summary json"); err == nil {
@@ -93,6 +109,10 @@ func Start(ctx context.Context, ns *lab.Netns, dir string, cfg Config) (*Router,
 func (r *Router) config(cfg Config) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "frr defaults traditional\nhostname lab-router\nlog stdout\n!\n")
+	if cfg.BFD != nil {
+		ms := cfg.BFD.Interval.Milliseconds()
+		fmt.Fprintf(&b, "bfd\n profile speakers\n  receive-interval %d\n  transmit-interval %d\n  detect-multiplier %d\n !\n!\n", ms, ms, cfg.BFD.Multiplier)
+	}
 	fmt.Fprintf(&b, "router bgp %d\n bgp router-id %s\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n", cfg.ASN, cfg.RouterID)
 	fmt.Fprintf(&b, " bgp bestpath as-path multipath-relax\n timers bgp 3 9\n")
 	group := func(af string) string {
@@ -103,6 +123,9 @@ func (r *Router) config(cfg Config) string {
 	}
 	for _, g := range slices.Compact([]string{group("ipv4"), group("ipv6")}) {
 		fmt.Fprintf(&b, " neighbor %s peer-group\n neighbor %s remote-as %d\n neighbor %s advertisement-interval 0\n", g, g, cfg.PeerASN, g)
+		if cfg.BFD != nil {
+			fmt.Fprintf(&b, " neighbor %s bfd profile speakers\n", g)
+		}
 	}
 	for _, rg := range cfg.ListenRanges {
 		af := "ipv4"
@@ -286,4 +309,25 @@ func waitFile(ctx context.Context, path string) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// BFDPeers is each BFD session's state by peer address ("up", "down",
+// "init"), as bfdd shows it.
+func (r *Router) BFDPeers(ctx context.Context) (map[string]string, error) {
+	out, err := r.Vtysh(ctx, "show bfd peers json")
+	if err != nil {
+		return nil, err
+	}
+	var peers []struct {
+		Peer   string `json:"peer"`
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(out), &peers); err != nil {
+		return nil, fmt.Errorf("%w: %s", err, out)
+	}
+	states := map[string]string{}
+	for _, p := range peers {
+		states[p.Peer] = p.Status
+	}
+	return states, nil
 }
