@@ -1279,6 +1279,9 @@ ebgp_multihop_ttl: 2
 source_address: 192.0.2.11
 keepalive_seconds: 10
 connect_retry_seconds: 5
+bfd:
+  receive_interval_ms: 100
+  detect_multiplier: 4
 `
 	if out := e.mustLbctl(peers, "apply", "-f", "-"); out != "peer/tor-a created\npeer/tor-b created\npeer/rr-1 created\n" {
 		t.Errorf("apply: %q", out)
@@ -1292,10 +1295,10 @@ connect_retry_seconds: 5
 		t.Errorf("get peers (-want +got):\n%s", diff)
 	}
 	got = e.mustLbctl("", "get", "peers", "-o", "wide")
-	want = "NAME    ADDRESS              ASN          MY-ASN       NODES     AGE   GRACEFUL-RESTART   MULTIHOP-TTL   SOURCE       HOLD        KEEPALIVE   CONNECT-RETRY   LABELS\n" +
-		"rr-1    198.51.100.1         4200000100   4200000001   all       0s    no                 2              192.0.2.11   30s         10s         5s              <none>\n" +
-		"tor-a   192.0.2.1            64500        64512        rack=r1   0s    no                 <none>         <none>       <default>   <default>   <default>       <none>\n" +
-		"tor-b   [2001:db8::1]:1179   64501        64512        all       0s    yes                <none>         <none>       <default>   <default>   <default>       <none>\n"
+	want = "NAME    ADDRESS              ASN          MY-ASN       NODES     AGE   GRACEFUL-RESTART   MULTIHOP-TTL   SOURCE       HOLD        KEEPALIVE   CONNECT-RETRY   BFD              LABELS\n" +
+		"rr-1    198.51.100.1         4200000100   4200000001   all       0s    no                 2              192.0.2.11   30s         10s         5s              100ms/300ms x4   <none>\n" +
+		"tor-a   192.0.2.1            64500        64512        rack=r1   0s    no                 <none>         <none>       <default>   <default>   <default>       <none>           <none>\n" +
+		"tor-b   [2001:db8::1]:1179   64501        64512        all       0s    yes                <none>         <none>       <default>   <default>   <default>       <none>           <none>\n"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("get peers -o wide (-want +got):\n%s", diff)
 	}

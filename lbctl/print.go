@@ -264,6 +264,25 @@ var peerWide = []column{
 	col("HOLD", func(p *weirv1.BgpPeer) string { return seconds(p.GetHoldTimeSeconds()) }),
 	col("KEEPALIVE", func(p *weirv1.BgpPeer) string { return seconds(p.GetKeepaliveSeconds()) }),
 	col("CONNECT-RETRY", func(p *weirv1.BgpPeer) string { return seconds(p.GetConnectRetrySeconds()) }),
+	col("BFD", func(p *weirv1.BgpPeer) string { return bfdProfile(p.GetBfd()) }),
+}
+
+// bfdProfile is a peer's BFD as "100ms/100ms x3" (receive/transmit
+// intervals and multiplier, defaults filled in), "passive" added;
+// <none> without BFD.
+func bfdProfile(b *weirv1.BfdProfile) string {
+	if b == nil {
+		return "<none>"
+	}
+	ms := func(v uint32) string { return strconv.Itoa(int(cmp.Or(v, 300))) + "ms" }
+	out := fmt.Sprintf("%s/%s x%d", ms(b.GetReceiveIntervalMs()), ms(b.GetTransmitIntervalMs()), cmp.Or(b.GetDetectMultiplier(), 3))
+	if b.GetPassive() {
+		out += " passive"
+	}
+	if t := b.GetMinimumTtl(); t != 0 {
+		out += fmt.Sprintf(" min-ttl %d", t)
+	}
+	return out
 }
 
 // seconds is a peer's timer; 0 leaves it to the speaker's default, which

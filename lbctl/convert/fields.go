@@ -123,7 +123,7 @@ var metallbFields = []field{
 	{"BGPPeer", "spec.nodeSelectors", selectors, Narrowed, "BgpPeer `node_selector` when it is one `matchLabels`; more is noted and every node peers"},
 	{"BGPPeer", "spec.password", scalar, Mapped, "BgpPeer `password` (with --to crds, a Secret the WeirBGPPeer's passwordSecretRef names)"},
 	{"BGPPeer", "spec.passwordSecret", secretRefs, Narrowed, "with --to crds, the WeirBGPPeer's `passwordSecretRef` (key `password`; copy the Secret into the server's namespace); lbctl's BgpPeer takes the password itself, so without --to crds it is noted"},
-	{"BGPPeer", "spec.bfdProfile", scalar, Dropped, "Weir has no BFD: a dead node is withdrawn at the hold time, so lower hold_time_seconds"},
+	{"BGPPeer", "spec.bfdProfile", scalar, Mapped, "BgpPeer `bfd`: the named BFDProfile's settings, inlined (a name no BFDProfile of the input has is noted)"},
 	{"BGPPeer", "spec.enableGracefulRestart", scalar, Mapped, "BgpPeer `graceful_restart`"},
 	{"BGPPeer", "spec.ebgpMultiHop", scalar, Mapped, "BgpPeer `ebgp_multihop_ttl` 255 when true (FRR's ebgp-multihop without a count); lower it to the hops there are"},
 	{"BGPPeer", "spec.vrf", scalar, Dropped, "Weir's sessions are in the default VRF: peer with a router reachable there"},
@@ -132,13 +132,13 @@ var metallbFields = []field{
 
 	{"Community", "spec.communities", aliases, Mapped, "resolved into the advertisements that name them"},
 
-	{"BFDProfile", "spec.receiveInterval", scalar, Dropped, "Weir has no BFD: a dead node is withdrawn at the BGP hold time, so lower hold_time_seconds"},
-	{"BFDProfile", "spec.transmitInterval", scalar, Dropped, "Weir has no BFD: a dead node is withdrawn at the BGP hold time, so lower hold_time_seconds"},
-	{"BFDProfile", "spec.detectMultiplier", scalar, Dropped, "Weir has no BFD: a dead node is withdrawn at the BGP hold time, so lower hold_time_seconds"},
-	{"BFDProfile", "spec.echoInterval", scalar, Dropped, "Weir has no BFD: a dead node is withdrawn at the BGP hold time, so lower hold_time_seconds"},
-	{"BFDProfile", "spec.echoMode", scalar, Dropped, "Weir has no BFD: a dead node is withdrawn at the BGP hold time, so lower hold_time_seconds"},
-	{"BFDProfile", "spec.passiveMode", scalar, Dropped, "Weir has no BFD: a dead node is withdrawn at the BGP hold time, so lower hold_time_seconds"},
-	{"BFDProfile", "spec.minimumTtl", scalar, Dropped, "Weir has no BFD: a dead node is withdrawn at the BGP hold time, so lower hold_time_seconds"},
+	{"BFDProfile", "spec.receiveInterval", scalar, Mapped, "BgpPeer `bfd.receive_interval_ms` of each peer that names the profile"},
+	{"BFDProfile", "spec.transmitInterval", scalar, Mapped, "BgpPeer `bfd.transmit_interval_ms` of each peer that names the profile"},
+	{"BFDProfile", "spec.detectMultiplier", scalar, Mapped, "BgpPeer `bfd.detect_multiplier` of each peer that names the profile"},
+	{"BFDProfile", "spec.echoInterval", scalar, Narrowed, "Weir's BFD has no echo mode: noted when echoMode is on"},
+	{"BFDProfile", "spec.echoMode", scalar, Narrowed, "Weir's BFD has no echo mode: false is what Weir does; true is noted (the control packets' intervals set the detection time)"},
+	{"BFDProfile", "spec.passiveMode", scalar, Mapped, "BgpPeer `bfd.passive` of each peer that names the profile"},
+	{"BFDProfile", "spec.minimumTtl", scalar, Narrowed, "BgpPeer `bfd.minimum_ttl` of each multi-hop peer that names the profile; a single-hop session takes TTL 255 only"},
 }
 
 // kinds of MetalLB that are no configuration: what MetalLB reports.

@@ -41,6 +41,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
 	"github.com/weirlb/weir/internal/yamldocs"
@@ -343,6 +344,18 @@ type peerSpec struct {
 	NodeSelectors          []selector `json:"nodeSelectors,omitempty"`
 	GracefulRestart        bool       `json:"enableGracefulRestart,omitempty"`
 	DualStackAddressFamily *bool      `json:"dualStackAddressFamily,omitempty"`
+	BFDProfile             string     `json:"bfdProfile,omitempty"`
+}
+
+// bfdProfileSpec is MetalLB's BFDProfile; intervals in milliseconds.
+type bfdProfileSpec struct {
+	ReceiveInterval  *uint32 `json:"receiveInterval,omitempty"`
+	TransmitInterval *uint32 `json:"transmitInterval,omitempty"`
+	DetectMultiplier *uint32 `json:"detectMultiplier,omitempty"`
+	EchoInterval     *uint32 `json:"echoInterval,omitempty"`
+	EchoMode         bool    `json:"echoMode,omitempty"`
+	PassiveMode      bool    `json:"passiveMode,omitempty"`
+	MinimumTTL       *uint32 `json:"minimumTtl,omitempty"`
 }
 
 // secretRef is a Kubernetes SecretReference.
@@ -406,7 +419,7 @@ func Convert(data string, opts Options) (*Result, error) {
 		r.Pools = append(r.Pools, convertPool(o, ads.pick(mine), in.communities))
 	}
 	for _, o := range in.peers {
-		if peer := r.convertPeer(o, opts); peer != nil {
+		if peer := r.convertPeer(o, opts, in.bfdProfiles); peer != nil {
 			r.Peers = append(r.Peers, peer)
 		}
 	}
@@ -435,12 +448,13 @@ type metallbInput struct {
 	pools, bgpAds, l2Ads, peers []*object
 	communities                 map[string]string  // a community's name: its value
 	definedBy                   map[string]*object // a community's name: the Community that defines it
+	bfdProfiles                 map[string]*weirv1.BfdProfile
 }
 
 // parseObjects parses the MetalLB objects of the input, in order, and
 // notes the objects it leaves out.
 func parseObjects(objs []*object) (*metallbInput, error) {
-	in := &metallbInput{communities: map[string]string{}, definedBy: map[string]*object{}}
+	in := &metallbInput{communities: map[string]string{}, definedBy: map[string]*object{}, bfdProfiles: map[string]*weirv1.BfdProfile{}}
 	// MetalLB reads its objects from one namespace, an advertisement names
 	// its pools without one and Weir's pools and peers have none: a name
 	// is one object of a kind.
@@ -514,7 +528,34 @@ func (in *metallbInput) add(o *object) error {
 		// A Community is its names' values, resolved where named.
 		o.carry("spec.communities")
 	case "BFDProfile":
-		o.leftOut(Dropped, "Weir has no BFD: a dead node is withdrawn at the BGP hold time, so lower the BgpPeers' hold_time_seconds")
+		var s bfdProfileSpec
+		if err := spec(o, &s); err != nil {
+			return err
+		}
+		// A profile is its settings, inlined into the peers that name it.
+		b := &weirv1.BfdProfile{Passive: s.PassiveMode}
+		for _, f := range []struct {
+			path string
+			from *uint32
+			to   *uint32
+		}{{"spec.receiveInterval", s.ReceiveInterval, &b.ReceiveIntervalMs}, {"spec.transmitInterval", s.TransmitInterval, &b.TransmitIntervalMs},
+			{"spec.detectMultiplier", s.DetectMultiplier, &b.DetectMultiplier}, {"spec.minimumTtl", s.MinimumTTL, &b.MinimumTtl}} {
+			if f.from != nil {
+				*f.to = *f.from
+			}
+		}
+		o.carry("spec.receiveInterval", "spec.transmitInterval", "spec.detectMultiplier", "spec.minimumTtl", "spec.passiveMode")
+		if s.EchoMode {
+			o.note("spec.echoMode", Dropped, "Weir's BFD has no echo mode: the control packets' intervals set the detection time")
+		} else {
+			o.carry("spec.echoMode")
+		}
+		if s.EchoInterval != nil && s.EchoMode {
+			o.note("spec.echoInterval", Dropped, "Weir's BFD has no echo mode")
+		} else {
+			o.carry("spec.echoInterval")
+		}
+		in.bfdProfiles[o.Metadata.Name] = b
 	default:
 		if slices.Contains(statusKinds, o.Kind) {
 			o.leftOut(Ignored, "MetalLB's report, not configuration: left out")
@@ -768,7 +809,7 @@ func oneMatchLabels(sels []selector) (map[string]string, bool) {
 
 // convertPeer is BGPPeer o as a BgpPeer, or nil (and a note) when Weir
 // cannot make its session.
-func (r *Result) convertPeer(o *object, opts Options) *weirv1.BgpPeer {
+func (r *Result) convertPeer(o *object, opts Options, bfdProfiles map[string]*weirv1.BfdProfile) *weirv1.BgpPeer {
 	s := o.parsed.(*peerSpec)
 	switch {
 	case s.PeerAddress == "" && s.Interface != "":
@@ -811,6 +852,19 @@ func (r *Result) convertPeer(o *object, opts Options) *weirv1.BgpPeer {
 			o.carry("spec.dualStackAddressFamily")
 		} else {
 			o.note("spec.dualStackAddressFamily", Narrowed, "false: Weir's sessions carry both families on one session; make sure the router accepts that")
+		}
+	}
+	if name := s.BFDProfile; name != "" {
+		if b, ok := bfdProfiles[name]; ok {
+			peer.Bfd = proto.Clone(b).(*weirv1.BfdProfile)
+			if b.GetMinimumTtl() != 0 && peer.GetEbgpMultihopTtl() == 0 {
+				// Weir checks the TTL only of multi-hop sessions; a
+				// single-hop one takes 255 alone.
+				peer.Bfd.MinimumTtl = 0
+			}
+			o.carry("spec.bfdProfile")
+		} else {
+			o.note("spec.bfdProfile", Dropped, fmt.Sprintf("no BFDProfile %q in the input: the peer has no BFD; add it to the export", name))
 		}
 	}
 	if ref := s.PasswordSecret; ref != nil && ref.Name != "" {

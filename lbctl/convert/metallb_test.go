@@ -46,7 +46,9 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 	wantPeers := []*weirv1.BgpPeer{
 		{Metadata: meta("tor-a", nil), Address: "192.0.2.1", Asn: 64500, MyAsn: 64512, HoldTimeSeconds: 90, Password: "s3cret",
 			GracefulRestart: true, NodeSelector: map[string]string{"rack": "r1"}},
-		{Metadata: meta("tor-b", nil), Address: "2001:db8:2::1", Asn: 64501, MyAsn: 64512, Port: 1179, EbgpMultihopTtl: 255},
+		{Metadata: meta("tor-b", nil), Address: "2001:db8:2::1", Asn: 64501, MyAsn: 64512, Port: 1179, EbgpMultihopTtl: 255,
+			// BFDProfile/fast, inlined; no echo mode.
+			Bfd: &weirv1.BfdProfile{ReceiveIntervalMs: 100, TransmitIntervalMs: 150, DetectMultiplier: 4, MinimumTtl: 250}},
 	}
 	if diff := cmp.Diff(wantPeers, r.Peers, protocmp.Transform()); diff != "" {
 		t.Errorf("peers (-want +got):\n%s", diff)
@@ -56,7 +58,8 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 		notes = append(notes, n.Object+" "+n.Field)
 	}
 	for _, want := range []string{
-		"BFDProfile/fast ",
+		"BFDProfile/fast spec.echoMode",
+		"BFDProfile/fast spec.echoInterval",
 		"IPAddressPool/public spec.avoidBuggyIPs",
 		"IPAddressPool/public ",     // the second advertisement, L2Advertisement/edge-too
 		"L2Advertisement/edge-too ", // the second advertisement of public, kept nowhere
@@ -64,7 +67,6 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 		"BGPAdvertisement/reserved-routes spec.nodeSelectors",
 		"IPAddressPool/unannounced ",
 		"BGPPeer/tor-b spec.nodeSelectors",
-		"BGPPeer/tor-b spec.bfdProfile",
 		"BGPPeer/tor-b spec.passwordSecret",
 	} {
 		if !slices.Contains(notes, want) {
