@@ -481,10 +481,11 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 			if stale := a.staleSince(n); stale != "" {
 				state, up = stale+" (last reported "+state+")", "-"
 			}
-			rows = append(rows, []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), state, up, families(s.GetFamilies()), orNone(s.GetLastError())})
+			rows = append(rows, []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), state, up, cmp.Or(s.GetBfdState(), "-"),
+				families(s.GetFamilies()), orNone(s.GetLastError())})
 		}
 		b.WriteString("\n")
-		section(&b, "BGP sessions", []string{"PEER", "ASN", "STATE", "UP", "FAMILIES", "LAST ERROR"}, rows)
+		section(&b, "BGP sessions", []string{"PEER", "ASN", "STATE", "UP", "BFD", "FAMILIES", "LAST ERROR"}, rows)
 	}
 	if m := n.GetMovedConnections(); m != nil {
 		// Only nodes that pass moved connections on have this section.

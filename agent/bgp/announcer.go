@@ -197,7 +197,7 @@ func (a *Announcer) Report(full bool) *report.Report {
 	}
 	now := report.BGPReport{Announcements: a.reported.Announcements}
 	for _, s := range sessions {
-		hs := report.BGPSession{PeerAddress: s.PeerAddress, PeerASN: s.PeerASN, State: s.State, Since: s.Since, LastError: s.LastError}
+		hs := report.BGPSession{PeerAddress: s.PeerAddress, PeerASN: s.PeerASN, State: s.State, Since: s.Since, LastError: s.LastError, BFD: s.BFD}
 		for _, f := range s.Families {
 			hs.Families = append(hs.Families, report.BGPFamily(f))
 		}
@@ -474,7 +474,7 @@ func readyLocal(svc *datapath.Service, is6 bool) uint32 {
 
 func sameSessions(now []bgpspeaker.Session, reported []report.BGPSession) bool {
 	return slices.EqualFunc(now, reported, func(s bgpspeaker.Session, r report.BGPSession) bool {
-		return s.PeerAddress == r.PeerAddress && s.PeerASN == r.PeerASN && s.State == r.State && s.Since.Equal(r.Since) && s.LastError == r.LastError &&
+		return s.PeerAddress == r.PeerAddress && s.PeerASN == r.PeerASN && s.State == r.State && s.Since.Equal(r.Since) && s.LastError == r.LastError && s.BFD == r.BFD &&
 			slices.EqualFunc(s.Families, r.Families, func(a bgpspeaker.Family, b report.BGPFamily) bool { return report.BGPFamily(a) == b })
 	})
 }

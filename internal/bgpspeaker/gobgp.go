@@ -194,6 +194,8 @@ type Session struct {
 	Since       time.Time
 	// AddPath: the router agreed to receive several paths per prefix.
 	AddPath bool
+	// BFD is the state of the BFD session beside it; "" without BFD.
+	BFD string
 	// LastError is the session's last NOTIFICATION, from either side
 	// ("the router sent NOTIFICATION code 2(open) subcode 2(bad peer
 	// as)"); "" when there was none.
@@ -625,13 +627,17 @@ func (g *GoBGP) Withdraw(ctx context.Context, prefix netip.Prefix, a Announcemen
 // Sessions lists every peer's session, by address.
 func (g *GoBGP) Sessions(ctx context.Context) ([]Session, error) {
 	var out []Session
+	bfdStates := map[netip.Addr]string{}
+	for _, s := range g.bfd.Status() {
+		bfdStates[s.Peer] = s.State.String()
+	}
 	err := g.s.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
 		addr, err := netip.ParseAddr(p.GetState().GetNeighborAddress())
 		if err != nil {
 			return
 		}
 		st := Session{PeerAddress: addr, PeerASN: p.GetState().GetPeerAsn(),
-			State: report.BGPState(strings.ToLower(p.GetState().GetSessionState().String())), LastError: g.notes.get(addr)}
+			State: report.BGPState(strings.ToLower(p.GetState().GetSessionState().String())), LastError: g.notes.get(addr), BFD: bfdStates[addr]}
 		st.AddPath = g.cfg.AddPath && st.State == report.BGPEstablished && receivesAddPath(p.GetState().GetRemoteCap())
 		if st.State == report.BGPEstablished && p.GetTimers().GetState().GetUptime() != nil {
 			st.Since = p.GetTimers().GetState().GetUptime().AsTime()

@@ -68,7 +68,7 @@ func FamilyOf(m familied) report.Family {
 // EncodeSession is the wire form of one session, enum and word.
 func EncodeSession(s report.BGPSession) *weirv1.BgpSession {
 	ps := &weirv1.BgpSession{PeerAddress: addrString(s.PeerAddress), PeerAsn: s.PeerASN,
-		SessionState: SessionState(s.State), LastError: s.LastError, EstablishedSince: timestamp(s.Since)}
+		SessionState: SessionState(s.State), LastError: s.LastError, EstablishedSince: timestamp(s.Since), BfdState: s.BFD}
 	ps.State = string(s.State) //lint:ignore SA1019 filled for readers of the previous release
 	for _, f := range s.Families {
 		pf := &weirv1.BgpFamily{AddressFamily: AddressFamily(f.Name), Negotiated: f.Negotiated, Sent: f.Sent, Received: f.Received, Accepted: f.Accepted}
@@ -82,7 +82,7 @@ func EncodeSession(s report.BGPSession) *weirv1.BgpSession {
 func DecodeSession(s *weirv1.BgpSession) report.BGPSession {
 	peer, _ := netip.ParseAddr(s.GetPeerAddress())
 	rs := report.BGPSession{PeerAddress: peer, PeerASN: s.GetPeerAsn(), State: StateOf(s),
-		LastError: s.GetLastError(), Since: timeOf(s.GetEstablishedSince())}
+		LastError: s.GetLastError(), Since: timeOf(s.GetEstablishedSince()), BFD: s.GetBfdState()}
 	for _, f := range s.GetFamilies() {
 		rs.Families = append(rs.Families, report.BGPFamily{Name: FamilyOf(f), Negotiated: f.GetNegotiated(),
 			Sent: f.GetSent(), Received: f.GetReceived(), Accepted: f.GetAccepted()})

@@ -108,6 +108,8 @@ type BGPSession struct {
 	LastError string
 	// Families is the session per address family.
 	Families []BGPFamily
+	// BFD is the BFD session's state beside it; "" without BFD.
+	BFD string
 }
 
 // BGPFamily is one address family of a BGP session.

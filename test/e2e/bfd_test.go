@@ -100,6 +100,20 @@ func testBFD(t *testing.T, impl string) {
 	both := []string{node1.IPv4.String(), node2.IPv4.String()}
 	waitNextHops(t, r, vip, both...)
 	waitBFDUp(t, r, both...)
+	// The nodes report their side of it beside each session.
+	status := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, "every node reports its BFD session Up", func() error {
+		resp, err := status.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			return err
+		}
+		for _, n := range resp.GetNodes() {
+			if s := n.GetBgpSessions(); len(s) != 1 || s[0].GetBfdState() != "Up" {
+				return fmt.Errorf("%s reports %v", n.GetName(), s)
+			}
+		}
+		return nil
+	})
 
 	// withdrawn times how long after fault() the router's route loses
 	// node1, then lifts the fault and waits for node1 to come back.

@@ -1146,7 +1146,10 @@ type BgpSession struct {
 	// The session per address family.
 	Families []*BgpFamily `protobuf:"bytes,6,rep,name=families,proto3" json:"families,omitempty"`
 	// The BGP finite-state-machine state.
-	SessionState  BgpSessionState `protobuf:"varint,7,opt,name=session_state,json=sessionState,proto3,enum=weir.v1.BgpSessionState" json:"session_state,omitempty"`
+	SessionState BgpSessionState `protobuf:"varint,7,opt,name=session_state,json=sessionState,proto3,enum=weir.v1.BgpSessionState" json:"session_state,omitempty"`
+	// The BFD session beside it (RFC 5880's state: AdminDown, Down, Init or
+	// Up); empty when the peer runs no BFD.
+	BfdState      string `protobuf:"bytes,8,opt,name=bfd_state,json=bfdState,proto3" json:"bfd_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1229,6 +1232,13 @@ func (x *BgpSession) GetSessionState() BgpSessionState {
 		return x.SessionState
 	}
 	return BgpSessionState_BGP_SESSION_STATE_UNSPECIFIED
+}
+
+func (x *BgpSession) GetBfdState() string {
+	if x != nil {
+		return x.BfdState
+	}
+	return ""
 }
 
 // BgpFamily is one address family of a BGP session.
@@ -2620,7 +2630,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x0fBgpAnnouncement\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x19\n" +
 	"\bnext_hop\x18\x02 \x01(\tR\anextHop\x12\x16\n" +
-	"\x06weight\x18\x03 \x01(\rR\x06weight\"\xbb\x02\n" +
+	"\x06weight\x18\x03 \x01(\rR\x06weight\"\xd8\x02\n" +
 	"\n" +
 	"BgpSession\x12!\n" +
 	"\fpeer_address\x18\x01 \x01(\tR\vpeerAddress\x12\x19\n" +
@@ -2630,7 +2640,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"last_error\x18\x05 \x01(\tR\tlastError\x12.\n" +
 	"\bfamilies\x18\x06 \x03(\v2\x12.weir.v1.BgpFamilyR\bfamilies\x12=\n" +
-	"\rsession_state\x18\a \x01(\x0e2\x18.weir.v1.BgpSessionStateR\fsessionState\"\xd2\x01\n" +
+	"\rsession_state\x18\a \x01(\x0e2\x18.weir.v1.BgpSessionStateR\fsessionState\x12\x1b\n" +
+	"\tbfd_state\x18\b \x01(\tR\bbfdState\"\xd2\x01\n" +
 	"\tBgpFamily\x12\x1a\n" +
 	"\x06family\x18\x01 \x01(\tB\x02\x18\x01R\x06family\x12\x1e\n" +
 	"\n" +
