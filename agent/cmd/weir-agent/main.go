@@ -111,6 +111,7 @@ type options struct {
 
 	bgpASN                asn
 	bgpRouterID, bgpPeers string
+	bgpPeerFlags          bgpspeaker.PeerFlags
 	passFlows             bool
 	flowsPort             int
 }
@@ -140,6 +141,7 @@ func newOptions(fs *flag.FlagSet) *options {
 	fs.IntVar(&o.sourceV6, "health-source-ipv6-prefix", health.ServiceLimits.IPv6Prefix, "prefix length within which IPv6 addresses count as one source of health connections (64: a host's SLAAC and privacy addresses are one source)")
 	fs.StringVar(&o.bgpRouterID, "bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
 	fs.StringVar(&o.bgpPeers, "bgp-peers", "", "comma-separated upstream routers, ADDRESS[:PORT]/ASN, besides the BgpPeer resources that select this node")
+	o.bgpPeerFlags.Register(fs)
 	fs.BoolVar(&o.passFlows, "pass-moved-connections", true, "pass the packets of established connections that a router moves to this node (when the nodes behind its ECMP route change) on to the node that holds them, through a VXLAN device (UDP port --moved-connections-port between the nodes), instead of refusing them here")
 	fs.IntVar(&o.flowsPort, "moved-connections-port", flows.DefaultPort, "UDP port of the VXLAN device that carries moved connections between the nodes (the same on every node)")
 	fs.StringVar(&o.ownDaemonSet, "own-daemonset", "", "NAMESPACE/NAME of the DaemonSet this agent runs in: the agent watches it, and when it stops after the DaemonSet was deleted (Weir uninstalled), removes what it programmed on the node, as --cleanup, and ends its BGP sessions; on any other stop (a restart, an upgrade) or when the watch could not tell, the node keeps forwarding (empty: no watch, as outside Kubernetes)")
@@ -452,6 +454,9 @@ func (a *agent) announceBGP() error {
 	}
 	if cfg.Peers, err = bgpspeaker.ParsePeers(a.o.bgpPeers); err != nil {
 		return fmt.Errorf("--bgp-peers: %w", err)
+	}
+	if err := a.o.bgpPeerFlags.Apply(cfg.Peers); err != nil {
+		return err
 	}
 	speaker, err := bgpspeaker.Start(a.ctx, cfg)
 	if err != nil {

@@ -82,6 +82,7 @@ type options struct {
 	interval, timeout time.Duration
 	rise, fall        int
 	metricsAddr       string
+	peerFlags         bgpspeaker.PeerFlags
 }
 
 // newOptions registers the speaker's flags on fs.
@@ -93,6 +94,7 @@ func newOptions(fs *flag.FlagSet) *options {
 	fs.UintVar(&o.asn, "bgp-asn", 0, "the speaker's AS (required)")
 	fs.StringVar(&o.routerID, "bgp-router-id", "", "BGP router ID (default: the first IPv4 address of the host)")
 	fs.StringVar(&o.peers, "bgp-peers", "", "comma-separated routers, ADDRESS[:PORT]/ASN (required)")
+	o.peerFlags.Register(fs)
 	fs.DurationVar(&o.restartTime, "graceful-restart-time", 120*time.Second, "how long routers keep this speaker's routes while it restarts (0: no graceful restart)")
 	fs.BoolVar(&o.addPath, "add-path", true, "send every next hop of a load-balancer IP (ADD-PATH); routers that do not agree hear one")
 	fs.DurationVar(&o.interval, "probe-interval", time.Second, "how often each node's health-check port is probed")
@@ -129,6 +131,9 @@ func (o *options) settings(log *slog.Logger) (bgpspeaker.Config, []bgpspeaker.Pe
 	}
 	if len(routers) == 0 {
 		return cfg, nil, fmt.Errorf("--bgp-peers: at least one router is required")
+	}
+	if err := o.peerFlags.Apply(routers); err != nil {
+		return cfg, nil, err
 	}
 	return cfg, routers, nil
 }
