@@ -499,11 +499,12 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 			g.dynamic[addr] = p
 			continue
 		case ok && p.Port == had.Port && p.EBGPMultihopTTL == had.EBGPMultihopTTL && p.ConnectRetry == had.ConnectRetry:
-			// A changed router is updated in place: what its OPEN does
-			// not carry (hold time, password) takes effect without
-			// closing the session; GoBGP re-opens it only for what the
-			// OPEN must say again (AS, graceful restart, source
-			// address). A TTL or connect-retry change is not updated in
+			// A changed router is updated in place, without closing the
+			// session: a password takes effect at once, and a hold time
+			// or keepalive at the session's next OPEN, which agrees on
+			// them (as routers apply their own timers); GoBGP re-opens it
+			// at once only for what the OPEN must say again (AS,
+			// graceful restart, source address). A TTL or connect-retry change is not updated in
 			// place: GoBGP's dialer reads them once when the peer is
 			// added, so a session that is not up would keep dialling
 			// with the old ones.
