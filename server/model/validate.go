@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/weirlb/weir/internal/asn"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -528,10 +529,6 @@ func (a *L2Advertisement) validate(bgp bool) error {
 	return validateLabels("l2_advertisement.node_selector", a.NodeSelector)
 }
 
-// ASTrans is the 2-byte ASN a 4-byte speaker puts where an old one
-// expects its AS (RFC 6793): no AS of its own.
-const ASTrans = 23456
-
 // Validate checks a BGP peer.
 func (p *BGPPeer) Validate() error {
 	if err := validateMeta(&p.Meta, false, dns1123Subdomain); err != nil {
@@ -550,8 +547,8 @@ func (p *BGPPeer) Validate() error {
 		field string
 		asn   uint32
 	}{{"asn", p.ASN}, {"my_asn", p.MyASN}} {
-		if f.asn == ASTrans {
-			return fieldErr(f.field, "23456 is AS_TRANS (RFC 6793), the stand-in for a 4-byte ASN, not an AS of its own")
+		if err := asn.Validate(f.asn); err != nil {
+			return fieldErr(f.field, "%s", err)
 		}
 	}
 	if p.Port != 0 && !validPort(p.Port) {

@@ -52,7 +52,7 @@ func TestBGPASNFlag(t *testing.T) {
 			t.Errorf("--bgp-asn=%q: %d, %v; want %d", in, a, err, want)
 		}
 	}
-	for _, in := range []string{"-1", "4294967296", "AS64512", " 64512"} {
+	for _, in := range []string{"-1", "4294967296", "AS64512", " 64512", "23456"} {
 		var a asn
 		if err := a.Set(in); err == nil {
 			t.Errorf("--bgp-asn=%q accepted", in)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	bgpasn "github.com/weirlb/weir/internal/asn"
 	"log/slog"
 	"net"
 	"net/http"
@@ -644,6 +645,11 @@ func (a *asn) Set(s string) error {
 	v, err := strconv.ParseUint(s, 10, 32)
 	if err != nil {
 		return fmt.Errorf("%q is not an AS number (0-4294967295)", s)
+	}
+	if v != 0 {
+		if err := bgpasn.Validate(uint32(v)); err != nil {
+			return err
+		}
 	}
 	*a = asn(v)
 	return nil

@@ -2,6 +2,8 @@ package main
 
 import (
 	"flag"
+	"log/slog"
+	"strings"
 	"testing"
 )
 
@@ -28,5 +30,19 @@ func TestServerFlags(t *testing.T) {
 	}
 	if fs.Lookup("node-token-file") != nil {
 		t.Error("a speaker has --node-token-file: only an agent acts for a node")
+	}
+}
+
+// --bgp-asn is an AS a speaker may have: not 0, not AS_TRANS.
+func TestBGPASNFlag(t *testing.T) {
+	for _, asn := range []string{"0", "23456"} {
+		fs := flag.NewFlagSet("weir-speaker", flag.ContinueOnError)
+		o := newOptions(fs)
+		if err := fs.Parse([]string{"--bgp-asn", asn, "--bgp-peers", "192.0.2.1/64500", "--name", "lb1"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := o.settings(slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--bgp-asn") {
+			t.Errorf("--bgp-asn %s: %v; want a refusal naming --bgp-asn", asn, err)
+		}
 	}
 }
