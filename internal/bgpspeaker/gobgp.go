@@ -26,6 +26,7 @@ import (
 
 	"github.com/weirlb/weir/internal/bfd"
 	"github.com/weirlb/weir/internal/bgpcommunity"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	"github.com/weirlb/weir/internal/report"
 )
 
@@ -51,7 +52,7 @@ type Peer struct {
 	// hold time.
 	Keepalive time.Duration
 	// ConnectRetry is the time between attempts to open the session while
-	// it is down; 0 means DefaultConnectRetry.
+	// it is down; 0 means bgpnumbers.DefaultConnectRetry.
 	ConnectRetry time.Duration
 	// BFD, when set, runs a BFD session with the router beside BGP: when
 	// it goes down (the router stopped answering within its detection
@@ -59,11 +60,6 @@ type Peer struct {
 	// timer would take seconds; it opens again when BFD is back up.
 	BFD *bfd.Profile
 }
-
-// DefaultConnectRetry is short, so a router that comes back is peered
-// with at once: the speaker only dials, so no collision of two dialling
-// routers (what RFC 4271's 120 s avoids) can happen.
-const DefaultConnectRetry = time.Second
 
 // ParsePeer reads "ADDRESS[:PORT]/ASN" (IPv6 addresses in brackets when a
 // port is given).
@@ -441,10 +437,7 @@ func (g *GoBGP) addPeer(ctx context.Context, p Peer) error {
 
 // peerConfig is GoBGP's form of p.
 func (g *GoBGP) peerConfig(p Peer) *api.Peer {
-	hold := uint64(90)
-	if p.HoldTime > 0 {
-		hold = uint64(p.HoldTime / time.Second)
-	}
+	hold := uint64(cmp.Or(p.HoldTime, bgpnumbers.DefaultHoldTime) / time.Second)
 	keepalive := max(1, hold/3)
 	if p.Keepalive > 0 {
 		keepalive = uint64(p.Keepalive / time.Second)
@@ -452,7 +445,7 @@ func (g *GoBGP) peerConfig(p Peer) *api.Peer {
 	peer := &api.Peer{
 		Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, LocalAsn: p.MyASN, AuthPassword: p.Password},
 		Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: keepalive,
-			ConnectRetry: uint64(cmp.Or(p.ConnectRetry, DefaultConnectRetry) / time.Second)}},
+			ConnectRetry: uint64(cmp.Or(p.ConnectRetry, bgpnumbers.DefaultConnectRetry) / time.Second)}},
 		Transport: &api.Transport{RemotePort: uint32(p.Port)},
 	}
 	if p.EBGPMultihopTTL > 0 {

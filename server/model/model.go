@@ -383,10 +383,6 @@ type BGPPeer struct {
 	BFD *bfd.Profile `json:"bfd,omitempty"`
 }
 
-// DefaultHoldTime is a peer's hold time when it sets none (RFC 4271's
-// suggestion).
-const DefaultHoldTime = 90 * time.Second
-
 // Selects reports whether the peer applies to a node with these labels.
 func (p *BGPPeer) Selects(labels map[string]string) bool { return selects(p.NodeSelector, labels) }
 

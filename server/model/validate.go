@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"github.com/weirlb/weir/internal/asn"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -547,7 +547,7 @@ func (p *BGPPeer) Validate() error {
 		field string
 		asn   uint32
 	}{{"asn", p.ASN}, {"my_asn", p.MyASN}} {
-		if err := asn.Validate(f.asn); err != nil {
+		if err := bgpnumbers.ValidateASN(f.asn); err != nil {
 			return fieldErr(f.field, "%s", err)
 		}
 	}
@@ -577,7 +577,7 @@ func (p *BGPPeer) validateSession() error {
 			return fieldErr("source_address", "%s is not of the address family of the peer's address %s", p.SourceAddress, p.Address)
 		}
 	}
-	hold := cmp.Or(p.HoldTime, DefaultHoldTime)
+	hold := cmp.Or(p.HoldTime, bgpnumbers.DefaultHoldTime)
 	if p.Keepalive < 0 || p.Keepalive >= hold {
 		return fieldErr("keepalive_seconds", "must be 0 (a third of the hold time) or 1 s or more and less than the hold time (%d s)", hold/time.Second)
 	}

@@ -7,7 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	bgpasn "github.com/weirlb/weir/internal/asn"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	"log/slog"
 	"net"
 	"net/http"
@@ -647,7 +647,7 @@ func (a *asn) Set(s string) error {
 		return fmt.Errorf("%q is not an AS number (0-4294967295)", s)
 	}
 	if v != 0 {
-		if err := bgpasn.Validate(uint32(v)); err != nil {
+		if err := bgpnumbers.ValidateASN(uint32(v)); err != nil {
 			return err
 		}
 	}

@@ -8,7 +8,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/weirlb/weir/internal/asn"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	"log/slog"
 	"net"
 	"net/http"
@@ -117,8 +117,8 @@ func (o *options) settings(log *slog.Logger) (bgpspeaker.Config, []bgpspeaker.Pe
 		return cfg, nil, fmt.Errorf("--name: required")
 	case o.asn == 0 || o.asn > 1<<32-1:
 		return cfg, nil, fmt.Errorf("--bgp-asn: required, 1-4294967295")
-	case asn.Validate(uint32(o.asn)) != nil:
-		return cfg, nil, fmt.Errorf("--bgp-asn: %w", asn.Validate(uint32(o.asn)))
+	case bgpnumbers.ValidateASN(uint32(o.asn)) != nil:
+		return cfg, nil, fmt.Errorf("--bgp-asn: %w", bgpnumbers.ValidateASN(uint32(o.asn)))
 	case o.interval <= 0 || o.timeout <= 0 || o.timeout > o.interval:
 		return cfg, nil, fmt.Errorf("--probe-timeout: must be above 0 and at most --probe-interval")
 	case o.rise < 1 || o.fall < 1:
