@@ -95,7 +95,7 @@ func config(cfg Config, dir string) string {
 	bfd := ""
 	if cfg.BFD != nil {
 		ms := cfg.BFD.Interval.Milliseconds()
-		fmt.Fprintf(&b, "protocol bfd {\n  interface \"*\" { min rx interval %d ms; min tx interval %d ms; multiplier %d; };\n  multihop { min rx interval %d ms; min tx interval %d ms; multiplier %d; };\n}\n",
+		fmt.Fprintf(&b, "protocol bfd {\n  debug { events };\n  interface \"*\" { min rx interval %d ms; min tx interval %d ms; multiplier %d; };\n  multihop { min rx interval %d ms; min tx interval %d ms; multiplier %d; };\n}\n",
 			ms, ms, cfg.BFD.Multiplier, ms, ms, cfg.BFD.Multiplier)
 		bfd = "\n  bfd on;"
 	}
@@ -236,4 +236,25 @@ func (r *Router) BFDSessions(ctx context.Context) (map[string]string, error) {
 		}
 	}
 	return states, nil
+}
+
+// BFDDownAt is when BIRD logged its BFD session with peer going down from
+// Up after since (the first such change); the zero Time if it has not.
+func (r *Router) BFDDownAt(peer string, since time.Time) time.Time {
+	log, err := os.ReadFile(filepath.Join(r.Dir, "bird.log"))
+	if err != nil {
+		return time.Time{}
+	}
+	for _, line := range strings.Split(string(log), "\n") {
+		// "2026-11-28 08:06:45.123 <TRACE> bfd1: Session to 192.0.2.11
+		// changed state from Up to Down"
+		if !strings.Contains(line, "Session to "+peer+" changed state from Up to Down") || len(line) < 23 {
+			continue
+		}
+		at, err := time.ParseInLocation("2006-01-02 15:04:05.000", line[:23], time.Local)
+		if err == nil && at.After(since) {
+			return at
+		}
+	}
+	return time.Time{}
 }

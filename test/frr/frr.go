@@ -23,6 +23,7 @@ type Router struct {
 	ns      *lab.Netns
 	Dir     string
 	procs   []*lab.Process
+	bfdd    *lab.Process
 	tempDir bool // Close removes Dir
 }
 
@@ -88,11 +89,13 @@ func Start(ctx context.Context, ns *lab.Netns, dir string, cfg Config) (*Router,
 	}
 	r.procs = append(r.procs, bgpd)
 	if cfg.BFD != nil {
-		bfdd, err := ns.Start("/usr/lib/frr/bfdd", append(common, "-i", filepath.Join(dir, "bfdd.pid"))...)
+		var bfdd *lab.Process
+		bfdd, err = ns.Start("/usr/lib/frr/bfdd", append(common, "-i", filepath.Join(dir, "bfdd.pid"))...)
 		if err != nil {
 			return nil, err
 		}
 		r.procs = append(r.procs, bfdd)
+		r.bfdd = bfdd
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -110,6 +113,8 @@ func (r *Router) config(cfg Config) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "frr defaults traditional\nhostname lab-router\nlog stdout\n!\n")
 	if cfg.BFD != nil {
+		// bfdd logs each state change, to the millisecond (BFDDownAt).
+		fmt.Fprintf(&b, "log timestamp precision 3\ndebug bfd peer\n!\n")
 		ms := cfg.BFD.Interval.Milliseconds()
 		fmt.Fprintf(&b, "bfd\n profile speakers\n  receive-interval %d\n  transmit-interval %d\n  detect-multiplier %d\n !\n!\n", ms, ms, cfg.BFD.Multiplier)
 	}
@@ -330,4 +335,24 @@ func (r *Router) BFDPeers(ctx context.Context) (map[string]string, error) {
 		states[p.Peer] = p.Status
 	}
 	return states, nil
+}
+
+// BFDDownAt is when bfdd logged its session with peer going down from Up
+// after since (the first such change); the zero Time if it has not.
+func (r *Router) BFDDownAt(peer string, since time.Time) time.Time {
+	if r.bfdd == nil {
+		return time.Time{}
+	}
+	for _, line := range strings.Split(r.bfdd.Log(), "\n") {
+		// "2026/11/28 08:06:45.123 BFD: [XYZ] state-change: [mhop:no
+		// peer:192.0.2.11 ...] up -> down reason:control-expired"
+		if !strings.Contains(line, "state-change:") || !strings.Contains(line, "peer:"+peer+" ") || !strings.Contains(line, "up -> down") || len(line) < 23 {
+			continue
+		}
+		at, err := time.ParseInLocation("2006/01/02 15:04:05.000", line[:23], time.Local)
+		if err == nil && at.After(since) {
+			return at
+		}
+	}
+	return time.Time{}
 }
