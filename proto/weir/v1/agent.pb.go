@@ -1925,8 +1925,13 @@ type PoolAdvertisement struct {
 	AggregationLengthV6 uint32 `protobuf:"varint,6,opt,name=aggregation_length_v6,json=aggregationLengthV6,proto3" json:"aggregation_length_v6,omitempty"`
 	// Large communities (RFC 8092), sent in the LARGE_COMMUNITY attribute.
 	LargeCommunities []*LargeCommunity `protobuf:"bytes,7,rep,name=large_communities,json=largeCommunities,proto3" json:"large_communities,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Set for one of a pool's several advertisements (and unique in the
+	// node's state): it then applies only to the addresses whose
+	// NodeService.advertisements name it, not to the whole ranges. The
+	// node gets only the advertisements its labels select.
+	Name          string `protobuf:"bytes,8,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolAdvertisement) Reset() {
@@ -2006,6 +2011,13 @@ func (x *PoolAdvertisement) GetLargeCommunities() []*LargeCommunity {
 		return x.LargeCommunities
 	}
 	return nil
+}
+
+func (x *PoolAdvertisement) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
 }
 
 // LargeCommunity is an RFC 8092 large community, written
@@ -2240,8 +2252,13 @@ type NodeService struct {
 	// loadBalancerClass is not Weir's): the node forwards its load-balancer
 	// IPs but neither announces nor answers for them.
 	OtherController bool `protobuf:"varint,14,opt,name=other_controller,json=otherController,proto3" json:"other_controller,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// For each load-balancer IP of a pool with several advertisements, the
+	// names of those that select the service (PoolAdvertisement.name); the
+	// node announces the address through those of them it has, combined,
+	// and not at all when it has none. The same for every node.
+	Advertisements []*AddressAdvertisements `protobuf:"bytes,15,rep,name=advertisements,proto3" json:"advertisements,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeService) Reset() {
@@ -2372,6 +2389,67 @@ func (x *NodeService) GetOtherController() bool {
 	return false
 }
 
+func (x *NodeService) GetAdvertisements() []*AddressAdvertisements {
+	if x != nil {
+		return x.Advertisements
+	}
+	return nil
+}
+
+// AddressAdvertisements names the advertisements one address is announced
+// through.
+type AddressAdvertisements struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Names         []string               `protobuf:"bytes,2,rep,name=names,proto3" json:"names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddressAdvertisements) Reset() {
+	*x = AddressAdvertisements{}
+	mi := &file_weir_v1_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddressAdvertisements) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddressAdvertisements) ProtoMessage() {}
+
+func (x *AddressAdvertisements) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddressAdvertisements.ProtoReflect.Descriptor instead.
+func (*AddressAdvertisements) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *AddressAdvertisements) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *AddressAdvertisements) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
 type NodeServicePort struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2385,7 +2463,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[25]
+	mi := &file_weir_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2397,7 +2475,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[25]
+	mi := &file_weir_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2410,7 +2488,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -2468,7 +2546,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[26]
+	mi := &file_weir_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2558,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[26]
+	mi := &file_weir_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2571,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -2704,7 +2782,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x02 \x03(\tR\n" +
-	"interfaces\"\xb7\x02\n" +
+	"interfaces\"\xcb\x02\n" +
 	"\x11PoolAdvertisement\x12\x16\n" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12 \n" +
 	"\vcommunities\x18\x02 \x03(\rR\vcommunities\x12)\n" +
@@ -2712,7 +2790,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x05peers\x18\x04 \x03(\tR\x05peers\x12-\n" +
 	"\x12aggregation_length\x18\x05 \x01(\rR\x11aggregationLength\x122\n" +
 	"\x15aggregation_length_v6\x18\x06 \x01(\rR\x13aggregationLengthV6\x12D\n" +
-	"\x11large_communities\x18\a \x03(\v2\x17.weir.v1.LargeCommunityR\x10largeCommunities\"u\n" +
+	"\x11large_communities\x18\a \x03(\v2\x17.weir.v1.LargeCommunityR\x10largeCommunities\x12\x12\n" +
+	"\x04name\x18\b \x01(\tR\x04name\"u\n" +
 	"\x0eLargeCommunity\x12!\n" +
 	"\fglobal_admin\x18\x01 \x01(\rR\vglobalAdmin\x12\x1f\n" +
 	"\vlocal_data1\x18\x02 \x01(\rR\n" +
@@ -2733,7 +2812,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	" \x01(\tR\rsourceAddress\x12+\n" +
 	"\x11keepalive_seconds\x18\v \x01(\x05R\x10keepaliveSeconds\x122\n" +
 	"\x15connect_retry_seconds\x18\f \x01(\x05R\x13connectRetrySeconds\x12%\n" +
-	"\x03bfd\x18\r \x01(\v2\x13.weir.v1.BfdProfileR\x03bfd\"\xf4\x05\n" +
+	"\x03bfd\x18\r \x01(\v2\x13.weir.v1.BfdProfileR\x03bfd\"\xbc\x06\n" +
 	"\vNodeService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -2752,7 +2831,11 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"announcers\x18\r \x03(\v2\x1a.weir.v1.AddressAnnouncersR\n" +
 	"announcers\x12)\n" +
-	"\x10other_controller\x18\x0e \x01(\bR\x0fotherController\"\xba\x01\n" +
+	"\x10other_controller\x18\x0e \x01(\bR\x0fotherController\x12F\n" +
+	"\x0eadvertisements\x18\x0f \x03(\v2\x1e.weir.v1.AddressAdvertisementsR\x0eadvertisements\"G\n" +
+	"\x15AddressAdvertisements\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05names\x18\x02 \x03(\tR\x05names\"\xba\x01\n" +
 	"\x0fNodeServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.weir.v1.ProtocolR\bprotocol\x12\x12\n" +
@@ -2801,7 +2884,7 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(BgpSessionState)(0),          // 0: weir.v1.BgpSessionState
 	(AddressFamily)(0),            // 1: weir.v1.AddressFamily
@@ -2830,22 +2913,23 @@ var file_weir_v1_agent_proto_goTypes = []any{
 	(*LargeCommunity)(nil),        // 24: weir.v1.LargeCommunity
 	(*NodePeer)(nil),              // 25: weir.v1.NodePeer
 	(*NodeService)(nil),           // 26: weir.v1.NodeService
-	(*NodeServicePort)(nil),       // 27: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 28: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(*BfdProfile)(nil),            // 31: weir.v1.BfdProfile
-	(TrafficPolicy)(0),            // 32: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 33: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 34: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 35: weir.v1.Protocol
+	(*AddressAdvertisements)(nil), // 27: weir.v1.AddressAdvertisements
+	(*NodeServicePort)(nil),       // 28: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 29: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*BfdProfile)(nil),            // 32: weir.v1.BfdProfile
+	(TrafficPolicy)(0),            // 33: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 34: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 35: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 36: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
 	4,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
 	4,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
 	3,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
 	4,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
-	29, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
+	30, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
 	4,  // 5: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
 	7,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
 	8,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
@@ -2853,46 +2937,47 @@ var file_weir_v1_agent_proto_depIdxs = []int32{
 	10, // 9: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
 	17, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
 	18, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	29, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	30, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
 	13, // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
 	11, // 14: weir.v1.Report.moved_connections:type_name -> weir.v1.MovedConnections
 	12, // 15: weir.v1.Report.drain:type_name -> weir.v1.DrainStatus
-	30, // 16: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
-	30, // 17: weir.v1.DrainStatus.counted_at:type_name -> google.protobuf.Timestamp
-	30, // 18: weir.v1.DrainStatus.deadline:type_name -> google.protobuf.Timestamp
+	31, // 16: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
+	31, // 17: weir.v1.DrainStatus.counted_at:type_name -> google.protobuf.Timestamp
+	31, // 18: weir.v1.DrainStatus.deadline:type_name -> google.protobuf.Timestamp
 	15, // 19: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
 	14, // 20: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	30, // 21: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	31, // 21: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
 	16, // 22: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
 	0,  // 23: weir.v1.BgpSession.session_state:type_name -> weir.v1.BgpSessionState
 	1,  // 24: weir.v1.BgpFamily.address_family:type_name -> weir.v1.AddressFamily
-	30, // 25: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	31, // 25: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
 	20, // 26: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
 	26, // 27: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
 	25, // 28: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
 	23, // 29: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
 	22, // 30: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
 	21, // 31: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
-	30, // 32: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
+	31, // 32: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
 	21, // 33: weir.v1.NodeInfo.flow_senders:type_name -> weir.v1.FlowPeer
 	24, // 34: weir.v1.PoolAdvertisement.large_communities:type_name -> weir.v1.LargeCommunity
-	31, // 35: weir.v1.NodePeer.bfd:type_name -> weir.v1.BfdProfile
-	27, // 36: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	32, // 37: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	32, // 38: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	33, // 39: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	34, // 40: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	35, // 41: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	28, // 42: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	6,  // 43: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	2,  // 44: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
-	19, // 45: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	5,  // 46: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
-	45, // [45:47] is the sub-list for method output_type
-	43, // [43:45] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	32, // 35: weir.v1.NodePeer.bfd:type_name -> weir.v1.BfdProfile
+	28, // 36: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	33, // 37: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	33, // 38: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	34, // 39: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	35, // 40: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	27, // 41: weir.v1.NodeService.advertisements:type_name -> weir.v1.AddressAdvertisements
+	36, // 42: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	29, // 43: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	6,  // 44: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	2,  // 45: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
+	19, // 46: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	5,  // 47: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
+	46, // [46:48] is the sub-list for method output_type
+	44, // [44:46] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -2913,7 +2998,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

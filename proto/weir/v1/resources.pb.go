@@ -1293,8 +1293,22 @@ type AddressPool struct {
 	// Gives the pool's addresses only to some services, and orders the pools
 	// a service gets addresses from (MetalLB's serviceAllocation).
 	ServiceAllocation *ServiceAllocation `protobuf:"bytes,6,opt,name=service_allocation,json=serviceAllocation,proto3" json:"service_allocation,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Several ways of announcing the pool over BGP, each for some nodes and
+	// some services (MetalLB's several BGPAdvertisements of one pool);
+	// exclusive with bgp_advertisement (which is one advertisement for every
+	// node and service) and with l2_advertisement. An address is announced
+	// by a node through every advertisement whose node_selector selects the
+	// node and whose service_selector selects the address's service; an
+	// address that none selects is not announced by that node. Where several
+	// apply to one prefix, the route carries the union of their
+	// communities, the highest local preference, and goes to the union of
+	// their peers (every peer when one of them names none).
+	BgpAdvertisements []*BgpAdvertisement `protobuf:"bytes,7,rep,name=bgp_advertisements,json=bgpAdvertisements,proto3" json:"bgp_advertisements,omitempty"`
+	// Never give out an IPv4 address ending in .0 or .255 (MetalLB's
+	// avoidBuggyIPs): some old devices drop traffic to them as broadcast.
+	AvoidBuggyIps bool `protobuf:"varint,8,opt,name=avoid_buggy_ips,json=avoidBuggyIps,proto3" json:"avoid_buggy_ips,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AddressPool) Reset() {
@@ -1369,6 +1383,20 @@ func (x *AddressPool) GetServiceAllocation() *ServiceAllocation {
 	return nil
 }
 
+func (x *AddressPool) GetBgpAdvertisements() []*BgpAdvertisement {
+	if x != nil {
+		return x.BgpAdvertisements
+	}
+	return nil
+}
+
+func (x *AddressPool) GetAvoidBuggyIps() bool {
+	if x != nil {
+		return x.AvoidBuggyIps
+	}
+	return false
+}
+
 // ServiceAllocation scopes a pool to the services of some namespaces, or
 // with some labels: others get no address from it, not even one they ask
 // for. A scoped pool that allows a service is tried before the pools that
@@ -1382,8 +1410,13 @@ type ServiceAllocation struct {
 	Namespaces []string `protobuf:"bytes,2,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
 	// Only services with all these labels; empty means every one.
 	ServiceSelector map[string]string `protobuf:"bytes,3,rep,name=service_selector,json=serviceSelector,proto3" json:"service_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Only services in namespaces with all these labels (MetalLB's
+	// namespaceSelectors); empty means every one. Kubernetes mode only:
+	// namespaces registered through this API have no labels, so a pool
+	// given through it with a namespace_selector is refused.
+	NamespaceSelector map[string]string `protobuf:"bytes,4,rep,name=namespace_selector,json=namespaceSelector,proto3" json:"namespace_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ServiceAllocation) Reset() {
@@ -1437,6 +1470,13 @@ func (x *ServiceAllocation) GetServiceSelector() map[string]string {
 	return nil
 }
 
+func (x *ServiceAllocation) GetNamespaceSelector() map[string]string {
+	if x != nil {
+		return x.NamespaceSelector
+	}
+	return nil
+}
+
 // L2Advertisement makes one node at a time answer ARP (IPv4) and NDP
 // (IPv6) for each of a pool's addresses (MetalLB's L2Advertisement). The
 // server chooses the node and gives it a lease that it renews; the
@@ -1449,9 +1489,12 @@ type L2Advertisement struct {
 	// address.
 	Interfaces []string `protobuf:"bytes,1,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
 	// Only nodes with all these labels answer; empty means every node.
-	NodeSelector  map[string]string `protobuf:"bytes,2,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodeSelector map[string]string `protobuf:"bytes,2,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Only the addresses of services with all these labels are answered;
+	// empty means every service's.
+	ServiceSelector map[string]string `protobuf:"bytes,3,rep,name=service_selector,json=serviceSelector,proto3" json:"service_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *L2Advertisement) Reset() {
@@ -1498,6 +1541,13 @@ func (x *L2Advertisement) GetNodeSelector() map[string]string {
 	return nil
 }
 
+func (x *L2Advertisement) GetServiceSelector() map[string]string {
+	if x != nil {
+		return x.ServiceSelector
+	}
+	return nil
+}
+
 // BgpAdvertisement is what the nodes attach to the routes of a pool's
 // addresses (MetalLB's BGPAdvertisement).
 type BgpAdvertisement struct {
@@ -1531,8 +1581,16 @@ type BgpAdvertisement struct {
 	// externalTrafficPolicy Local are announced by the nodes with their
 	// endpoints, whatever the limit.
 	MaxAnnouncingNodes uint32 `protobuf:"varint,6,opt,name=max_announcing_nodes,json=maxAnnouncingNodes,proto3" json:"max_announcing_nodes,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// In AddressPool.bgp_advertisements only: the nodes with all these
+	// labels announce through this advertisement; empty means every node.
+	NodeSelector map[string]string `protobuf:"bytes,7,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// In AddressPool.bgp_advertisements only: the addresses of the services
+	// with all these labels are announced through it; empty means every
+	// service's. Exclusive with the aggregation lengths, as in MetalLB: an
+	// aggregate would carry other services' addresses too.
+	ServiceSelector map[string]string `protobuf:"bytes,8,rep,name=service_selector,json=serviceSelector,proto3" json:"service_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BgpAdvertisement) Reset() {
@@ -1605,6 +1663,20 @@ func (x *BgpAdvertisement) GetMaxAnnouncingNodes() uint32 {
 		return x.MaxAnnouncingNodes
 	}
 	return 0
+}
+
+func (x *BgpAdvertisement) GetNodeSelector() map[string]string {
+	if x != nil {
+		return x.NodeSelector
+	}
+	return nil
+}
+
+func (x *BgpAdvertisement) GetServiceSelector() map[string]string {
+	if x != nil {
+		return x.ServiceSelector
+	}
+	return nil
 }
 
 // ServiceCidr is a range cluster IPs are allocated from, as Kubernetes'
@@ -2030,7 +2102,7 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\tpod_cidrs\x18\x04 \x03(\tR\bpodCidrs\x12\x1a\n" +
 	"\bdeleting\x18\x05 \x01(\bR\bdeleting\x12\x18\n" +
 	"\adrained\x18\x06 \x01(\bR\adrained\x12A\n" +
-	"\x0edrain_deadline\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\"\xd5\x02\n" +
+	"\x0edrain_deadline\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\"\xc7\x03\n" +
 	"\vAddressPool\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x1c\n" +
 	"\taddresses\x18\x02 \x03(\tR\taddresses\x12\x1f\n" +
@@ -2038,31 +2110,49 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"manualOnly\x12F\n" +
 	"\x11bgp_advertisement\x18\x04 \x01(\v2\x19.weir.v1.BgpAdvertisementR\x10bgpAdvertisement\x12C\n" +
 	"\x10l2_advertisement\x18\x05 \x01(\v2\x18.weir.v1.L2AdvertisementR\x0fl2Advertisement\x12I\n" +
-	"\x12service_allocation\x18\x06 \x01(\v2\x1a.weir.v1.ServiceAllocationR\x11serviceAllocation\"\xef\x01\n" +
+	"\x12service_allocation\x18\x06 \x01(\v2\x1a.weir.v1.ServiceAllocationR\x11serviceAllocation\x12H\n" +
+	"\x12bgp_advertisements\x18\a \x03(\v2\x19.weir.v1.BgpAdvertisementR\x11bgpAdvertisements\x12&\n" +
+	"\x0favoid_buggy_ips\x18\b \x01(\bR\ravoidBuggyIps\"\x97\x03\n" +
 	"\x11ServiceAllocation\x12\x1a\n" +
 	"\bpriority\x18\x01 \x01(\x05R\bpriority\x12\x1e\n" +
 	"\n" +
 	"namespaces\x18\x02 \x03(\tR\n" +
 	"namespaces\x12Z\n" +
-	"\x10service_selector\x18\x03 \x03(\v2/.weir.v1.ServiceAllocation.ServiceSelectorEntryR\x0fserviceSelector\x1aB\n" +
+	"\x10service_selector\x18\x03 \x03(\v2/.weir.v1.ServiceAllocation.ServiceSelectorEntryR\x0fserviceSelector\x12`\n" +
+	"\x12namespace_selector\x18\x04 \x03(\v21.weir.v1.ServiceAllocation.NamespaceSelectorEntryR\x11namespaceSelector\x1aB\n" +
 	"\x14ServiceSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc3\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aD\n" +
+	"\x16NamespaceSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe1\x02\n" +
 	"\x0fL2Advertisement\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\tR\n" +
 	"interfaces\x12O\n" +
-	"\rnode_selector\x18\x02 \x03(\v2*.weir.v1.L2Advertisement.NodeSelectorEntryR\fnodeSelector\x1a?\n" +
+	"\rnode_selector\x18\x02 \x03(\v2*.weir.v1.L2Advertisement.NodeSelectorEntryR\fnodeSelector\x12X\n" +
+	"\x10service_selector\x18\x03 \x03(\v2-.weir.v1.L2Advertisement.ServiceSelectorEntryR\x0fserviceSelector\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aB\n" +
+	"\x14ServiceSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\x04\n" +
 	"\x10BgpAdvertisement\x12 \n" +
 	"\vcommunities\x18\x01 \x03(\tR\vcommunities\x12)\n" +
 	"\x10local_preference\x18\x02 \x01(\rR\x0flocalPreference\x12\x14\n" +
 	"\x05peers\x18\x03 \x03(\tR\x05peers\x12-\n" +
 	"\x12aggregation_length\x18\x04 \x01(\rR\x11aggregationLength\x122\n" +
 	"\x15aggregation_length_v6\x18\x05 \x01(\rR\x13aggregationLengthV6\x120\n" +
-	"\x14max_announcing_nodes\x18\x06 \x01(\rR\x12maxAnnouncingNodes\"T\n" +
+	"\x14max_announcing_nodes\x18\x06 \x01(\rR\x12maxAnnouncingNodes\x12P\n" +
+	"\rnode_selector\x18\a \x03(\v2+.weir.v1.BgpAdvertisement.NodeSelectorEntryR\fnodeSelector\x12Y\n" +
+	"\x10service_selector\x18\b \x03(\v2..weir.v1.BgpAdvertisement.ServiceSelectorEntryR\x0fserviceSelector\x1a?\n" +
+	"\x11NodeSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aB\n" +
+	"\x14ServiceSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"T\n" +
 	"\vServiceCidr\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x14\n" +
 	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\"\xe9\x04\n" +
@@ -2128,7 +2218,7 @@ func file_weir_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_weir_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_weir_v1_resources_proto_goTypes = []any{
 	(ServiceType)(0),              // 0: weir.v1.ServiceType
 	(Protocol)(0),                 // 1: weir.v1.Protocol
@@ -2156,13 +2246,17 @@ var file_weir_v1_resources_proto_goTypes = []any{
 	(*BfdProfile)(nil),            // 23: weir.v1.BfdProfile
 	nil,                           // 24: weir.v1.ObjectMeta.LabelsEntry
 	nil,                           // 25: weir.v1.ServiceAllocation.ServiceSelectorEntry
-	nil,                           // 26: weir.v1.L2Advertisement.NodeSelectorEntry
-	nil,                           // 27: weir.v1.BgpPeer.NodeSelectorEntry
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	nil,                           // 26: weir.v1.ServiceAllocation.NamespaceSelectorEntry
+	nil,                           // 27: weir.v1.L2Advertisement.NodeSelectorEntry
+	nil,                           // 28: weir.v1.L2Advertisement.ServiceSelectorEntry
+	nil,                           // 29: weir.v1.BgpAdvertisement.NodeSelectorEntry
+	nil,                           // 30: weir.v1.BgpAdvertisement.ServiceSelectorEntry
+	nil,                           // 31: weir.v1.BgpPeer.NodeSelectorEntry
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
 }
 var file_weir_v1_resources_proto_depIdxs = []int32{
 	24, // 0: weir.v1.ObjectMeta.labels:type_name -> weir.v1.ObjectMeta.LabelsEntry
-	28, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	32, // 1: weir.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 2: weir.v1.Service.metadata:type_name -> weir.v1.ObjectMeta
 	7,  // 3: weir.v1.Service.spec:type_name -> weir.v1.ServiceSpec
 	9,  // 4: weir.v1.Service.status:type_name -> weir.v1.ServiceStatus
@@ -2181,22 +2275,27 @@ var file_weir_v1_resources_proto_depIdxs = []int32{
 	14, // 17: weir.v1.Endpoint.conditions:type_name -> weir.v1.EndpointConditions
 	1,  // 18: weir.v1.EndpointPort.protocol:type_name -> weir.v1.Protocol
 	5,  // 19: weir.v1.Node.metadata:type_name -> weir.v1.ObjectMeta
-	28, // 20: weir.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	32, // 20: weir.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
 	5,  // 21: weir.v1.AddressPool.metadata:type_name -> weir.v1.ObjectMeta
 	20, // 22: weir.v1.AddressPool.bgp_advertisement:type_name -> weir.v1.BgpAdvertisement
 	19, // 23: weir.v1.AddressPool.l2_advertisement:type_name -> weir.v1.L2Advertisement
 	18, // 24: weir.v1.AddressPool.service_allocation:type_name -> weir.v1.ServiceAllocation
-	25, // 25: weir.v1.ServiceAllocation.service_selector:type_name -> weir.v1.ServiceAllocation.ServiceSelectorEntry
-	26, // 26: weir.v1.L2Advertisement.node_selector:type_name -> weir.v1.L2Advertisement.NodeSelectorEntry
-	5,  // 27: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
-	5,  // 28: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
-	27, // 29: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
-	23, // 30: weir.v1.BgpPeer.bfd:type_name -> weir.v1.BfdProfile
-	31, // [31:31] is the sub-list for method output_type
-	31, // [31:31] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	20, // 25: weir.v1.AddressPool.bgp_advertisements:type_name -> weir.v1.BgpAdvertisement
+	25, // 26: weir.v1.ServiceAllocation.service_selector:type_name -> weir.v1.ServiceAllocation.ServiceSelectorEntry
+	26, // 27: weir.v1.ServiceAllocation.namespace_selector:type_name -> weir.v1.ServiceAllocation.NamespaceSelectorEntry
+	27, // 28: weir.v1.L2Advertisement.node_selector:type_name -> weir.v1.L2Advertisement.NodeSelectorEntry
+	28, // 29: weir.v1.L2Advertisement.service_selector:type_name -> weir.v1.L2Advertisement.ServiceSelectorEntry
+	29, // 30: weir.v1.BgpAdvertisement.node_selector:type_name -> weir.v1.BgpAdvertisement.NodeSelectorEntry
+	30, // 31: weir.v1.BgpAdvertisement.service_selector:type_name -> weir.v1.BgpAdvertisement.ServiceSelectorEntry
+	5,  // 32: weir.v1.ServiceCidr.metadata:type_name -> weir.v1.ObjectMeta
+	5,  // 33: weir.v1.BgpPeer.metadata:type_name -> weir.v1.ObjectMeta
+	31, // 34: weir.v1.BgpPeer.node_selector:type_name -> weir.v1.BgpPeer.NodeSelectorEntry
+	23, // 35: weir.v1.BgpPeer.bfd:type_name -> weir.v1.BfdProfile
+	36, // [36:36] is the sub-list for method output_type
+	36, // [36:36] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_resources_proto_init() }
@@ -2211,7 +2310,7 @@ func file_weir_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_resources_proto_rawDesc), len(file_weir_v1_resources_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   23,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -63,6 +63,7 @@ type WeirAddressPool struct {
 // AddressPoolSpec is what the pool holds and how it is announced.
 //
 // +kubebuilder:validation:XValidation:rule="!(has(self.bgpAdvertisement) && has(self.l2Advertisement))",message="a pool is announced over BGP or answered over L2, not both"
+// +kubebuilder:validation:XValidation:rule="!(has(self.bgpAdvertisements) && (has(self.bgpAdvertisement) || has(self.l2Advertisement)))",message="bgpAdvertisements is exclusive with bgpAdvertisement and l2Advertisement"
 type AddressPoolSpec struct {
 	// Addresses are CIDRs ("203.0.113.0/28") or ranges of one family
 	// ("203.0.113.10-203.0.113.20", "2001:db8::10-2001:db8::1f").
@@ -93,6 +94,20 @@ type AddressPoolSpec struct {
 	//
 	// +optional
 	ServiceAllocation *ServiceAllocation `json:"serviceAllocation,omitempty"`
+	// BGPAdvertisements are several ways of announcing the pool, each
+	// through its nodeSelector's nodes for its serviceSelector's
+	// Services; exclusive with bgpAdvertisement. Where several apply to
+	// one prefix, the route carries the union of their communities and
+	// the highest local preference, to the union of their peers.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=atomic
+	BGPAdvertisements []BGPAdvertisement `json:"bgpAdvertisements,omitempty"`
+	// AvoidBuggyIPs: never give out an IPv4 address ending in .0 or .255.
+	//
+	// +optional
+	AvoidBuggyIPs bool `json:"avoidBuggyIPs,omitempty"`
 }
 
 // ServiceAllocation scopes a pool to the Services of some namespaces, or
@@ -118,6 +133,11 @@ type ServiceAllocation struct {
 	//
 	// +optional
 	ServiceSelector map[string]string `json:"serviceSelector,omitempty"`
+	// NamespaceSelector: only Services in namespaces with all these
+	// labels.
+	//
+	// +optional
+	NamespaceSelector map[string]string `json:"namespaceSelector,omitempty"`
 }
 
 // BGPAdvertisement is the pool's routes' attributes.
@@ -169,6 +189,17 @@ type BGPAdvertisement struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	MaxAnnouncingNodes int32 `json:"maxAnnouncingNodes,omitempty"`
+	// NodeSelector (in bgpAdvertisements only): only nodes with all these
+	// labels announce through this advertisement.
+	//
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// ServiceSelector (in bgpAdvertisements only): only the addresses of
+	// Services with all these labels; exclusive with the aggregation
+	// lengths.
+	//
+	// +optional
+	ServiceSelector map[string]string `json:"serviceSelector,omitempty"`
 }
 
 // L2Advertisement is where and by which nodes a pool is answered.
@@ -187,6 +218,11 @@ type L2Advertisement struct {
 	//
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// ServiceSelector: only the addresses of Services with all these
+	// labels are answered.
+	//
+	// +optional
+	ServiceSelector map[string]string `json:"serviceSelector,omitempty"`
 }
 
 // AddressPoolStatus is what the server made of the pool.
