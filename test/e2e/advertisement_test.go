@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -143,12 +142,7 @@ func TestGracefulRestartKeepsTrafficThroughAnAgentRestart(t *testing.T) {
 			if impl == "FRR" {
 				c, r = startBGPClusterWith(t, func(*lab.Node) []string { return nil }, labRouter)
 			} else {
-				if _, err := exec.LookPath("bird"); err != nil {
-					if os.Getenv("CI") == "true" {
-						t.Fatal("BIRD is required (Debian package bird2)")
-					}
-					t.Skip("needs BIRD (apt-get install bird2)")
-				}
+				requireBIRD(t)
 				c = startSpeakingCluster(t, func(*lab.Node) []string { return nil })
 				r = startLabBIRD(t, c)
 			}

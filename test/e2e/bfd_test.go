@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"slices"
 	"syscall"
 	"testing"
@@ -70,17 +68,13 @@ func startBFDRouter(t *testing.T, c *weirlab.Cluster, impl string) bfdRouter {
 		PeerASN: nodeASN, BFD: &bird.BFD{Interval: bfdInterval, Multiplier: bfdMultiplier}})}
 }
 
+// requireRouter is requireFRR or requireBIRD, by impl.
 func requireRouter(t *testing.T, impl string) {
 	t.Helper()
 	if impl == "FRR" {
 		requireFRR(t)
-		return
-	}
-	if _, err := exec.LookPath("bird"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("BIRD is required (Debian package bird2)")
-		}
-		t.Skip("needs BIRD (apt-get install bird2)")
+	} else {
+		requireBIRD(t)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -77,6 +78,18 @@ func requireFRR(t *testing.T) {
 			t.Fatal("FRR is required (Debian package frr)")
 		}
 		t.Skip("needs FRR (apt-get install frr)")
+	}
+}
+
+// requireBIRD fails the test in CI, or skips it elsewhere, when BIRD is
+// not installed.
+func requireBIRD(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("bird"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("BIRD is required (Debian package bird2)")
+		}
+		t.Skip("needs BIRD (apt-get install bird2)")
 	}
 }
 

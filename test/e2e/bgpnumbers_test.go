@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -42,12 +40,7 @@ func TestFourByteASNsAndLargeCommunitiesReachTheRouter(t *testing.T) {
 					ListenRanges: []string{"192.0.2.0/24"}})
 				r, attributes = f, func(ctx context.Context, prefix string) (string, error) { return frrAttributes(ctx, f, prefix) }
 			} else {
-				if _, err := exec.LookPath("bird"); err != nil {
-					if os.Getenv("CI") == "true" {
-						t.Fatal("BIRD is required (Debian package bird2)")
-					}
-					t.Skip("needs BIRD (apt-get install bird2)")
-				}
+				requireBIRD(t)
 				c = startSpeakingCluster(t, wide)
 				b := startBIRD(t, c, bird.Config{ASN: wideRouterASN, RouterID: lab.RouterLANv4.String(), ListenRanges4: []string{"192.0.2.0/24"}, PeerASN: wideNodeASN})
 				r, attributes = b, func(ctx context.Context, prefix string) (string, error) { return birdAttributes(ctx, b, prefix) }

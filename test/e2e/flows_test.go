@@ -9,7 +9,6 @@ import (
 	"maps"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -42,12 +41,7 @@ func flowLabOf(t *testing.T, n int, impl string, agentArgs func(*lab.Node) []str
 	case "FRR":
 		c, r = startBGPClusterOf(t, cfg, agentArgs, labRouter)
 	case "BIRD":
-		if _, err := exec.LookPath("bird"); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatal("BIRD is required (Debian package bird2)")
-			}
-			t.Skip("needs BIRD (apt-get install bird2)")
-		}
+		requireBIRD(t)
 		c = startSpeakingClusterOf(t, cfg, agentArgs)
 		r = startLabBIRD(t, c)
 	}

@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -39,14 +37,7 @@ type multihopRouter interface {
 }
 
 func testEBGPMultihop(t *testing.T, impl string) {
-	if impl == "FRR" {
-		requireFRR(t)
-	} else if _, err := exec.LookPath("bird"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("BIRD is required (Debian package bird2)")
-		}
-		t.Skip("needs BIRD (apt-get install bird2)")
-	}
+	requireRouter(t, impl)
 	c := startSpeakingCluster(t, func(*lab.Node) []string { return nil })
 	ctx := context.Background()
 	node1 := c.Nodes[0]
