@@ -253,7 +253,7 @@ func (m *Manager) receive(conn *net.UDPConn, multiHop bool) {
 		}
 		// GTSM (RFC 5881 5, RFC 5883 2): a single-hop packet must come
 		// from the link, one not from farther than allowed.
-		if !ok || (!multiHop && ttl != 255) || (multiHop && ttl < int(r.cfg.Profile.minimumTTL())) {
+		if !ok || (!multiHop && ttl != 255) || (multiHop && ttl < int(r.minTTL.Load())) {
 			m.log.Debug("BFD packet dropped for its TTL", "from", from, "ttl", ttl)
 			continue
 		}

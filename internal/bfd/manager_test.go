@@ -54,22 +54,31 @@ func TestSessionsOverRealSockets(t *testing.T) {
 	}
 	wantChange(t, ca, true, 5*time.Second)
 	wantChange(t, cb, true, 5*time.Second)
-	st := b.Status()
-	if len(st) != 1 || st[0].State != Up || !st[0].Usable || st[0].DetectTime != 60*time.Millisecond {
-		t.Errorf("b's status %+v; want one usable session Up with a 60ms detection time", st)
+	// Up, then the Poll sequence agrees on the profile's intervals (the
+	// detection time is 3 s while the peer still says 1 s).
+	waitStatus := func(m *Manager, what string, ok func(Status) bool) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			st := m.Status()
+			if len(st) == 1 && ok(st[0]) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("status %+v; want %s", st, what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
+	waitStatus(b, "one usable session Up with a 60ms detection time", func(s Status) bool {
+		return s.State == Up && s.Usable && s.DetectTime == 60*time.Millisecond
+	})
 
 	// A slower profile is agreed without the session going down.
 	if err := a.Set([]Session{{Peer: peer, Profile: Profile{ReceiveInterval: 50 * time.Millisecond, TransmitInterval: 50 * time.Millisecond}}}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for b.Status()[0].DetectTime != 150*time.Millisecond {
-		if time.Now().After(deadline) {
-			t.Fatalf("b's detection time %v; want 150ms after a's new profile", b.Status()[0].DetectTime)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitStatus(b, "a 150ms detection time after a's new profile", func(s Status) bool { return s.DetectTime == 150*time.Millisecond })
 	select {
 	case c := <-cb:
 		t.Fatalf("a profile change flapped the session: %+v", c)

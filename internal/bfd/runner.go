@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,6 +21,10 @@ type runner struct {
 	profiles chan Profile
 	quit     chan struct{}
 	done     chan struct{}
+
+	// minTTL is the lowest TTL a packet of a multi-hop session may come
+	// with, which the receiving goroutine reads.
+	minTTL atomic.Uint32
 
 	mu     sync.Mutex
 	status Status
@@ -38,6 +43,7 @@ func (m *Manager) start(s Session) (*runner, error) {
 		quit: make(chan struct{}), done: make(chan struct{}),
 		status: Status{Peer: s.Peer, MultiHop: s.MultiHop, State: Down},
 	}
+	r.minTTL.Store(uint32(s.Profile.minimumTTL()))
 	if s.Interface != "" && s.Peer.Zone() == "" && s.Peer.Is6() && s.Peer.IsLinkLocalUnicast() {
 		r.dst.Zone = s.Interface
 	}
@@ -60,6 +66,7 @@ func (r *runner) deliver(p packet) {
 }
 
 func (r *runner) setProfile(p Profile) {
+	r.minTTL.Store(uint32(p.minimumTTL()))
 	select {
 	case <-r.profiles: // a newer profile replaces one not yet taken
 	default:
@@ -100,11 +107,23 @@ func (r *runner) run(now func() time.Time) {
 	hold.Stop()
 	defer hold.Stop()
 
+	publish := func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.status.State, r.status.Usable, r.status.Diagnostic = mc.state, usable, mc.diag
+		r.status.Flaps, r.status.LastChange, r.status.HoldDown = d.flaps, mc.lastStateTime, d.hold(now())
+		r.status.DetectTime = 0
+		if mc.state == Up {
+			r.status.DetectTime = mc.detectionTime()
+		}
+	}
+	// report tells onChange, once Status says the same.
 	report := func(u bool) {
 		if u == usable {
 			return
 		}
 		usable = u
+		publish()
 		r.m.events.push(r.cfg.Peer, u)
 	}
 	send := func() {
@@ -137,16 +156,6 @@ func (r *runner) run(now func() time.Time) {
 			detect.Stop()
 		}
 		r.m.log.Info("BFD session "+mc.state.String(), "peer", r.cfg.Peer, "diagnostic", mc.diag.String())
-	}
-	publish := func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		r.status.State, r.status.Usable, r.status.Diagnostic = mc.state, usable, mc.diag
-		r.status.Flaps, r.status.LastChange, r.status.HoldDown = d.flaps, mc.lastStateTime, d.hold(now())
-		r.status.DetectTime = 0
-		if mc.state == Up {
-			r.status.DetectTime = mc.detectionTime()
-		}
 	}
 
 	for {
@@ -193,7 +202,6 @@ func (r *runner) run(now func() time.Time) {
 			}
 		case p := <-r.profiles:
 			mc.setProfile(p)
-			r.cfg.Profile = p
 			send()
 			schedule()
 		}
