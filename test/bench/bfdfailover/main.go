@@ -13,7 +13,9 @@
 //
 //	go run ./test/bench/bfdfailover -faults 20
 //
-// Times are from installing the drop rule to the kernel's notice of the
+// Times are from the drop rule in force (nft has returned, having
+// committed it: starting the clock before nft runs would add its own
+// start-up, tens of milliseconds on a busy machine) to the kernel's notice of the
 // route's change in the router's namespace (`ip monitor route`, so that
 // no polling process competes with the routers for the CPU).
 package main
@@ -200,11 +202,11 @@ func measure(ctx context.Context, c *weirlab.Cluster, r router, faults int, with
 	for i := range faults {
 		node := c.Nodes[i%len(c.Nodes)]
 		others := slices.DeleteFunc(slices.Clone(all), func(a string) bool { return a == node.IPv4.String() })
-		start := time.Now()
 		if _, err := node.Run(ctx, "nft", "add table inet bfdfault { chain in { type filter hook input priority -400; ip saddr "+routerIP+" drop; }; "+
 			"chain out { type filter hook output priority -400; ip daddr "+routerIP+" drop; }; }"); err != nil {
 			return nil, nil, err
 		}
+		start := time.Now()
 		at, err := withdrawn(others, 30*time.Second)
 		took = append(took, at.Sub(start))
 		if logsBFD != nil && withBFD {
