@@ -21,7 +21,8 @@ import (
 // router's route well before the hold time, each found by BFD alone:
 // every packet between node1 and the router dropped in node1's namespace
 // (a dead path), and node1's agent frozen (SIGSTOP: a hung process, whose
-// TCP the kernel keeps alive). Lifting each brings node1 back.
+// TCP the kernel keeps alive). Through the dead path node1 reports its BFD
+// down and its session closed. Lifting each brings node1 back.
 func TestBFDTakesADeadNodesRoutesAway(t *testing.T) {
 	for _, impl := range []string{"FRR", "BIRD"} {
 		t.Run(impl, func(t *testing.T) { testBFD(t, impl) })
@@ -131,6 +132,25 @@ func testBFD(t *testing.T, impl string) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		t.Logf("%s: the router withdrew node1 in %v (BFD detection: %v)", what, took.Round(time.Millisecond), bfdMultiplier*bfdInterval)
+		if what == "a dead path" {
+			// node1 itself found it too: its BFD is down and it closed
+			// the session (its server is not behind the router).
+			eventually(t, "node1 reports its BFD down and its session closed", func() error {
+				resp, err := status.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+				if err != nil {
+					return err
+				}
+				for _, n := range resp.GetNodes() {
+					if n.GetName() != node1.Name {
+						continue
+					}
+					if s := n.GetBgpSessions(); len(s) != 1 || s[0].GetBfdState() != "Down" || s[0].GetSessionState() == weirv1.BgpSessionState_BGP_SESSION_STATE_ESTABLISHED {
+						return fmt.Errorf("node1 reports %v", s)
+					}
+				}
+				return nil
+			})
+		}
 		if err := lift(); err != nil {
 			t.Fatal(err)
 		}
