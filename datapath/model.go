@@ -46,7 +46,9 @@ type NodeInfo struct {
 	// BGPPeers are the routers the node's speaker peers with; the datapath
 	// itself does not use them.
 	BGPPeers []BGPPeer
-	// Advertisements are the BGP attributes of the pools that set them.
+	// Advertisements are the BGP attributes of the pools that set them,
+	// and those of the pools with several advertisements that select
+	// this node (named: see Service.Advertisements).
 	Advertisements []BGPAdvertisement
 	// ServiceCIDRs are the cluster's service ranges as the server knows
 	// them (Kubernetes' ServiceCIDR objects), added to Config.ServiceCIDRs.
@@ -110,6 +112,71 @@ type BGPAdvertisement struct {
 	// AggregationLength and AggregationLengthV6 are the prefix lengths
 	// announced; 0 means the host prefix.
 	AggregationLength, AggregationLengthV6 int
+	// Name is set for one of a pool's several advertisements: it then
+	// applies only to the addresses whose Service.Advertisements name
+	// it, not to the whole Ranges.
+	Name string
+}
+
+// AdvertisementsOf are the advertisements the node announces svc's
+// load-balancer IP addr through: those the service names for it that the
+// node was given, or else the one of the pool holding it (the default,
+// with no attribute, when no pool sets one). None: the node does not
+// announce addr.
+func (n NodeInfo) AdvertisementsOf(svc *Service, addr netip.Addr) []BGPAdvertisement {
+	if names, named := svc.Advertisements[addr]; named {
+		var out []BGPAdvertisement
+		for _, a := range n.Advertisements {
+			if a.Name != "" && slices.Contains(names, a.Name) {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	for _, a := range n.Advertisements {
+		if a.Name == "" && slices.ContainsFunc(a.Ranges, func(r AddressRange) bool { return r.Contains(addr) }) {
+			return []BGPAdvertisement{a}
+		}
+	}
+	return []BGPAdvertisement{{}}
+}
+
+// CombineAdvertisements is one route's attributes when several
+// advertisements announce the same prefix (MetalLB's rule for several
+// BGPAdvertisements of one pool): the union of their communities, the
+// highest local preference, and the union of their peers, which is every
+// peer when one of them names none. The result's Ranges and Name are
+// left empty; its aggregation lengths are the first's (they all announce
+// one prefix).
+func CombineAdvertisements(advs []BGPAdvertisement) BGPAdvertisement {
+	if len(advs) == 1 {
+		return advs[0]
+	}
+	var out BGPAdvertisement
+	everyPeer := false
+	for i, a := range advs {
+		if i == 0 {
+			out.AggregationLength, out.AggregationLengthV6 = a.AggregationLength, a.AggregationLengthV6
+		}
+		out.Communities = append(out.Communities, a.Communities...)
+		out.LargeCommunities = append(out.LargeCommunities, a.LargeCommunities...)
+		out.LocalPref = max(out.LocalPref, a.LocalPref)
+		everyPeer = everyPeer || len(a.Peers) == 0
+		out.Peers = append(out.Peers, a.Peers...)
+	}
+	slices.Sort(out.Communities)
+	out.Communities = slices.Compact(out.Communities)
+	slices.SortFunc(out.LargeCommunities, func(x, y bgpcommunity.Large) int {
+		return cmp.Or(cmp.Compare(x.Global, y.Global), cmp.Compare(x.Local1, y.Local1), cmp.Compare(x.Local2, y.Local2))
+	})
+	out.LargeCommunities = slices.Compact(out.LargeCommunities)
+	if everyPeer {
+		out.Peers = nil
+	} else {
+		slices.Sort(out.Peers)
+		out.Peers = slices.Compact(out.Peers)
+	}
+	return out
 }
 
 // PrefixOf is the prefix announced for address a.
@@ -171,7 +238,7 @@ func (r AddressRange) Contains(a netip.Addr) bool {
 
 // Equal reports whether a and b are the same advertisement.
 func (a BGPAdvertisement) Equal(b BGPAdvertisement) bool {
-	return slices.Equal(a.Ranges, b.Ranges) && slices.Equal(a.Communities, b.Communities) &&
+	return a.Name == b.Name && slices.Equal(a.Ranges, b.Ranges) && slices.Equal(a.Communities, b.Communities) &&
 		slices.Equal(a.LargeCommunities, b.LargeCommunities) && a.LocalPref == b.LocalPref &&
 		slices.Equal(a.Peers, b.Peers) && a.AggregationLength == b.AggregationLength && a.AggregationLengthV6 == b.AggregationLengthV6
 }
@@ -268,6 +335,10 @@ type Service struct {
 	// do not announce it. An address not here may be announced by any
 	// node. Forwarding does not depend on it.
 	Announcers map[netip.Addr][]string
+	// Advertisements are, for each load-balancer IP of a pool with
+	// several advertisements, the names of those that select the service
+	// (BGPAdvertisement.Name); see NodeInfo.AdvertisementsOf.
+	Advertisements map[netip.Addr][]string
 	// OtherController: another load-balancer controller announces and
 	// answers for the load-balancer IPs; the node only forwards them.
 	OtherController bool

@@ -145,9 +145,26 @@ func (a *Announcer) setExportRules() {
 }
 
 // ExportRules are the rules for node's advertisements that name peers.
+// The several advertisements of one pool that the node has share one
+// rule, to the union of their peers (CombineAdvertisements): the speaker
+// filters by prefix, and they cover the same ranges.
 func ExportRules(node datapath.NodeInfo) []ExportRule {
 	var rules []ExportRule
+	var advs []datapath.BGPAdvertisement
 	for _, adv := range node.Advertisements {
+		if adv.Name == "" {
+			advs = append(advs, adv)
+			continue
+		}
+		i := slices.IndexFunc(advs, func(a datapath.BGPAdvertisement) bool { return a.Name != "" && slices.Equal(a.Ranges, adv.Ranges) })
+		if i < 0 {
+			advs = append(advs, adv)
+			continue
+		}
+		combined := datapath.CombineAdvertisements([]datapath.BGPAdvertisement{advs[i], adv})
+		advs[i].Peers = combined.Peers
+	}
+	for _, adv := range advs {
 		if len(adv.Peers) == 0 {
 			continue
 		}
@@ -344,22 +361,33 @@ func serviceWants(svc *datapath.Service, node datapath.NodeInfo) []prefixWant {
 		if chosen, limited := svc.Announcers[vip]; limited && !slices.Contains(chosen, node.Name) {
 			continue // the pool's other nodes announce it (max_announcing_nodes)
 		}
-		a := Announcement{NextHop: hop}
-		adv := datapath.BGPAdvertisement{}
-		for _, pool := range node.Advertisements {
-			if slices.ContainsFunc(pool.Ranges, func(r datapath.AddressRange) bool { return r.Contains(vip) }) {
-				adv = pool
-				break
-			}
+		advs := node.AdvertisementsOf(svc, vip)
+		if len(advs) == 0 {
+			continue // no advertisement of the pool selects both the service and this node
 		}
-		a.Communities, a.LargeCommunities, a.LocalPref = adv.Communities, adv.LargeCommunities, adv.LocalPref
+		var weight uint32
 		if svc.ExternalTrafficPolicy == datapath.Local {
 			// The node gets traffic in proportion to its endpoints.
-			if a.Weight = readyLocal(svc, vip.Is6()); a.Weight == 0 {
+			if weight = readyLocal(svc, vip.Is6()); weight == 0 {
 				continue
 			}
 		}
-		out = append(out, prefixWant{prefix: adv.PrefixOf(vip), Announcement: a})
+		// One route per prefix: advertisements that aggregate differently
+		// announce different prefixes, those that do not, one together.
+		var prefixes []netip.Prefix
+		byPrefix := map[netip.Prefix][]datapath.BGPAdvertisement{}
+		for _, adv := range advs {
+			p := adv.PrefixOf(vip)
+			if _, seen := byPrefix[p]; !seen {
+				prefixes = append(prefixes, p)
+			}
+			byPrefix[p] = append(byPrefix[p], adv)
+		}
+		for _, p := range prefixes {
+			adv := datapath.CombineAdvertisements(byPrefix[p])
+			a := Announcement{NextHop: hop, Weight: weight, Communities: adv.Communities, LargeCommunities: adv.LargeCommunities, LocalPref: adv.LocalPref}
+			out = append(out, prefixWant{prefix: p, Announcement: a})
+		}
 	}
 	return out
 }

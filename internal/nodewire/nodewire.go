@@ -45,7 +45,8 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 	}
 	for _, a := range n.Advertisements {
 		pa := &weirv1.PoolAdvertisement{Communities: a.Communities, LargeCommunities: EncodeLargeCommunities(a.LargeCommunities),
-			LocalPreference: a.LocalPref, Peers: a.Peers, AggregationLength: uint32(a.AggregationLength), AggregationLengthV6: uint32(a.AggregationLengthV6)}
+			LocalPreference: a.LocalPref, Peers: a.Peers, AggregationLength: uint32(a.AggregationLength), AggregationLengthV6: uint32(a.AggregationLengthV6),
+			Name: a.Name}
 		pa.Ranges = encodeRanges(a.Ranges)
 		out.Advertisements = append(out.Advertisements, pa)
 	}
@@ -147,7 +148,7 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 	for i, pa := range n.GetAdvertisements() {
 		a := datapath.BGPAdvertisement{Communities: pa.GetCommunities(), LargeCommunities: DecodeLargeCommunities(pa.GetLargeCommunities()),
 			LocalPref: pa.GetLocalPreference(), Peers: pa.GetPeers(),
-			AggregationLength: int(pa.GetAggregationLength()), AggregationLengthV6: int(pa.GetAggregationLengthV6())}
+			AggregationLength: int(pa.GetAggregationLength()), AggregationLengthV6: int(pa.GetAggregationLengthV6()), Name: pa.GetName()}
 		if a.AggregationLength > 32 || a.AggregationLengthV6 > 128 {
 			return datapath.NodeInfo{}, fmt.Errorf("node.advertisements[%d]: aggregation lengths %d and %d are not prefix lengths", i, a.AggregationLength, a.AggregationLengthV6)
 		}
@@ -212,6 +213,9 @@ func EncodeService(s *datapath.Service) *weirv1.NodeService {
 		if nodes, ok := s.Announcers[ip]; ok {
 			out.Announcers = append(out.Announcers, &weirv1.AddressAnnouncers{Address: ip.String(), Nodes: nodes})
 		}
+		if names, ok := s.Advertisements[ip]; ok {
+			out.Advertisements = append(out.Advertisements, &weirv1.AddressAdvertisements{Address: ip.String(), Names: names})
+		}
 	}
 	for _, p := range s.Ports {
 		wp := &weirv1.NodeServicePort{Name: p.Name, Protocol: weirv1.Protocol(p.Protocol), Port: int32(p.Port), NodePort: int32(p.NodePort)}
@@ -265,6 +269,16 @@ func DecodeService(s *weirv1.NodeService, node string) (*datapath.Service, error
 			out.Announcers = map[netip.Addr][]string{}
 		}
 		out.Announcers[ip] = a.GetNodes()
+	}
+	for i, a := range s.GetAdvertisements() {
+		ip, err := netip.ParseAddr(a.GetAddress())
+		if err != nil {
+			return nil, wrap(fmt.Errorf("advertisements[%d].address: %w", i, err))
+		}
+		if out.Advertisements == nil {
+			out.Advertisements = map[netip.Addr][]string{}
+		}
+		out.Advertisements[ip] = a.GetNames()
 	}
 	for i, p := range s.GetPorts() {
 		f := fmt.Sprintf("ports[%d]", i)

@@ -21,7 +21,7 @@ func TestServiceRoundTrip(t *testing.T) {
 		Key:                      datapath.ServiceKey{Namespace: "shop", Name: "cart"},
 		ClusterIPs:               []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")},
 		ExternalIPs:              []netip.Addr{netip.MustParseAddr("198.51.100.50")},
-		LoadBalancerIPs:          []netip.Addr{netip.MustParseAddr("203.0.113.10")},
+		LoadBalancerIPs:          []netip.Addr{netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")},
 		SessionAffinityTimeout:   3 * time.Hour,
 		ExternalTrafficPolicy:    datapath.Local,
 		InternalTrafficPolicy:    datapath.Local,
@@ -30,6 +30,8 @@ func TestServiceRoundTrip(t *testing.T) {
 		PreferClose:              true,
 		OtherController:          true,
 		Announcers:               map[netip.Addr][]string{netip.MustParseAddr("203.0.113.10"): {"node1", "node7"}},
+		// A second address that no advertisement selects keeps its empty list.
+		Advertisements: map[netip.Addr][]string{netip.MustParseAddr("203.0.113.10"): {"public#0", "public#2"}, netip.MustParseAddr("203.0.113.11"): nil},
 		Ports: []datapath.ServicePort{{Name: "dns", Protocol: datapath.UDP, Port: 53, NodePort: 30053, Endpoints: []datapath.Endpoint{
 			{Addr: netip.MustParseAddr("10.244.1.11"), Port: 5353, NodeName: "node1", Local: true, Zone: "a", HintZones: []string{"a"}, Ready: true, Serving: true},
 			{Addr: netip.MustParseAddr("10.244.2.11"), Port: 5353, NodeName: "node2", Zone: "b", Serving: true, Terminating: true},
@@ -141,6 +143,7 @@ func TestNodeAdvertisementsKeepEveryCommunity(t *testing.T) {
 		Ranges:      []datapath.AddressRange{{First: netip.MustParseAddr("203.0.113.0"), Last: netip.MustParseAddr("203.0.113.15")}},
 		Communities: []uint32{64512<<16 | 100, 0xFFFFFF01}, LocalPref: 4000000000,
 		LargeCommunities: []bgpcommunity.Large{{Global: 4200000001, Local1: 1, Local2: 4294967295}, {Global: 64512, Local1: 0, Local2: 2}},
+		Name:             "public#1",
 	}}}
 	out, err := DecodeNode(EncodeNode(in))
 	if err != nil {

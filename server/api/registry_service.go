@@ -54,7 +54,7 @@ func NewRegistryService(reg *registry.Registry) *RegistryService {
 		nodes: resource[*model.Node, *weirv1.Node]{field: "node", coll: reg.Nodes, from: resourcewire.NodeFromProto, to: func(n *model.Node) *weirv1.Node {
 			return resourcewire.NodeToProto(reg.WithDrain(n))
 		}},
-		pools: resource[*model.AddressPool, *weirv1.AddressPool]{field: "address_pool", coll: reg.Pools, from: resourcewire.PoolFromProto, to: resourcewire.PoolToProto},
+		pools: resource[*model.AddressPool, *weirv1.AddressPool]{field: "address_pool", coll: reg.Pools, from: poolFromAPI, to: resourcewire.PoolToProto},
 		peers: resource[*model.BGPPeer, *weirv1.BgpPeer]{field: "bgp_peer", coll: reg.Peers, from: resourcewire.BGPPeerFromProto, to: resourcewire.BGPPeerToProto},
 		cidrs: resource[*model.ServiceCIDR, *weirv1.ServiceCidr]{field: "service_cidr", coll: reg.ServiceCIDRs, from: resourcewire.ServiceCIDRFromProto, to: resourcewire.ServiceCIDRToProto},
 		reg:   reg,
@@ -281,4 +281,15 @@ func (s *RegistryService) WatchNodes(req *weirv1.WatchNodesRequest, stream weirv
 	return s.nodes.watch(stream.Context(), "", req.GetLabelSelector(), func(t weirv1.WatchEventType, o *weirv1.Node) error {
 		return stream.Send(&weirv1.WatchNodesResponse{Type: t, Node: o})
 	})
+}
+
+// poolFromAPI reads a pool given through this API, which registers
+// namespaces by name only: a namespace selector could select no service
+// it registers, so it is refused rather than kept doing nothing.
+func poolFromAPI(p *weirv1.AddressPool) (*model.AddressPool, error) {
+	if len(p.GetServiceAllocation().GetNamespaceSelector()) > 0 {
+		return nil, &model.FieldError{Field: "service_allocation.namespace_selector",
+			Reason: "namespaces registered through this API have no labels: list them in service_allocation.namespaces, or select by label on a WeirAddressPool in Kubernetes"}
+	}
+	return resourcewire.PoolFromProto(p)
 }

@@ -227,6 +227,8 @@ func (p *planner) assignRequested(w *want) {
 			w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is in no address pool", ip), false
 		case s.AddressPool != "" && pool.Name != s.AddressPool:
 			w.reason, w.message, ok = ReasonNotInAnyPool, fmt.Sprintf("%s is not in pool %s", ip, s.AddressPool), false
+		case pool.Avoids(ip):
+			w.reason, w.message, ok = ReasonNotAllowed, fmt.Sprintf("%s ends in .0 or .255, which pool %s does not give out (avoid_buggy_ips)", ip, pool.Name), false
 		case !pool.Allows(s):
 			w.reason, w.message, ok = ReasonNotAllowed, fmt.Sprintf("%s is in pool %s, which is for %s", ip, pool.Name, pool.Allocation.Scope()), false
 		case !p.shareable(ip, s):
@@ -330,7 +332,7 @@ func (p *planner) pick(s *model.Service, is6 bool) (netip.Addr, string, string) 
 			eligible++
 			// Sharing first: an address already used under the same key.
 			for ip := r.First; ip.IsValid() && ip.Compare(r.Last) <= 0; ip = ip.Next() {
-				if p.reserved.Why(ip) != "" {
+				if p.reserved.Why(ip) != "" || pool.Avoids(ip) {
 					continue
 				}
 				if len(p.used[ip]) > 0 && s.AllowSharedIP != "" && p.shareable(ip, s) {

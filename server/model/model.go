@@ -102,6 +102,10 @@ type Service struct {
 	// controller that should handle the service's load-balancer
 	// addresses.
 	LoadBalancerClass string `json:"loadBalancerClass,omitempty"`
+	// NamespaceLabels are the labels of the service's namespace, which
+	// pools' namespace selectors select on (Kubernetes only: the native
+	// API has no namespace objects).
+	NamespaceLabels map[string]string `json:"namespaceLabels,omitempty"`
 	// OtherController: another load-balancer controller handles this
 	// LoadBalancer service (its class is not Weir's, or it has none and
 	// Weir is not the cluster's default). Weir then assigns, announces
@@ -132,6 +136,12 @@ type AddressPool struct {
 	// Allocation, when set, gives the pool's addresses only to some
 	// services, and orders the pools a service may get addresses from.
 	Allocation *ServiceAllocation `json:"allocation,omitempty"`
+	// BGPAdvertisements, instead of BGP, are several advertisements,
+	// each for the nodes and services its selectors select (see
+	// Advertises).
+	BGPAdvertisements []BGPAdvertisement `json:"bgpAdvertisements,omitempty"`
+	// AvoidBuggyIPs: no IPv4 address ending in .0 or .255 is given out.
+	AvoidBuggyIPs bool `json:"avoidBuggyIPs,omitempty"`
 }
 
 // ServiceAllocation scopes a pool to some services (MetalLB's
@@ -142,6 +152,9 @@ type ServiceAllocation struct {
 	Priority        int               `json:"priority,omitempty"`
 	Namespaces      []string          `json:"namespaces,omitempty"`
 	ServiceSelector map[string]string `json:"serviceSelector,omitempty"`
+	// NamespaceSelector: only services whose namespace has all these
+	// labels (Service.NamespaceLabels).
+	NamespaceSelector map[string]string `json:"namespaceSelector,omitempty"`
 }
 
 // Allows tells whether the pool may give svc addresses: always when it
@@ -151,7 +164,8 @@ func (p *AddressPool) Allows(svc *Service) bool {
 	if a == nil {
 		return true
 	}
-	return (len(a.Namespaces) == 0 || slices.Contains(a.Namespaces, svc.Namespace)) && selects(a.ServiceSelector, svc.Labels)
+	return (len(a.Namespaces) == 0 || slices.Contains(a.Namespaces, svc.Namespace)) && selects(a.ServiceSelector, svc.Labels) &&
+		selects(a.NamespaceSelector, svc.NamespaceLabels)
 }
 
 // Scope says, for a reason, whom a scoped pool is for.
@@ -161,11 +175,10 @@ func (a *ServiceAllocation) Scope() string {
 		parts = append(parts, "namespaces "+strings.Join(a.Namespaces, ", "))
 	}
 	if len(a.ServiceSelector) > 0 {
-		var labels []string
-		for _, k := range slices.Sorted(maps.Keys(a.ServiceSelector)) {
-			labels = append(labels, k+"="+a.ServiceSelector[k])
-		}
-		parts = append(parts, "services labelled "+strings.Join(labels, ","))
+		parts = append(parts, "services labelled "+labelList(a.ServiceSelector))
+	}
+	if len(a.NamespaceSelector) > 0 {
+		parts = append(parts, "namespaces labelled "+labelList(a.NamespaceSelector))
 	}
 	if len(parts) == 0 {
 		return "every service"
@@ -181,6 +194,9 @@ type L2Advertisement struct {
 	Interfaces []string `json:"interfaces,omitempty"`
 	// NodeSelector: only nodes with all these labels answer.
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// ServiceSelector: only the addresses of services with all these
+	// labels are answered.
+	ServiceSelector map[string]string `json:"serviceSelector,omitempty"`
 }
 
 // Selects reports whether a node with these labels may answer.
@@ -204,13 +220,18 @@ type BGPAdvertisement struct {
 	// MaxAnnouncingNodes limits how many nodes announce each address of
 	// a service with externalTrafficPolicy Cluster; 0 means every node.
 	MaxAnnouncingNodes int `json:"maxAnnouncingNodes,omitempty"`
+	// NodeSelector and ServiceSelector (in AddressPool.BGPAdvertisements
+	// only): the nodes that announce through the advertisement, and the
+	// services whose addresses they announce; empty selects all.
+	NodeSelector    map[string]string `json:"nodeSelector,omitempty"`
+	ServiceSelector map[string]string `json:"serviceSelector,omitempty"`
 }
 
 // IsZero reports whether the advertisement is the default one: host
 // prefixes with no attributes, to every peer.
 func (a BGPAdvertisement) IsZero() bool {
 	return len(a.Communities) == 0 && len(a.LargeCommunities) == 0 && a.LocalPref == 0 && len(a.Peers) == 0 && a.AggregationLength == 0 && a.AggregationLengthV6 == 0 &&
-		a.MaxAnnouncingNodes == 0
+		a.MaxAnnouncingNodes == 0 && len(a.NodeSelector) == 0 && len(a.ServiceSelector) == 0
 }
 
 // AddCommunity adds c to the attribute BGP carries its kind in.
@@ -387,6 +408,15 @@ type BGPPeer struct {
 func (p *BGPPeer) Selects(labels map[string]string) bool { return selects(p.NodeSelector, labels) }
 
 // selects reports whether labels hold every label of selector.
+// labelList writes labels "k1=v1,k2=v2", keys in order.
+func labelList(labels map[string]string) string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		out = append(out, k+"="+labels[k])
+	}
+	return strings.Join(out, ",")
+}
+
 func selects(selector, labels map[string]string) bool {
 	for k, v := range selector {
 		if labels[k] != v {

@@ -405,7 +405,13 @@ func (p *AddressPool) Validate() error {
 			if p.L2 == nil {
 				return nil
 			}
-			return p.L2.validate(!p.BGP.IsZero())
+			switch {
+			case len(p.BGPAdvertisements) > 0:
+				return p.L2.validate("bgp_advertisements")
+			case !p.BGP.IsZero():
+				return p.L2.validate("bgp_advertisement")
+			}
+			return p.L2.validate("")
 		},
 		func() error {
 			if p.Allocation == nil {
@@ -456,21 +462,65 @@ func (a *ServiceAllocation) validate() error {
 			return fieldErr(fmt.Sprintf("service_allocation.namespaces[%d]", i), "%q is given twice", ns)
 		}
 	}
-	return validateLabels("service_allocation.service_selector", a.ServiceSelector)
-}
-
-// validateBGP checks the peers named and the aggregation lengths of each
-// family.
-func (p *AddressPool) validateBGP() error {
-	for i, peer := range p.BGP.Peers {
-		if !dns1123Subdomain.MatchString(peer) {
-			return fieldErr(fmt.Sprintf("bgp_advertisement.peers[%d]", i), "%q is not a BGP peer's name", peer)
-		}
-	}
-	if err := p.validateAggregation("bgp_advertisement.aggregation_length", p.BGP.AggregationLength, true); err != nil {
+	if err := validateLabels("service_allocation.service_selector", a.ServiceSelector); err != nil {
 		return err
 	}
-	return p.validateAggregation("bgp_advertisement.aggregation_length_v6", p.BGP.AggregationLengthV6, false)
+	return validateLabels("service_allocation.namespace_selector", a.NamespaceSelector)
+}
+
+// maxAdvertisements bounds a pool's bgp_advertisements (Weir's).
+const maxAdvertisements = 32
+
+// validateBGP checks the pool's one advertisement or its several.
+func (p *AddressPool) validateBGP() error {
+	if len(p.BGPAdvertisements) == 0 {
+		if len(p.BGP.NodeSelector) > 0 || len(p.BGP.ServiceSelector) > 0 {
+			return fieldErr("bgp_advertisement", "node_selector and service_selector are for bgp_advertisements, several advertisements each for some nodes and services: move it there")
+		}
+		return p.validateAdvertisement("bgp_advertisement", &p.BGP)
+	}
+	if !p.BGP.IsZero() {
+		return fieldErr("bgp_advertisements", "a pool has one bgp_advertisement or several bgp_advertisements, not both: remove bgp_advertisement")
+	}
+	if len(p.BGPAdvertisements) > maxAdvertisements {
+		return fieldErr("bgp_advertisements", "%d advertisements; at most %d", len(p.BGPAdvertisements), maxAdvertisements)
+	}
+	for i := range p.BGPAdvertisements {
+		a := &p.BGPAdvertisements[i]
+		field := fmt.Sprintf("bgp_advertisements[%d]", i)
+		if err := p.validateAdvertisement(field, a); err != nil {
+			return err
+		}
+		if a.MaxAnnouncingNodes != 0 {
+			return fieldErr(field+".max_announcing_nodes", "is for a pool's one bgp_advertisement: with several, choose the announcing nodes by node_selector")
+		}
+		if len(a.ServiceSelector) > 0 && (a.AggregationLength != 0 || a.AggregationLengthV6 != 0) {
+			// MetalLB's rule too: an aggregate would announce the other
+			// services' addresses with this one's attributes.
+			return fieldErr(field+".service_selector", "is exclusive with aggregation_length and aggregation_length_v6: an aggregate holds other services' addresses too")
+		}
+		if err := validateLabels(field+".node_selector", a.NodeSelector); err != nil {
+			return err
+		}
+		if err := validateLabels(field+".service_selector", a.ServiceSelector); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateAdvertisement checks one advertisement's peers and the
+// aggregation lengths of each family.
+func (p *AddressPool) validateAdvertisement(field string, a *BGPAdvertisement) error {
+	for i, peer := range a.Peers {
+		if !dns1123Subdomain.MatchString(peer) {
+			return fieldErr(fmt.Sprintf("%s.peers[%d]", field, i), "%q is not a BGP peer's name", peer)
+		}
+	}
+	if err := p.validateAggregation(field+".aggregation_length", a.AggregationLength, true); err != nil {
+		return err
+	}
+	return p.validateAggregation(field+".aggregation_length_v6", a.AggregationLengthV6, false)
 }
 
 // validateAggregation checks one family's aggregation length, 0 being
@@ -511,9 +561,11 @@ const maxAllocationNamespaces = 64
 // the NUL), no '/', ':' or white space, not "." or "..".
 var interfaceName = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,15}$`)
 
-func (a *L2Advertisement) validate(bgp bool) error {
-	if bgp {
-		return fieldErr("l2_advertisement", "a pool is announced over BGP or answered over L2, not both: remove bgp_advertisement")
+// validate checks the L2 advertisement of a pool that also sets the BGP
+// field bgp ("" for none).
+func (a *L2Advertisement) validate(bgp string) error {
+	if bgp != "" {
+		return fieldErr("l2_advertisement", "a pool is announced over BGP or answered over L2, not both: remove %s", bgp)
 	}
 	if len(a.Interfaces) > maxInterfaces {
 		return fieldErr("l2_advertisement.interfaces", "%d interfaces; at most %d", len(a.Interfaces), maxInterfaces)
@@ -526,7 +578,10 @@ func (a *L2Advertisement) validate(bgp bool) error {
 			return fieldErr(fmt.Sprintf("l2_advertisement.interfaces[%d]", i), "%q is given twice", name)
 		}
 	}
-	return validateLabels("l2_advertisement.node_selector", a.NodeSelector)
+	if err := validateLabels("l2_advertisement.node_selector", a.NodeSelector); err != nil {
+		return err
+	}
+	return validateLabels("l2_advertisement.service_selector", a.ServiceSelector)
 }
 
 // Validate checks a BGP peer.

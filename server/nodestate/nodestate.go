@@ -59,6 +59,14 @@ func NodeOnRing(v registry.View, name string, ring FlowRing) datapath.NodeInfo {
 		switch {
 		case p.L2 != nil:
 			info.L2Pools = append(info.L2Pools, datapath.L2Pool{Ranges: ranges(p), Interfaces: p.L2.Interfaces})
+		case p.Selective():
+			for i, adv := range p.BGPAdvertisements {
+				if adv.SelectsNode(n.Labels) {
+					a := advertisement(p, adv)
+					a.Name = model.AdvertisementName(p.Name, i)
+					info.Advertisements = append(info.Advertisements, a)
+				}
+			}
 		case !p.BGP.IsZero():
 			info.Advertisements = append(info.Advertisements, Advertisement(p))
 		}
@@ -76,11 +84,34 @@ func ranges(p *model.AddressPool) []datapath.AddressRange {
 	return out
 }
 
-// Advertisement is how the nodes announce the pool's addresses over BGP.
+// Advertisement is how the nodes announce the pool's addresses over BGP
+// (its one advertisement).
 func Advertisement(p *model.AddressPool) datapath.BGPAdvertisement {
-	a := datapath.BGPAdvertisement{Communities: p.BGP.Communities, LargeCommunities: p.BGP.LargeCommunities, LocalPref: p.BGP.LocalPref, Peers: p.BGP.Peers,
-		AggregationLength: p.BGP.AggregationLength, AggregationLengthV6: p.BGP.AggregationLengthV6, Ranges: ranges(p)}
-	return a
+	return advertisement(p, p.BGP)
+}
+
+// advertisement is adv, one of p's, in the datapath's terms.
+func advertisement(p *model.AddressPool, adv model.BGPAdvertisement) datapath.BGPAdvertisement {
+	return datapath.BGPAdvertisement{Communities: adv.Communities, LargeCommunities: adv.LargeCommunities, LocalPref: adv.LocalPref, Peers: adv.Peers,
+		AggregationLength: adv.AggregationLength, AggregationLengthV6: adv.AggregationLengthV6, Ranges: ranges(p)}
+}
+
+// Advertisements names, for each of svc's load-balancer IPs in a pool
+// with several advertisements, those that select the service
+// (model.AddressPool.AdvertisementsFor); nil when it has none there.
+func Advertisements(pools []*model.AddressPool, svc *model.Service) map[netip.Addr][]string {
+	var out map[netip.Addr][]string
+	for _, ip := range svc.LoadBalancerIPs {
+		pool := model.PoolOf(pools, ip)
+		if pool == nil || !pool.Selective() {
+			continue
+		}
+		if out == nil {
+			out = map[netip.Addr][]string{}
+		}
+		out[ip] = pool.AdvertisementsFor(svc)
+	}
+	return out
 }
 
 // Service returns the service as the nodes must forward it, or nil when
@@ -112,6 +143,7 @@ func Service(v registry.View, key string, c *Candidates) *datapath.Service {
 		LoadBalancerSourceRanges: svc.LoadBalancerSourceRanges,
 		PreferClose:              svc.PreferClose,
 		Announcers:               Announcers(v, svc, c),
+		Advertisements:           advertisementsOf(v, svc, c),
 		OtherController:          svc.OtherController,
 	}
 	slicesOf := v.EndpointSlicesOf(key)
@@ -126,6 +158,19 @@ func Service(v registry.View, key string, c *Candidates) *datapath.Service {
 		out.Ports = append(out.Ports, port)
 	}
 	return out
+}
+
+// advertisementsOf is Advertisements with the pools c keeps (one listing
+// per revision of the registry, not one per service).
+func advertisementsOf(v registry.View, svc *model.Service, c *Candidates) map[netip.Addr][]string {
+	if len(svc.LoadBalancerIPs) == 0 || svc.OtherController {
+		return nil
+	}
+	if c == nil {
+		c = &Candidates{}
+	}
+	c.at(v)
+	return Advertisements(c.pools, svc)
 }
 
 // endpoints resolves the endpoints of one service port across its slices.

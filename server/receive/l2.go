@@ -9,7 +9,8 @@ import (
 	"github.com/weirlb/weir/server/observed"
 )
 
-// NotSelected: the L2 pool's node selector leaves the node out.
+// NotSelected: the L2 pool's node selector leaves the node out, or its
+// service selector the service.
 const NotSelected = "NotSelected"
 
 // L2Addresses are the load-balancer IPs of the cluster's L2 pools, each
@@ -69,7 +70,12 @@ func l2Why(c Cluster, labels map[string]map[string]string, svc *model.Service, w
 		for n, v := range reasons {
 			mine[n] = v
 		}
+		serviceSelected := pool.L2.SelectsService(svc)
 		out[vip] = slices.DeleteFunc(slices.Clone(candidates), func(name string) bool {
+			if !serviceSelected {
+				mine[name] = Verdict{Reason: NotSelected, Message: "the service selector of pool " + pool.Name + " leaves the service out"}
+				return true
+			}
 			if l, known := labels[name]; !known || !pool.L2.Selects(l) {
 				mine[name] = Verdict{Reason: NotSelected, Message: "the node selector of pool " + pool.Name + " leaves the node out"}
 				return true

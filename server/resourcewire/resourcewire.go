@@ -294,23 +294,23 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &model.AddressPool{Meta: meta, ManualOnly: p.GetManualOnly()}
+	out := &model.AddressPool{Meta: meta, ManualOnly: p.GetManualOnly(), AvoidBuggyIPs: p.GetAvoidBuggyIps()}
 	if l2 := p.GetL2Advertisement(); l2 != nil {
-		out.L2 = &model.L2Advertisement{Interfaces: l2.GetInterfaces(), NodeSelector: l2.GetNodeSelector()}
+		out.L2 = &model.L2Advertisement{Interfaces: l2.GetInterfaces(), NodeSelector: l2.GetNodeSelector(), ServiceSelector: l2.GetServiceSelector()}
 	}
 	if a := p.GetServiceAllocation(); a != nil {
-		out.Allocation = &model.ServiceAllocation{Priority: int(a.GetPriority()), Namespaces: a.GetNamespaces(), ServiceSelector: a.GetServiceSelector()}
+		out.Allocation = &model.ServiceAllocation{Priority: int(a.GetPriority()), Namespaces: a.GetNamespaces(), ServiceSelector: a.GetServiceSelector(),
+			NamespaceSelector: a.GetNamespaceSelector()}
 	}
-	adv := p.GetBgpAdvertisement()
-	out.BGP.LocalPref, out.BGP.Peers = adv.GetLocalPreference(), adv.GetPeers()
-	out.BGP.AggregationLength, out.BGP.AggregationLengthV6 = int(adv.GetAggregationLength()), int(adv.GetAggregationLengthV6())
-	out.BGP.MaxAnnouncingNodes = int(adv.GetMaxAnnouncingNodes())
-	for i, c := range adv.GetCommunities() {
-		v, err := bgpcommunity.Parse(c)
+	if out.BGP, err = advertisementFromProto("bgp_advertisement", p.GetBgpAdvertisement()); err != nil {
+		return nil, err
+	}
+	for i, adv := range p.GetBgpAdvertisements() {
+		a, err := advertisementFromProto(fmt.Sprintf("bgp_advertisements[%d]", i), adv)
 		if err != nil {
-			return nil, &model.FieldError{Field: fmt.Sprintf("bgp_advertisement.communities[%d]", i), Reason: err.Error()}
+			return nil, err
 		}
-		out.BGP.AddCommunity(v)
+		out.BGPAdvertisements = append(out.BGPAdvertisements, a)
 	}
 	for i, a := range p.GetAddresses() {
 		r, err := model.ParseAddressRange(a)
@@ -322,19 +322,44 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 	return out, nil
 }
 
+// advertisementFromProto reads one BGP advertisement given at field.
+func advertisementFromProto(field string, adv *weirv1.BgpAdvertisement) (model.BGPAdvertisement, error) {
+	out := model.BGPAdvertisement{LocalPref: adv.GetLocalPreference(), Peers: adv.GetPeers(),
+		AggregationLength: int(adv.GetAggregationLength()), AggregationLengthV6: int(adv.GetAggregationLengthV6()),
+		MaxAnnouncingNodes: int(adv.GetMaxAnnouncingNodes()), NodeSelector: adv.GetNodeSelector(), ServiceSelector: adv.GetServiceSelector()}
+	for i, c := range adv.GetCommunities() {
+		v, err := bgpcommunity.Parse(c)
+		if err != nil {
+			return model.BGPAdvertisement{}, &model.FieldError{Field: fmt.Sprintf("%s.communities[%d]", field, i), Reason: err.Error()}
+		}
+		out.AddCommunity(v)
+	}
+	return out, nil
+}
+
+// advertisementToProto is the wire form of one BGP advertisement.
+func advertisementToProto(a model.BGPAdvertisement) *weirv1.BgpAdvertisement {
+	return &weirv1.BgpAdvertisement{LocalPreference: a.LocalPref, Peers: a.Peers,
+		AggregationLength: uint32(a.AggregationLength), AggregationLengthV6: uint32(a.AggregationLengthV6),
+		MaxAnnouncingNodes: uint32(a.MaxAnnouncingNodes), Communities: a.CommunityList(),
+		NodeSelector: a.NodeSelector, ServiceSelector: a.ServiceSelector}
+}
+
 // PoolToProto is the wire form of an address pool.
 func PoolToProto(p *model.AddressPool) *weirv1.AddressPool {
-	out := &weirv1.AddressPool{Metadata: metaToProto(&p.Meta), ManualOnly: p.ManualOnly}
+	out := &weirv1.AddressPool{Metadata: metaToProto(&p.Meta), ManualOnly: p.ManualOnly, AvoidBuggyIps: p.AvoidBuggyIPs}
 	if !p.BGP.IsZero() {
-		out.BgpAdvertisement = &weirv1.BgpAdvertisement{LocalPreference: p.BGP.LocalPref, Peers: p.BGP.Peers,
-			AggregationLength: uint32(p.BGP.AggregationLength), AggregationLengthV6: uint32(p.BGP.AggregationLengthV6),
-			MaxAnnouncingNodes: uint32(p.BGP.MaxAnnouncingNodes), Communities: p.BGP.CommunityList()}
+		out.BgpAdvertisement = advertisementToProto(p.BGP)
+	}
+	for _, a := range p.BGPAdvertisements {
+		out.BgpAdvertisements = append(out.BgpAdvertisements, advertisementToProto(a))
 	}
 	if p.L2 != nil {
-		out.L2Advertisement = &weirv1.L2Advertisement{Interfaces: p.L2.Interfaces, NodeSelector: p.L2.NodeSelector}
+		out.L2Advertisement = &weirv1.L2Advertisement{Interfaces: p.L2.Interfaces, NodeSelector: p.L2.NodeSelector, ServiceSelector: p.L2.ServiceSelector}
 	}
 	if a := p.Allocation; a != nil {
-		out.ServiceAllocation = &weirv1.ServiceAllocation{Priority: int32(a.Priority), Namespaces: a.Namespaces, ServiceSelector: a.ServiceSelector}
+		out.ServiceAllocation = &weirv1.ServiceAllocation{Priority: int32(a.Priority), Namespaces: a.Namespaces, ServiceSelector: a.ServiceSelector,
+			NamespaceSelector: a.NamespaceSelector}
 	}
 	for _, r := range p.Ranges {
 		out.Addresses = append(out.Addresses, r.String())
