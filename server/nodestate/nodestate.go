@@ -62,7 +62,7 @@ func NodeOnRing(v registry.View, name string, ring FlowRing) datapath.NodeInfo {
 		case p.Selective():
 			for i, adv := range p.BGPAdvertisements {
 				if adv.SelectsNode(n.Labels) {
-					a := advertisement(p, adv)
+					a := AdvertisementOf(p, adv)
 					a.Name = model.AdvertisementName(p.Name, i)
 					info.Advertisements = append(info.Advertisements, a)
 				}
@@ -87,11 +87,11 @@ func ranges(p *model.AddressPool) []datapath.AddressRange {
 // Advertisement is how the nodes announce the pool's addresses over BGP
 // (its one advertisement).
 func Advertisement(p *model.AddressPool) datapath.BGPAdvertisement {
-	return advertisement(p, p.BGP)
+	return AdvertisementOf(p, p.BGP)
 }
 
-// advertisement is adv, one of p's, in the datapath's terms.
-func advertisement(p *model.AddressPool, adv model.BGPAdvertisement) datapath.BGPAdvertisement {
+// AdvertisementOf is adv, one of p's, in the datapath's terms.
+func AdvertisementOf(p *model.AddressPool, adv model.BGPAdvertisement) datapath.BGPAdvertisement {
 	return datapath.BGPAdvertisement{Communities: adv.Communities, LargeCommunities: adv.LargeCommunities, LocalPref: adv.LocalPref, Peers: adv.Peers,
 		AggregationLength: adv.AggregationLength, AggregationLengthV6: adv.AggregationLengthV6, Ranges: ranges(p)}
 }

@@ -64,9 +64,9 @@ type Cluster struct {
 func Targets(c Cluster) []VIP {
 	nodes := slices.Clone(c.Observed)
 	slices.SortFunc(nodes, func(a, b observed.Node) int { return strings.Compare(a.Node, b.Node) })
-	addrs := map[string][]netip.Addr{}
+	addrs, labels := map[string][]netip.Addr{}, map[string]map[string]string{}
 	for _, n := range c.Nodes {
-		addrs[n.Name] = n.Addresses
+		addrs[n.Name], labels[n.Name] = n.Addresses, n.Labels
 	}
 	aside := make([]model.Aside, len(nodes))
 	for i, n := range nodes {
@@ -92,16 +92,22 @@ func Targets(c Cluster) []VIP {
 				continue // answered over L2: no router hears it
 			}
 			if pool != nil {
-				vt.Communities, vt.LargeCommunities, vt.LocalPreference = pool.BGP.Communities, pool.BGP.LargeCommunities, pool.BGP.LocalPref
-				vt.PrefixLength = pool.BGP.AggregationLength
+				adv := attributes(pool, svc)
+				vt.Communities, vt.LargeCommunities, vt.LocalPreference = adv.Communities, adv.LargeCommunities, adv.LocalPref
+				vt.PrefixLength = adv.AggregationLength
 				if vip.Is6() {
-					vt.PrefixLength = pool.BGP.AggregationLengthV6
+					vt.PrefixLength = adv.AggregationLengthV6
 				}
 			}
 			for i, n := range nodes {
 				hop, ok := datapath.NextHop(addrs[n.Node], vip.Is6())
 				if !ok || verdicts[i].TargetReason(vip) != "" {
 					continue
+				}
+				if pool != nil && pool.Selective() && !slices.ContainsFunc(pool.BGPAdvertisements, func(a model.BGPAdvertisement) bool {
+					return a.SelectsService(svc) && a.SelectsNode(labels[n.Node])
+				}) {
+					continue // no advertisement of the pool has this node announce the service
 				}
 				t := Target{Node: n.Node, Address: hop, HealthCheckPort: NodeHealthPort, HealthCheckPath: "/healthz"}
 				if svc.ExternalTrafficPolicy == model.PolicyLocal {
@@ -118,6 +124,25 @@ func Targets(c Cluster) []VIP {
 	}
 	slices.SortFunc(out, func(a, b VIP) int { return strings.Compare(a.Address.String(), b.Address.String()) })
 	return out
+}
+
+// attributes are what a load-balancer-tier speaker announces svc's
+// addresses of pool with: the pool's one advertisement, or its several
+// that select the service, combined as the nodes combine them
+// (datapath.CombineAdvertisements). The speaker announces one route for
+// an address, so where they aggregate differently the first's length
+// holds.
+func attributes(pool *model.AddressPool, svc *model.Service) datapath.BGPAdvertisement {
+	var advs []datapath.BGPAdvertisement
+	for _, a := range pool.Advertisements() {
+		if a.SelectsService(svc) {
+			advs = append(advs, nodestate.AdvertisementOf(pool, a))
+		}
+	}
+	if len(advs) == 0 {
+		return datapath.BGPAdvertisement{}
+	}
+	return datapath.CombineAdvertisements(advs)
 }
 
 // withinLimit keeps the targets the pool's announcer limit chooses for

@@ -1,9 +1,12 @@
 package receive
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/server/announcers"
@@ -62,5 +65,45 @@ func TestTargets(t *testing.T) {
 	if l := got[1].Targets; len(l) != 1 || l[0].Node != "node3" || l[0].Weight != 2 || l[0].HealthCheckPort != 32000 || l[0].HealthCheckPath != "/" ||
 		l[0].Address != netip.MustParseAddr("192.0.2.13") {
 		t.Errorf("%s goes to %+v; want node3 (192.0.2.13) alone, weight 2, probed at :32000/", localVIP, l)
+	}
+}
+
+// A pool with several advertisements: a load-balancer-tier speaker sends
+// each service's traffic only to the nodes an advertisement that selects
+// the service selects, and announces it with those advertisements'
+// attributes.
+func TestTargetsFollowSeveralAdvertisements(t *testing.T) {
+	prodVIP, devVIP := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("203.0.113.6")
+	pool := &model.AddressPool{Meta: model.Meta{Name: "public"},
+		Ranges: []model.AddressRange{{First: netip.MustParseAddr("203.0.113.0"), Last: netip.MustParseAddr("203.0.113.15")}},
+		BGPAdvertisements: []model.BGPAdvertisement{
+			{ServiceSelector: map[string]string{"env": "prod"}, Communities: []uint32{64500<<16 | 1}, LocalPref: 100},
+			{ServiceSelector: map[string]string{"env": "dev"}, NodeSelector: map[string]string{"rack": "r2"}, Communities: []uint32{64500<<16 | 2}},
+		}}
+	prod := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "prod", Labels: map[string]string{"env": "prod"}}, LoadBalancerIPs: []netip.Addr{prodVIP}}
+	dev := &model.Service{Meta: model.Meta{Namespace: "shop", Name: "dev", Labels: map[string]string{"env": "dev"}}, LoadBalancerIPs: []netip.Addr{devVIP}}
+	var nodes []*model.Node
+	var seen []observed.Node
+	for i, name := range []string{"node1", "node2"} {
+		nodes = append(nodes, &model.Node{Meta: model.Meta{Name: name, Labels: map[string]string{"rack": fmt.Sprintf("r%d", i+1)}},
+			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(11 + i)})}})
+		n := healthyNode(nil)
+		n.Node = name
+		seen = append(seen, n)
+	}
+	got := map[string]string{}
+	for _, v := range Targets(Cluster{Nodes: nodes, Pools: []*model.AddressPool{pool}, Services: []*model.Service{prod, dev}, Observed: seen}) {
+		var names []string
+		for _, tg := range v.Targets {
+			names = append(names, tg.Node)
+		}
+		got[v.Service] = fmt.Sprintf("%v communities %v local-pref %d", names, v.Communities, v.LocalPreference)
+	}
+	want := map[string]string{
+		"shop/prod": fmt.Sprintf("[node1 node2] communities [%d] local-pref 100", 64500<<16|1),
+		"shop/dev":  fmt.Sprintf("[node2] communities [%d] local-pref 0", 64500<<16|2),
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("targets (-want +got):\n%s", diff)
 	}
 }
