@@ -1213,26 +1213,53 @@ addresses:
 - 192.0.2.200-192.0.2.209
 l2_advertisement:
   interfaces: [eth0, bond0.100]
+---
+kind: AddressPool
+metadata:
+  name: split
+addresses:
+- 198.51.100.128/26
+avoid_buggy_ips: true
+bgp_advertisements:
+- service_selector: {env: prod}
+  communities: ["64512:1"]
+- service_selector: {env: dev}
+  node_selector: {rack: r1}
+  communities: ["64512:2"]
 `
 	out := e.mustLbctl(pools, "apply", "-f", "-")
-	if out != "pool/public created\npool/reserved created\npool/rack-lan created\n" {
+	if out != "pool/public created\npool/reserved created\npool/rack-lan created\npool/split created\n" {
 		t.Errorf("apply: %q", out)
 	}
 	got := e.mustLbctl("", "get", "pools")
-	want := "NAME       ADDRESSES                     MODE   AUTO-ASSIGN   AGE\n" +
-		"public     203.0.113.0-203.0.113.15      bgp    yes           0s\n" +
-		"rack-lan   192.0.2.200-192.0.2.209       l2     yes           0s\n" +
-		"reserved   198.51.100.10-198.51.100.20   bgp    no            0s\n"
+	want := "NAME       ADDRESSES                       MODE   AUTO-ASSIGN   AGE\n" +
+		"public     203.0.113.0-203.0.113.15        bgp    yes           0s\n" +
+		"rack-lan   192.0.2.200-192.0.2.209         l2     yes           0s\n" +
+		"reserved   198.51.100.10-198.51.100.20     bgp    no            0s\n" +
+		"split      198.51.100.128-198.51.100.191   bgp    yes           0s\n"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("get pools (-want +got):\n%s", diff)
 	}
 	got = e.mustLbctl("", "get", "pools", "-o", "wide")
-	want = "NAME       ADDRESSES                     MODE   AUTO-ASSIGN   AGE   PEERS   INTERFACES       AGGREGATION   LOCAL-PREF   COMMUNITIES   LABELS\n" +
-		"public     203.0.113.0-203.0.113.15      bgp    yes           0s    tor-a   -                /28,/128      <none>       no-export     <none>\n" +
-		"rack-lan   192.0.2.200-192.0.2.209       l2     yes           0s    -       eth0,bond0.100   /32,/128      <none>       <none>        <none>\n" +
-		"reserved   198.51.100.10-198.51.100.20   bgp    no            0s    all     -                /32,/128      <none>       <none>        <none>\n"
+	want = "NAME       ADDRESSES                       MODE   AUTO-ASSIGN   AGE   ADVERTISEMENTS   AVOID-BUGGY-IPS   PEERS       INTERFACES       AGGREGATION   LOCAL-PREF   COMMUNITIES   LABELS\n" +
+		"public     203.0.113.0-203.0.113.15        bgp    yes           0s    1                no                tor-a       -                /28,/128      <none>       no-export     <none>\n" +
+		"rack-lan   192.0.2.200-192.0.2.209         l2     yes           0s    -                no                -           eth0,bond0.100   /32,/128      <none>       <none>        <none>\n" +
+		"reserved   198.51.100.10-198.51.100.20     bgp    no            0s    1                no                all         -                /32,/128      <none>       <none>        <none>\n" +
+		"split      198.51.100.128-198.51.100.191   bgp    yes           0s    2                yes               <several>   -                <several>     <several>    <several>     <none>\n"
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("get pools -o wide (-want +got):\n%s", diff)
+	}
+	// Each advertisement's fields are named in a refusal, and a namespace
+	// selector, which this API's namespaces have no labels for, is refused.
+	for doc, field := range map[string]string{
+		"bgp_advertisements:\n- {}\n- node_selector: {\"bad key\": x}\n":              "bgp_advertisements[1].node_selector",
+		"bgp_advertisements:\n- {service_selector: {a: b}, aggregation_length: 30}\n": "bgp_advertisements[0].service_selector",
+		"service_allocation:\n  namespace_selector: {tenant: a}\n":                    "service_allocation.namespace_selector",
+	} {
+		_, stderr, code := e.lbctl("kind: AddressPool\nmetadata:\n  name: bad\naddresses:\n- 192.0.2.224/30\n"+doc, "apply", "-f", "-")
+		if code != 1 || !strings.Contains(stderr, field) {
+			t.Errorf("%q: exit %d, %q; want a refusal naming %s", doc, code, stderr, field)
+		}
 	}
 	// A pool both answered over L2 and announced over BGP is refused,
 	// naming the field.

@@ -215,10 +215,27 @@ var poolColumns = []column{
 	}),
 }
 
+// several is what a column of the pool's one BGP advertisement shows for
+// a pool with several (lbctl get pool NAME -o yaml lists them).
+const several = "<several>"
+
 var poolWide = []column{
+	col("ADVERTISEMENTS", func(p *weirv1.AddressPool) string {
+		switch {
+		case p.GetL2Advertisement() != nil:
+			return "-"
+		case len(p.GetBgpAdvertisements()) > 0:
+			return strconv.Itoa(len(p.GetBgpAdvertisements()))
+		}
+		return "1"
+	}),
+	col("AVOID-BUGGY-IPS", func(p *weirv1.AddressPool) string { return yesNo(p.GetAvoidBuggyIps()) }),
 	col("PEERS", func(p *weirv1.AddressPool) string {
 		if p.GetL2Advertisement() != nil {
 			return "-"
+		}
+		if len(p.GetBgpAdvertisements()) > 0 {
+			return several
 		}
 		if peers := p.GetBgpAdvertisement().GetPeers(); len(peers) > 0 {
 			return list(peers)
@@ -236,16 +253,27 @@ var poolWide = []column{
 		}
 	}),
 	col("AGGREGATION", func(p *weirv1.AddressPool) string {
+		if len(p.GetBgpAdvertisements()) > 0 {
+			return several
+		}
 		adv := p.GetBgpAdvertisement()
 		return fmt.Sprintf("/%d,/%d", cmp.Or(adv.GetAggregationLength(), 32), cmp.Or(adv.GetAggregationLengthV6(), 128))
 	}),
 	col("LOCAL-PREF", func(p *weirv1.AddressPool) string {
+		if len(p.GetBgpAdvertisements()) > 0 {
+			return several
+		}
 		if lp := p.GetBgpAdvertisement().GetLocalPreference(); lp != 0 {
 			return strconv.FormatUint(uint64(lp), 10)
 		}
 		return "<none>" // 0 sends no LOCAL_PREF
 	}),
-	col("COMMUNITIES", func(p *weirv1.AddressPool) string { return list(p.GetBgpAdvertisement().GetCommunities()) }),
+	col("COMMUNITIES", func(p *weirv1.AddressPool) string {
+		if len(p.GetBgpAdvertisements()) > 0 {
+			return several
+		}
+		return list(p.GetBgpAdvertisement().GetCommunities())
+	}),
 }
 
 var serviceCIDRColumns = []column{

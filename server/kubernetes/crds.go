@@ -187,16 +187,19 @@ func (c *crds) remove(obj any) {
 // as the native API reads its own.
 func PoolFromCRD(p *v1alpha1.WeirAddressPool) (*model.AddressPool, error) {
 	w := &weirv1.AddressPool{Metadata: &weirv1.ObjectMeta{Name: p.Name, Labels: p.Labels}, Addresses: p.Spec.Addresses,
-		ManualOnly: p.Spec.AutoAssign != nil && !*p.Spec.AutoAssign}
+		ManualOnly: p.Spec.AutoAssign != nil && !*p.Spec.AutoAssign, AvoidBuggyIps: p.Spec.AvoidBuggyIPs}
 	if b := p.Spec.BGPAdvertisement; b != nil {
-		w.BgpAdvertisement = &weirv1.BgpAdvertisement{Communities: b.Communities, LocalPreference: b.LocalPreference, Peers: b.Peers,
-			AggregationLength: uint32(b.AggregationLength), AggregationLengthV6: uint32(b.AggregationLengthV6), MaxAnnouncingNodes: uint32(b.MaxAnnouncingNodes)}
+		w.BgpAdvertisement = advertisementFromCRD(b)
+	}
+	for i := range p.Spec.BGPAdvertisements {
+		w.BgpAdvertisements = append(w.BgpAdvertisements, advertisementFromCRD(&p.Spec.BGPAdvertisements[i]))
 	}
 	if l := p.Spec.L2Advertisement; l != nil {
-		w.L2Advertisement = &weirv1.L2Advertisement{Interfaces: l.Interfaces, NodeSelector: l.NodeSelector}
+		w.L2Advertisement = &weirv1.L2Advertisement{Interfaces: l.Interfaces, NodeSelector: l.NodeSelector, ServiceSelector: l.ServiceSelector}
 	}
 	if a := p.Spec.ServiceAllocation; a != nil {
-		w.ServiceAllocation = &weirv1.ServiceAllocation{Priority: a.Priority, Namespaces: a.Namespaces, ServiceSelector: a.ServiceSelector}
+		w.ServiceAllocation = &weirv1.ServiceAllocation{Priority: a.Priority, Namespaces: a.Namespaces, ServiceSelector: a.ServiceSelector,
+			NamespaceSelector: a.NamespaceSelector}
 	}
 	m, err := resourcewire.PoolFromProto(w)
 	if err != nil {
@@ -204,6 +207,14 @@ func PoolFromCRD(p *v1alpha1.WeirAddressPool) (*model.AddressPool, error) {
 	}
 	m.Source, m.CreateTime = model.SourceKubernetes, p.CreationTimestamp.UTC()
 	return m, nil
+}
+
+// advertisementFromCRD is the API's form of one BGP advertisement of a
+// WeirAddressPool.
+func advertisementFromCRD(b *v1alpha1.BGPAdvertisement) *weirv1.BgpAdvertisement {
+	return &weirv1.BgpAdvertisement{Communities: b.Communities, LocalPreference: b.LocalPreference, Peers: b.Peers,
+		AggregationLength: uint32(b.AggregationLength), AggregationLengthV6: uint32(b.AggregationLengthV6), MaxAnnouncingNodes: uint32(b.MaxAnnouncingNodes),
+		NodeSelector: b.NodeSelector, ServiceSelector: b.ServiceSelector}
 }
 
 // peer is the registry's peer for a WeirBGPPeer, its password read from its

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -138,7 +139,10 @@ func (s *Source) makeInformers() error {
 	svcs := s.factory.Core().V1().Services().Informer()
 	slices := s.factory.Discovery().V1().EndpointSlices().Informer()
 	nodes := s.nodes.Core().V1().Nodes().Informer()
-	watched := []cache.SharedIndexInformer{svcs, slices, nodes}
+	// Namespaces for their labels, which pools' namespace selectors
+	// select services by.
+	namespaces := s.nodes.Core().V1().Namespaces().Informer()
+	watched := []cache.SharedIndexInformer{svcs, slices, nodes, namespaces}
 	if s.serviceCIDRs {
 		watched = append(watched, s.nodes.Networking().V1().ServiceCIDRs().Informer())
 	}
@@ -220,10 +224,13 @@ func (s *Source) upsert(obj any) {
 	switch o := obj.(type) {
 	case *corev1.Service:
 		if m := service(o, s.cfg.Classes); m != nil {
+			m.NamespaceLabels = s.namespaceLabels(o.Namespace)
 			err = put(s.reg.Services, m)
 		} else {
 			err = s.delete(s.reg.Services, o.Namespace+"/"+o.Name)
 		}
+	case *corev1.Namespace:
+		s.namespaceChanged(o.Name)
 	case *discoveryv1.EndpointSlice:
 		if m := endpointSlice(o); m != nil {
 			err = put(s.reg.EndpointSlices, m)
@@ -241,6 +248,36 @@ func (s *Source) upsert(obj any) {
 	}
 	if err != nil {
 		s.log.Warn("kubernetes object not mirrored", "object", fmt.Sprintf("%T", obj), "error", err)
+	}
+}
+
+// namespaceLabels are the labels of namespace ns as the informer has
+// them; none while it does not (namespaceChanged then puts its services
+// again when it does).
+func (s *Source) namespaceLabels(ns string) map[string]string {
+	n, err := s.nodes.Core().V1().Namespaces().Lister().Get(ns)
+	if err != nil {
+		return nil
+	}
+	return n.Labels
+}
+
+// namespaceChanged puts again the services of namespace ns whose
+// namespace labels differ from its labels now, so that a relabelled
+// namespace's services are allocated from the pools that select them.
+func (s *Source) namespaceChanged(ns string) {
+	now := s.namespaceLabels(ns)
+	objs, err := s.factory.Core().V1().Services().Informer().GetIndexer().ByIndex(cache.NamespaceIndex, ns)
+	if err != nil {
+		s.log.Warn("services of a relabelled namespace not found", "namespace", ns, "error", err)
+		return
+	}
+	for _, o := range objs {
+		svc := o.(*corev1.Service)
+		if held, err := s.reg.Services.Get(ns + "/" + svc.Name); err == nil && maps.Equal(held.NamespaceLabels, now) {
+			continue
+		}
+		s.upsert(svc)
 	}
 }
 
