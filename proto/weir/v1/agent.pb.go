@@ -2100,7 +2100,13 @@ type NodePeer struct {
 	KeepaliveSeconds    int32  `protobuf:"varint,11,opt,name=keepalive_seconds,json=keepaliveSeconds,proto3" json:"keepalive_seconds,omitempty"`
 	ConnectRetrySeconds int32  `protobuf:"varint,12,opt,name=connect_retry_seconds,json=connectRetrySeconds,proto3" json:"connect_retry_seconds,omitempty"`
 	// The BgpPeer's BFD; absent for none.
-	Bfd           *BfdProfile `protobuf:"bytes,13,opt,name=bfd,proto3" json:"bfd,omitempty"`
+	Bfd *BfdProfile `protobuf:"bytes,13,opt,name=bfd,proto3" json:"bfd,omitempty"`
+	// The BgpPeer's interface: with address empty the router is the IPv6
+	// link-local neighbour on it; with a link-local address, its zone.
+	Interface string `protobuf:"bytes,14,opt,name=interface,proto3" json:"interface,omitempty"`
+	// The BgpPeer's dynamic_asn ("internal", "external"), asn then 0.
+	DynamicAsn    string `protobuf:"bytes,15,opt,name=dynamic_asn,json=dynamicAsn,proto3" json:"dynamic_asn,omitempty"`
+	Vrf           string `protobuf:"bytes,16,opt,name=vrf,proto3" json:"vrf,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2224,6 +2230,27 @@ func (x *NodePeer) GetBfd() *BfdProfile {
 		return x.Bfd
 	}
 	return nil
+}
+
+func (x *NodePeer) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *NodePeer) GetDynamicAsn() string {
+	if x != nil {
+		return x.DynamicAsn
+	}
+	return ""
+}
+
+func (x *NodePeer) GetVrf() string {
+	if x != nil {
+		return x.Vrf
+	}
+	return ""
 }
 
 // NodeService is one service as the nodes must forward it: every endpoint
@@ -2797,7 +2824,7 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\vlocal_data1\x18\x02 \x01(\rR\n" +
 	"localData1\x12\x1f\n" +
 	"\vlocal_data2\x18\x03 \x01(\rR\n" +
-	"localData2\"\xc3\x03\n" +
+	"localData2\"\x94\x04\n" +
 	"\bNodePeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x10\n" +
@@ -2812,7 +2839,11 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	" \x01(\tR\rsourceAddress\x12+\n" +
 	"\x11keepalive_seconds\x18\v \x01(\x05R\x10keepaliveSeconds\x122\n" +
 	"\x15connect_retry_seconds\x18\f \x01(\x05R\x13connectRetrySeconds\x12%\n" +
-	"\x03bfd\x18\r \x01(\v2\x13.weir.v1.BfdProfileR\x03bfd\"\xbc\x06\n" +
+	"\x03bfd\x18\r \x01(\v2\x13.weir.v1.BfdProfileR\x03bfd\x12\x1c\n" +
+	"\tinterface\x18\x0e \x01(\tR\tinterface\x12\x1f\n" +
+	"\vdynamic_asn\x18\x0f \x01(\tR\n" +
+	"dynamicAsn\x12\x10\n" +
+	"\x03vrf\x18\x10 \x01(\tR\x03vrf\"\xbc\x06\n" +
 	"\vNodeService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +

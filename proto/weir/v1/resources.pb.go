@@ -1783,7 +1783,27 @@ type BgpPeer struct {
 	// fast. Single hop (RFC 5881, UDP 3784, TTL 255) for a directly
 	// connected router; multi-hop (RFC 5883, UDP 4784) when
 	// ebgp_multihop_ttl is above 1. Absent: no BFD.
-	Bfd           *BfdProfile `protobuf:"bytes,14,opt,name=bfd,proto3" json:"bfd,omitempty"`
+	Bfd *BfdProfile `protobuf:"bytes,14,opt,name=bfd,proto3" json:"bfd,omitempty"`
+	// The node's interface the router is on, for a router peered over IPv6
+	// link-local addresses (MetalLB's interface). With address empty the
+	// peer is unnumbered: the router is the one IPv6 link-local neighbour
+	// the node knows on this interface (heard from its router
+	// advertisements or any neighbour discovery), and IPv4 routes go to it
+	// with the node's IPv6 next hop (RFC 8950 extended next hop). With an
+	// fe80::/10 address it names the link the address is on. The zone
+	// form "fe80::1%eth0" in address is read as address "fe80::1" with this
+	// interface; both at once must agree.
+	Interface string `protobuf:"bytes,15,opt,name=interface,proto3" json:"interface,omitempty"`
+	// "internal" (the router is in the node's own AS) or "external" (the
+	// AS the router's OPEN says), instead of asn (MetalLB's dynamicASN):
+	// exactly one of the two is set. The speaker does not refuse an
+	// "external" router that says the node's own AS: GoBGP then peers with
+	// it as internal.
+	DynamicAsn string `protobuf:"bytes,16,opt,name=dynamic_asn,json=dynamicAsn,proto3" json:"dynamic_asn,omitempty"`
+	// A Linux VRF device (or any interface) the session is bound to
+	// (SO_BINDTODEVICE), for a router reached through that VRF's routing
+	// table; empty means the default table.
+	Vrf           string `protobuf:"bytes,17,opt,name=vrf,proto3" json:"vrf,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1914,6 +1934,27 @@ func (x *BgpPeer) GetBfd() *BfdProfile {
 		return x.Bfd
 	}
 	return nil
+}
+
+func (x *BgpPeer) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *BgpPeer) GetDynamicAsn() string {
+	if x != nil {
+		return x.DynamicAsn
+	}
+	return ""
+}
+
+func (x *BgpPeer) GetVrf() string {
+	if x != nil {
+		return x.Vrf
+	}
+	return ""
 }
 
 // BfdProfile is how a BFD session runs (MetalLB's BFDProfile); 0 means
@@ -2155,7 +2196,7 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"T\n" +
 	"\vServiceCidr\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x14\n" +
-	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\"\xe9\x04\n" +
+	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\"\xba\x05\n" +
 	"\aBgpPeer\x12/\n" +
 	"\bmetadata\x18\x01 \x01(\v2\x13.weir.v1.ObjectMetaR\bmetadata\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x10\n" +
@@ -2171,7 +2212,11 @@ const file_weir_v1_resources_proto_rawDesc = "" +
 	"\x0esource_address\x18\v \x01(\tR\rsourceAddress\x12+\n" +
 	"\x11keepalive_seconds\x18\f \x01(\x05R\x10keepaliveSeconds\x122\n" +
 	"\x15connect_retry_seconds\x18\r \x01(\x05R\x13connectRetrySeconds\x12%\n" +
-	"\x03bfd\x18\x0e \x01(\v2\x13.weir.v1.BfdProfileR\x03bfd\x1a?\n" +
+	"\x03bfd\x18\x0e \x01(\v2\x13.weir.v1.BfdProfileR\x03bfd\x12\x1c\n" +
+	"\tinterface\x18\x0f \x01(\tR\tinterface\x12\x1f\n" +
+	"\vdynamic_asn\x18\x10 \x01(\tR\n" +
+	"dynamicAsn\x12\x10\n" +
+	"\x03vrf\x18\x11 \x01(\tR\x03vrf\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd6\x01\n" +
