@@ -100,17 +100,18 @@ func keyOf(s Session) key { return key{s.Peer, s.MultiHop} }
 // Set makes the manager run exactly these sessions: new ones start, gone
 // ones end with AdminDown sent to their peer, and a changed profile is
 // agreed with the peer by a Poll sequence without the session going down.
-// A session that cannot be set up is left out, and the error says which.
+// A session that cannot be set up is left out, and the error says which;
+// one already running that is given a bad setting runs on as it was.
 func (m *Manager) Set(sessions []Session) error {
 	want := map[key]Session{}
+	// refused are sessions asked for with a bad setting: one already
+	// running goes on as it was, so a mistake does not take it down.
+	refused := map[key]bool{}
 	var errs []error
 	for _, s := range sessions {
-		if err := s.Profile.Validate(); err != nil {
-			errs = append(errs, fmt.Errorf("BFD session with %s: %w", s.Peer, err))
-			continue
-		}
-		if !s.Peer.IsValid() {
-			errs = append(errs, errors.New("BFD session with no peer address"))
+		if err := s.validate(); err != nil {
+			errs = append(errs, err)
+			refused[keyOf(s)] = true
 			continue
 		}
 		want[keyOf(s)] = s
@@ -121,6 +122,10 @@ func (m *Manager) Set(sessions []Session) error {
 		return errors.New("bfd: manager closed")
 	}
 	for k, r := range m.sessions {
+		if refused[k] {
+			delete(want, k)
+			continue
+		}
 		if s, ok := want[k]; !ok || s.Local != r.cfg.Local || s.Interface != r.cfg.Interface {
 			m.remove(k, r)
 		}
@@ -266,12 +271,18 @@ func (m *Manager) receive(conn *net.UDPConn, multiHop bool) {
 func (m *Manager) lookup(p packet, from netip.Addr, multiHop bool) *runner {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	from = from.Unmap().WithZone("")
 	if p.YourDisc != 0 {
-		return m.byDisc[p.YourDisc]
+		// The discriminator picks the session (RFC 5880 6.8.6), and only
+		// a packet from its peer, on its port, may speak for it: the
+		// other port's TTL rule is not the session's.
+		if r := m.byDisc[p.YourDisc]; r != nil && r.cfg.MultiHop == multiHop && r.cfg.Peer.WithZone("") == from {
+			return r
+		}
+		return nil
 	}
-	from = from.Unmap()
 	for k, r := range m.sessions {
-		if k.multiHop == multiHop && k.peer.WithZone("") == from.WithZone("") {
+		if k.multiHop == multiHop && k.peer.WithZone("") == from {
 			return r
 		}
 	}

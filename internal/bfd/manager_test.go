@@ -2,9 +2,12 @@ package bfd
 
 import (
 	"log/slog"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
+
+	"golang.org/x/net/ipv4"
 )
 
 type change struct {
@@ -120,5 +123,97 @@ func TestSetRefusesBadProfiles(t *testing.T) {
 	err := a.Set([]Session{{Peer: netip.MustParseAddr("127.0.0.1"), Profile: Profile{DetectMultiplier: 1}}})
 	if err == nil || len(a.Status()) != 0 {
 		t.Errorf("multiplier 1: %v, %d sessions", err, len(a.Status()))
+	}
+}
+
+// Bad input is refused with the session named, and changes nothing: a
+// running session given a bad profile keeps running on its old one.
+func TestSetRefusesSessionsItCannotRun(t *testing.T) {
+	a, _, _, _ := loopbackPair(t)
+	peer := netip.MustParseAddr("127.0.0.1")
+	good := Session{Peer: peer, Profile: Profile{ReceiveInterval: 50 * time.Millisecond}}
+	if err := a.Set([]Session{good}); err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string]Session{
+		"multiplier 1":                      {Peer: peer, Profile: Profile{DetectMultiplier: 1}},
+		"link-local with no zone or device": {Peer: netip.MustParseAddr("fe80::1")},
+		"link-local over several hops":      {Peer: netip.MustParseAddr("fe80::1%lo"), MultiHop: true},
+		"no peer address":                   {},
+	} {
+		err := a.Set([]Session{good, s})
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+		if st := a.Status(); len(st) != 1 || st[0].Peer != peer {
+			t.Errorf("%s: sessions %+v; want the good one alone", name, st)
+		}
+		err = a.Set([]Session{{Peer: peer, Profile: Profile{DetectMultiplier: 1}}})
+		if err == nil || len(a.Status()) != 1 {
+			t.Fatalf("a running session given multiplier 1: %v, %d sessions; want an error and the session kept", err, len(a.Status()))
+		}
+	}
+}
+
+// A packet is its session's only from the session's peer and on the
+// session's port: a discriminator guessed or replayed from elsewhere, or a
+// single-hop session's packet arriving on the multi-hop port (where a lower
+// TTL passes), is not taken.
+func TestPacketsAreMatchedToTheirPeerAndPort(t *testing.T) {
+	a, _, _, _ := loopbackPair(t)
+	peer := netip.MustParseAddr("127.0.0.1")
+	if err := a.Set([]Session{{Peer: peer}}); err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	r := a.sessions[key{peer: peer}]
+	a.mu.Unlock()
+	p := packet{State: Down, DetectMult: 3, MyDisc: 7, YourDisc: r.disc}
+	if got := a.lookup(p, peer, false); got != r {
+		t.Fatalf("the peer's own packet: session %v", got)
+	}
+	if got := a.lookup(p, netip.MustParseAddr("127.0.0.2"), false); got != nil {
+		t.Errorf("the session's discriminator from another address: taken by %+v", got.cfg)
+	}
+	if got := a.lookup(p, peer, true); got != nil {
+		t.Errorf("a single-hop session's discriminator on the multi-hop port: taken by %+v", got.cfg)
+	}
+}
+
+// GTSM (RFC 5881 5): a single-hop session takes only packets that
+// arrive with TTL 255, which no router can have forwarded.
+func TestSingleHopTakesOnlyTTL255(t *testing.T) {
+	a, _, _, _ := loopbackPair(t)
+	peer := netip.MustParseAddr("127.0.0.1")
+	if err := a.Set([]Session{{Peer: peer}}); err != nil {
+		t.Fatal(err)
+	}
+	down := packet{State: Down, DetectMult: 3, MyDisc: 7, DesiredMinTx: 1e6, RequiredMinRx: 1e6}.marshal()
+	sendWithTTL := func(ttl int) {
+		t.Helper()
+		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: a.listenPorts[0]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := ipv4.NewConn(c).SetTTL(ttl); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(down); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sendWithTTL(64)
+	time.Sleep(100 * time.Millisecond)
+	if st := a.Status(); st[0].State != Down {
+		t.Fatalf("after a packet with TTL 64: %s; want Down (dropped)", st[0].State)
+	}
+	sendWithTTL(255)
+	deadline := time.Now().Add(time.Second)
+	for a.Status()[0].State != Init {
+		if time.Now().After(deadline) {
+			t.Fatalf("after a packet with TTL 255: %s; want Init", a.Status()[0].State)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

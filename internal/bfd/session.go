@@ -1,6 +1,7 @@
 package bfd
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -86,6 +87,23 @@ type Session struct {
 	// and packets arriving with a TTL of at least Profile.MinimumTTL.
 	MultiHop bool
 	Profile  Profile
+}
+
+// validate checks a session before it runs; the error names its peer.
+func (s Session) validate() error {
+	switch {
+	case !s.Peer.IsValid():
+		return errors.New("BFD session with no peer address")
+	case s.MultiHop && s.Peer.Is6() && s.Peer.IsLinkLocalUnicast():
+		// A link-local address is never more than one hop away.
+		return fmt.Errorf("BFD session with %s: a link-local peer is on the link: not multi-hop", s.Peer)
+	case s.Peer.Is6() && s.Peer.IsLinkLocalUnicast() && s.Peer.Zone() == "" && s.Interface == "":
+		return fmt.Errorf("BFD session with %s: a link-local peer needs its zone (%%eth0) or an interface", s.Peer)
+	}
+	if err := s.Profile.Validate(); err != nil {
+		return fmt.Errorf("BFD session with %s: %w", s.Peer, err)
+	}
+	return nil
 }
 
 // slowTx is the least interval between packets while a session is not
