@@ -1,5 +1,5 @@
 // Command bfdfailover measures how fast a router stops sending a VIP's
-// traffic to a node it can no longer reach, with BFD and without: two
+// traffic to a node it can no longer reach, with BFD and without: four
 // nodes' speakers announce the VIP to a real router (FRR with bfdd, then
 // BIRD), and -faults times every packet between a node and the router is
 // dropped in the node's namespace (a dead path the router cannot see on
@@ -7,17 +7,18 @@
 // next hop is gone, then the fault is lifted and the node must come back.
 // The faults go round four nodes, so that each node's BFD flaps about
 // every 20 s and its damping (a hold-down that grows with flaps a minute
-// apart or closer) stays short. The baseline,
-// in the same run, is the same faults without BFD at the shortest hold
-// time routers commonly allow (3 s).
+// apart or closer) stays short. The baseline, in the same run, is the
+// same faults without BFD at the shortest hold time routers commonly
+// allow (3 s).
 //
 //	go run ./test/bench/bfdfailover -faults 20
 //
 // Times are from the drop rule in force (nft has returned, having
 // committed it: starting the clock before nft runs would add its own
-// start-up, tens of milliseconds on a busy machine) to the kernel's notice of the
-// route's change in the router's namespace (`ip monitor route`, so that
-// no polling process competes with the routers for the CPU).
+// start-up, tens of milliseconds on a busy machine) to the kernel's
+// notice of the route's change in the router's namespace (`ip monitor
+// route`, so that no polling process competes with the routers for the
+// CPU).
 package main
 
 import (
@@ -136,10 +137,9 @@ func startRouter(ctx context.Context, c *weirlab.Cluster, impl string, interval 
 }
 
 // measure times faults dead paths between a node and the router, the
-// nodes in turn.
-// It also returns, where the router logs its BFD sessions' changes
-// (FRR), when its BFD found each fault: what is left is the router's own
-// way from BFD to its kernel route.
+// nodes in turn. With BFD it also returns when the router's BFD found
+// each fault, from the router's log of its BFD sessions: what is left is
+// the router's own way from BFD to its kernel route.
 func measure(ctx context.Context, c *weirlab.Cluster, r router, faults int, withBFD bool) (took, detected []time.Duration, err error) {
 	var all []string
 	for _, n := range c.Nodes {
