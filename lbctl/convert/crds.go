@@ -42,20 +42,22 @@ func customResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, secre
 		if p.GetManualOnly() {
 			spec["autoAssign"] = false
 		}
+		set(spec, "avoidBuggyIPs", true, p.GetAvoidBuggyIps())
 		if b := p.GetBgpAdvertisement(); b != nil {
-			adv := map[string]any{}
-			set(adv, "communities", b.GetCommunities(), len(b.GetCommunities()) > 0)
-			set(adv, "localPreference", b.GetLocalPreference(), b.GetLocalPreference() != 0)
-			set(adv, "peers", b.GetPeers(), len(b.GetPeers()) > 0)
-			set(adv, "aggregationLength", b.GetAggregationLength(), b.GetAggregationLength() != 0)
-			set(adv, "aggregationLengthV6", b.GetAggregationLengthV6(), b.GetAggregationLengthV6() != 0)
-			set(adv, "maxAnnouncingNodes", b.GetMaxAnnouncingNodes(), b.GetMaxAnnouncingNodes() != 0)
-			spec["bgpAdvertisement"] = adv
+			spec["bgpAdvertisement"] = advertisementResource(b)
+		}
+		if advs := p.GetBgpAdvertisements(); len(advs) > 0 {
+			var list []any
+			for _, b := range advs {
+				list = append(list, advertisementResource(b))
+			}
+			spec["bgpAdvertisements"] = list
 		}
 		if l := p.GetL2Advertisement(); l != nil {
 			adv := map[string]any{}
 			set(adv, "interfaces", l.GetInterfaces(), len(l.GetInterfaces()) > 0)
 			set(adv, "nodeSelector", l.GetNodeSelector(), len(l.GetNodeSelector()) > 0)
+			set(adv, "serviceSelector", l.GetServiceSelector(), len(l.GetServiceSelector()) > 0)
 			spec["l2Advertisement"] = adv
 		}
 		if a := p.GetServiceAllocation(); a != nil {
@@ -63,6 +65,7 @@ func customResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, secre
 			set(alloc, "priority", a.GetPriority(), a.GetPriority() != 0)
 			set(alloc, "namespaces", a.GetNamespaces(), len(a.GetNamespaces()) > 0)
 			set(alloc, "serviceSelector", a.GetServiceSelector(), len(a.GetServiceSelector()) > 0)
+			set(alloc, "namespaceSelector", a.GetNamespaceSelector(), len(a.GetNamespaceSelector()) > 0)
 			spec["serviceAllocation"] = alloc
 		}
 		docs = append(docs, customResource(crdAddressPoolKind, p.GetMetadata(), spec))
@@ -111,4 +114,19 @@ func customResource(kind string, meta *weirv1.ObjectMeta, spec map[string]any) m
 		md["labels"] = meta.GetLabels()
 	}
 	return map[string]any{"apiVersion": crdAPIVersion, "kind": kind, "metadata": md, "spec": spec}
+}
+
+// advertisementResource is one BGP advertisement as the custom resource
+// writes it.
+func advertisementResource(b *weirv1.BgpAdvertisement) map[string]any {
+	adv := map[string]any{}
+	set(adv, "communities", b.GetCommunities(), len(b.GetCommunities()) > 0)
+	set(adv, "localPreference", b.GetLocalPreference(), b.GetLocalPreference() != 0)
+	set(adv, "peers", b.GetPeers(), len(b.GetPeers()) > 0)
+	set(adv, "aggregationLength", b.GetAggregationLength(), b.GetAggregationLength() != 0)
+	set(adv, "aggregationLengthV6", b.GetAggregationLengthV6(), b.GetAggregationLengthV6() != 0)
+	set(adv, "maxAnnouncingNodes", b.GetMaxAnnouncingNodes(), b.GetMaxAnnouncingNodes() != 0)
+	set(adv, "nodeSelector", b.GetNodeSelector(), len(b.GetNodeSelector()) > 0)
+	set(adv, "serviceSelector", b.GetServiceSelector(), len(b.GetServiceSelector()) > 0)
+	return adv
 }

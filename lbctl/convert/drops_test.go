@@ -1,9 +1,14 @@
 package convert
 
 import (
+	"fmt"
 	"slices"
-	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
 // notesOf is r's notes as "Kind/name field" lines.
@@ -40,9 +45,9 @@ func TestNothingIsDroppedSilently(t *testing.T) {
 			"L2Advertisement/a", "spec.nodeSelectors[0].matchLabelz"},
 		"a made-up top-level field": {"apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: p\nspec:\n  addresses: [10.0.0.0/24]\nspecs:\n  autoAssign: false\n",
 			"IPAddressPool/p", "specs"},
-		"BGPAdvertisement serviceSelectors": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: BGPAdvertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPools: [first-pool]\n  serviceSelectors:\n  - matchLabels: {environment: production}\n",
+		"BGPAdvertisement serviceSelectors with expressions": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: BGPAdvertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPools: [first-pool]\n  serviceSelectors:\n  - matchExpressions: [{key: env, operator: Exists}]\n",
 			"BGPAdvertisement/a", "spec.serviceSelectors"},
-		"L2Advertisement serviceSelectors": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPools: [first-pool]\n  serviceSelectors:\n  - matchLabels: {environment: production}\n",
+		"L2Advertisement serviceSelectors, two of them": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPools: [first-pool]\n  serviceSelectors:\n  - matchLabels: {environment: production}\n  - matchLabels: {environment: staging}\n",
 			"L2Advertisement/a", "spec.serviceSelectors"},
 		"L2Advertisement preferredNodeSelectors": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPools: [first-pool]\n  preferredNodeSelectors:\n  - weight: 100\n    preference:\n      matchLabels: {zone: a}\n",
 			"L2Advertisement/a", "spec.preferredNodeSelectors"},
@@ -97,9 +102,9 @@ func TestAnUnnumberedPeerIsNoPeer(t *testing.T) {
 }
 
 // TestAPoolSplitByServiceSelectors: MetalLB's own example of one pool
-// announced two ways by service labels cannot become one Weir pool
-// announced one way without saying so: each advertisement's service
-// selectors are named, and what Weir does instead.
+// announced two ways by service labels becomes one pool with two
+// advertisements, each with its service selector and attributes, and no
+// note; several selectors in one list become one advertisement each.
 func TestAPoolSplitByServiceSelectors(t *testing.T) {
 	ad := func(name, pref, env string) string {
 		return "apiVersion: metallb.io/v1beta1\nkind: BGPAdvertisement\nmetadata:\n  name: " + name + "\n  namespace: metallb-system\nspec:\n  ipAddressPools:\n  - first-pool\n  localPref: " + pref +
@@ -109,16 +114,31 @@ func TestAPoolSplitByServiceSelectors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !hasNote(r, "BGPAdvertisement/production-services", "spec.serviceSelectors") {
-		t.Errorf("no note on production-services' service selectors; notes: %q", notesOf(r))
+	if len(r.Notes) != 0 {
+		t.Errorf("notes %q; want none", notesOf(r))
 	}
-	if !hasNote(r, "BGPAdvertisement/staging-services", "") && !hasNote(r, "BGPAdvertisement/staging-services", "spec.serviceSelectors") {
-		t.Errorf("no note on staging-services; notes: %q", notesOf(r))
+	want := []*weirv1.AddressPool{{Metadata: &weirv1.ObjectMeta{Name: "first-pool"}, Addresses: []string{"192.168.10.0/24"},
+		BgpAdvertisements: []*weirv1.BgpAdvertisement{
+			{LocalPreference: 200, ServiceSelector: map[string]string{"environment": "production"}},
+			{LocalPreference: 100, ServiceSelector: map[string]string{"environment": "staging"}},
+		}}}
+	if diff := cmp.Diff(want, r.Pools, protocmp.Transform()); diff != "" {
+		t.Errorf("pools (-want +got):\n%s", diff)
 	}
-	for _, n := range r.Notes {
-		if n.Object == "BGPAdvertisement/production-services" && n.Field == "spec.serviceSelectors" && !strings.Contains(n.Says, "every service") {
-			t.Errorf("note %q does not say that every service of the pool is announced so", n)
-		}
+	// One advertisement whose selectors list two nodes' labels and two
+	// services': four Weir advertisements, one per pair.
+	r, err = FromMetalLB(poolDoc + "apiVersion: metallb.io/v1beta1\nkind: BGPAdvertisement\nmetadata:\n  name: a\nspec:\n  communities: [\"64512:7\"]\n" +
+		"  nodeSelectors:\n  - matchLabels: {rack: r1}\n  - matchLabels: {rack: r2}\n  serviceSelectors:\n  - matchLabels: {env: prod}\n  - matchLabels: {env: dev}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range r.Pools[0].GetBgpAdvertisements() {
+		got = append(got, fmt.Sprint(a.GetNodeSelector(), a.GetServiceSelector(), a.GetCommunities()))
+	}
+	wantPairs := []string{"map[rack:r1] map[env:prod] [64512:7]", "map[rack:r1] map[env:dev] [64512:7]", "map[rack:r2] map[env:prod] [64512:7]", "map[rack:r2] map[env:dev] [64512:7]"}
+	if diff := cmp.Diff(wantPairs, got); diff != "" || len(r.Notes) != 0 {
+		t.Errorf("advertisements (-want +got):\n%s\nnotes %q", diff, notesOf(r))
 	}
 }
 

@@ -409,14 +409,14 @@ func Convert(data string, opts Options) (*Result, error) {
 	picked := make([]bool, len(ads.all))
 	passedOver := make([]*object, len(ads.all)) // a pool that another advertisement's is
 	for _, o := range in.pools {
-		mine := ads.selecting(o)
-		if len(mine) > 0 {
-			picked[mine[0]] = true
+		kept, passed := ads.keep(ads.selecting(o))
+		for _, i := range kept {
+			picked[i] = true
 		}
-		for _, i := range mine[min(1, len(mine)):] {
+		for _, i := range passed {
 			passedOver[i] = cmp.Or(passedOver[i], o)
 		}
-		r.Pools = append(r.Pools, convertPool(o, ads.pick(mine), in.communities))
+		r.Pools = append(r.Pools, convertPool(o, ads.pick(kept), ads.pick(passed), in.communities, opts))
 	}
 	for _, o := range in.peers {
 		if peer := r.convertPeer(o, opts, in.bfdProfiles); peer != nil {
@@ -427,7 +427,7 @@ func Convert(data string, opts Options) (*Result, error) {
 		if !picked[i] {
 			says := "selects no IPAddressPool of the input: left out"
 			if p := passedOver[i]; p != nil {
-				says = fmt.Sprintf("Weir advertises a pool one way, and %s (with any other pool this selects) as another advertisement says: left out; give the services this one is for a pool of their own", p.ref())
+				says = fmt.Sprintf("Weir answers a pool over L2 with one advertisement or announces it over BGP, not both, and %s (with any other pool this selects) as another advertisement says: left out; give the services this one is for a pool of their own", p.ref())
 			}
 			ad.leftOut(Dropped, says)
 		}
@@ -718,6 +718,27 @@ func (a *advertisements) selecting(p *object) []int {
 	return slices.Compact(mine)
 }
 
+// keep splits the advertisements of a pool (mine, in order) into those
+// Weir keeps and those it passes over: a pool is answered over L2 by one
+// advertisement, the first when it is an L2Advertisement, or announced
+// over BGP by every BGPAdvertisement.
+func (a *advertisements) keep(mine []int) (kept, passed []int) {
+	if len(mine) == 0 {
+		return nil, nil
+	}
+	if a.all[mine[0]].Kind == "L2Advertisement" {
+		return mine[:1], mine[1:]
+	}
+	for _, i := range mine {
+		if a.all[i].Kind == "BGPAdvertisement" {
+			kept = append(kept, i)
+		} else {
+			passed = append(passed, i)
+		}
+	}
+	return kept, passed
+}
+
 // pick is the advertisements of indexes.
 func (a *advertisements) pick(indexes []int) []*object {
 	out := make([]*object, len(indexes))
@@ -727,12 +748,15 @@ func (a *advertisements) pick(indexes []int) []*object {
 	return out
 }
 
-// convertPool is pool o, advertised by mine (those that select it, in
-// order): the first of them, the others noted.
-func convertPool(o *object, mine []*object, communities map[string]string) *weirv1.AddressPool {
+// convertPool is pool o, advertised by kept (advertisements.keep): each
+// BGPAdvertisement its own Weir advertisement, or one L2Advertisement;
+// passed, the others that select it, are noted (Weir announces a pool
+// over BGP or answers it over L2, not both).
+func convertPool(o *object, kept, passed []*object, communities map[string]string, opts Options) *weirv1.AddressPool {
 	s := o.parsed.(*poolSpec)
-	pool := &weirv1.AddressPool{Metadata: &weirv1.ObjectMeta{Name: o.Metadata.Name, Labels: o.Metadata.Labels}, Addresses: s.Addresses}
-	o.carry("spec.addresses", "spec.autoAssign")
+	pool := &weirv1.AddressPool{Metadata: &weirv1.ObjectMeta{Name: o.Metadata.Name, Labels: o.Metadata.Labels}, Addresses: s.Addresses,
+		AvoidBuggyIps: s.AvoidBuggyIPs}
+	o.carry("spec.addresses", "spec.autoAssign", "spec.avoidBuggyIPs")
 	if s.AutoAssign != nil && !*s.AutoAssign {
 		pool.ManualOnly = true
 	}
@@ -745,31 +769,71 @@ func convertPool(o *object, mine []*object, communities map[string]string) *weir
 		} else {
 			o.note("spec.serviceAllocation.serviceSelectors", Narrowed, "Weir selects services by labels that must all match (matchLabels of one selector): left out, so the pool is for every service")
 		}
+		switch sel, ok := oneMatchLabels(a.NamespaceSelectors); {
+		case !ok:
+			o.note("spec.serviceAllocation.namespaceSelectors", Narrowed, "Weir selects namespaces by labels that must all match (matchLabels of one selector): left out, so the pool is for every namespace")
+		case len(sel) > 0 && !opts.CustomResources:
+			// lbctl apply would refuse it: namespaces registered through
+			// the API have no labels.
+			o.note("spec.serviceAllocation.namespaceSelectors", Narrowed, "namespace labels select only in Kubernetes: convert with --to crds to keep it as namespaceSelector, or list the namespaces in namespaces")
+		default:
+			pool.ServiceAllocation.NamespaceSelector = sel
+			o.carry("spec.serviceAllocation.namespaceSelectors")
+		}
 	}
-	if len(mine) == 0 {
+	if len(kept) == 0 {
 		// Said of the pool as a whole, though nothing of it is lost.
 		o.note("", Narrowed, "no advertisement selects it, so MetalLB assigns its addresses without announcing them; Weir announces every pool over BGP unless it is an L2 pool")
 		return pool
 	}
-	for _, other := range mine[1:] {
-		o.note("", Narrowed, fmt.Sprintf("%s also selects it: Weir advertises a pool one way, with one set of attributes, and keeps %s; split the pool to keep both", other.ref(), mine[0].ref()))
+	for _, other := range passed {
+		o.note("", Narrowed, fmt.Sprintf("%s also selects it: Weir answers a pool over L2 with one advertisement or announces it over BGP, not both, and keeps %s; split the pool to keep both", other.ref(), kept[0].ref()))
 	}
-	ad := mine[0]
-	as := ad.parsed.(*advertisementSpec)
-	ad.carry("spec.ipAddressPools", "spec.ipAddressPoolSelectors")
-	if ad.Kind == "L2Advertisement" {
-		pool.L2Advertisement = &weirv1.L2Advertisement{Interfaces: as.Interfaces}
-		ad.carry("spec.interfaces")
-		if sel, ok := oneMatchLabels(as.NodeSelectors); ok {
-			pool.L2Advertisement.NodeSelector = sel
-			ad.carry("spec.nodeSelectors")
-		} else {
-			ad.note("spec.nodeSelectors", Narrowed, "Weir selects nodes by labels that must all match (matchLabels of one selector): the pool is answered from every node")
-		}
+	if kept[0].Kind == "L2Advertisement" {
+		pool.L2Advertisement = convertL2(kept[0])
 		return pool
 	}
+	var bgp []*weirv1.BgpAdvertisement
+	for _, ad := range kept {
+		bgp = append(bgp, convertBGP(ad, communities)...)
+	}
+	if len(bgp) == 1 && len(bgp[0].GetNodeSelector()) == 0 && len(bgp[0].GetServiceSelector()) == 0 {
+		pool.BgpAdvertisement = bgp[0]
+	} else {
+		pool.BgpAdvertisements = bgp
+	}
+	return pool
+}
+
+// convertL2 is L2Advertisement ad in Weir's terms.
+func convertL2(ad *object) *weirv1.L2Advertisement {
+	as := ad.parsed.(*advertisementSpec)
+	ad.carry("spec.ipAddressPools", "spec.ipAddressPoolSelectors", "spec.interfaces")
+	l2 := &weirv1.L2Advertisement{Interfaces: as.Interfaces}
+	if sel, ok := oneMatchLabels(as.NodeSelectors); ok {
+		l2.NodeSelector = sel
+		ad.carry("spec.nodeSelectors")
+	} else {
+		ad.note("spec.nodeSelectors", Narrowed, "Weir selects nodes by labels that must all match (matchLabels of one selector): the pool is answered from every node")
+	}
+	if sel, ok := oneMatchLabels(as.ServiceSelectors); ok {
+		l2.ServiceSelector = sel
+		ad.carry("spec.serviceSelectors")
+	} else {
+		ad.note("spec.serviceSelectors", Narrowed, "Weir selects services by labels that must all match (matchLabels of one selector): the pool is answered for every service")
+	}
+	return l2
+}
+
+// convertBGP is BGPAdvertisement ad as Weir advertisements: one for each
+// of its node selectors and service selectors together (MetalLB's
+// selectors of one list select what any of them does; advertisements
+// that apply twice to a prefix add nothing, see
+// datapath.CombineAdvertisements).
+func convertBGP(ad *object, communities map[string]string) []*weirv1.BgpAdvertisement {
+	as := ad.parsed.(*advertisementSpec)
 	bgp := &weirv1.BgpAdvertisement{LocalPreference: as.LocalPref, Peers: as.Peers}
-	ad.carry("spec.localPref", "spec.peers", "spec.aggregationLength", "spec.aggregationLengthV6")
+	ad.carry("spec.ipAddressPools", "spec.ipAddressPoolSelectors", "spec.localPref", "spec.peers", "spec.aggregationLength", "spec.aggregationLengthV6")
 	if l := as.AggregationLength; l != nil && *l != 32 {
 		bgp.AggregationLength = uint32(*l)
 	}
@@ -791,8 +855,44 @@ func convertPool(o *object, mine []*object, communities map[string]string) *weir
 		bgp.Communities = append(bgp.Communities, value)
 		ad.carry(field)
 	}
-	pool.BgpAdvertisement = bgp
-	return pool
+	nodes, ok := eachMatchLabels(as.NodeSelectors)
+	if ok {
+		ad.carry("spec.nodeSelectors")
+	} else {
+		ad.note("spec.nodeSelectors", Narrowed, "Weir selects nodes by labels that must all match (matchLabels): a selector with matchExpressions is left out, so every node announces through it")
+	}
+	services, ok := eachMatchLabels(as.ServiceSelectors)
+	if ok {
+		ad.carry("spec.serviceSelectors")
+	} else {
+		ad.note("spec.serviceSelectors", Narrowed, "Weir selects services by labels that must all match (matchLabels): a selector with matchExpressions is left out, so every service is announced through it")
+	}
+	var out []*weirv1.BgpAdvertisement
+	for _, n := range nodes {
+		for _, sv := range services {
+			one := proto.CloneOf(bgp)
+			one.NodeSelector, one.ServiceSelector = n, sv
+			out = append(out, one)
+		}
+	}
+	return out
+}
+
+// eachMatchLabels is each selector of sels as matchLabels, or one nil (every
+// object) for none; ok is false when one has expressions, and then the
+// result is one nil too.
+func eachMatchLabels(sels []selector) ([]map[string]string, bool) {
+	if len(sels) == 0 {
+		return []map[string]string{nil}, true
+	}
+	var out []map[string]string
+	for _, s := range sels {
+		if len(s.MatchExpressions) > 0 {
+			return []map[string]string{nil}, false
+		}
+		out = append(out, maps.Clone(s.MatchLabels))
+	}
+	return out, true
 }
 
 // oneMatchLabels is the one matchLabels selector Weir can express; ok is

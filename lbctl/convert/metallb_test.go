@@ -30,11 +30,11 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 		return &weirv1.ObjectMeta{Name: name, Labels: labels}
 	}
 	wantPools := []*weirv1.AddressPool{
-		{Metadata: meta("public", map[string]string{"tier": "edge"}), Addresses: []string{"203.0.113.0/28", "2001:db8:113::10-2001:db8:113::1f"},
+		{Metadata: meta("public", map[string]string{"tier": "edge"}), Addresses: []string{"203.0.113.0/28", "2001:db8:113::10-2001:db8:113::1f"}, AvoidBuggyIps: true,
 			BgpAdvertisement: &weirv1.BgpAdvertisement{AggregationLength: 28, AggregationLengthV6: 124, LocalPreference: 150,
 				Communities: []string{"65535:65281", "64512:100"}, Peers: []string{"tor-a"}}},
 		{Metadata: meta("reserved", nil), Addresses: []string{"198.51.100.10-198.51.100.19"}, ManualOnly: true,
-			BgpAdvertisement:  &weirv1.BgpAdvertisement{},
+			BgpAdvertisements: []*weirv1.BgpAdvertisement{{NodeSelector: map[string]string{"rack": "r1"}}},
 			ServiceAllocation: &weirv1.ServiceAllocation{Priority: 10, Namespaces: []string{"payments"}}},
 		{Metadata: meta("office-lan", nil), Addresses: []string{"192.0.2.200-192.0.2.209"},
 			L2Advertisement: &weirv1.L2Advertisement{Interfaces: []string{"eth1"}, NodeSelector: map[string]string{"l2": "yes"}}},
@@ -60,11 +60,9 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 	for _, want := range []string{
 		"BFDProfile/fast spec.echoMode",
 		"BFDProfile/fast spec.echoInterval",
-		"IPAddressPool/public spec.avoidBuggyIPs",
-		"IPAddressPool/public ",     // the second advertisement, L2Advertisement/edge-too
-		"L2Advertisement/edge-too ", // the second advertisement of public, kept nowhere
-		"IPAddressPool/reserved spec.serviceAllocation.namespaceSelectors",
-		"BGPAdvertisement/reserved-routes spec.nodeSelectors",
+		"IPAddressPool/public ",                                            // the second advertisement, L2Advertisement/edge-too
+		"L2Advertisement/edge-too ",                                        // the second advertisement of public, kept nowhere
+		"IPAddressPool/reserved spec.serviceAllocation.namespaceSelectors", // for custom resources only
 		"IPAddressPool/unannounced ",
 		"BGPPeer/tor-b spec.nodeSelectors",
 		"BGPPeer/tor-b spec.passwordSecret",
@@ -73,8 +71,31 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 			t.Errorf("no note on %q; notes:\n%s", want, strings.Join(notes, "\n"))
 		}
 	}
-	if len(notes) != 10 {
-		t.Errorf("%d notes, want 10:\n%s", len(notes), strings.Join(notes, "\n"))
+	if len(notes) != 8 {
+		t.Errorf("%d notes, want 8:\n%s", len(notes), strings.Join(notes, "\n"))
+	}
+}
+
+// TestNamespaceSelectorsAreForCustomResources: MetalLB's namespace
+// label selector becomes the custom resource's namespaceSelector; for
+// lbctl's documents, whose API registers namespaces without labels, it is
+// a note.
+func TestNamespaceSelectorsAreForCustomResources(t *testing.T) {
+	in := "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: p\nspec:\n  addresses: [10.0.0.0/24]\n  serviceAllocation:\n    namespaceSelectors:\n    - matchLabels: {tenant: a}\n"
+	r, err := Convert(in, Options{CustomResources: true, Namespace: "weir-system"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Pools[0].GetServiceAllocation().GetNamespaceSelector(); got["tenant"] != "a" || hasNote(r, "IPAddressPool/p", "spec.serviceAllocation.namespaceSelectors") {
+		t.Errorf("custom resources: namespace selector %v, notes %q", got, notesOf(r))
+	}
+	crds, err := r.CustomResources("weir-system")
+	if err != nil || !strings.Contains(crds, "namespaceSelector:\n      tenant: a") {
+		t.Errorf("custom resources %s (%v); want a namespaceSelector", crds, err)
+	}
+	if r, err = FromMetalLB(in); err != nil || r.Pools[0].GetServiceAllocation().GetNamespaceSelector() != nil ||
+		!hasNote(r, "IPAddressPool/p", "spec.serviceAllocation.namespaceSelectors") {
+		t.Errorf("lbctl's documents: %v, notes %q (%v)", r.Pools, notesOf(r), err)
 	}
 }
 
