@@ -12,6 +12,7 @@ import (
 	"github.com/weirlb/weir/test/bird"
 	"github.com/weirlb/weir/test/frr"
 	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/wait"
 	"github.com/weirlb/weir/test/weirlab"
 )
 
@@ -171,10 +172,14 @@ func testBFD(t *testing.T, impl string) {
 		func() error { return c.Agents[0].Signal(syscall.SIGCONT) })
 }
 
-// waitBFDUp waits until the router's BFD sessions with peers are up.
+// waitBFDUp waits until the router's BFD sessions with peers are up. On
+// a saturated machine a 100 ms BFD session can flap without any fault (a
+// process that gets no CPU for 300 ms misses its packets), and the
+// damping then keeps a flapping session's BGP closed for up to 30 s: the
+// wait allows for that.
 func waitBFDUp(t *testing.T, r bfdRouter, peers ...string) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("the router's BFD sessions with %v are up", peers), func() error {
+	wait.For(t, 45*time.Second, fmt.Sprintf("the router's BFD sessions with %v are up", peers), func() error {
 		states, err := r.bfdStates(context.Background())
 		if err != nil {
 			return err
