@@ -33,3 +33,37 @@ const DefaultHoldTime = 90 * time.Second
 // with at once: a node speaker only dials, so no collision of two dialling
 // routers (what RFC 4271's 120 s avoids) can happen.
 const DefaultConnectRetry = time.Second
+
+// DynamicASN names a router's AS by its relation to the speaker's own
+// (MetalLB's dynamicASN) instead of a number: for a router whose AS
+// differs from rack to rack, one peer configuration serves every node.
+type DynamicASN string
+
+const (
+	// Internal: the router is in the speaker's own AS (iBGP).
+	Internal DynamicASN = "internal"
+	// External: the router is in the AS its OPEN says, which the speaker
+	// takes as it comes.
+	External DynamicASN = "external"
+)
+
+// ValidateDynamicASN checks a dynamic ASN: "internal" or "external".
+func ValidateDynamicASN(d DynamicASN) error {
+	if d != Internal && d != External {
+		return fmt.Errorf("%q is not a dynamic AS: \"internal\" or \"external\"", string(d))
+	}
+	return nil
+}
+
+// RemoteAS is the AS a speaker of AS local expects a router to say: asn
+// when set, local for an internal router, and 0 (whatever its OPEN says)
+// for an external one.
+func RemoteAS(asn uint32, dynamic DynamicASN, local uint32) uint32 {
+	switch {
+	case asn != 0:
+		return asn
+	case dynamic == Internal:
+		return local
+	}
+	return 0
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weirlb/weir/internal/bfd"
 	"github.com/weirlb/weir/internal/bgpcommunity"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	"github.com/weirlb/weir/internal/iprange"
 )
 
@@ -402,7 +403,22 @@ type BGPPeer struct {
 	ConnectRetry time.Duration `json:"connectRetry,omitempty"`
 	// BFD runs a BFD session with the router; nil for none.
 	BFD *bfd.Profile `json:"bfd,omitempty"`
+	// Interface is the node's interface the router is on: with no
+	// Address the router is its one IPv6 link-local neighbour
+	// (unnumbered), with a link-local Address it is that address's zone.
+	// Address itself never carries a zone.
+	Interface string `json:"interface,omitempty"`
+	// DynamicASN stands for ASN (then 0): the router's AS by its relation
+	// to the node's own.
+	DynamicASN bgpnumbers.DynamicASN `json:"dynamicASN,omitempty"`
+	// VRF is the device the session is bound to; "" for the default
+	// routing table.
+	VRF string `json:"vrf,omitempty"`
 }
+
+// LinkLocal reports whether the peer is reached over an IPv6 link-local
+// address on Interface, by address or unnumbered.
+func (p *BGPPeer) LinkLocal() bool { return p.Interface != "" }
 
 // Selects reports whether the peer applies to a node with these labels.
 func (p *BGPPeer) Selects(labels map[string]string) bool { return selects(p.NodeSelector, labels) }

@@ -571,7 +571,7 @@ func (a *L2Advertisement) validate(bgp string) error {
 		return fieldErr("l2_advertisement.interfaces", "%d interfaces; at most %d", len(a.Interfaces), maxInterfaces)
 	}
 	for i, name := range a.Interfaces {
-		if !interfaceName.MatchString(name) || name == "." || name == ".." {
+		if !validInterfaceName(name) {
 			return fieldErr(fmt.Sprintf("l2_advertisement.interfaces[%d]", i), "%q is not an interface name (1 to 15 of letters, digits, '_', '.', '@' and '-')", name)
 		}
 		if slices.Contains(a.Interfaces[:i], name) {
@@ -589,11 +589,18 @@ func (p *BGPPeer) Validate() error {
 	if err := validateMeta(&p.Meta, false, dns1123Subdomain); err != nil {
 		return err
 	}
-	if err := validateUnicast("address", p.Address); err != nil {
+	if err := p.validateWhere(); err != nil {
 		return err
 	}
-	if p.ASN == 0 {
-		return fieldErr("asn", "the router's AS number is required")
+	switch {
+	case p.ASN == 0 && p.DynamicASN == "":
+		return fieldErr("asn", "the router's AS number is required (or dynamic_asn)")
+	case p.ASN != 0 && p.DynamicASN != "":
+		return fieldErr("dynamic_asn", "stands for asn: set one, not both")
+	case p.DynamicASN != "":
+		if err := bgpnumbers.ValidateDynamicASN(p.DynamicASN); err != nil {
+			return fieldErr("dynamic_asn", "%s", err)
+		}
 	}
 	if p.MyASN == 0 {
 		return fieldErr("my_asn", "the nodes' AS number is required")
@@ -602,7 +609,8 @@ func (p *BGPPeer) Validate() error {
 		field string
 		asn   uint32
 	}{{"asn", p.ASN}, {"my_asn", p.MyASN}} {
-		if err := bgpnumbers.ValidateASN(f.asn); err != nil {
+		// An asn of 0 is a dynamic one, checked above.
+		if err := bgpnumbers.ValidateASN(f.asn); err != nil && f.asn != 0 {
 			return fieldErr(f.field, "%s", err)
 		}
 	}
@@ -616,6 +624,52 @@ func (p *BGPPeer) Validate() error {
 		return err
 	}
 	return validateLabels("node_selector", p.NodeSelector)
+}
+
+// validateWhere checks where the router is: a unicast address, an IPv6
+// link-local address on an interface, or an interface alone (unnumbered);
+// and the VRF the session is bound to.
+func (p *BGPPeer) validateWhere() error {
+	linkLocal := p.Address.Is6() && p.Address.IsLinkLocalUnicast()
+	switch {
+	case !p.Address.IsValid() && p.Interface == "":
+		return fieldErr("address", "the router's address is required, or interface for an unnumbered peer")
+	case linkLocal && p.Interface == "":
+		return fieldErr("interface", "%s is link-local: name the node's interface it is on", p.Address)
+	case p.Address.IsValid() && p.Interface != "" && !linkLocal:
+		return fieldErr("interface", "only for an unnumbered peer (no address) or an IPv6 link-local address (fe80::/10); %s is routed", p.Address)
+	case p.Address.IsValid() && !linkLocal:
+		if err := validateUnicast("address", p.Address); err != nil {
+			return err
+		}
+	}
+	if p.Address.Zone() != "" {
+		return fieldErr("address", "%q carries a zone: write it as interface", p.Address)
+	}
+	for _, f := range []struct{ field, name string }{{"interface", p.Interface}, {"vrf", p.VRF}} {
+		if f.name != "" && !validInterfaceName(f.name) {
+			return fieldErr(f.field, "%q is not an interface name (1 to 15 of letters, digits, '_', '.', '@' and '-')", f.name)
+		}
+	}
+	if !p.LinkLocal() {
+		return nil
+	}
+	// A link-local address is on the link only, and so is the session.
+	if p.EBGPMultihopTTL > 1 {
+		return fieldErr("ebgp_multihop_ttl", "a link-local router is on the link: no multi-hop")
+	}
+	if p.SourceAddress.IsValid() {
+		return fieldErr("source_address", "a link-local session is made from the interface's own link-local address")
+	}
+	if p.BFD != nil {
+		return fieldErr("bfd", "not run over link-local sessions yet: peer by a routed address for BFD")
+	}
+	return nil
+}
+
+// validInterfaceName reports whether name is a Linux interface name.
+func validInterfaceName(name string) bool {
+	return interfaceName.MatchString(name) && name != "." && name != ".."
 }
 
 // validateSession checks the session options a fabric needs: multi-hop,

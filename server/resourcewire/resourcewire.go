@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/weirlb/weir/internal/bgpcommunity"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	"github.com/weirlb/weir/internal/nodewire"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/server/model"
@@ -382,9 +383,10 @@ func BGPPeerFromProto(p *weirv1.BgpPeer) (*model.BGPPeer, error) {
 		field, reason, _ := strings.Cut(err.Error(), ": ")
 		return nil, &model.FieldError{Field: "bfd." + field, Reason: reason}
 	}
-	if out.Address, err = netip.ParseAddr(p.GetAddress()); err != nil {
-		return nil, &model.FieldError{Field: "address", Reason: fmt.Sprintf("%q is not an IP address", p.GetAddress())}
+	if out.Address, out.Interface, err = PeerAddress(p.GetAddress(), p.GetInterface()); err != nil {
+		return nil, err
 	}
+	out.DynamicASN, out.VRF = bgpnumbers.DynamicASN(p.GetDynamicAsn()), p.GetVrf()
 	if s := p.GetSourceAddress(); s != "" {
 		if out.SourceAddress, err = netip.ParseAddr(s); err != nil {
 			return nil, &model.FieldError{Field: "source_address", Reason: fmt.Sprintf("%q is not an IP address", s)}
@@ -393,12 +395,36 @@ func BGPPeerFromProto(p *weirv1.BgpPeer) (*model.BGPPeer, error) {
 	return out, nil
 }
 
+// PeerAddress reads a peer's address and interface: "" for an unnumbered
+// peer; a zone ("fe80::1%eth0") is the interface, which, when also
+// given, must be the same.
+func PeerAddress(address, iface string) (netip.Addr, string, error) {
+	if address == "" {
+		return netip.Addr{}, iface, nil
+	}
+	a, err := netip.ParseAddr(address)
+	if err != nil {
+		return netip.Addr{}, "", &model.FieldError{Field: "address", Reason: fmt.Sprintf("%q is not an IP address", address)}
+	}
+	if zone := a.Zone(); zone != "" {
+		if iface != "" && iface != zone {
+			return netip.Addr{}, "", &model.FieldError{Field: "interface", Reason: fmt.Sprintf("%q is not the zone of address %s", iface, address)}
+		}
+		a, iface = a.WithZone(""), zone
+	}
+	return a, iface, nil
+}
+
 // BGPPeerToProto leaves the password out: it is write-only.
 func BGPPeerToProto(p *model.BGPPeer) *weirv1.BgpPeer {
 	out := &weirv1.BgpPeer{Metadata: metaToProto(&p.Meta), Address: p.Address.String(), Asn: p.ASN, MyAsn: p.MyASN, Port: p.Port,
 		HoldTimeSeconds: int32(p.HoldTime / time.Second), NodeSelector: p.NodeSelector, GracefulRestart: p.GracefulRestart,
 		EbgpMultihopTtl: p.EBGPMultihopTTL, KeepaliveSeconds: int32(p.Keepalive / time.Second),
-		ConnectRetrySeconds: int32(p.ConnectRetry / time.Second), Bfd: nodewire.EncodeBFD(p.BFD)}
+		ConnectRetrySeconds: int32(p.ConnectRetry / time.Second), Bfd: nodewire.EncodeBFD(p.BFD),
+		Interface: p.Interface, DynamicAsn: string(p.DynamicASN), Vrf: p.VRF}
+	if !p.Address.IsValid() {
+		out.Address = ""
+	}
 	if p.SourceAddress.IsValid() {
 		out.SourceAddress = p.SourceAddress.String()
 	}
