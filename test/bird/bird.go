@@ -46,6 +46,19 @@ type Config struct {
 type BFD struct {
 	Interval   time.Duration // receive and transmit
 	Multiplier int
+	// Peers are sessions of their own, with no BGP neighbour: BFD alone,
+	// at the intervals above.
+	Peers []BFDPeer
+}
+
+// BFDPeer is a BFD session the router runs whatever BGP does (a
+// "neighbor" of BIRD's protocol bfd).
+type BFDPeer struct {
+	Address string
+	// Local is the router's own address of the session; multi-hop needs
+	// it.
+	Local    string
+	MultiHop bool
 }
 
 // Start writes the configuration into a new temporary folder and starts
@@ -95,8 +108,19 @@ func config(cfg Config, dir string) string {
 	bfd := ""
 	if cfg.BFD != nil {
 		ms := cfg.BFD.Interval.Milliseconds()
-		fmt.Fprintf(&b, "protocol bfd {\n  debug { events };\n  interface \"*\" { min rx interval %d ms; min tx interval %d ms; multiplier %d; };\n  multihop { min rx interval %d ms; min tx interval %d ms; multiplier %d; };\n}\n",
+		fmt.Fprintf(&b, "protocol bfd {\n  debug { events };\n  interface \"*\" { min rx interval %d ms; min tx interval %d ms; multiplier %d; };\n  multihop { min rx interval %d ms; min tx interval %d ms; multiplier %d; };\n",
 			ms, ms, cfg.BFD.Multiplier, ms, ms, cfg.BFD.Multiplier)
+		for _, p := range cfg.BFD.Peers {
+			fmt.Fprintf(&b, "  neighbor %s", p.Address)
+			if p.Local != "" {
+				fmt.Fprintf(&b, " local %s", p.Local)
+			}
+			if p.MultiHop {
+				b.WriteString(" multihop on")
+			}
+			b.WriteString(";\n")
+		}
+		b.WriteString("}\n")
 		bfd = "\n  bfd on;"
 	}
 	for i, rg := range cfg.ListenRanges4 {

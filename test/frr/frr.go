@@ -54,6 +54,19 @@ type Config struct {
 type BFD struct {
 	Interval   time.Duration // receive and transmit
 	Multiplier int
+	// Peers are sessions of their own, with no BGP neighbour: BFD alone,
+	// at the profile's intervals.
+	Peers []BFDPeer
+}
+
+// BFDPeer is a BFD session the router runs whatever BGP does (bfdd's
+// "peer" block).
+type BFDPeer struct {
+	Address string
+	// Local is the router's own address of the session; multi-hop needs
+	// it.
+	Local    string
+	MultiHop bool
 }
 
 // Start writes the configuration and starts zebra then bgpd in ns.
@@ -116,7 +129,18 @@ func (r *Router) config(cfg Config) string {
 		// bfdd logs each state change, to the millisecond (BFDDownAt).
 		fmt.Fprintf(&b, "log timestamp precision 3\ndebug bfd peer\n!\n")
 		ms := cfg.BFD.Interval.Milliseconds()
-		fmt.Fprintf(&b, "bfd\n profile speakers\n  receive-interval %d\n  transmit-interval %d\n  detect-multiplier %d\n !\n!\n", ms, ms, cfg.BFD.Multiplier)
+		fmt.Fprintf(&b, "bfd\n profile speakers\n  receive-interval %d\n  transmit-interval %d\n  detect-multiplier %d\n !\n", ms, ms, cfg.BFD.Multiplier)
+		for _, p := range cfg.BFD.Peers {
+			fmt.Fprintf(&b, " peer %s", p.Address)
+			if p.MultiHop {
+				b.WriteString(" multihop")
+			}
+			if p.Local != "" {
+				fmt.Fprintf(&b, " local-address %s", p.Local)
+			}
+			b.WriteString("\n  profile speakers\n !\n")
+		}
+		b.WriteString("!\n")
 	}
 	fmt.Fprintf(&b, "router bgp %d\n bgp router-id %s\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n", cfg.ASN, cfg.RouterID)
 	fmt.Fprintf(&b, " bgp bestpath as-path multipath-relax\n timers bgp 3 9\n")
@@ -335,6 +359,32 @@ func (r *Router) BFDPeers(ctx context.Context) (map[string]string, error) {
 		states[p.Peer] = p.Status
 	}
 	return states, nil
+}
+
+// BFDPeer is the state of the router's BFD session with peer ("up",
+// "down", "init"), single or multi hop, and what the peer last said of
+// its own side ("administratively down" when it stopped the session);
+// "" and no error when there is no such session.
+func (r *Router) BFDPeer(ctx context.Context, peer string, multiHop bool) (state, remoteDiag string, err error) {
+	out, err := r.Vtysh(ctx, "show bfd peers json")
+	if err != nil {
+		return "", "", err
+	}
+	var peers []struct {
+		Peer       string `json:"peer"`
+		MultiHop   bool   `json:"multihop"`
+		Status     string `json:"status"`
+		RemoteDiag string `json:"remote-diagnostic"`
+	}
+	if err := json.Unmarshal([]byte(out), &peers); err != nil {
+		return "", "", fmt.Errorf("%w: %s", err, out)
+	}
+	for _, p := range peers {
+		if p.Peer == peer && p.MultiHop == multiHop {
+			return p.Status, p.RemoteDiag, nil
+		}
+	}
+	return "", "", nil
 }
 
 // BFDDownAt is when bfdd logged its session with peer going down from Up
