@@ -78,7 +78,7 @@ type listenKey struct {
 // the peer said Down or AdminDown), true once it is Up again and has
 // stayed so for the damping hold-down (see damping). false is never said
 // of a session that was never Up: a peer without BFD running is not
-// taken for dead.
+// taken for dead; nor of a session removed by Set or Close.
 func New(log *slog.Logger, onChange func(peer netip.Addr, usable bool)) *Manager {
 	return &Manager{
 		log: log, events: newQueue(onChange),

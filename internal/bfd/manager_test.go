@@ -217,3 +217,29 @@ func TestSingleHopTakesOnlyTTL255(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A session this end removes (its peer dropped from Set, or Close) is not
+// reported unusable: the peer is not known to be down, and a speaker told
+// so would close a BGP session that an operator only took BFD off.
+func TestRemovedSessionIsNotReportedDown(t *testing.T) {
+	a, b, ca, cb := loopbackPair(t)
+	peer := netip.MustParseAddr("127.0.0.1")
+	fast := Profile{ReceiveInterval: 20 * time.Millisecond, TransmitInterval: 20 * time.Millisecond}
+	for _, m := range []*Manager{a, b} {
+		if err := m.Set([]Session{{Peer: peer, Profile: fast}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantChange(t, ca, true, 5*time.Second)
+	wantChange(t, cb, true, 5*time.Second)
+	if err := a.Set(nil); err != nil {
+		t.Fatal(err)
+	}
+	wantChange(t, cb, false, time.Second) // the peer heard AdminDown
+	a.Close()
+	select {
+	case c := <-ca:
+		t.Errorf("the end that removed the session reported %+v", c)
+	default:
+	}
+}

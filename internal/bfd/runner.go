@@ -167,7 +167,8 @@ func (r *runner) run(now func() time.Time) {
 			for range 3 {
 				send()
 			}
-			report(false)
+			// Nothing is reported: this end ended the session, so the
+			// peer is not known to be down.
 			return
 		case p := <-r.rx:
 			before, wasPolling, hadRemote := mc.state, mc.polling, mc.remoteDisc != 0
