@@ -145,9 +145,9 @@ func (n NodeInfo) AdvertisementsOf(svc *Service, addr netip.Addr) []BGPAdvertise
 // advertisements announce the same prefix (MetalLB's rule for several
 // BGPAdvertisements of one pool): the union of their communities, the
 // highest local preference, and the union of their peers, which is every
-// peer when one of them names none. The result's Ranges and Name are
-// left empty; its aggregation lengths are the first's (they all announce
-// one prefix).
+// peer when one of them names none. For several, the result's Ranges and
+// Name are left empty and its aggregation lengths are the first's (they
+// all announce one prefix); one is returned as it is.
 func CombineAdvertisements(advs []BGPAdvertisement) BGPAdvertisement {
 	if len(advs) == 1 {
 		return advs[0]

@@ -192,6 +192,20 @@ func TestL2AddressesFollowTheNodeSelector(t *testing.T) {
 	if why[vip]["n2"].Reason != NotSelected || why[vip]["n3"].Reason != NotSelected {
 		t.Errorf("reasons %v; want n2 and n3 NotSelected", why[vip])
 	}
+	// A service selector that leaves the service out: no node answers,
+	// each saying why.
+	pools[0].L2.ServiceSelector = map[string]string{"tier": "front"}
+	if got := L2Addresses(c); len(got[vip]) != 0 {
+		t.Errorf("L2 addresses %v; want none for a service the selector leaves out", got)
+	}
+	L2Why(c, svc, why)
+	if v := why[vip]["n1"]; v.Reason != NotSelected || !strings.Contains(v.Message, "service selector") {
+		t.Errorf("n1's reason %v; want NotSelected by the service selector", v)
+	}
+	svc.Labels = map[string]string{"tier": "front"}
+	if got := L2Addresses(c); !slices.Equal(got[vip], []string{"n1"}) {
+		t.Errorf("L2 addresses %v; want %s with n1 for a selected service", got, vip)
+	}
 }
 
 // TestAnnouncedSaysWhoReceivesAndWhy: one line per address, BGP and L2
