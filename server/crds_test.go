@@ -132,6 +132,8 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 		{v1alpha1.AddressPools, pool("bad-iface", "  addresses: [203.0.113.0/28]\n  l2Advertisement:\n    interfaces: [eth0/1]\n"), "spec.l2Advertisement.interfaces[0]"},
 		{v1alpha1.AddressPools, pool("bad-community", "  addresses: [203.0.113.0/28]\n  bgpAdvertisement:\n    communities: [\"65536\"]\n"), "spec.bgpAdvertisement.communities[0]"},
 		{v1alpha1.AddressPools, pool("long-aggregate", "  addresses: [203.0.113.0/28]\n  bgpAdvertisement:\n    aggregationLength: 33\n"), "spec.bgpAdvertisement.aggregationLength"},
+		{v1alpha1.AddressPools, pool("one-and-several", "  addresses: [203.0.113.0/28]\n  bgpAdvertisement: {}\n  bgpAdvertisements: [{}]\n"), "bgpAdvertisements is exclusive"},
+		{v1alpha1.AddressPools, pool("bad-several", "  addresses: [203.0.113.0/28]\n  bgpAdvertisements:\n  - communities: [\"65536\"]\n"), "spec.bgpAdvertisements[0].communities[0]"},
 		{v1alpha1.BGPPeers, peer("bad-address", "  address: router.example\n  asn: 64500\n  myASN: 64512\n"), "spec.address"},
 		{v1alpha1.BGPPeers, peer("bad-hold", "  address: 192.0.2.1\n  asn: 64500\n  myASN: 64512\n  holdTimeSeconds: 2\n"), "spec.holdTimeSeconds"},
 		{v1alpha1.BGPPeers, peer("no-asn", "  address: 192.0.2.1\n  myASN: 64512\n"), "spec.asn"},
@@ -198,6 +200,34 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 		return nil
 	})
 
+	// Several advertisements with selectors, avoidBuggyIPs and a
+	// namespace selector reach the registry; a service selector with an
+	// aggregate is refused by the server, naming the field.
+	if err := create(v1alpha1.AddressPools, pool("split", "  addresses: [198.51.100.64/28]\n  avoidBuggyIPs: true\n"+
+		"  serviceAllocation:\n    namespaceSelector: {tenant: a}\n  bgpAdvertisements:\n"+
+		"  - serviceSelector: {env: prod}\n    communities: [\"64512:1\"]\n  - nodeSelector: {rack: r1}\n    serviceSelector: {env: dev}\n    localPreference: 4000000000\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := create(v1alpha1.AddressPools, pool("aggregated-split", "  addresses: [198.51.100.128/28]\n  bgpAdvertisements:\n  - serviceSelector: {env: prod}\n    aggregationLength: 28\n")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, func() error {
+		got, err := ts.Registry.GetAddressPool(ctx, &weirv1.GetAddressPoolRequest{Name: "split"})
+		if err != nil {
+			return err
+		}
+		p := got.GetAddressPool()
+		advs := p.GetBgpAdvertisements()
+		if !p.GetAvoidBuggyIps() || p.GetServiceAllocation().GetNamespaceSelector()["tenant"] != "a" || len(advs) != 2 ||
+			advs[0].GetServiceSelector()["env"] != "prod" || advs[0].GetCommunities()[0] != "64512:1" ||
+			advs[1].GetNodeSelector()["rack"] != "r1" || advs[1].GetLocalPreference() != 4000000000 {
+			return fmt.Errorf("pool split in the registry: %v", p)
+		}
+		if st, msg := condition(get(v1alpha1.AddressPools, "aggregated-split")); st != "False" || !strings.Contains(msg, "spec.bgp_advertisements[0].service_selector") {
+			return fmt.Errorf("aggregated-split's Accepted: %s %q; want False, naming the service selector", st, msg)
+		}
+		return nil
+	})
 	// The Secret comes: the peer is taken, with its password.
 	if _, err := kc.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "tor-a"},
 		Data: map[string][]byte{"password": []byte("s3cret")}}, metav1.CreateOptions{}); err != nil {
