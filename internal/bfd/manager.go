@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // The ports of RFC 5881 4 and RFC 5883 5, and the source ports a session
@@ -48,6 +50,8 @@ type Status struct {
 type Manager struct {
 	log    *slog.Logger
 	events *queue
+	// clock times every session: the real one, but for tests.
+	clock clock.Clock
 
 	mu        sync.Mutex
 	closed    bool
@@ -81,7 +85,7 @@ type listenKey struct {
 // taken for dead; nor of a session removed by Set or Close.
 func New(log *slog.Logger, onChange func(peer netip.Addr, usable bool)) *Manager {
 	return &Manager{
-		log: log, events: newQueue(onChange),
+		log: log, events: newQueue(onChange), clock: clock.RealClock{},
 		sessions: map[key]*runner{}, byDisc: map[uint32]*runner{}, listeners: map[listenKey]*net.UDPConn{},
 		listenPorts: [2]int{SingleHopPort, MultiHopPort}, peerPorts: [2]int{SingleHopPort, MultiHopPort},
 	}

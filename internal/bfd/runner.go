@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // runner is one session's goroutine: it owns the session's machine and
@@ -51,7 +53,7 @@ func (m *Manager) start(s Session) (*runner, error) {
 	go func() {
 		defer m.wg.Done()
 		defer close(r.done)
-		r.run(time.Now)
+		r.run(m.clock)
 	}()
 	return r, nil
 }
@@ -88,24 +90,25 @@ func (r *runner) snapshot() Status {
 // run is the session: it sends at the negotiated interval, applies what
 // arrives, watches the detection time and reports usability through the
 // damping rule.
-func (r *runner) run(now func() time.Time) {
+func (r *runner) run(clk clock.Clock) {
+	now := clk.Now
 	defer r.conn.Close()
 	mc := newMachine(r.cfg.Profile, r.disc, now())
 	var d damping
 	usable := false // as last reported
 
-	tx := time.NewTimer(time.Hour)
-	tx.Stop()
+	stopped := func() clock.Timer {
+		t := clk.NewTimer(time.Hour)
+		t.Stop()
+		return t
+	}
+	tx, detect, hold := stopped(), stopped(), stopped()
+	defer tx.Stop()
+	defer detect.Stop()
+	defer hold.Stop()
 	if mc.txInterval() > 0 {
 		tx.Reset(0)
 	}
-	defer tx.Stop()
-	detect := time.NewTimer(time.Hour)
-	detect.Stop()
-	defer detect.Stop()
-	hold := time.NewTimer(time.Hour)
-	hold.Stop()
-	defer hold.Stop()
 
 	publish := func() {
 		r.mu.Lock()
@@ -172,11 +175,13 @@ func (r *runner) run(now func() time.Time) {
 			return
 		case p := <-r.rx:
 			before, wasPolling, hadRemote := mc.state, mc.polling, mc.remoteDisc != 0
-			if mc.receive(p, now()) {
-				changed(before)
-			}
+			stateChanged := mc.receive(p, now())
+			// The detection timer first: once Status says Up, it runs.
 			if !mc.detectBy.IsZero() {
-				detect.Reset(time.Until(mc.detectBy))
+				detect.Reset(mc.detectBy.Sub(now()))
+			}
+			if stateChanged {
+				changed(before)
 			}
 			switch {
 			case mc.finalDue, mc.state != before:
@@ -185,19 +190,19 @@ func (r *runner) run(now func() time.Time) {
 			case !hadRemote || wasPolling != mc.polling:
 				schedule() // a passive end starts sending; an interval ended its Poll
 			}
-		case <-tx.C:
+		case <-tx.C():
 			if mc.txInterval() > 0 {
 				send()
 				schedule()
 			}
-		case <-detect.C:
+		case <-detect.C():
 			before := mc.state
 			if mc.expire(now()) {
 				changed(before)
 				send()
 				schedule()
 			}
-		case <-hold.C:
+		case <-hold.C():
 			if mc.state == Up {
 				report(true)
 			}
