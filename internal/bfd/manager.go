@@ -275,22 +275,35 @@ func (m *Manager) receive(conn *net.UDPConn, multiHop bool) {
 func (m *Manager) lookup(p packet, from netip.Addr, multiHop bool) *runner {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	from = from.Unmap().WithZone("")
+	from = from.Unmap()
 	if p.YourDisc != 0 {
 		// The discriminator picks the session (RFC 5880 6.8.6), and only
 		// a packet from its peer, on its port, may speak for it: the
 		// other port's TTL rule is not the session's.
-		if r := m.byDisc[p.YourDisc]; r != nil && r.cfg.MultiHop == multiHop && r.cfg.Peer.WithZone("") == from {
+		if r := m.byDisc[p.YourDisc]; r != nil && r.sentBy(from, multiHop) {
 			return r
 		}
 		return nil
 	}
-	for k, r := range m.sessions {
-		if k.multiHop == multiHop && k.peer.WithZone("") == from {
+	for _, r := range m.sessions {
+		if r.sentBy(from, multiHop) {
 			return r
 		}
 	}
 	return nil
+}
+
+// sentBy says whether a packet from addr, on a port of multiHop, is from
+// the session's peer: the same address and, for a link-local one, the
+// same link, since unnumbered links often give every router the same
+// link-local address.
+func (r *runner) sentBy(from netip.Addr, multiHop bool) bool {
+	if r.cfg.MultiHop != multiHop || r.cfg.Peer.WithZone("") != from.WithZone("") {
+		return false
+	}
+	link := cmpOr(r.cfg.Peer.Zone(), r.cfg.Interface)
+	// The kernel names the link of link-local sources only.
+	return link == "" || from.Zone() == "" || from.Zone() == link
 }
 
 // receivedTTL reads the TTL (hop limit) of a received packet.

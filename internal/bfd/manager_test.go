@@ -243,3 +243,35 @@ func TestRemovedSessionIsNotReportedDown(t *testing.T) {
 	default:
 	}
 }
+
+// Unnumbered links often give every router the same link-local address
+// (fe80::1) on each link: a packet belongs to the session of the link it
+// came in on.
+func TestLinkLocalPeersAreToldApartByLink(t *testing.T) {
+	a, _, _, _ := loopbackPair(t)
+	onLo := Session{Peer: netip.MustParseAddr("fe80::1%lo")}
+	onDevice := Session{Peer: netip.MustParseAddr("fe80::1"), Interface: "lo"}
+	for _, s := range []Session{onLo, onDevice} {
+		if err := a.Set([]Session{s}); err != nil {
+			t.Fatal(err)
+		}
+		a.mu.Lock()
+		r := a.sessions[keyOf(s)]
+		a.mu.Unlock()
+		for _, tc := range []struct {
+			from string
+			your uint32
+			want *runner
+		}{
+			{"fe80::1%lo", 0, r},
+			{"fe80::1%lo", r.disc, r},
+			{"fe80::1%eth7", 0, nil},
+			{"fe80::1%eth7", r.disc, nil},
+		} {
+			p := packet{State: Down, DetectMult: 3, MyDisc: 7, YourDisc: tc.your}
+			if got := a.lookup(p, netip.MustParseAddr(tc.from), false); got != tc.want {
+				t.Errorf("session %+v, a packet from %s to discriminator %d: taken %v; want %v", s, tc.from, tc.your, got != nil, tc.want != nil)
+			}
+		}
+	}
+}
