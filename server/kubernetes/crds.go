@@ -224,7 +224,8 @@ func (c *crds) peer(p *v1alpha1.WeirBGPPeer) (*model.BGPPeer, error) {
 		Asn: uint32(p.Spec.ASN), MyAsn: uint32(p.Spec.MyASN), Port: p.Spec.Port, HoldTimeSeconds: p.Spec.HoldTimeSeconds,
 		NodeSelector: p.Spec.NodeSelector, GracefulRestart: p.Spec.GracefulRestart,
 		EbgpMultihopTtl: uint32(p.Spec.EBGPMultihopTTL), SourceAddress: p.Spec.SourceAddress,
-		KeepaliveSeconds: p.Spec.KeepaliveSeconds, ConnectRetrySeconds: p.Spec.ConnectRetrySeconds}
+		KeepaliveSeconds: p.Spec.KeepaliveSeconds, ConnectRetrySeconds: p.Spec.ConnectRetrySeconds,
+		Interface: p.Spec.Interface, DynamicAsn: p.Spec.DynamicASN, Vrf: p.Spec.VRF}
 	if b := p.Spec.BFD; b != nil {
 		// The CRD's schema bounds each number, so none turns negative.
 		w.Bfd = &weirv1.BfdProfile{ReceiveIntervalMs: uint32(b.ReceiveInterval), TransmitIntervalMs: uint32(b.TransmitInterval),

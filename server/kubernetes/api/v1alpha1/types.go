@@ -268,6 +268,7 @@ type WeirAddressPoolList struct {
 // +kubebuilder:resource:scope=Cluster,categories=weir,shortName=weirpeer
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
+// +kubebuilder:printcolumn:name="Interface",type=string,JSONPath=`.spec.interface`
 // +kubebuilder:printcolumn:name="ASN",type=integer,JSONPath=`.spec.asn`
 // +kubebuilder:printcolumn:name="My ASN",type=integer,JSONPath=`.spec.myASN`
 // +kubebuilder:printcolumn:name="Sessions",type=integer,JSONPath=`.status.sessions`
@@ -277,6 +278,8 @@ type WeirAddressPoolList struct {
 // +kubebuilder:printcolumn:name="Multihop TTL",type=integer,JSONPath=`.spec.ebgpMultihopTTL`,priority=1
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceAddress`,priority=1
 // +kubebuilder:printcolumn:name="BFD RX",type=integer,JSONPath=`.spec.bfd.receiveInterval`,priority=1
+// +kubebuilder:printcolumn:name="Dynamic ASN",type=string,JSONPath=`.spec.dynamicASN`,priority=1
+// +kubebuilder:printcolumn:name="VRF",type=string,JSONPath=`.spec.vrf`,priority=1
 type WeirBGPPeer struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -288,15 +291,42 @@ type WeirBGPPeer struct {
 // BGPPeerSpec is the router and the session.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || self.keepaliveSeconds < (has(self.holdTimeSeconds) && self.holdTimeSeconds != 0 ? self.holdTimeSeconds : 90)",message="less than the hold time (holdTimeSeconds, 90 when 0)",fieldPath=".keepaliveSeconds"
-// +kubebuilder:validation:XValidation:rule="!has(self.sourceAddress) || !isIP(self.address) || !isIP(self.sourceAddress) || ip(self.sourceAddress).family() == ip(self.address).family()",message="of the address family of spec.address",fieldPath=".sourceAddress"
+// +kubebuilder:validation:XValidation:rule="!has(self.sourceAddress) || !has(self.address) || !isIP(self.address) || !isIP(self.sourceAddress) || ip(self.sourceAddress).family() == ip(self.address).family()",message="of the address family of spec.address",fieldPath=".sourceAddress"
+// +kubebuilder:validation:XValidation:rule="has(self.address) || has(self.interface)",message="address, or interface for an unnumbered peer"
+// +kubebuilder:validation:XValidation:rule="has(self.asn) != has(self.dynamicASN)",message="one of asn and dynamicASN"
 type BGPPeerSpec struct {
-	// Address is the router's address.
+	// Address is the router's address; empty with Interface for an
+	// unnumbered peer. An IPv6 link-local address (fe80::/10) is written
+	// without a zone, its interface in Interface.
 	//
+	// +optional
 	// +kubebuilder:validation:MaxLength=45
-	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="an IPv4 or IPv6 address"
-	Address string `json:"address"`
-	// ASN is the router's AS.
-	ASN ASN `json:"asn"`
+	// +kubebuilder:validation:XValidation:rule="self == '' || isIP(self)",message="an IPv4 or IPv6 address"
+	Address string `json:"address,omitempty"`
+	// Interface is the node's interface the router is on: with no address
+	// the router is its one IPv6 link-local neighbour (unnumbered, IPv4
+	// routes over an IPv6 next hop, RFC 8950); with a link-local address,
+	// the link it is on.
+	//
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.@-]{1,15}$`
+	Interface string `json:"interface,omitempty"`
+	// ASN is the router's AS; or DynamicASN.
+	//
+	// +optional
+	ASN ASN `json:"asn,omitempty"`
+	// DynamicASN stands for ASN: "internal" (the nodes' own AS) or
+	// "external" (the AS the router's OPEN says).
+	//
+	// +optional
+	// +kubebuilder:validation:Enum=internal;external
+	DynamicASN string `json:"dynamicASN,omitempty"`
+	// VRF is a Linux VRF device the session is bound to; empty means the
+	// default routing table.
+	//
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.@-]{1,15}$`
+	VRF string `json:"vrf,omitempty"`
 	// MyASN is the nodes' own AS in this session.
 	MyASN ASN `json:"myASN"`
 	// Port is the router's port; 0 means 179.
