@@ -19,6 +19,7 @@ import (
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
+	"github.com/osrg/gobgp/v3/pkg/config/oc"
 	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
 	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v3/pkg/server"
@@ -32,9 +33,20 @@ import (
 
 // Peer is an upstream router.
 type Peer struct {
-	Address  netip.Addr
-	Port     uint16 // 0 means 179
-	ASN      uint32
+	// Address is the router's; an IPv6 link-local one carries its
+	// interface as zone. The zero Addr with Interface is an unnumbered
+	// router.
+	Address netip.Addr
+	// Interface, with no Address, is where an unnumbered router is: the
+	// one IPv6 link-local neighbour the kernel knows on it.
+	Interface string
+	Port      uint16 // 0 means 179
+	// ASN is the router's AS; 0 with DynamicASN.
+	ASN        uint32
+	DynamicASN bgpnumbers.DynamicASN
+	// VRF is the device the session is bound to (SO_BINDTODEVICE); "" for
+	// none.
+	VRF      string
 	MyASN    uint32        // 0 means the speaker's own AS
 	HoldTime time.Duration // 0 means 90 s
 	Password string        // TCP MD5, optional
@@ -335,7 +347,11 @@ func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
 	g := &GoBGP{s: s, asn: cfg.ASN, cfg: cfg, dynamic: map[netip.Addr]Peer{}, notes: notes, reopen: map[netip.Addr]*time.Timer{}}
 	g.bfd = bfd.New(cfg.Log.With("component", "bfd"), g.bfdChanged)
 	for _, p := range cfg.Peers {
-		if err := g.addPeer(ctx, p); err != nil {
+		p, err := resolve(p)
+		if err == nil {
+			err = g.addPeer(ctx, p)
+		}
+		if err != nil {
 			g.bfd.Close()
 			s.Stop()
 			return nil, err
@@ -428,6 +444,24 @@ var families = []*api.Family{
 	{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST},
 }
 
+// resolve finds an unnumbered router: the one IPv6 link-local neighbour
+// on its interface, as GoBGP's own unnumbered peers do (which a router's
+// advertisements, or any neighbour discovery, put in the kernel's table).
+// Until there is one the peer cannot be dialled: the caller tries again.
+func resolve(p Peer) (Peer, error) {
+	if p.Address.IsValid() || p.Interface == "" {
+		return p, nil
+	}
+	s, err := oc.GetIPv6LinkLocalNeighborAddress(p.Interface)
+	if err != nil {
+		return p, fmt.Errorf("unnumbered peer on %q: no IPv6 link-local neighbour to dial yet: %w", p.Interface, err)
+	}
+	if p.Address, err = netip.ParseAddr(s); err != nil {
+		return p, fmt.Errorf("unnumbered peer on %q: %w", p.Interface, err)
+	}
+	return p, nil
+}
+
 func (g *GoBGP) addPeer(ctx context.Context, p Peer) error {
 	if err := g.s.AddPeer(ctx, &api.AddPeerRequest{Peer: g.peerConfig(p)}); err != nil {
 		return fmt.Errorf("adding peer %s: %w", p.Address, err)
@@ -443,10 +477,11 @@ func (g *GoBGP) peerConfig(p Peer) *api.Peer {
 		keepalive = uint64(p.Keepalive / time.Second)
 	}
 	peer := &api.Peer{
-		Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.ASN, LocalAsn: p.MyASN, AuthPassword: p.Password},
+		Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: bgpnumbers.RemoteAS(p.ASN, p.DynamicASN, cmp.Or(p.MyASN, g.asn)),
+			LocalAsn: p.MyASN, AuthPassword: p.Password},
 		Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: keepalive,
 			ConnectRetry: uint64(cmp.Or(p.ConnectRetry, bgpnumbers.DefaultConnectRetry) / time.Second)}},
-		Transport: &api.Transport{RemotePort: uint32(p.Port)},
+		Transport: &api.Transport{RemotePort: uint32(p.Port), BindInterface: p.VRF},
 	}
 	if p.EBGPMultihopTTL > 0 {
 		peer.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.EBGPMultihopTTL)}
@@ -479,10 +514,15 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	want := make(map[netip.Addr]Peer, len(peers))
+	var first error
 	for _, p := range peers {
+		p, err := resolve(p)
+		if err != nil {
+			first = cmp.Or(first, err)
+			continue
+		}
 		want[p.Address] = p
 	}
-	var first error
 	// BFD is not GoBGP's: a change of it alone leaves the BGP session be.
 	bgpOnly := func(p Peer) Peer { p.BFD = nil; return p }
 	for addr, had := range g.dynamic {

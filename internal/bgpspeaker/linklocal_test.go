@@ -1,0 +1,93 @@
+package bgpspeaker
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	api "github.com/osrg/gobgp/v3/api"
+
+	"github.com/weirlb/weir/internal/bgpnumbers"
+)
+
+// TestLinkLocalAndDynamicPeers: a link-local router is dialled on its
+// interface, a dynamic AS becomes the AS GoBGP expects (the speaker's own
+// for "internal", any for "external"), a VRF binds the session to its
+// device, and an unnumbered peer whose interface has no link-local
+// neighbour yet is an error that names the interface (the caller retries)
+// and leaves the other peers be.
+func TestLinkLocalAndDynamicPeers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g, err := Start(ctx, Config{ASN: 4200000001, RouterID: netip.MustParseAddr("192.0.2.100")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	// GoBGP dials a link-local router from the interface's own
+	// link-local address, so the interface must have one.
+	link := linkLocalInterface(t)
+	leaf := Peer{Address: netip.MustParseAddr("fe80::1%" + link), DynamicASN: bgpnumbers.External, VRF: "lo"}
+	spine := Peer{Address: netip.MustParseAddr("2001:db8::1"), DynamicASN: bgpnumbers.Internal}
+	type session struct {
+		neighbor, bind string
+		asn            uint32
+	}
+	check := func(when string, want map[string]session) {
+		t.Helper()
+		got := map[string]session{}
+		if err := g.s.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+			got[p.GetConf().GetNeighborAddress()] = session{neighbor: p.GetConf().GetNeighborAddress(),
+				bind: p.GetTransport().GetBindInterface(), asn: p.GetConf().GetPeerAsn()}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s: GoBGP holds %v; want %v", when, got, want)
+		}
+		for addr, w := range want {
+			if got[addr] != w {
+				t.Errorf("%s: GoBGP holds %s as %+v; want %+v", when, addr, got[addr], w)
+			}
+		}
+	}
+	if err := g.SetPeers(ctx, []Peer{leaf, spine}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]session{
+		"fe80::1%" + link: {neighbor: "fe80::1%" + link, bind: "lo", asn: 0},
+		"2001:db8::1":     {neighbor: "2001:db8::1", asn: 4200000001},
+	}
+	check("set", want)
+
+	// lo has no link-local neighbour: nothing to dial yet.
+	unnumbered := Peer{Interface: "lo", ASN: 64500}
+	err = g.SetPeers(ctx, []Peer{leaf, spine, unnumbered})
+	if err == nil || !strings.Contains(err.Error(), `"lo"`) || !strings.Contains(err.Error(), "link-local neighbour") {
+		t.Errorf("an unnumbered peer on lo: %v; want an error naming lo and its missing link-local neighbour", err)
+	}
+	check("an unnumbered peer not found", want)
+}
+
+// linkLocalInterface is an interface of this host with an IPv6 link-local
+// address.
+func linkLocalInterface(t *testing.T) string {
+	t.Helper()
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range ifaces {
+		addrs, _ := i.Addrs()
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is6() && p.Addr().IsLinkLocalUnicast() {
+				return i.Name
+			}
+		}
+	}
+	t.Skip("no interface of this host has an IPv6 link-local address to dial a link-local router from")
+	return ""
+}
