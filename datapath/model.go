@@ -6,6 +6,7 @@ package datapath
 import (
 	"cmp"
 	"github.com/weirlb/weir/internal/bfd"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	"net/netip"
 	"slices"
 	"strings"
@@ -265,6 +266,14 @@ type BGPPeer struct {
 	Keepalive, ConnectRetry time.Duration
 	// BFD runs a BFD session beside the BGP one; nil for none.
 	BFD *bfd.Profile
+	// Interface is the node's interface of a link-local router (Address
+	// is then link-local, without a zone) or an unnumbered one (no
+	// Address).
+	Interface string
+	// DynamicASN stands for ASN (then 0).
+	DynamicASN bgpnumbers.DynamicASN
+	// VRF is the device the session is bound to; "" for none.
+	VRF string
 }
 
 // Equal tells whether two peers are configured alike.

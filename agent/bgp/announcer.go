@@ -97,7 +97,14 @@ func (a *Announcer) setPeers(from []datapath.BGPPeer) {
 	for i, p := range from {
 		peers[i] = Peer{Address: p.Address, Port: p.Port, ASN: p.ASN, MyASN: p.MyASN, HoldTime: p.HoldTime, Password: p.Password,
 			EBGPMultihopTTL: p.EBGPMultihopTTL, SourceAddress: p.SourceAddress, Keepalive: p.Keepalive, ConnectRetry: p.ConnectRetry,
-			BFD: p.BFD}
+			BFD: p.BFD, DynamicASN: p.DynamicASN, VRF: p.VRF}
+		switch {
+		case p.Address.IsValid() && p.Interface != "":
+			// A link-local address means nothing without its link.
+			peers[i].Address = p.Address.WithZone(p.Interface)
+		case p.Interface != "":
+			peers[i].Interface = p.Interface
+		}
 		if p.GracefulRestart {
 			peers[i].GracefulRestart = PeerGracefulRestart
 		}

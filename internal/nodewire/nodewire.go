@@ -13,6 +13,7 @@ import (
 
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bfd"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	"github.com/weirlb/weir/internal/bgpcommunity"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
@@ -37,7 +38,11 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 		np := &weirv1.NodePeer{Address: p.Address.String(), Port: int32(p.Port), Asn: p.ASN, MyAsn: p.MyASN,
 			HoldTimeSeconds: int32(p.HoldTime / time.Second), Password: p.Password, Name: p.Name, GracefulRestart: p.GracefulRestart,
 			EbgpMultihopTtl: uint32(p.EBGPMultihopTTL), KeepaliveSeconds: int32(p.Keepalive / time.Second),
-			ConnectRetrySeconds: int32(p.ConnectRetry / time.Second), Bfd: EncodeBFD(p.BFD)}
+			ConnectRetrySeconds: int32(p.ConnectRetry / time.Second), Bfd: EncodeBFD(p.BFD),
+			Interface: p.Interface, DynamicAsn: string(p.DynamicASN), Vrf: p.VRF}
+		if !p.Address.IsValid() {
+			np.Address = "" // unnumbered
+		}
 		if p.SourceAddress.IsValid() {
 			np.SourceAddress = p.SourceAddress.String()
 		}
@@ -117,9 +122,14 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 		info.DrainDeadline = d.AsTime()
 	}
 	for i, p := range n.GetBgpPeers() {
-		a, err := netip.ParseAddr(p.GetAddress())
-		if err != nil {
-			return datapath.NodeInfo{}, fmt.Errorf("node.bgp_peers[%d].address: %w", i, err)
+		var a netip.Addr
+		if s := p.GetAddress(); s != "" || p.GetInterface() == "" {
+			if a, err = netip.ParseAddr(s); err != nil {
+				return datapath.NodeInfo{}, fmt.Errorf("node.bgp_peers[%d].address: %w", i, err)
+			}
+			if a.Zone() != "" {
+				return datapath.NodeInfo{}, fmt.Errorf("node.bgp_peers[%d].address: %s carries a zone: the interface is its own field", i, s)
+			}
 		}
 		port, err := port16(fmt.Sprintf("node.bgp_peers[%d].port", i), p.GetPort(), true)
 		if err != nil {
@@ -142,6 +152,7 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 			HoldTime: time.Duration(p.GetHoldTimeSeconds()) * time.Second, Password: p.GetPassword(),
 			Name: p.GetName(), GracefulRestart: p.GetGracefulRestart(),
 			EBGPMultihopTTL: uint8(p.GetEbgpMultihopTtl()), SourceAddress: source,
+			Interface: p.GetInterface(), DynamicASN: bgpnumbers.DynamicASN(p.GetDynamicAsn()), VRF: p.GetVrf(),
 			Keepalive:    time.Duration(p.GetKeepaliveSeconds()) * time.Second,
 			ConnectRetry: time.Duration(p.GetConnectRetrySeconds()) * time.Second})
 	}

@@ -48,7 +48,7 @@ func NodeOnRing(v registry.View, name string, ring FlowRing) datapath.NodeInfo {
 				Name: p.Name, GracefulRestart: p.GracefulRestart,
 				// Validation keeps the TTL within 255.
 				EBGPMultihopTTL: uint8(p.EBGPMultihopTTL), SourceAddress: p.SourceAddress, Keepalive: p.Keepalive, ConnectRetry: p.ConnectRetry,
-				BFD: p.BFD,
+				BFD: p.BFD, Interface: p.Interface, DynamicASN: p.DynamicASN, VRF: p.VRF,
 			})
 		}
 	}
