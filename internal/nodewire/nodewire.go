@@ -13,8 +13,8 @@ import (
 
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/internal/bfd"
-	"github.com/weirlb/weir/internal/bgpnumbers"
 	"github.com/weirlb/weir/internal/bgpcommunity"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 )
 
