@@ -71,7 +71,12 @@ func customResources(pools []*weirv1.AddressPool, peers []*weirv1.BgpPeer, secre
 		docs = append(docs, customResource(crdAddressPoolKind, p.GetMetadata(), spec))
 	}
 	for _, p := range peers {
-		spec := map[string]any{"address": p.GetAddress(), "asn": p.GetAsn(), "myASN": p.GetMyAsn()}
+		spec := map[string]any{"myASN": p.GetMyAsn()}
+		set(spec, "address", p.GetAddress(), p.GetAddress() != "")
+		set(spec, "interface", p.GetInterface(), p.GetInterface() != "")
+		set(spec, "asn", p.GetAsn(), p.GetAsn() != 0)
+		set(spec, "dynamicASN", p.GetDynamicAsn(), p.GetDynamicAsn() != "")
+		set(spec, "vrf", p.GetVrf(), p.GetVrf() != "")
 		set(spec, "port", p.GetPort(), p.GetPort() != 0)
 		set(spec, "holdTimeSeconds", p.GetHoldTimeSeconds(), p.GetHoldTimeSeconds() != 0)
 		set(spec, "nodeSelector", p.GetNodeSelector(), len(p.GetNodeSelector()) > 0)

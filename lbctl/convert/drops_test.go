@@ -51,12 +51,8 @@ func TestNothingIsDroppedSilently(t *testing.T) {
 			"L2Advertisement/a", "spec.serviceSelectors"},
 		"L2Advertisement preferredNodeSelectors": {poolDoc + "apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: a\nspec:\n  ipAddressPools: [first-pool]\n  preferredNodeSelectors:\n  - weight: 100\n    preference:\n      matchLabels: {zone: a}\n",
 			"L2Advertisement/a", "spec.preferredNodeSelectors"},
-		"BGPPeer interface": {"apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata:\n  name: unnumbered\nspec:\n  myASN: 64512\n  peerASN: 64513\n  interface: eth1\n",
-			"BGPPeer/unnumbered", ""},
 		"BGPPeer dualStackAddressFamily false": {"apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata:\n  name: p\nspec:\n  myASN: 64512\n  peerASN: 64513\n  peerAddress: 192.0.2.1\n  dualStackAddressFamily: false\n",
 			"BGPPeer/p", "spec.dualStackAddressFamily"},
-		"BGPPeer dynamicASN": {"apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata:\n  name: p\nspec:\n  myASN: 64512\n  dynamicASN: external\n  peerAddress: 192.0.2.1\n",
-			"BGPPeer/p", ""},
 		"a BGPPeer in a Kubernetes List": {"apiVersion: v1\nkind: List\nitems:\n- apiVersion: metallb.io/v1beta2\n  kind: BGPPeer\n  metadata:\n    name: p\n  spec:\n    myASN: 64512\n    peerASN: 64513\n    peerAddress: 192.0.2.1\n    bfdProfile: fast\n",
 			"BGPPeer/p", "spec.bfdProfile"},
 	} {
@@ -80,24 +76,6 @@ func TestLocalASNIsTheSessionsASN(t *testing.T) {
 	}
 	if len(r.Peers) != 1 || r.Peers[0].GetMyAsn() != 4200000001 {
 		t.Errorf("peers %v; want one with my_asn 4200000001 (the localASN)", r.Peers)
-	}
-}
-
-// TestAnUnnumberedPeerIsNoPeer: a BGPPeer by interface, without an
-// address, becomes no BgpPeer (not one with an empty address) and a note
-// saying why.
-func TestAnUnnumberedPeerIsNoPeer(t *testing.T) {
-	r, err := FromMetalLB("apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata:\n  name: unnumbered\nspec:\n  myASN: 64512\n  peerASN: 64513\n  interface: eth1\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range r.Peers {
-		if p.GetAddress() == "" {
-			t.Errorf("a peer with no address: %v", p)
-		}
-	}
-	if !hasNote(r, "BGPPeer/unnumbered", "") {
-		t.Errorf("no note on BGPPeer/unnumbered; notes: %q", notesOf(r))
 	}
 }
 

@@ -333,6 +333,7 @@ type peerSpec struct {
 	DynamicASN             string     `json:"dynamicASN,omitempty"`
 	PeerAddress            string     `json:"peerAddress"`
 	Interface              string     `json:"interface,omitempty"`
+	VRF                    string     `json:"vrf,omitempty"`
 	PeerPort               uint16     `json:"peerPort,omitempty"`
 	HoldTime               string     `json:"holdTime,omitempty"`
 	KeepaliveTime          string     `json:"keepaliveTime,omitempty"`
@@ -911,17 +912,11 @@ func oneMatchLabels(sels []selector) (map[string]string, bool) {
 // cannot make its session.
 func (r *Result) convertPeer(o *object, opts Options, bfdProfiles map[string]*weirv1.BfdProfile) *weirv1.BgpPeer {
 	s := o.parsed.(*peerSpec)
-	switch {
-	case s.PeerAddress == "" && s.Interface != "":
-		o.leftOutFor("spec.interface", s.Interface)
-		return nil
-	case s.PeerASN == 0 && s.DynamicASN != "":
-		o.leftOutFor("spec.dynamicASN", s.DynamicASN)
-		return nil
-	}
 	peer := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: o.Metadata.Name, Labels: o.Metadata.Labels},
 		Address: s.PeerAddress, Asn: s.PeerASN, MyAsn: s.MyASN, Port: int32(s.PeerPort), Password: s.Password,
-		GracefulRestart: s.GracefulRestart, SourceAddress: s.SourceAddress}
+		GracefulRestart: s.GracefulRestart, SourceAddress: s.SourceAddress,
+		Interface: s.Interface, DynamicAsn: s.DynamicASN, Vrf: s.VRF}
+	o.carry("spec.interface", "spec.dynamicASN", "spec.vrf")
 	o.carry("spec.peerAddress", "spec.peerASN", "spec.myASN", "spec.peerPort", "spec.password", "spec.enableGracefulRestart",
 		"spec.sourceAddress", "spec.ebgpMultiHop")
 	if s.EBGPMultiHop {
