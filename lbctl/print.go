@@ -324,12 +324,24 @@ func seconds(s int32) string {
 
 var peerColumns = []column{
 	col("ADDRESS", func(p *weirv1.BgpPeer) string {
-		if p.GetPort() != 0 {
-			return net.JoinHostPort(p.GetAddress(), strconv.Itoa(int(p.GetPort())))
+		addr := p.GetAddress()
+		switch {
+		case addr == "" && p.GetInterface() != "":
+			return p.GetInterface() + " (unnumbered)"
+		case p.GetInterface() != "":
+			addr += "%" + p.GetInterface() // as ping and ip(8) write a link-local address
 		}
-		return p.GetAddress()
+		if p.GetPort() != 0 {
+			return net.JoinHostPort(addr, strconv.Itoa(int(p.GetPort())))
+		}
+		return addr
 	}),
-	col("ASN", func(p *weirv1.BgpPeer) string { return strconv.FormatUint(uint64(p.GetAsn()), 10) }),
+	col("ASN", func(p *weirv1.BgpPeer) string {
+		if d := p.GetDynamicAsn(); d != "" {
+			return d
+		}
+		return strconv.FormatUint(uint64(p.GetAsn()), 10)
+	}),
 	col("MY-ASN", func(p *weirv1.BgpPeer) string { return strconv.FormatUint(uint64(p.GetMyAsn()), 10) }),
 	col("NODES", func(p *weirv1.BgpPeer) string {
 		if len(p.GetNodeSelector()) == 0 {
