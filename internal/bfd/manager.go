@@ -2,6 +2,7 @@ package bfd
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -219,6 +220,9 @@ func (m *Manager) listen(s Session) error {
 			if lk.ipv4 {
 				return syscall.SetsockoptInt(fd, syscall.IPPROTO_IP, syscall.IP_RECVTTL, 1)
 			}
+			if err := syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_RECVPKTINFO, 1); err != nil {
+				return err
+			}
 			return syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_RECVHOPLIMIT, 1)
 		})
 	}}
@@ -255,8 +259,8 @@ func (m *Manager) receive(conn *net.UDPConn, multiHop bool) {
 			m.log.Debug("BFD packet dropped", "from", from, "err", err)
 			continue
 		}
-		ttl, ok := receivedTTL(oob[:oobn])
-		r := m.lookup(p, from.Addr(), multiHop)
+		ttl, ok, link := received(oob[:oobn])
+		r := m.lookup(p, from.Addr(), link, multiHop)
 		if r == nil {
 			continue
 		}
@@ -271,8 +275,9 @@ func (m *Manager) receive(conn *net.UDPConn, multiHop bool) {
 }
 
 // lookup finds a packet's session: by its Your Discriminator, or, while
-// the peer does not know ours yet, by its source address.
-func (m *Manager) lookup(p packet, from netip.Addr, multiHop bool) *runner {
+// the peer does not know ours yet, by its source address; link is the
+// index of the device it came in on, 0 if unknown.
+func (m *Manager) lookup(p packet, from netip.Addr, link int, multiHop bool) *runner {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	from = from.Unmap()
@@ -280,48 +285,50 @@ func (m *Manager) lookup(p packet, from netip.Addr, multiHop bool) *runner {
 		// The discriminator picks the session (RFC 5880 6.8.6), and only
 		// a packet from its peer, on its port, may speak for it: the
 		// other port's TTL rule is not the session's.
-		if r := m.byDisc[p.YourDisc]; r != nil && r.sentBy(from, multiHop) {
+		if r := m.byDisc[p.YourDisc]; r != nil && r.sentBy(from, link, multiHop) {
 			return r
 		}
 		return nil
 	}
 	for _, r := range m.sessions {
-		if r.sentBy(from, multiHop) {
+		if r.sentBy(from, link, multiHop) {
 			return r
 		}
 	}
 	return nil
 }
 
-// sentBy says whether a packet from addr, on a port of multiHop, is from
-// the session's peer: the same address and, for a link-local one, the
-// same link, since unnumbered links often give every router the same
-// link-local address.
-func (r *runner) sentBy(from netip.Addr, multiHop bool) bool {
+// sentBy says whether a packet from addr, arrived on the device of index
+// link, on a port of multiHop, is from the session's peer: the same
+// address and, for a link-local one, the same link, since unnumbered links
+// often give every router the same link-local address. Links are compared
+// by index: a device's name is only known in its network namespace.
+func (r *runner) sentBy(from netip.Addr, link int, multiHop bool) bool {
 	if r.cfg.MultiHop != multiHop || r.cfg.Peer.WithZone("") != from.WithZone("") {
 		return false
 	}
-	link := cmpOr(r.cfg.Peer.Zone(), r.cfg.Interface)
-	// The kernel names the link of link-local sources only.
-	return link == "" || from.Zone() == "" || from.Zone() == link
+	return r.link == 0 || link == 0 || link == r.link
 }
 
-// receivedTTL reads the TTL (hop limit) of a received packet.
-func receivedTTL(oob []byte) (int, bool) {
+// received reads the TTL (hop limit) of a received packet and, for IPv6,
+// the index of the device it came in on.
+func received(oob []byte) (ttl int, ok bool, link int) {
 	msgs, err := syscall.ParseSocketControlMessage(oob)
 	if err != nil {
-		return 0, false
+		return 0, false, 0
 	}
 	for _, msg := range msgs {
-		if len(msg.Data) < 1 {
-			continue
-		}
-		if (msg.Header.Level == syscall.IPPROTO_IP && msg.Header.Type == syscall.IP_TTL) ||
-			(msg.Header.Level == syscall.IPPROTO_IPV6 && msg.Header.Type == syscall.IPV6_HOPLIMIT) {
-			return int(msg.Data[0]), true // an int in host order; TTLs fit its low byte
+		switch {
+		case len(msg.Data) < 1:
+		case (msg.Header.Level == syscall.IPPROTO_IP && msg.Header.Type == syscall.IP_TTL) ||
+			(msg.Header.Level == syscall.IPPROTO_IPV6 && msg.Header.Type == syscall.IPV6_HOPLIMIT):
+			ttl, ok = int(msg.Data[0]), true // an int in host order; TTLs fit its low byte
+		case msg.Header.Level == syscall.IPPROTO_IPV6 && msg.Header.Type == syscall.IPV6_PKTINFO && len(msg.Data) >= 20:
+			// struct in6_pktinfo: the address, then the index in host order.
+			link = int(binary.NativeEndian.Uint32(msg.Data[16:20]))
 		}
 	}
-	return 0, false
+	return ttl, ok, link
 }
 
 func setsockopt(c syscall.RawConn, f func(fd int) error) error {

@@ -169,13 +169,13 @@ func TestPacketsAreMatchedToTheirPeerAndPort(t *testing.T) {
 	r := a.sessions[key{peer: peer}]
 	a.mu.Unlock()
 	p := packet{State: Down, DetectMult: 3, MyDisc: 7, YourDisc: r.disc}
-	if got := a.lookup(p, peer, false); got != r {
+	if got := a.lookup(p, peer, 0, false); got != r {
 		t.Fatalf("the peer's own packet: session %v", got)
 	}
-	if got := a.lookup(p, netip.MustParseAddr("127.0.0.2"), false); got != nil {
+	if got := a.lookup(p, netip.MustParseAddr("127.0.0.2"), 0, false); got != nil {
 		t.Errorf("the session's discriminator from another address: taken by %+v", got.cfg)
 	}
-	if got := a.lookup(p, peer, true); got != nil {
+	if got := a.lookup(p, peer, 0, true); got != nil {
 		t.Errorf("a single-hop session's discriminator on the multi-hop port: taken by %+v", got.cfg)
 	}
 }
@@ -259,18 +259,18 @@ func TestLinkLocalPeersAreToldApartByLink(t *testing.T) {
 		r := a.sessions[keyOf(s)]
 		a.mu.Unlock()
 		for _, tc := range []struct {
-			from string
+			link int // lo is 1
 			your uint32
 			want *runner
 		}{
-			{"fe80::1%lo", 0, r},
-			{"fe80::1%lo", r.disc, r},
-			{"fe80::1%eth7", 0, nil},
-			{"fe80::1%eth7", r.disc, nil},
+			{1, 0, r},
+			{1, r.disc, r},
+			{7, 0, nil},
+			{7, r.disc, nil},
 		} {
 			p := packet{State: Down, DetectMult: 3, MyDisc: 7, YourDisc: tc.your}
-			if got := a.lookup(p, netip.MustParseAddr(tc.from), false); got != tc.want {
-				t.Errorf("session %+v, a packet from %s to discriminator %d: taken %v; want %v", s, tc.from, tc.your, got != nil, tc.want != nil)
+			if got := a.lookup(p, netip.MustParseAddr("fe80::1"), tc.link, false); got != tc.want {
+				t.Errorf("session %+v, a packet from link %d to discriminator %d: taken %v; want %v", s, tc.link, tc.your, got != nil, tc.want != nil)
 			}
 		}
 	}

@@ -1,8 +1,10 @@
 package bfd
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +20,9 @@ type runner struct {
 	disc uint32
 	conn *net.UDPConn
 	dst  *net.UDPAddr
+	// link is the index of a link-local peer's device, 0 for other
+	// peers.
+	link int
 
 	rx       chan packet
 	profiles chan Profile
@@ -34,20 +39,30 @@ type runner struct {
 
 // start opens a session's socket and starts its goroutine; m.mu is held.
 func (m *Manager) start(s Session) (*runner, error) {
+	link := 0
+	if s.Peer.Is6() && s.Peer.IsLinkLocalUnicast() {
+		// Resolved now, in the caller's network namespace, where the
+		// device's name means that device.
+		ifi, err := net.InterfaceByName(cmpOr(s.Peer.Zone(), s.Interface))
+		if err != nil {
+			return nil, fmt.Errorf("bfd: session with %s: %w", s.Peer, err)
+		}
+		link = ifi.Index
+	}
 	conn, err := dial(s)
 	if err != nil {
 		return nil, err
 	}
 	r := &runner{
-		m: m, cfg: s, disc: m.newDisc(), conn: conn,
-		dst: &net.UDPAddr{IP: s.Peer.AsSlice(), Zone: s.Peer.Zone(), Port: m.peerPorts[hop(s)]},
+		m: m, cfg: s, disc: m.newDisc(), conn: conn, link: link,
+		dst: &net.UDPAddr{IP: s.Peer.AsSlice(), Port: m.peerPorts[hop(s)]},
 		rx:  make(chan packet, 16), profiles: make(chan Profile, 1),
 		quit: make(chan struct{}), done: make(chan struct{}),
 		status: Status{Peer: s.Peer, MultiHop: s.MultiHop, State: Down},
 	}
 	r.minTTL.Store(uint32(s.Profile.minimumTTL()))
-	if s.Interface != "" && s.Peer.Zone() == "" && s.Peer.Is6() && s.Peer.IsLinkLocalUnicast() {
-		r.dst.Zone = s.Interface
+	if link != 0 {
+		r.dst.Zone = strconv.Itoa(link)
 	}
 	m.wg.Add(1)
 	go func() {

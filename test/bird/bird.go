@@ -57,8 +57,10 @@ type BFDPeer struct {
 	Address string
 	// Local is the router's own address of the session; multi-hop needs
 	// it.
-	Local    string
-	MultiHop bool
+	Local string
+	// Interface is the router's device of a link-local peer.
+	Interface string
+	MultiHop  bool
 }
 
 // Start writes the configuration into a new temporary folder and starts
@@ -112,6 +114,9 @@ func config(cfg Config, dir string) string {
 			ms, ms, cfg.BFD.Multiplier, ms, ms, cfg.BFD.Multiplier)
 		for _, p := range cfg.BFD.Peers {
 			fmt.Fprintf(&b, "  neighbor %s", p.Address)
+			if p.Interface != "" {
+				fmt.Fprintf(&b, " dev \"%s\"", p.Interface)
+			}
 			if p.Local != "" {
 				fmt.Fprintf(&b, " local %s", p.Local)
 			}

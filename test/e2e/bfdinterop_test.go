@@ -17,9 +17,10 @@ import (
 
 // TestBFDInterop: Weir's BFD (package bfd, alone, in node1's namespace)
 // runs sessions at 100 ms × 3 with FRR's bfdd and with BIRD's protocol bfd
-// in the router's namespace: single hop over IPv4 on the rack LAN, and
-// multi-hop over IPv6 to the router's far address. Both sessions come Up on
-// both sides; BFD packets dropped in the router's namespace take both sides
+// in the router's namespace: single hop over IPv4 on the rack LAN, single
+// hop between the IPv6 link-local addresses of that link (unnumbered, by
+// device), and multi-hop over IPv6 to the router's far address. Every
+// session comes Up on both sides; BFD packets dropped in the router's namespace take both sides
 // Down within the detection time; lifting the drop brings them Up again;
 // closing the manager tells the router AdminDown.
 func TestBFDInterop(t *testing.T) {
@@ -64,9 +65,8 @@ func (r frrPeers) bfdDownAt(peer netip.Addr, since time.Time) time.Time {
 
 type birdPeers struct{ *bird.Router }
 
-// bfdState: BIRD shows one session per address, so the lab gives its
-// single-hop and multi-hop sessions addresses of different families. BIRD
-// does not show what the peer said.
+// bfdState: BIRD shows one session per address, so the lab gives each
+// session an address of its own. BIRD does not show what the peer said.
 func (r birdPeers) bfdState(ctx context.Context, peer netip.Addr, _ bool) (string, bool, error) {
 	states, err := r.BFDSessions(ctx)
 	return strings.ToLower(states[peer.String()]), false, err
@@ -81,14 +81,26 @@ func testBFDInterop(t *testing.T, l *lab.Lab, impl string) {
 	node1 := l.Nodes[0]
 	const interval, multiplier = 100 * time.Millisecond, 3
 	profile := bfd.Profile{ReceiveInterval: interval, TransmitInterval: interval, DetectMultiplier: multiplier}
-	single := bfd.Session{Peer: lab.RouterLANv4, Profile: profile}
-	multi := bfd.Session{Peer: lab.RouterClientIPv6, Local: node1.IPv6, MultiHop: true, Profile: profile}
+	routerLL, nodeLL := linkLocal(t, l.Router, "br0"), linkLocal(t, node1.Netns, "eth0")
+	// Each session as node1 runs it, and the address the router knows
+	// node1 by in it.
+	type session struct {
+		ours   bfd.Session
+		theirs netip.Addr
+	}
+	sessions := []session{
+		{bfd.Session{Peer: lab.RouterLANv4, Profile: profile}, node1.IPv4},
+		{bfd.Session{Peer: routerLL, Interface: "eth0", Profile: profile}, nodeLL},
+		{bfd.Session{Peer: lab.RouterClientIPv6, Local: node1.IPv6, MultiHop: true, Profile: profile}, node1.IPv6},
+	}
+	multi := &sessions[2].ours
 
 	var r bfdPeerRouter
 	if impl == "FRR" {
 		fr, err := frr.StartTemp(ctx, l.Router, frr.Config{ASN: routerASN, RouterID: lab.RouterLANv4.String(), PeerASN: nodeASN,
 			BFD: &frr.BFD{Interval: interval, Multiplier: multiplier, Peers: []frr.BFDPeer{
 				{Address: node1.IPv4.String()},
+				{Address: nodeLL.String(), Interface: "br0"},
 				{Address: node1.IPv6.String(), Local: lab.RouterClientIPv6.String(), MultiHop: true},
 			}}})
 		if err != nil {
@@ -106,6 +118,7 @@ func testBFDInterop(t *testing.T, l *lab.Lab, impl string) {
 		br := startBIRDIn(t, l.Router, bird.Config{RouterID: lab.RouterLANv4.String(),
 			BFD: &bird.BFD{Interval: interval, Multiplier: multiplier, Peers: []bird.BFDPeer{
 				{Address: node1.IPv4.String()},
+				{Address: nodeLL.String(), Interface: "br0"},
 				{Address: node1.IPv6.String(), Local: lab.RouterClientIPv6.String(), MultiHop: true},
 			}}})
 		t.Cleanup(func() {
@@ -132,16 +145,12 @@ func testBFDInterop(t *testing.T, l *lab.Lab, impl string) {
 	t.Cleanup(m.Close)
 	// The sockets are made by Set: made in node1's namespace, they stay
 	// there.
-	if err := node1.Do(func() error { return m.Set([]bfd.Session{single, multi}) }); err != nil {
-		t.Fatal(err)
+	var ours []bfd.Session
+	for _, s := range sessions {
+		ours = append(ours, s.ours)
 	}
-	sessions := []bfd.Session{single, multi}
-	// routerPeer is the address the router knows a session's other end by.
-	routerPeer := func(s bfd.Session) netip.Addr {
-		if s.MultiHop {
-			return node1.IPv6
-		}
-		return node1.IPv4
+	if err := node1.Do(func() error { return m.Set(ours) }); err != nil {
+		t.Fatal(err)
 	}
 	// awaitUsable waits for onChange to say usable of every session, and
 	// says when each did.
@@ -165,15 +174,15 @@ func testBFDInterop(t *testing.T, l *lab.Lab, impl string) {
 	bothSidesUp := func() {
 		t.Helper()
 		awaitUsable(true, 10*time.Second)
-		eventually(t, "both sides of both sessions Up at 300 ms detection", func() error {
+		eventually(t, "both sides of every session Up at 300 ms detection", func() error {
 			for _, st := range m.Status() {
 				if st.State != bfd.Up || !st.Usable || st.DetectTime != multiplier*interval {
 					return fmt.Errorf("ours: %+v", st)
 				}
 			}
 			for _, s := range sessions {
-				if state, _, err := r.bfdState(ctx, routerPeer(s), s.MultiHop); err != nil || state != "up" {
-					return fmt.Errorf("the router's session with %s (multi-hop %v): %q, %v", routerPeer(s), s.MultiHop, state, err)
+				if state, _, err := r.bfdState(ctx, s.theirs, s.ours.MultiHop); err != nil || state != "up" {
+					return fmt.Errorf("the router's session with %s (multi-hop %v): %q, %v", s.theirs, s.ours.MultiHop, state, err)
 				}
 			}
 			return nil
@@ -200,28 +209,28 @@ func testBFDInterop(t *testing.T, l *lab.Lab, impl string) {
 	t.Cleanup(lift)
 	// Detection takes 300 ms; a second is slack for a loaded machine, and
 	// still a third of BGP's shortest hold time.
-	ours := awaitUsable(false, time.Second)
+	down := awaitUsable(false, time.Second)
 	for _, s := range sessions {
-		t.Logf("%s: Weir found its session with %s down in %v (detection time %v)", impl, s.Peer, ours[s.Peer].Sub(start).Round(time.Millisecond), multiplier*interval)
+		t.Logf("%s: Weir found its session with %s down in %v (detection time %v)", impl, s.ours.Peer, down[s.ours.Peer].Sub(start).Round(time.Millisecond), multiplier*interval)
 	}
 	eventually(t, "the router's sessions down", func() error {
 		for _, s := range sessions {
-			if state, _, err := r.bfdState(ctx, routerPeer(s), s.MultiHop); err != nil || state == "up" {
-				return fmt.Errorf("the router's session with %s: %q, %v", routerPeer(s), state, err)
+			if state, _, err := r.bfdState(ctx, s.theirs, s.ours.MultiHop); err != nil || state == "up" {
+				return fmt.Errorf("the router's session with %s: %q, %v", s.theirs, state, err)
 			}
 		}
 		return nil
 	})
 	for _, s := range sessions {
-		at := r.bfdDownAt(routerPeer(s), start)
+		at := r.bfdDownAt(s.theirs, start)
 		if at.IsZero() {
-			t.Errorf("%s logged no Up to Down of its session with %s", impl, routerPeer(s))
+			t.Errorf("%s logged no Up to Down of its session with %s", impl, s.theirs)
 			continue
 		}
 		took := at.Sub(start)
-		t.Logf("%s found its session with %s down in %v", impl, routerPeer(s), took.Round(time.Millisecond))
+		t.Logf("%s found its session with %s down in %v", impl, s.theirs, took.Round(time.Millisecond))
 		if took > time.Second {
-			t.Errorf("%s took %v to find its session with %s down; want under 1s", impl, took, routerPeer(s))
+			t.Errorf("%s took %v to find its session with %s down; want under 1s", impl, took, s.theirs)
 		}
 	}
 	for _, st := range m.Status() {
@@ -239,19 +248,45 @@ func testBFDInterop(t *testing.T, l *lab.Lab, impl string) {
 	m.Close()
 	eventually(t, "the router's sessions down after Close", func() error {
 		for _, s := range sessions {
-			state, adminDown, err := r.bfdState(ctx, routerPeer(s), s.MultiHop)
+			state, adminDown, err := r.bfdState(ctx, s.theirs, s.ours.MultiHop)
 			if err != nil || state == "up" {
-				return fmt.Errorf("the router's session with %s: %q, %v", routerPeer(s), state, err)
+				return fmt.Errorf("the router's session with %s: %q, %v", s.theirs, state, err)
 			}
 			if impl == "FRR" && !adminDown {
-				return fmt.Errorf("the router's session with %s: down, but the peer's AdminDown not seen", routerPeer(s))
+				return fmt.Errorf("the router's session with %s: down, but the peer's AdminDown not seen", s.theirs)
 			}
 		}
 		return nil
 	})
 	for _, s := range sessions {
-		if at := r.bfdDownAt(routerPeer(s), start); !at.IsZero() {
-			t.Logf("%s took its session with %s down %v after Close", impl, routerPeer(s), at.Sub(start).Round(time.Millisecond))
+		if at := r.bfdDownAt(s.theirs, start); !at.IsZero() {
+			t.Logf("%s took its session with %s down %v after Close", impl, s.theirs, at.Sub(start).Round(time.Millisecond))
 		}
 	}
+}
+
+// linkLocal is the IPv6 link-local address of dev in ns.
+func linkLocal(t *testing.T, ns *lab.Netns, dev string) netip.Addr {
+	t.Helper()
+	var addr netip.Addr
+	eventually(t, "a link-local address on "+dev+" in "+ns.Name, func() error {
+		out, err := ns.Run(context.Background(), "ip", "-6", "-o", "addr", "show", "dev", dev, "scope", "link")
+		if err != nil {
+			return err
+		}
+		// "5: br0    inet6 fe80::1c2f:ff:fe00:1/64 scope link ..."
+		f := strings.Fields(out)
+		for i := range f {
+			if f[i] == "inet6" && i+1 < len(f) {
+				p, err := netip.ParsePrefix(f[i+1])
+				if err != nil {
+					return err
+				}
+				addr = p.Addr()
+				return nil
+			}
+		}
+		return fmt.Errorf("none yet: %q", out)
+	})
+	return addr
 }

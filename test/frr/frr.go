@@ -65,8 +65,10 @@ type BFDPeer struct {
 	Address string
 	// Local is the router's own address of the session; multi-hop needs
 	// it.
-	Local    string
-	MultiHop bool
+	Local string
+	// Interface is the router's device of a link-local peer.
+	Interface string
+	MultiHop  bool
 }
 
 // Start writes the configuration and starts zebra then bgpd in ns.
@@ -137,6 +139,9 @@ func (r *Router) config(cfg Config) string {
 			}
 			if p.Local != "" {
 				fmt.Fprintf(&b, " local-address %s", p.Local)
+			}
+			if p.Interface != "" {
+				fmt.Fprintf(&b, " interface %s", p.Interface)
 			}
 			b.WriteString("\n  profile speakers\n !\n")
 		}
