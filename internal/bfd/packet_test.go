@@ -18,14 +18,52 @@ var upWithPoll = []byte{
 }
 
 func TestPacketWireFormat(t *testing.T) {
-	p := packet{Diag: DiagDetectionExpired, State: Up, Poll: true, DetectMult: 3, MyDisc: 0x11223344, YourDisc: 0x55667788,
-		DesiredMinTx: 300000, RequiredMinRx: 100000}
-	if got := p.marshal(); !bytes.Equal(got, upWithPoll) {
-		t.Errorf("marshal: % x\nwant      % x", got, upWithPoll)
+	for _, tc := range []struct {
+		name string
+		p    packet
+		wire []byte
+	}{
+		{"Up with Poll, diagnostic 1", packet{Diag: DiagDetectionExpired, State: Up, Poll: true, DetectMult: 3, MyDisc: 0x11223344, YourDisc: 0x55667788,
+			DesiredMinTx: 300000, RequiredMinRx: 100000}, upWithPoll},
+		// A first packet: the peer's discriminator unknown, the slow 1 s
+		// of a session not Up (6.8.3).
+		{"Down, your discriminator 0", packet{State: Down, DetectMult: 3, MyDisc: 1, DesiredMinTx: 1000000, RequiredMinRx: 100000}, []byte{
+			0x20, 0x40, 0x03, 0x18,
+			0x00, 0x00, 0x00, 0x01,
+			0x00, 0x00, 0x00, 0x00,
+			0x00, 0x0f, 0x42, 0x40,
+			0x00, 0x01, 0x86, 0xa0,
+			0x00, 0x00, 0x00, 0x00,
+		}},
+		{"Up with Final", packet{State: Up, Final: true, DetectMult: 5, MyDisc: 0xfffffffe, YourDisc: 2, DesiredMinTx: 10000, RequiredMinRx: 60000000}, []byte{
+			0x20, 0xd0, 0x05, 0x18,
+			0xff, 0xff, 0xff, 0xfe,
+			0x00, 0x00, 0x00, 0x02,
+			0x00, 0x00, 0x27, 0x10,
+			0x03, 0x93, 0x87, 0x00,
+			0x00, 0x00, 0x00, 0x00,
+		}},
+		{"AdminDown, diagnostic 7", packet{Diag: DiagAdminDown, State: AdminDown, DetectMult: 3, MyDisc: 9, YourDisc: 8, DesiredMinTx: 1000000, RequiredMinRx: 300000}, []byte{
+			0x27, 0x00, 0x03, 0x18,
+			0x00, 0x00, 0x00, 0x09,
+			0x00, 0x00, 0x00, 0x08,
+			0x00, 0x0f, 0x42, 0x40,
+			0x00, 0x04, 0x93, 0xe0,
+			0x00, 0x00, 0x00, 0x00,
+		}},
+	} {
+		if got := tc.p.marshal(); !bytes.Equal(got, tc.wire) {
+			t.Errorf("%s: marshal: % x\nwant      % x", tc.name, got, tc.wire)
+		}
+		got, err := parse(tc.wire)
+		if err != nil || got != tc.p {
+			t.Errorf("%s: parse: %+v, %v\nwant %+v", tc.name, got, err, tc.p)
+		}
 	}
-	got, err := parse(upWithPoll)
-	if err != nil || got != p {
-		t.Errorf("parse: %+v, %v\nwant %+v", got, err, p)
+	// Bytes beyond the length field (padding a sender may add) are not
+	// the packet's.
+	if _, err := parse(append(bytes.Clone(upWithPoll), 0, 0, 0, 0)); err != nil {
+		t.Errorf("a packet with trailing bytes: %v", err)
 	}
 }
 
