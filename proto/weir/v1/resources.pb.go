@@ -1788,8 +1788,8 @@ type BgpPeer struct {
 	// link-local addresses (MetalLB's interface). With address empty the
 	// peer is unnumbered: the router is the one IPv6 link-local neighbour
 	// the node knows on this interface (heard from its router
-	// advertisements or any neighbour discovery), and IPv4 routes go to it
-	// with the node's IPv6 next hop (RFC 8950 extended next hop). With an
+	// advertisements or any neighbour discovery); the speaker offers it
+	// IPv4 routes over IPv6 next hops (RFC 8950 extended next hop). With an
 	// fe80::/10 address it names the link the address is on. The zone
 	// form "fe80::1%eth0" in address is read as address "fe80::1" with this
 	// interface; both at once must agree.

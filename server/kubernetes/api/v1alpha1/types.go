@@ -304,9 +304,8 @@ type BGPPeerSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == '' || isIP(self)",message="an IPv4 or IPv6 address"
 	Address string `json:"address,omitempty"`
 	// Interface is the node's interface the router is on: with no address
-	// the router is its one IPv6 link-local neighbour (unnumbered, IPv4
-	// routes over an IPv6 next hop, RFC 8950); with a link-local address,
-	// the link it is on.
+	// the router is its one IPv6 link-local neighbour (unnumbered); with
+	// a link-local address, the link it is on.
 	//
 	// +optional
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.@-]{1,15}$`
