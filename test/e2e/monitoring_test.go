@@ -102,7 +102,9 @@ func TestAlertsFireOnALabsFaults(t *testing.T) {
 		t.Skip("needs promtool (apt-get install prometheus)")
 	}
 	c, r := startBGPClusterWith(t, func(*lab.Node) []string {
-		return []string{"--bgp-peers", fmt.Sprintf("%s/%d,%s/%d", lab.RouterLANv4, routerASN, lab.RouterLANv6, routerASN)}
+		// BFD with a router that runs none: its sessions stay Down, and
+		// their metrics are exported.
+		return []string{"--bgp-peers", fmt.Sprintf("%s/%d,%s/%d", lab.RouterLANv4, routerASN, lab.RouterLANv6, routerASN), "--bgp-bfd-interval", "300ms"}
 	}, labRouter, func(c *weirlab.Cluster) {
 		c.CertValidity = 10 * 24 * time.Hour
 		// The pool comes from a resources file, so that its metric is
@@ -115,7 +117,7 @@ func TestAlertsFireOnALabsFaults(t *testing.T) {
 	})
 	ctx := context.Background()
 	if _, err := c.StartSpeaker("lb1", "--bgp-asn", strconv.Itoa(nodeASN), "--bgp-router-id", lab.ControlIPv4.String(),
-		"--bgp-peers", fmt.Sprintf("%s/%d,%s/%d", lab.RouterLANv4, routerASN, lab.RouterLANv6, routerASN)); err != nil {
+		"--bgp-peers", fmt.Sprintf("%s/%d,%s/%d", lab.RouterLANv4, routerASN, lab.RouterLANv6, routerASN), "--bgp-bfd-interval", "300ms"); err != nil {
 		t.Fatal(err)
 	}
 	pooled := func(i int) {
