@@ -226,13 +226,6 @@ func (o *object) leftOut(fate Fate, says string) {
 	o.notes = append(o.notes, Note{Object: o.ref(), Says: says, Fate: fate, whole: true})
 }
 
-// leftOutFor notes all of o as left out because of what its field says,
-// in the field table's words.
-func (o *object) leftOutFor(path string, value any) {
-	f, _ := fieldOf(o.Kind, leafOf(path))
-	o.leftOut(Dropped, fmt.Sprintf("%s %v: %s", path, value, f.weir))
-}
-
 // covered tells whether path of o is carried over or noted: it, or a
 // field above it, or all of o.
 func (o *object) covered(path string) bool {
@@ -272,15 +265,6 @@ func (o *object) account() {
 				Says: "not carried over (this converter does not read it yet): set its Weir equivalent by hand"})
 		}
 	}
-}
-
-// leafOf is a dotted path without list indexes as a leaf.
-func leafOf(path string) leaf {
-	var l leaf
-	for _, k := range strings.Split(path, ".") {
-		l = append(l, step{key: k})
-	}
-	return l
 }
 
 type poolSpec struct {
