@@ -14,8 +14,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"k8s.io/utils/clock"
 )
 
 // The ports of RFC 5881 4 and RFC 5883 5, and the source ports a session
@@ -52,7 +50,7 @@ type Manager struct {
 	log    *slog.Logger
 	events *queue
 	// clock times every session: the real one, but for tests.
-	clock clock.Clock
+	clock clock
 
 	mu        sync.Mutex
 	closed    bool
@@ -86,7 +84,7 @@ type listenKey struct {
 // taken for dead; nor of a session removed by Set or Close.
 func New(log *slog.Logger, onChange func(peer netip.Addr, usable bool)) *Manager {
 	return &Manager{
-		log: log, events: newQueue(onChange), clock: clock.RealClock{},
+		log: log, events: newQueue(onChange), clock: realClock{},
 		sessions: map[key]*runner{}, byDisc: map[uint32]*runner{}, listeners: map[listenKey]*net.UDPConn{},
 		listenPorts: [2]int{SingleHopPort, MultiHopPort}, peerPorts: [2]int{SingleHopPort, MultiHopPort},
 	}

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"k8s.io/utils/clock"
 )
 
 // runner is one session's goroutine: it owns the session's machine and
@@ -105,14 +103,14 @@ func (r *runner) snapshot() Status {
 // run is the session: it sends at the negotiated interval, applies what
 // arrives, watches the detection time and reports usability through the
 // damping rule.
-func (r *runner) run(clk clock.Clock) {
+func (r *runner) run(clk clock) {
 	now := clk.Now
 	defer r.conn.Close()
 	mc := newMachine(r.cfg.Profile, r.disc, now())
 	var d damping
 	usable := false // as last reported
 
-	stopped := func() clock.Timer {
+	stopped := func() timer {
 		t := clk.NewTimer(time.Hour)
 		t.Stop()
 		return t
@@ -335,3 +333,28 @@ func (q *queue) close() {
 	close(q.wake)
 	<-q.done
 }
+
+// clock is what sessions keep time by: the real one, or a fake in tests
+// (k8s.io/utils/clock's, adapted: the datapath, which reads a Profile,
+// depends on no Kubernetes module).
+type clock interface {
+	Now() time.Time
+	NewTimer(d time.Duration) timer
+}
+
+type timer interface {
+	C() <-chan time.Time
+	Stop() bool
+	Reset(d time.Duration) bool
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                 { return time.Now() }
+func (realClock) NewTimer(d time.Duration) timer { return realTimer{time.NewTimer(d)} }
+
+type realTimer struct{ t *time.Timer }
+
+func (t realTimer) C() <-chan time.Time        { return t.t.C }
+func (t realTimer) Stop() bool                 { return t.t.Stop() }
+func (t realTimer) Reset(d time.Duration) bool { return t.t.Reset(d) }

@@ -24,7 +24,7 @@ type fakePeer struct {
 func newFakePeer(t *testing.T, p Profile) *fakePeer {
 	f := &fakePeer{t: t, clock: clocktesting.NewFakeClock(t0), changes: make(chan bool, 16)}
 	f.m = New(slog.Default(), func(_ netip.Addr, u bool) { f.changes <- u })
-	f.m.clock = f.clock
+	f.m.clock = fakeClock{f.clock}
 	f.m.listenPorts, f.m.peerPorts = [2]int{33784, 34784}, [2]int{43784, 44784}
 	t.Cleanup(f.m.Close)
 	peer := netip.MustParseAddr("127.0.0.1")
@@ -158,3 +158,8 @@ func TestDampingDecaysOnAFakeClock(t *testing.T) {
 		t.Errorf("Up a minute after the last flap: usable after %v; want at once", took)
 	}
 }
+
+// fakeClock is k8s.io/utils/clock's fake as the sessions' clock.
+type fakeClock struct{ *clocktesting.FakeClock }
+
+func (c fakeClock) NewTimer(d time.Duration) timer { return c.FakeClock.NewTimer(d) }
