@@ -259,7 +259,7 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 		return nil
 	})
 	row, err := tableRow(ctx, kc, v1alpha1.BGPPeers.Resource, "tor-a")
-	if err != nil || !strings.Contains(row, "Address=192.0.2.1 ASN=64500 My ASN=64512 Sessions=0 Established=0 Accepted=True") {
+	if err != nil || !strings.Contains(row, "Address=192.0.2.1 Interface=<nil> ASN=64500 My ASN=64512 Sessions=0 Established=0 Accepted=True") {
 		t.Errorf("kubectl get weirbgppeers tor-a: %s, %v", row, err)
 	}
 

@@ -293,7 +293,7 @@ type WeirBGPPeer struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || self.keepaliveSeconds < (has(self.holdTimeSeconds) && self.holdTimeSeconds != 0 ? self.holdTimeSeconds : 90)",message="less than the hold time (holdTimeSeconds, 90 when 0)",fieldPath=".keepaliveSeconds"
 // +kubebuilder:validation:XValidation:rule="!has(self.sourceAddress) || !has(self.address) || !isIP(self.address) || !isIP(self.sourceAddress) || ip(self.sourceAddress).family() == ip(self.address).family()",message="of the address family of spec.address",fieldPath=".sourceAddress"
 // +kubebuilder:validation:XValidation:rule="has(self.address) || has(self.interface)",message="address, or interface for an unnumbered peer"
-// +kubebuilder:validation:XValidation:rule="has(self.asn) != has(self.dynamicASN)",message="one of asn and dynamicASN"
+// +kubebuilder:validation:XValidation:rule="has(self.asn) != has(self.dynamicASN)",message="one of asn and dynamicASN",fieldPath=".asn"
 type BGPPeerSpec struct {
 	// Address is the router's address; empty with Interface for an
 	// unnumbered peer. An IPv6 link-local address (fe80::/10) is written
