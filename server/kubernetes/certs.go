@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientset "k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/weirlb/weir/server/certs"
 )
@@ -209,7 +208,7 @@ func caBundle(ctx context.Context, client clientset.Interface, namespace string)
 	vwcs := client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
 	// Replicas starting together write the same bundle: the one that
 	// loses a write reads it again and finds nothing left to do.
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	return retryOnConflict(func() error {
 		vwc, err := vwcs.Get(ctx, WebhookConfiguration, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil

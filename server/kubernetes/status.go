@@ -88,7 +88,7 @@ func (w StatusWriter) WriteStatus(ctx context.Context, svc *model.Service, ips [
 	// it is done again on the new version, not lost.
 	var before, after []string
 	var updated *corev1.Service
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retryOnConflict(func() error {
 		var err error
 		before, after, updated, err = w.writeStatus(ctx, svc, ips, reason, message)
 		return err
@@ -103,6 +103,23 @@ func (w StatusWriter) WriteStatus(ctx context.Context, svc *model.Service, ips [
 		w.Events.Eventf(updated, nil, corev1.EventTypeNormal, EventIPAllocated, "Allocate", "Assigned IP %s", strings.Join(after, ", "))
 	}
 	return nil
+}
+
+// retryOnConflict runs fn again while it fails with a conflict, as
+// client-go's retry.RetryOnConflict does, and returns what its last try
+// returned. RetryOnConflict alone returns nil for a try that failed
+// because the context ended (it takes that error for its own wait being
+// interrupted): a leader stopping mid-write would take the write as done.
+func retryOnConflict(fn func() error) error {
+	var last error
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		last = fn()
+		return last
+	})
+	if err == nil {
+		err = last
+	}
+	return err
 }
 
 // writeStatus is one try of WriteStatus: the ingress addresses before
