@@ -50,6 +50,7 @@ func startKube(t *testing.T, apiserverArgs ...string) (*kubeapi.Cluster, clients
 	if err != nil {
 		t.Fatal(err)
 	}
+	rc.QPS, rc.Burst = 500, 1000 // a test makes hundreds of objects at once
 	kc, err := clientset.NewForConfig(rc)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -84,11 +85,13 @@ func TestOverlappingPoolsTheOlderWinsOnEveryReplica(t *testing.T) {
 	}
 }
 
-// TestTwoServicesAskingOneAddressTheOlderGetsIt: two LoadBalancer
-// Services ask for the same address of a pool; every server, on an empty
-// store or its own kept, gives it to the one made first (names both ways
-// round, as above) and none to the other.
-func TestTwoServicesAskingOneAddressTheOlderGetsIt(t *testing.T) {
+// TestServicesAskingOneAddressTheOldestGetsIt: LoadBalancer Services
+// ask for the same address of a pool; every server, on an empty store or
+// its own kept, gives it to the one made first (names both ways round, as
+// above) and none to the others. The younger are many, so that a server
+// which assigned before it had listed them all (the younger listed first)
+// would be caught giving the address to one of them.
+func TestServicesAskingOneAddressTheOldestGetsIt(t *testing.T) {
 	c, kc, dyn := startKube(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -99,35 +102,66 @@ func TestTwoServicesAskingOneAddressTheOlderGetsIt(t *testing.T) {
 	createPool(t, ctx, dyn, "lb", "198.51.100.0/28")
 	for _, tc := range []struct{ older, younger string }{{"zz-old", "aa-new"}, {"aa-old", "zz-new"}} {
 		t.Run(tc.older+" first", func(t *testing.T) {
-			for i, name := range []string{tc.older, tc.younger} {
-				if i > 0 {
-					time.Sleep(1100 * time.Millisecond) // a later second
-				}
-				if _, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
+			younger := make([]string, 200)
+			for i := range younger {
+				younger[i] = fmt.Sprintf("%s-%03d", tc.younger, i)
+			}
+			names := append([]string{tc.older}, younger...)
+			create := func(name string) error {
+				_, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
 					ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{kubernetes.AnnotationLoadBalancerIPs: "198.51.100.5"}},
 					Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}},
-				}, metav1.CreateOptions{}); err != nil {
-					t.Fatal(err)
-				}
+				}, metav1.CreateOptions{})
+				return err
+			}
+			if err := create(tc.older); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(1100 * time.Millisecond) // the younger in a later second
+			var g errgroup.Group
+			g.SetLimit(8)
+			for _, name := range younger {
+				g.Go(func() error { return create(name) })
+			}
+			if err := g.Wait(); err != nil {
+				t.Fatal(err)
 			}
 			t.Cleanup(func() {
-				for _, name := range []string{tc.older, tc.younger} {
-					kc.CoreV1().Services("default").Delete(context.Background(), name, metav1.DeleteOptions{})
+				var g errgroup.Group
+				g.SetLimit(8)
+				for _, name := range names {
+					g.Go(func() error {
+						return kc.CoreV1().Services("default").Delete(context.Background(), name, metav1.DeleteOptions{})
+					})
 				}
+				g.Wait()
 			})
 			olderHasIt := func() error {
-				for _, want := range []struct{ name, ingress string }{{tc.older, "[198.51.100.5]"}, {tc.younger, "[]"}} {
-					s, err := kc.CoreV1().Services("default").Get(ctx, want.name, metav1.GetOptions{})
-					if err != nil {
-						return err
+				list, err := kc.CoreV1().Services("default").List(ctx, metav1.ListOptions{})
+				if err != nil {
+					return err
+				}
+				seen := 0
+				for _, s := range list.Items {
+					name := s.Name
+					if !slices.Contains(names, name) {
+						continue
 					}
+					seen++
 					var got []string
 					for _, in := range s.Status.LoadBalancer.Ingress {
 						got = append(got, in.IP)
 					}
-					if fmt.Sprint(got) != want.ingress {
-						return fmt.Errorf("service %s has %v; want %s", want.name, got, want.ingress)
+					want := "[]"
+					if name == tc.older {
+						want = "[198.51.100.5]"
 					}
+					if fmt.Sprint(got) != want {
+						return fmt.Errorf("service %s has %v; want %s", name, got, want)
+					}
+				}
+				if seen != len(names) {
+					return fmt.Errorf("%d of the %d services listed", seen, len(names))
 				}
 				return nil
 			}

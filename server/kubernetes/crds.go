@@ -57,14 +57,15 @@ func (c *crds) makeInformers() ([]cache.InformerSynced, error) {
 	var synced []cache.InformerSynced
 	for _, gvr := range []schema.GroupVersionResource{v1alpha1.AddressPools, v1alpha1.BGPPeers} {
 		inf := c.factory.ForResource(gvr).Informer()
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		h, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.upsert(obj) },
 			UpdateFunc: func(_, obj any) { c.upsert(obj) },
 			DeleteFunc: c.remove,
-		}); err != nil {
+		})
+		if err != nil {
 			return nil, err
 		}
-		synced = append(synced, inf.HasSynced)
+		synced = append(synced, h.HasSynced)
 	}
 	return synced, nil
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -69,12 +70,19 @@ func RestConfig(kubeconfig string) (*rest.Config, error) {
 
 // Source mirrors a cluster into the registry.
 type Source struct {
-	cfg     Config
-	reg     *registry.Registry
-	client  clientset.Interface
-	log     *slog.Logger
-	synced  []cache.InformerSynced
-	factory informers.SharedInformerFactory
+	cfg    Config
+	reg    *registry.Registry
+	client clientset.Interface
+	log    *slog.Logger
+	// synced are the event handlers' HasSynced: true once each has
+	// handled every object of its informer's first list (an informer's
+	// own HasSynced can be true before its handler has seen them).
+	synced []cache.InformerSynced
+	// syncedMu guards listed, closed when this run's handlers have all
+	// synced, and replaced by an open one when the run ends.
+	syncedMu sync.Mutex
+	listed   chan struct{}
+	factory  informers.SharedInformerFactory
 	// nodes holds the informers without a label selector: nodes and
 	// service CIDRs.
 	nodes informers.SharedInformerFactory
@@ -109,7 +117,8 @@ func New(cfg Config, client clientset.Interface, reg *registry.Registry) (*Sourc
 	// One selector serves both: services never carry the headless label,
 	// and slices carry the service's proxy-name label (the endpoint-slice
 	// controller copies service labels).
-	s := &Source{cfg: cfg, reg: reg, client: client, log: cfg.Log, selector: labels.NewSelector().Add(*proxyName, *notHeadless).String()}
+	s := &Source{cfg: cfg, reg: reg, client: client, log: cfg.Log, listed: make(chan struct{}),
+		selector: labels.NewSelector().Add(*proxyName, *notHeadless).String()}
 	s.serviceCIDRsServed()
 	if cfg.Dynamic != nil {
 		served, err := s.crdsServed()
@@ -147,14 +156,15 @@ func (s *Source) makeInformers() error {
 		watched = append(watched, s.nodes.Networking().V1().ServiceCIDRs().Informer())
 	}
 	for _, inf := range watched {
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		h, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { s.upsert(obj) },
 			UpdateFunc: func(_, obj any) { s.upsert(obj) },
 			DeleteFunc: s.remove,
-		}); err != nil {
+		})
+		if err != nil {
 			return err
 		}
-		s.synced = append(s.synced, inf.HasSynced)
+		s.synced = append(s.synced, h.HasSynced)
 	}
 	if s.crds != nil {
 		synced, err := s.crds.makeInformers()
@@ -203,18 +213,44 @@ func (s *Source) Run(ctx context.Context) error {
 		s.crds.factory.Start(ctx.Done())
 		go s.crds.retry(ctx)
 	}
+	defer func() {
+		s.factory.Shutdown()
+		s.nodes.Shutdown()
+		if s.crds != nil {
+			s.crds.factory.Shutdown()
+		}
+		s.syncedMu.Lock()
+		s.listed = make(chan struct{}) // the next run lists anew
+		s.syncedMu.Unlock()
+	}()
 	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
 		return errors.New("kubernetes informers did not sync")
 	}
 	s.removeGone()
+	s.syncedMu.Lock()
+	close(s.listed)
+	s.syncedMu.Unlock()
 	s.log.Info("kubernetes source synced")
 	<-ctx.Done()
-	s.factory.Shutdown()
-	s.nodes.Shutdown()
-	if s.crds != nil {
-		s.crds.factory.Shutdown()
-	}
 	return nil
+}
+
+// WaitSynced returns once the running source holds the whole cluster in
+// the registry (every informer listed, every object handled), true; or
+// false when ctx ends first. What decides from the registry (address
+// assignment, L2 owners) waits for it: a service handled before an older
+// one that asks the same address, or before the pools, would otherwise
+// be given what is not its.
+func (s *Source) WaitSynced(ctx context.Context) bool {
+	s.syncedMu.Lock()
+	listed := s.listed
+	s.syncedMu.Unlock()
+	select {
+	case <-listed:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // upsert writes one object into the registry, or removes it when it no
