@@ -214,8 +214,8 @@ func openRegistry(cfg Config) (store.Backend, *registry.Registry, error) {
 
 // assemble builds the server's parts over its registry, each from those
 // before it: the Kubernetes client, the L2 owners and the hub, the gRPC
-// server, the Kubernetes source, the jobs the leader runs, the resources
-// file, the replicas, the health of writes, the gRPC services.
+// server, the Kubernetes source, the replicas, the jobs the leader runs,
+// the resources file, the health of writes, the gRPC services.
 func assemble(cfg Config, st store.Backend, reg *registry.Registry) (*Server, error) {
 	s := &Server{Registry: reg, store: st, log: cfg.Log, health: health.NewServer()}
 	// Not serving until Serve says so (a new health server says SERVING).
@@ -233,11 +233,14 @@ func assemble(cfg Config, st store.Backend, reg *registry.Registry) (*Server, er
 	if err := s.newKubernetes(cfg, kc); err != nil {
 		return nil, err
 	}
+	s.replica = s.newReplica(cfg)
+	if s.listsItself() {
+		s.Agents.SetPartial("the Kubernetes source has not listed the cluster yet")
+	}
 	if err := s.newLeaderJobs(cfg); err != nil {
 		return nil, err
 	}
 	s.resFile = newResourcesFile(cfg, reg)
-	s.replica = s.newReplica(cfg)
 	s.watchWrites()
 	s.registerServices(cfg)
 	return s, nil
@@ -474,7 +477,11 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	default:
 		go s.lead(ctx)
 	}
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	if s.listsItself() {
+		go s.currentOnceListed(ctx)
+	} else {
+		s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	}
 	go func() {
 		<-ctx.Done()
 		s.health.Shutdown()
@@ -495,6 +502,23 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		err = cause
 	}
 	return err
+}
+
+// listsItself says whether this replica fills its registry from the
+// cluster itself, rather than from a store another fills (replicas
+// sharing etcd, whose leader alone runs the Kubernetes source).
+func (s *Server) listsItself() bool { return s.kube != nil && s.replica == nil }
+
+// currentOnceListed keeps the replica from serving agents (and
+// NOT_SERVING) until the Kubernetes source has listed the whole cluster:
+// what a store left empty (a pod's emptyDir) holds, or one with services
+// not listed yet, would otherwise go to agents as the cluster's state,
+// and take away the rules of every service not listed yet.
+func (s *Server) currentOnceListed(ctx context.Context) {
+	if s.kube.WaitSynced(ctx) {
+		s.Agents.SetPartial("")
+		s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	}
 }
 
 // Admission answers the apiserver's AdmissionReviews for Weir's custom
@@ -532,6 +556,18 @@ func (s *Server) leaderJobs() []func(context.Context) {
 	jobs := []func(context.Context){s.ipam.Run, s.l2Leader.Run}
 	if s.reporter != nil {
 		jobs = append(jobs, s.reporter.Run)
+	}
+	if s.kube == nil {
+		return jobs
+	}
+	// They decide from the whole cluster, so they start once the source
+	// holds it: not on the half of a first list that happened to arrive.
+	for i, job := range jobs {
+		jobs[i] = func(ctx context.Context) {
+			if s.kube.WaitSynced(ctx) {
+				job(ctx)
+			}
+		}
 	}
 	return jobs
 }

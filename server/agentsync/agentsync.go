@@ -93,12 +93,16 @@ type Hub struct {
 	// (FullStatesAtOnce, FullStatesPerParty).
 	fullSends *places
 
-	mu sync.Mutex // guards nodes, the records' fields and notCurrent
+	mu sync.Mutex // guards nodes, the records' fields, notCurrent and partial
 	// nodes is what the hub knows of each node (nodes.go).
 	nodes map[string]*nodeRecord
 	// notCurrent says why this replica's state is not current ("" when
 	// it is): agents are then sent elsewhere (see SetNotCurrent).
 	notCurrent string
+	// partial says why this replica holds only part of the state ("" when
+	// it holds it all): no stream is served then, stale or not (see
+	// SetPartial).
+	partial string
 	// changed is broadcast whenever a node's status changes.
 	changed notify.Signal
 }

@@ -133,10 +133,40 @@ func notCurrentError(reason string) error { return apierr.NotCurrent(reason) }
 func (h *Hub) CurrentErr(acceptStale bool) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.notCurrent == "" || acceptStale {
+	return h.currentErrLocked(acceptStale)
+}
+
+// currentErrLocked is CurrentErr with h.mu held.
+func (h *Hub) currentErrLocked(acceptStale bool) error {
+	switch {
+	case h.partial != "":
+		return notCurrentError(h.partial)
+	case h.notCurrent == "" || acceptStale:
 		return nil
 	}
 	return notCurrentError(h.notCurrent)
+}
+
+// SetPartial says why this replica holds only part of the state (its
+// Kubernetes source has not listed the cluster yet), or that it holds it
+// all (""). While it does, every stream is ended and refused, those that
+// accept a stale state too: a part of the state sent as the whole would
+// take away the rules of all the rest. Agents keep forwarding what they
+// have, and come back.
+func (h *Hub) SetPartial(reason string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.partial = reason
+	h.statusChanged() // the LB tier's watches check CurrentErr
+	if reason == "" {
+		return
+	}
+	for _, rec := range h.nodes {
+		if s := rec.session; s != nil && s.ended == nil {
+			s.ended = notCurrentError(reason)
+			s.cancel()
+		}
+	}
 }
 
 // SetNotCurrent says why this replica's state is not current (it lost the

@@ -58,11 +58,11 @@ func newMetrics(reg prometheus.Registerer, h *Hub) *metrics {
 	}
 	current := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "weir_server_current",
-		Help: "1 while this server answers agents and speakers with the store's current state; 0 while it is not current (its store, or etcd, is away) and sends them to another replica.",
+		Help: "1 while this server answers agents and speakers with the store's current state; 0 while it is not current (its store, or etcd, is away; its Kubernetes source has not listed the cluster yet) and sends them to another replica.",
 	}, func() float64 {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		return bool01(h.notCurrent == "")
+		return bool01(h.notCurrent == "" && h.partial == "")
 	})
 	if reg != nil {
 		reg.MustRegister(m.programming, m.nacks, m.connected, m.version, m.messages, m.bytes, m.encoded, nodeCollector{h}, current)

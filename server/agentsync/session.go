@@ -136,8 +136,8 @@ func (h *Hub) open(ctx context.Context, s *session, hello *weirv1.Hello) (prev *
 // reconnected, and its old stream is dead or a duplicate. Called with
 // h.mu held, which it lets go while it waits.
 func (h *Hub) displaceLocked(s *session) error {
-	if h.notCurrent != "" && !s.stale {
-		return notCurrentError(h.notCurrent)
+	if err := h.currentErrLocked(s.stale); err != nil {
+		return err
 	}
 	rec := h.nodes[s.node]
 	if rec == nil || rec.session == nil {
