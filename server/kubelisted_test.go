@@ -12,7 +12,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientset "k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -22,6 +21,7 @@ import (
 	"github.com/weirlb/weir/server"
 	"github.com/weirlb/weir/server/kubernetes"
 	"github.com/weirlb/weir/server/servertest"
+	"github.com/weirlb/weir/test/kubeapi"
 )
 
 // TestNoAgentGetsAClusterNotListedYet: a server whose Kubernetes source
@@ -45,7 +45,7 @@ func TestNoAgentGetsAClusterNotListedYet(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	kubeconfig := accountKubeconfig(t, ctx, c.Kubeconfig, kc, "weir", rbacv1.PolicyRule{
+	kubeconfig := accountKubeconfig(t, ctx, c, kc, "weir", rbacv1.PolicyRule{
 		APIGroups: []string{""}, Resources: []string{"nodes", "namespaces"}, Verbs: []string{"get", "list", "watch"},
 	}, rbacv1.PolicyRule{
 		APIGroups: []string{"discovery.k8s.io", "networking.k8s.io"}, Resources: []string{"endpointslices", "servicecidrs"}, Verbs: []string{"get", "list", "watch"},
@@ -109,8 +109,8 @@ func TestNoAgentGetsAClusterNotListedYet(t *testing.T) {
 
 // accountKubeconfig makes service account name in default with a
 // ClusterRole of rules (named after it) bound to it, and returns a
-// kubeconfig, beside adminKubeconfig's, with its token.
-func accountKubeconfig(t *testing.T, ctx context.Context, adminKubeconfig string, kc clientset.Interface, name string, rules ...rbacv1.PolicyRule) string {
+// kubeconfig of c with its token.
+func accountKubeconfig(t *testing.T, ctx context.Context, c *kubeapi.Cluster, kc clientset.Interface, name string, rules ...rbacv1.PolicyRule) string {
 	t.Helper()
 	if _, err := kc.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -120,15 +120,8 @@ func accountKubeconfig(t *testing.T, ctx context.Context, adminKubeconfig string
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := clientcmd.LoadFromFile(adminKubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, user := range cfg.AuthInfos {
-		user.Token = tr.Status.Token
-	}
 	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+	if err := kubeapi.WriteKubeconfig(path, c.Host, c.CAFile, tr.Status.Token); err != nil {
 		t.Fatal(err)
 	}
 	return path

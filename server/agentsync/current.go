@@ -158,11 +158,17 @@ func (h *Hub) SetPartial(reason string) {
 	defer h.mu.Unlock()
 	h.partial = reason
 	h.statusChanged() // the LB tier's watches check CurrentErr
-	if reason == "" {
-		return
+	if reason != "" {
+		h.endStreamsLocked(reason, true)
 	}
+}
+
+// endStreamsLocked ends the agents' streams with a refusal as not
+// current for reason: every stream with staleToo, else those that did
+// not accept a stale state. Called with h.mu held.
+func (h *Hub) endStreamsLocked(reason string, staleToo bool) {
 	for _, rec := range h.nodes {
-		if s := rec.session; s != nil && s.ended == nil {
+		if s := rec.session; s != nil && (staleToo || !s.stale) && s.ended == nil {
 			s.ended = notCurrentError(reason)
 			s.cancel()
 		}
@@ -179,13 +185,7 @@ func (h *Hub) SetNotCurrent(reason string) {
 	defer h.mu.Unlock()
 	h.notCurrent = reason
 	h.statusChanged() // the LB tier's watches check CurrentErr
-	if reason == "" {
-		return
-	}
-	for _, rec := range h.nodes {
-		if s := rec.session; s != nil && !s.stale && s.ended == nil {
-			s.ended = notCurrentError(reason)
-			s.cancel()
-		}
+	if reason != "" {
+		h.endStreamsLocked(reason, false)
 	}
 }
