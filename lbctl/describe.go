@@ -473,19 +473,10 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 		// Only nodes that run a BGP speaker have this section.
 		var rows [][]string
 		for _, s := range sessions {
-			up := "-"
-			if s.GetEstablishedSince() != nil {
-				up = age(a.now(), s.GetEstablishedSince())
-			}
-			state := string(nodewire.StateOf(s))
-			if stale := a.staleSince(n); stale != "" {
-				state, up = stale+" (last reported "+state+")", "-"
-			}
-			rows = append(rows, []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), state, up, cmp.Or(s.GetBfdState(), "-"),
-				families(s.GetFamilies()), orNone(s.GetLastError())})
+			rows = append(rows, a.sessionCells(s, n))
 		}
 		b.WriteString("\n")
-		section(&b, "BGP sessions", []string{"PEER", "ASN", "STATE", "UP", "BFD", "FAMILIES", "LAST ERROR"}, rows)
+		section(&b, "BGP sessions", sessionHeader, rows)
 	}
 	if m := n.GetMovedConnections(); m != nil {
 		// Only nodes that pass moved connections on have this section.
@@ -504,6 +495,24 @@ func (a *app) describeNode(ctx context.Context, c client, st weirv1.StatusServic
 		)
 	}
 	return b.String(), nil
+}
+
+// sessionHeader heads the cells of sessionCells.
+var sessionHeader = []string{"PEER", "ASN", "STATE", "UP", "BFD", "FAMILIES", "LAST ERROR"}
+
+// sessionCells are one BGP session of node n's speaker; a session of an
+// agent that is not connected is shown as last reported, its state unknown.
+func (a *app) sessionCells(s *weirv1.BgpSession, n *weirv1.NodeStatus) []string {
+	up := "-"
+	if s.GetEstablishedSince() != nil {
+		up = age(a.now(), s.GetEstablishedSince())
+	}
+	state := string(nodewire.StateOf(s))
+	if stale := a.staleSince(n); stale != "" {
+		state, up = stale+" (last reported "+state+")", "-"
+	}
+	return []string{s.GetPeerAddress(), strconv.FormatUint(uint64(s.GetPeerAsn()), 10), state, up, cmp.Or(s.GetBfdState(), "-"),
+		families(s.GetFamilies()), orNone(s.GetLastError())}
 }
 
 // plural is "1 packet", "2 packets".
