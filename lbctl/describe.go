@@ -22,9 +22,9 @@ import (
 func (a *app) describeCmd() *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
-		Use:   "describe (service NAMESPACE/NAME | service NAME -n NAMESPACE | node NAME)",
-		Short: "Show a service or a node in detail, with what the agents report of it",
-		Long: `Show a service or a node in detail.
+		Use:   "describe (service NAMESPACE/NAME | service NAME -n NAMESPACE | node NAME | pool NAME)",
+		Short: "Show a service, a node or an address pool in detail, with what the agents report of it",
+		Long: `Show a service, a node or an address pool in detail.
 
 A service: its spec, its endpoints by node, and per node whether the agent
 has programmed it, what its health check answers, and whether the node
@@ -33,18 +33,24 @@ receives external traffic, with the reason when not.
 A node: its addresses and state, its agent (connected, versions, last
 error, health answers) and the services with health checks on it.
 
--o json and -o yaml print one document: the resource (under "service" or
-"node"), then for a service its endpoint slices ("endpoint_slices") and
-status ("status", the API's ServiceReport); for a node its agent's status
-("status", NodeStatus) and, per service with a health check, what the node
-answers ("health_checks", ServiceReport's per-node entries with the
-service's name).`,
+An address pool: its addresses, which services it serves, how it is
+advertised (L2, or each BGP advertisement with its selectors, peers and
+attributes), the addresses services hold and how many are in use.
+
+-o json and -o yaml print one document: the resource (under "service",
+"node" or "addresspool"), then for a service its endpoint slices
+("endpoint_slices") and status ("status", the API's ServiceReport); for a
+node its agent's status ("status", NodeStatus) and, per service with a
+health check, what the node answers ("health_checks", ServiceReport's
+per-node entries with the service's name); for a pool the services
+holding its addresses ("services").`,
 		Example: `  lbctl describe service default/web
   lbctl describe svc web -n default
   lbctl describe node node1
+  lbctl describe pool public
   lbctl describe svc web -o json`,
 		Args:      cobra.ExactArgs(2),
-		ValidArgs: []string{"services", "nodes"},
+		ValidArgs: []string{"services", "nodes", "pools"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := kindFor(args[0])
 			if err != nil {
@@ -59,8 +65,10 @@ service's name).`,
 				describe = a.describeService
 			case "Node":
 				describe = a.describeNode
+			case "AddressPool":
+				describe = a.describePool
 			default:
-				return usageErrorf("describe shows services and nodes, not %s", k.plural)
+				return usageErrorf("describe shows services, nodes and pools, not %s", k.plural)
 			}
 			ns, name := a.namespace, args[1]
 			if before, after, ok := strings.Cut(name, "/"); ok && k.namespaced {
