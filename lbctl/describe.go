@@ -22,9 +22,9 @@ import (
 func (a *app) describeCmd() *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
-		Use:   "describe (service NAMESPACE/NAME | service NAME -n NAMESPACE | node NAME | pool NAME)",
-		Short: "Show a service, a node or an address pool in detail, with what the agents report of it",
-		Long: `Show a service, a node or an address pool in detail.
+		Use:   "describe (service NAMESPACE/NAME | service NAME -n NAMESPACE | node NAME | pool NAME | peer NAME)",
+		Short: "Show a service, a node, an address pool or a BGP peer in detail, with what the agents report of it",
+		Long: `Show a service, a node, an address pool or a BGP peer in detail.
 
 A service: its spec, its endpoints by node, and per node whether the agent
 has programmed it, what its health check answers, and whether the node
@@ -37,20 +37,26 @@ An address pool: its addresses, which services it serves, how it is
 advertised (L2, or each BGP advertisement with its selectors, peers and
 attributes), the addresses services hold and how many are in use.
 
+A BGP peer: every field of it, then per node the peer's node selector
+picks, or whose agent reports a session with the peer's address, the
+session as the agent reports it ("<no session reported>" when none).
+
 -o json and -o yaml print one document: the resource (under "service",
-"node" or "addresspool"), then for a service its endpoint slices
-("endpoint_slices") and status ("status", the API's ServiceReport); for a
-node its agent's status ("status", NodeStatus) and, per service with a
-health check, what the node answers ("health_checks", ServiceReport's
+"node", "addresspool" or "bgppeer"), then for a service its endpoint
+slices ("endpoint_slices") and status ("status", the API's ServiceReport);
+for a node its agent's status ("status", NodeStatus) and, per service with
+a health check, what the node answers ("health_checks", ServiceReport's
 per-node entries with the service's name); for a pool the services
-holding its addresses ("services").`,
+holding its addresses ("services"); for a peer each node's status with
+only its sessions with the peer ("sessions", NodeStatus).`,
 		Example: `  lbctl describe service default/web
   lbctl describe svc web -n default
   lbctl describe node node1
   lbctl describe pool public
+  lbctl describe peer tor-a
   lbctl describe svc web -o json`,
 		Args:      cobra.ExactArgs(2),
-		ValidArgs: []string{"services", "nodes", "pools"},
+		ValidArgs: []string{"services", "nodes", "pools", "peers"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := kindFor(args[0])
 			if err != nil {
@@ -67,8 +73,10 @@ holding its addresses ("services").`,
 				describe = a.describeNode
 			case "AddressPool":
 				describe = a.describePool
+			case "BgpPeer":
+				describe = a.describePeer
 			default:
-				return usageErrorf("describe shows services, nodes and pools, not %s", k.plural)
+				return usageErrorf("describe shows services, nodes, pools and peers, not %s", k.plural)
 			}
 			ns, name := a.namespace, args[1]
 			if before, after, ok := strings.Cut(name, "/"); ok && k.namespaced {

@@ -7,15 +7,17 @@
 // MetalLB's objects map as follows:
 //
 //	IPAddressPool                  AddressPool (addresses; autoAssign false: manual_only)
-//	BGPAdvertisement of a pool     the pool's bgp_advertisement
+//	BGPAdvertisements of a pool    the pool's bgp_advertisements, one each
 //	L2Advertisement of a pool      the pool's l2_advertisement
 //	BGPPeer                        BgpPeer
+//	BFDProfile                     inlined into the peers that name it
 //	Community                      resolved into the advertisements' communities
 //
-// A Weir pool is advertised one way, with one set of attributes; MetalLB
-// lets several advertisements, of both kinds, select one pool. The first
-// advertisement that selects a pool (in the input's order) is kept and
-// every other is named in a Note.
+// A Weir pool is announced over BGP (by any number of advertisements) or
+// answered over L2 (by one), not both; MetalLB lets advertisements of both
+// kinds select one pool. When the first that selects a pool (in the
+// input's order) is an L2Advertisement it alone is kept, else every
+// BGPAdvertisement is; each one passed over is named in a Note.
 //
 // Every field of MetalLB's kinds is in one table (metallbFields) with what
 // Weir does with it; after an object is converted, each leaf of it that
