@@ -29,6 +29,7 @@ import (
 	"github.com/weirlb/weir/internal/bgpcommunity"
 	"github.com/weirlb/weir/internal/bgpnumbers"
 	"github.com/weirlb/weir/internal/report"
+	"github.com/weirlb/weir/internal/routeradv"
 )
 
 // Peer is an upstream router.
@@ -157,7 +158,14 @@ type Config struct {
 	// they hold, and sends its table with End-of-RIB once it has the
 	// routers' own End-of-RIB.
 	Restarting bool
-	Log        *slog.Logger
+	// NextHopSelfOnLinks says the routes are the speaker's own (a node
+	// speaker's): to a router peered over IPv6 link-local addresses, which
+	// reaches nothing of the node but its link, every route's next hop is
+	// the speaker's own address on that link (an IPv4 route's then an
+	// IPv6 one, RFC 8950). The load-balancer tier, whose next hops are
+	// other machines, leaves it unset.
+	NextHopSelfOnLinks bool
+	Log                *slog.Logger
 }
 
 // Announcement is how a prefix is announced.
@@ -233,6 +241,7 @@ type GoBGP struct {
 	cfg   Config
 	notes *notifications
 	bfd   *bfd.Manager
+	ra    *routeradv.Advertiser
 
 	reopenMu sync.Mutex
 	// reopen holds, for each router whose session BFD closed, the timer
@@ -273,6 +282,14 @@ func (g *GoBGP) SetExportRules(ctx context.Context, rules []ExportRule) error {
 	}
 	req := &api.SetPoliciesRequest{}
 	policy := &api.Policy{Name: exportPolicy}
+	if g.cfg.NextHopSelfOnLinks {
+		// Evaluation goes on past a statement that only changes the route.
+		const links = "weir-link-local-peers"
+		req.DefinedSets = append(req.DefinedSets, &api.DefinedSet{DefinedType: api.DefinedType_NEIGHBOR, Name: links, List: []string{"fe80::/10"}})
+		policy.Statements = append(policy.Statements, &api.Statement{Name: "weir-next-hop-self-on-links",
+			Conditions: &api.Conditions{NeighborSet: &api.MatchSet{Name: links, Type: api.MatchSet_ANY}},
+			Actions:    &api.Actions{RouteAction: api.RouteAction_NONE, Nexthop: &api.NexthopAction{Self: true}}})
+	}
 	for i, r := range rules {
 		neighbors := fmt.Sprintf("weir-rule-%d-peers", i)
 		if len(r.Peers) > 0 {
@@ -346,6 +363,8 @@ func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
 	}
 	g := &GoBGP{s: s, asn: cfg.ASN, cfg: cfg, dynamic: map[netip.Addr]Peer{}, notes: notes, reopen: map[netip.Addr]*time.Timer{}}
 	g.bfd = bfd.New(cfg.Log.With("component", "bfd"), g.bfdChanged)
+	g.ra = routeradv.New(cfg.Log.With("component", "router-advertisements"))
+	g.advertiseOnLinks(nil)
 	for _, p := range cfg.Peers {
 		p, err := resolve(p)
 		if err == nil {
@@ -353,12 +372,22 @@ func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
 		}
 		if err != nil {
 			g.bfd.Close()
+			g.ra.Close()
 			s.Stop()
 			return nil, err
 		}
 	}
 	if err := g.setBFD(); err != nil {
 		cfg.Log.Warn("BFD sessions not all set up", "err", err)
+	}
+	if cfg.NextHopSelfOnLinks {
+		// In force before any route is announced, rules or not.
+		if err := g.SetExportRules(ctx, nil); err != nil {
+			g.bfd.Close()
+			g.ra.Close()
+			s.Stop()
+			return nil, err
+		}
 	}
 	return g, nil
 }
@@ -486,8 +515,15 @@ func (g *GoBGP) peerConfig(p Peer) *api.Peer {
 	if p.EBGPMultihopTTL > 0 {
 		peer.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.EBGPMultihopTTL)}
 	}
-	if p.SourceAddress.IsValid() {
+	switch {
+	case p.SourceAddress.IsValid():
 		peer.Transport.LocalAddress = p.SourceAddress.String()
+	case p.Address.Zone() != "":
+		// GoBGP would take the interface's link-local address, zone and
+		// all, which it then cannot parse as the session's own address:
+		// next hop self would have none. Unspecified, it reads the
+		// address from the connection.
+		peer.Transport.LocalAddress = "::"
 	}
 	restart := cmp.Or(p.GracefulRestart, g.cfg.GracefulRestart)
 	gr := restart > 0
@@ -508,6 +544,21 @@ func (g *GoBGP) peerConfig(p Peer) *api.Peer {
 	return peer
 }
 
+// advertiseOnLinks sends router advertisements on the links of the
+// link-local and unnumbered peers (the static ones and peers), so that
+// routers running unnumbered BGP there learn the speaker's address.
+func (g *GoBGP) advertiseOnLinks(peers []Peer) {
+	var links []string
+	for _, p := range slices.Concat(g.cfg.Peers, peers) {
+		if p.Interface != "" {
+			links = append(links, p.Interface)
+		} else if p.Address.Zone() != "" {
+			links = append(links, p.Address.Zone())
+		}
+	}
+	g.ra.Set(links)
+}
+
 // SetPeers replaces the peers set by the last call. It goes on past a
 // failing peer and returns the first error.
 func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
@@ -515,6 +566,7 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 	defer g.mu.Unlock()
 	want := make(map[netip.Addr]Peer, len(peers))
 	var first error
+	g.advertiseOnLinks(peers)
 	for _, p := range peers {
 		p, err := resolve(p)
 		if err != nil {
@@ -747,6 +799,7 @@ func (g *GoBGP) Close() {
 	}
 	g.reopenMu.Unlock()
 	g.bfd.Close() // AdminDown to every router
+	g.ra.Close()
 	g.s.StopBgp(context.Background(), &api.StopBgpRequest{})
 	g.s.Stop()
 }

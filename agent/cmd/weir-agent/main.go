@@ -448,7 +448,7 @@ func (a *agent) announceBGP() error {
 	}
 	// Rules left by the agent before this one still forward: tell
 	// graceful-restart routers so, and they keep the routes they hold.
-	cfg := bgpspeaker.Config{ASN: uint32(a.o.bgpASN), Restarting: a.dp.Forwarding(a.ctx), Log: a.log.With("component", "bgp")}
+	cfg := bgpspeaker.Config{ASN: uint32(a.o.bgpASN), Restarting: a.dp.Forwarding(a.ctx), NextHopSelfOnLinks: true, Log: a.log.With("component", "bgp")}
 	var err error
 	if cfg.RouterID, err = bgpspeaker.RouterID(a.o.bgpRouterID); err != nil {
 		return fmt.Errorf("--bgp-router-id: %w", err)
