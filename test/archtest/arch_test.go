@@ -48,6 +48,7 @@ func TestDependencyDirection(t *testing.T) {
 		{"internal/notify internal/recv", []string{module + "/"}, "waking waiters and pumping a stream are leaves every component may use"},
 		{"internal/bgpcommunity", []string{module + "/"}, "communities as operators write them are a leaf every layer reads them by"},
 		{"internal/bfd", []string{module + "/"}, "BFD is a protocol, a leaf the speakers and the layers that configure it share"},
+		{"internal/routeradv", []string{module + "/"}, "router advertisements are a protocol, a leaf the speaker drives"},
 		{"internal/bgpnumbers", []string{module + "/"}, "a session's numbers (AS numbers, default timers) are one rule, a leaf every layer asks"},
 		{"datapath/internal/nfwire", []string{module + "/"}, "the kernel's netlink wire is a leaf that knows nothing of services"},
 		{"server/cmd/weir-server agent/cmd/weir-agent lbtier/cmd/weir-speaker", []string{module + "/datapath/benchhook"}, "the kernel floors the benches measure stay out of the product"},
