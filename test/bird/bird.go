@@ -40,6 +40,10 @@ type Config struct {
 	// BFD, when set, runs BFD with every speaker: a speaker whose BFD
 	// goes down loses its routes at once.
 	BFD *BFD
+	// Protocols, when set, are the BGP protocols in BIRD's own words,
+	// instead of those the fields above make (RouterID and BFD still
+	// apply).
+	Protocols string
 }
 
 // BFD is the router's BFD setup for the speakers.
@@ -127,6 +131,10 @@ func config(cfg Config, dir string) string {
 		}
 		b.WriteString("}\n")
 		bfd = "\n  bfd on;"
+	}
+	if cfg.Protocols != "" {
+		b.WriteString(cfg.Protocols)
+		return b.String()
 	}
 	for i, rg := range cfg.ListenRanges4 {
 		fmt.Fprintf(&b, `protocol bgp nodes%d {

@@ -1,0 +1,184 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/bird"
+	"github.com/weirlb/weir/test/frr"
+	"github.com/weirlb/weir/test/lab"
+)
+
+// TestPeersOverALinkOfLinkLocalAddressesOnly: node1 and a router (FRR or
+// BIRD, in the client's namespace) share a link that has no IPv4 and no
+// global IPv6 address, only link-local ones, as the links of an RFC 7938
+// fabric. With FRR both ends are unnumbered: the peer names only the
+// node's interface (Weir dials the one link-local neighbour the router's
+// advertisements put in the node's table) and FRR's neighbour is its
+// interface ("neighbor fab1 interface"), which learns the node's address
+// from the router advertisements the node sends there (without them FRR
+// stays Idle). With BIRD both ends name the other's link-local address,
+// with the interface as its zone. Over the IPv6 session the node
+// announces a pool's IPv4 address with its own link-local address as next
+// hop (RFC 8950; with the node's IPv4 address BIRD refuses the route as
+// not directly reachable): the router's RIB holds it from the node's AS,
+// its kernel routes it over the link, and the client's requests reach
+// node1's pod that way.
+func TestPeersOverALinkOfLinkLocalAddressesOnly(t *testing.T) {
+	for _, impl := range []string{"FRR", "BIRD"} {
+		t.Run(impl, func(t *testing.T) { testLinkLocalPeer(t, impl) })
+	}
+}
+
+func testLinkLocalPeer(t *testing.T, impl string) {
+	requireRouter(t, impl)
+	c := startSpeakingCluster(t, func(*lab.Node) []string { return nil })
+	ctx := context.Background()
+	node1 := c.Nodes[0]
+	const nodeLL, routerLL = "fe80::11", "fe80::1"
+	// The link: fab0 on node1, fab1 in the client's namespace.
+	if _, err := node1.Run(ctx, "ip", "link", "add", "fab0", "type", "veth", "peer", "name", "fab1", "netns", c.Client.Name); err != nil {
+		t.Fatal(err)
+	}
+	for _, end := range []struct {
+		ns      *lab.Netns
+		dev, ll string
+	}{{node1.Netns, "fab0", nodeLL}, {c.Client, "fab1", routerLL}} {
+		if _, err := end.ns.Run(ctx, "ip", "link", "set", end.dev, "addrgenmode", "none"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := end.ns.Run(ctx, "ip", "-6", "addr", "add", end.ll+"/64", "dev", end.dev, "nodad"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := end.ns.Run(ctx, "ip", "link", "set", end.dev, "up"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	peer := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: "fabric"}, Interface: "fab0", Asn: routerASN, MyAsn: nodeASN,
+		HoldTimeSeconds: 9, KeepaliveSeconds: 3, ConnectRetrySeconds: 1, NodeSelector: map[string]string{"fabric": "fab0"}}
+	var attributes func(ctx context.Context, prefix string) (string, error)
+	var describe func(ctx context.Context, prefix string) string
+	if impl == "FRR" {
+		f, err := frr.StartTemp(ctx, c.Client, frr.Config{Text: fmt.Sprintf(`frr defaults traditional
+hostname fabric
+log stdout
+!
+interface fab1
+ ipv6 nd ra-interval 1
+ no ipv6 nd suppress-ra
+!
+router bgp %[1]d
+ bgp router-id %[2]s
+ no bgp ebgp-requires-policy
+ no bgp default ipv4-unicast
+ timers bgp 3 9
+ neighbor fab1 interface remote-as external
+ neighbor fab1 advertisement-interval 0
+ address-family ipv4 unicast
+  neighbor fab1 activate
+ exit-address-family
+ address-family ipv6 unicast
+  neighbor fab1 activate
+ exit-address-family
+!
+`, routerASN, lab.ClientIPv4)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(f.Close)
+		attributes = func(ctx context.Context, prefix string) (string, error) { return frrAttributes(ctx, f, prefix) }
+		describe = f.Describe
+	} else {
+		peer.Address = routerLL // with Interface, its zone
+		b := startBIRDIn(t, c.Client, bird.Config{RouterID: lab.ClientIPv4.String(), Protocols: fmt.Sprintf(`protocol bgp fabric {
+  local as %d;
+  neighbor %s%%fab1 as %d;
+  interface "fab1";
+  hold time 9;
+  connect retry time 1;
+  error wait time 1, 2;
+  debug { states, events };
+  ipv4 { import all; export none; extended next hop on; };
+  ipv6 { import all; export none; };
+}
+`, routerASN, nodeLL, nodeASN)})
+		attributes = func(ctx context.Context, prefix string) (string, error) { return birdAttributes(ctx, b, prefix) }
+		describe = b.Describe
+	}
+
+	got, err := c.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: node1.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := got.GetNode()
+	n.Metadata.Labels = map[string]string{"fabric": "fab0"}
+	if _, err := c.Registry.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: n}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+		Metadata: &weirv1.ObjectMeta{Name: "fabric"}, Addresses: []string{"203.0.113.104/29"}, BgpAdvertisement: &weirv1.BgpAdvertisement{}}}); err != nil {
+		t.Fatal(err)
+	}
+	const vip = "203.0.113.105"
+	n1p1 := node1.Pods[0]
+	svc := lbService("fabric", 30131, []string{"10.96.0.105"}, []string{vip})
+	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	svc.Spec.HealthCheckNodePort = 32131
+	createService(t, c, svc, []*lab.Pod{n1p1})
+	if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: peer}); err != nil {
+		t.Fatal(err)
+	}
+
+	status := weirv1.NewStatusServiceClient(c.Conn)
+	eventually(t, "node1's one session over fab0 is established", func() error {
+		resp, err := status.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			return err
+		}
+		var lines []string
+		for _, n := range resp.GetNodes() {
+			for _, s := range n.GetBgpSessions() {
+				if n.GetName() != node1.Name {
+					return fmt.Errorf("%s has a session with %s; want none", n.GetName(), s.GetPeerAddress())
+				}
+				lines = append(lines, fmt.Sprintf("%s %s", s.GetPeerAddress(), s.GetSessionState()))
+			}
+		}
+		if len(lines) != 1 || !strings.HasSuffix(lines[0], weirv1.BgpSessionState_BGP_SESSION_STATE_ESTABLISHED.String()) {
+			return fmt.Errorf("node1's sessions %q; want one established\n%s", lines, describe(ctx, vip))
+		}
+		return nil
+	})
+	eventually(t, "the router's RIB holds the pool's address from node1's AS", func() error {
+		got, err := attributes(ctx, vip+"/32")
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(got, fmt.Sprintf("as path %d;", nodeASN)) || strings.Count(got, "as path") != 1 {
+			return fmt.Errorf("the router's paths for %s/32: %q; want one from AS %d\n%s", vip, got, nodeASN, describe(ctx, vip))
+		}
+		return nil
+	})
+	// The router's kernel sends the address over the link, to node1's
+	// link-local address: an IPv4 route through an IPv6 next hop.
+	eventually(t, "the router's kernel routes the address over fab1", func() error {
+		out, err := c.Client.Run(ctx, "ip", "route", "get", vip)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, "dev fab1") || !strings.Contains(out, nodeLL) {
+			return fmt.Errorf("ip route get %s: %q; want via inet6 %s dev fab1\n%s", vip, out, nodeLL, describe(ctx, vip))
+		}
+		return nil
+	})
+	for _, rep := range sample(t, c.Client, netip.MustParseAddrPort(vip+":80"), 5) {
+		if rep.Pod != n1p1.Name {
+			t.Errorf("over fab1 to %s: pod %s answered; want n1p1", vip, rep.Pod)
+		}
+	}
+}
