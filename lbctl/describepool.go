@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"math/big"
 	"net/netip"
@@ -190,12 +189,7 @@ func inUse(pool *weirv1.AddressPool, holders []holder) string {
 		if !ok {
 			continue
 		}
-		n := new(big.Int).Sub(new(big.Int).SetBytes(last.AsSlice()), new(big.Int).SetBytes(first.AsSlice()))
-		n.Add(n, big.NewInt(1))
-		if first.Is4() && pool.GetAvoidBuggyIps() {
-			n.Sub(n, big.NewInt(buggyIPs(first, last)))
-		}
-		size[first.Is4()].Add(size[first.Is4()], n)
+		size[first.Is4()].Add(size[first.Is4()], rangeSize(first, last, pool.GetAvoidBuggyIps()))
 	}
 	held := map[netip.Addr]bool{}
 	for _, h := range holders {
@@ -228,22 +222,4 @@ func count(n *big.Int) string {
 		return "at least 2^63"
 	}
 	return n.String()
-}
-
-// buggyIPs counts the IPv4 addresses from first to last ending in .0 or
-// .255, which a pool that avoids them does not give out.
-func buggyIPs(first, last netip.Addr) int64 {
-	f, l := int64(binary.BigEndian.Uint32(first.AsSlice())), int64(binary.BigEndian.Uint32(last.AsSlice()))
-	// upTo counts the numbers in [0, n] that are rest modulo 256.
-	upTo := func(n, rest int64) int64 {
-		if n < rest {
-			return 0
-		}
-		return (n-rest)/256 + 1
-	}
-	var n int64
-	for _, rest := range []int64{0, 255} {
-		n += upTo(l, rest) - upTo(f-1, rest)
-	}
-	return n
 }

@@ -725,7 +725,9 @@ func TestDescribeNodeMovedConnections(t *testing.T) {
 func TestStatus(t *testing.T) {
 	e := lbEnv(t)
 	e.mustLbctl("kind: AddressPool\nmetadata: {name: public}\naddresses: [203.0.113.0/28]\n---\n"+
-		"kind: AddressPool\nmetadata: {name: v6}\naddresses: [\"2001:db8:113::/120\"]\n", "apply", "-f", "-")
+		"kind: AddressPool\nmetadata: {name: v6}\naddresses: [\"2001:db8:113::/120\"]\n---\n"+
+		// .0 and .255 not given out: 254 of the /24.
+		"kind: AddressPool\nmetadata: {name: avoiding}\naddresses: [198.51.100.0/24]\navoid_buggy_ips: true\n", "apply", "-f", "-")
 	e.bgp = map[string][]*weirv1.BgpSession{"node1": {
 		{PeerAddress: "192.0.2.1", PeerAsn: 64500, State: "established", EstablishedSince: timestamppb.New(e.now.Add(-time.Hour))},
 		{PeerAddress: "2001:db8:2::1", PeerAsn: 64500, State: "active"},
@@ -740,7 +742,7 @@ Uptime:           3h
 Sources:          native
 Agents:           1 connected, 2 nodes registered
 Agent versions:   v0.2.0 (1)
-Pools:            public 1/16, v6 0/256
+Pools:            avoiding 0/254, public 1/16, v6 0/256
 
 NAME    CONNECTED   APPLIED/SENT   LAG   HEALTHZ   BGP   DRAINED   LAST ERROR
 node1   yes         2/2            0     200       1/2   no        <none>

@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/weirlb/weir/internal/iprange"
 	"github.com/weirlb/weir/internal/nodewire"
 	"github.com/weirlb/weir/internal/report"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
@@ -304,8 +305,7 @@ func (a *app) poolUsage(ctx context.Context, c client) (string, error) {
 			if !ok {
 				continue
 			}
-			span := new(big.Int).Sub(new(big.Int).SetBytes(last.AsSlice()), new(big.Int).SetBytes(first.AsSlice()))
-			size.Add(size, span.Add(span, big.NewInt(1)))
+			size.Add(size, rangeSize(first, last, p.GetAvoidBuggyIps()))
 			for _, u := range used {
 				if u.Is4() == first.Is4() && first.Compare(u) <= 0 && u.Compare(last) <= 0 {
 					n++
@@ -315,6 +315,17 @@ func (a *app) poolUsage(ctx context.Context, c client) (string, error) {
 		out = append(out, fmt.Sprintf("%s %d/%s", p.GetMetadata().GetName(), n, size))
 	}
 	return strings.Join(out, ", "), nil
+}
+
+// rangeSize is how many of the addresses from first to last a pool gives
+// out: all, but those ending in .0 or .255 when it avoids them.
+func rangeSize(first, last netip.Addr, avoidBuggy bool) *big.Int {
+	n := new(big.Int).Sub(new(big.Int).SetBytes(last.AsSlice()), new(big.Int).SetBytes(first.AsSlice()))
+	n.Add(n, big.NewInt(1))
+	if first.Is4() && avoidBuggy {
+		n.Sub(n, big.NewInt(iprange.EndingIn0Or255(first, last)))
+	}
+	return n
 }
 
 // addressRange reads "FIRST-LAST" or a CIDR, as the server prints pools.

@@ -1,7 +1,11 @@
-// Package iprange turns address ranges into CIDR prefixes and back.
+// Package iprange turns address ranges into CIDR prefixes and back, and
+// counts what a range holds.
 package iprange
 
-import "net/netip"
+import (
+	"encoding/binary"
+	"net/netip"
+)
 
 // Last is the last address of p.
 func Last(p netip.Prefix) netip.Addr {
@@ -32,4 +36,23 @@ func Prefixes(first, last netip.Addr) []netip.Prefix {
 		a = Last(p).Next()
 	}
 	return out
+}
+
+// EndingIn0Or255 counts the IPv4 addresses from first to last whose last
+// byte is 0 or 255: those a pool that avoids "buggy" addresses (MetalLB's
+// avoidBuggyIPs) does not give out. Counted, not listed.
+func EndingIn0Or255(first, last netip.Addr) int64 {
+	f, l := int64(binary.BigEndian.Uint32(first.AsSlice())), int64(binary.BigEndian.Uint32(last.AsSlice()))
+	// upTo counts the numbers in [0, n] that are rest modulo 256.
+	upTo := func(n, rest int64) int64 {
+		if n < rest {
+			return 0
+		}
+		return (n-rest)/256 + 1
+	}
+	var n int64
+	for _, rest := range []int64{0, 255} {
+		n += upTo(l, rest) - upTo(f-1, rest)
+	}
+	return n
 }

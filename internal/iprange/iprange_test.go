@@ -3,6 +3,7 @@ package iprange
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -66,6 +67,18 @@ func TestValidateServiceRangeBoundsTheWidth(t *testing.T) {
 		err := ValidateServiceRange(netip.MustParsePrefix(tc.prefix))
 		if (err == nil) != tc.ok {
 			t.Errorf("ValidateServiceRange(%s) = %v; want ok=%v", tc.prefix, err, tc.ok)
+		}
+	}
+}
+
+func TestEndingIn0Or255IsCountedPerRange(t *testing.T) {
+	for rg, want := range map[string]int64{
+		"203.0.113.0-203.0.113.255": 2, "203.0.112.0-203.0.113.255": 4, "203.0.113.1-203.0.113.254": 0, "203.0.113.255-203.0.114.0": 2,
+		"203.0.113.0-203.0.113.0": 1, "10.0.0.0-10.255.255.255": 2 << 16, "0.0.0.0-0.0.0.255": 2, "255.255.255.0-255.255.255.255": 2,
+	} {
+		first, last, _ := strings.Cut(rg, "-")
+		if got := EndingIn0Or255(netip.MustParseAddr(first), netip.MustParseAddr(last)); got != want {
+			t.Errorf("%s: %d addresses ending in .0 or .255, want %d", rg, got, want)
 		}
 	}
 }

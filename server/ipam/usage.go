@@ -1,11 +1,11 @@
 package ipam
 
 import (
-	"encoding/binary"
 	"math"
 	"math/big"
 	"net/netip"
 
+	"github.com/weirlb/weir/internal/iprange"
 	"github.com/weirlb/weir/server/model"
 )
 
@@ -36,7 +36,7 @@ func UsageOf(pool *model.AddressPool, services []*model.Service) Usage {
 		n := new(big.Int).Sub(new(big.Int).SetBytes(r.Last.AsSlice()), new(big.Int).SetBytes(r.First.AsSlice()))
 		n.Add(n, big.NewInt(1))
 		if r.First.Is4() && pool.AvoidBuggyIPs {
-			n.Sub(n, big.NewInt(buggyIn(r)))
+			n.Sub(n, big.NewInt(iprange.EndingIn0Or255(r.First, r.Last)))
 		}
 		if r.First.Is4() {
 			size4.Add(size4, n)
@@ -60,22 +60,4 @@ func UsageOf(pool *model.AddressPool, services []*model.Service) Usage {
 	}
 	u.AvailableIPv4, u.AvailableIPv6 = left(size4, u.AssignedIPv4), left(size6, u.AssignedIPv6)
 	return u
-}
-
-// buggyIn counts the IPv4 addresses of r ending in .0 or .255, which a
-// pool that avoids them does not give out (model.AddressPool.Avoids).
-func buggyIn(r model.AddressRange) int64 {
-	first, last := int64(binary.BigEndian.Uint32(r.First.AsSlice())), int64(binary.BigEndian.Uint32(r.Last.AsSlice()))
-	// upTo counts the numbers in [0, n] that are rest modulo 256.
-	upTo := func(n, rest int64) int64 {
-		if n < rest {
-			return 0
-		}
-		return (n-rest)/256 + 1
-	}
-	var n int64
-	for _, rest := range []int64{0, 255} {
-		n += upTo(last, rest) - upTo(first-1, rest)
-	}
-	return n
 }
