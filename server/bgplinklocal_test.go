@@ -18,7 +18,7 @@ import (
 )
 
 // TestTheAPITakesLinkLocalAndDynamicPeers: an unnumbered peer (an
-// interface, no address), a link-local peer by address and interface
+// interface, no address, with BFD), a link-local peer by address and interface
 // (also written with a zone, read back in the canonical form), a dynamic
 // AS instead of a fixed one and a VRF are kept; what cannot work is
 // refused with InvalidArgument naming the field, and changes nothing.
@@ -29,7 +29,8 @@ func TestTheAPITakesLinkLocalAndDynamicPeers(t *testing.T) {
 	for _, tc := range []struct {
 		written, read *weirv1.BgpPeer
 	}{
-		{written: &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: "unnumbered"}, Interface: "eth1", DynamicAsn: "external", MyAsn: 4200000001}},
+		{written: &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: "unnumbered"}, Interface: "eth1", DynamicAsn: "external", MyAsn: 4200000001,
+			Bfd: &weirv1.BfdProfile{ReceiveIntervalMs: 100, TransmitIntervalMs: 100, DetectMultiplier: 3}}},
 		{written: &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: "link-local"}, Address: "fe80::1", Interface: "eth0", Asn: 64512, MyAsn: 64513, Vrf: "red"}},
 		{
 			written: &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: "zoned"}, Address: "fe80::2%eth2", DynamicAsn: "internal", MyAsn: 64513},
@@ -69,7 +70,6 @@ func TestTheAPITakesLinkLocalAndDynamicPeers(t *testing.T) {
 		{"an interface name too long", func(p *weirv1.BgpPeer) { p.Interface = "a-very-long-name0" }, "interface", "interface name"},
 		{"a multi-hop link-local session", func(p *weirv1.BgpPeer) { p.EbgpMultihopTtl = 2 }, "ebgp_multihop_ttl", "on the link"},
 		{"a source address for a link-local session", func(p *weirv1.BgpPeer) { p.SourceAddress = "2001:db8::7" }, "source_address", "link-local"},
-		{"BFD over a link-local session", func(p *weirv1.BgpPeer) { p.Bfd = &weirv1.BfdProfile{} }, "bfd", "link-local"},
 		{"both asn and dynamic_asn", func(p *weirv1.BgpPeer) { p.DynamicAsn = "external" }, "dynamic_asn", "not both"},
 		{"neither asn nor dynamic_asn", func(p *weirv1.BgpPeer) { p.Asn = 0 }, "asn", "dynamic_asn"},
 		{"a dynamic_asn of another kind", func(p *weirv1.BgpPeer) { p.Asn, p.DynamicAsn = 0, "confederation" }, "dynamic_asn", `"internal" or "external"`},

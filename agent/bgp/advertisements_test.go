@@ -54,7 +54,7 @@ func TestSeveralAdvertisementsGiveEachServiceItsAttributes(t *testing.T) {
 	// The pool's peers on this node: the union of its advertisements'.
 	node.BGPPeers = []datapath.BGPPeer{{Name: "tor", Address: addr("192.0.2.1")}, {Name: "collector", Address: addr("192.0.2.2")}}
 	node.Advertisements = node.Advertisements[:2]
-	if got, want := fmt.Sprint(ExportRules(node)), "[{[203.0.113.0/24] [192.0.2.1 192.0.2.2]}]"; got != want {
+	if got, want := fmt.Sprint(ExportRules(node)), "[{[203.0.113.0/24] [192.0.2.1 192.0.2.2] []}]"; got != want {
 		t.Errorf("rules %s, want %s", got, want)
 	}
 }

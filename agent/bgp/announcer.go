@@ -130,7 +130,7 @@ func (a *Announcer) setExportRules() {
 	for p, had := range a.announced {
 		before, allBefore := bgpspeaker.Audience(a.rules, p)
 		after, allAfter := bgpspeaker.Audience(rules, p)
-		if allBefore == allAfter && slices.Equal(before, after) {
+		if allBefore == allAfter && before.SameAudience(after) {
 			continue
 		}
 		if err := a.sp.Withdraw(ctx, p, had); err != nil {
@@ -180,8 +180,13 @@ func ExportRules(node datapath.NodeInfo) []ExportRule {
 			r.Prefixes = append(r.Prefixes, iprange.Prefixes(rg.First, rg.Last)...)
 		}
 		for _, p := range node.BGPPeers {
-			if slices.Contains(adv.Peers, p.Name) {
+			switch {
+			case !slices.Contains(adv.Peers, p.Name):
+			case p.Address.IsValid():
 				r.Peers = append(r.Peers, p.Address)
+			default:
+				// Unnumbered: whoever is on the link.
+				r.Links = append(r.Links, p.Interface)
 			}
 		}
 		rules = append(rules, r)

@@ -160,18 +160,22 @@ func TestOnlyTheChosenNodesAnnounce(t *testing.T) {
 	}
 }
 
+// TestExportRulesNameThePoolsPeers: a pool that names peers is kept to
+// them, by address, and an unnumbered one by its link (its address is the
+// speaker's to find).
 func TestExportRulesNameThePoolsPeers(t *testing.T) {
 	addr := netip.MustParseAddr
 	node := datapath.NodeInfo{
-		BGPPeers: []datapath.BGPPeer{{Name: "upstream", Address: addr("192.0.2.1")}, {Name: "collector", Address: addr("192.0.2.2")}, {Address: addr("192.0.2.3")}},
+		BGPPeers: []datapath.BGPPeer{{Name: "upstream", Address: addr("192.0.2.1")}, {Name: "collector", Address: addr("192.0.2.2")}, {Address: addr("192.0.2.3")},
+			{Name: "leaf", Interface: "swp1"}, {Name: "leaf-ll", Address: addr("fe80::1"), Interface: "swp2"}},
 		Advertisements: []datapath.BGPAdvertisement{
-			{Ranges: []datapath.AddressRange{{First: addr("203.0.113.10"), Last: addr("203.0.113.13")}}, Peers: []string{"upstream"}},
+			{Ranges: []datapath.AddressRange{{First: addr("203.0.113.10"), Last: addr("203.0.113.13")}}, Peers: []string{"upstream", "leaf", "leaf-ll"}},
 			{Ranges: []datapath.AddressRange{{First: addr("2001:db8::"), Last: addr("2001:db8::ff")}}, Communities: []uint32{1}},
 			{Ranges: []datapath.AddressRange{{First: addr("198.51.100.0"), Last: addr("198.51.100.255")}}, Peers: []string{"elsewhere"}},
 		},
 	}
 	got := fmt.Sprint(ExportRules(node))
-	want := "[{[203.0.113.10/31 203.0.113.12/31] [192.0.2.1]} {[198.51.100.0/24] []}]"
+	want := "[{[203.0.113.10/31 203.0.113.12/31] [192.0.2.1 fe80::1] [swp1]} {[198.51.100.0/24] [] []}]"
 	if got != want {
 		t.Errorf("rules %s, want %s", got, want)
 	}

@@ -249,22 +249,49 @@ type GoBGP struct {
 	reopen  map[netip.Addr]*time.Timer
 	closing bool
 
-	mu      sync.Mutex // guards dynamic, exportRules and exportAssigned
+	mu      sync.Mutex // guards dynamic and the export fields
 	dynamic map[netip.Addr]Peer
-	// exportRules are the rules in force once exportAssigned.
+	// exportRules are the rules in force once exportAssigned, rendered
+	// with exportLinks as the addresses of the unnumbered peers.
 	exportRules    []ExportRule
+	exportLinks    map[string][]netip.Addr
 	exportAssigned bool
 }
 
 // ExportRule keeps the routes inside Prefixes (each prefix and every
-// longer one inside it) to the routers at Peers; no peers means none.
+// longer one inside it) to the routers at Peers and to the unnumbered
+// routers on Links (whatever address each has now); none of either means
+// none.
 type ExportRule struct {
 	Prefixes []netip.Prefix
 	Peers    []netip.Addr
+	Links    []string
+}
+
+// SameAudience tells whether r and o keep their routes to the same
+// routers.
+func (r ExportRule) SameAudience(o ExportRule) bool {
+	return slices.Equal(r.Peers, o.Peers) && slices.Equal(r.Links, o.Links)
 }
 
 func (r ExportRule) equal(o ExportRule) bool {
-	return slices.Equal(r.Prefixes, o.Prefixes) && slices.Equal(r.Peers, o.Peers)
+	return slices.Equal(r.Prefixes, o.Prefixes) && r.SameAudience(o)
+}
+
+// linkAddresses is the address each unnumbered router among peers has
+// now, by its interface: what an ExportRule's Links stand for.
+func linkAddresses(peers []Peer) map[string][]netip.Addr {
+	links := map[string][]netip.Addr{}
+	for _, p := range peers {
+		if p.Interface != "" && p.Address.IsValid() {
+			// A neighbour set matches addresses without their zone.
+			links[p.Interface] = append(links[p.Interface], p.Address.WithZone(""))
+		}
+	}
+	for _, addrs := range links {
+		slices.SortFunc(addrs, netip.Addr.Compare)
+	}
+	return links
 }
 
 const exportPolicy = "weir-export"
@@ -277,9 +304,16 @@ const exportPolicy = "weir-export"
 func (g *GoBGP) SetExportRules(ctx context.Context, rules []ExportRule) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.exportAssigned && slices.EqualFunc(rules, g.exportRules, ExportRule.equal) {
+	links := linkAddresses(slices.Collect(maps.Values(g.dynamic)))
+	if g.exportAssigned && slices.EqualFunc(rules, g.exportRules, ExportRule.equal) && maps.EqualFunc(links, g.exportLinks, slices.Equal) {
 		return nil
 	}
+	return g.setExport(ctx, rules, links)
+}
+
+// setExport sets the export policy of rules, with links as the addresses
+// of their unnumbered routers; g.mu is held.
+func (g *GoBGP) setExport(ctx context.Context, rules []ExportRule, links map[string][]netip.Addr) error {
 	req := &api.SetPoliciesRequest{}
 	policy := &api.Policy{Name: exportPolicy}
 	if g.cfg.NextHopSelfOnLinks {
@@ -292,10 +326,21 @@ func (g *GoBGP) SetExportRules(ctx context.Context, rules []ExportRule) error {
 	}
 	for i, r := range rules {
 		neighbors := fmt.Sprintf("weir-rule-%d-peers", i)
-		if len(r.Peers) > 0 {
+		named := len(r.Peers) > 0 || len(r.Links) > 0
+		if named {
 			set := &api.DefinedSet{DefinedType: api.DefinedType_NEIGHBOR, Name: neighbors}
-			for _, a := range r.Peers {
-				set.List = append(set.List, netip.PrefixFrom(a, a.BitLen()).String())
+			addrs := slices.Clone(r.Peers)
+			for _, l := range r.Links {
+				addrs = append(addrs, links[l]...)
+			}
+			for _, a := range addrs {
+				set.List = append(set.List, netip.PrefixFrom(a.WithZone(""), a.BitLen()).String())
+			}
+			if len(set.List) == 0 {
+				// Only unnumbered routers not found yet: no router has
+				// the unspecified address (GoBGP takes an empty set as
+				// matching every router).
+				set.List = []string{"::/128"}
 			}
 			req.DefinedSets = append(req.DefinedSets, set)
 		}
@@ -314,7 +359,7 @@ func (g *GoBGP) SetExportRules(ctx context.Context, rules []ExportRule) error {
 			st := &api.Statement{Name: set.Name,
 				Conditions: &api.Conditions{PrefixSet: &api.MatchSet{Name: set.Name, Type: api.MatchSet_ANY}},
 				Actions:    &api.Actions{RouteAction: api.RouteAction_REJECT}}
-			if len(r.Peers) > 0 {
+			if named {
 				// Rejected for every router but these.
 				st.Conditions.NeighborSet = &api.MatchSet{Name: neighbors, Type: api.MatchSet_INVERT}
 			}
@@ -332,19 +377,19 @@ func (g *GoBGP) SetExportRules(ctx context.Context, rules []ExportRule) error {
 			return fmt.Errorf("assigning the export policy: %w", err)
 		}
 	}
-	g.exportRules, g.exportAssigned = slices.Clone(rules), true
+	g.exportRules, g.exportLinks, g.exportAssigned = slices.Clone(rules), links, true
 	return nil
 }
 
-// Audience is who hears prefix under rules: the peers of the first rule
-// that covers it, or, when none does, every peer (all).
-func Audience(rules []ExportRule, prefix netip.Prefix) (peers []netip.Addr, all bool) {
+// Audience is who hears prefix under rules: the routers of the first rule
+// that covers it, or, when none does, every router (all).
+func Audience(rules []ExportRule, prefix netip.Prefix) (r ExportRule, all bool) {
 	for _, r := range rules {
 		if slices.ContainsFunc(r.Prefixes, func(q netip.Prefix) bool { return q.Bits() <= prefix.Bits() && q.Contains(prefix.Addr()) }) {
-			return r.Peers, false
+			return r, false
 		}
 	}
-	return nil, true
+	return ExportRule{}, true
 }
 
 // Start starts a speaker and adds its peers.
@@ -397,7 +442,8 @@ func Start(ctx context.Context, cfg Config) (*GoBGP, error) {
 func (g *GoBGP) setBFD() error {
 	var sessions []bfd.Session
 	for _, p := range slices.Concat(g.cfg.Peers, slices.Collect(maps.Values(g.dynamic))) {
-		if p.BFD == nil {
+		if p.BFD == nil || !p.Address.IsValid() {
+			// Without BFD, or an unnumbered router not found yet.
 			continue
 		}
 		sessions = append(sessions, bfd.Session{Peer: p.Address, Local: p.SourceAddress, MultiHop: p.EBGPMultihopTTL > 1, Profile: *p.BFD})
@@ -574,6 +620,14 @@ func (g *GoBGP) SetPeers(ctx context.Context, peers []Peer) error {
 			continue
 		}
 		want[p.Address] = p
+	}
+	if links := linkAddresses(slices.Collect(maps.Values(want))); g.exportAssigned && !maps.EqualFunc(links, g.exportLinks, slices.Equal) {
+		// An unnumbered router found, or found at a new address, hears
+		// what its rules give it from its first UPDATE: the policy
+		// names it before it is added.
+		if err := g.setExport(ctx, g.exportRules, links); err != nil {
+			first = cmp.Or(first, err)
+		}
 	}
 	// BFD is not GoBGP's: a change of it alone leaves the BGP session be.
 	bgpOnly := func(p Peer) Peer { p.BFD = nil; return p }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -90,4 +91,55 @@ func linkLocalInterface(t *testing.T) string {
 	}
 	t.Skip("no interface of this host has an IPv6 link-local address to dial a link-local router from")
 	return ""
+}
+
+// TestExportRulesFollowUnnumberedRouters: a rule that names a link keeps
+// its routes to whichever router is found there, by the address it has
+// now (the policy says it before the router is added); until one is found
+// the rule keeps them from every router, never gives them to all.
+func TestExportRulesFollowUnnumberedRouters(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g, err := Start(ctx, Config{ASN: 64512, RouterID: netip.MustParseAddr("192.0.2.100")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	neighbors := func() []string {
+		t.Helper()
+		var got []string
+		if err := g.s.ListDefinedSet(ctx, &api.ListDefinedSetRequest{DefinedType: api.DefinedType_NEIGHBOR, Name: "weir-rule-0-peers"}, func(d *api.DefinedSet) {
+			got = append(got, d.GetList()...)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	rules := []ExportRule{{Prefixes: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}, Peers: []netip.Addr{netip.MustParseAddr("192.0.2.1")}, Links: []string{"swp1"}}}
+	if err := g.SetExportRules(ctx, rules); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := neighbors(), []string{"192.0.2.1/32"}; !slices.Equal(got, want) {
+		t.Errorf("no router on swp1 yet: the rule's routers %v; want %v", got, want)
+	}
+	// The router on swp1 found at fe80::2, as resolve would find it.
+	g.mu.Lock()
+	g.dynamic[netip.MustParseAddr("fe80::2%swp1")] = Peer{Address: netip.MustParseAddr("fe80::2%swp1"), Interface: "swp1"}
+	g.mu.Unlock()
+	if err := g.SetExportRules(ctx, rules); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := neighbors(), []string{"192.0.2.1/32", "fe80::2/128"}; !slices.Equal(got, want) {
+		t.Errorf("the router on swp1 at fe80::2: the rule's routers %v; want %v", got, want)
+	}
+	// A rule of only a link with no router found keeps its routes from all.
+	g.mu.Lock()
+	clear(g.dynamic)
+	g.mu.Unlock()
+	if err := g.SetExportRules(ctx, []ExportRule{{Prefixes: rules[0].Prefixes, Links: []string{"swp1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := neighbors(), []string{"::/128"}; !slices.Equal(got, want) {
+		t.Errorf("no router on swp1: the rule's routers %v; want %v", got, want)
+	}
 }

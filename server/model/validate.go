@@ -661,9 +661,6 @@ func (p *BGPPeer) validateWhere() error {
 	if p.SourceAddress.IsValid() {
 		return fieldErr("source_address", "a link-local session is made from the interface's own link-local address")
 	}
-	if p.BFD != nil {
-		return fieldErr("bfd", "not run over link-local sessions yet: peer by a routed address for BFD")
-	}
 	return nil
 }
 

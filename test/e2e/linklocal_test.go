@@ -6,11 +6,13 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/bird"
 	"github.com/weirlb/weir/test/frr"
 	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/wait"
 )
 
 // TestPeersOverALinkOfLinkLocalAddressesOnly: node1 and a router (FRR or
@@ -27,7 +29,13 @@ import (
 // hop (RFC 8950; with the node's IPv4 address BIRD refuses the route as
 // not directly reachable): the router's RIB holds it from the node's AS,
 // its kernel routes it over the link, and the client's requests reach
-// node1's pod that way.
+// node1's pod that way. The pool's advertisement names the peer, which
+// keeps it to the router on the link whatever its address; another pool,
+// kept to another peer, never reaches the router. BFD (100 ms × 3, beside
+// a 9 s hold time) runs over the link's addresses: every packet on the
+// link dropped in node1's namespace takes the route away within the
+// detection time's order, not the hold time, and lifting it brings the
+// route back.
 func TestPeersOverALinkOfLinkLocalAddressesOnly(t *testing.T) {
 	for _, impl := range []string{"FRR", "BIRD"} {
 		t.Run(impl, func(t *testing.T) { testLinkLocalPeer(t, impl) })
@@ -60,13 +68,22 @@ func testLinkLocalPeer(t *testing.T, impl string) {
 	}
 
 	peer := &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: "fabric"}, Interface: "fab0", Asn: routerASN, MyAsn: nodeASN,
-		HoldTimeSeconds: 9, KeepaliveSeconds: 3, ConnectRetrySeconds: 1, NodeSelector: map[string]string{"fabric": "fab0"}}
+		HoldTimeSeconds: 9, KeepaliveSeconds: 3, ConnectRetrySeconds: 1, NodeSelector: map[string]string{"fabric": "fab0"},
+		Bfd: &weirv1.BfdProfile{ReceiveIntervalMs: 100, TransmitIntervalMs: 100, DetectMultiplier: bfdMultiplier}}
 	var attributes func(ctx context.Context, prefix string) (string, error)
 	var describe func(ctx context.Context, prefix string) string
+	var bfdStates func(ctx context.Context) (map[string]string, error)
 	if impl == "FRR" {
-		f, err := frr.StartTemp(ctx, c.Client, frr.Config{Text: fmt.Sprintf(`frr defaults traditional
+		f, err := frr.StartTemp(ctx, c.Client, frr.Config{BFD: &frr.BFD{}, Text: fmt.Sprintf(`frr defaults traditional
 hostname fabric
 log stdout
+!
+bfd
+ profile fast
+  receive-interval 100
+  transmit-interval 100
+  detect-multiplier 3
+ !
 !
 interface fab1
  ipv6 nd ra-interval 1
@@ -79,6 +96,7 @@ router bgp %[1]d
  timers bgp 3 9
  neighbor fab1 interface remote-as external
  neighbor fab1 advertisement-interval 0
+ neighbor fab1 bfd profile fast
  address-family ipv4 unicast
   neighbor fab1 activate
  exit-address-family
@@ -93,15 +111,18 @@ router bgp %[1]d
 		t.Cleanup(f.Close)
 		attributes = func(ctx context.Context, prefix string) (string, error) { return frrAttributes(ctx, f, prefix) }
 		describe = f.Describe
+		bfdStates = f.BFDPeers
 	} else {
 		peer.Address = routerLL // with Interface, its zone
-		b := startBIRDIn(t, c.Client, bird.Config{RouterID: lab.ClientIPv4.String(), Protocols: fmt.Sprintf(`protocol bgp fabric {
+		b := startBIRDIn(t, c.Client, bird.Config{RouterID: lab.ClientIPv4.String(), BFD: &bird.BFD{Interval: bfdInterval, Multiplier: bfdMultiplier},
+			Protocols: fmt.Sprintf(`protocol bgp fabric {
   local as %d;
   neighbor %s%%fab1 as %d;
   interface "fab1";
   hold time 9;
   connect retry time 1;
   error wait time 1, 2;
+  bfd on;
   debug { states, events };
   ipv4 { import all; export none; extended next hop on; };
   ipv6 { import all; export none; };
@@ -109,6 +130,7 @@ router bgp %[1]d
 `, routerASN, nodeLL, nodeASN)})
 		attributes = func(ctx context.Context, prefix string) (string, error) { return birdAttributes(ctx, b, prefix) }
 		describe = b.Describe
+		bfdStates = b.BFDSessions
 	}
 
 	got, err := c.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: node1.Name})
@@ -120,18 +142,29 @@ router bgp %[1]d
 	if _, err := c.Registry.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: n}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
-		Metadata: &weirv1.ObjectMeta{Name: "fabric"}, Addresses: []string{"203.0.113.104/29"}, BgpAdvertisement: &weirv1.BgpAdvertisement{}}}); err != nil {
+	// A second peer of node1's, a router never reached, for the pool
+	// kept from the link's router.
+	if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: &weirv1.BgpPeer{Metadata: &weirv1.ObjectMeta{Name: "collector"},
+		Address: "192.0.2.250", Asn: routerASN, MyAsn: nodeASN, ConnectRetrySeconds: 1, NodeSelector: map[string]string{"fabric": "fab0"}}}); err != nil {
 		t.Fatal(err)
 	}
-	const vip = "203.0.113.105"
-	n1p1 := node1.Pods[0]
-	svc := lbService("fabric", 30131, []string{"10.96.0.105"}, []string{vip})
-	svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
-	svc.Spec.HealthCheckNodePort = 32131
-	createService(t, c, svc, []*lab.Pod{n1p1})
 	if _, err := c.Registry.CreateBgpPeer(ctx, &weirv1.CreateBgpPeerRequest{BgpPeer: peer}); err != nil {
 		t.Fatal(err)
+	}
+	n1p1 := node1.Pods[0]
+	const vip, elsewhere = "203.0.113.105", "203.0.113.113"
+	for _, p := range []struct {
+		name, addresses, vip, peer string
+		port                       int32
+	}{{"fabric", "203.0.113.104/29", vip, "fabric", 131}, {"elsewhere", "203.0.113.112/29", elsewhere, "collector", 132}} {
+		if _, err := c.Registry.CreateAddressPool(ctx, &weirv1.CreateAddressPoolRequest{AddressPool: &weirv1.AddressPool{
+			Metadata: &weirv1.ObjectMeta{Name: p.name}, Addresses: []string{p.addresses}, BgpAdvertisement: &weirv1.BgpAdvertisement{Peers: []string{p.peer}}}}); err != nil {
+			t.Fatal(err)
+		}
+		svc := lbService(p.name, 30000+p.port, []string{fmt.Sprintf("10.96.0.%d", p.port)}, []string{p.vip})
+		svc.Spec.ExternalTrafficPolicy = weirv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+		svc.Spec.HealthCheckNodePort = 32000 + p.port
+		createService(t, c, svc, []*lab.Pod{n1p1})
 	}
 
 	status := weirv1.NewStatusServiceClient(c.Conn)
@@ -146,11 +179,13 @@ router bgp %[1]d
 				if n.GetName() != node1.Name {
 					return fmt.Errorf("%s has a session with %s; want none", n.GetName(), s.GetPeerAddress())
 				}
-				lines = append(lines, fmt.Sprintf("%s %s", s.GetPeerAddress(), s.GetSessionState()))
+				if s.GetPeerAddress() != "192.0.2.250" {
+					lines = append(lines, fmt.Sprintf("%s %s, BFD %s", s.GetPeerAddress(), s.GetSessionState(), s.GetBfdState()))
+				}
 			}
 		}
-		if len(lines) != 1 || !strings.HasSuffix(lines[0], weirv1.BgpSessionState_BGP_SESSION_STATE_ESTABLISHED.String()) {
-			return fmt.Errorf("node1's sessions %q; want one established\n%s", lines, describe(ctx, vip))
+		if len(lines) != 1 || !strings.HasSuffix(lines[0], weirv1.BgpSessionState_BGP_SESSION_STATE_ESTABLISHED.String()+", BFD Up") {
+			return fmt.Errorf("node1's sessions over fab0 %q; want one established, BFD Up\n%s", lines, describe(ctx, vip))
 		}
 		return nil
 	})
@@ -181,4 +216,61 @@ router bgp %[1]d
 			t.Errorf("over fab1 to %s: pod %s answered; want n1p1", vip, rep.Pod)
 		}
 	}
+	// The router's side of BFD: one session, with node1's address on the
+	// link, Up.
+	eventually(t, "the router's BFD session with node1 is up", func() error {
+		states, err := bfdStates(ctx)
+		if err != nil {
+			return err
+		}
+		if len(states) != 1 || !strings.EqualFold(states[nodeLL], "up") {
+			return fmt.Errorf("the router's BFD sessions %v; want %s up", states, nodeLL)
+		}
+		return nil
+	})
+	if got, err := attributes(ctx, elsewhere+"/32"); err != nil || got != "" {
+		t.Errorf("the router's paths for %s/32, a pool kept to another peer: %q (%v); want none", elsewhere, got, err)
+	}
+
+	// A dead link, which neither end's carrier shows: BFD finds it.
+	overLink := func() (bool, error) {
+		out, err := c.Client.Run(ctx, "ip", "route", "get", vip)
+		return strings.Contains(out, "dev fab1"), err
+	}
+	start := time.Now()
+	if _, err := node1.Run(ctx, "nft", `add table inet linkfault { chain in { type filter hook input priority -400; iifname "fab0" drop; }; `+
+		`chain out { type filter hook output priority -400; oifname "fab0" drop; }; }`); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		over, err := overLink()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !over {
+			break
+		}
+		if time.Since(start) > 3*time.Second {
+			t.Fatalf("the link dead 3s (BFD detection %v, hold time 9s): the router still routes %s over it\n%s", bfdMultiplier*bfdInterval, vip, describe(ctx, vip))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("the link dead: the router's kernel stopped routing %s over it in %v (BFD detection %v)", vip, time.Since(start).Round(time.Millisecond), bfdMultiplier*bfdInterval)
+	if _, err := node1.Run(ctx, "nft", "delete table inet linkfault"); err != nil {
+		t.Fatal(err)
+	}
+	// BFD's damping may keep the session closed a while after a flap.
+	wait.For(t, 45*time.Second, "the link back: the router routes the address over it again, BFD up", func() error {
+		if over, err := overLink(); err != nil || !over {
+			return fmt.Errorf("not over fab1 (%v)\n%s", err, describe(ctx, vip))
+		}
+		states, err := bfdStates(ctx)
+		if err != nil {
+			return err
+		}
+		if !strings.EqualFold(states[nodeLL], "up") {
+			return fmt.Errorf("the router's BFD sessions %v", states)
+		}
+		return nil
+	})
 }
