@@ -34,7 +34,13 @@ type Status struct {
 	Usable bool
 	// Diagnostic says why the session last left Up.
 	Diagnostic Diag
-	// Flaps counts the times it left Up.
+	// PeerAdminDown: the session is Down because the peer said
+	// AdminDown, taking BFD away on purpose. Its path is not known to
+	// have failed, so that is neither reported unusable nor a flap (RFC
+	// 5882 3.2).
+	PeerAdminDown bool
+	// Flaps counts the times it went down after Up, the peer's AdminDown
+	// aside.
 	Flaps int
 	// HoldDown is how long the session must stay Up, once Up again,
 	// before it is usable: the damping of its recent flaps.
@@ -78,10 +84,11 @@ type listenKey struct {
 // New returns a manager with no sessions. onChange is called serially,
 // from one goroutine of the manager, with a peer's usable state: false the
 // moment a session that was Up leaves Up (its detection time passed, or
-// the peer said Down or AdminDown), true once it is Up again and has
-// stayed so for the damping hold-down (see damping). false is never said
-// of a session that was never Up: a peer without BFD running is not
-// taken for dead; nor of a session removed by Set or Close.
+// the peer said Down), true once it is Up again and has stayed so for the
+// damping hold-down (see damping). false is never said of a session that
+// was never Up: a peer without BFD running is not taken for dead; nor of
+// a session removed by Set or Close, nor of one whose peer said AdminDown
+// (it took BFD away: RFC 5882 3.2).
 func New(log *slog.Logger, onChange func(peer netip.Addr, usable bool)) *Manager {
 	return &Manager{
 		log: log, events: newQueue(onChange), clock: realClock{},

@@ -127,6 +127,7 @@ func (r *runner) run(clk clock) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.status.State, r.status.Usable, r.status.Diagnostic = mc.state, usable, mc.diag
+		r.status.PeerAdminDown = mc.state == Down && mc.remoteState == AdminDown
 		r.status.Flaps, r.status.LastChange, r.status.HoldDown = d.flaps, mc.lastStateTime, d.hold(now())
 		r.status.DetectTime = 0
 		if mc.state == Up {
@@ -163,6 +164,11 @@ func (r *runner) run(clk clock) {
 			} else {
 				report(true)
 			}
+		case before == Up && mc.remoteState == AdminDown:
+			// The peer took BFD away on purpose (RFC 5882 3.2): its
+			// path is not known to have failed, and the client goes on
+			// as without BFD. Not a flap either.
+			hold.Stop()
 		case before == Up:
 			d.down(t)
 			hold.Stop()

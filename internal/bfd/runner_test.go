@@ -106,8 +106,10 @@ func (f *fakePeer) noChange(what string) {
 // What the session reports as time passes, on a fake clock: usable at
 // once the first time Up; unusable at its detection time (3 × the 300 ms
 // it receives at: 900 ms); usable at once after a first flap; held back
-// 1 s after a second flap within a minute, 2 s after a third; and a peer
-// that says AdminDown makes it unusable without waiting.
+// 1 s after a second flap within a minute, 2 s after a third; a peer
+// that says Down makes it unusable without waiting; and a peer that says
+// AdminDown (it took BFD down on purpose: RFC 5882 3.2) leaves it usable,
+// uncounted as a flap, until it comes Up again and fails.
 func TestReportsOnAFakeClock(t *testing.T) {
 	f := newFakePeer(t, Profile{})
 	f.say(Down, Init)
@@ -135,11 +137,23 @@ func TestReportsOnAFakeClock(t *testing.T) {
 		f.talking = false
 	}
 	f.say(AdminDown, Down)
-	if took := f.stepUntil(false, 0); took != 0 {
-		t.Errorf("the peer's AdminDown: unusable after %v; want at once", took)
+	f.noChange("the peer's AdminDown")
+	if st := f.r.snapshot(); !st.Usable || st.Diagnostic != DiagNeighborDown || st.Flaps != 3 || !st.PeerAdminDown {
+		t.Errorf("after the peer's AdminDown: %+v; want usable, 3 flaps, Down by the peer's AdminDown", st)
 	}
-	if st := f.r.snapshot(); st.Diagnostic != DiagNeighborDown {
-		t.Errorf("after the peer's AdminDown: %+v", st)
+	// Silence now is no news either: the session is not Up.
+	f.clock.Step(2 * time.Second)
+	f.noChange("silence after the peer's AdminDown")
+	// BFD back on at the peer, and the session Up: still usable, said
+	// once already; a Down from the peer then counts.
+	f.up()
+	f.noChange("Up again after the peer's AdminDown")
+	f.say(Down, Down)
+	if took := f.stepUntil(false, 0); took != 0 {
+		t.Errorf("the peer's Down: unusable after %v; want at once", took)
+	}
+	if st := f.r.snapshot(); st.Diagnostic != DiagNeighborDown || st.Flaps != 4 || st.PeerAdminDown {
+		t.Errorf("after the peer's Down: %+v", st)
 	}
 }
 

@@ -19,7 +19,7 @@ var (
 	bfdUp = prometheus.NewDesc("weir_bfd_session_up",
 		"1 when the BFD session with the peer is Up, else 0.", []string{"peer"}, nil)
 	bfdFlaps = prometheus.NewDesc("weir_bfd_session_flaps_total",
-		"Times the BFD session with the peer left Up.", []string{"peer"}, nil)
+		"Times the BFD session with the peer went down after Up: its detection time, or the peer's Down (not its AdminDown).", []string{"peer"}, nil)
 )
 
 // Collector exports the speaker's sessions, read from GoBGP at each

@@ -23,7 +23,9 @@ import (
 // every packet between node1 and the router dropped in node1's namespace
 // (a dead path), and node1's agent frozen (SIGSTOP: a hung process, whose
 // TCP the kernel keeps alive). Through the dead path node1 reports its BFD
-// down and its session closed. Lifting each brings node1 back.
+// down and its session closed. Lifting each brings node1 back. With FRR,
+// BFD shut down at the router (AdminDown to the nodes) then takes nothing
+// away.
 func TestBFDTakesADeadNodesRoutesAway(t *testing.T) {
 	for _, impl := range []string{"FRR", "BIRD"} {
 		t.Run(impl, func(t *testing.T) { testBFD(t, impl) })
@@ -170,6 +172,60 @@ func testBFD(t *testing.T, impl string) {
 	})
 	withdrawn("a frozen agent", func() error { return c.Agents[0].Signal(syscall.SIGSTOP) },
 		func() error { return c.Agents[0].Signal(syscall.SIGCONT) })
+
+	f, ok := r.(frrBFD)
+	if !ok {
+		return
+	}
+	// The router takes BFD away on purpose (its profile shut down): it
+	// tells the nodes AdminDown, which is no fault of the path (RFC 5882
+	// 3.2). The nodes keep their sessions and the router both next hops,
+	// longer than the second a session BFD closed would stay closed.
+	sessions := func() (map[string]*weirv1.BgpSession, error) {
+		resp, err := status.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+		if err != nil {
+			return nil, err
+		}
+		got := map[string]*weirv1.BgpSession{}
+		for _, n := range resp.GetNodes() {
+			if s := n.GetBgpSessions(); len(s) == 1 {
+				got[n.GetName()] = s[0]
+			}
+		}
+		return got, nil
+	}
+	before, err := sessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Vtysh(ctx, "configure terminal\nbfd\nprofile speakers\nshutdown"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(4 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		hops, err := r.NextHops(ctx, vip)
+		slices.Sort(hops)
+		if err != nil || !slices.Equal(hops, both) {
+			t.Fatalf("BFD shut down at the router: its route for %s goes through %v (%v); want both nodes still\n%s", vip, hops, err, r.Describe(ctx, vip))
+		}
+	}
+	eventually(t, "every node reports its BFD session Down by the router's AdminDown, and the same BGP session established", func() error {
+		now, err := sessions()
+		if err != nil {
+			return err
+		}
+		for _, n := range c.Nodes {
+			s, was := now[n.Name], before[n.Name]
+			if s.GetBfdState() != "Down" || s.GetSessionState() != weirv1.BgpSessionState_BGP_SESSION_STATE_ESTABLISHED ||
+				!s.GetEstablishedSince().AsTime().Equal(was.GetEstablishedSince().AsTime()) {
+				return fmt.Errorf("%s reports %v; before the shutdown %v", n.Name, s, was)
+			}
+		}
+		return nil
+	})
+	if _, err := f.Vtysh(ctx, "configure terminal\nbfd\nprofile speakers\nno shutdown"); err != nil {
+		t.Fatal(err)
+	}
+	waitBFDUp(t, r, both...)
 }
 
 // waitBFDUp waits until the router's BFD sessions with peers are up. On
