@@ -74,6 +74,7 @@ func TestTheAPITakesLinkLocalAndDynamicPeers(t *testing.T) {
 		{"neither asn nor dynamic_asn", func(p *weirv1.BgpPeer) { p.Asn = 0 }, "asn", "dynamic_asn"},
 		{"a dynamic_asn of another kind", func(p *weirv1.BgpPeer) { p.Asn, p.DynamicAsn = 0, "confederation" }, "dynamic_asn", `"internal" or "external"`},
 		{"a VRF name with a space", func(p *weirv1.BgpPeer) { p.Vrf = "red vrf" }, "vrf", "interface name"},
+		{"BFD in a VRF", func(p *weirv1.BgpPeer) { p.Vrf, p.Bfd = "red", &weirv1.BfdProfile{} }, "bfd", "VRF"},
 	} {
 		p := linkLocal()
 		tc.set(p)
@@ -115,6 +116,7 @@ func TestCustomResourcesTakeLinkLocalAndDynamicPeers(t *testing.T) {
 		{peer("dynamic-other", "  interface: eth0\n  dynamicASN: confederation\n"), "spec.dynamicASN"},
 		{peer("interface-slash", "  interface: eth/0\n  asn: 64512\n"), "spec.interface"},
 		{peer("vrf-long", "  interface: eth0\n  asn: 64512\n  vrf: a-very-long-name0\n"), "spec.vrf"},
+		{peer("vrf-bfd", "  address: 192.0.2.1\n  asn: 64512\n  vrf: red\n  bfd: {}\n"), "spec.bfd"},
 	} {
 		if err := createDoc(t, ctx, dyn, v1alpha1.BGPPeers, tc.doc, true); err == nil || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%s: %v; want a refusal naming %s", nameOf(tc.doc), err, tc.field)

@@ -55,6 +55,9 @@ func TestNothingIsDroppedSilently(t *testing.T) {
 			"BGPPeer/p", "spec.dualStackAddressFamily"},
 		"a BGPPeer in a Kubernetes List": {"apiVersion: v1\nkind: List\nitems:\n- apiVersion: metallb.io/v1beta2\n  kind: BGPPeer\n  metadata:\n    name: p\n  spec:\n    myASN: 64512\n    peerASN: 64513\n    peerAddress: 192.0.2.1\n    bfdProfile: fast\n",
 			"BGPPeer/p", "spec.bfdProfile"},
+		"a BGPPeer in a VRF with a BFDProfile": {"apiVersion: metallb.io/v1beta1\nkind: BFDProfile\nmetadata:\n  name: fast\nspec:\n  receiveInterval: 100\n---\n" +
+			"apiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata:\n  name: p\nspec:\n  myASN: 64512\n  peerASN: 64513\n  peerAddress: 192.0.2.1\n  vrf: red\n  bfdProfile: fast\n",
+			"BGPPeer/p", "spec.bfdProfile"},
 	} {
 		r, err := FromMetalLB(tc.in)
 		if err != nil {

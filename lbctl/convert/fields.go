@@ -123,7 +123,7 @@ var metallbFields = []field{
 	{"BGPPeer", "spec.nodeSelectors", selectors, Narrowed, "BgpPeer `node_selector` when it is one `matchLabels`; more is noted and every node peers"},
 	{"BGPPeer", "spec.password", scalar, Mapped, "BgpPeer `password` (with --to crds, a Secret the WeirBGPPeer's passwordSecretRef names)"},
 	{"BGPPeer", "spec.passwordSecret", secretRefs, Narrowed, "with --to crds, the WeirBGPPeer's `passwordSecretRef` (key `password`; copy the Secret into the server's namespace); lbctl's BgpPeer takes the password itself, so without --to crds it is noted"},
-	{"BGPPeer", "spec.bfdProfile", scalar, Mapped, "BgpPeer `bfd`: the named BFDProfile's settings, inlined (a name no BFDProfile of the input has is noted)"},
+	{"BGPPeer", "spec.bfdProfile", scalar, Narrowed, "BgpPeer `bfd`: the named BFDProfile's settings, inlined; a name no BFDProfile of the input has, and a peer with a `vrf` (Weir runs no BFD in a VRF), are noted"},
 	{"BGPPeer", "spec.enableGracefulRestart", scalar, Mapped, "BgpPeer `graceful_restart`"},
 	{"BGPPeer", "spec.ebgpMultiHop", scalar, Mapped, "BgpPeer `ebgp_multihop_ttl` 255 when true (FRR's ebgp-multihop without a count); lower it to the hops there are"},
 	{"BGPPeer", "spec.vrf", scalar, Mapped, "BgpPeer `vrf`: the session is bound to the VRF device"},

@@ -936,7 +936,11 @@ func (r *Result) convertPeer(o *object, opts Options, bfdProfiles map[string]*we
 		}
 	}
 	if name := s.BFDProfile; name != "" {
-		if b, ok := bfdProfiles[name]; ok {
+		b, ok := bfdProfiles[name]
+		switch {
+		case ok && peer.GetVrf() != "":
+			o.note("spec.bfdProfile", Narrowed, fmt.Sprintf("Weir runs no BFD in a VRF (vrf %q): the peer has none, its hold time alone finds a dead router", peer.GetVrf()))
+		case ok:
 			peer.Bfd = proto.Clone(b).(*weirv1.BfdProfile)
 			if b.GetMinimumTtl() != 0 && peer.GetEbgpMultihopTtl() == 0 {
 				// Weir checks the TTL only of multi-hop sessions; a
@@ -944,7 +948,7 @@ func (r *Result) convertPeer(o *object, opts Options, bfdProfiles map[string]*we
 				peer.Bfd.MinimumTtl = 0
 			}
 			o.carry("spec.bfdProfile")
-		} else {
+		default:
 			o.note("spec.bfdProfile", Dropped, fmt.Sprintf("no BFDProfile %q in the input: the peer has no BFD; add it to the export", name))
 		}
 	}

@@ -698,6 +698,11 @@ func (p *BGPPeer) validateSession() error {
 		if p.BFD.MinimumTTL != 0 && p.EBGPMultihopTTL <= 1 {
 			return fieldErr("bfd.minimum_ttl", "only for a multi-hop session (ebgp_multihop_ttl above 1): a single-hop one takes only TTL 255")
 		}
+		if p.VRF != "" {
+			// Its sockets would be routed by the default VRF's table, so
+			// it would never come up: say so rather than run it.
+			return fieldErr("bfd", "not run in a VRF (vrf %q): BFD's sockets are not bound to one; take bfd off or peer outside the VRF", p.VRF)
+		}
 	}
 	return nil
 }
