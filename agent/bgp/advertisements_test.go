@@ -51,10 +51,25 @@ func TestSeveralAdvertisementsGiveEachServiceItsAttributes(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("announcements (-want +got):\n%s", diff)
 	}
-	// The pool's peers on this node: the union of its advertisements'.
+	// Each prefix goes to the peers of its own advertisements: the
+	// service of public#0 to tor alone, the one of both to both, the
+	// aggregate of public#3 (no peers named) to every peer. The rules
+	// hold each prefix alone: the /24 holds the /32s.
 	node.BGPPeers = []datapath.BGPPeer{{Name: "tor", Address: addr("192.0.2.1")}, {Name: "collector", Address: addr("192.0.2.2")}}
+	w := newWants()
+	for key, s := range st.Services {
+		w.set(key, s, node)
+	}
+	rules, perService := ExportRules(node, w.audiences)
+	if got, want := fmt.Sprint(rules), "[{[203.0.113.2/32] [192.0.2.1 192.0.2.2] [] true} {[203.0.113.1/32 203.0.113.5/32] [192.0.2.1] [] true}]"; got != want || !perService {
+		t.Errorf("rules %s (per service %v), want %s", got, perService, want)
+	}
+	// Advertisements that all name the same peers: one rule over the
+	// pool's ranges, whatever the services.
+	node.Advertisements[1].Peers = []string{"tor"}
 	node.Advertisements = node.Advertisements[:2]
-	if got, want := fmt.Sprint(ExportRules(node)), "[{[203.0.113.0/24] [192.0.2.1 192.0.2.2] []}]"; got != want {
-		t.Errorf("rules %s, want %s", got, want)
+	rules, perService = ExportRules(node, w.audiences)
+	if got, want := fmt.Sprint(rules), "[{[203.0.113.0/24] [192.0.2.1] [] false}]"; got != want || perService {
+		t.Errorf("rules %s (per service %v), want %s", got, perService, want)
 	}
 }

@@ -1,12 +1,14 @@
 package bgp
 
 import (
+	"cmp"
 	"context"
 	"iter"
 	"log/slog"
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,8 +45,11 @@ type Announcer struct {
 	// peersFailed, rulesFailed: the last peer set or export rules were
 	// not applied whole; Report, every second, tries again.
 	peersFailed, rulesFailed bool
-	// rules are the export rules last given to the speaker.
-	rules []ExportRule
+	// rules are the export rules last given to the speaker; perService:
+	// some follow the services' own advertisements (ExportRules), so a
+	// changed service may change them.
+	rules               []ExportRule
+	rulesSet, perService bool
 	// applied: a state was applied since the start. Peers are dialled
 	// only then, so that a router that kept this node's routes through a
 	// restart (graceful restart) gets the whole table before End-of-RIB.
@@ -77,7 +82,7 @@ func (a *Announcer) Received(st datapath.NodeState) {
 		}
 	}
 	a.node = st.Node
-	if rulesChanged {
+	if rulesChanged || a.perService {
 		// Before anything is announced under them.
 		a.setExportRules()
 	}
@@ -126,7 +131,11 @@ func (a *Announcer) setPeers(from []datapath.BGPPeer) {
 // announced again by the next sync.
 func (a *Announcer) setExportRules() {
 	ctx := context.Background()
-	rules := ExportRules(a.node)
+	rules, perService := ExportRules(a.node, a.wants.audiences)
+	a.perService = perService
+	if a.rulesSet && !a.rulesFailed && slices.EqualFunc(rules, a.rules, ExportRule.Equal) {
+		return
+	}
 	for p, had := range a.announced {
 		before, allBefore := bgpspeaker.Audience(a.rules, p)
 		after, allAfter := bgpspeaker.Audience(rules, p)
@@ -148,40 +157,41 @@ func (a *Announcer) setExportRules() {
 		a.rulesFailed = true
 		return
 	}
-	a.rules, a.rulesFailed = rules, false
+	a.rules, a.rulesSet, a.rulesFailed = rules, true, false
 }
 
-// ExportRules are the rules for node's advertisements that name peers.
-// The several advertisements of one pool that the node has share one
-// rule, to the union of their peers (CombineAdvertisements): the speaker
-// filters by prefix, and they cover the same ranges.
-func ExportRules(node datapath.NodeInfo) []ExportRule {
-	var rules []ExportRule
-	var advs []datapath.BGPAdvertisement
-	for _, adv := range node.Advertisements {
-		if adv.Name == "" {
-			advs = append(advs, adv)
-			continue
-		}
-		i := slices.IndexFunc(advs, func(a datapath.BGPAdvertisement) bool { return a.Name != "" && slices.Equal(a.Ranges, adv.Ranges) })
-		if i < 0 {
-			advs = append(advs, adv)
-			continue
-		}
-		combined := datapath.CombineAdvertisements([]datapath.BGPAdvertisement{advs[i], adv})
-		advs[i].Peers = combined.Peers
+// ExportRules are the rules for node's advertisements that name peers. A
+// pool whose advertisements all go to the same peers has one rule over its
+// ranges. A pool whose several advertisements (chosen by service) go to
+// different peers has one rule per set of peers, over the prefixes its
+// services ask for (audiences: each wanted prefix of the ranges and the
+// peers its own advertisements name, none for every peer); perService
+// says there is such a pool, so that a changed service may change the
+// rules.
+func ExportRules(node datapath.NodeInfo, audiences func(ranges []datapath.AddressRange) map[netip.Prefix][]string) (rules []ExportRule, perService bool) {
+	// The pools: one advertisement of its own, or several named ones
+	// over the same ranges.
+	type pool struct {
+		ranges []datapath.AddressRange
+		peers  [][]string
 	}
-	for _, adv := range advs {
-		if len(adv.Peers) == 0 {
-			continue
+	var pools []pool
+	for _, adv := range node.Advertisements {
+		i := -1
+		if adv.Name != "" {
+			i = slices.IndexFunc(pools, func(p pool) bool { return slices.Equal(p.ranges, adv.Ranges) })
 		}
-		var r ExportRule
-		for _, rg := range adv.Ranges {
-			r.Prefixes = append(r.Prefixes, iprange.Prefixes(rg.First, rg.Last)...)
+		if i < 0 {
+			pools = append(pools, pool{ranges: adv.Ranges})
+			i = len(pools) - 1
 		}
+		pools[i].peers = append(pools[i].peers, sortedPeers(adv.Peers))
+	}
+	rule := func(prefixes []netip.Prefix, names []string) ExportRule {
+		r := ExportRule{Prefixes: prefixes}
 		for _, p := range node.BGPPeers {
 			switch {
-			case !slices.Contains(adv.Peers, p.Name):
+			case !slices.Contains(names, p.Name):
 			case p.Address.IsValid():
 				r.Peers = append(r.Peers, p.Address)
 			default:
@@ -189,9 +199,49 @@ func ExportRules(node datapath.NodeInfo) []ExportRule {
 				r.Links = append(r.Links, p.Interface)
 			}
 		}
-		rules = append(rules, r)
+		return r
 	}
-	return rules
+	for _, p := range pools {
+		if !slices.ContainsFunc(p.peers, func(names []string) bool { return !slices.Equal(names, p.peers[0]) }) {
+			if len(p.peers[0]) == 0 {
+				continue // every peer
+			}
+			var prefixes []netip.Prefix
+			for _, rg := range p.ranges {
+				prefixes = append(prefixes, iprange.Prefixes(rg.First, rg.Last)...)
+			}
+			rules = append(rules, rule(prefixes, p.peers[0]))
+			continue
+		}
+		perService = true
+		if audiences == nil {
+			continue
+		}
+		byPeers := map[string][]netip.Prefix{}
+		for prefix, names := range audiences(p.ranges) {
+			if names = sortedPeers(names); len(names) > 0 {
+				key := strings.Join(names, "\x00")
+				byPeers[key] = append(byPeers[key], prefix)
+			}
+		}
+		for _, key := range slices.Sorted(maps.Keys(byPeers)) {
+			prefixes := byPeers[key]
+			slices.SortFunc(prefixes, func(a, b netip.Prefix) int {
+				return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+			})
+			r := rule(prefixes, strings.Split(key, "\x00"))
+			// Each prefix alone: an aggregate of one advertisement may
+			// hold the host prefixes of another.
+			r.Exact = true
+			rules = append(rules, r)
+		}
+	}
+	return rules, perService
+}
+
+// sortedPeers is names sorted, without repeats.
+func sortedPeers(names []string) []string {
+	return slices.Compact(slices.Sorted(slices.Values(names)))
 }
 
 // Applied announces what the applied state says the node should attract.
@@ -349,10 +399,12 @@ func Wanted(st datapath.NodeState, proxyHealthy bool) map[netip.Prefix]Announcem
 	return want
 }
 
-// prefixWant is one load-balancer IP's wish: its prefix announced so.
+// prefixWant is one load-balancer IP's wish: its prefix announced so, to
+// the peers its advertisements name (none: every peer).
 type prefixWant struct {
 	prefix netip.Prefix
 	Announcement
+	peers []string
 }
 
 // serviceWants are the announcements svc asks of node, one per
@@ -398,7 +450,7 @@ func serviceWants(svc *datapath.Service, node datapath.NodeInfo) []prefixWant {
 		for _, p := range prefixes {
 			adv := datapath.CombineAdvertisements(byPrefix[p])
 			a := Announcement{NextHop: hop, Weight: weight, Communities: adv.Communities, LargeCommunities: adv.LargeCommunities, LocalPref: adv.LocalPref}
-			out = append(out, prefixWant{prefix: p, Announcement: a})
+			out = append(out, prefixWant{prefix: p, Announcement: a, peers: adv.Peers})
 		}
 	}
 	return out
@@ -422,8 +474,9 @@ type wants struct {
 // prefixSum is one prefix's announcement, summed over the addresses that
 // ask for it (several, for a pool's aggregate).
 type prefixSum struct {
-	// Announcement is the latest asker's, its weight aside.
+	// Announcement and peers are the latest asker's, its weight aside.
 	Announcement
+	peers  []string
 	askers int
 	// unweighted counts the askers without a weight (Cluster services):
 	// with any, the prefix is unweighted; else it weighs sum
@@ -468,7 +521,7 @@ func (w *wants) set(key datapath.ServiceKey, svc *datapath.Service, node datapat
 			ps = &prefixSum{}
 			w.prefixes[pw.prefix] = ps
 		}
-		ps.Announcement = pw.Announcement
+		ps.Announcement, ps.peers = pw.Announcement, pw.peers
 		ps.askers++
 		if pw.Weight == 0 {
 			ps.unweighted++
@@ -489,6 +542,18 @@ func (w *wants) set(key datapath.ServiceKey, svc *datapath.Service, node datapat
 			}
 		}
 	}
+}
+
+// audiences is each wanted prefix inside ranges, with the peers its
+// advertisements name.
+func (w *wants) audiences(ranges []datapath.AddressRange) map[netip.Prefix][]string {
+	out := map[netip.Prefix][]string{}
+	for p, ps := range w.prefixes {
+		if slices.ContainsFunc(ranges, func(r datapath.AddressRange) bool { return r.Contains(p.Addr()) }) {
+			out[p] = ps.peers
+		}
+	}
+	return out
 }
 
 // of is what the services ask for p.

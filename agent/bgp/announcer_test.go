@@ -174,8 +174,9 @@ func TestExportRulesNameThePoolsPeers(t *testing.T) {
 			{Ranges: []datapath.AddressRange{{First: addr("198.51.100.0"), Last: addr("198.51.100.255")}}, Peers: []string{"elsewhere"}},
 		},
 	}
-	got := fmt.Sprint(ExportRules(node))
-	want := "[{[203.0.113.10/31 203.0.113.12/31] [192.0.2.1 fe80::1] [swp1]} {[198.51.100.0/24] [] []}]"
+	rules, _ := ExportRules(node, nil)
+	got := fmt.Sprint(rules)
+	want := "[{[203.0.113.10/31 203.0.113.12/31] [192.0.2.1 fe80::1] [swp1] false} {[198.51.100.0/24] [] [] false}]"
 	if got != want {
 		t.Errorf("rules %s, want %s", got, want)
 	}
@@ -363,6 +364,43 @@ func TestAPrefixWithdrawnForNewExportRulesComesBack(t *testing.T) {
 	sp.Calls()
 	node.BGPPeers = []datapath.BGPPeer{{Name: "upstream", Address: addr("192.0.2.2")}}
 	a.Received(datapath.NodeState{Node: node, Services: services, Changed: []datapath.ServiceKey{}})
+	a.Applied(0)
+	want := []string{"withdraw 203.0.113.7/32 via 192.0.2.11", "announce 203.0.113.7/32 via 192.0.2.11 weight 0"}
+	if got := sp.Calls(); !slices.Equal(got, want) {
+		t.Errorf("the speaker was told %q, want %q", got, want)
+	}
+}
+
+// TestAServiceMovedToAnotherAdvertisementsPeersIsWithdrawnFirst: in a
+// pool whose advertisements (chosen by service) name different peers, a
+// service that moves from one to the other is withdrawn under the old
+// rules (its old peers hear it go) and announced again under the new
+// ones; another service of the pool is left be.
+func TestAServiceMovedToAnotherAdvertisementsPeersIsWithdrawnFirst(t *testing.T) {
+	addr := netip.MustParseAddr
+	sp := &recordingSpeaker{}
+	a := NewAnnouncer(sp, func() bool { return true }, slog.New(slog.DiscardHandler))
+	pool := []datapath.AddressRange{{First: addr("203.0.113.0"), Last: addr("203.0.113.255")}}
+	node := datapath.NodeInfo{Addresses: []netip.Addr{addr("192.0.2.11")}, Advertisements: []datapath.BGPAdvertisement{
+		{Name: "split#0", Ranges: pool, Peers: []string{"tor"}}, {Name: "split#1", Ranges: pool, Peers: []string{"collector"}}},
+		BGPPeers: []datapath.BGPPeer{{Name: "tor", Address: addr("192.0.2.1")}, {Name: "collector", Address: addr("192.0.2.2")}}}
+	svc := func(name, vip, adv string) *datapath.Service {
+		return &datapath.Service{Key: datapath.ServiceKey{Namespace: "default", Name: name}, LoadBalancerIPs: []netip.Addr{addr(vip)},
+			Advertisements: map[netip.Addr][]string{addr(vip): {adv}}}
+	}
+	web, db := svc("web", "203.0.113.7", "split#0"), svc("db", "203.0.113.8", "split#0")
+	services := map[datapath.ServiceKey]*datapath.Service{web.Key: web, db.Key: db}
+	a.Received(datapath.NodeState{Node: node, Services: services})
+	a.Applied(0)
+	if got, want := fmt.Sprint(a.rules), "[{[203.0.113.7/32 203.0.113.8/32] [192.0.2.1] [] true}]"; got != want {
+		t.Fatalf("rules %s, want %s", got, want)
+	}
+	sp.Calls()
+	services[web.Key] = svc("web", "203.0.113.7", "split#1")
+	a.Received(datapath.NodeState{Node: node, Services: services, Changed: []datapath.ServiceKey{web.Key}})
+	if got, want := fmt.Sprint(a.rules), "[{[203.0.113.7/32] [192.0.2.2] [] true} {[203.0.113.8/32] [192.0.2.1] [] true}]"; got != want {
+		t.Errorf("rules %s, want %s", got, want)
+	}
 	a.Applied(0)
 	want := []string{"withdraw 203.0.113.7/32 via 192.0.2.11", "announce 203.0.113.7/32 via 192.0.2.11 weight 0"}
 	if got := sp.Calls(); !slices.Equal(got, want) {

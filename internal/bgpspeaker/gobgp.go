@@ -266,6 +266,19 @@ type ExportRule struct {
 	Prefixes []netip.Prefix
 	Peers    []netip.Addr
 	Links    []string
+	// Exact: the rule keeps Prefixes themselves only, not the longer
+	// prefixes inside them.
+	Exact bool
+}
+
+// covers tells whether the rule keeps prefix.
+func (r ExportRule) covers(prefix netip.Prefix) bool {
+	return slices.ContainsFunc(r.Prefixes, func(q netip.Prefix) bool {
+		if r.Exact {
+			return q == prefix
+		}
+		return q.Bits() <= prefix.Bits() && q.Contains(prefix.Addr())
+	})
 }
 
 // SameAudience tells whether r and o keep their routes to the same
@@ -274,8 +287,9 @@ func (r ExportRule) SameAudience(o ExportRule) bool {
 	return slices.Equal(r.Peers, o.Peers) && slices.Equal(r.Links, o.Links)
 }
 
-func (r ExportRule) equal(o ExportRule) bool {
-	return slices.Equal(r.Prefixes, o.Prefixes) && r.SameAudience(o)
+// Equal tells whether r and o are the same rule.
+func (r ExportRule) Equal(o ExportRule) bool {
+	return slices.Equal(r.Prefixes, o.Prefixes) && r.Exact == o.Exact && r.SameAudience(o)
 }
 
 // linkAddresses is the address each unnumbered router among peers has
@@ -305,7 +319,7 @@ func (g *GoBGP) SetExportRules(ctx context.Context, rules []ExportRule) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	links := linkAddresses(slices.Collect(maps.Values(g.dynamic)))
-	if g.exportAssigned && slices.EqualFunc(rules, g.exportRules, ExportRule.equal) && maps.EqualFunc(links, g.exportLinks, slices.Equal) {
+	if g.exportAssigned && slices.EqualFunc(rules, g.exportRules, ExportRule.Equal) && maps.EqualFunc(links, g.exportLinks, slices.Equal) {
 		return nil
 	}
 	return g.setExport(ctx, rules, links)
@@ -349,7 +363,11 @@ func (g *GoBGP) setExport(ctx context.Context, rules []ExportRule, links map[str
 			set := &api.DefinedSet{DefinedType: api.DefinedType_PREFIX, Name: fmt.Sprintf("weir-rule-%d-%s", i, family)}
 			for _, p := range r.Prefixes {
 				if p.Addr().Is4() == (family == "ipv4") {
-					set.Prefixes = append(set.Prefixes, &api.Prefix{IpPrefix: p.Masked().String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(p.Addr().BitLen())})
+					longest := p.Addr().BitLen()
+					if r.Exact {
+						longest = p.Bits()
+					}
+					set.Prefixes = append(set.Prefixes, &api.Prefix{IpPrefix: p.Masked().String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(longest)})
 				}
 			}
 			if len(set.Prefixes) == 0 {
@@ -385,7 +403,7 @@ func (g *GoBGP) setExport(ctx context.Context, rules []ExportRule, links map[str
 // that covers it, or, when none does, every router (all).
 func Audience(rules []ExportRule, prefix netip.Prefix) (r ExportRule, all bool) {
 	for _, r := range rules {
-		if slices.ContainsFunc(r.Prefixes, func(q netip.Prefix) bool { return q.Bits() <= prefix.Bits() && q.Contains(prefix.Addr()) }) {
+		if r.covers(prefix) {
 			return r, false
 		}
 	}
