@@ -48,7 +48,7 @@ type Announcer struct {
 	// rules are the export rules last given to the speaker; perService:
 	// some follow the services' own advertisements (ExportRules), so a
 	// changed service may change them.
-	rules               []ExportRule
+	rules                []ExportRule
 	rulesSet, perService bool
 	// applied: a state was applied since the start. Peers are dialled
 	// only then, so that a router that kept this node's routes through a
