@@ -203,7 +203,9 @@ func (p *planner) keepHeld(w *want) bool {
 	managed := len(s.LoadBalancerIPs) > 0 && !slices.ContainsFunc(s.LoadBalancerIPs, func(ip netip.Addr) bool { return inPool(p.pools, ip) == nil })
 	keep := managed && (len(s.RequestedLoadBalancerIPs) == 0 || sameAddrs(s.RequestedLoadBalancerIPs, s.LoadBalancerIPs))
 	for _, ip := range s.LoadBalancerIPs {
-		if keep && (!p.shareable(ip, s) || p.reserved.Why(ip) != "") {
+		// .0 and .255 of a pool that avoids them (turned on since) are
+		// given back, as MetalLB does.
+		if keep && (!p.shareable(ip, s) || p.reserved.Why(ip) != "" || p.inPool(ip).Avoids(ip)) {
 			keep = false
 		}
 	}
