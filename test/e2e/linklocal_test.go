@@ -35,7 +35,8 @@ import (
 // a 9 s hold time) runs over the link's addresses: every packet on the
 // link dropped in node1's namespace takes the route away within the
 // detection time's order, not the hold time, and lifting it brings the
-// route back.
+// route back; so do the link going down and up and node1's agent killed
+// and started again.
 func TestPeersOverALinkOfLinkLocalAddressesOnly(t *testing.T) {
 	for _, impl := range []string{"FRR", "BIRD"} {
 		t.Run(impl, func(t *testing.T) { testLinkLocalPeer(t, impl) })
@@ -273,4 +274,73 @@ router bgp %[1]d
 		}
 		return nil
 	})
+
+	// The link down and up again, which both ends see (the router drops
+	// the route at once), then node1's agent killed (SIGKILL) and
+	// started again: each time the session comes back over the link by
+	// its addresses alone (FRR learns node1's again from its router
+	// advertisements), with its pool kept to it.
+	for _, step := range []struct {
+		what       string
+		fault, fix func() error
+	}{
+		{"fab0 down and up", func() error {
+			_, err := node1.Run(ctx, "ip", "link", "set", "fab0", "down")
+			return err
+		}, func() error {
+			if _, err := node1.Run(ctx, "ip", "link", "set", "fab0", "up"); err != nil {
+				return err
+			}
+			// The kernel drops a link's IPv6 link-local addresses when
+			// it goes down, and makes none here (addrgenmode none): the
+			// node's network configuration gives them back, as
+			// systemd-networkd would.
+			for _, end := range []struct {
+				ns      *lab.Netns
+				dev, ll string
+			}{{node1.Netns, "fab0", nodeLL}, {c.Client, "fab1", routerLL}} {
+				if _, err := end.ns.Run(ctx, "ip", "-6", "addr", "replace", end.ll+"/64", "dev", end.dev, "nodad"); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{"node1's agent killed and started again", func() error { return c.RestartAgent(0) }, func() error { return nil }},
+	} {
+		if err := step.fault(); err != nil {
+			t.Fatal(err)
+		}
+		if step.what == "fab0 down and up" {
+			eventually(t, step.what+": the router stops routing the address over the link", func() error {
+				if over, err := overLink(); err != nil || over {
+					return fmt.Errorf("still over fab1 (%v)", err)
+				}
+				return nil
+			})
+		}
+		if err := step.fix(); err != nil {
+			t.Fatal(err)
+		}
+		wait.For(t, 45*time.Second, step.what+": the router routes the address over the link again, BFD up", func() error {
+			if over, err := overLink(); err != nil || !over {
+				return fmt.Errorf("not over fab1 (%v)\n%s", err, describe(ctx, vip))
+			}
+			states, err := bfdStates(ctx)
+			if err != nil {
+				return err
+			}
+			if !strings.EqualFold(states[nodeLL], "up") {
+				return fmt.Errorf("the router's BFD sessions %v", states)
+			}
+			return nil
+		})
+		if got, err := attributes(ctx, elsewhere+"/32"); err != nil || got != "" {
+			t.Errorf("%s: the router's paths for %s/32, a pool kept to another peer: %q (%v); want none", step.what, elsewhere, got, err)
+		}
+		for _, rep := range sample(t, c.Client, netip.MustParseAddrPort(vip+":80"), 3) {
+			if rep.Pod != n1p1.Name {
+				t.Errorf("%s: over fab1 to %s: pod %s answered; want n1p1", step.what, vip, rep.Pod)
+			}
+		}
+	}
 }
