@@ -260,20 +260,26 @@ router bgp %[1]d
 	if _, err := node1.Run(ctx, "nft", "delete table inet linkfault"); err != nil {
 		t.Fatal(err)
 	}
-	// BFD's damping may keep the session closed a while after a flap.
-	wait.For(t, 45*time.Second, "the link back: the router routes the address over it again, BFD up", func() error {
-		if over, err := overLink(); err != nil || !over {
-			return fmt.Errorf("not over fab1 (%v)\n%s", err, describe(ctx, vip))
-		}
-		states, err := bfdStates(ctx)
-		if err != nil {
-			return err
-		}
-		if !strings.EqualFold(states[nodeLL], "up") {
-			return fmt.Errorf("the router's BFD sessions %v", states)
-		}
-		return nil
-	})
+	// backOverLink waits until the router routes the address over the
+	// link again, BFD up: the damping of a BFD that flapped may keep the
+	// session closed a while.
+	backOverLink := func(what string) {
+		t.Helper()
+		wait.For(t, 45*time.Second, what+": the router routes the address over the link again, BFD up", func() error {
+			if over, err := overLink(); err != nil || !over {
+				return fmt.Errorf("not over fab1 (%v)\n%s", err, describe(ctx, vip))
+			}
+			states, err := bfdStates(ctx)
+			if err != nil {
+				return err
+			}
+			if !strings.EqualFold(states[nodeLL], "up") {
+				return fmt.Errorf("the router's BFD sessions %v", states)
+			}
+			return nil
+		})
+	}
+	backOverLink("the link back")
 
 	// The link down and up again, which both ends see (the router drops
 	// the route at once), then node1's agent killed (SIGKILL) and
@@ -321,19 +327,7 @@ router bgp %[1]d
 		if err := step.fix(); err != nil {
 			t.Fatal(err)
 		}
-		wait.For(t, 45*time.Second, step.what+": the router routes the address over the link again, BFD up", func() error {
-			if over, err := overLink(); err != nil || !over {
-				return fmt.Errorf("not over fab1 (%v)\n%s", err, describe(ctx, vip))
-			}
-			states, err := bfdStates(ctx)
-			if err != nil {
-				return err
-			}
-			if !strings.EqualFold(states[nodeLL], "up") {
-				return fmt.Errorf("the router's BFD sessions %v", states)
-			}
-			return nil
-		})
+		backOverLink(step.what)
 		if got, err := attributes(ctx, elsewhere+"/32"); err != nil || got != "" {
 			t.Errorf("%s: the router's paths for %s/32, a pool kept to another peer: %q (%v); want none", step.what, elsewhere, got, err)
 		}
