@@ -1,8 +1,10 @@
 // Package bfd is Bidirectional Forwarding Detection for the BGP speakers:
-// asynchronous mode of RFC 5880, single hop over IPv4 and IPv6 (RFC 5881,
-// link-local peers by their link) and multi-hop (RFC 5883), with a
-// Poll sequence for a changed profile and a damping hold-down for a
-// session that flaps. It has no echo mode and no authentication.
+// it finds within milliseconds that a peer stopped forwarding, where BGP's
+// own hold timer takes seconds. Asynchronous mode of RFC 5880 over UDP,
+// single hop over IPv4 and IPv6 (RFC 5881, link-local peers by their
+// link) and multi-hop (RFC 5883), with a Poll sequence for a changed
+// profile and a damping hold-down for a session that flaps. It has no
+// echo mode and no authentication.
 //
 // A Manager runs the sessions it is given and tells its client when a
 // peer becomes unusable (its detection time passed, or it said Down) and

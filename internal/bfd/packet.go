@@ -1,7 +1,3 @@
-// Package bfd is Bidirectional Forwarding Detection in asynchronous mode
-// (RFC 5880) over UDP, for a single hop (RFC 5881) or several (RFC 5883):
-// it finds within milliseconds that a BGP peer stopped forwarding, where
-// BGP's own hold timer takes seconds.
 package bfd
 
 import (
