@@ -294,7 +294,7 @@ type WeirBGPPeer struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.sourceAddress) || !has(self.address) || !isIP(self.address) || !isIP(self.sourceAddress) || ip(self.sourceAddress).family() == ip(self.address).family()",message="of the address family of spec.address",fieldPath=".sourceAddress"
 // +kubebuilder:validation:XValidation:rule="has(self.address) || has(self.interface)",message="address, or interface for an unnumbered peer"
 // +kubebuilder:validation:XValidation:rule="has(self.asn) != has(self.dynamicASN)",message="one of asn and dynamicASN",fieldPath=".asn"
-// +kubebuilder:validation:XValidation:rule="!has(self.bfd) || !has(self.vrf) || self.vrf == ”",message="no BFD in a VRF: take bfd off or peer outside the VRF",fieldPath=".bfd"
+// +kubebuilder:validation:XValidation:rule="!has(self.bfd) || !has(self.vrf) || size(self.vrf) == 0",message="no BFD in a VRF: take bfd off or peer outside the VRF",fieldPath=".bfd"
 type BGPPeerSpec struct {
 	// Address is the router's address; empty with Interface for an
 	// unnumbered peer. An IPv6 link-local address (fe80::/10) is written
