@@ -13,6 +13,7 @@ import (
 	"github.com/weirlb/weir/test/frr"
 	"github.com/weirlb/weir/test/lab"
 	"github.com/weirlb/weir/test/wait"
+	"github.com/weirlb/weir/test/weirlab"
 )
 
 // TestPeersOverALinkOfLinkLocalAddressesOnly: node1 and a router (FRR or
@@ -313,6 +314,7 @@ router bgp %[1]d
 		}},
 		{"node1's agent killed and started again", func() error { return c.RestartAgent(0) }, func() error { return nil }},
 	} {
+		faultAt := time.Now()
 		if err := step.fault(); err != nil {
 			t.Fatal(err)
 		}
@@ -327,11 +329,35 @@ router bgp %[1]d
 		if err := step.fix(); err != nil {
 			t.Fatal(err)
 		}
+		// A new session first: what the router shows until it has
+		// noticed the fault may still be the old one's.
+		wait.For(t, 45*time.Second, step.what+": node1 reports a session over fab0 established since, BFD Up", func() error {
+			resp, err := status.ListNodeStatuses(ctx, &weirv1.ListNodeStatusesRequest{})
+			if err != nil {
+				return err
+			}
+			for _, n := range resp.GetNodes() {
+				for _, s := range n.GetBgpSessions() {
+					if n.GetName() == node1.Name && s.GetPeerAddress() != "192.0.2.250" &&
+						s.GetSessionState() == weirv1.BgpSessionState_BGP_SESSION_STATE_ESTABLISHED &&
+						s.GetBfdState() == "Up" && s.GetEstablishedSince().AsTime().After(faultAt) {
+						return nil
+					}
+				}
+			}
+			return fmt.Errorf("no session established since the fault\n%s", describe(ctx, vip))
+		})
 		backOverLink(step.what)
 		if got, err := attributes(ctx, elsewhere+"/32"); err != nil || got != "" {
 			t.Errorf("%s: the router's paths for %s/32, a pool kept to another peer: %q (%v); want none", step.what, elsewhere, got, err)
 		}
-		for _, rep := range sample(t, c.Client, netip.MustParseAddrPort(vip+":80"), 3) {
+		for range 3 {
+			rep, err := weirlab.Get(ctx, c.Client, netip.MustParseAddrPort(vip+":80"))
+			if err != nil {
+				states, _ := bfdStates(ctx)
+				log := c.Agents[0].Log()
+				t.Fatalf("%s: a request over fab1 to %s: %v\nthe router's BFD sessions %v\n%s\nnode1's agent, last lines:\n%s", step.what, vip, err, states, describe(ctx, vip), log[max(0, len(log)-6000):])
+			}
 			if rep.Pod != n1p1.Name {
 				t.Errorf("%s: over fab1 to %s: pod %s answered; want n1p1", step.what, vip, rep.Pod)
 			}
