@@ -1,13 +1,11 @@
 package bgpspeaker
 
 import (
-	"context"
 	"net"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
 
@@ -21,13 +19,7 @@ import (
 // neighbour yet is an error that names the interface (the caller retries)
 // and leaves the other peers be.
 func TestLinkLocalAndDynamicPeers(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	g, err := Start(ctx, Config{ASN: 4200000001, RouterID: netip.MustParseAddr("192.0.2.100")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	ctx, g := startSpeaker(t, 4200000001)
 	// GoBGP dials a link-local router from the interface's own
 	// link-local address, so the interface must have one.
 	link := linkLocalInterface(t)
@@ -66,7 +58,7 @@ func TestLinkLocalAndDynamicPeers(t *testing.T) {
 
 	// lo has no link-local neighbour: nothing to dial yet.
 	unnumbered := Peer{Interface: "lo", ASN: 64500}
-	err = g.SetPeers(ctx, []Peer{leaf, spine, unnumbered})
+	err := g.SetPeers(ctx, []Peer{leaf, spine, unnumbered})
 	if err == nil || !strings.Contains(err.Error(), `"lo"`) || !strings.Contains(err.Error(), "link-local neighbour") {
 		t.Errorf("an unnumbered peer on lo: %v; want an error naming lo and its missing link-local neighbour", err)
 	}
@@ -98,13 +90,7 @@ func linkLocalInterface(t *testing.T) string {
 // now (the policy says it before the router is added); until one is found
 // the rule keeps them from every router, never gives them to all.
 func TestExportRulesFollowUnnumberedRouters(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	g, err := Start(ctx, Config{ASN: 64512, RouterID: netip.MustParseAddr("192.0.2.100")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	ctx, g := startSpeaker(t, 64512)
 	neighbors := func() []string {
 		t.Helper()
 		var got []string

@@ -16,13 +16,7 @@ import (
 // multi-hop TTL, source address and timers as the peer sets them, the
 // defaults where it sets none, and a change made in place.
 func TestPeersOpenSessionsAsConfigured(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	g, err := Start(ctx, Config{ASN: 4200000001, RouterID: netip.MustParseAddr("192.0.2.100")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	ctx, g := startSpeaker(t, 4200000001)
 	reflector := Peer{Address: netip.MustParseAddr("192.0.2.1"), ASN: 4200000100, HoldTime: 30 * time.Second,
 		EBGPMultihopTTL: 2, SourceAddress: netip.MustParseAddr("198.51.100.7"), Keepalive: 7 * time.Second, ConnectRetry: 5 * time.Second}
 	tor := Peer{Address: netip.MustParseAddr("2001:db8::1"), ASN: 64500}
@@ -76,13 +70,7 @@ func TestPeersOpenSessionsAsConfigured(t *testing.T) {
 // session (multi-hop when its TTL is above 1), follows a change of the
 // profile, and ends when the peer drops BFD; a peer without BFD has none.
 func TestBFDRunsBesideTheSessions(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	g, err := Start(ctx, Config{ASN: 64512, RouterID: netip.MustParseAddr("192.0.2.100")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	ctx, g := startSpeaker(t, 64512)
 	tor := Peer{Address: netip.MustParseAddr("127.0.0.1"), ASN: 64500, BFD: &bfd.Profile{ReceiveInterval: 100 * time.Millisecond}}
 	reflector := Peer{Address: netip.MustParseAddr("::1"), ASN: 64500, EBGPMultihopTTL: 2, BFD: &bfd.Profile{}}
 	plain := Peer{Address: netip.MustParseAddr("127.0.0.2"), ASN: 64500}
@@ -107,4 +95,18 @@ func TestBFDRunsBesideTheSessions(t *testing.T) {
 	if got, want := sessions(), map[netip.Addr]bool{tor.Address: false}; !maps.Equal(got, want) {
 		t.Errorf("after the change, BFD sessions %v; want %v", got, want)
 	}
+}
+
+// startSpeaker starts a speaker of AS asn with no peers, closed when the
+// test ends, and a context of 10 s for the test's calls.
+func startSpeaker(t *testing.T, asn uint32) (context.Context, *GoBGP) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	g, err := Start(ctx, Config{ASN: asn, RouterID: netip.MustParseAddr("192.0.2.100")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	return ctx, g
 }
