@@ -18,6 +18,8 @@ package kubeapi
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -37,10 +39,11 @@ const Version = "v1.36.3"
 
 // Binary builds the Kubernetes binary once per machine and returns its path:
 // the kube-apiserver when started with flags only, and the
-// kube-controller-manager, kube-scheduler or kubelet when its first argument
-// names one (test/kubecluster runs them). The
-// binary is cached as <user cache dir>/weir/kube-<Version>
-// ($XDG_CACHE_HOME or ~/.cache) and rebuilt only when missing. The source is
+// kube-controller-manager, kube-scheduler, kubelet, kube-proxy or kubectl
+// when its first argument (or its own name) names one (test/kubecluster
+// runs them). The binary is cached as <user cache dir>/weir/kube-<Version>-<source hash>
+// ($XDG_CACHE_HOME or ~/.cache) and rebuilt only when missing: a change
+// to the apiserver module's sources names a new binary. The source is
 // found from the caller's module root (`go env GOMOD`), so the caller must
 // run inside the Weir module, as tests do. Concurrent callers, in this or
 // other processes, wait for a single build.
@@ -54,6 +57,46 @@ func Binary(ctx context.Context) (string, error) { return BuildBinary(ctx, nil) 
 // does while it builds: a line when it starts and one every 30 seconds with
 // the packages compiled so far.
 func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
+	const pkg = "k8s.io/component-base/version"
+	minor := strings.Split(Version, ".")[1]
+	// Stamp the release like the official build does, so /version (and so
+	// client-go discovery) reports v1.36.3 rather than v0.0.0-master.
+	ldflags := fmt.Sprintf("-X %s.gitVersion=%s -X %s.gitMajor=1 -X %s.gitMinor=%s -X %s.gitTreeState=clean",
+		pkg, Version, pkg, pkg, minor, pkg)
+	return build(ctx, progress, "kube", "apiserver, controller-manager, scheduler, kubelet, kube-proxy, kubectl", "main.go",
+		"build", "-ldflags", ldflags, "-o", "{out}", ".")
+}
+
+// E2E builds Kubernetes' network e2e tests (the test binary of the
+// apiserver module's ./upstream package, from the same Kubernetes
+// release), cached like Binary as e2e-<Version>-<source hash>.
+func E2E(ctx context.Context, progress io.Writer) (string, error) {
+	return build(ctx, progress, "e2e", "the network e2e tests", "upstream", "test", "-c", "-o", "{out}", "./upstream")
+}
+
+// Agnhost builds upstream's agnhost, the test image's program the e2e
+// tests' pods run, from the same Kubernetes release, into dir.
+func Agnhost(ctx context.Context, dir string) (string, error) {
+	src, err := sourceDir(ctx)
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "agnhost")
+	cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=false", "-o", out, "k8s.io/kubernetes/test/images/agnhost")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "GOWORK=off", "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("kubeapi: go build agnhost: %w\n%s", err, b)
+	}
+	return out, nil
+}
+
+// build runs go (args, with {out} replaced by the output path) in the
+// apiserver module unless its output is cached, and returns the cached
+// path: <cache>/weir/<name>-<Version>-<hash>, the hash of the module's
+// go.mod and go.sum and of the sources at from (a file or a folder). Older
+// builds of the same name are removed once the new one is in place.
+func build(ctx context.Context, progress io.Writer, name, what, from string, args ...string) (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		return "", fmt.Errorf("kubeapi: %w", err)
@@ -62,7 +105,15 @@ func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("kubeapi: %w", err)
 	}
-	bin := filepath.Join(dir, "kube-"+Version)
+	src, err := sourceDir(ctx)
+	if err != nil {
+		return "", err
+	}
+	sum, err := sourceHash(src, from)
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, name+"-"+Version+"-"+sum)
 	if isExecutable(bin) {
 		return bin, nil
 	}
@@ -76,11 +127,6 @@ func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 	if isExecutable(bin) {
 		return bin, nil
 	}
-
-	src, err := sourceDir(ctx)
-	if err != nil {
-		return "", err
-	}
 	// Build next to the final path and rename, so no caller ever sees a
 	// half-written binary, even one that skipped the lock.
 	tmpDir, err := os.MkdirTemp(dir, "build-*")
@@ -88,18 +134,15 @@ func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 		return "", fmt.Errorf("kubeapi: %w", err)
 	}
 	defer os.RemoveAll(tmpDir)
-	tmp := filepath.Join(tmpDir, "kube")
-
-	const pkg = "k8s.io/component-base/version"
-	minor := strings.Split(Version, ".")[1]
-	// Stamp the release like the official build does, so /version (and so
-	// client-go discovery) reports v1.36.3 rather than v0.0.0-master.
-	ldflags := fmt.Sprintf("-X %s.gitVersion=%s -X %s.gitMajor=1 -X %s.gitMinor=%s -X %s.gitTreeState=clean",
-		pkg, Version, pkg, pkg, minor, pkg)
+	tmp := filepath.Join(tmpDir, name)
 	// -buildvcs=false: stamping needs git and would describe Weir's
 	// checkout, not Kubernetes.
 	// -v names each package as it is compiled: the progress count.
-	cmd := exec.CommandContext(ctx, "go", "build", "-v", "-buildvcs=false", "-ldflags", ldflags, "-o", tmp, ".")
+	goArgs := []string{args[0], "-v", "-buildvcs=false"}
+	for _, a := range args[1:] {
+		goArgs = append(goArgs, strings.ReplaceAll(a, "{out}", tmp))
+	}
+	cmd := exec.CommandContext(ctx, "go", goArgs...)
 	cmd.Dir = src
 	// A go.work elsewhere must not pull the apiserver module into Weir's
 	// workspace (or the other way round).
@@ -108,7 +151,7 @@ func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 	cmd.Stdout, cmd.Stderr = out, out
 	start := time.Now()
 	if progress != nil {
-		fmt.Fprintf(progress, "kubeapi: building Kubernetes %s (apiserver, controller-manager, scheduler, kubelet) into %s (minutes on a new machine)\n", Version, bin)
+		fmt.Fprintf(progress, "kubeapi: building Kubernetes %s (%s) into %s (minutes on a new machine)\n", Version, what, bin)
 		stop := make(chan struct{})
 		defer close(stop)
 		go func() {
@@ -123,7 +166,7 @@ func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 		}()
 	}
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("kubeapi: go build in %s after %v: %w\n%s", src, time.Since(start).Round(time.Second), err, out.tail())
+		return "", fmt.Errorf("kubeapi: go %s in %s after %v: %w\n%s", args[0], src, time.Since(start).Round(time.Second), err, out.tail())
 	}
 	if progress != nil {
 		fmt.Fprintf(progress, "kubeapi: built in %v\n", time.Since(start).Round(time.Second))
@@ -131,7 +174,48 @@ func BuildBinary(ctx context.Context, progress io.Writer) (string, error) {
 	if err := os.Rename(tmp, bin); err != nil {
 		return "", fmt.Errorf("kubeapi: %w", err)
 	}
+	removeOlder(dir, name, filepath.Base(bin))
 	return bin, nil
+}
+
+// sourceHash is a short hash of the apiserver module's go.mod and go.sum
+// and of the Go files at from: what a binary is built from.
+func sourceHash(src, from string) (string, error) {
+	h := sha256.New()
+	var paths []string
+	for _, root := range []string{"go.mod", "go.sum", from} {
+		err := filepath.WalkDir(filepath.Join(src, root), func(path string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && (path == filepath.Join(src, root) || strings.HasSuffix(path, ".go")) {
+				paths = append(paths, path)
+			}
+			return err
+		})
+		if err != nil {
+			return "", fmt.Errorf("kubeapi: hash the sources: %w", err)
+		}
+	}
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", fmt.Errorf("kubeapi: hash the sources: %w", err)
+		}
+		rel, _ := filepath.Rel(src, path)
+		fmt.Fprintf(h, "%s %d\n", rel, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12], nil
+}
+
+// removeOlder removes the cached builds of name other than keep (and their
+// lock files): a few hundred MB each.
+func removeOlder(dir, name, keep string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		n := strings.TrimSuffix(e.Name(), ".lock")
+		if strings.HasPrefix(n, name+"-") && n != keep && !e.IsDir() {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 // buildLog collects go build's output: it counts lines for the progress
