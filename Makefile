@@ -25,7 +25,7 @@ SYSTEMD  ?= /etc/systemd/system
 # said here so that nothing rests on go test's 10-minute default.
 TEST_TIMEOUT ?= 25m
 
-.PHONY: all build test unit race lint generate api-baseline check-generated demo deps testdeps test-cold fuzz clean install images
+.PHONY: all build test unit race lint generate api-baseline check-generated demo deps testdeps test-cold test-upstream fuzz clean install images
 
 all: build
 
@@ -47,6 +47,15 @@ test: deps lint check-generated testdeps
 # cgo): opt-in, about 8 minutes on two cores.
 race: testdeps
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./server/... ./agent/... ./internal/... ./lbctl/... ./lbtier/... ./datapath
+
+# Kubernetes' own network e2e specs (test/e2e/network of the release
+# test/kubeapi builds) on two lab clusters, one served by kube-proxy and
+# one by Weir: fails for any spec kube-proxy passes and Weir does not, and
+# writes the side-by-side table to UPSTREAM_REPORT. Opt-in: over an hour
+# on two cores. make test runs the [Conformance] Service specs on Weir.
+UPSTREAM_REPORT ?= $(CURDIR)/upstream-results.md
+test-upstream: deps testdeps
+	WEIR_UPSTREAM=1 WEIR_UPSTREAM_REPORT=$(UPSTREAM_REPORT) $(GO) test -count=1 -timeout 180m -v -run '^TestUpstreamSideBySide$$' ./test/kubecluster
 
 # Every fuzz target for FUZZTIME each (make fuzz FUZZTIME=10m).
 FUZZTIME ?= 1m

@@ -3,7 +3,8 @@
 // kube-controller-manager and the kube-scheduler on the lab's control host,
 // and on every node a containerd (Debian's, with runc) and a kubelet whose
 // pods are wired by the CNI ptp plugin, one routed veth per pod, in the
-// node's pod range. No kube-proxy runs: the Services are Weir's to serve.
+// node's pod range. No kube-proxy runs unless asked (Config.KubeProxy): the
+// Services are Weir's to serve.
 //
 //	client ── router (FRR) ── rack LAN 192.0.2.0/24
 //	                           ├── control 192.0.2.2: etcd, apiserver :6443, controller-manager, scheduler
@@ -54,6 +55,15 @@ type Config struct {
 	// images (Weir's, say).
 	Images []Image
 	Dir    string // where configurations, data and logs go; default a new temporary folder
+	// KubeProxy runs kube-proxy, of the same Kubernetes release, in
+	// nftables mode on every node, as the cluster's service proxy: the
+	// baseline Weir is compared with.
+	KubeProxy bool
+	// DNS runs a cluster DNS (test/cmd/clusterdns) behind the kube-dns
+	// Service (DNSService), every pod's nameserver: Kubernetes' own tests
+	// reach Services by name. It answers once a service proxy serves its
+	// Service.
+	DNS bool
 }
 
 // Cluster is a running cluster. Close it when done.
@@ -72,6 +82,8 @@ type Cluster struct {
 	Kube kubernetes.Interface
 
 	token, caFile string
+	kubeProxy     bool
+	dns           bool
 	nodes         []*node
 	stopLogs      func()            // ends keepPodLogs and waits for its last copy
 	tunables      map[string]string // kernel tunables as found, put back by Close
@@ -90,7 +102,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, fmt.Errorf("kubecluster: %w", err)
 		}
 	}
-	c := &Cluster{Dir: dir, tunables: readTunables()}
+	c := &Cluster{Dir: dir, tunables: readTunables(), kubeProxy: cfg.KubeProxy, dns: cfg.DNS}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -128,6 +140,11 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := c.waitNodesReady(ctx, 3*time.Minute); err != nil {
 		return nil, err
 	}
+	if c.dns {
+		if err := c.startDNS(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -146,7 +163,15 @@ func (c *Cluster) images(ctx context.Context, extra []Image) ([]Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append([]Image{pause, echo}, extra...), nil
+	images := []Image{pause, echo}
+	if c.dns {
+		dns, err := buildGoImage(ctx, dir, "github.com/weirlb/weir/test/cmd/clusterdns", "clusterdns", DNSImage)
+		if err != nil {
+			return nil, err
+		}
+		images = append(images, dns)
+	}
+	return append(images, extra...), nil
 }
 
 // Close stops every node (the kubelet and containerd, then whatever is

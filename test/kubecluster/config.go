@@ -19,8 +19,10 @@ func (n *node) writeConfigs(c *Cluster) error {
 	files := map[string]string{
 		"containerd.toml":          n.containerdConfig(),
 		"cni/10-weir-lab.conflist": n.cniConfig(),
-		"kubelet.yaml":             n.kubeletConfig(),
-		// Pods resolve no names: no cluster DNS runs in the lab.
+		"kubelet.yaml":             n.kubeletConfig(c),
+		"kube-proxy.yaml":          n.kubeProxyConfig(c),
+		// The node resolves no names: pods resolve the cluster's through
+		// the cluster DNS, when it runs (Config.DNS), and no others.
 		"resolv.conf": "options ndots:1\n",
 	}
 	for name, body := range files {
@@ -76,7 +78,11 @@ func (n *node) cniConfig() string {
 `, n.PodCIDRv4.String(), filepath.Join(n.dir, "ipam"))
 }
 
-func (n *node) kubeletConfig() string {
+func (n *node) kubeletConfig(c *Cluster) string {
+	clusterDNS := ""
+	if c.dns {
+		clusterDNS = "clusterDNS: [" + DNSService + "]\n"
+	}
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # This kind of machine has cgroup v1 and no systemd.
@@ -93,14 +99,32 @@ readOnlyPort: 0
 podLogsDir: %[3]s
 resolvConf: %[4]s
 clusterDomain: cluster.local
-maxPods: 40
+%[5]smaxPods: 40
 serializeImagePulls: false
 # The lab's disk is shared with the machine: evict nothing for it, and
 # never collect the images no registry could give back.
 evictionHard: {memory.available: "50Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-`, n.cgroup, n.socket, filepath.Join(n.dir, "pod-logs"), filepath.Join(n.dir, "resolv.conf"))
+`, n.cgroup, n.socket, filepath.Join(n.dir, "pod-logs"), filepath.Join(n.dir, "resolv.conf"), clusterDNS)
+}
+
+// kubeProxyConfig: kube-proxy in nftables mode, as a cluster that runs it
+// would, except that it leaves conntrack's kernel-wide sizes alone and
+// keeps its OOM score (the lab may lack CAP_SYS_RESOURCE).
+func (n *node) kubeProxyConfig(c *Cluster) string {
+	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection: {kubeconfig: %[1]q}
+hostnameOverride: %[2]s
+clusterCIDR: %[3]s
+detectLocalMode: ClusterCIDR
+healthzBindAddress: 0.0.0.0:10256
+metricsBindAddress: 127.0.0.1:10249
+oomScoreAdj: 0
+conntrack: {maxPerCore: 0, min: 0}
+`, c.Kubeconfig, n.Name, ClusterCIDR)
 }
 
 // The kernel-wide tunables the kubelet sets at start.

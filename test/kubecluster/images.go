@@ -60,12 +60,24 @@ func writeOCIArchive(path, ref, entrypoint string, files map[string][]byte) erro
 	if err != nil {
 		return err
 	}
-	layerDigest := digest(layer)
-	config, err := json.Marshal(map[string]any{
+	return writeOCI(path, ref, map[string]any{"Entrypoint": []string{entrypoint}}, [][]byte{layer})
+}
+
+// writeOCI writes an OCI image layout, as one tar, of the layers (tars,
+// bottom first) with run settings config. The manifest carries the name
+// containerd imports it under.
+func writeOCI(path, ref string, config map[string]any, layers [][]byte) error {
+	var diffIDs []string
+	var layerDescs []any
+	for _, l := range layers {
+		diffIDs = append(diffIDs, digest(l))
+		layerDescs = append(layerDescs, descriptor("application/vnd.oci.image.layer.v1.tar", l))
+	}
+	configBlob, err := json.Marshal(map[string]any{
 		"architecture": "amd64",
 		"os":           "linux",
-		"config":       map[string]any{"Entrypoint": []string{entrypoint}},
-		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
+		"config":       config,
+		"rootfs":       map[string]any{"type": "layers", "diff_ids": diffIDs},
 	})
 	if err != nil {
 		return fmt.Errorf("kubecluster: %w", err)
@@ -73,8 +85,8 @@ func writeOCIArchive(path, ref, entrypoint string, files map[string][]byte) erro
 	manifest, err := json.Marshal(map[string]any{
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
-		"config":        descriptor("application/vnd.oci.image.config.v1+json", config),
-		"layers":        []any{descriptor("application/vnd.oci.image.layer.v1.tar", layer)},
+		"config":        descriptor("application/vnd.oci.image.config.v1+json", configBlob),
+		"layers":        layerDescs,
 	})
 	if err != nil {
 		return fmt.Errorf("kubecluster: %w", err)
@@ -93,7 +105,7 @@ func writeOCIArchive(path, ref, entrypoint string, files map[string][]byte) erro
 		"oci-layout": []byte(`{"imageLayoutVersion":"1.0.0"}`),
 		"index.json": index,
 	}
-	for _, blob := range [][]byte{layer, config, manifest} {
+	for _, blob := range append([][]byte{configBlob, manifest}, layers...) {
 		entries["blobs/sha256/"+strings.TrimPrefix(digest(blob), "sha256:")] = blob
 	}
 	archive, err := tarOf(entries, 0o644)

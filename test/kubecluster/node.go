@@ -28,6 +28,7 @@ type node struct {
 	socket     string // containerd's
 	containerd *lab.Process
 	kubelet    *lab.Process
+	kubeProxy  *lab.Process // when the cluster runs kube-proxy
 }
 
 // startNode starts the node's containerd, imports the images and starts
@@ -86,6 +87,11 @@ func (c *Cluster) startNode(ctx context.Context, ln *lab.Node, images []Image) (
 			" --node-ip="+ln.IPv4.String())
 	if err != nil {
 		return nil, err
+	}
+	if c.kubeProxy {
+		if n.kubeProxy, err = ln.Start("sh", "-c", n.joinCgroup()+"exec "+kube+" kube-proxy --config="+filepath.Join(n.dir, "kube-proxy.yaml")); err != nil {
+			return nil, err
+		}
 	}
 	return n, nil
 }
@@ -186,7 +192,7 @@ func cgroupMounts() (string, error) {
 // runtime's data.
 func (n *node) stop() error {
 	var errs []error
-	for _, p := range []*lab.Process{n.kubelet, n.containerd} {
+	for _, p := range []*lab.Process{n.kubeProxy, n.kubelet, n.containerd} {
 		if p != nil {
 			errs = append(errs, p.Stop())
 		}

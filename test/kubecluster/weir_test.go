@@ -36,18 +36,19 @@ const (
 
 // Weir installed by Helm on a real cluster as its only service proxy and
 // load balancer (no kube-proxy), and the chart's whole life under traffic:
-// install, Services of every kind answered by real pods, a pod's failing
-// readiness probe taking its endpoint out, an upgrade to new images and a
+// install, Services of every kind answered by real pods, Kubernetes' own
+// [Conformance] Service specs, a pod's failing readiness probe taking its
+// endpoint out, an upgrade to new images and a
 // rollback with every connection through the load-balancer addresses
 // counted, and an uninstall after which no node holds anything Weir made.
 func TestWeirOnARealCluster(t *testing.T) {
-	lab.RequireRoot(t, "the cluster lab", "it runs kubelets and containerd in network namespaces",
-		"ip", "nft", "containerd", "runc", "ctr", "/usr/lib/frr/bgpd")
+	requireClusterLab(t)
 	l := install(t)
 	t.Run("services", l.services)
 	if t.Failed() {
 		return // the rest needs the addresses
 	}
+	t.Run("upstream conformance", l.upstreamConformance)
 	t.Run("readiness", l.readiness)
 	t.Run("crashes under traffic", l.crashes)
 	t.Run("upgrade and rollback under traffic", l.upgradeAndRollback)
@@ -75,8 +76,14 @@ func install(t *testing.T) *life {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Kubernetes' own tests' images: the upstream specs run here too.
+	upstream, err := kubecluster.UpstreamImages(ctx, filepath.Join(t.TempDir(), "e2e-images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	images = append(images, upstream...)
 	t.Logf("Weir's images built in %v", time.Since(start).Round(time.Second))
-	l := &life{c: kubecluster.StartForTest(t, kubecluster.Config{Nodes: 2, Images: images})}
+	l := &life{c: kubecluster.StartForTest(t, kubecluster.Config{Nodes: 2, Images: images, DNS: true})}
 	l.router, err = frr.StartTemp(ctx, l.c.Router, frr.Config{
 		ASN: routerASN, RouterID: lab.RouterLANv4.String(),
 		ListenRanges: []string{"192.0.2.0/24"}, PeerASN: nodeASN,
