@@ -202,7 +202,9 @@ func (n *node) stop() error {
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
-	for _, h := range dirs {
+	// The kubelet makes the node's cgroup in the v2 hierarchy too, where
+	// one is mounted (unified): gone with the others.
+	for _, h := range append(dirs, filepath.Join(cgroupRoot, "unified")) {
 		errs = append(errs, removeCgroupTree(filepath.Join(h, n.cgroup)))
 	}
 	// Images and root filesystems: hundreds of MB a node. Logs stay.

@@ -26,7 +26,7 @@ const upstreamFocus = `^\[sig-network\] (Services|EndpointSlice|EndpointSliceMir
 const upstreamSkip = `\[Feature:|\[Disruptive\]|\[Serial\]|LoadBalancer|\[sig-windows\]|SCTP`
 
 // upstreamShards is how many e2e.test processes share a run's specs.
-const upstreamShards = 3
+const upstreamShards = 4
 
 // TestUpstreamSideBySide runs Kubernetes' own network e2e specs on two
 // clusters of the lab, one served by kube-proxy (nftables mode) and one by
@@ -96,7 +96,7 @@ func (l *life) upstreamConformance(t *testing.T) {
 
 func requireClusterLab(t *testing.T) {
 	lab.RequireRoot(t, "the cluster lab", "it runs kubelets and containerd in network namespaces",
-		"ip", "nft", "containerd", "runc", "ctr", "/usr/lib/frr/bgpd", "nc.openbsd", "curl", "ss")
+		"ip", "nft", "containerd", "runc", "ctr", "/usr/lib/frr/bgpd", "nc.openbsd", "curl", "ss", "wget")
 }
 
 // runUpstream starts a cluster served by proxy (kube-proxy or weir), runs

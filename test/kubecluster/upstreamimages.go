@@ -34,8 +34,9 @@ const (
 //     /agnhost, the entrypoint, over a userland the tests' commands use:
 //     BusyBox's programs (Debian's busybox-static; Alpine's are BusyBox)
 //     and, with their shared libraries, the programs upstream adds to
-//     them: bash, curl, nc (netcat-openbsd) and ss (iproute2), and dash as
-//     /bin/sh.
+//     them: bash, curl, nc (netcat-openbsd) and ss (iproute2); GNU wget,
+//     as Debian's static BusyBox's wget crashes (SIGSEGV, on this host
+//     too); and dash as /bin/sh.
 //   - busybox: BusyBox alone.
 //   - nginx: a stand-in, agnhost's test-webserver answering on port 80:
 //     the tests that name it only need a pod serving HTTP on 80.
@@ -53,7 +54,7 @@ func UpstreamImages(ctx context.Context, dir string) ([]Image, error) {
 		return nil, err
 	}
 	tools := newLayer()
-	for _, prog := range []string{"dash", "bash", "curl", "nc.openbsd", "ss"} {
+	for _, prog := range []string{"dash", "bash", "curl", "nc.openbsd", "ss", "wget"} {
 		if err := tools.addProgram(ctx, prog); err != nil {
 			return nil, err
 		}
