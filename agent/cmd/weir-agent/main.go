@@ -7,7 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/weirlb/weir/internal/bgpnumbers"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,6 +26,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/weirlb/weir/agent/bgp"
+	"github.com/weirlb/weir/agent/conntrack"
 	"github.com/weirlb/weir/agent/drain"
 	"github.com/weirlb/weir/agent/faults"
 	"github.com/weirlb/weir/agent/flows"
@@ -33,6 +35,7 @@ import (
 	"github.com/weirlb/weir/agent/removal"
 	"github.com/weirlb/weir/agent/syncer"
 	"github.com/weirlb/weir/datapath"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	"github.com/weirlb/weir/internal/bgpspeaker"
 	"github.com/weirlb/weir/internal/daemon"
 	"github.com/weirlb/weir/internal/dial"
@@ -76,6 +79,7 @@ func run() error {
 		a.dialServer,       // the connection to the server's replicas
 		a.watchRemoval,     // the agent's DaemonSet: deleted, all removed at the end
 		a.catchSignals,     // the context SIGINT and SIGTERM end
+		a.tuneConntrack,    // the kernel's connection-tracking table and timeouts
 		a.serveHealth,      // /healthz, /livez, /metrics, health-check node ports
 		a.repairTables,     // tables someone else removed put back
 		a.reportMovedFlows, // moved connections passed on, and reported
@@ -102,6 +106,7 @@ type options struct {
 	serviceCIDRs, nodePortAddr                                  string
 	masqAll, cleanup                                            bool
 	resync                                                      time.Duration
+	conntrack                                                   conntrack.Config
 
 	healthzAddr, metricsAddr                             string
 	healthTO                                             time.Duration
@@ -132,6 +137,11 @@ func newOptions(fs *flag.FlagSet) *options {
 	fs.StringVar(&o.serviceCIDRs, "service-cidr", "", "comma-separated ranges cluster IPs are allocated from: new connections to an address in them that no service holds are dropped instead of routed out (kube-proxy's unallocated ClusterIPs)")
 	fs.StringVar(&o.nodePortAddr, "nodeport-addresses", "", "comma-separated CIDRs whose local addresses serve node ports (default: the node's addresses)")
 	fs.DurationVar(&o.resync, "resync-period", 5*time.Minute, "how often the whole nftables table is rewritten, repairing what others changed")
+	o.conntrack = conntrack.Defaults
+	fs.IntVar(&o.conntrack.MaxPerCore, "conntrack-max-per-core", o.conntrack.MaxPerCore, "connection-tracking entries per CPU the table is raised to, at least --conntrack-min, as kube-proxy's (0: leave the size as it is)")
+	fs.IntVar(&o.conntrack.Min, "conntrack-min", o.conntrack.Min, "the least connection-tracking entries the table is raised to, whatever the CPUs, as kube-proxy's")
+	fs.DurationVar(&o.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", o.conntrack.TCPEstablished, "idle timeout of established TCP connections, set on the node as kube-proxy does (0: leave as it is)")
+	fs.DurationVar(&o.conntrack.TCPCloseWait, "conntrack-tcp-timeout-close-wait", o.conntrack.TCPCloseWait, "timeout of TCP connections in CLOSE_WAIT, set on the node as kube-proxy does (0: leave as it is)")
 	fs.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez, for load balancers and probes")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics (Prometheus), and of /debug/pprof/ with --profiling")
 	fs.DurationVar(&o.healthTO, "health-timeout", 60*time.Second, "how long an update may wait to be applied before /healthz fails")
@@ -170,6 +180,9 @@ func (o *options) settings(log *slog.Logger) (settings, error) {
 	cfg := &set.datapath
 	if o.nodeName == "" {
 		return set, fmt.Errorf("--node-name: required")
+	}
+	if err := o.conntrack.Validate(); err != nil {
+		return set, fmt.Errorf("--conntrack-*: %w", err)
 	}
 	var err error
 	if cfg.Masquerade, err = masquerade(o.masqMode, o.masqAll); err != nil {
@@ -349,6 +362,35 @@ func (a *agent) forward() error {
 	} else if err := a.moved.Close(context.Background()); err != nil {
 		a.log.Warn("removing the device of moved connections", "error", err)
 	}
+	return nil
+}
+
+// tuneConntrack sets the connection-tracking table's size and timeouts
+// as kube-proxy does. Before the kernel tracks anything (nf_conntrack not
+// loaded: the datapath's first rules load it) the files are missing: it
+// tries again every few seconds until they are there.
+func (a *agent) tuneConntrack() error {
+	apply := func() error { return conntrack.Apply("/", runtime.NumCPU(), a.o.conntrack, a.log) }
+	err := apply()
+	if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	a.log.Info("connection tracking not loaded yet: its tunables are set once it is", "error", err)
+	go func() {
+		for {
+			select {
+			case <-a.ctx.Done():
+				return
+			case <-time.After(5 * time.Second):
+			}
+			if err := apply(); !errors.Is(err, fs.ErrNotExist) {
+				if err != nil {
+					a.log.Error("connection-tracking tunables not set", "error", err)
+				}
+				return
+			}
+		}
+	}()
 	return nil
 }
 
