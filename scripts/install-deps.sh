@@ -26,12 +26,14 @@ command -v containerd >/dev/null || need+=(containerd)
 command -v runc >/dev/null || need+=(runc)
 [ -x /usr/lib/cni/ptp ] || need+=(containernetworking-plugins)
 # The userland of Kubernetes' e2e test images (test/kubecluster builds
-# them from this machine's parts): BusyBox, curl, nc, ss and wget.
+# them from this machine's parts): BusyBox, curl, nc, ss and wget; and
+# iptables, for the CNI portmap plugin (host ports) and an image's tools.
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || need+=(busybox-static)
 command -v curl >/dev/null || need+=(curl)
 command -v nc.openbsd >/dev/null || need+=(netcat-openbsd)
 command -v ss >/dev/null || need+=(iproute2)
 command -v wget >/dev/null || need+=(wget)
+command -v iptables >/dev/null || need+=(iptables)
 
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then

@@ -74,19 +74,21 @@ func E2E(ctx context.Context, progress io.Writer) (string, error) {
 	return build(ctx, progress, "e2e", "the network e2e tests", "upstream", "test", "-c", "-o", "{out}", "./upstream")
 }
 
-// Agnhost builds upstream's agnhost, the test image's program the e2e
-// tests' pods run, from the same Kubernetes release, into dir.
-func Agnhost(ctx context.Context, dir string) (string, error) {
+// TestImageProgram builds one of upstream's test images' programs
+// (k8s.io/kubernetes/test/images/<name>: agnhost, regression-issue-74839),
+// from the same Kubernetes release, into dir, and returns its path. The
+// apiserver module names each as a tool.
+func TestImageProgram(ctx context.Context, dir, name string) (string, error) {
 	src, err := sourceDir(ctx)
 	if err != nil {
 		return "", err
 	}
-	out := filepath.Join(dir, "agnhost")
-	cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=false", "-o", out, "k8s.io/kubernetes/test/images/agnhost")
+	out := filepath.Join(dir, name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=false", "-o", out, "k8s.io/kubernetes/test/images/"+name)
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "GOWORK=off", "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("kubeapi: go build agnhost: %w\n%s", err, b)
+		return "", fmt.Errorf("kubeapi: go build %s: %w\n%s", name, err, b)
 	}
 	return out, nil
 }

@@ -15,8 +15,9 @@
 // the mounts they make (overlay root filesystems, volumes, the pods'
 // network namespaces) vanish with them, and one cgroup per node under
 // every v1 hierarchy, so Close finds and kills every process the node
-// started, containers included. Every image is built here and imported into
-// each node's containerd: no registry is reachable.
+// started, containers included. containerd has its own host name, the
+// node's, which the pods on the host's network see. Every image is built
+// here and imported into each node's containerd: no registry is reachable.
 //
 // The kubelet sets kernel-wide tunables (vm.overcommit_memory,
 // kernel.panic, kernel.panic_on_oops) when it starts; Close puts back the

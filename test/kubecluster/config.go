@@ -59,7 +59,8 @@ state = %[2]q
 
 // cniConfig: the ptp plugin, one routed veth per pod with the node as the
 // pods' gateway, addresses from the node's pod range. The lab routes each
-// node's range to it, on the other nodes and on the router.
+// node's range to it, on the other nodes and on the router. The portmap
+// plugin serves the pods' host ports.
 func (n *node) cniConfig() string {
 	return fmt.Sprintf(`{
   "cniVersion": "0.4.0",
@@ -73,6 +74,9 @@ func (n *node) cniConfig() string {
       "routes": [{"dst": "0.0.0.0/0"}],
       "dataDir": %q
     }
+  }, {
+    "type": "portmap",
+    "capabilities": {"portMappings": true}
   }]
 }
 `, n.PodCIDRv4.String(), filepath.Join(n.dir, "ipam"))

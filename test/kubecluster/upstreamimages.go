@@ -21,10 +21,12 @@ import (
 // The images Kubernetes' network e2e tests run (test/utils/image of the
 // same release), under the names the tests give them.
 const (
-	AgnhostImage  = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
-	BusyBoxImage  = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
-	NginxImage    = "registry.k8s.io/e2e-test-images/nginx:1.15-4"
-	E2EPauseImage = "registry.k8s.io/pause:3.10.2"
+	AgnhostImage    = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+	BusyBoxImage    = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
+	NginxImage      = "registry.k8s.io/e2e-test-images/nginx:1.15-4"
+	RegressionImage = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.4"
+	IptablesImage   = "registry.k8s.io/build-image/distroless-iptables:v0.9.6"
+	E2EPauseImage   = "registry.k8s.io/pause:3.10.2"
 )
 
 // UpstreamImages builds the e2e tests' images into dir, from this
@@ -38,6 +40,11 @@ const (
 //     as Debian's static BusyBox's wget crashes (SIGSEGV, on this host
 //     too); and dash as /bin/sh.
 //   - busybox: BusyBox alone.
+//   - regression-issue-74839: upstream's program of that name (a server
+//     that sends a packet out of its connection's window), alone.
+//   - distroless-iptables: the host-side tools a privileged test pod runs
+//     on the node's network (conntrack, iptables, nft), over BusyBox and
+//     dash.
 //   - nginx: a stand-in, agnhost's test-webserver answering on port 80:
 //     the tests that name it only need a pod serving HTTP on 80.
 //   - pause 3.10.2: the lab's pause program under the tests' name for it.
@@ -45,7 +52,11 @@ func UpstreamImages(ctx context.Context, dir string) ([]Image, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("kubecluster: %w", err)
 	}
-	agnhost, err := kubeapi.Agnhost(ctx, dir)
+	agnhost, err := kubeapi.TestImageProgram(ctx, dir, "agnhost")
+	if err != nil {
+		return nil, err
+	}
+	boom, err := kubeapi.TestImageProgram(ctx, dir, "regression-issue-74839")
 	if err != nil {
 		return nil, err
 	}
@@ -66,11 +77,9 @@ func UpstreamImages(ctx context.Context, dir string) ([]Image, error) {
 	tools.link("usr/bin/nc", "/usr/bin/nc.openbsd")
 	tools.link("bin/sh", "/usr/bin/dash")
 	tools.link("bin/bash", "/usr/bin/bash")
-	bin, err := os.ReadFile(agnhost)
-	if err != nil {
-		return nil, fmt.Errorf("kubecluster: %w", err)
+	if err := tools.addFile(agnhost, "agnhost"); err != nil {
+		return nil, err
 	}
-	tools.file("agnhost", bin, 0o755)
 	tools.link("agnhost-2", "agnhost")
 	for _, d := range []string{"tmp", "uploads"} {
 		tools.dir(d, 0o1777)
@@ -95,6 +104,23 @@ func UpstreamImages(ctx context.Context, dir string) ([]Image, error) {
 		return nil, err
 	}
 	if err := add(BusyBoxImage, "busybox", map[string]any{"Cmd": []string{"sh"}}, busybox); err != nil {
+		return nil, err
+	}
+	regression := newLayer()
+	if err := regression.addFile(boom, "regression-issue-74839"); err != nil {
+		return nil, err
+	}
+	if err := add(RegressionImage, "regression-issue-74839", map[string]any{"Entrypoint": []string{"/regression-issue-74839"}}, regression); err != nil {
+		return nil, err
+	}
+	hostTools := newLayer()
+	for _, prog := range []string{"dash", "conntrack", "iptables", "nft"} {
+		if err := hostTools.addProgram(ctx, prog); err != nil {
+			return nil, err
+		}
+	}
+	hostTools.link("bin/sh", "/usr/bin/dash")
+	if err := add(IptablesImage, "distroless-iptables", nil, busybox, hostTools); err != nil {
 		return nil, err
 	}
 	pause, err := buildGoImage(ctx, dir, "github.com/weirlb/weir/test/cmd/pause", "pause", E2EPauseImage)
@@ -159,17 +185,26 @@ func (l *layer) link(name, target string) { l.entries[name] = layerEntry{link: t
 
 func (l *layer) dir(name string, mode int64) { l.entries[name] = layerEntry{dir: true, mode: mode} }
 
+// addFile copies the file at path into the layer as name, executable.
+func (l *layer) addFile(path, name string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("kubecluster: %w", err)
+	}
+	l.file(name, data, 0o755)
+	return nil
+}
+
 // addProgram copies a program of this machine (found on PATH) into the
-// layer at the same path, with every shared library ldd names for it and
+// layer at the same path (its content, through any link), with every shared library ldd names for it and
 // the dynamic loader, each at the path ldd gives.
 func (l *layer) addProgram(ctx context.Context, name string) error {
 	prog, err := exec.LookPath(name)
 	if err != nil {
 		return fmt.Errorf("kubecluster: the e2e images need %s: %w", name, err)
 	}
-	if prog, err = filepath.EvalSymlinks(prog); err != nil {
-		return fmt.Errorf("kubecluster: %w", err)
-	}
+	// The program goes in under the name it was found by (iptables is a
+	// link to a multi-call binary that reads its name).
 	out, err := exec.CommandContext(ctx, "ldd", prog).Output()
 	if err != nil {
 		return fmt.Errorf("kubecluster: ldd %s: %w", prog, err)

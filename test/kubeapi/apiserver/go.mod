@@ -230,4 +230,7 @@ replace (
 	k8s.io/streaming => k8s.io/streaming v0.36.3
 )
 
-tool k8s.io/kubernetes/test/images/agnhost
+tool (
+	k8s.io/kubernetes/test/images/agnhost
+	k8s.io/kubernetes/test/images/regression-issue-74839
+)
