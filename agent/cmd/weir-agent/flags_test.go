@@ -2,7 +2,10 @@ package main
 
 import (
 	"flag"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -138,6 +141,25 @@ func TestOwnDaemonSetFlag(t *testing.T) {
 		}
 		if err == nil && (cfg == nil) != (tc.daemonset == "") {
 			t.Errorf("--own-daemonset %q: watch %+v", tc.daemonset, cfg)
+		}
+	}
+}
+
+// The metrics port answers /proxyMode as kube-proxy's does (upstream's
+// "should check kube-proxy urls" spec asks for it), and still /metrics.
+func TestStatusPortAnswersProxyMode(t *testing.T) {
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "metrics at "+r.URL.Path) })
+	srv := httptest.NewServer(statusHandler(metrics))
+	defer srv.Close()
+	for path, want := range map[string]string{"/proxyMode": "nftables", "/metrics": "metrics at /metrics"} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(b) != want {
+			t.Errorf("GET %s: %d %q, want 200 %q", path, resp.StatusCode, b, want)
 		}
 	}
 }

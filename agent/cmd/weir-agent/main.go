@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -438,10 +439,27 @@ func (a *agent) serveHealth() error {
 	if a.tls != nil {
 		a.reg.MustRegister(tlsmetrics.Collector{a.tls})
 	}
-	if err := serveHTTP(a.ctx, a.o.metricsAddr, a.o.common.MetricsHandler(a.reg, a.o.metricsAddr, a.log), health.NewConnLimit("metrics", a.set.healthzListeners), a.reg, a.log); err != nil {
+	if err := serveHTTP(a.ctx, a.o.metricsAddr, statusHandler(a.o.common.MetricsHandler(a.reg, a.o.metricsAddr, a.log)), health.NewConnLimit("metrics", a.set.healthzListeners), a.reg, a.log); err != nil {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
 	return nil
+}
+
+// proxyMode is what GET /proxyMode answers on the metrics port, as
+// kube-proxy answers its mode there: Weir programs kube-proxy's nftables
+// mode's semantics (in its own tables).
+const proxyMode = "nftables"
+
+// statusHandler is kube-proxy's status port: /metrics (and the rest of
+// metrics) and /proxyMode.
+func statusHandler(metrics http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", metrics)
+	mux.HandleFunc("GET /proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, proxyMode)
+	})
+	return mux
 }
 
 // repairTables: someone flushing the ruleset (an nftables service
