@@ -88,8 +88,9 @@ func TestDefaultsAssignNothing(t *testing.T) {
 			t.Errorf("%s ships pools or peers (weir-resources)", what)
 		}
 		config, _, _ := unstructured.NestedStringMap(objs["ConfigMap/weir-config"].Object, "data")
-		if config["WEIR_DEFAULT_LOAD_BALANCER"] != "false" || config["WEIR_BGP_PEERS"] != "" {
-			t.Errorf("%s: WEIR_DEFAULT_LOAD_BALANCER %q, WEIR_BGP_PEERS %q; want false and none", what, config["WEIR_DEFAULT_LOAD_BALANCER"], config["WEIR_BGP_PEERS"])
+		if config["WEIR_DEFAULT_LOAD_BALANCER"] != "false" || config["WEIR_BGP_PEERS"] != "" || config["WEIR_ALLOWED_EXTERNAL_IP_CIDRS"] != "" {
+			t.Errorf("%s: WEIR_DEFAULT_LOAD_BALANCER %q, WEIR_BGP_PEERS %q, WEIR_ALLOWED_EXTERNAL_IP_CIDRS %q; want false, none and none", what,
+				config["WEIR_DEFAULT_LOAD_BALANCER"], config["WEIR_BGP_PEERS"], config["WEIR_ALLOWED_EXTERNAL_IP_CIDRS"])
 		}
 		for name, o := range objs {
 			if o.GetKind() == "AddressPool" || o.GetKind() == "BGPPeer" {

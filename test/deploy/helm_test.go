@@ -162,10 +162,12 @@ func TestHelmChartIsThePlainManifests(t *testing.T) {
 // objects rendered with them are valid for a real apiserver.
 func TestHelmValuesReachTheObjects(t *testing.T) {
 	got := render(t, "bgp.asn=64512", "bgp.peers=192.0.2.1/64500", "defaultLoadBalancer=false", "loadBalancerClass=example.com/weir",
-		"server.replicas=2", "server.hosts=weir.example.internal", "image.tag=v9", "resourcesFile=", "certificates.bootstrap=false")
+		"server.replicas=2", "server.hosts=weir.example.internal", "image.tag=v9", "resourcesFile=", "certificates.bootstrap=false",
+		"allowedExternalIPCIDRs=198.51.100.0/24\\,2001:db8::/64")
 	config, _, _ := unstructured.NestedStringMap(got["ConfigMap/weir-config"].Object, "data")
 	for k, v := range map[string]string{"WEIR_BGP_ASN": "64512", "WEIR_BGP_PEERS": "192.0.2.1/64500", "WEIR_DEFAULT_LOAD_BALANCER": "false",
-		"WEIR_LOAD_BALANCER_CLASS": "example.com/weir", "WEIR_SERVER_HOSTS": "weir.example.internal", "WEIR_SERVER": "weir-server.weir-system.svc:7443"} {
+		"WEIR_LOAD_BALANCER_CLASS": "example.com/weir", "WEIR_SERVER_HOSTS": "weir.example.internal", "WEIR_SERVER": "weir-server.weir-system.svc:7443",
+		"WEIR_ALLOWED_EXTERNAL_IP_CIDRS": "198.51.100.0/24,2001:db8::/64"} {
 		if config[k] != v {
 			t.Errorf("weir-config %s = %q, want %q", k, config[k], v)
 		}

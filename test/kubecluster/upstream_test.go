@@ -25,6 +25,15 @@ const upstreamFocus = `^\[sig-network\] (Services|EndpointSlice|EndpointSliceMir
 // ...but those the lab cannot hold (docs/kube-proxy.md says why for each).
 const upstreamSkip = `\[Feature:|\[Disruptive\]|\[Serial\]|LoadBalancer|\[sig-windows\]|SCTP`
 
+// upstreamExternalIP is the address upstream's "should be possible to
+// connect to a service via ExternalIP when the external IP is not assigned
+// to a node" spec gives its Service's spec.externalIPs.
+const upstreamExternalIP = "203.0.113.250"
+
+// upstreamNodes is the side-by-side clusters' size: three, as some specs
+// need (HealthCheckNodePort when ExternalTrafficPolicy changes).
+const upstreamNodes = 3
+
 // upstreamShards is how many e2e.test processes share a run's specs.
 const upstreamShards = 4
 
@@ -109,9 +118,9 @@ func runUpstream(t *testing.T, proxy string, specs []kubecluster.Spec) []kubeclu
 		if err != nil {
 			t.Fatal(err)
 		}
-		c = kubecluster.StartForTest(t, kubecluster.Config{Nodes: 2, Images: images, KubeProxy: true, DNS: true})
+		c = kubecluster.StartForTest(t, kubecluster.Config{Nodes: upstreamNodes, Images: images, KubeProxy: true, DNS: true})
 	case "weir":
-		c = install(t).c
+		c = install(t, upstreamNodes).c
 	default:
 		t.Fatalf("no proxy %q: kube-proxy or weir", proxy)
 	}
@@ -132,6 +141,9 @@ func runSpecs(t *testing.T, c *kubecluster.Cluster, specs []kubecluster.Spec) []
 	for _, r := range results {
 		states[r.State]++
 		t.Logf("%-9s %6.1fs %s", r.State, r.Duration.Seconds(), r.Name)
+		if r.Failure != "" {
+			t.Logf("          %s", firstLines(r.Failure, 4))
+		}
 	}
 	t.Logf("%d specs in %v: %v (logs and reports in %s)", len(specs), time.Since(start).Round(time.Second), states, dir)
 	return results
@@ -153,4 +165,13 @@ func upstreamTable(specs []kubecluster.Spec, proxies []string, results map[strin
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// firstLines is the first n lines of s.
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	if len(lines) > n {
+		lines = append(lines[:n], "...")
+	}
+	return strings.Join(lines, "\n          ")
 }

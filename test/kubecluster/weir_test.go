@@ -43,7 +43,7 @@ const (
 // counted, and an uninstall after which no node holds anything Weir made.
 func TestWeirOnARealCluster(t *testing.T) {
 	requireClusterLab(t)
-	l := install(t)
+	l := install(t, 2)
 	t.Run("services", l.services)
 	if t.Failed() {
 		return // the rest needs the addresses
@@ -67,9 +67,10 @@ type life struct {
 	lbBGP, lbL2 netip.Addr
 }
 
-// install builds the images and the cluster, starts the router, installs
-// Weir with Helm and the echo workload behind its Services.
-func install(t *testing.T) *life {
+// install builds the images and a cluster of nodes nodes, starts the
+// router, installs Weir with Helm and the echo workload behind its
+// Services.
+func install(t *testing.T, nodes int) *life {
 	ctx := t.Context()
 	start := time.Now()
 	images, err := kubecluster.WeirImages(ctx, t.TempDir(), "lab1", "lab2")
@@ -83,7 +84,7 @@ func install(t *testing.T) *life {
 	}
 	images = append(images, upstream...)
 	t.Logf("Weir's images built in %v", time.Since(start).Round(time.Second))
-	l := &life{c: kubecluster.StartForTest(t, kubecluster.Config{Nodes: 2, Images: images, DNS: true})}
+	l := &life{c: kubecluster.StartForTest(t, kubecluster.Config{Nodes: nodes, Images: images, DNS: true})}
 	l.router, err = frr.StartTemp(ctx, l.c.Router, frr.Config{
 		ASN: routerASN, RouterID: lab.RouterLANv4.String(),
 		ListenRanges: []string{"192.0.2.0/24"}, PeerASN: nodeASN,
@@ -355,6 +356,10 @@ l2_advertisement: {}
 		"--set", "kubernetesAPI=" + c.APIServer.String(),
 		"--set", "clusterCIDR=" + kubecluster.ClusterCIDR,
 		"--set", "serviceCIDR=" + kubecluster.ServiceCIDR,
+		// The external IP upstream's ExternalIP spec gives its Service:
+		// Weir programs none outside the allowed ranges (kube-proxy every
+		// one).
+		"--set", "allowedExternalIPCIDRs=" + upstreamExternalIP + "/32",
 		"--set", fmt.Sprintf("bgp.asn=%d", nodeASN),
 		"--set", fmt.Sprintf("bgp.peers=%s/%d", lab.RouterLANv4, routerASN),
 		"--set-string", "resourcesFile=" + resources,
