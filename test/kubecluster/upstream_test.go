@@ -86,9 +86,12 @@ func TestUpstreamSideBySide(t *testing.T) {
 	}
 }
 
-// upstreamConformance runs the [Conformance] specs of Services and
-// EndpointSlices on the cluster Weir serves: every one must pass.
-func (l *life) upstreamConformance(t *testing.T) {
+// TestUpstreamConformanceOnWeir runs the [Conformance] specs of Services
+// and EndpointSlices on a cluster Weir serves, installed by its chart, with
+// a cluster DNS: every one must pass.
+func TestUpstreamConformanceOnWeir(t *testing.T) {
+	requireClusterLab(t)
+	l := install(t, 2, true)
 	specs, err := kubecluster.UpstreamSpecs(t.Context(), conformanceFocus, upstreamSkip)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +123,7 @@ func runUpstream(t *testing.T, proxy string, specs []kubecluster.Spec) []kubeclu
 		}
 		c = kubecluster.StartForTest(t, kubecluster.Config{Nodes: upstreamNodes, Images: images, KubeProxy: true, DNS: true})
 	case "weir":
-		c = install(t, upstreamNodes).c
+		c = install(t, upstreamNodes, true).c
 	default:
 		t.Fatalf("no proxy %q: kube-proxy or weir", proxy)
 	}
