@@ -15,9 +15,10 @@
 // the mounts they make (overlay root filesystems, volumes, the pods'
 // network namespaces) vanish with them, and one cgroup per node under
 // every v1 hierarchy, so Close finds and kills every process the node
-// started, containers included. containerd has its own host name, the
-// node's, which the pods on the host's network see. Every image is built
-// here and imported into each node's containerd: no registry is reachable.
+// started, containers included. For Kubernetes' own specs
+// (Config.Upstream) containerd has its own host name, the node's, which
+// the pods on the host's network see. Every image is built here and
+// imported into each node's containerd: no registry is reachable.
 //
 // The kubelet sets kernel-wide tunables (vm.overcommit_memory,
 // kernel.panic, kernel.panic_on_oops) when it starts; Close puts back the
@@ -65,6 +66,10 @@ type Config struct {
 	// reach Services by name. It answers once a service proxy serves its
 	// Service.
 	DNS bool
+	// Upstream makes the nodes as Kubernetes' e2e specs expect them: each
+	// node's containerd (and so its host-network pods) with the node's
+	// name as host name, and host ports (the CNI portmap plugin).
+	Upstream bool
 }
 
 // Cluster is a running cluster. Close it when done.
@@ -84,7 +89,7 @@ type Cluster struct {
 
 	token, caFile string
 	kubeProxy     bool
-	dns           bool
+	dns, upstream bool
 	nodes         []*node
 	stopLogs      func()            // ends keepPodLogs and waits for its last copy
 	tunables      map[string]string // kernel tunables as found, put back by Close
@@ -103,7 +108,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, fmt.Errorf("kubecluster: %w", err)
 		}
 	}
-	c := &Cluster{Dir: dir, tunables: readTunables(), kubeProxy: cfg.KubeProxy, dns: cfg.DNS}
+	c := &Cluster{Dir: dir, tunables: readTunables(), kubeProxy: cfg.KubeProxy, dns: cfg.DNS, upstream: cfg.Upstream}
 	defer func() {
 		if err != nil {
 			c.Close()

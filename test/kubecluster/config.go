@@ -18,7 +18,7 @@ func kubeBinary(ctx context.Context) (string, error) { return kubeapi.Binary(ctx
 func (n *node) writeConfigs(c *Cluster) error {
 	files := map[string]string{
 		"containerd.toml":          n.containerdConfig(),
-		"cni/10-weir-lab.conflist": n.cniConfig(),
+		"cni/10-weir-lab.conflist": n.cniConfig(c),
 		"kubelet.yaml":             n.kubeletConfig(c),
 		"kube-proxy.yaml":          n.kubeProxyConfig(c),
 		// The node resolves no names: pods resolve the cluster's through
@@ -59,9 +59,17 @@ state = %[2]q
 
 // cniConfig: the ptp plugin, one routed veth per pod with the node as the
 // pods' gateway, addresses from the node's pod range. The lab routes each
-// node's range to it, on the other nodes and on the router. The portmap
-// plugin serves the pods' host ports.
-func (n *node) cniConfig() string {
+// node's range to it, on the other nodes and on the router. For
+// Kubernetes' own specs (Config.Upstream) the portmap plugin serves the
+// pods' host ports.
+func (n *node) cniConfig(c *Cluster) string {
+	portmap := ""
+	if c.upstream {
+		portmap = `, {
+    "type": "portmap",
+    "capabilities": {"portMappings": true}
+  }`
+	}
 	return fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "weir-lab",
@@ -74,12 +82,9 @@ func (n *node) cniConfig() string {
       "routes": [{"dst": "0.0.0.0/0"}],
       "dataDir": %q
     }
-  }, {
-    "type": "portmap",
-    "capabilities": {"portMappings": true}
-  }]
+  }%s]
 }
-`, n.PodCIDRv4.String(), filepath.Join(n.dir, "ipam"))
+`, n.PodCIDRv4.String(), filepath.Join(n.dir, "ipam"), portmap)
 }
 
 func (n *node) kubeletConfig(c *Cluster) string {

@@ -51,16 +51,23 @@ func (c *Cluster) startNode(ctx context.Context, ln *lab.Node, images []Image) (
 	if err != nil {
 		return nil, err
 	}
-	// The node has its own host name, its name, as a machine has: pods on
-	// the host's network see it (their UTS namespace is containerd's).
+	// For Kubernetes' own specs the node has its own host name, its name,
+	// as a machine has: pods on the host's network see it (their UTS
+	// namespace is containerd's).
 	// ip netns exec gives /sys a sysfs of the node's namespace, which hides
 	// the cgroup hierarchies: mount them again, then the node's private
 	// folders, and join the node's cgroup.
-	script := "set -e\nhostname " + ln.Name + "\n" + mounts + n.joinCgroup() +
+	script := "set -e\n"
+	uts := []string{}
+	if c.upstream {
+		script += "hostname " + ln.Name + "\n"
+		uts = append(uts, "--uts")
+	}
+	script += mounts + n.joinCgroup() +
 		"for d in /run/containerd /var/lib/cni /var/log/containers /var/log/pods /var/run/netns /var/lib/kubelet; do\n" +
 		"  mkdir -p $d; mount -t tmpfs weir-lab $d\ndone\n" +
 		"exec containerd --config " + filepath.Join(n.dir, "containerd.toml") + "\n"
-	if n.containerd, err = ln.Start("unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script); err != nil {
+	if n.containerd, err = ln.Start("unshare", append(append([]string{"--mount"}, uts...), "--propagation", "private", "sh", "-c", script)...); err != nil {
 		return nil, err
 	}
 	if err := poll(ctx, time.Minute, func() bool {

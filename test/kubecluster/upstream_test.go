@@ -121,7 +121,7 @@ func runUpstream(t *testing.T, proxy string, specs []kubecluster.Spec) []kubeclu
 		if err != nil {
 			t.Fatal(err)
 		}
-		c = kubecluster.StartForTest(t, kubecluster.Config{Nodes: upstreamNodes, Images: images, KubeProxy: true, DNS: true})
+		c = kubecluster.StartForTest(t, kubecluster.Config{Nodes: upstreamNodes, Images: images, KubeProxy: true, DNS: true, Upstream: true})
 	case "weir":
 		c = install(t, upstreamNodes, true).c
 	default:

@@ -65,10 +65,11 @@ type life struct {
 	lbBGP, lbL2 netip.Addr
 }
 
-// install builds the images and a cluster of nodes nodes (with the
-// cluster DNS when dns), starts the router, installs Weir with Helm and
-// the echo workload behind its Services.
-func install(t *testing.T, nodes int, dns bool) *life {
+// install builds the images and a cluster of nodes nodes (made for
+// Kubernetes' own specs, with a cluster DNS, when forUpstream), starts the
+// router, installs Weir with Helm and the echo workload behind its
+// Services.
+func install(t *testing.T, nodes int, forUpstream bool) *life {
 	ctx := t.Context()
 	start := time.Now()
 	images, err := kubecluster.WeirImages(ctx, t.TempDir(), "lab1", "lab2")
@@ -82,7 +83,7 @@ func install(t *testing.T, nodes int, dns bool) *life {
 	}
 	images = append(images, upstream...)
 	t.Logf("Weir's images built in %v", time.Since(start).Round(time.Second))
-	l := &life{c: kubecluster.StartForTest(t, kubecluster.Config{Nodes: nodes, Images: images, DNS: dns})}
+	l := &life{c: kubecluster.StartForTest(t, kubecluster.Config{Nodes: nodes, Images: images, DNS: forUpstream, Upstream: forUpstream})}
 	l.router, err = frr.StartTemp(ctx, l.c.Router, frr.Config{
 		ASN: routerASN, RouterID: lab.RouterLANv4.String(),
 		ListenRanges: []string{"192.0.2.0/24"}, PeerASN: nodeASN,
@@ -94,7 +95,7 @@ func install(t *testing.T, nodes int, dns bool) *life {
 	l.before = nodeState(t, l.c)
 	l.helm = newHelm(t, l.c)
 	l.helm.run(t, append([]string{"install", "weir", chartDir(t), "--namespace", "weir-system", "--create-namespace",
-		"--wait", "--timeout", "4m"}, weirValues(l.c, "lab1")...)...)
+		"--wait", "--timeout", "4m"}, weirValues(l.c, "lab1", forUpstream)...)...)
 	kubecluster.ApplyEcho(t, l.c, "default", "echo", 2, nil)
 	l.pods = kubecluster.WaitPodsReady(t, l.c, "default", "app=echo", 2)
 	l.svcs = applyServices(t, l.c)
@@ -255,7 +256,7 @@ func (l *life) upgradeAndRollback(t *testing.T) {
 		name string
 		args []string
 	}{
-		{"upgrade to lab2", append([]string{"upgrade", "weir", chartDir(t), "--namespace", "weir-system", "--wait", "--timeout", "4m"}, weirValues(l.c, "lab2")...)},
+		{"upgrade to lab2", append([]string{"upgrade", "weir", chartDir(t), "--namespace", "weir-system", "--wait", "--timeout", "4m"}, weirValues(l.c, "lab2", false)...)},
 		// No revision: the one before, lab1's.
 		{"rollback", []string{"rollback", "weir", "--namespace", "weir-system", "--wait", "--timeout", "4m"}},
 	}
@@ -326,7 +327,7 @@ func chartDir(t *testing.T) string {
 // weirValues are the chart's settings for the lab: the server on the
 // nodes' own addresses (no service proxy exists before Weir's agents run),
 // the apiserver's real address, BGP to the router and the two pools.
-func weirValues(c *kubecluster.Cluster, tag string) []string {
+func weirValues(c *kubecluster.Cluster, tag string, upstream bool) []string {
 	var servers, hosts []string
 	for _, n := range c.Nodes {
 		servers = append(servers, n.IPv4.String()+":7443")
@@ -345,7 +346,7 @@ addresses:
 - %s
 l2_advertisement: {}
 `, bgpPool, l2Pool)
-	return []string{
+	values := []string{
 		"--set", "image.tag=" + tag,
 		"--set", "server.replicas=2",
 		"--set", "server.hostNetwork=true",
@@ -354,14 +355,18 @@ l2_advertisement: {}
 		"--set", "kubernetesAPI=" + c.APIServer.String(),
 		"--set", "clusterCIDR=" + kubecluster.ClusterCIDR,
 		"--set", "serviceCIDR=" + kubecluster.ServiceCIDR,
-		// The external IP upstream's ExternalIP spec gives its Service:
-		// Weir programs none outside the allowed ranges (kube-proxy every
-		// one).
-		"--set", "allowedExternalIPCIDRs=" + upstreamExternalIP + "/32",
+
 		"--set", fmt.Sprintf("bgp.asn=%d", nodeASN),
 		"--set", fmt.Sprintf("bgp.peers=%s/%d", lab.RouterLANv4, routerASN),
 		"--set-string", "resourcesFile=" + resources,
 	}
+	if upstream {
+		// The external IP upstream's ExternalIP spec gives its Service:
+		// Weir programs none outside the allowed ranges (kube-proxy every
+		// one).
+		values = append(values, "--set", "allowedExternalIPCIDRs="+upstreamExternalIP+"/32")
+	}
+	return values
 }
 
 type helmRunner struct {
