@@ -37,12 +37,18 @@ import (
 // Assign chooses the owner of every address among its candidates
 // (none when it has none), keeping the owners in current where it can.
 // Ranks are rendezvous scores, so every replica and restart agrees. Loads
-// are balanced: with m addresses over n candidate nodes, every node owns
-// m/n of them, and m%n nodes one more, as far as the candidates allow
-// (an address's best-ranked candidate takes it past that bound when all
-// its candidates are full). A current owner keeps its addresses within
-// that bound: a node that goes moves only the addresses it owned, one
-// that comes takes only what the others hold past their new bound.
+// are balanced: with m addresses over n candidate nodes, every address
+// without an owner goes where it keeps each node at m/n, and m%n nodes at
+// one more, as far as the candidates allow (an address's best-ranked
+// candidate takes it past that bound when all its candidates are full).
+//
+// Owners stay put: a current owner keeps its addresses up to its share,
+// ⌈m/n⌉, plus a quarter of that share (at least one more), so a node that
+// goes moves only the addresses it owned, and one that comes (back) takes
+// nothing until another node holds more than that. A move is a
+// disruption for every host that cached the address's MAC: it is made
+// for a failure, a node leaving, or an imbalance past the threshold
+// (Keep), never to restore a ranking.
 //
 // Where candidates are few, one round of that can leave an address to a
 // node that the next round would move; Assign repeats the round until
@@ -91,9 +97,8 @@ func assignOnce(candidates, ranked map[netip.Addr][]string, current map[netip.Ad
 		load[n]++
 		owner[a] = n
 	}
-	// Current owners keep their best-ranked addresses: up to the floor
-	// each, then one more each (in name order) while the extra places
-	// last.
+	// Current owners keep their best-ranked addresses, up to Keep each.
+	keep := Keep(m, len(nodes))
 	kept := map[string][]netip.Addr{}
 	for a, n := range current {
 		if slices.Contains(candidates[a], n) {
@@ -105,13 +110,8 @@ func assignOnce(candidates, ranked map[netip.Addr][]string, current map[netip.Ad
 		slices.SortFunc(kept[n], func(x, y netip.Addr) int {
 			return cmp.Or(cmp.Compare(slices.Index(ranked[x], n), slices.Index(ranked[y], n)), x.Compare(y))
 		})
-		for _, a := range kept[n][:min(len(kept[n]), floor)] {
+		for _, a := range kept[n][:min(len(kept[n]), keep)] {
 			take(a, n)
-		}
-	}
-	for _, n := range byName {
-		if len(kept[n]) > floor && canTake(n) {
-			take(kept[n][floor], n)
 		}
 	}
 	// Then every address without an owner, in address order: its
@@ -130,6 +130,17 @@ func assignOnce(candidates, ranked map[netip.Addr][]string, current map[netip.Ad
 		take(a, pick)
 	}
 	return owner
+}
+
+// Keep is how many addresses a node keeps of those it owns, with m
+// addresses over n nodes: its share, ⌈m/n⌉, and a quarter more (at least
+// one). Past that the imbalance is worth a move.
+func Keep(m, n int) int {
+	if n == 0 {
+		return 0
+	}
+	share := (m + n - 1) / n
+	return share + max(1, (share+3)/4)
 }
 
 // Lease is a node's right to answer for an address.

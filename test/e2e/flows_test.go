@@ -175,6 +175,25 @@ func conntrackPorts(t *testing.T, n *lab.Node, vip netip.Addr, dnat bool) []stri
 	return ports
 }
 
+// conntrackOf is every node's conntrack entries of the connection from the
+// client's port to vip, one line per node.
+func conntrackOf(t *testing.T, c *weirlab.Cluster, vip netip.Addr, port string) string {
+	t.Helper()
+	family := "ipv4"
+	if vip.Is6() {
+		family = "ipv6"
+	}
+	var b strings.Builder
+	for _, n := range c.Nodes {
+		out, err := n.Run(context.Background(), "conntrack", "-L", "-f", family, "-p", "tcp", "-d", vip.String(), "--sport", port)
+		if err != nil {
+			out = err.Error()
+		}
+		fmt.Fprintf(&b, "%s: %s\n", n.Name, strings.TrimSpace(out))
+	}
+	return b.String()
+}
+
 // movedConnections counts the connections to vip that reached a node that
 // does not hold them: each leaves on the nodes it passed an entry that no
 // DNAT rewrote (its reply would come from the load-balancer IP itself).
@@ -249,9 +268,25 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 	settle := func() { time.Sleep(1500 * time.Millisecond) }
 	settle()
 
+	// When each step began, to tell which one broke a connection.
+	type began struct {
+		what string
+		at   time.Time
+	}
+	steps := []began{{"before any step", time.Now()}}
+	during := func(at time.Time) string {
+		s := steps[0]
+		for _, st := range steps {
+			if !st.at.After(at) {
+				s = st
+			}
+		}
+		return fmt.Sprintf("%.1fs into %q", at.Sub(s.at).Seconds(), s.what)
+	}
 	step := func(what string, fn func() error, hops ...string) {
 		t.Helper()
 		t.Log(what)
+		steps = append(steps, began{what, time.Now()})
 		if err := fn(); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
@@ -311,6 +346,7 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 	totalMoved, totalBroken, totalRequests := 0, 0, 0
 	for name, l := range traffic {
 		requests, broken := l.Stop()
+		_, brokenAt := l.Broken()
 		totalRequests += requests
 		movedPorts := movedConnections(t, c, vips[name], l.ports)
 		moved := len(movedPorts)
@@ -319,12 +355,12 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 		totalBroken += len(broken)
 		if redirect {
 			held := 0
-			for _, b := range broken {
+			for i, b := range broken {
 				if slices.Contains(lost[name], brokenPort(b)) {
 					held++
 					continue
 				}
-				t.Errorf("%s: connection broke: %s", name, b)
+				t.Errorf("%s: connection broke %s: %s; the nodes' entries for it now:\n%s", name, during(brokenAt[i]), b, conntrackOf(t, c, vips[name], brokenPort(b)))
 			}
 			kept := 0
 			for p := range movedPorts {
