@@ -57,13 +57,21 @@ type Asker struct {
 	addrs   []netip.Addr            // the L2 load-balancer IPs of the node's state, sorted
 	ifaces  map[netip.Addr][]string // where each is answered
 	refused map[netip.Addr]string   // those that cannot be, and why
+	// serving are, per service of the state received, its L2 addresses
+	// this node can serve (a Local service's only with a ready endpoint
+	// here), and servers how many services serve each; applied is that
+	// set as of the last state applied: what the node may take over.
+	serving map[datapath.ServiceKey][]netip.Addr
+	servers map[netip.Addr]int
+	applied map[netip.Addr]bool
 }
 
 // NewAsker asks over conn (its own connection: it moves to the replica
 // that leads, whatever replica the node's state comes from).
 func NewAsker(conn grpc.ClientConnInterface, node string, leases *Leases, clk clock.WithTicker, log *slog.Logger) *Asker {
 	return &Asker{conn: conn, node: node, leases: leases, clk: clk, log: log,
-		asked: map[datapath.ServiceKey][]netip.Addr{}, askers: map[netip.Addr]int{}}
+		asked: map[datapath.ServiceKey][]netip.Addr{}, askers: map[netip.Addr]int{},
+		serving: map[datapath.ServiceKey][]netip.Addr{}, servers: map[netip.Addr]int{}, applied: map[netip.Addr]bool{}}
 }
 
 // Received takes the node's new state (syncer.Observer): only the
@@ -79,25 +87,39 @@ func (a *Asker) Received(st datapath.NodeState) {
 				moved = true
 			}
 		}
+		for _, vip := range a.serving[key] {
+			if a.servers[vip]--; a.servers[vip] == 0 {
+				delete(a.servers, vip)
+			}
+		}
 		delete(a.asked, key)
+		delete(a.serving, key)
 		if svc == nil || svc.OtherController {
 			return // its controller answers for it
 		}
-		var vips []netip.Addr
+		var vips, serves []netip.Addr
 		for _, vip := range svc.LoadBalancerIPs {
 			if _, ok := st.Node.L2PoolOf(vip); ok {
 				vips = append(vips, vip)
 				if a.askers[vip]++; a.askers[vip] == 1 {
 					moved = true
 				}
+				if ready, _, _ := svc.LocalCounts(vip.Is6()); svc.ExternalTrafficPolicy != datapath.Local || ready > 0 {
+					serves = append(serves, vip)
+					a.servers[vip]++
+				}
 			}
 		}
 		if vips != nil {
 			a.asked[key] = vips
 		}
+		if serves != nil {
+			a.serving[key] = serves
+		}
 	}
 	if st.Changed == nil || !samePools {
 		a.asked, a.askers = map[datapath.ServiceKey][]netip.Addr{}, map[netip.Addr]int{}
+		a.serving, a.servers = map[datapath.ServiceKey][]netip.Addr{}, map[netip.Addr]int{}
 		for key, svc := range st.Services {
 			ask(key, svc)
 		}
@@ -119,9 +141,47 @@ func (a *Asker) Received(st datapath.NodeState) {
 	}
 }
 
-// Applied and Report: the Asker reports nothing through the syncer.
-func (a *Asker) Applied(time.Duration)      {}
+// Applied takes the addresses the node serves in the state received as
+// those of the state applied (the syncer applies what it last received),
+// and tells the server when they changed.
+func (a *Asker) Applied(time.Duration) {
+	a.mu.Lock()
+	same := len(a.servers) == len(a.applied)
+	if same {
+		for vip := range a.servers {
+			if !a.applied[vip] {
+				same = false
+				break
+			}
+		}
+	}
+	if !same {
+		a.applied = map[netip.Addr]bool{}
+		for vip := range a.servers {
+			a.applied[vip] = true
+		}
+	}
+	a.mu.Unlock()
+	if !same {
+		a.changed.Kick()
+	}
+}
+
+// Report: the Asker reports nothing through the syncer.
 func (a *Asker) Report(bool) *report.Report { return nil }
+
+// answerableLocked is what the node can answer for now: the addresses of
+// the state it applied that it serves, and has an interface for.
+func (a *Asker) answerableLocked() []netip.Addr {
+	var out []netip.Addr
+	for vip := range a.ifaces {
+		if a.applied[vip] {
+			out = append(out, vip)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
 
 // resolve finds the interfaces of every L2 address, and signals a
 // change of what the node cannot answer for.
@@ -267,7 +327,7 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 	for {
 		select {
 		case <-ctx.Done():
-			s.stop(grants, recvErr)
+			s.stop(grants, recvErr, s.ttl)
 			return s.granted, ctx.Err()
 		case err := <-recvErr:
 			return s.granted, err
@@ -294,7 +354,10 @@ type leaseSession struct {
 	seq      uint64
 	asked    map[uint64]time.Time // by sequence: when it was asked
 	released []*weirv1.L2Lease
-	ttl      time.Duration
+	// answerable is what the stream was last told the node can answer
+	// for (nil before the first ask).
+	answerable []netip.Addr
+	ttl        time.Duration
 	tick     clock.Ticker // asks a few times a lease's life
 	stopping bool
 	granted  bool // the server answered at all
@@ -317,11 +380,22 @@ func (s *leaseSession) ask() error {
 	for addr, why := range a.refused {
 		msg.Refused = append(msg.Refused, &weirv1.L2Refusal{Address: addr.String(), Reason: why})
 	}
+	answerable := a.answerableLocked()
 	a.mu.Unlock()
+	if s.answerable == nil || !slices.Equal(answerable, s.answerable) {
+		msg.Answerable = &weirv1.L2Answerable{}
+		for _, addr := range answerable {
+			msg.Answerable.Addresses = append(msg.Answerable.Addresses, addr.String())
+		}
+	}
 	if err := s.stream.Send(msg); err != nil {
 		return err
 	}
 	s.released = nil
+	if answerable == nil {
+		answerable = []netip.Addr{}
+	}
+	s.answerable = answerable
 	return nil
 }
 
@@ -353,21 +427,45 @@ func (s *leaseSession) received(g *weirv1.LeasesResponse) error {
 	return nil
 }
 
-// stop gives every lease up and says so, then ends the stream.
-func (s *leaseSession) stop(grants <-chan *weirv1.LeasesResponse, recvErr <-chan error) {
+// stop hands every lease over, then ends the stream. It says it is
+// stopping and keeps answering for each address the server still lists,
+// giving each up as the answers drop it (its next owner can take it), so
+// that a planned stop leaves no address unanswered for longer than the
+// handover itself. After within (a lease's life: the server is away or
+// slow), it gives the rest up at once.
+func (s *leaseSession) stop(grants <-chan *weirv1.LeasesResponse, recvErr <-chan error, within time.Duration) {
 	a := s.a
+	s.stopping = true
+	held := len(a.leases.Holding())
+	deadline := a.clk.After(within)
+	err := s.ask()
+handing:
+	for err == nil && len(a.leases.Holding()) > 0 {
+		select {
+		case g := <-grants:
+			err = s.received(g) // tells the server of what it gave up
+		case <-s.tick.C():
+			err = s.ask()
+		case err = <-recvErr:
+		case <-deadline:
+			break handing
+		}
+	}
+	handedOver := held - len(a.leases.Holding())
 	for addr := range a.leases.Holding() {
 		if epoch, ok := a.leases.Release(addr); ok {
 			s.released = append(s.released, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
 		}
 	}
 	a.leases.Close()
-	s.stopping = true
 	gaveUp := len(s.released)
-	if err := s.ask(); err == nil {
+	if err == nil && gaveUp > 0 {
+		err = s.ask()
+	}
+	if err == nil && len(s.asked) > 0 {
 		s.awaitAnswer(grants, recvErr)
 	}
-	a.log.Info("stopping: gave the L2 leases up", "addresses", gaveUp)
+	a.log.Info("stopping: handed the L2 leases over", "handed_over", handedOver, "given_up_at_once", gaveUp)
 	s.stream.CloseSend()
 }
 

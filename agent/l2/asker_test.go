@@ -48,8 +48,31 @@ func TestInterfacesFor(t *testing.T) {
 // TestAskerFollowsChangesAsAWholeStateWould: over random states handed
 // over as changes (Changed naming the services that differ), with L2
 // pools that change now and then, the addresses the Asker asks leases
-// for are those of the whole state at every step.
+// for are those of the whole state at every step, and once the state is
+// applied, those it can take over are those it serves (a Local
+// service's only with a ready endpoint on the node, of the address's
+// family).
 func TestAskerFollowsChangesAsAWholeStateWould(t *testing.T) {
+	serves := func(st datapath.NodeState) map[netip.Addr]bool {
+		out := map[netip.Addr]bool{}
+		for _, svc := range st.Services {
+			if svc.OtherController {
+				continue
+			}
+			local := false
+			for _, p := range svc.Ports {
+				for _, ep := range p.Endpoints {
+					local = local || (ep.Local && ep.Ready)
+				}
+			}
+			for _, vip := range svc.LoadBalancerIPs {
+				if _, ok := st.Node.L2PoolOf(vip); ok && (svc.ExternalTrafficPolicy == datapath.Cluster || local) {
+					out[vip] = true
+				}
+			}
+		}
+		return out
+	}
 	// wanted is the whole state's L2 addresses, sorted.
 	wanted := func(st datapath.NodeState) []netip.Addr {
 		var out []netip.Addr
@@ -90,6 +113,15 @@ func TestAskerFollowsChangesAsAWholeStateWould(t *testing.T) {
 				for range rng.IntN(3) {
 					svc.LoadBalancerIPs = append(svc.LoadBalancerIPs, netip.AddrFrom4([4]byte{192, 0, byte(2 + rng.IntN(2)), byte(rng.IntN(10))}))
 				}
+				if rng.IntN(2) == 0 {
+					svc.ExternalTrafficPolicy = datapath.Local
+				}
+				port := datapath.ServicePort{Port: 80}
+				for range rng.IntN(3) {
+					port.Endpoints = append(port.Endpoints, datapath.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(rng.IntN(9))}),
+						Local: rng.IntN(2) == 0, Ready: rng.IntN(3) > 0})
+				}
+				svc.Ports = []datapath.ServicePort{port}
 				next.Services[key] = svc
 			}
 			if rng.IntN(20) == 0 {
@@ -101,6 +133,13 @@ func TestAskerFollowsChangesAsAWholeStateWould(t *testing.T) {
 			a.mu.Unlock()
 			if want := wanted(next); !slices.Equal(got, want) {
 				t.Fatalf("seed %d, step %d: asks for %v, want %v", seed, step, got, want)
+			}
+			a.Applied(0)
+			a.mu.Lock()
+			applied := maps.Clone(a.applied)
+			a.mu.Unlock()
+			if want := serves(next); !maps.Equal(applied, want) {
+				t.Fatalf("seed %d, step %d: can take over %v, want %v", seed, step, applied, want)
 			}
 			st = next
 		}

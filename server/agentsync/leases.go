@@ -121,18 +121,18 @@ func (ls *leaseStream) answerLast(asks <-chan *weirv1.LeasesRequest, ended error
 }
 
 // answer answers one ask: the leases the node now holds, or, when it
-// stops, only that its leases are given up.
+// stops, those it answers for until their next owners can take them.
 func (ls *leaseStream) answer(ask *weirv1.LeasesRequest) error {
 	asked, err := askedOf(ls.node, ask)
 	if err != nil {
 		return err
 	}
 	out := &weirv1.LeasesResponse{Sequence: ask.GetSequence(), Ttl: ls.ttl}
+	grants := ls.owner.Ask
 	if ask.GetStopping() {
-		ls.owner.Stop(asked.Released)
-		return ls.stream.Send(out)
+		grants = ls.owner.Stop
 	}
-	for _, g := range ls.owner.Ask(asked) {
+	for _, g := range grants(asked) {
 		out.Leases = append(out.Leases, &weirv1.L2Lease{Address: g.Addr.String(), Epoch: g.Epoch})
 	}
 	return ls.stream.Send(out)
@@ -155,6 +155,12 @@ func askedOf(node string, ask *weirv1.LeasesRequest) (l2owner.Asked, error) {
 	}
 	if asked.Refused, err = refusedOf(ask.GetRefused()); err != nil {
 		return asked, err
+	}
+	if a := ask.GetAnswerable(); a != nil {
+		asked.HasAnswerable = true
+		if asked.Answerable, err = addressesOf("answerable.addresses", a.GetAddresses()); err != nil {
+			return asked, err
+		}
 	}
 	if !ask.GetStopping() {
 		asked.Lapsed, err = leasesOf("lapsed", ask.GetLapsed())
@@ -180,6 +186,22 @@ func refusedOf(in []*weirv1.L2Refusal) (map[netip.Addr]string, error) {
 		refused[a] = truncate(r.GetReason())
 	}
 	return refused, nil
+}
+
+// addressesOf reads a list of addresses of an ask's field.
+func addressesOf(field string, in []string) ([]netip.Addr, error) {
+	if len(in) > maxLeasesPerAsk {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: %d addresses; at most %d", field, len(in), maxLeasesPerAsk)
+	}
+	out := make([]netip.Addr, 0, len(in))
+	for i, s := range in {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return nil, status.Errorf(codes.InvalidArgument, "%s[%d]: %q is not an IP address", field, i, s)
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // leasesOf reads the leases of an ask's field.

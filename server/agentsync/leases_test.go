@@ -12,7 +12,9 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
@@ -128,4 +130,26 @@ func blockedAnswering() bool {
 		}
 	}
 	return false
+}
+
+// What a node can answer for is read whole when sent, and its absence
+// leaves the last one standing; an address that is none is refused,
+// naming the field.
+func TestAskedOfReadsWhatTheNodeCanAnswerFor(t *testing.T) {
+	asked, err := askedOf("node1", &weirv1.LeasesRequest{NodeName: "node1"})
+	if err != nil || asked.HasAnswerable {
+		t.Fatalf("an ask without the field: %+v %v", asked, err)
+	}
+	asked, err = askedOf("node1", &weirv1.LeasesRequest{Answerable: &weirv1.L2Answerable{}})
+	if err != nil || !asked.HasAnswerable || len(asked.Answerable) != 0 {
+		t.Fatalf("an empty set: %+v %v", asked, err)
+	}
+	asked, err = askedOf("node1", &weirv1.LeasesRequest{Answerable: &weirv1.L2Answerable{Addresses: []string{"192.0.2.200", "2001:db8::1"}}})
+	if err != nil || len(asked.Answerable) != 2 {
+		t.Fatalf("two addresses: %+v %v", asked, err)
+	}
+	_, err = askedOf("node1", &weirv1.LeasesRequest{Answerable: &weirv1.L2Answerable{Addresses: []string{"192.0.2.200", "fe80::1%eth0"}}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `answerable.addresses[1]: "fe80::1%eth0" is not an IP address`) {
+		t.Fatalf("an address with a zone: %v", err)
+	}
 }

@@ -39,7 +39,10 @@ type Owners struct {
 	// lapsed are the lapsed leases nodes claim on addresses the table
 	// knows no lease on (the newest epoch's): the choice keeps them with
 	// their nodes, as it keeps running leases with their holders.
-	lapsed  map[netip.Addr]claim
+	lapsed map[netip.Addr]claim
+	// handing are the planned moves under way, by address: the holder
+	// keeps answering until the chosen node has shown it can take over.
+	handing map[netip.Addr]*handover
 	streams map[string]*Stream
 	wake    notify.Kick // the timer loop looks again
 	// asked is broadcast when a stream's node asks for the first time
@@ -63,7 +66,8 @@ var ErrNotLeading = errors.New("this server does not decide the L2 owners (it is
 // when not nil, receives the metrics.
 func NewOwners(clk clock.Clock, ttl, margin time.Duration, log *slog.Logger, reg prometheus.Registerer) *Owners {
 	o := &Owners{clk: clk, ttl: ttl, margin: margin, log: log, candidates: map[netip.Addr][]string{},
-		owner: map[netip.Addr]string{}, movedAt: map[netip.Addr]time.Time{}, lapsed: map[netip.Addr]claim{}, streams: map[string]*Stream{}}
+		owner: map[netip.Addr]string{}, movedAt: map[netip.Addr]time.Time{}, lapsed: map[netip.Addr]claim{}, handing: map[netip.Addr]*handover{},
+		streams: map[string]*Stream{}}
 	o.metrics = newMetrics(o, reg)
 	return o
 }
@@ -121,6 +125,7 @@ func (o *Owners) Lead(ctx context.Context, heard <-chan struct{}) {
 	o.table = NewTable(o.clk, o.ttl, o.margin)
 	o.owner = map[netip.Addr]string{}
 	o.lapsed = map[netip.Addr]claim{}
+	o.handing = map[netip.Addr]*handover{}
 	o.warm = false
 	o.mu.Unlock()
 	defer func() {
@@ -199,6 +204,10 @@ type Stream struct {
 	lastAsk time.Time
 	// refused are the addresses the node cannot answer for, and why.
 	refused map[netip.Addr]string
+	// answerable are the addresses the node says it can answer for, once
+	// it said (knowsAnswerable; an older agent never does).
+	answerable      map[netip.Addr]bool
+	knowsAnswerable bool
 	// stopping: the node said it is going away.
 	stopping bool
 	nudge    notify.Kick
@@ -299,6 +308,10 @@ type Asked struct {
 	Held, Released, Lapsed []Held
 	// Refused are the addresses it cannot answer for, whole, and why.
 	Refused map[netip.Addr]string
+	// Answerable, when HasAnswerable, are all the addresses it can answer
+	// for now; otherwise the last it said stand.
+	Answerable    []netip.Addr
+	HasAnswerable bool
 }
 
 // Ask is the node asking for its leases. The answer is every lease it
@@ -313,15 +326,13 @@ func (s *Stream) Ask(q Asked) []Grant {
 		return nil
 	}
 	if s.stopping {
-		for _, r := range q.Released {
-			o.table.Release(r.Addr, s.node, r.Epoch)
-		}
-		return nil
+		o.releaseLocked(s.node, q.Released)
+		return o.handingOverLocked(s.node, q.Released)
 	}
 	if s.lastAsk.IsZero() {
 		defer o.asked.Broadcast()
 	}
-	reassign := o.noteAskLocked(s, q.Refused)
+	reassign := o.noteAskLocked(s, q)
 	o.releaseLocked(s.node, q.Released)
 	claims, adopted := o.claimLocked(s.node, q)
 	if !o.warm {
@@ -330,25 +341,114 @@ func (s *Stream) Ask(q Asked) []Grant {
 	if reassign || adopted {
 		o.assignLocked()
 	}
+	o.readyLocked(s)
 	return o.grantOwnedLocked(s.node, q.Released)
 }
 
-// noteAskLocked records that s asked, and what it refuses, and reports
-// whether the owners must be chosen again: the node was not live, or
-// refuses other addresses than before. What a node says is kept only
-// where the registry makes it matter: an address that is no L2 address
-// is dropped here, so no node can grow what the server holds past the
-// addresses the registry has.
-func (o *Owners) noteAskLocked(s *Stream, refused map[netip.Addr]string) bool {
+// handover is a planned move of an address (its holder still answers: a
+// drain, a stopping agent, a rebalance, a Local service's endpoint gone):
+// from keeps answering until to has asked since the move was planned,
+// listing the address as one it can answer for (ready); then from is told
+// to give it up, and to is granted it as soon as from has.
+type handover struct {
+	from, to string
+	since    time.Time
+	ready    bool
+}
+
+// planHandoversLocked starts a handover for every address whose chosen
+// node is not its holder while the holder can still answer for it, and
+// drops those that no longer apply.
+func (o *Owners) planHandoversLocked(owner map[netip.Addr]string) {
+	for a := range o.handing {
+		if _, ok := owner[a]; !ok {
+			delete(o.handing, a)
+		}
+	}
+	for a, to := range owner {
+		l, held := o.table.Holder(a)
+		if !held || l.Node == to || !o.answersLocked(a, l.Node) {
+			delete(o.handing, a)
+			continue
+		}
+		if h := o.handing[a]; h != nil && h.from == l.Node && h.to == to {
+			continue
+		}
+		o.handing[a] = &handover{from: l.Node, to: to, since: o.clk.Now()}
+		o.log.Info("L2 handover planned: the holder answers until the chosen node can take over", "address", a, "from", l.Node, "to", to)
+	}
+}
+
+// answersLocked: node's stream is open and asked within a lease's life
+// (stopping or not), and node did not say it cannot answer for addr.
+func (o *Owners) answersLocked(addr netip.Addr, node string) bool {
+	s := o.streams[node]
+	if s == nil || s.closed || s.lastAsk.IsZero() || o.clk.Since(s.lastAsk) >= o.ttl {
+		return false
+	}
+	_, refused := s.refusedOf(addr)
+	return !refused
+}
+
+// readyLocked marks ready the handovers to s's node that its ask (just
+// taken) shows it can take, and nudges each holder to give its address
+// up.
+func (o *Owners) readyLocked(s *Stream) {
+	for a, h := range o.handing {
+		if h.to != s.node || h.ready || s.lastAsk.Before(h.since) || (s.knowsAnswerable && !s.answerable[a]) {
+			continue
+		}
+		h.ready = true
+		o.nudgeLocked(h.from)
+	}
+}
+
+// handingOverLocked renews node's leases on the addresses it hands over
+// and is still to answer for (their next owner is not ready), except
+// those it has just released.
+func (o *Owners) handingOverLocked(node string, released []Held) []Grant {
+	var out []Grant
+	for _, a := range slices.SortedFunc(maps.Keys(o.handing), netip.Addr.Compare) {
+		h := o.handing[a]
+		if h.from != node || h.ready || slices.ContainsFunc(released, func(r Held) bool { return r.Addr == a }) {
+			continue
+		}
+		if l := o.table.leases[a]; l == nil || l.Node != node {
+			continue // given up, or lapsed: never granted afresh here
+		}
+		if v, l := o.table.Request(a, node, node); v == Granted {
+			out = append(out, Grant{Addr: a, Lease: l})
+		}
+	}
+	return out
+}
+
+// noteAskLocked records that s asked, what it refuses and what it can
+// answer for, and reports whether the owners must be chosen again: the
+// node was not live, or refuses other addresses than before. What a node
+// refuses is kept only where the registry makes it matter: an address
+// that is no L2 address is dropped here. What it can answer for is kept
+// whole, one set per node, at most as large as one ask may be.
+func (o *Owners) noteAskLocked(s *Stream, q Asked) bool {
 	wasLive := o.liveLocked(s)
 	s.lastAsk = o.clk.Now()
-	refused = maps.Collect(func(yield func(netip.Addr, string) bool) {
-		for a, why := range refused {
+	refused := maps.Collect(func(yield func(netip.Addr, string) bool) {
+		for a, why := range q.Refused {
 			if _, l2 := o.candidates[a]; l2 && !yield(a, why) {
 				return
 			}
 		}
 	})
+	if q.HasAnswerable {
+		// Kept whole, not only the L2 addresses known now: the node may
+		// hear of a new address before this server does, and says so
+		// only once. The API edge bounds its size.
+		s.knowsAnswerable = true
+		s.answerable = make(map[netip.Addr]bool, len(q.Answerable))
+		for _, a := range q.Answerable {
+			s.answerable[a] = true
+		}
+	}
 	changed := !wasLive || !maps.Equal(refused, s.refused)
 	s.refused = refused
 	return changed
@@ -410,7 +510,7 @@ func (o *Owners) grantClaimedLocked(node string, claims []Held) []Grant {
 // owner of, except those it has just released, counting and logging each
 // lease that is new.
 func (o *Owners) grantOwnedLocked(node string, released []Held) []Grant {
-	var out []Grant
+	out := o.handingOverLocked(node, released)
 	for _, a := range slices.SortedFunc(maps.Keys(o.owner), netip.Addr.Compare) {
 		if o.owner[a] != node || slices.ContainsFunc(released, func(r Held) bool { return r.Addr == a }) {
 			continue
@@ -423,6 +523,7 @@ func (o *Owners) grantOwnedLocked(node string, released []Held) []Grant {
 		out = append(out, Grant{Addr: a, Lease: l})
 		delete(o.lapsed, a)
 		if prev == nil || prev.Epoch != l.Epoch {
+			delete(o.handing, a)
 			o.metrics.changes.Inc()
 			if at, ok := o.movedAt[a]; ok {
 				o.metrics.takeover.Observe(o.clk.Since(at).Seconds())
@@ -444,22 +545,29 @@ func (o *Owners) mayClaimLocked(addr netip.Addr, node string) bool {
 	return l2 && (!o.warm || slices.Contains(candidates, node))
 }
 
-// Stop is the node going away (the agent stops): it releases every lease
-// in released and is no candidate any more, so its addresses move at
-// once.
-func (s *Stream) Stop(released []Held) {
+// Stop is the node going away (the agent stops): it is no candidate any
+// more, so its addresses move. Each lease it still holds is handed over:
+// the answer lists it until its next owner can take it, and the node
+// gives it up (in q.Released) once it is no longer listed. A node may
+// give everything up at once instead.
+func (s *Stream) Stop(q Asked) []Grant {
 	o := s.o
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if s.closed || o.table == nil {
-		return
+		return nil
 	}
+	first := !s.stopping
 	s.stopping = true
-	for _, r := range released {
-		o.table.Release(r.Addr, s.node, r.Epoch)
+	s.lastAsk = o.clk.Now()
+	for _, r := range q.Released {
 		o.log.Info("L2 lease given up: the node is stopping", "address", r.Addr, "node", s.node, "epoch", r.Epoch)
 	}
-	o.assignLocked()
+	o.releaseLocked(s.node, q.Released)
+	if first {
+		o.assignLocked()
+	}
+	return o.handingOverLocked(s.node, q.Released)
 }
 
 // liveLocked: the node asked within a lease's life on an open stream.
@@ -506,6 +614,7 @@ func (o *Owners) assignLocked() {
 		}
 	}
 	o.owner = owner
+	o.planHandoversLocked(owner)
 	o.poke()
 }
 

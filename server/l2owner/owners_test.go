@@ -210,32 +210,6 @@ func TestAnOwnerThatStopsAskingLosesItsAddress(t *testing.T) {
 	}
 }
 
-// A handover (the owner drained): the old owner is told to ask, is
-// granted nothing, releases, and the new owner is granted at once,
-// without waiting for the lease to end.
-func TestAReleasedLeaseMovesAtOnce(t *testing.T) {
-	o, _, owner, other := grantedOwner(t)
-	epoch, _ := holds(owner.Ask(Asked{}), vip)
-	o.SetCandidates(map[netip.Addr][]string{vip: {other.node}})
-	if !nudged(t, owner) {
-		t.Fatal("the old owner was not told to ask")
-	}
-	if g := owner.Ask(Asked{Held: []Held{{vip, epoch}}}); len(g) != 0 {
-		t.Fatalf("the old owner was granted %v", g)
-	}
-	if g := other.Ask(Asked{}); len(g) != 0 {
-		t.Fatalf("the new owner was granted %v while the old one had not released", g)
-	}
-	owner.Ask(Asked{Released: []Held{{vip, epoch}}})
-	if !nudged(t, other) {
-		t.Fatal("the new owner was not told to ask after the release")
-	}
-	got, ok := holds(other.Ask(Asked{}), vip)
-	if !ok || got <= epoch {
-		t.Fatalf("new owner's grant: %v (epoch %d); want a grant of an epoch past %d", ok, got, epoch)
-	}
-}
-
 // A restarted server takes the leases the nodes report as its own: the
 // holder keeps the address without a gap, and the other node is not
 // given it. Before it has heard from the nodes (their candidacy unknown)
@@ -339,12 +313,15 @@ func TestARefusingNodeIsPassedOver(t *testing.T) {
 	}
 }
 
-// An agent that stops gives its addresses up and says so: another node
-// is granted them at once, and the stopping node is not given them back.
+// An agent that stops may give its addresses up at once (agents before
+// handovers did): another node is granted them at once, and the stopping
+// node is not given them back.
 func TestAStoppingNodeHandsOverAtOnce(t *testing.T) {
 	o, _, owner, other := grantedOwner(t)
 	epoch, _ := holds(owner.Ask(Asked{}), vip)
-	owner.Stop([]Held{{vip, epoch}})
+	if g := owner.Stop(Asked{Released: []Held{{vip, epoch}}}); len(g) != 0 {
+		t.Fatalf("a node that gave everything up was granted %v", g)
+	}
 	if o.ReportOn(vip).Chosen != other.node {
 		t.Fatalf("owner %q after a stop; want %s", o.ReportOn(vip).Chosen, other.node)
 	}
@@ -470,5 +447,104 @@ func TestWhatANodeClaimsIsBoundedByTheRegistry(t *testing.T) {
 	c.Ask(Asked{Lapsed: []Held{{netip.MustParseAddr("192.0.2.81"), 1 << 62}}, Refused: refused})
 	if l, lp, r := kept(); l > 1 || lp != 0 || r != 0 {
 		t.Fatalf("warm: kept %d leases, %d lapsed claims, %d refusals; want at most the one L2 lease, no lapsed claim of a non-candidate, no refusal of other addresses", l, lp, r)
+	}
+}
+
+// handOver checks a planned move of vip from owner to other, whose
+// asks go through ask (other's Ask, with what it says it can answer
+// for): owner keeps the address, other is not granted it, until other
+// asks listing it; then owner is told to give it up and no longer gets
+// it, and other is granted it as soon as owner released it.
+func handOver(t *testing.T, o *Owners, owner, other *Stream, ownerAsk func(Asked) []Grant) {
+	t.Helper()
+	epoch, ok := holds(ownerAsk(Asked{}), vip)
+	if !ok {
+		t.Fatal("the owner lost the address before the next owner could take it")
+	}
+	if o.ReportOn(vip).Chosen != other.node {
+		t.Fatalf("chosen %q; want %s", o.ReportOn(vip).Chosen, other.node)
+	}
+	if !nudged(t, other) {
+		t.Fatal("the next owner was not told to ask")
+	}
+	// It asks, but says it cannot answer for vip yet (its state lags).
+	if g := other.Ask(Asked{HasAnswerable: true}); len(g) != 0 {
+		t.Fatalf("the next owner was granted %v while the owner holds the address", g)
+	}
+	if _, ok := holds(ownerAsk(Asked{}), vip); !ok {
+		t.Fatal("the owner lost the address while the next owner could not take it")
+	}
+	drain(owner)
+	if g := other.Ask(Asked{HasAnswerable: true, Answerable: []netip.Addr{vip}}); len(g) != 0 {
+		t.Fatalf("the next owner was granted %v before the owner gave the address up", g)
+	}
+	if !nudged(t, owner) {
+		t.Fatal("the owner was not told to give the address up once the next one could take it")
+	}
+	if _, ok := holds(ownerAsk(Asked{}), vip); ok {
+		t.Fatal("the owner still holds the address once the next one can take it")
+	}
+	drain(other)
+	ownerAsk(Asked{Released: []Held{{vip, epoch}}})
+	if !nudged(t, other) {
+		t.Fatal("the next owner was not told to ask once the address was given up")
+	}
+	if _, ok := holds(other.Ask(Asked{}), vip); !ok {
+		t.Fatal("the next owner was not granted the address given up")
+	}
+	if _, ok := holds(ownerAsk(Asked{}), vip); ok {
+		t.Fatal("the old owner got the address back")
+	}
+}
+
+// A stopping agent keeps answering until the next owner can take over:
+// the address is never left to a node that cannot answer yet.
+func TestAStoppingNodeAnswersUntilTheNextCanTakeOver(t *testing.T) {
+	o, _, owner, other := grantedOwner(t)
+	epoch, _ := holds(owner.Ask(Asked{}), vip)
+	if _, ok := holds(owner.Stop(Asked{Held: []Held{{vip, epoch}}}), vip); !ok {
+		t.Fatal("a stopping node holding its address was not answered with it")
+	}
+	handOver(t, o, owner, other, owner.Stop)
+}
+
+// A drained owner (no candidate any more, still answering) hands over
+// the same way.
+func TestADrainedOwnerHandsOver(t *testing.T) {
+	o, _, owner, other := grantedOwner(t)
+	o.SetCandidates(map[netip.Addr][]string{vip: {other.node}})
+	handOver(t, o, owner, other, owner.Ask)
+}
+
+// A next owner that never says what it can answer for (an older agent)
+// is ready once it asks.
+func TestAHandoverToAnOlderAgent(t *testing.T) {
+	o, _, owner, other := grantedOwner(t)
+	o.SetCandidates(map[netip.Addr][]string{vip: {other.node}})
+	if !nudged(t, other) {
+		t.Fatal("the next owner was not told to ask")
+	}
+	if _, ok := holds(owner.Ask(Asked{}), vip); !ok {
+		t.Fatal("the owner lost the address before the next owner asked")
+	}
+	drain(owner)
+	other.Ask(Asked{})
+	if !nudged(t, owner) {
+		t.Fatal("the owner was not told to give the address up")
+	}
+	if _, ok := holds(owner.Ask(Asked{}), vip); ok {
+		t.Fatal("the owner still holds the address once the next one asked")
+	}
+}
+
+// A handover whose holder dies meanwhile ends as a failover: the next
+// owner is granted once the holder's lease ended, plus the margin.
+func TestAHandoverWhoseHolderDies(t *testing.T) {
+	o, clk, owner, other := grantedOwner(t)
+	o.SetCandidates(map[netip.Addr][]string{vip: {other.node}})
+	owner.Close()
+	step(o, clk, testTTL+testMargin)
+	if _, ok := holds(other.Ask(Asked{HasAnswerable: true}), vip); !ok {
+		t.Fatal("the next owner was not granted once the dead holder's lease ended")
 	}
 }

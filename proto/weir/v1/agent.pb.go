@@ -156,14 +156,25 @@ type LeasesRequest struct {
 	// interface whose subnet holds the address), whole: the server chooses
 	// other nodes for them, and says why.
 	Refused []*L2Refusal `protobuf:"bytes,5,rep,name=refused,proto3" json:"refused,omitempty"`
-	// The agent is stopping: it gave every lease up (in released) and is
-	// no candidate any more on this stream.
+	// The agent is stopping: it is no candidate any more on this stream.
+	// It gives its leases up (in released) once the answer no longer lists
+	// them: the server keeps listing each until the node chosen next can
+	// take it, so that the address is never unanswered for longer than
+	// the handover itself. An agent may also give every lease up at once.
 	Stopping bool `protobuf:"varint,6,opt,name=stopping,proto3" json:"stopping,omitempty"`
 	// The leases that ended while no server answered (the node stopped
 	// answering for them): a server that starts, or a new leader, gives
 	// them back to the node where it is still a candidate, once no lease of
 	// an earlier server can still run, so that the addresses do not move.
-	Lapsed        []*L2Lease `protobuf:"bytes,7,rep,name=lapsed,proto3" json:"lapsed,omitempty"`
+	Lapsed []*L2Lease `protobuf:"bytes,7,rep,name=lapsed,proto3" json:"lapsed,omitempty"`
+	// The L2 addresses the node can answer for now: in the state it
+	// applied, with an interface to answer on. Sent on a stream's first
+	// ask and whenever it changes; absent, the last one stands. Before an
+	// address moves from a node that answers for it to one that does not
+	// yet (a planned move: a drain, a stopping agent, a rebalance), the
+	// server waits for the new node to list it, so that the address is
+	// never left to a node that cannot take it.
+	Answerable    *L2Answerable `protobuf:"bytes,8,opt,name=answerable,proto3" json:"answerable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -247,6 +258,58 @@ func (x *LeasesRequest) GetLapsed() []*L2Lease {
 	return nil
 }
 
+func (x *LeasesRequest) GetAnswerable() *L2Answerable {
+	if x != nil {
+		return x.Answerable
+	}
+	return nil
+}
+
+// L2Answerable is the whole set of L2 addresses a node can answer for.
+type L2Answerable struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Addresses     []string               `protobuf:"bytes,1,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *L2Answerable) Reset() {
+	*x = L2Answerable{}
+	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *L2Answerable) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*L2Answerable) ProtoMessage() {}
+
+func (x *L2Answerable) ProtoReflect() protoreflect.Message {
+	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use L2Answerable.ProtoReflect.Descriptor instead.
+func (*L2Answerable) Descriptor() ([]byte, []int) {
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *L2Answerable) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
 // L2Refusal is an address a node cannot answer for, and why.
 type L2Refusal struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -258,7 +321,7 @@ type L2Refusal struct {
 
 func (x *L2Refusal) Reset() {
 	*x = L2Refusal{}
-	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	mi := &file_weir_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +333,7 @@ func (x *L2Refusal) String() string {
 func (*L2Refusal) ProtoMessage() {}
 
 func (x *L2Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[1]
+	mi := &file_weir_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +346,7 @@ func (x *L2Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Refusal.ProtoReflect.Descriptor instead.
 func (*L2Refusal) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *L2Refusal) GetAddress() string {
@@ -312,7 +375,7 @@ type L2Lease struct {
 
 func (x *L2Lease) Reset() {
 	*x = L2Lease{}
-	mi := &file_weir_v1_agent_proto_msgTypes[2]
+	mi := &file_weir_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -324,7 +387,7 @@ func (x *L2Lease) String() string {
 func (*L2Lease) ProtoMessage() {}
 
 func (x *L2Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[2]
+	mi := &file_weir_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -337,7 +400,7 @@ func (x *L2Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Lease.ProtoReflect.Descriptor instead.
 func (*L2Lease) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *L2Lease) GetAddress() string {
@@ -371,7 +434,7 @@ type LeasesResponse struct {
 
 func (x *LeasesResponse) Reset() {
 	*x = LeasesResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[3]
+	mi := &file_weir_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -383,7 +446,7 @@ func (x *LeasesResponse) String() string {
 func (*LeasesResponse) ProtoMessage() {}
 
 func (x *LeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[3]
+	mi := &file_weir_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -396,7 +459,7 @@ func (x *LeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeasesResponse.ProtoReflect.Descriptor instead.
 func (*LeasesResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LeasesResponse) GetSequence() uint64 {
@@ -435,7 +498,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_weir_v1_agent_proto_msgTypes[4]
+	mi := &file_weir_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +510,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[4]
+	mi := &file_weir_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +523,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SyncRequest) GetMessage() isSyncRequest_Message {
@@ -554,7 +617,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -566,7 +629,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[5]
+	mi := &file_weir_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -579,7 +642,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Hello) GetNodeName() string {
@@ -626,7 +689,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +701,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[6]
+	mi := &file_weir_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +714,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Ack) GetVersion() uint64 {
@@ -673,7 +736,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +748,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[7]
+	mi := &file_weir_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +761,7 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Nack) GetVersion() uint64 {
@@ -745,7 +808,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +820,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[8]
+	mi := &file_weir_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +833,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Report) GetFull() bool {
@@ -857,7 +920,7 @@ type MovedConnections struct {
 
 func (x *MovedConnections) Reset() {
 	*x = MovedConnections{}
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +932,7 @@ func (x *MovedConnections) String() string {
 func (*MovedConnections) ProtoMessage() {}
 
 func (x *MovedConnections) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[9]
+	mi := &file_weir_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +945,7 @@ func (x *MovedConnections) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedConnections.ProtoReflect.Descriptor instead.
 func (*MovedConnections) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MovedConnections) GetNextNode() string {
@@ -955,7 +1018,7 @@ type DrainStatus struct {
 
 func (x *DrainStatus) Reset() {
 	*x = DrainStatus{}
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1030,7 @@ func (x *DrainStatus) String() string {
 func (*DrainStatus) ProtoMessage() {}
 
 func (x *DrainStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[10]
+	mi := &file_weir_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1043,7 @@ func (x *DrainStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainStatus.ProtoReflect.Descriptor instead.
 func (*DrainStatus) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DrainStatus) GetConnectionsLeft() uint32 {
@@ -1022,7 +1085,7 @@ type BgpSessions struct {
 
 func (x *BgpSessions) Reset() {
 	*x = BgpSessions{}
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1034,7 +1097,7 @@ func (x *BgpSessions) String() string {
 func (*BgpSessions) ProtoMessage() {}
 
 func (x *BgpSessions) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[11]
+	mi := &file_weir_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1047,7 +1110,7 @@ func (x *BgpSessions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSessions.ProtoReflect.Descriptor instead.
 func (*BgpSessions) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BgpSessions) GetSessions() []*BgpSession {
@@ -1077,7 +1140,7 @@ type BgpAnnouncement struct {
 
 func (x *BgpAnnouncement) Reset() {
 	*x = BgpAnnouncement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1152,7 @@ func (x *BgpAnnouncement) String() string {
 func (*BgpAnnouncement) ProtoMessage() {}
 
 func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[12]
+	mi := &file_weir_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1165,7 @@ func (x *BgpAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpAnnouncement.ProtoReflect.Descriptor instead.
 func (*BgpAnnouncement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BgpAnnouncement) GetPrefix() string {
@@ -1156,7 +1219,7 @@ type BgpSession struct {
 
 func (x *BgpSession) Reset() {
 	*x = BgpSession{}
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1168,7 +1231,7 @@ func (x *BgpSession) String() string {
 func (*BgpSession) ProtoMessage() {}
 
 func (x *BgpSession) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[13]
+	mi := &file_weir_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1181,7 +1244,7 @@ func (x *BgpSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpSession.ProtoReflect.Descriptor instead.
 func (*BgpSession) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *BgpSession) GetPeerAddress() string {
@@ -1262,7 +1325,7 @@ type BgpFamily struct {
 
 func (x *BgpFamily) Reset() {
 	*x = BgpFamily{}
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1337,7 @@ func (x *BgpFamily) String() string {
 func (*BgpFamily) ProtoMessage() {}
 
 func (x *BgpFamily) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[14]
+	mi := &file_weir_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1350,7 @@ func (x *BgpFamily) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BgpFamily.ProtoReflect.Descriptor instead.
 func (*BgpFamily) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 // Deprecated: Marked as deprecated in weir/v1/agent.proto.
@@ -1348,7 +1411,7 @@ type NodeHealth struct {
 
 func (x *NodeHealth) Reset() {
 	*x = NodeHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1423,7 @@ func (x *NodeHealth) String() string {
 func (*NodeHealth) ProtoMessage() {}
 
 func (x *NodeHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[15]
+	mi := &file_weir_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1436,7 @@ func (x *NodeHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
 func (*NodeHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NodeHealth) GetHealthzCode() int32 {
@@ -1424,7 +1487,7 @@ type ServiceHealth struct {
 
 func (x *ServiceHealth) Reset() {
 	*x = ServiceHealth{}
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1499,7 @@ func (x *ServiceHealth) String() string {
 func (*ServiceHealth) ProtoMessage() {}
 
 func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[16]
+	mi := &file_weir_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1512,7 @@ func (x *ServiceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceHealth.ProtoReflect.Descriptor instead.
 func (*ServiceHealth) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ServiceHealth) GetNamespace() string {
@@ -1536,7 +1599,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1611,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[17]
+	mi := &file_weir_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1624,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SyncResponse) GetVersion() uint64 {
@@ -1659,7 +1722,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1671,7 +1734,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[18]
+	mi := &file_weir_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1684,7 +1747,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -1812,7 +1875,7 @@ type FlowPeer struct {
 
 func (x *FlowPeer) Reset() {
 	*x = FlowPeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1824,7 +1887,7 @@ func (x *FlowPeer) String() string {
 func (*FlowPeer) ProtoMessage() {}
 
 func (x *FlowPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[19]
+	mi := &file_weir_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1837,7 +1900,7 @@ func (x *FlowPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowPeer.ProtoReflect.Descriptor instead.
 func (*FlowPeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *FlowPeer) GetName() string {
@@ -1868,7 +1931,7 @@ type L2Pool struct {
 
 func (x *L2Pool) Reset() {
 	*x = L2Pool{}
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +1943,7 @@ func (x *L2Pool) String() string {
 func (*L2Pool) ProtoMessage() {}
 
 func (x *L2Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[20]
+	mi := &file_weir_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +1956,7 @@ func (x *L2Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Pool.ProtoReflect.Descriptor instead.
 func (*L2Pool) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *L2Pool) GetRanges() []string {
@@ -1936,7 +1999,7 @@ type PoolAdvertisement struct {
 
 func (x *PoolAdvertisement) Reset() {
 	*x = PoolAdvertisement{}
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2011,7 @@ func (x *PoolAdvertisement) String() string {
 func (*PoolAdvertisement) ProtoMessage() {}
 
 func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[21]
+	mi := &file_weir_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2024,7 @@ func (x *PoolAdvertisement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolAdvertisement.ProtoReflect.Descriptor instead.
 func (*PoolAdvertisement) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PoolAdvertisement) GetRanges() []string {
@@ -2034,7 +2097,7 @@ type LargeCommunity struct {
 
 func (x *LargeCommunity) Reset() {
 	*x = LargeCommunity{}
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2109,7 @@ func (x *LargeCommunity) String() string {
 func (*LargeCommunity) ProtoMessage() {}
 
 func (x *LargeCommunity) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[22]
+	mi := &file_weir_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2122,7 @@ func (x *LargeCommunity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LargeCommunity.ProtoReflect.Descriptor instead.
 func (*LargeCommunity) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LargeCommunity) GetGlobalAdmin() uint32 {
@@ -2113,7 +2176,7 @@ type NodePeer struct {
 
 func (x *NodePeer) Reset() {
 	*x = NodePeer{}
-	mi := &file_weir_v1_agent_proto_msgTypes[23]
+	mi := &file_weir_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2125,7 +2188,7 @@ func (x *NodePeer) String() string {
 func (*NodePeer) ProtoMessage() {}
 
 func (x *NodePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[23]
+	mi := &file_weir_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2138,7 +2201,7 @@ func (x *NodePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePeer.ProtoReflect.Descriptor instead.
 func (*NodePeer) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodePeer) GetAddress() string {
@@ -2290,7 +2353,7 @@ type NodeService struct {
 
 func (x *NodeService) Reset() {
 	*x = NodeService{}
-	mi := &file_weir_v1_agent_proto_msgTypes[24]
+	mi := &file_weir_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2302,7 +2365,7 @@ func (x *NodeService) String() string {
 func (*NodeService) ProtoMessage() {}
 
 func (x *NodeService) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[24]
+	mi := &file_weir_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2315,7 +2378,7 @@ func (x *NodeService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeService.ProtoReflect.Descriptor instead.
 func (*NodeService) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NodeService) GetNamespace() string {
@@ -2435,7 +2498,7 @@ type AddressAdvertisements struct {
 
 func (x *AddressAdvertisements) Reset() {
 	*x = AddressAdvertisements{}
-	mi := &file_weir_v1_agent_proto_msgTypes[25]
+	mi := &file_weir_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2447,7 +2510,7 @@ func (x *AddressAdvertisements) String() string {
 func (*AddressAdvertisements) ProtoMessage() {}
 
 func (x *AddressAdvertisements) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[25]
+	mi := &file_weir_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2460,7 +2523,7 @@ func (x *AddressAdvertisements) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressAdvertisements.ProtoReflect.Descriptor instead.
 func (*AddressAdvertisements) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AddressAdvertisements) GetAddress() string {
@@ -2490,7 +2553,7 @@ type NodeServicePort struct {
 
 func (x *NodeServicePort) Reset() {
 	*x = NodeServicePort{}
-	mi := &file_weir_v1_agent_proto_msgTypes[26]
+	mi := &file_weir_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2565,7 @@ func (x *NodeServicePort) String() string {
 func (*NodeServicePort) ProtoMessage() {}
 
 func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[26]
+	mi := &file_weir_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2578,7 @@ func (x *NodeServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeServicePort.ProtoReflect.Descriptor instead.
 func (*NodeServicePort) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *NodeServicePort) GetName() string {
@@ -2573,7 +2636,7 @@ type NodeEndpoint struct {
 
 func (x *NodeEndpoint) Reset() {
 	*x = NodeEndpoint{}
-	mi := &file_weir_v1_agent_proto_msgTypes[27]
+	mi := &file_weir_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2585,7 +2648,7 @@ func (x *NodeEndpoint) String() string {
 func (*NodeEndpoint) ProtoMessage() {}
 
 func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_weir_v1_agent_proto_msgTypes[27]
+	mi := &file_weir_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2598,7 +2661,7 @@ func (x *NodeEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeEndpoint.ProtoReflect.Descriptor instead.
 func (*NodeEndpoint) Descriptor() ([]byte, []int) {
-	return file_weir_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_weir_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NodeEndpoint) GetAddress() string {
@@ -2668,7 +2731,7 @@ var File_weir_v1_agent_proto protoreflect.FileDescriptor
 
 const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\x90\x02\n" +
+	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\xc7\x02\n" +
 	"\rLeasesRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12$\n" +
@@ -2676,7 +2739,12 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\breleased\x18\x04 \x03(\v2\x10.weir.v1.L2LeaseR\breleased\x12,\n" +
 	"\arefused\x18\x05 \x03(\v2\x12.weir.v1.L2RefusalR\arefused\x12\x1a\n" +
 	"\bstopping\x18\x06 \x01(\bR\bstopping\x12(\n" +
-	"\x06lapsed\x18\a \x03(\v2\x10.weir.v1.L2LeaseR\x06lapsed\"=\n" +
+	"\x06lapsed\x18\a \x03(\v2\x10.weir.v1.L2LeaseR\x06lapsed\x125\n" +
+	"\n" +
+	"answerable\x18\b \x01(\v2\x15.weir.v1.L2AnswerableR\n" +
+	"answerable\",\n" +
+	"\fL2Answerable\x12\x1c\n" +
+	"\taddresses\x18\x01 \x03(\tR\taddresses\"=\n" +
 	"\tL2Refusal\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"9\n" +
@@ -2915,100 +2983,102 @@ func file_weir_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_weir_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_weir_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_weir_v1_agent_proto_goTypes = []any{
 	(BgpSessionState)(0),          // 0: weir.v1.BgpSessionState
 	(AddressFamily)(0),            // 1: weir.v1.AddressFamily
 	(*LeasesRequest)(nil),         // 2: weir.v1.LeasesRequest
-	(*L2Refusal)(nil),             // 3: weir.v1.L2Refusal
-	(*L2Lease)(nil),               // 4: weir.v1.L2Lease
-	(*LeasesResponse)(nil),        // 5: weir.v1.LeasesResponse
-	(*SyncRequest)(nil),           // 6: weir.v1.SyncRequest
-	(*Hello)(nil),                 // 7: weir.v1.Hello
-	(*Ack)(nil),                   // 8: weir.v1.Ack
-	(*Nack)(nil),                  // 9: weir.v1.Nack
-	(*Report)(nil),                // 10: weir.v1.Report
-	(*MovedConnections)(nil),      // 11: weir.v1.MovedConnections
-	(*DrainStatus)(nil),           // 12: weir.v1.DrainStatus
-	(*BgpSessions)(nil),           // 13: weir.v1.BgpSessions
-	(*BgpAnnouncement)(nil),       // 14: weir.v1.BgpAnnouncement
-	(*BgpSession)(nil),            // 15: weir.v1.BgpSession
-	(*BgpFamily)(nil),             // 16: weir.v1.BgpFamily
-	(*NodeHealth)(nil),            // 17: weir.v1.NodeHealth
-	(*ServiceHealth)(nil),         // 18: weir.v1.ServiceHealth
-	(*SyncResponse)(nil),          // 19: weir.v1.SyncResponse
-	(*NodeInfo)(nil),              // 20: weir.v1.NodeInfo
-	(*FlowPeer)(nil),              // 21: weir.v1.FlowPeer
-	(*L2Pool)(nil),                // 22: weir.v1.L2Pool
-	(*PoolAdvertisement)(nil),     // 23: weir.v1.PoolAdvertisement
-	(*LargeCommunity)(nil),        // 24: weir.v1.LargeCommunity
-	(*NodePeer)(nil),              // 25: weir.v1.NodePeer
-	(*NodeService)(nil),           // 26: weir.v1.NodeService
-	(*AddressAdvertisements)(nil), // 27: weir.v1.AddressAdvertisements
-	(*NodeServicePort)(nil),       // 28: weir.v1.NodeServicePort
-	(*NodeEndpoint)(nil),          // 29: weir.v1.NodeEndpoint
-	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
-	(*BfdProfile)(nil),            // 32: weir.v1.BfdProfile
-	(TrafficPolicy)(0),            // 33: weir.v1.TrafficPolicy
-	(TrafficDistribution)(0),      // 34: weir.v1.TrafficDistribution
-	(*AddressAnnouncers)(nil),     // 35: weir.v1.AddressAnnouncers
-	(Protocol)(0),                 // 36: weir.v1.Protocol
+	(*L2Answerable)(nil),          // 3: weir.v1.L2Answerable
+	(*L2Refusal)(nil),             // 4: weir.v1.L2Refusal
+	(*L2Lease)(nil),               // 5: weir.v1.L2Lease
+	(*LeasesResponse)(nil),        // 6: weir.v1.LeasesResponse
+	(*SyncRequest)(nil),           // 7: weir.v1.SyncRequest
+	(*Hello)(nil),                 // 8: weir.v1.Hello
+	(*Ack)(nil),                   // 9: weir.v1.Ack
+	(*Nack)(nil),                  // 10: weir.v1.Nack
+	(*Report)(nil),                // 11: weir.v1.Report
+	(*MovedConnections)(nil),      // 12: weir.v1.MovedConnections
+	(*DrainStatus)(nil),           // 13: weir.v1.DrainStatus
+	(*BgpSessions)(nil),           // 14: weir.v1.BgpSessions
+	(*BgpAnnouncement)(nil),       // 15: weir.v1.BgpAnnouncement
+	(*BgpSession)(nil),            // 16: weir.v1.BgpSession
+	(*BgpFamily)(nil),             // 17: weir.v1.BgpFamily
+	(*NodeHealth)(nil),            // 18: weir.v1.NodeHealth
+	(*ServiceHealth)(nil),         // 19: weir.v1.ServiceHealth
+	(*SyncResponse)(nil),          // 20: weir.v1.SyncResponse
+	(*NodeInfo)(nil),              // 21: weir.v1.NodeInfo
+	(*FlowPeer)(nil),              // 22: weir.v1.FlowPeer
+	(*L2Pool)(nil),                // 23: weir.v1.L2Pool
+	(*PoolAdvertisement)(nil),     // 24: weir.v1.PoolAdvertisement
+	(*LargeCommunity)(nil),        // 25: weir.v1.LargeCommunity
+	(*NodePeer)(nil),              // 26: weir.v1.NodePeer
+	(*NodeService)(nil),           // 27: weir.v1.NodeService
+	(*AddressAdvertisements)(nil), // 28: weir.v1.AddressAdvertisements
+	(*NodeServicePort)(nil),       // 29: weir.v1.NodeServicePort
+	(*NodeEndpoint)(nil),          // 30: weir.v1.NodeEndpoint
+	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*BfdProfile)(nil),            // 33: weir.v1.BfdProfile
+	(TrafficPolicy)(0),            // 34: weir.v1.TrafficPolicy
+	(TrafficDistribution)(0),      // 35: weir.v1.TrafficDistribution
+	(*AddressAnnouncers)(nil),     // 36: weir.v1.AddressAnnouncers
+	(Protocol)(0),                 // 37: weir.v1.Protocol
 }
 var file_weir_v1_agent_proto_depIdxs = []int32{
-	4,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
-	4,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
-	3,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
-	4,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
-	30, // 4: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
-	4,  // 5: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
-	7,  // 6: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
-	8,  // 7: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
-	9,  // 8: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
-	10, // 9: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
-	17, // 10: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
-	18, // 11: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
-	30, // 12: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
-	13, // 13: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
-	11, // 14: weir.v1.Report.moved_connections:type_name -> weir.v1.MovedConnections
-	12, // 15: weir.v1.Report.drain:type_name -> weir.v1.DrainStatus
-	31, // 16: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
-	31, // 17: weir.v1.DrainStatus.counted_at:type_name -> google.protobuf.Timestamp
-	31, // 18: weir.v1.DrainStatus.deadline:type_name -> google.protobuf.Timestamp
-	15, // 19: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
-	14, // 20: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
-	31, // 21: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
-	16, // 22: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
-	0,  // 23: weir.v1.BgpSession.session_state:type_name -> weir.v1.BgpSessionState
-	1,  // 24: weir.v1.BgpFamily.address_family:type_name -> weir.v1.AddressFamily
-	31, // 25: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
-	20, // 26: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
-	26, // 27: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
-	25, // 28: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
-	23, // 29: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
-	22, // 30: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
-	21, // 31: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
-	31, // 32: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
-	21, // 33: weir.v1.NodeInfo.flow_senders:type_name -> weir.v1.FlowPeer
-	24, // 34: weir.v1.PoolAdvertisement.large_communities:type_name -> weir.v1.LargeCommunity
-	32, // 35: weir.v1.NodePeer.bfd:type_name -> weir.v1.BfdProfile
-	28, // 36: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
-	33, // 37: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	33, // 38: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
-	34, // 39: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
-	35, // 40: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
-	27, // 41: weir.v1.NodeService.advertisements:type_name -> weir.v1.AddressAdvertisements
-	36, // 42: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
-	29, // 43: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
-	6,  // 44: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
-	2,  // 45: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
-	19, // 46: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
-	5,  // 47: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
-	46, // [46:48] is the sub-list for method output_type
-	44, // [44:46] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	5,  // 0: weir.v1.LeasesRequest.held:type_name -> weir.v1.L2Lease
+	5,  // 1: weir.v1.LeasesRequest.released:type_name -> weir.v1.L2Lease
+	4,  // 2: weir.v1.LeasesRequest.refused:type_name -> weir.v1.L2Refusal
+	5,  // 3: weir.v1.LeasesRequest.lapsed:type_name -> weir.v1.L2Lease
+	3,  // 4: weir.v1.LeasesRequest.answerable:type_name -> weir.v1.L2Answerable
+	31, // 5: weir.v1.LeasesResponse.ttl:type_name -> google.protobuf.Duration
+	5,  // 6: weir.v1.LeasesResponse.leases:type_name -> weir.v1.L2Lease
+	8,  // 7: weir.v1.SyncRequest.hello:type_name -> weir.v1.Hello
+	9,  // 8: weir.v1.SyncRequest.ack:type_name -> weir.v1.Ack
+	10, // 9: weir.v1.SyncRequest.nack:type_name -> weir.v1.Nack
+	11, // 10: weir.v1.SyncRequest.report:type_name -> weir.v1.Report
+	18, // 11: weir.v1.Report.node_health:type_name -> weir.v1.NodeHealth
+	19, // 12: weir.v1.Report.services:type_name -> weir.v1.ServiceHealth
+	31, // 13: weir.v1.Report.last_sync_duration:type_name -> google.protobuf.Duration
+	14, // 14: weir.v1.Report.bgp:type_name -> weir.v1.BgpSessions
+	12, // 15: weir.v1.Report.moved_connections:type_name -> weir.v1.MovedConnections
+	13, // 16: weir.v1.Report.drain:type_name -> weir.v1.DrainStatus
+	32, // 17: weir.v1.MovedConnections.changed_at:type_name -> google.protobuf.Timestamp
+	32, // 18: weir.v1.DrainStatus.counted_at:type_name -> google.protobuf.Timestamp
+	32, // 19: weir.v1.DrainStatus.deadline:type_name -> google.protobuf.Timestamp
+	16, // 20: weir.v1.BgpSessions.sessions:type_name -> weir.v1.BgpSession
+	15, // 21: weir.v1.BgpSessions.announcements:type_name -> weir.v1.BgpAnnouncement
+	32, // 22: weir.v1.BgpSession.established_since:type_name -> google.protobuf.Timestamp
+	17, // 23: weir.v1.BgpSession.families:type_name -> weir.v1.BgpFamily
+	0,  // 24: weir.v1.BgpSession.session_state:type_name -> weir.v1.BgpSessionState
+	1,  // 25: weir.v1.BgpFamily.address_family:type_name -> weir.v1.AddressFamily
+	32, // 26: weir.v1.NodeHealth.last_updated:type_name -> google.protobuf.Timestamp
+	21, // 27: weir.v1.SyncResponse.node:type_name -> weir.v1.NodeInfo
+	27, // 28: weir.v1.SyncResponse.upserts:type_name -> weir.v1.NodeService
+	26, // 29: weir.v1.NodeInfo.bgp_peers:type_name -> weir.v1.NodePeer
+	24, // 30: weir.v1.NodeInfo.advertisements:type_name -> weir.v1.PoolAdvertisement
+	23, // 31: weir.v1.NodeInfo.l2_pools:type_name -> weir.v1.L2Pool
+	22, // 32: weir.v1.NodeInfo.flow_peers:type_name -> weir.v1.FlowPeer
+	32, // 33: weir.v1.NodeInfo.drain_deadline:type_name -> google.protobuf.Timestamp
+	22, // 34: weir.v1.NodeInfo.flow_senders:type_name -> weir.v1.FlowPeer
+	25, // 35: weir.v1.PoolAdvertisement.large_communities:type_name -> weir.v1.LargeCommunity
+	33, // 36: weir.v1.NodePeer.bfd:type_name -> weir.v1.BfdProfile
+	29, // 37: weir.v1.NodeService.ports:type_name -> weir.v1.NodeServicePort
+	34, // 38: weir.v1.NodeService.external_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	34, // 39: weir.v1.NodeService.internal_traffic_policy:type_name -> weir.v1.TrafficPolicy
+	35, // 40: weir.v1.NodeService.traffic_distribution:type_name -> weir.v1.TrafficDistribution
+	36, // 41: weir.v1.NodeService.announcers:type_name -> weir.v1.AddressAnnouncers
+	28, // 42: weir.v1.NodeService.advertisements:type_name -> weir.v1.AddressAdvertisements
+	37, // 43: weir.v1.NodeServicePort.protocol:type_name -> weir.v1.Protocol
+	30, // 44: weir.v1.NodeServicePort.endpoints:type_name -> weir.v1.NodeEndpoint
+	7,  // 45: weir.v1.AgentService.Sync:input_type -> weir.v1.SyncRequest
+	2,  // 46: weir.v1.AgentService.Leases:input_type -> weir.v1.LeasesRequest
+	20, // 47: weir.v1.AgentService.Sync:output_type -> weir.v1.SyncResponse
+	6,  // 48: weir.v1.AgentService.Leases:output_type -> weir.v1.LeasesResponse
+	47, // [47:49] is the sub-list for method output_type
+	45, // [45:47] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_weir_v1_agent_proto_init() }
@@ -3017,7 +3087,7 @@ func file_weir_v1_agent_proto_init() {
 		return
 	}
 	file_weir_v1_resources_proto_init()
-	file_weir_v1_agent_proto_msgTypes[4].OneofWrappers = []any{
+	file_weir_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*SyncRequest_Hello)(nil),
 		(*SyncRequest_Ack)(nil),
 		(*SyncRequest_Nack)(nil),
@@ -3029,7 +3099,7 @@ func file_weir_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_weir_v1_agent_proto_rawDesc), len(file_weir_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
