@@ -358,9 +358,9 @@ type leaseSession struct {
 	// for (nil before the first ask).
 	answerable []netip.Addr
 	ttl        time.Duration
-	tick     clock.Ticker // asks a few times a lease's life
-	stopping bool
-	granted  bool // the server answered at all
+	tick       clock.Ticker // asks a few times a lease's life
+	stopping   bool
+	granted    bool // the server answered at all
 }
 
 // ask sends what the node holds, has lost, cannot answer for and gave up.

@@ -250,6 +250,10 @@ func (s *Stream) refusedOf(addr netip.Addr) (string, bool) {
 	return why, ok
 }
 
+// canAnswer: the node said it can answer for addr (its applied state
+// serves it), or never says (an older agent).
+func (s *Stream) canAnswer(addr netip.Addr) bool { return !s.knowsAnswerable || s.answerable[addr] }
+
 // Asked reports whether node has asked on an open stream.
 func (o *Owners) Asked(node string) bool {
 	o.mu.Lock()
@@ -349,25 +353,29 @@ func (s *Stream) Ask(q Asked) []Grant {
 // drain, a stopping agent, a rebalance, a Local service's endpoint gone):
 // from keeps answering until to has asked since the move was planned,
 // listing the address as one it can answer for (ready); then from is told
-// to give it up, and to is granted it as soon as from has.
+// to give it up, and to is granted it as soon as from has. to is empty
+// while no candidate can answer for the address yet.
 type handover struct {
 	from, to string
 	since    time.Time
 	ready    bool
 }
 
-// planHandoversLocked starts a handover for every address whose chosen
-// node is not its holder while the holder can still answer for it, and
-// drops those that no longer apply.
+// planHandoversLocked starts a handover for every address whose holder
+// can still answer for it while the chosen node is another, or none (no
+// candidate can answer for it yet: the holder keeps it meanwhile), and
+// drops those that no longer apply. An address no node may own any more
+// (its service gone, no endpoint left for a Local one) is not kept.
 func (o *Owners) planHandoversLocked(owner map[netip.Addr]string) {
 	for a := range o.handing {
-		if _, ok := owner[a]; !ok {
+		if len(o.candidates[a]) == 0 {
 			delete(o.handing, a)
 		}
 	}
-	for a, to := range owner {
+	for a, cs := range o.candidates {
+		to := owner[a]
 		l, held := o.table.Holder(a)
-		if !held || l.Node == to || !o.answersLocked(a, l.Node) {
+		if !held || l.Node == to || len(cs) == 0 || !o.answersLocked(a, l.Node) {
 			delete(o.handing, a)
 			continue
 		}
@@ -395,7 +403,7 @@ func (o *Owners) answersLocked(addr netip.Addr, node string) bool {
 // up.
 func (o *Owners) readyLocked(s *Stream) {
 	for a, h := range o.handing {
-		if h.to != s.node || h.ready || s.lastAsk.Before(h.since) || (s.knowsAnswerable && !s.answerable[a]) {
+		if h.to != s.node || h.ready || s.lastAsk.Before(h.since) || !s.canAnswer(a) {
 			continue
 		}
 		h.ready = true
@@ -425,7 +433,8 @@ func (o *Owners) handingOverLocked(node string, released []Held) []Grant {
 
 // noteAskLocked records that s asked, what it refuses and what it can
 // answer for, and reports whether the owners must be chosen again: the
-// node was not live, or refuses other addresses than before. What a node
+// node was not live, or refuses or can answer for other addresses than
+// before. What a node
 // refuses is kept only where the registry makes it matter: an address
 // that is no L2 address is dropped here. What it can answer for is kept
 // whole, one set per node, at most as large as one ask may be.
@@ -439,17 +448,19 @@ func (o *Owners) noteAskLocked(s *Stream, q Asked) bool {
 			}
 		}
 	})
+	answerableChanged := false
 	if q.HasAnswerable {
 		// Kept whole, not only the L2 addresses known now: the node may
 		// hear of a new address before this server does, and says so
 		// only once. The API edge bounds its size.
-		s.knowsAnswerable = true
-		s.answerable = make(map[netip.Addr]bool, len(q.Answerable))
+		answerable := make(map[netip.Addr]bool, len(q.Answerable))
 		for _, a := range q.Answerable {
-			s.answerable[a] = true
+			answerable[a] = true
 		}
+		answerableChanged = !s.knowsAnswerable || !maps.Equal(answerable, s.answerable)
+		s.knowsAnswerable, s.answerable = true, answerable
 	}
-	changed := !wasLive || !maps.Equal(refused, s.refused)
+	changed := !wasLive || answerableChanged || !maps.Equal(refused, s.refused)
 	s.refused = refused
 	return changed
 }
@@ -588,7 +599,7 @@ func (o *Owners) assignLocked() {
 		live[a] = slices.DeleteFunc(slices.Clone(cs), func(n string) bool {
 			s := o.streams[n]
 			_, refused := s.refusedOf(a)
-			return s == nil || !o.liveLocked(s) || refused
+			return s == nil || !o.liveLocked(s) || refused || !s.canAnswer(a)
 		})
 		if l, ok := o.table.Holder(a); ok {
 			current[a] = l.Node

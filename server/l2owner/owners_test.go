@@ -544,7 +544,35 @@ func TestAHandoverWhoseHolderDies(t *testing.T) {
 	o.SetCandidates(map[netip.Addr][]string{vip: {other.node}})
 	owner.Close()
 	step(o, clk, testTTL+testMargin)
-	if _, ok := holds(other.Ask(Asked{HasAnswerable: true}), vip); !ok {
+	if _, ok := holds(other.Ask(Asked{HasAnswerable: true, Answerable: []netip.Addr{vip}}), vip); !ok {
 		t.Fatal("the next owner was not granted once the dead holder's lease ended")
+	}
+}
+
+// A node is chosen only for what it says it can answer for (its applied
+// state serves it): a new address waits for a node that has programmed
+// it, and goes to the first that has.
+func TestANodeIsChosenOnlyForWhatItCanAnswerFor(t *testing.T) {
+	o, clk := leading(t)
+	a, b := open(t, o, "a"), open(t, o, "b")
+	step(o, clk, testTTL+testMargin)
+	a.Ask(Asked{HasAnswerable: true})
+	b.Ask(Asked{HasAnswerable: true})
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b"}})
+	if c := o.ReportOn(vip).Chosen; c != "" {
+		t.Fatalf("%s chosen though no node can answer for the address yet", c)
+	}
+	if g := a.Ask(Asked{}); len(g) != 0 {
+		t.Fatalf("granted %v to a node that cannot answer for the address", g)
+	}
+	able := Asked{HasAnswerable: true, Answerable: []netip.Addr{vip}}
+	if _, ok := holds(b.Ask(able), vip); !ok {
+		t.Fatal("b, the only node that can answer, was not granted")
+	}
+	if g := a.Ask(able); len(g) != 0 {
+		t.Fatalf("a was granted %v once it could answer too", g)
+	}
+	if c := o.ReportOn(vip).Chosen; c != "b" {
+		t.Fatalf("the address moved to %s when another node became able to answer; owners stay put", c)
 	}
 }

@@ -261,7 +261,8 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 
 	const perService = 60
 	traffic := map[string]*longLived{}
-	lost := map[string][]string{} // per service, the ports of connections a lost node held
+	lost := map[string][]string{}    // per service, the ports of connections a lost node held
+	holders := map[string][]string{} // by service/port, the nodes that held it before node3 was lost
 	for name, vip := range vips {
 		traffic[name] = startLongLived(t, c.Client, netip.AddrPortFrom(vip, 80), perService)
 	}
@@ -317,6 +318,11 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 		node3 := c.Nodes[2]
 		for name, vip := range vips {
 			lost[name] = conntrackPorts(t, node3, vip, true)
+			for _, n := range c.Nodes {
+				for _, p := range conntrackPorts(t, n, vip, true) {
+					holders[name+"/"+p] = append(holders[name+"/"+p], n.Name)
+				}
+			}
 		}
 		step("node3 lost as in a reboot (agent killed; its tables, device and conntrack wiped)", func() error {
 			if err := c.Agents[2].Kill(); err != nil {
@@ -360,7 +366,8 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 					held++
 					continue
 				}
-				t.Errorf("%s: connection broke %s: %s; the nodes' entries for it now:\n%s", name, during(brokenAt[i]), b, conntrackOf(t, c, vips[name], brokenPort(b)))
+				t.Errorf("%s: connection broke %s: %s; held before node3 was lost by %v; the nodes' entries for it now:\n%s", name, during(brokenAt[i]), b,
+					holders[name+"/"+brokenPort(b)], conntrackOf(t, c, vips[name], brokenPort(b)))
 			}
 			kept := 0
 			for p := range movedPorts {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -443,6 +444,7 @@ func TestL2FailoverNeverTwoOwners(t *testing.T) {
 		}
 	}
 	took := map[string][]time.Duration{}
+	silences := map[string][]time.Duration{} // per planned move, the longest time no probe was answered
 	type tally struct{ failed, total int64 }
 	conns := map[string]tally{}
 	// Once another node answered, the old owner must not: each move is
@@ -479,6 +481,16 @@ func TestL2FailoverNeverTwoOwners(t *testing.T) {
 			// The old owner stays out a moment, so that any answer it
 			// still gives is seen, then comes back.
 			time.Sleep(300 * time.Millisecond)
+			if f.graceful {
+				// A planned move hands over: the old owner answers until
+				// the new one can, so the address is silent only for the
+				// handover itself.
+				gap := w.longestSilence(at, moved.Add(300*time.Millisecond))
+				silences[f.name] = append(silences[f.name], gap)
+				if gap > 250*time.Millisecond {
+					t.Errorf("round %d, %s: the address went unanswered for %v across a planned move", r+1, f.name, gap)
+				}
+			}
 			restore()
 			waitAllAgentsConnected(t, c)
 			failed, total, errs := connecting()
@@ -558,6 +570,10 @@ func TestL2FailoverNeverTwoOwners(t *testing.T) {
 		slices.Sort(d)
 		t.Logf("takeover after %s: %v; new connections every 10 ms from the segment meanwhile: %d of %d failed",
 			f.name, d, conns[f.name].failed, conns[f.name].total)
+		if f.graceful {
+			slices.Sort(silences[f.name])
+			t.Logf("longest silence of the address across each handover after %s: %v", f.name, silences[f.name])
+		}
 	}
 	t.Logf("longest silence of the address across a server restart: %v; with the server away 3 s: %v, after which the owner stayed %d times and moved %d", serverAway[0], serverAway[3*time.Second], kept[true], kept[false])
 	if doubled > 0 {
@@ -628,6 +644,77 @@ func waitAllAgentsConnected(t *testing.T, c *weirlab.Cluster) {
 		}
 		return nil
 	})
+}
+
+// TestL2NeverAnsweredBeforeProgrammed: a node answers ARP for an address
+// only once it has programmed the address's service, so that hosts never
+// learn a MAC address whose node would drop their traffic. Every agent
+// holds its applies (the fault hook, as a hung nft would) when a new
+// service takes an address: nobody answers for it. node3 alone applies:
+// it takes the address and serves it. The others apply: the address stays
+// with node3 (owners stay put).
+func TestL2NeverAnsweredBeforeProgrammed(t *testing.T) {
+	c := startL2(t)
+	ctx := context.Background()
+	createL2Service(t, c, "web", weirv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER, c.Pods(), l2VIP)
+	vip := netip.MustParseAddr("192.0.2.201")
+	w := watchARP(t, c.Router, "br0", vip)
+	for _, a := range c.Agents {
+		if err := a.Signal(syscall.SIGUSR1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the hook is installed before the signal is read
+	svc := webService()
+	svc.Metadata.Name = "late"
+	svc.Spec.ClusterIps = []string{"10.96.0.21", "fd00:96::21"}
+	svc.Spec.Ports[0].NodePort = nodePort + 2
+	svc.Status.LoadBalancerIps = []string{vip.String()}
+	if _, err := c.Registry.CreateService(ctx, &weirv1.CreateServiceRequest{Service: svc}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range endpointSlices("late", c.Pods()) {
+		if _, err := c.Registry.CreateEndpointSlice(ctx, &weirv1.CreateEndpointSliceRequest{EndpointSlice: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	created := time.Now()
+	// Past a lease and its margin: a node granted the address would
+	// answer within milliseconds.
+	time.Sleep(2 * time.Second)
+	for i, n := range c.Nodes {
+		if k := w.answeredBetween(macOf(t, n.Netns, "eth0"), created, time.Now()); k > 0 {
+			t.Errorf("node%d answered %d probes for %s before any node had programmed it", i+1, k, vip)
+		}
+	}
+	if err := c.Agents[2].Signal(syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	eventually(t, "the new address served through node3", func() error {
+		_, err := weirlab.Get(ctx, c.Router, netip.AddrPortFrom(vip, 80))
+		return err
+	})
+	mac3 := macOf(t, c.Nodes[2].Netns, "eth0")
+	if mac := w.answering(); mac != mac3 {
+		t.Errorf("%s answered by %s; want node3's %s, the only node that programmed it", vip, mac, mac3)
+	}
+	for _, i := range []int{0, 1} {
+		if n := w.answeredBetween(macOf(t, c.Nodes[i].Netns, "eth0"), created, time.Now()); n > 0 {
+			t.Errorf("node%d answered %d probes for %s without having programmed it", i+1, n, vip)
+		}
+	}
+	t.Logf("node3 answered for %s %v after it was let apply", vip, func() time.Duration { at, _, _ := w.firstOther("", released); return at.Sub(released) }())
+	for _, a := range c.Agents[:2] {
+		if err := a.Signal(syscall.SIGUSR2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitAllAgentsConnected(t, c)
+	time.Sleep(2 * time.Second)
+	if mac := w.answering(); mac != mac3 {
+		t.Errorf("once every node applied, %s moved to %s; owners stay put", vip, mac)
+	}
 }
 
 // TestL2LocalPolicyIPv6AndStatus: for externalTrafficPolicy Local only a
