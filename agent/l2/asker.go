@@ -327,7 +327,7 @@ func (a *Asker) session(ctx context.Context, waitForReady bool) (granted bool, e
 	for {
 		select {
 		case <-ctx.Done():
-			s.stop(grants, recvErr, s.ttl)
+			s.stop(grants, recvErr, 2*s.ttl)
 			return s.granted, ctx.Err()
 		case err := <-recvErr:
 			return s.granted, err
@@ -354,6 +354,8 @@ type leaseSession struct {
 	seq      uint64
 	asked    map[uint64]time.Time // by sequence: when it was asked
 	released []*weirv1.L2Lease
+	// nudged is the last request to ask received, echoed in every ask.
+	nudged uint64
 	// answerable is what the stream was last told the node can answer
 	// for (nil before the first ask).
 	answerable []netip.Addr
@@ -369,7 +371,7 @@ func (s *leaseSession) ask() error {
 	s.seq++
 	// The lease counts from before the ask leaves.
 	s.asked[s.seq] = a.clk.Now()
-	msg := &weirv1.LeasesRequest{NodeName: a.node, Sequence: s.seq, Released: s.released, Stopping: s.stopping}
+	msg := &weirv1.LeasesRequest{NodeName: a.node, Sequence: s.seq, Released: s.released, Stopping: s.stopping, Nudged: s.nudged}
 	for addr, epoch := range a.leases.Holding() {
 		msg.Held = append(msg.Held, &weirv1.L2Lease{Address: addr.String(), Epoch: epoch})
 	}
@@ -404,6 +406,7 @@ func (s *leaseSession) ask() error {
 func (s *leaseSession) received(g *weirv1.LeasesResponse) error {
 	s.granted = true
 	if g.GetSequence() == 0 {
+		s.nudged = max(s.nudged, g.GetNudge())
 		return s.ask()
 	}
 	at, ok := s.asked[g.GetSequence()]
@@ -431,8 +434,8 @@ func (s *leaseSession) received(g *weirv1.LeasesResponse) error {
 // stopping and keeps answering for each address the server still lists,
 // giving each up as the answers drop it (its next owner can take it), so
 // that a planned stop leaves no address unanswered for longer than the
-// handover itself. After within (a lease's life: the server is away or
-// slow), it gives the rest up at once.
+// handover itself. After within (two leases' life: the server is away,
+// or the next owner's stream slow), it gives the rest up at once.
 func (s *leaseSession) stop(grants <-chan *weirv1.LeasesResponse, recvErr <-chan error, within time.Duration) {
 	a := s.a
 	s.stopping = true

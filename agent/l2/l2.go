@@ -123,11 +123,19 @@ func (r *Responder) Set(owned Owned) error {
 	}
 	for a, now := range next {
 		was := r.owned[a]
+		if len(was) == 0 {
+			r.log.Info("answering ARP and NDP for an L2 address", "address", a)
+		}
 		for name := range now {
 			if !was[name] {
 				r.since[given{a, name}] = time.Now()
 				r.announce(a, name)
 			}
+		}
+	}
+	for a := range r.owned {
+		if len(next[a]) == 0 {
+			r.log.Info("no longer answering for an L2 address", "address", a)
 		}
 	}
 	for g := range r.since {

@@ -91,7 +91,7 @@ func (ls *leaseStream) serve(ctx context.Context, asks <-chan *weirv1.LeasesRequ
 				return err
 			}
 		case <-ls.owner.Nudged():
-			if err := ls.stream.Send(&weirv1.LeasesResponse{Ttl: ls.ttl}); err != nil {
+			if err := ls.stream.Send(&weirv1.LeasesResponse{Ttl: ls.ttl, Nudge: ls.owner.NudgeNumber()}); err != nil {
 				return err
 			}
 		case <-ls.owner.Done():
@@ -156,6 +156,7 @@ func askedOf(node string, ask *weirv1.LeasesRequest) (l2owner.Asked, error) {
 	if asked.Refused, err = refusedOf(ask.GetRefused()); err != nil {
 		return asked, err
 	}
+	asked.Nudged = ask.GetNudged()
 	if a := ask.GetAnswerable(); a != nil {
 		asked.HasAnswerable = true
 		if asked.Answerable, err = addressesOf("answerable.addresses", a.GetAddresses()); err != nil {

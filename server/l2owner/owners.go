@@ -35,6 +35,8 @@ type Owners struct {
 	table      *Table // nil while not leading
 	candidates map[netip.Addr][]string
 	owner      map[netip.Addr]string
+	owned      map[string][]netip.Addr // owner by node, each sorted: an ask costs its node's addresses
+
 	movedAt    map[netip.Addr]time.Time // when the choice last changed, until granted
 	// lapsed are the lapsed leases nodes claim on addresses the table
 	// knows no lease on (the newest epoch's): the choice keeps them with
@@ -124,6 +126,7 @@ func (o *Owners) Lead(ctx context.Context, heard <-chan struct{}) {
 	o.mu.Lock()
 	o.table = NewTable(o.clk, o.ttl, o.margin)
 	o.owner = map[netip.Addr]string{}
+	o.owned = map[string][]netip.Addr{}
 	o.lapsed = map[netip.Addr]claim{}
 	o.handing = map[netip.Addr]*handover{}
 	o.warm = false
@@ -211,6 +214,9 @@ type Stream struct {
 	// stopping: the node said it is going away.
 	stopping bool
 	nudge    notify.Kick
+	// nudges counts the requests to ask; the node echoes the last it
+	// received (Asked.Nudged).
+	nudges uint64
 	done     chan struct{}
 	closed   bool
 }
@@ -269,6 +275,14 @@ func (o *Owners) AskedChanged() <-chan struct{} { return o.asked.Changed() }
 // Nudged is signalled when the node should ask at once.
 func (s *Stream) Nudged() <-chan struct{} { return s.nudge.C() }
 
+// NudgeNumber is the number of the latest request to ask, for the node
+// to echo (Asked.Nudged).
+func (s *Stream) NudgeNumber() uint64 {
+	s.o.mu.Lock()
+	defer s.o.mu.Unlock()
+	return s.nudges
+}
+
 // Done is closed when the stream ends on the server's side (another
 // stream of the node, or the end of the leadership).
 func (s *Stream) Done() <-chan struct{} { return s.done }
@@ -316,6 +330,8 @@ type Asked struct {
 	// for now; otherwise the last it said stand.
 	Answerable    []netip.Addr
 	HasAnswerable bool
+	// Nudged is the last request to ask the node received (NudgeNumber).
+	Nudged uint64
 }
 
 // Ask is the node asking for its leases. The answer is every lease it
@@ -345,7 +361,7 @@ func (s *Stream) Ask(q Asked) []Grant {
 	if reassign || adopted {
 		o.assignLocked()
 	}
-	o.readyLocked(s)
+	o.readyLocked(s, q)
 	return o.grantOwnedLocked(s.node, q.Released)
 }
 
@@ -358,7 +374,11 @@ func (s *Stream) Ask(q Asked) []Grant {
 type handover struct {
 	from, to string
 	since    time.Time
-	ready    bool
+	// nudge is the request to ask sent to to when the move was planned:
+	// an agent that echoes nudges is ready only once it echoes this one,
+	// so that an ask it sent before, held up on the way, proves nothing.
+	nudge uint64
+	ready bool
 }
 
 // planHandoversLocked starts a handover for every address whose holder
@@ -382,7 +402,12 @@ func (o *Owners) planHandoversLocked(owner map[netip.Addr]string) {
 		if h := o.handing[a]; h != nil && h.from == l.Node && h.to == to {
 			continue
 		}
-		o.handing[a] = &handover{from: l.Node, to: to, since: o.clk.Now()}
+		h := &handover{from: l.Node, to: to, since: o.clk.Now()}
+		if s := o.streams[to]; s != nil {
+			o.nudgeLocked(to)
+			h.nudge = s.nudges
+		}
+		o.handing[a] = h
 		o.log.Info("L2 handover planned: the holder answers until the chosen node can take over", "address", a, "from", l.Node, "to", to)
 	}
 }
@@ -398,12 +423,16 @@ func (o *Owners) answersLocked(addr netip.Addr, node string) bool {
 	return !refused
 }
 
-// readyLocked marks ready the handovers to s's node that its ask (just
-// taken) shows it can take, and nudges each holder to give its address
-// up.
-func (o *Owners) readyLocked(s *Stream) {
+// readyLocked marks ready the handovers to s's node that its ask q
+// (just taken) shows it can take, and nudges each holder to give its
+// address up. The ask must answer the request to ask sent when the move
+// was planned (an older agent's: come after it).
+func (o *Owners) readyLocked(s *Stream, q Asked) {
 	for a, h := range o.handing {
-		if h.to != s.node || h.ready || s.lastAsk.Before(h.since) || !s.canAnswer(a) {
+		if h.to != s.node || h.ready || !s.canAnswer(a) {
+			continue
+		}
+		if s.knowsAnswerable && q.Nudged < h.nudge || !s.knowsAnswerable && s.lastAsk.Before(h.since) {
 			continue
 		}
 		h.ready = true
@@ -522,8 +551,8 @@ func (o *Owners) grantClaimedLocked(node string, claims []Held) []Grant {
 // lease that is new.
 func (o *Owners) grantOwnedLocked(node string, released []Held) []Grant {
 	out := o.handingOverLocked(node, released)
-	for _, a := range slices.SortedFunc(maps.Keys(o.owner), netip.Addr.Compare) {
-		if o.owner[a] != node || slices.ContainsFunc(released, func(r Held) bool { return r.Addr == a }) {
+	for _, a := range o.owned[node] {
+		if slices.ContainsFunc(released, func(r Held) bool { return r.Addr == a }) {
 			continue
 		}
 		prev := o.table.leases[a]
@@ -625,6 +654,13 @@ func (o *Owners) assignLocked() {
 		}
 	}
 	o.owner = owner
+	o.owned = map[string][]netip.Addr{}
+	for a, n := range owner {
+		o.owned[n] = append(o.owned[n], a)
+	}
+	for _, as := range o.owned {
+		slices.SortFunc(as, netip.Addr.Compare)
+	}
 	o.planHandoversLocked(owner)
 	o.poke()
 }
@@ -666,17 +702,11 @@ func (o *Owners) tickLocked() time.Duration {
 }
 
 // ownsAny reports whether node is chosen for some address.
-func (o *Owners) ownsAny(node string) bool {
-	for _, n := range o.owner {
-		if n == node {
-			return true
-		}
-	}
-	return false
-}
+func (o *Owners) ownsAny(node string) bool { return len(o.owned[node]) > 0 }
 
 func (o *Owners) nudgeLocked(node string) {
 	if s := o.streams[node]; s != nil {
+		s.nudges++
 		s.nudge.Kick()
 	}
 }

@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -39,18 +41,23 @@ func startL2On(t *testing.T, replicas int) *weirlab.Cluster {
 	t.Helper()
 	lab.SkipUnlessPrivileged(t)
 	ctx := context.Background()
-	c, err := weirlab.Start(ctx, lab.Config{Nodes: 3, PodsPerNode: []int{1, 1, 1}, Servers: replicas, Dir: t.TempDir()}, bin,
+	dir := t.TempDir()
+	c, err := weirlab.Start(ctx, lab.Config{Nodes: 3, PodsPerNode: []int{1, 1, 1}, Servers: replicas, Dir: dir}, bin,
 		func(c *weirlab.Cluster) { c.Replicas = replicas })
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for i, p := range slices.Concat([]*lab.Process{c.Server}, c.Servers) {
-				t.Logf("server %d log, L2 lines:\n%s", i, grepLines(p.Log(), "L2"))
-			}
-			for i, a := range c.Agents {
-				t.Logf("agent %d log, L2 lines:\n%s", i+1, grepLines(a.Log(), "component=l2"))
+			// Every process's log, restarted ones too (each start writes
+			// a log of its own), in the order they started.
+			logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+			slices.SortFunc(logs, func(a, b string) int { return cmp.Compare(logSeq(a), logSeq(b)) })
+			for _, f := range logs {
+				b, _ := os.ReadFile(f)
+				if lines := grepLines(string(b), "L2"); lines != "" {
+					t.Logf("%s, L2 lines:\n%s", filepath.Base(f), lines)
+				}
 			}
 		}
 		if err := c.Close(); err != nil {
@@ -95,6 +102,14 @@ func createL2Service(t *testing.T, c *weirlab.Cluster, name string, policy weirv
 	if err := c.WaitServiceProgrammed(ctx, "default", name); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// logSeq is the start number a lab process's log is named with
+// (NAME-PROGRAM-SEQ.log).
+func logSeq(path string) int {
+	base := strings.TrimSuffix(filepath.Base(path), ".log")
+	n, _ := strconv.Atoi(base[strings.LastIndex(base, "-")+1:])
+	return n
 }
 
 // grepLines are the lines of log that hold s.
@@ -248,8 +263,9 @@ func (w *arpWatch) firstOther(old string, since time.Time) (time.Time, string, b
 	return time.Time{}, "", false
 }
 
-// sameProbe counts the probes two MACs answered.
-func (w *arpWatch) sameProbe() (doubled, replies int) {
+// sameProbe counts the probes two MACs answered, and says of each when
+// it was sent and who answered when.
+func (w *arpWatch) sameProbe() (doubled, replies int, how []string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	macs := map[int]map[string]bool{}
@@ -263,12 +279,20 @@ func (w *arpWatch) sameProbe() (doubled, replies int) {
 		}
 		macs[s.probe][s.mac] = true
 	}
-	for _, m := range macs {
-		if len(m) > 1 {
-			doubled++
+	for probe, m := range macs {
+		if len(m) < 2 {
+			continue
 		}
+		doubled++
+		d := fmt.Sprintf("probe %d sent at %s:", probe, w.probes[probe].Format("15:04:05.000"))
+		for _, s := range w.seen {
+			if s.solicited && s.probe == probe {
+				d += fmt.Sprintf(" %s after %v", s.mac, s.at.Sub(w.probes[probe]).Round(time.Microsecond))
+			}
+		}
+		how = append(how, d)
 	}
-	return doubled, replies
+	return doubled, replies, how
 }
 
 // longestSilence is the longest time in (from, to) without an answer to
@@ -553,7 +577,7 @@ func TestL2FailoverNeverTwoOwners(t *testing.T) {
 	if len(moves) > 0 && moves[len(moves)-1].until.IsZero() {
 		moves[len(moves)-1].until = time.Now()
 	}
-	doubled, replies := w.sameProbe()
+	doubled, replies, how := w.sameProbe()
 	late := 0
 	for _, m := range moves {
 		if n := w.answeredBetween(m.old, m.moved, m.until); n > 0 {
@@ -577,7 +601,7 @@ func TestL2FailoverNeverTwoOwners(t *testing.T) {
 	}
 	t.Logf("longest silence of the address across a server restart: %v; with the server away 3 s: %v, after which the owner stayed %d times and moved %d", serverAway[0], serverAway[3*time.Second], kept[true], kept[false])
 	if doubled > 0 {
-		t.Errorf("%d probes were answered by two nodes", doubled)
+		t.Errorf("%d probes were answered by two nodes: %s", doubled, strings.Join(how, "; "))
 	}
 	for name, ds := range took {
 		for _, d := range ds {
@@ -842,8 +866,8 @@ func TestL2LeaderReplicaKilled(t *testing.T) {
 	if now := w.answering(); now != mac {
 		t.Errorf("answered by %s after the leader was killed; want the same owner %s", now, mac)
 	}
-	if doubled, _ := w.sameProbe(); doubled > 0 {
-		t.Errorf("%d probes answered by two nodes", doubled)
+	if doubled, _, how := w.sameProbe(); doubled > 0 {
+		t.Errorf("%d probes answered by two nodes: %s", doubled, strings.Join(how, "; "))
 	}
 	t.Logf("leader replica %d killed; the address unanswered for %v at most (answered again %v after the kill)",
 		leader, w.longestSilence(killed, time.Now()).Round(time.Millisecond), back.Sub(killed).Round(time.Millisecond))

@@ -174,7 +174,12 @@ type LeasesRequest struct {
 	// yet (a planned move: a drain, a stopping agent, a rebalance), the
 	// server waits for the new node to list it, so that the address is
 	// never left to a node that cannot take it.
-	Answerable    *L2Answerable `protobuf:"bytes,8,opt,name=answerable,proto3" json:"answerable,omitempty"`
+	Answerable *L2Answerable `protobuf:"bytes,8,opt,name=answerable,proto3" json:"answerable,omitempty"`
+	// The last nudge (LeasesResponse.nudge) the node received on this
+	// stream: the server takes an ask as proof that the stream works now
+	// only when it echoes a nudge sent since, not when it was sent before
+	// and held up on the way (TCP retransmitting after a partition).
+	Nudged        uint64 `protobuf:"varint,9,opt,name=nudged,proto3" json:"nudged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -263,6 +268,13 @@ func (x *LeasesRequest) GetAnswerable() *L2Answerable {
 		return x.Answerable
 	}
 	return nil
+}
+
+func (x *LeasesRequest) GetNudged() uint64 {
+	if x != nil {
+		return x.Nudged
+	}
+	return 0
 }
 
 // L2Answerable is the whole set of L2 addresses a node can answer for.
@@ -427,7 +439,11 @@ type LeasesResponse struct {
 	Ttl *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// Every lease the node holds: it stops answering at once for any
 	// address not listed.
-	Leases        []*L2Lease `protobuf:"bytes,3,rep,name=leases,proto3" json:"leases,omitempty"`
+	Leases []*L2Lease `protobuf:"bytes,3,rep,name=leases,proto3" json:"leases,omitempty"`
+	// On a request to ask (sequence 0): a number that grows with every
+	// such request on the stream, for the agent to echo in
+	// LeasesRequest.nudged.
+	Nudge         uint64 `protobuf:"varint,4,opt,name=nudge,proto3" json:"nudge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -481,6 +497,13 @@ func (x *LeasesResponse) GetLeases() []*L2Lease {
 		return x.Leases
 	}
 	return nil
+}
+
+func (x *LeasesResponse) GetNudge() uint64 {
+	if x != nil {
+		return x.Nudge
+	}
+	return 0
 }
 
 type SyncRequest struct {
@@ -2731,7 +2754,7 @@ var File_weir_v1_agent_proto protoreflect.FileDescriptor
 
 const file_weir_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\xc7\x02\n" +
+	"\x13weir/v1/agent.proto\x12\aweir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17weir/v1/resources.proto\"\xdf\x02\n" +
 	"\rLeasesRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12$\n" +
@@ -2742,7 +2765,8 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x06lapsed\x18\a \x03(\v2\x10.weir.v1.L2LeaseR\x06lapsed\x125\n" +
 	"\n" +
 	"answerable\x18\b \x01(\v2\x15.weir.v1.L2AnswerableR\n" +
-	"answerable\",\n" +
+	"answerable\x12\x16\n" +
+	"\x06nudged\x18\t \x01(\x04R\x06nudged\",\n" +
 	"\fL2Answerable\x12\x1c\n" +
 	"\taddresses\x18\x01 \x03(\tR\taddresses\"=\n" +
 	"\tL2Refusal\x12\x18\n" +
@@ -2750,11 +2774,12 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"9\n" +
 	"\aL2Lease\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x83\x01\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x99\x01\n" +
 	"\x0eLeasesResponse\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12(\n" +
-	"\x06leases\x18\x03 \x03(\v2\x10.weir.v1.L2LeaseR\x06leases\"\xb2\x01\n" +
+	"\x06leases\x18\x03 \x03(\v2\x10.weir.v1.L2LeaseR\x06leases\x12\x14\n" +
+	"\x05nudge\x18\x04 \x01(\x04R\x05nudge\"\xb2\x01\n" +
 	"\vSyncRequest\x12&\n" +
 	"\x05hello\x18\x01 \x01(\v2\x0e.weir.v1.HelloH\x00R\x05hello\x12 \n" +
 	"\x03ack\x18\x02 \x01(\v2\f.weir.v1.AckH\x00R\x03ack\x12#\n" +
