@@ -630,9 +630,14 @@ func (o *Owners) assignLocked() {
 			_, refused := s.refusedOf(a)
 			return s == nil || !o.liveLocked(s) || refused || !s.canAnswer(a)
 		})
-		if l, ok := o.table.Holder(a); ok {
+		// The holder (or the node with a lapsed claim) stays the owner
+		// where it may; where it may not (it is stopping, drained), the
+		// node chosen to take over stays chosen, so that a handover in
+		// progress is not turned to a third node by another node
+		// becoming live.
+		if l, ok := o.table.Holder(a); ok && slices.Contains(live[a], l.Node) {
 			current[a] = l.Node
-		} else if c, ok := o.lapsed[a]; ok {
+		} else if c, ok := o.lapsed[a]; ok && slices.Contains(live[a], c.node) {
 			current[a] = c.node
 		}
 	}

@@ -597,3 +597,51 @@ func TestANodeIsChosenOnlyForWhatItCanAnswerFor(t *testing.T) {
 		t.Fatalf("the address moved to %s when another node became able to answer; owners stay put", c)
 	}
 }
+
+// A handover in progress keeps its target when another node becomes live
+// meanwhile (its stream back after a partition), even one the ranking
+// prefers: the address moves once, not twice.
+func TestAHandoverKeepsItsTargetWhenAnotherNodeComesBack(t *testing.T) {
+	o, clk := leading(t)
+	nodes := map[string]*Stream{}
+	for _, n := range []string{"a", "b", "c"} {
+		nodes[n] = open(t, o, n)
+	}
+	step(o, clk, testTTL+testMargin)
+	for _, s := range nodes {
+		s.Ask(Asked{})
+	}
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a", "b", "c"}})
+	owner := nodes[o.ReportOn(vip).Chosen]
+	if _, ok := holds(owner.Ask(Asked{}), vip); !ok {
+		t.Fatal("the owner was not granted")
+	}
+	// One of the others goes quiet (its stream stalls), the owner stops:
+	// the last one is chosen.
+	var quiet, next *Stream
+	for _, s := range nodes {
+		if s == owner {
+			continue
+		}
+		if quiet == nil {
+			quiet = s
+		} else {
+			next = s
+		}
+	}
+	step(o, clk, testTTL/2)
+	owner.Ask(Asked{})
+	next.Ask(Asked{})
+	step(o, clk, testTTL/2+time.Millisecond)
+	owner.Ask(Asked{})
+	next.Ask(Asked{})
+	owner.Stop(Asked{})
+	if c := o.ReportOn(vip).Chosen; c != next.node {
+		t.Fatalf("chosen %q while %s is quiet and %s stops; want %s", c, quiet.node, owner.node, next.node)
+	}
+	// The quiet node asks again: the handover keeps its target.
+	quiet.Ask(Asked{})
+	if c := o.ReportOn(vip).Chosen; c != next.node {
+		t.Fatalf("the handover to %s turned to %s when %s came back", next.node, c, quiet.node)
+	}
+}
