@@ -2,11 +2,11 @@
 // address of an L2 pool, and fences the decision with a lease, so that
 // two nodes never answer for one address at once.
 //
-// The choice (Assign): rendezvous ranks over the address's candidates
-// (the nodes that may own it now: for externalTrafficPolicy Local only
-// those with a ready local endpoint; never a drained, deleting or
-// unhealthy node), the ranks the BGP announcer choice uses, with loads
-// bounded so that addresses spread evenly.
+// The choice (Assign): among the address's candidates (the nodes that may
+// own it now: for externalTrafficPolicy Local only those with a ready
+// local endpoint; never a drained, deleting or unhealthy node), in name
+// order, with loads bounded so that addresses spread evenly, and owners
+// kept where they are.
 //
 // The fence: a node answers for an address only while it holds a lease
 // of the address's current epoch. A node asks for its lease, and counts
@@ -30,13 +30,12 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
-
-	"github.com/weirlb/weir/server/announcers"
 )
 
 // Assign chooses the owner of every address among its candidates
 // (none when it has none), keeping the owners in current where it can.
-// Ranks are rendezvous scores, so every replica and restart agrees. Loads
+// Ranks are the candidates' name order, so every replica and restart
+// agrees. Loads
 // are balanced: with m addresses over n candidate nodes, every address
 // without an owner goes where it keeps each node at m/n, and m%n nodes at
 // one more, as far as the candidates allow (an address's best-ranked
@@ -55,24 +54,11 @@ import (
 // nothing moves (two or three rounds at most in practice), so that asking
 // again with the answer moves nothing.
 func Assign(candidates map[netip.Addr][]string, current map[netip.Addr]string) map[netip.Addr]string {
-	ranked := make(map[netip.Addr][]string, len(candidates))
-	for a, cs := range candidates {
-		ranked[a] = announcers.Choose(a.String(), cs, len(cs))
-	}
-	owner := assignOnce(candidates, ranked, current)
-	for range 8 {
-		next := assignOnce(candidates, ranked, owner)
-		if maps.Equal(next, owner) {
-			break
-		}
-		owner = next
-	}
-	return owner
-}
-
-// assignOnce is one round of Assign, with each address's candidates
-// ranked best first.
-func assignOnce(candidates, ranked map[netip.Addr][]string, current map[netip.Addr]string) map[netip.Addr]string {
+	// The ranks are the candidates' own order (name order, as the cluster
+	// rules give them), the same on every replica; the bounded loads
+	// spread the addresses. The nodes and the addresses with candidates
+	// are counted once for every round: a failover's choice walks every
+	// address with every candidate.
 	nodes := map[string]bool{}
 	m := 0
 	for _, cs := range candidates {
@@ -83,11 +69,25 @@ func assignOnce(candidates, ranked map[netip.Addr][]string, current map[netip.Ad
 			m++
 		}
 	}
+	owner := assignOnce(candidates, len(nodes), m, current)
+	for range 8 {
+		next := assignOnce(candidates, len(nodes), m, owner)
+		if maps.Equal(next, owner) {
+			break
+		}
+		owner = next
+	}
+	return owner
+}
+
+// assignOnce is one round of Assign, with each address's candidates
+// ranked best first, over nodes nodes and m addresses with candidates.
+func assignOnce(ranked map[netip.Addr][]string, nodes, m int, current map[netip.Addr]string) map[netip.Addr]string {
 	owner := make(map[netip.Addr]string, m)
-	if len(nodes) == 0 {
+	if nodes == 0 {
 		return owner
 	}
-	floor, extra := m/len(nodes), m%len(nodes)
+	floor, extra := m/nodes, m%nodes
 	load, atCeil := map[string]int{}, 0
 	canTake := func(n string) bool { return load[n] < floor || (load[n] == floor && atCeil < extra) }
 	take := func(a netip.Addr, n string) {
@@ -98,10 +98,10 @@ func assignOnce(candidates, ranked map[netip.Addr][]string, current map[netip.Ad
 		owner[a] = n
 	}
 	// Current owners keep their best-ranked addresses, up to Keep each.
-	keep := Keep(m, len(nodes))
+	keep := Keep(m, nodes)
 	kept := map[string][]netip.Addr{}
 	for a, n := range current {
-		if slices.Contains(candidates[a], n) {
+		if slices.Contains(ranked[a], n) {
 			kept[n] = append(kept[n], a)
 		}
 	}
@@ -116,7 +116,7 @@ func assignOnce(candidates, ranked map[netip.Addr][]string, current map[netip.Ad
 	}
 	// Then every address without an owner, in address order: its
 	// best-ranked candidate with room, or its best-ranked one.
-	for _, a := range slices.SortedFunc(maps.Keys(candidates), netip.Addr.Compare) {
+	for _, a := range slices.SortedFunc(maps.Keys(ranked), netip.Addr.Compare) {
 		if owner[a] != "" || len(ranked[a]) == 0 {
 			continue
 		}

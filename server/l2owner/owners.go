@@ -37,7 +37,7 @@ type Owners struct {
 	owner      map[netip.Addr]string
 	owned      map[string][]netip.Addr // owner by node, each sorted: an ask costs its node's addresses
 
-	movedAt    map[netip.Addr]time.Time // when the choice last changed, until granted
+	movedAt map[netip.Addr]time.Time // when the choice last changed, until granted
 	// lapsed are the lapsed leases nodes claim on addresses the table
 	// knows no lease on (the newest epoch's): the choice keeps them with
 	// their nodes, as it keeps running leases with their holders.
@@ -217,8 +217,8 @@ type Stream struct {
 	// nudges counts the requests to ask; the node echoes the last it
 	// received (Asked.Nudged).
 	nudges uint64
-	done     chan struct{}
-	closed   bool
+	done   chan struct{}
+	closed bool
 }
 
 // ErrNodeHasItsOwn refuses a stream opened on a credential every node may
@@ -624,12 +624,29 @@ func (o *Owners) assignLocked() {
 	}
 	live := map[netip.Addr][]string{}
 	current := maps.Clone(o.owner)
+	// Which nodes are live is judged once, not per address: a failover's
+	// choice walks every address with every candidate node.
+	liveNodes := map[string]*Stream{}
+	for n, s := range o.streams {
+		if o.liveLocked(s) {
+			liveNodes[n] = s
+		}
+	}
+	out := func(a netip.Addr, n string) bool {
+		s := liveNodes[n]
+		if s == nil {
+			return true
+		}
+		_, refused := s.refusedOf(a)
+		return refused || !s.canAnswer(a)
+	}
 	for a, cs := range o.candidates {
-		live[a] = slices.DeleteFunc(slices.Clone(cs), func(n string) bool {
-			s := o.streams[n]
-			_, refused := s.refusedOf(a)
-			return s == nil || !o.liveLocked(s) || refused || !s.canAnswer(a)
-		})
+		// The candidates' own slice when none is out (Assign reads it
+		// only); a copy without them otherwise.
+		live[a] = cs
+		if slices.ContainsFunc(cs, func(n string) bool { return out(a, n) }) {
+			live[a] = slices.DeleteFunc(slices.Clone(cs), func(n string) bool { return out(a, n) })
+		}
 		// The holder (or the node with a lapsed claim) stays the owner
 		// where it may; where it may not (it is stopping, drained), the
 		// node chosen to take over stays chosen, so that a handover in
