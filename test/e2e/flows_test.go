@@ -264,6 +264,7 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 	lost := map[string][]string{}    // per service, the ports of connections a lost node held
 	holders := map[string][]string{} // by service/port, the nodes that held it before node3 was lost
 	dumps := map[string][]int{}      // per service, how many of node3's entries each dump of its table found
+	var node3Table string            // node3's whole table before it was lost
 	for name, vip := range vips {
 		traffic[name] = startLongLived(t, c.Client, netip.AddrPortFrom(vip, 80), perService)
 	}
@@ -334,6 +335,12 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 		}
 		heldByNode3()
 		heldByNode3()
+		// Every entry of node3's table, whatever its addresses: a broken
+		// connection is looked up in it by its client port.
+		var err error
+		if node3Table, err = node3.Run(ctx, "conntrack", "-L"); err != nil {
+			t.Fatal(err)
+		}
 		for name, vip := range vips {
 			for _, n := range c.Nodes {
 				for _, p := range conntrackPorts(t, n, vip, true) {
@@ -384,8 +391,8 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 					held++
 					continue
 				}
-				t.Errorf("%s: connection broke %s: %s; held before node3 was lost by %v; the nodes' entries for it now:\n%s", name, during(brokenAt[i]), b,
-					holders[name+"/"+brokenPort(b)], conntrackOf(t, c, vips[name], brokenPort(b)))
+				t.Errorf("%s: connection broke %s: %s; held before node3 was lost by %v; node3's entries with its port then:\n%s\nthe nodes' entries for it now:\n%s",
+					name, during(brokenAt[i]), b, holders[name+"/"+brokenPort(b)], grepLines(node3Table, "port="+brokenPort(b)+" "), conntrackOf(t, c, vips[name], brokenPort(b)))
 			}
 			kept := 0
 			for p := range movedPorts {
