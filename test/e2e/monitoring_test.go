@@ -44,11 +44,23 @@ type scrape struct {
 
 func scrapeAll(t *testing.T, targets []target) scrape {
 	t.Helper()
+	s, err := tryScrapeAll(t, targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tryScrapeAll is scrapeAll for a wait: a process that has not opened
+// its metrics port yet (just started, on a busy machine) is an error to
+// wait out. What cannot be parsed still fails the test.
+func tryScrapeAll(t *testing.T, targets []target) (scrape, error) {
+	t.Helper()
 	s := scrape{at: time.Now(), families: map[[2]string]map[string]*dto.MetricFamily{}}
 	for _, tg := range targets {
 		a, err := httpGet(t, tg.ns, tg.url)
 		if err != nil {
-			t.Fatalf("scraping %s %s: %v", tg.job, tg.instance, err)
+			return s, fmt.Errorf("scraping %s %s: %v", tg.job, tg.instance, err)
 		}
 		parser := expfmt.NewTextParser(model.LegacyValidation)
 		fams, err := parser.TextToMetricFamilies(strings.NewReader(a.body))
@@ -57,7 +69,7 @@ func scrapeAll(t *testing.T, targets []target) scrape {
 		}
 		s.families[[2]string{tg.job, tg.instance}] = fams
 	}
-	return s
+	return s, nil
 }
 
 // value reads a gauge or counter from a target; NaN-free: false when
@@ -135,7 +147,10 @@ func TestAlertsFireOnALabsFaults(t *testing.T) {
 		targets = append(targets, target{"weir-agent", n.Name, n.Netns, "http://127.0.0.1:10249/metrics"})
 	}
 	wait.For(t, 60*time.Second, "every BGP session established", func() error {
-		s := scrapeAll(t, targets)
+		s, err := tryScrapeAll(t, targets)
+		if err != nil {
+			return err
+		}
 		for _, tg := range targets[1:] {
 			for _, peer := range []string{lab.RouterLANv4.String(), lab.RouterLANv6.String()} {
 				if v, ok := s.value(tg.job, tg.instance, "weir_bgp_session_up", map[string]string{"peer": peer}); !ok || v != 1 {
