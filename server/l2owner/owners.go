@@ -59,6 +59,10 @@ type Owners struct {
 // (no such interface, no interface whose subnet holds it) is passed over.
 const CannotAnswer = "CannotAnswer"
 
+// MaxUnknownAnswerable bounds, per node, the addresses it says it can
+// answer for that are no L2 address this server knows (yet).
+const MaxUnknownAnswerable = 1024
+
 // ErrNotLeading refuses a node's stream on a server that does not decide
 // the owners.
 var ErrNotLeading = errors.New("this server does not decide the L2 owners (it is not the leader)")
@@ -466,7 +470,7 @@ func (o *Owners) handingOverLocked(node string, released []Held) []Grant {
 // before. What a node
 // refuses is kept only where the registry makes it matter: an address
 // that is no L2 address is dropped here. What it can answer for is kept
-// whole, one set per node, at most as large as one ask may be.
+// for the L2 addresses, and for at most MaxUnknownAnswerable others.
 func (o *Owners) noteAskLocked(s *Stream, q Asked) bool {
 	wasLive := o.liveLocked(s)
 	s.lastAsk = o.clk.Now()
@@ -479,11 +483,19 @@ func (o *Owners) noteAskLocked(s *Stream, q Asked) bool {
 	})
 	answerableChanged := false
 	if q.HasAnswerable {
-		// Kept whole, not only the L2 addresses known now: the node may
-		// hear of a new address before this server does, and says so
-		// only once. The API edge bounds its size.
-		answerable := make(map[netip.Addr]bool, len(q.Answerable))
+		// The L2 addresses known now, and up to MaxUnknownAnswerable
+		// others: the node may hear of a new address before this server
+		// does, and says so only once; past that, what a node says
+		// cannot grow what the server holds beyond the registry.
+		answerable := make(map[netip.Addr]bool, min(len(q.Answerable), len(o.candidates)+MaxUnknownAnswerable))
+		unknown := 0
 		for _, a := range q.Answerable {
+			if _, l2 := o.candidates[a]; !l2 {
+				if unknown == MaxUnknownAnswerable {
+					continue
+				}
+				unknown++
+			}
 			answerable[a] = true
 		}
 		answerableChanged = !s.knowsAnswerable || !maps.Equal(answerable, s.answerable)

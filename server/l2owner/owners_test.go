@@ -645,3 +645,25 @@ func TestAHandoverKeepsItsTargetWhenAnotherNodeComesBack(t *testing.T) {
 		t.Fatalf("the handover to %s turned to %s when %s came back", next.node, c, quiet.node)
 	}
 }
+
+// What a node says it can answer for grows the server's memory only by
+// the registry's L2 addresses and MaxUnknownAnswerable others, however
+// many it lists; an address the server learns of after the node listed
+// it still counts.
+func TestWhatANodeCanAnswerForIsBounded(t *testing.T) {
+	o, clk := leading(t)
+	a := open(t, o, "a")
+	step(o, clk, testTTL+testMargin)
+	list := append([]netip.Addr{vip}, addrsOf(10*MaxUnknownAnswerable)...)
+	a.Ask(Asked{HasAnswerable: true, Answerable: list})
+	o.mu.Lock()
+	kept := len(a.answerable)
+	o.mu.Unlock()
+	if kept > MaxUnknownAnswerable {
+		t.Fatalf("kept %d addresses of %d listed; want at most %d", kept, len(list), MaxUnknownAnswerable)
+	}
+	o.SetCandidates(map[netip.Addr][]string{vip: {"a"}})
+	if _, ok := holds(a.Ask(Asked{Nudged: a.NudgeNumber()}), vip); !ok {
+		t.Fatal("an address listed before the server knew it was not granted once it did")
+	}
+}
