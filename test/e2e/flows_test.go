@@ -69,7 +69,8 @@ type longLived struct {
 	broken   []string
 	brokenAt []time.Time // when each of broken broke
 	requests int
-	ports    []string // the clients' source ports
+	client   netip.Addr // the clients' address
+	ports    []string   // the clients' source ports
 }
 
 func startLongLived(t *testing.T, ns *lab.Netns, dst netip.AddrPort, n int) *longLived {
@@ -86,8 +87,12 @@ func startLongLived(t *testing.T, ns *lab.Netns, dst netip.AddrPort, n int) *lon
 		if err := k.Request(); err != nil {
 			t.Fatalf("first request to %s: %v", dst, err)
 		}
-		_, port, _ := strings.Cut(k.conn.LocalAddr().String(), ":")
-		l.ports = append(l.ports, port)
+		local, err := netip.ParseAddrPort(k.conn.LocalAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.client = local.Addr().Unmap()
+		l.ports = append(l.ports, strconv.Itoa(int(local.Port())))
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
@@ -143,7 +148,8 @@ func (l *longLived) Stop() (int, []string) {
 }
 
 // conntrackPorts lists the client ports of node's conntrack entries to vip
-// that a DNAT rewrote (dnat) or that none did (!dnat).
+// that a DNAT rewrote (dnat) or that none did (!dnat), from a dump of its
+// table.
 func conntrackPorts(t *testing.T, n *lab.Node, vip netip.Addr, dnat bool) []string {
 	t.Helper()
 	family := "ipv4"
@@ -154,6 +160,30 @@ func conntrackPorts(t *testing.T, n *lab.Node, vip netip.Addr, dnat bool) []stri
 	if err != nil {
 		t.Fatal(err)
 	}
+	return entryPorts(out, vip, dnat)
+}
+
+// conntrackHeld is which of l's connections node has an entry of, DNAT'ed
+// (dnat) or passed on unchanged (!dnat): each looked up by its addresses
+// (conntrack -G, the kernel's lookup of one entry), so that none is
+// missed, whatever a dump of a table that changes meanwhile would show.
+func conntrackHeld(t *testing.T, n *lab.Node, l *longLived, dnat bool) []string {
+	t.Helper()
+	var script strings.Builder
+	for _, p := range l.ports {
+		fmt.Fprintf(&script, "conntrack -G -p tcp -s %s -d %s --sport %s --dport %d 2>/dev/null\n", l.client, l.dst.Addr(), p, l.dst.Port())
+	}
+	script.WriteString("true\n")
+	out, err := n.Run(context.Background(), "sh", "-c", script.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return entryPorts(out, l.dst.Addr(), dnat)
+}
+
+// entryPorts reads conntrack's lines: the client ports of the entries to
+// vip that a DNAT rewrote (dnat) or that none did (!dnat).
+func entryPorts(out string, vip netip.Addr, dnat bool) []string {
 	var ports []string
 	for _, line := range strings.Split(out, "\n") {
 		var sport, replySrc string
@@ -194,17 +224,15 @@ func conntrackOf(t *testing.T, c *weirlab.Cluster, vip netip.Addr, port string) 
 	return b.String()
 }
 
-// movedConnections counts the connections to vip that reached a node that
-// does not hold them: each leaves on the nodes it passed an entry that no
-// DNAT rewrote (its reply would come from the load-balancer IP itself).
-func movedConnections(t *testing.T, c *weirlab.Cluster, vip netip.Addr, ports []string) map[string]bool {
+// movedConnections is which of l's connections reached a node that does
+// not hold them: each leaves on the nodes it passed an entry that no DNAT
+// rewrote (its reply would come from the load-balancer IP itself).
+func movedConnections(t *testing.T, c *weirlab.Cluster, l *longLived) map[string]bool {
 	t.Helper()
 	moved := map[string]bool{}
 	for _, n := range c.Nodes {
-		for _, p := range conntrackPorts(t, n, vip, false) {
-			if slices.Contains(ports, p) {
-				moved[p] = true
-			}
+		for _, p := range conntrackHeld(t, n, l, false) {
+			moved[p] = true
 		}
 	}
 	return moved
@@ -263,7 +291,7 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 	traffic := map[string]*longLived{}
 	lost := map[string][]string{}    // per service, the ports of connections a lost node held
 	holders := map[string][]string{} // by service/port, the nodes that held it before node3 was lost
-	dumps := map[string][]int{}      // per service, how many of node3's entries each dump of its table found
+	dumps := map[string][]int{}      // per service, how many of node3's entries each look-up found
 	var node3Table string            // node3's whole table before it was lost
 	for name, vip := range vips {
 		traffic[name] = startLongLived(t, c.Client, netip.AddrPortFrom(vip, 80), perService)
@@ -318,22 +346,25 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 		// cannot survive; everything else must, though moved packets
 		// whose next node is node3 must now pass it over.
 		node3 := c.Nodes[2]
-		// A dump of a table that changes meanwhile may miss entries (the
-		// kernel resumes a dump after the entry it stopped at, and skips
-		// the rest of that bucket when that entry went): what node3 held
-		// is the union of several dumps, the last once its agent is dead.
+		// What node3 held: each connection looked up in its table, before
+		// the step and once its agent is dead (when it can gain no entry
+		// any more). A dump of the table is compared, and a connection
+		// the lookups find and a dump does not is logged.
 		heldByNode3 := func() {
-			for name, vip := range vips {
-				ports := conntrackPorts(t, node3, vip, true)
+			for name, l := range traffic {
+				ports := conntrackHeld(t, node3, l, true)
+				dumped := conntrackPorts(t, node3, l.dst.Addr(), true)
 				dumps[name] = append(dumps[name], len(ports))
 				for _, p := range ports {
 					if !slices.Contains(lost[name], p) {
 						lost[name] = append(lost[name], p)
 					}
+					if !slices.Contains(dumped, p) {
+						t.Logf("%s: node3's entry of the connection from port %s was found by its lookup and not in a dump of the table", name, p)
+					}
 				}
 			}
 		}
-		heldByNode3()
 		heldByNode3()
 		// Every entry of node3's table, whatever its addresses: a broken
 		// connection is looked up in it by its client port.
@@ -341,9 +372,9 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 		if node3Table, err = node3.Run(ctx, "conntrack", "-L"); err != nil {
 			t.Fatal(err)
 		}
-		for name, vip := range vips {
+		for name, l := range traffic {
 			for _, n := range c.Nodes {
-				for _, p := range conntrackPorts(t, n, vip, true) {
+				for _, p := range conntrackHeld(t, n, l, true) {
 					holders[name+"/"+p] = append(holders[name+"/"+p], n.Name)
 				}
 			}
@@ -379,7 +410,7 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 		requests, broken := l.Stop()
 		_, brokenAt := l.Broken()
 		totalRequests += requests
-		movedPorts := movedConnections(t, c, vips[name], l.ports)
+		movedPorts := movedConnections(t, c, l)
 		moved := len(movedPorts)
 		t.Logf("%s: %d connections, %d requests, %d moved to a node that did not hold them, %d broke", name, perService, requests, moved, len(broken))
 		totalMoved += moved
@@ -400,7 +431,7 @@ func testMovedConnections(t *testing.T, c *weirlab.Cluster, r bgpRouter, redirec
 					kept++
 				}
 			}
-			t.Logf("%s: %d connections held by the lost node (dumps of its table found %v), %d of them broke; survival: %d of %d moved connections the lost node did not hold",
+			t.Logf("%s: %d connections held by the lost node (looked up before and after: %v), %d of them broke; survival: %d of %d moved connections the lost node did not hold",
 				name, len(lost[name]), dumps[name], held, kept-(len(broken)-held), kept)
 			if moved < perService/4 {
 				t.Errorf("%s: only %d of %d connections were moved by the router: the events did not test redirection", name, moved, perService)
@@ -559,7 +590,7 @@ func TestQuietEventsMoveNoConnection(t *testing.T) {
 			step("node2's agent stopped (SIGTERM) and started again", func() error { return c.StopAndRestartAgent(1) })
 
 			requests, broken := traffic.Stop()
-			moved := movedConnections(t, c, vip, traffic.ports)
+			moved := movedConnections(t, c, traffic)
 			t.Logf("%d connections, %d requests, %d moved, %d broke", len(traffic.ports), requests, len(moved), len(broken))
 			for _, b := range broken {
 				t.Errorf("connection broke: %s", b)
