@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -18,7 +19,9 @@ import (
 // the share of one CPU the leader spends on asks (reported as
 // leader-cpu-%). The failover sub-benchmark is the choice after a node
 // owning its share of the addresses stops asking: one op is one
-// reassignment, the server's part of a failover's time.
+// reassignment, the server's part of a failover's time. The candidates
+// sub-benchmark is the candidates given again after a change (one op:
+// one address added or removed).
 //
 //	go test -run '^$' -bench LeaseAsks ./server/l2owner
 func BenchmarkLeaseAsks(b *testing.B) {
@@ -52,6 +55,28 @@ func BenchmarkLeaseAsks(b *testing.B) {
 				o.assignLocked()
 				s.stopping = false
 				o.mu.Unlock()
+			}
+		})
+		b.Run(fmt.Sprintf("candidates/nodes=%d/addrs=%d", size.nodes, size.addrs), func(b *testing.B) {
+			// The candidates given again after a change of the registry:
+			// one address more, then one fewer, each list a new slice
+			// (as the leader works them out afresh every time).
+			all := names(size.nodes)
+			given := func(extra bool) map[netip.Addr][]string {
+				c := map[netip.Addr][]string{}
+				for _, a := range addrsOf(size.addrs) {
+					c[a] = slices.Clone(all)
+				}
+				if extra {
+					c[netip.MustParseAddr("192.0.2.1")] = slices.Clone(all)
+				}
+				return c
+			}
+			cs := []map[netip.Addr][]string{given(true), given(false)}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				o.SetCandidates(cs[i%2])
 			}
 		})
 		_ = clk

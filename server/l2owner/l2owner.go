@@ -23,10 +23,7 @@
 package l2owner
 
 import (
-	"cmp"
-	"maps"
 	"net/netip"
-	"slices"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -34,9 +31,8 @@ import (
 
 // Assign chooses the owner of every address among its candidates
 // (none when it has none), keeping the owners in current where it can.
-// Ranks are the candidates' name order, so every replica and restart
-// agrees. Loads
-// are balanced: with m addresses over n candidate nodes, every address
+// Ranks are the candidates' name order (whatever order they are given
+// in), so every replica and restart agrees. Loads are balanced: with m addresses over n candidate nodes, every address
 // without an owner goes where it keeps each node at m/n, and m%n nodes at
 // one more, as far as the candidates allow (an address's best-ranked
 // candidate takes it past that bound when all its candidates are full).
@@ -54,80 +50,24 @@ import (
 // nothing moves (two or three rounds at most in practice), so that asking
 // again with the answer moves nothing.
 func Assign(candidates map[netip.Addr][]string, current map[netip.Addr]string) map[netip.Addr]string {
-	// The ranks are the candidates' own order (name order, as the cluster
-	// rules give them), the same on every replica; the bounded loads
-	// spread the addresses. The nodes and the addresses with candidates
-	// are counted once for every round: a failover's choice walks every
-	// address with every candidate.
-	nodes := map[string]bool{}
-	m := 0
+	var names []string
 	for _, cs := range candidates {
-		for _, n := range cs {
-			nodes[n] = true
-		}
-		if len(cs) > 0 {
-			m++
-		}
+		names = append(names, cs...)
 	}
-	owner := assignOnce(candidates, len(nodes), m, current)
-	for range 8 {
-		next := assignOnce(candidates, len(nodes), m, owner)
-		if maps.Equal(next, owner) {
-			break
-		}
-		owner = next
+	ix := newNodeIndex(names)
+	sets := make(map[netip.Addr]nodeSet, len(candidates))
+	for a, cs := range candidates {
+		sets[a] = ix.setOf(cs)
 	}
-	return owner
-}
-
-// assignOnce is one round of Assign, with each address's candidates
-// ranked best first, over nodes nodes and m addresses with candidates.
-func assignOnce(ranked map[netip.Addr][]string, nodes, m int, current map[netip.Addr]string) map[netip.Addr]string {
-	owner := make(map[netip.Addr]string, m)
-	if nodes == 0 {
-		return owner
-	}
-	floor, extra := m/nodes, m%nodes
-	load, atCeil := map[string]int{}, 0
-	canTake := func(n string) bool { return load[n] < floor || (load[n] == floor && atCeil < extra) }
-	take := func(a netip.Addr, n string) {
-		if load[n] == floor {
-			atCeil++
-		}
-		load[n]++
-		owner[a] = n
-	}
-	// Current owners keep their best-ranked addresses, up to Keep each.
-	keep := Keep(m, nodes)
-	kept := map[string][]netip.Addr{}
+	cur := make(map[netip.Addr]int, len(current))
 	for a, n := range current {
-		if slices.Contains(ranked[a], n) {
-			kept[n] = append(kept[n], a)
+		if i, ok := ix.of[n]; ok {
+			cur[a] = i
 		}
 	}
-	byName := slices.Sorted(maps.Keys(kept))
-	for _, n := range byName {
-		slices.SortFunc(kept[n], func(x, y netip.Addr) int {
-			return cmp.Or(cmp.Compare(slices.Index(ranked[x], n), slices.Index(ranked[y], n)), x.Compare(y))
-		})
-		for _, a := range kept[n][:min(len(kept[n]), keep)] {
-			take(a, n)
-		}
-	}
-	// Then every address without an owner, in address order: its
-	// best-ranked candidate with room, or its best-ranked one.
-	for _, a := range slices.SortedFunc(maps.Keys(ranked), netip.Addr.Compare) {
-		if owner[a] != "" || len(ranked[a]) == 0 {
-			continue
-		}
-		pick := ranked[a][0]
-		for _, n := range ranked[a] {
-			if canTake(n) {
-				pick = n
-				break
-			}
-		}
-		take(a, pick)
+	owner := make(map[netip.Addr]string, len(candidates))
+	for a, i := range assignSets(sets, ix.words(), cur) {
+		owner[a] = ix.names[i]
 	}
 	return owner
 }

@@ -1,6 +1,7 @@
 package l2owner
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math"
@@ -264,4 +265,125 @@ func BenchmarkAssign(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestAssignOverSetsAgreesWithTheListsRule: Assign works on sets of
+// nodes as bits; over random candidates (every node, a few, none, nodes
+// past 64 and 128 so that sets span several words) and random current
+// owners (some no candidate any more, some unknown), it chooses exactly
+// what the rule written over lists of names chooses.
+func TestAssignOverSetsAgreesWithTheListsRule(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 50))
+	for round := range 3000 {
+		all := names(1 + r.IntN(150))
+		c := map[netip.Addr][]string{}
+		current := map[netip.Addr]string{}
+		for _, a := range addrs(r.IntN(120)) {
+			var cs []string
+			switch r.IntN(4) {
+			case 0:
+				cs = slices.Clone(all)
+			case 1:
+				// none
+			default:
+				for _, n := range all {
+					if r.IntN(4) == 0 {
+						cs = append(cs, n)
+					}
+				}
+			}
+			c[a] = cs
+			switch r.IntN(3) {
+			case 0:
+				current[a] = all[r.IntN(len(all))]
+			case 1:
+				current[a] = "gone"
+			}
+		}
+		want := assignReference(c, current)
+		if got := Assign(c, current); !maps.Equal(got, want) {
+			t.Fatalf("round %d: Assign chose\n%v\nthe rule over lists\n%v\nfor candidates %v, current %v", round, got, want, c, current)
+		}
+	}
+}
+
+// assignReference is Assign as it was written over lists of names, one
+// (address, node) pair at a time: the oracle the sets must agree with.
+func assignReference(candidates map[netip.Addr][]string, current map[netip.Addr]string) map[netip.Addr]string {
+	// The ranks are the candidates' own order (name order, as the cluster
+	// rules give them), the same on every replica; the bounded loads
+	// spread the addresses. The nodes and the addresses with candidates
+	// are counted once for every round: a failover's choice walks every
+	// address with every candidate.
+	nodes := map[string]bool{}
+	m := 0
+	for _, cs := range candidates {
+		for _, n := range cs {
+			nodes[n] = true
+		}
+		if len(cs) > 0 {
+			m++
+		}
+	}
+	owner := assignOnceReference(candidates, len(nodes), m, current)
+	for range 8 {
+		next := assignOnceReference(candidates, len(nodes), m, owner)
+		if maps.Equal(next, owner) {
+			break
+		}
+		owner = next
+	}
+	return owner
+}
+
+// assignOnce is one round of Assign, with each address's candidates
+// ranked best first, over nodes nodes and m addresses with candidates.
+func assignOnceReference(ranked map[netip.Addr][]string, nodes, m int, current map[netip.Addr]string) map[netip.Addr]string {
+	owner := make(map[netip.Addr]string, m)
+	if nodes == 0 {
+		return owner
+	}
+	floor, extra := m/nodes, m%nodes
+	load, atCeil := map[string]int{}, 0
+	canTake := func(n string) bool { return load[n] < floor || (load[n] == floor && atCeil < extra) }
+	take := func(a netip.Addr, n string) {
+		if load[n] == floor {
+			atCeil++
+		}
+		load[n]++
+		owner[a] = n
+	}
+	// Current owners keep their best-ranked addresses, up to Keep each.
+	keep := Keep(m, nodes)
+	kept := map[string][]netip.Addr{}
+	for a, n := range current {
+		if slices.Contains(ranked[a], n) {
+			kept[n] = append(kept[n], a)
+		}
+	}
+	byName := slices.Sorted(maps.Keys(kept))
+	for _, n := range byName {
+		slices.SortFunc(kept[n], func(x, y netip.Addr) int {
+			return cmp.Or(cmp.Compare(slices.Index(ranked[x], n), slices.Index(ranked[y], n)), x.Compare(y))
+		})
+		for _, a := range kept[n][:min(len(kept[n]), keep)] {
+			take(a, n)
+		}
+	}
+	// Then every address without an owner, in address order: its
+	// best-ranked candidate with room, or its best-ranked one.
+	for _, a := range slices.SortedFunc(maps.Keys(ranked), netip.Addr.Compare) {
+		if owner[a] != "" || len(ranked[a]) == 0 {
+			continue
+		}
+		pick := ranked[a][0]
+		for _, n := range ranked[a] {
+			if canTake(n) {
+				pick = n
+				break
+			}
+		}
+		take(a, pick)
+	}
+	return owner
 }

@@ -34,6 +34,13 @@ type Owners struct {
 	mu         sync.Mutex
 	table      *Table // nil while not leading
 	candidates map[netip.Addr][]string
+	// index numbers the candidates' nodes in name order; sets are each
+	// address's candidates as a set of them (shared by the addresses
+	// with the same candidates, never changed in place), and able, for
+	// each address, the nodes whose stream says they can answer for it.
+	// The choice works on these (see nodeset.go).
+	index      nodeIndex
+	sets, able map[netip.Addr]nodeSet
 	owner      map[netip.Addr]string
 	owned      map[string][]netip.Addr // owner by node, each sorted: an ask costs its node's addresses
 
@@ -72,6 +79,7 @@ var ErrNotLeading = errors.New("this server does not decide the L2 owners (it is
 // when not nil, receives the metrics.
 func NewOwners(clk clock.Clock, ttl, margin time.Duration, log *slog.Logger, reg prometheus.Registerer) *Owners {
 	o := &Owners{clk: clk, ttl: ttl, margin: margin, log: log, candidates: map[netip.Addr][]string{},
+		index: newNodeIndex(nil), sets: map[netip.Addr]nodeSet{}, able: map[netip.Addr]nodeSet{},
 		owner: map[netip.Addr]string{}, movedAt: map[netip.Addr]time.Time{}, lapsed: map[netip.Addr]claim{}, handing: map[netip.Addr]*handover{},
 		streams: map[string]*Stream{}}
 	o.metrics = newMetrics(o, reg)
@@ -139,6 +147,7 @@ func (o *Owners) Lead(ctx context.Context, heard <-chan struct{}) {
 		o.mu.Lock()
 		o.table = nil
 		for _, s := range o.streams {
+			o.setAnswerableLocked(s.node, s.answerable, nil)
 			s.closeLocked()
 		}
 		o.streams = map[string]*Stream{}
@@ -178,6 +187,7 @@ func (o *Owners) SetCandidates(c map[netip.Addr][]string) {
 		return
 	}
 	o.candidates = c
+	o.indexCandidatesLocked(c)
 	for a := range o.movedAt {
 		if _, ok := c[a]; !ok {
 			delete(o.movedAt, a)
@@ -243,6 +253,7 @@ func (o *Owners) Open(node string, shared bool) (*Stream, error) {
 		if shared && !old.shared {
 			return nil, ErrNodeHasItsOwn
 		}
+		o.setAnswerableLocked(node, old.answerable, nil)
 		old.closeLocked()
 	}
 	s := &Stream{o: o, node: node, shared: shared, done: make(chan struct{})}
@@ -299,6 +310,7 @@ func (s *Stream) Close() {
 	defer o.mu.Unlock()
 	if o.streams[s.node] == s {
 		delete(o.streams, s.node)
+		o.setAnswerableLocked(s.node, s.answerable, nil)
 		o.assignLocked()
 	}
 	s.closeLocked()
@@ -499,6 +511,9 @@ func (o *Owners) noteAskLocked(s *Stream, q Asked) bool {
 			answerable[a] = true
 		}
 		answerableChanged = !s.knowsAnswerable || !maps.Equal(answerable, s.answerable)
+		if answerableChanged {
+			o.setAnswerableLocked(s.node, s.answerable, answerable)
+		}
 		s.knowsAnswerable, s.answerable = true, answerable
 	}
 	changed := !wasLive || answerableChanged || !maps.Equal(refused, s.refused)
@@ -634,43 +649,7 @@ func (o *Owners) assignLocked() {
 	if o.table == nil || !o.warm {
 		return
 	}
-	live := map[netip.Addr][]string{}
-	current := maps.Clone(o.owner)
-	// Which nodes are live is judged once, not per address: a failover's
-	// choice walks every address with every candidate node.
-	liveNodes := map[string]*Stream{}
-	for n, s := range o.streams {
-		if o.liveLocked(s) {
-			liveNodes[n] = s
-		}
-	}
-	out := func(a netip.Addr, n string) bool {
-		s := liveNodes[n]
-		if s == nil {
-			return true
-		}
-		_, refused := s.refusedOf(a)
-		return refused || !s.canAnswer(a)
-	}
-	for a, cs := range o.candidates {
-		// The candidates' own slice when none is out (Assign reads it
-		// only); a copy without them otherwise.
-		live[a] = cs
-		if slices.ContainsFunc(cs, func(n string) bool { return out(a, n) }) {
-			live[a] = slices.DeleteFunc(slices.Clone(cs), func(n string) bool { return out(a, n) })
-		}
-		// The holder (or the node with a lapsed claim) stays the owner
-		// where it may; where it may not (it is stopping, drained), the
-		// node chosen to take over stays chosen, so that a handover in
-		// progress is not turned to a third node by another node
-		// becoming live.
-		if l, ok := o.table.Holder(a); ok && slices.Contains(live[a], l.Node) {
-			current[a] = l.Node
-		} else if c, ok := o.lapsed[a]; ok && slices.Contains(live[a], c.node) {
-			current[a] = c.node
-		}
-	}
-	owner := Assign(live, current)
+	owner := o.chooseLocked()
 	for a, n := range owner {
 		if was := o.owner[a]; was != n {
 			o.nudgeLocked(n)
@@ -697,6 +676,68 @@ func (o *Owners) assignLocked() {
 	}
 	o.planHandoversLocked(owner)
 	o.poke()
+}
+
+// chooseLocked is the owner of every L2 address by Assign's rule, among
+// its candidates that may own it now, keeping the holders of leases where
+// it can. It changes nothing.
+func (o *Owners) chooseLocked() map[netip.Addr]string {
+	// Each address's candidates that may own it now: live (asking, not
+	// stopping), able to answer for it (or an older agent, which never
+	// says), and not refusing it. Sets of nodes, so that a failover's
+	// choice over every address with every node stays within the lease's
+	// margin at thousands of each.
+	words := o.index.words()
+	live, legacy := make(nodeSet, words), make(nodeSet, words)
+	for n, s := range o.streams {
+		if i, ok := o.index.of[n]; ok && o.liveLocked(s) {
+			live.add(i)
+			if !s.knowsAnswerable {
+				legacy.add(i)
+			}
+		}
+	}
+	avail := make(map[netip.Addr]nodeSet, len(o.sets))
+	buf := make([]uint64, len(o.sets)*words)
+	for a, cs := range o.sets {
+		set, able := nodeSet(buf[:words:words]), o.able[a]
+		buf = buf[words:]
+		for k := range set {
+			set[k] = cs[k] & live[k] & (legacy[k] | able[k])
+		}
+		avail[a] = set
+	}
+	for n, s := range o.streams {
+		if i, ok := o.index.of[n]; ok && live.has(i) {
+			for a := range s.refused {
+				if set, ok := avail[a]; ok {
+					set.remove(i)
+				}
+			}
+		}
+	}
+	// The holder (or the node with a lapsed claim) stays the owner where
+	// it may; where it may not (it is stopping, drained), the node chosen
+	// to take over stays chosen, so that a handover in progress is not
+	// turned to a third node by another node becoming live.
+	current := make(map[netip.Addr]int, len(avail))
+	for a, n := range o.owner {
+		if i, ok := o.index.of[n]; ok {
+			current[a] = i
+		}
+	}
+	for a, set := range avail {
+		if l, ok := o.table.Holder(a); ok && set.has(o.indexOf(l.Node)) {
+			current[a] = o.index.of[l.Node]
+		} else if c, ok := o.lapsed[a]; ok && set.has(o.indexOf(c.node)) {
+			current[a] = o.index.of[c.node]
+		}
+	}
+	owner := make(map[netip.Addr]string, len(avail))
+	for a, i := range assignSets(avail, words, current) {
+		owner[a] = o.index.names[i]
+	}
+	return owner
 }
 
 // tickLocked reassigns when a node stopped asking, nudges the owners whose
@@ -791,4 +832,130 @@ func (o *Owners) Owned() map[string]int {
 		}
 	}
 	return out
+}
+
+// indexOf is node's number in the index, or -1.
+func (o *Owners) indexOf(node string) int {
+	if i, ok := o.index.of[node]; ok {
+		return i
+	}
+	return -1
+}
+
+// indexCandidatesLocked works out the sets of c's candidates. Most
+// addresses share their candidates (every Cluster service of a pool):
+// each distinct list is made a set once. The index is made again when a
+// node is new to it, and with it what the nodes can answer for.
+func (o *Owners) indexCandidatesLocked(c map[netip.Addr][]string) {
+	type key struct {
+		n           int
+		first, last string
+	}
+	keyOf := func(cs []string) key {
+		if len(cs) == 0 {
+			return key{}
+		}
+		return key{len(cs), cs[0], cs[len(cs)-1]}
+	}
+	type distinct struct {
+		list []string
+		set  nodeSet
+	}
+	var lists []*distinct
+	byKey := map[key][]*distinct{}
+	of := make(map[netip.Addr]*distinct, len(c))
+	for a, cs := range c {
+		var d *distinct
+		k := keyOf(cs)
+		// A few lists per key are compared: past that (many lists alike
+		// at both ends) a list is taken as its own.
+		for _, e := range byKey[k][:min(len(byKey[k]), 4)] {
+			if slices.Equal(e.list, cs) {
+				d = e
+				break
+			}
+		}
+		if d == nil {
+			d = &distinct{list: cs}
+			lists = append(lists, d)
+			byKey[k] = append(byKey[k], d)
+		}
+		of[a] = d
+	}
+	reindex := false
+	for _, d := range lists {
+		for _, n := range d.list {
+			if _, ok := o.index.of[n]; !ok {
+				reindex = true
+			}
+		}
+	}
+	if reindex {
+		var names []string
+		for _, d := range lists {
+			names = append(names, d.list...)
+		}
+		o.index = newNodeIndex(names)
+	}
+	for _, d := range lists {
+		d.set = o.index.setOf(d.list)
+	}
+	o.sets = make(map[netip.Addr]nodeSet, len(c))
+	for a, d := range of {
+		o.sets[a] = d.set
+	}
+	// What the nodes can answer for, over the new index or for the new
+	// addresses.
+	if reindex {
+		o.able = map[netip.Addr]nodeSet{}
+	}
+	maps.DeleteFunc(o.able, func(a netip.Addr, _ nodeSet) bool { _, ok := c[a]; return !ok })
+	var added []netip.Addr
+	for a := range c {
+		if _, ok := o.able[a]; !ok {
+			o.able[a] = make(nodeSet, o.index.words())
+			added = append(added, a)
+		}
+	}
+	if len(added) == 0 {
+		return
+	}
+	for n, s := range o.streams {
+		i, ok := o.index.of[n]
+		if !ok || !s.knowsAnswerable {
+			continue
+		}
+		if reindex || len(added) > len(s.answerable) {
+			for a := range s.answerable {
+				if set, ok := o.able[a]; ok {
+					set.add(i)
+				}
+			}
+			continue
+		}
+		for _, a := range added {
+			if s.answerable[a] {
+				o.able[a].add(i)
+			}
+		}
+	}
+}
+
+// setAnswerableLocked records that node's stream says it can answer for
+// now (none, when the stream ends) instead of was.
+func (o *Owners) setAnswerableLocked(node string, was, now map[netip.Addr]bool) {
+	i, ok := o.index.of[node]
+	if !ok {
+		return
+	}
+	for a := range was {
+		if set, ok := o.able[a]; ok && !now[a] {
+			set.remove(i)
+		}
+	}
+	for a := range now {
+		if set, ok := o.able[a]; ok {
+			set.add(i)
+		}
+	}
 }

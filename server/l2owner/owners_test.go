@@ -2,8 +2,12 @@ package l2owner
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -666,4 +670,123 @@ func TestWhatANodeCanAnswerForIsBounded(t *testing.T) {
 	if _, ok := holds(a.Ask(Asked{Nudged: a.NudgeNumber()}), vip); !ok {
 		t.Fatal("an address listed before the server knew it was not granted once it did")
 	}
+}
+
+// TestTheChoiceOverSetsFollowsEveryStream: the choice works on sets of
+// nodes that follow the candidates, the streams and what each says it
+// can answer for as they change. Over random changes (candidates given
+// again, nodes new to them, streams opened, replaced, closed and
+// stopping, asks that list or refuse addresses, time passing so that
+// nodes stop being live), it chooses at every step exactly what the rule
+// over lists of names chooses from the same state.
+func TestTheChoiceOverSetsFollowsEveryStream(t *testing.T) {
+	o, clk := leading(t)
+	r := rand.New(rand.NewPCG(50, 4))
+	pool := names(90)
+	as := addrs(40)
+	subset := func(from []netip.Addr) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range from {
+			if r.IntN(3) > 0 {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	streams := map[string]*Stream{}
+	step(o, clk, testTTL+testMargin)
+	for i := range 3000 {
+		switch r.IntN(8) {
+		case 0:
+			if r.IntN(4) == 0 {
+				pool = append(pool, fmt.Sprintf("late%03d", i)) // new to the index
+			}
+			c := map[netip.Addr][]string{}
+			for _, a := range as {
+				switch r.IntN(4) {
+				case 0:
+					c[a] = slices.Sorted(slices.Values(pool))
+				case 1:
+					var cs []string
+					for _, n := range pool {
+						if r.IntN(3) == 0 {
+							cs = append(cs, n)
+						}
+					}
+					slices.Sort(cs)
+					c[a] = cs
+				case 2:
+					c[a] = nil
+				}
+			}
+			o.SetCandidates(c)
+		case 1:
+			n := pool[r.IntN(len(pool))]
+			streams[n] = open(t, o, n)
+		case 2, 3, 4:
+			for _, s := range streams {
+				if r.IntN(3) == 0 {
+					continue
+				}
+				q := Asked{}
+				if r.IntN(4) > 0 {
+					q.HasAnswerable, q.Answerable = true, append(subset(as), netip.MustParseAddr("203.0.113.9"))
+				}
+				if r.IntN(4) == 0 {
+					q.Refused = map[netip.Addr]string{as[r.IntN(len(as))]: CannotAnswer}
+				}
+				s.Ask(q)
+			}
+		case 5:
+			for n, s := range streams {
+				if r.IntN(2) == 0 {
+					s.Close()
+				} else {
+					s.Stop(Asked{})
+				}
+				delete(streams, n)
+				break
+			}
+		case 6:
+			clk.Step(time.Duration(r.IntN(int(testTTL))))
+		case 7:
+			o.poke()
+		}
+		o.mu.Lock()
+		got, want := o.chooseLocked(), referenceChooseLocked(o)
+		o.mu.Unlock()
+		if !maps.Equal(got, want) {
+			t.Fatalf("step %d: the choice over sets is\n%v\nthe rule over lists\n%v", i, got, want)
+		}
+	}
+}
+
+// referenceChooseLocked is Owners' choice as it was written over lists of
+// names, one (address, node) pair at a time.
+func referenceChooseLocked(o *Owners) map[netip.Addr]string {
+	live := map[netip.Addr][]string{}
+	current := maps.Clone(o.owner)
+	liveNodes := map[string]*Stream{}
+	for n, s := range o.streams {
+		if o.liveLocked(s) {
+			liveNodes[n] = s
+		}
+	}
+	out := func(a netip.Addr, n string) bool {
+		s := liveNodes[n]
+		if s == nil {
+			return true
+		}
+		_, refused := s.refusedOf(a)
+		return refused || !s.canAnswer(a)
+	}
+	for a, cs := range o.candidates {
+		live[a] = slices.DeleteFunc(slices.Clone(cs), func(n string) bool { return out(a, n) })
+		if l, ok := o.table.Holder(a); ok && slices.Contains(live[a], l.Node) {
+			current[a] = l.Node
+		} else if c, ok := o.lapsed[a]; ok && slices.Contains(live[a], c.node) {
+			current[a] = c.node
+		}
+	}
+	return assignReference(live, current)
 }
