@@ -43,15 +43,6 @@ func (ix nodeIndex) setOf(names []string) nodeSet {
 	return s
 }
 
-// namesOf is s's nodes in name order.
-func (ix nodeIndex) namesOf(s nodeSet) []string {
-	out := make([]string, 0, s.count())
-	for i := s.next(0); i >= 0; i = s.next(i + 1) {
-		out = append(out, ix.names[i])
-	}
-	return out
-}
-
 // nodeSet is a set of nodes of a nodeIndex, one bit each.
 type nodeSet []uint64
 
