@@ -314,7 +314,8 @@ func TestFlowSendersFollowTheRing(t *testing.T) {
 
 // What comes through the tunnel is what a peer passes on: a TCP packet
 // to a load-balancer or external IP (a SYN too: a peer passes on one
-// that a stale entry of its own took), or a probe to the node itself.
+// that a stale entry of its own took), or a probe to the node itself,
+// whose answer the table marks as its own (datapath.FlowProbeAnsweredID).
 // Anything else is dropped and counted, an entry for it or not; a SYN
 // meets the service's source ranges as it would from the router.
 func TestFlowTunnelTakesOnlyWhatPeersPassOn(t *testing.T) {
@@ -348,6 +349,16 @@ func TestFlowTunnelTakesOnlyWhatPeersPassOn(t *testing.T) {
 		name: "a probe to the node",
 		pkt:  packet{src: peer.Addresses[0], proto: "icmp", dst: netip.AddrPortFrom(nodeAddr, 0)},
 		want: verdict{},
+	}, {
+		// The table marks the answer as its own: a node whose rules
+		// are gone answers with the identifier unchanged.
+		name: "a peer's probe to the node",
+		pkt:  packet{src: peer.Addresses[0], proto: "icmp", dst: netip.AddrPortFrom(nodeAddr, 0), icmpID: FlowProbeID},
+		want: verdict{EchoIDSet: FlowProbeAnsweredID},
+	}, {
+		name: "a peer's probe to a load-balancer IP",
+		pkt:  packet{src: peer.Addresses[0], proto: "icmp", dst: netip.AddrPortFrom(lbIP, 0), icmpID: FlowProbeID},
+		want: verdict{Dropped: true, Counted: []string{counterRefusedNotPassedOn}, EchoIDSet: FlowProbeAnsweredID},
 	}, {
 		name: "a datagram to a load-balancer IP",
 		pkt:  packet{src: externalSource, proto: "udp", dst: netip.AddrPortFrom(lbIP, 53), ttl: FlowTTL - 1},

@@ -259,11 +259,12 @@ type family struct {
 	addrType string // nftables address type
 	ip       string // nftables address-match prefix
 	ttl      string // the TTL's (hop limit's) expression
+	icmpID   string // the ICMP echo identifier's expression
 }
 
 var (
-	ipv4 = family{nft: knftables.IPv4Family, wire: nfwire.IPv4, addrType: "ipv4_addr", ip: "ip", ttl: "ip ttl"}
-	ipv6 = family{index: 1, nft: knftables.IPv6Family, wire: nfwire.IPv6, is6: true, addrType: "ipv6_addr", ip: "ip6", ttl: "ip6 hoplimit"}
+	ipv4 = family{nft: knftables.IPv4Family, wire: nfwire.IPv4, addrType: "ipv4_addr", ip: "ip", ttl: "ip ttl", icmpID: "icmp id"}
+	ipv6 = family{index: 1, nft: knftables.IPv6Family, wire: nfwire.IPv6, is6: true, addrType: "ipv6_addr", ip: "ip6", ttl: "ip6 hoplimit", icmpID: "icmpv6 id"}
 
 	families = []*family{&ipv4, &ipv6}
 )
@@ -627,8 +628,26 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 		{baseChain("flows_input", knftables.FilterType, knftables.InputHook, "-120"), []string{
 			"udp dport " + strconv.Itoa(int(fl.Port)) + " jump from_flow_sender",
 		}},
+		// A peer's probe (agent/flows) is answered by the kernel as any
+		// echo request is; this rule marks the answer as the table's, so
+		// that a node whose rules are gone (flushed while its agent was
+		// away) is passed over although its kernel still answers. Before
+		// conntrack (raw priority), so that the answer matches the
+		// request it tracked.
+		{baseChain("flows_probe", knftables.FilterType, knftables.PreroutingHook, "raw"), []string{
+			dev + " " + echoRequest(f) + " " + f.icmpID + " " + strconv.Itoa(FlowProbeID) + " " + f.icmpID + " set " + strconv.Itoa(FlowProbeAnsweredID),
+		}},
 	}
 }
+
+// The ICMP echo identifiers of the probes of moved connections' ring: a
+// peer sends FlowProbeID, and a node's table rewrites it to
+// FlowProbeAnsweredID on the way in, so that the echo reply says the
+// table is there.
+const (
+	FlowProbeID         = 0x7448
+	FlowProbeAnsweredID = 0x7449
+)
 
 // The named counters of moved connections (see FlowCounts): not of a
 // generation, so that a full sync keeps what they counted.

@@ -40,6 +40,8 @@ type packet struct {
 	// invalid: conntrack found the packet out of its connection's
 	// window, and it has no entry at all.
 	invalid bool
+	// icmpID is an echo request's identifier.
+	icmpID int
 }
 
 // verdict is where a new connection ends up.
@@ -56,6 +58,9 @@ type verdict struct {
 	PassedTTL int
 	// Counted is the named counters the packet went through.
 	Counted []string
+	// EchoIDSet is the identifier a rule gave an echo request (0: none
+	// did).
+	EchoIDSet int
 }
 
 // The node the tracer runs on: its own addresses ("fib type local"), and
@@ -131,12 +136,15 @@ func traceRemembering(t *testing.T, fake *knftables.Fake, pkt packet, remembered
 	var v verdict
 	choices := 1
 	for choice := 0; choice < choices; choice++ {
-		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: pkt.dst, mark: pkt.mark, remembered: remembered, added: memory{}, ttl: cmp.Or(pkt.ttl, 64)}
+		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: pkt.dst, mark: pkt.mark, remembered: remembered, added: memory{}, ttl: cmp.Or(pkt.ttl, 64), icmpID: pkt.icmpID}
 		w.run()
 		if choice == 0 {
 			choices = max(w.choices, 1)
 			v.Rejected, v.Dropped = w.end == endReject, w.end == endDrop
 			v.Counted = w.counted
+			if w.icmpIDSet {
+				v.EchoIDSet = w.icmpID
+			}
 			if w.mark&DefaultFlowMark != 0 && w.end == endPass {
 				v.PassedOn, v.PassedTTL = true, w.ttl
 			}
@@ -198,6 +206,10 @@ type walker struct {
 	// counters the walk went through.
 	ttl     int
 	counted []string
+	// icmpID is the echo request's identifier as the rules set it;
+	// icmpIDSet whether one did.
+	icmpID    int
+	icmpIDSet bool
 }
 
 // run crosses the hooks: prerouting, then input or forward (decided after
@@ -376,6 +388,9 @@ func (w *walker) runRule(chain, rule string) (o outcome, final bool) {
 				continue
 			}
 			if r.markStatement() {
+				continue
+			}
+			if r.icmpIDStatement() {
 				continue
 			}
 			vals := r.expression()
@@ -566,11 +581,17 @@ func (r *ruleReader) selector() value {
 			return value{s: "none"}
 		}
 	case "icmp", "icmpv6":
-		r.expect("type")
+		field := r.take()
 		if p.proto != tok {
 			return value{s: "no " + tok + " header"}
 		}
-		return value{s: "echo-request"}
+		switch field {
+		case "type":
+			return value{s: "echo-request"}
+		case "id":
+			return value{s: strconv.Itoa(w.icmpID)}
+		}
+		r.fail("%s %s", tok, field)
 	case "iifname":
 		return value{s: p.iif}
 	case "fib":
@@ -723,6 +744,19 @@ func (r *ruleReader) markStatement() bool {
 	default:
 		r.fail("mark operator %q", op)
 	}
+	return true
+}
+
+// icmpIDStatement reads "icmp id set N" (icmpv6).
+func (r *ruleReader) icmpIDStatement() bool {
+	if len(r.toks) < 4 || (r.toks[0] != "icmp" && r.toks[0] != "icmpv6") || r.toks[1] != "id" || r.toks[2] != "set" {
+		return false
+	}
+	if r.w.pkt.proto != r.toks[0] {
+		r.fail("%s id set on a packet without that header", r.toks[0])
+	}
+	r.w.icmpID, r.w.icmpIDSet = int(r.number(r.toks[3])), true
+	r.toks = r.toks[4:]
 	return true
 }
 

@@ -282,7 +282,54 @@ func TestJudgeMovesTheRoute(t *testing.T) {
 		{"node2 answers again", 13 * time.Second, []string{"192.0.2.12", "192.0.2.14"}, "node2", []string{"node3"}},
 	} {
 		for _, a := range s.answering {
-			f.answered(netip.MustParseAddr(a), t0.Add(s.at-100*time.Millisecond))
+			f.answered(netip.MustParseAddr(a), false, t0.Add(s.at-100*time.Millisecond))
+		}
+		f.judge(t0.Add(s.at))
+		next, passed := f.sendingTo()
+		if next != s.next || !cmp.Equal(passed, s.passed) {
+			t.Errorf("%s: next %s, passing over %v; want %s, passing over %v", s.what, next, passed, s.next, s.passed)
+		}
+		if want := v4Route(map[string]string{"node2": "192.0.2.12", "node3": "192.0.2.13", "node4": "192.0.2.14"}[s.next]); k.routes[false] != want {
+			t.Errorf("%s: route %+v; want %+v", s.what, k.routes[false], want)
+		}
+	}
+}
+
+// A peer whose table marked its answers and no longer does lost its rules
+// (flushed while its agent was away): its kernel still answers, but what
+// it is passed it would serve as new. It is passed over like a silent
+// one, after the same deadline, and taken back when its table marks
+// answers again. A peer that never marked one (an older agent) counts as
+// alive on its kernel's answers.
+func TestJudgePassesOverAPeerWithoutItsRules(t *testing.T) {
+	f, k := newFake()
+	node := datapath.NodeInfo{Name: "node1", Addresses: addrs("192.0.2.11"), FlowRing: 4,
+		FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12"), flowPeer("node3", "192.0.2.13"), flowPeer("node4", "192.0.2.14")}}
+	if _, err := f.Set(node); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	f.started = t0
+	type answers struct{ byTable, kernelOnly []string }
+	for _, s := range []struct {
+		what   string
+		at     time.Duration
+		answer answers
+		next   string
+		passed []string
+	}{
+		// node4 runs an older agent: its table never marks an answer.
+		{"every table answers", 3 * time.Second, answers{[]string{"192.0.2.12", "192.0.2.13"}, []string{"192.0.2.14"}}, "node2", nil},
+		{"node2's rules flushed, within the deadline", 4 * time.Second, answers{[]string{"192.0.2.13"}, []string{"192.0.2.12", "192.0.2.14"}}, "node2", nil},
+		{"node2's rules flushed, past the deadline", 5*time.Second + probeDeadline/2, answers{[]string{"192.0.2.13"}, []string{"192.0.2.12", "192.0.2.14"}}, "node3", []string{"node2"}},
+		{"an older agent's node keeps answering unmarked", 9 * time.Second, answers{[]string{"192.0.2.13"}, []string{"192.0.2.12", "192.0.2.14"}}, "node3", []string{"node2"}},
+		{"node2's rules back", 10 * time.Second, answers{[]string{"192.0.2.12", "192.0.2.13"}, []string{"192.0.2.14"}}, "node2", nil},
+	} {
+		for _, a := range s.answer.byTable {
+			f.answered(netip.MustParseAddr(a), true, t0.Add(s.at-100*time.Millisecond))
+		}
+		for _, a := range s.answer.kernelOnly {
+			f.answered(netip.MustParseAddr(a), false, t0.Add(s.at-100*time.Millisecond))
 		}
 		f.judge(t0.Add(s.at))
 		next, passed := f.sendingTo()

@@ -57,12 +57,14 @@ type Flows struct {
 	// node is the last node Set was given, to choose again when a peer
 	// stops or starts answering.
 	node datapath.NodeInfo
-	// Probing (see Run): when each peer's address last answered, and
-	// which peers are passed over; started is when probing began, before
-	// which every peer counts as alive.
-	answers map[netip.Addr]time.Time
-	dead    map[string]bool
-	started time.Time
+	// Probing (see Run): when each peer's address last answered, when
+	// its table last marked an answer as its own (a peer whose table
+	// never did runs an agent that predates the mark), and which peers
+	// are passed over; started is when probing began, before which every
+	// peer counts as alive.
+	answers, tableAnswers map[netip.Addr]time.Time
+	dead                  map[string]bool
+	started               time.Time
 	// deaf: the last judgement heard no peer at all, and left the
 	// verdicts before it in place.
 	deaf bool
@@ -360,18 +362,25 @@ func (f *Flows) restartClock(now time.Time) {
 	for a := range f.answers {
 		f.answers[a] = now
 	}
+	for a := range f.tableAnswers {
+		f.tableAnswers[a] = now
+	}
 }
 
-// answered records a peer's answer. Judgements wait for the next tick,
-// when every answer read by then counts: judging at each answer, with
-// the others still queued, passed over live peers on a busy machine.
-func (f *Flows) answered(a netip.Addr, at time.Time) {
+// answered records a peer's answer, and whether its table marked it as
+// its own (byTable). Judgements wait for the next tick, when every answer
+// read by then counts: judging at each answer, with the others still
+// queued, passed over live peers on a busy machine.
+func (f *Flows) answered(a netip.Addr, byTable bool, at time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.answers == nil {
-		f.answers = map[netip.Addr]time.Time{}
+		f.answers, f.tableAnswers = map[netip.Addr]time.Time{}, map[netip.Addr]time.Time{}
 	}
 	f.answers[a] = at
+	if byTable {
+		f.tableAnswers[a] = at
+	}
 }
 
 // judge passes over the peers that stopped answering and takes back
@@ -388,6 +397,7 @@ func (f *Flows) judgeLocked(now time.Time) {
 		return
 	}
 	dead := map[string]bool{}
+	rulesGone := map[string]bool{} // of dead: its kernel answers, its table does not
 	heard := false
 	for _, p := range f.node.FlowPeers {
 		a, ok := datapath.NextHop(p.Addresses, false)
@@ -396,8 +406,14 @@ func (f *Flows) judgeLocked(now time.Time) {
 		}
 		if now.Sub(f.answers[a]) > probeDeadline {
 			dead[p.Name] = true
-		} else {
-			heard = true
+			continue
+		}
+		heard = true
+		// A peer whose table marked answers before and no longer does
+		// lost its rules (flushed while its agent was away): what it is
+		// passed it would serve as new, and refuse.
+		if t, marked := f.tableAnswers[a]; marked && now.Sub(t) > probeDeadline {
+			dead[p.Name], rulesGone[p.Name] = true, true
 		}
 	}
 	if !heard && len(dead) > 0 {
@@ -416,7 +432,11 @@ func (f *Flows) judgeLocked(now time.Time) {
 		return
 	}
 	for name := range dead {
-		if !f.dead[name] {
+		switch {
+		case f.dead[name]:
+		case rulesGone[name]:
+			f.cfg.Log.Warn("a next node answers without its rules (they were flushed, or it was rebooted without them): moved connections pass it over", "peer", name)
+		default:
 			f.cfg.Log.Warn("a next node does not answer: moved connections pass it over", "peer", name)
 		}
 	}

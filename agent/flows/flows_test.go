@@ -120,7 +120,7 @@ func TestProbesChooseTheNextNode(t *testing.T) {
 		step := func(what string, now time.Duration, answering []string, wantNext string, wantPassed ...string) {
 			t.Helper()
 			for _, a := range answering {
-				f.answered(netip.MustParseAddr(a), at(now-100*time.Millisecond))
+				f.answered(netip.MustParseAddr(a), false, at(now-100*time.Millisecond))
 			}
 			f.judge(at(now))
 			next, passed := f.sendingTo()

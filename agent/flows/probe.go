@@ -6,9 +6,15 @@ package flows
 // at once. The probe goes the way moved packets go: an ICMP echo request,
 // framed for the peer's device and sent through this node's, so that the
 // answer (the peer's kernel replies over the LAN) proves the peer's
-// device, tunnel and table take packets, not only that its host is up. An
-// agent that died while its tables still forward stays on the ring: its
-// node still holds and serves its connections.
+// device and tunnel take packets, not only that its host is up. The
+// peer's table marks the request on its way in (its identifier,
+// datapath.FlowProbeID, becomes FlowProbeAnsweredID), so the answer says
+// whether the rules are there too: a node whose rules were flushed while
+// its agent was away answers unmarked, and is passed over like a silent
+// one (a peer that never marked an answer runs an older agent, and its
+// answers count as they are). An agent that died while its tables still
+// forward stays on the ring: its node still holds and serves its
+// connections.
 
 import (
 	"context"
@@ -16,11 +22,11 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"time"
 
 	"github.com/mdlayher/ethernet"
 	"github.com/mdlayher/packet"
+	"github.com/weirlb/weir/datapath"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 )
@@ -49,7 +55,6 @@ type probeTarget struct {
 // first alive one changes. IPv4 only: a node without an IPv4 address
 // takes its peers as alive.
 func (f *Flows) Run(ctx context.Context) {
-	id := os.Getpid() & 0xffff
 	replies, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
 	if err != nil {
 		f.cfg.Log.Warn("next nodes are not probed: a node that goes away takes moved connections with it until the server drops it", "error", err)
@@ -58,9 +63,9 @@ func (f *Flows) Run(ctx context.Context) {
 	defer replies.Close()
 	stop := context.AfterFunc(ctx, func() { replies.Close() })
 	defer stop()
-	answered := make(chan netip.Addr, 64)
-	go readAnswers(replies, id, answered)
-	s := &sender{iface: f.cfg.Interface, log: f.cfg.Log, id: id}
+	answered := make(chan answer, 64)
+	go readAnswers(replies, answered)
+	s := &sender{iface: f.cfg.Interface, log: f.cfg.Log}
 	defer s.close()
 	tick := time.NewTicker(probeInterval)
 	defer tick.Stop()
@@ -70,7 +75,7 @@ func (f *Flows) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case a := <-answered:
-			f.answered(a, time.Now())
+			f.answered(a.from, a.byTable, time.Now())
 		case now := <-tick.C:
 			if now.Sub(last) > 3*probeInterval {
 				f.restartClock(now)
@@ -84,9 +89,16 @@ func (f *Flows) Run(ctx context.Context) {
 	}
 }
 
-// readAnswers passes on the addresses of the echo replies to this
-// prober's id until replies is closed.
-func readAnswers(replies *icmp.PacketConn, id int, answered chan<- netip.Addr) {
+// answer is an echo reply to a probe: who sent it, and whether its table
+// marked the request.
+type answer struct {
+	from    netip.Addr
+	byTable bool
+}
+
+// readAnswers passes on the echo replies to the probes until replies is
+// closed.
+func readAnswers(replies *icmp.PacketConn, answered chan<- answer) {
 	buf := make([]byte, 1500)
 	for {
 		n, from, err := replies.ReadFrom(buf)
@@ -97,12 +109,13 @@ func readAnswers(replies *icmp.PacketConn, id int, answered chan<- netip.Addr) {
 		if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
 			continue
 		}
-		if e, ok := m.Body.(*icmp.Echo); !ok || e.ID != id {
+		e, ok := m.Body.(*icmp.Echo)
+		if !ok || e.ID != datapath.FlowProbeID && e.ID != datapath.FlowProbeAnsweredID {
 			continue
 		}
 		if a, ok := netip.AddrFromSlice(from.(*net.IPAddr).IP); ok {
 			select {
-			case answered <- a.Unmap():
+			case answered <- answer{from: a.Unmap(), byTable: e.ID == datapath.FlowProbeAnsweredID}:
 			default:
 			}
 		}
@@ -111,11 +124,11 @@ func readAnswers(replies *icmp.PacketConn, id int, answered chan<- netip.Addr) {
 
 // takeAnswers records the answers already read, so that they count
 // before any judgement.
-func (f *Flows) takeAnswers(answered <-chan netip.Addr, now time.Time) {
+func (f *Flows) takeAnswers(answered <-chan answer, now time.Time) {
 	for {
 		select {
 		case a := <-answered:
-			f.answered(a, now)
+			f.answered(a.from, a.byTable, now)
 		default:
 			return
 		}
@@ -127,7 +140,6 @@ func (f *Flows) takeAnswers(answered <-chan netip.Addr, now time.Time) {
 type sender struct {
 	iface string
 	log   *slog.Logger
-	id    int
 
 	conn  *packet.Conn
 	index int // of the device conn is bound to
@@ -156,7 +168,7 @@ func (s *sender) send(src netip.Addr, srcMAC net.HardwareAddr, targets []probeTa
 	}
 	s.seq++
 	for _, t := range targets {
-		frame, err := echoFrame(srcMAC, t.mac, src, t.addr, s.id, s.seq)
+		frame, err := echoFrame(srcMAC, t.mac, src, t.addr, datapath.FlowProbeID, s.seq)
 		if err == nil {
 			_, _ = s.conn.WriteTo(frame, &packet.Addr{HardwareAddr: t.mac})
 		}

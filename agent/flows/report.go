@@ -125,7 +125,7 @@ var (
 		"Packets the tunnel of moved connections dropped, by reason: not_a_peer (sent to its UDP port from an address that is not one of the nodes that pass packets to this one) or not_passed_on (came through it, but not a TCP packet to a load-balancer or external IP, nor a probe).",
 		[]string{"reason"}, nil)
 	movedNotAnsweringDesc = prometheus.NewDesc("weir_moved_next_nodes_not_answering",
-		"Next nodes of the ring of moved connections that this node passes over because they stopped answering its probes.", nil, nil)
+		"Next nodes of the ring of moved connections that this node passes over because they stopped answering its probes, or answer without their rules.", nil, nil)
 )
 
 // Describe is part of prometheus.Collector.

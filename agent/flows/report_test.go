@@ -85,7 +85,7 @@ weir_moved_packets_total{action="unowned"} 1
 # TYPE weir_moved_packets_refused_total counter
 weir_moved_packets_refused_total{reason="not_a_peer"} 5
 weir_moved_packets_refused_total{reason="not_passed_on"} 2
-# HELP weir_moved_next_nodes_not_answering Next nodes of the ring of moved connections that this node passes over because they stopped answering its probes.
+# HELP weir_moved_next_nodes_not_answering Next nodes of the ring of moved connections that this node passes over because they stopped answering its probes, or answer without their rules.
 # TYPE weir_moved_next_nodes_not_answering gauge
 weir_moved_next_nodes_not_answering 1
 `

@@ -21,6 +21,7 @@ import (
 	"github.com/weirlb/weir/agent/flows"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/lab"
+	"github.com/weirlb/weir/test/wait"
 	"github.com/weirlb/weir/test/weirlab"
 )
 
@@ -715,4 +716,87 @@ func TestReusedSourcePortAfterAMove(t *testing.T) {
 			t.Fatalf("request %d on the new connection: %v", i, err)
 		}
 	}
+}
+
+// TestTheRingPassesOverANodeWithoutItsRules: three nodes, each passing
+// moved connections to the next (node2 to node3). node3's agent is killed
+// and its rules flushed, its VXLAN device left in place: its kernel still
+// answers node2's probes, but a packet node2 passed it would be served
+// there as new, and refused. node2 must pass node3 over within the probes'
+// deadline (2 s), as it would a silent node, and take it back once node3's
+// agent is started again and its rules are back.
+func TestTheRingPassesOverANodeWithoutItsRules(t *testing.T) {
+	c, _ := flowLabOf(t, 3, "FRR", func(*lab.Node) []string { return nil })
+	ctx := context.Background()
+	node2Log := func() string { return c.Agents[1].Log() }
+	// The time of node2's first log line with every one of words after
+	// since, if any.
+	logged := func(since time.Time, words ...string) (time.Time, bool) {
+		for _, line := range strings.Split(node2Log(), "\n") {
+			if !slices.ContainsFunc(words, func(w string) bool { return !strings.Contains(line, w) }) {
+				ts, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+				if at, err := time.Parse(time.RFC3339Nano, ts); err == nil && !at.Before(since) {
+					return at, true
+				}
+			}
+		}
+		return time.Time{}, false
+	}
+	wait.For(t, 30*time.Second, "node2 passes moved connections to node3", func() error {
+		if _, ok := logged(time.Time{}, "moved connections go to the next node", "next=node3"); !ok {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	// Every probe answered and marked before the rules go.
+	time.Sleep(3 * time.Second)
+	if _, ok := logged(time.Time{}, "pass it over"); ok {
+		t.Fatalf("node2 passed a node over while every node was up:\n%s", grepLines(node2Log(), "component=flows"))
+	}
+
+	node3 := c.Nodes[2]
+	if err := c.Agents[2].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range []string{"ip", "ip6"} {
+		if _, err := node3.Run(ctx, "nft", "delete", "table", fam, "weir"); err != nil && !errors.Is(err, exec.ErrWaitDelay) {
+			t.Fatal(err)
+		}
+	}
+	flushed := time.Now()
+	if out, err := node3.Run(ctx, "ip", "link", "show", "weir-flows"); err != nil {
+		t.Fatalf("node3's device is gone, so the test would not tell a node without rules from one without a device: %v %s", err, out)
+	}
+	var passedOver time.Time
+	wait.For(t, 10*time.Second, "node2 passes node3 over: its kernel answers, its rules do not", func() error {
+		at, ok := logged(flushed.Add(-time.Second), "answers without its rules", "peer=node3")
+		if !ok {
+			return errors.New("not passed over")
+		}
+		if _, ok := logged(flushed.Add(-time.Second), "moved connections go to the next node", "next=node1"); !ok {
+			return errors.New("passed over, the route not moved to node1")
+		}
+		passedOver = at
+		return nil
+	})
+	t.Logf("node2 passed node3 over %v after its rules were flushed", passedOver.Sub(flushed).Round(time.Millisecond))
+	// The probes' deadline, a probe's interval and a judgement's tick,
+	// with room for a busy machine.
+	if d := passedOver.Sub(flushed); d > 4*time.Second {
+		t.Errorf("node2 passed node3 over %v after its rules were flushed; want within the probes' deadline of 2 s", d)
+	}
+
+	if err := c.RestartAgent(2); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	wait.For(t, 30*time.Second, "node2 takes node3 back once its agent wrote its rules again", func() error {
+		if _, ok := logged(restarted, "a next node answers again", "peer=node3"); !ok {
+			return errors.New("not taken back")
+		}
+		if _, ok := logged(restarted, "moved connections go to the next node", "next=node3"); !ok {
+			return errors.New("taken back, the route not moved to node3")
+		}
+		return nil
+	})
 }
