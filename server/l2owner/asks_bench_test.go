@@ -57,6 +57,41 @@ func BenchmarkLeaseAsks(b *testing.B) {
 				o.mu.Unlock()
 			}
 		})
+		b.Run(fmt.Sprintf("renew-while-handing-over/nodes=%d/addrs=%d", size.nodes, size.addrs), func(b *testing.B) {
+			// A tenth of the nodes stop at once (a rolling restart, a
+			// drain of a rack): their addresses are handed over, and
+			// every other node keeps renewing meanwhile.
+			o.mu.Lock()
+			for i, s := range streams {
+				if i%10 == 0 {
+					s.stopping = true
+				}
+			}
+			o.assignLocked()
+			handing := len(o.handing)
+			o.mu.Unlock()
+			defer func() {
+				o.mu.Lock()
+				for _, s := range streams {
+					s.stopping = false
+				}
+				o.assignLocked()
+				o.mu.Unlock()
+			}()
+			if handing == 0 {
+				b.Fatal("no handover under way")
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				k := i % len(streams)
+				if k%10 == 0 {
+					k++
+				}
+				streams[k].Ask(Asked{})
+			}
+			b.ReportMetric(float64(handing), "handovers")
+		})
 		b.Run(fmt.Sprintf("candidates/nodes=%d/addrs=%d", size.nodes, size.addrs), func(b *testing.B) {
 			// The candidates given again after a change of the registry:
 			// one address more, then one fewer, each list a new slice

@@ -51,9 +51,14 @@ type Owners struct {
 	lapsed map[netip.Addr]claim
 	// handing are the planned moves under way, by address: the holder
 	// keeps answering until the chosen node has shown it can take over.
-	handing map[netip.Addr]*handover
-	streams map[string]*Stream
-	wake    notify.Kick // the timer loop looks again
+	// handingFrom and handingTo are their addresses by holder and by
+	// chosen node, in address order, made again with every plan (an
+	// address whose handover ended since is skipped): an ask costs its
+	// node's handovers, not everyone's.
+	handing                map[netip.Addr]*handover
+	handingFrom, handingTo map[string][]netip.Addr
+	streams                map[string]*Stream
+	wake                   notify.Kick // the timer loop looks again
 	// asked is broadcast when a stream's node asks for the first time
 	// (Asked turns true): the leader's warm-up waits on it. Its lock is
 	// taken under mu, never the other way round.
@@ -141,6 +146,7 @@ func (o *Owners) Lead(ctx context.Context, heard <-chan struct{}) {
 	o.owned = map[string][]netip.Addr{}
 	o.lapsed = map[netip.Addr]claim{}
 	o.handing = map[netip.Addr]*handover{}
+	o.handingFrom, o.handingTo = nil, nil
 	o.warm = false
 	o.mu.Unlock()
 	defer func() {
@@ -426,6 +432,12 @@ func (o *Owners) planHandoversLocked(owner map[netip.Addr]string) {
 		o.handing[a] = h
 		o.log.Info("L2 handover planned: the holder answers until the chosen node can take over", "address", a, "from", l.Node, "to", to)
 	}
+	o.handingFrom, o.handingTo = map[string][]netip.Addr{}, map[string][]netip.Addr{}
+	for _, a := range slices.SortedFunc(maps.Keys(o.handing), netip.Addr.Compare) {
+		h := o.handing[a]
+		o.handingFrom[h.from] = append(o.handingFrom[h.from], a)
+		o.handingTo[h.to] = append(o.handingTo[h.to], a)
+	}
 }
 
 // answersLocked: node's stream is open and asked within a lease's life
@@ -444,8 +456,9 @@ func (o *Owners) answersLocked(addr netip.Addr, node string) bool {
 // address up. The ask must answer the request to ask sent when the move
 // was planned (an older agent's: come after it).
 func (o *Owners) readyLocked(s *Stream, q Asked) {
-	for a, h := range o.handing {
-		if h.to != s.node || h.ready || !s.canAnswer(a) {
+	for _, a := range o.handingTo[s.node] {
+		h := o.handing[a]
+		if h == nil || h.to != s.node || h.ready || !s.canAnswer(a) {
 			continue
 		}
 		if s.knowsAnswerable && q.Nudged < h.nudge || !s.knowsAnswerable && s.lastAsk.Before(h.since) {
@@ -461,9 +474,9 @@ func (o *Owners) readyLocked(s *Stream, q Asked) {
 // those it has just released.
 func (o *Owners) handingOverLocked(node string, released []Held) []Grant {
 	var out []Grant
-	for _, a := range slices.SortedFunc(maps.Keys(o.handing), netip.Addr.Compare) {
+	for _, a := range o.handingFrom[node] {
 		h := o.handing[a]
-		if h.from != node || h.ready || slices.ContainsFunc(released, func(r Held) bool { return r.Addr == a }) {
+		if h == nil || h.from != node || h.ready || slices.ContainsFunc(released, func(r Held) bool { return r.Addr == a }) {
 			continue
 		}
 		if l := o.table.leases[a]; l == nil || l.Node != node {
