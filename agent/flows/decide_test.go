@@ -1,6 +1,7 @@
 package flows
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"net/netip"
@@ -9,7 +10,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/mdlayher/ethernet"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/net/icmp"
 
 	"github.com/weirlb/weir/datapath"
 )
@@ -339,5 +342,131 @@ func TestJudgePassesOverAPeerWithoutItsRules(t *testing.T) {
 		if want := v4Route(map[string]string{"node2": "192.0.2.12", "node3": "192.0.2.13", "node4": "192.0.2.14"}[s.next]); k.routes[false] != want {
 			t.Errorf("%s: route %+v; want %+v", s.what, k.routes[false], want)
 		}
+	}
+}
+
+// On IPv6-only nodes the probes go in IPv6, to the peers' outer IPv6
+// addresses, and a silent peer is passed over as in IPv4; a dual-stack
+// node probes its peers' IPv4 addresses.
+func TestIPv6OnlyNodesProbeAndJudgeTheirPeers(t *testing.T) {
+	f, k := newFake()
+	node := datapath.NodeInfo{Name: "node1", Addresses: addrs("2001:db8::11"), FlowRing: 3,
+		FlowPeers: []datapath.FlowPeer{flowPeer("node2", "2001:db8::12"), flowPeer("node3", "2001:db8::13")}}
+	if _, err := f.Set(node); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	src, mac, targets := f.probeTargets(t0)
+	if src != netip.MustParseAddr("2001:db8::11") || mac.String() != MAC(src).String() || len(targets) != 2 ||
+		targets[0].addr != netip.MustParseAddr("2001:db8::12") || targets[1].addr != netip.MustParseAddr("2001:db8::13") {
+		t.Fatalf("probes from %s (%s) to %+v; want from 2001:db8::11 to node2's and node3's IPv6 addresses", src, mac, targets)
+	}
+	f.answered(netip.MustParseAddr("2001:db8::12"), true, t0.Add(time.Second))
+	f.answered(netip.MustParseAddr("2001:db8::13"), true, t0.Add(3*time.Second))
+	f.judge(t0.Add(3*time.Second + probeDeadline/2))
+	if next, passed := f.sendingTo(); next != "node3" || !cmp.Equal(passed, []string{"node2"}) {
+		t.Errorf("node2 silent: next %s, passing over %v; want node3, passing over [node2]", next, passed)
+	}
+	if want := v6Route("2001:db8::13"); k.routes[true] != want {
+		t.Errorf("route %+v; want %+v", k.routes[true], want)
+	}
+
+	dual, _ := newFake()
+	if _, err := dual.Set(datapath.NodeInfo{Name: "node1", Addresses: addrs("192.0.2.11", "2001:db8::11"), FlowRing: 2,
+		FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12", "2001:db8::12")}}); err != nil {
+		t.Fatal(err)
+	}
+	if src, _, targets := dual.probeTargets(t0); src != netip.MustParseAddr("192.0.2.11") || len(targets) != 1 || targets[0].addr != netip.MustParseAddr("192.0.2.12") {
+		t.Errorf("a dual-stack node probes from %s to %+v; want from 192.0.2.11 to 192.0.2.12", src, targets)
+	}
+}
+
+// The probe frames are what a peer's kernel answers: each family's
+// header and checksums right, the echo's identifier the one the peer's
+// table marks.
+func TestEchoFrames(t *testing.T) {
+	for _, tc := range []struct{ src, dst string }{{"192.0.2.11", "192.0.2.12"}, {"2001:db8::11", "2001:db8::12"}} {
+		src, dst := netip.MustParseAddr(tc.src), netip.MustParseAddr(tc.dst)
+		b, err := echoFrame(MAC(src), MAC(dst), src, dst, datapath.FlowProbeID, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fr ethernet.Frame
+		if err := fr.UnmarshalBinary(b); err != nil {
+			t.Fatal(err)
+		}
+		var body []byte
+		var sum uint32
+		proto := 1
+		if src.Is6() {
+			ip := fr.Payload
+			if fr.EtherType != ethernet.EtherTypeIPv6 || ip[0]>>4 != 6 || ip[6] != 58 || !bytes.Equal(ip[8:24], src.AsSlice()) || !bytes.Equal(ip[24:40], dst.AsSlice()) {
+				t.Fatalf("%s: not an IPv6 packet from %s to %s: % x", tc.src, src, dst, ip[:40])
+			}
+			body, proto = ip[40:], 58
+			// The pseudo-header: addresses, length, next header.
+			for i := 8; i < 40; i += 2 {
+				sum += uint32(ip[i])<<8 | uint32(ip[i+1])
+			}
+			sum += uint32(len(body)) + 58
+		} else {
+			ip := fr.Payload
+			if fr.EtherType != ethernet.EtherTypeIPv4 || checksum(ip[:20]) != 0 {
+				t.Fatalf("%s: IPv4 header checksum wrong: % x", tc.src, ip[:20])
+			}
+			body = ip[20:]
+		}
+		for i := 0; i+1 < len(body); i += 2 {
+			sum += uint32(body[i])<<8 | uint32(body[i+1])
+		}
+		if len(body)%2 == 1 {
+			sum += uint32(body[len(body)-1]) << 8
+		}
+		for sum > 0xffff {
+			sum = sum>>16 + sum&0xffff
+		}
+		if sum != 0xffff {
+			t.Errorf("%s: ICMP checksum wrong (sum %#x)", tc.src, sum)
+		}
+		m, err := icmp.ParseMessage(proto, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, ok := m.Body.(*icmp.Echo); !ok || e.ID != datapath.FlowProbeID || e.Seq != 7 {
+			t.Errorf("%s: %+v; want an echo request with id %#x, seq 7", tc.src, m.Body, datapath.FlowProbeID)
+		}
+	}
+}
+
+// A peer new to the probes (it joined the ring, or the node's family
+// changed) has a whole deadline to answer: it is not passed over at the
+// first judgement after it appears.
+func TestANewPeerHasADeadlineToAnswer(t *testing.T) {
+	f, _ := newFake()
+	node := datapath.NodeInfo{Name: "node1", Addresses: addrs("192.0.2.11"), FlowRing: 2,
+		FlowPeers: []datapath.FlowPeer{flowPeer("node2", "192.0.2.12")}}
+	if _, err := f.Set(node); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	f.probeTargets(t0)
+	f.answered(netip.MustParseAddr("192.0.2.12"), true, t0.Add(probeDeadline))
+	// node3 joins before node2 in the ring.
+	node.FlowRing, node.FlowPeers = 3, []datapath.FlowPeer{flowPeer("node3", "192.0.2.13"), flowPeer("node2", "192.0.2.12")}
+	if _, err := f.Set(node); err != nil {
+		t.Fatal(err)
+	}
+	joined := t0.Add(probeDeadline + time.Second)
+	f.probeTargets(joined)
+	for _, at := range []time.Duration{0, probeInterval, probeDeadline} {
+		f.answered(netip.MustParseAddr("192.0.2.12"), true, joined.Add(at))
+		f.judge(joined.Add(at))
+		if next, passed := f.sendingTo(); next != "node3" || len(passed) != 0 {
+			t.Errorf("%v after node3 joined: next %s, passing over %v; want node3, none passed over", at, next, passed)
+		}
+	}
+	f.judge(joined.Add(probeDeadline + probeInterval))
+	if next, passed := f.sendingTo(); next != "node2" || !cmp.Equal(passed, []string{"node3"}) {
+		t.Errorf("node3 silent past its deadline: next %s, passing over %v; want node2, passing over [node3]", next, passed)
 	}
 }

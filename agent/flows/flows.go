@@ -332,25 +332,43 @@ func (a *Applier) set(node datapath.NodeInfo) datapath.NodeInfo {
 	return out
 }
 
-// probeTargets are the node's IPv4 address and device MAC, and the next
-// nodes to probe.
-func (f *Flows) probeTargets() (netip.Addr, net.HardwareAddr, []probeTarget) {
+// probeTargets are the node's outer address and device MAC, and the next
+// nodes to probe at now, at their outer addresses of the same family. A
+// peer probed at an address for the first time (it joined the ring, or
+// the node's outer family changed) has a whole deadline to answer, as
+// every peer has when probing begins.
+func (f *Flows) probeTargets(now time.Time) (netip.Addr, net.HardwareAddr, []probeTarget) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	own4, ok := datapath.NextHop(f.node.Addresses, false)
-	if !ok || !f.local.Is4() {
+	if !f.local.IsValid() {
 		return netip.Addr{}, nil, nil
 	}
 	if f.started.IsZero() {
-		f.started = time.Now()
+		f.started = now
+	}
+	if f.answers == nil {
+		f.answers, f.tableAnswers = map[netip.Addr]time.Time{}, map[netip.Addr]time.Time{}
 	}
 	var out []probeTarget
 	for _, p := range f.node.FlowPeers {
-		if a, ok := datapath.NextHop(p.Addresses, false); ok {
+		if a, ok := f.probedAddrLocked(p); ok {
+			if _, seen := f.answers[a]; !seen {
+				f.answers[a] = now
+			}
 			out = append(out, probeTarget{name: p.Name, addr: a, mac: MAC(a)})
 		}
 	}
-	return own4, MAC(f.local), out
+	return f.local, MAC(f.local), out
+}
+
+// probedAddrLocked is the address a peer is probed at: its outer address,
+// when it is of the node's outer family.
+func (f *Flows) probedAddrLocked(p datapath.FlowPeer) (netip.Addr, bool) {
+	a, ok := outer(p.Addresses)
+	if !ok || !f.local.IsValid() || a.Is4() != f.local.Is4() {
+		return netip.Addr{}, false
+	}
+	return a, true
 }
 
 // restartClock gives every peer a full deadline from now: the prober
@@ -400,7 +418,7 @@ func (f *Flows) judgeLocked(now time.Time) {
 	rulesGone := map[string]bool{} // of dead: its kernel answers, its table does not
 	heard := false
 	for _, p := range f.node.FlowPeers {
-		a, ok := datapath.NextHop(p.Addresses, false)
+		a, ok := f.probedAddrLocked(p)
 		if !ok {
 			continue
 		}

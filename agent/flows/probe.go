@@ -29,6 +29,7 @@ import (
 	"github.com/weirlb/weir/datapath"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 )
 
 // Probe timing: a node that answered none of the probes of the last two
@@ -47,24 +48,34 @@ const (
 // probeTarget is a next node the probe asks.
 type probeTarget struct {
 	name string
-	addr netip.Addr // its IPv4 address, which its device holds too
+	addr netip.Addr // its outer address (IPv4, or IPv6 on IPv6-only nodes)
 	mac  net.HardwareAddr
 }
 
 // Run probes the next nodes until ctx ends, and moves the route when the
-// first alive one changes. IPv4 only: a node without an IPv4 address
-// takes its peers as alive.
+// first alive one changes. The probes go in the node's outer family: IPv4,
+// or IPv6 on IPv6-only nodes.
 func (f *Flows) Run(ctx context.Context) {
-	replies, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
-	if err != nil {
-		f.cfg.Log.Warn("next nodes are not probed: a node that goes away takes moved connections with it until the server drops it", "error", err)
+	answered := make(chan answer, 64)
+	listening := 0
+	for _, l := range []struct {
+		network, address string
+		protocol         int // of the ICMP message, for icmp.ParseMessage
+	}{{"ip4:icmp", "0.0.0.0", 1}, {"ip6:ipv6-icmp", "::", 58}} {
+		replies, err := icmp.ListenPacket(l.network, l.address)
+		if err != nil {
+			f.cfg.Log.Warn("next nodes are not probed in one family: a node that goes away takes moved connections with it until the server drops it", "network", l.network, "error", err)
+			continue
+		}
+		listening++
+		defer replies.Close()
+		stop := context.AfterFunc(ctx, func() { replies.Close() })
+		defer stop()
+		go readAnswers(replies, l.protocol, answered)
+	}
+	if listening == 0 {
 		return
 	}
-	defer replies.Close()
-	stop := context.AfterFunc(ctx, func() { replies.Close() })
-	defer stop()
-	answered := make(chan answer, 64)
-	go readAnswers(replies, answered)
 	s := &sender{iface: f.cfg.Interface, log: f.cfg.Log}
 	defer s.close()
 	tick := time.NewTicker(probeInterval)
@@ -82,7 +93,7 @@ func (f *Flows) Run(ctx context.Context) {
 			}
 			last = now
 			f.takeAnswers(answered, now)
-			if s.send(f.probeTargets()) {
+			if s.send(f.probeTargets(now)) {
 				f.judge(time.Now())
 			}
 		}
@@ -97,16 +108,16 @@ type answer struct {
 }
 
 // readAnswers passes on the echo replies to the probes until replies is
-// closed.
-func readAnswers(replies *icmp.PacketConn, answered chan<- answer) {
+// closed; protocol is the messages' (1: ICMP, 58: ICMPv6).
+func readAnswers(replies *icmp.PacketConn, protocol int, answered chan<- answer) {
 	buf := make([]byte, 1500)
 	for {
 		n, from, err := replies.ReadFrom(buf)
 		if err != nil {
 			return
 		}
-		m, err := icmp.ParseMessage(1, buf[:n])
-		if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
+		m, err := icmp.ParseMessage(protocol, buf[:n])
+		if err != nil || m.Type != ipv4.ICMPTypeEchoReply && m.Type != ipv6.ICMPTypeEchoReply {
 			continue
 		}
 		e, ok := m.Body.(*icmp.Echo)
@@ -136,17 +147,18 @@ func (f *Flows) takeAnswers(answered <-chan answer, now time.Time) {
 }
 
 // sender sends the probes through the device, on a raw socket it opens
-// again when the device is remade.
+// again when the device is remade or the family changes.
 type sender struct {
 	iface string
 	log   *slog.Logger
 
 	conn  *packet.Conn
-	index int // of the device conn is bound to
+	index int  // of the device conn is bound to
+	is6   bool // the family conn sends
 	seq   int
 }
 
-// send sends one round of echo requests from src, the node's IPv4
+// send sends one round of echo requests from src, the node's outer
 // address, and its device's MAC to the targets. It is false when no round
 // went out: nothing to probe, or no device to send through.
 func (s *sender) send(src netip.Addr, srcMAC net.HardwareAddr, targets []probeTarget) bool {
@@ -157,14 +169,18 @@ func (s *sender) send(src netip.Addr, srcMAC net.HardwareAddr, targets []probeTa
 	if err != nil {
 		return false
 	}
-	if s.conn == nil || s.index != ifi.Index {
+	if s.conn == nil || s.index != ifi.Index || s.is6 != src.Is6() {
 		s.close()
-		if s.conn, err = packet.Listen(ifi, packet.Raw, int(ethernet.EtherTypeIPv4), nil); err != nil {
+		etherType := ethernet.EtherTypeIPv4
+		if src.Is6() {
+			etherType = ethernet.EtherTypeIPv6
+		}
+		if s.conn, err = packet.Listen(ifi, packet.Raw, int(etherType), nil); err != nil {
 			s.log.Warn("probing the next nodes", "error", err)
 			s.conn = nil
 			return false
 		}
-		s.index = ifi.Index
+		s.index, s.is6 = ifi.Index, src.Is6()
 	}
 	s.seq++
 	for _, t := range targets {
@@ -179,13 +195,31 @@ func (s *sender) send(src netip.Addr, srcMAC net.HardwareAddr, targets []probeTa
 func (s *sender) close() {
 	if s.conn != nil {
 		s.conn.Close()
+		s.conn = nil
 	}
 }
 
-// echoFrame is an Ethernet frame holding an ICMP echo request from src to
-// dst.
+// echoFrame is an Ethernet frame holding an ICMP (ICMPv6) echo request
+// from src to dst.
 func echoFrame(srcMAC, dstMAC net.HardwareAddr, src, dst netip.Addr, id, seq int) ([]byte, error) {
-	body, err := (&icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq & 0xffff, Data: []byte("weir flows")}}).Marshal(nil)
+	echo := &icmp.Echo{ID: id, Seq: seq & 0xffff, Data: []byte("weir flows")}
+	if src.Is6() {
+		body, err := (&icmp.Message{Type: ipv6.ICMPTypeEchoRequest, Body: echo}).Marshal(icmp.IPv6PseudoHeader(src.AsSlice(), dst.AsSlice()))
+		if err != nil {
+			return nil, err
+		}
+		ip := make([]byte, 40, 40+len(body))
+		ip[0] = 6 << 4
+		binary.BigEndian.PutUint16(ip[4:], uint16(len(body)))
+		ip[6] = 58 // ICMPv6
+		ip[7] = 64 // hop limit
+		s, d := src.As16(), dst.As16()
+		copy(ip[8:24], s[:])
+		copy(ip[24:40], d[:])
+		ip = append(ip, body...)
+		return (&ethernet.Frame{Destination: dstMAC, Source: srcMAC, EtherType: ethernet.EtherTypeIPv6, Payload: ip}).MarshalBinary()
+	}
+	body, err := (&icmp.Message{Type: ipv4.ICMPTypeEcho, Body: echo}).Marshal(nil)
 	if err != nil {
 		return nil, err
 	}

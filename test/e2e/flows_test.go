@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -724,10 +725,37 @@ func TestReusedSourcePortAfterAMove(t *testing.T) {
 // answers node2's probes, but a packet node2 passed it would be served
 // there as new, and refused. node2 must pass node3 over within the probes'
 // deadline (2 s), as it would a silent node, and take it back once node3's
-// agent is started again and its rules are back.
+// agent is started again and its rules are back. The same on IPv6-only
+// nodes (registered with their IPv6 addresses only), whose tunnel and
+// probes go in IPv6.
 func TestTheRingPassesOverANodeWithoutItsRules(t *testing.T) {
+	for _, ipv6Only := range []bool{false, true} {
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6-only nodes"}[ipv6Only], func(t *testing.T) {
+			testTheRingPassesOverANodeWithoutItsRules(t, ipv6Only)
+		})
+	}
+}
+
+func testTheRingPassesOverANodeWithoutItsRules(t *testing.T, ipv6Only bool) {
 	c, _ := flowLabOf(t, 3, "FRR", func(*lab.Node) []string { return nil })
 	ctx := context.Background()
+	if ipv6Only {
+		for _, n := range c.Nodes {
+			got, err := c.Registry.GetNode(ctx, &weirv1.GetNodeRequest{Name: n.Name})
+			if err != nil {
+				t.Fatal(err)
+			}
+			node := got.GetNode()
+			node.Addresses = []string{n.IPv6.String()}
+			if _, err := c.Registry.UpdateNode(ctx, &weirv1.UpdateNodeRequest{Node: node}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	next3 := "via=" + c.Nodes[2].IPv4.String()
+	if ipv6Only {
+		next3 = "via=" + c.Nodes[2].IPv6.String()
+	}
 	node2Log := func() string { return c.Agents[1].Log() }
 	// The time of node2's first log line with every one of words after
 	// since, if any.
@@ -742,8 +770,8 @@ func TestTheRingPassesOverANodeWithoutItsRules(t *testing.T) {
 		}
 		return time.Time{}, false
 	}
-	wait.For(t, 30*time.Second, "node2 passes moved connections to node3", func() error {
-		if _, ok := logged(time.Time{}, "moved connections go to the next node", "next=node3"); !ok {
+	wait.For(t, 30*time.Second, "node2 passes moved connections to node3, "+next3, func() error {
+		if _, ok := logged(time.Time{}, "moved connections go to the next node", "next=node3", next3); !ok {
 			return errors.New("not yet")
 		}
 		return nil
@@ -799,4 +827,91 @@ func TestTheRingPassesOverANodeWithoutItsRules(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestMovedCountsCoverAnAgentsAbsence: the counts of moved connections
+// are the kernel's, kept in the table across agents. node1 is drained, so
+// the router sends everything to node2, which passes node1's connections
+// back to it; node1 counts the packets it takes. Its agent is killed
+// while that goes on, and started again: what node1 reports then covers
+// what its kernel counted while no agent ran, and matches its table's
+// counters, rather than starting again from nothing.
+func TestMovedCountsCoverAnAgentsAbsence(t *testing.T) {
+	c, r := flowLabOf(t, 2, "FRR", func(*lab.Node) []string { return nil })
+	ctx := context.Background()
+	node1, node2 := c.Nodes[0], c.Nodes[1]
+	createService(t, c, lbService("counted", 30144, []string{"10.96.0.144"}, []string{"203.0.113.144"}), c.Pods())
+	vip := netip.MustParseAddr("203.0.113.144")
+	waitNextHops(t, r, vip.String(), node1.IPv4.String(), node2.IPv4.String())
+	l := startLongLived(t, c.Client, netip.AddrPortFrom(vip, 80), 20)
+	defer l.Stop()
+	if held := conntrackHeld(t, node1, l, true); len(held) == 0 {
+		t.Fatal("node1 holds none of the connections: nothing would be passed back to it")
+	}
+	if _, err := c.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: node1.Name}); err != nil {
+		t.Fatal(err)
+	}
+	waitNextHops(t, r, vip.String(), node2.IPv4.String())
+
+	// What node1's table counted of the packets it took, and what its
+	// status says.
+	kernelTaken := func() uint64 {
+		var sum uint64
+		for _, name := range []string{"moved_taken_packets_1_hop", "moved_taken_packets_2_hops", "moved_taken_packets_3_hops", "moved_taken_packets_more_hops"} {
+			out, err := node1.Run(ctx, "nft", "list", "counter", "ip", "weir", name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := regexp.MustCompile(`packets (\d+)`).FindStringSubmatch(out)
+			if m == nil {
+				t.Fatalf("no packets in %q", out)
+			}
+			n, _ := strconv.ParseUint(m[1], 10, 64)
+			sum += n
+		}
+		return sum
+	}
+	reportedTaken := func() uint64 {
+		for _, n := range nodeStatuses(t, c) {
+			if n.GetName() == node1.Name {
+				var sum uint64
+				for _, k := range n.GetMovedConnections().GetTakenPacketsByHops() {
+					sum += k
+				}
+				return sum
+			}
+		}
+		t.Fatal("no status of node1")
+		return 0
+	}
+	wait.For(t, 20*time.Second, "node1 reports packets taken from node2", func() error {
+		if n := reportedTaken(); n == 0 {
+			return errors.New("none reported yet")
+		}
+		return nil
+	})
+
+	if err := c.Agents[0].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	atKill := kernelTaken()
+	time.Sleep(3 * time.Second)
+	whileAway := kernelTaken()
+	if whileAway <= atKill {
+		t.Fatalf("node1's table counted %d packets taken at its agent's death and %d 3 s later: nothing was passed back meanwhile, so the test would tell nothing", atKill, whileAway)
+	}
+	if err := c.RestartAgent(0); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 30*time.Second, "node1's restarted agent reports what its kernel counted while it was away", func() error {
+		reported, kernel := reportedTaken(), kernelTaken()
+		if reported < whileAway {
+			return fmt.Errorf("reports %d packets taken; its table counted %d while no agent ran (%d at the agent's death), %d now", reported, whileAway, atKill, kernel)
+		}
+		t.Logf("node1 reports %d packets taken, its table counts %d (%d at its agent's death, %d 3 s later)", reported, kernel, atKill, whileAway)
+		return nil
+	})
+	if broken, _ := l.Broken(); len(broken) > 0 {
+		t.Errorf("%d connections broke: %v", len(broken), broken)
+	}
 }
