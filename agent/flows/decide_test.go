@@ -287,14 +287,7 @@ func TestJudgeMovesTheRoute(t *testing.T) {
 		for _, a := range s.answering {
 			f.answered(netip.MustParseAddr(a), false, t0.Add(s.at-100*time.Millisecond))
 		}
-		f.judge(t0.Add(s.at))
-		next, passed := f.sendingTo()
-		if next != s.next || !cmp.Equal(passed, s.passed) {
-			t.Errorf("%s: next %s, passing over %v; want %s, passing over %v", s.what, next, passed, s.next, s.passed)
-		}
-		if want := v4Route(map[string]string{"node2": "192.0.2.12", "node3": "192.0.2.13", "node4": "192.0.2.14"}[s.next]); k.routes[false] != want {
-			t.Errorf("%s: route %+v; want %+v", s.what, k.routes[false], want)
-		}
+		judgeAndCheck(t, f, k, t0.Add(s.at), s.what, s.next, s.passed)
 	}
 }
 
@@ -334,14 +327,7 @@ func TestJudgePassesOverAPeerWithoutItsRules(t *testing.T) {
 		for _, a := range s.answer.kernelOnly {
 			f.answered(netip.MustParseAddr(a), false, t0.Add(s.at-100*time.Millisecond))
 		}
-		f.judge(t0.Add(s.at))
-		next, passed := f.sendingTo()
-		if next != s.next || !cmp.Equal(passed, s.passed) {
-			t.Errorf("%s: next %s, passing over %v; want %s, passing over %v", s.what, next, passed, s.next, s.passed)
-		}
-		if want := v4Route(map[string]string{"node2": "192.0.2.12", "node3": "192.0.2.13", "node4": "192.0.2.14"}[s.next]); k.routes[false] != want {
-			t.Errorf("%s: route %+v; want %+v", s.what, k.routes[false], want)
-		}
+		judgeAndCheck(t, f, k, t0.Add(s.at), s.what, s.next, s.passed)
 	}
 }
 
@@ -468,5 +454,20 @@ func TestANewPeerHasADeadlineToAnswer(t *testing.T) {
 	f.judge(joined.Add(probeDeadline + probeInterval))
 	if next, passed := f.sendingTo(); next != "node2" || !cmp.Equal(passed, []string{"node3"}) {
 		t.Errorf("node3 silent past its deadline: next %s, passing over %v; want node2, passing over [node3]", next, passed)
+	}
+}
+
+// judgeAndCheck judges at now and checks where moved packets go (the
+// IPv4 route to next, of node2 to node4 at 192.0.2.12-14) and which peers
+// are passed over.
+func judgeAndCheck(t *testing.T, f *Flows, k *fakeKernel, now time.Time, what, wantNext string, wantPassed []string) {
+	t.Helper()
+	f.judge(now)
+	next, passed := f.sendingTo()
+	if next != wantNext || !cmp.Equal(passed, wantPassed) {
+		t.Errorf("%s: next %s, passing over %v; want %s, passing over %v", what, next, passed, wantNext, wantPassed)
+	}
+	if want := v4Route(map[string]string{"node2": "192.0.2.12", "node3": "192.0.2.13", "node4": "192.0.2.14"}[wantNext]); k.routes[false] != want {
+		t.Errorf("%s: route %+v; want %+v", what, k.routes[false], want)
 	}
 }
