@@ -5,14 +5,14 @@ package datapath
 
 import (
 	"cmp"
-	"github.com/weirlb/weir/internal/bfd"
-	"github.com/weirlb/weir/internal/bgpnumbers"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/weirlb/weir/internal/bfd"
 	"github.com/weirlb/weir/internal/bgpcommunity"
+	"github.com/weirlb/weir/internal/bgpnumbers"
 )
 
 // NodeState is everything one node must forward.
@@ -54,8 +54,8 @@ type NodeInfo struct {
 	// ServiceCIDRs are the cluster's service ranges as the server knows
 	// them (Kubernetes' ServiceCIDR objects), added to Config.ServiceCIDRs.
 	ServiceCIDRs []netip.Prefix
-	// L2Pools are the pools answered over L2, not announced over BGP;
-	// the datapath itself does not use them.
+	// L2Pools are the pools answered over L2, announced over BGP only
+	// when they say so; the datapath itself does not use them.
 	L2Pools []L2Pool
 	// FlowRing is how many nodes pass moved connections along (this one
 	// included), FlowPeers the next ones after this node, nearest first:
@@ -81,15 +81,26 @@ func (p FlowPeer) Equal(o FlowPeer) bool {
 }
 
 // L2Pool is a pool whose addresses are answered by ARP and NDP on
-// Interfaces (empty: the interfaces whose subnets hold the address).
+// Interfaces (empty: the interfaces whose subnets hold the address);
+// AnnouncedOverBGP: also announced over BGP, through the node's
+// Advertisements.
 type L2Pool struct {
-	Ranges     []AddressRange
-	Interfaces []string
+	Ranges           []AddressRange
+	Interfaces       []string
+	AnnouncedOverBGP bool
 }
 
 // Equal reports whether two L2 pools are the same.
 func (p L2Pool) Equal(o L2Pool) bool {
-	return slices.Equal(p.Ranges, o.Ranges) && slices.Equal(p.Interfaces, o.Interfaces)
+	return slices.Equal(p.Ranges, o.Ranges) && slices.Equal(p.Interfaces, o.Interfaces) && p.AnnouncedOverBGP == o.AnnouncedOverBGP
+}
+
+// AnnouncesOverBGP reports whether the node announces addr over BGP (if
+// its service and advertisements have it do so): unless addr is in an L2
+// pool that is answered over L2 alone.
+func (n NodeInfo) AnnouncesOverBGP(addr netip.Addr) bool {
+	p, l2 := n.L2PoolOf(addr)
+	return !l2 || p.AnnouncedOverBGP
 }
 
 // L2PoolOf is the L2 pool holding addr, if one does.

@@ -44,9 +44,15 @@ func (a *app) describePool(ctx context.Context, c client, _ weirv1.StatusService
 		allocationFields(&b, alloc)
 	}
 	b.WriteString("\n")
+	// Each way the pool is announced, with the nodes it selects: an L2
+	// pool announced over BGP too has both.
 	if l2 := pool.GetL2Advertisement(); l2 != nil {
 		l2Fields(&b, l2)
-	} else {
+	}
+	if mode := poolMode(pool); mode != "l2" {
+		if mode == "l2+bgp" {
+			b.WriteString("\n")
+		}
 		section(&b, "BGP advertisements", []string{"NODE SELECTOR", "SERVICE SELECTOR", "PEERS", "COMMUNITIES", "LOCAL PREF", "AGGREGATION", "MAX NODES"},
 			advertisementRows(pool))
 	}
@@ -67,13 +73,9 @@ func poolFields(pool *weirv1.AddressPool, holders []holder) []string {
 	if pool.GetManualOnly() {
 		autoAssign = "no (only to services that ask for the pool or one of its addresses)"
 	}
-	mode := "bgp"
-	if pool.GetL2Advertisement() != nil {
-		mode = "l2"
-	}
 	return []string{
 		"Addresses", list(pool.GetAddresses()),
-		"Mode", mode,
+		"Mode", poolMode(pool),
 		"Auto-Assign", autoAssign,
 		"Avoid Buggy IPs", yesNo(pool.GetAvoidBuggyIps()),
 		"In Use", inUse(pool, holders),

@@ -124,6 +124,40 @@ L2 Advertisement:
 
 Addresses in use:  <none>
 `)
+	// An L2 pool announced over BGP too shows both ways, each with the
+	// nodes it selects.
+	e.mustLbctl(`kind: AddressPool
+metadata: {name: lan-routed}
+addresses: [192.0.2.210-192.0.2.219]
+l2_advertisement:
+  node_selector: {rack: r2}
+bgp_advertisements:
+- node_selector: {rack: r1}
+  peers: [tor-a]
+`, "apply", "-f", "-")
+	golden(t, "describe pool lan-routed", e.mustLbctl("", "describe", "pool", "lan-routed"), `
+Name:                 lan-routed
+Labels:               <none>
+Source:               native
+Created:              0s ago
+Addresses:            192.0.2.210-192.0.2.219
+Mode:                 l2+bgp
+Auto-Assign:          yes
+Avoid Buggy IPs:      no
+In Use:               IPv4 0 of 10
+Service Allocation:   <none> (every service, after the scoped pools)
+
+L2 Advertisement:
+  Interfaces:         <every interface whose subnet holds the address>
+  Node Selector:      rack=r2
+  Service Selector:   all
+
+BGP advertisements:
+  NODE SELECTOR   SERVICE SELECTOR   PEERS   COMMUNITIES   LOCAL PREF   AGGREGATION   MAX NODES
+  rack=r1         all                tor-a   <none>        <none>       /32,/128      all
+
+Addresses in use:  <none>
+`)
 	// The one advertisement of a pool is for every node and service.
 	want := "  NODE SELECTOR   SERVICE SELECTOR   PEERS   COMMUNITIES   LOCAL PREF   AGGREGATION   MAX NODES\n" +
 		"  all             all                tor-b   <none>        50           /32,/120      3\n"

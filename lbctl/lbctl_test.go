@@ -1263,12 +1263,21 @@ bgp_advertisements:
 			t.Errorf("%q: exit %d, %q; want a refusal naming %s", doc, code, stderr, field)
 		}
 	}
-	// A pool both answered over L2 and announced over BGP is refused,
-	// naming the field.
-	_, stderr, code := e.lbctl("kind: AddressPool\nmetadata:\n  name: both\naddresses:\n- 192.0.2.220/30\nl2_advertisement: {}\nbgp_advertisement:\n  local_preference: 100\n", "apply", "-f", "-")
-	if code != 1 || !strings.Contains(stderr, "l2_advertisement") || !strings.Contains(stderr, "not both") {
-		t.Errorf("a pool both L2 and BGP: exit %d, %q", code, stderr)
+	// An L2 pool is announced over BGP too by bgp_advertisements; its one
+	// bgp_advertisement, even empty, is refused, naming the field and
+	// where it goes.
+	for _, adv := range []string{"bgp_advertisement:\n  local_preference: 100\n", "bgp_advertisement: {}\n"} {
+		_, stderr, code := e.lbctl("kind: AddressPool\nmetadata:\n  name: both\naddresses:\n- 192.0.2.220/30\nl2_advertisement: {}\n"+adv, "apply", "-f", "-")
+		if code != 1 || !strings.Contains(stderr, "bgp_advertisement:") || !strings.Contains(stderr, "by its bgp_advertisements") {
+			t.Errorf("an L2 pool with %q: exit %d, %q", adv, code, stderr)
+		}
 	}
+	e.mustLbctl("kind: AddressPool\nmetadata:\n  name: both\naddresses:\n- 192.0.2.220/30\nl2_advertisement: {}\nbgp_advertisements:\n- {}\n", "apply", "-f", "-")
+	if got := e.mustLbctl("", "get", "pool", "both"); !strings.Contains(got, "192.0.2.220-192.0.2.223   l2+bgp") {
+		t.Errorf("an L2 pool announced over BGP too: %q; want mode l2+bgp", got)
+	}
+	var code int
+	var stderr string
 	// An overlapping pool is refused by the server, naming the document.
 	_, stderr, code = e.lbctl("kind: AddressPool\nmetadata:\n  name: clash\naddresses:\n- 203.0.113.8/29\n", "apply", "-f", "-")
 	if code != 1 || !strings.Contains(stderr, "document 1") || !strings.Contains(stderr, "overlaps pool public") {
@@ -1916,10 +1925,15 @@ func TestConvertMetalLBAppliesAsIs(t *testing.T) {
 		t.Errorf("applied a second time: %q; want every object unchanged", again)
 	}
 	got := e.mustLbctl("", "get", "pools", "-o", "wide")
-	for _, row := range []string{"public ", "office-lan ", " l2 ", "eth1", "no-export,64512:100"} {
+	for _, row := range []string{"public ", "office-lan ", " l2 ", " l2+bgp ", "eth1"} {
 		if !strings.Contains(got, row) {
 			t.Errorf("get pools -o wide has no %q:\n%s", row, got)
 		}
+	}
+	// The pool MetalLB both answers over L2 and announces over BGP keeps
+	// its BGP advertisement's attributes.
+	if got := e.mustLbctl("", "describe", "pool", "public"); !strings.Contains(got, "no-export,64512:100") || !strings.Contains(got, "L2 Advertisement:") {
+		t.Errorf("describe pool public: want its L2 advertisement and its BGP one's communities:\n%s", got)
 	}
 }
 

@@ -201,18 +201,26 @@ var endpointSliceWide = []column{
 
 var poolColumns = []column{
 	col("ADDRESSES", func(p *weirv1.AddressPool) string { return list(p.GetAddresses()) }),
-	col("MODE", func(p *weirv1.AddressPool) string {
-		if p.GetL2Advertisement() != nil {
-			return "l2"
-		}
-		return "bgp"
-	}),
+	col("MODE", poolMode),
 	col("AUTO-ASSIGN", func(p *weirv1.AddressPool) string {
 		if p.GetManualOnly() {
 			return "no"
 		}
 		return "yes"
 	}),
+}
+
+// poolMode is how a pool's addresses reach the routers: "bgp", "l2", or
+// "l2+bgp" for an L2 pool announced over BGP too (by its several
+// advertisements).
+func poolMode(p *weirv1.AddressPool) string {
+	switch {
+	case p.GetL2Advertisement() == nil:
+		return "bgp"
+	case len(p.GetBgpAdvertisements()) > 0:
+		return "l2+bgp"
+	}
+	return "l2"
 }
 
 // several is what a column of the pool's one BGP advertisement shows for
@@ -222,20 +230,20 @@ const several = "<several>"
 var poolWide = []column{
 	col("ADVERTISEMENTS", func(p *weirv1.AddressPool) string {
 		switch {
-		case p.GetL2Advertisement() != nil:
-			return "-"
 		case len(p.GetBgpAdvertisements()) > 0:
 			return strconv.Itoa(len(p.GetBgpAdvertisements()))
+		case p.GetL2Advertisement() != nil:
+			return "-"
 		}
 		return "1"
 	}),
 	col("AVOID-BUGGY-IPS", func(p *weirv1.AddressPool) string { return yesNo(p.GetAvoidBuggyIps()) }),
 	col("PEERS", func(p *weirv1.AddressPool) string {
-		if p.GetL2Advertisement() != nil {
-			return "-"
-		}
 		if len(p.GetBgpAdvertisements()) > 0 {
 			return several
+		}
+		if p.GetL2Advertisement() != nil {
+			return "-"
 		}
 		if peers := p.GetBgpAdvertisement().GetPeers(); len(peers) > 0 {
 			return list(peers)

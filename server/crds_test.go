@@ -129,7 +129,7 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 		{v1alpha1.AddressPools, pool("bad-cidr", "  addresses: [203.0.113.0/33]\n"), "spec.addresses"},
 		{v1alpha1.AddressPools, pool("mixed-range", "  addresses: [203.0.113.1-2001:db8::1]\n"), "spec.addresses"},
 		{v1alpha1.AddressPools, pool("no-addresses", "  addresses: []\n"), "spec.addresses"},
-		{v1alpha1.AddressPools, pool("both", "  addresses: [203.0.113.0/28]\n  bgpAdvertisement: {}\n  l2Advertisement: {}\n"), "spec"},
+		{v1alpha1.AddressPools, pool("both", "  addresses: [203.0.113.0/28]\n  bgpAdvertisement: {}\n  l2Advertisement: {}\n"), "by its bgpAdvertisements"},
 		{v1alpha1.AddressPools, pool("bad-iface", "  addresses: [203.0.113.0/28]\n  l2Advertisement:\n    interfaces: [eth0/1]\n"), "spec.l2Advertisement.interfaces[0]"},
 		{v1alpha1.AddressPools, pool("bad-community", "  addresses: [203.0.113.0/28]\n  bgpAdvertisement:\n    communities: [\"65536\"]\n"), "spec.bgpAdvertisement.communities[0]"},
 		{v1alpha1.AddressPools, pool("long-aggregate", "  addresses: [203.0.113.0/28]\n  bgpAdvertisement:\n    aggregationLength: 33\n"), "spec.bgpAdvertisement.aggregationLength"},
@@ -256,6 +256,21 @@ func TestCustomResourcesOnARealAPIServer(t *testing.T) {
 		}
 		if want := "Mode=BGP IPv4 In Use=1 IPv4 Free=1 IPv6 In Use=0 IPv6 Free=256 Accepted=True"; !strings.Contains(row, want) {
 			return fmt.Errorf("kubectl get weiraddresspools public: %s; want %s", row, want)
+		}
+		return nil
+	})
+	// An L2 pool announced over BGP too (MetalLB's pool with both kinds
+	// of advertisement) is taken, its mode saying both.
+	if err := create(v1alpha1.AddressPools, pool("lan", "  addresses: [192.0.2.200/30]\n  l2Advertisement: {nodeSelector: {rack: a}}\n  bgpAdvertisements:\n  - nodeSelector: {rack: b}\n")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, func() error {
+		row, err := tableRow(ctx, kc, v1alpha1.AddressPools.Resource, "lan")
+		if err != nil {
+			return err
+		}
+		if want := "Mode=L2+BGP IPv4 In Use=0 IPv4 Free=4"; !strings.Contains(row, want) {
+			return fmt.Errorf("kubectl get weiraddresspools lan: %s; want %s", row, want)
 		}
 		return nil
 	})

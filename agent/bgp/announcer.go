@@ -419,8 +419,8 @@ func serviceWants(svc *datapath.Service, node datapath.NodeInfo) []prefixWant {
 		if !ok {
 			continue
 		}
-		if _, l2 := node.L2PoolOf(vip); l2 {
-			continue // answered over L2 by the node that holds its lease
+		if !node.AnnouncesOverBGP(vip) {
+			continue // answered over L2 alone, by the node that holds its lease
 		}
 		if chosen, limited := svc.Announcers[vip]; limited && !slices.Contains(chosen, node.Name) {
 			continue // the pool's other nodes announce it (max_announcing_nodes)

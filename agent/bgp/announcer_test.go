@@ -117,6 +117,45 @@ func TestAggregatesAndWeights(t *testing.T) {
 	}
 }
 
+// TestAnL2PoolAnnouncedOverBGPToo: a node announces an address of an L2
+// pool that is announced over BGP as well, through the pool's
+// advertisements it was given, and not one of an L2 pool answered over
+// L2 alone, nor one whose advertisement selects other nodes.
+func TestAnL2PoolAnnouncedOverBGPToo(t *testing.T) {
+	addr := netip.MustParseAddr
+	rng := func(first, last string) []datapath.AddressRange {
+		return []datapath.AddressRange{{First: addr(first), Last: addr(last)}}
+	}
+	st := datapath.NodeState{Node: datapath.NodeInfo{Name: "node2", Addresses: []netip.Addr{addr("192.0.2.12")},
+		L2Pools: []datapath.L2Pool{{Ranges: rng("203.0.113.0", "203.0.113.7"), AnnouncedOverBGP: true}, {Ranges: rng("203.0.113.8", "203.0.113.15")}},
+		// The pool's first advertisement selects this node; its second
+		// (for another rack) does not, so the node was not given it.
+		Advertisements: []datapath.BGPAdvertisement{{Name: "both#0", Ranges: rng("203.0.113.0", "203.0.113.7"), Communities: []uint32{65000<<16 | 7}}}},
+		Services: map[datapath.ServiceKey]*datapath.Service{}}
+	for _, s := range []struct {
+		name, vip string
+		advs      []string
+	}{
+		{"both", "203.0.113.1", []string{"both#0"}},
+		{"other-rack", "203.0.113.2", []string{"both#1"}},
+		{"l2-alone", "203.0.113.9", nil},
+	} {
+		svc := &datapath.Service{Key: datapath.ServiceKey{Namespace: "default", Name: s.name}, LoadBalancerIPs: []netip.Addr{addr(s.vip)},
+			ExternalTrafficPolicy: datapath.Cluster}
+		if s.advs != nil {
+			svc.Advertisements = map[netip.Addr][]string{addr(s.vip): s.advs}
+		}
+		st.Services[svc.Key] = svc
+	}
+	got := map[string][]uint32{}
+	for p, a := range Wanted(st, true) {
+		got[p.String()] = a.Communities
+	}
+	if want := map[string][]uint32{"203.0.113.1/32": {65000<<16 | 7}}; !cmp.Equal(want, got) {
+		t.Errorf("node2 announces %v; want %v", got, want)
+	}
+}
+
 // TestOnlyTheChosenNodesAnnounce: where the server chose a service's
 // announcers (the pool's max_announcing_nodes), a node announces the
 // address only when it is among them.

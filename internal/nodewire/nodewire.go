@@ -56,7 +56,7 @@ func EncodeNode(n datapath.NodeInfo) *weirv1.NodeInfo {
 		out.Advertisements = append(out.Advertisements, pa)
 	}
 	for _, p := range n.L2Pools {
-		out.L2Pools = append(out.L2Pools, &weirv1.L2Pool{Ranges: encodeRanges(p.Ranges), Interfaces: p.Interfaces})
+		out.L2Pools = append(out.L2Pools, &weirv1.L2Pool{Ranges: encodeRanges(p.Ranges), Interfaces: p.Interfaces, AnnouncedOverBgp: p.AnnouncedOverBGP})
 	}
 	out.FlowRingSize = uint32(n.FlowRing)
 	out.FlowPeers = encodeFlowPeers(n.FlowPeers)
@@ -173,7 +173,7 @@ func DecodeNode(n *weirv1.NodeInfo) (datapath.NodeInfo, error) {
 		if err != nil {
 			return datapath.NodeInfo{}, err
 		}
-		info.L2Pools = append(info.L2Pools, datapath.L2Pool{Ranges: rs, Interfaces: p.GetInterfaces()})
+		info.L2Pools = append(info.L2Pools, datapath.L2Pool{Ranges: rs, Interfaces: p.GetInterfaces(), AnnouncedOverBGP: p.GetAnnouncedOverBgp()})
 	}
 	r := n.GetFlowRingSize()
 	if peers := max(len(n.GetFlowPeers()), len(n.GetFlowSenders())); r > 1<<16 || int(r) < peers+1 && r != 0 {

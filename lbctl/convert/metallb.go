@@ -13,11 +13,11 @@
 //	BFDProfile                     inlined into the peers that name it
 //	Community                      resolved into the advertisements' communities
 //
-// A Weir pool is announced over BGP (by any number of advertisements) or
-// answered over L2 (by one), not both; MetalLB lets advertisements of both
-// kinds select one pool. When the first that selects a pool (in the
-// input's order) is an L2Advertisement it alone is kept, else every
-// BGPAdvertisement is; each one passed over is named in a Note.
+// A Weir pool is announced over BGP by any number of advertisements and
+// answered over L2 by at most one, as MetalLB's pool selected by
+// advertisements of both kinds is: every BGPAdvertisement that selects a
+// pool is kept, and the first L2Advertisement (in the input's order);
+// each later L2Advertisement, passed over, is named in a Note.
 //
 // Every field of MetalLB's kinds is in one table (metallbFields) with what
 // Weir does with it; after an object is converted, each leaf of it that
@@ -414,7 +414,7 @@ func Convert(data string, opts Options) (*Result, error) {
 		if !picked[i] {
 			says := "selects no IPAddressPool of the input: left out"
 			if p := passedOver[i]; p != nil {
-				says = fmt.Sprintf("Weir answers a pool over L2 with one advertisement or announces it over BGP, not both, and %s (with any other pool this selects) as another advertisement says: left out; give the services this one is for a pool of their own", p.ref())
+				says = fmt.Sprintf("Weir answers a pool over L2 with one advertisement, and %s (with any other pool this selects) as another L2Advertisement says: left out; give the services this one is for a pool of their own", p.ref())
 			}
 			ad.leftOut(Dropped, says)
 		}
@@ -706,20 +706,18 @@ func (a *advertisements) selecting(p *object) []int {
 }
 
 // keep splits the advertisements of a pool (mine, in order) into those
-// Weir keeps and those it passes over: a pool is answered over L2 by one
-// advertisement, the first when it is an L2Advertisement, or announced
-// over BGP by every BGPAdvertisement.
+// Weir keeps and those it passes over: a pool is announced over BGP by
+// every BGPAdvertisement and answered over L2 by one advertisement, the
+// first L2Advertisement; the later ones are passed over.
 func (a *advertisements) keep(mine []int) (kept, passed []int) {
-	if len(mine) == 0 {
-		return nil, nil
-	}
-	if a.all[mine[0]].Kind == "L2Advertisement" {
-		return mine[:1], mine[1:]
-	}
+	l2 := false
 	for _, i := range mine {
-		if a.all[i].Kind == "BGPAdvertisement" {
+		switch {
+		case a.all[i].Kind == "BGPAdvertisement":
 			kept = append(kept, i)
-		} else {
+		case !l2:
+			kept, l2 = append(kept, i), true
+		default:
 			passed = append(passed, i)
 		}
 	}
@@ -736,9 +734,11 @@ func (a *advertisements) pick(indexes []int) []*object {
 }
 
 // convertPool is pool o, advertised by kept (advertisements.keep): each
-// BGPAdvertisement its own Weir advertisement, or one L2Advertisement;
-// passed, the others that select it, are noted (Weir announces a pool
-// over BGP or answers it over L2, not both).
+// BGPAdvertisement its own Weir advertisement, and at most one
+// L2Advertisement; passed, the other L2Advertisements that select it,
+// are noted (Weir answers a pool over L2 by one advertisement). A pool
+// with both is answered over L2 and announced over BGP, each by its own
+// nodes.
 func convertPool(o *object, kept, passed []*object, communities map[string]string, opts Options) *weirv1.AddressPool {
 	s := o.parsed.(*poolSpec)
 	pool := &weirv1.AddressPool{Metadata: &weirv1.ObjectMeta{Name: o.Metadata.Name, Labels: o.Metadata.Labels}, Addresses: s.Addresses,
@@ -773,18 +773,22 @@ func convertPool(o *object, kept, passed []*object, communities map[string]strin
 		o.note("", Narrowed, "no advertisement selects it, so MetalLB assigns its addresses without announcing them; Weir announces every pool over BGP unless it is an L2 pool")
 		return pool
 	}
-	for _, other := range passed {
-		o.note("", Narrowed, fmt.Sprintf("%s also selects it: Weir answers a pool over L2 with one advertisement or announces it over BGP, not both, and keeps %s; split the pool to keep both", other.ref(), kept[0].ref()))
-	}
-	if kept[0].Kind == "L2Advertisement" {
-		pool.L2Advertisement = convertL2(kept[0])
-		return pool
-	}
 	var bgp []*weirv1.BgpAdvertisement
+	var l2 *object
 	for _, ad := range kept {
+		if ad.Kind == "L2Advertisement" {
+			l2, pool.L2Advertisement = ad, convertL2(ad)
+			continue
+		}
 		bgp = append(bgp, convertBGP(ad, communities)...)
 	}
-	if len(bgp) == 1 && len(bgp[0].GetNodeSelector()) == 0 && len(bgp[0].GetServiceSelector()) == 0 {
+	for _, other := range passed {
+		o.note("", Narrowed, fmt.Sprintf("%s also selects it: Weir answers a pool over L2 with one advertisement, and keeps %s; split the pool to keep both", other.ref(), l2.ref()))
+	}
+	// An L2 pool is announced over BGP too by its several advertisements
+	// only; a pool of one advertisement for every node and service has it
+	// as its one.
+	if len(bgp) == 1 && len(bgp[0].GetNodeSelector()) == 0 && len(bgp[0].GetServiceSelector()) == 0 && pool.L2Advertisement == nil {
 		pool.BgpAdvertisement = bgp[0]
 	} else {
 		pool.BgpAdvertisements = bgp

@@ -30,9 +30,11 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 		return &weirv1.ObjectMeta{Name: name, Labels: labels}
 	}
 	wantPools := []*weirv1.AddressPool{
+		// Selected by a BGPAdvertisement and an L2Advertisement: both ways.
 		{Metadata: meta("public", map[string]string{"tier": "edge"}), Addresses: []string{"203.0.113.0/28", "2001:db8:113::10-2001:db8:113::1f"}, AvoidBuggyIps: true,
-			BgpAdvertisement: &weirv1.BgpAdvertisement{AggregationLength: 28, AggregationLengthV6: 124, LocalPreference: 150,
+			BgpAdvertisements: []*weirv1.BgpAdvertisement{{AggregationLength: 28, AggregationLengthV6: 124, LocalPreference: 150,
 				Communities: []string{"65535:65281", "64512:100"}, Peers: []string{"tor-a"}}},
+			L2Advertisement: &weirv1.L2Advertisement{}},
 		{Metadata: meta("reserved", nil), Addresses: []string{"198.51.100.10-198.51.100.19"}, ManualOnly: true,
 			BgpAdvertisements: []*weirv1.BgpAdvertisement{{NodeSelector: map[string]string{"rack": "r1"}}},
 			ServiceAllocation: &weirv1.ServiceAllocation{Priority: 10, Namespaces: []string{"payments"}}},
@@ -60,8 +62,8 @@ func TestEveryKindMapsOrIsNamed(t *testing.T) {
 	for _, want := range []string{
 		"BFDProfile/fast spec.echoMode",
 		"BFDProfile/fast spec.echoInterval",
-		"IPAddressPool/public ",                                            // the second advertisement, L2Advertisement/edge-too
-		"L2Advertisement/edge-too ",                                        // the second advertisement of public, kept nowhere
+		"IPAddressPool/office-lan ",                                        // its second L2 advertisement, L2Advertisement/office-too
+		"L2Advertisement/office-too ",                                      // the second L2 advertisement of office-lan, kept nowhere
 		"IPAddressPool/reserved spec.serviceAllocation.namespaceSelectors", // for custom resources only
 		"IPAddressPool/unannounced ",
 		"BGPPeer/tor-b spec.nodeSelectors",

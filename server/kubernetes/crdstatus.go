@@ -48,10 +48,7 @@ func PoolStatus(p *v1alpha1.WeirAddressPool, held *model.AddressPool, refused er
 	if held != nil && held.Source == model.SourceKubernetes { // the version in force, if refused
 		u := ipam.UsageOf(held, services)
 		st.AssignedIPv4, st.AvailableIPv4, st.AssignedIPv6, st.AvailableIPv6 = u.AssignedIPv4, u.AvailableIPv4, u.AssignedIPv6, u.AvailableIPv6
-		st.Mode = "BGP"
-		if held.L2 != nil {
-			st.Mode = "L2"
-		}
+		st.Mode = PoolMode(held)
 	}
 	return st, !apiequality.Semantic.DeepEqual(st, p.Status)
 }
@@ -80,4 +77,16 @@ func PeerStatus(p *v1alpha1.WeirBGPPeer, held *model.BGPPeer, refused error, nod
 		}
 	}
 	return st, !apiequality.Semantic.DeepEqual(st, p.Status)
+}
+
+// PoolMode is how a pool is announced, as its status and printer column
+// say: BGP, L2, or L2+BGP.
+func PoolMode(p *model.AddressPool) string {
+	switch {
+	case p.AnsweredOverL2() && p.AnnouncedOverBGP():
+		return "L2+BGP"
+	case p.AnsweredOverL2():
+		return "L2"
+	}
+	return "BGP"
 }

@@ -11,23 +11,36 @@ import (
 // that apply to one prefix combine is datapath.CombineAdvertisements: the
 // nodes do it, since only they know which of them they were given.
 
+// AnsweredOverL2 reports whether the pool's addresses are answered by
+// ARP and NDP, by one node per address (the pool has an L2
+// advertisement).
+func (p *AddressPool) AnsweredOverL2() bool { return p.L2 != nil }
+
+// AnnouncedOverBGP reports whether the nodes announce the pool's
+// addresses over BGP: every pool that is not answered over L2, and an L2
+// pool that also has BGP advertisements (MetalLB's pool selected by both
+// an L2Advertisement and BGPAdvertisements). Each way has its own node
+// selection.
+func (p *AddressPool) AnnouncedOverBGP() bool { return p.L2 == nil || len(p.BGPAdvertisements) > 0 }
+
 // Advertisements are the ways the pool's addresses are announced over
 // BGP: its several advertisements, or its one for every node and service
 // (BGP, perhaps with no attribute at all); none for a pool answered over
-// L2.
+// L2 alone.
 func (p *AddressPool) Advertisements() []BGPAdvertisement {
 	switch {
-	case p.L2 != nil:
-		return nil
 	case len(p.BGPAdvertisements) > 0:
 		return p.BGPAdvertisements
+	case p.L2 != nil:
+		return nil
 	}
 	return []BGPAdvertisement{p.BGP}
 }
 
 // Selective reports whether which of the pool's advertisements apply
-// depends on the node and the service: it has several.
-func (p *AddressPool) Selective() bool { return p.L2 == nil && len(p.BGPAdvertisements) > 0 }
+// depends on the node and the service: it has several (an L2 pool
+// announced over BGP too has them, even one).
+func (p *AddressPool) Selective() bool { return len(p.BGPAdvertisements) > 0 }
 
 // SelectsNode reports whether a node with these labels announces through
 // the advertisement.

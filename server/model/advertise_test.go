@@ -2,6 +2,7 @@ package model
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -97,7 +98,10 @@ func TestAdvertisementsAreValidatedByField(t *testing.T) {
 		field string
 	}{
 		{"both forms", func(p *AddressPool) { p.BGP.LocalPref = 100 }, "bgp_advertisements:"},
-		{"with L2", func(p *AddressPool) { p.L2 = &L2Advertisement{} }, "l2_advertisement:"},
+		{"with L2 and bgp_advertisement", func(p *AddressPool) {
+			p.L2 = &L2Advertisement{}
+			p.BGP.LocalPref = 100
+		}, "bgp_advertisement:"},
 		{"a bad node selector", func(p *AddressPool) { p.BGPAdvertisements[1].NodeSelector = map[string]string{"bad key": "x"} }, "bgp_advertisements[1].node_selector"},
 		{"a bad service selector", func(p *AddressPool) { p.BGPAdvertisements[0].ServiceSelector = map[string]string{"k": "bad value"} }, "bgp_advertisements[0].service_selector"},
 		{"service selector with aggregation", func(p *AddressPool) { p.BGPAdvertisements[0].AggregationLength = 24 }, "bgp_advertisements[0].service_selector"},
@@ -120,6 +124,40 @@ func TestAdvertisementsAreValidatedByField(t *testing.T) {
 		tc.edit(p)
 		if err := p.Validate(); err == nil || !strings.HasPrefix(err.Error(), tc.field) {
 			t.Errorf("%s: %v; want an error starting %q", tc.name, err, tc.field)
+		}
+	}
+}
+
+// An L2 pool is announced over BGP as well when it has advertisements,
+// each way by its own nodes; without them it is answered over L2 alone,
+// and a pool without L2 is announced over BGP as it always was.
+func TestAnL2PoolWithAdvertisementsIsAnnouncedBothWays(t *testing.T) {
+	svc := &Service{Meta: Meta{Namespace: "shop", Name: "web"}}
+	rackB := map[string]string{"rack": "b"}
+	for _, c := range []struct {
+		name             string
+		pool             AddressPool
+		l2, bgp, several bool
+		advertisements   int
+	}{
+		{"BGP by default", AddressPool{}, false, true, false, 1},
+		{"L2 alone", AddressPool{L2: &L2Advertisement{}}, true, false, false, 0},
+		{"L2 and BGP", AddressPool{L2: &L2Advertisement{NodeSelector: map[string]string{"rack": "a"}},
+			BGPAdvertisements: []BGPAdvertisement{{NodeSelector: rackB}}}, true, true, true, 1},
+	} {
+		p := c.pool
+		p.Name = "pool"
+		if p.AnsweredOverL2() != c.l2 || p.AnnouncedOverBGP() != c.bgp || p.Selective() != c.several || len(p.Advertisements()) != c.advertisements {
+			t.Errorf("%s: over L2 %v, over BGP %v, selective %v, %d advertisements; want %v, %v, %v, %d", c.name,
+				p.AnsweredOverL2(), p.AnnouncedOverBGP(), p.Selective(), len(p.Advertisements()), c.l2, c.bgp, c.several, c.advertisements)
+		}
+		if c.several {
+			if got := p.AdvertisementsFor(svc); !slices.Equal(got, []string{"pool#0"}) {
+				t.Errorf("%s: the service's advertisements are %v; want [pool#0]", c.name, got)
+			}
+			if p.Advertises(0, svc, map[string]string{"rack": "a"}) || !p.Advertises(0, svc, rackB) {
+				t.Errorf("%s: the BGP advertisement's node selector is not the L2 one's", c.name)
+			}
 		}
 	}
 }

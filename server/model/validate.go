@@ -4,13 +4,13 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"github.com/weirlb/weir/internal/bgpnumbers"
 	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/weirlb/weir/internal/bgpnumbers"
 	"github.com/weirlb/weir/internal/iprange"
 )
 
@@ -405,10 +405,7 @@ func (p *AddressPool) Validate() error {
 			if p.L2 == nil {
 				return nil
 			}
-			switch {
-			case len(p.BGPAdvertisements) > 0:
-				return p.L2.validate("bgp_advertisements")
-			case !p.BGP.IsZero():
+			if !p.BGP.IsZero() {
 				return p.L2.validate("bgp_advertisement")
 			}
 			return p.L2.validate("")
@@ -551,6 +548,12 @@ func (p *AddressPool) validateAggregation(field string, bits int, is4 bool) erro
 	return nil
 }
 
+// BGPBesideL2 is why an L2 pool may not have bgp_advertisement: its one
+// advertisement is the default of a pool that is not answered over L2,
+// so an L2 pool says that it is announced over BGP too, and by which
+// nodes, with bgp_advertisements.
+const BGPBesideL2 = "an L2 pool is announced over BGP too by its bgp_advertisements (one with no field set: every node, no attribute), not by bgp_advertisement: move it there"
+
 // maxInterfaces bounds an L2 advertisement's interfaces (Weir's).
 const maxInterfaces = 16
 
@@ -565,7 +568,7 @@ var interfaceName = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,15}$`)
 // field bgp ("" for none).
 func (a *L2Advertisement) validate(bgp string) error {
 	if bgp != "" {
-		return fieldErr("l2_advertisement", "a pool is announced over BGP or answered over L2, not both: remove %s", bgp)
+		return fieldErr(bgp, "%s", BGPBesideL2)
 	}
 	if len(a.Interfaces) > maxInterfaces {
 		return fieldErr("l2_advertisement.interfaces", "%d interfaces; at most %d", len(a.Interfaces), maxInterfaces)

@@ -136,7 +136,7 @@ func TestAddressPoolFaultsAreReportedInOrder(t *testing.T) {
 		{func(p *AddressPool) { p.Namespace = "shop" }, `metadata.namespace: must be empty: the resource is cluster-scoped`},
 		{func(p *AddressPool) { p.Ranges[3] = rng("127.0.0.1", "127.0.0.1") }, `addresses[3]: holds loopback addresses (127.0.0.0/8), which no service can be given`},
 		{func(p *AddressPool) { p.Ranges[2] = rng("192.0.2.200", "192.0.3.5") }, `addresses[2]: overlaps addresses[0]`},
-		{func(p *AddressPool) { p.L2 = &L2Advertisement{} }, `l2_advertisement: a pool is announced over BGP or answered over L2, not both: remove bgp_advertisement`},
+		{func(p *AddressPool) { p.L2 = &L2Advertisement{} }, `bgp_advertisement: an L2 pool is announced over BGP too by its bgp_advertisements (one with no field set: every node, no attribute), not by bgp_advertisement: move it there`},
 		{func(p *AddressPool) { p.Allocation.Priority = -1 }, `service_allocation.priority: -1 is negative`},
 		{func(p *AddressPool) { p.Allocation.Namespaces[1] = "Bank" }, `service_allocation.namespaces[1]: "Bank" is not a namespace name`},
 		{func(p *AddressPool) { p.Allocation.Namespaces = append(p.Allocation.Namespaces, "shop") }, `service_allocation.namespaces[2]: "shop" is given twice`},

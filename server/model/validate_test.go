@@ -107,8 +107,9 @@ func TestPoolsHoldOnlyAssignableAddresses(t *testing.T) {
 	}
 }
 
-// A pool is answered over L2 or announced over BGP, never both, on
-// interfaces named as Linux names them.
+// An L2 pool is answered on interfaces named as Linux names them, and
+// announced over BGP too only by several advertisements, never by the
+// one a BGP pool has by default.
 func TestL2Advertisements(t *testing.T) {
 	r := AddressRange{First: netip.MustParseAddr("192.0.2.10"), Last: netip.MustParseAddr("192.0.2.20")}
 	for _, c := range []struct {
@@ -116,7 +117,7 @@ func TestL2Advertisements(t *testing.T) {
 		edit  func(*AddressPool)
 		field string
 	}{
-		{"BGP attributes as well", func(p *AddressPool) { p.BGP.LocalPref = 100 }, "l2_advertisement"},
+		{"BGP attributes as well", func(p *AddressPool) { p.BGP.LocalPref = 100 }, "bgp_advertisement"},
 		{"an interface name of 16 bytes", func(p *AddressPool) { p.L2.Interfaces = []string{"eth0123456789abc"} }, "l2_advertisement.interfaces[0]"},
 		{"an interface name with a slash", func(p *AddressPool) { p.L2.Interfaces = []string{"eth0", "a/b"} }, "l2_advertisement.interfaces[1]"},
 		{"an interface given twice", func(p *AddressPool) { p.L2.Interfaces = []string{"eth0", "eth0"} }, "l2_advertisement.interfaces[1]"},
@@ -133,5 +134,10 @@ func TestL2Advertisements(t *testing.T) {
 		L2: &L2Advertisement{Interfaces: []string{"eth0", "bond0.100"}, NodeSelector: map[string]string{"topology.kubernetes.io/zone": "a"}}}
 	if err := good.Validate(); err != nil {
 		t.Errorf("a good L2 pool: %v", err)
+	}
+	both := &AddressPool{Meta: Meta{Name: "p"}, Ranges: []AddressRange{r}, L2: &L2Advertisement{NodeSelector: map[string]string{"rack": "a"}},
+		BGPAdvertisements: []BGPAdvertisement{{NodeSelector: map[string]string{"rack": "b"}, Peers: []string{"tor"}}}}
+	if err := both.Validate(); err != nil {
+		t.Errorf("an L2 pool announced over BGP too: %v", err)
 	}
 }

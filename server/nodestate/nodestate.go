@@ -56,9 +56,10 @@ func NodeOnRing(v registry.View, name string, ring FlowRing) datapath.NodeInfo {
 		info.ServiceCIDRs = append(info.ServiceCIDRs, c.CIDRs...)
 	}
 	for _, p := range v.Pools() {
+		if p.AnsweredOverL2() {
+			info.L2Pools = append(info.L2Pools, datapath.L2Pool{Ranges: ranges(p), Interfaces: p.L2.Interfaces, AnnouncedOverBGP: p.AnnouncedOverBGP()})
+		}
 		switch {
-		case p.L2 != nil:
-			info.L2Pools = append(info.L2Pools, datapath.L2Pool{Ranges: ranges(p), Interfaces: p.L2.Interfaces})
 		case p.Selective():
 			for i, adv := range p.BGPAdvertisements {
 				if adv.SelectsNode(n.Labels) {

@@ -122,3 +122,52 @@ func TestNodeGetsThePeersThatSelectIt(t *testing.T) {
 		t.Errorf("node2's peers (-want +got):\n%s", diff)
 	}
 }
+
+// TestAnL2PoolAnnouncedOverBGPTooReachesTheNodes: every node is told
+// that a pool answered over L2 is announced over BGP as well, and only
+// the nodes its advertisements select are given them; an L2 pool
+// without advertisements is answered over L2 alone.
+func TestAnL2PoolAnnouncedOverBGPTooReachesTheNodes(t *testing.T) {
+	reg := registrytest.Open(t)
+	for _, n := range []*model.Node{
+		{Meta: model.Meta{Name: "node1", Labels: map[string]string{"rack": "r1"}}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.11")}},
+		{Meta: model.Meta{Name: "node2", Labels: map[string]string{"rack": "r2"}}, Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12")}},
+	} {
+		if _, err := reg.Nodes.Create(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rng := func(first, last string) model.AddressRange {
+		return model.AddressRange{First: netip.MustParseAddr(first), Last: netip.MustParseAddr(last)}
+	}
+	for _, p := range []*model.AddressPool{
+		{Meta: model.Meta{Name: "both"}, Ranges: []model.AddressRange{rng("203.0.113.0", "203.0.113.7")},
+			L2:                &model.L2Advertisement{NodeSelector: map[string]string{"rack": "r1"}},
+			BGPAdvertisements: []model.BGPAdvertisement{{NodeSelector: map[string]string{"rack": "r2"}, LocalPref: 200}}},
+		{Meta: model.Meta{Name: "l2"}, Ranges: []model.AddressRange{rng("203.0.113.8", "203.0.113.15")}, L2: &model.L2Advertisement{}},
+	} {
+		if _, err := reg.Pools.Create(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var node1, node2 datapath.NodeInfo
+	reg.Read(func(v registry.View) { node1, node2 = Node(v, "node1"), Node(v, "node2") })
+	both := datapath.AddressRange{First: netip.MustParseAddr("203.0.113.0"), Last: netip.MustParseAddr("203.0.113.7")}
+	l2 := datapath.AddressRange{First: netip.MustParseAddr("203.0.113.8"), Last: netip.MustParseAddr("203.0.113.15")}
+	wantPools := []datapath.L2Pool{{Ranges: []datapath.AddressRange{both}, AnnouncedOverBGP: true}, {Ranges: []datapath.AddressRange{l2}}}
+	for _, n := range []datapath.NodeInfo{node1, node2} {
+		if diff := cmp.Diff(wantPools, n.L2Pools, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+			t.Errorf("%s's L2 pools (-want +got):\n%s", n.Name, diff)
+		}
+	}
+	if len(node1.Advertisements) != 0 {
+		t.Errorf("node1, which the pool's advertisement does not select, was given %v", node1.Advertisements)
+	}
+	want := []datapath.BGPAdvertisement{{Name: "both#0", Ranges: []datapath.AddressRange{both}, LocalPref: 200}}
+	if diff := cmp.Diff(want, node2.Advertisements, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("node2's advertisements (-want +got):\n%s", diff)
+	}
+	if !node2.AnnouncesOverBGP(netip.MustParseAddr("203.0.113.3")) || node2.AnnouncesOverBGP(netip.MustParseAddr("203.0.113.9")) {
+		t.Error("the node does not tell the pool announced both ways from the L2 pool alone")
+	}
+}

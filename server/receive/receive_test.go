@@ -241,3 +241,62 @@ func TestAnnouncedSaysWhoReceivesAndWhy(t *testing.T) {
 		t.Errorf("another controller's service: %q, %v; want nothing said", lines, missing)
 	}
 }
+
+// TestAnL2PoolAnnouncedOverBGPTooIsSaidBothWays: an address of a pool
+// answered over L2 and announced over BGP has a line for each way, the
+// BGP one naming only the nodes the pool's advertisements select; it is
+// missing only when neither way has a node, and the load-balancer tier
+// targets it through the BGP advertisement's nodes.
+func TestAnL2PoolAnnouncedOverBGPTooIsSaidBothWays(t *testing.T) {
+	vip := netip.MustParseAddr("192.0.2.50")
+	pool := &model.AddressPool{Meta: model.Meta{Name: "both"}, Ranges: []model.AddressRange{{First: vip, Last: vip}},
+		L2:                &model.L2Advertisement{NodeSelector: map[string]string{"rack": "a"}},
+		BGPAdvertisements: []model.BGPAdvertisement{{NodeSelector: map[string]string{"rack": "b"}}}}
+	svc := &model.Service{Meta: model.Meta{Namespace: "default", Name: "web"}, LoadBalancerIPs: []netip.Addr{vip}}
+	var seen []observed.Node
+	var nodes []*model.Node
+	for i, name := range []string{"n1", "n2", "n3"} {
+		// n1 too says it announces the address: the pool's advertisement
+		// leaving it out is what keeps it off the BGP line.
+		n := healthyNode([]report.BGPSession{session("192.0.2.1", "established", "", "ipv4")}, "192.0.2.50/32")
+		n.Node = name
+		seen = append(seen, n)
+		rack := map[bool]string{true: "a", false: "b"}[i == 0]
+		nodes = append(nodes, &model.Node{Meta: model.Meta{Name: name, Labels: map[string]string{"rack": rack}},
+			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(11 + i)})}})
+	}
+	c := Cluster{Nodes: nodes, Pools: []*model.AddressPool{pool}, Services: []*model.Service{svc}, Observed: seen}
+	if got := L2Addresses(c); !slices.Equal(got[vip], []string{"n1"}) {
+		t.Errorf("L2 candidates %v; want n1 alone (the L2 node selector)", got[vip])
+	}
+	owner := func(netip.Addr) (string, bool) { return "n1", true }
+	lines, missing := Announced(c, svc, owner)
+	if want := []string{"192.0.2.50 over L2 from n1", "192.0.2.50 over BGP from n2, n3"}; !slices.Equal(lines, want) || missing {
+		t.Errorf("announced %q (missing %v); want %q", lines, missing, want)
+	}
+	// No L2 owner yet: the routers still reach it.
+	noOwner := func(netip.Addr) (string, bool) { return "", false }
+	if lines, missing := Announced(c, svc, noOwner); len(lines) != 2 || missing {
+		t.Errorf("without an owner: %q (missing %v); want both lines, not missing", lines, missing)
+	}
+	// Neither way has a node: missing.
+	for i := range seen {
+		seen[i].Connected = false
+	}
+	if _, missing := Announced(c, svc, noOwner); !missing {
+		t.Error("an address no node answers or announces is not missing")
+	}
+	for i := range seen {
+		seen[i].Connected = true
+	}
+	targets := Targets(c)
+	var got []string
+	for _, v := range targets {
+		for _, tg := range v.Targets {
+			got = append(got, tg.Node)
+		}
+	}
+	if len(targets) != 1 || !slices.Equal(got, []string{"n2", "n3"}) {
+		t.Errorf("the load-balancer tier targets %v; want n2 and n3 (the BGP advertisement's nodes)", got)
+	}
+}

@@ -88,8 +88,8 @@ func Targets(c Cluster) []VIP {
 		for _, vip := range svc.LoadBalancerIPs {
 			vt := VIP{Address: vip, Service: key}
 			pool := model.PoolOf(c.Pools, vip)
-			if pool != nil && pool.L2 != nil {
-				continue // answered over L2: no router hears it
+			if pool != nil && !pool.AnnouncedOverBGP() {
+				continue // answered over L2 alone: no router hears it
 			}
 			if pool != nil {
 				adv := attributes(pool, svc)

@@ -303,6 +303,10 @@ func PoolFromProto(p *weirv1.AddressPool) (*model.AddressPool, error) {
 		out.Allocation = &model.ServiceAllocation{Priority: int(a.GetPriority()), Namespaces: a.GetNamespaces(), ServiceSelector: a.GetServiceSelector(),
 			NamespaceSelector: a.GetNamespaceSelector()}
 	}
+	if out.L2 != nil && p.GetBgpAdvertisement() != nil {
+		// Even empty: what it asks for (BGP too) would not be done.
+		return nil, &model.FieldError{Field: "bgp_advertisement", Reason: model.BGPBesideL2}
+	}
 	if out.BGP, err = advertisementFromProto("bgp_advertisement", p.GetBgpAdvertisement()); err != nil {
 		return nil, err
 	}

@@ -1718,8 +1718,8 @@ type NodeInfo struct {
 	// new connections to their addresses that no service holds are dropped.
 	ServiceCidrs []string `protobuf:"bytes,10,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
 	// The pools whose addresses are answered over L2 (ARP and NDP), not
-	// announced over BGP; which node answers an address is given by the
-	// Leases stream.
+	// announced over BGP unless the pool says so; which node answers an
+	// address is given by the Leases stream.
 	L2Pools []*L2Pool `protobuf:"bytes,11,rep,name=l2_pools,json=l2Pools,proto3" json:"l2_pools,omitempty"`
 	// The node carries node.kubernetes.io/exclude-from-external-load-balancers:
 	// it forwards what reaches it but announces nothing.
@@ -1947,9 +1947,13 @@ type L2Pool struct {
 	Ranges []string `protobuf:"bytes,1,rep,name=ranges,proto3" json:"ranges,omitempty"`
 	// The interfaces to answer on; empty means every interface whose
 	// subnet holds the address.
-	Interfaces    []string `protobuf:"bytes,2,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Interfaces []string `protobuf:"bytes,2,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	// The pool is announced over BGP as well (by the advertisements the node
+	// is given); an agent that does not know this field announces none of
+	// the pool's addresses, as before.
+	AnnouncedOverBgp bool `protobuf:"varint,3,opt,name=announced_over_bgp,json=announcedOverBgp,proto3" json:"announced_over_bgp,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *L2Pool) Reset() {
@@ -1994,6 +1998,13 @@ func (x *L2Pool) GetInterfaces() []string {
 		return x.Interfaces
 	}
 	return nil
+}
+
+func (x *L2Pool) GetAnnouncedOverBgp() bool {
+	if x != nil {
+		return x.AnnouncedOverBgp
+	}
+	return false
 }
 
 // PoolAdvertisement is a pool's BGP attributes with the pool's addresses.
@@ -2897,12 +2908,13 @@ const file_weir_v1_agent_proto_rawDesc = "" +
 	"\fflow_senders\x18\x10 \x03(\v2\x11.weir.v1.FlowPeerR\vflowSenders\"<\n" +
 	"\bFlowPeer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
-	"\taddresses\x18\x02 \x03(\tR\taddresses\"@\n" +
+	"\taddresses\x18\x02 \x03(\tR\taddresses\"n\n" +
 	"\x06L2Pool\x12\x16\n" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x02 \x03(\tR\n" +
-	"interfaces\"\xcb\x02\n" +
+	"interfaces\x12,\n" +
+	"\x12announced_over_bgp\x18\x03 \x01(\bR\x10announcedOverBgp\"\xcb\x02\n" +
 	"\x11PoolAdvertisement\x12\x16\n" +
 	"\x06ranges\x18\x01 \x03(\tR\x06ranges\x12 \n" +
 	"\vcommunities\x18\x02 \x03(\rR\vcommunities\x12)\n" +

@@ -1285,10 +1285,12 @@ type AddressPool struct {
 	ManualOnly bool `protobuf:"varint,3,opt,name=manual_only,json=manualOnly,proto3" json:"manual_only,omitempty"`
 	// How the nodes announce the pool's addresses over BGP.
 	BgpAdvertisement *BgpAdvertisement `protobuf:"bytes,4,opt,name=bgp_advertisement,json=bgpAdvertisement,proto3" json:"bgp_advertisement,omitempty"`
-	// Answer the pool's addresses by ARP and NDP on the nodes' segment
-	// instead of announcing them over BGP: for racks without a BGP router.
-	// A pool is announced one way: with this set, bgp_advertisement must not
-	// be.
+	// Answer the pool's addresses by ARP and NDP on the nodes' segment, one
+	// node per address, instead of announcing them over BGP: for racks
+	// without a BGP router. Such a pool is announced over BGP as well when
+	// it also has bgp_advertisements (one with no field set: from every
+	// node, with no attribute), each way by its own nodes; with this set,
+	// bgp_advertisement must not be.
 	L2Advertisement *L2Advertisement `protobuf:"bytes,5,opt,name=l2_advertisement,json=l2Advertisement,proto3" json:"l2_advertisement,omitempty"`
 	// Gives the pool's addresses only to some services, and orders the pools
 	// a service gets addresses from (MetalLB's serviceAllocation).
@@ -1296,7 +1298,8 @@ type AddressPool struct {
 	// Several ways of announcing the pool over BGP, each for some nodes and
 	// some services (MetalLB's several BGPAdvertisements of one pool);
 	// exclusive with bgp_advertisement (which is one advertisement for every
-	// node and service) and with l2_advertisement. An address is announced
+	// node and service). Beside l2_advertisement, they announce the L2
+	// pool's addresses over BGP too. An address is announced
 	// by a node through every advertisement whose node_selector selects the
 	// node and whose service_selector selects the address's service; an
 	// address that none selects is not announced by that node. Where several

@@ -62,8 +62,8 @@ type WeirAddressPool struct {
 
 // AddressPoolSpec is what the pool holds and how it is announced.
 //
-// +kubebuilder:validation:XValidation:rule="!(has(self.bgpAdvertisement) && has(self.l2Advertisement))",message="a pool is announced over BGP or answered over L2, not both"
-// +kubebuilder:validation:XValidation:rule="!(has(self.bgpAdvertisements) && (has(self.bgpAdvertisement) || has(self.l2Advertisement)))",message="bgpAdvertisements is exclusive with bgpAdvertisement and l2Advertisement"
+// +kubebuilder:validation:XValidation:rule="!(has(self.bgpAdvertisement) && has(self.l2Advertisement))",message="an L2 pool is announced over BGP too by its bgpAdvertisements (one with no field set: every node, no attribute), not by bgpAdvertisement"
+// +kubebuilder:validation:XValidation:rule="!(has(self.bgpAdvertisements) && has(self.bgpAdvertisement))",message="bgpAdvertisements is exclusive with bgpAdvertisement"
 type AddressPoolSpec struct {
 	// Addresses are CIDRs ("203.0.113.0/28") or ranges of one family
 	// ("203.0.113.10-203.0.113.20", "2001:db8::10-2001:db8::1f").
@@ -85,7 +85,9 @@ type AddressPoolSpec struct {
 	// +optional
 	BGPAdvertisement *BGPAdvertisement `json:"bgpAdvertisement,omitempty"`
 	// L2Advertisement answers the pool's addresses by ARP and NDP, one
-	// node at a time per address, instead of announcing them over BGP.
+	// node at a time per address, instead of announcing them over BGP;
+	// with bgpAdvertisements as well, the pool is announced both ways,
+	// each by its own nodes.
 	//
 	// +optional
 	L2Advertisement *L2Advertisement `json:"l2Advertisement,omitempty"`
@@ -96,7 +98,8 @@ type AddressPoolSpec struct {
 	ServiceAllocation *ServiceAllocation `json:"serviceAllocation,omitempty"`
 	// BGPAdvertisements are several ways of announcing the pool, each
 	// through its nodeSelector's nodes for its serviceSelector's
-	// Services; exclusive with bgpAdvertisement. Where several apply to
+	// Services; exclusive with bgpAdvertisement; beside l2Advertisement,
+	// they announce the L2 pool over BGP too. Where several apply to
 	// one prefix, the route carries the union of their communities and
 	// the highest local preference, to the union of their peers.
 	//
@@ -227,7 +230,7 @@ type L2Advertisement struct {
 
 // AddressPoolStatus is what the server made of the pool.
 type AddressPoolStatus struct {
-	// Mode is how the pool is announced: BGP or L2.
+	// Mode is how the pool is announced: BGP, L2, or L2+BGP (both).
 	//
 	// +optional
 	Mode string `json:"mode,omitempty"`
