@@ -412,3 +412,37 @@ func TestAnInterfaceThatFailsToOpenIsTriedAgain(t *testing.T) {
 		t.Errorf("%d attempts to open after it first succeeded; want 1", attempts-before)
 	}
 }
+
+// TestUDPChoosesByTheFlowsHash: a UDP frontend's endpoint is chosen by a
+// hash of the client's address and port with a seed every node shares,
+// over the endpoints in address order whatever order they came in, so
+// that two nodes choose alike for a flow a router moves between them;
+// TCP stays random. Each endpoint holds one slot. (That the kernel hashes
+// alike on two nodes is TestMovedUDPFlowsKeepTheirEndpoint's, with real
+// packets.)
+func TestUDPChoosesByTheFlowsHash(t *testing.T) {
+	ctx := context.Background()
+	a, b, c := ep("10.244.1.53", true), ep("10.244.2.53", false), ep("10.244.3.53", false)
+	dumps := map[string]string{}
+	for name, order := range map[string][]Endpoint{"in order": {a, b, c}, "shuffled": {c, a, b}} {
+		dp, v4, _ := newFakeDatapath(t)
+		if err := dp.Apply(ctx, nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false)), dnsService(UDP, order...))); err != nil {
+			t.Fatal(err)
+		}
+		dump := v4.Dump()
+		if want := "@udp_endpoints_3_a meta mark set meta mark | 0x2000 dnat ip to ip daddr . meta l4proto . th dport . jhash ip saddr . th sport mod 3 seed 0x77656972 map"; !strings.Contains(dump, want) {
+			t.Errorf("%s: no UDP pick by the flow's hash, %q:\n%s", name, want, dump)
+		}
+		if !strings.Contains(dump, "numgen random mod 2") || strings.Contains(dump, "jhash ip saddr . th sport mod 2") {
+			t.Errorf("%s: the TCP pick is not random:\n%s", name, dump)
+		}
+		got := trace(t, v4, netip.MustParseAddr("198.51.100.7"), "udp", netip.MustParseAddrPort("10.96.0.53:53"))
+		if want := []string{"10.244.1.53:8080", "10.244.2.53:8080", "10.244.3.53:8080"}; !slices.Equal(got.Endpoints, want) {
+			t.Errorf("%s: the hash's slots lead to %v; want %v, one each in address order", name, got.Endpoints, want)
+		}
+		dumps[name] = dump
+	}
+	if dumps["in order"] != dumps["shuffled"] {
+		t.Errorf("the endpoints' order changed the table:\n%s\nagainst\n%s", dumps["in order"], dumps["shuffled"])
+	}
+}

@@ -106,6 +106,11 @@ func (p *portContribution) pickFor(k *frontendKind, fk fields, eps []Endpoint, l
 		return
 	}
 	c.elems = append(c.elems, element{elemID: id, pick: k.pick(p.sp.Protocol, len(eps))})
+	if p.sp.Protocol == UDP && !slices.IsSortedFunc(eps, compareEndpoints) {
+		// A flow's hash must lead to one endpoint on every node: the
+		// slots go in address order, whatever order the endpoints came in.
+		eps = slices.SortedFunc(slices.Values(eps), compareEndpoints)
+	}
 	backends := k.backendsSet[p.sp.Protocol-1]
 	for i, ep := range eps {
 		key := fk
@@ -114,6 +119,9 @@ func (p *portContribution) pickFor(k *frontendKind, fk fields, eps []Endpoint, l
 		c.elems = append(c.elems, element{elemID: elemID{fam: f.index, set: backends, key: *key.slot(i)}, value: value.asValue()})
 	}
 }
+
+// compareEndpoints orders endpoints by address and port.
+func compareEndpoints(a, b Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) }
 
 // addFrontends adds the port on the service's cluster, external and
 // load-balancer IPs.

@@ -212,8 +212,28 @@ func (p pick) rule(f family, mark uint32, g generation) string {
 	}
 	return knftables.Concat(match,
 		"meta mark set meta mark |", fmt.Sprintf("%#x", mark),
-		"dnat", f.ip, "to", k.key(f), ". numgen random mod", p.n, "map", g.ref(k.backends(p.proto)),
+		"dnat", f.ip, "to", k.key(f), ".", p.choice(f), "map", g.ref(k.backends(p.proto)),
 	)
+}
+
+// FlowHashSeed seeds the hash that chooses a UDP flow's endpoint: the same
+// on every node and in every release, so that every node chooses alike.
+const FlowHashSeed = 0x77656972
+
+// choice is how the pick chooses a new connection's endpoint among its
+// n, as a slot of the backends map (the endpoints in address order).
+// TCP and SCTP: at random, as kube-proxy does; a connection that a
+// router moves to another node is passed back along the ring of moved
+// connections (agent/flows). UDP: by a hash of the client's address and
+// port, the same on every node, so that a flow a router moves to another
+// node, which that node cannot tell from a new one, is sent to the
+// endpoint it had (as long as the endpoints are the same there). Flows
+// spread as evenly as clients' addresses and ports differ.
+func (p pick) choice(f family) string {
+	if p.proto == UDP {
+		return fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x", f.ip, p.n, FlowHashSeed)
+	}
+	return fmt.Sprintf("numgen random mod %d", p.n)
 }
 
 // comparePicks orders picks as their rules go in a pick chain: by

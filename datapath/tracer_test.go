@@ -538,9 +538,15 @@ func (r *ruleReader) selector() value {
 			}
 			return value{s: "syn"}
 		}
-		r.expect("dport")
+		field := r.take()
+		if field != "dport" && field != "sport" {
+			r.fail("%q where \"dport\" or \"sport\" belongs", field)
+		}
 		if tok != "th" && tok != p.proto {
 			return value{s: "no " + tok + " header"}
+		}
+		if field == "sport" {
+			return value{s: "client port"} // not modelled: only hashed
 		}
 		return value{s: strconv.Itoa(int(w.dst.Port()))}
 	case "ct":
@@ -609,6 +615,20 @@ func (r *ruleReader) selector() value {
 			return value{s: "local"}
 		}
 		return value{s: "unicast"}
+	case "jhash":
+		// A hash the walk does not compute: each of its values is a
+		// choice, as numgen's are (the choice is the same on every node:
+		// TestUDPChoosesByTheFlowsHash).
+		r.expression()
+		r.expect("mod")
+		n := int(r.number(r.take()))
+		r.expect("seed")
+		r.number(r.take())
+		w.choices = max(w.choices, n)
+		if w.choice >= n {
+			r.fail("hashed choice %d of %d", w.choice, n)
+		}
+		return value{s: strconv.Itoa(w.choice)}
 	case "numgen":
 		r.expect("random")
 		r.expect("mod")
