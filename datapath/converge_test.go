@@ -480,7 +480,7 @@ func normalize(v any, fold map[string]string) any {
 	return v
 }
 
-var pickSetOfGeneration = regexp.MustCompile(`^(@?[a-z_]*_endpoints_[0-9]+)_[ab]$`)
+var pickSetOfGeneration = regexp.MustCompile(`^(@?[a-z_]*_(?:endpoints|table)_[0-9]+)_[ab]$`)
 
 func jsonString(v any) string {
 	b, _ := json.Marshal(v)

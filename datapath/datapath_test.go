@@ -413,36 +413,59 @@ func TestAnInterfaceThatFailsToOpenIsTriedAgain(t *testing.T) {
 	}
 }
 
-// TestUDPChoosesByTheFlowsHash: a UDP frontend's endpoint is chosen by a
-// hash of the client's address and port with a seed every node shares,
-// over the endpoints in address order whatever order they came in, so
-// that two nodes choose alike for a flow a router moves between them;
-// TCP stays random. Each endpoint holds one slot. (That the kernel hashes
-// alike on two nodes is TestMovedUDPFlowsKeepTheirEndpoint's, with real
-// packets.)
+// TestUDPChoosesByTheFlowsHash: a UDP frontend that a router may move
+// (a load-balancer IP, a node port) chooses its endpoint by a hash of the
+// client's address and port, with a seed every node shares, into a flow
+// table built from the endpoints alone, whatever order they came in, so
+// that two nodes choose alike for a flow a router moves between them; a
+// cluster IP, and TCP, stay random. Every endpoint holds its share of
+// the slots. (That the kernel hashes alike on two nodes is
+// TestMovedUDPFlowsKeepTheirEndpoint's, with real packets.)
 func TestUDPChoosesByTheFlowsHash(t *testing.T) {
 	ctx := context.Background()
 	a, b, c := ep("10.244.1.53", true), ep("10.244.2.53", false), ep("10.244.3.53", false)
 	dumps := map[string]string{}
 	for name, order := range map[string][]Endpoint{"in order": {a, b, c}, "shuffled": {c, a, b}} {
 		dp, v4, _ := newFakeDatapath(t)
-		if err := dp.Apply(ctx, nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false)), dnsService(UDP, order...))); err != nil {
+		dns := dnsService(UDP, order...)
+		dns.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.53")}
+		if err := dp.Apply(ctx, nodeState(webService(ep("10.244.1.11", true), ep("10.244.2.11", false)), dns)); err != nil {
 			t.Fatal(err)
 		}
 		dump := v4.Dump()
-		if want := "@udp_endpoints_3_a meta mark set meta mark | 0x2000 dnat ip to ip daddr . meta l4proto . th dport . jhash ip saddr . th sport mod 3 seed 0x77656972 map"; !strings.Contains(dump, want) {
-			t.Errorf("%s: no UDP pick by the flow's hash, %q:\n%s", name, want, dump)
+		for _, want := range []string{
+			"@udp_table_251_a meta mark set meta mark | 0x2000 dnat ip to ip daddr . meta l4proto . th dport . jhash ip saddr . th sport mod 251 seed 0x77656972 map @udp_backends_a",
+			"@nodeport_udp_table_251_a meta mark set meta mark | 0x2000 dnat ip to meta l4proto . th dport . jhash ip saddr . th sport mod 251 seed 0x77656972 map @nodeport_udp_backends_a",
+			"@udp_endpoints_3_a meta mark set meta mark | 0x2000 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @udp_backends_a",
+			"@tcp_endpoints_2_a meta mark set meta mark | 0x2000 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @tcp_backends_a",
+		} {
+			if !strings.Contains(dump, want) {
+				t.Errorf("%s: no rule %q:\n%s", name, want, dump)
+			}
 		}
-		if !strings.Contains(dump, "numgen random mod 2") || strings.Contains(dump, "jhash ip saddr . th sport mod 2") {
-			t.Errorf("%s: the TCP pick is not random:\n%s", name, dump)
+		if !strings.Contains(dump, "udp_table_251_a { 203.0.113.53 . udp . 53 }") || !strings.Contains(dump, "udp_endpoints_3_a { 10.96.0.53 . udp . 53 }") {
+			t.Errorf("%s: the load-balancer IP is not hashed, or the cluster IP not random:\n%s", name, dump)
 		}
-		got := trace(t, v4, netip.MustParseAddr("198.51.100.7"), "udp", netip.MustParseAddrPort("10.96.0.53:53"))
-		if want := []string{"10.244.1.53:8080", "10.244.2.53:8080", "10.244.3.53:8080"}; !slices.Equal(got.Endpoints, want) {
-			t.Errorf("%s: the hash's slots lead to %v; want %v, one each in address order", name, got.Endpoints, want)
+		for _, dst := range []string{"203.0.113.53:53", "192.0.2.11:30053"} {
+			got := trace(t, v4, netip.MustParseAddr("198.51.100.7"), "udp", netip.MustParseAddrPort(dst))
+			if want := []string{"10.244.1.53:8080", "10.244.2.53:8080", "10.244.3.53:8080"}; !slices.Equal(got.Endpoints, want) {
+				t.Errorf("%s, %s: the table leads to %v; want %v", name, dst, got.Endpoints, want)
+			}
+			for e, n := range got.Slots {
+				if n != 83 && n != 84 {
+					t.Errorf("%s, %s: %s holds %d of 251 slots; want 83 or 84", name, dst, e, n)
+				}
+			}
 		}
-		dumps[name] = dump
+		var tables []string
+		for _, l := range strings.Split(dump, "\n") {
+			if strings.Contains(l, "add element ip weir nodeport_udp_backends_a {") || strings.Contains(l, "udp_backends_a { 203.0.113.53") {
+				tables = append(tables, l)
+			}
+		}
+		dumps[name] = strings.Join(tables, "\n")
 	}
-	if dumps["in order"] != dumps["shuffled"] {
-		t.Errorf("the endpoints' order changed the table:\n%s\nagainst\n%s", dumps["in order"], dumps["shuffled"])
+	if dumps["in order"] != dumps["shuffled"] || strings.Count(dumps["in order"], "\n") != 2*251-1 {
+		t.Errorf("the endpoints' order changed the flow tables:\n%s\nagainst\n%s", dumps["in order"], dumps["shuffled"])
 	}
 }

@@ -76,6 +76,10 @@ type portContribution struct {
 	internal      []Endpoint
 	internalLocal bool
 	externalLocal bool // the external traffic policy is Local
+	// table is the flow table of the endpoints tableOf, indexing them in
+	// address order, tableSorted (flowTable).
+	tableOf, tableSorted []Endpoint
+	table                []int32
 }
 
 func (c *contribution) servicePort(f *family, svc *Service, sp ServicePort, node NodeInfo, mark uint32) portContribution {
@@ -97,27 +101,56 @@ func (p *portContribution) add(set setID, key fields) { p.c.add(p.f, set, key) }
 
 // pickFor points a frontend of kind k at the endpoints eps (the local
 // ones or all): DNAT to one of them, or drop when a traffic policy leaves
-// none on this node.
-func (p *portContribution) pickFor(k *frontendKind, fk fields, eps []Endpoint, local bool) {
+// none on this node. routed: a router may move the frontend's flows
+// between nodes (every frontend but a cluster IP), so a UDP one chooses
+// by its flow table (flowtable.go).
+func (p *portContribution) pickFor(k *frontendKind, fk fields, eps []Endpoint, local, routed bool) {
 	c, f := p.c, p.f
 	id := elemID{fam: f.index, set: k.frontendsSet, key: fk}
 	if p.aff != nil && len(eps) > 0 {
 		c.elems = append(c.elems, element{elemID: id, value: p.aff.chainFor(local, eps).asValue()})
 		return
 	}
-	c.elems = append(c.elems, element{elemID: id, pick: k.pick(p.sp.Protocol, len(eps))})
-	if p.sp.Protocol == UDP && !slices.IsSortedFunc(eps, compareEndpoints) {
-		// A flow's hash must lead to one endpoint on every node: the
-		// slots go in address order, whatever order the endpoints came in.
-		eps = slices.SortedFunc(slices.Values(eps), compareEndpoints)
-	}
 	backends := k.backendsSet[p.sp.Protocol-1]
-	for i, ep := range eps {
+	slot := func(i int, ep Endpoint) {
 		key := fk
 		var value fields
 		value.addr(ep.Addr).port(ep.Port)
 		c.elems = append(c.elems, element{elemID: elemID{fam: f.index, set: backends, key: *key.slot(i)}, value: value.asValue()})
 	}
+	if routed && p.sp.Protocol == UDP && len(eps) > 0 {
+		eps, table := p.flowTable(eps)
+		c.elems = append(c.elems, element{elemID: id, pick: k.hashedPick(p.sp.Protocol, len(table))})
+		for i, e := range table {
+			slot(i, eps[e])
+		}
+		return
+	}
+	c.elems = append(c.elems, element{elemID: id, pick: k.pick(p.sp.Protocol, len(eps))})
+	for i, ep := range eps {
+		slot(i, ep)
+	}
+}
+
+// flowTable is the flow table of eps and the endpoints its slots index:
+// eps in address order, so that the same endpoints in whatever order
+// make the same table. Built once per list, as load-balancer IPs and
+// node ports share one.
+func (p *portContribution) flowTable(eps []Endpoint) ([]Endpoint, []int32) {
+	sameAddrs := func(a, b Endpoint) bool { return a.AddrPort() == b.AddrPort() }
+	if p.tableOf != nil && slices.EqualFunc(p.tableOf, eps, sameAddrs) {
+		return p.tableSorted, p.table
+	}
+	sorted := eps
+	if !slices.IsSortedFunc(eps, compareEndpoints) {
+		sorted = slices.SortedFunc(slices.Values(eps), compareEndpoints)
+	}
+	addrs := make([]netip.AddrPort, len(sorted))
+	for i, e := range sorted {
+		addrs[i] = e.AddrPort()
+	}
+	p.tableOf, p.tableSorted, p.table = eps, sorted, flowTable(addrs, flowTableSize(len(sorted)))
+	return sorted, p.table
 }
 
 // compareEndpoints orders endpoints by address and port.
@@ -134,15 +167,15 @@ func (p *portContribution) addFrontends(clusterIPs, externalIPs []netip.Addr) {
 			continue
 		}
 		if slices.Contains(clusterIPs, ip) {
-			p.pickFor(&ipKind, fk, p.internal, p.internalLocal)
+			p.pickFor(&ipKind, fk, p.internal, p.internalLocal, false)
 			continue
 		}
 		// External and load-balancer IPs: sources in the cluster are
 		// short-circuited to every endpoint, external ones follow the
 		// external policy.
-		p.pickFor(&ipKind, fk, p.cluster, false)
+		p.pickFor(&ipKind, fk, p.cluster, false, true)
 		if p.externalLocal {
-			p.pickFor(&externalIPKind, fk, p.local, true)
+			p.pickFor(&externalIPKind, fk, p.local, true, true)
 			p.add(sets.localFrontends, fk)
 		} else {
 			p.add(sets.masqueradeFrontends, fk)
@@ -160,9 +193,9 @@ func (p *portContribution) addNodePort() {
 	case len(p.all) == 0:
 		p.add(sets.noEndpointNodePorts, nk)
 	default:
-		p.pickFor(&nodePortKind, nk, p.cluster, false)
+		p.pickFor(&nodePortKind, nk, p.cluster, false, true)
 		if p.externalLocal {
-			p.pickFor(&externalNodePortKind, nk, p.local, true)
+			p.pickFor(&externalNodePortKind, nk, p.local, true, true)
 			p.add(sets.localNodePorts, nk)
 		} else {
 			p.add(sets.masqueradeNodePorts, nk)

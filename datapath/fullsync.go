@@ -197,6 +197,10 @@ type stream struct {
 	failed  atomic.Bool
 	ready   chan struct{} // closed once next and existing are known
 	done    chan struct{} // closed once every batch is loaded
+	// preparation closes once the transaction that prepares the generation
+	// (prepare: it empties and writes the pick chains) has run, or never
+	// will: step 3's pick chains must come after it.
+	preparation chan struct{}
 	// Set by the loader.
 	started          time.Time
 	listed, prepared time.Duration
@@ -272,7 +276,8 @@ func (s *stream) close() {
 // run while the elements come (see switchGeneration).
 func (d *Datapath) startSwitch(ctx context.Context, f *family) *stream {
 	s := &stream{f: f, netlink: d.elements != nil, size: d.chunk, picks: map[pick]bool{},
-		ready: make(chan struct{}), done: make(chan struct{}), started: time.Now()}
+		ready: make(chan struct{}), done: make(chan struct{}), preparation: make(chan struct{}), started: time.Now()}
+	preparedOnce := sync.OnceFunc(func() { close(s.preparation) })
 	queued := 4
 	if s.netlink {
 		// Room for what is worked out while the generation is prepared.
@@ -282,6 +287,7 @@ func (d *Datapath) startSwitch(ctx context.Context, f *family) *stream {
 	s.batches = make(chan streamBatch, queued)
 	go func() {
 		defer close(s.done)
+		defer preparedOnce()
 		s.existing, s.err = d.existingObjects(ctx, f)
 		s.listed = time.Since(s.started)
 		s.next = d.tables[f].gen.other()
@@ -302,10 +308,14 @@ func (d *Datapath) startSwitch(ctx context.Context, f *family) *stream {
 				fail(d.prepareSets(f, s.next, first.picks))
 				if !s.failed.Load() {
 					chains = make(chan error, 1)
-					go func() { chains <- d.prepare(ctx, f, s.next, first.picks, first.intervals, false) }()
+					go func() {
+						defer preparedOnce()
+						chains <- d.prepare(ctx, f, s.next, first.picks, first.intervals, false)
+					}()
 				}
 			} else {
 				fail(d.prepare(ctx, f, s.next, first.picks, first.intervals, true))
+				preparedOnce()
 			}
 			s.prepared = time.Since(s.started)
 			if !s.failed.Load() {
@@ -535,6 +545,9 @@ func (d *Datapath) finishObjects(ctx context.Context, f *family, w *desired, s *
 		go func() {
 			tx := d.nft[f][0].NewTransaction()
 			d.addObjects(tx, f, w, s)
+			// The late picks' chains are written whole, after the
+			// preparation emptied them and wrote the first picks'.
+			<-s.preparation
 			objects <- d.run(ctx, f, tx)
 		}()
 	}

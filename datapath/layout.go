@@ -173,11 +173,21 @@ func (k *frontendKind) keyType(f family) []field {
 type pick struct {
 	kind  uint8 // 1 + the index of its kind in frontendKinds; 0: none
 	proto Protocol
-	n     uint32
+	// hashed: the n slots are a flow table's (flowtable.go), chosen by
+	// the flow's hash, not at random among n endpoints.
+	hashed bool
+	n      uint32
 }
 
 func (k *frontendKind) pick(p Protocol, n int) pick {
 	return pick{kind: uint8(1 + slices.Index(frontendKinds, k)), proto: p, n: uint32(n)}
+}
+
+// hashedPick is the pick of frontends whose flow tables have n slots.
+func (k *frontendKind) hashedPick(p Protocol, n int) pick {
+	hp := k.pick(p, n)
+	hp.hashed = true
+	return hp
 }
 
 func (p pick) exists() bool { return p.kind != 0 }
@@ -189,6 +199,9 @@ func (p pick) frontendKind() *frontendKind { return frontendKinds[p.kind-1] }
 
 // set names the set of the pick's frontends.
 func (p pick) set() string {
+	if p.hashed {
+		return p.frontendKind().name + p.proto.String() + "_table_" + strconv.Itoa(int(p.n))
+	}
 	return p.frontendKind().name + p.proto.String() + "_endpoints_" + strconv.Itoa(int(p.n))
 }
 
@@ -220,26 +233,37 @@ func (p pick) rule(f family, mark uint32, g generation) string {
 // on every node and in every release, so that every node chooses alike.
 const FlowHashSeed = 0x77656972
 
-// choice is how the pick chooses a new connection's endpoint among its
-// n, as a slot of the backends map (the endpoints in address order).
-// TCP and SCTP: at random, as kube-proxy does; a connection that a
-// router moves to another node is passed back along the ring of moved
-// connections (agent/flows). UDP: by a hash of the client's address and
-// port, the same on every node, so that a flow a router moves to another
-// node, which that node cannot tell from a new one, is sent to the
-// endpoint it had (as long as the endpoints are the same there). Flows
-// spread as evenly as clients' addresses and ports differ.
+// choice is how the pick chooses a new connection's slot of the backends
+// map. At random among n endpoints, as kube-proxy does: a TCP connection
+// that a router moves to another node is passed back along the ring of
+// moved connections (agent/flows). Hashed: a UDP flow to a frontend a
+// router may move (not a cluster IP) by the hash of the client's address
+// and port into its flow table, the same on every node, so that a flow a
+// router moves to another node, which that node cannot tell from a new
+// one, is sent to the endpoint it had (as long as the endpoints are the
+// same there). Flows spread as evenly as clients' addresses and ports
+// differ.
 func (p pick) choice(f family) string {
-	if p.proto == UDP {
+	if p.hashed {
 		return fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x", f.ip, p.n, FlowHashSeed)
 	}
 	return fmt.Sprintf("numgen random mod %d", p.n)
 }
 
 // comparePicks orders picks as their rules go in a pick chain: by
-// protocol, then endpoint count.
+// protocol, random before hashed, then endpoint count.
 func comparePicks(a, b pick) int {
-	return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.proto, b.proto), cmp.Compare(a.n, b.n))
+	return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.proto, b.proto), compareBools(a.hashed, b.hashed), cmp.Compare(a.n, b.n))
+}
+
+func compareBools(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }
 
 // pickChains are the kinds' pick chains, in the order of frontendKinds,

@@ -3,6 +3,7 @@ package datapath
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -49,6 +50,10 @@ type verdict struct {
 	Rejected  bool
 	Dropped   bool
 	Endpoints []string // every endpoint the random choice can pick, by slot
+	// Slots is, for a choice by the flow's hash into a flow table, how
+	// many slots each endpoint holds; Endpoints then lists each once, in
+	// order.
+	Slots map[string]int
 	// Masqueraded is the endpoints (of Endpoints) whose connection leaves
 	// with the node's address as its source.
 	Masqueraded []string
@@ -134,12 +139,13 @@ func traceRemembering(t *testing.T, fake *knftables.Fake, pkt packet, remembered
 		t.Fatalf("trace %s -> %s: families differ", pkt.src, pkt.dst)
 	}
 	var v verdict
-	choices := 1
+	choices, hashed := 1, false
 	for choice := 0; choice < choices; choice++ {
 		w := &walker{t: t, tbl: fake.Table, pkt: pkt, choice: choice, dst: pkt.dst, mark: pkt.mark, remembered: remembered, added: memory{}, ttl: cmp.Or(pkt.ttl, 64), icmpID: pkt.icmpID}
 		w.run()
 		if choice == 0 {
 			choices = max(w.choices, 1)
+			hashed = w.hashed
 			v.Rejected, v.Dropped = w.end == endReject, w.end == endDrop
 			v.Counted = w.counted
 			if w.icmpIDSet {
@@ -160,6 +166,15 @@ func traceRemembering(t *testing.T, fake *knftables.Fake, pkt packet, remembered
 		} else if w.masqueraded {
 			t.Fatalf("trace %s -> %s: masqueraded without DNAT", pkt.src, pkt.dst)
 		}
+	}
+	if hashed {
+		v.Slots = map[string]int{}
+		for _, e := range v.Endpoints {
+			v.Slots[e]++
+		}
+		v.Endpoints = slices.Sorted(maps.Keys(v.Slots))
+		slices.Sort(v.Masqueraded)
+		v.Masqueraded = slices.Compact(v.Masqueraded)
 	}
 	return v, left
 }
@@ -193,8 +208,9 @@ type walker struct {
 	mark        uint32
 	masqueraded bool
 	rejected    bool
-	choice      int // the value every "numgen random" gives in this walk
-	choices     int // the largest modulus seen
+	choice      int  // the value every "numgen random" or "jhash" gives in this walk
+	hashed      bool // the walk met a jhash
+	choices     int  // the largest modulus seen
 	end         end
 	depth       int
 	// remembered is what earlier connections left in dynamic sets; added
@@ -617,8 +633,9 @@ func (r *ruleReader) selector() value {
 		return value{s: "unicast"}
 	case "jhash":
 		// A hash the walk does not compute: each of its values is a
-		// choice, as numgen's are (the choice is the same on every node:
-		// TestUDPChoosesByTheFlowsHash).
+		// choice, as numgen's are (that every node chooses alike is
+		// TestMovedUDPFlowsKeepTheirEndpoint's, with real packets).
+		w.hashed = true
 		r.expression()
 		r.expect("mod")
 		n := int(r.number(r.take()))

@@ -239,4 +239,60 @@ func testMovedUDPFlows(t *testing.T, c *weirlab.Cluster, r bgpRouter, flows int)
 	if unanswered > 0 {
 		t.Errorf("%d asks unanswered after the steps", unanswered)
 	}
+
+	// An endpoint removed: its flows go to the others (the agents clear
+	// their conntrack entries, as kube-proxy does), the others stay. Then
+	// node1 drained: of the flows it moves, those whose endpoint is still
+	// there change endpoint only as the flow table changed, a few times
+	// the removed endpoint's share (a modulus over the endpoints would
+	// move two in three of them).
+	removed := c.Nodes[3].Pods[0].Name
+	slice.Endpoints = slice.Endpoints[:3]
+	if _, err := c.Registry.UpdateEndpointSlice(ctx, &weirv1.UpdateEndpointSliceRequest{EndpointSlice: slice}); err != nil {
+		t.Fatal(err)
+	}
+	var pods []string
+	eventually(t, "no flow answered by "+removed, func() error {
+		pods = f.round()
+		if n := slices.Index(pods, removed); n >= 0 {
+			return fmt.Errorf("the flow from port %s still answered by %s", f.ports[n], removed)
+		}
+		return nil
+	})
+	stayed, onOthers := 0, 0
+	for i, pod := range pods {
+		if last[i] == removed {
+			last[i] = "" // its endpoint is gone: left out below
+			continue
+		}
+		onOthers++
+		if pod == last[i] {
+			stayed++
+		}
+	}
+	if stayed != onOthers {
+		t.Errorf("the endpoint removed: %d of the %d flows on the endpoints left kept them; want every one", stayed, onOthers)
+	}
+	before := udpHolders(t, c, vip, lost...)
+	if _, err := c.Registry.DrainNode(ctx, &weirv1.DrainNodeRequest{Name: c.Nodes[0].Name}); err != nil {
+		t.Fatal(err)
+	}
+	waitNextHops(t, r, vip.String(), hop(1), hop(3))
+	time.Sleep(time.Second)
+	pods = f.round()
+	now := udpHolders(t, c, vip, lost...)
+	movedAfter, changedAfter := 0, 0
+	for i, port := range f.ports {
+		if last[i] == "" || !slices.ContainsFunc(now[port], func(n string) bool { return !slices.Contains(before[port], n) }) {
+			continue
+		}
+		movedAfter++
+		if pods[i] != last[i] {
+			changedAfter++
+		}
+	}
+	t.Logf("an endpoint removed, then node1 drained: %d flows of the endpoints left moved, %d of them changed endpoint", movedAfter, changedAfter)
+	if movedAfter < flows/10 || changedAfter*10 > movedAfter*3 {
+		t.Errorf("%d of %d moved flows changed endpoint after one of four was removed; want under 30%%", changedAfter, movedAfter)
+	}
 }
