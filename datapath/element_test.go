@@ -145,3 +145,48 @@ func everyKindOfElementSets(state NodeState, cfg Config) ([2]map[string]bool, in
 	}
 	return out, len(elems)
 }
+
+// TestLatePicksKeepTheirRules: a pick that the first batch of a full sync
+// over netlink does not name (here a node port's flow table, after a load-
+// balancer IP's 4,093 slots filled the first batch) has its chain written
+// after the transaction that empties the pick chains and writes the first
+// picks' rules, never before: the table equals the one nft loads, every
+// time. Before, the two transactions raced and pick rules went missing.
+func TestLatePicksKeepTheirRules(t *testing.T) {
+	if runInNewNetns(t) {
+		return
+	}
+	ctx := context.Background()
+	svc := &Service{Key: ServiceKey{"default", "quic"}, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.30")},
+		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("203.0.113.30")},
+		Ports:           []ServicePort{{Name: "quic", Protocol: UDP, Port: 443, NodePort: 30443}}}
+	for i := range 130 {
+		svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(1 + i/100), byte(1 + i%100)}),
+			Port: 8443, Ready: true, Serving: true})
+	}
+	web := webService(ep("10.244.9.11", true), ep("10.244.9.12", false), ep("10.244.9.13", false))
+	state := nodeState(svc, web)
+	if flowTableSize(130) <= loadBatch {
+		t.Fatalf("a table of %d slots fits the first batch (%d): no late pick", flowTableSize(130), loadBatch)
+	}
+	var want []string
+	for run := range 6 {
+		overNft := run == 0
+		removeTables(t)
+		dp, err := newForNode(Config{}, overNft)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dp.Apply(ctx, state); err != nil {
+			t.Fatalf("run %d: %v", run, err)
+		}
+		got := canonicalTables(t)
+		if overNft {
+			want = got
+			continue
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Fatalf("run %d: the table loaded over netlink differs from nft's (-nft +netlink):\n%s", run, diff)
+		}
+	}
+}
