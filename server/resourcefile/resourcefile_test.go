@@ -53,7 +53,7 @@ func TestParseNamesTheBadDocumentAndField(t *testing.T) {
 		{"kind: BgpPeer\nmetadata: {name: x}\naddress: 192.0.2.1\nasn: 64500\n", "document 2: my_asn"},
 		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [nonsense]\n", "document 2: addresses[0]"},
 		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [198.51.100.16/28]\nl2_advertisement: {interfaces: [eth0, eth0]}\n", "document 2: l2_advertisement.interfaces[1]"},
-		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [198.51.100.16/28]\nl2_advertisement: {}\nbgp_advertisement: {local_preference: 5}\n", "document 2: l2_advertisement"},
+		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [198.51.100.16/28]\nl2_advertisement: {}\nbgp_advertisement: {local_preference: 5}\n", "document 2: bgp_advertisement: an L2 pool is announced over BGP too by its bgp_advertisements"},
 		{"kind: BgpPeer\nmetadata: {name: x}\nadress: 192.0.2.1\n", "document 2: "},
 		// A key said twice: which one was meant is not for the server to guess.
 		{"kind: AddressPool\nmetadata: {name: x}\naddresses: [198.51.100.16/28]\naddresses: [198.51.100.32/28]\n", `document 2: `},
