@@ -59,7 +59,7 @@ func TestConvergesFromAnyTable(t *testing.T) {
 	for step := range steps {
 		probe.excused.Store(false)
 		var what string
-		switch op := rng.IntN(7); op {
+		switch op := rng.IntN(9); op {
 		case 0, 1: // an ordinary change
 			what = "change"
 			state = mutate(rng, state)
@@ -69,6 +69,24 @@ func TestConvergesFromAnyTable(t *testing.T) {
 			state = randomState(rng)
 			dp = newDP()
 			must(t, step, what, dp.Apply(ctx, state))
+		case 7, 8: // restarted on the same state, or one changed a little
+			what = "restart, adopting"
+			if op == 8 {
+				what, state = "restart, adopting a changed state", mutate(rng, state)
+			}
+			was := []digest{dp.tables[&ipv4].digest, dp.tables[&ipv6].digest}
+			dp = newDP()
+			must(t, step, what, dp.Apply(ctx, state))
+			// What nft writes is the same (the digests say so): nothing but
+			// elements differ, and the table the agent left is adopted.
+			for i, f := range []*family{&ipv4, &ipv6} {
+				if tab := dp.tables[f]; tab.digest == was[i] && !tab.adopted {
+					t.Fatalf("step %d (%s): the %s table was not adopted", step, what, f)
+				}
+			}
+			if dp.tables[&ipv4].adopted {
+				counts["adopted"]++
+			}
 		case 3: // killed in the middle of a sync, restarted
 			what = "killed mid-sync"
 			cut, cancel := context.WithTimeout(ctx, time.Duration(rng.IntN(40000))*time.Microsecond)
@@ -340,9 +358,94 @@ var damages = []struct {
 		// goes through.
 		holdIdleFrontends(t, "ip6")
 	}},
+	{"delete one element", func(t *testing.T, rng *rand.Rand) {
+		g := kernelGeneration(t, "ip")
+		set := g.of([]string{clusterIPsSet, ipKind.backends(TCP), noEndpointFrontendsSet, localEndpointsSet}[rng.IntN(4)])
+		if elems := nftElements(t, "ip", set); len(elems) > 0 {
+			nft(t, "delete element ip weir "+set+" { "+elems[rng.IntN(len(elems))]+" }")
+		}
+	}},
+	{"a foreign element", func(t *testing.T, rng *rand.Rand) {
+		g := kernelGeneration(t, "ip")
+		nft(t, "add element ip weir "+g.of(ipKind.backends(TCP))+" { 10.96.77.77 . tcp . 80 . 0 : 10.244.9.9 . 8080 }",
+			"add element ip weir "+g.of(clusterIPsSet)+" { 10.96.77.78 }")
+	}},
+	{"an element's value changed", func(t *testing.T, rng *rand.Rand) {
+		set := kernelGeneration(t, "ip").of(ipKind.backends(TCP))
+		if elems := nftElements(t, "ip", set); len(elems) > 0 {
+			key, _, _ := strings.Cut(elems[rng.IntN(len(elems))], " : ")
+			nft(t, "delete element ip weir "+set+" { "+key+" }", "add element ip weir "+set+" { "+key+" : 10.244.9.10 . 9090 }")
+		}
+	}},
+	{"a rule deleted", func(t *testing.T, rng *rand.Rand) {
+		out, err := exec.Command("nft", "-a", "list", "chain", "ip", "weir", "services").CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list chain: %v: %s", err, out)
+		}
+		var handles []string
+		for _, line := range strings.Split(string(out), "\n") {
+			if _, h, ok := strings.Cut(line, "# handle "); ok && !strings.Contains(line, "chain ") {
+				handles = append(handles, strings.TrimSpace(h))
+			}
+		}
+		nft(t, "delete rule ip weir services handle "+handles[rng.IntN(len(handles))])
+	}},
+	{"a rule added", func(t *testing.T, rng *rand.Rand) {
+		nft(t, "add rule ip weir services ip daddr 10.96.77.79 counter accept")
+	}},
+	{"an older agent's marker", func(t *testing.T, rng *rand.Rand) {
+		m, ok := liveMarker(chainNames(t, "ip"))
+		if !ok {
+			t.Fatal("no marker")
+		}
+		nft(t, "delete chain ip weir "+m.name, "add chain ip weir "+m.gen.marker())
+	}},
 	{"delete elements", func(t *testing.T, rng *rand.Rand) {
 		nft(t, "flush map ip weir "+kernelGeneration(t, "ip").of(ipKind.frontends))
 	}},
+}
+
+// nftElements are the elements of a set or map of the family's table, as
+// nft lists them.
+func nftElements(t *testing.T, family, set string) []string {
+	t.Helper()
+	text, err := exec.Command("nft", "list", "set", family, "weir", set).Output()
+	if err != nil {
+		text, err = exec.Command("nft", "list", "map", family, "weir", set).Output()
+	}
+	if err != nil {
+		t.Fatalf("nft list %s: %v", set, err)
+	}
+	body := string(text)
+	start := strings.Index(body, "elements = {")
+	if start < 0 {
+		return nil
+	}
+	body = body[start+len("elements = {"):]
+	body = body[:strings.Index(body, "}")]
+	var elems []string
+	for _, e := range strings.Split(body, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			elems = append(elems, e)
+		}
+	}
+	return elems
+}
+
+// chainNames are the names of the family's table's chains.
+func chainNames(t *testing.T, family string) []string {
+	t.Helper()
+	out, err := exec.Command("nft", "list", "chains", family).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list chains: %v: %s", err, out)
+	}
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if name, ok := strings.CutPrefix(strings.TrimSpace(line), "chain "); ok {
+			names = append(names, strings.TrimSuffix(name, " {"))
+		}
+	}
+	return names
 }
 
 // holdIdleFrontends fills the family's idle generation's frontends map and
@@ -421,6 +524,15 @@ func canonicalTables(t *testing.T) []string {
 		}
 		if err := json.Unmarshal(out, &doc); err != nil {
 			t.Fatal(err)
+		}
+		// The marker carries the digest of what nft wrote, the same
+		// for both generations.
+		for _, obj := range doc.Nftables {
+			if c, ok := obj["chain"].(map[string]any); ok {
+				if name, _ := c["name"].(string); isMarker(name) {
+					fold[name] = "generation_G" + name[len("generation_a"):]
+				}
+			}
 		}
 		ruleIndex := map[string]int{}
 		for _, obj := range doc.Nftables {

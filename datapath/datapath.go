@@ -166,6 +166,13 @@ type tableState struct {
 	// reads which generation its chains use.
 	known bool
 	gen   generation // the generation the chains read
+	// marker is the name of the generation's marker chain, which carries
+	// digest: what nft wrote, summed up (see adopt.go).
+	marker string
+	digest digest
+	// adopted: the last full sync found the table right but for some
+	// elements, and changed only those (see adopt.go).
+	adopted bool
 	// picks counts, per pick that exists, the frontends in its set; a
 	// pick goes in the transaction that drops its last one.
 	picks map[pick]int
@@ -414,7 +421,7 @@ func (d *Datapath) Apply(ctx context.Context, state NodeState) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.needFull {
-		return d.fullSync(ctx, state)
+		return d.fullSync(ctx, state, true)
 	}
 	return d.partialSync(ctx, state)
 }
@@ -426,7 +433,7 @@ func (d *Datapath) Resync(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.forget()
-	return d.fullSync(ctx, NodeState{Node: d.node, Services: d.services})
+	return d.fullSync(ctx, NodeState{Node: d.node, Services: d.services}, false)
 }
 
 // Cleanup deletes both tables and everything in them, as kube-proxy's
@@ -456,8 +463,10 @@ func (d *Datapath) Forwarding(ctx context.Context) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, f := range d.families() {
-		if chains, err := d.nft[f][0].List(ctx, "chain"); err == nil && liveGeneration(chains) != "" {
-			return true
+		if chains, err := d.nft[f][0].List(ctx, "chain"); err == nil {
+			if _, ok := liveMarker(chains); ok {
+				return true
+			}
 		}
 	}
 	return false
@@ -559,7 +568,7 @@ func (d *Datapath) RepairIfGone(ctx context.Context) (bool, error) {
 		if err != nil && !knftables.IsNotFound(err) {
 			return false, fmt.Errorf("listing the %s table: %w", f, err)
 		}
-		if !slices.Contains(chains, t.gen.marker()) {
+		if !slices.Contains(chains, t.marker) {
 			gone = append(gone, f.String())
 		}
 	}
@@ -568,5 +577,5 @@ func (d *Datapath) RepairIfGone(ctx context.Context) (bool, error) {
 	}
 	d.cfg.Log.Warn("the table is gone (someone flushed the ruleset?): rewriting it from the last state", "families", gone)
 	d.forget()
-	return true, d.fullSync(ctx, NodeState{Node: d.node, Services: d.services})
+	return true, d.fullSync(ctx, NodeState{Node: d.node, Services: d.services}, false)
 }

@@ -30,6 +30,10 @@ type desired struct {
 	objects map[*family][]ownedObject
 	picks   map[*family]map[pick]int // picks, with the frontends of each
 	counts  map[*family]int          // elements, per family
+	// The interval sets' elements, which nft writes, per family index:
+	// their digest (see digest) and how many.
+	intervals     [2]sum128
+	intervalCount [2]int
 }
 
 // elements yields f's elements, made again from the live ones.
@@ -70,6 +74,10 @@ func (d *Datapath) desire(state NodeState, emit func(element)) *desired {
 			if e.pick.exists() && w.picks[f] != nil {
 				w.picks[f][e.pick]++
 			}
+			if e.format().interval {
+				w.intervals[e.fam] = w.intervals[e.fam].plus(intervalDigest(e))
+				w.intervalCount[e.fam]++
+			}
 			if emit != nil {
 				emit(e)
 			}
@@ -95,15 +103,20 @@ func (d *Datapath) desire(state NodeState, emit func(element)) *desired {
 // before: an older agent's generation, an older layout, a half-finished
 // sync, foreign or damaged objects. The families go in parallel, each on
 // its own; the state counts as applied only when both succeed.
-func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
+func (d *Datapath) fullSync(ctx context.Context, state NodeState, mayAdopt bool) error {
 	d.needFull = true
 	// What the last state was is not needed for a whole one: let it go
 	// before the new one takes the same memory again.
 	d.live, d.owned = nil, nil
 	fams := d.families()
 	streams := make([]*stream, len(families))
+	readings := make([]*reading, len(families))
 	for _, f := range fams {
-		if !d.tables[f].rebuild {
+		t := d.tables[f]
+		if mayAdopt && !t.known && !t.rebuild {
+			readings[f.index] = d.startReading(f)
+		}
+		if !t.rebuild && readings[f.index] == nil {
 			streams[f.index] = d.startSwitch(ctx, f)
 		}
 	}
@@ -116,9 +129,29 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	d.cfg.Log.Debug("whole state worked out", "services", len(state.Services), "elements", len(w.live), "took", time.Since(start))
 	errs := make([]error, len(fams))
 	cleanups := make([]func(), len(fams))
+	var added atomic.Bool
 	var wg sync.WaitGroup
 	for i, f := range fams {
-		wg.Go(func() { cleanups[i], errs[i] = d.syncFamily(ctx, f, w, streams[f.index]) })
+		wg.Go(func() {
+			if r := readings[f.index]; r != nil {
+				adds, err := d.adopt(f, w, r)
+				if err == nil {
+					t := d.tables[f]
+					t.known, t.rebuild, t.picks, t.adopted = true, false, w.picks[f], true
+					if adds {
+						added.Store(true)
+					}
+					return
+				}
+				d.cfg.Log.Info("the table found is not adopted; loading the state whole", "family", f.String(), "reason", err)
+				streams[f.index] = d.startSwitch(ctx, f)
+				for e := range w.elements(f) {
+					streams[f.index].add(e)
+				}
+			}
+			added.Store(true)
+			cleanups[i], errs[i] = d.syncFamily(ctx, f, w, streams[f.index])
+		})
 	}
 	wg.Wait()
 	deleteUnused := func() {
@@ -139,8 +172,11 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState) error {
 	// re-created on the old path; beside the deletion, which the listing
 	// does not wait for (a socket that stays open). Clearing runs the
 	// conntrack program, whose exit waits for the kernel to free what was
-	// deleted: only when a flow bypassed the rules.
-	wg.Go(func() { d.clearNotDNATedUDP(ctx) })
+	// deleted: only when a flow bypassed the rules. A table adopted as it
+	// was needs none: its rules were in place all along.
+	if added.Load() {
+		wg.Go(func() { d.clearNotDNATedUDP(ctx) })
+	}
 	deleteUnused()
 	wg.Wait()
 	return nil
@@ -168,7 +204,7 @@ func (d *Datapath) syncFamily(ctx context.Context, f *family, w *desired, s *str
 		t.rebuild = ctx.Err() == nil
 		return nil, err
 	}
-	t.known, t.rebuild, t.picks = true, false, w.picks[f]
+	t.known, t.rebuild, t.picks, t.adopted = true, false, w.picks[f], false
 	return cleanup, nil
 }
 
@@ -587,12 +623,17 @@ func (d *Datapath) switchChains(ctx context.Context, f *family, w *desired, s *s
 		d.addObjects(tx, f, w, s)
 	}
 	keep = d.keptNames(tx, f, w, next)
-	tx.Add(&knftables.Chain{Name: next.marker()})
-	keep[next.marker()] = true
-	if slices.Contains(existing.chains, next.other().marker()) {
-		tx.Delete(&knftables.Chain{Name: next.other().marker()})
-		existing.chains = slices.DeleteFunc(existing.chains, func(c string) bool { return c == next.other().marker() })
+	dg := w.digest(f, d.cfg)
+	mark := markerOf(next, dg)
+	tx.Add(&knftables.Chain{Name: mark})
+	keep[mark] = true
+	oldMarker := func(c string) bool { return c != mark && isMarker(c) }
+	for _, c := range existing.chains {
+		if oldMarker(c) {
+			tx.Delete(&knftables.Chain{Name: c})
+		}
 	}
+	existing.chains = slices.DeleteFunc(existing.chains, oldMarker)
 	// Emptied now, so that nothing they hold refers to what goes next.
 	for _, name := range existing.chains {
 		if !keep[name] {
@@ -602,7 +643,8 @@ func (d *Datapath) switchChains(ctx context.Context, f *family, w *desired, s *s
 	if err := d.nft[f][0].Run(ctx, tx); err != nil {
 		return nil, existing, fmt.Errorf("programming %s table %q: %w", f, TableName, err)
 	}
-	d.tables[f].gen = next
+	t := d.tables[f]
+	t.gen, t.marker, t.digest = next, mark, dg
 	return keep, existing, nil
 }
 
@@ -716,7 +758,8 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	for _, c := range chains {
 		tx.Add(c.chain)
 	}
-	tx.Add(&knftables.Chain{Name: g.marker()})
+	dg := w.digest(f, d.cfg)
+	tx.Add(&knftables.Chain{Name: markerOf(g, dg)})
 	if c := planOwned(nil, w.objects[f])[f]; c != nil {
 		c.render(tx)
 	}
@@ -729,7 +772,8 @@ func (d *Datapath) rebuild(ctx context.Context, f *family, w *desired) error {
 	if err := nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("replacing %s table %q: %w", f, TableName, err)
 	}
-	d.tables[f].gen = g
+	t := d.tables[f]
+	t.gen, t.marker, t.digest = g, markerOf(g, dg), dg
 	return nil
 }
 
@@ -758,7 +802,7 @@ func (d *Datapath) existingObjects(ctx context.Context, f *family) (tableObjects
 	if !t.known {
 		return d.listObjects(ctx, f)
 	}
-	objs := tableObjects{chains: []string{t.gen.marker()}}
+	objs := tableObjects{chains: []string{t.marker}}
 	for _, c := range tableChains(*f, d.cfg, t.gen, nil) {
 		objs.chains = append(objs.chains, c.chain.Name)
 	}
@@ -828,11 +872,11 @@ func (d *Datapath) learnGeneration(f *family, objs tableObjects) (tableObjects, 
 		t.gen = genB // nothing forwards: load generation a
 		return objs, nil
 	}
-	g := liveGeneration(objs.chains)
-	if g == "" {
+	m, ok := liveMarker(objs.chains)
+	if !ok {
 		return objs, errTableUnknown
 	}
-	t.gen = g
+	t.gen = m.gen
 	return objs, nil
 }
 
@@ -840,19 +884,6 @@ func (d *Datapath) learnGeneration(f *family, objs tableObjects) (tableObjects, 
 // agent's table, or one someone changed), so the switch cannot tell which
 // generation to leave alone; the table is rebuilt instead.
 var errTableUnknown = errors.New("the table names no live generation")
-
-// liveGeneration is the generation whose marker chain is among chains, or
-// "" when neither or both are.
-func liveGeneration(chains []string) generation {
-	a, b := slices.Contains(chains, genA.marker()), slices.Contains(chains, genB.marker())
-	switch {
-	case a && !b:
-		return genA
-	case b && !a:
-		return genB
-	}
-	return ""
-}
 
 func setName(obj knftables.Object) string {
 	switch o := obj.(type) {

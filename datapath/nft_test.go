@@ -121,8 +121,8 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if err := restarted.Apply(ctx, st2); err != nil {
 		t.Fatalf("full sync of a restarted agent over an existing table: %v", err)
 	}
-	if restarted.tables[&ipv4].gen == dp.tables[&ipv4].gen {
-		t.Errorf("the restarted agent loaded generation %q, the one in use; want the other", restarted.tables[&ipv4].gen)
+	if restarted.tables[&ipv4].gen != dp.tables[&ipv4].gen {
+		t.Errorf("the restarted agent switched to generation %q; want it to adopt %q, the one in use", restarted.tables[&ipv4].gen, dp.tables[&ipv4].gen)
 	}
 	dp = restarted
 	out, err := exec.Command("nft", "list", "map", "ip", TableName, dp.tables[&ipv4].gen.of(ipKind.backends(TCP))).CombinedOutput()

@@ -36,11 +36,16 @@ type familyChange struct {
 	picksIn, picksOut []pick
 	owned             ownedChange
 	adds              []element
+	// remark is the marker chain's new name when what nft writes changes
+	// (picks, owned objects, interval elements), with the digest it
+	// carries; "" otherwise.
+	remark string
+	digest digest
 }
 
 // elementsOnly: the change touches no chain or set, only elements.
 func (c *familyChange) elementsOnly() bool {
-	return len(c.picksIn) == 0 && len(c.picksOut) == 0 && c.owned.empty()
+	return len(c.picksIn) == 0 && len(c.picksOut) == 0 && c.owned.empty() && c.remark == ""
 }
 
 func (c *familyChange) empty() bool {
@@ -182,12 +187,51 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 	for f, c := range planOwned(t.oldOwned, t.newOwned) {
 		plan.of(f).owned = *c
 	}
+	d.planDigests(plan, t)
 	// Sorted, for transactions that read the same every time.
 	for _, c := range plan {
 		slices.SortFunc(c.deletes, func(a, b element) int { return compareIDs(a.elemID, b.elemID) })
 		slices.SortFunc(c.adds, func(a, b element) int { return compareIDs(a.elemID, b.elemID) })
 	}
 	return plan
+}
+
+// planDigests works out each family's digest after the change, and
+// plans the marker's new name where it changes.
+func (d *Datapath) planDigests(plan partialPlan, t touched) {
+	for f, c := range plan {
+		tab := d.tables[f]
+		if tab == nil {
+			continue // a family this Datapath leaves alone
+		}
+		dg := tab.digest
+		if len(c.picksIn)+len(c.picksOut) > 0 {
+			dg.fixed = fixedDigest(*f, d.cfg, tab.picks)
+		}
+		for _, o := range t.oldOwned {
+			if o.family == f {
+				dg.owned = dg.owned.minus(ownedDigest(o))
+			}
+		}
+		for _, o := range t.newOwned {
+			if o.family == f {
+				dg.owned = dg.owned.plus(ownedDigest(o))
+			}
+		}
+		for _, e := range c.deletes {
+			if e.format().interval {
+				dg.intervals = dg.intervals.minus(intervalDigest(e))
+			}
+		}
+		for _, e := range c.adds {
+			if e.format().interval {
+				dg.intervals = dg.intervals.plus(intervalDigest(e))
+			}
+		}
+		if dg != tab.digest {
+			c.remark, c.digest = markerOf(tab.gen, dg), dg
+		}
+	}
 }
 
 // partialPlan is the change of each family a partial sync makes.
@@ -281,6 +325,10 @@ func (d *Datapath) render(f *family, c *familyChange, g generation) *knftables.T
 	for _, e := range c.adds {
 		tx.Add(e.object(g))
 	}
+	if c.remark != "" {
+		tx.Delete(&knftables.Chain{Name: d.tables[f].marker})
+		tx.Add(&knftables.Chain{Name: c.remark})
+	}
 	return tx
 }
 
@@ -307,6 +355,10 @@ func (d *Datapath) runPartial(ctx context.Context, plan map[*family]*familyChang
 		}
 		if err := d.run(ctx, f, d.render(f, c, g)); err != nil {
 			errs = append(errs, err)
+			continue
+		}
+		if c.remark != "" {
+			d.tables[f].marker, d.tables[f].digest = c.remark, c.digest
 		}
 	}
 	return errors.Join(errs...)

@@ -1,0 +1,228 @@
+package nfwire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Reading a table back is a dump: one request, and the kernel's answers
+// in as many reads as it takes, each parsed as it arrives into the
+// caller's hands. Nothing of a dump is kept: a table of 100,000 services
+// holds over a million elements, which the reader compares and forgets.
+
+// Element is one element of a set or map as the kernel holds it: its key,
+// a map's value, or the chain a verdict map's goto names. The slices are
+// valid only during the call that hands them over.
+type Element struct {
+	Key, Value []byte
+	Goto       string
+	// Flags are the element's NFTA_SET_ELEM_FLAGS (an interval's end, a
+	// catch-all): a reader of plain sets takes an element with any for
+	// something it did not write.
+	Flags uint32
+}
+
+// Reader is a netlink socket for dumps, apart from a Conn's transactions.
+type Reader struct {
+	fd  int
+	buf []byte
+	seq uint32
+}
+
+// NewReader opens a socket for dumps in the current network namespace.
+func NewReader() (*Reader, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return nil, fmt.Errorf("opening a netlink socket to nf_tables: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("binding a netlink socket to nf_tables: %w", err)
+	}
+	// Large reads: the kernel fills each with as many answers as fit.
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	return &Reader{fd: fd, buf: make([]byte, 1<<20)}, nil
+}
+
+func (r *Reader) Close() error { return unix.Close(r.fd) }
+
+// RuleCounts counts the rules of each chain of fam's table.
+func (r *Reader) RuleCounts(fam Family, table string) (map[string]int, error) {
+	counts := map[string]int{}
+	err := r.dump(fam, unix.NFT_MSG_GETRULE, unix.NFTA_RULE_TABLE, table, "", func(data []byte) error {
+		for typ, v := range attributes(data) {
+			if typ == unix.NFTA_RULE_CHAIN {
+				counts[cstring(v)]++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing the rules of %s table %q: %w", fam, table, err)
+	}
+	return counts, nil
+}
+
+// Elements hands each element of set, in fam's table, to each.
+func (r *Reader) Elements(fam Family, table, set string, each func(Element)) error {
+	err := r.dump(fam, unix.NFT_MSG_GETSETELEM, unix.NFTA_SET_ELEM_LIST_TABLE, table, set, func(data []byte) error {
+		for typ, list := range attributes(data) {
+			if typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				continue
+			}
+			for _, item := range attributes(list) {
+				e, err := element(item)
+				if err != nil {
+					return err
+				}
+				each(e)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("listing the elements of %s set %q: %w", fam, set, err)
+	}
+	return nil
+}
+
+// element parses one element's attributes.
+func element(item []byte) (Element, error) {
+	var e Element
+	for typ, v := range attributes(item) {
+		switch typ {
+		case unix.NFTA_SET_ELEM_KEY:
+			e.Key = dataValue(v)
+		case unix.NFTA_SET_ELEM_FLAGS:
+			if len(v) == 4 {
+				e.Flags = binary.BigEndian.Uint32(v)
+			}
+		case unix.NFTA_SET_ELEM_DATA:
+			for dt, dv := range attributes(v) {
+				switch dt {
+				case unix.NFTA_DATA_VALUE:
+					e.Value = dv
+				case unix.NFTA_DATA_VERDICT:
+					for vt, vv := range attributes(dv) {
+						if vt == unix.NFTA_VERDICT_CHAIN {
+							e.Goto = cstring(vv)
+						}
+					}
+				}
+			}
+		}
+	}
+	if e.Key == nil {
+		return e, errors.New("an element with no key")
+	}
+	return e, nil
+}
+
+// dataValue is the bytes of an NFTA_DATA_VALUE inside v.
+func dataValue(v []byte) []byte {
+	for t, dv := range attributes(v) {
+		if t == unix.NFTA_DATA_VALUE {
+			return dv
+		}
+	}
+	return nil
+}
+
+// dump sends a dump request of typ for fam's table (and set, when not
+// empty, as NFTA_SET_ELEM_LIST_SET) and hands each answer's attributes
+// (after the nfgenmsg header) to each, until the kernel says it is done.
+func (r *Reader) dump(fam Family, typ, tableAttr uint16, table, set string, each func([]byte) error) error {
+	b := NewBatch(table)
+	start := b.begin(fam)
+	b.attrString(tableAttr, table)
+	if set != "" {
+		b.attrString(unix.NFTA_SET_ELEM_LIST_SET, set)
+	}
+	b.end(typ, start)
+	m := b.msgs[0]
+	body := b.buf[m.start:m.end]
+	r.seq++
+	req := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+len(body))
+	binary.NativeEndian.PutUint32(req[0:], uint32(unix.NLMSG_HDRLEN+len(body)))
+	binary.NativeEndian.PutUint16(req[4:], m.typ)
+	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
+	binary.NativeEndian.PutUint32(req[8:], r.seq)
+	req = append(req, body...)
+	if err := unix.Sendto(r.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	for {
+		n, _, err := unix.Recvfrom(r.fd, r.buf, 0)
+		if err != nil {
+			if errors.Is(err, syscall.EINTR) {
+				continue
+			}
+			return err
+		}
+		msgs := r.buf[:n]
+		for len(msgs) >= unix.NLMSG_HDRLEN {
+			l := int(binary.NativeEndian.Uint32(msgs[0:]))
+			t := binary.NativeEndian.Uint16(msgs[4:])
+			seq := binary.NativeEndian.Uint32(msgs[8:])
+			if l < unix.NLMSG_HDRLEN || l > len(msgs) {
+				return errors.New("a truncated netlink message")
+			}
+			data := msgs[unix.NLMSG_HDRLEN:l]
+			msgs = msgs[min(nlAlign(l), len(msgs)):]
+			if seq != r.seq {
+				continue // an answer to an earlier, abandoned dump
+			}
+			switch t {
+			case unix.NLMSG_DONE:
+				return nil
+			case unix.NLMSG_ERROR:
+				if len(data) >= 4 {
+					if code := int32(binary.NativeEndian.Uint32(data)); code != 0 {
+						return os.NewSyscallError("netlink", syscall.Errno(-code))
+					}
+				}
+				return nil
+			}
+			if len(data) < 4 {
+				continue
+			}
+			if err := each(data[4:]); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func nlAlign(n int) int { return (n + 3) &^ 3 }
+
+// attributes walks netlink attributes: each one's type (without the nested
+// and byte-order flags) and payload.
+func attributes(b []byte) func(yield func(uint16, []byte) bool) {
+	return func(yield func(uint16, []byte) bool) {
+		for len(b) >= 4 {
+			l := int(binary.NativeEndian.Uint16(b[0:]))
+			t := binary.NativeEndian.Uint16(b[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
+			if l < 4 || l > len(b) {
+				return
+			}
+			if !yield(t, b[4:l]) {
+				return
+			}
+			b = b[min(nlAlign(l), len(b)):]
+		}
+	}
+}
+
+func cstring(b []byte) string {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
