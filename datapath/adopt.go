@@ -1,23 +1,28 @@
 package datapath
 
-// A restarted agent adopts the table it finds when it can: the table an
-// agent left is right almost always, and reading it back costs a fraction
-// of loading it again.
+// A restarted agent adopts the table it finds when that table already
+// holds the state: the table an agent left is right almost always, and
+// checking it costs a fraction of loading it again.
 //
-// What the elements over netlink hold is read back and compared element
-// by element. Everything else, what nft writes (the chains and their
-// rules, the sets' declarations, the services' own chains and sets, the
-// interval sets' few elements, the counters), is summed up in a digest
-// that every transaction changing any of it writes into the name of the
-// generation's marker chain (generation_a_<digest>), in the same
-// transaction. Adopting takes the marker's digest equal to the one the
-// state works out, the names of the table's objects exactly the
-// generation's, and each chain holding as many rules as it should; then a
-// single transaction of the elements that differ makes the table the
-// state's. Any doubt (no digest, an older layout, a foreign or missing
-// object, a flushed chain, an element nobody writes, more changes than a
-// transaction holds) falls back to the generation switch, which replaces
-// everything.
+// Every transaction Weir makes, over netlink or through nft, renames the
+// generation's marker chain (generation_a_<digest>) in the same
+// transaction: the digest sums up everything in the table, the chains and
+// their rules, the sets' declarations, the services' own chains and sets,
+// the counters, and every element, each by a 128-bit hash, summed so that
+// a change updates it by what it adds and deletes. A restarted agent works
+// the state out, and adopts the table when the marker's digest is the
+// state's, the names of the table's objects exactly the generation's, and
+// each chain holds as many rules as it should: no element is written,
+// none is read. Anything else (the state changed meanwhile, no digest, an
+// older layout, a foreign or missing object, a flushed chain) falls back
+// to the generation switch, which replaces everything.
+//
+// The elements are not read back: the kernel dumps a set by walking it
+// again from its start for each message of about 500 elements, which
+// made reading a 10,000-service table back (122,000 elements) take 0.5 s,
+// twice loading it, and grows with the square of the largest set. So
+// someone else's change to elements (nft by hand) survives a restart that
+// adopts, until the periodic resync, as it survives between resyncs.
 
 import (
 	"crypto/sha256"
@@ -25,8 +30,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -54,14 +59,14 @@ func hash128(parts ...[]byte) sum128 {
 	return sum128{binary.BigEndian.Uint64(b[0:]), binary.BigEndian.Uint64(b[8:])}
 }
 
-// digest sums up what nft writes in one family's table: the fixed part
-// (chains and rules, sets' declarations, counters: the layout for the
-// configuration and the picks), the services' own objects and the
-// interval sets' elements, the last two kept up to date change by change.
-type digest struct{ fixed, owned, intervals sum128 }
+// digest sums up one family's table: the fixed part (chains and rules,
+// sets' declarations, counters: the layout for the configuration and the
+// picks), the services' own objects, and the elements, the last two kept
+// up to date change by change.
+type digest struct{ fixed, owned, elements sum128 }
 
 func (d digest) String() string {
-	s := d.fixed.plus(d.owned).plus(d.intervals)
+	s := d.fixed.plus(d.owned).plus(d.elements)
 	return fmt.Sprintf("%016x%016x", s[0], s[1])
 }
 
@@ -98,13 +103,41 @@ func ownedDigest(o ownedObject) sum128 {
 	return hash128([]byte(o.name), []byte(o.definition()))
 }
 
-func intervalDigest(e element) sum128 {
-	return hash128([]byte{byte(e.set)}, e.key.bytes(), e.value.bytes())
+// elementDigest is an element's hash, with the set (or pick) it is in:
+// a few multiplications per word, since a full sync hashes every element.
+func elementDigest(e element) sum128 {
+	var b [80]byte
+	b[0], b[1], b[2], b[3] = e.fam, byte(e.set), e.pick.kind, protocolNumber(e.pick.proto)
+	if e.pick.hashed {
+		b[4] = 1
+	}
+	b[6], b[7] = e.key.n, e.value.n
+	binary.LittleEndian.PutUint32(b[8:], e.pick.n)
+	copy(b[12:], e.key.bytes())
+	copy(b[12+maxFields:], e.value.bytes())
+	h1, h2 := uint64(0x9e3779b97f4a7c15), uint64(0xc2b2ae3d27d4eb4f)
+	for i := 0; i < len(b); i += 8 {
+		w := binary.LittleEndian.Uint64(b[i:])
+		h1 = bits.RotateLeft64((h1^w)*0xff51afd7ed558ccd, 29)
+		h2 = bits.RotateLeft64((h2+w)*0xc4ceb9fe1a85ec53, 31) ^ h1
+	}
+	return sum128{fmix64(h1 ^ h2>>7), fmix64(h2 + h1)}
+}
+
+// fmix64 is MurmurHash3's finaliser: every bit of the result depends on
+// every bit of k.
+func fmix64(k uint64) uint64 {
+	k ^= k >> 33
+	k *= 0xff51afd7ed558ccd
+	k ^= k >> 33
+	k *= 0xc4ceb9fe1a85ec53
+	k ^= k >> 33
+	return k
 }
 
 // digest is f's digest of w.
 func (w *desired) digest(f *family, cfg Config) digest {
-	dg := digest{fixed: fixedDigest(*f, cfg, w.picks[f]), intervals: w.intervals[f.index]}
+	dg := digest{fixed: fixedDigest(*f, cfg, w.picks[f]), elements: w.elementSums[f.index]}
 	for _, o := range w.objects[f] {
 		dg.owned = dg.owned.plus(ownedDigest(o))
 	}
@@ -149,22 +182,19 @@ func isMarker(chain string) bool {
 }
 
 // reading is what a restarted agent reads of one family's table while the
-// state is worked out: its objects' names, its rules per chain and the
-// elements of its live generation's sets.
+// state is worked out: its objects' names and its rules per chain.
 type reading struct {
 	done   chan struct{}
-	err    error // why the table cannot be adopted
+	err    error
 	marker marker
 	objs   tableObjects
 	rules  map[string]int
-	elems  []element // as element, with the generation's sets' setIDs and picks
 	took   time.Duration
 }
 
 // startReading lists f's table and, when its marker carries a digest,
-// reads the rest in the background; nil when there is nothing to adopt
-// (no table, an older agent's, none over netlink), which the switch
-// handles as before.
+// counts its rules in the background; nil when there is nothing to adopt
+// (no table, an older agent's, no netlink socket).
 func (d *Datapath) startReading(f *family) *reading {
 	if d.elements == nil {
 		return nil
@@ -181,180 +211,162 @@ func (d *Datapath) startReading(f *family) *reading {
 	r := &reading{done: make(chan struct{}), marker: m, objs: objs}
 	go func() {
 		defer close(r.done)
-		r.err = r.read(f)
+		rd, err := nfwire.NewReader()
+		if err != nil {
+			r.err = err
+			return
+		}
+		defer rd.Close()
+		r.rules, r.err = rd.RuleCounts(f.wire, TableName)
 		r.took = time.Since(start)
 	}()
 	return r
 }
 
-// read dumps the rules and the elements of the live generation's sets
-// (but the interval sets, in the digest, and the services' own sets,
-// which hold what packets wrote).
-func (r *reading) read(f *family) error {
-	rd, err := nfwire.NewReader()
-	if err != nil {
-		return err
-	}
-	defer rd.Close()
-	if r.rules, err = rd.RuleCounts(f.wire, TableName); err != nil {
-		return err
-	}
-	g := r.marker.gen
-	for _, name := range slices.Concat(r.objs.sets, r.objs.maps) {
-		var dest destination
-		if id, ok := setIDs[strings.TrimSuffix(name, "_"+string(g))]; ok && name == g.of(id.String()) {
-			if formats[f.index][id].interval {
-				continue
-			}
-			dest.set = id
-		} else if p, ok := pickOfSet(name, g); ok {
-			dest = destination{set: p.frontendKind().frontendsSet, pick: p}
-		} else {
-			continue // not the generation's: the names' check says so
-		}
-		var bad error
-		err := rd.Elements(f.wire, TableName, name, func(ke nfwire.Element) {
-			e, err := kernelElement(f, dest, ke)
-			if err != nil && bad == nil {
-				bad = fmt.Errorf("set %s: %w", name, err)
-			}
-			r.elems = append(r.elems, e)
-		})
-		if err != nil {
-			return err
-		}
-		if bad != nil {
-			return bad
-		}
-	}
-	return nil
+// shape is what a state makes of each family's table, worked out without
+// the bookkeeping of a full sync (no live map): the digest, the picks and
+// the services' own objects.
+type shape struct {
+	digests map[*family]digest
+	picks   map[*family]map[pick]int // the picks there are (each counted once)
+	objects map[*family][]ownedObject
 }
 
-// kernelElement is an element read back, as an element of dest.
-func kernelElement(f *family, dest destination, ke nfwire.Element) (element, error) {
-	e := element{elemID: elemID{fam: f.index, set: dest.set}, pick: dest.pick}
-	format := e.format()
-	if ke.Flags != 0 {
-		return e, fmt.Errorf("an element with flags %#x", ke.Flags)
+func (d *Datapath) shapeOf(state NodeState) shape {
+	sh := shape{digests: map[*family]digest{}, picks: map[*family]map[pick]int{}, objects: map[*family][]ownedObject{}}
+	var sums [2]sum128
+	for _, f := range d.families() {
+		sh.picks[f] = map[pick]int{}
 	}
-	if len(ke.Key) > maxFields || len(ke.Value) > maxValue {
-		return e, errors.New("an element longer than any written")
-	}
-	e.key.n = uint8(copy(e.key.b[:], ke.Key))
-	switch {
-	case format.verdict:
-		if id, local, ok := parseAffinityChain(ke.Goto); ok {
-			e.value.n = uint8(copy(e.value.b[:], (&fields{}).affinityRef(id, local).bytes()))
-		}
-		// Any other verdict stays empty: it differs from every one the
-		// state holds, and is replaced.
-	default:
-		e.value.n = uint8(copy(e.value.b[:], ke.Value))
-	}
-	return e, nil
-}
-
-// parseAffinityChain reads affinityChain's name back.
-func parseAffinityChain(name string) (id uint32, local, ok bool) {
-	rest, found := strings.CutPrefix(name, "affinity_")
-	if !found || len(rest) < 9 || rest[8] != '_' {
-		return 0, false, false
-	}
-	n, err := strconv.ParseUint(rest[:8], 16, 32)
-	if err != nil {
-		return 0, false, false
-	}
-	switch rest[9:] {
-	case "local":
-		local = true
-	case "cluster":
-	default:
-		return 0, false, false
-	}
-	return uint32(n), local, affinityChain(uint32(n), local) == name
-}
-
-// pickOfSet reads a pick's set name of generation g back.
-func pickOfSet(name string, g generation) (pick, bool) {
-	base, found := strings.CutSuffix(name, "_"+string(g))
-	if !found {
-		return pick{}, false
-	}
-	for _, k := range frontendKinds {
-		for _, proto := range protocols {
-			for _, hashed := range []bool{false, true} {
-				p := k.pick(proto, 0)
-				p.hashed = hashed
-				prefix := strings.TrimSuffix(p.set(), "0")
-				if s, ok := strings.CutPrefix(base, prefix); ok {
-					n, err := strconv.ParseUint(s, 10, 32)
-					p.n = uint32(n)
-					if err == nil && p.set() == base {
-						return p, true
-					}
-				}
+	add := func(es []element) {
+		for _, e := range es {
+			sums[e.fam] = sums[e.fam].plus(elementDigest(e))
+			if picks := sh.picks[e.family()]; e.pick.exists() && picks != nil {
+				picks[e.pick] = 1
 			}
 		}
 	}
-	return pick{}, false
+	add(nodeElements(state.Node, d.cfg))
+	var c contribution
+	for _, svc := range state.Services {
+		c.elems, c.owned = c.elems[:0], nil
+		c.addServiceFamilies(svc, state.Node, d.cfg.MasqueradeMark)
+		add(c.elems)
+		for _, o := range c.owned {
+			sh.objects[o.family] = append(sh.objects[o.family], o)
+		}
+	}
+	for _, f := range d.families() {
+		dg := digest{fixed: fixedDigest(*f, d.cfg, sh.picks[f]), elements: sums[f.index]}
+		for _, o := range sh.objects[f] {
+			dg.owned = dg.owned.plus(ownedDigest(o))
+		}
+		sh.digests[f] = dg
+	}
+	return sh
 }
 
-// errTooManyChanges: a restarted agent found more changed elements than
-// one transaction holds; the switch loads the state instead.
-var errTooManyChanges = errors.New("more elements changed than one transaction holds")
+// adoptTables adopts each family's table that already holds state,
+// changing nothing, and says which it adopted.
+func (d *Datapath) adoptTables(state NodeState) map[*family]bool {
+	readings := map[*family]*reading{}
+	for _, f := range d.families() {
+		if t := d.tables[f]; !t.known && !t.rebuild {
+			if r := d.startReading(f); r != nil {
+				readings[f] = r
+			}
+		}
+	}
+	if len(readings) == 0 {
+		return nil
+	}
+	start := time.Now()
+	sh := d.shapeOf(state)
+	adopted := map[*family]bool{}
+	for f, r := range readings {
+		if err := d.adopts(f, sh, r); err != nil {
+			d.cfg.Log.Info("the table found is not adopted; switching to the state", "family", f.String(), "reason", err)
+			continue
+		}
+		t := d.tables[f]
+		t.known, t.adopted = true, true
+		t.gen, t.marker, t.digest = r.marker.gen, r.marker.name, sh.digests[f]
+		adopted[f] = true
+		d.cfg.Log.Debug("table adopted", "family", f.String(), "generation", string(t.gen), "read", r.took, "took", time.Since(start))
+	}
+	return adopted
+}
 
-// adopt makes f's table w by changing only the elements that differ, when
-// r shows the table is w's in everything else; it fails, changing
-// nothing, with the doubt that stops it. adds reports whether any element
-// was added.
-func (d *Datapath) adopt(f *family, w *desired, r *reading) (adds bool, err error) {
+// adoptedWhole finishes a full sync whose every table was adopted: the
+// state's bookkeeping (the live elements, each pick's frontends) is worked
+// out afterwards (see settle), so that the node counts as converged as
+// soon as the tables are known to be right.
+func (d *Datapath) adoptedWhole(state NodeState) {
+	d.needFull = false
+	d.node, d.services = state.Node, maps.Clone(state.Services)
+	pending := &NodeState{Node: d.node, Services: d.services}
+	d.pending = pending
+	go func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.pending == pending {
+			d.settle()
+		}
+	}()
+}
+
+// adopts says why f's table cannot be adopted for a state of shape sh,
+// or nil when it holds it.
+func (d *Datapath) adopts(f *family, sh shape, r *reading) error {
 	<-r.done
 	if r.err != nil {
-		return false, r.err
+		return r.err
 	}
-	g := r.marker.gen
-	want := w.digest(f, d.cfg)
-	if r.marker.digest != want.String() {
-		return false, errors.New("the table was written for another layout, configuration or set of chains")
+	if r.marker.digest != sh.digests[f].String() {
+		return errors.New("the table holds another state, layout or configuration (its digest differs)")
 	}
-	if err := d.checkObjects(f, w, g, r); err != nil {
-		return false, err
+	return d.checkObjects(f, sh.picks[f], sh.objects[f], r.marker.gen, r)
+}
+
+// settle works out the bookkeeping of an adopted state, if it is not yet:
+// whatever uses it calls it first.
+func (d *Datapath) settle() {
+	if d.pending == nil {
+		return
 	}
-	ops, err := diffElements(f, w, r.elems)
-	if err != nil {
-		return false, err
-	}
-	if len(ops.adds)+len(ops.deletes) > 0 {
-		ok, err := d.elements.commit(f, g, ops)
-		if !ok {
-			err = errors.New("no netlink socket to nf_tables")
+	start := time.Now()
+	w := d.desire(*d.pending, nil)
+	d.pending = nil
+	d.live, d.owned = w.live, w.owned
+	for _, f := range d.families() {
+		t := d.tables[f]
+		t.picks = w.picks[f]
+		if w.digest(f, d.cfg) != t.digest {
+			// Never expected: the two ways of working a state out
+			// disagree. A full sync makes sure.
+			d.cfg.Log.Error("an adopted state's bookkeeping disagrees with its digest; the table is switched at the next apply", "family", f.String())
+			d.needFull = true
+			d.forget()
 		}
-		if err != nil {
-			return false, fmt.Errorf("programming %s table %q: %w", f, TableName, err)
-		}
 	}
-	d.cfg.Log.Debug("table adopted", "family", f.String(), "generation", string(g), "elements", len(r.elems),
-		"deleted", len(ops.deletes), "added", len(ops.adds), "read", r.took)
-	t := d.tables[f]
-	t.gen, t.marker, t.digest = g, r.marker.name, want
-	return len(ops.adds) > 0, nil
+	d.cfg.Log.Debug("adopted state's bookkeeping worked out", "took", time.Since(start))
 }
 
 // checkObjects says whether the table's objects are exactly generation
-// g's with w, and each chain holds its rules.
-func (d *Datapath) checkObjects(f *family, w *desired, g generation, r *reading) error {
+// g's with picks and objects, and each chain holds its rules.
+func (d *Datapath) checkObjects(f *family, picks map[pick]int, objects []ownedObject, g generation, r *reading) error {
 	rules := map[string]int{r.marker.name: 0} // chains, with their rules
 	others := map[string]bool{}               // sets and maps
-	for _, c := range tableChains(*f, d.cfg, g, w.picks[f]) {
+	for _, c := range tableChains(*f, d.cfg, g, picks) {
 		rules[c.chain.Name] = len(c.rules)
 	}
 	for _, decl := range declared[f.index] {
 		others[g.of(decl.name)] = true
 	}
-	for p := range w.picks[f] {
+	for p := range picks {
 		others[g.of(p.set())] = true
 	}
-	for _, o := range w.objects[f] {
+	for _, o := range objects {
 		if o.set != nil {
 			others[o.name] = true
 		} else {
@@ -387,44 +399,4 @@ func (d *Datapath) checkObjects(f *family, w *desired, g generation, r *reading)
 		return fmt.Errorf("the table has %d sets and maps, the state %d", listed, len(others))
 	}
 	return nil
-}
-
-// diffElements is what makes the elements read back f's elements of w,
-// as long as one transaction holds it.
-func diffElements(f *family, w *desired, read []element) (*elementOps, error) {
-	ops := &elementOps{}
-	same := func(e element) bool {
-		le, ok := w.live[e.elemID]
-		return ok && le.value == e.value && le.pick == e.pick
-	}
-	matched := 0
-	for _, e := range read {
-		if same(e) {
-			matched++
-			continue
-		}
-		ops.deletes = append(ops.deletes, e)
-	}
-	if missing := w.counts[f] - w.intervalCount[f.index] - matched; missing > 0 {
-		// Rare (the state changed while no agent ran): a second pass.
-		written := make(map[elemID]bool, matched)
-		for _, e := range read {
-			if same(e) {
-				written[e.elemID] = true
-			}
-		}
-		for id, le := range w.live {
-			if id.fam == f.index && !id.format().interval && !written[id] {
-				ops.adds = append(ops.adds, element{elemID: id, value: le.value, pick: le.pick})
-			}
-		}
-	}
-	// An element whose value or pick changed is deleted then added: the
-	// deletes go first in the transaction.
-	if len(ops.adds)+len(ops.deletes) > loadBatch {
-		return nil, fmt.Errorf("%w: %d", errTooManyChanges, len(ops.adds)+len(ops.deletes))
-	}
-	slices.SortFunc(ops.deletes, func(a, b element) int { return compareIDs(a.elemID, b.elemID) })
-	slices.SortFunc(ops.adds, func(a, b element) int { return compareIDs(a.elemID, b.elemID) })
-	return ops, nil
 }

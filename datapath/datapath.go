@@ -157,6 +157,9 @@ type Datapath struct {
 	live map[elemID]liveElement
 	// owned are the chains and sets each service has to itself.
 	owned map[ServiceKey][]ownedObject
+	// pending is a state adopted whose live elements, owned objects and
+	// picks' counts are yet to be worked out (see settle).
+	pending *NodeState
 }
 
 // tableState is what this Datapath knows of one family's table.
@@ -422,6 +425,10 @@ func (d *Datapath) Apply(ctx context.Context, state NodeState) error {
 	defer d.mu.Unlock()
 	if d.needFull {
 		return d.fullSync(ctx, state, true)
+	}
+	d.settle()
+	if d.needFull {
+		return d.fullSync(ctx, state, false)
 	}
 	return d.partialSync(ctx, state)
 }

@@ -30,10 +30,9 @@ type desired struct {
 	objects map[*family][]ownedObject
 	picks   map[*family]map[pick]int // picks, with the frontends of each
 	counts  map[*family]int          // elements, per family
-	// The interval sets' elements, which nft writes, per family index:
-	// their digest (see digest) and how many.
-	intervals     [2]sum128
-	intervalCount [2]int
+	// elementSums are the digests of what the node and each service
+	// contribute (see digest), per family index.
+	elementSums [2]sum128
 }
 
 // elements yields f's elements, made again from the live ones.
@@ -63,6 +62,7 @@ func (d *Datapath) desire(state NodeState, emit func(element)) *desired {
 	}
 	collect := func(es []element) {
 		for _, e := range es {
+			w.elementSums[e.fam] = w.elementSums[e.fam].plus(elementDigest(e))
 			if le, ok := w.live[e.elemID]; ok {
 				le.refs++
 				w.live[e.elemID] = le
@@ -73,10 +73,6 @@ func (d *Datapath) desire(state NodeState, emit func(element)) *desired {
 			w.counts[f]++
 			if e.pick.exists() && w.picks[f] != nil {
 				w.picks[f][e.pick]++
-			}
-			if e.format().interval {
-				w.intervals[e.fam] = w.intervals[e.fam].plus(intervalDigest(e))
-				w.intervalCount[e.fam]++
 			}
 			if emit != nil {
 				emit(e)
@@ -105,18 +101,21 @@ func (d *Datapath) desire(state NodeState, emit func(element)) *desired {
 // its own; the state counts as applied only when both succeed.
 func (d *Datapath) fullSync(ctx context.Context, state NodeState, mayAdopt bool) error {
 	d.needFull = true
+	d.pending = nil
 	// What the last state was is not needed for a whole one: let it go
 	// before the new one takes the same memory again.
 	d.live, d.owned = nil, nil
 	fams := d.families()
-	streams := make([]*stream, len(families))
-	readings := make([]*reading, len(families))
-	for _, f := range fams {
-		t := d.tables[f]
-		if mayAdopt && !t.known && !t.rebuild {
-			readings[f.index] = d.startReading(f)
+	var adopted map[*family]bool
+	if mayAdopt {
+		if adopted = d.adoptTables(state); len(adopted) == len(fams) {
+			d.adoptedWhole(state)
+			return nil
 		}
-		if !t.rebuild && readings[f.index] == nil {
+	}
+	streams := make([]*stream, len(families))
+	for _, f := range fams {
+		if !d.tables[f].rebuild && !adopted[f] {
 			streams[f.index] = d.startSwitch(ctx, f)
 		}
 	}
@@ -129,29 +128,17 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState, mayAdopt bool)
 	d.cfg.Log.Debug("whole state worked out", "services", len(state.Services), "elements", len(w.live), "took", time.Since(start))
 	errs := make([]error, len(fams))
 	cleanups := make([]func(), len(fams))
-	var added atomic.Bool
 	var wg sync.WaitGroup
 	for i, f := range fams {
-		wg.Go(func() {
-			if r := readings[f.index]; r != nil {
-				adds, err := d.adopt(f, w, r)
-				if err == nil {
-					t := d.tables[f]
-					t.known, t.rebuild, t.picks, t.adopted = true, false, w.picks[f], true
-					if adds {
-						added.Store(true)
-					}
-					return
-				}
-				d.cfg.Log.Info("the table found is not adopted; loading the state whole", "family", f.String(), "reason", err)
-				streams[f.index] = d.startSwitch(ctx, f)
-				for e := range w.elements(f) {
-					streams[f.index].add(e)
-				}
+		if adopted[f] {
+			d.tables[f].picks = w.picks[f]
+			if w.digest(f, d.cfg) != d.tables[f].digest {
+				errs[i] = fmt.Errorf("the %s table adopted disagrees with the state's bookkeeping; switched at the next apply", f)
+				d.tables[f].known = false
 			}
-			added.Store(true)
-			cleanups[i], errs[i] = d.syncFamily(ctx, f, w, streams[f.index])
-		})
+			continue
+		}
+		wg.Go(func() { cleanups[i], errs[i] = d.syncFamily(ctx, f, w, streams[f.index]) })
 	}
 	wg.Wait()
 	deleteUnused := func() {
@@ -172,11 +159,8 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState, mayAdopt bool)
 	// re-created on the old path; beside the deletion, which the listing
 	// does not wait for (a socket that stays open). Clearing runs the
 	// conntrack program, whose exit waits for the kernel to free what was
-	// deleted: only when a flow bypassed the rules. A table adopted as it
-	// was needs none: its rules were in place all along.
-	if added.Load() {
-		wg.Go(func() { d.clearNotDNATedUDP(ctx) })
-	}
+	// deleted: only when a flow bypassed the rules.
+	wg.Go(func() { d.clearNotDNATedUDP(ctx) })
 	deleteUnused()
 	wg.Wait()
 	return nil
@@ -229,10 +213,14 @@ type stream struct {
 	sent    bool          // the first batch went
 	picks   map[pick]bool // the first batch's picks
 	held    []element
-	rest    []element // interval sets' elements after the first batch: nft writes them
-	failed  atomic.Bool
-	ready   chan struct{} // closed once next and existing are known
-	done    chan struct{} // closed once every batch is loaded
+	// The interval sets' elements, which nft writes: those met before
+	// the first batch went (which the preparing transaction writes), and
+	// after.
+	intervals, rest []element
+
+	failed atomic.Bool
+	ready  chan struct{} // closed once next and existing are known
+	done   chan struct{} // closed once every batch is loaded
 	// preparation closes once the transaction that prepares the generation
 	// (prepare: it empties and writes the pick chains) has run, or never
 	// will: step 3's pick chains must come after it.
@@ -259,6 +247,14 @@ type streamBatch struct {
 
 // add hands the stream one element: the full sync's goroutine alone calls it.
 func (s *stream) add(e element) {
+	if e.format().interval {
+		if s.sent {
+			s.rest = append(s.rest, e)
+		} else {
+			s.intervals = append(s.intervals, e)
+		}
+		return
+	}
 	if e.frontend() {
 		if s.sent && !s.picks[e.pick] || !e.pick.exists() {
 			s.held = append(s.held, e)
@@ -278,6 +274,7 @@ func (s *stream) send() {
 	if !s.sent {
 		<-s.ready
 		sb.picks = slices.Collect(maps.Keys(s.picks))
+		sb.intervals = s.intervals
 	}
 	switch {
 	case s.failed.Load():
@@ -285,12 +282,7 @@ func (s *stream) send() {
 		s.batch = s.batch[:0]
 	case s.netlink:
 		sb.encoded = newBatch()
-		rest := encodeElements(sb.encoded, unix.NFT_MSG_NEWSETELEM, s.f, s.next, s.batch)
-		if sb.first {
-			sb.intervals = rest
-		} else {
-			s.rest = append(s.rest, rest...)
-		}
+		encodeElements(sb.encoded, unix.NFT_MSG_NEWSETELEM, s.f, s.next, s.batch)
 		s.batch = s.batch[:0]
 	default:
 		sb.elems = s.batch

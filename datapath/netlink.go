@@ -35,6 +35,8 @@ func newElementWriter() *elementWriter { return &elementWriter{} }
 // elementOps are the element deletes and adds of one family's transaction.
 type elementOps struct {
 	deletes, adds []element
+	// marker: the marker chain to rename, from and to (see digest).
+	marker [2]string
 }
 
 // commit sends one family's element changes as one transaction, atomic
@@ -45,6 +47,10 @@ func (w *elementWriter) commit(f *family, g generation, ops *elementOps) (ok boo
 	if len(encodeElements(b, unix.NFT_MSG_DELSETELEM, f, g, ops.deletes)) > 0 ||
 		len(encodeElements(b, unix.NFT_MSG_NEWSETELEM, f, g, ops.adds)) > 0 {
 		return false, nil
+	}
+	if ops.marker[1] != "" {
+		b.DeleteChain(f.wire, ops.marker[0])
+		b.NewChain(f.wire, ops.marker[1])
 	}
 	return w.send(b)
 }

@@ -24,6 +24,8 @@ type touched struct {
 	before             map[elemID]*liveElement
 	replaced           map[ServiceKey]*Service
 	oldOwned, newOwned []ownedObject
+	// sums is how the contributions' digests changed, per family index.
+	sums [2]sum128
 }
 
 // familyChange is one family's part of a partial sync, in the order its
@@ -36,20 +38,19 @@ type familyChange struct {
 	picksIn, picksOut []pick
 	owned             ownedChange
 	adds              []element
-	// remark is the marker chain's new name when what nft writes changes
-	// (picks, owned objects, interval elements), with the digest it
-	// carries; "" otherwise.
+	// remark is the marker chain's new name, with the digest it carries,
+	// when the table changes (see digest); "" otherwise.
 	remark string
 	digest digest
 }
 
 // elementsOnly: the change touches no chain or set, only elements.
 func (c *familyChange) elementsOnly() bool {
-	return len(c.picksIn) == 0 && len(c.picksOut) == 0 && c.owned.empty() && c.remark == ""
+	return len(c.picksIn) == 0 && len(c.picksOut) == 0 && c.owned.empty()
 }
 
 func (c *familyChange) empty() bool {
-	return c.elementsOnly() && len(c.deletes) == 0 && len(c.adds) == 0
+	return c.elementsOnly() && len(c.deletes) == 0 && len(c.adds) == 0 && c.remark == ""
 }
 
 func (d *Datapath) partialSync(ctx context.Context, state NodeState) error {
@@ -155,6 +156,7 @@ func (d *Datapath) change(t *touched, was, now []element) {
 		}
 	}
 	for _, e := range was {
+		t.sums[e.fam] = t.sums[e.fam].minus(elementDigest(e))
 		id := e.elemID
 		remember(id)
 		if le := d.live[id]; le.refs > 1 {
@@ -165,6 +167,7 @@ func (d *Datapath) change(t *touched, was, now []element) {
 		}
 	}
 	for _, e := range now {
+		t.sums[e.fam] = t.sums[e.fam].plus(elementDigest(e))
 		id := e.elemID
 		remember(id)
 		le := d.live[id]
@@ -199,10 +202,10 @@ func (d *Datapath) planPartial(t touched) map[*family]*familyChange {
 // planDigests works out each family's digest after the change, and
 // plans the marker's new name where it changes.
 func (d *Datapath) planDigests(plan partialPlan, t touched) {
-	for f, c := range plan {
-		tab := d.tables[f]
-		if tab == nil {
-			continue // a family this Datapath leaves alone
+	for _, f := range d.families() {
+		tab, c := d.tables[f], plan[f]
+		if c == nil {
+			c = &familyChange{}
 		}
 		dg := tab.digest
 		if len(c.picksIn)+len(c.picksOut) > 0 {
@@ -218,18 +221,10 @@ func (d *Datapath) planDigests(plan partialPlan, t touched) {
 				dg.owned = dg.owned.plus(ownedDigest(o))
 			}
 		}
-		for _, e := range c.deletes {
-			if e.format().interval {
-				dg.intervals = dg.intervals.minus(intervalDigest(e))
-			}
-		}
-		for _, e := range c.adds {
-			if e.format().interval {
-				dg.intervals = dg.intervals.plus(intervalDigest(e))
-			}
-		}
+		dg.elements = dg.elements.plus(t.sums[f.index])
 		if dg != tab.digest {
 			c.remark, c.digest = markerOf(tab.gen, dg), dg
+			plan[f] = c
 		}
 	}
 }
@@ -345,11 +340,19 @@ func (d *Datapath) runPartial(ctx context.Context, plan map[*family]*familyChang
 		}
 		g := d.tables[f].gen
 		if d.elements != nil && c.elementsOnly() {
-			done, err := d.elements.commit(f, g, &elementOps{deletes: c.deletes, adds: c.adds})
+			ops := &elementOps{deletes: c.deletes, adds: c.adds}
+			if c.remark != "" {
+				ops.marker = [2]string{d.tables[f].marker, c.remark}
+			}
+			done, err := d.elements.commit(f, g, ops)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("programming %s table %q: %w", f, TableName, err))
+				continue
 			}
 			if done {
+				if c.remark != "" {
+					d.tables[f].marker, d.tables[f].digest = c.remark, c.digest
+				}
 				continue
 			}
 		}

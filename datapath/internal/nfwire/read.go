@@ -11,21 +11,7 @@ import (
 )
 
 // Reading a table back is a dump: one request, and the kernel's answers
-// in as many reads as it takes, each parsed as it arrives into the
-// caller's hands. Nothing of a dump is kept: a table of 100,000 services
-// holds over a million elements, which the reader compares and forgets.
-
-// Element is one element of a set or map as the kernel holds it: its key,
-// a map's value, or the chain a verdict map's goto names. The slices are
-// valid only during the call that hands them over.
-type Element struct {
-	Key, Value []byte
-	Goto       string
-	// Flags are the element's NFTA_SET_ELEM_FLAGS (an interval's end, a
-	// catch-all): a reader of plain sets takes an element with any for
-	// something it did not write.
-	Flags uint32
-}
+// in as many reads as it takes, each parsed as it arrives.
 
 // Reader is a netlink socket for dumps, apart from a Conn's transactions.
 type Reader struct {
@@ -54,7 +40,7 @@ func (r *Reader) Close() error { return unix.Close(r.fd) }
 // RuleCounts counts the rules of each chain of fam's table.
 func (r *Reader) RuleCounts(fam Family, table string) (map[string]int, error) {
 	counts := map[string]int{}
-	err := r.dump(fam, unix.NFT_MSG_GETRULE, unix.NFTA_RULE_TABLE, table, "", func(data []byte) error {
+	err := r.dump(fam, unix.NFT_MSG_GETRULE, unix.NFTA_RULE_TABLE, table, func(data []byte) error {
 		for typ, v := range attributes(data) {
 			if typ == unix.NFTA_RULE_CHAIN {
 				counts[cstring(v)]++
@@ -68,81 +54,13 @@ func (r *Reader) RuleCounts(fam Family, table string) (map[string]int, error) {
 	return counts, nil
 }
 
-// Elements hands each element of set, in fam's table, to each.
-func (r *Reader) Elements(fam Family, table, set string, each func(Element)) error {
-	err := r.dump(fam, unix.NFT_MSG_GETSETELEM, unix.NFTA_SET_ELEM_LIST_TABLE, table, set, func(data []byte) error {
-		for typ, list := range attributes(data) {
-			if typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
-				continue
-			}
-			for _, item := range attributes(list) {
-				e, err := element(item)
-				if err != nil {
-					return err
-				}
-				each(e)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("listing the elements of %s set %q: %w", fam, set, err)
-	}
-	return nil
-}
-
-// element parses one element's attributes.
-func element(item []byte) (Element, error) {
-	var e Element
-	for typ, v := range attributes(item) {
-		switch typ {
-		case unix.NFTA_SET_ELEM_KEY:
-			e.Key = dataValue(v)
-		case unix.NFTA_SET_ELEM_FLAGS:
-			if len(v) == 4 {
-				e.Flags = binary.BigEndian.Uint32(v)
-			}
-		case unix.NFTA_SET_ELEM_DATA:
-			for dt, dv := range attributes(v) {
-				switch dt {
-				case unix.NFTA_DATA_VALUE:
-					e.Value = dv
-				case unix.NFTA_DATA_VERDICT:
-					for vt, vv := range attributes(dv) {
-						if vt == unix.NFTA_VERDICT_CHAIN {
-							e.Goto = cstring(vv)
-						}
-					}
-				}
-			}
-		}
-	}
-	if e.Key == nil {
-		return e, errors.New("an element with no key")
-	}
-	return e, nil
-}
-
-// dataValue is the bytes of an NFTA_DATA_VALUE inside v.
-func dataValue(v []byte) []byte {
-	for t, dv := range attributes(v) {
-		if t == unix.NFTA_DATA_VALUE {
-			return dv
-		}
-	}
-	return nil
-}
-
-// dump sends a dump request of typ for fam's table (and set, when not
-// empty, as NFTA_SET_ELEM_LIST_SET) and hands each answer's attributes
-// (after the nfgenmsg header) to each, until the kernel says it is done.
-func (r *Reader) dump(fam Family, typ, tableAttr uint16, table, set string, each func([]byte) error) error {
+// dump sends a dump request of typ for fam's table and hands each
+// answer's attributes (after the nfgenmsg header) to each, until the
+// kernel says it is done.
+func (r *Reader) dump(fam Family, typ, tableAttr uint16, table string, each func([]byte) error) error {
 	b := NewBatch(table)
 	start := b.begin(fam)
 	b.attrString(tableAttr, table)
-	if set != "" {
-		b.attrString(unix.NFTA_SET_ELEM_LIST_SET, set)
-	}
 	b.end(typ, start)
 	m := b.msgs[0]
 	body := b.buf[m.start:m.end]
