@@ -499,6 +499,7 @@ func TestForwardingSurvivesServerAndAgentRestarts(t *testing.T) {
 	})
 
 	// Restart node1's agent while a client keeps connecting.
+	markerBefore := generationMarker(t, c.Nodes[0])
 	done := keepConnecting(c.Client, dst)
 	time.Sleep(200 * time.Millisecond)
 	if err := c.RestartAgent(0); err != nil {
@@ -508,6 +509,11 @@ func TestForwardingSurvivesServerAndAgentRestarts(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	if failures, total := done(); failures != 0 || total < 20 {
 		t.Errorf("%d of %d connections failed across the agent restart; want 0 of at least 20", failures, total)
+	}
+	// Nothing changed while it was away: it adopted the table it found,
+	// where a switch would have loaded the other generation.
+	if after := generationMarker(t, c.Nodes[0]); after != markerBefore {
+		t.Errorf("the restarted agent's table carries marker %s, before %s; want the table adopted as it was", after, markerBefore)
 	}
 	// The new agent took over the table: a later change reaches the kernel.
 	v4all := endpointSlices("web", c.Pods())[0]
@@ -522,6 +528,26 @@ func TestForwardingSurvivesServerAndAgentRestarts(t *testing.T) {
 		}
 		return errors.New("n2p1 not reached")
 	})
+}
+
+// generationMarker is the name of the marker chain of node's IPv4 table:
+// the generation that forwards, and the digest of what it holds.
+func generationMarker(t *testing.T, node *lab.Node) string {
+	t.Helper()
+	out, err := node.Run(context.Background(), "nft", "list", "chains", "ip")
+	if err != nil {
+		t.Fatalf("nft list chains: %v", err)
+	}
+	var markers []string
+	for _, line := range strings.Split(out, "\n") {
+		if name, ok := strings.CutPrefix(strings.TrimSpace(line), "chain generation_"); ok {
+			markers = append(markers, "generation_"+strings.TrimSuffix(name, " {"))
+		}
+	}
+	if len(markers) != 1 {
+		t.Fatalf("node %s's table has markers %v; want one", node.Name, markers)
+	}
+	return markers[0]
 }
 
 func TestInvalidServiceIsRejectedAndNotStored(t *testing.T) {
