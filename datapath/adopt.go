@@ -31,8 +31,10 @@ import (
 	"fmt"
 	"maps"
 	"math/bits"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/weirlb/weir/datapath/internal/nfwire"
@@ -233,37 +235,63 @@ type shape struct {
 }
 
 func (d *Datapath) shapeOf(state NodeState) shape {
-	sh := shape{digests: map[*family]digest{}, picks: map[*family]map[pick]int{}, objects: map[*family][]ownedObject{}}
-	var sums [2]sum128
-	for _, f := range d.families() {
-		sh.picks[f] = map[pick]int{}
+	// Worked out on every core: a restart waits for nothing else.
+	svcs := slices.Collect(maps.Values(state.Services))
+	parts := make([]shapePart, min(runtime.GOMAXPROCS(0), 1+len(svcs)/1000))
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Go(func() {
+			p := &parts[i]
+			p.picks = [2]map[pick]bool{{}, {}}
+			if i == 0 {
+				p.add(nodeElements(state.Node, d.cfg))
+			}
+			var c contribution
+			for j := i; j < len(svcs); j += len(parts) {
+				c.elems, c.owned = c.elems[:0], nil
+				c.addServiceFamilies(svcs[j], state.Node, d.cfg.MasqueradeMark)
+				p.add(c.elems)
+				p.objects = append(p.objects, c.owned...)
+			}
+		})
 	}
-	add := func(es []element) {
-		for _, e := range es {
-			sums[e.fam] = sums[e.fam].plus(elementDigest(e))
-			if picks := sh.picks[e.family()]; e.pick.exists() && picks != nil {
-				picks[e.pick] = 1
+	wg.Wait()
+	sh := shape{digests: map[*family]digest{}, picks: map[*family]map[pick]int{}, objects: map[*family][]ownedObject{}}
+	for _, f := range d.families() {
+		picks := map[pick]int{}
+		var dg digest
+		for _, p := range parts {
+			dg.elements = dg.elements.plus(p.sums[f.index])
+			for pk := range p.picks[f.index] {
+				picks[pk] = 1
+			}
+			for _, o := range p.objects {
+				if o.family == f {
+					sh.objects[f] = append(sh.objects[f], o)
+					dg.owned = dg.owned.plus(ownedDigest(o))
+				}
 			}
 		}
-	}
-	add(nodeElements(state.Node, d.cfg))
-	var c contribution
-	for _, svc := range state.Services {
-		c.elems, c.owned = c.elems[:0], nil
-		c.addServiceFamilies(svc, state.Node, d.cfg.MasqueradeMark)
-		add(c.elems)
-		for _, o := range c.owned {
-			sh.objects[o.family] = append(sh.objects[o.family], o)
-		}
-	}
-	for _, f := range d.families() {
-		dg := digest{fixed: fixedDigest(*f, d.cfg, sh.picks[f]), elements: sums[f.index]}
-		for _, o := range sh.objects[f] {
-			dg.owned = dg.owned.plus(ownedDigest(o))
-		}
-		sh.digests[f] = dg
+		dg.fixed = fixedDigest(*f, d.cfg, picks)
+		sh.digests[f], sh.picks[f] = dg, picks
 	}
 	return sh
+}
+
+// shapePart is one worker's part of a shape.
+type shapePart struct {
+	sums    [2]sum128
+	picks   [2]map[pick]bool
+	objects []ownedObject
+}
+
+func (p *shapePart) add(es []element) {
+	for _, e := range es {
+		p.sums[e.fam] = p.sums[e.fam].plus(elementDigest(e))
+		if e.pick.exists() {
+			p.picks[e.fam][e.pick] = true
+		}
+	}
 }
 
 // adoptTables adopts each family's table that already holds state,

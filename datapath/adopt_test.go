@@ -51,6 +51,12 @@ func TestDigestKeptUpToDate(t *testing.T) {
 			}
 		}
 	}
+	// A state large enough to be worked out in parts, on every core.
+	big := benchState(3000)
+	other := fresh()
+	if got, want := other.shapeOf(big).digests[&ipv4], other.desire(big, nil).digest(&ipv4, other.cfg); got != want {
+		t.Errorf("3,000 services: digest worked out in parts %s, with the bookkeeping %s", got, want)
+	}
 	// A walk in which the digest never moved would prove nothing.
 	if changed < 30 {
 		t.Errorf("the digest changed at %d of 60 steps; want most", changed)
