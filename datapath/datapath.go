@@ -170,11 +170,11 @@ type tableState struct {
 	known bool
 	gen   generation // the generation the chains read
 	// marker is the name of the generation's marker chain, which carries
-	// digest: what nft wrote, summed up (see adopt.go).
+	// digest: the whole table, summed up (see adopt.go).
 	marker string
 	digest digest
-	// adopted: the last full sync found the table right but for some
-	// elements, and changed only those (see adopt.go).
+	// adopted: the last full sync found the table holding the state, and
+	// took it as it was (see adopt.go).
 	adopted bool
 	// picks counts, per pick that exists, the frontends in its set; a
 	// pick goes in the transaction that drops its last one.
