@@ -211,3 +211,52 @@ func TestRepairAfterAFlushedRuleset(t *testing.T) {
 		t.Errorf("the ip6 table is not back: %v: %s", err, out)
 	}
 }
+
+// TestFlowCountsReadTheKernelsCounters reads the moved connections'
+// counters over netlink, as nft reads them, with values already counted:
+// a table an agent left behind whose counters a full sync keeps.
+func TestFlowCountsReadTheKernelsCounters(t *testing.T) {
+	if runInNewNetns(t) {
+		return
+	}
+	ctx := context.Background()
+	for _, cmd := range []string{
+		"add table ip weir", "add counter ip weir " + counterPassedPackets + " { packets 10 bytes 1000 }",
+		"add counter ip weir " + counterTaken2 + " { packets 7 bytes 700 }",
+		"add table ip6 weir", "add counter ip6 weir " + counterPassedPackets + " { packets 5 bytes 500 }",
+		"add counter ip6 weir " + counterRefusedNotAPeer + " { packets 3 bytes 300 }",
+		// A counter of another name is no moved connection's.
+		"add counter ip weir someone_elses { packets 99 bytes 9900 }",
+	} {
+		if out, err := exec.Command("sh", "-c", "nft '"+cmd+"'").CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", cmd, err, out)
+		}
+	}
+	dp, err := NewForNode(Config{Flows: &FlowRedirect{Interface: "weir-flows"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dp.elements == nil {
+		t.Fatal("no netlink socket: the counters would be read through nft")
+	}
+	if err := dp.Apply(ctx, flowsState(2, FlowPeer{Name: "node2", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.12")}})); err != nil {
+		t.Fatal(err)
+	}
+	got, err := dp.FlowCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := FlowCounts{PassedPackets: 15, TakenPackets: [4]uint64{0, 7, 0, 0}, RefusedNotAPeer: 3}
+	if got != want {
+		t.Errorf("counts %+v, want %+v", got, want)
+	}
+	// The same as nft reads them.
+	dp.elements = nil
+	throughNft, err := dp.FlowCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if throughNft != got {
+		t.Errorf("over netlink %+v, through nft %+v", got, throughNft)
+	}
+}

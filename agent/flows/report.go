@@ -13,7 +13,8 @@ import (
 )
 
 // CountPeriod is how often the Reporter reads the kernel's counters of
-// moved connections: two nft listings each time, cheap at this pace.
+// moved connections: one netlink dump of each table's counters, which
+// the kernel answers without listing the rest of the table.
 const CountPeriod = 5 * time.Second
 
 // Counts reads the kernel's counters of moved connections;

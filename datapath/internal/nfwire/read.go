@@ -54,6 +54,54 @@ func (r *Reader) RuleCounts(fam Family, table string) (map[string]int, error) {
 	return counts, nil
 }
 
+// Counter is a named counter's values.
+type Counter struct{ Packets, Bytes uint64 }
+
+// objectCounter is NFT_OBJECT_COUNTER, a named object's type.
+const objectCounter = 1
+
+// Counters reads the named counters of fam's table: one dump of its
+// stateful objects, which the kernel answers without the rest of the
+// table (nft lists the whole table to print one counter).
+func (r *Reader) Counters(fam Family, table string) (map[string]Counter, error) {
+	counters := map[string]Counter{}
+	err := r.dump(fam, unix.NFT_MSG_GETOBJ, unix.NFTA_OBJ_TABLE, table, func(data []byte) error {
+		var name string
+		var typ uint32
+		var c Counter
+		for t, v := range attributes(data) {
+			switch t {
+			case unix.NFTA_OBJ_NAME:
+				name = cstring(v)
+			case unix.NFTA_OBJ_TYPE:
+				if len(v) == 4 {
+					typ = binary.BigEndian.Uint32(v)
+				}
+			case unix.NFTA_OBJ_DATA:
+				for ct, cv := range attributes(v) {
+					if len(cv) != 8 {
+						continue
+					}
+					switch ct {
+					case unix.NFTA_COUNTER_PACKETS:
+						c.Packets = binary.BigEndian.Uint64(cv)
+					case unix.NFTA_COUNTER_BYTES:
+						c.Bytes = binary.BigEndian.Uint64(cv)
+					}
+				}
+			}
+		}
+		if typ == objectCounter && name != "" {
+			counters[name] = c
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing the counters of %s table %q: %w", fam, table, err)
+	}
+	return counters, nil
+}
+
 // dump sends a dump request of typ for fam's table and hands each
 // answer's attributes (after the nfgenmsg header) to each, until the
 // kernel says it is done.
