@@ -584,6 +584,22 @@ func (d *Datapath) counters(ctx context.Context, f *family) (map[string]uint64, 
 	return packets, nil
 }
 
+// chainNames are the names of f's table's chains (none when there is no
+// table): over netlink when the node has it, as nft would list them but
+// without starting nft, which costs more the bigger the table.
+func (d *Datapath) chainNames(ctx context.Context, f *family) ([]string, error) {
+	if d.elements != nil {
+		if objs, ok, err := d.elements.list(f); ok {
+			return objs.chains, err
+		}
+	}
+	chains, err := d.nft[f][0].List(ctx, "chain")
+	if knftables.IsNotFound(err) {
+		return nil, nil
+	}
+	return chains, err
+}
+
 // RepairIfGone rewrites the whole table from the last state applied when
 // a family's table, or the marker of the generation its chains read, is
 // no longer there: someone flushed the ruleset (an nftables service
@@ -602,8 +618,8 @@ func (d *Datapath) RepairIfGone(ctx context.Context) (bool, error) {
 		if !t.known || t.gen == "" {
 			return false, nil
 		}
-		chains, err := d.nft[f][0].List(ctx, "chain")
-		if err != nil && !knftables.IsNotFound(err) {
+		chains, err := d.chainNames(ctx, f)
+		if err != nil {
 			return false, fmt.Errorf("listing the %s table: %w", f, err)
 		}
 		if !slices.Contains(chains, t.marker) {

@@ -176,6 +176,9 @@ func TestRepairAfterAFlushedRuleset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if dp.elements == nil {
+		t.Fatal("no netlink socket: the tables would be listed through nft")
+	}
 	if repaired, err := dp.RepairIfGone(ctx); repaired || err != nil {
 		t.Fatalf("before any apply: repaired %v, %v; want nothing done", repaired, err)
 	}
