@@ -35,13 +35,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/mem"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/weirlb/weir/internal/dial"
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"github.com/weirlb/weir/test/bench/fanoutfloor"
+	"github.com/weirlb/weir/test/bench/internal/envelope"
 	"github.com/weirlb/weir/test/etcdcluster"
 	"github.com/weirlb/weir/test/weirlab"
 )
@@ -97,7 +95,7 @@ type agent struct {
 }
 
 func (a *agent) run(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.CallOption) error {
-	codec := &envelopeCodec{decode: *decode}
+	codec := &envelope.Codec{Decode: *decode}
 	stream, err := weirv1.NewAgentServiceClient(conn).Sync(ctx, append(opts, grpc.MaxCallRecvMsgSize(1<<30), grpc.ForceCodecV2(codec))...)
 	if err != nil {
 		return err
@@ -116,7 +114,7 @@ func (a *agent) run(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.Cal
 			return err
 		}
 		now := time.Now()
-		size := codec.size
+		size := codec.Size
 		a.mu.Lock()
 		if resuming && a.back.IsZero() {
 			a.back, a.backFull = now, msg.GetFull()
@@ -145,64 +143,6 @@ func (a *agent) run(ctx context.Context, conn *grpc.ClientConn, opts ...grpc.Cal
 		}
 	}
 }
-
-// envelopeCodec is gRPC's proto codec for a simulated agent's stream,
-// which decodes of a SyncResponse only its own fields (unless decode),
-// and keeps the size of the last message received.
-type envelopeCodec struct {
-	decode bool
-	size   int
-}
-
-func (c *envelopeCodec) Marshal(v any) (mem.BufferSlice, error) {
-	b, err := proto.Marshal(v.(proto.Message))
-	return mem.BufferSlice{mem.SliceBuffer(b)}, err
-}
-
-func (c *envelopeCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	raw := data.Materialize()
-	c.size = len(raw)
-	msg := v.(*weirv1.SyncResponse)
-	if c.decode {
-		return proto.Unmarshal(raw, msg)
-	}
-	for len(raw) > 0 {
-		num, typ, n := protowire.ConsumeTag(raw)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		raw = raw[n:]
-		switch {
-		case typ == protowire.VarintType && (num == 1 || num == 2 || num == 6):
-			x, n := protowire.ConsumeVarint(raw)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			switch num {
-			case 1:
-				msg.Version = x
-			case 2:
-				msg.Full = x != 0
-			case 6:
-				msg.More = x != 0
-			}
-		case typ == protowire.BytesType && num == 7:
-			b, n := protowire.ConsumeBytes(raw)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			msg.History = string(b)
-		}
-		n = protowire.ConsumeFieldValue(num, typ, raw)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		raw = raw[n:]
-	}
-	return nil
-}
-
-func (c *envelopeCodec) Name() string { return "proto" }
 
 func run(nServices, nAgents, nChanges int, minSync time.Duration) error {
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,19 +1,21 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/bench/internal/envelope"
 	"github.com/weirlb/weir/test/lab"
 	"github.com/weirlb/weir/test/weirlab"
 )
@@ -22,6 +24,9 @@ import (
 // for every whole state the moment it arrives, and when each arrived.
 type simAgent struct {
 	name string
+	// decode: each message is decoded whole, as an agent does; else
+	// only its envelope (test/bench/internal/envelope).
+	decode bool
 
 	mu       sync.Mutex // guards arrivals and deltaBytes
 	arrivals []arrival  // whole states, in the order they came (versions rise)
@@ -36,7 +41,8 @@ type arrival struct {
 }
 
 func (a *simAgent) run(ctx context.Context, conn *grpc.ClientConn) error {
-	stream, err := weirv1.NewAgentServiceClient(conn).Sync(ctx)
+	codec := &envelope.Codec{Decode: a.decode}
+	stream, err := weirv1.NewAgentServiceClient(conn).Sync(ctx, grpc.ForceCodecV2(codec))
 	if err != nil {
 		return err
 	}
@@ -55,7 +61,7 @@ func (a *simAgent) run(ctx context.Context, conn *grpc.ClientConn) error {
 		a.mu.Lock()
 		a.arrivals = append(a.arrivals, arrival{msg.GetVersion(), now})
 		if !msg.GetFull() {
-			a.deltaBytes = proto.Size(msg)
+			a.deltaBytes = codec.Size
 		}
 		a.mu.Unlock()
 		if err := stream.Send(&weirv1.SyncRequest{Message: &weirv1.SyncRequest_Ack{Ack: &weirv1.Ack{Version: msg.GetVersion()}}}); err != nil {
@@ -73,13 +79,14 @@ func (a *simAgent) receivedAt(v uint64) (time.Time, bool) {
 	return firstFrom(a.arrivals, v)
 }
 
+// firstFrom is when the first of arrivals (versions rising) at v or
+// later came.
 func firstFrom(arrivals []arrival, v uint64) (time.Time, bool) {
-	for _, s := range arrivals {
-		if s.version >= v {
-			return s.at, true
-		}
+	i, _ := slices.BinarySearchFunc(arrivals, v, func(a arrival, v uint64) int { return cmp.Compare(a.version, v) })
+	if i == len(arrivals) {
+		return time.Time{}, false
 	}
-	return time.Time{}, false
+	return arrivals[i].at, true
 }
 
 // realNode follows one lab node's real agent from outside: when the

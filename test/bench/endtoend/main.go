@@ -15,10 +15,15 @@
 // metrics). With -gap 0 the changes go back to back instead, and the
 // server's coalescing shows.
 //
+// With -storm it then makes storms (storm.go): endpoint changes at steady
+// rates, many in each write, and a burst, and reports for each the
+// throughput, every node's lag, CPU per change on both sides and memory.
+//
 // It runs as root (namespaces, nft) and tears the lab down on exit, on
 // failure and on SIGINT:
 //
 //	go run ./test/bench/endtoend -services 10000 -agents 500
+//	go run ./test/bench/endtoend -services 10000 -agents 500 -changes 0 -decode=false -storm 1000,10000,50000 -storm-burst 50000
 package main
 
 import (
@@ -60,6 +65,9 @@ type config struct {
 	changes  int           // single-endpoint changes timed
 	gap      time.Duration // from one write's answer to the next write; 0: back to back
 	minSync  time.Duration // the server's --min-sync-period
+	storms   []stormPhase
+	profiles string // where the server's profiles over storms go; "" for none
+	decode   bool   // the simulated agents decode every message whole
 }
 
 func main() {
@@ -70,7 +78,17 @@ func main() {
 	flag.IntVar(&cfg.changes, "changes", 100, "single-endpoint changes to time")
 	flag.DurationVar(&cfg.gap, "gap", 300*time.Millisecond, "time from one change's write returning to the next write, so that each is a lone change (0: back to back, as fast as the API accepts them)")
 	flag.DurationVar(&cfg.minSync, "min-sync-period", 50*time.Millisecond, "the server's --min-sync-period")
+	storms := flag.String("storm", "", "after the lone changes, storms at these rates of endpoint changes a second, comma-separated (e.g. 1000,10000,50000)")
+	stormFor := flag.Duration("storm-for", 10*time.Second, "how long each storm of -storm lasts")
+	burst := flag.Int("storm-burst", 0, "after the storms, a burst of this many endpoint changes written as fast as the API takes them")
+	flag.BoolVar(&cfg.decode, "decode", true, "simulated agents decode every message whole, as an agent does on its own node; false: only its envelope, so that storms are not limited by 498 agents decoding on this machine's cores")
+	flag.StringVar(&cfg.profiles, "storm-profiles", "", "a directory for a CPU profile of the server over each storm")
 	flag.Parse()
+	var err error
+	if cfg.storms, err = parseStorms(*storms, *stormFor, *burst); err != nil {
+		fmt.Fprintln(os.Stderr, "endtoend:", err)
+		os.Exit(2)
+	}
 	if err := cfg.check(); err != nil {
 		fmt.Fprintln(os.Stderr, "endtoend:", err)
 		os.Exit(2)
@@ -96,8 +114,8 @@ func (cfg config) check() error {
 		return fmt.Errorf("-agents %d: at least the %d real nodes", cfg.agents, cfg.nodes)
 	case cfg.services < 1 || cfg.services > 65535:
 		return errors.New("-services: 1 to 65535 (their addresses come from 10.96.0.0/16)")
-	case cfg.changes < 1:
-		return errors.New("-changes: at least one")
+	case cfg.changes < 0 || cfg.changes == 0 && len(cfg.storms) == 0:
+		return errors.New("-changes: at least one, or none with -storm or -storm-burst")
 	case os.Geteuid() != 0:
 		return errors.New("needs root: the lab creates network namespaces and its agents program nftables")
 	}
@@ -145,7 +163,14 @@ func run(ctx context.Context, cfg config) (err error) {
 		// the server counts a fleet certificate's connections per address.
 		c.ServerArgs = []string{"--api-calls-per-second", "0", "--min-sync-period", cfg.minSync.String(), "--metrics-bind-address", serverMetrics,
 			"--api-connections-per-caller", strconv.Itoa(cfg.agents + 8), "--profiling"}
-		c.AgentArgs = func(*lab.Node) []string { return []string{"--metrics-bind-address", agentMetrics} }
+		c.AgentArgs = func(*lab.Node) []string {
+			args := []string{"--metrics-bind-address", agentMetrics}
+			if len(cfg.storms) > 0 {
+				// Each apply's version and end, to time storms by.
+				args = append(args, "--log-level", "debug", "--log-format", "json")
+			}
+			return args
+		}
 	})
 	if err != nil {
 		return err
@@ -203,7 +228,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	sims := make([]*simAgent, nSim)
 	var retried atomic.Int64
 	for i := range sims {
-		a := &simAgent{name: names[cfg.nodes+i]}
+		a := &simAgent{name: names[cfg.nodes+i], decode: cfg.decode}
 		sims[i] = a
 		go func() {
 			conn, err := dialServer(c, tlsCfg)
@@ -248,35 +273,73 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	fmt.Printf("every node (%d real, %d simulated) programmed through revision %d, %v after loading ended\n", cfg.nodes, nSim, loaded, since(loadEnded))
 
+	gens := map[int]int{} // each service's generation; all are loaded at 0
+	var size int          // a lone change's delta, in bytes
+	if cfg.changes > 0 {
+		if size, err = timeLoneChanges(ctx, c, cfg, names, sims, failed, gens); err != nil {
+			return err
+		}
+	}
+	if len(cfg.storms) > 0 {
+		if err := runStorms(ctx, c, cfg.storms, newStormer(c.Registry, names, cfg.services, gens), sims, failed, cfg.profiles); err != nil {
+			return err
+		}
+	}
+	stopAgents()
+	if cfg.changes == 0 {
+		return nil
+	}
+	// The floor: as many agents, the same delta, over bare TLS sockets.
+	floor, err := fanoutfloor.Measure(ctx, cfg.agents, cfg.changes, size, true)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%v\n  (back to back, on loopback in this program: the same 2 CPUs, without gRPC, HTTP/2, the hub or the lab's veths)\n", floor)
+	// And through gRPC alone: what its transport adds, without the hub.
+	floor, err = fanoutfloor.MeasureGRPC(ctx, cfg.agents, cfg.changes, size, true)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%v\n  (the same, each agent on a gRPC stream of its own, a change encoded once: without the hub, Weir's messages or the lab's veths)\n", floor)
+	return nil
+}
+
+// timeLoneChanges makes cfg.changes single-endpoint changes, times each
+// into every node and reports them; gens are the services' generations,
+// which it moves on.
+func timeLoneChanges(ctx context.Context, c *weirlab.Cluster, cfg config, names []string, sims []*simAgent, failed *failure, gens map[int]int) (deltaBytes int, err error) {
+	status := weirv1.NewStatusServiceClient(c.Conn)
 	// The status stream and the real agents' metrics are followed from
 	// before the first change.
 	reals := make([]*realNode, len(c.Nodes))
 	for i, n := range c.Nodes {
 		reals[i] = &realNode{node: n, metrics: n.HTTPClient(2 * time.Second)}
 	}
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
 	watching := make(chan struct{})
 	go func() {
-		if err := watchStatuses(agentsCtx, status, reals, watching); agentsCtx.Err() == nil {
+		if err := watchStatuses(watchCtx, status, reals, watching); watchCtx.Err() == nil {
 			failed.set(fmt.Errorf("watching node statuses: %w", err))
 		}
 	}()
 	select {
 	case <-watching:
 	case <-failed.done:
-		return failed.err
+		return 0, failed.err
 	case <-ctx.Done():
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
 	before, err := scrapeAll(ctx, c, reals)
 	if err != nil {
-		return err
+		return 0, err
 	}
 
 	var gcBefore, gcAfter runtime.MemStats
 	runtime.ReadMemStats(&gcBefore)
-	changes, err := makeChanges(ctx, c.Registry, status, cfg, names)
+	changes, err := makeChanges(ctx, c.Registry, status, cfg, names, gens)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	last := changes[len(changes)-1].revision
 	if err := waitFor(ctx, failed, 30*time.Second, "every node has the last change", func() bool {
@@ -292,37 +355,23 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 		return true
 	}); err != nil {
-		return err
+		return 0, err
 	}
 	for _, ch := range changes {
 		if err := ch.waited.Wait(); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	runtime.ReadMemStats(&gcAfter)
 	after, err := scrapeAll(ctx, c, reals)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	stopAgents()
 	report(cfg, changes, sims, reals, before, after)
 	reportStalls(changes, sims, before, after, gcOf(&gcBefore, &gcAfter))
-	// The floor: as many agents, the same delta, over bare TLS sockets.
 	sims[0].mu.Lock()
-	size := sims[0].deltaBytes
-	sims[0].mu.Unlock()
-	floor, err := fanoutfloor.Measure(ctx, cfg.agents, cfg.changes, size, true)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("%v\n  (back to back, on loopback in this program: the same 2 CPUs, without gRPC, HTTP/2, the hub or the lab's veths)\n", floor)
-	// And through gRPC alone: what its transport adds, without the hub.
-	floor, err = fanoutfloor.MeasureGRPC(ctx, cfg.agents, cfg.changes, size, true)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("%v\n  (the same, each agent on a gRPC stream of its own, a change encoded once: without the hub, Weir's messages or the lab's veths)\n", floor)
-	return nil
+	defer sims[0].mu.Unlock()
+	return sims[0].deltaBytes, nil
 }
 
 // build compiles weir-server and weir-agent as they ship: the e2e tests'
@@ -466,9 +515,8 @@ type change struct {
 // makeChanges writes cfg.changes single-endpoint changes, cfg.gap apart
 // (or back to back), and for each asks WaitProgrammed at once, as a user
 // waiting for it would.
-func makeChanges(ctx context.Context, reg weirv1.RegistryServiceClient, status weirv1.StatusServiceClient, cfg config, nodes []string) ([]*change, error) {
+func makeChanges(ctx context.Context, reg weirv1.RegistryServiceClient, status weirv1.StatusServiceClient, cfg config, nodes []string, gen map[int]int) ([]*change, error) {
 	changes := make([]*change, cfg.changes)
-	gen := map[int]int{} // each service's generation; all are loaded at 0
 	for k := range changes {
 		// The gap runs from the previous write's answer: a slow write
 		// does not bring the next one closer.

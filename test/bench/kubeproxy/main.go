@@ -12,6 +12,8 @@
 //
 //	cd test/bench/kubeproxy && go run . -services 10000
 //
+// With -storm it then makes test/bench/endtoend's storms (storm.go).
+//
 // It runs itself inside a network namespace it creates and removes. Into
 // the empty table kube-proxy's first sync logs "Failed to list existing
 // nftables objects" (the table is not there yet); that error is expected,
@@ -67,11 +69,20 @@ func main() {
 	services := flag.Int("services", 10000, "services to program")
 	changes := flag.Int("changes", 50, "one-endpoint changes to time")
 	verbosity := flag.Int("v", 0, "kube-proxy's log verbosity (its errors show at any level)")
+	storms := flag.String("storm", "", "after the changes, storms at these rates of endpoint changes a second, comma-separated (as test/bench/endtoend's -storm)")
+	stormFor := flag.Duration("storm-for", 10*time.Second, "how long each storm of -storm lasts")
+	burst := flag.Int("storm-burst", 0, "after the storms, a burst of this many endpoint changes handed over at once")
+	minSync := flag.Duration("min-sync-period", time.Second, "during storms, the least time from one sync's start to the next (kube-proxy's --min-sync-period; its default)")
 	flag.Parse()
+	phases, err := parseStorms(*storms, *stormFor, *burst)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
 	if os.Getenv(insideEnv) == "" {
 		os.Exit(reexec())
 	}
-	if err := run(*services, *changes, *verbosity); err != nil {
+	if err := run(*services, *changes, *verbosity, phases, *minSync); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -437,7 +448,7 @@ func versions() string {
 	return fmt.Sprintf("kube-proxy nftables proxier from %s, %s", kubernetes, strings.TrimSpace(string(nft)))
 }
 
-func run(n, changes, verbosity int) error {
+func run(n, changes, verbosity int, phases []stormPhase, minSync time.Duration) error {
 	logs := logToStderr(verbosity)
 	metrics.RegisterMetrics(proxyconfig.ProxyModeNFTables)
 	ctx := context.Background()
@@ -561,5 +572,57 @@ func run(n, changes, verbosity int) error {
 	slices.Sort(a)
 	fmt.Printf("adding one service, %-22s (%d samples): p50 %v  max %v\n", how, len(a),
 		a[len(a)/2].Round(10*time.Microsecond), a[len(a)-1].Round(10*time.Microsecond))
+	if len(phases) == 0 {
+		return nil
+	}
+
+	// Storms: the same churn as test/bench/endtoend's, handed over while
+	// the proxier syncs as its loop would.
+	st := &stormer{current: current, gen: make([]int, len(current)), update: proxier.OnEndpointSliceUpdate}
+	var full, partial uint64
+	stormSync := func() error {
+		before, err := recordOf(logs)
+		if err != nil {
+			return err
+		}
+		proxier.OnEndpointSlicesSynced()
+		after, err := recordOf(logs)
+		if err != nil {
+			return err
+		}
+		full += after.full - before.full
+		partial += after.partial - before.partial
+		switch {
+		case after.failures > before.failures:
+			return fmt.Errorf("kube-proxy's nftables transaction failed (its log is above)")
+		case after.errorLogs > before.errorLogs:
+			return fmt.Errorf("kube-proxy logged %d errors during a sync (above)", after.errorLogs-before.errorLogs)
+		}
+		return nil
+	}
+	fmt.Printf("\nstorms: each change moves one endpoint of one service, services round robin; every %v the changes due are handed\n"+
+		"  to OnEndpointSliceUpdate, while this program syncs as kube-proxy's loop does (once changes are pending, starts %v apart at least)\n", stormTick, minSync)
+	for _, p := range phases {
+		full, partial = 0, 0
+		peak.self.Store(0)
+		peak.total.Store(0)
+		stopSampling := sampleRSS(&peak)
+		self0, children0 := cpuTime()
+		start := time.Now()
+		batches, runs, err := runStorm(p, st, minSync, stormSync)
+		took := time.Since(start)
+		self1, children1 := cpuTime()
+		stopSampling()
+		if err != nil {
+			return fmt.Errorf("storm of %v: %w", p, err)
+		}
+		reportStorm(p, minSync, batches, runs, took, self1-self0, children1-children0)
+		fmt.Printf("  %d full syncs and %d partial; peak RSS this process + its nft processes %d MiB (this process alone %d MiB)\n",
+			full, partial, peak.total.Load()>>20, peak.self.Load()>>20)
+	}
+	if programmed, err = checkProgrammed(current); err != nil {
+		return fmt.Errorf("after the storms: %w", err)
+	}
+	fmt.Println("programmed:", programmed)
 	return nil
 }
