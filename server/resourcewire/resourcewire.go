@@ -224,8 +224,12 @@ func EndpointSliceFromProto(s *weirv1.EndpointSlice) (*model.EndpointSlice, erro
 	}
 	out := &model.EndpointSlice{Meta: meta, ServiceName: s.GetServiceName()}
 	for i, e := range s.GetEndpoints() {
-		addrs, err := parseAddrs(fmt.Sprintf("endpoints[%d].addresses", i), e.GetAddresses())
+		// The field's path only for an error: one slice per change in a storm.
+		addrs, err := parseAddrs("", e.GetAddresses())
 		if err != nil {
+			if fe, ok := model.AsFieldError(err); ok {
+				fe.Field = fmt.Sprintf("endpoints[%d].addresses%s", i, fe.Field)
+			}
 			return nil, err
 		}
 		var c weirv1.EndpointConditions
