@@ -32,6 +32,8 @@ type simAgent struct {
 	arrivals []arrival  // whole states, in the order they came (versions rise)
 	// deltaBytes is the size of the last delta (not a whole state).
 	deltaBytes int
+	// bytes and messages are all the agent received.
+	bytes, messages int
 }
 
 // arrival is a state version and when it was seen.
@@ -54,6 +56,10 @@ func (a *simAgent) run(ctx context.Context, conn *grpc.ClientConn) error {
 		if err != nil {
 			return err
 		}
+		a.mu.Lock()
+		a.bytes += codec.Size
+		a.messages++
+		a.mu.Unlock()
 		if msg.GetMore() {
 			continue // a state in parts: it has arrived with its last part
 		}

@@ -169,6 +169,9 @@ func run(ctx context.Context, cfg config) (err error) {
 				// Each apply's version and end, to time storms by.
 				args = append(args, "--log-level", "debug", "--log-format", "json")
 			}
+			if cfg.profiles != "" {
+				args = append(args, "--profiling")
+			}
 			return args
 		}
 	})

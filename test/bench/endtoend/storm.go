@@ -23,6 +23,7 @@ import (
 	"time"
 
 	weirv1 "github.com/weirlb/weir/proto/weir/v1"
+	"github.com/weirlb/weir/test/bench/fanoutfloor"
 	"github.com/weirlb/weir/test/lab"
 	"github.com/weirlb/weir/test/weirlab"
 )
@@ -160,7 +161,9 @@ func (s *stormer) run(ctx context.Context, p stormPhase) ([]stormWrite, error) {
 
 // pace hands jobs what is due every tick until the phase ends: the rate
 // times the time elapsed, less what was handed already; a burst, all of
-// it as fast as the writers take it.
+// it as fast as the writers take it. A steady storm ends at its duration
+// even when the writers could not take all of it: what the API accepted
+// is then its throughput.
 func pace(ctx context.Context, p stormPhase, jobs chan<- int) {
 	total := p.burst
 	if p.rate > 0 {
@@ -170,7 +173,7 @@ func pace(ctx context.Context, p stormPhase, jobs chan<- int) {
 	tick := time.NewTicker(stormTick)
 	defer tick.Stop()
 	handed := 0
-	for handed < total {
+	for handed < total && (p.rate == 0 || time.Since(start) < p.dur) {
 		due := total
 		if p.rate > 0 {
 			due = min(total, int(int64(p.rate)*int64(time.Since(start))/int64(time.Second)))
@@ -255,15 +258,25 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// labUsage is the server's and each real agent's usage, and this program's CPU.
+// labUsage is the server's and each real agent's usage, this program's
+// CPU, and what the simulated agents received.
 type labUsage struct {
 	server usage
-	agents []usage
-	self   time.Duration
+	// serverHeap is the server's Go heap in use (go_memstats_heap_inuse_bytes).
+	serverHeap      int64
+	agents          []usage
+	self            time.Duration
+	bytes, messages int
 }
 
-func usageOfLab(c *weirlab.Cluster) (labUsage, error) {
+func usageOfLab(c *weirlab.Cluster, sims []*simAgent) (labUsage, error) {
 	var u labUsage
+	for _, a := range sims {
+		a.mu.Lock()
+		u.bytes += a.bytes
+		u.messages += a.messages
+		a.mu.Unlock()
+	}
 	var err error
 	if u.server, err = usageOf(c.Server.Cmd.Process.Pid); err != nil {
 		return u, fmt.Errorf("weir-server: %w", err)
@@ -276,6 +289,11 @@ func usageOfLab(c *weirlab.Cluster) (labUsage, error) {
 		u.agents = append(u.agents, a)
 	}
 	u.self = selfCPU()
+	m, err := scrape(context.Background(), c.Control.HTTPClient(10*time.Second), serverMetrics)
+	if err != nil {
+		return u, fmt.Errorf("weir-server's metrics: %w", err)
+	}
+	u.serverHeap = int64(m["go_memstats_heap_inuse_bytes"])
 	return u, nil
 }
 
@@ -348,7 +366,7 @@ func runStorms(ctx context.Context, c *weirlab.Cluster, phases []stormPhase, st 
 	fmt.Printf("\nstorms: each change moves one endpoint of one service (a replaced pod); a write carries what a %v tick made due,\n"+
 		"  at most %d slices in one Apply (one revision), %d writers; services taken round robin\n", stormTick, maxBatch, stormWriters)
 	for _, p := range phases {
-		before, err := usageOfLab(c)
+		before, err := usageOfLab(c, sims)
 		if err != nil {
 			return err
 		}
@@ -381,7 +399,7 @@ func runStorms(ctx context.Context, c *weirlab.Cluster, phases []stormPhase, st 
 			return fmt.Errorf("storm of %v: %w", p, err)
 		}
 		drained := time.Now()
-		after, err := usageOfLab(c)
+		after, err := usageOfLab(c, sims)
 		if err != nil {
 			return err
 		}
@@ -394,6 +412,9 @@ func runStorms(ctx context.Context, c *weirlab.Cluster, phases []stormPhase, st 
 			return err
 		}
 		reportStorm(p, writes, start, wrote, drained, sims, c.Nodes, logs, before, after)
+		if err := stormFloor(ctx, len(sims), after.messages-before.messages, after.bytes-before.bytes, after.server.cpu-before.server.cpu); err != nil {
+			return err
+		}
 		// The next phase starts from a quiet lab.
 		select {
 		case <-ctx.Done():
@@ -404,25 +425,57 @@ func runStorms(ctx context.Context, c *weirlab.Cluster, phases []stormPhase, st 
 	return nil
 }
 
-// profileServer writes a CPU profile of the server over phase p (its
-// first 5 s for a burst) into dir.
-func profileServer(ctx context.Context, c *weirlab.Cluster, p stormPhase, dir string) error {
-	secs := int(p.dur / time.Second)
-	name := fmt.Sprintf("server-%d-per-s.pprof", p.rate)
-	if p.rate == 0 {
-		secs, name = 5, fmt.Sprintf("server-burst-%d.pprof", p.burst)
+// stormFloor measures what the bytes the simulated agents received cost
+// over bare TLS sockets on this machine (fanoutfloor): as many messages of
+// their mean size to as many agents, back to back.
+func stormFloor(ctx context.Context, agents, messages, bytes int, serverCPU time.Duration) error {
+	if agents == 0 || messages == 0 {
+		return nil
 	}
-	prof, err := get(ctx, c.Control.HTTPClient(time.Duration(secs+30)*time.Second),
-		fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", serverMetrics, max(1, secs)))
+	per := max(1, messages/agents)
+	size := bytes / messages
+	// At most 1 GB sent: the CPU of the rest is the same per message.
+	measured := max(1, min(per, int(1e9/int64(size*agents+1))))
+	floor, err := fanoutfloor.Measure(ctx, agents, measured, size, true)
 	if err != nil {
-		return fmt.Errorf("profiling the server: %w", err)
-	}
-	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, prof, 0o644); err != nil {
 		return err
 	}
-	fmt.Printf("  (the server's CPU profile over %v: %s)\n", p, path)
+	fmt.Printf("  fanned out: %d messages of %d bytes on average to each of %d simulated agents (%.1f MB in all)\n", per, size, agents, float64(bytes)/1e6)
+	fmt.Printf("  the floor for those bytes over bare TLS sockets here: %v of CPU, both ends (%d of the messages measured; the server used %v)\n",
+		round(floor.CPU*time.Duration(per)), measured, round(serverCPU))
 	return nil
+}
+
+// profileServer writes CPU profiles of the server and of the first real
+// node's agent over phase p (its first 5 s for a burst) into dir.
+func profileServer(ctx context.Context, c *weirlab.Cluster, p stormPhase, dir string) error {
+	secs := int(p.dur / time.Second)
+	name := fmt.Sprintf("%d-per-s.pprof", p.rate)
+	if p.rate == 0 {
+		secs, name = 5, fmt.Sprintf("burst-%d.pprof", p.burst)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, who := range []struct {
+		name string
+		ns   *lab.Netns
+		addr string
+	}{{"server", c.Control, serverMetrics}, {"agent", c.Nodes[0].Netns, agentMetrics}} {
+		wg.Go(func() {
+			prof, err := get(ctx, who.ns.HTTPClient(time.Duration(secs+30)*time.Second),
+				fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", who.addr, max(1, secs)))
+			if err != nil {
+				errs[i] = fmt.Errorf("profiling the %s: %w", who.name, err)
+				return
+			}
+			path := filepath.Join(dir, who.name+"-"+name)
+			if errs[i] = os.WriteFile(path, prof, 0o644); errs[i] == nil {
+				fmt.Printf("  (the %s's CPU profile over %v: %s)\n", who.name, p, path)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // lags are latencies each standing for some changes: a write's lag at a
@@ -547,9 +600,9 @@ func reportStorm(p stormPhase, writes []stormWrite, start, wrote, drained time.T
 	}
 	fmt.Printf("  simulated agents: %.1f states each on average for %d writes\n", float64(states)/float64(max(1, len(sims))), len(writes))
 	serverCPU := after.server.cpu - before.server.cpu
-	fmt.Printf("  weir-server: CPU %v per change (%v in all, %.0f%% of a core over the storm and its drain); RSS %d -> %d MiB (peak so far %d MiB)\n",
+	fmt.Printf("  weir-server: CPU %v per change (%v in all, %.0f%% of a core over the storm and its drain); RSS %d -> %d MiB (peak so far %d MiB); Go heap in use %d -> %d MiB\n",
 		perChange(serverCPU, changes), round(serverCPU), 100*serverCPU.Seconds()/drained.Sub(start).Seconds(),
-		before.server.rss>>20, after.server.rss>>20, after.server.hwm>>20)
+		before.server.rss>>20, after.server.rss>>20, after.server.hwm>>20, before.serverHeap>>20, after.serverHeap>>20)
 	self := after.self - before.self
 	fmt.Printf("  this program (writers and %d simulated agents): CPU %v per change (%v in all)\n",
 		len(sims), perChange(self, changes), round(self))
