@@ -179,28 +179,12 @@ func pace(ctx context.Context, p stormPhase, jobs chan<- int) {
 			due = min(total, int(int64(p.rate)*int64(time.Since(start))/int64(time.Second)))
 		}
 		// Hand over what is due, maxBatch at a time, while a writer is
-		// free; the rest waits for the next tick.
-		for handed < due {
-			n := min(due-handed, maxBatch)
-			select {
-			case jobs <- n:
-				handed += n
-				continue
-			case <-ctx.Done():
-				return
-			default:
-			}
-			if p.rate == 0 {
-				// A burst waits for a free writer instead of a tick.
-				select {
-				case jobs <- n:
-					handed += n
-					continue
-				case <-ctx.Done():
-					return
-				}
-			}
-			break
+		// free (a burst waits for one); the rest waits for the next tick.
+		for handed < due && offer(ctx, jobs, min(due-handed, maxBatch), p.rate == 0) {
+			handed += min(due-handed, maxBatch)
+		}
+		if ctx.Err() != nil {
+			return
 		}
 		if handed >= total {
 			return
@@ -210,6 +194,25 @@ func pace(ctx context.Context, p stormPhase, jobs chan<- int) {
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// offer hands n to a writer: at once if one is free, or when one is with
+// wait; it reports whether one took it.
+func offer(ctx context.Context, jobs chan<- int, n int, wait bool) bool {
+	if !wait {
+		select {
+		case jobs <- n:
+			return true
+		default:
+			return false
+		}
+	}
+	select {
+	case jobs <- n:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
