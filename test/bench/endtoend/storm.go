@@ -308,6 +308,7 @@ type agentLog struct {
 	path    string
 	off     int64
 	applied []arrival
+	took    []time.Duration // each apply's own time, as the agent logged it
 	streams []time.Time
 }
 
@@ -336,14 +337,16 @@ func (l *agentLog) update() error {
 			continue
 		}
 		var rec struct {
-			Time    time.Time `json:"time"`
-			Version uint64    `json:"version"`
+			Time    time.Time     `json:"time"`
+			Version uint64        `json:"version"`
+			Took    time.Duration `json:"took"` // slog writes a duration as nanoseconds
 		}
 		if err := json.Unmarshal(line, &rec); err != nil {
 			return fmt.Errorf("%s: %w", l.path, err)
 		}
 		if applied {
 			l.applied = append(l.applied, arrival{rec.Version, rec.Time})
+			l.took = append(l.took, rec.Took)
 		} else {
 			l.streams = append(l.streams, rec.Time)
 		}
@@ -576,9 +579,11 @@ func reportStorm(p stormPhase, writes []stormWrite, start, wrote, drained time.T
 	during := func(t time.Time) bool { return !t.Before(start) && !t.After(drained) }
 	for i, n := range nodes {
 		states, streams := 0, 0
-		for _, a := range logs[i].applied {
+		var took durations
+		for k, a := range logs[i].applied {
 			if during(a.at) {
 				states++
+				took = append(took, logs[i].took[k])
 			}
 		}
 		for _, t := range logs[i].streams {
@@ -590,6 +595,7 @@ func reportStorm(p stormPhase, writes []stormWrite, start, wrote, drained time.T
 		fmt.Printf("  %s: kernel lag %v; applied %d states for %d writes; %d streams opened; CPU %v per change (%v in all); RSS %d -> %d MiB (peak so far %d MiB)\n",
 			n.Name, perNode[len(sims)+i], states, len(writes), streams, perChange(cpu, changes), round(cpu),
 			before.agents[i].rss>>20, after.agents[i].rss>>20, after.agents[i].hwm>>20)
+		fmt.Printf("    %s's applies (the datapath's transaction and building it): %v\n", n.Name, took)
 	}
 	states := 0
 	for _, a := range sims {
