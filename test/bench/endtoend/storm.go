@@ -224,19 +224,7 @@ type usage struct {
 
 // usageOf reads pid's CPU time and memory from /proc.
 func usageOf(pid int) (usage, error) {
-	var u usage
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return u, err
-	}
-	// The fields after the command's name, which may hold spaces.
-	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
-	if len(f) < 13 {
-		return u, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	u.cpu = time.Duration(utime+stime) * time.Second / 100 // USER_HZ
+	u := usage{cpu: fanoutfloor.CPUTime(pid)}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return u, err
