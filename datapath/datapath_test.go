@@ -262,8 +262,8 @@ func TestChangedNamesAreEnough(t *testing.T) {
 	// changes it.
 	zoned := &Service{Key: ServiceKey{"default", "zoned"}, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.1.1")}, PreferClose: true,
 		Ports: []ServicePort{{Name: "p", Protocol: TCP, Port: 80, Endpoints: []Endpoint{
-			{Addr: netip.MustParseAddr("10.244.1.1"), Port: 80, Zone: "zone-a", HintZones: []string{"zone-a"}, Ready: true, Serving: true},
-			{Addr: netip.MustParseAddr("10.244.2.1"), Port: 80, Zone: "zone-b", HintZones: []string{"zone-b"}, Ready: true, Serving: true},
+			{Addr: netip.MustParseAddr("10.244.1.1"), Port: 80, Zone: "zone-a", Hints: &Hints{Zones: []string{"zone-a"}}, Ready: true, Serving: true},
+			{Addr: netip.MustParseAddr("10.244.2.1"), Port: 80, Zone: "zone-b", Hints: &Hints{Zones: []string{"zone-b"}}, Ready: true, Serving: true},
 		}}}}
 	state.Services[zoned.Key] = zoned
 	state.Node.Zone = "zone-a"

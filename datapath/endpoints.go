@@ -60,19 +60,19 @@ func topology(eps []Endpoint, node, zone string) []Endpoint {
 			continue
 		}
 		ready++
-		allNodeHints = allNodeHints && len(e.HintNodes) > 0
-		forNode = forNode || slices.Contains(e.HintNodes, node)
-		allZoneHints = allZoneHints && len(e.HintZones) > 0
-		forZone = forZone || (zone != "" && slices.Contains(e.HintZones, zone))
+		allNodeHints = allNodeHints && len(e.HintNodes()) > 0
+		forNode = forNode || slices.Contains(e.HintNodes(), node)
+		allZoneHints = allZoneHints && len(e.HintZones()) > 0
+		forZone = forZone || (zone != "" && slices.Contains(e.HintZones(), zone))
 	}
 	var keep func(Endpoint) bool
 	switch {
 	case ready == 0:
 		return eps
 	case allNodeHints && forNode:
-		keep = func(e Endpoint) bool { return slices.Contains(e.HintNodes, node) }
+		keep = func(e Endpoint) bool { return slices.Contains(e.HintNodes(), node) }
 	case allZoneHints && forZone:
-		keep = func(e Endpoint) bool { return slices.Contains(e.HintZones, zone) }
+		keep = func(e Endpoint) bool { return slices.Contains(e.HintZones(), zone) }
 	default:
 		return eps
 	}

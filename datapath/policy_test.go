@@ -128,7 +128,7 @@ func TestTopologyFollowsTheHintsAsKubeProxy(t *testing.T) {
 	ctx := context.Background()
 	hinted := func(addr, zone string, zones, nodes []string) Endpoint {
 		e := ep(addr, false)
-		e.Zone, e.HintZones, e.HintNodes = zone, zones, nodes
+		e.Zone, e.Hints = zone, NewHints(zones, nodes)
 		return e
 	}
 	zoned := func(addr, zone string, hints ...string) Endpoint { return hinted(addr, zone, hints, nil) }

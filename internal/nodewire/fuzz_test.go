@@ -20,7 +20,7 @@ func FuzzDecode(f *testing.F) {
 		ClusterIPs:      []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("203.0.113.10")},
 		Ports: []datapath.ServicePort{{Name: "http", Protocol: datapath.TCP, Port: 80, NodePort: 30080, Endpoints: []datapath.Endpoint{
-			{Addr: netip.MustParseAddr("10.244.1.11"), Port: 8080, NodeName: "node1", Ready: true, Serving: true, HintZones: []string{"a"}},
+			{Addr: netip.MustParseAddr("10.244.1.11"), Port: 8080, NodeName: "node1", Ready: true, Serving: true, Hints: &datapath.Hints{Zones: []string{"a"}}},
 		}}},
 	})
 	node := EncodeNode(datapath.NodeInfo{Name: "node1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.11")},

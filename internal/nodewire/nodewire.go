@@ -232,7 +232,7 @@ func EncodeService(s *datapath.Service) *weirv1.NodeService {
 		wp := &weirv1.NodeServicePort{Name: p.Name, Protocol: weirv1.Protocol(p.Protocol), Port: int32(p.Port), NodePort: int32(p.NodePort)}
 		for _, e := range p.Endpoints {
 			wp.Endpoints = append(wp.Endpoints, &weirv1.NodeEndpoint{
-				Address: e.Addr.String(), Port: int32(e.Port), NodeName: e.NodeName, Zone: e.Zone, HintZones: e.HintZones, HintNodes: e.HintNodes,
+				Address: e.Addr.String(), Port: int32(e.Port), NodeName: e.NodeName, Zone: e.Zone, HintZones: e.HintZones(), HintNodes: e.HintNodes(),
 				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
 			})
 		}
@@ -304,17 +304,20 @@ func DecodeService(s *weirv1.NodeService, node string) (*datapath.Service, error
 		if sp.NodePort, err = port16(f+".node_port", p.GetNodePort(), true); err != nil {
 			return nil, wrap(err)
 		}
+		// A node's state holds a million endpoints at 100,000 services:
+		// no more room than they take, and a field's path is written only
+		// for an error.
+		sp.Endpoints = make([]datapath.Endpoint, 0, len(p.GetEndpoints()))
 		for j, e := range p.GetEndpoints() {
-			ef := fmt.Sprintf("%s.endpoints[%d]", f, j)
 			addr, err := netip.ParseAddr(e.GetAddress())
 			if err != nil {
-				return nil, wrap(fmt.Errorf("%s.address: %w", ef, err))
+				return nil, wrap(fmt.Errorf("%s.endpoints[%d].address: %w", f, j, err))
 			}
 			ep := datapath.Endpoint{Addr: addr, NodeName: e.GetNodeName(), Local: node != "" && e.GetNodeName() == node,
-				Zone: e.GetZone(), HintZones: e.GetHintZones(), HintNodes: e.GetHintNodes(),
+				Zone: e.GetZone(), Hints: datapath.NewHints(e.GetHintZones(), e.GetHintNodes()),
 				Ready: e.GetReady(), Serving: e.GetServing(), Terminating: e.GetTerminating()}
-			if ep.Port, err = port16(ef+".port", e.GetPort(), false); err != nil {
-				return nil, wrap(err)
+			if ep.Port, err = port16("", e.GetPort(), false); err != nil {
+				return nil, wrap(fmt.Errorf("%s.endpoints[%d].port%w", f, j, err))
 			}
 			sp.Endpoints = append(sp.Endpoints, ep)
 		}

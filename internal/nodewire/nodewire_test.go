@@ -33,7 +33,7 @@ func TestServiceRoundTrip(t *testing.T) {
 		// A second address that no advertisement selects keeps its empty list.
 		Advertisements: map[netip.Addr][]string{netip.MustParseAddr("203.0.113.10"): {"public#0", "public#2"}, netip.MustParseAddr("203.0.113.11"): nil},
 		Ports: []datapath.ServicePort{{Name: "dns", Protocol: datapath.UDP, Port: 53, NodePort: 30053, Endpoints: []datapath.Endpoint{
-			{Addr: netip.MustParseAddr("10.244.1.11"), Port: 5353, NodeName: "node1", Local: true, Zone: "a", HintZones: []string{"a"}, Ready: true, Serving: true},
+			{Addr: netip.MustParseAddr("10.244.1.11"), Port: 5353, NodeName: "node1", Local: true, Zone: "a", Hints: &datapath.Hints{Zones: []string{"a"}}, Ready: true, Serving: true},
 			{Addr: netip.MustParseAddr("10.244.2.11"), Port: 5353, NodeName: "node2", Zone: "b", Serving: true, Terminating: true},
 		}}},
 	}
@@ -46,17 +46,24 @@ func TestServiceRoundTrip(t *testing.T) {
 	}
 }
 
+// TestDecodeRejectsWhatTheDatapathCannotProgram: each error names the
+// field, down to the endpoint.
 func TestDecodeRejectsWhatTheDatapathCannotProgram(t *testing.T) {
-	for name, s := range map[string]*weirv1.NodeService{
-		"bad cluster IP": {Namespace: "a", Name: "b", ClusterIps: []string{"10.96.0.300"}},
-		"port 0":         {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Protocol: weirv1.Protocol_PROTOCOL_TCP}}},
-		"no protocol":    {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Port: 80}}},
-		"bad endpoint": {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: 80,
-			Endpoints: []*weirv1.NodeEndpoint{{Address: "pod-1", Port: 80}}}}},
-		"bad announced address": {Namespace: "a", Name: "b", Announcers: []*weirv1.AddressAnnouncers{{Address: "vip", Nodes: []string{"node1"}}}},
+	tcp80 := func(eps ...*weirv1.NodeEndpoint) []*weirv1.NodeServicePort {
+		return []*weirv1.NodeServicePort{{Protocol: weirv1.Protocol_PROTOCOL_TCP, Port: 80, Endpoints: eps}}
+	}
+	good := &weirv1.NodeEndpoint{Address: "10.244.0.1", Port: 80}
+	for want, s := range map[string]*weirv1.NodeService{
+		"cluster_ips[0]":                              {Namespace: "a", Name: "b", ClusterIps: []string{"10.96.0.300"}},
+		"ports[0].port: 0 is not a port":              {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Protocol: weirv1.Protocol_PROTOCOL_TCP}}},
+		"ports[0].protocol":                           {Namespace: "a", Name: "b", Ports: []*weirv1.NodeServicePort{{Port: 80}}},
+		"ports[0].endpoints[1].address":               {Namespace: "a", Name: "b", Ports: tcp80(good, &weirv1.NodeEndpoint{Address: "pod-1", Port: 80})},
+		"ports[0].endpoints[1].port: 0 is not a port": {Namespace: "a", Name: "b", Ports: tcp80(good, &weirv1.NodeEndpoint{Address: "10.244.0.2"})},
+		"announcers[0].address":                       {Namespace: "a", Name: "b", Announcers: []*weirv1.AddressAnnouncers{{Address: "vip", Nodes: []string{"node1"}}}},
 	} {
-		if _, err := DecodeService(s, "node1"); err == nil {
-			t.Errorf("%s: decoded without error", name)
+		_, err := DecodeService(s, "node1")
+		if err == nil || !strings.Contains(err.Error(), "service a/b: "+want) {
+			t.Errorf("%s: error %v", want, err)
 		}
 	}
 }
