@@ -156,7 +156,7 @@ type Datapath struct {
 	services map[ServiceKey]*Service
 	// live is every element of the tables, with how many services (and
 	// the node) contribute it: a local endpoint may back several services.
-	live map[elemID]liveElement
+	live liveSet
 	// owned are the chains and sets each service has to itself.
 	owned map[ServiceKey][]ownedObject
 	// pending is a state adopted whose live elements, owned objects and
@@ -195,7 +195,7 @@ type liveElement struct {
 
 // liveAt is a copy of the live element id, or nil.
 func (d *Datapath) liveAt(id elemID) *liveElement {
-	if le, ok := d.live[id]; ok {
+	if le, ok := d.live.get(id); ok {
 		return &le
 	}
 	return nil

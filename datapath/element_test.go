@@ -35,7 +35,7 @@ func TestElementsHoldNoPointer(t *testing.T) {
 		}
 		return true
 	}
-	for _, typ := range []reflect.Type{reflect.TypeFor[elemID](), reflect.TypeFor[liveElement]()} {
+	for _, typ := range []reflect.Type{reflect.TypeFor[elemID](), reflect.TypeFor[liveElement](), reflect.TypeFor[compactID](), reflect.TypeFor[compactLive]()} {
 		if hasPointer(typ) {
 			t.Errorf("%v holds a pointer", typ)
 		}

@@ -25,7 +25,7 @@ import (
 
 // desired is a whole state as elements and objects, per family.
 type desired struct {
-	live    map[elemID]liveElement
+	live    liveSet
 	owned   map[ServiceKey][]ownedObject
 	objects map[*family][]ownedObject
 	picks   map[*family]map[pick]int // picks, with the frontends of each
@@ -38,7 +38,7 @@ type desired struct {
 // elements yields f's elements, made again from the live ones.
 func (w *desired) elements(f *family) iter.Seq[element] {
 	return func(yield func(element) bool) {
-		for id, le := range w.live {
+		for id, le := range w.live.all() {
 			if id.fam == f.index && !yield(element{elemID: id, value: le.value, pick: le.pick}) {
 				return
 			}
@@ -51,7 +51,7 @@ func (w *desired) elements(f *family) iter.Seq[element] {
 func (d *Datapath) desire(state NodeState, emit func(element)) *desired {
 	// Sized for the usual dozen elements a service contributes.
 	w := &desired{
-		live:    make(map[elemID]liveElement, 12*len(state.Services)),
+		live:    newLiveSet(12 * len(state.Services)),
 		owned:   map[ServiceKey][]ownedObject{},
 		objects: map[*family][]ownedObject{},
 		picks:   map[*family]map[pick]int{},
@@ -63,12 +63,12 @@ func (d *Datapath) desire(state NodeState, emit func(element)) *desired {
 	collect := func(es []element) {
 		for _, e := range es {
 			w.elementSums[e.fam] = w.elementSums[e.fam].plus(elementDigest(e))
-			if le, ok := w.live[e.elemID]; ok {
+			if le, ok := w.live.get(e.elemID); ok {
 				le.refs++
-				w.live[e.elemID] = le
+				w.live.put(e.elemID, le)
 				continue
 			}
-			w.live[e.elemID] = liveElement{value: e.value, pick: e.pick, refs: 1}
+			w.live.put(e.elemID, liveElement{value: e.value, pick: e.pick, refs: 1})
 			f := e.family()
 			w.counts[f]++
 			if e.pick.exists() && w.picks[f] != nil {
@@ -104,7 +104,7 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState, mayAdopt bool)
 	d.pending = nil
 	// What the last state was is not needed for a whole one: let it go
 	// before the new one takes the same memory again.
-	d.live, d.owned = nil, nil
+	d.live, d.owned = liveSet{}, nil
 	fams := d.families()
 	var adopted map[*family]bool
 	if mayAdopt {
@@ -125,7 +125,7 @@ func (d *Datapath) fullSync(ctx context.Context, state NodeState, mayAdopt bool)
 			s.add(e)
 		}
 	})
-	d.cfg.Log.Debug("whole state worked out", "services", len(state.Services), "elements", len(w.live), "took", time.Since(start))
+	d.cfg.Log.Debug("whole state worked out", "services", len(state.Services), "elements", w.live.len(), "took", time.Since(start))
 	errs := make([]error, len(fams))
 	cleanups := make([]func(), len(fams))
 	var wg sync.WaitGroup
@@ -281,7 +281,7 @@ func (s *stream) send() {
 		// Nothing is loaded any more; the family will be rebuilt.
 		s.batch = s.batch[:0]
 	case s.netlink:
-		sb.encoded = newBatch()
+		sb.encoded = pooledBatch()
 		encodeElements(sb.encoded, unix.NFT_MSG_NEWSETELEM, s.f, s.next, s.batch)
 		s.batch = s.batch[:0]
 	default:
@@ -592,7 +592,7 @@ func (d *Datapath) loadHeld(ctx context.Context, f *family, s *stream) error {
 	for batch := range slices.Chunk(s.held, s.size) {
 		sb := streamBatch{elems: batch}
 		if s.netlink {
-			sb.encoded = newBatch()
+			sb.encoded = pooledBatch()
 			if rest := encodeElements(sb.encoded, unix.NFT_MSG_NEWSETELEM, f, s.next, batch); len(rest) > 0 {
 				return fmt.Errorf("%d frontends could not be laid out", len(rest))
 			}
@@ -900,6 +900,7 @@ func objectName(obj knftables.Object) string {
 func (d *Datapath) loadBatch(ctx context.Context, f *family, g generation, sb streamBatch, i int) error {
 	if sb.encoded != nil {
 		ok, err := d.elements.send(sb.encoded)
+		releaseBatch(sb.encoded)
 		if !ok {
 			err = errors.New("no netlink socket to nf_tables")
 		}

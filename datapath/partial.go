@@ -159,23 +159,23 @@ func (d *Datapath) change(t *touched, was, now []element) {
 		t.sums[e.fam] = t.sums[e.fam].minus(elementDigest(e))
 		id := e.elemID
 		remember(id)
-		if le := d.live[id]; le.refs > 1 {
+		if le, _ := d.live.get(id); le.refs > 1 {
 			le.refs--
-			d.live[id] = le
+			d.live.put(id, le)
 		} else {
-			delete(d.live, id)
+			d.live.remove(id)
 		}
 	}
 	for _, e := range now {
 		t.sums[e.fam] = t.sums[e.fam].plus(elementDigest(e))
 		id := e.elemID
 		remember(id)
-		le := d.live[id]
+		le, _ := d.live.get(id)
 		if le.refs == 0 {
 			le = liveElement{value: e.value, pick: e.pick}
 		}
 		le.refs++
-		d.live[id] = le
+		d.live.put(id, le)
 	}
 }
 

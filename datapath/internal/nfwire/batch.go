@@ -29,8 +29,10 @@ func (f Family) String() string {
 }
 
 // Batch is one nf_tables transaction of element and object changes, laid
-// out as the netlink messages the kernel takes, in one buffer: an element
-// costs a few appends of its bytes, and nothing else.
+// out in one buffer as the bytes the socket sends: the batch's begin
+// message, then each message with its netlink header, the end message
+// written by Commit. An element costs a few appends of its bytes, and a
+// batch Reset for the next transaction keeps its buffer.
 type Batch struct {
 	table string // the table's name in every family
 	buf   []byte
@@ -39,10 +41,24 @@ type Batch struct {
 }
 
 // NewBatch starts an empty transaction on the tables named table.
-func NewBatch(table string) *Batch { return &Batch{table: table} }
+func NewBatch(table string) *Batch {
+	b := &Batch{table: table}
+	b.Reset()
+	return b
+}
 
-// message is one message of a batch: its type and its bytes in buf (the
-// nfgenmsg header and the attributes).
+// Reset empties the batch, keeping its memory.
+func (b *Batch) Reset() {
+	b.buf, b.msgs, b.sets = b.buf[:0], b.msgs[:0], 0
+	b.control(unix.NFNL_MSG_BATCH_BEGIN)
+}
+
+// nlmsghdrLen is a netlink message header's length: the message's length,
+// type and flags, a sequence number and a port id.
+const nlmsghdrLen = unix.SizeofNlMsghdr
+
+// message is one message of a batch: its type and its bytes in buf (from
+// its netlink header).
 type message struct {
 	typ        uint16
 	start, end int
@@ -56,7 +72,7 @@ func (b *Batch) Empty() bool { return len(b.msgs) == 0 }
 func (b *Batch) Messages() iter.Seq2[uint16, []byte] {
 	return func(yield func(uint16, []byte) bool) {
 		for _, m := range b.msgs {
-			if !yield(m.typ, b.buf[m.start:m.end]) {
+			if !yield(m.typ, b.buf[m.start+nlmsghdrLen:m.end]) {
 				return
 			}
 		}
@@ -173,16 +189,44 @@ func (b *Batch) FlushChain(fam Family, name string) {
 	b.end(unix.NFT_MSG_DELRULE, start)
 }
 
-// begin starts a message with its nfgenmsg header: the family, version 0,
-// resource 0.
+// begin starts a message: room for its netlink header, then its nfgenmsg
+// header (the family, version 0, resource 0).
 func (b *Batch) begin(fam Family) int {
 	start := len(b.buf)
+	b.buf = append(b.buf, make([]byte, nlmsghdrLen)...)
 	b.buf = append(b.buf, byte(fam), unix.NFNETLINK_V0, 0, 0)
 	return start
 }
 
+// end writes the header of the message begun at start: its length, its
+// type, and its flags (an answer asked for each; nft's "add" for what
+// creates, so that what exists stays).
 func (b *Batch) end(op uint16, start int) {
-	b.msgs = append(b.msgs, message{typ: unix.NFNL_SUBSYS_NFTABLES<<8 | op, start: start, end: len(b.buf)})
+	typ := uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | op)
+	flags := uint16(unix.NLM_F_REQUEST | unix.NLM_F_ACK)
+	switch op {
+	case unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_NEWSET, unix.NFT_MSG_NEWTABLE, unix.NFT_MSG_NEWCHAIN:
+		flags |= unix.NLM_F_CREATE
+	}
+	b.header(start, typ, flags)
+	b.msgs = append(b.msgs, message{typ: typ, start: start, end: len(b.buf)})
+}
+
+// header writes the netlink header of the message from start to the end of
+// the buffer; its sequence number is Commit's to write.
+func (b *Batch) header(start int, typ, flags uint16) {
+	h := b.buf[start:]
+	binary.NativeEndian.PutUint32(h[0:], uint32(len(b.buf)-start))
+	binary.NativeEndian.PutUint16(h[4:], typ)
+	binary.NativeEndian.PutUint16(h[6:], flags)
+}
+
+// control appends the message that begins or ends the transaction.
+func (b *Batch) control(typ uint16) {
+	start := len(b.buf)
+	b.buf = append(b.buf, make([]byte, nlmsghdrLen)...)
+	b.buf = append(b.buf, unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES)
+	b.header(start, typ, unix.NLM_F_REQUEST)
 }
 
 // attr appends an attribute: its length and type in host order, then its
@@ -203,7 +247,9 @@ func (b *Batch) attrString(typ uint16, s string) {
 }
 
 func (b *Batch) attrU32(typ uint16, v uint32) {
-	b.attr(typ, binary.BigEndian.AppendUint32(nil, v))
+	var p [4]byte
+	binary.BigEndian.PutUint32(p[:], v)
+	b.attr(typ, p[:])
 }
 
 func (b *Batch) pad() {

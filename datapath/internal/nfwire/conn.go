@@ -15,7 +15,10 @@ import (
 // Conn is a netlink socket to nf_tables that stays open: the kernel frees
 // what a transaction deleted in the background, where closing the socket
 // waits for it (nf_tables flushes its destroy work on NETLINK_URELEASE).
-type Conn struct{ conn *netlink.Conn }
+type Conn struct {
+	conn *netlink.Conn
+	seq  uint32
+}
 
 // Dial opens a socket in the current network namespace.
 func Dial() (*Conn, error) {
@@ -30,25 +33,23 @@ func (c *Conn) Close() error { return c.conn.Close() }
 
 // Commit sends the batch as one transaction, atomic like an nft run, and
 // reads the kernel's answer to every message: nil when it took them all.
-// After an error the kernel has aborted the whole transaction; the
-// socket should not be used again, as answers may be left on it.
+// The batch's bytes go as they are, in one datagram. After an error the
+// kernel has aborted the whole transaction; the socket should not be used
+// again, as answers may be left on it.
 func (c *Conn) Commit(b *Batch) error {
 	if b.Empty() {
 		return nil
 	}
-	batchHeader := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}
-	msgs := make([]netlink.Message, 0, len(b.msgs)+2)
-	msgs = append(msgs, netlink.Message{Header: netlink.Header{Type: unix.NFNL_MSG_BATCH_BEGIN, Flags: netlink.Request}, Data: batchHeader})
-	for _, m := range b.msgs {
-		flags := netlink.Request | netlink.Acknowledge
-		switch m.typ & 0xff {
-		case unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_NEWSET, unix.NFT_MSG_NEWTABLE, unix.NFT_MSG_NEWCHAIN:
-			flags |= netlink.Create // as nft's "add": what exists stays
-		}
-		msgs = append(msgs, netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(m.typ), Flags: flags}, Data: b.buf[m.start:m.end]})
+	// The end message goes after the others, then leaves the batch as it
+	// was; every message is numbered.
+	n := len(b.buf)
+	b.control(unix.NFNL_MSG_BATCH_END)
+	defer func() { b.buf = b.buf[:n] }()
+	for off := 0; off < len(b.buf); off += int(binary.NativeEndian.Uint32(b.buf[off:])) {
+		c.seq++
+		binary.NativeEndian.PutUint32(b.buf[off+8:], c.seq)
 	}
-	msgs = append(msgs, netlink.Message{Header: netlink.Header{Type: unix.NFNL_MSG_BATCH_END, Flags: netlink.Request}, Data: batchHeader})
-	if _, err := c.conn.SendMessages(msgs); err != nil {
+	if err := c.send(b.buf); err != nil {
 		return fmt.Errorf("sending a transaction: %w", err)
 	}
 	var errs error
@@ -61,6 +62,24 @@ func (c *Conn) Commit(b *Batch) error {
 		}
 	}
 	return errs
+}
+
+// send writes one datagram to the kernel. nf_tables processes a
+// transaction within the call.
+func (c *Conn) send(b []byte) error {
+	rc, err := c.conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	kernel := &unix.SockaddrNetlink{Family: unix.AF_NETLINK}
+	var serr error
+	if err := rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), b, nil, kernel, 0)
+		return serr != unix.EAGAIN
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 // Objects names what a table holds.
@@ -116,7 +135,7 @@ func (c *Conn) dump(fam Family, typ, tableAttr uint16, table string) ([]attrs, e
 	m := b.msgs[0]
 	msgs, err := c.conn.Execute(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(m.typ), Flags: netlink.Request | netlink.Dump},
-		Data:   b.buf[m.start:m.end],
+		Data:   b.buf[m.start+nlmsghdrLen : m.end],
 	})
 	if err != nil {
 		return nil, err

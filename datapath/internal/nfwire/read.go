@@ -110,15 +110,12 @@ func (r *Reader) dump(fam Family, typ, tableAttr uint16, table string, each func
 	start := b.begin(fam)
 	b.attrString(tableAttr, table)
 	b.end(typ, start)
+	// The request alone, outside a transaction, asking for a dump.
 	m := b.msgs[0]
-	body := b.buf[m.start:m.end]
+	req := b.buf[m.start:m.end]
 	r.seq++
-	req := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+len(body))
-	binary.NativeEndian.PutUint32(req[0:], uint32(unix.NLMSG_HDRLEN+len(body)))
-	binary.NativeEndian.PutUint16(req[4:], m.typ)
 	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
 	binary.NativeEndian.PutUint32(req[8:], r.seq)
-	req = append(req, body...)
 	if err := unix.Sendto(r.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return err
 	}
