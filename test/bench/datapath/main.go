@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -27,12 +28,15 @@ import (
 	"github.com/mdlayher/netlink"
 	"github.com/weirlb/weir/datapath"
 	"github.com/weirlb/weir/datapath/benchhook"
+	"github.com/weirlb/weir/internal/nodewire"
+	weirv1 "github.com/weirlb/weir/proto/weir/v1"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 )
 
 const insideEnv = "WEIR_BENCH_NETNS"
 
-var cpuProfile string
+var cpuProfile, memProfile string
 
 func main() {
 	services := flag.Int("services", 10000, "services to program")
@@ -41,6 +45,7 @@ func main() {
 	restarts := flag.Int("restarts", 10, "agent restarts to time (a new Datapath over the table, on the same state, then with one service changed meanwhile)")
 	pairs := flag.Int("pairs", 5, "full syncs and resyncs to time again, each paired with the kernel's own cost")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the full sync and the resync to this file")
+	flag.StringVar(&memProfile, "memprofile", "", "write a heap profile to this file after the full sync and the resync (in use: what the datapath keeps; allocated: what the syncs allocated)")
 	flag.Parse()
 	if os.Getenv(insideEnv) == "" {
 		os.Exit(reexec())
@@ -149,6 +154,8 @@ func addr4(a, b, c, d int) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(a), byte(b), byte(c), byte(d)})
 }
 
+// service is the i-th service of the workload as the agent holds it: sent
+// over the wire and decoded, its endpoints on 500 nodes other than this one.
 func service(i int) *datapath.Service {
 	svc := &datapath.Service{
 		Key:        datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)},
@@ -162,10 +169,22 @@ func service(i int) *datapath.Service {
 	}
 	for j := range 10 {
 		svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, datapath.Endpoint{
-			Addr: addr4(10, 128+j, i>>8, i), Port: 8080, Ready: true, Serving: true,
+			Addr: addr4(10, 128+j, i>>8, i), Port: 8080, NodeName: fmt.Sprintf("node-%d", (i+j)%500), Ready: true, Serving: true,
 		})
 	}
-	return svc
+	wire, err := proto.Marshal(nodewire.EncodeService(svc))
+	if err != nil {
+		panic(err)
+	}
+	var m weirv1.NodeService
+	if err := proto.Unmarshal(wire, &m); err != nil {
+		panic(err)
+	}
+	decoded, err := nodewire.DecodeService(&m, "bench")
+	if err != nil {
+		panic(err)
+	}
+	return decoded
 }
 
 // debugLog shows the datapath's phases when WEIR_BENCH_DEBUG is set.
@@ -238,6 +257,9 @@ func fullSyncs(ctx context.Context, dp *datapath.Datapath, state datapath.NodeSt
 	pprof.StopCPUProfile()
 	fmt.Printf("peak RSS during the syncs: this process + its nft processes together %d MiB (this process alone %d MiB)\n",
 		peak.total.Load()>>20, peak.self.Load()>>20)
+	if err := writeHeapProfile(state); err != nil {
+		return err
+	}
 
 	// The floor: the kernel alone committing the same elements into a
 	// bare table, encoded beforehand.
@@ -251,6 +273,25 @@ func fullSyncs(ctx context.Context, dp *datapath.Datapath, state datapath.NodeSt
 	fmt.Printf("  full sync / kernel load: %.2f;  resync / kernel load + delete: %.2f\n",
 		fullSync.Seconds()/floor.Load.Seconds(), resync.Seconds()/replace.Seconds())
 	return nil
+}
+
+// writeHeapProfile prints the live heap after the syncs, the state handed in
+// included (as the agent holds it), and writes it to memProfile if asked.
+func writeHeapProfile(state datapath.NodeState) error {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	fmt.Printf("live heap after the syncs (the state handed in included): %d MiB\n", ms.HeapAlloc>>20)
+	runtime.KeepAlive(state)
+	if memProfile == "" {
+		return nil
+	}
+	f, err := os.Create(memProfile)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return pprof.Lookup("heap").WriteTo(f, 0)
 }
 
 // pairedSyncs times the same two syncs again, each paired with the
@@ -388,7 +429,9 @@ func restartRuns(ctx context.Context, state datapath.NodeState, next, restarts i
 		}
 	}
 	unchanged.print("agent restart to converged, state unchanged (adopted)", "load")
-	printPercentiles("one endpoint change right after it", firstChange)
+	if len(firstChange) > 0 {
+		printPercentiles("one endpoint change right after it", firstChange)
+	}
 	changed.print("agent restart to converged, state changed", "load + delete")
 	return nil
 }
