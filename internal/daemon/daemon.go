@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/weirlb/weir/internal/memlimit"
 	"k8s.io/klog/v2"
 )
 
@@ -43,7 +44,8 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 // Start is what every daemon does first: with --version it prints
 // "NAME VERSION" to out and says to stop; otherwise it returns the logger
 // the flags ask for, writing to logs, and makes it the process's only
-// logger (see logEverythingThrough).
+// logger (see logEverythingThrough), and keeps the Go heap under the
+// cgroup's memory limit (see memlimit).
 func (f *Flags) Start(name, version string, out, logs io.Writer) (log *slog.Logger, stop bool, err error) {
 	if *f.version {
 		fmt.Fprintln(out, name, version)
@@ -53,6 +55,7 @@ func (f *Flags) Start(name, version string, out, logs io.Writer) (log *slog.Logg
 		return nil, false, err
 	}
 	logEverythingThrough(log)
+	memlimit.Apply(log)
 	return log, false, nil
 }
 
