@@ -73,7 +73,23 @@ func main() {
 	stormFor := flag.Duration("storm-for", 10*time.Second, "how long each storm of -storm lasts")
 	burst := flag.Int("storm-burst", 0, "after the storms, a burst of this many endpoint changes handed over at once")
 	minSync := flag.Duration("min-sync-period", time.Second, "during storms, the least time from one sync's start to the next (kube-proxy's --min-sync-period; its default)")
+	programNodeIP := flag.String("program-node", "", "for test/bench/packetrate: program this node (its address) in the current network namespace and exit, with -services fillers and -program-ports")
+	programPod := flag.String("program-pod", "", "with -program-node: the pod behind every -program-ports service")
+	programPorts := flag.String("program-ports", "", "with -program-node: node-port services, protocol:nodePort:podPort, comma-separated")
 	flag.Parse()
+	if *programNodeIP != "" {
+		node, err1 := netip.ParseAddr(*programNodeIP)
+		pod, err2 := netip.ParseAddr(*programPod)
+		if err1 != nil || err2 != nil {
+			fmt.Fprintln(os.Stderr, "bench: -program-node and -program-pod take IPv4 addresses")
+			os.Exit(2)
+		}
+		if err := programNode(node, pod, *programPorts, *services); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	phases, err := parseStorms(*storms, *stormFor, *burst)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -61,7 +61,19 @@ func main() {
 	conns := flag.Int("connections", 10000, "connections for the uniformity test")
 	flag.IntVar(&endpoints, "endpoints", endpoints, "endpoints of the measured service")
 	flag.IntVar(&distinct, "distinct", distinct, "distinct endpoint counts among the filler services, each with a node port (0: every filler has 10 and none)")
+	cmp := flag.Bool("compare", false, "instead: the per-packet cost of Weir's ruleset against routing to the pod with no table and against kube-proxy's (with -kube-proxy), in many short interleaved phases, with 95 % intervals (compare.go)")
+	cmpRounds := flag.Int("compare-rounds", 30, "with -compare: rounds, each a phase of every ruleset and kind of traffic in a shuffled order")
+	cmpPhase := flag.Duration("compare-phase", 300*time.Millisecond, "with -compare: one phase's length")
+	kubeProxy := flag.String("kube-proxy", "", "with -compare: test/bench/kubeproxy's binary (cd test/bench/kubeproxy && go build -o /tmp/kpbench .), which programs kube-proxy's ruleset on a node of its own")
+	cmpFlows := flag.Bool("compare-flows", false, "with -compare: also Weir with the rules of moved connections, on a node of its own")
 	flag.Parse()
+	if os.Getenv(programEnv) == "" && *cmp {
+		if err := compare(*many, *cmpRounds, *cmpPhase, *kubeProxy, *cmpFlows); err != nil {
+			fmt.Fprintln(os.Stderr, "packetrate:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if distinct > 0 && distinct >= endpoints {
 		fmt.Fprintln(os.Stderr, "packetrate: -distinct must be below -endpoints, so that the measured service's rule comes last")
 		os.Exit(2)
@@ -79,6 +91,9 @@ func main() {
 // plus the measured one, then exits, leaving the rules in place.
 func program(arg string) int {
 	n, _ := strconv.Atoi(arg)
+	if os.Getenv(compareEnv) != "" {
+		return programCompareChild(n)
+	}
 	endpoints, _ = strconv.Atoi(os.Getenv("WEIR_PACKETRATE_ENDPOINTS"))
 	distinct, _ = strconv.Atoi(os.Getenv("WEIR_PACKETRATE_DISTINCT"))
 	podIP := netip.MustParseAddr(os.Getenv("WEIR_PACKETRATE_POD"))
