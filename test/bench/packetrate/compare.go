@@ -230,26 +230,7 @@ func startCompareServers(pod *lab.Pod) error {
 			c.Close()
 		}
 	}()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 1)
-				for {
-					if _, err := c.Read(buf); err != nil {
-						return
-					}
-					if _, err := c.Write(buf); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	go echoEach(echo)
 	for range 4 {
 		go func() {
 			buf := make([]byte, 64)
@@ -417,31 +398,14 @@ func programCompareChild(n int) int {
 		st.Services[s.Key] = s
 	}
 	for i := range n {
-		s := &datapath.Service{Key: datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)},
-			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})},
-			Ports:      []datapath.ServicePort{{Name: "http", Protocol: datapath.TCP, Port: 80}}}
+		s := filler(i, 10)
 		if i%100 == 0 {
 			k := i / 100
 			s.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{100, byte(64 + k>>16), byte(k >> 8), byte(k)})}
 			s.Ports[0].NodePort = uint16(30000 + i/100)
 		}
-		for j := range 10 {
-			s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, datapath.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(128 + j), byte(i >> 8), byte(i)}), Port: 8080, Ready: true, Serving: true})
-		}
 		st.Services[s.Key] = s
 	}
 	// As kube-proxy's bench: 10.128.0.0/9 holds the pods.
-	cfg := datapath.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.128.0.0/9")}}
-	if os.Getenv(flowsEnv) == "1" {
-		cfg.Flows = &datapath.FlowRedirect{Interface: "weir-flows"}
-	}
-	dp, err := datapath.NewForNode(cfg)
-	if err == nil {
-		err = dp.Apply(context.Background(), st)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "program:", err)
-		return 1
-	}
-	return 0
+	return applyHere(st, "10.128.0.0/9")
 }

@@ -115,22 +115,36 @@ func program(arg string) int {
 			Endpoints: []datapath.Endpoint{{Addr: podIP, Port: uint16(podPort + endpoints), Local: true, Ready: true, Serving: true}}}}}
 	st.Services[echo.Key] = echo
 	for i := range n {
-		s := &datapath.Service{Key: datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)},
-			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})},
-			Ports:      []datapath.ServicePort{{Name: "http", Protocol: datapath.TCP, Port: 80}}}
 		count := 10
 		if distinct > 0 {
 			count = 1 + i%distinct
-			if i < 2000 {
-				s.Ports[0].NodePort = uint16(30200 + i)
-			}
 		}
-		for j := range count {
-			s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, datapath.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(128 + j), byte(i >> 8), byte(i)}), Port: 8080, Ready: true, Serving: true})
+		s := filler(i, count)
+		if distinct > 0 && i < 2000 {
+			s.Ports[0].NodePort = uint16(30200 + i)
 		}
 		st.Services[s.Key] = s
 	}
-	cfg := datapath.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	return applyHere(st, "10.244.0.0/16")
+}
+
+// filler is the i-th filler service: one TCP port, count ready endpoints
+// on other nodes.
+func filler(i, count int) *datapath.Service {
+	s := &datapath.Service{Key: datapath.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)},
+		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})},
+		Ports:      []datapath.ServicePort{{Name: "http", Protocol: datapath.TCP, Port: 80}}}
+	for j := range count {
+		s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, datapath.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(128 + j), byte(i >> 8), byte(i)}), Port: 8080, Ready: true, Serving: true})
+	}
+	return s
+}
+
+// applyHere programs st on the node whose namespace this runs in, its
+// pods in clusterCIDR, with the rules of moved connections when the
+// parent asks (flowsEnv); it returns the exit code.
+func applyHere(st datapath.NodeState, clusterCIDR string) int {
+	cfg := datapath.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(clusterCIDR)}}
 	if os.Getenv(flowsEnv) == "1" {
 		cfg.Flows = &datapath.FlowRedirect{Interface: "weir-flows"}
 	}
@@ -235,26 +249,7 @@ func (b *bench) startEcho() (net.Listener, error) {
 	}); err != nil {
 		return nil, err
 	}
-	go func() {
-		for {
-			c, err := echoLn.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 1)
-				for {
-					if _, err := c.Read(buf); err != nil {
-						return
-					}
-					if _, err := c.Write(buf); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	go echoEach(echoLn)
 	return echoLn, nil
 }
 
@@ -450,6 +445,29 @@ func chiSquareCritical(df int) float64 {
 	const z = 3.0902 // the standard normal's 0.999 quantile
 	k := float64(df)
 	return k * math.Pow(1-2/(9*k)+z*math.Sqrt(2/(9*k)), 3)
+}
+
+// echoEach sends back every byte of every connection ln accepts, until
+// ln is closed.
+func echoEach(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			buf := make([]byte, 1)
+			for {
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				if _, err := c.Write(buf); err != nil {
+					return
+				}
+			}
+		}()
+	}
 }
 
 // closeAbortively resets the connection instead of closing it, so that
