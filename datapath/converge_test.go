@@ -322,11 +322,11 @@ var damages = []struct {
 	{"delete a map of the live generation", func(t *testing.T, rng *rand.Rand) {
 		g := kernelGeneration(t, "ip")
 		// Rules refer to it: empty them first, as an operator would have to.
-		nft(t, "flush chain ip weir services", "flush chain ip weir external_services",
+		nft(t, "flush chain ip weir node_ports",
 			"delete map ip weir "+g.of(nodePortKind.frontends))
 	}, false},
 	{"flush a chain", func(t *testing.T, rng *rand.Rand) {
-		nft(t, "flush chain ip weir "+[]string{"services", "dispatch", "masquerading", "nat_prerouting", "reject_unserved"}[rng.IntN(5)])
+		nft(t, "flush chain ip weir "+[]string{"services", "node_ports", "dispatch", "masquerading", "nat_prerouting", "reject_unserved"}[rng.IntN(6)])
 	}, false},
 	{"flush the table", func(t *testing.T, rng *rand.Rand) {
 		nft(t, "flush table ip weir", "flush table ip6 weir")

@@ -420,8 +420,15 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 	masq := fmt.Sprintf("%#x", cfg.MasqueradeMark>>1)
 	markMasq := "meta mark set meta mark | " + masq
 	frontend := ip + " daddr . meta l4proto . th dport"
-	nodePortAddress := "fib daddr type local " + ip + " daddr " + g.ref(nodePortAddressesSet)
-	nodePortMatch := nodePortAddress + " meta l4proto . th dport"
+	// A node port's packet: to an address node ports are served on, that
+	// is local. The FIB lookup costs more than a set's, so in every rule
+	// it comes after the sets that usually miss, and a chain's node-port
+	// rules share one (the node_ports chains).
+	nodePortAddress := ip + " daddr " + g.ref(nodePortAddressesSet)
+	const local = "fib daddr type local"
+	nodePortIn := func(set string) string {
+		return nodePortAddress + " meta l4proto . th dport " + g.ref(set) + " " + local
+	}
 	// fromPods and notFromPods match a source that is (is not) a pod of
 	// the cluster; "" when nothing can tell (the rules using them go).
 	fromPods, notFromPods := ip+" saddr "+g.ref(clusterCIDRsSet), ip+" saddr != "+g.ref(clusterCIDRsSet)
@@ -438,7 +445,7 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 	// addresses. First in every chain a hook enters.
 	exempt := []string{"meta mark & " + fmt.Sprintf("%#x", cfg.ControlMark) + " != 0 return"}
 	for _, p := range cfg.ProtectedPorts {
-		exempt = append(exempt, fmt.Sprintf("fib daddr type local tcp dport %d return", p))
+		exempt = append(exempt, fmt.Sprintf("tcp dport %d "+local+" return", p))
 	}
 	// A moved connection's packet passed on to the next node is neither
 	// DNAT'ed nor refused here.
@@ -475,7 +482,7 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 	// Which connections leave with the node's address, decided where the
 	// destination is still the frontend: marked here, masqueraded in
 	// postrouting. kube-proxy's policy (see MasqueradeKubeProxy).
-	var services, hostServices, masquerading []string
+	var services, nodePorts, hostServices, masquerading []string
 	switch {
 	case cfg.Masquerade == MasqueradePreserveLocal:
 		// SNAT only where the reply would otherwise not come back
@@ -492,14 +499,15 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 		if cfg.MasqueradeAll {
 			clusterIPs = []string{ip + " daddr " + g.ref(clusterIPsSet) + " " + markMasq}
 		}
-		services = append(clusterIPs,
-			frontend+" "+g.ref(masqueradeFrontendsSet)+" "+markMasq,
-			nodePortMatch+" "+g.ref(masqueradeNodePortsSet)+" "+markMasq)
+		services = append(clusterIPs, frontend+" "+g.ref(masqueradeFrontendsSet)+" "+markMasq)
+		// Marked where the packet is known to be a node port's: a
+		// frontend the maps above took goes by its own policy.
+		nodePorts = []string{"meta l4proto . th dport " + g.ref(masqueradeNodePortsSet) + " " + markMasq}
 		// The node itself reaching a Local service's external address is
 		// sent anywhere in the cluster: the reply must come back here.
 		hostServices = []string{
 			frontend + " " + g.ref(localFrontendsSet) + " " + markMasq,
-			nodePortMatch + " " + g.ref(localNodePortsSet) + " " + markMasq,
+			nodePortIn(localNodePortsSet) + " " + markMasq,
 		}
 		masquerading = []string{
 			"meta mark & " + masq + " == 0 return",
@@ -515,14 +523,21 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 		regularChain("services", append(services,
 			frontend+" vmap "+g.ref(ipKind.frontends),
 			"jump "+ipKind.pickChain(g),
-			nodePortMatch+" vmap "+g.ref(nodePortKind.frontends),
-			nodePortAddress+" jump "+nodePortKind.pickChain(g))...),
+			nodePortAddress+" "+local+" goto node_ports")...),
+		regularChain("node_ports", append(nodePorts,
+			"meta l4proto . th dport vmap "+g.ref(nodePortKind.frontends),
+			"jump "+nodePortKind.pickChain(g))...),
 		regularChain("host_services", slices.Concat(exempt, hostServices, []string{"goto services"})...),
 		regularChain("external_services",
 			frontend+" vmap "+g.ref(externalIPKind.frontends),
 			"jump "+externalIPKind.pickChain(g),
-			nodePortMatch+" vmap "+g.ref(externalNodePortKind.frontends),
-			nodePortAddress+" jump "+externalNodePortKind.pickChain(g),
+			nodePortAddress+" "+local+" goto external_node_ports",
+			"goto services"),
+		// Entered by goto, and ending as the rules they replace would
+		// have gone on: what no map or pick takes goes to services.
+		regularChain("external_node_ports",
+			"meta l4proto . th dport vmap "+g.ref(externalNodePortKind.frontends),
+			"jump "+externalNodePortKind.pickChain(g),
 			"goto services"),
 		regularChain("dispatch", slices.Concat(
 			exempt, passOn,
@@ -545,7 +560,7 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 		// drops sources outside them, at priority -110, before DNAT (-100).
 		regularChain("firewall", slices.Concat(exempt, []string{
 			frontend + " . " + ip + " saddr " + g.ref(firewallAllowSet) + " return",
-			"fib saddr type local " + frontend + " " + g.ref(firewallAllowLocalSet) + " return",
+			frontend + " " + g.ref(firewallAllowLocalSet) + " fib saddr type local return",
 			frontend + " " + g.ref(firewallFrontendsSet) + " drop"})...),
 		{baseChain("filter_prerouting", knftables.FilterType, knftables.PreroutingHook, "-110"), []string{"ct state new jump firewall"}},
 		{baseChain("filter_output_firewall", knftables.FilterType, knftables.OutputHook, "-110"), []string{"ct state new jump firewall"}},
@@ -554,14 +569,15 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 		// clients fail fast instead of timing out.
 		regularChain("reject_unserved", slices.Concat(exempt, passOn, []string{
 			frontend + " " + g.ref(noEndpointFrontendsSet) + " goto reject_connection",
-			"fib daddr type local " + ip + " daddr " + g.ref(nodePortAddressesSet) + " meta l4proto . th dport " + g.ref(noEndpointNodePortsSet) + " goto reject_connection",
+			nodePortIn(noEndpointNodePortsSet) + " goto reject_connection",
+			// A connection DNAT'ed to an endpoint went where a service
+			// said: the rules below are about original destinations.
+			// First, as it is the most common and costs no FIB lookup.
+			"ct status dnat return",
 			// The node's own addresses are never a cluster IP's or a
 			// service range's, whatever the state says: refusing them
 			// would cut the node off its host services and its server.
-			"fib daddr type local return",
-			// A connection DNAT'ed to an endpoint went where a service
-			// said: the rules below are about original destinations.
-			"ct status dnat return",
+			local + " return",
 		}, orphans, []string{
 			ip + " daddr " + g.ref(clusterIPsSet) + " goto reject_connection",
 			// An address of the service ranges no service holds: dropped,
@@ -646,13 +662,13 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 		// as it holds one from the router; a packet of a connection
 		// this node holds met them at that connection's first packet.
 		regularChain("from_flow_peer",
-			"fib daddr type local "+echoRequest(f)+" return",
+			echoRequest(f)+" fib daddr type local return",
 			"meta l4proto tcp "+frontend+" "+g.ref(masqueradeFrontendsSet)+" return",
 			"meta l4proto tcp "+frontend+" "+g.ref(localFrontendsSet)+" return",
 			countStatement(counterRefusedNotPassedOn)+" drop"),
 		{baseChain("flows_prerouting", knftables.FilterType, knftables.PreroutingHook, "-120"), []string{
 			dev + " jump from_flow_peer",
-			"ct status dnat " + dev + " goto moved_taken",
+			dev + " ct status dnat goto moved_taken",
 			"ct status dnat return",
 			"tcp flags & syn == 0 jump moved_flows",
 			// A SYN that an entry of a connection this node passed on
