@@ -5,11 +5,13 @@ package main
 // nftables ruleset for the same services, each ratio with its interval.
 //
 // A lab's nodes each forward to a pod of their own: one has no table (the
-// client sends to the pod's address, routed), one Weir's (the client
-// sends to a node port), one kube-proxy's (the same node port, programmed
-// by the real proxier: test/bench/kubeproxy's -program-node), and with
-// -compare-flows one Weir's with the rules of moved connections. Every node
-// carries the same filler services. Four kinds of traffic are timed:
+// client sends to the pod's address, routed), one the least any NAT proxy
+// runs (conntrack and one static DNAT rule per port, masqueraded: the
+// floor for Weir and kube-proxy alike), one Weir's (the client sends to a
+// node port), one kube-proxy's (the same node port, programmed by the real
+// proxier: test/bench/kubeproxy's -program-node), and with -compare-flows
+// one Weir's with the rules of moved connections. Weir's and kube-proxy's
+// nodes carry the same filler services. Four kinds of traffic are timed:
 // one-byte round trips on established TCP connections and UDP flows, and
 // new TCP connections and UDP flows (a new source port each). A round
 // times every ruleset for one short phase of each kind, in orders
@@ -30,6 +32,7 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,7 +67,7 @@ var kinds = []string{"TCP established", "TCP new", "UDP established", "UDP new"}
 // compare runs the comparison: fillers services on every ruleset's node,
 // rounds rounds of phases of phase each.
 func compare(fillers, rounds int, phase time.Duration, kubeProxy string, flows bool) error {
-	names := []string{"routing", "weir"}
+	names := []string{"routing", "dnat", "weir"}
 	if kubeProxy != "" {
 		names = append(names, "kube-proxy")
 	}
@@ -97,6 +100,8 @@ func compare(fillers, rounds int, phase time.Duration, kubeProxy string, flows b
 			r.tcpNew, r.tcpEcho, r.udpEcho = at(node.IPv4, cmpTCPNewNodePort), at(node.IPv4, cmpTCPEchoNodePort), at(node.IPv4, cmpUDPEchoNodePort)
 		}
 		switch name {
+		case "dnat":
+			err = programDNAT(node, pod)
 		case "weir", "weir+flows":
 			err = programCompare(node, pod, fillers, name == "weir+flows")
 		case "kube-proxy":
@@ -157,7 +162,7 @@ func compare(fillers, rounds int, phase time.Duration, kubeProxy string, flows b
 			fmt.Printf("  %s %.0f", r.name, mean(rates[k][r.name]))
 		}
 		fmt.Println()
-		for _, pair := range [][2]string{{"weir", "routing"}, {"kube-proxy", "routing"}, {"weir", "kube-proxy"}, {"weir+flows", "weir"}} {
+		for _, pair := range [][2]string{{"dnat", "routing"}, {"weir", "dnat"}, {"kube-proxy", "dnat"}, {"weir", "routing"}, {"kube-proxy", "routing"}, {"weir", "kube-proxy"}, {"weir+flows", "weir"}} {
 			a, b := rates[k][pair[0]], rates[k][pair[1]]
 			if len(a) == 0 || len(b) == 0 {
 				continue
@@ -263,6 +268,28 @@ func programCompare(node *lab.Node, pod *lab.Pod, fillers int, withFlows bool) e
 		"WEIR_PACKETRATE_POD="+pod.IPv4.String(), "WEIR_PACKETRATE_NODE="+node.IPv4.String(), flowsEnv+"="+flowsOn)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("programming weir: %w: %s", err, out)
+	}
+	return nil
+}
+
+// programDNAT programs the floor of a NAT proxy on node: each measured
+// node port DNAT'ed to the pod by one static rule, and masqueraded (as
+// Weir and kube-proxy masquerade a node port's connection from outside
+// the cluster to a Cluster service). Every packet passes conntrack; only a
+// connection's first meets the rules.
+func programDNAT(node *lab.Node, pod *lab.Pod) error {
+	rules := "table ip floor {\n\tchain prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n"
+	for _, p := range []struct {
+		proto             string
+		nodePort, podPort int
+	}{{"tcp", cmpTCPNewNodePort, cmpTCPNewPodPort}, {"tcp", cmpTCPEchoNodePort, cmpTCPEchoPodPort}, {"udp", cmpUDPEchoNodePort, cmpUDPEchoPodPort}} {
+		rules += fmt.Sprintf("\t\tip daddr %s %s dport %d dnat to %s:%d\n", node.IPv4, p.proto, p.nodePort, pod.IPv4, p.podPort)
+	}
+	rules += "\t}\n\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\tct status dnat masquerade fully-random\n\t}\n}\n"
+	cmd := exec.Command("ip", "netns", "exec", node.Netns.Name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("programming the NAT floor: %w: %s", err, out)
 	}
 	return nil
 }

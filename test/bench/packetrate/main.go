@@ -61,7 +61,7 @@ func main() {
 	conns := flag.Int("connections", 10000, "connections for the uniformity test")
 	flag.IntVar(&endpoints, "endpoints", endpoints, "endpoints of the measured service")
 	flag.IntVar(&distinct, "distinct", distinct, "distinct endpoint counts among the filler services, each with a node port (0: every filler has 10 and none)")
-	cmp := flag.Bool("compare", false, "instead: the per-packet cost of Weir's ruleset against routing to the pod with no table and against kube-proxy's (with -kube-proxy), in many short interleaved phases, with 95 % intervals (compare.go)")
+	cmp := flag.Bool("compare", false, "instead: the per-packet cost of Weir's ruleset against routing to the pod with no table, against the floor of any NAT proxy (conntrack and one static DNAT rule) and against kube-proxy's (with -kube-proxy), in many short interleaved phases, with 95 % intervals (compare.go)")
 	cmpRounds := flag.Int("compare-rounds", 30, "with -compare: rounds, each a phase of every ruleset and kind of traffic in a shuffled order")
 	cmpPhase := flag.Duration("compare-phase", 300*time.Millisecond, "with -compare: one phase's length")
 	kubeProxy := flag.String("kube-proxy", "", "with -compare: test/bench/kubeproxy's binary (cd test/bench/kubeproxy && go build -o /tmp/kpbench .), which programs kube-proxy's ruleset on a node of its own")
