@@ -667,9 +667,11 @@ func flowChains(f family, cfg Config, g generation, frontend string, exempt []st
 			"meta l4proto tcp "+frontend+" "+g.ref(localFrontendsSet)+" return",
 			countStatement(counterRefusedNotPassedOn)+" drop"),
 		{baseChain("flows_prerouting", knftables.FilterType, knftables.PreroutingHook, "-120"), []string{
+			// Most packets: a connection this node DNAT'ed, not
+			// through the interface. One rule.
+			"ct status dnat iifname != " + strconv.Quote(fl.Interface) + " return",
 			dev + " jump from_flow_peer",
-			dev + " ct status dnat goto moved_taken",
-			"ct status dnat return",
+			"ct status dnat goto moved_taken",
 			"tcp flags & syn == 0 jump moved_flows",
 			// A SYN that an entry of a connection this node passed on
 			// took (a client reusing its port before the entry ended):
