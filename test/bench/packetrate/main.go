@@ -62,13 +62,14 @@ func main() {
 	flag.IntVar(&endpoints, "endpoints", endpoints, "endpoints of the measured service")
 	flag.IntVar(&distinct, "distinct", distinct, "distinct endpoint counts among the filler services, each with a node port (0: every filler has 10 and none)")
 	cmp := flag.Bool("compare", false, "instead: the per-packet cost of Weir's ruleset against routing to the pod with no table, against the floor of any NAT proxy (conntrack and one static DNAT rule) and against kube-proxy's (with -kube-proxy), in many short interleaved phases, with 95 % intervals (compare.go)")
-	cmpRounds := flag.Int("compare-rounds", 30, "with -compare: rounds, each a phase of every ruleset and kind of traffic in a shuffled order")
+	cmpRounds := flag.Int("compare-rounds", 80, "with -compare: rounds in all, each a phase of every ruleset and kind of traffic in a shuffled order")
 	cmpPhase := flag.Duration("compare-phase", 300*time.Millisecond, "with -compare: one phase's length")
 	kubeProxy := flag.String("kube-proxy", "", "with -compare: test/bench/kubeproxy's binary (cd test/bench/kubeproxy && go build -o /tmp/kpbench .), which programs kube-proxy's ruleset on a node of its own")
 	cmpFlows := flag.Bool("compare-flows", false, "with -compare: also Weir with the rules of moved connections, on a node of its own")
+	cmpLabs := flag.Int("compare-labs", 8, "with -compare: labs made in turn, each with its own draw of which node carries which ruleset, the rounds shared among them; intervals are over the labs")
 	flag.Parse()
 	if os.Getenv(programEnv) == "" && *cmp {
-		if err := compare(*many, *cmpRounds, *cmpPhase, *kubeProxy, *cmpFlows); err != nil {
+		if err := compare(*many, *cmpRounds, *cmpLabs, *cmpPhase, *kubeProxy, *cmpFlows); err != nil {
 			fmt.Fprintln(os.Stderr, "packetrate:", err)
 			os.Exit(1)
 		}
