@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -153,9 +154,11 @@ func compareInLab(names []string, nodeOf []int, fillers, rounds int, phase time.
 	for i, name := range names {
 		node := l.Nodes[nodeOf[i]]
 		pod := node.Pods[0]
-		if err := startCompareServers(pod); err != nil {
+		stop, err := startCompareServers(pod)
+		if err != nil {
 			return nil, err
 		}
+		defer stop()
 		r := &ruleset{name: name, node: node}
 		at := func(a netip.Addr, port int) string { return netip.AddrPortFrom(a, uint16(port)).String() }
 		switch name {
@@ -277,22 +280,35 @@ func studentT975(df int) float64 {
 }
 
 // startCompareServers starts the pod's servers: TCP accepting and closing,
-// TCP echoing, UDP echoing. They end with the lab.
-func startCompareServers(pod *lab.Pod) error {
+// TCP echoing, UDP echoing. stop closes their sockets, which a lab's
+// namespaces outlive otherwise in a run of several labs.
+func startCompareServers(pod *lab.Pod) (stop func(), err error) {
 	var accept, echo net.Listener
 	var udp net.PacketConn
+	var opened []io.Closer
+	stop = func() {
+		for _, c := range opened {
+			c.Close()
+		}
+	}
 	if err := pod.Do(func() error {
 		var err error
 		if accept, err = net.Listen("tcp4", fmt.Sprintf(":%d", cmpTCPNewPodPort)); err != nil {
 			return err
 		}
+		opened = append(opened, accept)
 		if echo, err = net.Listen("tcp4", fmt.Sprintf(":%d", cmpTCPEchoPodPort)); err != nil {
 			return err
 		}
-		udp, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", cmpUDPEchoPodPort))
-		return err
+		opened = append(opened, echo)
+		if udp, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", cmpUDPEchoPodPort)); err != nil {
+			return err
+		}
+		opened = append(opened, udp)
+		return nil
 	}); err != nil {
-		return err
+		stop()
+		return nil, err
 	}
 	go func() {
 		for {
@@ -318,7 +334,7 @@ func startCompareServers(pod *lab.Pod) error {
 			}
 		}()
 	}
-	return nil
+	return stop, nil
 }
 
 // programCompare programs Weir on node: the fillers, and the measured
