@@ -473,7 +473,7 @@ func kernelGeneration(t *testing.T, family string) generation {
 		t.Fatalf("nft list chain %s weir services: %v: %s", family, err, out)
 	}
 	for _, g := range []generation{genA, genB} {
-		if strings.Contains(string(out), g.ref(ipKind.frontends)+" ") || strings.Contains(string(out), g.ref(ipKind.frontends)+"\n") {
+		if strings.Contains(string(out), g.ref(clusterIPsSet)+" ") {
 			return g
 		}
 	}

@@ -482,7 +482,8 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 	// Which connections leave with the node's address, decided where the
 	// destination is still the frontend: marked here, masqueraded in
 	// postrouting. kube-proxy's policy (see MasqueradeKubeProxy).
-	var services, nodePorts, hostServices, masquerading []string
+	var clusterIPMasq, nodePorts, hostServices, masquerading []string
+	var externalMasq string
 	switch {
 	case cfg.Masquerade == MasqueradePreserveLocal:
 		// SNAT only where the reply would otherwise not come back
@@ -495,11 +496,12 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 	default:
 		// Cluster IPs from outside the cluster; with no way to tell,
 		// none (as kube-proxy without a local-traffic detector).
-		clusterIPs := only(notFromPods, ip+" daddr "+g.ref(clusterIPsSet)+" "+markMasq)
+		clusterIPMasq = only(notFromPods, markMasq)
 		if cfg.MasqueradeAll {
-			clusterIPs = []string{ip + " daddr " + g.ref(clusterIPsSet) + " " + markMasq}
+			clusterIPMasq = []string{markMasq}
 		}
-		services = append(clusterIPs, frontend+" "+g.ref(masqueradeFrontendsSet)+" "+markMasq)
+		// External and load-balancer IPs of Cluster services.
+		externalMasq = " " + markMasq
 		// Marked where the packet is known to be a node port's: a
 		// frontend the maps above took goes by its own policy.
 		nodePorts = []string{"meta l4proto . th dport " + g.ref(masqueradeNodePortsSet) + " " + markMasq}
@@ -509,10 +511,9 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 			frontend + " " + g.ref(localFrontendsSet) + " " + markMasq,
 			nodePortIn(localNodePortsSet) + " " + markMasq,
 		}
+		// One rule: a marked connection's first packet meets it alone.
 		masquerading = []string{
-			"meta mark & " + masq + " == 0 return",
-			"meta mark set meta mark ^ " + masq,
-			"masquerade fully-random",
+			"meta mark & " + masq + " != 0 meta mark set meta mark ^ " + masq + " masquerade fully-random",
 		}
 	}
 	return append([]chainSpec{
@@ -520,19 +521,37 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 		// the frontends maps; external sources first try the maps of
 		// externalTrafficPolicy Local frontends, which hold only this
 		// node's endpoints (or drop) so the client address survives.
-		regularChain("services", append(services,
+		//
+		// A kind's frontends are looked up (its affinity map, then its
+		// picks: as many rules as there are endpoint counts) only for a
+		// packet known to be sent to one, by a set of their addresses or
+		// keys that the table holds anyway: the cluster IPs, and the
+		// external frontends, which are all either a Cluster service's
+		// (masqueraded) or a Local one's. Every other packet, a node
+		// port's above all, passes each kind with one lookup. Entered by
+		// jump: a frontend none of them serves goes on as before.
+		regularChain("services",
+			ip+" daddr "+g.ref(clusterIPsSet)+" jump cluster_ip_frontends",
+			frontend+" "+g.ref(masqueradeFrontendsSet)+externalMasq+" jump ip_frontends",
+			frontend+" "+g.ref(localFrontendsSet)+" jump ip_frontends",
+			nodePortAddress+" "+local+" goto node_ports"),
+		regularChain("cluster_ip_frontends", append(clusterIPMasq,
 			frontend+" vmap "+g.ref(ipKind.frontends),
-			"jump "+ipKind.pickChain(g),
-			nodePortAddress+" "+local+" goto node_ports")...),
+			"jump "+ipKind.pickChain(g))...),
+		regularChain("ip_frontends",
+			frontend+" vmap "+g.ref(ipKind.frontends),
+			"jump "+ipKind.pickChain(g)),
 		regularChain("node_ports", append(nodePorts,
 			"meta l4proto . th dport vmap "+g.ref(nodePortKind.frontends),
 			"jump "+nodePortKind.pickChain(g))...),
 		regularChain("host_services", slices.Concat(exempt, hostServices, []string{"goto services"})...),
 		regularChain("external_services",
-			frontend+" vmap "+g.ref(externalIPKind.frontends),
-			"jump "+externalIPKind.pickChain(g),
-			nodePortAddress+" "+local+" goto external_node_ports",
+			frontend+" "+g.ref(localFrontendsSet)+" jump external_ip_frontends",
+			nodePortIn(localNodePortsSet)+" goto external_node_ports",
 			"goto services"),
+		regularChain("external_ip_frontends",
+			frontend+" vmap "+g.ref(externalIPKind.frontends),
+			"jump "+externalIPKind.pickChain(g)),
 		// Entered by goto, and ending as the rules they replace would
 		// have gone on: what no map or pick takes goes to services.
 		regularChain("external_node_ports",
@@ -558,22 +577,27 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 
 		// loadBalancerSourceRanges: a load-balancer frontend with ranges
 		// drops sources outside them, at priority -110, before DNAT (-100).
+		// Every new connection enters it, and almost none is to such a
+		// frontend: one lookup sends the others back, before the ranges'
+		// (the costliest set of the table: an interval of a concatenation).
 		regularChain("firewall", slices.Concat(exempt, []string{
+			frontend + " != " + g.ref(firewallFrontendsSet) + " return",
 			frontend + " . " + ip + " saddr " + g.ref(firewallAllowSet) + " return",
 			frontend + " " + g.ref(firewallAllowLocalSet) + " fib saddr type local return",
-			frontend + " " + g.ref(firewallFrontendsSet) + " drop"})...),
+			"drop"})...),
 		{baseChain("filter_prerouting", knftables.FilterType, knftables.PreroutingHook, "-110"), []string{"ct state new jump firewall"}},
 		{baseChain("filter_output_firewall", knftables.FilterType, knftables.OutputHook, "-110"), []string{"ct state new jump firewall"}},
 
 		// Reject (not drop) connections that no endpoint can serve, so
 		// clients fail fast instead of timing out.
 		regularChain("reject_unserved", slices.Concat(exempt, passOn, []string{
-			frontend + " " + g.ref(noEndpointFrontendsSet) + " goto reject_connection",
-			nodePortIn(noEndpointNodePortsSet) + " goto reject_connection",
 			// A connection DNAT'ed to an endpoint went where a service
 			// said: the rules below are about original destinations.
-			// First, as it is the most common and costs no FIB lookup.
+			// First, as it is the most common new connection here and
+			// costs one test of its conntrack entry.
 			"ct status dnat return",
+			frontend + " " + g.ref(noEndpointFrontendsSet) + " goto reject_connection",
+			nodePortIn(noEndpointNodePortsSet) + " goto reject_connection",
 			// The node's own addresses are never a cluster IP's or a
 			// service range's, whatever the state says: refusing them
 			// would cut the node off its host services and its server.

@@ -99,7 +99,7 @@ func TestRealNftablesAcceptsTheRuleset(t *testing.T) {
 	if err := dp.Resync(ctx); err != nil {
 		t.Fatalf("resync: %v", err)
 	}
-	if out, _ := exec.Command("nft", "list", "chain", "ip", TableName, "services").CombinedOutput(); !strings.Contains(string(out), "vmap") {
+	if out, _ := exec.Command("nft", "list", "chain", "ip", TableName, "services").CombinedOutput(); !strings.Contains(string(out), "jump cluster_ip_frontends") {
 		t.Errorf("the resync did not repair the flushed chain:\n%s", out)
 	}
 	// The resync switched generations; nothing of the old one, nor of the
