@@ -77,29 +77,48 @@ var kinds = []string{"TCP established", "TCP new", "UDP established", "UDP new"}
 // lab cannot tell a ruleset's cost from its node's. So the lab is the
 // unit: each ratio's interval is taken over the labs' means, and the
 // rounds' interval, which leaves the nodes out, is printed beside it.
-func compare(fillers, rounds, labs int, phase time.Duration, kubeProxy string, flows bool) error {
+func compare(o compareOptions) error {
 	names := []string{"routing", "dnat", "weir"}
-	if kubeProxy != "" {
+	if o.kubeProxy != "" {
 		names = append(names, "kube-proxy")
 	}
-	if flows {
+	if o.flows {
 		names = append(names, "weir+flows")
 	}
 	names = append(names, "weir-control")
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	labs = max(labs, 1)
+	labs := max(o.labs, 1)
+	perLab := o.rounds / labs
+	if o.rounds > 0 {
+		perLab = max(perLab, 1)
+	}
 	fmt.Printf("per-packet cost: %d rulesets (%v), %d filler services on each node, %d labs of %d rounds of %v phases, 4 client workers\n",
-		len(names), names, fillers, labs, max(rounds/labs, 1), phase)
+		len(names), names, o.fillers, labs, perLab, o.phase)
+	if o.profile > 0 {
+		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+			return err
+		}
+	}
+	var costs []labCosts
 	var all []labRates
 	lost := map[string]int{} // new flows timed out, by ruleset
 	for i := range labs {
 		nodeOf := rng.Perm(len(names))
 		fmt.Printf("lab %d: rulesets on nodes %v\n", i+1, nodeOf)
-		r, err := compareInLab(names, nodeOf, fillers, max(rounds/labs, 1), phase, kubeProxy, rng, lost)
+		r, c, err := compareInLab(o, names, nodeOf, perLab, rng, lost)
 		if err != nil {
 			return fmt.Errorf("lab %d: %w", i+1, err)
 		}
 		all = append(all, r)
+		if c != nil {
+			costs = append(costs, c)
+		}
+	}
+	if len(costs) > 0 {
+		printCosts(costs, names)
+	}
+	if perLab == 0 {
+		return nil
 	}
 	if len(lost) > 0 {
 		fmt.Printf("new flows that timed out, each block timed again: %v\n", lost)
@@ -134,29 +153,44 @@ func compare(fillers, rounds, labs int, phase time.Duration, kubeProxy string, f
 	return nil
 }
 
+// compareOptions are -compare's flags.
+type compareOptions struct {
+	fillers, rounds, labs int
+	phase                 time.Duration
+	kubeProxy             string // test/bench/kubeproxy's binary, or ""
+	flows                 bool   // also weir+flows
+	// profile: after a lab's rounds, each ruleset's new connections for
+	// this long under perf (profile.go); 0: none.
+	profile    time.Duration
+	profileDir string
+}
+
 // labRates are one lab's rates: kind of traffic -> ruleset -> per round.
 type labRates map[string]map[string][]float64
 
 // compareInLab times rounds rounds in a new lab whose node nodeOf[i]
-// carries names[i]'s ruleset.
-func compareInLab(names []string, nodeOf []int, fillers, rounds int, phase time.Duration, kubeProxy string, rng *rand.Rand, lost map[string]int) (labRates, error) {
+// carries names[i]'s ruleset, then profiles them if o says so. The
+// rulesets are programmed, and their flows opened, in an order drawn anew.
+func compareInLab(o compareOptions, names []string, nodeOf []int, rounds int, rng *rand.Rand, lost map[string]int) (labRates, labCosts, error) {
 	pods := make([]int, len(names))
 	for i := range pods {
 		pods[i] = 1
 	}
 	l, err := lab.New(context.Background(), lab.Config{Nodes: len(names), PodsPerNode: pods})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	l.CloseOnInterrupt()
 	defer l.Close()
-	var rs []*ruleset
-	for i, name := range names {
+	shuffle := func(rs []*ruleset) { rng.Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] }) }
+	rs := make([]*ruleset, len(names))
+	for _, i := range rng.Perm(len(names)) {
+		name := names[i]
 		node := l.Nodes[nodeOf[i]]
 		pod := node.Pods[0]
 		stop, err := startCompareServers(pod)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		defer stop()
 		r := &ruleset{name: name, node: node}
@@ -171,22 +205,24 @@ func compareInLab(names []string, nodeOf []int, fillers, rounds int, phase time.
 		case "dnat":
 			err = programDNAT(node, pod)
 		case "weir", "weir+flows", "weir-control":
-			err = programCompare(node, pod, fillers, name == "weir+flows")
+			err = programCompare(node, pod, o.fillers, name == "weir+flows")
 		case "kube-proxy":
-			err = programKubeProxy(kubeProxy, node, pod, fillers)
+			err = programKubeProxy(o.kubeProxy, node, pod, o.fillers)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", name, err)
+			return nil, nil, fmt.Errorf("%s: %w", name, err)
 		}
-		rs = append(rs, r)
+		rs[i] = r
 	}
 
 	// Established flows stay open across phases: 4 per ruleset and kind.
 	est := map[*ruleset]*established{}
-	for _, r := range rs {
+	opening := slices.Clone(rs)
+	shuffle(opening)
+	for _, r := range opening {
 		e, err := openEstablished(l.Client, r)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", r.name, err)
+			return nil, nil, fmt.Errorf("%s: %w", r.name, err)
 		}
 		defer e.close()
 		est[r] = e
@@ -204,7 +240,7 @@ func compareInLab(names []string, nodeOf []int, fillers, rounds int, phase time.
 		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 		for _, kind := range order {
 			seq := slices.Clone(rs)
-			rng.Shuffle(len(seq), func(i, j int) { seq[i], seq[j] = seq[j], seq[i] })
+			shuffle(seq)
 			back := slices.Clone(seq)
 			slices.Reverse(back)
 			seq = append(seq, back...)
@@ -212,7 +248,7 @@ func compareInLab(names []string, nodeOf []int, fillers, rounds int, phase time.
 			for try := 1; sum == nil; try++ {
 				sum = map[*ruleset]float64{}
 				for _, r := range seq {
-					rate, err := measure(l.Client, r, est[r], kind, phase/2)
+					rate, err := measure(l.Client, r, est[r], kind, o.phase/2)
 					// A new flow whose first packet was lost waits
 					// out its timeout, longer than a phase: the block
 					// is timed again, and the loss counted.
@@ -222,7 +258,7 @@ func compareInLab(names []string, nodeOf []int, fillers, rounds int, phase time.
 						break
 					}
 					if err != nil {
-						return nil, fmt.Errorf("%s, %s: %w", r.name, kind, err)
+						return nil, nil, fmt.Errorf("%s, %s: %w", r.name, kind, err)
 					}
 					sum[r] += rate / 2
 				}
@@ -232,7 +268,11 @@ func compareInLab(names []string, nodeOf []int, fillers, rounds int, phase time.
 			}
 		}
 	}
-	return rates, nil
+	if o.profile == 0 {
+		return rates, nil, nil
+	}
+	costs, err := profileLab(l.Client, rs, est, o.profile, o.profileDir, shuffle)
+	return rates, costs, err
 }
 
 func timedOut(err error) bool {

@@ -67,9 +67,13 @@ func main() {
 	kubeProxy := flag.String("kube-proxy", "", "with -compare: test/bench/kubeproxy's binary (cd test/bench/kubeproxy && go build -o /tmp/kpbench .), which programs kube-proxy's ruleset on a node of its own")
 	cmpFlows := flag.Bool("compare-flows", false, "with -compare: also Weir with the rules of moved connections, on a node of its own")
 	cmpLabs := flag.Int("compare-labs", 8, "with -compare: labs made in turn, each with its own draw of which node carries which ruleset, the rounds shared among them; intervals are over the labs")
+	cmpProfile := flag.Duration("compare-profile", 0, "with -compare: after each lab's rounds, each ruleset's new connections for this long under perf record -a, giving nf_tables' CPU per connection with intervals over the labs (profile.go; apt-get install linux-perf); -compare-rounds 0 for the profiles alone")
+	cmpProfileDir := flag.String("compare-profile-dir", os.TempDir()+"/weir-packetrate-perf", "with -compare-profile: where perf's data goes while it is read")
 	flag.Parse()
 	if os.Getenv(programEnv) == "" && *cmp {
-		if err := compare(*many, *cmpRounds, *cmpLabs, *cmpPhase, *kubeProxy, *cmpFlows); err != nil {
+		o := compareOptions{fillers: *many, rounds: *cmpRounds, labs: *cmpLabs, phase: *cmpPhase, kubeProxy: *kubeProxy, flows: *cmpFlows,
+			profile: *cmpProfile, profileDir: *cmpProfileDir}
+		if err := compare(o); err != nil {
 			fmt.Fprintln(os.Stderr, "packetrate:", err)
 			os.Exit(1)
 		}
