@@ -426,8 +426,10 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 	// rules share one (the node_ports chains).
 	nodePortAddress := ip + " daddr " + g.ref(nodePortAddressesSet)
 	const local = "fib daddr type local"
+	// A set of node ports: its hash lookup comes before the addresses'
+	// interval lookup, the port being the likelier to miss.
 	nodePortIn := func(set string) string {
-		return nodePortAddress + " meta l4proto . th dport " + g.ref(set) + " " + local
+		return "meta l4proto . th dport " + g.ref(set) + " " + nodePortAddress + " " + local
 	}
 	// fromPods and notFromPods match a source that is (is not) a pod of
 	// the cluster; "" when nothing can tell (the rules using them go).
@@ -545,23 +547,30 @@ func tableChains(f family, cfg Config, g generation, picks map[pick]int) []chain
 			"meta l4proto . th dport vmap "+g.ref(nodePortKind.frontends),
 			"jump "+nodePortKind.pickChain(g))...),
 		regularChain("host_services", slices.Concat(exempt, hostServices, []string{"goto services"})...),
+		//
+		// A source outside the cluster. Only a Local service's frontend
+		// tells the node's own addresses (host_services) from the
+		// others, so the FIB is asked whose the source is there alone.
 		regularChain("external_services",
-			frontend+" "+g.ref(localFrontendsSet)+" jump external_ip_frontends",
+			frontend+" "+g.ref(localFrontendsSet)+" goto external_ip_frontends",
 			nodePortIn(localNodePortsSet)+" goto external_node_ports",
 			"goto services"),
-		regularChain("external_ip_frontends",
-			frontend+" vmap "+g.ref(externalIPKind.frontends),
-			"jump "+externalIPKind.pickChain(g)),
-		// Entered by goto, and ending as the rules they replace would
+		// Entered by goto, and ending as the rules that send here would
 		// have gone on: what no map or pick takes goes to services.
+		regularChain("external_ip_frontends",
+			"fib saddr type local goto host_services",
+			frontend+" vmap "+g.ref(externalIPKind.frontends),
+			"jump "+externalIPKind.pickChain(g),
+			"goto services"),
 		regularChain("external_node_ports",
+			"fib saddr type local goto host_services",
 			"meta l4proto . th dport vmap "+g.ref(externalNodePortKind.frontends),
 			"jump "+externalNodePortKind.pickChain(g),
 			"goto services"),
 		regularChain("dispatch", slices.Concat(
 			exempt, passOn,
 			only(fromPods, "goto services"),
-			[]string{"fib saddr type local goto host_services", "goto external_services"})...),
+			[]string{"goto external_services"})...),
 		{baseChain("nat_prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority), []string{"jump dispatch"}},
 		{baseChain("nat_output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority), []string{"jump host_services"}},
 
