@@ -32,6 +32,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -68,7 +69,7 @@ func main() {
 	cmpFlows := flag.Bool("compare-flows", false, "with -compare: also Weir with the rules of moved connections, on a node of its own")
 	cmpLabs := flag.Int("compare-labs", 8, "with -compare: labs made in turn, each with its own draw of which node carries which ruleset, the rounds shared among them; intervals are over the labs")
 	cmpProfile := flag.Duration("compare-profile", 0, "with -compare: after each lab's rounds, each ruleset's new connections for this long under perf record -a, giving nf_tables' CPU per connection with intervals over the labs (profile.go; apt-get install linux-perf); -compare-rounds 0 for the profiles alone")
-	cmpProfileDir := flag.String("compare-profile-dir", os.TempDir()+"/weir-packetrate-perf", "with -compare-profile: where perf's data goes while it is read")
+	cmpProfileDir := flag.String("compare-profile-dir", filepath.Join(os.TempDir(), "weir-packetrate-perf"), "with -compare-profile: where perf's data goes while it is read")
 	flag.Parse()
 	if os.Getenv(programEnv) == "" && *cmp {
 		o := compareOptions{fillers: *many, rounds: *cmpRounds, labs: *cmpLabs, phase: *cmpPhase, kubeProxy: *kubeProxy, flows: *cmpFlows,

@@ -49,7 +49,7 @@ func profileLab(client *lab.Netns, rs []*ruleset, est map[*ruleset]*established,
 	costs := labCosts{}
 	for _, kind := range newKinds {
 		costs[kind] = map[string]connCost{}
-		seq := append([]*ruleset(nil), rs...)
+		seq := slices.Clone(rs)
 		shuffle(seq)
 		for _, r := range seq {
 			data := filepath.Join(dir, strings.ReplaceAll(r.name+"-"+kind, " ", "-")+".data")
@@ -80,9 +80,7 @@ func profileOne(client *lab.Netns, r *ruleset, e *established, kind string, d ti
 	// perf opens its events before it samples: a rate measured from the
 	// start would count connections it never saw.
 	time.Sleep(500 * time.Millisecond)
-	start := time.Now()
 	rate, err := measure(client, r, e, kind, d)
-	elapsed := time.Since(start)
 	rec.Process.Signal(syscall.SIGINT)
 	// perf writes its data and ends by the signal it was sent.
 	if werr := rec.Wait(); !interrupted(werr) && err == nil {
@@ -91,10 +89,13 @@ func profileOne(client *lab.Netns, r *ruleset, e *established, kind string, d ti
 	if err != nil {
 		return connCost{}, err
 	}
-	// The samples span a little more than the phase (perf's start and
-	// stop): the connections are counted over the same span, at the
-	// phase's rate, and the idle time it adds is not busy.
-	conns := rate * elapsed.Seconds()
+	// The samples span a little more than the phase (the half second
+	// before it, perf's stop after): no connection is made then, and
+	// the idle samples of that time are not counted as busy.
+	conns := rate * d.Seconds()
+	if conns < 1 {
+		return connCost{}, fmt.Errorf("no connection in %v", d)
+	}
 	out, err := exec.Command("perf", "report", "-i", data, "-n", "--sort", "sym", "--stdio", "--percent-limit", "0").Output()
 	if err != nil {
 		return connCost{}, fmt.Errorf("perf report: %w", err)
@@ -121,8 +122,8 @@ func interrupted(err error) bool {
 // classifySamples counts a perf report's samples (-n --sort sym) in
 // nf_tables' code and out of the idle loop. nf_tables' code: its rule
 // walk and expressions (nft_*), its set backends (the hash, the interval
-// and the concatenated-interval sets), and jhash, which its hashed sets
-// and numgen's siblings call (conntrack hashes with siphash).
+// and the concatenated-interval sets), and jhash, which its hash sets and
+// the jhash expression call (conntrack hashes with siphash).
 func classifySamples(report []byte) (nft, busy int) {
 	sc := bufio.NewScanner(bytes.NewReader(report))
 	for sc.Scan() {
