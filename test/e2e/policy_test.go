@@ -148,6 +148,13 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 					t.Errorf("pod n2p1 via the VIP reached %s seeing %s; want n1p1 seeing %s", r.Pod, r.RemoteAddr(), fam.pod(n2p1))
 				}
 			}
+			// node2 itself too (host_services): to every endpoint, not
+			// dropped for want of a local one.
+			for _, r := range sample(t, node2.Netns, vip, 3) {
+				if r.Pod != n1p1.Name || r.RemoteAddr() != fam.node(node2) {
+					t.Errorf("node2 via the VIP reached %s seeing %s; want n1p1 seeing %s", r.Pod, r.RemoteAddr(), fam.node(node2))
+				}
+			}
 		})
 	}
 }
